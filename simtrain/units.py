@@ -1,0 +1,91 @@
+"""Quantities with units: "100 GB/s", "400 Gb/s", "5 us", "40 GiB", "19.5 TFLOP/s".
+
+Everything inside simtrain is SI: bytes, seconds, FLOP, bytes/s, FLOP/s.
+Inputs may be plain numbers (already SI) or strings with a unit. Decimal
+prefixes (k, M, G, T, P) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers
+of 1024; a lowercase "b" in a bandwidth means bits.
+"""
+import re
+
+from .errors import ScenarioError
+
+_DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_PATTERN = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-zµ/]*)\s*$")
+
+KINDS = ("bytes", "bandwidth", "time", "flops")
+
+
+def _prefix(prefix: str) -> float:
+    if prefix in _BINARY:
+        return _BINARY[prefix]
+    if prefix in _DECIMAL:
+        return _DECIMAL[prefix]
+    raise KeyError(prefix)
+
+
+def _scale(unit: str, kind: str) -> float:
+    """Multiplier that turns `unit` of `kind` into SI; KeyError if it does not fit."""
+    if kind == "time":
+        return _TIME[unit]
+    if kind == "bytes":
+        if not unit.endswith("B"):
+            raise KeyError(unit)
+        return _prefix(unit[:-1])
+    if kind == "bandwidth":
+        for suffix, factor in (("B/s", 1.0), ("b/s", 0.125), ("Bps", 1.0), ("bps", 0.125)):
+            if unit.endswith(suffix):
+                return _prefix(unit[: -len(suffix)]) * factor
+        raise KeyError(unit)
+    if kind == "flops":
+        for suffix in ("FLOP/s", "FLOPS", "flop/s"):
+            if unit.endswith(suffix):
+                return _prefix(unit[: -len(suffix)])
+        raise KeyError(unit)
+    raise ValueError(f"unknown quantity kind {kind!r}")
+
+
+def parse_quantity(value, kind: str, field: str = "value") -> float:
+    """Turn `value` (a number, or a string with a unit) into SI units of `kind`.
+
+    Raises ScenarioError naming `field` for anything that is not a non-negative
+    quantity of that kind.
+    """
+    if isinstance(value, bool):
+        raise ScenarioError(f"{field}: expected a {kind} quantity, got {value!r}")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        match = _PATTERN.match(value)
+        if not match:
+            raise ScenarioError(f"{field}: cannot read {value!r} as a {kind} quantity")
+        number, unit = float(match.group(1)), match.group(2)
+        try:
+            number *= _scale(unit, kind) if unit else 1.0
+        except KeyError:
+            raise ScenarioError(f"{field}: unit {unit!r} in {value!r} is not a {kind} unit") from None
+    else:
+        raise ScenarioError(f"{field}: expected a {kind} quantity, got {value!r}")
+    if number < 0 or number != number:
+        raise ScenarioError(f"{field}: must not be negative, got {value!r}")
+    return number
+
+
+def parse_size(text: str, field: str = "size") -> int:
+    """A byte count as nccl-tests writes it: "1K" = 1024, "64M", "1G", or "4096"."""
+    match = re.match(r"^\s*([0-9]+)\s*([KMGT]?)B?\s*$", str(text))
+    if not match:
+        raise ScenarioError(f"{field}: cannot read {text!r} as a size like 1K, 64M or 1G")
+    return int(match.group(1)) * 1024 ** " KMGT".index(match.group(2) or " ")
+
+
+def format_bytes(nbytes: float) -> str:
+    """Human-readable binary size: 1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
