@@ -1,0 +1,70 @@
+"""Topology: which nodes (GPUs, switches) exist and which links join them.
+
+A topology is an undirected networkx graph whose edges carry `bandwidth`
+(bytes/s, per direction: links are full duplex) and `latency` (seconds per hop),
+plus the list of GPU nodes in rank order. Routing is static: a transfer takes the
+path of least total latency, then fewest hops; ties are broken by the order in
+which nodes were added to the graph, so the same topology always routes the same
+way. Builders (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
+"""
+from functools import lru_cache
+
+import networkx as nx
+
+from ..errors import TopologyError
+
+# Added to every hop's latency when routing, so that among paths of equal
+# latency the one with fewest hops wins (and zero-latency links still route).
+_HOP_TIEBREAK_S = 1e-15
+
+
+class Topology:
+    """A validated graph of GPUs and switches with static shortest-path routing."""
+
+    def __init__(self, graph: nx.Graph, devices: list[str], name: str = "custom"):
+        self.graph = graph
+        self.devices = list(devices)
+        self.name = name
+        self._validate()
+        self.path = lru_cache(maxsize=None)(self._route)
+
+    def _validate(self) -> None:
+        if not self.devices:
+            raise TopologyError(f"topology {self.name}: has no devices")
+        if len(set(self.devices)) != len(self.devices):
+            raise TopologyError(f"topology {self.name}: a device is listed twice")
+        for node in self.devices:
+            if node not in self.graph:
+                raise TopologyError(f"topology {self.name}: unknown node {node!r}")
+        for a, b, attrs in self.graph.edges(data=True):
+            for key in ("bandwidth", "latency"):
+                if key not in attrs:
+                    raise TopologyError(f"topology {self.name}: link {a}-{b} has no {key}")
+            if attrs["bandwidth"] <= 0:
+                raise TopologyError(f"topology {self.name}: link {a}-{b} bandwidth must be positive")
+            if attrs["latency"] < 0:
+                raise TopologyError(f"topology {self.name}: link {a}-{b} latency must not be negative")
+        if not nx.is_connected(self.graph):
+            parts = sorted((sorted(c)[0] for c in nx.connected_components(self.graph)))
+            raise TopologyError(
+                f"topology {self.name}: disconnected ({len(parts)} parts, e.g. around {parts[0]!r} and {parts[1]!r})"
+            )
+
+    def _route(self, src: str, dst: str) -> tuple[str, ...]:
+        """Nodes from src to dst, both included: least latency, then fewest hops."""
+        for node in (src, dst):
+            if node not in self.graph:
+                raise TopologyError(f"topology {self.name}: unknown node {node!r}")
+        return tuple(
+            nx.dijkstra_path(
+                self.graph, src, dst, weight=lambda a, b, attrs: attrs["latency"] + _HOP_TIEBREAK_S
+            )
+        )
+
+    def link(self, a: str, b: str) -> dict:
+        """Attributes (bandwidth, latency) of the link between a and b."""
+        return self.graph.edges[a, b]
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
