@@ -13,7 +13,7 @@ _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e1
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
-_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _PATTERN = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-zµ/]*)\s*$")
 
 KINDS = ("bytes", "bandwidth", "time", "flops")
@@ -48,29 +48,28 @@ def _scale(unit: str, kind: str) -> float:
     raise ValueError(f"unknown quantity kind {kind!r}")
 
 
-def parse_quantity(value, kind: str, field: str = "value") -> float:
+def parse_quantity(value, kind: str, field: str = "") -> float:
     """Turn `value` (a number, or a string with a unit) into SI units of `kind`.
 
-    Raises ScenarioError naming `field` for anything that is not a non-negative
-    quantity of that kind.
+    Raises ScenarioError (its message prefixed by `field` when given) for
+    anything that is not a non-negative quantity of that kind.
     """
-    if isinstance(value, bool):
-        raise ScenarioError(f"{field}: expected a {kind} quantity, got {value!r}")
-    if isinstance(value, (int, float)):
-        number = float(value)
-    elif isinstance(value, str):
+    prefix = f"{field}: " if field else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ScenarioError(f"{prefix}expected a {kind} quantity, got {value!r}")
+    if isinstance(value, str):
         match = _PATTERN.match(value)
         if not match:
-            raise ScenarioError(f"{field}: cannot read {value!r} as a {kind} quantity")
+            raise ScenarioError(f"{prefix}cannot read {value!r} as a {kind} quantity")
         number, unit = float(match.group(1)), match.group(2)
         try:
             number *= _scale(unit, kind) if unit else 1.0
         except KeyError:
-            raise ScenarioError(f"{field}: unit {unit!r} in {value!r} is not a {kind} unit") from None
+            raise ScenarioError(f"{prefix}unit {unit!r} in {value!r} is not a {kind} unit") from None
     else:
-        raise ScenarioError(f"{field}: expected a {kind} quantity, got {value!r}")
+        number = float(value)
     if number < 0 or number != number:
-        raise ScenarioError(f"{field}: must not be negative, got {value!r}")
+        raise ScenarioError(f"{prefix}must not be negative, got {value!r}")
     return number
 
 
