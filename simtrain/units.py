@@ -11,7 +11,7 @@ from .errors import ScenarioError
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
-_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_TIME_DIVISOR = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # divide: 5 us -> 5e-06 exactly
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _PATTERN = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-zµ/]*)\s*$")
@@ -28,9 +28,7 @@ def _prefix(prefix: str) -> float:
 
 
 def _scale(unit: str, kind: str) -> float:
-    """Multiplier that turns `unit` of `kind` into SI; KeyError if it does not fit."""
-    if kind == "time":
-        return _TIME[unit]
+    """Multiplier that turns `unit` of `kind` (not time) into SI; KeyError if it does not fit."""
     if kind == "bytes":
         if not unit.endswith("B"):
             raise KeyError(unit)
@@ -63,7 +61,10 @@ def parse_quantity(value, kind: str, field: str = "") -> float:
             raise ScenarioError(f"{prefix}cannot read {value!r} as a {kind} quantity")
         number, unit = float(match.group(1)), match.group(2)
         try:
-            number *= _scale(unit, kind) if unit else 1.0
+            if kind == "time" and unit:
+                number /= _TIME_DIVISOR[unit]
+            else:
+                number *= _scale(unit, kind) if unit else 1.0
         except KeyError:
             raise ScenarioError(f"{prefix}unit {unit!r} in {value!r} is not a {kind} unit") from None
     else:

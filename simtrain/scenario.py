@@ -1,0 +1,202 @@
+"""The scenario file: what to simulate, validated with pydantic.
+
+A scenario names a cluster (topology, devices, links), a model, a data set, a
+training recipe and a parallel scheme. Unknown keys are errors; quantities take
+SI numbers or strings with units ("100 GB/s", "5 us", "40 GiB").
+
+    scenario = load_scenario("scenarios/quickstart.yaml", ["cluster.devices=16"])
+
+Overrides are `dotted.path=value` with the value parsed as YAML; they are
+validated like the file. Every error is a ScenarioError whose one-line message
+names the file and the field.
+"""
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from .errors import ScenarioError, SimtrainError
+from .units import parse_quantity
+
+
+def _quantity(kind: str):
+    def parse(value):
+        try:
+            return parse_quantity(value, kind)
+        except SimtrainError as error:  # pydantic reports ValueError with the field's location
+            raise ValueError(str(error)) from None
+
+    return BeforeValidator(parse)
+
+
+Bandwidth = Annotated[float, _quantity("bandwidth"), Field(gt=0)]
+Duration = Annotated[float, _quantity("time")]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkSpec(_Strict):
+    bandwidth: Bandwidth
+    latency: Duration = 0.0
+
+
+class ClusterSpec(_Strict):
+    topology: str = "ring"  # builder name, or a path to a topology YAML file
+    devices: PositiveInt | None = None  # None: take the count from a topology file
+    device: Union[str, dict[str, Any]] = "a100-40gb"  # catalog name or inline spec
+    link: LinkSpec = LinkSpec(bandwidth=50e9, latency=5e-6)
+    inter_node_link: LinkSpec | None = None  # hierarchical: each GPU's NIC to the spine
+    gpus_per_node: PositiveInt | None = None  # hierarchical
+    torus_shape: tuple[PositiveInt, PositiveInt] | None = None  # torus2d: rows, cols
+
+
+class ModelSpec(_Strict):
+    name: str = "mlp"  # mlp | cnn | package.module:function
+    hidden: list[PositiveInt] = [128, 128]  # mlp
+    channels: list[PositiveInt] = [16, 32]  # cnn
+    options: dict[str, Any] = {}  # keyword arguments of a user's model function
+
+    def builder_options(self) -> dict[str, Any]:
+        """The keyword options the model builder of `name` takes."""
+        if self.name == "mlp":
+            return {"hidden": list(self.hidden)}
+        if self.name == "cnn":
+            return {"channels": list(self.channels)}
+        return dict(self.options)
+
+
+class DataSpec(_Strict):
+    name: str = "digits"  # digits | synthetic | package.module:function
+    batch_size: PositiveInt = 32  # per device
+    samples: PositiveInt | None = None  # synthetic
+    features: PositiveInt | None = None  # synthetic
+    classes: PositiveInt | None = None  # synthetic
+    options: dict[str, Any] = {}  # keyword arguments of a user's data function
+
+    def loader_options(self) -> dict[str, Any]:
+        """The keyword options the data loader of `name` takes."""
+        if self.name == "synthetic":
+            fields = {"samples": self.samples, "features": self.features, "classes": self.classes}
+            return {key: value for key, value in fields.items() if value is not None}
+        return dict(self.options)
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["sgd", "adam"] = "sgd"
+    lr: Annotated[float, Field(gt=0)] = 0.1
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: Annotated[float, Field(gt=0)] = 1e-8
+
+    def builder_options(self) -> dict[str, Any]:
+        """The keyword options of the torch optimizer `name`."""
+        if self.name == "sgd":
+            return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
+                    "nesterov": self.nesterov}
+        return {"lr": self.lr, "betas": tuple(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
+
+
+class TrainSpec(_Strict):
+    steps: PositiveInt = 200
+    optimizer: OptimizerSpec = OptimizerSpec()
+
+
+class ParallelSpec(_Strict):
+    scheme: Literal["naive", "ring", "tree"] = "ring"
+
+
+class ReportSpec(_Strict):
+    trace: bool = True  # write trace.json (Chrome trace event format)
+    every: PositiveInt = 10  # evaluate test accuracy every this many steps
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: Annotated[int, Field(ge=0)] = 0
+    cluster: ClusterSpec = ClusterSpec()
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    train: TrainSpec = TrainSpec()
+    parallel: ParallelSpec = ParallelSpec()
+    report: ReportSpec = ReportSpec()
+    # Folder that relative paths in the scenario (topology files) are read from.
+    _base_dir: Path = PrivateAttr(default=Path("."))
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not value or "/" in value or value.startswith("."):
+            raise ValueError("must be a plain name (no '/', not empty, not starting with '.')")
+        return value
+
+    def to_yaml(self) -> str:
+        """The scenario with every default filled in, as YAML (SI units)."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def load_scenario(path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read, override and validate a scenario file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ScenarioError(f"{path}: cannot read the scenario file ({error.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"{path}: not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: a scenario must be a mapping of fields")
+    for override in overrides:
+        apply_override(raw, override, str(path))
+    return validate_scenario(raw, source=str(path), base_dir=path.parent)
+
+
+def apply_override(raw: dict, override: str, source: str = "--set") -> None:
+    """Set `dotted.path=value` (value parsed as YAML) in the raw scenario mapping."""
+    key, sep, text = override.partition("=")
+    if not sep or not key.strip():
+        raise ScenarioError(f"--set {override!r}: expected dotted.path=value")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ScenarioError(f"--set {key}: cannot parse {text!r} as a YAML value") from None
+    parts = key.strip().split(".")
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ScenarioError(f"--set {key}: {'.'.join(parts[: depth + 1])} is not a mapping in {source}")
+        node = child
+    node[parts[-1]] = value
+
+
+def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path(".")) -> Scenario:
+    """Validate a raw mapping; the first problem becomes a one-line ScenarioError."""
+    try:
+        scenario = Scenario.model_validate(raw)
+        scenario._base_dir = Path(base_dir)
+        return scenario
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "scenario"
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif first["type"] == "literal_error":
+            message = f"{message}, got {first['input']!r}"
+        raise ScenarioError(f"{source}: {field}: {message}") from None
