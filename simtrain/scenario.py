@@ -113,7 +113,6 @@ class ParallelSpec(_Strict):
 
 class ReportSpec(_Strict):
     trace: bool = True  # write trace.json (Chrome trace event format)
-    every: PositiveInt = 10  # evaluate test accuracy every this many steps
 
 
 class Scenario(_Strict):

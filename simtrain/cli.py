@@ -1,0 +1,185 @@
+"""The `simtrain` command line: run, validate, collective, topo.
+
+    simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
+    simtrain validate scenarios/quickstart.yaml
+    simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics
+    simtrain topo topologies/dgx-a100-2node.yaml
+
+A user's mistake prints one line naming the field or file and exits with 2.
+"""
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .comm import ALL_REDUCE
+from .comm.bench import benchmark_all_reduce
+from .errors import SimtrainError
+from .hw.topology_builders import BUILDERS, LinkClass, build_topology
+from .runner import run as run_scenario
+from .scenario import load_scenario
+from .units import format_bytes, parse_quantity, parse_size
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@click.group()
+@click.version_option(package_name="simtrain")
+def cli():
+    """Simulate distributed training: real torch numerics on simulated GPUs and links."""
+
+
+@cli.command()
+@click.argument("scenario_file")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
+@click.option("--out", "out_dir", default=None, help="Output folder (default runs/<name>/).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+def run(scenario_file, overrides, out_dir, quiet):
+    """Train the scenario's model on its simulated cluster and report."""
+    scenario = load_scenario(scenario_file, overrides)
+    out = Path(out_dir) if out_dir else Path("runs") / scenario.name
+    if quiet:
+        report = run_scenario(scenario)
+    else:
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("sim {task.fields[sim]:.4g} s  loss {task.fields[loss]:.4f}"), TimeElapsedColumn())
+        with Progress(*columns, console=err_console, transient=True) as progress:
+            task = progress.add_task(scenario.name, total=scenario.train.steps, sim=0.0, loss=float("nan"))
+            report = run_scenario(
+                scenario, on_step=lambda step, now, loss: progress.update(task, completed=step + 1, sim=now, loss=loss))
+    report.write(out)
+    if not quiet:
+        print_summary(report.data)
+        console.print(f"wrote {out}/report.json, trace.json, scenario.resolved.yaml, final_model.pt")
+
+
+def print_summary(data: dict) -> None:
+    """The terminal view of report.json."""
+    table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
+    step = data["step_time_s"]
+    table.add_row("simulated time", f"{data['sim_time_s']:.6g} s over {data['steps']} steps")
+    table.add_row("step time", f"{step * 1e3:.4g} ms")
+    for kind, seconds in data["breakdown_s"].items():
+        table.add_row(f"  {kind}", f"{seconds * 1e3:.4g} ms ({seconds / step:.1%})")
+    table.add_row("throughput", f"{data['throughput_samples_per_s']:,.0f} samples/s")
+    table.add_row("scaling efficiency", f"{data['scaling_efficiency']:.1%} (weak scaling)")
+    table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
+    table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
+    console.print(table)
+    memory = Table(title="peak memory per device")
+    categories = list(dict.fromkeys(c for d in data["devices"] for c in d["peak_memory_bytes_by_category"]))
+    for header in ("rank", "peak", *categories):
+        memory.add_column(header, justify="right")
+    for device in data["devices"]:
+        by_category = device["peak_memory_bytes_by_category"]
+        memory.add_row(str(device["rank"]), format_bytes(device["peak_memory_bytes"]),
+                       *(format_bytes(by_category.get(c, 0)) for c in categories))
+    console.print(memory)
+
+
+@cli.command()
+@click.argument("scenario_file")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
+def validate(scenario_file, overrides):
+    """Check a scenario (and its topology and device) without running it."""
+    from .hw.cluster import build_topology_from_spec
+    from .hw.catalog import resolve_device
+
+    scenario = load_scenario(scenario_file, overrides)
+    topology = build_topology_from_spec(scenario.cluster, scenario.base_dir)
+    device = resolve_device(scenario.cluster.device)
+    console.print(f"{scenario_file}: ok ({scenario.name}: {topology.num_devices} x {device.name}, "
+                  f"{scenario.cluster.topology}, {scenario.parallel.scheme})")
+
+
+def _topology_options(f):
+    f = click.option("--topology", default="ring", show_default=True, help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
+    f = click.option("--devices", type=int, default=None, help="Device count (builders).")(f)
+    f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
+    f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
+    f = click.option("--gpus-per-node", type=int, default=None, help="hierarchical: GPUs per node.")(f)
+    f = click.option("--inter-bandwidth", default=None, help="hierarchical: each GPU's NIC bandwidth.")(f)
+    f = click.option("--inter-latency", default="5 us", show_default=True, help="hierarchical: NIC hop latency.")(f)
+    return f
+
+
+def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
+    if devices is not None and devices < 1:
+        raise SimtrainError(f"--devices: must be at least 1, got {devices}")
+    link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
+    if link.bandwidth <= 0:
+        raise SimtrainError("--bandwidth: must be positive")
+    inter = None
+    if inter_bandwidth is not None:
+        inter = LinkClass(parse_quantity(inter_bandwidth, "bandwidth", "--inter-bandwidth"),
+                          parse_quantity(inter_latency, "time", "--inter-latency"))
+    return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node)
+
+
+@cli.command()
+@click.option("--algo", type=click.Choice(sorted(ALL_REDUCE)), default="ring", show_default=True)
+@_topology_options
+@click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
+@click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+               sizes, numerics, seed, as_json):
+    """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
+    topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
+    low, sep, high = sizes.partition(":")
+    low = parse_size(low, "--sizes")
+    high = parse_size(high, "--sizes") if sep else low
+    if low < 1 or high < low:
+        raise SimtrainError(f"--sizes: need 1 <= MIN <= MAX, got {sizes!r}")
+    size_list = []
+    while low <= high:
+        size_list.append(low)
+        low *= 2
+    if not as_json:
+        console.print(f"# all-reduce {algo} on {topo.name}, {topo.num_devices} devices, "
+                      f"numerics {'on' if numerics else 'off'}")
+        console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
+    for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed):
+        if as_json:
+            click.echo(json.dumps({"bytes": row.nbytes, "time_s": row.time_s,
+                                   "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}))
+        else:
+            wrong = "n/a" if row.wrong is None else str(row.wrong)
+            console.print(f"{row.nbytes:>12} {row.time_s * 1e6:>12.2f} {row.algbw_GBps:>13.3f} "
+                          f"{row.busbw_GBps:>13.3f} {wrong:>7}")
+
+
+@cli.command()
+@_topology_options
+def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
+    """Show a topology: its devices, switches and links."""
+    topo_ = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
+    graph = topo_.graph
+    switches = [n for n in graph.nodes if n not in set(topo_.devices)]
+    console.print(f"{topo_.name}: {topo_.num_devices} devices, {len(switches)} switches, {graph.number_of_edges()} links")
+    table = Table("link", "bandwidth per direction", "latency")
+    for a, b, attrs in graph.edges(data=True):
+        table.add_row(f"{a} - {b}", f"{attrs['bandwidth'] / 1e9:g} GB/s", f"{attrs['latency'] * 1e6:g} us")
+    console.print(table)
+
+
+def main(argv=None) -> None:
+    """Entry point: one line and exit code 2 for a user's mistake, never a traceback."""
+    try:
+        code = cli.main(args=argv, prog_name="simtrain", standalone_mode=False)
+    except SimtrainError as error:
+        err_console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        err_console.print("aborted", markup=False)
+        sys.exit(130)
+    except click.ClickException as error:
+        err_console.print(f"error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    sys.exit(code or 0)

@@ -1,0 +1,39 @@
+"""The two operations a collective program is written with: Send and Recv.
+
+A collective is a per-rank program: a generator that yields operations and does
+any other tensor math itself, like code written against torch.distributed
+point-to-point calls. A yield is either one operation or a list of them; the
+list's operations run concurrently (like `batch_isend_irecv`) and the yield
+returns when all are done, with the received tensors (None for a Send) in
+order; a single operation returns its own result.
+
+    def program(rank, world, buf):
+        yield [Send((rank + 1) % world, buf), Recv((rank - 1) % world, tmp)]
+
+Semantics, the same for every interpreter:
+- a Send and the Recv that names it match in posting order (per src, dst pair);
+  the bytes start to move once both are posted (rendezvous);
+- `Recv(src, out)` writes the received data into `out`; with `reduce=True` it
+  adds it into `out` instead, as NCCL's receive-reduce primitive does (the data
+  lands in a staging buffer, counted as comm_buffers, then is summed in);
+- a program must not modify a tensor it is sending until that Send is done.
+"""
+from typing import NamedTuple
+
+import torch
+
+
+class Send(NamedTuple):
+    dst: int
+    tensor: torch.Tensor
+
+
+class Recv(NamedTuple):
+    src: int
+    out: torch.Tensor
+    reduce: bool = False
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a tensor occupies on the wire."""
+    return tensor.numel() * tensor.element_size()

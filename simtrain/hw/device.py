@@ -1,0 +1,94 @@
+"""One simulated GPU: a compute stream on the virtual clock and a memory ledger.
+
+    device = Device(env, rank=0, node="gpu0", spec=CATALOG["a100-40gb"], log=log)
+    yield device.compute(flops=2e9, dtype="fp32", name="forward+backward")
+    yield device.memory_bound(nbytes=4e6, name="optimizer", kind="optimizer")
+    device.memory.alloc("activations", 1 << 20)
+
+The compute stream is in-order, like a CUDA stream: work queued while earlier
+work runs starts when that work ends. A kernel of F FLOPs in dtype d takes
+F / (peak[d] * efficiency); memory-bound work of B bytes takes B / (HBM
+bandwidth * efficiency). Every span goes to the cluster's event log.
+"""
+import simpy
+
+from ..errors import OutOfMemory
+from .catalog import DeviceSpec
+from .eventlog import EventLog
+
+
+class MemoryLedger:
+    """Bytes held per category on one device: current, per-category peak, total peak.
+
+    `peak_breakdown` is the per-category split at the moment the total peaked,
+    so it adds up to `peak_total`. Categories appear in first-use order.
+    """
+
+    def __init__(self, device: str, capacity_bytes: float):
+        self.device = device
+        self.capacity_bytes = capacity_bytes
+        self.current: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.total = 0
+        self.peak_total = 0
+        self.peak_breakdown: dict[str, int] = {}
+
+    def alloc(self, category: str, nbytes: int) -> None:
+        """Hold nbytes more in category; OutOfMemory if the device would overflow."""
+        nbytes = int(nbytes)
+        now = self.current.get(category, 0) + nbytes
+        self.current[category] = now
+        self.total += nbytes
+        if now > self.peak.get(category, 0):
+            self.peak[category] = now
+        if self.total > self.peak_total:
+            self.peak_total = self.total
+            self.peak_breakdown = dict(self.current)
+        if self.total > self.capacity_bytes:
+            raise OutOfMemory(self.device, int(self.capacity_bytes), self.current)
+
+    def free(self, category: str, nbytes: int) -> None:
+        """Release nbytes from category (a bug if more than it holds)."""
+        nbytes = int(nbytes)
+        held = self.current.get(category, 0)
+        if nbytes > held:
+            raise ValueError(f"{self.device}: freeing {nbytes} B of {category} but only {held} B held")
+        self.current[category] = held - nbytes
+        self.total -= nbytes
+
+
+class Device:
+    """A simulated GPU with an in-order compute stream and a memory ledger."""
+
+    def __init__(self, env: simpy.Environment, rank: int, node: str, spec: DeviceSpec, log: EventLog):
+        self.env = env
+        self.rank = rank
+        self.node = node
+        self.spec = spec
+        self.log = log
+        self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
+        self._stream_free_at = 0.0
+
+    def compute_time(self, flops: float, dtype: str) -> float:
+        """Seconds the stream needs for `flops` of arithmetic in `dtype`."""
+        return flops / self.spec.flops_rate(dtype)
+
+    def memory_bound_time(self, nbytes: float) -> float:
+        """Seconds the stream needs to read and write `nbytes` of HBM."""
+        return nbytes / (self.spec.memory_bandwidth * self.spec.efficiency)
+
+    def compute(self, flops: float, dtype: str, name: str, kind: str = "compute") -> simpy.Event:
+        """Queue a kernel of `flops` in `dtype`; the event fires when it has run."""
+        return self.run_for(self.compute_time(flops, dtype), name, kind, flops=flops)
+
+    def memory_bound(self, nbytes: float, name: str, kind: str) -> simpy.Event:
+        """Queue memory-bound work touching `nbytes` of HBM (an optimizer step, a copy)."""
+        return self.run_for(self.memory_bound_time(nbytes), name, kind, nbytes=nbytes)
+
+    def run_for(self, seconds: float, name: str, kind: str, nbytes: float = 0, flops: float = 0) -> simpy.Event:
+        """Queue `seconds` of work on the stream; logged as one span of `kind`."""
+        start = max(self.env.now, self._stream_free_at)
+        end = start + seconds
+        self._stream_free_at = end
+        self.log.span(self.rank, kind, name, start, end, nbytes=nbytes, flops=flops)
+        return self.env.timeout(end - self.env.now)

@@ -1,0 +1,189 @@
+"""What a run reports: report.json, the Chrome trace, the terminal summary.
+
+Every figure is a view of the cluster's event log (device spans) and the
+network's transfer records and link counters; nothing is measured twice.
+
+    report = build_report(scenario, cluster, run_result)
+    report.write(Path("runs/quickstart"))
+    print_summary(report.data)
+
+report.json is byte-identical for the same scenario except `wall_time_s`.
+"""
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .hw.cluster import Cluster
+from .scenario import Scenario
+
+BREAKDOWN_KINDS = ("compute", "communication", "optimizer")
+
+
+@dataclass
+class RunResult:
+    """What a scheme produced, beyond what the cluster logged."""
+
+    steps: int
+    samples_per_step: int
+    loss_curve: list[tuple[float, float]]
+    final_loss: float
+    final_accuracy: float
+    single_device_step_s: float
+    final_model: torch.nn.Module
+    wall_time_s: float
+    extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
+
+
+@dataclass
+class Report:
+    """report.json's content, the final model and the trace, ready to write."""
+
+    data: dict
+    final_model: torch.nn.Module
+    trace: dict | None
+    scenario_yaml: str
+
+    def to_json(self) -> str:
+        return json.dumps(self.data, indent=2) + "\n"
+
+    def write(self, out_dir: Path) -> list[Path]:
+        """Write report.json, scenario.resolved.yaml, final_model.pt and trace.json.
+
+        Each file is written to a temporary name and renamed into place, so an
+        interrupted write never leaves a half file over an earlier good one.
+        """
+        out_dir.mkdir(parents=True, exist_ok=True)
+        outputs = {"report.json": self.to_json().encode(), "scenario.resolved.yaml": self.scenario_yaml.encode()}
+        if self.trace is not None:
+            outputs["trace.json"] = json.dumps(self.trace, separators=(",", ":")).encode()
+        written = []
+        for name, payload in outputs.items():
+            written.append(_write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
+        written.append(_write_atomic(out_dir / "final_model.pt",
+                                     lambda f: torch.save(self.final_model.state_dict(), f)))
+        return written
+
+
+def _write_atomic(path: Path, write) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Report:
+    sim_time = cluster.env.now
+    steps = result.steps
+    step_time = sim_time / steps
+    log = cluster.log
+    devices, breakdown_total = [], {kind: 0.0 for kind in (*BREAKDOWN_KINDS, "idle")}
+    for device in cluster.devices:
+        spent = {kind: log.total(device.rank, kind) for kind in BREAKDOWN_KINDS}
+        spent["idle"] = max(0.0, sim_time - sum(spent.values()))
+        for kind, seconds in spent.items():
+            breakdown_total[kind] += seconds
+        memory = device.memory
+        devices.append({
+            "rank": device.rank,
+            "node": device.node,
+            "device": device.spec.name,
+            "peak_memory_bytes": memory.peak_total,
+            "peak_memory_bytes_by_category": dict(memory.peak_breakdown),
+            "capacity_bytes": int(device.spec.memory_bytes),
+            "breakdown_s": spent,
+        })
+    per_step = {kind: seconds / len(cluster.devices) / steps for kind, seconds in breakdown_total.items()}
+    links = [
+        {**stat, "utilization": stat["busy_s"] / sim_time if sim_time > 0 else 0.0}
+        for stat in cluster.network.link_stats()
+    ]
+    data = {
+        "name": scenario.name,
+        "status": "ok",
+        "scheme": scenario.parallel.scheme,
+        "devices_count": len(cluster.devices),
+        "sim_time_s": sim_time,
+        "steps": steps,
+        "step_time_s": step_time,
+        "throughput_samples_per_s": result.samples_per_step * steps / sim_time,
+        "breakdown_s": per_step,
+        "scaling_efficiency": result.single_device_step_s / step_time,
+        "final_loss": result.final_loss,
+        "final_accuracy": result.final_accuracy,
+        "loss_curve": [[t, loss] for t, loss in result.loss_curve],
+        **result.extra,
+        "devices": devices,
+        "links": links,
+        "wall_time_s": result.wall_time_s,
+        "simtrain_version": __version__,
+    }
+    trace = build_trace(cluster) if scenario.report.trace else None
+    return Report(data=data, final_model=result.final_model, trace=trace, scenario_yaml=scenario.to_yaml())
+
+
+def build_trace(cluster: Cluster) -> dict:
+    """Chrome trace event format: a track per device (with idle gaps) and per busy link."""
+    events = [_meta(0, None, "process_name", "devices"), _meta(1, None, "process_name", "links")]
+    spans_by_rank: dict[int, list] = {device.rank: [] for device in cluster.devices}
+    for span in cluster.log.spans:
+        spans_by_rank[span.rank].append(span)
+    for device in cluster.devices:
+        events.append(_meta(0, device.rank, "thread_name", f"rank {device.rank} ({device.node})"))
+        cursor = 0.0
+        for span in sorted(spans_by_rank[device.rank], key=lambda s: (s.start, s.end)):
+            if span.start > cursor:
+                events.append(_span(0, device.rank, "idle", "idle", cursor, span.start, {}))
+            args = {"bytes": span.nbytes} if span.nbytes else {}
+            if span.flops:
+                args["flops"] = span.flops
+            events.append(_span(0, device.rank, span.name, span.kind, span.start, span.end, args))
+            cursor = max(cursor, span.end)
+        if cluster.env.now > cursor:
+            events.append(_span(0, device.rank, "idle", "idle", cursor, cluster.env.now, {}))
+    for tid, (link, intervals) in enumerate(_link_busy_intervals(cluster).items()):
+        events.append(_meta(1, tid, "thread_name", f"{link[0]} -> {link[1]}"))
+        for start, end, nbytes, flows in intervals:
+            events.append(_span(1, tid, "busy", "link", start, end, {"bytes": nbytes, "transfers": flows}))
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _link_busy_intervals(cluster: Cluster) -> dict[tuple[str, str], list]:
+    """Per directed link: merged intervals during which transfers crossed it."""
+    crossing: dict[tuple[str, str], list] = {}
+    for record in cluster.network.records:
+        path = cluster.topology.path(record.src, record.dst)
+        for hop in zip(path, path[1:]):
+            crossing.setdefault(hop, []).append((record.start, record.end, record.nbytes))
+    merged = {}
+    for link in sorted(crossing):
+        intervals = []
+        for start, end, nbytes in sorted(crossing[link]):
+            if intervals and start <= intervals[-1][1]:
+                last = intervals[-1]
+                intervals[-1] = (last[0], max(last[1], end), last[2] + nbytes, last[3] + 1)
+            else:
+                intervals.append((start, end, nbytes, 1))
+        merged[link] = intervals
+    return merged
+
+
+def _meta(pid: int, tid, name: str, value: str) -> dict:
+    event = {"ph": "M", "pid": pid, "name": name, "args": {"name": value}}
+    if tid is not None:
+        event["tid"] = tid
+    return event
+
+
+def _span(pid: int, tid: int, name: str, cat: str, start: float, end: float, args: dict) -> dict:
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat,
+            "ts": start * 1e6, "dur": (end - start) * 1e6, "args": args}

@@ -1,0 +1,49 @@
+"""One device's replica: its model copy, data shard, optimizer and gradient bucket.
+
+Gradients live in one flat buffer per replica (every parameter's .grad is a
+view into it, as in DDP's gradient_as_bucket_view), so a collective reduces
+the whole gradient in place with no copies.
+
+    replica = Replica(model, loader, "sgd", {"lr": 0.1})
+    loss = replica.forward_backward()      # real torch, on this replica's next batch
+    ... all-reduce replica.grad_buffer ...
+    replica.step()
+"""
+import torch
+import torch.nn.functional as F
+
+from .data import ShardLoader
+from .optim import build_optimizer
+
+
+class Replica:
+    """A model replica that trains on its own shard with a flat gradient buffer."""
+
+    def __init__(self, model: torch.nn.Module, loader: ShardLoader, optimizer: str, options: dict):
+        self.model = model
+        self.loader = loader
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        dtype = self.params[0].dtype
+        self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params), dtype=dtype)
+        offset = 0
+        for p in self.params:
+            p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.optimizer = build_optimizer(self.params, optimizer, options)
+        self.last_batch = None
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.params)
+
+    def forward_backward(self) -> torch.Tensor:
+        """Mean cross entropy on the next batch; its gradient lands in grad_buffer."""
+        x, y = self.loader.next_batch()
+        self.last_batch = (x, y)
+        self.grad_buffer.zero_()
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    def step(self) -> None:
+        self.optimizer.step()
