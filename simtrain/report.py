@@ -11,7 +11,6 @@ report.json is byte-identical for the same scenario except `wall_time_s`.
 """
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,13 +69,13 @@ class Report:
 
 
 def _write_atomic(path: Path, write) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             write(f)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 

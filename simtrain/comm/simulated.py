@@ -29,7 +29,7 @@ from .ops import Send, tensor_bytes
 class _RankProgram:
     """One rank's program in flight and the bookkeeping of its current yield."""
 
-    __slots__ = ("rank", "program", "done", "label", "results", "single", "outstanding",
+    __slots__ = ("rank", "program", "done", "label", "results", "single", "outstanding", "in_flight",
                  "span_start", "span_end", "span_bytes")
 
     def __init__(self, rank, program, done, label):
@@ -39,9 +39,10 @@ class _RankProgram:
         self.label = label
         self.results = None
         self.single = False
-        self.outstanding = 0
+        self.outstanding = 0  # operations of the current yield not done yet
+        self.in_flight = 0  # transfers of this rank moving now
         self.span_start = None  # start of the current run of communication
-        self.span_end = None  # when the last yield of that run completed
+        self.span_end = None  # when that run last had nothing in flight
         self.span_bytes = 0
 
 
@@ -115,12 +116,12 @@ class SimCommunicator:
                 f"receives {recv.out.numel()}")
         now = self.env.now
         for state in (sender, receiver):
-            if state.span_start is None:
-                state.span_start = now
-            elif state.span_end is not None and state.span_end < now:
-                self._close_span(state)
-                state.span_start = now
-            state.span_end = None
+            if state.in_flight == 0:
+                if state.span_start is not None and state.span_end < now:
+                    self._close_span(state)
+                if state.span_start is None:
+                    state.span_start = now
+            state.in_flight += 1
         sender.span_bytes += nbytes
         if recv.reduce and self.ledgers is not None:
             self.ledgers[receiver.rank].alloc("comm_buffers", nbytes)
@@ -135,6 +136,10 @@ class SimCommunicator:
             if recv.reduce and self.ledgers is not None:
                 self.ledgers[receiver.rank].free("comm_buffers", nbytes)
             receiver.results[recv_index] = out
+            for state in (sender, receiver):
+                state.in_flight -= 1
+                if state.in_flight == 0:
+                    state.span_end = self.env.now
             self._op_done(sender)
             self._op_done(receiver)
 
@@ -144,7 +149,6 @@ class SimCommunicator:
     def _op_done(self, state: _RankProgram) -> None:
         state.outstanding -= 1
         if state.outstanding == 0:
-            state.span_end = self.env.now
             self._advance(state, state.results[0] if state.single else state.results)
 
     def _close_span(self, state: _RankProgram) -> None:

@@ -21,17 +21,20 @@ class MemoryLedger:
     """Bytes held per category on one device: current, per-category peak, total peak.
 
     `peak_breakdown` is the per-category split at the moment the total peaked,
-    so it adds up to `peak_total`. Categories appear in first-use order.
+    so it adds up to `peak_total`. The standard categories are always present;
+    techniques add their own (in first-use order).
     """
+
+    CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "comm_buffers")
 
     def __init__(self, device: str, capacity_bytes: float):
         self.device = device
         self.capacity_bytes = capacity_bytes
-        self.current: dict[str, int] = {}
-        self.peak: dict[str, int] = {}
+        self.current: dict[str, int] = dict.fromkeys(self.CATEGORIES, 0)
+        self.peak: dict[str, int] = dict.fromkeys(self.CATEGORIES, 0)
         self.total = 0
         self.peak_total = 0
-        self.peak_breakdown: dict[str, int] = {}
+        self.peak_breakdown: dict[str, int] = dict(self.current)
 
     def alloc(self, category: str, nbytes: int) -> None:
         """Hold nbytes more in category; OutOfMemory if the device would overflow."""
