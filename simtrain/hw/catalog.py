@@ -1,0 +1,188 @@
+"""Device catalog: what one simulated GPU can compute and hold.
+
+A `DeviceSpec` gives a GPU's dense peak FLOP/s per dtype, its HBM capacity and
+bandwidth, and the fraction of peak a training kernel reaches (`efficiency`).
+The compute model charges `flops / spec.flops_rate(dtype)` seconds per kernel.
+
+`CATALOG` holds public datasheet figures for common SXM parts; a scenario names
+one, tweaks one, or describes its own GPU, and `resolve_device` turns any of
+those into a `DeviceSpec`:
+
+    resolve_device("a100-40gb")
+    resolve_device({"base": "a100-40gb", "efficiency": 0.4, "memory": "80 GiB"})
+    resolve_device({"name": "mygpu", "memory": "40 GiB", "memory_bandwidth": "1.5 TB/s",
+                    "peak_flops": {"fp32": "20 TFLOP/s", "tf32": "80 TFLOP/s",
+                                   "fp16": "160 TFLOP/s", "bf16": "160 TFLOP/s"}})
+
+Memory capacities are binary: an "80 GB" HBM part holds 80 GiB of DRAM cells
+(five 16 GiB stacks), and nvidia-smi reports 81920 MiB for an A100 80GB.
+"""
+import dataclasses
+from collections.abc import Mapping
+
+from ..errors import ScenarioError
+from ..units import parse_quantity
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16")
+DEFAULT_EFFICIENCY = 0.5
+
+_INLINE_KEYS = ("base", "name", "peak_flops", "memory", "memory_bandwidth", "efficiency")
+_T = 1e12  # TFLOP/s
+_GIB = 2.0**30
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """One GPU model: dense peak FLOP/s by dtype, HBM size and bandwidth, efficiency."""
+
+    name: str
+    peak_flops: dict[str, float] = dataclasses.field(hash=False)  # left out of hash(): a dict is unhashable
+    memory_bytes: float
+    memory_bandwidth: float
+    efficiency: float = DEFAULT_EFFICIENCY
+
+    def __post_init__(self):
+        if sorted(self.peak_flops) != sorted(DTYPES):
+            raise ValueError(f"device {self.name}: peak_flops keys must be {DTYPES}, got {sorted(self.peak_flops)}")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"device {self.name}: efficiency must be in (0, 1], got {self.efficiency}")
+        object.__setattr__(self, "peak_flops", dict(self.peak_flops))
+
+    def flops_rate(self, dtype: str) -> float:
+        """FLOP/s this device sustains in `dtype`: peak times efficiency."""
+        if dtype not in self.peak_flops:
+            raise ScenarioError(f"device {self.name}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+        return self.peak_flops[dtype] * self.efficiency
+
+
+CATALOG: dict[str, DeviceSpec] = {
+    # NVIDIA Tesla V100 GPU Architecture whitepaper (2017), Tesla V100 SXM2:
+    # 15.7 TFLOP/s FP32, 125 Tensor TFLOP/s (FP16 inputs), 16 GB HBM2 at 900 GB/s.
+    # Volta has no TF32 or BF16 tensor-core path: TF32 math falls back to plain FP32
+    # (cuBLAS ignores the TF32 mode), and BF16 is not native, so both run at FP32 rate.
+    "v100-16gb": DeviceSpec(
+        name="v100-16gb",
+        peak_flops={"fp32": 15.7 * _T, "tf32": 15.7 * _T, "fp16": 125 * _T, "bf16": 15.7 * _T},
+        memory_bytes=16 * _GIB,
+        memory_bandwidth=900e9,
+    ),
+    # NVIDIA A100 Tensor Core GPU datasheet (1758950-r4, 2021), A100 40GB SXM, dense figures
+    # (the starred ones are with sparsity, twice these): FP32 19.5 TFLOP/s, TF32 tensor 156,
+    # BF16 tensor 312, FP16 tensor 312; 40 GB HBM2 at 1,555 GB/s.
+    "a100-40gb": DeviceSpec(
+        name="a100-40gb",
+        peak_flops={"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
+        memory_bytes=40 * _GIB,
+        memory_bandwidth=1555e9,
+    ),
+    # Same datasheet, A100 80GB SXM: same FLOP/s as the 40GB part; 80 GB HBM2e at 2,039 GB/s.
+    "a100-80gb": DeviceSpec(
+        name="a100-80gb",
+        peak_flops={"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
+        memory_bytes=80 * _GIB,
+        memory_bandwidth=2039e9,
+    ),
+    # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: FP32 67 TFLOP/s; TF32 989,
+    # BF16 1,979 and FP16 1,979 TFLOP/s are listed "with sparsity", dense is half of each:
+    # 494.5, 989.5, 989.5. 80 GB HBM3 at 3.35 TB/s.
+    "h100-80gb": DeviceSpec(
+        name="h100-80gb",
+        peak_flops={"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T},
+        memory_bytes=80 * _GIB,
+        memory_bandwidth=3.35e12,
+    ),
+}
+
+
+def resolve_device(value, field: str = "cluster.device") -> DeviceSpec:
+    """A DeviceSpec from a catalog name, a {base: ..., overrides} mapping or an inline spec.
+
+    Raises ScenarioError naming `field` (or the sub-field at fault) on any mistake.
+    """
+    if isinstance(value, DeviceSpec):
+        return value
+    if isinstance(value, str):
+        return _lookup(value, field)
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{field}: expected a device name or a mapping, got {value!r}")
+    for key in value:
+        if key not in _INLINE_KEYS:
+            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: {', '.join(_INLINE_KEYS)}")
+    if "base" in value:
+        if not isinstance(value["base"], str):
+            raise ScenarioError(f"{field}.base: expected a device name, got {value['base']!r}")
+        return _override(_lookup(value["base"], f"{field}.base"), value, field)
+    return _inline(value, field)
+
+
+def _lookup(name: str, field: str) -> DeviceSpec:
+    key = name.strip().lower()
+    if key not in CATALOG:
+        raise ScenarioError(f"{field}: unknown device {name!r}; known: {', '.join(sorted(CATALOG))}")
+    return CATALOG[key]
+
+
+def _override(base: DeviceSpec, value: Mapping, field: str) -> DeviceSpec:
+    """`base` with the fields given in `value` replaced; peak_flops may list only some dtypes."""
+    changes = {}
+    if "name" in value:
+        changes["name"] = _name(value["name"], field)
+    if "peak_flops" in value:
+        changes["peak_flops"] = {**base.peak_flops, **_peak_flops(value["peak_flops"], field, partial=True)}
+    if "memory" in value:
+        changes["memory_bytes"] = _positive(value["memory"], "bytes", f"{field}.memory")
+    if "memory_bandwidth" in value:
+        changes["memory_bandwidth"] = _positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth")
+    if "efficiency" in value:
+        changes["efficiency"] = _efficiency(value["efficiency"], field)
+    return dataclasses.replace(base, **changes)
+
+
+def _inline(value: Mapping, field: str) -> DeviceSpec:
+    """A spec described in full: every field but efficiency is required."""
+    for key in ("name", "peak_flops", "memory", "memory_bandwidth"):
+        if key not in value:
+            raise ScenarioError(f"{field}: missing {key!r} (or give 'base' to start from a catalog device)")
+    return DeviceSpec(
+        name=_name(value["name"], field),
+        peak_flops=_peak_flops(value["peak_flops"], field, partial=False),
+        memory_bytes=_positive(value["memory"], "bytes", f"{field}.memory"),
+        memory_bandwidth=_positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth"),
+        efficiency=_efficiency(value.get("efficiency", DEFAULT_EFFICIENCY), field),
+    )
+
+
+def _name(value, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ScenarioError(f"{field}.name: expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _peak_flops(value, field: str, partial: bool) -> dict[str, float]:
+    field = f"{field}.peak_flops"
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{field}: expected a mapping of dtype to FLOP/s, got {value!r}")
+    for dtype in value:
+        if dtype not in DTYPES:
+            raise ScenarioError(f"{field}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    if not partial:
+        missing = [dtype for dtype in DTYPES if dtype not in value]
+        if missing:
+            raise ScenarioError(f"{field}: missing {', '.join(missing)}; give all of {', '.join(DTYPES)}")
+    return {dtype: _positive(rate, "flops", f"{field}.{dtype}") for dtype, rate in value.items()}
+
+
+def _positive(value, kind: str, field: str) -> float:
+    number = parse_quantity(value, kind, field)
+    if number == 0:
+        raise ScenarioError(f"{field}: must be positive, got {value!r}")
+    return number
+
+
+def _efficiency(value, field: str) -> float:
+    field = f"{field}.efficiency"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(f"{field}: expected a number in (0, 1], got {value!r}")
+    if not 0 < value <= 1:
+        raise ScenarioError(f"{field}: must be in (0, 1], got {value!r}")
+    return float(value)

@@ -1,0 +1,333 @@
+"""Topology builders and topology files: the shapes a cluster's network can take.
+
+`build_topology(name_or_path, devices, link, ...)` returns a `Topology`
+(topology.py) either from a builder or from a YAML file. GPUs are named
+`gpu0`, `gpu1`, ... in rank order by every builder:
+
+- `ring`: gpu i to gpu i+1 (mod N); N=2 is one link, N=1 a lone GPU.
+- `fully_connected`: a link between every pair, N(N-1)/2 links.
+- `switch`: every GPU to one non-blocking node named `switch`.
+- `torus2d`: a rows x cols grid with wrap-around in both dimensions,
+  rank = r*cols + c; `torus_shape`, or the most square factorization with
+  rows <= cols. A dimension of 2 has one link per pair, not two.
+- `hierarchical`: nodes of `gpus_per_node` GPUs. Inside node k every GPU links
+  to `node{k}-switch` with `link` (an NVSwitch fabric); every GPU also has its
+  own NIC linked with `inter_link` to one `spine` switch (rail-optimized, one NIC
+  per GPU, as in DGX clusters). Intra-node traffic stays on the node switch,
+  inter-node traffic goes gpu -> spine -> gpu.
+
+A topology file describes any other network:
+
+    name: dgx-a100-2node           # optional; default: the file's stem
+    gpus: [n0g0, n0g1, ...]        # required, rank order
+    switches: [n0-nvswitch, ...]   # optional, nodes that are not GPUs
+    link_classes:                  # optional, named link kinds for `class:`
+      nvlink3: {bandwidth: "300 GB/s", latency: "0.25 us"}
+    links:                         # undirected, full duplex
+      - {between: [n0g0, n0-nvswitch], class: nvlink3}
+      - {between: [n0g0, spine], bandwidth: "200 Gb/s", latency: "1.35 us"}
+
+`bandwidth` is per direction; a link gives either a `class` or both `bandwidth`
+and `latency` (given with a `class`, they override it). Quantities are strings
+with units (units.py) or plain SI numbers. Every mistake raises TopologyError
+naming the file and the field: unknown keys, unknown or repeated nodes, a link
+listed twice, a missing or negative bandwidth, a disconnected graph.
+"""
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+import yaml
+
+from ..errors import ScenarioError, TopologyError
+from ..units import parse_quantity
+from .topology import Topology
+
+BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical")
+
+_FILE_KEYS = ("name", "gpus", "switches", "link_classes", "links")
+_LINK_KEYS = ("between", "class", "bandwidth", "latency")
+
+
+@dataclass(frozen=True)
+class LinkClass:
+    """One kind of link: bytes/s per direction and seconds per hop."""
+
+    bandwidth: float
+    latency: float
+
+
+def parse_link(value, field: str, default: LinkClass | None = None) -> LinkClass:
+    """A LinkClass from {bandwidth: "300 GB/s", latency: "1 us"}; ScenarioError naming `field`.
+
+    With `default`, either key may be left out and is taken from it.
+    """
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{field}: expected a mapping with bandwidth and latency, got {value!r}")
+    for key in value:
+        if key not in ("bandwidth", "latency"):
+            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: bandwidth, latency")
+    parsed = {}
+    for key, kind in (("bandwidth", "bandwidth"), ("latency", "time")):
+        if key in value:
+            parsed[key] = parse_quantity(value[key], kind, f"{field}.{key}")
+        elif default is not None:
+            parsed[key] = getattr(default, key)
+        else:
+            raise ScenarioError(f"{field}: missing {key}")
+    if parsed["bandwidth"] == 0:
+        raise ScenarioError(f"{field}.bandwidth: must be positive, got {value['bandwidth']!r}")
+    return LinkClass(**parsed)
+
+
+def build_topology(
+    topology: str | Path,
+    devices: int | None,
+    link: LinkClass | None,
+    *,
+    inter_link: LinkClass | None = None,
+    gpus_per_node: int | None = None,
+    torus_shape: tuple[int, int] | None = None,
+    base_dir: str | Path | None = None,
+) -> Topology:
+    """A builder's topology, or a file's (links then come from the file, not `link`).
+
+    For a file, `devices` None means the file's GPU count; any other count must match it.
+    """
+    if isinstance(topology, str) and topology in BUILDERS:
+        devices = _device_count(devices, topology)
+        if link is None:
+            raise TopologyError(f"cluster.link: required by the {topology} builder")
+        if topology == "ring":
+            return _ring(devices, link)
+        if topology == "fully_connected":
+            return _fully_connected(devices, link)
+        if topology == "switch":
+            return _switch(devices, link)
+        if topology == "torus2d":
+            return _torus2d(devices, link, torus_shape)
+        return _hierarchical(devices, link, inter_link, gpus_per_node)
+    result = load_topology_file(_find_file(topology, base_dir))
+    if devices is not None and devices != result.num_devices:
+        raise TopologyError(f"cluster.devices: {devices} does not match the {result.num_devices} GPUs of {topology}")
+    return result
+
+
+def _device_count(devices, builder: str) -> int:
+    if devices is None:
+        raise TopologyError(f"cluster.devices: required by the {builder} builder")
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise TopologyError(f"cluster.devices: must be an integer >= 1, got {devices!r}")
+    return devices
+
+
+def _find_file(topology: str | Path, base_dir: str | Path | None) -> Path:
+    """The topology file: a relative path is looked up in base_dir, then the cwd."""
+    path = Path(topology).expanduser()
+    candidates = [path] if path.is_absolute() or base_dir is None else [Path(base_dir) / path, path]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        raise TopologyError(f"topology file {topology}: not found")
+    raise TopologyError(
+        f"cluster.topology: unknown topology {str(topology)!r}; expected one of {', '.join(BUILDERS)} or a YAML file"
+    )
+
+
+def _gpus(devices: int) -> list[str]:
+    return [f"gpu{rank}" for rank in range(devices)]
+
+
+def _graph(nodes: list[str], edges, link: LinkClass) -> nx.Graph:
+    graph = nx.Graph()
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from(edges, bandwidth=link.bandwidth, latency=link.latency)
+    return graph
+
+
+def _ring(devices: int, link: LinkClass) -> Topology:
+    gpus = _gpus(devices)
+    count = devices if devices > 2 else devices - 1
+    edges = [(gpus[i], gpus[(i + 1) % devices]) for i in range(count)]
+    return Topology(_graph(gpus, edges, link), gpus, name=f"ring-{devices}")
+
+
+def _fully_connected(devices: int, link: LinkClass) -> Topology:
+    gpus = _gpus(devices)
+    graph = _graph(gpus, itertools.combinations(gpus, 2), link)
+    return Topology(graph, gpus, name=f"fully_connected-{devices}")
+
+
+def _switch(devices: int, link: LinkClass) -> Topology:
+    gpus = _gpus(devices)
+    graph = _graph(gpus + ["switch"], [(gpu, "switch") for gpu in gpus], link)
+    return Topology(graph, gpus, name=f"switch-{devices}")
+
+
+def _torus2d(devices: int, link: LinkClass, torus_shape) -> Topology:
+    rows, cols = _torus_shape(devices, torus_shape)
+    gpus = _gpus(devices)
+    edges = []
+    for r in range(rows):
+        for c in range(cols):
+            here = gpus[r * cols + c]
+            if cols > 1:
+                edges.append((here, gpus[r * cols + (c + 1) % cols]))
+            if rows > 1:
+                edges.append((here, gpus[((r + 1) % rows) * cols + c]))
+    return Topology(_graph(gpus, edges, link), gpus, name=f"torus2d-{rows}x{cols}")
+
+
+def _torus_shape(devices: int, torus_shape) -> tuple[int, int]:
+    if torus_shape is None:
+        rows = max(r for r in range(1, math.isqrt(devices) + 1) if devices % r == 0)
+        return rows, devices // rows
+    if (
+        not isinstance(torus_shape, (tuple, list))
+        or len(torus_shape) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in torus_shape)
+    ):
+        raise TopologyError(f"cluster.torus_shape: expected two integers >= 1 (rows, cols), got {torus_shape!r}")
+    rows, cols = torus_shape
+    if rows * cols != devices:
+        raise TopologyError(
+            f"cluster.torus_shape: {rows}x{cols} = {rows * cols} GPUs does not match cluster.devices {devices}"
+        )
+    return rows, cols
+
+
+def _hierarchical(devices: int, link: LinkClass, inter_link, gpus_per_node) -> Topology:
+    if gpus_per_node is None:
+        raise TopologyError("cluster.gpus_per_node: required by the hierarchical builder")
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise TopologyError(f"cluster.gpus_per_node: must be an integer >= 1, got {gpus_per_node!r}")
+    if devices % gpus_per_node:
+        raise TopologyError(f"cluster.gpus_per_node: {devices} devices do not split into nodes of {gpus_per_node}")
+    if inter_link is None:
+        raise TopologyError("cluster.inter_node_link: required by the hierarchical builder")
+    if inter_link.latency < link.latency:
+        raise TopologyError(
+            f"cluster.inter_node_link: latency {inter_link.latency * 1e6:g} us is below the intra-node "
+            f"link's {link.latency * 1e6:g} us; intra-node traffic would route through the spine"
+        )
+    nodes = devices // gpus_per_node
+    gpus = _gpus(devices)
+    switches = [f"node{k}-switch" for k in range(nodes)]
+    graph = nx.Graph()
+    graph.add_nodes_from(gpus + switches + ["spine"])
+    # Intra-node edges first: at equal latency, routing prefers the earlier-added neighbour.
+    graph.add_edges_from(
+        ((gpu, switches[rank // gpus_per_node]) for rank, gpu in enumerate(gpus)),
+        bandwidth=link.bandwidth, latency=link.latency,
+    )
+    graph.add_edges_from(((gpu, "spine") for gpu in gpus), bandwidth=inter_link.bandwidth, latency=inter_link.latency)
+    return Topology(graph, gpus, name=f"hierarchical-{nodes}x{gpus_per_node}")
+
+
+def load_topology_file(path) -> Topology:
+    """The Topology a YAML file describes (format in the module docstring)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise TopologyError(f"topology file {path}: not found") from None
+    except OSError as exc:
+        raise TopologyError(f"topology file {path}: cannot read it ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "cannot parse"
+        raise TopologyError(f"topology file {path}: invalid YAML{where}: {problem}") from None
+    try:
+        name, graph, gpus = _parse_file(data, default_name=path.stem)
+    except ScenarioError as exc:
+        raise TopologyError(f"topology file {path}: {exc}") from None
+    # Built under the file's path so that graph errors (disconnected, ...) name the file.
+    topology = Topology(graph, gpus, name=f"file {path}")
+    topology.name = name
+    return topology
+
+
+def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str]]:
+    """(name, graph, gpus) from a loaded YAML document; ScenarioError naming the field."""
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"expected a mapping with keys {', '.join(_FILE_KEYS)}, got {type(data).__name__}")
+    for key in data:
+        if key not in _FILE_KEYS:
+            raise ScenarioError(f"unknown key {key!r}; allowed: {', '.join(_FILE_KEYS)}")
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(f"name: expected a non-empty string, got {name!r}")
+    if "gpus" not in data:
+        raise ScenarioError("gpus: missing (the list of GPU names in rank order)")
+    seen: dict[str, str] = {}
+    gpus = _node_list(data["gpus"], "gpus", seen)
+    if not gpus:
+        raise ScenarioError("gpus: must list at least one GPU")
+    switches = _node_list(data.get("switches", []), "switches", seen)
+    classes = _link_classes(data.get("link_classes", {}))
+
+    graph = nx.Graph()
+    graph.add_nodes_from(gpus + switches)
+    links = data.get("links", [])
+    if not isinstance(links, list):
+        raise ScenarioError(f"links: expected a list, got {type(links).__name__}")
+    first_listed = {}
+    for index, entry in enumerate(links):
+        a, b, link = _file_link(entry, f"links[{index}]", graph, classes)
+        pair = frozenset((a, b))
+        if pair in first_listed:
+            raise ScenarioError(f"links[{index}]: link {a}-{b} listed twice (also links[{first_listed[pair]}])")
+        first_listed[pair] = index
+        graph.add_edge(a, b, bandwidth=link.bandwidth, latency=link.latency)
+    return name, graph, gpus
+
+
+def _node_list(value, field: str, seen: dict[str, str]) -> list[str]:
+    """Node names from a YAML list; `seen` maps names already listed to the field listing them."""
+    if not isinstance(value, list):
+        raise ScenarioError(f"{field}: expected a list of node names, got {type(value).__name__}")
+    for index, node in enumerate(value):
+        if not isinstance(node, str) or not node:
+            raise ScenarioError(f"{field}[{index}]: expected a node name, got {node!r}")
+        if node in seen:
+            raise ScenarioError(f"{field}[{index}]: node {node!r} listed twice (also in {seen[node]})")
+        seen[node] = field
+    return list(value)
+
+
+def _link_classes(value) -> dict[str, LinkClass]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"link_classes: expected a mapping of name to link, got {type(value).__name__}")
+    return {str(name): parse_link(spec, f"link_classes.{name}") for name, spec in value.items()}
+
+
+def _file_link(entry, field: str, graph: nx.Graph, classes: dict[str, LinkClass]) -> tuple[str, str, LinkClass]:
+    if not isinstance(entry, Mapping):
+        raise ScenarioError(f"{field}: expected a mapping like {{between: [a, b], bandwidth: ..., latency: ...}}")
+    for key in entry:
+        if key not in _LINK_KEYS:
+            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: {', '.join(_LINK_KEYS)}")
+    between = entry.get("between")
+    if not isinstance(between, list) or len(between) != 2:
+        raise ScenarioError(f"{field}.between: expected two node names, got {between!r}")
+    a, b = between
+    for node in (a, b):
+        if not isinstance(node, str) or node not in graph:
+            raise ScenarioError(f"{field}.between: unknown node {node!r}; list it under gpus or switches")
+    if a == b:
+        raise ScenarioError(f"{field}.between: a link joins two different nodes, got {a!r} twice")
+    default = None
+    if "class" in entry:
+        if entry["class"] not in classes:
+            known = ", ".join(classes) or "none defined"
+            raise ScenarioError(f"{field}.class: unknown link class {entry['class']!r}; known: {known}")
+        default = classes[entry["class"]]
+    own = {key: entry[key] for key in ("bandwidth", "latency") if key in entry}
+    return a, b, parse_link(own, f"{field} ({a}-{b})", default)

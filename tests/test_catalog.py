@@ -1,0 +1,161 @@
+"""Device catalog: datasheet figures, inline specs and the errors a scenario can hit."""
+import dataclasses
+
+import pytest
+
+from simtrain.errors import ScenarioError
+from simtrain.hw.catalog import CATALOG, DTYPES, DeviceSpec, resolve_device
+
+GIB = 2**30
+T = 1e12
+
+# Dense peak TFLOP/s (fp32, tf32, fp16, bf16), HBM GiB, HBM GB/s, as the cited datasheets give them.
+DATASHEETS = {
+    # Tesla V100 architecture whitepaper, SXM2: 15.7 FP32, 125 tensor; no TF32/BF16 path -> FP32 rate.
+    "v100-16gb": ((15.7, 15.7, 125, 15.7), 16, 900),
+    # A100 datasheet, SXM: 19.5 FP32, 156 TF32, 312 FP16/BF16 (dense), 1,555 GB/s.
+    "a100-40gb": ((19.5, 156, 312, 312), 40, 1555),
+    # A100 datasheet, 80GB SXM: same FLOP/s, 2,039 GB/s.
+    "a100-80gb": ((19.5, 156, 312, 312), 80, 2039),
+    # H100 SXM datasheet: 67 FP32; 989 TF32 and 1,979 FP16/BF16 with sparsity, dense is half; 3.35 TB/s.
+    "h100-80gb": ((67, 989 / 2, 1979 / 2, 1979 / 2), 80, 3350),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATASHEETS))
+def test_catalog_matches_datasheets(name):
+    (fp32, tf32, fp16, bf16), mem_gib, bw_gbps = DATASHEETS[name]
+    spec = CATALOG[name]
+    assert spec.name == name
+    assert spec.peak_flops == pytest.approx({"fp32": fp32 * T, "tf32": tf32 * T, "fp16": fp16 * T, "bf16": bf16 * T})
+    assert spec.memory_bytes == mem_gib * GIB
+    assert spec.memory_bandwidth == pytest.approx(bw_gbps * 1e9)
+    assert spec.efficiency == 0.5
+
+
+def test_catalog_has_every_required_part():
+    assert set(DATASHEETS) <= set(CATALOG)
+    for spec in CATALOG.values():
+        assert tuple(spec.peak_flops) == DTYPES
+
+
+def test_flops_rate_is_peak_times_efficiency():
+    spec = resolve_device({"base": "a100-40gb", "efficiency": 0.4})
+    assert spec.flops_rate("bf16") == pytest.approx(312e12 * 0.4)
+    assert spec.flops_rate("fp32") == pytest.approx(19.5e12 * 0.4)
+
+
+def test_flops_rate_unknown_dtype():
+    with pytest.raises(ScenarioError, match=r"^device a100-40gb: unknown dtype 'fp8'; known: fp32, tf32, fp16, bf16$"):
+        CATALOG["a100-40gb"].flops_rate("fp8")
+
+
+def test_resolve_by_name():
+    assert resolve_device("h100-80gb") is CATALOG["h100-80gb"]
+    assert resolve_device(" A100-80GB ") is CATALOG["a100-80gb"]
+    assert resolve_device(CATALOG["v100-16gb"]) is CATALOG["v100-16gb"]
+
+
+def test_base_with_overrides():
+    spec = resolve_device({"base": "a100-40gb", "efficiency": 0.4, "memory": "80 GiB"})
+    assert spec.name == "a100-40gb"
+    assert spec.memory_bytes == 80 * GIB
+    assert spec.efficiency == 0.4
+    assert spec.peak_flops == CATALOG["a100-40gb"].peak_flops
+    assert spec.memory_bandwidth == 1555e9
+    assert CATALOG["a100-40gb"].memory_bytes == 40 * GIB  # the catalog entry is untouched
+
+
+def test_base_with_partial_peak_flops_and_name():
+    spec = resolve_device({"base": "v100-16gb", "name": "v100-tuned", "peak_flops": {"fp16": "100 TFLOP/s"},
+                           "memory_bandwidth": "1 TB/s"})
+    assert spec.name == "v100-tuned"
+    assert spec.peak_flops == {"fp32": 15.7e12, "tf32": 15.7e12, "fp16": 1e14, "bf16": 15.7e12}
+    assert spec.memory_bandwidth == 1e12
+
+
+def test_full_inline_spec():
+    spec = resolve_device(
+        {
+            "name": "mygpu",
+            "peak_flops": {"fp32": "20 TFLOP/s", "tf32": "80 TFLOP/s", "fp16": 1.6e14, "bf16": "160 TFLOPS"},
+            "memory": "40 GiB",
+            "memory_bandwidth": "1.5 TB/s",
+            "efficiency": 0.6,
+        }
+    )
+    assert spec == DeviceSpec(
+        name="mygpu",
+        peak_flops={"fp32": 2e13, "tf32": 8e13, "fp16": 1.6e14, "bf16": 1.6e14},
+        memory_bytes=40 * GIB,
+        memory_bandwidth=1.5e12,
+        efficiency=0.6,
+    )
+    assert spec.flops_rate("fp16") == pytest.approx(0.96e14)
+
+
+def test_inline_spec_default_efficiency():
+    spec = resolve_device({"name": "g", "peak_flops": dict.fromkeys(DTYPES, 1e12), "memory": 1e9,
+                           "memory_bandwidth": 1e11})
+    assert spec.efficiency == 0.5
+
+
+FULL = {"name": "g", "peak_flops": dict.fromkeys(DTYPES, "1 TFLOP/s"), "memory": "1 GiB", "memory_bandwidth": "1 TB/s"}
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("a200", "cluster.device: unknown device 'a200'; known: a100-40gb, a100-80gb, h100-80gb, v100-16gb"),
+        (7, "cluster.device: expected a device name or a mapping, got 7"),
+        ({"base": "a200"}, "cluster.device.base: unknown device 'a200'; known: a100-40gb"),
+        ({"base": 3}, "cluster.device.base: expected a device name"),
+        ({"base": "a100-40gb", "efficiency": 0}, "cluster.device.efficiency: must be in (0, 1], got 0"),
+        ({"base": "a100-40gb", "efficiency": 1.5}, "cluster.device.efficiency: must be in (0, 1], got 1.5"),
+        ({"base": "a100-40gb", "efficiency": "high"}, "cluster.device.efficiency: expected a number in (0, 1]"),
+        ({"base": "a100-40gb", "memroy": "80 GiB"}, "cluster.device: unknown key 'memroy'; allowed: base, name"),
+        ({"base": "a100-40gb", "memory": -1}, "cluster.device.memory: must not be negative"),
+        ({"base": "a100-40gb", "memory": "80 us"}, "cluster.device.memory: unit 'us' in '80 us' is not a bytes unit"),
+        ({"base": "a100-40gb", "memory_bandwidth": 0}, "cluster.device.memory_bandwidth: must be positive"),
+        ({"base": "a100-40gb", "peak_flops": {"fp8": 1}}, "cluster.device.peak_flops: unknown dtype 'fp8'"),
+        ({"base": "a100-40gb", "peak_flops": {"fp16": "9 GB"}}, "cluster.device.peak_flops.fp16: unit 'GB'"),
+        ({"base": "a100-40gb", "peak_flops": 5}, "cluster.device.peak_flops: expected a mapping"),
+        ({"base": "a100-40gb", "name": ""}, "cluster.device.name: expected a non-empty string"),
+        ({**FULL, "peak_flops": {"fp32": 1, "fp16": 1}}, "cluster.device.peak_flops: missing tf32, bf16"),
+        ({k: v for k, v in FULL.items() if k != "memory"}, "cluster.device: missing 'memory'"),
+        ({**FULL, "peak_flops": {**FULL["peak_flops"], "tf32": 0}}, "cluster.device.peak_flops.tf32: must be positive"),
+        ({**FULL, "efficiency": True}, "cluster.device.efficiency: expected a number"),
+    ],
+)
+def test_errors_are_one_line_and_name_the_field(value, expected):
+    with pytest.raises(ScenarioError) as info:
+        resolve_device(value)
+    message = str(info.value)
+    assert message.startswith(expected)
+    assert "\n" not in message
+
+
+def test_errors_use_the_callers_field():
+    with pytest.raises(ScenarioError, match=r"^jobs\[1\]\.device\.efficiency: "):
+        resolve_device({"base": "h100-80gb", "efficiency": 2}, field="jobs[1].device")
+
+
+def test_spec_is_frozen_hashable_and_owns_its_flops():
+    flops = dict.fromkeys(DTYPES, 1.0)
+    spec = DeviceSpec(name="g", peak_flops=flops, memory_bytes=1, memory_bandwidth=1)
+    flops["fp32"] = 99.0
+    assert spec.peak_flops["fp32"] == 1.0
+    assert hash(spec) == hash(DeviceSpec(name="g", peak_flops=dict.fromkeys(DTYPES, 1.0), memory_bytes=1,
+                                         memory_bandwidth=1))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.efficiency = 1.0
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"peak_flops": {"fp32": 1.0}}, {"efficiency": 0.0}, {"efficiency": 1.01}],
+)
+def test_direct_construction_checks_invariants(changes):
+    kwargs = {"name": "g", "peak_flops": dict.fromkeys(DTYPES, 1.0), "memory_bytes": 1, "memory_bandwidth": 1}
+    with pytest.raises(ValueError):
+        DeviceSpec(**{**kwargs, **changes})
