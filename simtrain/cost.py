@@ -1,0 +1,143 @@
+"""FLOPs and activation memory of one training step, measured from torch itself.
+
+`measure_step_cost(model, x, y)` runs one forward (mean cross-entropy loss)
+and one backward on a deep copy of `model` and returns a `StepCost`:
+
+- `forward_flops`, `backward_flops`: counted by
+  `torch.utils.flop_counter.FlopCounterMode`, one counter around the forward
+  (model and loss) and one around `loss.backward()`. They are flop_counter's
+  definitions: matrix multiplies, convolutions and attention, 2 FLOPs per
+  multiply-add; element-wise ops, reductions and softmax count 0.
+- `activation_bytes`: the peak, over forward and backward, of the bytes of
+  tensors autograd holds for backward. Every tensor autograd saves goes
+  through `torch.autograd.graph.saved_tensors_hooks`; its storage is counted
+  once however many saved tensors view it (whole storage: a saved slice keeps
+  its whole storage alive), from the first save until autograd drops the last
+  saved reference to it (each graph node drops its saved tensors after its
+  backward runs). Storages of the model's parameters and buffers and of the
+  input batch (x and y) are not activations and are not counted; under
+  autocast, the low-precision copies of weights and inputs that autograd saves
+  are new storages and are counted. Gradients,
+  the optimizer state and temporaries that autograd never saves are not counted
+  either: the device's memory ledger accounts for those.
+
+The caller's model, its parameters' `.grad`, its inputs and the global RNG
+are untouched. Results are cached by (model class, printed structure,
+parameter names/shapes/dtypes, training flags, x and y shapes and dtypes,
+autocast state), so calling it every step costs a dictionary lookup after the
+first. It works on `meta` tensors too: shapes and bytes without arithmetic.
+
+    cost = measure_step_cost(model, x, y)
+    cost.forward_flops, cost.backward_flops, cost.activation_bytes
+"""
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one forward + backward of a model on one batch costs."""
+
+    forward_flops: float
+    backward_flops: float
+    activation_bytes: int  # peak bytes of tensors autograd saves for backward
+
+
+_cache: dict[tuple, StepCost] = {}
+
+
+def measure_step_cost(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
+    """FLOPs of forward and backward, and peak saved-activation bytes, of one step (cached)."""
+    key = _cache_key(model, x, y)
+    cost = _cache.get(key)
+    if cost is None:
+        cost = _cache[key] = _measure(model, x, y)
+    return cost
+
+
+def _cache_key(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
+    parameters = tuple(
+        (name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in model.named_parameters()
+    )
+    training = tuple(module.training for module in model.modules())
+    autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+    inputs = (tuple(x.shape), x.dtype, x.requires_grad, tuple(y.shape), y.dtype)
+    return (type(model), repr(model), parameters, training, inputs, autocast)
+
+
+def _measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
+    replica = copy.deepcopy(model)
+    for parameter in replica.parameters():
+        parameter.grad = None
+    x = x.detach().requires_grad_(x.requires_grad)
+    not_activations = [*replica.parameters(), *replica.buffers(), x, y]
+    tracker = _SavedTensorTracker(not_activations)
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
+            with FlopCounterMode(display=False) as forward_counter:
+                loss = F.cross_entropy(replica(x), y)
+            with FlopCounterMode(display=False) as backward_counter:
+                loss.backward()
+    return StepCost(
+        forward_flops=float(forward_counter.get_total_flops()),
+        backward_flops=float(backward_counter.get_total_flops()),
+        activation_bytes=tracker.peak_bytes,
+    )
+
+
+class _Saved:
+    """What autograd holds for one saved tensor; its death means autograd let go."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+class _SavedTensorTracker:
+    """Live and peak bytes of the storages autograd holds for backward."""
+
+    def __init__(self, excluded: list[torch.Tensor]):
+        self._excluded = {_storage_id(t) for t in excluded}
+        self._holders: dict[int, int] = {}  # storage id -> saved references alive
+        self._nbytes: dict[int, int] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def pack(self, tensor: torch.Tensor):
+        storage_id = _storage_id(tensor)
+        if storage_id in self._excluded:
+            return tensor
+        if storage_id in self._holders:
+            self._holders[storage_id] += 1
+        else:
+            self._holders[storage_id] = 1
+            self._nbytes[storage_id] = tensor.untyped_storage().nbytes()
+            self.live_bytes += self._nbytes[storage_id]
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        saved = _Saved(tensor)
+        weakref.finalize(saved, self._release, storage_id)
+        return saved
+
+    @staticmethod
+    def unpack(packed):
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    def _release(self, storage_id: int) -> None:
+        self._holders[storage_id] -= 1
+        if self._holders[storage_id] == 0:
+            del self._holders[storage_id]
+            self.live_bytes -= self._nbytes.pop(storage_id)
+
+
+def _storage_id(tensor: torch.Tensor) -> int:
+    """Identity of the storage under `tensor`: unique among live storages, shared by views."""
+    return tensor.untyped_storage()._cdata

@@ -1,0 +1,236 @@
+"""Datasets and per-replica data shards.
+
+`load_dataset(name, options, seed)` returns the train and test splits of a
+classification dataset plus a `DatasetInfo` (input size, classes, image shape):
+
+- `digits`: scikit-learn's bundled 8x8 digits (no download). Pixels / 16 as
+  float32 of shape (n, 64); the first 1,437 samples in scikit-learn's order
+  train, the last 360 test.
+- `synthetic`: standard-normal class centroids plus standard-normal noise
+  per sample (a linear model learns it), drawn from a
+  `torch.Generator` seeded with `seed`. Options: samples (2048), features (32),
+  classes (10), test_fraction (0.2).
+- `package.module:function`: the function is called with the options as
+  keyword arguments and returns a `DataSplits` or a (train, test) pair of
+  datasets whose items are (x, y).
+
+`ShardLoader(dataset, num_replicas, rank, batch_size, seed)` is one replica's
+endless stream of batches. It yields exactly the batches of
+`DataLoader(dataset, batch_size, sampler=DistributedSampler(dataset,
+num_replicas, rank, shuffle=True, seed=seed, drop_last=True), drop_last=True)`
+with `sampler.set_epoch(epoch)` before each epoch, as a real DDP job sees them,
+but indexes the tensors directly instead of going through DataLoader.
+
+    splits = load_dataset("digits", {}, seed=0)
+    loader = ShardLoader(splits.train, num_replicas=4, rank=1, batch_size=32, seed=0)
+    x, y = loader.next_batch()
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset, default_collate
+
+from ..errors import ScenarioError
+
+DIGITS_TRAIN_SAMPLES = 1437
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SYNTHETIC_DEFAULTS = {"samples": 2048, "features": 32, "classes": 10, "test_fraction": 0.2}
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Shape of a classification dataset's inputs and labels."""
+
+    num_features: int
+    num_classes: int
+    image_shape: tuple[int, ...] | None
+
+
+@dataclass
+class DataSplits:
+    """A dataset's train and test splits with their shape."""
+
+    train: Dataset
+    test: Dataset
+    info: DatasetInfo
+
+
+def load_dataset(name: str, options: dict, seed: int) -> DataSplits:
+    """The named dataset's splits; `seed` drives any generated data."""
+    options = dict(options or {})
+    if name == "digits":
+        _reject_unknown_options(options, allowed=(), field="data")
+        return _digits()
+    if name == "synthetic":
+        return _synthetic(options, seed)
+    if isinstance(name, str) and ":" in name:
+        return _from_function(name, options)
+    raise ScenarioError(
+        f"data.name: unknown dataset {name!r} (known: digits, synthetic, or package.module:function)"
+    )
+
+
+def load_callable(path: str, field: str) -> Callable:
+    """The function named by an import path `package.module:function`."""
+    if not isinstance(path, str) or not _IMPORT_PATH.match(path):
+        raise ScenarioError(f"{field}: {path!r} is not an import path of the form package.module:function")
+    module_name, function_name = path.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any failure while importing the user's module is the user's
+        raise ScenarioError(f"{field}: cannot import {module_name!r}: {exc}") from exc
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ScenarioError(f"{field}: module {module_name!r} has no function {function_name!r}")
+    return function
+
+
+def call_with_options(function: Callable, options: dict, field: str) -> Any:
+    """`function(**options)`, after checking that it accepts those keywords."""
+    try:
+        inspect.signature(function).bind(**options)
+    except TypeError as exc:
+        raise ScenarioError(f"{field}: options do not fit {function.__qualname__}: {exc}") from exc
+    except ValueError:  # no introspectable signature (a builtin): let the call decide
+        pass
+    return function(**options)
+
+
+def _reject_unknown_options(options: dict, allowed, field: str) -> None:
+    for key in options:
+        if key not in allowed:
+            known = ", ".join(allowed) if allowed else "none"
+            raise ScenarioError(f"{field}.{key}: unknown option (known: {known})")
+
+
+def _digits() -> DataSplits:
+    from sklearn.datasets import load_digits
+
+    pixels, labels = load_digits(return_X_y=True)
+    x = torch.from_numpy(pixels / 16.0).to(torch.float32)
+    y = torch.from_numpy(labels).to(torch.int64)
+    n = DIGITS_TRAIN_SAMPLES
+    return DataSplits(
+        train=TensorDataset(x[:n], y[:n]),
+        test=TensorDataset(x[n:], y[n:]),
+        info=DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8)),
+    )
+
+
+def _synthetic(options: dict, seed: int) -> DataSplits:
+    _reject_unknown_options(options, allowed=tuple(_SYNTHETIC_DEFAULTS), field="data")
+    opts = {**_SYNTHETIC_DEFAULTS, **options}
+    for key in ("samples", "features", "classes"):
+        value = opts[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScenarioError(f"data.{key}: must be a positive integer, got {value!r}")
+    if opts["classes"] < 2:
+        raise ScenarioError(f"data.classes: needs at least 2 classes, got {opts['classes']}")
+    fraction = opts["test_fraction"]
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ScenarioError(f"data.test_fraction: must be between 0 and 1, got {fraction!r}")
+    samples, features, classes = opts["samples"], opts["features"], opts["classes"]
+    num_test = round(samples * fraction)
+    if num_test < 1 or num_test >= samples:
+        raise ScenarioError(
+            f"data.test_fraction: {fraction} of {samples} samples leaves an empty train or test split"
+        )
+
+    generator = torch.Generator().manual_seed(seed)
+    centroids = torch.randn(classes, features, generator=generator)
+    y = torch.randint(0, classes, (samples,), generator=generator, dtype=torch.int64)
+    x = centroids[y] + torch.randn(samples, features, generator=generator)
+    num_train = samples - num_test
+    return DataSplits(
+        train=TensorDataset(x[:num_train], y[:num_train]),
+        test=TensorDataset(x[num_train:], y[num_train:]),
+        info=DatasetInfo(num_features=features, num_classes=classes, image_shape=None),
+    )
+
+
+def _from_function(name: str, options: dict) -> DataSplits:
+    result = call_with_options(load_callable(name, "data.name"), options, "data.options")
+    if isinstance(result, DataSplits):
+        return result
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise ScenarioError(
+            f"data.name: {name} must return DataSplits or a (train, test) pair of datasets, "
+            f"got {type(result).__name__}"
+        )
+    train, test = result
+    for split_name, split in (("train", train), ("test", test)):
+        if not hasattr(split, "__getitem__") or not hasattr(split, "__len__") or len(split) == 0:
+            raise ScenarioError(f"data.name: {name} returned an empty or unindexable {split_name} split")
+    return DataSplits(train=train, test=test, info=_infer_info(train, name))
+
+
+def _infer_info(train: Dataset, name: str) -> DatasetInfo:
+    item = train[0]
+    if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], torch.Tensor)):
+        raise ScenarioError(f"data.name: {name} returned items that are not (x tensor, y) pairs")
+    x = item[0]
+    if isinstance(train, TensorDataset) and len(train.tensors) == 2:
+        labels = train.tensors[1]
+    else:
+        labels = torch.as_tensor([int(train[i][1]) for i in range(len(train))])
+    image_shape = tuple(x.shape) if x.dim() == 3 else None
+    return DatasetInfo(num_features=x.numel(), num_classes=int(labels.max()) + 1, image_shape=image_shape)
+
+
+class ShardLoader:
+    """One replica's endless, epoch-shuffled stream of batches (DistributedSampler order).
+
+    `epoch` is the epoch of the batch most recently returned (0 before the first).
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ScenarioError(f"data.batch_size: must be a positive integer, got {batch_size!r}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.batches_per_epoch = len(self.sampler) // batch_size
+        if self.batches_per_epoch == 0:
+            raise ScenarioError(
+                f"data.batch_size: {batch_size} is larger than each replica's shard of "
+                f"{len(self.sampler)} samples ({len(dataset)} samples over {num_replicas} replicas)"
+            )
+        self._tensors = self._direct_tensors(dataset)
+        self.epoch = 0
+        self._epoch_indices = self._indices_for(0)
+        self._next = 0
+
+    @staticmethod
+    def _direct_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+            return dataset.tensors[0], dataset.tensors[1]
+        return None
+
+    def _indices_for(self, epoch: int) -> torch.Tensor:
+        self.sampler.set_epoch(epoch)
+        return torch.tensor(list(self.sampler), dtype=torch.int64)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next (x, y) batch, moving on to the next epoch when this one is used up."""
+        if self._next == self.batches_per_epoch:
+            self.epoch += 1
+            self._epoch_indices = self._indices_for(self.epoch)
+            self._next = 0
+        start = self._next * self.batch_size
+        indices = self._epoch_indices[start : start + self.batch_size]
+        self._next += 1
+        if self._tensors is not None:
+            x, y = self._tensors
+            return x[indices], y[indices]
+        x, y = default_collate([self.dataset[i] for i in indices.tolist()])
+        return x, y
