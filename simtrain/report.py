@@ -33,17 +33,17 @@ class RunResult:
     final_loss: float
     final_accuracy: float
     single_device_step_s: float
-    final_model: torch.nn.Module
+    final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
     extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
 
 
 @dataclass
 class Report:
-    """report.json's content, the final model and the trace, ready to write."""
+    """report.json's content, the final models and the trace, ready to write."""
 
     data: dict
-    final_model: torch.nn.Module
+    final_models: list[torch.nn.Module]
     trace: dict | None
     scenario_yaml: str
 
@@ -66,6 +66,11 @@ class Report:
         written.append(_write_atomic(out_dir / "final_model.pt",
                                      lambda f: torch.save(self.final_model.state_dict(), f)))
         return written
+
+    @property
+    def final_model(self) -> torch.nn.Module:
+        """Rank 0's model: what final_model.pt holds."""
+        return self.final_models[0]
 
 
 def _write_atomic(path: Path, write) -> Path:
@@ -127,7 +132,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "simtrain_version": __version__,
     }
     trace = build_trace(cluster) if scenario.report.trace else None
-    return Report(data=data, final_model=result.final_model, trace=trace, scenario_yaml=scenario.to_yaml())
+    return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
 
 
 def build_trace(cluster: Cluster) -> dict:

@@ -67,7 +67,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         final_loss=final_loss,
         final_accuracy=final_accuracy,
         single_device_step_s=scheme.single_device_step_s(),
-        final_model=final_model,
+        final_models=[replica.model for replica in replicas],
         wall_time_s=time.perf_counter() - wall_start,
     )
     return build_report(scenario, cluster, result)
