@@ -117,7 +117,7 @@ def test_step_time_is_compute_plus_closed_form_ring_plus_optimizer(runs):
     # The chunks differ by one float (the size does not divide by 4): a hair off the closed form.
     assert breakdown["communication"] == pytest.approx(ring, rel=1e-5)
     assert breakdown["idle"] < 1e-5 * data["step_time_s"]  # only the one-float chunk imbalance
-    assert data["step_time_s"] == pytest.approx(breakdown["compute"] + ring + breakdown["optimizer"], rel=1e-9)
+    assert data["step_time_s"] == pytest.approx(breakdown["compute"] + ring + breakdown["optimizer"], rel=1e-5)
     assert data["scaling_efficiency"] == pytest.approx(
         (breakdown["compute"] + breakdown["optimizer"]) / data["step_time_s"], rel=1e-9)
 
