@@ -1,0 +1,309 @@
+"""Network: flow-level transfers with max-min fair bandwidth sharing.
+
+The model is the flow model SimGrid validated against packet-level simulation.
+Every undirected edge of a `Topology` is two directed links (full duplex), each
+with the edge's `bandwidth` (bytes/s); `latency` (s) is paid once per hop. A
+transfer src -> dst follows `topology.path(src, dst)`: it first waits the sum of
+the hop latencies, then becomes an *active flow* whose bytes move at the rate
+that max-min fair sharing (progressive filling) gives it over the directed
+links it crosses. When a flow starts or ends, rates are recomputed only inside
+its connected component (flows linked through shared directed links); a flow
+whose rate changes has its remaining bytes settled at the old rate up to now
+and gets a new finish time.
+
+Usage, on one simpy Environment:
+
+    net = Network(env, topology)
+    flow = yield net.transfer("gpu0", "gpu1", 4 << 20)      # inside a process
+    net.start_flow("gpu0", "gpu1", 4 << 20, on_done=callback) # callback style
+
+Cost: no simpy process and no simpy event per flow. All flows whose latency ends
+at the same time are activated by one timeout, and all flows finishing at the
+same time complete in one timeout. A flow's `due` (the finish time it is entered
+under) is its version: an entry under any other time is stale and skipped. A
+flow alone on its links skips the sharing computation entirely. `bytes` in
+`link_stats` counts flows when they complete.
+"""
+from heapq import heappop, heappush
+from math import inf
+from typing import Callable, NamedTuple
+
+import simpy
+
+from .topology import Topology
+
+
+class TransferRecord(NamedTuple):
+    """One completed transfer."""
+
+    src: str
+    dst: str
+    label: str
+    start: float
+    end: float
+    nbytes: int
+
+
+class _Link:
+    """One direction of an edge: its flows (an insertion-ordered dict used as a
+    set) and online counters for `Network.link_stats`."""
+
+    __slots__ = ("src", "dst", "bandwidth", "flows", "bytes", "busy_s", "busy_since", "cap", "unfixed")
+
+    def __init__(self, src: str, dst: str, bandwidth: float):
+        self.src = src
+        self.dst = dst
+        self.bandwidth = bandwidth
+        self.flows: dict[Flow, None] = {}
+        self.bytes = 0
+        self.busy_s = 0.0
+        self.busy_since = 0.0
+        self.cap = 0.0  # scratch for progressive filling: capacity not yet given out
+        self.unfixed = 0  # scratch for progressive filling: flows without a rate yet
+
+
+class Flow:
+    """A transfer: requested at `start`, completed at `end` (None until then).
+    While active, `rate` is its current max-min fair rate in bytes/s."""
+
+    __slots__ = (
+        "src", "dst", "nbytes", "label", "start", "end", "path",
+        "on_done", "links", "min_bandwidth", "remaining", "rate", "settled_at", "due",
+    )
+
+    def __init__(self, src, dst, nbytes, label, start, route, on_done):
+        self.src = src
+        self.dst = dst
+        self.nbytes = nbytes
+        self.label = label
+        self.start = start
+        self.end = None
+        self.path, self.links, self.min_bandwidth, _ = route
+        self.on_done = on_done
+        self.remaining = nbytes  # bytes left as of `settled_at`
+        self.rate = 0.0
+        self.settled_at = start + route[3]  # activation time, exactly as scheduled
+        self.due = None  # the finish time it is entered under; entries under other times are stale
+
+    def __repr__(self) -> str:
+        return f"Flow({self.src}->{self.dst}, {self.nbytes} B, start={self.start}, end={self.end})"
+
+
+class Network:
+    """Flow-level network on a simpy Environment over a Topology."""
+
+    def __init__(self, env: simpy.Environment, topology: Topology, record: bool = True):
+        self.env = env
+        self.topology = topology
+        self.record = record
+        self.records: list[TransferRecord] = []
+        self._links: dict[tuple[str, str], _Link] = {}
+        for u, v, attrs in topology.graph.edges(data=True):
+            self._links[u, v] = _Link(u, v, attrs["bandwidth"])
+            self._links[v, u] = _Link(v, u, attrs["bandwidth"])
+        # src -> dst -> (path, directed links, min bandwidth, total latency)
+        self._routes: dict[str, dict[str, tuple]] = {}
+        self._activating: dict[float, list[Flow]] = {}  # activation time -> flows
+        self._finishing: dict[float, list[Flow]] = {}  # finish time -> flows entered under it
+
+    # ---- public API -------------------------------------------------------
+
+    def start_flow(
+        self,
+        src: str,
+        dst: str,
+        nbytes: int,
+        on_done: Callable[[Flow], None] | None = None,
+        label: str = "",
+    ) -> Flow:
+        """Start a transfer now. on_done(flow) is called at the completion time,
+        from inside a simpy callback, after the network's state is updated."""
+        if nbytes < 0:
+            raise ValueError(f"transfer {src}->{dst}: negative size {nbytes}")
+        try:
+            route = self._routes[src][dst]
+        except KeyError:
+            route = self._route(src, dst)
+        now = self.env._now  # env.now without the property call, on the hot path
+        flow = Flow(src, dst, nbytes, label, now, route, on_done)
+        latency = route[3]
+        at = now + latency
+        batch = self._activating.get(at)
+        if batch is None:
+            self._activating[at] = [flow]
+            self.env.timeout(latency).callbacks.append(self._activate)
+        else:
+            batch.append(flow)
+        return flow
+
+    def transfer(self, src: str, dst: str, nbytes: int, label: str = "") -> simpy.Event:
+        """An Event that succeeds with the Flow when the transfer completes."""
+        done = self.env.event()
+        self.start_flow(src, dst, nbytes, done.succeed, label)
+        return done
+
+    def link_stats(self) -> list[dict]:
+        """Per directed link, in graph edge order (u->v, then v->u): bytes of the
+        completed flows that crossed it, and the time it carried at least one
+        active flow (an ongoing busy period counts up to now)."""
+        now = self.env.now
+        return [
+            {
+                "src": link.src,
+                "dst": link.dst,
+                "bytes": link.bytes,
+                "busy_s": link.busy_s + (now - link.busy_since if link.flows else 0.0),
+            }
+            for link in self._links.values()
+        ]
+
+    # ---- internals --------------------------------------------------------
+
+    def _route(self, src: str, dst: str) -> tuple:
+        path = self.topology.path(src, dst)  # raises TopologyError for unknown nodes
+        links = tuple(self._links[a, b] for a, b in zip(path, path[1:]))
+        latency = 0.0
+        for a, b in zip(path, path[1:]):
+            latency += self.topology.graph.edges[a, b]["latency"]
+        min_bandwidth = min((link.bandwidth for link in links), default=inf)
+        route = self._routes.setdefault(src, {})[dst] = (path, links, min_bandwidth, latency)
+        return route
+
+    def _activate(self, _event) -> None:
+        """Timeout callback: every flow whose latency ends now becomes active."""
+        now = self.env._now
+        finishing = self._finishing
+        instant = []
+        contended = []
+        for flow in self._activating.pop(now):
+            links = flow.links
+            if not links or not flow.nbytes:
+                flow.end = now
+                instant.append(flow)
+                continue
+            alone = True
+            for link in links:
+                flows = link.flows
+                if flows:
+                    alone = False
+                else:
+                    link.busy_since = now
+                flows[flow] = None
+            if not alone:
+                contended.append(flow)
+                continue
+            # Fast path: alone on its links, the flow runs at its path's bottleneck.
+            flow.rate = rate = flow.min_bandwidth
+            delay = flow.nbytes / rate
+            flow.due = at = now + delay
+            entries = finishing.get(at)
+            if entries is None:
+                finishing[at] = [flow]
+                self.env.timeout(delay).callbacks.append(self._finish)
+            else:
+                entries.append(flow)
+        if contended:
+            # May also change the rate of a fast-path flow of this batch: its
+            # entry above then goes stale.
+            self._schedule(self._reshare(contended, now), now)
+        if instant:
+            self._complete(instant, now)
+
+    def _schedule(self, flows: list[Flow], now: float) -> None:
+        """Enter each flow under its new finish time; its older entry goes stale."""
+        finishing = self._finishing
+        for flow in flows:
+            delay = flow.remaining / flow.rate
+            flow.due = at = now + delay
+            entries = finishing.get(at)
+            if entries is None:
+                finishing[at] = [flow]
+                self.env.timeout(delay).callbacks.append(self._finish)
+            else:
+                entries.append(flow)
+
+    def _finish(self, _event) -> None:
+        """Timeout callback: complete the flows due now, reshare their neighbours."""
+        now = self.env._now
+        done = []
+        neighbours = []
+        for flow in self._finishing.pop(now):
+            if flow.due != now:  # stale: rescheduled, or already completed
+                continue
+            flow.due = None
+            flow.end = now
+            nbytes = flow.nbytes
+            for link in flow.links:
+                flows = link.flows
+                del flows[flow]
+                link.bytes += nbytes
+                if flows:
+                    neighbours.extend(flows)
+                else:
+                    link.busy_s += now - link.busy_since
+            done.append(flow)
+        if neighbours:
+            self._schedule(self._reshare([f for f in neighbours if f.end is None], now), now)
+        self._complete(done, now)
+
+    def _complete(self, flows: list[Flow], now: float) -> None:
+        """Record the flows (their `end` is set), then call their on_done, in order."""
+        if self.record:
+            new_record = tuple.__new__  # TransferRecord without its Python-level __new__
+            self.records.extend(
+                [new_record(TransferRecord, (f.src, f.dst, f.label, f.start, now, f.nbytes)) for f in flows]
+            )
+        for flow in flows:
+            on_done = flow.on_done
+            if on_done is not None:
+                on_done(flow)
+
+    def _reshare(self, seeds: list[Flow], now: float) -> list[Flow]:
+        """Max-min fair rates for the components of `seeds` by progressive
+        filling; settles and returns the flows whose rate changed."""
+        # Components: breadth-first over flows and the directed links they share.
+        members: dict[Flow, None] = dict.fromkeys(seeds)
+        links: dict[_Link, None] = {}
+        queue = list(members)
+        for flow in queue:
+            for link in flow.links:
+                if link not in links:
+                    links[link] = None
+                    for other in link.flows:
+                        if other not in members:
+                            members[other] = None
+                            queue.append(other)
+        # Progressive filling: repeatedly saturate the link with the smallest
+        # fair share. Shares only grow as flows get fixed, so a heap with lazy
+        # re-insertion finds the bottleneck; the index breaks ties in order.
+        heap = []
+        for index, link in enumerate(links):
+            link.cap = link.bandwidth
+            link.unfixed = len(link.flows)
+            heap.append((link.bandwidth / link.unfixed, index, link))
+        heap.sort()
+        rates: dict[Flow, float] = {}
+        while heap:
+            share, index, link = heappop(heap)
+            if not link.unfixed:
+                continue
+            current = link.cap / link.unfixed
+            if current != share:
+                heappush(heap, (current, index, link))
+                continue
+            for flow in link.flows:
+                if flow in rates:
+                    continue
+                rates[flow] = share
+                for other in flow.links:
+                    other.cap -= share
+                    other.unfixed -= 1
+        changed = []
+        for flow in queue:
+            rate = rates[flow]
+            if rate != flow.rate:
+                flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.settled_at))
+                flow.settled_at = now
+                flow.rate = rate
+                changed.append(flow)
+        return changed
