@@ -111,6 +111,8 @@ def _topology_options(f):
 def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
     if devices is not None and devices < 1:
         raise SimtrainError(f"--devices: must be at least 1, got {devices}")
+    if devices is None and topology in BUILDERS:
+        raise SimtrainError(f"--devices: required by the {topology} builder")
     link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
     if link.bandwidth <= 0:
         raise SimtrainError("--bandwidth: must be positive")

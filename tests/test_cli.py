@@ -1,0 +1,152 @@
+"""The command line: outputs, determinism, and one-line errors with exit code 2."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from simtrain.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+FAST = ["--set", "train.steps=20"]
+
+
+def cli(*args):
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
+def test_run_writes_every_output(tmp_path, capsys):
+    assert cli("run", str(QUICKSTART), *FAST, "--out", str(tmp_path)) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["final_model.pt", "report.json", "scenario.resolved.yaml", "trace.json"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    for key in ("sim_time_s", "steps", "step_time_s", "throughput_samples_per_s", "breakdown_s",
+                "scaling_efficiency", "final_loss", "final_accuracy", "devices", "links", "wall_time_s",
+                "simtrain_version"):
+        assert key in report
+    assert set(report["breakdown_s"]) == {"compute", "communication", "optimizer", "idle"}
+    assert sum(report["breakdown_s"].values()) == pytest.approx(report["step_time_s"])
+    assert report["steps"] == 20
+    resolved = yaml.safe_load((tmp_path / "scenario.resolved.yaml").read_text())
+    assert resolved["train"]["steps"] == 20 and resolved["cluster"]["link"]["bandwidth"] == 50e9
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    kinds = {e.get("cat") for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"compute", "communication", "optimizer", "link"} <= kinds
+    state = torch.load(tmp_path / "final_model.pt")
+    assert all(torch.isfinite(t).all() for t in state.values())
+    assert "step time" in capsys.readouterr().out
+
+
+def test_trace_accounts_for_every_simulated_second(tmp_path):
+    cli("run", str(QUICKSTART), *FAST, "--set", "parallel.scheme=naive", "--out", str(tmp_path), "-q")
+    report = json.loads((tmp_path / "report.json").read_text())
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    for rank in range(4):
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["tid"] == rank]
+        assert sum(e["dur"] for e in spans) == pytest.approx(report["sim_time_s"] * 1e6, rel=1e-9)
+        idle = sum(e["dur"] for e in spans if e["cat"] == "idle") / 1e6
+        assert idle == pytest.approx(report["devices"][rank]["breakdown_s"]["idle"], rel=1e-6, abs=1e-12)
+
+
+def test_same_scenario_same_bytes(tmp_path):
+    outputs = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        assert cli("run", str(QUICKSTART), *FAST, "--set", "parallel.scheme=tree", "--out", str(out), "-q") == 0
+        report = json.loads((out / "report.json").read_text())
+        report.pop("wall_time_s")
+        outputs.append((report, (out / "final_model.pt").read_bytes(), (out / "trace.json").read_bytes()))
+    assert outputs[0] == outputs[1]
+
+
+def test_validate_accepts_shipped_scenarios(capsys):
+    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        assert cli("validate", str(path)) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def write(tmp_path, text):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+BAD_INPUTS = [
+    ("name: [unclosed", [], "not valid YAML"),
+    ("cluster: {devices: 4, colour: red}", [], "cluster.colour: unknown field"),
+    ("cluster: {devices: four}", [], "cluster.devices"),
+    ("cluster: {devices: 4, link: {bandwidth: '-5 GB/s'}}", [], "cluster.link.bandwidth: must not be negative"),
+    ("cluster: {devices: 0}", [], "cluster.devices"),
+    ("parallel: {scheme: allgather}", [], "parallel.scheme"),
+    ("cluster: {devices: 2, device: a200}", [], "cluster.device: unknown device 'a200'"),
+    ("cluster: {devices: 2}", ["--set", "train.steps=-3"], "train.steps"),
+    ("cluster: {devices: 4, topology: no/such/file.yaml}", [], "no/such/file.yaml"),
+    ("cluster: {devices: 8, topology: torus-4x4.yaml}", [], "cluster.devices: 8 does not match"),
+]
+
+
+@pytest.mark.parametrize("text,extra,expected", BAD_INPUTS)
+def test_bad_scenarios_print_one_line_and_exit_2(tmp_path, capsys, text, extra, expected):
+    path = write(tmp_path, text)
+    if "torus-4x4" in text:
+        (tmp_path / "torus-4x4.yaml").write_text((ROOT / "topologies" / "torus-4x4.yaml").read_text())
+    assert cli("validate", path, *extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and expected in err
+
+
+def test_disconnected_topology_file_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "split.yaml").write_text(
+        "gpus: [a, b, c, d]\nswitches: []\nlinks:\n"
+        "  - {between: [a, b], bandwidth: 1 GB/s, latency: 1 us}\n"
+        "  - {between: [c, d], bandwidth: 1 GB/s, latency: 1 us}\n")
+    path = write(tmp_path, "cluster: {topology: split.yaml}")
+    assert cli("validate", path) == 2
+    err = capsys.readouterr().err.strip()
+    assert "disconnected" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["run", "missing.yaml"], "missing.yaml"),
+    (["collective", "--algo", "butterfly"], "butterfly"),
+    (["collective", "--devices", "0"], "--devices"),
+    (["collective", "--devices", "4", "--bandwidth", "fast"], "--bandwidth"),
+    (["collective", "--devices", "4", "--sizes", "1G:1K"], "--sizes"),
+    (["collective", "--topology", "ring"], "--devices: required"),
+    (["run", str(QUICKSTART), "--set", "nonsense"], "--set"),
+])
+def test_bad_command_lines_print_one_line_and_exit_2(capsys, args, expected):
+    assert cli(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and expected in err
+
+
+def test_a_failed_run_keeps_earlier_outputs(tmp_path, capsys):
+    assert cli("run", str(QUICKSTART), *FAST, "--out", str(tmp_path), "-q") == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert cli("run", str(QUICKSTART), "--set", "cluster.devices=0", "--out", str(tmp_path)) == 2
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_collective_json_lines(capsys):
+    assert cli("collective", "--algo", "ring", "--devices", "8", "--bandwidth", "100 GB/s", "--latency", "5 us",
+               "--sizes", "1M:4M", "--no-numerics", "--json") == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["bytes"] for row in rows] == [2**20, 2**21, 2**22]
+    for row in rows:
+        expected = 2 * 7 * (5e-6 + row["bytes"] / 8 / 100e9)
+        assert row["time_s"] == pytest.approx(expected, rel=1e-9)
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 7 / 8)
+
+
+def test_cli_shim_runs_from_a_clone():
+    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(QUICKSTART)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and "ok" in result.stdout
