@@ -160,7 +160,7 @@ def test_mismatched_sizes_are_a_program_bug():
         yield Recv(0, torch.zeros(5))
 
     comm.run(0, sender())
-    with pytest.raises(RuntimeError, match="sends 4 elements"):
+    with pytest.raises(RuntimeError, match="sends 16 bytes but rank 1 receives 20"):
         comm.run(1, receiver())
 
 

@@ -32,8 +32,3 @@ class Recv(NamedTuple):
     src: int
     out: torch.Tensor
     reduce: bool = False
-
-
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Bytes a tensor occupies on the wire."""
-    return tensor.numel() * tensor.element_size()

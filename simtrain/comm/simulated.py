@@ -23,7 +23,7 @@ import simpy
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
 from ..hw.network import Network
-from .ops import Send, tensor_bytes
+from .ops import Send
 
 
 class _RankProgram:
@@ -46,6 +46,16 @@ class _RankProgram:
         self.span_bytes = 0
 
 
+class _Channel:
+    """Posted, not yet matched operations from one rank to another, in posting order."""
+
+    __slots__ = ("sends", "recvs")
+
+    def __init__(self):
+        self.sends = deque()  # (program, Send)
+        self.recvs = deque()  # (program, index in its yield, Recv)
+
+
 class SimCommunicator:
     """A group of ranks on network nodes that run collective programs together."""
 
@@ -58,8 +68,7 @@ class SimCommunicator:
         self.log = log
         self.ledgers = ledgers
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
-        self._posted_sends: dict[tuple[int, int], deque] = {}
-        self._posted_recvs: dict[tuple[int, int], deque] = {}
+        self._channels: dict[int, _Channel] = {}  # key src * world + dst
         self._running: dict[int, _RankProgram] = {}
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
@@ -75,6 +84,13 @@ class SimCommunicator:
         """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""
         return sorted(self._running)
 
+    def _channel(self, src: int, dst: int) -> _Channel:
+        key = src * self.world + dst
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = self._channels[key] = _Channel()
+        return channel
+
     def _advance(self, state: _RankProgram, value) -> None:
         try:
             ops = state.program.send(value)
@@ -83,70 +99,69 @@ class SimCommunicator:
             del self._running[state.rank]
             state.done.succeed(stop.value)
             return
-        state.single = not isinstance(ops, list)
+        state.single = type(ops) is not list
         if state.single:
-            ops = [ops]
+            ops = (ops,)
         state.results = [None] * len(ops)
         state.outstanding = len(ops)
         rank = state.rank
         for index, op in enumerate(ops):
             if type(op) is Send:
-                key, mine, theirs = (rank, op.dst), self._posted_sends, self._posted_recvs
-            else:
-                key, mine, theirs = (op.src, rank), self._posted_recvs, self._posted_sends
-            waiting = theirs.get(key)
-            if waiting:
-                peer = waiting.popleft()
-                if not waiting:
-                    del theirs[key]
-                if mine is self._posted_sends:
-                    self._start(state, index, op, *peer)
+                channel = self._channel(rank, op.dst)
+                if channel.recvs:
+                    self._start(state, op, *channel.recvs.popleft())
                 else:
-                    self._start(*peer, state, index, op)
+                    channel.sends.append((state, op))
             else:
-                mine.setdefault(key, deque()).append((state, index, op))
+                channel = self._channel(op.src, rank)
+                if channel.sends:
+                    self._start(*channel.sends.popleft(), state, index, op)
+                else:
+                    channel.recvs.append((state, index, op))
         if not ops:
             self._advance(state, [])
 
-    def _start(self, sender, send_index, send, receiver, recv_index, recv) -> None:
-        nbytes = tensor_bytes(send.tensor)
-        if send.tensor.numel() != recv.out.numel():
-            raise RuntimeError(
-                f"rank {sender.rank} sends {send.tensor.numel()} elements but rank {receiver.rank} "
-                f"receives {recv.out.numel()}")
+    def _start(self, sender: _RankProgram, send: Send, receiver: _RankProgram, recv_index: int, recv) -> None:
+        payload, out = send.tensor, recv.out
+        nbytes = payload.nbytes
+        if nbytes != out.nbytes:
+            raise RuntimeError(f"rank {sender.rank} sends {nbytes} bytes but rank {receiver.rank} receives {out.nbytes}")
         now = self.env.now
-        for state in (sender, receiver):
-            if state.in_flight == 0:
-                if state.span_start is not None and state.span_end < now:
-                    self._close_span(state)
-                if state.span_start is None:
-                    state.span_start = now
-            state.in_flight += 1
+        self._transfer_begins(sender, now)
+        self._transfer_begins(receiver, now)
         sender.span_bytes += nbytes
-        if recv.reduce and self.ledgers is not None:
-            self.ledgers[receiver.rank].alloc("comm_buffers", nbytes)
+        staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
+        if staging is not None:
+            staging.alloc("comm_buffers", nbytes)
 
         def delivered(flow):
-            out = recv.out
             if not out.is_meta:
                 if recv.reduce:
-                    out.add_(send.tensor)
+                    out.add_(payload)
                 else:
-                    out.copy_(send.tensor)
-            if recv.reduce and self.ledgers is not None:
-                self.ledgers[receiver.rank].free("comm_buffers", nbytes)
+                    out.copy_(payload)
+            if staging is not None:
+                staging.free("comm_buffers", nbytes)
             receiver.results[recv_index] = out
-            for state in (sender, receiver):
-                state.in_flight -= 1
-                if state.in_flight == 0:
-                    state.span_end = self.env.now
-            self._op_done(sender)
-            self._op_done(receiver)
+            now = self.env.now
+            self._transfer_ends(sender, now)
+            self._transfer_ends(receiver, now)
 
         self.network.start_flow(self.nodes[sender.rank], self.nodes[receiver.rank], nbytes,
                                 on_done=delivered, label=sender.label)
 
-    def _op_done(self, state: _RankProgram) -> None:
+    def _transfer_begins(self, state: _RankProgram, now: float) -> None:
+        if state.in_flight == 0:
+            if state.span_start is not None and state.span_end < now:
+                self._close_span(state)
+            if state.span_start is None:
+                state.span_start = now
+        state.in_flight += 1
+
+    def _transfer_ends(self, state: _RankProgram, now: float) -> None:
+        state.in_flight -= 1
+        if state.in_flight == 0:
+            state.span_end = now
         state.outstanding -= 1
         if state.outstanding == 0:
             self._advance(state, state.results[0] if state.single else state.results)
