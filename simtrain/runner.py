@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from .hw.cluster import build_cluster
+from .hw.cluster import build_cluster, run_to_end
 from .report import Report, RunResult, build_report
 from .scenario import Scenario
 from .schemes.sync import SyncDataParallel
@@ -53,7 +53,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, scenario.train.steps,
                                   optimizer.name, optimizer.builder_options(), on_step=on_step)
         scheme.start()
-        cluster.env.run()
+        run_to_end(cluster.env)
         stuck = scheme.comm.stuck()
         if stuck:
             raise RuntimeError(f"collective deadlock: ranks {stuck} wait for peers that never posted")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import simpy
 import torch
 
+from ..hw.cluster import run_to_end
 from ..hw.network import Network
 from ..hw.topology import Topology
 from . import ALL_REDUCE
@@ -48,7 +49,7 @@ def benchmark_all_reduce(topology: Topology, algorithm: str, sizes: list[int], n
         program = ALL_REDUCE[algorithm]
         for rank in range(world):
             comm.run(rank, program(rank, world, buffers[rank]))
-        env.run()
+        run_to_end(env)
         if comm.stuck():
             raise RuntimeError(f"{algorithm} all-reduce deadlocked: ranks {comm.stuck()}")
         wrong = None
