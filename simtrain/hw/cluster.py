@@ -44,7 +44,7 @@ def run_to_end(env: simpy.Environment) -> None:
     A big simulation holds millions of live objects (tensor views, flows); each
     automatic cycle collection would walk all of them, making run time grow
     faster than the number of events. Reference counting still frees what the
-    simulation drops; one collection at the end takes any cycles.
+    simulation drops, and the collector takes any cycles once it is back on.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -53,7 +53,6 @@ def run_to_end(env: simpy.Environment) -> None:
     finally:
         if enabled:
             gc.enable()
-        gc.collect()
 
 
 def _link_class(spec) -> LinkClass | None:
