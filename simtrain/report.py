@@ -20,7 +20,7 @@ from . import __version__
 from .hw.cluster import Cluster
 from .scenario import Scenario
 
-BREAKDOWN_KINDS = ("compute", "communication", "optimizer")
+BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling")
 
 
 @dataclass

@@ -21,9 +21,10 @@ from .hw.cluster import build_cluster, run_to_end
 from .report import Report, RunResult, build_report
 from .scenario import Scenario
 from .schemes.sync import SyncDataParallel
-from .train.data import ShardLoader, load_dataset
+from .train.data import load_dataset
 from .train.models import build_model
 from .train.replica import Replica
+from .train.sampling import SamplingMonitor, build_loader
 
 
 @contextmanager
@@ -46,12 +47,14 @@ def run(scenario: Scenario, on_step=None) -> Report:
         optimizer = scenario.train.optimizer
         world = cluster.size
         replicas = [
-            Replica(copy.deepcopy(model), ShardLoader(data.train, world, rank, scenario.data.batch_size, scenario.seed),
+            Replica(copy.deepcopy(model), build_loader(scenario, data.train, world, rank),
                     optimizer.name, optimizer.builder_options())
             for rank in range(world)
         ]
+        sampling = SamplingMonitor([replica.loader for replica in replicas], scenario.train.steps,
+                                   train_loss=lambda: evaluate(replicas[0].model, data.train)[0], then=on_step)
         scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, scenario.train.steps,
-                                  optimizer.name, optimizer.builder_options(), on_step=on_step)
+                                  optimizer.name, optimizer.builder_options(), on_step=sampling.on_step)
         scheme.start()
         run_to_end(cluster.env)
         stuck = scheme.comm.stuck()
@@ -69,6 +72,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         single_device_step_s=scheme.single_device_step_s(),
         final_models=[replica.model for replica in replicas],
         wall_time_s=time.perf_counter() - wall_start,
+        extra={"sampling": sampling.section()},
     )
     return build_report(scenario, cluster, result)
 

@@ -69,6 +69,10 @@ class ModelSpec(_Strict):
         return dict(self.options)
 
 
+class MHSpec(_Strict):
+    steps: PositiveInt = 2  # Metropolis-Hastings proposals per batch slot per batch
+
+
 class DataSpec(_Strict):
     name: str = "digits"  # digits | synthetic | package.module:function
     batch_size: PositiveInt = 32  # per device
@@ -76,6 +80,13 @@ class DataSpec(_Strict):
     features: PositiveInt | None = None  # synthetic
     classes: PositiveInt | None = None  # synthetic
     options: dict[str, Any] = {}  # keyword arguments of a user's data function
+    # How batches are drawn (simtrain/train/sampling.py): uniform | prioritized | mh.
+    sampling: Literal["uniform", "prioritized", "mh"] = "uniform"
+    alpha: Annotated[float, Field(ge=0)] = 0.6  # P(i) = p_i^alpha / sum_k p_k^alpha
+    eps: Annotated[float, Field(gt=0)] = 0.01  # p_i = last loss + eps
+    beta0: Annotated[float, Field(ge=0, le=1)] = 0.4  # importance-sampling exponent at step 0
+    beta_steps: PositiveInt | None = None  # steps over which beta reaches 1; None: train.steps
+    mh: MHSpec = MHSpec()
 
     def loader_options(self) -> dict[str, Any]:
         """The keyword options the data loader of `name` takes."""
@@ -113,6 +124,7 @@ class ParallelSpec(_Strict):
 
 class ReportSpec(_Strict):
     trace: bool = True  # write trace.json (Chrome trace event format)
+    every: PositiveInt = 10  # steps per point of report.json's periodic series (sampling)
 
 
 class Scenario(_Strict):

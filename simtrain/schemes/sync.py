@@ -66,6 +66,8 @@ class SyncDataParallel:
         memory.alloc("gradients", replica.grad_buffer.numel() * replica.grad_buffer.element_size())
         memory.alloc("optimizer_state", self._state_bytes)
         for step in range(self.steps):
+            if replica.loader.host_seconds > 0:  # prioritized/mh bookkeeping, before the batch exists
+                yield device.run_for(replica.loader.host_seconds, "sample batch", kind="sampling")
             loss = replica.forward_backward()
             cost = self.step_cost(replica)
             memory.alloc("activations", cost.activation_bytes)

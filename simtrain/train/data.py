@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch.utils.data import Dataset, DistributedSampler, TensorDataset, default_collate
 
 from ..errors import ScenarioError
@@ -187,7 +188,11 @@ class ShardLoader:
     """One replica's endless, epoch-shuffled stream of batches (DistributedSampler order).
 
     `epoch` is the epoch of the batch most recently returned (0 before the first).
+    `host_seconds` is the simulated host work of drawing the last batch beyond
+    indexing it: none here (samplers in sampling.py charge their bookkeeping).
     """
+
+    host_seconds = 0.0
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -209,6 +214,7 @@ class ShardLoader:
         self.epoch = 0
         self._epoch_indices = self._indices_for(0)
         self._next = 0
+        self.last_indices: torch.Tensor | None = None  # dataset indices of the last batch
 
     @staticmethod
     def _direct_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -229,8 +235,17 @@ class ShardLoader:
         start = self._next * self.batch_size
         indices = self._epoch_indices[start : start + self.batch_size]
         self._next += 1
+        return self.gather(indices)
+
+    def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (x, y) batch of these dataset indices; they become `last_indices`."""
+        self.last_indices = indices
         if self._tensors is not None:
             x, y = self._tensors
             return x[indices], y[indices]
         x, y = default_collate([self.dataset[i] for i in indices.tolist()])
         return x, y
+
+    def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss of the batch last returned: its mean cross entropy (samplers reweight it)."""
+        return F.cross_entropy(logits, y)

@@ -10,7 +10,6 @@ the whole gradient in place with no copies.
     replica.step()
 """
 import torch
-import torch.nn.functional as F
 
 from .data import ShardLoader
 from .optim import build_optimizer
@@ -37,11 +36,12 @@ class Replica:
         return sum(p.numel() * p.element_size() for p in self.params)
 
     def forward_backward(self) -> torch.Tensor:
-        """Mean cross entropy on the next batch; its gradient lands in grad_buffer."""
+        """The loader's loss of its next batch (mean cross entropy, or importance-weighted
+        under prioritized sampling); its gradient lands in grad_buffer."""
         x, y = self.loader.next_batch()
         self.last_batch = (x, y)
         self.grad_buffer.zero_()
-        loss = F.cross_entropy(self.model(x), y)
+        loss = self.loader.batch_loss(self.model(x), y)
         loss.backward()
         return loss.detach()
 

@@ -1,0 +1,293 @@
+"""Which samples each batch holds: uniform, prioritized (PER) or Metropolis-Hastings.
+
+`data.sampling` picks one of three loaders; all are `ShardLoader`s (same
+`next_batch()` / `batch_loss(logits, y)` contract, used by `Replica`):
+
+- `uniform`: the DistributedSampler stream of `ShardLoader`, bit for bit; the
+  loss is the plain mean cross entropy. Per-sample losses are recorded on the
+  side (no simulated cost) only to report the same statistics as the others.
+- `prioritized`: each device keeps priorities p_i = last loss + eps for its own
+  shard (the samples DistributedSampler gives its rank in epoch 0); samples
+  never seen carry the largest priority ever assigned (1.0 before any), as in
+  PER (Schaul et al. 2016, "Prioritized Experience Replay", Alg. 1). A batch is
+  B draws with replacement from P(i) = p_i^alpha / sum_k p_k^alpha.
+- `mh`: one Metropolis-Hastings chain per batch slot over the shard. Each
+  batch, every slot makes `mh.steps` proposals j drawn uniformly from the
+  shard and accepts with probability min(1, (p_j / p_cur)^alpha); the slots'
+  states form the batch. The chains' target is the same P(i).
+
+The loss of a prioritized or mh batch is (1/B) sum_i w_i l_i with
+w_i = (N P(i))^-beta / max_k (N P(k))^-beta (PER's weights, normalized so they
+only scale updates down; for mh, P is the chain's target), beta annealed
+linearly from `beta0` at step 0 to 1 at `beta_steps`. With beta = 1 its
+gradient is an unbiased estimate of the shard's mean gradient times the
+constant 1 / max_k w_k. The batch's real per-sample losses then refresh its
+priorities. Randomness comes from a torch.Generator per (seed, rank).
+
+Host cost model (charged per batch by the scheme as a `sampling` span): a
+priority store is a sum tree and a min tree over the N shard priorities
+(depth d = ceil(log2 N)); every tree node touched is one dependent host memory
+access of `HOST_ACCESS_S`. Prioritized: B draws descend the sum tree (B d) and
+B refreshes climb both trees (2 B d). MH: B * steps proposals read one priority
+each (B * steps) and B refreshes climb both trees (2 B d). Uniform: none.
+
+    loader = build_loader(scenario, train_set, world, rank)
+    x, y = loader.next_batch(); loss = loader.batch_loss(model(x), y); loss.backward()
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from ..scenario import Scenario
+from .data import ShardLoader
+
+# One dependent access to a tree node in host memory: the L3 hit latency of a
+# server CPU, about 40 cycles at 4 GHz (Intel 64 and IA-32 Architectures
+# Optimization Reference Manual, Skylake-SP cache latencies), i.e. ~10 ns.
+# Priority trees of shards up to ~10^5 samples (2 trees x 8 B x 2N) fit in L3.
+HOST_ACCESS_S = 10e-9
+TOP_FRACTION = 0.1  # top_decile_share: the 10% of samples with the highest priority
+_STREAM = 0x5A4D  # separates the sampler's random stream from other per-rank streams
+
+
+def sampler_generator(seed: int, rank: int) -> torch.Generator:
+    """The rank's sampling generator, derived from the scenario seed (never the global RNG)."""
+    state = np.random.SeedSequence([seed, rank, _STREAM]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+class PriorityTable:
+    """Priorities p_i = last loss + eps of a fixed list of dataset indices.
+
+    Position k of the table is dataset index `indices[k]`. Unseen positions
+    carry `max_priority`: the largest priority ever assigned (1.0 at first).
+    """
+
+    def __init__(self, indices: torch.Tensor, eps: float):
+        self.indices = indices
+        self.eps = eps
+        self._position = torch.full((int(indices.max()) + 1,), -1, dtype=torch.int64)
+        self._position[indices] = torch.arange(len(indices))
+        self.last_loss = torch.zeros(len(indices), dtype=torch.float64)
+        self.seen = torch.zeros(len(indices), dtype=torch.bool)
+        self.max_priority = 1.0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def positions(self, dataset_indices: torch.Tensor) -> torch.Tensor:
+        """Table positions of dataset indices that are in the table."""
+        return self._position[dataset_indices]
+
+    def priorities(self) -> torch.Tensor:
+        """p_i per position (float64)."""
+        return torch.where(self.seen, self.last_loss + self.eps, self.max_priority)
+
+    def refresh(self, positions: torch.Tensor, losses: torch.Tensor) -> None:
+        """Set the last loss of each position drawn (a position drawn twice: its larger loss)."""
+        latest = torch.full((len(self),), -math.inf, dtype=torch.float64)
+        latest.scatter_reduce_(0, positions, losses.detach().to(torch.float64), reduce="amax")
+        hit = latest > -math.inf
+        self.last_loss[hit] = latest[hit]
+        self.seen |= hit
+        self.max_priority = max(self.max_priority, float(latest[hit].max()) + self.eps)
+
+    def top_positions(self) -> torch.Tensor:
+        """Mask of the ceil(10% N) positions of highest priority (ties: lower position first)."""
+        order = torch.argsort(self.priorities(), descending=True, stable=True)
+        mask = torch.zeros(len(self), dtype=torch.bool)
+        mask[order[: math.ceil(TOP_FRACTION * len(self))]] = True
+        return mask
+
+
+def effective_sample_size(weights: torch.Tensor) -> float:
+    """(sum w)^2 / sum w^2 (Kish): B for equal weights, 1 when one weight dominates."""
+    return float(weights.sum() ** 2 / (weights ** 2).sum())
+
+
+class UniformSampler(ShardLoader):
+    """ShardLoader's batches and loss, with per-sample losses recorded for the report."""
+
+    kind = "uniform"
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int,
+                 every: int, eps: float):
+        super().__init__(dataset, num_replicas, rank, batch_size, seed)
+        self.table = PriorityTable(self._table_indices(), eps)
+        self.every = every
+        self.batches = 0
+        self.effective_sizes: list[float] = []  # per batch
+        self.mean_priorities: list[float] = []  # after every `every` batches
+        self.drawn = 0
+        self.top_drawn = 0
+        self._positions: torch.Tensor | None = None
+        self._weights: torch.Tensor | None = None
+
+    def _table_indices(self) -> torch.Tensor:
+        return torch.arange(len(self.dataset))  # uniform batches reach every sample over the epochs
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().next_batch()
+        self._note_draw(self.table.positions(self.last_indices), torch.ones(len(y), dtype=torch.float64))
+        return x, y
+
+    def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = super().batch_loss(logits, y)
+        with torch.no_grad():
+            self._note_losses(F.cross_entropy(logits.detach(), y, reduction="none"))
+        return loss
+
+    def _note_draw(self, positions: torch.Tensor, weights: torch.Tensor) -> None:
+        self._positions, self._weights = positions, weights
+        self.drawn += len(positions)
+        self.top_drawn += int(self.table.top_positions()[positions].sum())
+
+    def _note_losses(self, per_sample: torch.Tensor) -> None:
+        self.table.refresh(self._positions, per_sample)
+        self.effective_sizes.append(effective_sample_size(self._weights))
+        self.batches += 1
+        if self.batches % self.every == 0:
+            self.mean_priorities.append(float(self.table.priorities().mean()))
+
+
+class PrioritizedSampler(UniformSampler):
+    """Batches drawn with replacement from P(i) = p_i^alpha / sum p^alpha over the rank's shard."""
+
+    kind = "prioritized"
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int,
+                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int):
+        super().__init__(dataset, num_replicas, rank, batch_size, seed, every, eps)
+        self.alpha = alpha
+        self.beta0 = beta0
+        self.beta_steps = beta_steps
+        self.generator = sampler_generator(seed, rank)
+        depth = max(1, math.ceil(math.log2(len(self.table))))
+        self.host_seconds = self._host_accesses(batch_size, depth) * HOST_ACCESS_S
+
+    def _table_indices(self) -> torch.Tensor:
+        return torch.sort(self._epoch_indices).values  # the rank's epoch-0 DistributedSampler shard
+
+    def _host_accesses(self, batch_size: int, depth: int) -> int:
+        return batch_size * depth + 2 * batch_size * depth  # draws down the sum tree; refreshes up both trees
+
+    @property
+    def beta(self) -> float:
+        """beta0 at step 0, rising linearly to 1 at beta_steps."""
+        return self.beta0 + (1.0 - self.beta0) * min(1.0, self.batches / self.beta_steps)
+
+    def target(self) -> torch.Tensor:
+        """P(i) = p_i^alpha / sum_k p_k^alpha over the shard (float64)."""
+        scaled = self.table.priorities() ** self.alpha
+        return scaled / scaled.sum()
+
+    def draw(self, target: torch.Tensor) -> torch.Tensor:
+        """Table positions of the next batch, drawn from `target`."""
+        return torch.multinomial(target, self.batch_size, replacement=True, generator=self.generator)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        target, n, beta = self.target(), len(self.table), self.beta
+        positions = self.draw(target)
+        weights = (n * target[positions]) ** -beta / (n * target.min()) ** -beta
+        self._note_draw(positions, weights)
+        return self.gather(self.table.indices[positions])
+
+    def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        per_sample = F.cross_entropy(logits, y, reduction="none")
+        loss = (self._weights.to(per_sample.dtype) * per_sample).mean()
+        self._note_losses(per_sample.detach())
+        return loss
+
+
+class MetropolisSampler(PrioritizedSampler):
+    """One Metropolis-Hastings chain per batch slot, with uniform proposals, targeting P(i)."""
+
+    kind = "mh"
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int,
+                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int, steps: int):
+        self.steps = steps
+        super().__init__(dataset, num_replicas, rank, batch_size, seed, every, alpha, eps, beta0, beta_steps)
+        self.state = torch.randint(len(self.table), (batch_size,), generator=self.generator)
+        self.proposed = 0
+        self.accepted = 0
+
+    def _host_accesses(self, batch_size: int, depth: int) -> int:
+        return batch_size * self.steps + 2 * batch_size * depth  # one read per proposal; refreshes
+
+    def draw(self, target: torch.Tensor) -> torch.Tensor:
+        state = self.state
+        for _ in range(self.steps):
+            proposal = torch.randint(len(self.table), (self.batch_size,), generator=self.generator)
+            uniform = torch.rand(self.batch_size, dtype=torch.float64, generator=self.generator)
+            accept = uniform * target[state] < target[proposal]  # u < (p_new / p_cur)^alpha
+            state = torch.where(accept, proposal, state)
+            self.accepted += int(accept.sum())
+            self.proposed += self.batch_size
+        self.state = state
+        return state
+
+
+def build_loader(scenario: Scenario, dataset: Dataset, num_replicas: int, rank: int) -> UniformSampler:
+    """The loader `scenario.data.sampling` asks for, for one rank."""
+    spec, seed, every = scenario.data, scenario.seed, scenario.report.every
+    common = (dataset, num_replicas, rank, spec.batch_size, seed, every)
+    if spec.sampling == "uniform":
+        return UniformSampler(*common, spec.eps)
+    beta_steps = spec.beta_steps if spec.beta_steps is not None else scenario.train.steps
+    weighting = (spec.alpha, spec.eps, spec.beta0, beta_steps)
+    if spec.sampling == "prioritized":
+        return PrioritizedSampler(*common, *weighting)
+    return MetropolisSampler(*common, *weighting, spec.mh.steps)
+
+
+class SamplingMonitor:
+    """Collects report.json's `sampling` section from every rank's loader.
+
+    `on_step(step, sim_time_s, loss)` is called after each step; every `every`
+    steps (and at the last) it records the full training-set loss that
+    `train_loss()` returns, at no simulated cost, so the kinds can be compared
+    on one curve (a prioritized batch's own loss is biased toward hard samples).
+    """
+
+    def __init__(self, loaders: list[UniformSampler], steps: int, train_loss, then=None):
+        self.loaders = loaders
+        self.steps = steps
+        self.every = loaders[0].every
+        self.train_loss = train_loss
+        self.then = then
+        self.train_loss_curve: list[list[float]] = []
+
+    def on_step(self, step: int, sim_time_s: float, loss: float) -> None:
+        done = step + 1
+        if done % self.every == 0 or done == self.steps:
+            self.train_loss_curve.append([done, sim_time_s, self.train_loss()])
+        if self.then is not None:
+            self.then(step, sim_time_s, loss)
+
+    def section(self) -> dict:
+        loaders, every = self.loaders, self.every
+        ends = [min(end, self.steps) for end in range(every, self.steps + every, every)]
+        starts = [0, *ends[:-1]]
+        finals = [float(loader.table.priorities().mean()) for loader in loaders]
+        mean_priority, effective = [], []
+        for window, (start, end) in enumerate(zip(starts, ends)):
+            snapshots = [loader.mean_priorities[window] if window < len(loader.mean_priorities) else final
+                         for loader, final in zip(loaders, finals)]
+            mean_priority.append([end, sum(snapshots) / len(snapshots)])
+            sizes = [size for loader in loaders for size in loader.effective_sizes[start:end]]
+            effective.append([end, sum(sizes) / len(sizes)])
+        section = {
+            "kind": loaders[0].kind,
+            "every": every,
+            "mean_priority": mean_priority,
+            "effective_sample_size": effective,
+            "top_decile_share": sum(l.top_drawn for l in loaders) / sum(l.drawn for l in loaders),
+            "train_loss_curve": self.train_loss_curve,
+        }
+        if isinstance(loaders[0], MetropolisSampler):
+            section["acceptance_rate"] = sum(l.accepted for l in loaders) / sum(l.proposed for l in loaders)
+        return section
