@@ -17,10 +17,14 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from .errors import OutOfMemory, ScenarioError
 from .hw.cluster import build_cluster, run_to_end
+from .memory import StepMemoryModel
 from .report import Report, RunResult, build_report
 from .scenario import Scenario
+from .schemes.asynchronous import AsynchronousSGD
 from .schemes.sync import SyncDataParallel
+from .train.checkpointing import apply_checkpointing
 from .train.data import load_dataset
 from .train.models import build_model
 from .train.replica import Replica
@@ -41,40 +45,82 @@ def run(scenario: Scenario, on_step=None) -> Report:
     """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step."""
     wall_start = time.perf_counter()
     with _single_thread():
-        cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace)
+        cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
+                                seed=scenario.seed)
         data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
         model = build_model(scenario.model.name, scenario.model.builder_options(), data.info, scenario.seed)
+        model = apply_checkpointing(model, scenario.train.checkpointing)
         optimizer = scenario.train.optimizer
         world = cluster.size
         replicas = [
             Replica(copy.deepcopy(model), build_loader(scenario, data.train, world, rank),
-                    optimizer.name, optimizer.builder_options())
+                    optimizer.name, optimizer.builder_options(),
+                    scenario.train.precision, scenario.train.amp.model_dump())
             for rank in range(world)
         ]
         sampling = SamplingMonitor([replica.loader for replica in replicas], scenario.train.steps,
                                    train_loss=lambda: evaluate(replicas[0].model, data.train)[0], then=on_step)
-        scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, scenario.train.steps,
-                                  optimizer.name, optimizer.builder_options(), on_step=sampling.on_step)
+        asynchronous = scenario.parallel.scheme == "async"
+        if asynchronous and (optimizer.name == "kfac" or scenario.parallel.sync_batchnorm):
+            field = "train.optimizer.name: kfac" if optimizer.name == "kfac" else "parallel.sync_batchnorm"
+            raise ScenarioError(f"{field} needs a synchronous scheme (naive, ring or tree), not async")
+        if asynchronous:
+            scheme = AsynchronousSGD(cluster, replicas, model, scenario.parallel.async_, scenario.train.steps,
+                                     optimizer.name, optimizer.builder_options(), on_step=sampling.on_step)
+        else:
+            scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, scenario.train.steps,
+                                      optimizer.name, optimizer.builder_options(), on_step=sampling.on_step,
+                                      sync_batchnorm=scenario.parallel.sync_batchnorm,
+                                      report_every=scenario.report.every)
         scheme.start()
-        run_to_end(cluster.env)
-        stuck = scheme.comm.stuck()
+        out_of_memory = None
+        try:
+            run_to_end(cluster.env)
+        except OutOfMemory as error:  # the step stops here; report what is known so far
+            out_of_memory = _out_of_memory_section(scenario, cluster, error, steps_done=len(scheme.loss_curve))
+        stuck = [] if asynchronous or out_of_memory else scheme.comm.stuck()
         if stuck:
             raise RuntimeError(f"collective deadlock: ranks {stuck} wait for peers that never posted")
-        final_model = replicas[0].model
+        for replica in replicas:  # mixed precision: the fp32 master weights are the trained model
+            replica.precision.finish(replica.model)
+        # Async: the shared parameters are the model; the replicas hold stale copies.
+        final_models = [scheme.shared_model] if asynchronous else [replica.model for replica in replicas]
+        final_model = final_models[0]
         final_loss, _ = evaluate(final_model, data.train)
         _, final_accuracy = evaluate(final_model, data.test)
     result = RunResult(
-        steps=scenario.train.steps,
-        samples_per_step=world * scenario.data.batch_size,
+        steps=len(scheme.loss_curve) if out_of_memory else scenario.train.steps,
+        status="out_of_memory" if out_of_memory else "ok",
+        samples_per_step=(1 if asynchronous else world) * scenario.data.batch_size,
         loss_curve=scheme.loss_curve,
         final_loss=final_loss,
         final_accuracy=final_accuracy,
         single_device_step_s=scheme.single_device_step_s(),
-        final_models=[replica.model for replica in replicas],
+        final_models=final_models,
         wall_time_s=time.perf_counter() - wall_start,
-        extra={"sampling": sampling.section()},
+        # The sampling section's windows count steps of every loader; async loaders draw about steps / world.
+        extra={**({"async": scheme.report_section()} if asynchronous else {"sampling": sampling.section()}),
+               "amp": replicas[0].precision.report(),
+               **({} if asynchronous else scheme.report_sections()),  # weight_norms, kfac
+               **({"out_of_memory": out_of_memory} if out_of_memory else {})},
     )
     return build_report(scenario, cluster, result)
+
+
+def _out_of_memory_section(scenario: Scenario, cluster, error: OutOfMemory, steps_done: int) -> dict:
+    """report.json's `out_of_memory`: where the run stopped, what the device held, what batch would fit."""
+    device = next(d for d in cluster.devices if d.memory.total > d.memory.capacity_bytes)
+    largest = StepMemoryModel(scenario).largest_batch(device.rank)
+    return {
+        "rank": device.rank,
+        "device": device.spec.name,
+        "step": steps_done,
+        "capacity_bytes": error.capacity_bytes,
+        "needed_bytes": sum(error.by_category.values()),
+        "bytes_by_category": error.by_category,
+        "largest_batch_size_that_fits": largest,
+        "message": f"{error}; the largest per-device batch size that fits is {largest}",
+    }
 
 
 @torch.no_grad()
@@ -87,7 +133,10 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 1024) -> tuple[f
         items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         x = torch.stack([item[0] for item in items])
         y = torch.stack([torch.as_tensor(item[1]) for item in items])
-        logits = model(x)
+        parameter = next(model.parameters(), None)
+        if parameter is not None and x.is_floating_point():  # a mixed-precision model mid-training
+            x = x.to(parameter.dtype)
+        logits = model(x).float()
         total_loss += F.cross_entropy(logits, y, reduction="sum").item()
         correct += int((logits.argmax(dim=1) == y).sum())
         count += len(items)

@@ -52,20 +52,53 @@ class ClusterSpec(_Strict):
     inter_node_link: LinkSpec | None = None  # hierarchical: each GPU's NIC to the spine
     gpus_per_node: PositiveInt | None = None  # hierarchical
     torus_shape: tuple[PositiveInt, PositiveInt] | None = None  # torus2d: rows, cols
+    # Heterogeneous and noisy devices (hw/cluster.py): per-rank changes, lognormal compute noise.
+    overrides: dict[Annotated[int, Field(ge=0)], "DeviceOverride"] = {}
+    compute_jitter: Annotated[float, Field(ge=0)] = 0.0  # std of log(factor) per compute span
+    shared_memory: "SharedMemorySpec | None" = None  # where async training's parameters live
+
+
+class DeviceOverride(_Strict):
+    """One rank's device: another device (catalog name or inline spec), changed fields, a slowdown."""
+
+    device: Union[str, dict[str, Any], None] = None  # replaces cluster.device for this rank
+    slowdown: Annotated[float, Field(gt=0)] = 1.0  # every span on its compute stream takes this much longer
+    efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    peak_flops: dict[str, Any] | None = None  # some or all of fp32, tf32, fp16, bf16
+    memory: Any = None
+    memory_bandwidth: Any = None
+
+    def device_fields(self) -> dict[str, Any]:
+        """The device fields this override changes (catalog.py's inline-spec keys)."""
+        fields = {"efficiency": self.efficiency, "peak_flops": self.peak_flops, "memory": self.memory,
+                  "memory_bandwidth": self.memory_bandwidth}
+        return {key: value for key, value in fields.items() if value is not None}
+
+
+class SharedMemorySpec(_Strict):
+    """The store holding the shared parameters: host DRAM over each device's host link, or a
+    store attached to a node of the topology (a parameter server)."""
+
+    location: str = "host"  # host | the name of a topology node
+    bandwidth: Bandwidth  # of the store itself: every reader and writer shares it
+    latency: Duration = 0.0
+    host_link: LinkSpec | None = None  # location host: each device's own link to the host (PCIe)
+    capacity: Annotated[float, _quantity("bytes"), Field(gt=0)] | None = None  # None: unlimited
 
 
 class ModelSpec(_Strict):
     name: str = "mlp"  # mlp | cnn | package.module:function
     hidden: list[PositiveInt] = [128, 128]  # mlp
     channels: list[PositiveInt] = [16, 32]  # cnn
+    batchnorm: bool = False  # mlp, cnn: BatchNorm after each hidden Linear / Conv2d
     options: dict[str, Any] = {}  # keyword arguments of a user's model function
 
     def builder_options(self) -> dict[str, Any]:
         """The keyword options the model builder of `name` takes."""
         if self.name == "mlp":
-            return {"hidden": list(self.hidden)}
+            return {"hidden": list(self.hidden), "batchnorm": self.batchnorm}
         if self.name == "cnn":
-            return {"channels": list(self.channels)}
+            return {"channels": list(self.channels), "batchnorm": self.batchnorm}
         return dict(self.options)
 
 
@@ -97,29 +130,68 @@ class DataSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
-    name: Literal["sgd", "adam"] = "sgd"
+    name: Literal["sgd", "adam", "kfac"] = "sgd"
     lr: Annotated[float, Field(gt=0)] = 0.1
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     nesterov: bool = False
     betas: tuple[float, float] = (0.9, 0.999)
     eps: Annotated[float, Field(gt=0)] = 1e-8
+    # kfac (simtrain/train/kfac.py): K-FAC preconditioning, then SGD with lr, momentum, weight_decay.
+    damping: Annotated[float, Field(gt=0)] = 1e-3
+    factor_decay: Annotated[float, Field(ge=0, lt=1)] = 0.95
+    factor_update_steps: PositiveInt = 1
+    inv_update_steps: PositiveInt = 10
+    kl_clip: Annotated[float, Field(ge=0)] = 1e-3  # 0: no clipping
+    method: Literal["eigen", "inverse"] = "eigen"
+    distribute_inverses: bool = True
 
     def builder_options(self) -> dict[str, Any]:
         """The keyword options of the torch optimizer `name`."""
         if self.name == "sgd":
             return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
                     "nesterov": self.nesterov}
+        if self.name == "kfac":
+            return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
+                    "damping": self.damping, "factor_decay": self.factor_decay,
+                    "factor_update_steps": self.factor_update_steps, "inv_update_steps": self.inv_update_steps,
+                    "kl_clip": self.kl_clip, "method": self.method, "distribute_inverses": self.distribute_inverses}
         return {"lr": self.lr, "betas": tuple(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
+
+
+class AmpSpec(_Strict):
+    """fp16 dynamic loss scaling (simtrain/train/precision.py); defaults are torch.amp.GradScaler's."""
+
+    init_scale: Annotated[float, Field(gt=0)] = 2.0 ** 16
+    growth_factor: Annotated[float, Field(gt=1)] = 2.0
+    backoff_factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    growth_interval: PositiveInt = 2000
+
+
+class CheckpointSegments(_Strict):
+    segments: PositiveInt
 
 
 class TrainSpec(_Strict):
     steps: PositiveInt = 200
     optimizer: OptimizerSpec = OptimizerSpec()
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # compute dtype; fp16/bf16 keep fp32 master weights
+    amp: AmpSpec = AmpSpec()
+    # Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | {segments: k}.
+    checkpointing: Union[Literal["none", "sqrt"], CheckpointSegments] = "none"
+    target_loss: float | None = None  # report time_to_target_s (report.py: smoothed_loss_curve)
+
+
+class AsyncSpec(_Strict):
+    consistency: Literal["hogwild", "locked"] = "hogwild"
+    staleness_lr: Literal["none", "inverse"] = "none"  # inverse: lr / (1 + staleness)
 
 
 class ParallelSpec(_Strict):
-    scheme: Literal["naive", "ring", "tree"] = "ring"
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+    scheme: Literal["naive", "ring", "tree", "async"] = "ring"
+    async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
+    sync_batchnorm: bool = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
 
 
 class ReportSpec(_Strict):

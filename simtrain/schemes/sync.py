@@ -9,36 +9,66 @@ waits inside the all-reduce for the others: that wait is its idle time.
 
     scheme = SyncDataParallel(cluster, replicas, algorithm="ring", steps=200)
     scheme.start(); cluster.env.run()
+
+With `optimizer="kfac"` the K-FAC work (factors averaged with the same
+collective, inversions shared out and broadcast, preconditioning) runs between
+the all-reduce and the base optimizer's step (schemes/kfac_sync.py). With
+`sync_batchnorm` each forward and backward all-reduces the BatchNorm
+statistics with the same collective (train/syncbn.py). Rank 0's per-layer
+weight norms are recorded before training and every `report_every` steps.
 """
 from ..comm import ALL_REDUCE
 from ..comm.simulated import SimCommunicator
 from ..cost import StepCost, measure_step_cost
 from ..hw.cluster import Cluster
-from ..train.optim import optimizer_state_bytes, optimizer_step_bytes
+from ..errors import ScenarioError
+from ..train.footprint import persistent_bytes, update_bytes
+from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.replica import Replica
+from ..train.syncbn import synced_batchnorms
+from .kfac_sync import DistributedKfac
 
 
 class SyncDataParallel:
     """Data-parallel training with a synchronous gradient all-reduce every step."""
 
     def __init__(self, cluster: Cluster, replicas: list[Replica], algorithm: str, steps: int,
-                 optimizer: str, optimizer_options: dict, dtype: str = "fp32", on_step=None):
+                 optimizer: str, optimizer_options: dict, on_step=None, sync_batchnorm: bool = False,
+                 report_every: int = 10):
         self.cluster = cluster
         self.replicas = replicas
         self.world = len(replicas)
         self.devices = cluster.devices[: self.world]
         self.all_reduce = ALL_REDUCE[algorithm]
         self.steps = steps
-        self.dtype = dtype
+        self.dtype = replicas[0].precision.name  # FLOPs are charged at the device's peak for it
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
         self.comm = SimCommunicator(cluster.network, [d.node for d in self.devices], log=cluster.log,
                                     ledgers=[d.memory for d in self.devices])
-        param_bytes = replicas[0].param_bytes
-        self._state_bytes = optimizer_state_bytes(optimizer, optimizer_options, param_bytes)
-        self._step_bytes = optimizer_step_bytes(optimizer, optimizer_options, param_bytes)
+        params, precision = replicas[0].params, replicas[0].precision.name
+        self._held_bytes = persistent_bytes(params, precision, optimizer, optimizer_options)
+        self._step_bytes = update_bytes(params, precision, optimizer, optimizer_options)
         self._costs: dict[tuple, StepCost] = {}
         self._step_losses = [[None] * self.world for _ in range(steps)]
         self.loss_curve: list[tuple[float, float]] = []  # (sim_time_s, mean loss over devices)
+        self.kfac = None
+        if optimizer == "kfac":
+            if precision == "fp16":
+                raise ScenarioError("train.optimizer.name: kfac does not run under fp16 loss scaling "
+                                    "(train.precision fp32 or bf16)")
+            self.kfac = DistributedKfac(replicas, self.devices, self.comm, self.all_reduce, optimizer_options,
+                                        dtype="fp32")
+        self.sync_batchnorm = sync_batchnorm
+        if sync_batchnorm:
+            try:
+                synced_batchnorms(replicas[0].model)
+            except ValueError as error:
+                raise ScenarioError(f"parallel.sync_batchnorm: {error}") from None
+            if precision != "fp32":
+                raise ScenarioError("parallel.sync_batchnorm: needs train.precision fp32")
+        self.report_every = report_every
+        self._norm_steps = [0]
+        self._norms = {name: [norm] for name, norm in weight_norms(replicas[0].model).items()}
 
     def step_cost(self, replica: Replica) -> StepCost:
         """FLOPs and activation bytes of one forward+backward, measured once per input shape."""
@@ -48,8 +78,10 @@ class SyncDataParallel:
             self._costs[key] = measure_step_cost(replica.model, x, y)
         return self._costs[key]
 
-    def single_device_step_s(self) -> float:
+    def single_device_step_s(self) -> float | None:
         """Seconds one device alone needs for a step on its own batch: no communication."""
+        if not self._costs:  # stopped (out of memory) before any step was measured
+            return None
         cost = next(iter(self._costs.values()))
         device = self.devices[0]
         return (device.compute_time(cost.forward_flops + cost.backward_flops, self.dtype)
@@ -62,13 +94,15 @@ class SyncDataParallel:
     def _train(self, rank: int):
         device, replica = self.devices[rank], self.replicas[rank]
         memory = device.memory
-        memory.alloc("weights", replica.param_bytes)
-        memory.alloc("gradients", replica.grad_buffer.numel() * replica.grad_buffer.element_size())
-        memory.alloc("optimizer_state", self._state_bytes)
+        for category, nbytes in self._held_bytes.items():
+            memory.alloc(category, nbytes)
         for step in range(self.steps):
             if replica.loader.host_seconds > 0:  # prioritized/mh bookkeeping, before the batch exists
                 yield device.run_for(replica.loader.host_seconds, "sample batch", kind="sampling")
-            loss = replica.forward_backward()
+            if self.sync_batchnorm:
+                loss = yield from self._serve_statistics(rank, replica.sync_batchnorm_forward_backward())
+            else:
+                loss = replica.forward_backward()
             cost = self.step_cost(replica)
             memory.alloc("activations", cost.activation_bytes)
             yield device.compute(cost.forward_flops, self.dtype, "forward")
@@ -77,6 +111,8 @@ class SyncDataParallel:
             self._step_losses[step][rank] = loss
             program = self.all_reduce(rank, self.world, replica.grad_buffer, average=True)
             yield self.comm.run(rank, program, label="all_reduce")
+            if self.kfac is not None:
+                yield from self.kfac.step(rank)
             replica.step()
             yield device.memory_bound(self._step_bytes, "optimizer step", kind="optimizer")
             if rank == 0:
@@ -90,5 +126,31 @@ class SyncDataParallel:
         self._step_losses[step] = None
         now = self.cluster.env.now
         self.loss_curve.append((now, mean_loss))
+        if (step + 1) % self.report_every == 0 or step + 1 == self.steps:
+            self._norm_steps.append(step + 1)
+            for name, norm in weight_norms(self.replicas[0].model).items():
+                self._norms[name].append(norm)
         if self.on_step is not None:
             self.on_step(step, now, mean_loss)
+
+    def _serve_statistics(self, rank: int, program):
+        """Drive a SyncBN forward/backward: sum each StatsAllReduce buffer across ranks; return its loss."""
+        try:
+            request = next(program)
+            while True:
+                summed = self.all_reduce(rank, self.world, request.buffer)
+                yield self.comm.run(rank, summed, label="sync_batchnorm")
+                request = program.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+    def report_sections(self) -> dict:
+        """report.json's `weight_norms` (and `kfac` with K-FAC): technique sections of this scheme."""
+        sections = {"weight_norms": {
+            "steps": list(self._norm_steps),
+            "layers": {name: list(norms) for name, norms in self._norms.items()},
+            "before_batchnorm": layers_before_batchnorm(self.replicas[0].model),
+        }}
+        if self.kfac is not None:
+            sections.update(self.kfac.report_section(self.steps))
+        return sections

@@ -7,12 +7,15 @@ DDP job that seeds and builds the same way starts from the same weights. The
 seeding runs inside `torch.random.fork_rng`, so the caller's global RNG stream
 is left as it was.
 
-- `mlp`: options `hidden` (list of widths, default [128, 128]).
-  nn.Sequential(Flatten, Linear(in, h1), ReLU, ..., Linear(h_last, classes)).
-- `cnn`: for image inputs; options `channels` (default [16, 32]).
-  nn.Sequential(Unflatten to (C, H, W), then per entry Conv2d 3x3 (padding 1) +
-  ReLU + MaxPool2d(2) while both spatial sides are at least 2, then Flatten and
-  a Linear head).
+- `mlp`: options `hidden` (list of widths, default [128, 128]), `batchnorm`
+  (default false). nn.Sequential(Flatten, Linear(in, h1), [BatchNorm1d(h1),]
+  ReLU, ..., Linear(h_last, classes)).
+- `cnn`: for image inputs; options `channels` (default [16, 32]), `batchnorm`
+  (default false). nn.Sequential(Unflatten to (C, H, W), then per entry
+  Conv2d 3x3 (padding 1) + [BatchNorm2d +] ReLU + MaxPool2d(2) while both
+  spatial sides are at least 2, then Flatten and a Linear head).
+- With `batchnorm`, every hidden Linear or Conv2d is followed by BatchNorm
+  (before the ReLU, as Ioffe & Szegedy 2015 place it); the output layer is not.
 - `package.module:function`: called with the options as keyword arguments; it
   returns an `nn.Module`.
 
@@ -32,8 +35,8 @@ from torch import nn
 from ..errors import ScenarioError
 from .data import DatasetInfo, call_with_options, load_callable
 
-_MLP_DEFAULTS = {"hidden": [128, 128]}
-_CNN_DEFAULTS = {"channels": [16, 32]}
+_MLP_DEFAULTS = {"hidden": [128, 128], "batchnorm": False}
+_CNN_DEFAULTS = {"channels": [16, 32], "batchnorm": False}
 
 
 def build_model(name: str, options: dict, info: DatasetInfo, seed: int) -> nn.Module:
@@ -47,12 +50,13 @@ def build_model(name: str, options: dict, info: DatasetInfo, seed: int) -> nn.Mo
 def _constructor(name: str, options: dict, info: DatasetInfo) -> Callable[[], nn.Module]:
     """Validate the model's name and options; return what builds it (after seeding)."""
     if name == "mlp":
-        return partial(_mlp, info, _widths(options, _MLP_DEFAULTS, "hidden", allow_empty=True))
+        return partial(_mlp, info, _widths(options, _MLP_DEFAULTS, "hidden", allow_empty=True),
+                       _flag(options, "batchnorm"))
     if name == "cnn":
         channels = _widths(options, _CNN_DEFAULTS, "channels", allow_empty=False)
         if info.image_shape is None or len(info.image_shape) != 3:
             raise ScenarioError("model.name: cnn needs image inputs (C, H, W), and this dataset has none")
-        return partial(_cnn, info, channels)
+        return partial(_cnn, info, channels, _flag(options, "batchnorm"))
     if isinstance(name, str) and ":" in name:
         return partial(_user_model, load_callable(name, "model.name"), options, name)
     raise ScenarioError(f"model.name: unknown model {name!r} (known: mlp, cnn, or package.module:function)")
@@ -71,21 +75,29 @@ def _widths(options: dict, defaults: dict, key: str, allow_empty: bool) -> list[
     return list(widths)
 
 
-def _mlp(info: DatasetInfo, hidden: list[int]) -> nn.Sequential:
+def _flag(options: dict, key: str) -> bool:
+    value = options.get(key, False)
+    if not isinstance(value, bool):
+        raise ScenarioError(f"model.{key}: must be true or false, got {value!r}")
+    return value
+
+
+def _mlp(info: DatasetInfo, hidden: list[int], batchnorm: bool) -> nn.Sequential:
     layers: list[nn.Module] = [nn.Flatten()]
     width = info.num_features
     for next_width in hidden:
-        layers += [nn.Linear(width, next_width), nn.ReLU()]
+        layers += [nn.Linear(width, next_width), *([nn.BatchNorm1d(next_width)] if batchnorm else []), nn.ReLU()]
         width = next_width
     layers.append(nn.Linear(width, info.num_classes))
     return nn.Sequential(*layers)
 
 
-def _cnn(info: DatasetInfo, channels: list[int]) -> nn.Sequential:
+def _cnn(info: DatasetInfo, channels: list[int], batchnorm: bool) -> nn.Sequential:
     in_channels, height, width = info.image_shape
     layers: list[nn.Module] = [nn.Unflatten(1, (in_channels, height, width))]
     for out_channels in channels:
-        layers += [nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), nn.ReLU()]
+        norm = [nn.BatchNorm2d(out_channels)] if batchnorm else []
+        layers += [nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), *norm, nn.ReLU()]
         if height >= 2 and width >= 2:
             layers.append(nn.MaxPool2d(2))
             height, width = height // 2, width // 2
@@ -99,3 +111,19 @@ def _user_model(function: Callable, options: dict, name: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ScenarioError(f"model.name: {name} returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def weight_norms(model: nn.Module) -> dict[str, float]:
+    """The Frobenius norm of each Linear and Conv2d layer's weight, by module name."""
+    return {name: float(module.weight.detach().float().norm())
+            for name, module in model.named_modules() if isinstance(module, (nn.Linear, nn.Conv2d))}
+
+
+def layers_before_batchnorm(model: nn.Module) -> list[str]:
+    """Names of the Linear and Conv2d layers an nn.Sequential feeds straight into a BatchNorm."""
+    if not isinstance(model, nn.Sequential):
+        return []
+    names = list(model._modules)
+    return [name for name, following in zip(names, names[1:])
+            if isinstance(model._modules[name], (nn.Linear, nn.Conv2d))
+            and isinstance(model._modules[following], nn.modules.batchnorm._BatchNorm)]

@@ -4,6 +4,9 @@
 
 - `sgd`: lr (default 0.001), momentum (0), weight_decay (0), nesterov (false).
 - `adam`: lr (0.001), betas ([0.9, 0.999]), eps (1e-8), weight_decay (0).
+- `kfac`: the base optimizer of K-FAC: SGD with lr, momentum and weight_decay
+  (the K-FAC options, damping etc., are the preconditioner's:
+  simtrain/train/kfac.py); its state is SGD's.
 
 Defaults are torch's own. Every optimizer runs with `foreach=False`, the plain
 per-parameter loop, so a replica's arithmetic is bit-for-bit that of a
@@ -32,7 +35,11 @@ from ..errors import ScenarioError
 _DEFAULTS = {
     "sgd": {"lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False},
     "adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0},
+    "kfac": {"lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0, "damping": 1e-3, "factor_decay": 0.95,
+             "factor_update_steps": 1, "inv_update_steps": 10, "kl_clip": 1e-3, "method": "eigen",
+             "distribute_inverses": True},
 }
+_KFAC_BASE = ("lr", "momentum", "weight_decay")
 _FIELD = "train.optimizer"
 
 
@@ -41,13 +48,15 @@ def build_optimizer(params: Iterable, name: str, options: dict) -> torch.optim.O
     opts = _validated(name, options)
     if name == "sgd":
         return torch.optim.SGD(params, foreach=False, **opts)
+    if name == "kfac":
+        return torch.optim.SGD(params, foreach=False, **{key: opts[key] for key in _KFAC_BASE})
     return torch.optim.Adam(params, foreach=False, **opts)
 
 
 def optimizer_state_bytes(name: str, options: dict, param_bytes: int) -> int:
     """Bytes of persistent optimizer state for parameters of `param_bytes` bytes."""
     opts = _validated(name, options)
-    if name == "sgd":
+    if name in ("sgd", "kfac"):
         return param_bytes if opts["momentum"] != 0 else 0
     return 2 * param_bytes
 
@@ -74,7 +83,7 @@ def _validated(name: str, options: dict) -> dict:
             raise ScenarioError(f"{_FIELD}.nesterov: must be true or false, got {opts['nesterov']!r}")
         if opts["nesterov"] and opts["momentum"] == 0:
             raise ScenarioError(f"{_FIELD}.nesterov: needs a momentum above 0")
-    else:
+    elif name == "adam":
         betas = opts["betas"]
         if not (
             isinstance(betas, (list, tuple))

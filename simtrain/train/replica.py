@@ -8,19 +8,27 @@ the whole gradient in place with no copies.
     loss = replica.forward_backward()      # real torch, on this replica's next batch
     ... all-reduce replica.grad_buffer ...
     replica.step()
+
+Mixed precision (`precision="fp16" | "bf16"`, simtrain/train/precision.py):
+the model and the gradient bucket are in the compute dtype, the optimizer
+steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
 """
 import torch
 
 from .data import ShardLoader
 from .optim import build_optimizer
+from .precision import MixedPrecision
+from .syncbn import sync_batchnorm_forward_backward
 
 
 class Replica:
     """A model replica that trains on its own shard with a flat gradient buffer."""
 
-    def __init__(self, model: torch.nn.Module, loader: ShardLoader, optimizer: str, options: dict):
+    def __init__(self, model: torch.nn.Module, loader: ShardLoader, optimizer: str, options: dict,
+                 precision: str = "fp32", amp: dict | None = None):
         self.model = model
         self.loader = loader
+        self.precision = MixedPrecision(model, precision, amp)  # casts the model to the compute dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
         dtype = self.params[0].dtype
         self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params), dtype=dtype)
@@ -28,7 +36,7 @@ class Replica:
         for p in self.params:
             p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
-        self.optimizer = build_optimizer(self.params, optimizer, options)
+        self.optimizer = build_optimizer(self.precision.master_params, optimizer, options)
         self.last_batch = None
 
     @property
@@ -39,11 +47,24 @@ class Replica:
         """The loader's loss of its next batch (mean cross entropy, or importance-weighted
         under prioritized sampling); its gradient lands in grad_buffer."""
         x, y = self.loader.next_batch()
+        x = self.precision.cast_input(x)
         self.last_batch = (x, y)
         self.grad_buffer.zero_()
-        loss = self.loader.batch_loss(self.model(x), y)
-        loss.backward()
+        loss = self.loader.batch_loss(self.model(x).float(), y)
+        self.precision.backward(loss)
         return loss.detach()
 
+    def sync_batchnorm_forward_backward(self):
+        """forward_backward with BatchNorm statistics summed across ranks (fp32 only): a generator
+        that yields StatsAllReduce requests for the scheme to serve and returns the loss."""
+        x, y = self.loader.next_batch()
+        self.last_batch = (x, y)
+        self.grad_buffer.zero_()
+        loss = yield from sync_batchnorm_forward_backward(self.model, x, y, self.loader.batch_loss)
+        return loss
+
     def step(self) -> None:
-        self.optimizer.step()
+        """Update from the (averaged) gradient bucket: skipped if the loss scaler found an overflow."""
+        if self.precision.unscale(self.grad_buffer):
+            self.optimizer.step()
+            self.precision.copy_master_to_model()

@@ -1,0 +1,150 @@
+"""Distributed K-FAC in synchronous data parallelism: factors averaged, inversions shared out.
+
+Each replica keeps its own K-FAC state (`train.kfac.Kfac`: hooks, factors,
+decompositions). Each step, after the gradient all-reduce and before the base
+optimizer steps, `DistributedKfac.step(rank)` runs on every rank (a generator
+of simpy events, `yield from` it inside the rank's process):
+
+1. factor update steps: the batch factors A = a^T a / B and G = B g^T g of
+   every layer (charged as 2*rows*n^2 FLOPs each) are averaged across devices
+   by all-reducing the flat factor buffer with the scheme's collective (naive,
+   ring or tree), charged on the network like the gradient; the mean of the
+   per-device factors is the factor of the concatenated batch (equal batch
+   sizes). Then the running averages are updated.
+2. inversion steps: with `distribute_inverses`, each factor is assigned to one
+   device by greedy longest-processing-time scheduling on its n^3 cost
+   (largest first, to the least-loaded device, ties to the lowest rank; as
+   KAISA, Pauloski et al. 2021, shares out its inverse work), that device
+   decomposes it, and every device's results are broadcast from it
+   (`comm.broadcast`, all roots' binomial trees together, one packed buffer
+   per root, staged in comm_buffers). Without it every device decomposes
+   every factor and nothing is sent.
+3. the gradients of the preconditioned layers are replaced by the K-FAC update
+   (charged as the preconditioning matmuls' FLOPs).
+
+Factor, inversion and preconditioning work is charged on the device's compute
+stream as kind "optimizer" (it is the optimizer's work), and the
+communication as "communication" with labels "kfac factors" and "kfac
+inverses". The memory ledger holds the factors and decompositions as `kfac`.
+`report_section(steps)` is report.json's `kfac` section: time per step split
+into factors, communication, inversions and preconditioning (averaged over
+devices), and which device decomposes which factor.
+
+    kfac = DistributedKfac(replicas, devices, comm, ALL_REDUCE["ring"], options)
+    ... yield from kfac.step(rank); replica.step()
+"""
+from dataclasses import fields
+
+import torch
+
+from ..comm.broadcast import broadcast
+from ..hw.device import Device
+from ..train.kfac import Kfac, KfacOptions
+from ..train.replica import Replica
+
+PARTS = ("factors", "communication", "inversions", "preconditioning")
+
+
+def assign_inverses(costs: list[float], world: int) -> list[int]:
+    """Greedy LPT: the device of each factor, largest cost first to the least-loaded device."""
+    loads = [0.0] * world
+    owner = [0] * len(costs)
+    for index in sorted(range(len(costs)), key=lambda j: (-costs[j], j)):
+        device = min(range(world), key=lambda r: (loads[r], r))
+        owner[index] = device
+        loads[device] += costs[index]
+    return owner
+
+
+class DistributedKfac:
+    """K-FAC across the replicas of a synchronous data-parallel group."""
+
+    def __init__(self, replicas: list[Replica], devices: list[Device], comm, all_reduce, options: dict,
+                 dtype: str = "fp32"):
+        kfac_fields = {field.name for field in fields(KfacOptions)}
+        kfac_options = KfacOptions(**{key: value for key, value in options.items() if key in kfac_fields})
+        self.kfacs = [Kfac(replica.model, kfac_options) for replica in replicas]
+        self.devices = devices
+        self.comm = comm
+        self.all_reduce = all_reduce
+        self.world = len(replicas)
+        self.dtype = dtype
+        self.method = kfac_options.method
+        factors = self.kfacs[0].factors
+        self.costs = [float(factor.size) ** 3 for factor in factors]
+        self.owner = assign_inverses(self.costs, self.world) if options["distribute_inverses"] else None
+        self.seconds = [dict.fromkeys(PARTS, 0.0) for _ in range(self.world)]
+        for device, kfac in zip(devices, self.kfacs):
+            device.memory.alloc("kfac", kfac.memory_bytes())
+
+    def step(self, rank: int):
+        """Generator of simpy events: this rank's K-FAC work between the gradient all-reduce and the step."""
+        kfac = self.kfacs[rank]
+        if kfac.factor_update_due():
+            yield self._compute(rank, kfac.compute_batch_factors(), "factors")
+            program = self.all_reduce(rank, self.world, kfac.factor_buffer, average=True)
+            yield from self._communicate(rank, program, "kfac factors")
+            kfac.update_running_factors()
+        if kfac.inverse_update_due():
+            mine = [j for j in range(len(kfac.factors)) if self.owner is None or self.owner[j] == rank]
+            yield self._compute(rank, sum(kfac.decompose(j) for j in mine), "inversions")
+            if self.owner is not None and self.world > 1:
+                yield from self._share_decompositions(rank, kfac)
+        yield self._compute(rank, kfac.precondition(), "preconditioning")
+
+    def _share_decompositions(self, rank: int, kfac: Kfac):
+        """Broadcast every device's decompositions from it, one packed buffer per device."""
+        owned = {root: [j for j in range(len(kfac.factors)) if self.owner[j] == root] for root in range(self.world)}
+        buffers = {}
+        for root, indices in owned.items():
+            if not indices:
+                continue
+            if root == rank:
+                buffers[root] = torch.cat([t.reshape(-1) for j in indices for t in kfac.decomposition(j)])
+            else:
+                buffers[root] = torch.empty(sum(kfac.decomposition_numel(j) for j in indices))
+        staged = sum(buffer.nbytes for root, buffer in buffers.items() if root != rank)
+        memory = self.devices[rank].memory
+        memory.alloc("comm_buffers", staged)
+        yield from self._communicate(rank, broadcast(rank, self.world, buffers), "kfac inverses")
+        for root, buffer in buffers.items():
+            if root == rank:
+                continue
+            offset = 0
+            for j in owned[root]:
+                for tensor in kfac.decomposition(j):
+                    tensor.copy_(buffer[offset:offset + tensor.numel()].view_as(tensor))
+                    offset += tensor.numel()
+        memory.free("comm_buffers", staged)
+
+    def _compute(self, rank: int, flops: float, part: str):
+        device = self.devices[rank]
+        self.seconds[rank][part] += device.compute_time(flops, self.dtype)
+        return device.compute(flops, self.dtype, f"kfac {part}", kind="optimizer")
+
+    def _communicate(self, rank: int, program, label: str):
+        log, global_rank = self.comm.log, self.devices[rank].rank
+        before = log.total(global_rank, "communication")
+        yield self.comm.run(rank, program, label=label)
+        self.seconds[rank]["communication"] += log.total(global_rank, "communication") - before
+
+    def report_section(self, steps: int) -> dict:
+        """report.json's `kfac` section."""
+        per_step = {part: sum(seconds[part] for seconds in self.seconds) / self.world / steps for part in PARTS}
+        layers = self.kfacs[0].layers
+        assignment = [
+            {"layer": layers[factor.layer].name, "factor": factor.side, "size": factor.size,
+             "device": "all" if self.owner is None else self.owner[j]}
+            for j, factor in enumerate(self.kfacs[0].factors)
+        ]
+        loads = [0.0] * self.world
+        for j, cost in enumerate(self.costs):
+            for device in ([self.owner[j]] if self.owner is not None else range(self.world)):
+                loads[device] += cost
+        return {"kfac": {
+            "method": self.method,
+            "distribute_inverses": self.owner is not None,
+            "time_per_step_s": per_step,
+            "assignment": assignment,
+            "inversion_cost_n3_per_device": loads,
+        }}
