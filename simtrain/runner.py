@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import TensorDataset
 
 from .errors import OutOfMemory, ScenarioError
 from .hw.cluster import build_cluster, run_to_end
@@ -65,8 +66,9 @@ def run(scenario: Scenario, on_step=None) -> Report:
             field = "train.optimizer.name: kfac" if optimizer.name == "kfac" else "parallel.sync_batchnorm"
             raise ScenarioError(f"{field} needs a synchronous scheme (naive, ring or tree), not async")
         if asynchronous:
+            # No sampling monitor: it evaluates replica 0, a stale copy here, every few updates.
             scheme = AsynchronousSGD(cluster, replicas, model, scenario.parallel.async_, scenario.train.steps,
-                                     optimizer.name, optimizer.builder_options(), on_step=sampling.on_step)
+                                     optimizer.name, optimizer.builder_options(), on_step=on_step)
         else:
             scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, scenario.train.steps,
                                       optimizer.name, optimizer.builder_options(), on_step=sampling.on_step,
@@ -99,10 +101,12 @@ def run(scenario: Scenario, on_step=None) -> Report:
         final_models=final_models,
         wall_time_s=time.perf_counter() - wall_start,
         # The sampling section's windows count steps of every loader; async loaders draw about steps / world.
-        extra={**({"async": scheme.report_section()} if asynchronous else {"sampling": sampling.section()}),
+        # Out of memory: the schemes' and sampler's sections describe whole runs and are left out.
+        extra={"out_of_memory": out_of_memory, "amp": replicas[0].precision.report()} if out_of_memory else {
+               **({"async": scheme.report_section()} if asynchronous else {"sampling": sampling.section()}),
                "amp": replicas[0].precision.report(),
                **({} if asynchronous else scheme.report_sections()),  # weight_norms, kfac
-               **({"out_of_memory": out_of_memory} if out_of_memory else {})},
+               },
     )
     return build_report(scenario, cluster, result)
 
@@ -130,15 +134,21 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 1024) -> tuple[f
     model.eval()
     total_loss, correct, count = 0.0, 0, 0
     for start in range(0, len(dataset), batch_size):
-        items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-        x = torch.stack([item[0] for item in items])
-        y = torch.stack([torch.as_tensor(item[1]) for item in items])
+        x, y = _rows(dataset, start, min(start + batch_size, len(dataset)))
         parameter = next(model.parameters(), None)
         if parameter is not None and x.is_floating_point():  # a mixed-precision model mid-training
             x = x.to(parameter.dtype)
         logits = model(x).float()
         total_loss += F.cross_entropy(logits, y, reduction="sum").item()
         correct += int((logits.argmax(dim=1) == y).sum())
-        count += len(items)
+        count += len(y)
     model.train(was_training)
     return total_loss / count, correct / count
+
+
+def _rows(dataset, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples start..end-1 of `dataset` as one (x, y) batch (sliced directly from a TensorDataset)."""
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        return dataset.tensors[0][start:end], dataset.tensors[1][start:end]
+    items = [dataset[i] for i in range(start, end)]
+    return torch.stack([item[0] for item in items]), torch.stack([torch.as_tensor(item[1]) for item in items])

@@ -60,7 +60,7 @@ def sampler_generator(seed: int, rank: int) -> torch.Generator:
 
 
 class PriorityTable:
-    """Priorities p_i = last loss + eps of a fixed list of dataset indices.
+    """Priorities p_i = last loss + eps of a fixed list of dataset indices (numpy, float64).
 
     Position k of the table is dataset index `indices[k]`. Unseen positions
     carry `max_priority`: the largest priority ever assigned (1.0 at first).
@@ -69,41 +69,44 @@ class PriorityTable:
     def __init__(self, indices: torch.Tensor, eps: float):
         self.indices = indices
         self.eps = eps
-        self._position = torch.full((int(indices.max()) + 1,), -1, dtype=torch.int64)
-        self._position[indices] = torch.arange(len(indices))
-        self.last_loss = torch.zeros(len(indices), dtype=torch.float64)
-        self.seen = torch.zeros(len(indices), dtype=torch.bool)
+        self._position = np.full(int(indices.max()) + 1, -1, dtype=np.int64)
+        self._position[indices.numpy()] = np.arange(len(indices))
+        self.last_loss = np.zeros(len(indices))
+        self.seen = np.zeros(len(indices), dtype=bool)
         self.max_priority = 1.0
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def positions(self, dataset_indices: torch.Tensor) -> torch.Tensor:
+    def positions(self, dataset_indices: torch.Tensor) -> np.ndarray:
         """Table positions of dataset indices that are in the table."""
-        return self._position[dataset_indices]
+        return self._position[dataset_indices.numpy()]
 
-    def priorities(self) -> torch.Tensor:
-        """p_i per position (float64)."""
-        return torch.where(self.seen, self.last_loss + self.eps, self.max_priority)
+    def priorities(self) -> np.ndarray:
+        """p_i per position."""
+        return np.where(self.seen, self.last_loss + self.eps, self.max_priority)
 
-    def refresh(self, positions: torch.Tensor, losses: torch.Tensor) -> None:
+    def refresh(self, positions: np.ndarray, losses: torch.Tensor) -> None:
         """Set the last loss of each position drawn (a position drawn twice: its larger loss)."""
-        latest = torch.full((len(self),), -math.inf, dtype=torch.float64)
-        latest.scatter_reduce_(0, positions, losses.detach().to(torch.float64), reduce="amax")
-        hit = latest > -math.inf
-        self.last_loss[hit] = latest[hit]
-        self.seen |= hit
-        self.max_priority = max(self.max_priority, float(latest[hit].max()) + self.eps)
+        hit, slot = np.unique(positions, return_inverse=True)
+        latest = np.full(len(hit), -math.inf)
+        np.maximum.at(latest, slot, losses.detach().to(torch.float64).numpy())
+        self.last_loss[hit] = latest
+        self.seen[hit] = True
+        self.max_priority = max(self.max_priority, float(latest.max()) + self.eps)
 
-    def top_positions(self) -> torch.Tensor:
-        """Mask of the ceil(10% N) positions of highest priority (ties: lower position first)."""
-        order = torch.argsort(self.priorities(), descending=True, stable=True)
-        mask = torch.zeros(len(self), dtype=torch.bool)
-        mask[order[: math.ceil(TOP_FRACTION * len(self))]] = True
-        return mask
+    def in_top_decile(self, positions: np.ndarray) -> np.ndarray:
+        """Whether each position is among the ceil(10% N) of highest priority (ties: lower position first)."""
+        priorities = self.priorities()
+        top = math.ceil(TOP_FRACTION * len(self))
+        threshold = np.partition(priorities, len(self) - top)[len(self) - top]  # the top-th largest
+        above = priorities > threshold
+        ties = priorities == threshold
+        tie_rank = np.cumsum(ties) - 1  # ties at the threshold, in position order
+        return (above | (ties & (tie_rank < top - int(above.sum()))))[positions]
 
 
-def effective_sample_size(weights: torch.Tensor) -> float:
+def effective_sample_size(weights: np.ndarray) -> float:
     """(sum w)^2 / sum w^2 (Kish): B for equal weights, 1 when one weight dominates."""
     return float(weights.sum() ** 2 / (weights ** 2).sum())
 
@@ -123,15 +126,15 @@ class UniformSampler(ShardLoader):
         self.mean_priorities: list[float] = []  # after every `every` batches
         self.drawn = 0
         self.top_drawn = 0
-        self._positions: torch.Tensor | None = None
-        self._weights: torch.Tensor | None = None
+        self._positions: np.ndarray | None = None
+        self._weights: np.ndarray | None = None
 
     def _table_indices(self) -> torch.Tensor:
         return torch.arange(len(self.dataset))  # uniform batches reach every sample over the epochs
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().next_batch()
-        self._note_draw(self.table.positions(self.last_indices), torch.ones(len(y), dtype=torch.float64))
+        self._note_draw(self.table.positions(self.last_indices), np.ones(len(y)))
         return x, y
 
     def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -140,10 +143,10 @@ class UniformSampler(ShardLoader):
             self._note_losses(F.cross_entropy(logits.detach(), y, reduction="none"))
         return loss
 
-    def _note_draw(self, positions: torch.Tensor, weights: torch.Tensor) -> None:
+    def _note_draw(self, positions: np.ndarray, weights: np.ndarray) -> None:
         self._positions, self._weights = positions, weights
         self.drawn += len(positions)
-        self.top_drawn += int(self.table.top_positions()[positions].sum())
+        self.top_drawn += int(self.table.in_top_decile(positions).sum())
 
     def _note_losses(self, per_sample: torch.Tensor) -> None:
         self.table.refresh(self._positions, per_sample)
@@ -179,25 +182,27 @@ class PrioritizedSampler(UniformSampler):
         """beta0 at step 0, rising linearly to 1 at beta_steps."""
         return self.beta0 + (1.0 - self.beta0) * min(1.0, self.batches / self.beta_steps)
 
-    def target(self) -> torch.Tensor:
-        """P(i) = p_i^alpha / sum_k p_k^alpha over the shard (float64)."""
+    def target(self) -> np.ndarray:
+        """P(i) = p_i^alpha / sum_k p_k^alpha over the shard."""
         scaled = self.table.priorities() ** self.alpha
         return scaled / scaled.sum()
 
-    def draw(self, target: torch.Tensor) -> torch.Tensor:
+    def draw(self, target: np.ndarray) -> np.ndarray:
         """Table positions of the next batch, drawn from `target`."""
-        return torch.multinomial(target, self.batch_size, replacement=True, generator=self.generator)
+        drawn = torch.multinomial(torch.from_numpy(target), self.batch_size, replacement=True,
+                                  generator=self.generator)
+        return drawn.numpy()
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         target, n, beta = self.target(), len(self.table), self.beta
         positions = self.draw(target)
         weights = (n * target[positions]) ** -beta / (n * target.min()) ** -beta
         self._note_draw(positions, weights)
-        return self.gather(self.table.indices[positions])
+        return self.gather(self.table.indices[torch.from_numpy(positions)])
 
     def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         per_sample = F.cross_entropy(logits, y, reduction="none")
-        loss = (self._weights.to(per_sample.dtype) * per_sample).mean()
+        loss = (torch.from_numpy(self._weights).to(per_sample.dtype) * per_sample).mean()
         self._note_losses(per_sample.detach())
         return loss
 
@@ -211,20 +216,20 @@ class MetropolisSampler(PrioritizedSampler):
                  every: int, alpha: float, eps: float, beta0: float, beta_steps: int, steps: int):
         self.steps = steps
         super().__init__(dataset, num_replicas, rank, batch_size, seed, every, alpha, eps, beta0, beta_steps)
-        self.state = torch.randint(len(self.table), (batch_size,), generator=self.generator)
+        self.state = torch.randint(len(self.table), (batch_size,), generator=self.generator).numpy()
         self.proposed = 0
         self.accepted = 0
 
     def _host_accesses(self, batch_size: int, depth: int) -> int:
         return batch_size * self.steps + 2 * batch_size * depth  # one read per proposal; refreshes
 
-    def draw(self, target: torch.Tensor) -> torch.Tensor:
+    def draw(self, target: np.ndarray) -> np.ndarray:
         state = self.state
         for _ in range(self.steps):
-            proposal = torch.randint(len(self.table), (self.batch_size,), generator=self.generator)
-            uniform = torch.rand(self.batch_size, dtype=torch.float64, generator=self.generator)
+            proposal = torch.randint(len(self.table), (self.batch_size,), generator=self.generator).numpy()
+            uniform = torch.rand(self.batch_size, dtype=torch.float64, generator=self.generator).numpy()
             accept = uniform * target[state] < target[proposal]  # u < (p_new / p_cur)^alpha
-            state = torch.where(accept, proposal, state)
+            state = np.where(accept, proposal, state)
             self.accepted += int(accept.sum())
             self.proposed += self.batch_size
         self.state = state
