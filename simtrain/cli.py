@@ -1,6 +1,8 @@
-"""The `simtrain` command line: run, validate, collective, topo.
+"""The `simtrain` command line: run, compare, memory, validate, collective, topo.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
+    simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
+    simtrain memory scenarios/quickstart.yaml --set train.precision=fp16 --set train.checkpointing=sqrt
     simtrain validate scenarios/quickstart.yaml
     simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics
     simtrain topo topologies/dgx-a100-2node.yaml
@@ -53,6 +55,8 @@ def run(scenario_file, overrides, out_dir, quiet):
             report = run_scenario(
                 scenario, on_step=lambda step, now, loss: progress.update(task, completed=step + 1, sim=now, loss=loss))
     report.write(out)
+    if report.data["status"] == "out_of_memory":
+        raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
         print_summary(report.data)
         console.print(f"wrote {out}/report.json, trace.json, scenario.resolved.yaml, final_model.pt")
@@ -80,6 +84,85 @@ def print_summary(data: dict) -> None:
         memory.add_row(str(device["rank"]), format_bytes(device["peak_memory_bytes"]),
                        *(format_bytes(by_category.get(c, 0)) for c in categories))
     console.print(memory)
+
+
+@cli.command()
+@click.argument("scenario_files", nargs=-1, required=True)
+@click.option("--variant", "variants", multiple=True, metavar="PATH=VALUE[,PATH=VALUE...]",
+              help="One run per variant of every file (repeatable).")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field in every run.")
+@click.option("--out", "out_dir", default=None, help="Output folder (default runs/compare-<first name>/).")
+def compare(scenario_files, variants, overrides, out_dir):
+    """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG."""
+    from .compare import compare_runs, parse_variant, plan_runs
+
+    runs = plan_runs(list(scenario_files), [parse_variant(v) for v in variants], list(overrides))
+    out = Path(out_dir) if out_dir else Path("runs") / f"compare-{Path(scenario_files[0]).stem}"
+    rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
+        f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
+    table = Table(title=f"{len(rows)} runs")
+    for header in ("run", "scheme", "sim time", "time to target", "final loss", "accuracy", "idle",
+                   "staleness mean/max"):
+        table.add_column(header, justify="left" if header in ("run", "scheme") else "right")
+    for row in rows:
+        target = row["time_to_target_s"]
+        staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
+        table.add_row(row["label"], row["scheme"], f"{row['sim_time_s'] * 1e3:.4g} ms",
+                      "-" if target is None else f"{target * 1e3:.4g} ms", f"{row['final_loss']:.4f}",
+                      f"{row['final_accuracy']:.2%}", f"{row['idle_share']:.1%}", staleness)
+    console.print(table)
+    console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
+
+
+@cli.command()
+@click.argument("scenario_file")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
+def memory(scenario_file, overrides, as_json):
+    """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
+    from .memory import plan_memory
+
+    scenario = load_scenario(scenario_file, overrides)
+    plans = plan_memory(scenario)
+    if as_json:
+        for plan in plans:
+            click.echo(json.dumps({"rank": plan.rank, "device": plan.device, "capacity_bytes": plan.capacity_bytes,
+                                   "peak_bytes": plan.peak_bytes, "bytes_by_category": plan.by_category,
+                                   "fits": plan.fits, "largest_batch_size": plan.largest_batch}))
+        return
+    train = scenario.train
+    checkpointing = train.checkpointing if isinstance(train.checkpointing, str) else \
+        f"{train.checkpointing.segments} segments"
+    table = Table(title=f"{scenario.name}: peak memory of one step, batch {scenario.data.batch_size} per device, "
+                        f"{train.precision}, checkpointing {checkpointing}")
+    # One column per group of ranks whose figures are all the same (usually one group).
+    groups: dict[tuple, list[int]] = {}
+    for plan in plans:
+        key = (plan.device, plan.capacity_bytes, plan.peak_bytes, tuple(plan.by_category.items()), plan.largest_batch)
+        groups.setdefault(key, []).append(plan.rank)
+    table.add_column("")
+    for ranks in groups.values():
+        table.add_column(f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}", justify="right")
+    columns = [plans[ranks[0]] for ranks in groups.values()]
+    table.add_row("device", *(plan.device for plan in columns))
+    table.add_row("capacity", *(format_bytes(plan.capacity_bytes) for plan in columns))
+    for category in dict.fromkeys(c for plan in plans for c in plan.by_category):
+        table.add_row(f"  {category}", *(format_bytes(plan.by_category.get(category, 0)) for plan in columns))
+    table.add_row("peak", *(format_bytes(plan.peak_bytes) + ("" if plan.fits else "  DOES NOT FIT")
+                            for plan in columns))
+    table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
+    console.print(table)
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    runs, start = [], ranks[0]
+    for index, rank in enumerate(ranks):
+        following = ranks[index + 1] if index + 1 < len(ranks) else None
+        if following != rank + 1:
+            runs.append(str(start) if start == rank else f"{start}-{rank}")
+            start = following
+    return ",".join(runs)
 
 
 @cli.command()

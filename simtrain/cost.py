@@ -74,23 +74,43 @@ def _cache_key(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
 
 
 def _measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
+    # Two passes, each on its own copy: FlopCounterMode's module tracker holds on to tensors
+    # that modules see during backward (a checkpointed segment's recomputation), which would
+    # stretch their lifetime in the activation measurement.
+    forward_flops, backward_flops = _count_flops(model, x, y)
+    return StepCost(forward_flops=forward_flops, backward_flops=backward_flops,
+                    activation_bytes=_peak_saved_bytes(model, x, y))
+
+
+def _fresh(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
     replica = copy.deepcopy(model)
     for parameter in replica.parameters():
         parameter.grad = None
-    x = x.detach().requires_grad_(x.requires_grad)
-    not_activations = [*replica.parameters(), *replica.buffers(), x, y]
-    tracker = _SavedTensorTracker(not_activations)
+    return replica, x.detach().requires_grad_(x.requires_grad)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # The logits are upcast so that the loss is computed in fp32, as Replica does.
+    return F.cross_entropy(model(x).float(), y)
+
+
+def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    replica, x = _fresh(model, x)
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with FlopCounterMode(display=False) as forward_counter:
+            loss = _loss(replica, x, y)
+        with FlopCounterMode(display=False) as backward_counter:
+            loss.backward()
+    return float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops())
+
+
+def _peak_saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    replica, x = _fresh(model, x)
+    tracker = _SavedTensorTracker([*replica.parameters(), *replica.buffers(), x, y])
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            with FlopCounterMode(display=False) as forward_counter:
-                loss = F.cross_entropy(replica(x), y)
-            with FlopCounterMode(display=False) as backward_counter:
-                loss.backward()
-    return StepCost(
-        forward_flops=float(forward_counter.get_total_flops()),
-        backward_flops=float(backward_counter.get_total_flops()),
-        activation_bytes=tracker.peak_bytes,
-    )
+            _loss(replica, x, y).backward()
+    return tracker.peak_bytes
 
 
 class _Saved:

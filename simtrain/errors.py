@@ -25,12 +25,15 @@ class OutOfMemory(SimtrainError):
         self.device = device
         self.capacity_bytes = capacity_bytes
         self.by_category = dict(by_category)
-        total = sum(by_category.values())
-        parts = ", ".join(f"{k} {_gib(v)}" for k, v in by_category.items() if v)
-        super().__init__(
-            f"out of memory on {device}: needs {_gib(total)} of {_gib(capacity_bytes)} ({parts})"
-        )
+        # The fields are the args, so that the error can be re-raised by type(e)(*e.args), as simpy
+        # does when a process fails.
+        super().__init__(device, capacity_bytes, self.by_category)
 
+    def __str__(self) -> str:
+        from .units import format_bytes  # units imports this module
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.3f} GiB"
+        total = sum(self.by_category.values())
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_category.items() if v)
+        return (f"out of memory on {self.device}: needs {format_bytes(total)} of "
+                f"{format_bytes(self.capacity_bytes)} ({parts})")
+

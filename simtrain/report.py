@@ -21,6 +21,9 @@ from .hw.cluster import Cluster
 from .scenario import Scenario
 
 BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling")
+# time_to_target_s smooths the loss curve over the most recent points that hold at least this
+# many samples, so that a sync point (N batches) and an async point (one batch) are equally noisy.
+TARGET_WINDOW_SAMPLES = 256
 
 
 @dataclass
@@ -36,6 +39,7 @@ class RunResult:
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
     extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
+    status: str = "ok"  # or "out_of_memory": the run stopped after `steps` steps
 
 
 @dataclass
@@ -88,7 +92,7 @@ def _write_atomic(path: Path, write) -> Path:
 def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Report:
     sim_time = cluster.env.now
     steps = result.steps
-    step_time = sim_time / steps
+    step_time = sim_time / steps if steps else None  # None: stopped (out of memory) before a step ended
     log = cluster.log
     devices, breakdown_total = [], {kind: 0.0 for kind in (*BREAKDOWN_KINDS, "idle")}
     for device in cluster.devices:
@@ -106,33 +110,64 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
             "capacity_bytes": int(device.spec.memory_bytes),
             "breakdown_s": spent,
         })
-    per_step = {kind: seconds / len(cluster.devices) / steps for kind, seconds in breakdown_total.items()}
+    per_step = {kind: seconds / len(cluster.devices) / steps if steps else None
+                for kind, seconds in breakdown_total.items()}
     links = [
         {**stat, "utilization": stat["busy_s"] / sim_time if sim_time > 0 else 0.0}
         for stat in cluster.network.link_stats()
     ]
     data = {
         "name": scenario.name,
-        "status": "ok",
+        "status": result.status,
         "scheme": scenario.parallel.scheme,
         "devices_count": len(cluster.devices),
         "sim_time_s": sim_time,
         "steps": steps,
         "step_time_s": step_time,
-        "throughput_samples_per_s": result.samples_per_step * steps / sim_time,
+        "throughput_samples_per_s": result.samples_per_step * steps / sim_time if steps else None,
         "breakdown_s": per_step,
-        "scaling_efficiency": result.single_device_step_s / step_time,
+        "scaling_efficiency": result.single_device_step_s / step_time if steps else None,
         "final_loss": result.final_loss,
         "final_accuracy": result.final_accuracy,
         "loss_curve": [[t, loss] for t, loss in result.loss_curve],
+        **({"time_to_target_s": time_to_target(result.loss_curve, result.samples_per_step,
+                                               scenario.train.target_loss)}
+           if scenario.train.target_loss is not None else {}),
         **result.extra,
         "devices": devices,
         "links": links,
+        **({"shared_memory": _shared_memory_entry(cluster)} if cluster.shared_memory is not None else {}),
         "wall_time_s": result.wall_time_s,
         "simtrain_version": __version__,
     }
     trace = build_trace(cluster) if scenario.report.trace else None
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
+
+
+def smoothed_loss_curve(curve, samples_per_point: int) -> list[tuple[float, float]]:
+    """[(sim_time_s, mean loss of the last w points)] from the w-th point on, w = the fewest
+    points holding TARGET_WINDOW_SAMPLES samples (a trailing mean over a full window)."""
+    window = max(1, -(-TARGET_WINDOW_SAMPLES // samples_per_point))
+    losses = [loss for _, loss in curve]
+    return [(curve[end - 1][0], sum(losses[end - window:end]) / window) for end in range(window, len(curve) + 1)]
+
+
+def time_to_target(curve, samples_per_point: int, target: float) -> float | None:
+    """The first simulated time at which the smoothed loss curve is at or below `target`; None if never."""
+    return next((t for t, loss in smoothed_loss_curve(curve, samples_per_point) if loss <= target), None)
+
+
+def _shared_memory_entry(cluster: Cluster) -> dict:
+    store = cluster.shared_memory
+    return {
+        "location": store.location,
+        "node": store.node,
+        "bandwidth_Bps": store.bandwidth,
+        "latency_s": store.latency,
+        "peak_memory_bytes": store.memory.peak_total,
+        "peak_memory_bytes_by_category": dict(store.memory.peak_breakdown),
+        "capacity_bytes": store.capacity_bytes,
+    }
 
 
 def build_trace(cluster: Cluster) -> dict:

@@ -1,0 +1,164 @@
+"""Gradient checkpointing of a sequential model with torch.utils.checkpoint.
+
+`apply_checkpointing(model, "sqrt" | {"segments": k} | "none")` returns a
+`CheckpointedSequential` holding the same layers (same parameters, same
+state_dict keys) whose forward, when gradients are on, cuts the model into
+segments and runs every segment but the last under
+`torch.utils.checkpoint.checkpoint(use_reentrant=False)`: only a segment's
+input is kept through the forward pass, and the segment's forward runs again
+during backward, just before its gradients are needed (Chen et al. 2016,
+"Training Deep Nets with Sublinear Memory Cost"). The last segment is not
+checkpointed, as in `torch.utils.checkpoint.checkpoint_sequential`: its
+activations are needed as soon as backward starts.
+
+Blocks. Segments never split a block. A block is a layer with parameters
+(Linear, Conv2d, BatchNorm...) together with the parameter-free layers that
+follow it (ReLU, MaxPool2d, Flatten...); parameter-free layers before the
+first parameterised one join the first block. The built-in MLP with 16 hidden
+layers has 17 blocks (Linear+ReLU x 16, the head). `sqrt` uses
+round(sqrt(n)) segments for n blocks; `{segments: k}` uses k (at most n).
+Blocks are dealt out as evenly as possible, earlier segments taking the
+extra block.
+
+BatchNorm and other layers that update buffers in forward: recomputation runs
+the segment's forward a second time, which would update BatchNorm's running
+mean and variance (and num_batches_tracked) twice per step. Every buffer of a
+checkpointed segment is snapshotted before its recomputation and copied back
+after it, so running statistics see each batch exactly once, as without
+checkpointing. (The recomputed batch statistics themselves are the same as in
+the first forward, so the gradients are unchanged.)
+
+Measurement. torch's checkpoint keeps recomputed tensors in its own storage,
+out of sight of the saved-tensor hooks that `simtrain.cost` uses to measure
+activation memory (only the innermost saved_tensors_hooks run). So that the
+measurement sees them with their real lifetime, the recomputation passes each
+tensor it keeps through the hooks that were active around the checkpointed
+forward (if any) as well, and keeps what those hooks packed alive exactly as
+long as torch keeps the recomputed tensor.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..errors import ScenarioError
+
+_FIELD = "train.checkpointing"
+
+
+def apply_checkpointing(model: nn.Module, spec) -> nn.Module:
+    """`model` itself for "none"; otherwise a CheckpointedSequential over its layers."""
+    if spec == "none":
+        return model
+    if not isinstance(model, nn.Sequential):
+        raise ScenarioError(f"{_FIELD}: needs a model that is an nn.Sequential, got {type(model).__name__}")
+    blocks = split_blocks(list(model))
+    if spec == "sqrt":
+        segments = max(1, round(math.sqrt(len(blocks))))
+    else:
+        segments = spec["segments"]
+        if segments > len(blocks):
+            raise ScenarioError(f"{_FIELD}.segments: {segments} is more than the model's {len(blocks)} blocks")
+    return CheckpointedSequential(model, _deal(blocks, segments))
+
+
+def split_blocks(layers: list[nn.Module]) -> list[list[int]]:
+    """Layer indices grouped into blocks: a parameterised layer and the parameter-free ones after it."""
+    blocks: list[list[int]] = []
+    for index, layer in enumerate(layers):
+        has_params = any(True for _ in layer.parameters())
+        if has_params and blocks and any(any(True for _ in layers[i].parameters()) for i in blocks[-1]):
+            blocks.append([index])
+        elif blocks:
+            blocks[-1].append(index)
+        else:
+            blocks.append([index])
+    return blocks
+
+
+def _deal(blocks: list[list[int]], segments: int) -> list[tuple[int, int]]:
+    """(first layer, end layer) per segment, blocks dealt out evenly, earlier segments first."""
+    base, extra = divmod(len(blocks), segments)
+    bounds, start = [], 0
+    for segment in range(segments):
+        count = base + (segment < extra)
+        layers = [i for block in blocks[start:start + count] for i in block]
+        bounds.append((layers[0], layers[-1] + 1))
+        start += count
+    return bounds
+
+
+class CheckpointedSequential(nn.Sequential):
+    """nn.Sequential whose segments but the last are recomputed during backward."""
+
+    def __init__(self, model: nn.Sequential, segments: list[tuple[int, int]]):
+        super().__init__(*model)
+        self.segments = segments
+
+    def extra_repr(self) -> str:
+        return f"checkpointed segments={self.segments}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return super().forward(x)
+        for number, (start, end) in enumerate(self.segments):
+            layers = list(self)[start:end]
+            if number == len(self.segments) - 1:
+                for layer in layers:
+                    x = layer(x)
+            else:
+                outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+                x = checkpoint(_run_layers, layers, x, use_reentrant=False,
+                               context_fn=lambda layers=layers, outer=outer: (
+                                   contextlib.nullcontext(), _Recomputation(layers, outer)))
+        return x
+
+
+def _run_layers(layers: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
+class _Recomputation:
+    """Context around one segment's recomputation: restores its buffers, shows its saves to the outer hooks."""
+
+    def __init__(self, layers: list[nn.Module], outer_hooks):
+        self.layers = layers
+        self.outer_hooks = outer_hooks
+        self.snapshot: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.pushed = False
+
+    def __enter__(self):
+        self.snapshot = [(buffer, buffer.clone()) for layer in self.layers for buffer in layer.buffers()]
+        inner = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if self.outer_hooks is not None and inner is not None:
+            outer_pack, _ = self.outer_hooks
+            inner_pack, inner_unpack = inner
+
+            def pack(tensor):
+                # torch keeps (a detached alias of) `tensor` until backward unpacks it; hand it our
+                # own alias, which carries what the outer hook packed, so both live exactly as long.
+                # The outer hook gets a second alias: packing `tensor` itself would tie the
+                # recomputation's graph to the alias, a cycle that would keep it all alive.
+                alias = tensor.detach()
+                alias._outer_saved = outer_pack(tensor.detach())
+                return inner_pack(alias)
+
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, inner_unpack)
+            self.pushed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self.pushed = False
+        with torch.no_grad():
+            for buffer, saved in self.snapshot:
+                buffer.copy_(saved)
+        self.snapshot = []
+        return False

@@ -1,0 +1,154 @@
+"""Numeric precision of a replica: fp32, or mixed fp16/bf16 with fp32 master weights.
+
+Mixed precision as in Micikevicius et al., "Mixed Precision Training" (ICLR
+2018): the model the replica runs forward and backward on holds fp16 (or bf16)
+weights, so its activations and gradients are in that dtype; an fp32 master
+copy of every parameter is what the optimizer updates, and after each update
+the master is rounded back into the model. With fp16 the loss is multiplied by
+a dynamic loss scale before backward, so small gradients do not flush to zero.
+
+    precision = MixedPrecision(model, "fp16", amp_options)   # casts model to fp16
+    loss = F.cross_entropy(model(precision.cast_input(x)).float(), y)
+    precision.backward(loss)                                  # (loss * scale).backward()
+    ... all-reduce the fp16 gradient bucket ...
+    if precision.unscale(grad_bucket):                        # fp32 master grads, inf check, scale update
+        optimizer.step()                                      # on precision.master_params
+        precision.copy_master_to_model()
+
+Only the loss is computed in fp32 (the logits are upcast before
+cross-entropy), as torch.autocast does for cross_entropy / log_softmax: the
+CPU kernels of torch 2.13 for Linear, Conv2d, ReLU and max-pool run natively
+in fp16 and bf16, so everything else stays in the low dtype.
+
+`LossScaler` follows torch.amp.GradScaler's rules step for step: gradients
+are unscaled by multiplying with the fp32 reciprocal of the scale (computed in
+double, as GradScaler does); a step whose unscaled gradients hold an inf or
+NaN is skipped and the scale is multiplied by `backoff_factor`; after
+`growth_interval` consecutive clean steps it is multiplied by `growth_factor`
+(only if the result is finite). bf16 has fp32's exponent range and needs no
+loss scale; fp32 has none either. Every precision counts the steps whose
+averaged gradient held an inf or NaN (`overflow_steps`); only fp16 skips them
+(`skipped_steps`), the others apply them as plain torch would.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+AMP_DEFAULTS = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+
+
+class LossScaler:
+    """Dynamic loss scale with torch.amp.GradScaler's update rule, on fp32 gradients."""
+
+    def __init__(self, init_scale: float, growth_factor: float, backoff_factor: float, growth_interval: int):
+        self.scale = torch.tensor(init_scale, dtype=torch.float32)  # fp32, as GradScaler keeps it
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = growth_interval
+        self.clean_steps = 0  # GradScaler's growth tracker
+
+    def unscale_(self, grads: torch.Tensor) -> bool:
+        """Divide fp32 `grads` by the scale in place; True iff they hold an inf or NaN."""
+        inverse = self.scale.double().reciprocal().float()
+        grads.mul_(inverse)
+        return _non_finite(grads)
+
+    def update(self, found_inf: bool) -> None:
+        """Back off after an overflow; grow after growth_interval clean steps in a row."""
+        if found_inf:
+            self.scale = self.scale * self.backoff_factor
+            self.clean_steps = 0
+            return
+        self.clean_steps += 1
+        if self.clean_steps == self.growth_interval:
+            grown = self.scale * self.growth_factor
+            if torch.isfinite(grown):
+                self.scale = grown
+            self.clean_steps = 0
+
+
+class MixedPrecision:
+    """One replica's precision: its compute dtype, fp32 master weights and loss scaler.
+
+    Constructing it casts `model` to the compute dtype in place; the master
+    copy starts from the fp32 weights the model had (not from their rounding).
+    With fp32 the master parameters are the model's own and nothing is copied.
+    """
+
+    def __init__(self, model: nn.Module, name: str, amp: dict | None = None):
+        self.name = name
+        self.dtype = DTYPES[name]
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.mixed = name != "fp32"
+        if self.mixed:
+            self.master_params = [p.detach().clone().float().requires_grad_() for p in params]
+            self.master_grads = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32,
+                                            device=params[0].device)
+            offset = 0
+            for master in self.master_params:
+                master.grad = self.master_grads[offset:offset + master.numel()].view_as(master)
+                offset += master.numel()
+            model.to(self.dtype)
+        else:
+            self.master_params = params
+        self.model_params = params
+        self.scaler = LossScaler(**{**AMP_DEFAULTS, **(amp or {})}) if name == "fp16" else None
+        self.overflow_steps = 0
+        self.skipped_steps = 0
+
+    def cast_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A floating-point batch in the compute dtype (integer inputs, e.g. token ids, as they are)."""
+        return x.to(self.dtype) if x.is_floating_point() else x
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the (scaled) loss into the model's gradients."""
+        if self.scaler is not None:
+            loss = loss * self.scaler.scale
+        loss.backward()
+
+    def unscale(self, grad_bucket: torch.Tensor) -> bool:
+        """Bring the averaged gradient to the fp32 master; True iff the optimizer should step."""
+        if not self.mixed:
+            found_inf = _non_finite(grad_bucket)
+        else:
+            self.master_grads.copy_(grad_bucket)
+            found_inf = self.scaler.unscale_(self.master_grads) if self.scaler else _non_finite(self.master_grads)
+        self.overflow_steps += found_inf
+        if self.scaler is None:
+            return True
+        self.scaler.update(found_inf)
+        self.skipped_steps += found_inf
+        return not found_inf
+
+    @torch.no_grad()
+    def copy_master_to_model(self) -> None:
+        """Round the updated fp32 master weights into the model (no-op in fp32)."""
+        if self.mixed:
+            for param, master in zip(self.model_params, self.master_params):
+                param.copy_(master)
+
+    @torch.no_grad()
+    def finish(self, model: nn.Module) -> None:
+        """Turn the model back into fp32 holding the master weights: the trained model, as saved."""
+        if self.mixed:
+            model.float()
+            for param, master in zip(self.model_params, self.master_params):
+                param.copy_(master)
+
+    def report(self) -> dict:
+        """report.json's `amp` section."""
+        return {
+            "precision": self.name,
+            "loss_scale_final": float(self.scaler.scale) if self.scaler else None,
+            "skipped_steps": self.skipped_steps,
+            "overflow_steps": self.overflow_steps,
+        }
+
+
+def _non_finite(tensor: torch.Tensor) -> bool:
+    """True iff `tensor` holds an inf or NaN; meta tensors (no numbers) never do."""
+    if tensor.is_meta:
+        return False
+    return not bool(torch.isfinite(tensor).all())
