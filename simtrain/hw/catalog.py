@@ -115,6 +115,15 @@ def resolve_device(value, field: str = "cluster.device") -> DeviceSpec:
     return _inline(value, field)
 
 
+def override_device(base: DeviceSpec, changes: Mapping, field: str) -> DeviceSpec:
+    """`base` with some of its fields (name, peak_flops, memory, memory_bandwidth, efficiency)
+    replaced; ScenarioError naming `field` on a mistake."""
+    for key in changes:
+        if key not in _INLINE_KEYS or key == "base":
+            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: {', '.join(_INLINE_KEYS[1:])}")
+    return _override(base, changes, field)
+
+
 def _lookup(name: str, field: str) -> DeviceSpec:
     key = name.strip().lower()
     if key not in CATALOG:

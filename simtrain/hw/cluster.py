@@ -5,17 +5,26 @@
 
 Several jobs may share one cluster (its links and clock); each takes a group of
 its devices.
+
+Devices need not be alike: `cluster.overrides` gives a rank another device, some
+changed device fields, or a `slowdown`; `cluster.compute_jitter` gives every
+compute kernel a lognormal time factor drawn from the rank's own Generator,
+seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
+shared_memory.py to the network.
 """
 import gc
 from pathlib import Path
 
+import numpy as np
 import simpy
 
+from ..errors import ScenarioError
 from ..scenario import ClusterSpec
-from .catalog import DeviceSpec, resolve_device
+from .catalog import DeviceSpec, override_device, resolve_device
 from .device import Device
 from .eventlog import EventLog
 from .network import Network
+from .shared_memory import SharedMemory, attach_shared_memory
 from .topology import Topology
 from .topology_builders import LinkClass, build_topology
 
@@ -23,15 +32,22 @@ from .topology_builders import LinkClass, build_topology
 class Cluster:
     """Simulated GPUs joined by a network, sharing one virtual clock."""
 
-    def __init__(self, topology: Topology, specs: list[DeviceSpec], record: bool = True):
+    def __init__(self, topology: Topology, specs: list[DeviceSpec], record: bool = True,
+                 slowdowns: list[float] | None = None, compute_jitter: float = 0.0, seed: int = 0,
+                 shared_memory: SharedMemory | None = None):
         if len(specs) != topology.num_devices:
             raise ValueError(f"{len(specs)} device specs for {topology.num_devices} devices")
+        slowdowns = slowdowns or [1.0] * len(specs)
         self.env = simpy.Environment()
         self.topology = topology
         self.log = EventLog(record)
         self.network = Network(self.env, topology, record=record)
-        self.devices = [Device(self.env, rank, node, spec, self.log)
-                        for rank, (node, spec) in enumerate(zip(topology.devices, specs))]
+        self.shared_memory = shared_memory
+        self.devices = [
+            Device(self.env, rank, node, spec, self.log, slowdown=slowdowns[rank], jitter=compute_jitter,
+                   rng=np.random.default_rng([seed, rank]) if compute_jitter else None)
+            for rank, (node, spec) in enumerate(zip(topology.devices, specs))
+        ]
 
     @property
     def size(self) -> int:
@@ -67,8 +83,33 @@ def build_topology_from_spec(spec: ClusterSpec, base_dir: Path = Path(".")) -> T
         torus_shape=spec.torus_shape, base_dir=base_dir)
 
 
-def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = True) -> Cluster:
-    """The cluster a scenario's cluster section describes."""
+def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = True, seed: int = 0) -> Cluster:
+    """The cluster a scenario's cluster section describes; `seed` seeds the compute jitter."""
     topology = build_topology_from_spec(spec, base_dir)
-    device = resolve_device(spec.device)
-    return Cluster(topology, [device] * topology.num_devices, record=record)
+    store = None
+    if spec.shared_memory is not None:
+        topology, store = attach_shared_memory(topology, spec.shared_memory)
+    specs, slowdowns = device_specs(spec, topology.num_devices)
+    return Cluster(topology, specs, record=record, slowdowns=slowdowns, compute_jitter=spec.compute_jitter,
+                   seed=seed, shared_memory=store)
+
+
+def device_specs(spec: ClusterSpec, count: int) -> tuple[list[DeviceSpec], list[float]]:
+    """Each rank's DeviceSpec and slowdown: `cluster.device` with `cluster.overrides` applied."""
+    for rank in spec.overrides:
+        if rank >= count:
+            raise ScenarioError(f"cluster.overrides.{rank}: no such rank (the cluster has {count} devices)")
+    base = resolve_device(spec.device)
+    specs, slowdowns = [], []
+    for rank in range(count):
+        override = spec.overrides.get(rank)
+        if override is None:
+            specs.append(base)
+            slowdowns.append(1.0)
+            continue
+        field = f"cluster.overrides.{rank}"
+        device = base if override.device is None else resolve_device(override.device, f"{field}.device")
+        changes = override.device_fields()
+        specs.append(override_device(device, changes, field) if changes else device)
+        slowdowns.append(override.slowdown)
+    return specs, slowdowns

@@ -9,7 +9,16 @@ The compute stream is in-order, like a CUDA stream: work queued while earlier
 work runs starts when that work ends. A kernel of F FLOPs in dtype d takes
 F / (peak[d] * efficiency); memory-bound work of B bytes takes B / (HBM
 bandwidth * efficiency). Every span goes to the cluster's event log.
+
+Heterogeneous and noisy devices: a `slowdown` multiplies every span on the
+stream (a straggler), and a `jitter` sigma multiplies each compute kernel by
+its own lognormal factor exp(sigma * z - sigma^2 / 2), z ~ N(0, 1) drawn from
+the device's own seeded numpy Generator: mean 1, so the device's average
+speed is unchanged; sigma is the standard deviation of log(factor).
 """
+import math
+
+import numpy as np
 import simpy
 
 from ..errors import OutOfMemory
@@ -63,26 +72,36 @@ class MemoryLedger:
 class Device:
     """A simulated GPU with an in-order compute stream and a memory ledger."""
 
-    def __init__(self, env: simpy.Environment, rank: int, node: str, spec: DeviceSpec, log: EventLog):
+    def __init__(self, env: simpy.Environment, rank: int, node: str, spec: DeviceSpec, log: EventLog,
+                 slowdown: float = 1.0, jitter: float = 0.0, rng: np.random.Generator | None = None):
         self.env = env
         self.rank = rank
         self.node = node
         self.spec = spec
         self.log = log
+        self.slowdown = slowdown
+        self.jitter = jitter
+        if jitter and rng is None:
+            raise ValueError(f"rank {rank}: compute jitter needs a seeded Generator")
+        self._rng = rng
         self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
         self._stream_free_at = 0.0
 
     def compute_time(self, flops: float, dtype: str) -> float:
-        """Seconds the stream needs for `flops` of arithmetic in `dtype`."""
-        return flops / self.spec.flops_rate(dtype)
+        """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter)."""
+        return flops / self.spec.flops_rate(dtype) * self.slowdown
 
     def memory_bound_time(self, nbytes: float) -> float:
         """Seconds the stream needs to read and write `nbytes` of HBM."""
-        return nbytes / (self.spec.memory_bandwidth * self.spec.efficiency)
+        return nbytes / (self.spec.memory_bandwidth * self.spec.efficiency) * self.slowdown
 
     def compute(self, flops: float, dtype: str, name: str, kind: str = "compute") -> simpy.Event:
         """Queue a kernel of `flops` in `dtype`; the event fires when it has run."""
-        return self.run_for(self.compute_time(flops, dtype), name, kind, flops=flops)
+        seconds = self.compute_time(flops, dtype)
+        if self.jitter:
+            sigma = self.jitter
+            seconds *= math.exp(sigma * self._rng.standard_normal() - sigma * sigma / 2)
+        return self.run_for(seconds, name, kind, flops=flops)
 
     def memory_bound(self, nbytes: float, name: str, kind: str) -> simpy.Event:
         """Queue memory-bound work touching `nbytes` of HBM (an optimizer step, a copy)."""

@@ -21,10 +21,14 @@ _HOP_TIEBREAK_S = 1e-15
 class Topology:
     """A validated graph of GPUs and switches with static shortest-path routing."""
 
-    def __init__(self, graph: nx.Graph, devices: list[str], name: str = "custom"):
+    def __init__(self, graph: nx.Graph, devices: list[str], name: str = "custom",
+                 private: frozenset[str] = frozenset()):
         self.graph = graph
         self.devices = list(devices)
         self.name = name
+        # Nodes that carry only traffic to or from private nodes (a shared-memory store and the
+        # host bridge in front of it): GPU-to-GPU routes never cross them.
+        self.private = frozenset(private)
         self._validate()
         self.path = lru_cache(maxsize=None)(self._route)
 
@@ -51,15 +55,19 @@ class Topology:
             )
 
     def _route(self, src: str, dst: str) -> tuple[str, ...]:
-        """Nodes from src to dst, both included: least latency, then fewest hops."""
+        """Nodes from src to dst, both included: least latency, then fewest hops; through
+        private nodes only if src or dst is one."""
         for node in (src, dst):
             if node not in self.graph:
                 raise TopologyError(f"topology {self.name}: unknown node {node!r}")
-        return tuple(
-            nx.dijkstra_path(
-                self.graph, src, dst, weight=lambda a, b, attrs: attrs["latency"] + _HOP_TIEBREAK_S
-            )
-        )
+        private = self.private if src not in self.private and dst not in self.private else frozenset()
+
+        def weight(a, b, attrs):
+            if a in private or b in private:
+                return None  # networkx: edge hidden
+            return attrs["latency"] + _HOP_TIEBREAK_S
+
+        return tuple(nx.dijkstra_path(self.graph, src, dst, weight=weight))
 
     def link(self, a: str, b: str) -> dict:
         """Attributes (bandwidth, latency) of the link between a and b."""

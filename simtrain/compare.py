@@ -1,0 +1,134 @@
+"""Compare runs: several scenarios, or variants of one, side by side.
+
+    simtrain compare scenarios/async_vs_sync_straggler.yaml \\
+        --variant "parallel.scheme=ring" --variant "parallel.scheme=async" \\
+        --variant "parallel.scheme=async,parallel.async.consistency=locked"
+
+Every scenario file is run once per variant (once if no variant is given). A
+variant is a comma-separated list of `dotted.path=value` overrides, applied
+after the `--set` overrides common to all runs; a comma only separates two
+overrides when the next one starts with `path=`, so list values such as
+`cluster.torus_shape=[2,4]` keep their commas. Each run's outputs go to
+`OUT/<index>-<label>/` (report.json, trace.json, ...); the comparison writes
+
+- `OUT/compare.json`: one row per run (the table's figures, plus the label,
+  scenario file and overrides);
+- `OUT/loss_vs_time.png`: the loss of every run against simulated time,
+  smoothed as `time_to_target_s` is (report.py `smoothed_loss_curve`), with the
+  target as a dashed line when a run sets `train.target_loss`.
+
+    rows = compare_runs(["a.yaml"], [["parallel.scheme=ring"], ["parallel.scheme=async"]], [], Path("out"))
+"""
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+from .errors import ScenarioError  # noqa: E402
+from .report import Report, smoothed_loss_curve  # noqa: E402
+from .runner import run as run_scenario  # noqa: E402
+from .scenario import load_scenario  # noqa: E402
+
+_SPLIT = re.compile(r",\s*(?=[A-Za-z_][\w.]*=)")  # a comma followed by the next `path=`
+
+
+@dataclass
+class RunSpec:
+    """One run of a comparison: a scenario file and its overrides."""
+
+    label: str
+    scenario_file: str
+    overrides: list[str]
+
+
+def parse_variant(text: str) -> list[str]:
+    """`"a.b=1,c=[2,3]"` -> ["a.b=1", "c=[2,3]"]; ScenarioError if a part is not path=value."""
+    parts = [part.strip() for part in _SPLIT.split(text.strip())]
+    for part in parts:
+        key, sep, _ = part.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError(f"--variant {text!r}: expected path=value[,path=value...], got {part!r}")
+    return parts
+
+
+def plan_runs(files: list[str], variants: list[list[str]], common: list[str]) -> list[RunSpec]:
+    """Every file with every variant, in that order; labels name what differs."""
+    if not files:
+        raise ScenarioError("compare: give at least one scenario file")
+    runs = []
+    for file in files:
+        for variant in variants or [[]]:
+            parts = ([Path(file).stem] if len(files) > 1 or not variants else []) + [",".join(variant)]
+            label = " ".join(part for part in parts if part)
+            runs.append(RunSpec(label=label, scenario_file=file, overrides=[*common, *variant]))
+    return runs
+
+
+def summary_row(label: str, data: dict) -> dict:
+    """The comparison's figures of one report.json."""
+    step = data["step_time_s"]
+    staleness = data.get("async", {})
+    return {
+        "label": label,
+        "scheme": data["scheme"] + (f"/{staleness['consistency']}" if staleness else ""),
+        "devices": data["devices_count"],
+        "steps": data["steps"],
+        "sim_time_s": data["sim_time_s"],
+        "time_to_target_s": data.get("time_to_target_s"),
+        "final_loss": data["final_loss"],
+        "final_accuracy": data["final_accuracy"],
+        "idle_share": data["breakdown_s"]["idle"] / step,
+        "staleness_mean": staleness.get("staleness_mean"),
+        "staleness_max": staleness.get("staleness_max"),
+    }
+
+
+def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
+    """Run each RunSpec (on_run(index, spec) first), write its outputs, compare.json and the plot."""
+    scenarios = [load_scenario(spec.scenario_file, spec.overrides) for spec in runs]  # every mistake first
+    rows, curves = [], []
+    for index, (spec, scenario) in enumerate(zip(runs, scenarios)):
+        if on_run is not None:
+            on_run(index, spec)
+        report: Report = run_scenario(scenario)
+        report.write(out_dir / f"{index}-{_slug(spec.label or scenario.name)}")
+        row = summary_row(spec.label or scenario.name, report.data)
+        rows.append({**row, "scenario_file": spec.scenario_file, "overrides": spec.overrides})
+        samples = report.data["throughput_samples_per_s"] * report.data["step_time_s"]
+        curves.append((row["label"] + f" ({row['scheme']})", report.data["loss_curve"], round(samples),
+                       scenario.train.target_loss))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot_loss_vs_time(curves, out_dir / "loss_vs_time.png")
+    return rows
+
+
+def plot_loss_vs_time(curves: list[tuple], path: Path) -> None:
+    """One smoothed loss line per run against simulated time (ms), a dashed line at each target."""
+    figure, axes = plt.subplots(figsize=(9, 5.5), dpi=120)
+    targets = []
+    for label, curve, samples_per_point, target in curves:
+        smoothed = smoothed_loss_curve(curve, samples_per_point)
+        axes.plot([t * 1e3 for t, _ in smoothed], [loss for _, loss in smoothed], label=label, linewidth=1.6)
+        if target is not None and target not in targets:
+            targets.append(target)
+    for target in targets:
+        axes.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target loss {target:g}")
+    axes.set_xlabel("simulated time (ms)")
+    axes.set_ylabel("training loss (trailing mean)")
+    axes.set_yscale("log")
+    axes.set_title("loss against simulated time")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, metadata={"Software": None})
+    plt.close(figure)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_")[:80] or "run"

@@ -1,0 +1,235 @@
+"""Asynchronous SGD through shared memory, Hogwild!-style or under a lock.
+
+The parameters live in the cluster's shared-memory store (hw/shared_memory.py)
+together with the optimizer and its state, as with A3C's shared optimizer or a
+parameter server. Each worker loops on its own, never waiting for another:
+
+1. **pull**: the worker's replica takes a snapshot of the store's parameters
+   (a real tensor copy) at the instant the read begins; the read costs a
+   transfer store -> device of the parameters' bytes, and the worker starts
+   computing when it ends. An update applied while the read's bytes are moving
+   is not in the snapshot: reads are never torn.
+2. **compute**: forward and backward on the worker's next batch of its own
+   shard (real torch), charged on its compute stream (with the device's
+   slowdown and jitter, hw/device.py).
+3. **push**: the gradient (a real copy into a staging buffer on the store,
+   `comm_buffers` in the store's memory) travels device -> store, then the
+   store's optimizer applies it (a real torch optimizer step on the shared
+   parameters), charged as memory-bound work at the store's bandwidth
+   (`optimizer_step_bytes / bandwidth`, logged as the worker's "optimizer"
+   span). An update is applied all at once when that work ends: no read sees
+   half an update.
+
+`parallel.async.consistency`:
+
+- `hogwild`: no lock. Pushes of several workers move at once and share the
+  store's bandwidth; updates are element-wise adds into the shared parameters
+  (Hogwild!'s atomic component-wise updates, coarsened to whole updates), so no
+  update is ever lost or overwritten.
+- `locked`: a FIFO lock on the store (a simpy Resource of capacity 1) is held
+  from the start of a push until its update is applied: writes are serialized
+  and each has the store's bandwidth to itself. Reads take no lock (they are
+  snapshots either way). The time a worker waits for the lock is reported as
+  `lock_wait_s` and shows as idle time in the breakdown.
+
+**Staleness** of an update: the number of updates applied to the store between
+the instant its worker's read began and the instant it is applied (all of them
+by other workers). `parallel.async.staleness_lr: inverse` applies it with
+`lr / (1 + staleness)` (Zhang, Gupta, Lian, Liu, "Staleness-aware Async-SGD for
+Distributed Deep Learning", IJCAI 2016, divide the learning rate by the
+staleness); `none` keeps `lr`. N equal workers reach staleness N - 1 once
+their cycles interleave; identical workers with no `cluster.compute_jitter`
+run in lockstep, all updating at the same instants, and then rank r's
+staleness is r.
+
+**Order**: everything follows the simulated clock; updates whose application
+ends at the same instant are applied in rank order. `train.steps` is the total
+number of updates across workers: a worker claims the next update when it
+starts a read and stops once all are claimed. One update carries one batch, so
+a sync run of S steps on N devices sees N times the samples of an async run of
+S updates.
+
+With one worker this is exactly plain single-device training: every read sees
+every update (staleness 0) and the store's optimizer steps with the gradient
+of the very parameters it holds.
+
+The loss curve has one point per update: (the instant it was applied, the loss
+of its batch at the parameters the worker read).
+
+    scheme = AsynchronousSGD(cluster, replicas, model, scenario.parallel.async_, steps, "sgd", {"lr": 0.1})
+    scheme.start(); run_to_end(cluster.env); scheme.report_section()
+"""
+import copy
+
+import simpy
+import torch
+
+from ..cost import StepCost, measure_step_cost
+from ..errors import ScenarioError
+from ..hw.cluster import Cluster
+from ..scenario import AsyncSpec
+from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
+from ..train.replica import Replica
+
+
+class AsynchronousSGD:
+    """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
+
+    def __init__(self, cluster: Cluster, replicas: list[Replica], model: torch.nn.Module, spec: AsyncSpec,
+                 steps: int, optimizer: str, optimizer_options: dict, dtype: str = "fp32", on_step=None):
+        if cluster.shared_memory is None:
+            raise ScenarioError("cluster.shared_memory: required by parallel.scheme async "
+                                "(where the shared parameters live)")
+        self.cluster = cluster
+        self.env = cluster.env
+        self.store = cluster.shared_memory
+        self.replicas = replicas
+        self.world = len(replicas)
+        self.devices = cluster.devices[: self.world]
+        self.spec = spec
+        self.steps = steps
+        self.dtype = dtype
+        self.on_step = on_step  # on_step(update, sim_time_s, loss) when an update is applied
+        # The shared parameters, their gradient slot and the store's optimizer.
+        self.shared_model = copy.deepcopy(model)
+        self.shared_params = [p for p in self.shared_model.parameters() if p.requires_grad]
+        self.shared_grad = torch.zeros(sum(p.numel() for p in self.shared_params), dtype=self.shared_params[0].dtype)
+        offset = 0
+        for p in self.shared_params:
+            p.grad = self.shared_grad[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.optimizer = build_optimizer(self.shared_params, optimizer, optimizer_options)
+        self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.param_bytes = replicas[0].param_bytes
+        self._state_bytes = optimizer_state_bytes(optimizer, optimizer_options, self.param_bytes)
+        self._step_bytes = optimizer_step_bytes(optimizer, optimizer_options, self.param_bytes)
+        self.apply_s = self._step_bytes / self.store.bandwidth
+        self.lock = simpy.Resource(self.env, capacity=1) if spec.consistency == "locked" else None
+        self._claimed = 0
+        self._landing = []  # updates whose application ends now: applied together, in rank order
+        self._cost: StepCost | None = None
+        self.version = 0  # updates applied so far
+        self.staleness: list[int] = []  # per update, in the order applied
+        self.updates_per_rank = [0] * self.world
+        self.lock_wait_s = [0.0] * self.world
+        self.loss_curve: list[tuple[float, float]] = []  # (sim_time_s, loss) per update
+
+    # ---- the workers -------------------------------------------------------
+
+    def start(self) -> None:
+        store = self.store.memory
+        store.alloc("weights", self.param_bytes)
+        store.alloc("gradients", self.shared_grad.numel() * self.shared_grad.element_size())
+        store.alloc("optimizer_state", self._state_bytes)
+        for rank in range(self.world):
+            self.env.process(self._work(rank))
+
+    def _work(self, rank: int):
+        device, replica = self.devices[rank], self.replicas[rank]
+        device.memory.alloc("weights", replica.param_bytes)
+        device.memory.alloc("gradients", replica.grad_buffer.numel() * replica.grad_buffer.element_size())
+        while self._claimed < self.steps:
+            self._claimed += 1
+            read_version = self.version
+            with torch.no_grad():
+                for mine, shared in zip(replica.params, self.shared_params):
+                    mine.copy_(shared)
+            yield from self._transfer(rank, self.store.node, device.node, "pull")
+            loss = replica.forward_backward()
+            cost = self._step_cost(replica)
+            device.memory.alloc("activations", cost.activation_bytes)
+            yield device.compute(cost.forward_flops, self.dtype, "forward")
+            yield device.compute(cost.backward_flops, self.dtype, "backward")
+            device.memory.free("activations", cost.activation_bytes)
+            request = None
+            if self.lock is not None:
+                asked = self.env.now
+                request = self.lock.request()
+                yield request
+                self.lock_wait_s[rank] += self.env.now - asked
+            staged = replica.grad_buffer.clone()
+            self.store.memory.alloc("comm_buffers", self.param_bytes)
+            yield from self._transfer(rank, device.node, self.store.node, "push")
+            started = self.env.now
+            yield self.env.timeout(self.apply_s)
+            self.cluster.log.span(rank, "optimizer", "shared optimizer step", started, self.env.now,
+                                  nbytes=self._step_bytes)
+            yield self._land(rank, staged, read_version, loss)
+            self.store.memory.free("comm_buffers", self.param_bytes)
+            if request is not None:
+                self.lock.release(request)
+
+    def _transfer(self, rank: int, src: str, dst: str, label: str):
+        started = self.env.now
+        yield self.cluster.network.transfer(src, dst, self.param_bytes, label=label)
+        self.cluster.log.span(rank, "communication", label, started, self.env.now, nbytes=self.param_bytes)
+
+    def _step_cost(self, replica: Replica) -> StepCost:
+        """FLOPs and activation bytes of one forward+backward (every batch has the same shape)."""
+        if self._cost is None:
+            x, y = replica.last_batch
+            self._cost = measure_step_cost(replica.model, x, y)
+        return self._cost
+
+    # ---- the store ---------------------------------------------------------
+
+    def _land(self, rank: int, staged: torch.Tensor, read_version: int, loss: torch.Tensor) -> simpy.Event:
+        """An event that fires once this update is applied, with every other one ending now, in rank order.
+
+        A zero-delay timeout created now fires after every event already due now, and every
+        application ending now was scheduled earlier (it lasted apply_s > 0), so all of them
+        are in the batch.
+        """
+        applied = self.env.event()
+        if not self._landing:
+            self.env.timeout(0).callbacks.append(self._apply_landed)
+        self._landing.append((rank, staged, read_version, loss, applied))
+        return applied
+
+    def _apply_landed(self, _event) -> None:
+        batch, self._landing = sorted(self._landing, key=lambda update: update[0]), []
+        now = self.env.now
+        for rank, staged, read_version, loss, applied in batch:
+            staleness = self.version - read_version
+            scale = 1.0 / (1 + staleness) if self.spec.staleness_lr == "inverse" else 1.0
+            for group, lr in zip(self.optimizer.param_groups, self._base_lrs):
+                group["lr"] = lr * scale
+            self.shared_grad.copy_(staged)
+            self.optimizer.step()
+            self.staleness.append(staleness)
+            self.updates_per_rank[rank] += 1
+            loss_value = loss.item()
+            self.loss_curve.append((now, loss_value))
+            if self.on_step is not None:
+                self.on_step(self.version, now, loss_value)
+            self.version += 1
+            applied.succeed()
+
+    # ---- what the run reports ----------------------------------------------
+
+    def single_device_step_s(self) -> float:
+        """Seconds per update of `world` workers that never interfere: one device's compute and
+        device-side optimizer step for one batch (the sync schemes' baseline), over `world`."""
+        cost = self._cost
+        device = self.devices[0]
+        alone = (device.compute_time(cost.forward_flops + cost.backward_flops, self.dtype)
+                 + device.memory_bound_time(self._step_bytes))
+        return alone / self.world
+
+    def report_section(self) -> dict:
+        """report.json's `async` section."""
+        histogram = [0] * (max(self.staleness, default=0) + 1)
+        for staleness in self.staleness:
+            histogram[staleness] += 1
+        updates = len(self.staleness)
+        return {
+            "consistency": self.spec.consistency,
+            "staleness_lr": self.spec.staleness_lr,
+            "updates": updates,
+            "updates_per_rank": list(self.updates_per_rank),
+            "staleness_mean": sum(self.staleness) / updates if updates else 0.0,
+            "staleness_max": max(self.staleness, default=0),
+            "staleness_histogram": histogram,
+            "lock_wait_s": sum(self.lock_wait_s),
+            "lock_wait_s_per_rank": list(self.lock_wait_s),
+        }
