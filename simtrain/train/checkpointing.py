@@ -11,11 +11,12 @@ during backward, just before its gradients are needed (Chen et al. 2016,
 checkpointed, as in `torch.utils.checkpoint.checkpoint_sequential`: its
 activations are needed as soon as backward starts.
 
-Blocks. Segments never split a block. A block is a layer with parameters
-(Linear, Conv2d, BatchNorm...) together with the parameter-free layers that
-follow it (ReLU, MaxPool2d, Flatten...); parameter-free layers before the
-first parameterised one join the first block. The built-in MLP with 16 hidden
-layers has 17 blocks (Linear+ReLU x 16, the head). `sqrt` uses
+Blocks. Segments never split a block. A block starts at each layer with a
+weight matrix or kernel (a parameter of two or more dimensions: Linear,
+Conv2d, Embedding) and takes the layers after it up to the next such layer
+(BatchNorm, ReLU, MaxPool2d, Flatten...); layers before the first one join the
+first block. The built-in MLP with 16 hidden layers has 17 blocks
+(Linear+ReLU, or Linear+BatchNorm+ReLU, x 16, and the head). `sqrt` uses
 round(sqrt(n)) segments for n blocks; `{segments: k}` uses k (at most n).
 Blocks are dealt out as evenly as possible, earlier segments taking the
 extra block.
@@ -67,14 +68,14 @@ def apply_checkpointing(model: nn.Module, spec) -> nn.Module:
 
 
 def split_blocks(layers: list[nn.Module]) -> list[list[int]]:
-    """Layer indices grouped into blocks: a parameterised layer and the parameter-free ones after it."""
+    """Layer indices grouped into blocks, each starting at a layer with a weight matrix or kernel."""
     blocks: list[list[int]] = []
     for index, layer in enumerate(layers):
-        has_params = any(True for _ in layer.parameters())
-        if has_params and blocks and any(any(True for _ in layers[i].parameters()) for i in blocks[-1]):
-            blocks.append([index])
-        elif blocks:
+        starts_block = any(p.dim() >= 2 for p in layer.parameters())
+        if blocks and not starts_block:
             blocks[-1].append(index)
+        elif blocks and not any(any(p.dim() >= 2 for p in layers[i].parameters()) for i in blocks[-1]):
+            blocks[-1].append(index)  # the layers so far had no weight matrix: this one joins them
         else:
             blocks.append([index])
     return blocks
