@@ -74,6 +74,13 @@ def print_summary(data: dict) -> None:
     table.add_row("scaling efficiency", f"{data['scaling_efficiency']:.1%} (weak scaling)")
     table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
     table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
+    if "time_to_target_s" in data:
+        target = data["time_to_target_s"]
+        table.add_row("time to target loss", "never" if target is None else f"{target * 1e3:.4g} ms")
+    if "async" in data:
+        section = data["async"]
+        table.add_row("staleness mean / max", f"{section['staleness_mean']:.2f} / {section['staleness_max']}")
+        table.add_row("lock wait (all workers)", f"{section['lock_wait_s'] * 1e3:.4g} ms")
     console.print(table)
     memory = Table(title="peak memory per device")
     categories = list(dict.fromkeys(c for d in data["devices"] for c in d["peak_memory_bytes_by_category"]))
@@ -103,14 +110,15 @@ def compare(scenario_files, variants, overrides, out_dir):
     table = Table(title=f"{len(rows)} runs")
     for header in ("run", "scheme", "sim time", "time to target", "final loss", "accuracy", "idle",
                    "staleness mean/max"):
-        table.add_column(header, justify="left" if header in ("run", "scheme") else "right")
+        table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold")
     for row in rows:
         target = row["time_to_target_s"]
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
         table.add_row(row["label"], row["scheme"], f"{row['sim_time_s'] * 1e3:.4g} ms",
                       "-" if target is None else f"{target * 1e3:.4g} ms", f"{row['final_loss']:.4f}",
                       f"{row['final_accuracy']:.2%}", f"{row['idle_share']:.1%}", staleness)
-    console.print(table)
+    # Piped or captured output gets room for whole labels; a terminal folds them.
+    (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
 
 
