@@ -1,7 +1,11 @@
 """FLOPs and activation memory of one training step, measured from torch itself.
 
-`measure_step_cost(model, x, y)` runs one forward (mean cross-entropy loss)
-and one backward on a deep copy of `model` and returns a `StepCost`:
+`measure_step_cost(model, x, y)` runs one forward (mean cross-entropy loss,
+computed in fp32 from upcast logits, as a mixed-precision replica does) and
+one backward on a deep copy of `model` and returns a `StepCost`. FLOPs and
+bytes are measured in two separate passes, each on its own copy:
+FlopCounterMode's module tracker holds on to tensors that modules see during
+backward, which would stretch their lifetime in the memory measurement.
 
 - `forward_flops`, `backward_flops`: counted by
   `torch.utils.flop_counter.FlopCounterMode`, one counter around the forward
@@ -14,7 +18,11 @@ and one backward on a deep copy of `model` and returns a `StepCost`:
   once however many saved tensors view it (whole storage: a saved slice keeps
   its whole storage alive), from the first save until autograd drops the last
   saved reference to it (each graph node drops its saved tensors after its
-  backward runs). Storages of the model's parameters and buffers and of the
+  backward runs). Under gradient checkpointing (`simtrain.train.checkpointing`)
+  a checkpointed segment's forward saves nothing but its input, and the
+  tensors its recomputation keeps for backward are counted from the
+  recomputation until backward uses them; the recomputation's FLOPs are part
+  of `backward_flops`. Storages of the model's parameters and buffers and of the
   input batch (x and y) are not activations and are not counted; under
   autocast, the low-precision copies of weights and inputs that autograd saves
   are new storages and are counted. Gradients,
@@ -24,7 +32,7 @@ and one backward on a deep copy of `model` and returns a `StepCost`:
 The caller's model, its parameters' `.grad`, its inputs and the global RNG
 are untouched. Results are cached by (model class, printed structure,
 parameter names/shapes/dtypes, training flags, x and y shapes and dtypes,
-autocast state), so calling it every step costs a dictionary lookup after the
+autocast state; the printed structure names the checkpointed segments), so calling it every step costs a dictionary lookup after the
 first. It works on `meta` tensors too: shapes and bytes without arithmetic.
 
     cost = measure_step_cost(model, x, y)

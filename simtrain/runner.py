@@ -62,6 +62,9 @@ def run(scenario: Scenario, on_step=None) -> Report:
         sampling = SamplingMonitor([replica.loader for replica in replicas], scenario.train.steps,
                                    train_loss=lambda: evaluate(replicas[0].model, data.train)[0], then=on_step)
         asynchronous = scenario.parallel.scheme == "async"
+        if asynchronous and scenario.train.precision != "fp32":  # its shared fp32 parameters have no master copy
+            raise ScenarioError(f"train.precision: {scenario.train.precision} runs with the synchronous schemes "
+                                "(naive, ring, tree), not with async")
         if asynchronous and (optimizer.name == "kfac" or scenario.parallel.sync_batchnorm):
             field = "train.optimizer.name: kfac" if optimizer.name == "kfac" else "parallel.sync_batchnorm"
             raise ScenarioError(f"{field} needs a synchronous scheme (naive, ring or tree), not async")

@@ -16,6 +16,13 @@ the all-reduce and the base optimizer's step (schemes/kfac_sync.py). With
 `sync_batchnorm` each forward and backward all-reduces the BatchNorm
 statistics with the same collective (train/syncbn.py). Rank 0's per-layer
 weight norms are recorded before training and every `report_every` steps.
+
+The replicas' precision sets the dtype FLOPs are charged in (the device's peak
+for fp16/bf16) and the bucket's dtype (what the all-reduce moves); the device
+ledger holds the replica's persistent bytes (train/footprint.py) for the whole
+run and the measured activation peak during forward and backward, where a
+checkpointed segment's recomputation is part of the backward FLOPs. A ledger
+past its capacity raises OutOfMemory at that step.
 """
 from ..comm import ALL_REDUCE
 from ..comm.simulated import SimCommunicator
@@ -84,8 +91,9 @@ class SyncDataParallel:
             return None
         cost = next(iter(self._costs.values()))
         device = self.devices[0]
+        kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
         return (device.compute_time(cost.forward_flops + cost.backward_flops, self.dtype)
-                + device.memory_bound_time(self._step_bytes))
+                + device.memory_bound_time(self._step_bytes) + kfac)
 
     def start(self) -> None:
         for rank in range(self.world):
