@@ -118,7 +118,8 @@ class DataSpec(_Strict):
     alpha: Annotated[float, Field(ge=0)] = 0.6  # P(i) = p_i^alpha / sum_k p_k^alpha
     eps: Annotated[float, Field(gt=0)] = 0.01  # p_i = last loss + eps
     beta0: Annotated[float, Field(ge=0, le=1)] = 0.4  # importance-sampling exponent at step 0
-    beta_steps: PositiveInt | None = None  # steps over which beta reaches 1; None: train.steps
+    beta_end: Annotated[float, Field(ge=0, le=1)] = 1.0  # ... annealed linearly to this (0 with beta0 0: off)
+    beta_steps: PositiveInt | None = None  # steps over which beta reaches beta_end; None: train.steps
     mh: MHSpec = MHSpec()
 
     def loader_options(self) -> dict[str, Any]:

@@ -19,7 +19,9 @@
 The loss of a prioritized or mh batch is (1/B) sum_i w_i l_i with
 w_i = (N P(i))^-beta / max_k (N P(k))^-beta (PER's weights, normalized so they
 only scale updates down; for mh, P is the chain's target), beta annealed
-linearly from `beta0` at step 0 to 1 at `beta_steps`. With beta = 1 its
+linearly from `beta0` at step 0 to `beta_end` (1 by default: PER) at
+`beta_steps`; beta = 0 throughout (beta0 = beta_end = 0) turns the correction
+off. With beta = 1 its
 gradient is an unbiased estimate of the shard's mean gradient times the
 constant 1 / max_k w_k. The batch's real per-sample losses then refresh its
 priorities. Randomness comes from a torch.Generator per (seed, rank).
@@ -162,10 +164,11 @@ class PrioritizedSampler(UniformSampler):
     kind = "prioritized"
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int,
-                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int):
+                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int, beta_end: float = 1.0):
         super().__init__(dataset, num_replicas, rank, batch_size, seed, every, eps)
         self.alpha = alpha
         self.beta0 = beta0
+        self.beta_end = beta_end
         self.beta_steps = beta_steps
         self.generator = sampler_generator(seed, rank)
         depth = max(1, math.ceil(math.log2(len(self.table))))
@@ -179,8 +182,8 @@ class PrioritizedSampler(UniformSampler):
 
     @property
     def beta(self) -> float:
-        """beta0 at step 0, rising linearly to 1 at beta_steps."""
-        return self.beta0 + (1.0 - self.beta0) * min(1.0, self.batches / self.beta_steps)
+        """beta0 at step 0, moving linearly to beta_end at beta_steps."""
+        return self.beta0 + (self.beta_end - self.beta0) * min(1.0, self.batches / self.beta_steps)
 
     def target(self) -> np.ndarray:
         """P(i) = p_i^alpha / sum_k p_k^alpha over the shard."""
@@ -213,9 +216,11 @@ class MetropolisSampler(PrioritizedSampler):
     kind = "mh"
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int,
-                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int, steps: int):
+                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int, beta_end: float = 1.0,
+                 steps: int = 2):
         self.steps = steps
-        super().__init__(dataset, num_replicas, rank, batch_size, seed, every, alpha, eps, beta0, beta_steps)
+        super().__init__(dataset, num_replicas, rank, batch_size, seed, every, alpha, eps, beta0, beta_steps,
+                         beta_end)
         self.state = torch.randint(len(self.table), (batch_size,), generator=self.generator).numpy()
         self.proposed = 0
         self.accepted = 0
@@ -243,10 +248,10 @@ def build_loader(scenario: Scenario, dataset: Dataset, num_replicas: int, rank: 
     if spec.sampling == "uniform":
         return UniformSampler(*common, spec.eps)
     beta_steps = spec.beta_steps if spec.beta_steps is not None else scenario.train.steps
-    weighting = (spec.alpha, spec.eps, spec.beta0, beta_steps)
+    weighting = (spec.alpha, spec.eps, spec.beta0, beta_steps, spec.beta_end)
     if spec.sampling == "prioritized":
         return PrioritizedSampler(*common, *weighting)
-    return MetropolisSampler(*common, *weighting, spec.mh.steps)
+    return MetropolisSampler(*common, *weighting, steps=spec.mh.steps)
 
 
 class SamplingMonitor:
