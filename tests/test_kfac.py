@@ -241,3 +241,10 @@ def test_kfac_reaches_a_target_loss_in_fewer_steps_than_sgd_at_its_best_learning
            for lr in (0.1, 0.3, 0.5, 1.0)}
     kfac = steps_to_target(digits_run({"name": "kfac", "lr": 0.1, "momentum": 0.9, "damping": 0.01}, steps), target)
     assert kfac < min(sgd.values()), (kfac, sgd)
+
+
+def test_one_device_kfac_run_has_scaling_efficiency_one():
+    # Nothing is sent on one device, so the step is what one device alone needs, K-FAC work included.
+    report = simtrain.run(kfac_scenario(devices=1, steps=7))
+    assert report.data["scaling_efficiency"] == pytest.approx(1.0, rel=1e-9)
+    assert report.data["kfac"]["time_per_step_s"]["communication"] == 0.0

@@ -128,6 +128,14 @@ class DistributedKfac:
         yield self.comm.run(rank, program, label=label)
         self.seconds[rank]["communication"] += log.total(global_rank, "communication") - before
 
+    def single_device_step_s(self, steps: int) -> float:
+        """Seconds per step one device alone would spend on K-FAC: all of it, nothing sent."""
+        kfac, device = self.kfacs[0], self.devices[0]
+        updates = -(-steps // kfac.options.inv_update_steps)  # steps 0, k, 2k, ... < steps
+        inversions = updates * sum(kfac.decompose_flops(j) for j in range(len(kfac.factors)))
+        own = self.seconds[0]
+        return (own["factors"] + own["preconditioning"]) / steps + device.compute_time(inversions, self.dtype) / steps
+
     def report_section(self, steps: int) -> dict:
         """report.json's `kfac` section."""
         per_step = {part: sum(seconds[part] for seconds in self.seconds) / self.world / steps for part in PARTS}

@@ -19,7 +19,7 @@ weight norms are recorded before training and every `report_every` steps.
 
 The replicas' precision sets the dtype FLOPs are charged in (the device's peak
 for fp16/bf16) and the bucket's dtype (what the all-reduce moves); the device
-ledger holds the replica's persistent bytes (train/footprint.py) for the whole
+ledger holds the replica's persistent bytes (train/precision.py) for the whole
 run and the measured activation peak during forward and backward, where a
 checkpointed segment's recomputation is part of the backward FLOPs. A ledger
 past its capacity raises OutOfMemory at that step.
@@ -29,7 +29,7 @@ from ..comm.simulated import SimCommunicator
 from ..cost import StepCost, measure_step_cost
 from ..hw.cluster import Cluster
 from ..errors import ScenarioError
-from ..train.footprint import persistent_bytes, update_bytes
+from ..train.precision import persistent_bytes, update_bytes
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.replica import Replica
 from ..train.syncbn import synced_batchnorms

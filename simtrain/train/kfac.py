@@ -127,7 +127,7 @@ class _Layer:
         grad = weight.grad.reshape(weight.shape[0], -1)
         if self.has_bias:
             grad = torch.cat([grad, self.module.bias.grad.reshape(-1, 1)], dim=1)
-        return grad
+        return grad.float()
 
     def write_gradient(self, matrix: torch.Tensor) -> None:
         weight = self.module.weight
@@ -215,14 +215,18 @@ class Kfac:
         factor = self.factors[index]
         layer = self.layers[factor.layer]
         matrix = layer.running[factor.side]
-        n = factor.size
         if self.options.method == "eigen":
             eigenvalues, eigenvectors = torch.linalg.eigh(matrix)
             layer.decomposed[factor.side] = [eigenvectors, eigenvalues.clamp(min=0)]
-            return EIGEN_FLOPS_PER_N3 * n ** 3
-        damped = matrix + math.sqrt(self.options.damping) * torch.eye(n, dtype=matrix.dtype)
-        layer.decomposed[factor.side] = [torch.cholesky_inverse(torch.linalg.cholesky(damped))]
-        return INVERSE_FLOPS_PER_N3 * n ** 3
+        else:
+            damped = matrix + math.sqrt(self.options.damping) * torch.eye(factor.size, dtype=matrix.dtype)
+            layer.decomposed[factor.side] = [torch.cholesky_inverse(torch.linalg.cholesky(damped))]
+        return self.decompose_flops(index)
+
+    def decompose_flops(self, index: int) -> float:
+        """FLOPs of decomposing factor `index`: 9n^3 (eigen) or n^3 (inverse)."""
+        per_n3 = EIGEN_FLOPS_PER_N3 if self.options.method == "eigen" else INVERSE_FLOPS_PER_N3
+        return per_n3 * float(self.factors[index].size) ** 3
 
     def decomposition(self, index: int) -> list[torch.Tensor]:
         """The tensors decompose(index) produced, allocated (empty) if it has not run here."""
