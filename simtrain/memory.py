@@ -7,7 +7,7 @@ ledger per device what a synchronous data-parallel step holds, in the order
 `simtrain.schemes.sync` holds it:
 
 1. for the whole run, the replica's weights, master weights, gradients and
-   optimizer state (`simtrain.train.footprint.persistent_bytes`);
+   optimizer state (`simtrain.train.precision.persistent_bytes`);
 2. during forward and backward, the activation peak measured from the
    tensors autograd really saves (`simtrain.cost.measure_step_cost` on meta
    tensors of the batch's shape);
@@ -43,9 +43,8 @@ from .hw.network import Network
 from .scenario import Scenario
 from .train.checkpointing import apply_checkpointing
 from .train.data import load_dataset
-from .train.footprint import persistent_bytes
 from .train.models import build_model
-from .train.precision import DTYPES
+from .train.precision import DTYPES, persistent_bytes
 
 _LARGEST_PROBE = 1 << 40  # no batch beyond this is tried
 

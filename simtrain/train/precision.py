@@ -29,13 +29,37 @@ NaN is skipped and the scale is multiplied by `backoff_factor`; after
 loss scale; fp32 has none either. Every precision counts the steps whose
 averaged gradient held an inf or NaN (`overflow_steps`); only fp16 skips them
 (`skipped_steps`), the others apply them as plain torch would.
+
+What a replica keeps on its device between steps (its memory ledger, bytes by
+category):
+
+- `weights`: the model's parameters in the compute dtype;
+- `master_weights`: under mixed precision only, the fp32 master copy;
+- `gradients`: the flat gradient bucket in the compute dtype (what the
+  all-reduce moves), plus under mixed precision the fp32 master gradients the
+  bucket is unscaled into;
+- `optimizer_state`: momentum / Adam moments, fp32, one per master parameter.
+
+`update_bytes` is the HBM traffic of one update, charged as memory-bound work:
+the optimizer's own on the fp32 master (`simtrain.train.optim`) plus, under
+mixed precision, unscaling the bucket into the master gradients (the inf/NaN
+check fused into that pass, as in torch's
+`_amp_foreach_non_finite_check_and_unscale_`) and rounding the master weights
+back into the model. Parameters may be meta tensors.
+
+    held = persistent_bytes(model.parameters(), "fp16", "adam", {"lr": 1e-3})
 """
 from __future__ import annotations
+
+from typing import Iterable
 
 import torch
 from torch import nn
 
+from .optim import optimizer_state_bytes, optimizer_step_bytes
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_FP32_BYTES = 4
 AMP_DEFAULTS = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
@@ -152,3 +176,30 @@ def _non_finite(tensor: torch.Tensor) -> bool:
     if tensor.is_meta:
         return False
     return not bool(torch.isfinite(tensor).all())
+
+
+def persistent_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: str, options: dict) -> dict[str, int]:
+    """Bytes held for the whole run by category; parameters in fp32 or already in the compute dtype."""
+    weights, master = _sizes(params, precision)
+    held = {"weights": weights}
+    if precision != "fp32":
+        held["master_weights"] = master
+    held["gradients"] = weights + (master if precision != "fp32" else 0)
+    held["optimizer_state"] = optimizer_state_bytes(optimizer, options, master)
+    return held
+
+
+def update_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: str, options: dict) -> int:
+    """HBM bytes read plus written by one update (optimizer step and mixed-precision copies)."""
+    weights, master = _sizes(params, precision)
+    touched = optimizer_step_bytes(optimizer, options, master)
+    if precision != "fp32":
+        touched += (weights + master) + (master + weights)  # unscale into master grads; round back
+    return touched
+
+
+def _sizes(params: Iterable[torch.Tensor], precision: str) -> tuple[int, int]:
+    """(bytes of the parameters in the compute dtype, bytes of their fp32 master copy)."""
+    element = torch.empty((), dtype=DTYPES[precision]).element_size()
+    numel = sum(p.numel() for p in params if p.requires_grad)
+    return numel * element, numel * _FP32_BYTES
