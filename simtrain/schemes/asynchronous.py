@@ -135,6 +135,8 @@ class AsynchronousSGD:
                 for mine, shared in zip(replica.params, self.shared_params):
                     mine.copy_(shared)
             yield from self._transfer(rank, self.store.node, device.node, "pull")
+            if replica.loader.host_seconds > 0:  # prioritized/mh bookkeeping, before the batch exists
+                yield device.run_for(replica.loader.host_seconds, "sample batch", kind="sampling")
             loss = replica.forward_backward()
             cost = self._step_cost(replica)
             device.memory.alloc("activations", cost.activation_bytes)

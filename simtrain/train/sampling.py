@@ -21,10 +21,9 @@ w_i = (N P(i))^-beta / max_k (N P(k))^-beta (PER's weights, normalized so they
 only scale updates down; for mh, P is the chain's target), beta annealed
 linearly from `beta0` at step 0 to `beta_end` (1 by default: PER) at
 `beta_steps`; beta = 0 throughout (beta0 = beta_end = 0) turns the correction
-off. With beta = 1 its
-gradient is an unbiased estimate of the shard's mean gradient times the
-constant 1 / max_k w_k. The batch's real per-sample losses then refresh its
-priorities. Randomness comes from a torch.Generator per (seed, rank).
+off. With beta = 1 its gradient is an unbiased estimate of the shard's mean
+gradient times the constant 1 / max_k w_k. The batch's real per-sample losses
+then refresh its priorities. Randomness comes from a torch.Generator per (seed, rank).
 
 Host cost model (charged per batch by the scheme as a `sampling` span): a
 priority store is a sum tree and a min tree over the N shard priorities
