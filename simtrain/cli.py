@@ -11,6 +11,7 @@ A user's mistake prints one line naming the field or file and exits with 2.
 """
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -21,6 +22,7 @@ from rich.table import Table
 from .comm import ALL_REDUCE
 from .comm.bench import benchmark_all_reduce
 from .errors import SimtrainError
+from .hw.cluster import build_cluster
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
 from .runner import run as run_scenario
 from .scenario import load_scenario
@@ -177,15 +179,13 @@ def _rank_list(ranks: list[int]) -> str:
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
 def validate(scenario_file, overrides):
-    """Check a scenario (and its topology and device) without running it."""
-    from .hw.cluster import build_topology_from_spec
-    from .hw.catalog import resolve_device
-
+    """Check a scenario (and build its cluster: topology, devices, shared memory) without running it."""
     scenario = load_scenario(scenario_file, overrides)
-    topology = build_topology_from_spec(scenario.cluster, scenario.base_dir)
-    device = resolve_device(scenario.cluster.device)
-    console.print(f"{scenario_file}: ok ({scenario.name}: {topology.num_devices} x {device.name}, "
-                  f"{scenario.cluster.topology}, {scenario.parallel.scheme})")
+    cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed)
+    counts = Counter(device.spec.name for device in cluster.devices)
+    devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
+    console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
+                  f"{scenario.parallel.scheme})", soft_wrap=True)
 
 
 def _topology_options(f):

@@ -13,9 +13,9 @@ overrides when the next one starts with `path=`, so list values such as
 
 - `OUT/compare.json`: one row per run (the table's figures, plus the label,
   scenario file and overrides);
-- `OUT/loss_vs_time.png`: the loss of every run against simulated time,
-  smoothed as `time_to_target_s` is (report.py `smoothed_loss_curve`), with the
-  target as a dashed line when a run sets `train.target_loss`.
+- `OUT/loss_vs_time.png`: every run's training-set loss (`train_loss_curve`,
+  the curve `time_to_target_s` reads) against simulated time, with the target
+  as a dashed line when a run sets `train.target_loss`.
 
     rows = compare_runs(["a.yaml"], [["parallel.scheme=ring"], ["parallel.scheme=async"]], [], Path("out"))
 """
@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 from .errors import ScenarioError  # noqa: E402
-from .report import Report, smoothed_loss_curve  # noqa: E402
+from .report import Report  # noqa: E402
 from .runner import run as run_scenario  # noqa: E402
 from .scenario import load_scenario  # noqa: E402
 
@@ -99,8 +99,7 @@ def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
         report.write(out_dir / f"{index}-{_slug(spec.label or scenario.name)}")
         row = summary_row(spec.label or scenario.name, report.data)
         rows.append({**row, "scenario_file": spec.scenario_file, "overrides": spec.overrides})
-        samples = report.data["throughput_samples_per_s"] * report.data["step_time_s"]
-        curves.append((row["label"] + f" ({row['scheme']})", report.data["loss_curve"], round(samples),
+        curves.append((row["label"] + f" ({row['scheme']})", report.data["train_loss_curve"],
                        scenario.train.target_loss))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
@@ -109,18 +108,18 @@ def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
 
 
 def plot_loss_vs_time(curves: list[tuple], path: Path) -> None:
-    """One smoothed loss line per run against simulated time (ms), a dashed line at each target."""
+    """One training-set loss line per run against simulated time (ms), a dashed line at each target."""
     figure, axes = plt.subplots(figsize=(9, 5.5), dpi=120)
     targets = []
-    for label, curve, samples_per_point, target in curves:
-        smoothed = smoothed_loss_curve(curve, samples_per_point)
-        axes.plot([t * 1e3 for t, _ in smoothed], [loss for _, loss in smoothed], label=label, linewidth=1.6)
+    for label, curve, target in curves:
+        axes.plot([t * 1e3 for _, t, _ in curve], [loss for _, _, loss in curve], label=label, linewidth=1.6,
+                  marker=".", markersize=3)
         if target is not None and target not in targets:
             targets.append(target)
     for target in targets:
         axes.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target loss {target:g}")
     axes.set_xlabel("simulated time (ms)")
-    axes.set_ylabel("training loss (trailing mean)")
+    axes.set_ylabel("training-set loss")
     axes.set_yscale("log")
     axes.set_title("loss against simulated time")
     axes.grid(True, which="both", alpha=0.3)

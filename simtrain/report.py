@@ -21,9 +21,6 @@ from .hw.cluster import Cluster
 from .scenario import Scenario
 
 BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling")
-# time_to_target_s smooths the loss curve over the most recent points that hold at least this
-# many samples, so that a sync point (N batches) and an async point (one batch) are equally noisy.
-TARGET_WINDOW_SAMPLES = 256
 
 
 @dataclass
@@ -32,7 +29,9 @@ class RunResult:
 
     steps: int
     samples_per_step: int
-    loss_curve: list[tuple[float, float]]
+    loss_curve: list[tuple[float, float]]  # (sim_time_s, batch loss) per step or update
+    train_loss_curve: list[list[float]]  # [step, sim_time_s, training-set loss] every report.every steps
+    time_to_target_s: float | None  # first time train_loss_curve reached train.target_loss
     final_loss: float
     final_accuracy: float
     single_device_step_s: float
@@ -130,9 +129,8 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "final_loss": result.final_loss,
         "final_accuracy": result.final_accuracy,
         "loss_curve": [[t, loss] for t, loss in result.loss_curve],
-        **({"time_to_target_s": time_to_target(result.loss_curve, result.samples_per_step,
-                                               scenario.train.target_loss)}
-           if scenario.train.target_loss is not None else {}),
+        "train_loss_curve": result.train_loss_curve,
+        **({"time_to_target_s": result.time_to_target_s} if scenario.train.target_loss is not None else {}),
         **result.extra,
         "devices": devices,
         "links": links,
@@ -142,19 +140,6 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     }
     trace = build_trace(cluster) if scenario.report.trace else None
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
-
-
-def smoothed_loss_curve(curve, samples_per_point: int) -> list[tuple[float, float]]:
-    """[(sim_time_s, mean loss of the last w points)] from the w-th point on, w = the fewest
-    points holding TARGET_WINDOW_SAMPLES samples (a trailing mean over a full window)."""
-    window = max(1, -(-TARGET_WINDOW_SAMPLES // samples_per_point))
-    losses = [loss for _, loss in curve]
-    return [(curve[end - 1][0], sum(losses[end - window:end]) / window) for end in range(window, len(curve) + 1)]
-
-
-def time_to_target(curve, samples_per_point: int, target: float) -> float | None:
-    """The first simulated time at which the smoothed loss curve is at or below `target`; None if never."""
-    return next((t for t, loss in smoothed_loss_curve(curve, samples_per_point) if loss <= target), None)
 
 
 def _shared_memory_entry(cluster: Cluster) -> dict:

@@ -8,17 +8,17 @@ Initialization follows the DDP contract: `torch.manual_seed(seed)` right before
 the model is built, and every replica is a copy of that model. Torch runs on
 one host thread so results are the same on every machine. The final loss is
 the final model's mean cross entropy over the whole training set and the final
-accuracy its accuracy on the test set; evaluating costs no simulated time.
+accuracy its accuracy on the test set; like the training-set loss curve
+(evaluation.py), evaluating costs no simulated time.
 """
 import copy
 import time
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import TensorDataset
 
-from .errors import OutOfMemory, ScenarioError
+from .errors import OutOfMemory
+from .evaluation import TrainLossMonitor, evaluate
 from .hw.cluster import build_cluster, run_to_end
 from .memory import StepMemoryModel
 from .report import Report, RunResult, build_report
@@ -29,7 +29,7 @@ from .train.checkpointing import apply_checkpointing
 from .train.data import load_dataset
 from .train.models import build_model
 from .train.replica import Replica
-from .train.sampling import SamplingMonitor, build_loader
+from .train.sampling import build_loader, sampling_section
 
 
 @contextmanager
@@ -43,8 +43,10 @@ def _single_thread():
 
 
 def run(scenario: Scenario, on_step=None) -> Report:
-    """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step."""
+    """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step (update, for async)."""
     wall_start = time.perf_counter()
+    steps = scenario.train.steps
+    asynchronous = scenario.parallel.scheme == "async"
     with _single_thread():
         cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
                                 seed=scenario.seed)
@@ -59,24 +61,17 @@ def run(scenario: Scenario, on_step=None) -> Report:
                     scenario.train.precision, scenario.train.amp.model_dump())
             for rank in range(world)
         ]
-        sampling = SamplingMonitor([replica.loader for replica in replicas], scenario.train.steps,
-                                   train_loss=lambda: evaluate(replicas[0].model, data.train)[0], then=on_step)
-        asynchronous = scenario.parallel.scheme == "async"
-        if asynchronous and scenario.train.precision != "fp32":  # its shared fp32 parameters have no master copy
-            raise ScenarioError(f"train.precision: {scenario.train.precision} runs with the synchronous schemes "
-                                "(naive, ring, tree), not with async")
-        if asynchronous and (optimizer.name == "kfac" or scenario.parallel.sync_batchnorm):
-            field = "train.optimizer.name: kfac" if optimizer.name == "kfac" else "parallel.sync_batchnorm"
-            raise ScenarioError(f"{field} needs a synchronous scheme (naive, ring or tree), not async")
+        monitor = TrainLossMonitor(lambda: trained_model, data.train, scenario.report.every, steps, then=on_step)
         if asynchronous:
-            # No sampling monitor: it evaluates replica 0, a stale copy here, every few updates.
-            scheme = AsynchronousSGD(cluster, replicas, model, scenario.parallel.async_, scenario.train.steps,
-                                     optimizer.name, optimizer.builder_options(), on_step=on_step)
+            scheme = AsynchronousSGD(cluster, replicas, model, scenario.parallel.async_, steps,
+                                     optimizer.name, optimizer.builder_options(), on_step=monitor.on_step)
+            trained_model = scheme.shared_model  # the replicas hold stale copies
         else:
-            scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, scenario.train.steps,
-                                      optimizer.name, optimizer.builder_options(), on_step=sampling.on_step,
+            scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, steps,
+                                      optimizer.name, optimizer.builder_options(), on_step=monitor.on_step,
                                       sync_batchnorm=scenario.parallel.sync_batchnorm,
                                       report_every=scenario.report.every)
+            trained_model = replicas[0].model
         scheme.start()
         out_of_memory = None
         try:
@@ -88,28 +83,29 @@ def run(scenario: Scenario, on_step=None) -> Report:
             raise RuntimeError(f"collective deadlock: ranks {stuck} wait for peers that never posted")
         for replica in replicas:  # mixed precision: the fp32 master weights are the trained model
             replica.precision.finish(replica.model)
-        # Async: the shared parameters are the model; the replicas hold stale copies.
-        final_models = [scheme.shared_model] if asynchronous else [replica.model for replica in replicas]
-        final_model = final_models[0]
-        final_loss, _ = evaluate(final_model, data.train)
-        _, final_accuracy = evaluate(final_model, data.test)
+        final_models = [trained_model] if asynchronous else [replica.model for replica in replicas]
+        final_loss, _ = evaluate(trained_model, data.train)
+        _, final_accuracy = evaluate(trained_model, data.test)
+    sections = {"amp": replicas[0].precision.report()}
+    if out_of_memory:  # the schemes' and samplers' sections describe whole runs
+        sections["out_of_memory"] = out_of_memory
+    else:
+        sections.update(scheme.report_sections())  # async, or weight_norms and kfac
+        sections["sampling"] = sampling_section([replica.loader for replica in replicas])
     result = RunResult(
-        steps=len(scheme.loss_curve) if out_of_memory else scenario.train.steps,
+        steps=len(scheme.loss_curve) if out_of_memory else steps,
         status="out_of_memory" if out_of_memory else "ok",
         samples_per_step=(1 if asynchronous else world) * scenario.data.batch_size,
         loss_curve=scheme.loss_curve,
+        train_loss_curve=monitor.curve,
+        time_to_target_s=(monitor.time_to(scenario.train.target_loss)
+                          if scenario.train.target_loss is not None else None),
         final_loss=final_loss,
         final_accuracy=final_accuracy,
         single_device_step_s=scheme.single_device_step_s(),
         final_models=final_models,
         wall_time_s=time.perf_counter() - wall_start,
-        # The sampling section's windows count steps of every loader; async loaders draw about steps / world.
-        # Out of memory: the schemes' and sampler's sections describe whole runs and are left out.
-        extra={"out_of_memory": out_of_memory, "amp": replicas[0].precision.report()} if out_of_memory else {
-               **({"async": scheme.report_section()} if asynchronous else {"sampling": sampling.section()}),
-               "amp": replicas[0].precision.report(),
-               **({} if asynchronous else scheme.report_sections()),  # weight_norms, kfac
-               },
+        extra=sections,
     )
     return build_report(scenario, cluster, result)
 
@@ -128,30 +124,3 @@ def _out_of_memory_section(scenario: Scenario, cluster, error: OutOfMemory, step
         "largest_batch_size_that_fits": largest,
         "message": f"{error}; the largest per-device batch size that fits is {largest}",
     }
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset, batch_size: int = 1024) -> tuple[float, float]:
-    """Mean cross entropy and accuracy of `model` over `dataset`."""
-    was_training = model.training
-    model.eval()
-    total_loss, correct, count = 0.0, 0, 0
-    for start in range(0, len(dataset), batch_size):
-        x, y = _rows(dataset, start, min(start + batch_size, len(dataset)))
-        parameter = next(model.parameters(), None)
-        if parameter is not None and x.is_floating_point():  # a mixed-precision model mid-training
-            x = x.to(parameter.dtype)
-        logits = model(x).float()
-        total_loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += int((logits.argmax(dim=1) == y).sum())
-        count += len(y)
-    model.train(was_training)
-    return total_loss / count, correct / count
-
-
-def _rows(dataset, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples start..end-1 of `dataset` as one (x, y) batch (sliced directly from a TensorDataset)."""
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-        return dataset.tensors[0][start:end], dataset.tensors[1][start:end]
-    items = [dataset[i] for i in range(start, end)]
-    return torch.stack([item[0] for item in items]), torch.stack([torch.as_tensor(item[1]) for item in items])

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 from .errors import ScenarioError, SimtrainError
 from .units import parse_quantity
@@ -223,6 +224,28 @@ class Scenario(_Strict):
             raise ValueError("must be a plain name (no '/', not empty, not starting with '.')")
         return value
 
+    @model_validator(mode="after")
+    def _techniques_fit_together(self) -> "Scenario":
+        """Combinations no scheme implements: one-line errors naming the field, before anything runs."""
+        precision, optimizer = self.train.precision, self.train.optimizer.name
+        if self.parallel.scheme == "async":
+            if self.cluster.shared_memory is None:
+                raise ValueError("cluster.shared_memory: required by parallel.scheme async (where the shared "
+                                 "parameters live)")
+            if precision != "fp32":  # the shared fp32 parameters have no master copy
+                raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (naive, ring, "
+                                 "tree), not with async")
+            if optimizer == "kfac":
+                raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (naive, ring or tree)")
+            if self.parallel.sync_batchnorm:
+                raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (naive, ring or tree)")
+        if optimizer == "kfac" and precision == "fp16":
+            raise ValueError("train.optimizer.name: kfac does not run under fp16 loss scaling "
+                             "(train.precision fp32 or bf16)")
+        if self.parallel.sync_batchnorm and precision != "fp32":
+            raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
+        return self
+
     def to_yaml(self) -> str:
         """The scenario with every default filled in, as YAML (SI units)."""
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -277,10 +300,11 @@ def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path
         return scenario
     except ValidationError as error:
         first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "scenario"
+        field = ".".join(str(part) for part in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = "unknown field"
         elif first["type"] == "literal_error":
             message = f"{message}, got {first['input']!r}"
-        raise ScenarioError(f"{source}: {field}: {message}") from None
+        # A check across fields (no location) names its field at the start of its message.
+        raise ScenarioError(f"{source}: {field}: {message}" if field else f"{source}: {message}") from None

@@ -94,5 +94,6 @@ def _worker(
             epoch += 1
         if rank == 0:
             torch.save(ddp_model.module.state_dict(), result_path)
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
     finally:
         dist.destroy_process_group()

@@ -89,6 +89,13 @@ BAD_INPUTS = [
     ("cluster: {devices: 2}", ["--set", "train.steps=-3"], "train.steps"),
     ("cluster: {devices: 4, topology: no/such/file.yaml}", [], "no/such/file.yaml"),
     ("cluster: {devices: 8, topology: torus-4x4.yaml}", [], "cluster.devices: 8 does not match"),
+    ("parallel: {scheme: async}", [], "cluster.shared_memory: required by parallel.scheme async"),
+    ("cluster: {shared_memory: {bandwidth: 20 GB/s}}\nparallel: {scheme: async}\ntrain: {precision: fp16}", [],
+     "train.precision: fp16 runs with the synchronous schemes"),
+    ("train: {precision: fp16, optimizer: {name: kfac}}", [], "train.optimizer.name: kfac does not run under fp16"),
+    ("cluster: {devices: 2, shared_memory: {bandwidth: 20 GB/s}}\nparallel: {scheme: async}", [],
+     "cluster.shared_memory.host_link: required"),
+    ("cluster: {devices: 2, overrides: {5: {slowdown: 2}}}", [], "cluster.overrides"),
 ]
 
 

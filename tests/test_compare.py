@@ -1,4 +1,4 @@
-"""`simtrain compare` and time_to_target_s: every figure of the table comes from each run's report."""
+"""`simtrain compare`: every figure of the table comes from each run's report."""
 import json
 from pathlib import Path
 
@@ -7,22 +7,10 @@ import pytest
 from simtrain.cli import main
 from simtrain.compare import parse_variant, plan_runs
 from simtrain.errors import ScenarioError
-from simtrain.report import smoothed_loss_curve, time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 STRAGGLER = ROOT / "scenarios" / "async_vs_sync_straggler.yaml"
 SMALL = ["--set", "data.batch_size=16", "--set", "model.hidden=[32]", "--set", "data.samples=4096"]
-
-
-def test_smoothing_and_time_to_target_closed_form():
-    curve = [(0.1 * i, loss) for i, loss in enumerate([4.0, 3.0, 2.0, 1.0, 0.5, 0.4])]
-    # 128 samples a point: a window of 2 points (256 samples); the first full window ends at point 1.
-    smoothed = smoothed_loss_curve(curve, 128)
-    assert [t for t, _ in smoothed] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
-    assert [loss for _, loss in smoothed] == pytest.approx([3.5, 2.5, 1.5, 0.75, 0.45])
-    assert time_to_target(curve, 128, 1.5) == pytest.approx(0.3)
-    assert time_to_target(curve, 256, 1.0) == pytest.approx(0.3)  # no smoothing at 256 samples a point
-    assert time_to_target(curve, 128, 0.1) is None
 
 
 def test_variants_split_only_before_the_next_path():
@@ -47,6 +35,8 @@ def test_compare_runs_every_variant_and_writes_table_json_and_plot(tmp_path, cap
         report = json.loads((folder / "report.json").read_text())
         assert row["sim_time_s"] == report["sim_time_s"] and row["final_loss"] == report["final_loss"]
         assert row["time_to_target_s"] == report["time_to_target_s"]
+        reached = [t for _, t, loss in report["train_loss_curve"] if loss <= 2.0]
+        assert report["time_to_target_s"] == (reached[0] if reached else None)
         assert row["idle_share"] == pytest.approx(report["breakdown_s"]["idle"] / report["step_time_s"])
     assert rows[0]["steps"] == 5 and rows[0]["staleness_mean"] is None
     assert rows[1]["steps"] == 40 and rows[1]["staleness_max"] >= 1

@@ -175,10 +175,10 @@ def test_digits_prioritized_reaches_target_loss_in_no_more_steps():
     # Without the importance correction (beta = 0). README: with beta annealed to 1 it takes more.
     runs = {kind: simtrain.run(digits(kind, steps=300, devices=1, every=5, beta0=0.0, beta_end=0.0)).data
             for kind in ("uniform", "prioritized")}
-    uniform, prioritized = (runs[k]["sampling"]["train_loss_curve"] for k in ("uniform", "prioritized"))
+    uniform, prioritized = (runs[k]["train_loss_curve"] for k in ("uniform", "prioritized"))
     assert steps_to(prioritized, 0.15) <= steps_to(uniform, 0.15)
     for data in runs.values():  # the curve's last point is the report's final training loss
-        assert data["sampling"]["train_loss_curve"][-1][2] == data["final_loss"]
+        assert data["train_loss_curve"][-1][2] == data["final_loss"]
 
 
 @pytest.mark.parametrize("kind", ["prioritized", "mh"])

@@ -57,7 +57,7 @@ The loss curve has one point per update: (the instant it was applied, the loss
 of its batch at the parameters the worker read).
 
     scheme = AsynchronousSGD(cluster, replicas, model, scenario.parallel.async_, steps, "sgd", {"lr": 0.1})
-    scheme.start(); run_to_end(cluster.env); scheme.report_section()
+    scheme.start(); run_to_end(cluster.env); scheme.report_sections()
 """
 import copy
 
@@ -65,7 +65,6 @@ import simpy
 import torch
 
 from ..cost import StepCost, measure_step_cost
-from ..errors import ScenarioError
 from ..hw.cluster import Cluster
 from ..scenario import AsyncSpec
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
@@ -76,10 +75,7 @@ class AsynchronousSGD:
     """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
 
     def __init__(self, cluster: Cluster, replicas: list[Replica], model: torch.nn.Module, spec: AsyncSpec,
-                 steps: int, optimizer: str, optimizer_options: dict, dtype: str = "fp32", on_step=None):
-        if cluster.shared_memory is None:
-            raise ScenarioError("cluster.shared_memory: required by parallel.scheme async "
-                                "(where the shared parameters live)")
+                 steps: int, optimizer: str, optimizer_options: dict, on_step=None):
         self.cluster = cluster
         self.env = cluster.env
         self.store = cluster.shared_memory
@@ -88,7 +84,7 @@ class AsynchronousSGD:
         self.devices = cluster.devices[: self.world]
         self.spec = spec
         self.steps = steps
-        self.dtype = dtype
+        self.dtype = "fp32"  # async trains in fp32 only (scenario.py)
         self.on_step = on_step  # on_step(update, sim_time_s, loss) when an update is applied
         # The shared parameters, their gradient slot and the store's optimizer.
         self.shared_model = copy.deepcopy(model)
@@ -218,13 +214,13 @@ class AsynchronousSGD:
                  + device.memory_bound_time(self._step_bytes))
         return alone / self.world
 
-    def report_section(self) -> dict:
+    def report_sections(self) -> dict:
         """report.json's `async` section."""
         histogram = [0] * (max(self.staleness, default=0) + 1)
         for staleness in self.staleness:
             histogram[staleness] += 1
         updates = len(self.staleness)
-        return {
+        return {"async": {
             "consistency": self.spec.consistency,
             "staleness_lr": self.spec.staleness_lr,
             "updates": updates,
@@ -234,4 +230,4 @@ class AsynchronousSGD:
             "staleness_histogram": histogram,
             "lock_wait_s": sum(self.lock_wait_s),
             "lock_wait_s_per_rank": list(self.lock_wait_s),
-        }
+        }}

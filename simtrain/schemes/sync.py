@@ -60,9 +60,6 @@ class SyncDataParallel:
         self.loss_curve: list[tuple[float, float]] = []  # (sim_time_s, mean loss over devices)
         self.kfac = None
         if optimizer == "kfac":
-            if precision == "fp16":
-                raise ScenarioError("train.optimizer.name: kfac does not run under fp16 loss scaling "
-                                    "(train.precision fp32 or bf16)")
             self.kfac = DistributedKfac(replicas, self.devices, self.comm, self.all_reduce, optimizer_options,
                                         dtype="fp32")
         self.sync_batchnorm = sync_batchnorm
@@ -71,8 +68,6 @@ class SyncDataParallel:
                 synced_batchnorms(replicas[0].model)
             except ValueError as error:
                 raise ScenarioError(f"parallel.sync_batchnorm: {error}") from None
-            if precision != "fp32":
-                raise ScenarioError("parallel.sync_batchnorm: needs train.precision fp32")
         self.report_every = report_every
         self._norm_steps = [0]
         self._norms = {name: [norm] for name, norm in weight_norms(replicas[0].model).items()}

@@ -253,50 +253,28 @@ def build_loader(scenario: Scenario, dataset: Dataset, num_replicas: int, rank: 
     return MetropolisSampler(*common, *weighting, steps=spec.mh.steps)
 
 
-class SamplingMonitor:
-    """Collects report.json's `sampling` section from every rank's loader.
-
-    `on_step(step, sim_time_s, loss)` is called after each step; every `every`
-    steps (and at the last) it records the full training-set loss that
-    `train_loss()` returns, at no simulated cost, so the kinds can be compared
-    on one curve (a prioritized batch's own loss is biased toward hard samples).
-    """
-
-    def __init__(self, loaders: list[UniformSampler], steps: int, train_loss, then=None):
-        self.loaders = loaders
-        self.steps = steps
-        self.every = loaders[0].every
-        self.train_loss = train_loss
-        self.then = then
-        self.train_loss_curve: list[list[float]] = []
-
-    def on_step(self, step: int, sim_time_s: float, loss: float) -> None:
-        done = step + 1
-        if done % self.every == 0 or done == self.steps:
-            self.train_loss_curve.append([done, sim_time_s, self.train_loss()])
-        if self.then is not None:
-            self.then(step, sim_time_s, loss)
-
-    def section(self) -> dict:
-        loaders, every = self.loaders, self.every
-        ends = [min(end, self.steps) for end in range(every, self.steps + every, every)]
-        starts = [0, *ends[:-1]]
-        finals = [float(loader.table.priorities().mean()) for loader in loaders]
-        mean_priority, effective = [], []
-        for window, (start, end) in enumerate(zip(starts, ends)):
-            snapshots = [loader.mean_priorities[window] if window < len(loader.mean_priorities) else final
-                         for loader, final in zip(loaders, finals)]
-            mean_priority.append([end, sum(snapshots) / len(snapshots)])
-            sizes = [size for loader in loaders for size in loader.effective_sizes[start:end]]
-            effective.append([end, sum(sizes) / len(sizes)])
-        section = {
-            "kind": loaders[0].kind,
-            "every": every,
-            "mean_priority": mean_priority,
-            "effective_sample_size": effective,
-            "top_decile_share": sum(l.top_drawn for l in loaders) / sum(l.drawn for l in loaders),
-            "train_loss_curve": self.train_loss_curve,
-        }
-        if isinstance(loaders[0], MetropolisSampler):
-            section["acceptance_rate"] = sum(l.accepted for l in loaders) / sum(l.proposed for l in loaders)
-        return section
+def sampling_section(loaders: list[UniformSampler]) -> dict:
+    """report.json's `sampling` section from every rank's loader, in windows of `every` batches of
+    each loader (a sync step is one batch of every loader; an async worker draws at its own pace)."""
+    every = loaders[0].every
+    batches = max(len(loader.effective_sizes) for loader in loaders)
+    ends = [min(end, batches) for end in range(every, batches + every, every)]
+    starts = [0, *ends[:-1]]
+    finals = [float(loader.table.priorities().mean()) for loader in loaders]
+    mean_priority, effective = [], []
+    for window, (start, end) in enumerate(zip(starts, ends)):
+        snapshots = [loader.mean_priorities[window] if window < len(loader.mean_priorities) else final
+                     for loader, final in zip(loaders, finals)]
+        mean_priority.append([end, sum(snapshots) / len(snapshots)])
+        sizes = [size for loader in loaders for size in loader.effective_sizes[start:end]]
+        effective.append([end, sum(sizes) / len(sizes)])
+    section = {
+        "kind": loaders[0].kind,
+        "every": every,
+        "mean_priority": mean_priority,
+        "effective_sample_size": effective,
+        "top_decile_share": sum(l.top_drawn for l in loaders) / sum(l.drawn for l in loaders),
+    }
+    if isinstance(loaders[0], MetropolisSampler):
+        section["acceptance_rate"] = sum(l.accepted for l in loaders) / sum(l.proposed for l in loaders)
+    return section
