@@ -172,9 +172,7 @@ class Network:
     def _activate(self, _event) -> None:
         """Timeout callback: every flow whose latency ends now becomes active."""
         now = self.env._now
-        finishing = self._finishing
-        instant = []
-        contended = []
+        instant, alone_flows, contended = [], [], []
         for flow in self._activating.pop(now):
             links = flow.links
             if not links or not flow.nbytes:
@@ -193,15 +191,9 @@ class Network:
                 contended.append(flow)
                 continue
             # Fast path: alone on its links, the flow runs at its path's bottleneck.
-            flow.rate = rate = flow.min_bandwidth
-            delay = flow.nbytes / rate
-            flow.due = at = now + delay
-            entries = finishing.get(at)
-            if entries is None:
-                finishing[at] = [flow]
-                self.env.timeout(delay).callbacks.append(self._finish)
-            else:
-                entries.append(flow)
+            flow.rate = flow.min_bandwidth
+            alone_flows.append(flow)
+        self._schedule(alone_flows, now)
         if contended:
             # May also change the rate of a fast-path flow of this batch: its
             # entry above then goes stale.
