@@ -68,7 +68,7 @@ from ..cost import StepCost, measure_step_cost
 from ..hw.cluster import Cluster
 from ..scenario import AsyncSpec
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
-from ..train.replica import Replica
+from ..train.replica import Replica, flat_grad_buffer
 
 
 class AsynchronousSGD:
@@ -89,11 +89,7 @@ class AsynchronousSGD:
         # The shared parameters, their gradient slot and the store's optimizer.
         self.shared_model = copy.deepcopy(model)
         self.shared_params = [p for p in self.shared_model.parameters() if p.requires_grad]
-        self.shared_grad = torch.zeros(sum(p.numel() for p in self.shared_params), dtype=self.shared_params[0].dtype)
-        offset = 0
-        for p in self.shared_params:
-            p.grad = self.shared_grad[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        self.shared_grad = flat_grad_buffer(self.shared_params)
         self.optimizer = build_optimizer(self.shared_params, optimizer, optimizer_options)
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.param_bytes = replicas[0].param_bytes

@@ -21,6 +21,16 @@ from .precision import MixedPrecision
 from .syncbn import sync_batchnorm_forward_backward
 
 
+def flat_grad_buffer(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """One zeroed buffer holding every parameter's gradient; each .grad becomes a view into it."""
+    buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+    offset = 0
+    for p in params:
+        p.grad = buffer[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return buffer
+
+
 class Replica:
     """A model replica that trains on its own shard with a flat gradient buffer."""
 
@@ -30,12 +40,7 @@ class Replica:
         self.loader = loader
         self.precision = MixedPrecision(model, precision, amp)  # casts the model to the compute dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
-        dtype = self.params[0].dtype
-        self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params), dtype=dtype)
-        offset = 0
-        for p in self.params:
-            p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        self.grad_buffer = flat_grad_buffer(self.params)
         self.optimizer = build_optimizer(self.precision.master_params, optimizer, options)
         self.last_batch = None
 
