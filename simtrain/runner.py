@@ -91,7 +91,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
         sections["out_of_memory"] = out_of_memory
     else:
         sections.update(scheme.report_sections())  # async, or weight_norms and kfac
-        sections["sampling"] = sampling_section([replica.loader for replica in replicas])
+        if scenario.data.sampling != "uniform":
+            sections["sampling"] = sampling_section([replica.loader for replica in replicas])
     result = RunResult(
         steps=len(scheme.loss_curve) if out_of_memory else steps,
         status="out_of_memory" if out_of_memory else "ok",

@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import math
+
 import torch
 from torch import nn
 
@@ -172,8 +174,13 @@ class MixedPrecision:
 
 
 def _non_finite(tensor: torch.Tensor) -> bool:
-    """True iff `tensor` holds an inf or NaN; meta tensors (no numbers) never do."""
-    if tensor.is_meta:
+    """True iff `tensor` holds an inf or NaN; meta tensors (no numbers) never do.
+
+    Any inf or NaN makes the sum inf or NaN, so a finite sum (one cheap
+    reduction) settles the common case; only a non-finite sum, which finite
+    elements can also give by overflowing, needs the element-wise check.
+    """
+    if tensor.is_meta or math.isfinite(tensor.sum().item()):
         return False
     return not bool(torch.isfinite(tensor).all())
 

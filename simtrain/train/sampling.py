@@ -3,9 +3,10 @@
 `data.sampling` picks one of three loaders; all are `ShardLoader`s (same
 `next_batch()` / `batch_loss(logits, y)` contract, used by `Replica`):
 
-- `uniform`: the DistributedSampler stream of `ShardLoader`, bit for bit; the
-  loss is the plain mean cross entropy. Per-sample losses are recorded on the
-  side (no simulated cost) only to report the same statistics as the others.
+- `uniform`: `ShardLoader` itself, the DistributedSampler stream; the loss is
+  the plain mean cross entropy. It keeps no priorities and reports no
+  `sampling` section (its effective sample size is B and its top-decile share
+  0.1 by construction), so the default path pays for no bookkeeping.
 - `prioritized`: each device keeps priorities p_i = last loss + eps for its own
   shard (the samples DistributedSampler gives its rank in epoch 0); samples
   never seen carry the largest priority ever assigned (1.0 before any), as in
@@ -112,15 +113,17 @@ def effective_sample_size(weights: np.ndarray) -> float:
     return float(weights.sum() ** 2 / (weights ** 2).sum())
 
 
-class UniformSampler(ShardLoader):
-    """ShardLoader's batches and loss, with per-sample losses recorded for the report."""
+class PrioritizedSampler(ShardLoader):
+    """Batches drawn with replacement from P(i) = p_i^alpha / sum p^alpha over the rank's shard;
+    it records its draws and per-sample losses for report.json's `sampling` section."""
 
-    kind = "uniform"
+    kind = "prioritized"
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int,
-                 every: int, eps: float):
+                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int, beta_end: float = 1.0):
         super().__init__(dataset, num_replicas, rank, batch_size, seed)
-        self.table = PriorityTable(self._table_indices(), eps)
+        # the rank's epoch-0 DistributedSampler shard
+        self.table = PriorityTable(torch.sort(self._epoch_indices).values, eps)
         self.every = every
         self.batches = 0
         self.effective_sizes: list[float] = []  # per batch
@@ -129,42 +132,6 @@ class UniformSampler(ShardLoader):
         self.top_drawn = 0
         self._positions: np.ndarray | None = None
         self._weights: np.ndarray | None = None
-
-    def _table_indices(self) -> torch.Tensor:
-        return torch.arange(len(self.dataset))  # uniform batches reach every sample over the epochs
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = super().next_batch()
-        self._note_draw(self.table.positions(self.last_indices), np.ones(len(y)))
-        return x, y
-
-    def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = super().batch_loss(logits, y)
-        with torch.no_grad():
-            self._note_losses(F.cross_entropy(logits.detach(), y, reduction="none"))
-        return loss
-
-    def _note_draw(self, positions: np.ndarray, weights: np.ndarray) -> None:
-        self._positions, self._weights = positions, weights
-        self.drawn += len(positions)
-        self.top_drawn += int(self.table.in_top_decile(positions).sum())
-
-    def _note_losses(self, per_sample: torch.Tensor) -> None:
-        self.table.refresh(self._positions, per_sample)
-        self.effective_sizes.append(effective_sample_size(self._weights))
-        self.batches += 1
-        if self.batches % self.every == 0:
-            self.mean_priorities.append(float(self.table.priorities().mean()))
-
-
-class PrioritizedSampler(UniformSampler):
-    """Batches drawn with replacement from P(i) = p_i^alpha / sum p^alpha over the rank's shard."""
-
-    kind = "prioritized"
-
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, batch_size: int, seed: int,
-                 every: int, alpha: float, eps: float, beta0: float, beta_steps: int, beta_end: float = 1.0):
-        super().__init__(dataset, num_replicas, rank, batch_size, seed, every, eps)
         self.alpha = alpha
         self.beta0 = beta0
         self.beta_end = beta_end
@@ -172,9 +139,6 @@ class PrioritizedSampler(UniformSampler):
         self.generator = sampler_generator(seed, rank)
         depth = max(1, math.ceil(math.log2(len(self.table))))
         self.host_seconds = self._host_accesses(batch_size, depth) * HOST_ACCESS_S
-
-    def _table_indices(self) -> torch.Tensor:
-        return torch.sort(self._epoch_indices).values  # the rank's epoch-0 DistributedSampler shard
 
     def _host_accesses(self, batch_size: int, depth: int) -> int:
         return batch_size * depth + 2 * batch_size * depth  # draws down the sum tree; refreshes up both trees
@@ -208,6 +172,18 @@ class PrioritizedSampler(UniformSampler):
         self._note_losses(per_sample.detach())
         return loss
 
+    def _note_draw(self, positions: np.ndarray, weights: np.ndarray) -> None:
+        self._positions, self._weights = positions, weights
+        self.drawn += len(positions)
+        self.top_drawn += int(self.table.in_top_decile(positions).sum())
+
+    def _note_losses(self, per_sample: torch.Tensor) -> None:
+        self.table.refresh(self._positions, per_sample)
+        self.effective_sizes.append(effective_sample_size(self._weights))
+        self.batches += 1
+        if self.batches % self.every == 0:
+            self.mean_priorities.append(float(self.table.priorities().mean()))
+
 
 class MetropolisSampler(PrioritizedSampler):
     """One Metropolis-Hastings chain per batch slot, with uniform proposals, targeting P(i)."""
@@ -240,12 +216,12 @@ class MetropolisSampler(PrioritizedSampler):
         return state
 
 
-def build_loader(scenario: Scenario, dataset: Dataset, num_replicas: int, rank: int) -> UniformSampler:
+def build_loader(scenario: Scenario, dataset: Dataset, num_replicas: int, rank: int) -> ShardLoader:
     """The loader `scenario.data.sampling` asks for, for one rank."""
     spec, seed, every = scenario.data, scenario.seed, scenario.report.every
-    common = (dataset, num_replicas, rank, spec.batch_size, seed, every)
     if spec.sampling == "uniform":
-        return UniformSampler(*common, spec.eps)
+        return ShardLoader(dataset, num_replicas, rank, spec.batch_size, seed)
+    common = (dataset, num_replicas, rank, spec.batch_size, seed, every)
     beta_steps = spec.beta_steps if spec.beta_steps is not None else scenario.train.steps
     weighting = (spec.alpha, spec.eps, spec.beta0, beta_steps, spec.beta_end)
     if spec.sampling == "prioritized":
@@ -253,7 +229,7 @@ def build_loader(scenario: Scenario, dataset: Dataset, num_replicas: int, rank: 
     return MetropolisSampler(*common, *weighting, steps=spec.mh.steps)
 
 
-def sampling_section(loaders: list[UniformSampler]) -> dict:
+def sampling_section(loaders: list[PrioritizedSampler]) -> dict:
     """report.json's `sampling` section from every rank's loader, in windows of `every` batches of
     each loader (a sync step is one batch of every loader; an async worker draws at its own pace)."""
     every = loaders[0].every
