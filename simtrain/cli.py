@@ -5,7 +5,7 @@
     simtrain memory scenarios/quickstart.yaml --set train.precision=fp16 --set train.checkpointing=sqrt
     simtrain validate scenarios/quickstart.yaml
     simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics
-    simtrain topo topologies/dgx-a100-2node.yaml
+    simtrain topo --topology topologies/dgx-a100-2node.yaml
 
 A user's mistake prints one line naming the field or file and exits with 2.
 """
