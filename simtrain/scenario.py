@@ -244,6 +244,9 @@ class Scenario(_Strict):
                              "(train.precision fp32 or bf16)")
         if self.parallel.sync_batchnorm and precision != "fp32":
             raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
+        if self.parallel.sync_batchnorm and self.train.checkpointing != "none":
+            # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
+            raise ValueError("parallel.sync_batchnorm: does not combine with train.checkpointing")
         return self
 
     def to_yaml(self) -> str:

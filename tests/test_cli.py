@@ -96,6 +96,8 @@ BAD_INPUTS = [
     ("cluster: {devices: 2, shared_memory: {bandwidth: 20 GB/s}}\nparallel: {scheme: async}", [],
      "cluster.shared_memory.host_link: required"),
     ("cluster: {devices: 2, overrides: {5: {slowdown: 2}}}", [], "cluster.overrides"),
+    ("model: {batchnorm: true}\nparallel: {sync_batchnorm: true}\ntrain: {checkpointing: sqrt}", [],
+     "parallel.sync_batchnorm: does not combine with train.checkpointing"),
 ]
 
 
