@@ -40,15 +40,6 @@ def params(model):
     return {name: p.detach().clone() for name, p in model.state_dict().items()}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The runner computes on one host thread; so do the references (bit-for-bit sums)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def initial_model():
     data = load_dataset("digits", {}, SEED)
     return data, build_model("mlp", {"hidden": HIDDEN}, data.info, SEED)

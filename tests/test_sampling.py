@@ -20,15 +20,6 @@ from simtrain.train.sampling import (HOST_ACCESS_S, MetropolisSampler, Prioritiz
                                      effective_sample_size)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Thousands of tiny ops: a thread pool only adds contention (simtrain.run does the same)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def dataset(n, features=5, classes=3, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return TensorDataset(torch.randn(n, features, generator=generator),

@@ -49,7 +49,7 @@ class Topology:
             if attrs["latency"] < 0:
                 raise TopologyError(f"topology {self.name}: link {a}-{b} latency must not be negative")
         if not nx.is_connected(self.graph):
-            parts = sorted((sorted(c)[0] for c in nx.connected_components(self.graph)))
+            parts = sorted(sorted(c)[0] for c in nx.connected_components(self.graph))
             raise TopologyError(
                 f"topology {self.name}: disconnected ({len(parts)} parts, e.g. around {parts[0]!r} and {parts[1]!r})"
             )

@@ -64,11 +64,11 @@ import copy
 import simpy
 import torch
 
-from ..cost import StepCost, measure_step_cost
 from ..hw.cluster import Cluster
 from ..scenario import AsyncSpec
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
 from ..train.replica import Replica, flat_grad_buffer
+from .local_work import charge_forward_backward, charge_sampling
 
 
 class AsynchronousSGD:
@@ -84,7 +84,6 @@ class AsynchronousSGD:
         self.devices = cluster.devices[: self.world]
         self.spec = spec
         self.steps = steps
-        self.dtype = "fp32"  # async trains in fp32 only (scenario.py)
         self.on_step = on_step  # on_step(update, sim_time_s, loss) when an update is applied
         # The shared parameters, their gradient slot and the store's optimizer.
         self.shared_model = copy.deepcopy(model)
@@ -99,7 +98,6 @@ class AsynchronousSGD:
         self.lock = simpy.Resource(self.env, capacity=1) if spec.consistency == "locked" else None
         self._claimed = 0
         self._landing = []  # updates whose application ends now: applied together, in rank order
-        self._cost: StepCost | None = None
         self.version = 0  # updates applied so far
         self.staleness: list[int] = []  # per update, in the order applied
         self.updates_per_rank = [0] * self.world
@@ -127,14 +125,9 @@ class AsynchronousSGD:
                 for mine, shared in zip(replica.params, self.shared_params):
                     mine.copy_(shared)
             yield from self._transfer(rank, self.store.node, device.node, "pull")
-            if replica.loader.host_seconds > 0:  # prioritized/mh bookkeeping, before the batch exists
-                yield device.run_for(replica.loader.host_seconds, "sample batch", kind="sampling")
+            yield from charge_sampling(device, replica)
             loss = replica.forward_backward()
-            cost = self._step_cost(replica)
-            device.memory.alloc("activations", cost.activation_bytes)
-            yield device.compute(cost.forward_flops, self.dtype, "forward")
-            yield device.compute(cost.backward_flops, self.dtype, "backward")
-            device.memory.free("activations", cost.activation_bytes)
+            yield from charge_forward_backward(device, replica)
             request = None
             if self.lock is not None:
                 asked = self.env.now
@@ -157,13 +150,6 @@ class AsynchronousSGD:
         started = self.env.now
         yield self.cluster.network.transfer(src, dst, self.param_bytes, label=label)
         self.cluster.log.span(rank, "communication", label, started, self.env.now, nbytes=self.param_bytes)
-
-    def _step_cost(self, replica: Replica) -> StepCost:
-        """FLOPs and activation bytes of one forward+backward (every batch has the same shape)."""
-        if self._cost is None:
-            x, y = replica.last_batch
-            self._cost = measure_step_cost(replica.model, x, y)
-        return self._cost
 
     # ---- the store ---------------------------------------------------------
 
@@ -204,9 +190,9 @@ class AsynchronousSGD:
     def single_device_step_s(self) -> float:
         """Seconds per update of `world` workers that never interfere: one device's compute and
         device-side optimizer step for one batch (the sync schemes' baseline), over `world`."""
-        cost = self._cost
+        cost = next(replica.step_cost() for replica in self.replicas if replica.last_batch is not None)
         device = self.devices[0]
-        alone = (device.compute_time(cost.forward_flops + cost.backward_flops, self.dtype)
+        alone = (device.compute_time(cost.forward_flops + cost.backward_flops, "fp32")
                  + device.memory_bound_time(self._step_bytes))
         return alone / self.world
 

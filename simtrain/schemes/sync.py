@@ -26,7 +26,6 @@ past its capacity raises OutOfMemory at that step.
 """
 from ..comm import ALL_REDUCE
 from ..comm.simulated import SimCommunicator
-from ..cost import StepCost, measure_step_cost
 from ..hw.cluster import Cluster
 from ..errors import ScenarioError
 from ..train.precision import persistent_bytes, update_bytes
@@ -34,6 +33,7 @@ from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.replica import Replica
 from ..train.syncbn import synced_batchnorms
 from .kfac_sync import DistributedKfac
+from .local_work import charge_forward_backward, charge_sampling
 
 
 class SyncDataParallel:
@@ -48,14 +48,12 @@ class SyncDataParallel:
         self.devices = cluster.devices[: self.world]
         self.all_reduce = ALL_REDUCE[algorithm]
         self.steps = steps
-        self.dtype = replicas[0].precision.name  # FLOPs are charged at the device's peak for it
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
         self.comm = SimCommunicator(cluster.network, [d.node for d in self.devices], log=cluster.log,
                                     ledgers=[d.memory for d in self.devices])
         params, precision = replicas[0].params, replicas[0].precision.name
         self._held_bytes = persistent_bytes(params, precision, optimizer, optimizer_options)
         self._step_bytes = update_bytes(params, precision, optimizer, optimizer_options)
-        self._costs: dict[tuple, StepCost] = {}
         self._step_losses = [[None] * self.world for _ in range(steps)]
         self.loss_curve: list[tuple[float, float]] = []  # (sim_time_s, mean loss over devices)
         self.kfac = None
@@ -72,22 +70,14 @@ class SyncDataParallel:
         self._norm_steps = [0]
         self._norms = {name: [norm] for name, norm in weight_norms(replicas[0].model).items()}
 
-    def step_cost(self, replica: Replica) -> StepCost:
-        """FLOPs and activation bytes of one forward+backward, measured once per input shape."""
-        x, y = replica.last_batch
-        key = tuple(x.shape)
-        if key not in self._costs:
-            self._costs[key] = measure_step_cost(replica.model, x, y)
-        return self._costs[key]
-
     def single_device_step_s(self) -> float | None:
         """Seconds one device alone needs for a step on its own batch: no communication."""
-        if not self._costs:  # stopped (out of memory) before any step was measured
+        replica, device = self.replicas[0], self.devices[0]
+        if replica.last_batch is None:  # stopped (out of memory) before any step
             return None
-        cost = next(iter(self._costs.values()))
-        device = self.devices[0]
+        cost = replica.step_cost()
         kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
-        return (device.compute_time(cost.forward_flops + cost.backward_flops, self.dtype)
+        return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name)
                 + device.memory_bound_time(self._step_bytes) + kfac)
 
     def start(self) -> None:
@@ -100,17 +90,12 @@ class SyncDataParallel:
         for category, nbytes in self._held_bytes.items():
             memory.alloc(category, nbytes)
         for step in range(self.steps):
-            if replica.loader.host_seconds > 0:  # prioritized/mh bookkeeping, before the batch exists
-                yield device.run_for(replica.loader.host_seconds, "sample batch", kind="sampling")
+            yield from charge_sampling(device, replica)
             if self.sync_batchnorm:
                 loss = yield from self._serve_statistics(rank, replica.sync_batchnorm_forward_backward())
             else:
                 loss = replica.forward_backward()
-            cost = self.step_cost(replica)
-            memory.alloc("activations", cost.activation_bytes)
-            yield device.compute(cost.forward_flops, self.dtype, "forward")
-            yield device.compute(cost.backward_flops, self.dtype, "backward")
-            memory.free("activations", cost.activation_bytes)
+            yield from charge_forward_backward(device, replica)
             self._step_losses[step][rank] = loss
             program = self.all_reduce(rank, self.world, replica.grad_buffer, average=True)
             yield self.comm.run(rank, program, label="all_reduce")

@@ -15,6 +15,7 @@ steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
 """
 import torch
 
+from ..cost import StepCost, measure_step_cost
 from .data import ShardLoader
 from .optim import build_optimizer
 from .precision import MixedPrecision
@@ -43,10 +44,20 @@ class Replica:
         self.grad_buffer = flat_grad_buffer(self.params)
         self.optimizer = build_optimizer(self.precision.master_params, optimizer, options)
         self.last_batch = None
+        self._costs: dict[tuple, StepCost] = {}  # by input shape
 
     @property
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.params)
+
+    def step_cost(self) -> StepCost:
+        """FLOPs and activation bytes of a forward+backward on the last batch's shape, measured once
+        per shape (measure_step_cost's own cache key costs tens of microseconds a call)."""
+        x, y = self.last_batch
+        cost = self._costs.get(tuple(x.shape))
+        if cost is None:
+            cost = self._costs[tuple(x.shape)] = measure_step_cost(self.model, x, y)
+        return cost
 
     def forward_backward(self) -> torch.Tensor:
         """The loader's loss of its next batch (mean cross entropy, or importance-weighted
