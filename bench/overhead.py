@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import simtrain
+from simtrain.scenario import ModelSpec
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
@@ -26,7 +27,7 @@ REPEATS = 3
 def bare_loop() -> float:
     torch.set_num_threads(1)
     data = load_dataset("digits", {}, SEED)
-    model = build_model("mlp", {"hidden": HIDDEN}, data.info, SEED)
+    model = build_model(ModelSpec(name="mlp", hidden=HIDDEN), data.info, SEED)
     start = time.perf_counter()
     models = [copy.deepcopy(model) for _ in range(DEVICES)]
     loaders = [ShardLoader(data.train, DEVICES, rank, BATCH, SEED) for rank in range(DEVICES)]

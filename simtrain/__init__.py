@@ -12,7 +12,7 @@ Public API: load_scenario, run, plan_memory, Scenario, Report, SimtrainError
 __version__ = "0.1.0"
 
 from .errors import OutOfMemory, ScenarioError, SimtrainError, TopologyError
-from .memory import plan_memory
+from .memory_plan import plan_memory
 from .report import Report
 from .runner import run
 from .scenario import Scenario, load_scenario

@@ -130,7 +130,7 @@ def compare(scenario_files, variants, overrides, out_dir):
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
 def memory(scenario_file, overrides, as_json):
     """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
-    from .memory import plan_memory
+    from .memory_plan import plan_memory
 
     scenario = load_scenario(scenario_file, overrides)
     plans = plan_memory(scenario)

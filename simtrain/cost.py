@@ -45,9 +45,10 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+from .loss import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,7 @@ def _fresh(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
 
 
 def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    # The logits are upcast so that the loss is computed in fp32, as Replica does.
-    return F.cross_entropy(model(x).float(), y)
+    return cross_entropy(model(x), y)
 
 
 def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:

@@ -12,8 +12,9 @@ samples.
     scheme = SyncDataParallel(..., on_step=monitor.on_step)
 """
 import torch
-import torch.nn.functional as F
 from torch.utils.data import TensorDataset
+
+from .loss import cross_entropy
 
 
 @torch.no_grad()
@@ -27,8 +28,8 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 1024) -> tuple[f
         x, y = _rows(dataset, start, min(start + batch_size, len(dataset)))
         if parameter is not None and x.is_floating_point():  # a mixed-precision model mid-training
             x = x.to(parameter.dtype)
-        logits = model(x).float()
-        total_loss += F.cross_entropy(logits, y, reduction="sum").item()
+        logits = model(x)
+        total_loss += cross_entropy(logits, y, reduction="sum").item()
         correct += int((logits.argmax(dim=1) == y).sum())
         count += len(y)
     model.train(was_training)

@@ -94,6 +94,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     step_time = sim_time / steps if steps else None  # None: stopped (out of memory) before a step ended
     log = cluster.log
     devices, breakdown_total = [], {kind: 0.0 for kind in (*BREAKDOWN_KINDS, "idle")}
+    job_names = {rank: name for name, ranks in cluster.jobs for rank in ranks}
     for device in cluster.devices:
         spent = {kind: log.total(device.rank, kind) for kind in BREAKDOWN_KINDS}
         spent["idle"] = max(0.0, sim_time - sum(spent.values()))
@@ -102,6 +103,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         memory = device.memory
         devices.append({
             "rank": device.rank,
+            "job": job_names.get(device.rank),
             "node": device.node,
             "device": device.spec.name,
             "peak_memory_bytes": memory.peak_total,
@@ -156,28 +158,33 @@ def _shared_memory_entry(cluster: Cluster) -> dict:
 
 
 def build_trace(cluster: Cluster) -> dict:
-    """Chrome trace event format: a track per device (with idle gaps) and per busy link."""
-    events = [_meta(0, None, "process_name", "devices"), _meta(1, None, "process_name", "links")]
+    """Chrome trace event format: a process per job with a track per device (with idle gaps),
+    and a process of links with a track per busy link."""
+    links_pid = len(cluster.jobs)
+    events = [_meta(index, None, "process_name", f"job {name}") for index, (name, _) in enumerate(cluster.jobs)]
+    events.append(_meta(links_pid, None, "process_name", "links"))
     spans_by_rank: dict[int, list] = {device.rank: [] for device in cluster.devices}
     for span in cluster.log.spans:
         spans_by_rank[span.rank].append(span)
-    for device in cluster.devices:
-        events.append(_meta(0, device.rank, "thread_name", f"rank {device.rank} ({device.node})"))
-        cursor = 0.0
-        for span in sorted(spans_by_rank[device.rank], key=lambda s: (s.start, s.end)):
-            if span.start > cursor:
-                events.append(_span(0, device.rank, "idle", "idle", cursor, span.start, {}))
-            args = {"bytes": span.nbytes} if span.nbytes else {}
-            if span.flops:
-                args["flops"] = span.flops
-            events.append(_span(0, device.rank, span.name, span.kind, span.start, span.end, args))
-            cursor = max(cursor, span.end)
-        if cluster.env.now > cursor:
-            events.append(_span(0, device.rank, "idle", "idle", cursor, cluster.env.now, {}))
+    for index, (_, ranks) in enumerate(cluster.jobs):
+        for rank in ranks:
+            device = cluster.devices[rank]
+            events.append(_meta(index, rank, "thread_name", f"rank {rank} ({device.node})"))
+            cursor = 0.0
+            for span in sorted(spans_by_rank[rank], key=lambda s: (s.start, s.end)):
+                if span.start > cursor:
+                    events.append(_span(index, rank, "idle", "idle", cursor, span.start, {}))
+                args = {"bytes": span.nbytes} if span.nbytes else {}
+                if span.flops:
+                    args["flops"] = span.flops
+                events.append(_span(index, rank, span.name, span.kind, span.start, span.end, args))
+                cursor = max(cursor, span.end)
+            if cluster.env.now > cursor:
+                events.append(_span(index, rank, "idle", "idle", cursor, cluster.env.now, {}))
     for tid, (link, intervals) in enumerate(_link_busy_intervals(cluster).items()):
-        events.append(_meta(1, tid, "thread_name", f"{link[0]} -> {link[1]}"))
+        events.append(_meta(links_pid, tid, "thread_name", f"{link[0]} -> {link[1]}"))
         for start, end, nbytes, flows in intervals:
-            events.append(_span(1, tid, "busy", "link", start, end, {"bytes": nbytes, "transfers": flows}))
+            events.append(_span(links_pid, tid, "busy", "link", start, end, {"bytes": nbytes, "transfers": flows}))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

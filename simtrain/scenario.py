@@ -90,17 +90,9 @@ class SharedMemorySpec(_Strict):
 class ModelSpec(_Strict):
     name: str = "mlp"  # mlp | cnn | package.module:function
     hidden: list[PositiveInt] = [128, 128]  # mlp
-    channels: list[PositiveInt] = [16, 32]  # cnn
+    channels: Annotated[list[PositiveInt], Field(min_length=1)] = [16, 32]  # cnn: conv widths
     batchnorm: bool = False  # mlp, cnn: BatchNorm after each hidden Linear / Conv2d
     options: dict[str, Any] = {}  # keyword arguments of a user's model function
-
-    def builder_options(self) -> dict[str, Any]:
-        """The keyword options the model builder of `name` takes."""
-        if self.name == "mlp":
-            return {"hidden": list(self.hidden), "batchnorm": self.batchnorm}
-        if self.name == "cnn":
-            return {"channels": list(self.channels), "batchnorm": self.batchnorm}
-        return dict(self.options)
 
 
 class MHSpec(_Strict):
@@ -132,33 +124,44 @@ class DataSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
+    """The optimizer (simtrain/train/optim.py) and, for kfac, its preconditioner (simtrain/train/kfac.py)."""
+
     name: Literal["sgd", "adam", "kfac"] = "sgd"
-    lr: Annotated[float, Field(gt=0)] = 0.1
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    nesterov: bool = False
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: Annotated[float, Field(gt=0)] = 1e-8
-    # kfac (simtrain/train/kfac.py): K-FAC preconditioning, then SGD with lr, momentum, weight_decay.
-    damping: Annotated[float, Field(gt=0)] = 1e-3
-    factor_decay: Annotated[float, Field(ge=0, lt=1)] = 0.95
-    factor_update_steps: PositiveInt = 1
-    inv_update_steps: PositiveInt = 10
+    lr: Annotated[float, Field(gt=0)] = 0.1  # learning rate
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0  # sgd, kfac
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0  # L2 penalty added to the gradient (torch's)
+    nesterov: bool = False  # sgd; needs momentum > 0
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)  # adam
+    eps: Annotated[float, Field(gt=0)] = 1e-8  # adam
+    # kfac: K-FAC preconditioning, then SGD with lr, momentum, weight_decay.
+    damping: Annotated[float, Field(gt=0)] = 1e-3  # Tikhonov damping lambda
+    factor_decay: Annotated[float, Field(ge=0, lt=1)] = 0.95  # running average of the factors
+    factor_update_steps: PositiveInt = 1  # steps between factor updates
+    inv_update_steps: PositiveInt = 10  # steps between decompositions
     kl_clip: Annotated[float, Field(ge=0)] = 1e-3  # 0: no clipping
     method: Literal["eigen", "inverse"] = "eigen"
-    distribute_inverses: bool = True
+    distribute_inverses: bool = True  # each factor decomposed on one device, then broadcast
 
-    def builder_options(self) -> dict[str, Any]:
-        """The keyword options of the torch optimizer `name`."""
-        if self.name == "sgd":
-            return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
-                    "nesterov": self.nesterov}
-        if self.name == "kfac":
-            return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
-                    "damping": self.damping, "factor_decay": self.factor_decay,
-                    "factor_update_steps": self.factor_update_steps, "inv_update_steps": self.inv_update_steps,
-                    "kl_clip": self.kl_clip, "method": self.method, "distribute_inverses": self.distribute_inverses}
-        return {"lr": self.lr, "betas": tuple(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
+    @model_validator(mode="after")
+    def _fields_of_this_optimizer(self) -> "OptimizerSpec":
+        # A field of another optimizer may only hold its default (as a resolved scenario writes it).
+        allowed = _OPTIMIZER_FIELDS[self.name]
+        for field in sorted(self.model_fields_set - allowed - {"name"}):
+            if getattr(self, field) == type(self).model_fields[field].default:
+                continue
+            raise ValueError(f"train.optimizer.{field}: not an option of {self.name} "
+                             f"(its options: {', '.join(sorted(allowed))})")
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("train.optimizer.nesterov: needs a momentum above 0")
+        return self
+
+
+_OPTIMIZER_FIELDS = {
+    "sgd": {"lr", "momentum", "weight_decay", "nesterov"},
+    "adam": {"lr", "betas", "eps", "weight_decay"},
+    "kfac": {"lr", "momentum", "weight_decay", "damping", "factor_decay", "factor_update_steps",
+             "inv_update_steps", "kl_clip", "method", "distribute_inverses"},
+}
 
 
 class AmpSpec(_Strict):
@@ -309,5 +312,6 @@ def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path
             message = "unknown field"
         elif first["type"] == "literal_error":
             message = f"{message}, got {first['input']!r}"
-        # A check across fields (no location) names its field at the start of its message.
-        raise ScenarioError(f"{source}: {field}: {message}" if field else f"{source}: {message}") from None
+        # A check across fields names its field at the start of its message.
+        named = not field or message.startswith(field + ".")
+        raise ScenarioError(f"{source}: {message}" if named else f"{source}: {field}: {message}") from None

@@ -3,7 +3,7 @@
 `train_ddp(world_size, seed=..., steps=..., hidden=..., batch_size=..., lr=...)`
 spawns `world_size` CPU processes that rendezvous through a file in a temporary
 directory (no network ports) and train the digits MLP exactly as a real job
-would: `build_model("mlp", {"hidden": hidden}, info, seed)` wrapped in
+would: `build_model(ModelSpec(name="mlp", hidden=hidden), info, seed)` wrapped in
 DistributedDataParallel, the real DataLoader with
 DistributedSampler(shuffle=True, seed=seed, drop_last=True) and set_epoch each
 epoch, SGD from `build_optimizer`, mean cross-entropy, `steps` optimizer steps
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
+from simtrain.scenario import ModelSpec, OptimizerSpec
 from simtrain.train.data import load_dataset
 from simtrain.train.models import build_model
 from simtrain.train.optim import build_optimizer
@@ -74,9 +75,9 @@ def _worker(
     )
     try:
         splits = load_dataset("digits", {}, seed)
-        model = build_model("mlp", {"hidden": hidden}, splits.info, seed)
+        model = build_model(ModelSpec(name="mlp", hidden=hidden), splits.info, seed)
         ddp_model = DistributedDataParallel(model)
-        optimizer = build_optimizer(ddp_model.parameters(), "sgd", optimizer_options)
+        optimizer = build_optimizer(ddp_model.parameters(), OptimizerSpec(name="sgd", **optimizer_options))
         sampler = DistributedSampler(
             splits.train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import simtrain
+from simtrain.scenario import ModelSpec
 from simtrain.errors import ScenarioError
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
@@ -42,7 +43,7 @@ def params(model):
 
 def initial_model():
     data = load_dataset("digits", {}, SEED)
-    return data, build_model("mlp", {"hidden": HIDDEN}, data.info, SEED)
+    return data, build_model(ModelSpec(name="mlp", hidden=HIDDEN), data.info, SEED)
 
 
 @pytest.mark.parametrize("consistency", ["hogwild", "locked"])

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import simtrain
+from simtrain.scenario import ModelSpec
 from simtrain.errors import ScenarioError
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
@@ -22,12 +23,12 @@ DIGITS = load_dataset("digits", {}, seed=0)
 
 
 def test_batchnorm_follows_every_hidden_linear_and_conv():
-    mlp = build_model("mlp", {"hidden": [8, 6], "batchnorm": True}, DIGITS.info, seed=0)
+    mlp = build_model(ModelSpec(name="mlp", hidden=[8, 6], batchnorm=True), DIGITS.info, seed=0)
     norms = [m.num_features for m in mlp if isinstance(m, nn.BatchNorm1d)]
     assert norms == [8, 6] and layers_before_batchnorm(mlp) == ["1", "4"]
-    cnn = build_model("cnn", {"channels": [4, 5], "batchnorm": True}, DIGITS.info, seed=0)
+    cnn = build_model(ModelSpec(name="cnn", channels=[4, 5], batchnorm=True), DIGITS.info, seed=0)
     assert [m.num_features for m in cnn if isinstance(m, nn.BatchNorm2d)] == [4, 5]
-    plain = build_model("mlp", {"hidden": [8, 6]}, DIGITS.info, seed=0)
+    plain = build_model(ModelSpec(name="mlp", hidden=[8, 6]), DIGITS.info, seed=0)
     assert layers_before_batchnorm(plain) == []
 
 
@@ -52,7 +53,7 @@ def resume(program):
 @pytest.mark.parametrize("name,options", [("mlp", {"hidden": [16, 12]}), ("cnn", {"channels": [3]})])
 def test_syncbn_on_n_devices_is_batchnorm_over_the_concatenated_batch(name, options):
     world, batch = 3, 8
-    model = build_model(name, {**options, "batchnorm": True}, DIGITS.info, seed=1)
+    model = build_model(ModelSpec(name=name, **options, batchnorm=True), DIGITS.info, seed=1)
     batches = [ShardLoader(DIGITS.train, world, rank, batch, seed=1).next_batch() for rank in range(world)]
     replicas = [copy.deepcopy(model) for _ in range(world)]
     outputs = []
@@ -99,7 +100,7 @@ def bn_runs():
 
 def concatenated_batch_reference(world):
     """Plain torch: BatchNorm over the concatenation of the ranks' batches, SGD on the mean loss."""
-    model = build_model("mlp", {"hidden": HIDDEN, "batchnorm": True}, DIGITS.info, seed=2)
+    model = build_model(ModelSpec(name="mlp", hidden=HIDDEN, batchnorm=True), DIGITS.info, seed=2)
     data = load_dataset("digits", {}, seed=2)
     loaders = [ShardLoader(data.train, world, rank, BATCH, seed=2) for rank in range(world)]
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)

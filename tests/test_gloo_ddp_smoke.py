@@ -4,6 +4,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from gloo_ddp import train_ddp
+from simtrain.scenario import ModelSpec, OptimizerSpec
 from simtrain.train.data import load_dataset
 from simtrain.train.models import build_model
 from simtrain.train.optim import build_optimizer
@@ -14,9 +15,9 @@ SEED, STEPS, HIDDEN, BATCH, LR, MOMENTUM = 3, 5, [32], 32, 0.1, 0.9
 def _single_process_reference(world_size: int) -> tuple[dict, dict]:
     """Initial and final state of one process whose every step sees all ranks' batches at once."""
     splits = load_dataset("digits", {}, SEED)
-    model = build_model("mlp", {"hidden": HIDDEN}, splits.info, SEED)
+    model = build_model(ModelSpec(name="mlp", hidden=HIDDEN), splits.info, SEED)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = build_optimizer(model.parameters(), "sgd", {"lr": LR, "momentum": MOMENTUM})
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="sgd", lr=LR, momentum=MOMENTUM))
     rank_iterators = []
     for rank in range(world_size):
         sampler = DistributedSampler(

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import simtrain
+from simtrain.scenario import ModelSpec, OptimizerSpec
 from simtrain.cost import measure_step_cost
 from simtrain.hw.catalog import CATALOG
 from simtrain.scenario import validate_scenario
@@ -39,7 +40,7 @@ def scenario(devices, steps, scheme, trace=False, **cluster):
 def step_costs():
     """Forward and backward FLOPs of one batch, and the parameters' bytes."""
     data = load_dataset("digits", {}, SEED)
-    model = build_model("mlp", {"hidden": HIDDEN}, data.info, SEED)
+    model = build_model(ModelSpec(name="mlp", hidden=HIDDEN), data.info, SEED)
     x, y = ShardLoader(data.train, 1, 0, BATCH, SEED).next_batch()
     cost = measure_step_cost(model, x, y)
     return cost.forward_flops, cost.backward_flops, sum(p.numel() * 4 for p in model.parameters())
@@ -51,7 +52,7 @@ def test_sync_step_time_follows_the_straggler():
     forward, backward, param_bytes = step_costs()
     spec = CATALOG["a100-40gb"]
     compute = (forward + backward) / (spec.peak_flops["fp32"] * EFFICIENCY)
-    optimizer = optimizer_step_bytes("sgd", {"lr": 0.1}, param_bytes) / (spec.memory_bandwidth * EFFICIENCY)
+    optimizer = optimizer_step_bytes(OptimizerSpec(name="sgd", lr=0.1), param_bytes) / (spec.memory_bandwidth * EFFICIENCY)
     ring = 2 * (world - 1) * (5e-6 + param_bytes / world / 50e9)  # 2(N-1)(alpha + S/(N B))
     # The straggler is on the critical path every step; everyone else waits for it at the all-reduce.
     assert data["step_time_s"] == pytest.approx(slowdown * (compute + optimizer) + ring, rel=1e-4)
@@ -74,7 +75,7 @@ def test_async_throughput_loses_only_the_stragglers_share():
     forward, backward, param_bytes = step_costs()
     compute = (forward + backward) / (CATALOG["a100-40gb"].peak_flops["fp32"] * EFFICIENCY)
     transfers = 2 * (1.1e-6 + param_bytes / 32e9)
-    apply = optimizer_step_bytes("sgd", {"lr": 0.1}, param_bytes) / 100e9
+    apply = optimizer_step_bytes(OptimizerSpec(name="sgd", lr=0.1), param_bytes) / 100e9
     fast_cycle, slow_cycle = compute + transfers + apply, slowdown * compute + transfers + apply
     # Workers never wait for each other: the group's rate is the sum of its members' rates.
     share = ((world - 1) / fast_cycle + 1 / slow_cycle) / (world / fast_cycle)
@@ -84,7 +85,7 @@ def test_async_throughput_loses_only_the_stragglers_share():
     # The same straggler stalls a sync group: every step waits for its whole compute and optimizer step.
     sync_equal = simtrain.run(scenario(world, steps // world, "ring")).data
     sync_straggler = simtrain.run(scenario(world, steps // world, "ring", overrides={0: {"slowdown": slowdown}})).data
-    optimizer = optimizer_step_bytes("sgd", {"lr": 0.1}, param_bytes) / (
+    optimizer = optimizer_step_bytes(OptimizerSpec(name="sgd", lr=0.1), param_bytes) / (
         CATALOG["a100-40gb"].memory_bandwidth * EFFICIENCY)
     ring = 2 * (world - 1) * (5e-6 + param_bytes / world / 50e9)
     ratio = sync_straggler["throughput_samples_per_s"] / sync_equal["throughput_samples_per_s"]

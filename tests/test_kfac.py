@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import simtrain
+from simtrain.scenario import ModelSpec, OptimizerSpec
 from simtrain.comm import ALL_REDUCE
 from simtrain.comm.simulated import SimCommunicator
 from simtrain.hw.catalog import CATALOG
@@ -22,7 +23,7 @@ from simtrain.hw.topology_builders import LinkClass, build_topology
 from simtrain.scenario import validate_scenario
 from simtrain.schemes.kfac_sync import assign_inverses
 from simtrain.train.data import ShardLoader, load_dataset
-from simtrain.train.kfac import Kfac, KfacOptions
+from simtrain.train.kfac import Kfac
 from simtrain.train.models import build_model
 
 
@@ -39,7 +40,7 @@ def test_linear_factors_are_the_empirical_fisher_factors():
     batch, model = 16, nn.Sequential(nn.Linear(5, 3))
     x = torch.randn(batch, 5, generator=generator(0))
     y = torch.randint(0, 3, (batch,), generator=generator(1))
-    kfac = Kfac(model, KfacOptions())
+    kfac = Kfac(model, OptimizerSpec(name="kfac"))
     F.cross_entropy(model(x), y).backward()
     kfac.compute_batch_factors()
     # Reference: per-sample gradients of each sample's own loss w.r.t. the layer's output.
@@ -55,7 +56,7 @@ def test_conv_factors_follow_kfc_and_reproduce_the_weight_gradient():
     model = nn.Sequential(conv, nn.Flatten(), nn.Linear(4 * 16, 5))
     x = torch.randn(batch, 2, 4, 4, generator=generator(2))
     y = torch.randint(0, 5, (batch,), generator=generator(3))
-    kfac = Kfac(model, KfacOptions())
+    kfac = Kfac(model, OptimizerSpec(name="kfac"))
     F.cross_entropy(model(x), y).backward()
     layer = kfac.layers[0]
     a, g = layer.a, layer.g
@@ -76,7 +77,7 @@ def test_conv_factors_follow_kfc_and_reproduce_the_weight_gradient():
 def preconditioned(method, damping, a, g, grad, kl_clip=0.0, lr=0.1):
     """Run Kfac's decomposition and preconditioning on a Linear(5, 3) with known factors and gradient."""
     model = nn.Sequential(nn.Linear(5, 3))
-    kfac = Kfac(model, KfacOptions(lr=lr, damping=damping, kl_clip=kl_clip, method=method))
+    kfac = Kfac(model, OptimizerSpec(name="kfac", lr=lr, damping=damping, kl_clip=kl_clip, method=method))
     layer = kfac.layers[0]
     layer.running = {"A": a.float(), "G": g.float()}
     for j in range(len(kfac.factors)):
@@ -126,12 +127,12 @@ def test_kl_clip_scales_the_update_to_the_trust_region():
 def test_factors_averaged_across_devices_equal_the_factors_of_the_concatenated_batch(name, options):
     world, batch, seed = 4, 8, 5
     data = load_dataset("digits", {}, seed)
-    model = build_model(name, options, data.info, seed)
+    model = build_model(ModelSpec(name=name, **options), data.info, seed)
     batches = [ShardLoader(data.train, world, rank, batch, seed).next_batch() for rank in range(world)]
     kfacs = []
     for x, y in batches:
-        replica = build_model(name, options, data.info, seed)
-        kfac = Kfac(replica, KfacOptions())
+        replica = build_model(ModelSpec(name=name, **options), data.info, seed)
+        kfac = Kfac(replica, OptimizerSpec(name="kfac"))
         F.cross_entropy(replica(x), y).backward()
         kfac.compute_batch_factors()
         kfacs.append(kfac)
@@ -141,7 +142,7 @@ def test_factors_averaged_across_devices_equal_the_factors_of_the_concatenated_b
     for rank, kfac in enumerate(kfacs):
         comm.run(rank, ALL_REDUCE["ring"](rank, world, kfac.factor_buffer, average=True))
     env.run()
-    whole = Kfac(model, KfacOptions())
+    whole = Kfac(model, OptimizerSpec(name="kfac"))
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
     F.cross_entropy(model(x), y).backward()

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import simtrain
 from simtrain.cli import main
 from simtrain.cost import measure_step_cost
-from simtrain.memory import StepMemoryModel, plan_memory
-from simtrain.scenario import validate_scenario
+from simtrain.memory_plan import plan_memory
+from simtrain.scenario import ModelSpec, validate_scenario
 from simtrain.train.checkpointing import apply_checkpointing
 from simtrain.train.data import load_dataset
 from simtrain.train.models import build_model
@@ -37,7 +37,7 @@ def scenario(hidden, steps=2, devices=1, batch=64, precision="fp32", checkpointi
 
 def test_fp16_activations_are_what_autograd_saves_and_about_half_of_fp32():
     batch = 32
-    model = build_model("mlp", {"hidden": [128]}, DIGITS.info, seed=0)  # Linear(64,128)-ReLU-Linear(128,10)
+    model = build_model(ModelSpec(name="mlp", hidden=[128]), DIGITS.info, seed=0)  # Linear(64,128)-ReLU-Linear(128,10)
     x, y = DIGITS.train.tensors[0][:batch], DIGITS.train.tensors[1][:batch]
     fp32 = measure_step_cost(model, x, y).activation_bytes
     fp16 = measure_step_cost(model.half(), x.half(), y).activation_bytes
@@ -69,8 +69,8 @@ def test_sqrt_checkpointing_of_16_blocks_halves_activations_for_about_one_more_f
 
 
 def test_checkpointed_batchnorm_updates_running_statistics_once_per_step():
-    model = build_model("mlp", {"hidden": [32, 32, 32], "batchnorm": True}, DIGITS.info, seed=0)
-    checkpointed = apply_checkpointing(build_model("mlp", {"hidden": [32, 32, 32], "batchnorm": True},
+    model = build_model(ModelSpec(name="mlp", hidden=[32, 32, 32], batchnorm=True), DIGITS.info, seed=0)
+    checkpointed = apply_checkpointing(build_model(ModelSpec(name="mlp", hidden=[32, 32, 32], batchnorm=True),
                                                    DIGITS.info, seed=0), {"segments": 3})
     assert len(checkpointed.segments) == 3
     for start in (0, 32, 64):
@@ -97,10 +97,8 @@ def test_memory_plan_of_a_model_too_big_for_this_host():
                     cluster={"device": {"base": "h100-80gb", "memory": "2 TiB"}})
     widths = [64, *[width] * depth, 10]
     params = sum(a * b + b for a, b in zip(widths, widths[1:]))  # 14.4 billion: 58 GB in fp32
-    model = StepMemoryModel(spec)
     # fp16 ReLU outputs, then the fp32 log-probs and total_weight (see the fp16 test above).
     per_sample = depth * width * 2 + 10 * 4
-    assert model.activation_bytes(batch) == batch * per_sample + 4
     (plan,) = plan_memory(spec)
     held = {"weights": 2 * params, "master_weights": 4 * params, "gradients": 6 * params,
             "optimizer_state": 4 * params}  # SGD momentum on the fp32 master

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import simtrain
+from simtrain.scenario import ModelSpec
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
@@ -61,7 +62,7 @@ def test_loss_scaler_follows_grad_scaler_step_for_step(options):
 def fp16_reference(seed, steps, batch, hidden, lr, amp):
     """Plain torch: an fp16 model, fp32 master weights stepped through torch.amp.GradScaler."""
     data = load_dataset("digits", {}, seed)
-    master = build_model("mlp", {"hidden": hidden}, data.info, seed)
+    master = build_model(ModelSpec(name="mlp", hidden=hidden), data.info, seed)
     model = copy.deepcopy(master).half()
     optimizer = torch.optim.SGD(master.parameters(), lr=lr, foreach=False)
     scaler = torch.amp.GradScaler("cpu", **amp)

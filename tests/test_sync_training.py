@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import simtrain
+from simtrain.scenario import ModelSpec
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
@@ -58,7 +59,7 @@ def test_naive_ring_and_tree_agree(runs):
 def single_process_reference(world, seed, steps, momentum=0.0):
     """Plain torch: N model copies, each on its shard; average their gradients; step each."""
     data = load_dataset("digits", {}, seed)
-    model = build_model("mlp", {"hidden": HIDDEN}, data.info, seed)
+    model = build_model(ModelSpec(name="mlp", hidden=HIDDEN), data.info, seed)
     loaders = [ShardLoader(data.train, world, rank, BATCH, seed) for rank in range(world)]
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum, foreach=False)
     for _ in range(steps):

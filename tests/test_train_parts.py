@@ -4,6 +4,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from simtrain.scenario import ModelSpec, OptimizerSpec, validate_scenario
 from simtrain.cost import measure_step_cost
 from simtrain.errors import ScenarioError
 from simtrain.train.data import DataSplits, DatasetInfo, ShardLoader, load_dataset
@@ -157,10 +158,10 @@ def test_dataset_errors_name_the_field(name, options, field):
 
 def test_model_init_follows_the_manual_seed_contract():
     rng_before = torch.get_rng_state()
-    a = build_model("mlp", {"hidden": [20, 10]}, DIGITS.info, seed=11)
+    a = build_model(ModelSpec(name="mlp", hidden=[20, 10]), DIGITS.info, seed=11)
     assert torch.equal(torch.get_rng_state(), rng_before)
-    b = build_model("mlp", {"hidden": [20, 10]}, DIGITS.info, seed=11)
-    c = build_model("mlp", {"hidden": [20, 10]}, DIGITS.info, seed=12)
+    b = build_model(ModelSpec(name="mlp", hidden=[20, 10]), DIGITS.info, seed=11)
+    c = build_model(ModelSpec(name="mlp", hidden=[20, 10]), DIGITS.info, seed=12)
     torch.manual_seed(11)
     by_hand = nn.Sequential(
         nn.Flatten(), nn.Linear(64, 20), nn.ReLU(), nn.Linear(20, 10), nn.ReLU(), nn.Linear(10, 10)
@@ -172,7 +173,7 @@ def test_model_init_follows_the_manual_seed_contract():
 
 
 def test_mlp_and_cnn_structure():
-    mlp = build_model("mlp", {}, DIGITS.info, seed=0)
+    mlp = build_model(ModelSpec(name="mlp"), DIGITS.info, seed=0)
     assert isinstance(mlp, nn.Sequential)
     assert [type(m).__name__ for m in mlp] == ["Flatten", "Linear", "ReLU", "Linear", "ReLU", "Linear"]
     assert [(m.in_features, m.out_features) for m in mlp if isinstance(m, nn.Linear)] == [
@@ -180,12 +181,12 @@ def test_mlp_and_cnn_structure():
         (128, 128),
         (128, 10),
     ]
-    cnn = build_model("cnn", {"channels": [4, 8, 8]}, DIGITS.info, seed=0)
+    cnn = build_model(ModelSpec(name="cnn", channels=[4, 8, 8]), DIGITS.info, seed=0)
     kinds = [type(m).__name__ for m in cnn]
     assert kinds[0] == "Unflatten" and kinds.count("Conv2d") == 3 and kinds.count("MaxPool2d") == 3
     assert cnn[-1].in_features == 8 * 1 * 1
     assert cnn(DIGITS.train.tensors[0][:5]).shape == (5, 10)
-    assert build_model("test_train_parts:tiny_model", {"width": 7}, DIGITS.info, 0).in_features == 7
+    assert build_model(ModelSpec(name="test_train_parts:tiny_model", options={"width": 7}), DIGITS.info, 0).in_features == 7
 
 
 @pytest.mark.parametrize(
@@ -199,13 +200,13 @@ def test_mlp_and_cnn_structure():
         ("cnn", {}, DatasetInfo(32, 10, None), "model.name"),
         ("no_such_module_xyz:net", {}, DIGITS.info, "model.name"),
         ("test_train_parts:not_a_pair", {}, DIGITS.info, "model.name"),
-        ("test_train_parts:tiny_model", {"depth": 2}, DIGITS.info, "model.options"),
+        ("test_train_parts:tiny_model", {"options": {"depth": 2}}, DIGITS.info, "model.options"),
     ],
 )
 def test_model_errors_name_the_field(name, options, info, field):
-    with pytest.raises(ScenarioError) as error:
-        build_model(name, options, info, seed=0)
-    assert str(error.value).startswith(field + ":")
+    with pytest.raises(ScenarioError) as error:  # from the scenario's validation or from building the model
+        build_model(validate_scenario({"model": {"name": name, **options}}).model, info, seed=0)
+    assert str(error.value).removeprefix("scenario: ").startswith(field)  # model.hidden.1 for one width
 
 
 # ---------------------------------------------------------------- optimizers
@@ -220,8 +221,8 @@ def test_model_errors_name_the_field(name, options, info, field):
     ],
 )
 def test_optimizer_state_bytes_match_the_real_state(name, options, state_copies, step_copies):
-    model = build_model("mlp", {"hidden": [16]}, DIGITS.info, seed=0)
-    optimizer = build_optimizer(model.parameters(), name, options)
+    model = build_model(ModelSpec(name="mlp", hidden=[16]), DIGITS.info, seed=0)
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name=name, **options))
     assert optimizer.defaults["foreach"] is False
     x, y = DIGITS.train.tensors[0][:8], DIGITS.train.tensors[1][:8]
     nn.functional.cross_entropy(model(x), y).backward()
@@ -234,8 +235,8 @@ def test_optimizer_state_bytes_match_the_real_state(name, options, state_copies,
         for value in state.values()
         if isinstance(value, torch.Tensor) and value.shape == param.shape
     )
-    assert optimizer_state_bytes(name, options, param_bytes) == real_state == state_copies * param_bytes
-    assert optimizer_step_bytes(name, options, param_bytes) == step_copies * param_bytes
+    assert optimizer_state_bytes(OptimizerSpec(name=name, **options), param_bytes) == real_state == state_copies * param_bytes
+    assert optimizer_step_bytes(OptimizerSpec(name=name, **options), param_bytes) == step_copies * param_bytes
 
 
 @pytest.mark.parametrize(
@@ -251,8 +252,8 @@ def test_optimizer_state_bytes_match_the_real_state(name, options, state_copies,
 )
 def test_optimizer_errors_name_the_field(name, options, field):
     with pytest.raises(ScenarioError) as error:
-        build_optimizer([nn.Parameter(torch.zeros(2))], name, options)
-    assert str(error.value).startswith(field + ":")
+        validate_scenario({"train": {"optimizer": {"name": name, **options}}})
+    assert str(error.value).removeprefix("scenario: ").startswith(field)  # betas.1 for the second beta
 
 
 # ---------------------------------------------------------------- cost
@@ -260,7 +261,7 @@ def test_optimizer_errors_name_the_field(name, options, field):
 
 def test_mlp_flops_match_the_closed_form():
     batch, widths = 32, [64, 128, 64, 10]
-    model = build_model("mlp", {"hidden": widths[1:-1]}, DIGITS.info, seed=0)
+    model = build_model(ModelSpec(name="mlp", hidden=widths[1:-1]), DIGITS.info, seed=0)
     x, y = DIGITS.train.tensors[0][:batch], DIGITS.train.tensors[1][:batch]
     layer_flops = [2 * batch * n_in * n_out for n_in, n_out in zip(widths, widths[1:])]
     # Forward: one (B x in) @ (in x out) matmul per Linear, 2 FLOPs per multiply-add;
@@ -279,7 +280,7 @@ def test_mlp_flops_match_the_closed_form():
 
 def test_cnn_flops_match_the_closed_form():
     batch = 32
-    model = build_model("cnn", {"channels": [16, 32]}, DIGITS.info, seed=0)
+    model = build_model(ModelSpec(name="cnn", channels=[16, 32]), DIGITS.info, seed=0)
     x, y = DIGITS.train.tensors[0][:batch], DIGITS.train.tensors[1][:batch]
     conv1 = 2 * batch * 16 * 8 * 8 * (1 * 3 * 3)  # per output element: C_in * 3 * 3 multiply-adds
     conv2 = 2 * batch * 32 * 4 * 4 * (16 * 3 * 3)  # after a 2x2 max-pool
@@ -291,7 +292,7 @@ def test_cnn_flops_match_the_closed_form():
 
 def test_activation_bytes_match_what_autograd_saves_by_hand():
     batch = 32
-    model = build_model("mlp", {"hidden": [128]}, DIGITS.info, seed=0)  # Linear(64,128)-ReLU-Linear(128,10)
+    model = build_model(ModelSpec(name="mlp", hidden=[128]), DIGITS.info, seed=0)  # Linear(64,128)-ReLU-Linear(128,10)
     x, y = DIGITS.train.tensors[0][:batch], DIGITS.train.tensors[1][:batch]
     # Saved for backward, float32:
     #   Linear1 (addmm) saves x                      -> the input batch: not counted
@@ -304,7 +305,7 @@ def test_activation_bytes_match_what_autograd_saves_by_hand():
 
 
 def test_measurement_leaves_the_model_alone_and_is_cached():
-    model = build_model("mlp", {"hidden": [24]}, DIGITS.info, seed=0)
+    model = build_model(ModelSpec(name="mlp", hidden=[24]), DIGITS.info, seed=0)
     x, y = DIGITS.train.tensors[0][:16], DIGITS.train.tensors[1][:16]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     first = measure_step_cost(model, x, y)
@@ -314,13 +315,13 @@ def test_measurement_leaves_the_model_alone_and_is_cached():
     grads = [p.grad.clone() for p in model.parameters()]
     assert measure_step_cost(model, x, y) is first
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
-    other = measure_step_cost(build_model("mlp", {"hidden": [24]}, DIGITS.info, 0), x[:8], y[:8])
+    other = measure_step_cost(build_model(ModelSpec(name="mlp", hidden=[24]), DIGITS.info, 0), x[:8], y[:8])
     assert other.forward_flops == first.forward_flops / 2
 
 
 def test_meta_tensors_give_shapes_flops_and_bytes_without_numbers():
     batch = 13  # a shape no other test measures, so nothing comes from the cache
-    model = build_model("mlp", {"hidden": [24]}, DIGITS.info, seed=0).to("meta")
+    model = build_model(ModelSpec(name="mlp", hidden=[24]), DIGITS.info, seed=0).to("meta")
     x, y = torch.empty(batch, 64, device="meta"), torch.empty(batch, dtype=torch.int64, device="meta")
     cost = measure_step_cost(model, x, y)
     assert cost.forward_flops == 2 * batch * (64 * 24 + 24 * 10)

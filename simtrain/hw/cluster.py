@@ -4,7 +4,9 @@
     cluster.devices[0].compute(...); cluster.network.transfer(...); cluster.env.run()
 
 Several jobs may share one cluster (its links and clock); each takes a group of
-its devices.
+its devices (`add_job`), and the event log tags their spans with the job's index.
+With `enforce_capacity=False` the ledgers record peaks past a device's
+capacity instead of raising OutOfMemory (the memory plan measures that way).
 
 Devices need not be alike: `cluster.overrides` gives a rank another device, some
 changed device fields, or a `slowdown`; `cluster.compute_jitter` gives every
@@ -13,6 +15,7 @@ seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
 shared_memory.py to the network.
 """
 import gc
+import math
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +37,7 @@ class Cluster:
 
     def __init__(self, topology: Topology, specs: list[DeviceSpec], record: bool = True,
                  slowdowns: list[float] | None = None, compute_jitter: float = 0.0, seed: int = 0,
-                 shared_memory: SharedMemory | None = None):
+                 shared_memory: SharedMemory | None = None, enforce_capacity: bool = True):
         if len(specs) != topology.num_devices:
             raise ValueError(f"{len(specs)} device specs for {topology.num_devices} devices")
         slowdowns = slowdowns or [1.0] * len(specs)
@@ -48,6 +51,20 @@ class Cluster:
                    rng=np.random.default_rng([seed, rank]) if compute_jitter else None)
             for rank, (node, spec) in enumerate(zip(topology.devices, specs))
         ]
+        if not enforce_capacity:
+            for device in self.devices:
+                device.memory.capacity_bytes = math.inf
+        self.jobs: list[tuple[str, list[int]]] = []  # (name, global ranks) of each job, by index
+
+    def add_job(self, name: str, ranks: list[int]) -> int:
+        """A job takes devices `ranks`: its index, which the event log puts on their spans."""
+        taken = {rank for _, held in self.jobs for rank in held}
+        clash = sorted(taken.intersection(ranks))
+        if clash:
+            raise ValueError(f"job {name!r}: devices {clash} belong to another job")
+        self.jobs.append((name, list(ranks)))
+        self.log.assign(ranks, len(self.jobs) - 1)
+        return len(self.jobs) - 1
 
     @property
     def size(self) -> int:
@@ -83,7 +100,8 @@ def build_topology_from_spec(spec: ClusterSpec, base_dir: Path = Path(".")) -> T
         torus_shape=spec.torus_shape, base_dir=base_dir)
 
 
-def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = True, seed: int = 0) -> Cluster:
+def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = True, seed: int = 0,
+                  enforce_capacity: bool = True) -> Cluster:
     """The cluster a scenario's cluster section describes; `seed` seeds the compute jitter."""
     topology = build_topology_from_spec(spec, base_dir)
     store = None
@@ -91,7 +109,7 @@ def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = 
         topology, store = attach_shared_memory(topology, spec.shared_memory)
     specs, slowdowns = device_specs(spec, topology.num_devices)
     return Cluster(topology, specs, record=record, slowdowns=slowdowns, compute_jitter=spec.compute_jitter,
-                   seed=seed, shared_memory=store)
+                   seed=seed, shared_memory=store, enforce_capacity=enforce_capacity)
 
 
 def device_specs(spec: ClusterSpec, count: int) -> tuple[list[DeviceSpec], list[float]]:

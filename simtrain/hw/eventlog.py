@@ -1,14 +1,20 @@
 """The cluster's event log: every timed action on a device, recorded once.
 
-A span is (rank, kind, name, start, end, nbytes, flops) in simulated seconds.
-Kinds used by simtrain: "compute", "communication", "optimizer" (and more as
-techniques add them). Transfers on links are kept by the network
-(`Network.records`); reports, traces and plots are views of these two logs.
+A span is (job, rank, kind, name, start, end, nbytes, flops) in simulated
+seconds, where rank is the device's global rank on the cluster and job the
+index of the job that holds the device (0 until a job takes it). Kinds used
+by simtrain: "compute", "communication", "optimizer" (and more as techniques
+add them). Transfers on links are kept by the network (`Network.records`);
+reports, traces and plots are views of these two logs.
+
+    log.assign([4, 5, 6, 7], job=1)        # a second job takes devices 4-7
+    log.span(5, "compute", "forward", 0.0, 1e-3)
 """
 from typing import NamedTuple
 
 
 class Span(NamedTuple):
+    job: int
     rank: int
     kind: str
     name: str
@@ -29,13 +35,19 @@ class EventLog:
         self.record = record
         self.spans: list[Span] = []
         self.totals: dict[tuple[int, str], float] = {}
+        self.job_of: dict[int, int] = {}  # global rank -> index of the job holding it
+
+    def assign(self, ranks: list[int], job: int) -> None:
+        """Devices `ranks` now belong to job `job`: their spans carry its index."""
+        for rank in ranks:
+            self.job_of[rank] = job
 
     def span(self, rank: int, kind: str, name: str, start: float, end: float,
              nbytes: float = 0, flops: float = 0) -> None:
         key = (rank, kind)
         self.totals[key] = self.totals.get(key, 0.0) + (end - start)
         if self.record:
-            self.spans.append(Span(rank, kind, name, start, end, nbytes, flops))
+            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
 
     def total(self, rank: int, kind: str) -> float:
         """Seconds that rank spent on spans of kind."""

@@ -1,0 +1,65 @@
+"""How a job's devices cooperate each step: the scheme registry and the protocol the runner relies on.
+
+A scheme is built as `SCHEMES[parallel.scheme](job, on_step)` and provides
+what `Scheme` lists. Its core is `program(rank)`: the rank's whole training as
+a step program (schemes/program.py), which the job starts on the cluster's
+clock and the memory plan replays on meta tensors. A new scheme is one file
+and one line in SCHEMES.
+
+- sync.py: data parallelism with a gradient all-reduce every step (one entry
+  per collective algorithm in simtrain.comm.ALL_REDUCE);
+- asynchronous.py: workers that pull and push through a shared-memory store.
+
+    scheme = build_scheme(job, on_step=None)
+    job.start(); run_to_end(job.cluster.env)
+    scheme.stuck() or scheme.report_sections()
+"""
+from typing import Callable, Protocol
+
+from torch import nn
+
+from ..comm import ALL_REDUCE
+from .asynchronous import AsynchronousSGD
+from .sync import SyncDataParallel
+
+
+class Scheme(Protocol):
+    """What the runner and the memory plan rely on."""
+
+    loss_curve: list[tuple[float, float | None]]  # (sim_time_s, loss) per step (per update for async)
+
+    def program(self, rank: int):
+        """Job rank `rank`'s training: a generator of step-program operations."""
+
+    @classmethod
+    def steps_until_every_rank_stepped(cls, world: int) -> int:
+        """The `train.steps` after which every rank has run one step (what the memory plan replays)."""
+
+    def stuck(self) -> list[int]:
+        """Ranks waiting for peers that never came, once the clock has stopped (a deadlock)."""
+
+    def trained_model(self) -> nn.Module:
+        """The model the run trains (rank 0's replica, or the shared parameters)."""
+
+    def final_models(self) -> list[nn.Module]:
+        """What the run ends with, in rank order (one shared model for async)."""
+
+    def samples_per_step(self) -> int:
+        """Samples one step (one update for async) consumes across the job."""
+
+    def single_device_step_s(self) -> float | None:
+        """Seconds one device alone would need per step: the scaling-efficiency baseline."""
+
+    def report_sections(self) -> dict:
+        """The scheme's own sections of report.json."""
+
+
+SCHEMES: dict[str, Callable] = {
+    **dict.fromkeys(ALL_REDUCE, SyncDataParallel),
+    "async": AsynchronousSGD,
+}
+
+
+def build_scheme(job, on_step=None) -> Scheme:
+    """The scheme `job.scenario.parallel.scheme` names, for this job."""
+    return SCHEMES[job.scenario.parallel.scheme](job, on_step)

@@ -56,100 +56,90 @@ of the very parameters it holds.
 The loss curve has one point per update: (the instant it was applied, the loss
 of its batch at the parameters the worker read).
 
-    scheme = AsynchronousSGD(cluster, replicas, model, scenario.parallel.async_, steps, "sgd", {"lr": 0.1})
-    scheme.start(); run_to_end(cluster.env); scheme.report_sections()
+    scheme = AsynchronousSGD(job)          # parallel.scheme: async
+    job.start(); run_to_end(job.cluster.env); scheme.report_sections()
 """
 import copy
 
 import simpy
 import torch
 
-from ..hw.cluster import Cluster
-from ..scenario import AsyncSpec
+from ..train.grad_bucket import flat_grad_buffer
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
-from ..train.replica import Replica, flat_grad_buffer
-from .local_work import charge_forward_backward, charge_sampling
+from .local_work import forward_backward
+from .program import Alloc, Busy, Transfer, Wait
 
 
 class AsynchronousSGD:
     """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
 
-    def __init__(self, cluster: Cluster, replicas: list[Replica], model: torch.nn.Module, spec: AsyncSpec,
-                 steps: int, optimizer: str, optimizer_options: dict, on_step=None):
-        self.cluster = cluster
-        self.env = cluster.env
-        self.store = cluster.shared_memory
-        self.replicas = replicas
-        self.world = len(replicas)
-        self.devices = cluster.devices[: self.world]
-        self.spec = spec
-        self.steps = steps
+    def __init__(self, job, on_step=None):
+        self.job = job
+        self.env = job.cluster.env
+        self.store = job.cluster.shared_memory
+        self.replicas = job.replicas
+        self.world = job.world
+        self.devices = job.devices
+        self.spec = job.scenario.parallel.async_
+        optimizer = job.scenario.train.optimizer
+        self.steps = job.scenario.train.steps
         self.on_step = on_step  # on_step(update, sim_time_s, loss) when an update is applied
         # The shared parameters, their gradient slot and the store's optimizer.
-        self.shared_model = copy.deepcopy(model)
+        self.shared_model = copy.deepcopy(job.model)
         self.shared_params = [p for p in self.shared_model.parameters() if p.requires_grad]
         self.shared_grad = flat_grad_buffer(self.shared_params)
-        self.optimizer = build_optimizer(self.shared_params, optimizer, optimizer_options)
+        self.optimizer = build_optimizer(self.shared_params, optimizer)
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
-        self.param_bytes = replicas[0].param_bytes
-        self._state_bytes = optimizer_state_bytes(optimizer, optimizer_options, self.param_bytes)
-        self._step_bytes = optimizer_step_bytes(optimizer, optimizer_options, self.param_bytes)
+        self.param_bytes = self.replicas[0].param_bytes
+        self._state_bytes = optimizer_state_bytes(optimizer, self.param_bytes)
+        self._step_bytes = optimizer_step_bytes(optimizer, self.param_bytes)
         self.apply_s = self._step_bytes / self.store.bandwidth
-        self.lock = simpy.Resource(self.env, capacity=1) if spec.consistency == "locked" else None
+        self.lock = simpy.Resource(self.env, capacity=1) if self.spec.consistency == "locked" else None
         self._claimed = 0
         self._landing = []  # updates whose application ends now: applied together, in rank order
         self.version = 0  # updates applied so far
         self.staleness: list[int] = []  # per update, in the order applied
         self.updates_per_rank = [0] * self.world
         self.lock_wait_s = [0.0] * self.world
-        self.loss_curve: list[tuple[float, float]] = []  # (sim_time_s, loss) per update
-
-    # ---- the workers -------------------------------------------------------
-
-    def start(self) -> None:
+        self.loss_curve: list[tuple[float, float | None]] = []  # (sim_time_s, loss) per update
         store = self.store.memory
         store.alloc("weights", self.param_bytes)
         store.alloc("gradients", self.shared_grad.numel() * self.shared_grad.element_size())
         store.alloc("optimizer_state", self._state_bytes)
-        for rank in range(self.world):
-            self.env.process(self._work(rank))
 
-    def _work(self, rank: int):
+    @classmethod
+    def steps_until_every_rank_stepped(cls, world: int) -> int:
+        return world  # one update per worker
+
+    # ---- the workers -------------------------------------------------------
+
+    def program(self, rank: int):
+        """Step program of worker `rank`: pull, compute, push, until every update is claimed."""
         device, replica = self.devices[rank], self.replicas[rank]
-        device.memory.alloc("weights", replica.param_bytes)
-        device.memory.alloc("gradients", replica.grad_buffer.numel() * replica.grad_buffer.element_size())
+        yield Alloc("weights", replica.param_bytes)
+        yield Alloc("gradients", replica.grad_buffer.numel() * replica.grad_buffer.element_size())
         while self._claimed < self.steps:
             self._claimed += 1
             read_version = self.version
             with torch.no_grad():
                 for mine, shared in zip(replica.params, self.shared_params):
                     mine.copy_(shared)
-            yield from self._transfer(rank, self.store.node, device.node, "pull")
-            yield from charge_sampling(device, replica)
-            loss = replica.forward_backward()
-            yield from charge_forward_backward(device, replica)
+            yield Transfer(self.store.node, device.node, self.param_bytes, "pull")
+            loss = yield from forward_backward(replica)
             request = None
             if self.lock is not None:
                 asked = self.env.now
                 request = self.lock.request()
-                yield request
+                yield Wait(request)
                 self.lock_wait_s[rank] += self.env.now - asked
             staged = replica.grad_buffer.clone()
             self.store.memory.alloc("comm_buffers", self.param_bytes)
-            yield from self._transfer(rank, device.node, self.store.node, "push")
-            started = self.env.now
-            yield self.env.timeout(self.apply_s)
-            self.cluster.log.span(rank, "optimizer", "shared optimizer step", started, self.env.now,
-                                  nbytes=self._step_bytes)
-            yield self._land(rank, staged, read_version, loss)
+            yield Transfer(device.node, self.store.node, self.param_bytes, "push")
+            yield Busy(self.apply_s, "shared optimizer step", kind="optimizer", nbytes=self._step_bytes)
+            yield Wait(self._land(rank, staged, read_version, loss))
             self.store.memory.free("comm_buffers", self.param_bytes)
             if request is not None:
                 self.lock.release(request)
-
-    def _transfer(self, rank: int, src: str, dst: str, label: str):
-        started = self.env.now
-        yield self.cluster.network.transfer(src, dst, self.param_bytes, label=label)
-        self.cluster.log.span(rank, "communication", label, started, self.env.now, nbytes=self.param_bytes)
 
     # ---- the store ---------------------------------------------------------
 
@@ -178,7 +168,7 @@ class AsynchronousSGD:
             self.optimizer.step()
             self.staleness.append(staleness)
             self.updates_per_rank[rank] += 1
-            loss_value = loss.item()
+            loss_value = loss.item() if self.job.numerics else None
             self.loss_curve.append((now, loss_value))
             if self.on_step is not None:
                 self.on_step(self.version, now, loss_value)
@@ -186,6 +176,18 @@ class AsynchronousSGD:
             applied.succeed()
 
     # ---- what the run reports ----------------------------------------------
+
+    def stuck(self) -> list[int]:
+        return []  # workers never wait for one another
+
+    def trained_model(self):
+        return self.shared_model  # the replicas hold stale copies
+
+    def final_models(self) -> list:
+        return [self.shared_model]
+
+    def samples_per_step(self) -> int:
+        return self.job.scenario.data.batch_size  # one update carries one batch
 
     def single_device_step_s(self) -> float:
         """Seconds per update of `world` workers that never interfere: one device's compute and

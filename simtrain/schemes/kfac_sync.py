@@ -2,8 +2,8 @@
 
 Each replica keeps its own K-FAC state (`train.kfac.Kfac`: hooks, factors,
 decompositions). Each step, after the gradient all-reduce and before the base
-optimizer steps, `DistributedKfac.step(rank)` runs on every rank (a generator
-of simpy events, `yield from` it inside the rank's process):
+optimizer steps, `DistributedKfac.step(rank)` runs on every rank (a step
+program, schemes/program.py: `yield from` it inside the rank's program):
 
 1. factor update steps: the batch factors A = a^T a / B and G = B g^T g of
    every layer (charged as 2*rows*n^2 FLOPs each) are averaged across devices
@@ -30,19 +30,20 @@ inverses". The memory ledger holds the factors and decompositions as `kfac`.
 into factors, communication, inversions and preconditioning (averaged over
 devices), and which device decomposes which factor.
 
-    kfac = DistributedKfac(replicas, devices, comm, ALL_REDUCE["ring"], options)
+    kfac = DistributedKfac(replicas, devices, ALL_REDUCE["ring"], scenario.train.optimizer)
     ... yield from kfac.step(rank); replica.step()
 """
-from dataclasses import fields
-
 import torch
 
 from ..comm.broadcast import broadcast
 from ..hw.device import Device
-from ..train.kfac import Kfac, KfacOptions
+from ..scenario import OptimizerSpec
+from ..train.kfac import Kfac
 from ..train.replica import Replica
+from .program import Alloc, Collective, Compute, Free
 
 PARTS = ("factors", "communication", "inversions", "preconditioning")
+_DTYPE = "fp32"  # factors, decompositions and preconditioning run in fp32 (bf16 gradients are upcast)
 
 
 def assign_inverses(costs: list[float], world: int) -> list[int]:
@@ -59,31 +60,28 @@ def assign_inverses(costs: list[float], world: int) -> list[int]:
 class DistributedKfac:
     """K-FAC across the replicas of a synchronous data-parallel group."""
 
-    def __init__(self, replicas: list[Replica], devices: list[Device], comm, all_reduce, options: dict,
-                 dtype: str = "fp32"):
-        kfac_fields = {field.name for field in fields(KfacOptions)}
-        kfac_options = KfacOptions(**{key: value for key, value in options.items() if key in kfac_fields})
-        self.kfacs = [Kfac(replica.model, kfac_options) for replica in replicas]
+    def __init__(self, replicas: list[Replica], devices: list[Device], all_reduce, options: OptimizerSpec):
+        self.kfacs = [Kfac(replica.model, options) for replica in replicas]
         self.devices = devices
-        self.comm = comm
         self.all_reduce = all_reduce
         self.world = len(replicas)
-        self.dtype = dtype
-        self.method = kfac_options.method
+        self.method = options.method
         factors = self.kfacs[0].factors
         self.costs = [float(factor.size) ** 3 for factor in factors]
-        self.owner = assign_inverses(self.costs, self.world) if options["distribute_inverses"] else None
+        self.owner = assign_inverses(self.costs, self.world) if options.distribute_inverses else None
         self.seconds = [dict.fromkeys(PARTS, 0.0) for _ in range(self.world)]
-        for device, kfac in zip(devices, self.kfacs):
-            device.memory.alloc("kfac", kfac.memory_bytes())
+
+    def memory_bytes(self, rank: int) -> int:
+        """Bytes rank's K-FAC state holds (factors and decompositions): the `kfac` category."""
+        return self.kfacs[rank].memory_bytes()
 
     def step(self, rank: int):
-        """Generator of simpy events: this rank's K-FAC work between the gradient all-reduce and the step."""
+        """Step program: this rank's K-FAC work between the gradient all-reduce and the step."""
         kfac = self.kfacs[rank]
         if kfac.factor_update_due():
             yield self._compute(rank, kfac.compute_batch_factors(), "factors")
             program = self.all_reduce(rank, self.world, kfac.factor_buffer, average=True)
-            yield from self._communicate(rank, program, "kfac factors")
+            self.seconds[rank]["communication"] += yield Collective(program, "kfac factors")
             kfac.update_running_factors()
         if kfac.inverse_update_due():
             mine = [j for j in range(len(kfac.factors)) if self.owner is None or self.owner[j] == rank]
@@ -102,11 +100,10 @@ class DistributedKfac:
             if root == rank:
                 buffers[root] = torch.cat([t.reshape(-1) for j in indices for t in kfac.decomposition(j)])
             else:
-                buffers[root] = torch.empty(sum(kfac.decomposition_numel(j) for j in indices))
+                buffers[root] = torch.empty(sum(kfac.decomposition_numel(j) for j in indices), device=kfac.device)
         staged = sum(buffer.nbytes for root, buffer in buffers.items() if root != rank)
-        memory = self.devices[rank].memory
-        memory.alloc("comm_buffers", staged)
-        yield from self._communicate(rank, broadcast(rank, self.world, buffers), "kfac inverses")
+        yield Alloc("comm_buffers", staged)
+        self.seconds[rank]["communication"] += yield Collective(broadcast(rank, self.world, buffers), "kfac inverses")
         for root, buffer in buffers.items():
             if root == rank:
                 continue
@@ -115,18 +112,11 @@ class DistributedKfac:
                 for tensor in kfac.decomposition(j):
                     tensor.copy_(buffer[offset:offset + tensor.numel()].view_as(tensor))
                     offset += tensor.numel()
-        memory.free("comm_buffers", staged)
+        yield Free("comm_buffers", staged)
 
-    def _compute(self, rank: int, flops: float, part: str):
-        device = self.devices[rank]
-        self.seconds[rank][part] += device.compute_time(flops, self.dtype)
-        return device.compute(flops, self.dtype, f"kfac {part}", kind="optimizer")
-
-    def _communicate(self, rank: int, program, label: str):
-        log, global_rank = self.comm.log, self.devices[rank].rank
-        before = log.total(global_rank, "communication")
-        yield self.comm.run(rank, program, label=label)
-        self.seconds[rank]["communication"] += log.total(global_rank, "communication") - before
+    def _compute(self, rank: int, flops: float, part: str) -> Compute:
+        self.seconds[rank][part] += self.devices[rank].compute_time(flops, _DTYPE)
+        return Compute(flops, _DTYPE, f"kfac {part}", kind="optimizer")
 
     def single_device_step_s(self, steps: int) -> float:
         """Seconds per step one device alone would spend on K-FAC: all of it, nothing sent."""
@@ -134,7 +124,7 @@ class DistributedKfac:
         updates = -(-steps // kfac.options.inv_update_steps)  # steps 0, k, 2k, ... < steps
         inversions = updates * sum(kfac.decompose_flops(j) for j in range(len(kfac.factors)))
         own = self.seconds[0]
-        return (own["factors"] + own["preconditioning"]) / steps + device.compute_time(inversions, self.dtype) / steps
+        return (own["factors"] + own["preconditioning"]) / steps + device.compute_time(inversions, _DTYPE) / steps
 
     def report_section(self, steps: int) -> dict:
         """report.json's `kfac` section."""

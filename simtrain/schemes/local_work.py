@@ -1,30 +1,44 @@
-"""What a device is charged for its own replica's work in a step, in every scheme.
+"""A replica's own forward and backward in a step, as step-program operations, for every scheme.
 
-Before a batch: the sampler's host bookkeeping (prioritized and mh sampling),
-as a `sampling` span. After the real forward and backward: their measured
-FLOPs at the device's peak for the replica's compute dtype, as `forward` and
-`backward` compute spans, with the measured activation peak held on the
-device's ledger meanwhile.
+Before the batch: the sampler's host bookkeeping (prioritized and mh
+sampling), as a `sampling` span. Then the real forward and backward (with
+SyncBN, its statistics all-reduced on the way, with the scheme's collective).
+After them: their measured FLOPs at the device's peak for the replica's
+compute dtype, as `forward` and `backward` compute spans, with the measured
+activation peak held on the device's ledger meanwhile.
 
-    yield from charge_sampling(device, replica)
-    loss = replica.forward_backward()
-    yield from charge_forward_backward(device, replica)
+    loss = yield from forward_backward(replica)
 """
-from ..hw.device import Device
 from ..train.replica import Replica
+from .program import Alloc, Busy, Collective, Compute, Free
 
 
-def charge_sampling(device: Device, replica: Replica):
-    """The loader's host work to pick the next batch (none for uniform batches)."""
+def forward_backward(replica: Replica, statistics_all_reduce=None):
+    """Step program: the replica's forward and backward on its next batch; returns the loss.
+
+    `statistics_all_reduce(buffer)`, when given, is the collective program that sums a
+    SyncBN statistics buffer across the group (the forward and backward exchange them)."""
     if replica.loader.host_seconds > 0:
-        yield device.run_for(replica.loader.host_seconds, "sample batch", kind="sampling")
-
-
-def charge_forward_backward(device: Device, replica: Replica):
-    """The forward and backward the replica just ran on its last batch."""
+        yield Busy(replica.loader.host_seconds, "sample batch", kind="sampling")
+    if statistics_all_reduce is None:
+        loss = replica.forward_backward()
+    else:
+        loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
     cost = replica.step_cost()
     dtype = replica.precision.name
-    device.memory.alloc("activations", cost.activation_bytes)
-    yield device.compute(cost.forward_flops, dtype, "forward")
-    yield device.compute(cost.backward_flops, dtype, "backward")
-    device.memory.free("activations", cost.activation_bytes)
+    yield Alloc("activations", cost.activation_bytes)
+    yield Compute(cost.forward_flops, dtype, "forward")
+    yield Compute(cost.backward_flops, dtype, "backward")
+    yield Free("activations", cost.activation_bytes)
+    return loss
+
+
+def _exchanging(forward_backward_program, statistics_all_reduce):
+    """Serve a SyncBN forward/backward's StatsAllReduce requests; return its loss."""
+    try:
+        request = next(forward_backward_program)
+        while True:
+            yield Collective(statistics_all_reduce(request.buffer), "sync_batchnorm")
+            request = forward_backward_program.send(None)
+    except StopIteration as stop:
+        return stop.value

@@ -7,8 +7,8 @@ network), and every replica applies the same averaged gradient with its own
 optimizer (real, charged as memory-bound work). A device that finishes early
 waits inside the all-reduce for the others: that wait is its idle time.
 
-    scheme = SyncDataParallel(cluster, replicas, algorithm="ring", steps=200)
-    scheme.start(); cluster.env.run()
+    scheme = SyncDataParallel(job)          # parallel.scheme: naive | ring | tree
+    job.start(); run_to_end(job.cluster.env)
 
 With `optimizer="kfac"` the K-FAC work (factors averaged with the same
 collective, inversions shared out and broadcast, preconditioning) runs between
@@ -25,50 +25,95 @@ checkpointed segment's recomputation is part of the backward FLOPs. A ledger
 past its capacity raises OutOfMemory at that step.
 """
 from ..comm import ALL_REDUCE
-from ..comm.simulated import SimCommunicator
-from ..hw.cluster import Cluster
 from ..errors import ScenarioError
-from ..train.precision import persistent_bytes, update_bytes
 from ..train.models import layers_before_batchnorm, weight_norms
-from ..train.replica import Replica
+from ..train.precision import persistent_bytes, update_bytes
 from ..train.syncbn import synced_batchnorms
 from .kfac_sync import DistributedKfac
-from .local_work import charge_forward_backward, charge_sampling
+from .local_work import forward_backward
+from .program import Alloc, Collective, MemoryBound
 
 
 class SyncDataParallel:
     """Data-parallel training with a synchronous gradient all-reduce every step."""
 
-    def __init__(self, cluster: Cluster, replicas: list[Replica], algorithm: str, steps: int,
-                 optimizer: str, optimizer_options: dict, on_step=None, sync_batchnorm: bool = False,
-                 report_every: int = 10):
-        self.cluster = cluster
-        self.replicas = replicas
-        self.world = len(replicas)
-        self.devices = cluster.devices[: self.world]
-        self.all_reduce = ALL_REDUCE[algorithm]
-        self.steps = steps
+    def __init__(self, job, on_step=None):
+        self.job = job
+        self.replicas = job.replicas
+        self.world = job.world
+        self.devices = job.devices
+        train = job.scenario.train
+        self.all_reduce = ALL_REDUCE[job.scenario.parallel.scheme]
+        self.steps = train.steps
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
-        self.comm = SimCommunicator(cluster.network, [d.node for d in self.devices], log=cluster.log,
-                                    ledgers=[d.memory for d in self.devices])
-        params, precision = replicas[0].params, replicas[0].precision.name
-        self._held_bytes = persistent_bytes(params, precision, optimizer, optimizer_options)
-        self._step_bytes = update_bytes(params, precision, optimizer, optimizer_options)
-        self._step_losses = [[None] * self.world for _ in range(steps)]
-        self.loss_curve: list[tuple[float, float]] = []  # (sim_time_s, mean loss over devices)
+        params = self.replicas[0].params
+        self._held_bytes = persistent_bytes(params, train.precision, train.optimizer)
+        self._step_bytes = update_bytes(params, train.precision, train.optimizer)
+        self._step_losses = [[None] * self.world for _ in range(self.steps)]
+        self.loss_curve: list[tuple[float, float | None]] = []  # (sim_time_s, mean loss over devices)
         self.kfac = None
-        if optimizer == "kfac":
-            self.kfac = DistributedKfac(replicas, self.devices, self.comm, self.all_reduce, optimizer_options,
-                                        dtype="fp32")
-        self.sync_batchnorm = sync_batchnorm
-        if sync_batchnorm:
+        if train.optimizer.name == "kfac":
+            self.kfac = DistributedKfac(self.replicas, self.devices, self.all_reduce, train.optimizer)
+        self.sync_batchnorm = job.scenario.parallel.sync_batchnorm
+        if self.sync_batchnorm:
             try:
-                synced_batchnorms(replicas[0].model)
+                synced_batchnorms(self.replicas[0].model)
             except ValueError as error:
                 raise ScenarioError(f"parallel.sync_batchnorm: {error}") from None
-        self.report_every = report_every
+        self.report_every = job.scenario.report.every
         self._norm_steps = [0]
-        self._norms = {name: [norm] for name, norm in weight_norms(replicas[0].model).items()}
+        self._norms = ({name: [norm] for name, norm in weight_norms(self.replicas[0].model).items()}
+                       if job.numerics else {})
+
+    @classmethod
+    def steps_until_every_rank_stepped(cls, world: int) -> int:
+        return 1
+
+    def program(self, rank: int):
+        """Step program of job rank `rank`: hold the replica's state, then every step."""
+        replica = self.replicas[rank]
+        for category, nbytes in self._held_bytes.items():
+            yield Alloc(category, nbytes)
+        if self.kfac is not None:
+            yield Alloc("kfac", self.kfac.memory_bytes(rank))
+        statistics = (lambda buffer: self.all_reduce(rank, self.world, buffer)) if self.sync_batchnorm else None
+        for step in range(self.steps):
+            loss = yield from forward_backward(replica, statistics)
+            self._step_losses[step][rank] = loss
+            yield Collective(self.all_reduce(rank, self.world, replica.grad_buffer, average=True), "all_reduce")
+            if self.kfac is not None:
+                yield from self.kfac.step(rank)
+            replica.step()
+            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer")
+            if rank == 0:
+                self._end_step(step)
+
+    def _end_step(self, step: int) -> None:
+        # Every rank posted its gradient before rank 0's all-reduce could finish,
+        # so all losses of this step are in.
+        losses = self._step_losses[step]
+        mean_loss = float(sum(loss.item() for loss in losses)) / self.world if self.job.numerics else None
+        self._step_losses[step] = None
+        now = self.job.cluster.env.now
+        self.loss_curve.append((now, mean_loss))
+        if self.job.numerics and ((step + 1) % self.report_every == 0 or step + 1 == self.steps):
+            self._norm_steps.append(step + 1)
+            for name, norm in weight_norms(self.replicas[0].model).items():
+                self._norms[name].append(norm)
+        if self.on_step is not None:
+            self.on_step(step, now, mean_loss)
+
+    def stuck(self) -> list[int]:
+        return self.job.comm.stuck()
+
+    def trained_model(self):
+        return self.replicas[0].model
+
+    def final_models(self) -> list:
+        return [replica.model for replica in self.replicas]
+
+    def samples_per_step(self) -> int:
+        return self.world * self.job.scenario.data.batch_size
 
     def single_device_step_s(self) -> float | None:
         """Seconds one device alone needs for a step on its own batch: no communication."""
@@ -79,58 +124,6 @@ class SyncDataParallel:
         kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
         return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name)
                 + device.memory_bound_time(self._step_bytes) + kfac)
-
-    def start(self) -> None:
-        for rank in range(self.world):
-            self.cluster.env.process(self._train(rank))
-
-    def _train(self, rank: int):
-        device, replica = self.devices[rank], self.replicas[rank]
-        memory = device.memory
-        for category, nbytes in self._held_bytes.items():
-            memory.alloc(category, nbytes)
-        for step in range(self.steps):
-            yield from charge_sampling(device, replica)
-            if self.sync_batchnorm:
-                loss = yield from self._serve_statistics(rank, replica.sync_batchnorm_forward_backward())
-            else:
-                loss = replica.forward_backward()
-            yield from charge_forward_backward(device, replica)
-            self._step_losses[step][rank] = loss
-            program = self.all_reduce(rank, self.world, replica.grad_buffer, average=True)
-            yield self.comm.run(rank, program, label="all_reduce")
-            if self.kfac is not None:
-                yield from self.kfac.step(rank)
-            replica.step()
-            yield device.memory_bound(self._step_bytes, "optimizer step", kind="optimizer")
-            if rank == 0:
-                self._end_step(step)
-
-    def _end_step(self, step: int) -> None:
-        # Every rank posted its gradient before rank 0's all-reduce could finish,
-        # so all losses of this step are in.
-        losses = self._step_losses[step]
-        mean_loss = float(sum(loss.item() for loss in losses)) / self.world
-        self._step_losses[step] = None
-        now = self.cluster.env.now
-        self.loss_curve.append((now, mean_loss))
-        if (step + 1) % self.report_every == 0 or step + 1 == self.steps:
-            self._norm_steps.append(step + 1)
-            for name, norm in weight_norms(self.replicas[0].model).items():
-                self._norms[name].append(norm)
-        if self.on_step is not None:
-            self.on_step(step, now, mean_loss)
-
-    def _serve_statistics(self, rank: int, program):
-        """Drive a SyncBN forward/backward: sum each StatsAllReduce buffer across ranks; return its loss."""
-        try:
-            request = next(program)
-            while True:
-                summed = self.all_reduce(rank, self.world, request.buffer)
-                yield self.comm.run(rank, summed, label="sync_batchnorm")
-                request = program.send(None)
-        except StopIteration as stop:
-            return stop.value
 
     def report_sections(self) -> dict:
         """report.json's `weight_norms` (and `kfac` with K-FAC): technique sections of this scheme."""

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset, DistributedSampler, TensorDataset, default_collate
 
 from ..errors import ScenarioError
+from ..loss import cross_entropy
 
 DIGITS_TRAIN_SAMPLES = 1437
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -248,4 +248,30 @@ class ShardLoader:
 
     def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The loss of the batch last returned: its mean cross entropy (samplers reweight it)."""
-        return F.cross_entropy(logits, y)
+        return cross_entropy(logits, y)
+
+
+class MetaLoader:
+    """Batches of meta tensors with the shapes and dtypes of a dataset's samples: numerics off.
+
+    The same step programs run on these as on real batches, with shapes, bytes
+    and FLOPs but no values (how the memory plan replays a step at any batch
+    size, however large the data set or model).
+    """
+
+    host_seconds = 0.0
+
+    def __init__(self, dataset: Dataset, batch_size: int):
+        x, y = dataset[0]
+        y = torch.as_tensor(y)
+        self.batch_size = batch_size
+        self._x = (tuple(x.shape), x.dtype)
+        self._y = (tuple(y.shape), y.dtype)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        (x_shape, x_dtype), (y_shape, y_dtype) = self._x, self._y
+        return (torch.empty((self.batch_size, *x_shape), dtype=x_dtype, device="meta"),
+                torch.empty((self.batch_size, *y_shape), dtype=y_dtype, device="meta"))
+
+    def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(logits, y)

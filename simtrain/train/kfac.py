@@ -47,7 +47,7 @@ each layer), so a data-parallel scheme can average them across devices with one
 all-reduce; factor j of `factors` is decomposed by `decompose(j)` and its result
 tensors (`decomposition(j)`) can be broadcast to the other devices.
 
-    kfac = Kfac(model, KfacOptions(lr=0.1, damping=1e-3))
+    kfac = Kfac(model, OptimizerSpec(name="kfac", lr=0.1, damping=1e-3))
     loss.backward()                       # hooks captured a and g
     if kfac.factor_update_due(): kfac.compute_batch_factors(); kfac.update_running_factors()
     if kfac.inverse_update_due(): [kfac.decompose(j) for j in range(len(kfac.factors))]
@@ -56,28 +56,16 @@ tensors (`decomposition(j)`) can be broadcast to the other devices.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..scenario import OptimizerSpec
+
 EIGEN_FLOPS_PER_N3 = 9.0  # Golub & Van Loan sec. 8.3, symmetric QR with eigenvectors
 INVERSE_FLOPS_PER_N3 = 1.0  # Cholesky n^3/3 + inverse from the factor 2n^3/3
-
-
-@dataclass(frozen=True)
-class KfacOptions:
-    """K-FAC settings (the fields of train.optimizer with name: kfac, less the base optimizer's)."""
-
-    lr: float = 0.1
-    damping: float = 1e-3
-    factor_decay: float = 0.95
-    factor_update_steps: int = 1
-    inv_update_steps: int = 10
-    kl_clip: float = 1e-3
-    method: Literal["eigen", "inverse"] = "eigen"
 
 
 class Factor(NamedTuple):
@@ -148,12 +136,13 @@ def preconditionable(module: nn.Module) -> bool:
 class Kfac:
     """K-FAC state of one replica: hooks on its layers, factors, decompositions, preconditioning."""
 
-    def __init__(self, model: nn.Module, options: KfacOptions):
-        self.options = options
+    def __init__(self, model: nn.Module, options: OptimizerSpec):
+        self.options = options  # train.optimizer with name kfac: its K-FAC fields
+        self.device = next(model.parameters()).device
         self.layers = [_Layer(name, m) for name, m in model.named_modules() if preconditionable(m)]
         self.factors = [Factor(i, side, layer.a_dim if side == "A" else layer.g_dim)
                         for i, layer in enumerate(self.layers) for side in ("A", "G")]
-        self.factor_buffer = torch.zeros(sum(f.size * f.size for f in self.factors))
+        self.factor_buffer = torch.zeros(sum(f.size * f.size for f in self.factors), device=self.device)
         self._batch_factor: dict[tuple[int, str], torch.Tensor] = {}
         offset = 0
         for factor in self.factors:
@@ -219,7 +208,7 @@ class Kfac:
             eigenvalues, eigenvectors = torch.linalg.eigh(matrix)
             layer.decomposed[factor.side] = [eigenvectors, eigenvalues.clamp(min=0)]
         else:
-            damped = matrix + math.sqrt(self.options.damping) * torch.eye(factor.size, dtype=matrix.dtype)
+            damped = matrix + math.sqrt(self.options.damping) * torch.eye(factor.size, dtype=matrix.dtype, device=self.device)
             layer.decomposed[factor.side] = [torch.cholesky_inverse(torch.linalg.cholesky(damped))]
         return self.decompose_flops(index)
 
@@ -234,8 +223,8 @@ class Kfac:
         layer = self.layers[factor.layer]
         if factor.side not in layer.decomposed:
             n = factor.size
-            layer.decomposed[factor.side] = ([torch.empty(n, n), torch.empty(n)] if self.options.method == "eigen"
-                                             else [torch.empty(n, n)])
+            layer.decomposed[factor.side] = ([torch.empty(n, n, device=self.device), torch.empty(n, device=self.device)] if self.options.method == "eigen"
+                                             else [torch.empty(n, n, device=self.device)])
         return layer.decomposed[factor.side]
 
     def decomposition_numel(self, index: int) -> int:
@@ -259,7 +248,8 @@ class Kfac:
         for i, layer in enumerate(self.layers):
             grad = layer.gradient_matrix()
             update = self.precondition_matrix(i, grad)
-            vg_sum += float((update * grad).sum())
+            if not update.is_meta:  # numerics off: shapes only, no clipping to compute
+                vg_sum += float((update * grad).sum())
             updates.append(update)
             flops += self.precondition_flops(i)
         lr = self.options.lr

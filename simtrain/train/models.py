@@ -1,28 +1,29 @@
 """Models a replica trains: a multi-layer perceptron, a small CNN, or your own.
 
-`build_model(name, options, info, seed)` returns a freshly initialised
-`nn.Module` for a dataset of shape `info`. Initialisation follows one contract:
-`torch.manual_seed(seed)` immediately before the model is constructed, so a real
-DDP job that seeds and builds the same way starts from the same weights. The
-seeding runs inside `torch.random.fork_rng`, so the caller's global RNG stream
-is left as it was.
+`build_model(spec, info, seed)` returns a freshly initialised `nn.Module`
+for a dataset of shape `info`. Initialisation follows one contract:
+`torch.manual_seed(seed)` immediately before the model is constructed, so a
+real DDP job that seeds and builds the same way starts from the same weights.
+The seeding runs inside `torch.random.fork_rng`, so the caller's global RNG
+stream is left as it was.
 
-- `mlp`: options `hidden` (list of widths, default [128, 128]), `batchnorm`
-  (default false). nn.Sequential(Flatten, Linear(in, h1), [BatchNorm1d(h1),]
-  ReLU, ..., Linear(h_last, classes)).
-- `cnn`: for image inputs; options `channels` (default [16, 32]), `batchnorm`
-  (default false). nn.Sequential(Unflatten to (C, H, W), then per entry
-  Conv2d 3x3 (padding 1) + [BatchNorm2d +] ReLU + MaxPool2d(2) while both
+- `mlp`: `model.hidden` (list of widths), `model.batchnorm`.
+  nn.Sequential(Flatten, Linear(in, h1), [BatchNorm1d(h1),] ReLU, ...,
+  Linear(h_last, classes)).
+- `cnn`: for image inputs; `model.channels`, `model.batchnorm`.
+  nn.Sequential(Unflatten to (C, H, W), then per entry Conv2d 3x3 (padding 1) + [BatchNorm2d +] ReLU + MaxPool2d(2) while both
   spatial sides are at least 2, then Flatten and a Linear head).
 - With `batchnorm`, every hidden Linear or Conv2d is followed by BatchNorm
   (before the ReLU, as Ioffe & Szegedy 2015 place it); the output layer is not.
-- `package.module:function`: called with the options as keyword arguments; it
-  returns an `nn.Module`.
+- `package.module:function`: called with `model.options` as keyword
+  arguments; it returns an `nn.Module`.
+
+Defaults and checks of the fields live in scenario.ModelSpec.
 
 Both built-in models are a flat nn.Sequential, so gradient checkpointing can
 cut them into segments (`torch.utils.checkpoint.checkpoint_sequential`).
 
-    model = build_model("mlp", {"hidden": [64]}, splits.info, seed=0)
+    model = build_model(ModelSpec(name="mlp", hidden=[64]), splits.info, seed=0)
 """
 from __future__ import annotations
 
@@ -33,53 +34,29 @@ import torch
 from torch import nn
 
 from ..errors import ScenarioError
+from ..scenario import ModelSpec
 from .data import DatasetInfo, call_with_options, load_callable
 
-_MLP_DEFAULTS = {"hidden": [128, 128], "batchnorm": False}
-_CNN_DEFAULTS = {"channels": [16, 32], "batchnorm": False}
 
-
-def build_model(name: str, options: dict, info: DatasetInfo, seed: int) -> nn.Module:
-    """A freshly initialised model; the same (name, options, info, seed) give the same weights."""
-    construct = _constructor(name, dict(options or {}), info)
+def build_model(spec: ModelSpec, info: DatasetInfo, seed: int) -> nn.Module:
+    """A freshly initialised model; the same (spec, info, seed) give the same weights."""
+    construct = _constructor(spec, info)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return construct()
 
 
-def _constructor(name: str, options: dict, info: DatasetInfo) -> Callable[[], nn.Module]:
-    """Validate the model's name and options; return what builds it (after seeding)."""
-    if name == "mlp":
-        return partial(_mlp, info, _widths(options, _MLP_DEFAULTS, "hidden", allow_empty=True),
-                       _flag(options, "batchnorm"))
-    if name == "cnn":
-        channels = _widths(options, _CNN_DEFAULTS, "channels", allow_empty=False)
+def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
+    """What builds the model `spec` names (after seeding); the spec's fields are validated already."""
+    if spec.name == "mlp":
+        return partial(_mlp, info, list(spec.hidden), spec.batchnorm)
+    if spec.name == "cnn":
         if info.image_shape is None or len(info.image_shape) != 3:
             raise ScenarioError("model.name: cnn needs image inputs (C, H, W), and this dataset has none")
-        return partial(_cnn, info, channels, _flag(options, "batchnorm"))
-    if isinstance(name, str) and ":" in name:
-        return partial(_user_model, load_callable(name, "model.name"), options, name)
-    raise ScenarioError(f"model.name: unknown model {name!r} (known: mlp, cnn, or package.module:function)")
-
-
-def _widths(options: dict, defaults: dict, key: str, allow_empty: bool) -> list[int]:
-    for option in options:
-        if option not in defaults:
-            raise ScenarioError(f"model.{option}: unknown option (known: {', '.join(defaults)})")
-    widths = options.get(key, defaults[key])
-    valid = isinstance(widths, (list, tuple)) and all(
-        isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths
-    )
-    if not valid or (not allow_empty and not widths):
-        raise ScenarioError(f"model.{key}: must be a list of positive integers, got {widths!r}")
-    return list(widths)
-
-
-def _flag(options: dict, key: str) -> bool:
-    value = options.get(key, False)
-    if not isinstance(value, bool):
-        raise ScenarioError(f"model.{key}: must be true or false, got {value!r}")
-    return value
+        return partial(_cnn, info, list(spec.channels), spec.batchnorm)
+    if ":" in spec.name:
+        return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name)
+    raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, or package.module:function)")
 
 
 def _mlp(info: DatasetInfo, hidden: list[int], batchnorm: bool) -> nn.Sequential:

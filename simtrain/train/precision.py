@@ -7,8 +7,8 @@ copy of every parameter is what the optimizer updates, and after each update
 the master is rounded back into the model. With fp16 the loss is multiplied by
 a dynamic loss scale before backward, so small gradients do not flush to zero.
 
-    precision = MixedPrecision(model, "fp16", amp_options)   # casts model to fp16
-    loss = F.cross_entropy(model(precision.cast_input(x)).float(), y)
+    precision = MixedPrecision(model, "fp16", scenario.train.amp)   # casts model to fp16
+    loss = cross_entropy(model(precision.cast_input(x)), y)
     precision.backward(loss)                                  # (loss * scale).backward()
     ... all-reduce the fp16 gradient bucket ...
     if precision.unscale(grad_bucket):                        # fp32 master grads, inf check, scale update
@@ -47,7 +47,7 @@ check fused into that pass, as in torch's
 `_amp_foreach_non_finite_check_and_unscale_`) and rounding the master weights
 back into the model. Parameters may be meta tensors.
 
-    held = persistent_bytes(model.parameters(), "fp16", "adam", {"lr": 1e-3})
+    held = persistent_bytes(model.parameters(), "fp16", OptimizerSpec(name="adam", lr=1e-3))
 """
 from __future__ import annotations
 
@@ -58,11 +58,12 @@ import math
 import torch
 from torch import nn
 
+from .grad_bucket import flat_grad_buffer
+from ..scenario import AmpSpec, OptimizerSpec
 from .optim import optimizer_state_bytes, optimizer_step_bytes
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _FP32_BYTES = 4
-AMP_DEFAULTS = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 
 
 class LossScaler:
@@ -103,24 +104,19 @@ class MixedPrecision:
     With fp32 the master parameters are the model's own and nothing is copied.
     """
 
-    def __init__(self, model: nn.Module, name: str, amp: dict | None = None):
+    def __init__(self, model: nn.Module, name: str, amp: AmpSpec = AmpSpec()):
         self.name = name
         self.dtype = DTYPES[name]
         params = [p for p in model.parameters() if p.requires_grad]
         self.mixed = name != "fp32"
         if self.mixed:
             self.master_params = [p.detach().clone().float().requires_grad_() for p in params]
-            self.master_grads = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32,
-                                            device=params[0].device)
-            offset = 0
-            for master in self.master_params:
-                master.grad = self.master_grads[offset:offset + master.numel()].view_as(master)
-                offset += master.numel()
+            self.master_grads = flat_grad_buffer(self.master_params)
             model.to(self.dtype)
         else:
             self.master_params = params
         self.model_params = params
-        self.scaler = LossScaler(**{**AMP_DEFAULTS, **(amp or {})}) if name == "fp16" else None
+        self.scaler = LossScaler(**amp.model_dump()) if name == "fp16" else None
         self.overflow_steps = 0
         self.skipped_steps = 0
 
@@ -185,21 +181,21 @@ def _non_finite(tensor: torch.Tensor) -> bool:
     return not bool(torch.isfinite(tensor).all())
 
 
-def persistent_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: str, options: dict) -> dict[str, int]:
+def persistent_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: OptimizerSpec) -> dict[str, int]:
     """Bytes held for the whole run by category; parameters in fp32 or already in the compute dtype."""
     weights, master = _sizes(params, precision)
     held = {"weights": weights}
     if precision != "fp32":
         held["master_weights"] = master
     held["gradients"] = weights + (master if precision != "fp32" else 0)
-    held["optimizer_state"] = optimizer_state_bytes(optimizer, options, master)
+    held["optimizer_state"] = optimizer_state_bytes(optimizer, master)
     return held
 
 
-def update_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: str, options: dict) -> int:
+def update_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: OptimizerSpec) -> int:
     """HBM bytes read plus written by one update (optimizer step and mixed-precision copies)."""
     weights, master = _sizes(params, precision)
-    touched = optimizer_step_bytes(optimizer, options, master)
+    touched = optimizer_step_bytes(optimizer, master)
     if precision != "fp32":
         touched += (weights + master) + (master + weights)  # unscale into master grads; round back
     return touched

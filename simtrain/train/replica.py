@@ -4,7 +4,7 @@ Gradients live in one flat buffer per replica (every parameter's .grad is a
 view into it, as in DDP's gradient_as_bucket_view), so a collective reduces
 the whole gradient in place with no copies.
 
-    replica = Replica(model, loader, "sgd", {"lr": 0.1})
+    replica = Replica(model, loader, scenario.train)
     loss = replica.forward_backward()      # real torch, on this replica's next batch
     ... all-reduce replica.grad_buffer ...
     replica.step()
@@ -16,33 +16,24 @@ steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
 import torch
 
 from ..cost import StepCost, measure_step_cost
+from ..scenario import TrainSpec
 from .data import ShardLoader
+from .grad_bucket import flat_grad_buffer
 from .optim import build_optimizer
 from .precision import MixedPrecision
 from .syncbn import sync_batchnorm_forward_backward
 
 
-def flat_grad_buffer(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """One zeroed buffer holding every parameter's gradient; each .grad becomes a view into it."""
-    buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
-    offset = 0
-    for p in params:
-        p.grad = buffer[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return buffer
-
-
 class Replica:
     """A model replica that trains on its own shard with a flat gradient buffer."""
 
-    def __init__(self, model: torch.nn.Module, loader: ShardLoader, optimizer: str, options: dict,
-                 precision: str = "fp32", amp: dict | None = None):
+    def __init__(self, model: torch.nn.Module, loader: ShardLoader, train: TrainSpec):
         self.model = model
         self.loader = loader
-        self.precision = MixedPrecision(model, precision, amp)  # casts the model to the compute dtype
+        self.precision = MixedPrecision(model, train.precision, train.amp)  # casts the model to the compute dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grad_buffer = flat_grad_buffer(self.params)
-        self.optimizer = build_optimizer(self.precision.master_params, optimizer, options)
+        self.optimizer = build_optimizer(self.precision.master_params, train.optimizer)
         self.last_batch = None
         self._costs: dict[tuple, StepCost] = {}  # by input shape
 
@@ -66,7 +57,7 @@ class Replica:
         x = self.precision.cast_input(x)
         self.last_batch = (x, y)
         self.grad_buffer.zero_()
-        loss = self.loader.batch_loss(self.model(x).float(), y)
+        loss = self.loader.batch_loss(self.model(x), y)
         self.precision.backward(loss)
         return loss.detach()
 

@@ -40,9 +40,9 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ..loss import cross_entropy
 from ..scenario import Scenario
 from .data import ShardLoader
 
@@ -167,7 +167,7 @@ class PrioritizedSampler(ShardLoader):
         return self.gather(self.table.indices[torch.from_numpy(positions)])
 
     def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        per_sample = F.cross_entropy(logits, y, reduction="none")
+        per_sample = cross_entropy(logits, y, reduction="none")
         loss = (torch.from_numpy(self._weights).to(per_sample.dtype) * per_sample).mean()
         self._note_losses(per_sample.detach())
         return loss

@@ -49,9 +49,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..loss import cross_entropy
 
 
 class StatsAllReduce(NamedTuple):
@@ -90,7 +91,7 @@ def _reduce_dims(x: torch.Tensor) -> list[int]:
 
 
 def sync_batchnorm_forward_backward(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor,
-                                    loss_fn=F.cross_entropy):
+                                    loss_fn=cross_entropy):
     """Generator: forward and backward of loss_fn(model(x), y) with BN statistics summed across ranks.
 
     Yields StatsAllReduce requests; returns the (local) loss. Parameter
@@ -119,7 +120,7 @@ def _norm_forward(module: _BatchNorm, h: torch.Tensor, saved: list[_SavedNorm]):
     local_count = x.numel() // channels
     stats = torch.cat([x.sum(dims), (x * x).sum(dims), x.new_tensor([float(local_count)])])
     yield StatsAllReduce(stats)
-    count = stats[-1].item()
+    count = float(local_count) if stats.is_meta else stats[-1].item()  # meta: numerics off
     mean = stats[:channels] / count
     var = stats[channels:2 * channels] / count - mean * mean
     invstd = torch.rsqrt(var + module.eps)

@@ -1,0 +1,83 @@
+"""A job: a workload on a group of a cluster's devices, with the communicator its layout needs.
+
+A job is what runs on a cluster. It joins
+
+- a **workload**: the scenario's model, data and training recipe (one replica
+  per device: its model copy, data shard and optimizer, train/replica.py);
+- a **parallel layout**: how the group's devices cooperate, the scenario's
+  `parallel` section, carried out by a scheme from the registry
+  (simtrain/schemes/__init__.py);
+- a **group** of the cluster's devices, named by their global ranks. Inside the
+  job, ranks are 0..world-1 in group order.
+
+It owns its communicator: a SimCommunicator over the group's network nodes,
+logging under the devices' global ranks. So several jobs on disjoint groups
+run side by side on one cluster, sharing its links (max-min fair, where their
+routes overlap) and its clock, and every span they log carries the job's
+index (hw/eventlog.py); the report and the trace tell them apart by it.
+
+With `numerics=False` the model is built on the meta device and every batch is
+a meta tensor of the data's shapes (train/data.py MetaLoader): the same step
+programs run with shapes, bytes and FLOPs and no arithmetic. The memory plan
+(memory_plan.py) replays a step this way.
+
+    cluster = build_cluster(scenario.cluster, scenario.base_dir)
+    job = Job(scenario, cluster, ranks=range(cluster.size))
+    job.start(); run_to_end(cluster.env); job.finish()
+    job.scheme.report_sections()
+"""
+import copy
+
+import torch
+
+from .hw.cluster import Cluster
+from .scenario import Scenario
+from .schemes import build_scheme
+from .schemes.program import run_program
+from .train.checkpointing import apply_checkpointing
+from .train.data import MetaLoader, load_dataset
+from .train.models import build_model
+from .train.replica import Replica
+from .train.sampling import build_loader
+from .comm.simulated import SimCommunicator
+
+
+class Job:
+    """A scenario's training on a group of a cluster's devices."""
+
+    def __init__(self, scenario: Scenario, cluster: Cluster, ranks, numerics: bool = True, on_step=None):
+        self.scenario = scenario
+        self.name = scenario.name
+        self.cluster = cluster
+        self.ranks = list(ranks)
+        self.devices = [cluster.devices[rank] for rank in self.ranks]
+        self.world = len(self.devices)
+        self.numerics = numerics
+        self.index = cluster.add_job(self.name, self.ranks)
+        self.comm = SimCommunicator(cluster.network, [device.node for device in self.devices], log=cluster.log,
+                                    ledgers=[device.memory for device in self.devices], global_ranks=self.ranks)
+        self.data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
+        device = "cpu" if numerics else "meta"
+        with torch.device(device):
+            model = build_model(scenario.model, self.data.info, scenario.seed)
+        self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
+        self.replicas = [
+            Replica(copy.deepcopy(self.model), self._loader(rank), scenario.train) for rank in range(self.world)
+        ]
+        self.scheme = build_scheme(self, on_step)
+
+    def _loader(self, rank: int):
+        if not self.numerics:
+            return MetaLoader(self.data.train, self.scenario.data.batch_size)
+        return build_loader(self.scenario, self.data.train, self.world, rank)
+
+    def start(self) -> None:
+        """Start every rank's program on the cluster's clock."""
+        env = self.cluster.env
+        for rank in range(self.world):
+            env.process(run_program(self, rank, self.scheme.program(rank)))
+
+    def finish(self) -> None:
+        """After the clock stopped: mixed precision's fp32 master weights become the trained models."""
+        for replica in self.replicas:
+            replica.precision.finish(replica.model)

@@ -1,0 +1,136 @@
+"""Peak device memory of a training step, without training, and the largest batch that fits.
+
+`plan_memory(scenario)` replays one step of the scenario's own step programs
+(schemes/program.py) with numerics off: the job is built on the meta device
+(shapes and dtypes, no storage, no arithmetic: a model far larger than the
+host's RAM is fine), its batches are meta tensors of the data's shapes, and
+the scheme's programs run through the same interpreter as a real run, on a
+cluster whose ledgers record past capacity instead of stopping. What a device
+holds is therefore exactly what a run holds, technique by technique: the
+replica's persistent bytes, activations measured from the tensors autograd
+saves, the collective's staging buffers, K-FAC's factors and broadcast
+buffers, SyncBN's statistics exchanges. The replay runs until every rank has
+stepped once (one step for the synchronous schemes, one update per worker for
+async).
+
+The result per device is the ledger's peak and its split by category at the
+moment of the peak, what report.json's `devices` shows after a run.
+
+`largest_batch` finds the largest per-device batch size whose step fits a
+device: doubling until a batch does not fit, then bisection between the last
+that fits and the first that does not. Each probe is a replay, not an
+extrapolation: the activation peak is not linear in the batch size for every
+model. The smallest batch tried is 2 for a model with BatchNorm (torch's
+BatchNorm cannot train on one sample per channel), else 1.
+
+    plans = plan_memory(load_scenario("scenarios/quickstart.yaml"))
+    plans[0].peak_bytes, plans[0].by_category, plans[0].largest_batch
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from .hw.cluster import build_cluster, run_to_end
+from .job import Job
+from .scenario import Scenario
+from .schemes import SCHEMES
+
+_LARGEST_PROBE = 1 << 40  # no batch beyond this is tried
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device's peak over a training step."""
+
+    rank: int
+    device: str
+    capacity_bytes: int
+    peak_bytes: int
+    by_category: dict[str, int]  # at the moment of the peak; adds up to peak_bytes
+    largest_batch: int  # largest per-device batch size whose step fits (0: none)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+
+def replay_step(scenario: Scenario, batch_size: int) -> Job:
+    """The scenario's job after one step of its programs at `batch_size`, numerics off: its devices'
+    ledgers hold that step's peaks (past capacity too)."""
+    scheme = SCHEMES[scenario.parallel.scheme]
+    cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed,
+                            enforce_capacity=False)
+    steps = scheme.steps_until_every_rank_stepped(cluster.size)
+    replayed = scenario.model_copy(update={
+        "data": scenario.data.model_copy(update={"batch_size": batch_size}),
+        "train": scenario.train.model_copy(update={"steps": steps}),
+    })
+    job = Job(replayed, cluster, range(cluster.size), numerics=False)
+    job.start()
+    run_to_end(cluster.env)
+    return job
+
+
+class _Probe:
+    """Replays of one scenario at several batch sizes, each replayed once."""
+
+    def __init__(self, scenario: Scenario):
+        self.scenario = scenario
+        self._peaks: dict[int, list[int]] = {}
+
+    def replay(self, batch_size: int) -> Job:
+        job = replay_step(self.scenario, batch_size)
+        self._peaks[batch_size] = [device.memory.peak_total for device in job.devices]
+        return job
+
+    def fits(self, rank: int, batch_size: int, capacity_bytes: float) -> bool:
+        if batch_size not in self._peaks:
+            self.replay(batch_size)
+        return self._peaks[batch_size][rank] <= capacity_bytes
+
+
+def plan_memory(scenario: Scenario, batch_size: int | None = None) -> list[DeviceMemory]:
+    """Per device: the peak of one training step at `batch_size` (default the scenario's), by category."""
+    probe = _Probe(scenario)
+    job = probe.replay(scenario.data.batch_size if batch_size is None else batch_size)
+    smallest = _smallest_batch(job)
+    return [DeviceMemory(rank=rank, device=device.spec.name, capacity_bytes=int(device.spec.memory_bytes),
+                         peak_bytes=device.memory.peak_total, by_category=dict(device.memory.peak_breakdown),
+                         largest_batch=_largest(probe, rank, device.spec.memory_bytes, smallest))
+            for rank, device in enumerate(job.devices)]
+
+
+def largest_batch(scenario: Scenario, rank: int) -> int:
+    """The largest per-device batch size whose step fits device `rank` of the scenario (0 if none does)."""
+    probe = _Probe(scenario)
+    job = probe.replay(scenario.data.batch_size)
+    return _largest(probe, rank, job.devices[rank].spec.memory_bytes, _smallest_batch(job))
+
+
+def _smallest_batch(job: Job) -> int:
+    """2 for a model with BatchNorm (it cannot train on one sample per channel), else 1."""
+    batchnorm = any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in job.model.modules())
+    return 2 if batchnorm else 1
+
+
+def _largest(probe: _Probe, rank: int, capacity_bytes: float, smallest: int) -> int:
+    if not probe.fits(rank, smallest, capacity_bytes):
+        return 0
+    fits, too_big = smallest, None
+    while too_big is None:
+        candidate = fits * 2
+        if candidate > _LARGEST_PROBE:
+            return fits
+        if probe.fits(rank, candidate, capacity_bytes):
+            fits = candidate
+        else:
+            too_big = candidate
+    while too_big - fits > 1:
+        middle = (fits + too_big) // 2
+        if probe.fits(rank, middle, capacity_bytes):
+            fits = middle
+        else:
+            too_big = middle
+    return fits

@@ -1,0 +1,116 @@
+"""Step programs: what a rank does in training, as operations, and their interpreter on the cluster.
+
+A scheme describes each rank's training as one program: a generator that
+yields the operations below and does its own torch numerics in between
+(forward, backward, the optimizer step), like a training loop written
+against a device and a process group. The operations are the only way a
+step touches time or memory:
+
+- `Compute(flops, dtype, name)`: a kernel on the device's compute stream;
+- `MemoryBound(nbytes, name, kind)`: work bound by HBM bandwidth (an update);
+- `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
+  stream (a sampler's host bookkeeping, the store applying an update);
+- `Alloc(category, nbytes)` / `Free(category, nbytes)`: the device's ledger;
+- `Collective(program, label)`: a collective program (simtrain/comm) on the
+  job's communicator; the yield returns the communication seconds credited
+  to this rank for it (time with a transfer of its own in flight);
+- `Transfer(src, dst, nbytes, label)`: bytes between two network nodes that
+  are not both ranks of the job (a worker and the shared-memory store); the
+  yield returns its seconds, credited as communication;
+- `Wait(event)`: a point of synchronization of the scheme itself (a lock, an
+  update landing on the store).
+
+`run_program(job, rank, program)` is the simulated interpreter: a simpy
+process body that charges each operation on the cluster's clock, network and
+ledgers. The simulated run and the memory plan (memory_plan.py, the same
+programs on meta tensors with no capacity limit) both run through it, so a
+step is described once.
+
+    job.cluster.env.process(run_program(job, rank, scheme.program(rank)))
+"""
+from typing import NamedTuple
+
+import simpy
+
+
+class Compute(NamedTuple):
+    flops: float
+    dtype: str
+    name: str
+    kind: str = "compute"
+
+
+class MemoryBound(NamedTuple):
+    nbytes: float
+    name: str
+    kind: str
+
+
+class Busy(NamedTuple):
+    seconds: float
+    name: str
+    kind: str
+    nbytes: float = 0
+
+
+class Alloc(NamedTuple):
+    category: str
+    nbytes: int
+
+
+class Free(NamedTuple):
+    category: str
+    nbytes: int
+
+
+class Collective(NamedTuple):
+    program: object  # a per-rank collective program (simtrain/comm/ops.py)
+    label: str
+
+
+class Transfer(NamedTuple):
+    src: str
+    dst: str
+    nbytes: int
+    label: str
+
+
+class Wait(NamedTuple):
+    event: simpy.Event
+
+
+def run_program(job, rank: int, program):
+    """Simpy process body: interpret `program`, job rank `rank`'s operations, on the job's cluster."""
+    device = job.devices[rank]
+    memory, log, env = device.memory, job.cluster.log, job.cluster.env
+    value = None
+    while True:
+        try:
+            op = program.send(value)
+        except StopIteration as stop:
+            return stop.value
+        kind = type(op)
+        value = None
+        if kind is Compute:
+            yield device.compute(op.flops, op.dtype, op.name, kind=op.kind)
+        elif kind is Alloc:
+            memory.alloc(op.category, op.nbytes)
+        elif kind is Free:
+            memory.free(op.category, op.nbytes)
+        elif kind is Collective:
+            before = log.total(device.rank, "communication")
+            yield job.comm.run(rank, op.program, label=op.label)
+            value = log.total(device.rank, "communication") - before
+        elif kind is MemoryBound:
+            yield device.memory_bound(op.nbytes, op.name, kind=op.kind)
+        elif kind is Busy:
+            yield device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
+        elif kind is Transfer:
+            started = env.now
+            yield job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
+            value = env.now - started
+            log.span(device.rank, "communication", op.label, started, env.now, nbytes=op.nbytes)
+        elif kind is Wait:
+            value = yield op.event
+        else:
+            raise TypeError(f"a step program yielded {op!r}, not an operation of schemes/program.py")
