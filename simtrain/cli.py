@@ -26,7 +26,7 @@ from .hw.cluster import build_cluster
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
 from .runner import run as run_scenario
 from .scenario import load_scenario
-from .units import format_bytes, parse_quantity, parse_size
+from .units import format_bytes, format_seconds, parse_quantity, parse_size
 
 console = Console()
 err_console = Console(stderr=True)
@@ -68,21 +68,21 @@ def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
     step = data["step_time_s"]
-    table.add_row("simulated time", f"{data['sim_time_s']:.6g} s over {data['steps']} steps")
-    table.add_row("step time", f"{step * 1e3:.4g} ms")
+    table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
+    table.add_row("step time", format_seconds(step))
     for kind, seconds in data["breakdown_s"].items():
-        table.add_row(f"  {kind}", f"{seconds * 1e3:.4g} ms ({seconds / step:.1%})")
+        table.add_row(f"  {kind}", f"{format_seconds(seconds)} ({seconds / step:.1%})")
     table.add_row("throughput", f"{data['throughput_samples_per_s']:,.0f} samples/s")
     table.add_row("scaling efficiency", f"{data['scaling_efficiency']:.1%} (weak scaling)")
     table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
     table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
     if "time_to_target_s" in data:
         target = data["time_to_target_s"]
-        table.add_row("time to target loss", "never" if target is None else f"{target * 1e3:.4g} ms")
+        table.add_row("time to target loss", "never" if target is None else format_seconds(target))
     if "async" in data:
         section = data["async"]
         table.add_row("staleness mean / max", f"{section['staleness_mean']:.2f} / {section['staleness_max']}")
-        table.add_row("lock wait (all workers)", f"{section['lock_wait_s'] * 1e3:.4g} ms")
+        table.add_row("lock wait (all workers)", format_seconds(section['lock_wait_s']))
     console.print(table)
     memory = Table(title="peak memory per device")
     categories = list(dict.fromkeys(c for d in data["devices"] for c in d["peak_memory_bytes_by_category"]))
@@ -116,8 +116,8 @@ def compare(scenario_files, variants, overrides, out_dir):
     for row in rows:
         target = row["time_to_target_s"]
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
-        table.add_row(row["label"], row["scheme"], f"{row['sim_time_s'] * 1e3:.4g} ms",
-                      "-" if target is None else f"{target * 1e3:.4g} ms", f"{row['final_loss']:.4f}",
+        table.add_row(row["label"], row["scheme"], format_seconds(row["sim_time_s"]),
+                      "-" if target is None else format_seconds(target), f"{row['final_loss']:.4f}",
                       f"{row['final_accuracy']:.2%}", f"{row['idle_share']:.1%}", staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)

@@ -78,13 +78,23 @@ class DeviceOverride(_Strict):
 
 class SharedMemorySpec(_Strict):
     """The store holding the shared parameters: host DRAM over each device's host link, or a
-    store attached to a node of the topology (a parameter server)."""
+    store attached to a node of the topology (a parameter server). The defaults are a DGX A100's
+    host: one AMD EPYC 7742 socket's eight DDR4-3200 channels (8 x 25.6 GB/s = 204.8 GB/s, AMD's
+    EPYC 7002 datasheet) behind one PCIe 4.0 x16 link per GPU (16 GT/s x 16 lanes x 128/130
+    encoding = 31.5 GB/s per direction, PCI-SIG base specification 4.0)."""
 
     location: str = "host"  # host | the name of a topology node
-    bandwidth: Bandwidth  # of the store itself: every reader and writer shares it
-    latency: Duration = 0.0
-    host_link: LinkSpec | None = None  # location host: each device's own link to the host (PCIe)
+    bandwidth: Bandwidth = 204.8e9  # of the store itself: every reader and writer shares it
+    latency: Duration = 0.0  # of the store's own link
+    host_link: LinkSpec = LinkSpec(bandwidth=31.5e9, latency=1e-6)  # location host: each device's link to it
     capacity: Annotated[float, _quantity("bytes"), Field(gt=0)] | None = None  # None: unlimited
+
+    @model_validator(mode="after")
+    def _host_link_only_for_the_host(self) -> "SharedMemorySpec":
+        default = type(self).model_fields["host_link"].default
+        if self.location != "host" and self.host_link != default:
+            raise ValueError(f"cluster.shared_memory.host_link: only for location host, not {self.location!r}")
+        return self
 
 
 class ModelSpec(_Strict):
@@ -220,6 +230,18 @@ class Scenario(_Strict):
     def base_dir(self) -> Path:
         return self._base_dir
 
+    @model_validator(mode="before")
+    @classmethod
+    def _async_gets_a_store(cls, raw):
+        """parallel.scheme async without cluster.shared_memory: the default store (host DRAM)."""
+        if not isinstance(raw, dict):
+            return raw
+        parallel, cluster = raw.get("parallel"), raw.get("cluster", {})
+        if (isinstance(parallel, dict) and parallel.get("scheme") == "async" and isinstance(cluster, dict)
+                and cluster.get("shared_memory") is None):
+            raw = {**raw, "cluster": {**cluster, "shared_memory": {}}}
+        return raw
+
     @field_validator("name")
     @classmethod
     def _plain_name(cls, value: str) -> str:
@@ -232,9 +254,6 @@ class Scenario(_Strict):
         """Combinations no scheme implements: one-line errors naming the field, before anything runs."""
         precision, optimizer = self.train.precision, self.train.optimizer.name
         if self.parallel.scheme == "async":
-            if self.cluster.shared_memory is None:
-                raise ValueError("cluster.shared_memory: required by parallel.scheme async (where the shared "
-                                 "parameters live)")
             if precision != "fp32":  # the shared fp32 parameters have no master copy
                 raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (naive, ring, "
                                  "tree), not with async")

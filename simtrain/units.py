@@ -89,3 +89,16 @@ def format_bytes(nbytes: float) -> str:
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
         nbytes /= 1024
     raise AssertionError("unreachable")
+
+
+def format_seconds(seconds: float) -> str:
+    """Human-readable duration with a fitting unit and 3 significant digits: 0.0067987 -> '6.80 ms'."""
+    seconds = float(f"{seconds:.3g}")  # rounded first, so 0.9999 s is '1.00 s', not '1.00e+03 ms'
+    if seconds == 0:
+        return "0 s"
+    if abs(seconds) >= 1000:
+        return f"{seconds:,.0f} s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:#.3g} {unit}"
+    return f"{seconds / 1e-9:#.3g} ns"

@@ -205,8 +205,8 @@ def test_same_scenario_same_report():
 
 
 @pytest.mark.parametrize("cluster, message", [
-    ({"shared_memory": None}, "cluster.shared_memory: required by parallel.scheme async"),
-    ({"shared_memory": {"location": "host", "bandwidth": "1 GB/s"}}, "cluster.shared_memory.host_link: required"),
+    ({"shared_memory": {"location": "gpu0", "bandwidth": "1 GB/s", "host_link": {"bandwidth": "1 GB/s"}}},
+     "cluster.shared_memory.host_link: only for location host"),
     ({"shared_memory": {"location": "nowhere", "bandwidth": "1 GB/s"}}, "cluster.shared_memory.location: unknown node"),
     ({"overrides": {4: {"slowdown": 2}}}, "cluster.overrides.4: no such rank"),
     ({"overrides": {1: {"device": "a200"}}}, "cluster.overrides.1.device: unknown device"),

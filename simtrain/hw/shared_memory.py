@@ -62,17 +62,12 @@ def attach_shared_memory(topology: Topology, spec: SharedMemorySpec) -> tuple[To
             raise ScenarioError(f"{_FIELD}: the topology already has a node named {name!r}")
     graph.add_node(STORE_NODE)
     if spec.location == HOST_NODE:
-        if spec.host_link is None:
-            raise ScenarioError(f"{_FIELD}.host_link: required when location is host "
-                                "(each device's link to the host, e.g. {bandwidth: 32 GB/s, latency: 1 us})")
         graph.add_node(HOST_NODE)
         for device in topology.devices:
             graph.add_edge(device, HOST_NODE, bandwidth=spec.host_link.bandwidth, latency=spec.host_link.latency)
         graph.add_edge(HOST_NODE, STORE_NODE, bandwidth=spec.bandwidth, latency=spec.latency)
         private = frozenset((HOST_NODE, STORE_NODE))
     else:
-        if spec.host_link is not None:
-            raise ScenarioError(f"{_FIELD}.host_link: only for location host, not {spec.location!r}")
         if spec.location not in topology.graph:
             nodes = ", ".join(str(node) for node in topology.graph.nodes)
             raise ScenarioError(f"{_FIELD}.location: unknown node {spec.location!r}; "

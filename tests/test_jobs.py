@@ -1,0 +1,181 @@
+"""Jobs on one cluster, the scheme registry, and the memory plan as a replay of the step programs.
+
+References: closed-form transfer times of the flow model (two flows on one
+link get half of it each); a job trained alone (its numbers do not depend on
+its neighbours); the memory ledgers of real runs; real runs at the planned
+largest batch and one sample more.
+"""
+import typing
+
+import pytest
+import torch
+
+import simtrain
+from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.job import Job
+from simtrain.memory_plan import plan_memory
+from simtrain.report import build_trace
+from simtrain.scenario import ParallelSpec, SharedMemorySpec, validate_scenario
+from simtrain.schemes import SCHEMES
+from simtrain.units import format_seconds
+
+BANDWIDTH, LATENCY, STEPS = 10e9, 2e-6, 3
+# Two switches joined by one uplink, two GPUs on each; every link 10 GB/s per direction, 2 us.
+TWO_SWITCHES = f"""
+gpus: [gpu0, gpu1, gpu2, gpu3]
+switches: [sw0, sw1]
+links:
+  - {{between: [gpu0, sw0], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
+  - {{between: [gpu1, sw0], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
+  - {{between: [gpu2, sw1], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
+  - {{between: [gpu3, sw1], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
+  - {{between: [sw0, sw1], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
+"""
+
+
+def job_scenario(tmp_path, name: str, devices=None):
+    topology = tmp_path / "two-switches.yaml"
+    topology.write_text(TWO_SWITCHES)
+    cluster = {"topology": str(topology)} if devices is None else {"topology": "switch", "devices": devices}
+    return validate_scenario({
+        "name": name, "seed": 3, "cluster": cluster,
+        "model": {"name": "mlp", "hidden": [16]},  # 1,210 parameters: two equal ring chunks of 605
+        "data": {"name": "digits", "batch_size": 16},
+        "train": {"steps": STEPS, "optimizer": {"name": "sgd", "lr": 0.1}},
+        "parallel": {"scheme": "ring"},
+    })
+
+
+def run_two_jobs(tmp_path, ranks_a, ranks_b):
+    scenario_a, scenario_b = job_scenario(tmp_path, "a"), job_scenario(tmp_path, "b")
+    cluster = build_cluster(scenario_a.cluster, scenario_a.base_dir)
+    jobs = [Job(scenario_a, cluster, ranks_a), Job(scenario_b, cluster, ranks_b)]
+    for job in jobs:
+        job.start()
+    run_to_end(cluster.env)
+    assert not any(job.scheme.stuck() for job in jobs)
+    return cluster, jobs
+
+
+def communication_per_step(cluster, rank):
+    return cluster.log.total(rank, "communication") / STEPS
+
+
+@pytest.mark.parametrize("ranks_a, ranks_b, hops, sharers", [
+    ([0, 2], [1, 3], 3, 2),  # both jobs cross the uplink sw0 - sw1: each gets half of it
+    ([0, 1], [2, 3], 2, 1),  # each job stays on its own switch: neither slows the other
+])
+def test_two_jobs_share_the_links_their_routes_have_in_common(tmp_path, ranks_a, ranks_b, hops, sharers):
+    cluster, jobs = run_two_jobs(tmp_path, ranks_a, ranks_b)
+    chunk_bytes = 605 * 4
+    # Ring all-reduce of 2 ranks: one reduce-scatter and one all-gather transfer per step.
+    expected = 2 * (hops * LATENCY + chunk_bytes / (BANDWIDTH / sharers))
+    for rank in range(4):
+        assert communication_per_step(cluster, rank) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_job_trains_on_a_shared_cluster_exactly_as_alone(tmp_path):
+    cluster, jobs = run_two_jobs(tmp_path, [0, 2], [1, 3])
+    alone = simtrain.run(job_scenario(tmp_path, "alone", devices=2))
+    for job in jobs:
+        for mine, reference in zip(job.scheme.final_models(), alone.final_models):
+            for (name, a), (_, b) in zip(mine.state_dict().items(), reference.state_dict().items()):
+                assert torch.equal(a, b), name
+
+
+def test_jobs_are_told_apart_in_the_event_log_and_the_trace(tmp_path):
+    cluster, jobs = run_two_jobs(tmp_path, [0, 2], [1, 3])
+    assert {(span.rank, span.job) for span in cluster.log.spans} == {(0, 0), (2, 0), (1, 1), (3, 1)}
+    trace = build_trace(cluster)["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"}
+    assert processes == {0: "job a", 1: "job b", 2: "links"}
+    tracks = {(e["pid"], e["tid"]) for e in trace if e["ph"] == "X" and e["pid"] < 2}
+    assert tracks == {(0, 0), (0, 2), (1, 1), (1, 3)}
+    with pytest.raises(ValueError, match="belong to another job"):
+        Job(job_scenario(tmp_path, "c"), cluster, [3])
+
+
+def test_every_scheme_name_of_the_schema_is_in_the_registry():
+    names = typing.get_args(ParallelSpec.model_fields["scheme"].annotation)
+    assert set(names) == set(SCHEMES)
+    for scheme in set(SCHEMES.values()):
+        for method in ("program", "steps_until_every_rank_stepped", "stuck", "trained_model", "final_models",
+                       "samples_per_step", "single_device_step_s", "report_sections"):
+            assert callable(getattr(scheme, method)), (scheme, method)
+
+
+# ---------------------------------------------------------------- the memory plan replays the programs
+
+TECHNIQUES = {
+    "sync sgd momentum": {"train": {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}},
+    "async": {"parallel": {"scheme": "async"}},
+    "kfac": {"train": {"optimizer": {"name": "kfac", "lr": 0.1}}},
+    "sync batchnorm": {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}},
+    "fp16 + checkpointing": {"train": {"precision": "fp16", "checkpointing": "sqrt"}},
+    "bf16 adam, tree": {"train": {"precision": "bf16", "optimizer": {"name": "adam", "lr": 1e-3}},
+                        "parallel": {"scheme": "tree"}},
+}
+
+
+def technique(name, batch=32, steps=2, memory=None):
+    extra = TECHNIQUES[name]
+    device = {"base": "a100-40gb", **({"memory": memory} if memory is not None else {})}
+    return validate_scenario({
+        "name": "memory", "seed": 2,
+        "cluster": {"topology": "ring", "devices": 3, "device": device},
+        "model": {"name": "mlp", "hidden": [48, 48, 48], **extra.get("model", {})},
+        "data": {"name": "digits", "batch_size": batch},
+        "train": {"steps": steps, **extra.get("train", {})},
+        "parallel": extra.get("parallel", {}),
+        "report": {"trace": False},
+    })
+
+
+@pytest.mark.parametrize("name", TECHNIQUES)
+def test_the_memory_plan_holds_what_a_run_holds(name):
+    spec = technique(name, steps=6)  # async: two updates per worker
+    report = simtrain.run(spec)
+    assert report.data["status"] == "ok"
+    for plan, device in zip(plan_memory(spec), report.data["devices"]):
+        assert plan.peak_bytes == device["peak_memory_bytes"]
+        assert plan.by_category == device["peak_memory_bytes_by_category"]
+
+
+@pytest.mark.parametrize("name", TECHNIQUES)
+def test_the_largest_batch_that_fits_fits_and_one_more_sample_does_not(name):
+    capacity = plan_memory(technique(name), batch_size=100)[0].peak_bytes  # so that about 100 fit
+    largest = plan_memory(technique(name, memory=capacity))[0].largest_batch
+    assert 100 <= largest < 200
+    fits = simtrain.run(technique(name, batch=largest, steps=3, memory=capacity))
+    assert fits.data["status"] == "ok"
+    too_big = simtrain.run(technique(name, batch=largest + 1, steps=3, memory=capacity))
+    assert too_big.data["status"] == "out_of_memory"
+    assert too_big.data["out_of_memory"]["largest_batch_size_that_fits"] == largest
+
+
+def test_batchnorm_models_are_planned_from_two_samples():
+    # torch's BatchNorm cannot train on one sample: the search starts at 2 (and never crashes on 1).
+    capacity = plan_memory(technique("sync batchnorm"), batch_size=2)[0].peak_bytes
+    spec = technique("sync batchnorm", memory=capacity)
+    largest = plan_memory(spec)[0].largest_batch
+    assert largest >= 2
+    assert plan_memory(spec, batch_size=largest)[0].peak_bytes <= capacity
+    assert plan_memory(spec, batch_size=largest + 1)[0].peak_bytes > capacity
+
+
+# ---------------------------------------------------------------- friction a new user met
+
+def test_async_gets_a_default_store_in_host_memory():
+    spec = validate_scenario({"parallel": {"scheme": "async"}})
+    assert spec.cluster.shared_memory == SharedMemorySpec()
+    assert spec.cluster.shared_memory.host_link.bandwidth == 31.5e9
+    report = simtrain.run(technique("async", steps=4))
+    assert report.data["status"] == "ok" and report.data["shared_memory"]["bandwidth_Bps"] == 204.8e9
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0.00679869, "6.80 ms"), (3.4e-5, "34.0 µs"), (1.2e-10, "0.120 ns"), (12.3456, "12.3 s"), (0.0, "0 s"),
+    (0.99996, "1.00 s"), (7261.4, "7,260 s"),
+])
+def test_durations_print_with_a_fitting_unit(seconds, text):
+    assert format_seconds(seconds) == text
