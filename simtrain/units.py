@@ -100,5 +100,10 @@ def format_seconds(seconds: float) -> str:
         return f"{seconds:,.0f} s"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if abs(seconds) >= scale:
-            return f"{seconds / scale:#.3g} {unit}"
-    return f"{seconds / 1e-9:#.3g} ns"
+            return f"{_three_digits(seconds / scale)} {unit}"
+    return f"{_three_digits(seconds / 1e-9)} ns"
+
+
+def _three_digits(value: float) -> str:
+    """3 significant digits, trailing zeros kept (6.80), no bare trailing point (417, not 417.)."""
+    return f"{value:#.3g}".rstrip(".")
