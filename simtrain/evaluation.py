@@ -8,8 +8,8 @@ curve every scheme and sampling kind can be compared on, and the one
 update's is one batch, a prioritized batch's is importance-weighted over hard
 samples.
 
-    monitor = TrainLossMonitor(lambda: replicas[0].model, data.train, every=10, steps=200)
-    scheme = SyncDataParallel(..., on_step=monitor.on_step)
+    monitor = TrainLossMonitor(job.scheme.trained_model, job.data.train, every=10, steps=200)
+    ... the scheme calls monitor.on_step(step, sim_time_s, loss) after every step
 """
 import torch
 from torch.utils.data import TensorDataset

@@ -30,6 +30,7 @@ import copy
 
 import torch
 
+from .comm.simulated import SimCommunicator
 from .hw.cluster import Cluster
 from .scenario import Scenario
 from .schemes import build_scheme
@@ -39,7 +40,6 @@ from .train.data import MetaLoader, load_dataset
 from .train.models import build_model
 from .train.replica import Replica
 from .train.sampling import build_loader
-from .comm.simulated import SimCommunicator
 
 
 class Job:
