@@ -43,9 +43,11 @@ def cli():
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/<name>/).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
-def run(scenario_file, overrides, out_dir, quiet):
+@click.option("--no-numerics", is_flag=True, help="Meta tensors: times, bytes and memory without arithmetic "
+              "(as --set numerics=false).")
+def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     """Train the scenario's model on its simulated cluster and report."""
-    scenario = load_scenario(scenario_file, overrides)
+    scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     out = Path(out_dir) if out_dir else Path("runs") / scenario.name
     if quiet:
         report = run_scenario(scenario)
@@ -54,14 +56,14 @@ def run(scenario_file, overrides, out_dir, quiet):
                    TextColumn("sim {task.fields[sim]:.4g} s  loss {task.fields[loss]:.4f}"), TimeElapsedColumn())
         with Progress(*columns, console=err_console, transient=True) as progress:
             task = progress.add_task(scenario.name, total=scenario.train.steps, sim=0.0, loss=float("nan"))
-            report = run_scenario(
-                scenario, on_step=lambda step, now, loss: progress.update(task, completed=step + 1, sim=now, loss=loss))
-    report.write(out)
+            report = run_scenario(scenario, on_step=lambda step, now, loss: progress.update(
+                task, completed=step + 1, sim=now, loss=float("nan") if loss is None else loss))
+    written = report.write(out)
     if report.data["status"] == "out_of_memory":
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
         print_summary(report.data)
-        console.print(f"wrote {out}/report.json, trace.json, scenario.resolved.yaml, final_model.pt")
+        console.print(f"wrote {out}/" + ", ".join(path.name for path in written))
 
 
 def print_summary(data: dict) -> None:
@@ -74,8 +76,11 @@ def print_summary(data: dict) -> None:
         table.add_row(f"  {kind}", f"{format_seconds(seconds)} ({seconds / step:.1%})")
     table.add_row("throughput", f"{data['throughput_samples_per_s']:,.0f} samples/s")
     table.add_row("scaling efficiency", f"{data['scaling_efficiency']:.1%} (weak scaling)")
-    table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
-    table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
+    if data["final_loss"] is None:
+        table.add_row("final loss, accuracy", "none: numerics off")
+    else:
+        table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
+        table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
     if "time_to_target_s" in data:
         target = data["time_to_target_s"]
         table.add_row("time to target loss", "never" if target is None else format_seconds(target))
@@ -117,8 +122,10 @@ def compare(scenario_files, variants, overrides, out_dir):
         target = row["time_to_target_s"]
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
         table.add_row(row["label"], row["scheme"], format_seconds(row["sim_time_s"]),
-                      "-" if target is None else format_seconds(target), f"{row['final_loss']:.4f}",
-                      f"{row['final_accuracy']:.2%}", f"{row['idle_share']:.1%}", staleness)
+                      "-" if target is None else format_seconds(target),
+                      "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
+                      "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
+                      f"{row['idle_share']:.1%}", staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")

@@ -49,7 +49,7 @@ class TrainLossMonitor:
 
     def __init__(self, current_model, dataset, every: int, steps: int, then=None):
         self.current_model = current_model  # () -> the model being trained (rank 0's, or the shared one)
-        self.dataset = dataset
+        self.dataset = dataset  # None: numerics off, nothing to evaluate
         self.every = every
         self.steps = steps
         self.then = then  # the caller's own on_step(step, sim_time_s, loss)
@@ -58,7 +58,7 @@ class TrainLossMonitor:
     def on_step(self, step: int, sim_time_s: float, loss: float) -> None:
         """Called after step `step` (0-based) ends at `sim_time_s` with its batch loss."""
         done = step + 1
-        if done % self.every == 0 or done == self.steps:
+        if self.dataset is not None and (done % self.every == 0 or done == self.steps):
             self.curve.append([done, sim_time_s, evaluate(self.current_model(), self.dataset)[0]])
         if self.then is not None:
             self.then(step, sim_time_s, loss)

@@ -32,8 +32,8 @@ class RunResult:
     loss_curve: list[tuple[float, float]]  # (sim_time_s, batch loss) per step or update
     train_loss_curve: list[list[float]]  # [step, sim_time_s, training-set loss] every report.every steps
     time_to_target_s: float | None  # first time train_loss_curve reached train.target_loss
-    final_loss: float
-    final_accuracy: float
+    final_loss: float | None  # None: numerics off
+    final_accuracy: float | None
     single_device_step_s: float
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
@@ -54,7 +54,7 @@ class Report:
         return json.dumps(self.data, indent=2) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:
-        """Write report.json, scenario.resolved.yaml, final_model.pt and trace.json.
+        """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics) and trace.json.
 
         Each file is written to a temporary name and renamed into place, so an
         interrupted write never leaves a half file over an earlier good one.
@@ -66,9 +66,15 @@ class Report:
         written = []
         for name, payload in outputs.items():
             written.append(_write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
-        written.append(_write_atomic(out_dir / "final_model.pt",
-                                     lambda f: torch.save(self.final_model.state_dict(), f)))
+        if not self.final_model_is_meta:
+            written.append(_write_atomic(out_dir / "final_model.pt",
+                                         lambda f: torch.save(self.final_model.state_dict(), f)))
         return written
+
+    @property
+    def final_model_is_meta(self) -> bool:
+        """Numerics off: the model has shapes but no values, and no final_model.pt is written."""
+        return any(p.is_meta for p in self.final_model.parameters())
 
     @property
     def final_model(self) -> torch.nn.Module:

@@ -48,10 +48,11 @@ def run(scenario: Scenario, on_step=None) -> Report:
     with _single_thread():
         cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
                                 seed=scenario.seed)
-        job = Job(scenario, cluster, range(cluster.size), on_step=lambda *step: monitor.on_step(*step))
+        job = Job(scenario, cluster, range(cluster.size), numerics=scenario.numerics,
+                  on_step=lambda *step: monitor.on_step(*step))
         scheme = job.scheme
-        monitor = TrainLossMonitor(scheme.trained_model, job.data.train, scenario.report.every, steps,
-                                   then=on_step)
+        monitor = TrainLossMonitor(scheme.trained_model, job.data.train if scenario.numerics else None,
+                                   scenario.report.every, steps, then=on_step)
         job.start()
         out_of_memory = None
         try:
@@ -62,9 +63,10 @@ def run(scenario: Scenario, on_step=None) -> Report:
         if stuck:
             raise RuntimeError(f"collective deadlock: ranks {stuck} wait for peers that never posted")
         job.finish()
-        trained = scheme.trained_model()
-        final_loss, _ = evaluate(trained, job.data.train)
-        _, final_accuracy = evaluate(trained, job.data.test)
+        final_loss = final_accuracy = None  # numerics off: nothing was computed
+        if scenario.numerics:
+            final_loss, _ = evaluate(scheme.trained_model(), job.data.train)
+            _, final_accuracy = evaluate(scheme.trained_model(), job.data.test)
     sections = {"amp": job.replicas[0].precision.report()}
     if out_of_memory:  # the schemes' and samplers' sections describe whole runs
         sections["out_of_memory"] = out_of_memory

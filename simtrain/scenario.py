@@ -217,6 +217,8 @@ class ReportSpec(_Strict):
 class Scenario(_Strict):
     name: str = "scenario"
     seed: Annotated[int, Field(ge=0)] = 0
+    # false: the same job on meta tensors (shapes, bytes and FLOPs, no arithmetic); loss and accuracy are null
+    numerics: bool = True
     cluster: ClusterSpec = ClusterSpec()
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
@@ -261,6 +263,9 @@ class Scenario(_Strict):
                 raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (naive, ring or tree)")
             if self.parallel.sync_batchnorm:
                 raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (naive, ring or tree)")
+        if not self.numerics and self.data.sampling != "uniform":
+            raise ValueError(f"data.sampling: {self.data.sampling} needs numerics (its priorities are the "
+                             "samples' losses); use uniform with numerics false")
         if optimizer == "kfac" and precision == "fp16":
             raise ValueError("train.optimizer.name: kfac does not run under fp16 loss scaling "
                              "(train.precision fp32 or bf16)")

@@ -58,8 +58,8 @@ import math
 import torch
 from torch import nn
 
-from .grad_bucket import flat_grad_buffer
 from ..scenario import AmpSpec, OptimizerSpec
+from .grad_bucket import flat_grad_buffer
 from .optim import optimizer_state_bytes, optimizer_step_bytes
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

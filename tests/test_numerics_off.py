@@ -1,0 +1,64 @@
+"""Numerics off: the same job on meta tensors gives the same simulated times, bytes and memory.
+
+Reference: the numerics-on run of the same scenario. Only what needs values
+differs: losses and accuracies are null, weight norms and the training-set
+loss curve are empty, and no final_model.pt is written.
+"""
+import json
+
+import pytest
+
+import simtrain
+from simtrain.cli import main
+from simtrain.scenario import validate_scenario
+
+TECHNIQUES = {
+    "ring": {},
+    "naive on a switch": {"cluster": {"topology": "switch"}, "parallel": {"scheme": "naive"}},
+    "tree, adam, bf16": {"parallel": {"scheme": "tree"},
+                         "train": {"precision": "bf16", "optimizer": {"name": "adam", "lr": 1e-3}}},
+    "fp16 + checkpointing": {"train": {"precision": "fp16", "checkpointing": "sqrt"}},
+    "kfac": {"train": {"optimizer": {"name": "kfac", "lr": 0.1, "inv_update_steps": 2}}},
+    "sync batchnorm": {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}},
+    "async locked": {"parallel": {"scheme": "async", "async": {"consistency": "locked"}}},
+    "straggler and jitter": {"cluster": {"overrides": {1: {"slowdown": 1.7}}, "compute_jitter": 0.3}},
+}
+NEEDS_VALUES = ("final_loss", "final_accuracy", "loss_curve", "train_loss_curve", "weight_norms", "wall_time_s")
+
+
+def scenario(extra: dict, numerics: bool):
+    return validate_scenario({
+        "name": "numerics", "seed": 4, "numerics": numerics,
+        "cluster": {"topology": "ring", "devices": 3, **extra.get("cluster", {})},
+        "model": {"name": "mlp", "hidden": [40, 24], **extra.get("model", {})},
+        "data": {"name": "digits", "batch_size": 24},
+        "train": {"steps": 6, **extra.get("train", {})},
+        "parallel": extra.get("parallel", {}),
+    })
+
+
+@pytest.mark.parametrize("name", TECHNIQUES)
+def test_numerics_off_gives_the_same_times_bytes_and_memory(name):
+    on = simtrain.run(scenario(TECHNIQUES[name], numerics=True)).data
+    off = simtrain.run(scenario(TECHNIQUES[name], numerics=False)).data
+    assert off["final_loss"] is None and off["final_accuracy"] is None and off["train_loss_curve"] == []
+    assert [t for t, _ in off["loss_curve"]] == [t for t, _ in on["loss_curve"]]
+    assert all(loss is None for _, loss in off["loss_curve"])
+    same = {key: value for key, value in on.items() if key not in NEEDS_VALUES}
+    assert json.dumps({key: off[key] for key in same}, sort_keys=True) == json.dumps(same, sort_keys=True)
+
+
+def test_run_no_numerics_writes_no_model(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(scenario({}, numerics=True).model_dump(mode="json")))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(path), "--no-numerics", "--quiet", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.json", "scenario.resolved.yaml",
+                                                                   "trace.json"]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["final_loss"] is None
+
+
+def test_prioritized_sampling_needs_numerics():
+    with pytest.raises(simtrain.ScenarioError, match="data.sampling: prioritized needs numerics"):
+        validate_scenario({"numerics": False, "data": {"sampling": "prioritized"}})
