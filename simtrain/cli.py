@@ -23,10 +23,14 @@ from .comm import ALL_REDUCE
 from .comm.bench import benchmark_all_reduce
 from .errors import SimtrainError
 from .hw.cluster import build_cluster
+from .host_memory import require_host_memory
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
+from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED
+from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import load_scenario
 from .units import format_bytes, parse_quantity, parse_size
+from .user_files import output_folder
 
 console = Console()
 err_console = Console(stderr=True)
@@ -46,7 +50,7 @@ def cli():
 def run(scenario_file, overrides, out_dir, quiet):
     """Train the scenario's model on its simulated cluster and report."""
     scenario = load_scenario(scenario_file, overrides)
-    out = Path(out_dir) if out_dir else Path("runs") / scenario.name
+    out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / scenario.name, "name")
     if quiet:
         report = run_scenario(scenario)
     else:
@@ -67,13 +71,13 @@ def run(scenario_file, overrides, out_dir, quiet):
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
-    step = data["step_time_s"]
+    step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
     table.add_row("simulated time", f"{data['sim_time_s']:.6g} s over {data['steps']} steps")
     table.add_row("step time", f"{step * 1e3:.4g} ms")
     for kind, seconds in data["breakdown_s"].items():
-        table.add_row(f"  {kind}", f"{seconds * 1e3:.4g} ms ({seconds / step:.1%})")
-    table.add_row("throughput", f"{data['throughput_samples_per_s']:,.0f} samples/s")
-    table.add_row("scaling efficiency", f"{data['scaling_efficiency']:.1%} (weak scaling)")
+        table.add_row(f"  {kind}", f"{seconds * 1e3:.4g} ms" + (f" ({seconds / step:.1%})" if step else ""))
+    table.add_row("throughput", "n/a (no simulated time)" if throughput is None else f"{throughput:,.0f} samples/s")
+    table.add_row("scaling efficiency", "n/a" if scaling is None else f"{scaling:.1%} (weak scaling)")
     table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
     table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
     if "time_to_target_s" in data:
@@ -106,7 +110,7 @@ def compare(scenario_files, variants, overrides, out_dir):
     from .compare import compare_runs, parse_variant, plan_runs
 
     runs = plan_runs(list(scenario_files), [parse_variant(v) for v in variants], list(overrides))
-    out = Path(out_dir) if out_dir else Path("runs") / f"compare-{Path(scenario_files[0]).stem}"
+    out = output_folder(out_dir or Path("runs") / f"compare-{Path(scenario_files[0]).stem}", "--out")
     rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
         f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
     table = Table(title=f"{len(rows)} runs")
@@ -190,18 +194,17 @@ def validate(scenario_file, overrides):
 
 def _topology_options(f):
     f = click.option("--topology", default="ring", show_default=True, help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
-    f = click.option("--devices", type=int, default=None, help="Device count (builders).")(f)
+    f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None, help="Device count (builders).")(f)
     f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
     f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
-    f = click.option("--gpus-per-node", type=int, default=None, help="hierarchical: GPUs per node.")(f)
+    f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
+                     help="hierarchical: GPUs per node.")(f)
     f = click.option("--inter-bandwidth", default=None, help="hierarchical: each GPU's NIC bandwidth.")(f)
     f = click.option("--inter-latency", default="5 us", show_default=True, help="hierarchical: NIC hop latency.")(f)
     return f
 
 
 def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
-    if devices is not None and devices < 1:
-        raise SimtrainError(f"--devices: must be at least 1, got {devices}")
     if devices is None and topology in BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
     link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
@@ -219,7 +222,7 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
 @_topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                sizes, numerics, seed, as_json):
@@ -228,8 +231,11 @@ def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter
     low, sep, high = sizes.partition(":")
     low = parse_size(low, "--sizes")
     high = parse_size(high, "--sizes") if sep else low
-    if low < 1 or high < low:
-        raise SimtrainError(f"--sizes: need 1 <= MIN <= MAX, got {sizes!r}")
+    if low < 1 or high < low or high > MAX_COLLECTIVE_BYTES:
+        raise SimtrainError(f"--sizes: need 1 <= MIN <= MAX <= {format_bytes(MAX_COLLECTIVE_BYTES)}, got {sizes!r}")
+    if numerics:  # every rank's buffer, a float64 reference sum, and the chunks in flight
+        require_host_memory(4 * topo.num_devices * high, f"--sizes {high} bytes on {topo.num_devices} --devices "
+                                                         "with --numerics")
     size_list = []
     while low <= high:
         size_list.append(low)
@@ -240,8 +246,8 @@ def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter
         console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
     for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed):
         if as_json:
-            click.echo(json.dumps({"bytes": row.nbytes, "time_s": row.time_s,
-                                   "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}))
+            click.echo(json.dumps(finite_or_none({"bytes": row.nbytes, "time_s": row.time_s, "algbw_GBps": row.algbw_GBps,
+                                                  "busbw_GBps": row.busbw_GBps}), allow_nan=False))
         else:
             wrong = "n/a" if row.wrong is None else str(row.wrong)
             console.print(f"{row.nbytes:>12} {row.time_s * 1e6:>12.2f} {row.algbw_GBps:>13.3f} "
