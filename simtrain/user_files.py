@@ -67,8 +67,9 @@ class _BoundedLoader(yaml.SafeLoader):
 
 def parse_yaml_text(text: str, label: str, error: type[SimtrainError]):
     """The Python value of a YAML document; `error(f"{label}: ...")` for anything refused."""
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # reads the text: refuses control characters
         node = loader.get_single_node()
         if node is None:
             return None
@@ -82,7 +83,8 @@ def parse_yaml_text(text: str, label: str, error: type[SimtrainError]):
         problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or "cannot parse"
         raise error(f"{label}: not valid YAML{where}: {problem}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _check_integers(node, field: str) -> None:
