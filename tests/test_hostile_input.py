@@ -251,6 +251,14 @@ def test_topology_file_that_is_no_text(tmp_path, capsys):
     assert "/dev/zero: is not a regular file" in one_line_error(capsys, "validate", tmp_path / "s.yaml")
 
 
+def test_nesting_within_the_bound_is_written_back(tmp_path):
+    nested = "{a: " * 27 + "1" + "}" * 27  # 31 levels with the root, model, options and deep
+    path = tmp_path / "s.yaml"
+    path.write_text(f"model: {{name: 'mine:net', options: {{deep: {nested}}}}}\n")
+    scenario = validate_scenario(parse_yaml_text(path.read_text(), str(path), ScenarioError))
+    assert yaml.safe_load(scenario.to_yaml())["model"]["options"]["deep"]["a"]["a"]["a"]
+
+
 def test_set_values_go_through_the_same_loader(capsys):
     assert "aliases" in one_line_error(capsys, "validate", QUICKSTART, "--set", "name=[&a x, *a]")
     assert "nested deeper" in one_line_error(capsys, "validate", QUICKSTART, "--set",
@@ -282,6 +290,7 @@ def test_output_paths_are_checked_before_anything_runs(tmp_path, capsys):
     (["collective", "--devices", "4", "--latency", "inf s"], "--latency"),
     (["collective", "--devices", "4096", "--sizes", "64G", "--numerics"], "host memory: --sizes"),
     (["topo", "--topology", "~nouser_simtrain/t.yaml"], "no such user"),
+    (["topo", "--topology", "fully_connected", "--devices", "4096"], "8,386,560 links; at most 500,000"),
 ])
 def test_hostile_command_lines_are_one_line(capsys, args, expected):
     assert expected in one_line_error(capsys, *args)

@@ -43,7 +43,7 @@ from pathlib import Path
 import networkx as nx
 
 from ..errors import ScenarioError, TopologyError
-from ..limits import MAX_DEVICES
+from ..limits import MAX_DEVICES, MAX_LINKS
 from ..units import parse_quantity
 from ..user_files import load_yaml_file, user_path
 from .topology import Topology
@@ -159,6 +159,10 @@ def _ring(devices: int, link: LinkClass) -> Topology:
 
 
 def _fully_connected(devices: int, link: LinkClass) -> Topology:
+    links = devices * (devices - 1) // 2
+    if links > MAX_LINKS:
+        raise TopologyError(f"cluster.devices: fully_connected on {devices} GPUs has {links:,} links; at most "
+                            f"{MAX_LINKS:,} are simulated (switch or hierarchical scale further)")
     gpus = _gpus(devices)
     graph = _graph(gpus, itertools.combinations(gpus, 2), link)
     return Topology(graph, gpus, name=f"fully_connected-{devices}")
