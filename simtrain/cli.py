@@ -21,7 +21,7 @@ from rich.table import Table
 
 from .comm import ALL_REDUCE
 from .comm.bench import benchmark_all_reduce
-from .errors import SimtrainError
+from .errors import SimtrainError, one_line
 from .hw.cluster import build_cluster
 from .host_memory import require_host_memory
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
@@ -273,12 +273,13 @@ def main(argv=None) -> None:
     try:
         code = cli.main(args=argv, prog_name="simtrain", standalone_mode=False)
     except SimtrainError as error:
-        err_console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"error: {one_line(str(error))}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except click.exceptions.Abort:
         err_console.print("aborted", markup=False)
         sys.exit(130)
     except click.ClickException as error:
-        err_console.print(f"error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"error: {one_line(error.format_message())}", markup=False, highlight=False,
+                          soft_wrap=True)
         sys.exit(2)
     sys.exit(code or 0)

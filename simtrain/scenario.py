@@ -17,7 +17,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, Strict, ValidationError,
                       field_validator, model_validator)
 
-from .errors import ScenarioError, SimtrainError
+from .errors import ScenarioError, SimtrainError, one_line
 from .limits import (MAX_BATCH_SIZE, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_LAYERS, MAX_LEARNING_RATE,
                      MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH)
 from .units import parse_quantity
@@ -331,7 +331,7 @@ def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path
         return scenario
     except ValidationError as error:
         first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
+        field = one_line(".".join(str(part) for part in first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = "unknown field"

@@ -128,14 +128,16 @@ def test_any_mutation_of_the_schema_validates_or_is_one_line(changes, extra, del
     except ScenarioError as error:
         assert "\n" not in str(error) and str(error).startswith("s.yaml: ")
         return
-    # A valid scenario writes its resolved form, and its host-memory estimate is a number.
+    # A valid scenario writes its resolved form; its host-memory estimate and its cluster (what
+    # `validate` builds) are made, or refused in one line.
     assert yaml.safe_load(scenario.to_yaml())["name"] == scenario.name
     try:
         needs = host_memory.scenario_host_bytes(scenario)
-    except SimtrainError as error:  # the cnn on a dataset without images, a missing topology file
-        assert "\n" not in str(error)
-    else:
         assert all(isinstance(n, int) and n >= 0 for n in needs.values())
+        if (scenario.cluster.devices or 0) <= 64:
+            build_cluster(scenario.cluster, record=False, seed=scenario.seed)
+    except SimtrainError as error:  # the cnn on a dataset without images, a missing topology file, ...
+        assert "\n" not in str(error)
 
 
 # ---------------------------------------------------------------- hostile files, class by class
