@@ -19,7 +19,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from .errors import ScenarioError, SimtrainError, one_line
 from .limits import (MAX_BATCH_SIZE, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_LAYERS, MAX_LEARNING_RATE,
-                     MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH)
+                     MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH, MIN_EFFICIENCY)
 from .units import parse_quantity
 from .user_files import load_yaml_file, parse_yaml_text, user_path
 
@@ -86,7 +86,7 @@ class DeviceOverride(_Strict):
 
     device: Union[str, dict[str, Any], None] = None  # replaces cluster.device for this rank
     slowdown: Real(gt=0, le=MAX_SLOWDOWN) = 1.0  # every span on its compute stream takes this much longer
-    efficiency: Real(gt=0, le=1) | None = None
+    efficiency: Real(ge=MIN_EFFICIENCY, le=1) | None = None
     peak_flops: dict[str, Any] | None = None  # some or all of fp32, tf32, fp16, bf16
     memory: Any = None
     memory_bandwidth: Any = None
@@ -164,7 +164,7 @@ class OptimizerSpec(_Strict):
     betas: tuple[Real(ge=0, lt=1), Real(ge=0, lt=1)] = (0.9, 0.999)
     eps: Real(gt=0, le=1) = 1e-8
     # kfac (simtrain/train/kfac.py): K-FAC preconditioning, then SGD with lr, momentum, weight_decay.
-    damping: Real(gt=0, le=1e6) = 1e-3
+    damping: Real(ge=1e-12, le=1e6) = 1e-3  # below 1e-12 the damped factors are singular in fp32
     factor_decay: Real(ge=0, lt=1) = 0.95
     factor_update_steps: Steps = 1
     inv_update_steps: Steps = 10

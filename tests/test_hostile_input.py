@@ -181,6 +181,9 @@ HOSTILE_SCENARIOS = [
     ("train: {optimizer: {lr: .nan}}\n", "train.optimizer.lr: Input should be a finite number"),
     ("train: {target_loss: -.inf}\n", "train.target_loss"),
     ("train: {checkpointing: {segments: 1000000000000000000000000000000}}\n", "train.checkpointing"),
+    ("train: {optimizer: {name: kfac, damping: 1.0e-300}}\n", "train.optimizer.damping"),
+    ("cluster: {devices: 2, device: {base: a100-40gb, efficiency: 1.0e-300}}\n", "cluster.device.efficiency"),
+    ("cluster: {devices: 2, overrides: {1: {efficiency: 1.0e-300}}}\n", "cluster.overrides.1.efficiency"),
     # wrong things that were accepted silently
     ("cluster: {devices: true}\n", "cluster.devices: expected a number, got true"),
     ("train: {steps: false}\n", "train.steps: expected a number, got false"),
