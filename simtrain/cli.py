@@ -194,7 +194,8 @@ def validate(scenario_file, overrides):
 
 def _topology_options(f):
     f = click.option("--topology", default="ring", show_default=True, help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
-    f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None, help="Device count (builders).")(f)
+    f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None,
+                     help="Device count (builders).")(f)
     f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
     f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
     f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,

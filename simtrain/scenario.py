@@ -19,7 +19,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from .errors import ScenarioError, SimtrainError, one_line
 from .limits import (MAX_BATCH_SIZE, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_LAYERS, MAX_LEARNING_RATE,
-                     MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH, MIN_EFFICIENCY)
+                     MAX_MH_STEPS, MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH,
+                     MIN_EFFICIENCY)
 from .units import parse_quantity
 from .user_files import load_yaml_file, parse_yaml_text, user_path
 
@@ -126,7 +127,7 @@ class ModelSpec(_Strict):
 
 
 class MHSpec(_Strict):
-    steps: Count(1000) = 2  # Metropolis-Hastings proposals per batch slot per batch
+    steps: Count(MAX_MH_STEPS) = 2  # Metropolis-Hastings proposals per batch slot per batch
 
 
 class DataSpec(_Strict):
@@ -276,7 +277,8 @@ class Scenario(_Strict):
                              "(train.precision fp32 or bf16)")
         if self.parallel.sync_batchnorm and precision != "fp32":
             raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
-        if self.model.batchnorm and self.data.batch_size == 1:  # torch's BatchNorm raises on one sample
+        builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
+        if builtin_batchnorm and self.data.batch_size == 1:  # torch's BatchNorm raises on one sample
             raise ValueError("data.batch_size: model.batchnorm needs at least 2 samples per device (BatchNorm "
                              "normalizes over the batch; with parallel.sync_batchnorm too, as torch computes)")
         for section, spec, builtins in (("model", self.model, ("mlp", "cnn")),
