@@ -400,6 +400,7 @@ def test_a_run_of_no_simulated_time_reports_null_rates():
 def test_a_scenario_bigger_than_the_host_is_refused_before_it_runs(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text("cluster: {devices: 4096, topology: switch}\nmodel: {hidden: [1000000, 1000000]}\n")
+    assert "host memory" in one_line_error(capsys, "validate", path)
     err = one_line_error(capsys, "run", path, "-q", "--out", tmp_path / "out")
     assert "host memory: scenario scenario needs at least" in err
     assert "4096 replicas x 1,000,076,000,010 parameters" in err
