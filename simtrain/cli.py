@@ -9,6 +9,7 @@
 
 A user's mistake prints one line naming the field or file and exits with 2.
 """
+import functools
 import json
 import sys
 from collections import Counter
@@ -21,7 +22,7 @@ from rich.table import Table
 
 from .comm import ALL_REDUCE
 from .comm.bench import benchmark_all_reduce
-from .errors import SimtrainError, one_line
+from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .hw.cluster import build_cluster
 from .host_memory import check_scenario_fits_host, require_host_memory
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
@@ -36,6 +37,20 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _errors_name_the_file(command):
+    """A command on one scenario file: the errors found once it has loaded (a user's model, a topology
+    builder's check) name the file too, as the loader's own do."""
+    @functools.wraps(command)
+    def wrapper(**options):
+        try:
+            return command(**options)
+        except (ScenarioError, TopologyError) as error:
+            if str(error).startswith(f"{options['scenario_file']}: "):
+                raise
+            raise type(error)(f"{options['scenario_file']}: {error}") from error
+    return wrapper
+
+
 @click.group()
 @click.version_option(package_name="simtrain")
 def cli():
@@ -47,6 +62,7 @@ def cli():
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/<name>/).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@_errors_name_the_file
 def run(scenario_file, overrides, out_dir, quiet):
     """Train the scenario's model on its simulated cluster and report."""
     scenario = load_scenario(scenario_file, overrides)
@@ -132,6 +148,7 @@ def compare(scenario_files, variants, overrides, out_dir):
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
+@_errors_name_the_file
 def memory(scenario_file, overrides, as_json):
     """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
     from .memory import plan_memory
@@ -182,6 +199,7 @@ def _rank_list(ranks: list[int]) -> str:
 @cli.command()
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
+@_errors_name_the_file
 def validate(scenario_file, overrides):
     """Check a scenario (and build its cluster: topology, devices, shared memory; and check that the host has
     the memory a run needs) without running it."""

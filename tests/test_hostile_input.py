@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -249,6 +250,33 @@ def test_hostile_topology_files_are_one_line(tmp_path, text, expected):
     assert message.startswith(f"topology file {path}: ") and expected in message and "\n" not in message
 
 
+TOPOLOGY = {"name": "t", "gpus": ["g0", "g1", "g2"], "switches": ["s"],
+            "link_classes": {"fast": {"bandwidth": "100 GB/s", "latency": "1 us"}},
+            "links": [{"between": ["g0", "s"], "class": "fast"}, {"between": ["g1", "s"], "class": "fast"},
+                      {"between": ["g2", "s"], "bandwidth": 1e9, "latency": 0}]}
+TOPOLOGY_PATHS = sorted(set(leaf_paths(TOPOLOGY)) - {()})
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(changes=st.lists(st.tuples(st.sampled_from(TOPOLOGY_PATHS), HOSTILE_VALUES), max_size=3),
+       deleted=st.lists(st.sampled_from(TOPOLOGY_PATHS), max_size=2))
+def test_any_mutation_of_a_topology_file_loads_or_is_one_line(changes, deleted):
+    raw = json.loads(json.dumps(TOPOLOGY))  # a deep copy
+    for path, value in changes:
+        set_path(raw, path, value)
+    for path in deleted:
+        delete_path(raw, path)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        try:
+            topology = load_topology_file(path)
+        except TopologyError as error:
+            assert "\n" not in str(error) and str(error).startswith(f"topology file {path}: ")
+        else:
+            assert 1 <= topology.num_devices <= 3
+
+
 def test_topology_file_that_is_no_text(tmp_path, capsys):
     (tmp_path / "t.yaml").write_bytes(b"gpus: [\xc3\x28]\n")
     (tmp_path / "s.yaml").write_text("cluster: {topology: t.yaml}\n")
@@ -338,7 +366,8 @@ def raises():
 def test_user_models_that_are_no_model(tmp_path, capsys, name, expected):
     path = tmp_path / "s.yaml"
     path.write_text(TINY + f"model: {{name: '{name}'}}\n")
-    assert expected in one_line_error(capsys, "run", path, "-q", "--out", tmp_path / "out")
+    err = one_line_error(capsys, "run", path, "-q", "--out", tmp_path / "out")
+    assert err.startswith(f"error: {path}: ") and expected in err
     assert not (tmp_path / "out").exists()
 
 
