@@ -59,6 +59,8 @@ def available_bytes() -> int | None:
                 if line.startswith("MemAvailable:"):
                     available = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
+        pass
+    if available is None:  # no /proc (macOS), or a kernel without MemAvailable: free pages
         try:
             available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):

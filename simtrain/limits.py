@@ -13,7 +13,7 @@ Memory the host really has is checked separately, per run (host_memory.py).
 """
 
 # Files a user names (user_files.py): scenarios and topology files.
-MAX_FILE_BYTES = 1 << 20  # 1 MiB: a scenario or topology file is read up to this size and refused past it
+MAX_FILE_BYTES = 512 << 10  # 512 KiB: a file is read up to this size and refused past it (parsing it takes ~3 s)
 MAX_YAML_DEPTH = 32  # nested mappings and lists; a scenario uses 5
 MAX_INTEGER_DIGITS = 64  # an integer literal with more digits is refused before Python converts it
 MAX_NAME_BYTES = 128  # `name`, in UTF-8: the default output folder runs/<name>/ takes it

@@ -67,6 +67,8 @@ class _BoundedLoader(yaml.SafeLoader):
 
 def parse_yaml_text(text: str, label: str, error: type[SimtrainError]):
     """The Python value of a YAML document; `error(f"{label}: ...")` for anything refused."""
+    if len(text) > MAX_FILE_BYTES:  # a --set value as long as a file may be
+        raise error(f"{label}: longer than {format_bytes(MAX_FILE_BYTES)}, the most a YAML document may hold")
     loader = None
     try:
         loader = _BoundedLoader(text)  # reads the text: refuses control characters

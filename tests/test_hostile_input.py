@@ -216,7 +216,7 @@ def test_hostile_scenarios_are_one_line(tmp_path, capsys, text, expected):
 
 @pytest.mark.parametrize("content,expected", [
     (b"name: \xff\xfe\n", "not UTF-8 text (byte 6, line 1)"),
-    (b"# " + b"x" * MAX_FILE_BYTES + b"\n", "larger than 1.0 MiB"),
+    (b"# " + b"x" * MAX_FILE_BYTES + b"\n", "larger than 512.0 KiB"),
     (b"name: \x07\n", "not valid YAML"),
 ])
 def test_scenario_bytes_that_are_no_yaml_text(tmp_path, capsys, content, expected):
@@ -266,7 +266,7 @@ def test_any_mutation_of_a_topology_file_loads_or_is_one_line(changes, deleted):
         set_path(raw, path, value)
     for path in deleted:
         delete_path(raw, path)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder:  # not tmp_path: one folder per example
         path = Path(folder) / "t.yaml"
         path.write_text(yaml.safe_dump(raw))
         try:
@@ -299,6 +299,8 @@ def test_set_values_go_through_the_same_loader(capsys):
                                              "model.options=" + "[" * 40 + "]" * 40)
     assert "--set seed: an integer of 5000" in one_line_error(capsys, "validate", QUICKSTART, "--set",
                                                               f"seed={HUGE}")
+    assert "--set name: longer than 512.0 KiB" in one_line_error(capsys, "validate", QUICKSTART, "--set",
+                                                                 "name=" + "n" * MAX_FILE_BYTES + "n")
 
 
 # ---------------------------------------------------------------- the command line
