@@ -138,7 +138,8 @@ def compare(scenario_files, variants, overrides, out_dir):
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
         table.add_row(row["label"], row["scheme"], f"{row['sim_time_s'] * 1e3:.4g} ms",
                       "-" if target is None else f"{target * 1e3:.4g} ms", f"{row['final_loss']:.4f}",
-                      f"{row['final_accuracy']:.2%}", f"{row['idle_share']:.1%}", staleness)
+                      f"{row['final_accuracy']:.2%}", "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}",
+                      staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")

@@ -401,15 +401,30 @@ def test_checkpointing_segments_form_cuts_the_model_into_that_many_segments(tmp_
     assert strict_json((tmp_path / "out" / "report.json").read_text())["status"] == "ok"
 
 
-@pytest.mark.parametrize("extra", ["data: {sampling: prioritized}", "data: {sampling: mh}",
+# lr 1e6: the loss is nan from the third step on (measured)
+DIVERGING = ("cluster: {devices: 2}\nmodel: {hidden: [64, 64]}\ntrain: {steps: 6, optimizer: {lr: 1.0e6}}\n"
+             "report: {trace: false}\n")
+
+
+@pytest.mark.parametrize("extra", ["", "data: {sampling: prioritized}", "data: {sampling: mh}",
                                    "train: {precision: fp16, steps: 6, optimizer: {lr: 1.0e6}}"])
 def test_a_diverged_run_writes_a_valid_report(tmp_path, extra):
     path = tmp_path / "s.yaml"
-    lr = "" if "optimizer" in extra else "train: {steps: 6, optimizer: {lr: 1.0e6}}\n"
-    path.write_text(TINY.replace("train: {steps: 2}\n", "") + lr + extra + "\n")
+    text = DIVERGING.replace("train: {steps: 6, optimizer: {lr: 1.0e6}}\n", "") if "train" in extra else DIVERGING
+    path.write_text(text + extra + "\n")
     assert cli("run", path, "-q", "--out", tmp_path / "out") == 0
     report = strict_json((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "ok" and report["steps"] == 6
+    if not extra:
+        assert report["final_loss"] is None and report["loss_curve"][-1][1] is None
+
+
+def test_compare_of_a_diverged_run_writes_json(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(DIVERGING)
+    assert cli("compare", path, "--out", tmp_path / "cmp") == 0
+    rows = strict_json((tmp_path / "cmp" / "compare.json").read_text())
+    assert rows[0]["steps"] == 6 and rows[0]["final_loss"] is None
 
 
 def test_a_run_of_no_simulated_time_reports_null_rates():
