@@ -23,8 +23,8 @@ from rich.table import Table
 from .comm import ALL_REDUCE
 from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
-from .hw.cluster import build_cluster
 from .host_memory import check_scenario_fits_host, require_host_memory
+from .hw.cluster import build_cluster
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED
 from .report import finite_or_none
@@ -268,8 +268,9 @@ def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter
         console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
     for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed):
         if as_json:
-            click.echo(json.dumps(finite_or_none({"bytes": row.nbytes, "time_s": row.time_s, "algbw_GBps": row.algbw_GBps,
-                                                  "busbw_GBps": row.busbw_GBps}), allow_nan=False))
+            click.echo(json.dumps(finite_or_none({"bytes": row.nbytes, "time_s": row.time_s,
+                                                  "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}),
+                                  allow_nan=False))
         else:
             wrong = "n/a" if row.wrong is None else str(row.wrong)
             console.print(f"{row.nbytes:>12} {row.time_s * 1e6:>12.2f} {row.algbw_GBps:>13.3f} "
