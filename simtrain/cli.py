@@ -9,6 +9,7 @@
 
 A user's mistake prints one line naming the field or file and exits with 2.
 """
+import functools
 import json
 import sys
 from collections import Counter
@@ -21,15 +22,33 @@ from rich.table import Table
 
 from .comm import ALL_REDUCE
 from .comm.bench import benchmark_all_reduce
-from .errors import SimtrainError
+from .errors import ScenarioError, SimtrainError, TopologyError, one_line
+from .host_memory import check_scenario_fits_host, require_host_memory
 from .hw.cluster import build_cluster
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
+from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED
+from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import load_scenario
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
+from .user_files import output_folder
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def _errors_name_the_file(command):
+    """A command on one scenario file: the errors found once it has loaded (a user's model, a topology
+    builder's check) name the file too, as the loader's own do."""
+    @functools.wraps(command)
+    def wrapper(**options):
+        try:
+            return command(**options)
+        except (ScenarioError, TopologyError) as error:
+            if str(error).startswith(f"{options['scenario_file']}: "):
+                raise
+            raise type(error)(f"{options['scenario_file']}: {error}") from error
+    return wrapper
 
 
 @click.group()
@@ -45,10 +64,11 @@ def cli():
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--no-numerics", is_flag=True, help="Meta tensors: times, bytes and memory without arithmetic "
               "(as --set numerics=false).")
+@_errors_name_the_file
 def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     """Train the scenario's model on its simulated cluster and report."""
     scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
-    out = Path(out_dir) if out_dir else Path("runs") / scenario.name
+    out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / scenario.name, "name")
     if quiet:
         report = run_scenario(scenario)
     else:
@@ -69,13 +89,14 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
-    step = data["step_time_s"]
+    step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
     table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
-    table.add_row("step time", format_seconds(step))
+    table.add_row("step time", "n/a" if step is None else format_seconds(step))
     for kind, seconds in data["breakdown_s"].items():
-        table.add_row(f"  {kind}", f"{format_seconds(seconds)} ({seconds / step:.1%})")
-    table.add_row("throughput", f"{data['throughput_samples_per_s']:,.0f} samples/s")
-    table.add_row("scaling efficiency", f"{data['scaling_efficiency']:.1%} (weak scaling)")
+        table.add_row(f"  {kind}", "n/a" if seconds is None else
+                      format_seconds(seconds) + (f" ({seconds / step:.1%})" if step else ""))
+    table.add_row("throughput", "n/a (no simulated time)" if throughput is None else f"{throughput:,.0f} samples/s")
+    table.add_row("scaling efficiency", "n/a" if scaling is None else f"{scaling:.1%} (weak scaling)")
     if data["final_loss"] is None:
         table.add_row("final loss, accuracy", "none: numerics off")
     else:
@@ -111,7 +132,7 @@ def compare(scenario_files, variants, overrides, out_dir):
     from .compare import compare_runs, parse_variant, plan_runs
 
     runs = plan_runs(list(scenario_files), [parse_variant(v) for v in variants], list(overrides))
-    out = Path(out_dir) if out_dir else Path("runs") / f"compare-{Path(scenario_files[0]).stem}"
+    out = output_folder(out_dir or Path("runs") / f"compare-{Path(scenario_files[0]).stem}", "--out")
     rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
         f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
     table = Table(title=f"{len(rows)} runs")
@@ -125,7 +146,7 @@ def compare(scenario_files, variants, overrides, out_dir):
                       "-" if target is None else format_seconds(target),
                       "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
                       "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
-                      f"{row['idle_share']:.1%}", staleness)
+                      "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}", staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
@@ -135,6 +156,7 @@ def compare(scenario_files, variants, overrides, out_dir):
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
+@_errors_name_the_file
 def memory(scenario_file, overrides, as_json):
     """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
     from .memory_plan import plan_memory
@@ -185,10 +207,13 @@ def _rank_list(ranks: list[int]) -> str:
 @cli.command()
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
+@_errors_name_the_file
 def validate(scenario_file, overrides):
-    """Check a scenario (and build its cluster: topology, devices, shared memory) without running it."""
+    """Check a scenario (and build its cluster: topology, devices, shared memory; and check that the host has
+    the memory a run needs) without running it."""
     scenario = load_scenario(scenario_file, overrides)
     cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed)
+    check_scenario_fits_host(scenario)
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
@@ -197,18 +222,18 @@ def validate(scenario_file, overrides):
 
 def _topology_options(f):
     f = click.option("--topology", default="ring", show_default=True, help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
-    f = click.option("--devices", type=int, default=None, help="Device count (builders).")(f)
+    f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None,
+                     help="Device count (builders).")(f)
     f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
     f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
-    f = click.option("--gpus-per-node", type=int, default=None, help="hierarchical: GPUs per node.")(f)
+    f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
+                     help="hierarchical: GPUs per node.")(f)
     f = click.option("--inter-bandwidth", default=None, help="hierarchical: each GPU's NIC bandwidth.")(f)
     f = click.option("--inter-latency", default="5 us", show_default=True, help="hierarchical: NIC hop latency.")(f)
     return f
 
 
 def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
-    if devices is not None and devices < 1:
-        raise SimtrainError(f"--devices: must be at least 1, got {devices}")
     if devices is None and topology in BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
     link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
@@ -226,7 +251,7 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
 @_topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                sizes, numerics, seed, as_json):
@@ -235,8 +260,11 @@ def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter
     low, sep, high = sizes.partition(":")
     low = parse_size(low, "--sizes")
     high = parse_size(high, "--sizes") if sep else low
-    if low < 1 or high < low:
-        raise SimtrainError(f"--sizes: need 1 <= MIN <= MAX, got {sizes!r}")
+    if low < 1 or high < low or high > MAX_COLLECTIVE_BYTES:
+        raise SimtrainError(f"--sizes: need 1 <= MIN <= MAX <= {format_bytes(MAX_COLLECTIVE_BYTES)}, got {sizes!r}")
+    if numerics:  # every rank's buffer, a float64 reference sum, and the chunks in flight
+        require_host_memory(4 * topo.num_devices * high, f"--sizes {high} bytes on {topo.num_devices} --devices "
+                                                         "with --numerics")
     size_list = []
     while low <= high:
         size_list.append(low)
@@ -247,8 +275,9 @@ def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter
         console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
     for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed):
         if as_json:
-            click.echo(json.dumps({"bytes": row.nbytes, "time_s": row.time_s,
-                                   "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}))
+            click.echo(json.dumps(finite_or_none({"bytes": row.nbytes, "time_s": row.time_s,
+                                                  "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}),
+                                  allow_nan=False))
         else:
             wrong = "n/a" if row.wrong is None else str(row.wrong)
             console.print(f"{row.nbytes:>12} {row.time_s * 1e6:>12.2f} {row.algbw_GBps:>13.3f} "
@@ -274,12 +303,13 @@ def main(argv=None) -> None:
     try:
         code = cli.main(args=argv, prog_name="simtrain", standalone_mode=False)
     except SimtrainError as error:
-        err_console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"error: {one_line(str(error))}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except click.exceptions.Abort:
         err_console.print("aborted", markup=False)
         sys.exit(130)
     except click.ClickException as error:
-        err_console.print(f"error: {error.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"error: {one_line(error.format_message())}", markup=False, highlight=False,
+                          soft_wrap=True)
         sys.exit(2)
     sys.exit(code or 0)

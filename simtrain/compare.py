@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 from .errors import ScenarioError  # noqa: E402
-from .report import Report  # noqa: E402
+from .report import Report, finite_or_none  # noqa: E402
 from .runner import run as run_scenario  # noqa: E402
 from .scenario import load_scenario  # noqa: E402
 
@@ -82,7 +82,7 @@ def summary_row(label: str, data: dict) -> dict:
         "time_to_target_s": data.get("time_to_target_s"),
         "final_loss": data["final_loss"],
         "final_accuracy": data["final_accuracy"],
-        "idle_share": data["breakdown_s"]["idle"] / step,
+        "idle_share": data["breakdown_s"]["idle"] / step if step else None,
         "staleness_mean": staleness.get("staleness_mean"),
         "staleness_max": staleness.get("staleness_max"),
     }
@@ -102,7 +102,7 @@ def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
         curves.append((row["label"] + f" ({row['scheme']})", report.data["train_loss_curve"],
                        scenario.train.target_loss))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out_dir / "compare.json").write_text(json.dumps(finite_or_none(rows), indent=2, allow_nan=False) + "\n")
     plot_loss_vs_time(curves, out_dir / "loss_vs_time.png")
     return rows
 

@@ -10,6 +10,11 @@ class SimtrainError(Exception):
     """A mistake in what the user asked for: printed as one line, exit code 2."""
 
 
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable (a newline in a key, a NUL) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class ScenarioError(SimtrainError):
     """A scenario file or override that does not validate."""
 

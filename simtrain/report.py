@@ -7,9 +7,12 @@ network's transfer records and link counters; nothing is measured twice.
     report.write(Path("runs/quickstart"))
     print_summary(report.data)
 
-report.json is byte-identical for the same scenario except `wall_time_s`.
+report.json is byte-identical for the same scenario except `wall_time_s`. It is
+strict JSON: a figure that is not a finite number (the loss of a run that
+diverged) is written as null, as is a rate over no simulated time.
 """
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +54,7 @@ class Report:
     scenario_yaml: str
 
     def to_json(self) -> str:
-        return json.dumps(self.data, indent=2) + "\n"
+        return json.dumps(finite_or_none(self.data), indent=2, allow_nan=False) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:
         """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics) and trace.json.
@@ -80,6 +83,17 @@ class Report:
     def final_model(self) -> torch.nn.Module:
         """Rank 0's model: what final_model.pt holds."""
         return self.final_models[0]
+
+
+def finite_or_none(value):
+    """`value` (JSON-like: dicts, lists, numbers) with every float that is not finite replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    return value
 
 
 def _write_atomic(path: Path, write) -> Path:
@@ -131,9 +145,9 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "sim_time_s": sim_time,
         "steps": steps,
         "step_time_s": step_time,
-        "throughput_samples_per_s": result.samples_per_step * steps / sim_time if steps else None,
+        "throughput_samples_per_s": result.samples_per_step * steps / sim_time if steps and sim_time > 0 else None,
         "breakdown_s": per_step,
-        "scaling_efficiency": result.single_device_step_s / step_time if steps else None,
+        "scaling_efficiency": result.single_device_step_s / step_time if step_time else None,
         "final_loss": result.final_loss,
         "final_accuracy": result.final_accuracy,
         "loss_curve": [[t, loss] for t, loss in result.loss_curve],

@@ -23,6 +23,7 @@ import torch
 
 from .errors import OutOfMemory
 from .evaluation import TrainLossMonitor, evaluate
+from .host_memory import check_scenario_fits_host
 from .hw.cluster import build_cluster, run_to_end
 from .job import Job
 from .memory_plan import largest_batch
@@ -43,6 +44,7 @@ def _single_thread():
 
 def run(scenario: Scenario, on_step=None) -> Report:
     """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step (update, for async)."""
+    check_scenario_fits_host(scenario)
     wall_start = time.perf_counter()
     steps = scenario.train.steps
     with _single_thread():

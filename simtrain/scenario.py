@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, Strict, ValidationError,
+                      field_validator, model_validator)
 
-from .errors import ScenarioError, SimtrainError
+from .errors import ScenarioError, SimtrainError, one_line
+from .limits import (MAX_BATCH_SIZE, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_LAYERS, MAX_LEARNING_RATE,
+                     MAX_MH_STEPS, MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH,
+                     MIN_EFFICIENCY)
 from .units import parse_quantity
+from .user_files import load_yaml_file, parse_yaml_text, user_path
 
 
 def _quantity(kind: str):
@@ -31,13 +35,32 @@ def _quantity(kind: str):
     return BeforeValidator(parse)
 
 
+def _not_a_boolean(value):
+    if isinstance(value, bool):  # bool is an int to Python: `devices: true` would be 1 device
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+def Count(maximum: int, minimum: int = 1):  # noqa: N802 (a type, as pydantic's conint)
+    """An integer from `minimum` to `maximum` (limits.py); a boolean is refused."""
+    return Annotated[int, BeforeValidator(_not_a_boolean), Field(ge=minimum, le=maximum)]
+
+
+def Real(**bounds):  # noqa: N802 (a type, as pydantic's confloat)
+    """A finite number within `bounds` (pydantic's gt, ge, lt, le); a boolean is refused."""
+    return Annotated[float, BeforeValidator(_not_a_boolean), Field(**bounds)]
+
+
 Bandwidth = Annotated[float, _quantity("bandwidth"), Field(gt=0)]
 Duration = Annotated[float, _quantity("time")]
-PositiveInt = Annotated[int, Field(gt=0)]
+Flag = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
+Steps = Count(MAX_STEPS)
+Width = Count(MAX_WIDTH)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: .inf and .nan are refused by every number field.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LinkSpec(_Strict):
@@ -47,15 +70,15 @@ class LinkSpec(_Strict):
 
 class ClusterSpec(_Strict):
     topology: str = "ring"  # builder name, or a path to a topology YAML file
-    devices: PositiveInt | None = None  # None: take the count from a topology file
+    devices: Count(MAX_DEVICES) | None = None  # None: take the count from a topology file
     device: Union[str, dict[str, Any]] = "a100-40gb"  # catalog name or inline spec
     link: LinkSpec = LinkSpec(bandwidth=50e9, latency=5e-6)
     inter_node_link: LinkSpec | None = None  # hierarchical: each GPU's NIC to the spine
-    gpus_per_node: PositiveInt | None = None  # hierarchical
-    torus_shape: tuple[PositiveInt, PositiveInt] | None = None  # torus2d: rows, cols
+    gpus_per_node: Count(MAX_DEVICES) | None = None  # hierarchical
+    torus_shape: tuple[Count(MAX_DEVICES), Count(MAX_DEVICES)] | None = None  # torus2d: rows, cols
     # Heterogeneous and noisy devices (hw/cluster.py): per-rank changes, lognormal compute noise.
-    overrides: dict[Annotated[int, Field(ge=0)], "DeviceOverride"] = {}
-    compute_jitter: Annotated[float, Field(ge=0)] = 0.0  # std of log(factor) per compute span
+    overrides: dict[Count(MAX_DEVICES - 1, minimum=0), "DeviceOverride"] = {}
+    compute_jitter: Real(ge=0, le=MAX_COMPUTE_JITTER) = 0.0  # std of log(factor) per compute span
     shared_memory: "SharedMemorySpec | None" = None  # where async training's parameters live
 
 
@@ -63,8 +86,8 @@ class DeviceOverride(_Strict):
     """One rank's device: another device (catalog name or inline spec), changed fields, a slowdown."""
 
     device: Union[str, dict[str, Any], None] = None  # replaces cluster.device for this rank
-    slowdown: Annotated[float, Field(gt=0)] = 1.0  # every span on its compute stream takes this much longer
-    efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    slowdown: Real(gt=0, le=MAX_SLOWDOWN) = 1.0  # every span on its compute stream takes this much longer
+    efficiency: Real(ge=MIN_EFFICIENCY, le=1) | None = None
     peak_flops: dict[str, Any] | None = None  # some or all of fp32, tf32, fp16, bf16
     memory: Any = None
     memory_bandwidth: Any = None
@@ -99,36 +122,38 @@ class SharedMemorySpec(_Strict):
 
 class ModelSpec(_Strict):
     name: str = "mlp"  # mlp | cnn | package.module:function
-    hidden: list[PositiveInt] = [128, 128]  # mlp
-    channels: Annotated[list[PositiveInt], Field(min_length=1)] = [16, 32]  # cnn: conv widths
-    batchnorm: bool = False  # mlp, cnn: BatchNorm after each hidden Linear / Conv2d
-    options: dict[str, Any] = {}  # keyword arguments of a user's model function
+    hidden: Annotated[list[Width], Field(max_length=MAX_LAYERS)] = [128, 128]  # mlp
+    channels: Annotated[list[Width], Field(min_length=1, max_length=MAX_LAYERS)] = [16, 32]  # cnn: conv widths
+    batchnorm: Flag = False  # mlp, cnn: BatchNorm after each hidden Linear / Conv2d
+    options: dict[str, Any] = {}  # keyword arguments of a user's model function (not mlp or cnn)
 
 
 class MHSpec(_Strict):
-    steps: PositiveInt = 2  # Metropolis-Hastings proposals per batch slot per batch
+    steps: Count(MAX_MH_STEPS) = 2  # Metropolis-Hastings proposals per batch slot per batch
 
 
 class DataSpec(_Strict):
     name: str = "digits"  # digits | synthetic | package.module:function
-    batch_size: PositiveInt = 32  # per device
-    samples: PositiveInt | None = None  # synthetic
-    features: PositiveInt | None = None  # synthetic
-    classes: PositiveInt | None = None  # synthetic
-    options: dict[str, Any] = {}  # keyword arguments of a user's data function
+    batch_size: Count(MAX_BATCH_SIZE) = 32  # per device
+    samples: Count(MAX_SAMPLES) | None = None  # synthetic
+    features: Count(MAX_FEATURES) | None = None  # synthetic
+    classes: Count(MAX_FEATURES) | None = None  # synthetic
+    test_fraction: Real(gt=0, lt=1) | None = None  # synthetic: the share of samples held out as the test set
+    options: dict[str, Any] = {}  # keyword arguments of a user's data function (not digits or synthetic)
     # How batches are drawn (simtrain/train/sampling.py): uniform | prioritized | mh.
     sampling: Literal["uniform", "prioritized", "mh"] = "uniform"
-    alpha: Annotated[float, Field(ge=0)] = 0.6  # P(i) = p_i^alpha / sum_k p_k^alpha
-    eps: Annotated[float, Field(gt=0)] = 0.01  # p_i = last loss + eps
-    beta0: Annotated[float, Field(ge=0, le=1)] = 0.4  # importance-sampling exponent at step 0
-    beta_end: Annotated[float, Field(ge=0, le=1)] = 1.0  # ... annealed linearly to this (0 with beta0 0: off)
-    beta_steps: PositiveInt | None = None  # steps over which beta reaches beta_end; None: train.steps
+    alpha: Real(ge=0, le=100) = 0.6  # P(i) = p_i^alpha / sum_k p_k^alpha
+    eps: Real(gt=0, le=1e6) = 0.01  # p_i = last loss + eps
+    beta0: Real(ge=0, le=1) = 0.4  # importance-sampling exponent at step 0
+    beta_end: Real(ge=0, le=1) = 1.0  # ... annealed linearly to this (0 with beta0 0: off)
+    beta_steps: Steps | None = None  # steps over which beta reaches beta_end; None: train.steps
     mh: MHSpec = MHSpec()
 
     def loader_options(self) -> dict[str, Any]:
         """The keyword options the data loader of `name` takes."""
         if self.name == "synthetic":
-            fields = {"samples": self.samples, "features": self.features, "classes": self.classes}
+            fields = {"samples": self.samples, "features": self.features, "classes": self.classes,
+                      "test_fraction": self.test_fraction}
             return {key: value for key, value in fields.items() if value is not None}
         return dict(self.options)
 
@@ -137,20 +162,20 @@ class OptimizerSpec(_Strict):
     """The optimizer (simtrain/train/optim.py) and, for kfac, its preconditioner (simtrain/train/kfac.py)."""
 
     name: Literal["sgd", "adam", "kfac"] = "sgd"
-    lr: Annotated[float, Field(gt=0)] = 0.1  # learning rate
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0  # sgd, kfac
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0  # L2 penalty added to the gradient (torch's)
-    nesterov: bool = False  # sgd; needs momentum > 0
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)  # adam
-    eps: Annotated[float, Field(gt=0)] = 1e-8  # adam
-    # kfac: K-FAC preconditioning, then SGD with lr, momentum, weight_decay.
-    damping: Annotated[float, Field(gt=0)] = 1e-3  # Tikhonov damping lambda
-    factor_decay: Annotated[float, Field(ge=0, lt=1)] = 0.95  # running average of the factors
-    factor_update_steps: PositiveInt = 1  # steps between factor updates
-    inv_update_steps: PositiveInt = 10  # steps between decompositions
-    kl_clip: Annotated[float, Field(ge=0)] = 1e-3  # 0: no clipping
+    lr: Real(gt=0, le=MAX_LEARNING_RATE) = 0.1  # learning rate
+    momentum: Real(ge=0, lt=1) = 0.0  # sgd, kfac
+    weight_decay: Real(ge=0, le=1e6) = 0.0  # L2 penalty added to the gradient (torch's)
+    nesterov: Flag = False  # sgd; needs momentum > 0
+    betas: tuple[Real(ge=0, lt=1), Real(ge=0, lt=1)] = (0.9, 0.999)  # adam
+    eps: Real(gt=0, le=1) = 1e-8  # adam
+    # kfac (simtrain/train/kfac.py): K-FAC preconditioning, then SGD with lr, momentum, weight_decay.
+    damping: Real(ge=1e-12, le=1e6) = 1e-3  # Tikhonov lambda; below 1e-12 singular in fp32
+    factor_decay: Real(ge=0, lt=1) = 0.95  # running average of the factors
+    factor_update_steps: Steps = 1  # steps between factor updates
+    inv_update_steps: Steps = 10  # steps between decompositions
+    kl_clip: Real(ge=0, le=1e6) = 1e-3  # 0: no clipping
     method: Literal["eigen", "inverse"] = "eigen"
-    distribute_inverses: bool = True  # each factor decomposed on one device, then broadcast
+    distribute_inverses: Flag = True  # each factor decomposed on one device, then broadcast
 
     @model_validator(mode="after")
     def _fields_of_this_optimizer(self) -> "OptimizerSpec":
@@ -177,24 +202,24 @@ _OPTIMIZER_FIELDS = {
 class AmpSpec(_Strict):
     """fp16 dynamic loss scaling (simtrain/train/precision.py); defaults are torch.amp.GradScaler's."""
 
-    init_scale: Annotated[float, Field(gt=0)] = 2.0 ** 16
-    growth_factor: Annotated[float, Field(gt=1)] = 2.0
-    backoff_factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    growth_interval: PositiveInt = 2000
+    init_scale: Real(ge=1, le=2.0**64) = 2.0 ** 16
+    growth_factor: Real(gt=1, le=1e3) = 2.0
+    backoff_factor: Real(gt=0, lt=1) = 0.5
+    growth_interval: Steps = 2000
 
 
 class CheckpointSegments(_Strict):
-    segments: PositiveInt
+    segments: Count(MAX_LAYERS + 1)  # at most the model's blocks (train/checkpointing.py)
 
 
 class TrainSpec(_Strict):
-    steps: PositiveInt = 200
+    steps: Steps = 200
     optimizer: OptimizerSpec = OptimizerSpec()
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # compute dtype; fp16/bf16 keep fp32 master weights
     amp: AmpSpec = AmpSpec()
     # Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | {segments: k}.
     checkpointing: Union[Literal["none", "sqrt"], CheckpointSegments] = "none"
-    target_loss: float | None = None  # report time_to_target_s (report.py: smoothed_loss_curve)
+    target_loss: Real() | None = None  # report time_to_target_s (report.py: smoothed_loss_curve)
 
 
 class AsyncSpec(_Strict):
@@ -206,19 +231,19 @@ class ParallelSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
     scheme: Literal["naive", "ring", "tree", "async"] = "ring"
     async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
-    sync_batchnorm: bool = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
+    sync_batchnorm: Flag = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
 
 
 class ReportSpec(_Strict):
-    trace: bool = True  # write trace.json (Chrome trace event format)
-    every: PositiveInt = 10  # steps per point of report.json's periodic series (sampling)
+    trace: Flag = True  # write trace.json (Chrome trace event format)
+    every: Steps = 10  # steps per point of report.json's periodic series (sampling)
 
 
 class Scenario(_Strict):
     name: str = "scenario"
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Count(MAX_SEED, minimum=0) = 0
     # false: the same job on meta tensors (shapes, bytes and FLOPs, no arithmetic); loss and accuracy are null
-    numerics: bool = True
+    numerics: Flag = True
     cluster: ClusterSpec = ClusterSpec()
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
@@ -247,8 +272,16 @@ class Scenario(_Strict):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, value: str) -> str:
-        if not value or "/" in value or value.startswith("."):
-            raise ValueError("must be a plain name (no '/', not empty, not starting with '.')")
+        """The default output folder is runs/<name>/: a name any file system takes."""
+        if not value or "/" in value or value.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("must be a plain name (no '/', no control characters or NUL, not empty, not starting "
+                             "with '.')")
+        if len(value.encode("utf-8", errors="replace")) > MAX_NAME_BYTES:
+            raise ValueError(f"longer than {MAX_NAME_BYTES} bytes")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate, from a YAML escape
+            raise ValueError("not encodable as UTF-8") from None
         return value
 
     @model_validator(mode="after")
@@ -271,6 +304,15 @@ class Scenario(_Strict):
                              "(train.precision fp32 or bf16)")
         if self.parallel.sync_batchnorm and precision != "fp32":
             raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
+        builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
+        if builtin_batchnorm and self.data.batch_size == 1:  # torch's BatchNorm raises on one sample
+            raise ValueError("data.batch_size: model.batchnorm needs at least 2 samples per device (BatchNorm "
+                             "normalizes over the batch; with parallel.sync_batchnorm too, as torch computes)")
+        for section, spec, builtins in (("model", self.model, ("mlp", "cnn")),
+                                        ("data", self.data, ("digits", "synthetic"))):
+            if spec.name in builtins and spec.options:
+                raise ValueError(f"{section}.options: the built-in {section} {spec.name} takes none (options are "
+                                 "the keyword arguments of a package.module:function)")
         if self.parallel.sync_batchnorm and self.train.checkpointing != "none":
             # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
             raise ValueError("parallel.sync_batchnorm: does not combine with train.checkpointing")
@@ -283,17 +325,8 @@ class Scenario(_Strict):
 
 def load_scenario(path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Read, override and validate a scenario file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ScenarioError(f"{path}: cannot read the scenario file ({error.strerror})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"{path}: not valid YAML{where}") from None
+    path = user_path(path, "scenario file", ScenarioError)
+    raw = load_yaml_file(path, str(path), ScenarioError)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -308,10 +341,7 @@ def apply_override(raw: dict, override: str, source: str = "--set") -> None:
     key, sep, text = override.partition("=")
     if not sep or not key.strip():
         raise ScenarioError(f"--set {override!r}: expected dotted.path=value")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise ScenarioError(f"--set {key}: cannot parse {text!r} as a YAML value") from None
+    value = parse_yaml_text(text, f"--set {key}", ScenarioError)
     parts = key.strip().split(".")
     node = raw
     for depth, part in enumerate(parts[:-1]):
@@ -330,7 +360,7 @@ def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path
         return scenario
     except ValidationError as error:
         first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
+        field = one_line(".".join(str(part) for part in first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = "unknown field"

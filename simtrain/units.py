@@ -5,9 +5,11 @@ Inputs may be plain numbers (already SI) or strings with a unit. Decimal
 prefixes (k, M, G, T, P) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers
 of 1024; a lowercase "b" in a bandwidth means bits.
 """
+import math
 import re
 
 from .errors import ScenarioError
+from .limits import QUANTITY_RANGES
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
@@ -17,6 +19,7 @@ _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _PATTERN = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-zµ/]*)\s*$")
 
 KINDS = ("bytes", "bandwidth", "time", "flops")
+_SI_UNIT = {"bytes": "B", "bandwidth": "B/s", "time": "s", "flops": "FLOP/s"}
 
 
 def _prefix(prefix: str) -> float:
@@ -50,7 +53,8 @@ def parse_quantity(value, kind: str, field: str = "") -> float:
     """Turn `value` (a number, or a string with a unit) into SI units of `kind`.
 
     Raises ScenarioError (its message prefixed by `field` when given) for
-    anything that is not a non-negative quantity of that kind.
+    anything that is not a finite, non-negative quantity of that kind within
+    the range simtrain takes (limits.QUANTITY_RANGES; zero is left to the field).
     """
     prefix = f"{field}: " if field else ""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -68,15 +72,24 @@ def parse_quantity(value, kind: str, field: str = "") -> float:
         except KeyError:
             raise ScenarioError(f"{prefix}unit {unit!r} in {value!r} is not a {kind} unit") from None
     else:
-        number = float(value)
-    if number < 0 or number != number:
+        try:
+            number = float(value)
+        except OverflowError:  # an int past float's range
+            number = math.inf
+    if number != number or number in (math.inf, -math.inf):
+        raise ScenarioError(f"{prefix}must be a finite number, got {value!r}")
+    if number < 0:
         raise ScenarioError(f"{prefix}must not be negative, got {value!r}")
+    low, high = QUANTITY_RANGES[kind]
+    if number and not low <= number <= high:
+        raise ScenarioError(f"{prefix}{value!r} is outside the range simtrain takes, {low:g} to {high:g} "
+                            f"({_SI_UNIT[kind]}; 0 where the field allows it)")
     return number
 
 
 def parse_size(text: str, field: str = "size") -> int:
     """A byte count as nccl-tests writes it: "1K" = 1024, "64M", "1G", or "4096"."""
-    match = re.match(r"^\s*([0-9]+)\s*([KMGT]?)B?\s*$", str(text))
+    match = re.match(r"^\s*([0-9]{1,20})\s*([KMGT]?)B?\s*$", str(text))
     if not match:
         raise ScenarioError(f"{field}: cannot read {text!r} as a size like 1K, 64M or 1G")
     return int(match.group(1)) * 1024 ** " KMGT".index(match.group(2) or " ")

@@ -14,7 +14,7 @@ import simtrain
 from simtrain.cli import main
 from simtrain.cost import measure_step_cost
 from simtrain.memory_plan import plan_memory
-from simtrain.scenario import ModelSpec, validate_scenario
+from simtrain.scenario import CheckpointSegments, ModelSpec, validate_scenario
 from simtrain.train.checkpointing import apply_checkpointing
 from simtrain.train.data import load_dataset
 from simtrain.train.models import build_model
@@ -71,7 +71,7 @@ def test_sqrt_checkpointing_of_16_blocks_halves_activations_for_about_one_more_f
 def test_checkpointed_batchnorm_updates_running_statistics_once_per_step():
     model = build_model(ModelSpec(name="mlp", hidden=[32, 32, 32], batchnorm=True), DIGITS.info, seed=0)
     checkpointed = apply_checkpointing(build_model(ModelSpec(name="mlp", hidden=[32, 32, 32], batchnorm=True),
-                                                   DIGITS.info, seed=0), {"segments": 3})
+                                                   DIGITS.info, seed=0), CheckpointSegments(segments=3))
     assert len(checkpointed.segments) == 3
     for start in (0, 32, 64):
         x, y = DIGITS.train.tensors[0][start:start + 32], DIGITS.train.tensors[1][start:start + 32]

@@ -273,8 +273,8 @@ def test_good_file_with_classes_and_overrides(tmp_path):
         (GOOD.replace("gpus: [g0, g1]", "gpus: [g0, g1]\nname: 5"), ["name: expected a non-empty string"]),
         ("- just\n- a list\n", ["expected a mapping with keys name, gpus"]),
         ("", ["expected a mapping"]),
-        ("gpus: [g0, g1\nlinks: []\n", ["invalid YAML at line"]),
-        ("gpus: [a]\n  links: {\n", ["invalid YAML"]),
+        ("gpus: [g0, g1\nlinks: []\n", ["not valid YAML at line"]),
+        ("gpus: [a]\n  links: {\n", ["not valid YAML"]),
     ],
 )
 def test_file_errors_name_the_file_and_field(tmp_path, text, parts):

@@ -100,7 +100,8 @@ def test_digits_splits_are_sklearn_order_scaled_to_unit():
     assert torch.equal(x_test, torch.tensor(pixels[1437:] / 16, dtype=torch.float32))
     assert torch.equal(y_test, torch.tensor(labels[1437:]))
     assert float(x_train.max()) == 1.0 and float(x_train.min()) == 0.0
-    assert DIGITS.info == DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8))
+    assert DIGITS.info == DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8),
+                                       input_shape=(64,))
 
 
 def test_synthetic_is_seeded_sized_and_learnable():
@@ -112,7 +113,7 @@ def test_synthetic_is_seeded_sized_and_learnable():
     c = load_dataset("synthetic", options, seed=6)
     assert torch.equal(torch.get_rng_state(), rng_before)
     assert (len(a.train), len(a.test)) == (300, 100)
-    assert a.info == DatasetInfo(num_features=6, num_classes=3, image_shape=None)
+    assert a.info == DatasetInfo(num_features=6, num_classes=3, image_shape=None, input_shape=(6,))
     for ta, tb, tc in zip(a.train.tensors, b.train.tensors, c.train.tensors):
         assert torch.equal(ta, tb)
     assert not torch.equal(a.train.tensors[0], c.train.tensors[0])
@@ -127,7 +128,8 @@ def test_synthetic_is_seeded_sized_and_learnable():
 def test_import_path_dataset_infers_info():
     splits = load_dataset("test_train_parts:image_pairs", {"size": 40}, seed=0)
     assert isinstance(splits, DataSplits) and len(splits.train) == 30
-    assert splits.info == DatasetInfo(num_features=16, num_classes=5, image_shape=(1, 4, 4))
+    assert splits.info == DatasetInfo(num_features=16, num_classes=5, image_shape=(1, 4, 4),
+                                        input_shape=(1, 4, 4))
     x, y = ShardLoader(splits.train, 2, 1, 5, seed=0).next_batch()
     assert x.shape == (5, 1, 4, 4) and y.shape == (5,)
 
@@ -186,7 +188,9 @@ def test_mlp_and_cnn_structure():
     assert kinds[0] == "Unflatten" and kinds.count("Conv2d") == 3 and kinds.count("MaxPool2d") == 3
     assert cnn[-1].in_features == 8 * 1 * 1
     assert cnn(DIGITS.train.tensors[0][:5]).shape == (5, 10)
-    assert build_model(ModelSpec(name="test_train_parts:tiny_model", options={"width": 7}), DIGITS.info, 0).in_features == 7
+    two_classes = DatasetInfo(num_features=7, num_classes=2, image_shape=None, input_shape=(7,))
+    tiny = ModelSpec(name="test_train_parts:tiny_model", options={"width": 7})
+    assert build_model(tiny, two_classes, 0).in_features == 7
 
 
 @pytest.mark.parametrize(
@@ -197,7 +201,7 @@ def test_mlp_and_cnn_structure():
         ("mlp", {"hidden": [3, 0]}, DIGITS.info, "model.hidden"),
         ("mlp", {"hidden": 128}, DIGITS.info, "model.hidden"),
         ("cnn", {"channels": []}, DIGITS.info, "model.channels"),
-        ("cnn", {}, DatasetInfo(32, 10, None), "model.name"),
+        ("cnn", {}, DatasetInfo(32, 10, None, (32,)), "model.name"),
         ("no_such_module_xyz:net", {}, DIGITS.info, "model.name"),
         ("test_train_parts:not_a_pair", {}, DIGITS.info, "model.name"),
         ("test_train_parts:tiny_model", {"options": {"depth": 2}}, DIGITS.info, "model.options"),

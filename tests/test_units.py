@@ -60,7 +60,12 @@ def test_plain_numbers_are_si(value, kind):
         ("fast", "time", "cannot read 'fast'"),
         (True, "bytes", "expected a bytes quantity"),
         ([1], "time", "expected a time quantity"),
-        (float("nan"), "time", "must not be negative"),
+        (float("nan"), "time", "must be a finite number"),
+        ("1e999 GB/s", "bandwidth", "must be a finite number"),
+        (10**400, "bytes", "must be a finite number"),
+        (1e-320, "bandwidth", "is outside the range simtrain takes, 1 to 1e+18 (B/s"),
+        ("1e30 B", "bytes", "is outside the range"),
+        (1e7, "time", "is outside the range"),
     ],
 )
 def test_parse_quantity_errors_name_the_field(value, kind, message):

@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ..errors import ScenarioError
+from ..limits import MIN_EFFICIENCY
 from ..units import parse_quantity
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -192,6 +193,6 @@ def _efficiency(value, field: str) -> float:
     field = f"{field}.efficiency"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ScenarioError(f"{field}: expected a number in (0, 1], got {value!r}")
-    if not 0 < value <= 1:
-        raise ScenarioError(f"{field}: must be in (0, 1], got {value!r}")
+    if not MIN_EFFICIENCY <= value <= 1:
+        raise ScenarioError(f"{field}: must be in [{MIN_EFFICIENCY:g}, 1], got {value!r}")
     return float(value)

@@ -35,15 +35,17 @@ listed twice, a missing or negative bandwidth, a disconnected graph.
 """
 import itertools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
-import yaml
 
 from ..errors import ScenarioError, TopologyError
+from ..limits import MAX_DEVICES, MAX_LINKS
 from ..units import parse_quantity
+from ..user_files import load_yaml_file, user_path
 from .topology import Topology
 
 BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical")
@@ -126,10 +128,10 @@ def _device_count(devices, builder: str) -> int:
 
 def _find_file(topology: str | Path, base_dir: str | Path | None) -> Path:
     """The topology file: a relative path is looked up in base_dir, then the cwd."""
-    path = Path(topology).expanduser()
+    path = user_path(topology, "cluster.topology", TopologyError)
     candidates = [path] if path.is_absolute() or base_dir is None else [Path(base_dir) / path, path]
     for candidate in candidates:
-        if candidate.is_file():
+        if os.path.exists(candidate):  # load_topology_file says what is wrong with one that is no file
             return candidate
     if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
         raise TopologyError(f"topology file {topology}: not found")
@@ -157,6 +159,10 @@ def _ring(devices: int, link: LinkClass) -> Topology:
 
 
 def _fully_connected(devices: int, link: LinkClass) -> Topology:
+    links = devices * (devices - 1) // 2
+    if links > MAX_LINKS:
+        raise TopologyError(f"cluster.devices: fully_connected on {devices} GPUs has {links:,} links; at most "
+                            f"{MAX_LINKS:,} are simulated (switch or hierarchical scale further)")
     gpus = _gpus(devices)
     graph = _graph(gpus, itertools.combinations(gpus, 2), link)
     return Topology(graph, gpus, name=f"fully_connected-{devices}")
@@ -231,19 +237,7 @@ def _hierarchical(devices: int, link: LinkClass, inter_link, gpus_per_node) -> T
 def load_topology_file(path) -> Topology:
     """The Topology a YAML file describes (format in the module docstring)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise TopologyError(f"topology file {path}: not found") from None
-    except OSError as exc:
-        raise TopologyError(f"topology file {path}: cannot read it ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "cannot parse"
-        raise TopologyError(f"topology file {path}: invalid YAML{where}: {problem}") from None
+    data = load_yaml_file(path, f"topology file {path}", TopologyError)
     try:
         name, graph, gpus = _parse_file(data, default_name=path.stem)
     except ScenarioError as exc:
@@ -270,6 +264,8 @@ def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str]]:
     gpus = _node_list(data["gpus"], "gpus", seen)
     if not gpus:
         raise ScenarioError("gpus: must list at least one GPU")
+    if len(gpus) > MAX_DEVICES:
+        raise ScenarioError(f"gpus: {len(gpus)} GPUs; at most {MAX_DEVICES} are simulated")
     switches = _node_list(data.get("switches", []), "switches", seen)
     classes = _link_classes(data.get("link_classes", {}))
 

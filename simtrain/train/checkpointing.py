@@ -1,6 +1,7 @@
 """Gradient checkpointing of a sequential model with torch.utils.checkpoint.
 
-`apply_checkpointing(model, "sqrt" | {"segments": k} | "none")` returns a
+`apply_checkpointing(model, "sqrt" | CheckpointSegments(segments=k) | "none")` (the
+scenario's `train.checkpointing`: none | sqrt | {segments: k}) returns a
 `CheckpointedSequential` holding the same layers (same parameters, same
 state_dict keys) whose forward, when gradients are on, cuts the model into
 segments and runs every segment but the last under
@@ -47,11 +48,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ScenarioError
+from ..scenario import CheckpointSegments
 
 _FIELD = "train.checkpointing"
 
 
-def apply_checkpointing(model: nn.Module, spec) -> nn.Module:
+def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.Module:
     """`model` itself for "none"; otherwise a CheckpointedSequential over its layers."""
     if spec == "none":
         return model
@@ -61,7 +63,7 @@ def apply_checkpointing(model: nn.Module, spec) -> nn.Module:
     if spec == "sqrt":
         segments = max(1, round(math.sqrt(len(blocks))))
     else:
-        segments = spec["segments"]
+        segments = spec.segments
         if segments > len(blocks):
             raise ScenarioError(f"{_FIELD}.segments: {segments} is more than the model's {len(blocks)} blocks")
     return CheckpointedSequential(model, _deal(blocks, segments))

@@ -12,7 +12,10 @@ classification dataset plus a `DatasetInfo` (input size, classes, image shape):
   classes (10), test_fraction (0.2).
 - `package.module:function`: the function is called with the options as
   keyword arguments and returns a `DataSplits` or a (train, test) pair of
-  datasets whose items are (x, y).
+  datasets whose items are (x, y). This runs the user's code, as Hydra's
+  `_target_` does: a scenario that names one is code, to be trusted as such.
+  Whatever it raises, SystemExit included, is a one-line error naming
+  `data.name`.
 
 `ShardLoader(dataset, num_replicas, rank, batch_size, seed)` is one replica's
 endless stream of batches. It yields exactly the batches of
@@ -42,6 +45,7 @@ from ..loss import cross_entropy
 DIGITS_TRAIN_SAMPLES = 1437
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SYNTHETIC_DEFAULTS = {"samples": 2048, "features": 32, "classes": 10, "test_fraction": 0.2}
+_DIGITS_SAMPLES = 1797
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class DatasetInfo:
     num_features: int
     num_classes: int
     image_shape: tuple[int, ...] | None
+    input_shape: tuple[int, ...]  # one sample's x, as the dataset holds it
+    input_dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -60,6 +66,9 @@ class DataSplits:
     train: Dataset
     test: Dataset
     info: DatasetInfo
+
+
+_DIGITS_INFO = DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8), input_shape=(64,))
 
 
 def load_dataset(name: str, options: dict, seed: int) -> DataSplits:
@@ -77,6 +86,17 @@ def load_dataset(name: str, options: dict, seed: int) -> DataSplits:
     )
 
 
+def builtin_shape(name: str, options: dict) -> tuple[DatasetInfo, int] | None:
+    """(info, samples) of a built-in dataset, without loading it; None for a user's."""
+    if name == "digits":
+        return _DIGITS_INFO, _DIGITS_SAMPLES
+    if name == "synthetic":
+        opts = {**_SYNTHETIC_DEFAULTS, **options}
+        return DatasetInfo(num_features=opts["features"], num_classes=opts["classes"], image_shape=None,
+                           input_shape=(opts["features"],)), opts["samples"]
+    return None
+
+
 def load_callable(path: str, field: str) -> Callable:
     """The function named by an import path `package.module:function`."""
     if not isinstance(path, str) or not _IMPORT_PATH.match(path):
@@ -84,23 +104,38 @@ def load_callable(path: str, field: str) -> Callable:
     module_name, function_name = path.split(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any failure while importing the user's module is the user's
-        raise ScenarioError(f"{field}: cannot import {module_name!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # any failure while importing the user's module is the user's
+        raise ScenarioError(f"{field}: cannot import {module_name!r}: {_one_line(exc)}") from exc
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ScenarioError(f"{field}: module {module_name!r} has no function {function_name!r}")
     return function
 
 
-def call_with_options(function: Callable, options: dict, field: str) -> Any:
-    """`function(**options)`, after checking that it accepts those keywords."""
+def call_with_options(function: Callable, options: dict, section: str) -> Any:
+    """`function(**options)` for the scenario's `section` (model or data), after checking that it
+    accepts those keywords. What the user's code raises, even SystemExit, becomes a ScenarioError
+    naming `section`.name (the exception stays chained, for the Python API)."""
+    name = getattr(function, "__qualname__", repr(function))
     try:
         inspect.signature(function).bind(**options)
     except TypeError as exc:
-        raise ScenarioError(f"{field}: options do not fit {function.__qualname__}: {exc}") from exc
+        raise ScenarioError(f"{section}.options: options do not fit {name}: {exc}") from exc
     except ValueError:  # no introspectable signature (a builtin): let the call decide
         pass
-    return function(**options)
+    try:
+        return function(**options)
+    except SystemExit as exc:  # sys.exit, or a function that ends the process the same way
+        raise ScenarioError(f"{section}.name: {name} tried to end the process (SystemExit {exc.code!r}) instead of "
+                            "returning") from exc
+    except Exception as exc:
+        raise ScenarioError(f"{section}.name: {name} raised {type(exc).__name__}: {_one_line(exc)}") from exc
+
+
+def _one_line(error: BaseException) -> str:
+    """An exception's message on one line (its first)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def _reject_unknown_options(options: dict, allowed, field: str) -> None:
@@ -120,7 +155,7 @@ def _digits() -> DataSplits:
     return DataSplits(
         train=TensorDataset(x[:n], y[:n]),
         test=TensorDataset(x[n:], y[n:]),
-        info=DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8)),
+        info=_DIGITS_INFO,
     )
 
 
@@ -151,12 +186,12 @@ def _synthetic(options: dict, seed: int) -> DataSplits:
     return DataSplits(
         train=TensorDataset(x[:num_train], y[:num_train]),
         test=TensorDataset(x[num_train:], y[num_train:]),
-        info=DatasetInfo(num_features=features, num_classes=classes, image_shape=None),
+        info=DatasetInfo(num_features=features, num_classes=classes, image_shape=None, input_shape=(features,)),
     )
 
 
 def _from_function(name: str, options: dict) -> DataSplits:
-    result = call_with_options(load_callable(name, "data.name"), options, "data.options")
+    result = call_with_options(load_callable(name, "data.name"), options, "data")
     if isinstance(result, DataSplits):
         return result
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
@@ -179,9 +214,13 @@ def _infer_info(train: Dataset, name: str) -> DatasetInfo:
     if isinstance(train, TensorDataset) and len(train.tensors) == 2:
         labels = train.tensors[1]
     else:
-        labels = torch.as_tensor([int(train[i][1]) for i in range(len(train))])
+        try:
+            labels = torch.as_tensor([int(train[i][1]) for i in range(len(train))])
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ScenarioError(f"data.name: {name} returned labels that are not integers ({_one_line(exc)})") from None
     image_shape = tuple(x.shape) if x.dim() == 3 else None
-    return DatasetInfo(num_features=x.numel(), num_classes=int(labels.max()) + 1, image_shape=image_shape)
+    return DatasetInfo(num_features=x.numel(), num_classes=int(labels.max()) + 1, image_shape=image_shape,
+                       input_shape=tuple(x.shape), input_dtype=x.dtype)
 
 
 class ShardLoader:

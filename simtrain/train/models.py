@@ -16,7 +16,10 @@ stream is left as it was.
 - With `batchnorm`, every hidden Linear or Conv2d is followed by BatchNorm
   (before the ReLU, as Ioffe & Szegedy 2015 place it); the output layer is not.
 - `package.module:function`: called with `model.options` as keyword
-  arguments; it returns an `nn.Module`.
+  arguments; it returns an `nn.Module` with trainable parameters that maps a
+  batch of the data's inputs to one logit per class (checked with one forward
+  of two zero samples in eval mode). This runs the user's code, as Hydra's
+  `_target_` does: a scenario that names one is code, to be trusted as such.
 
 Defaults and checks of the fields live in scenario.ModelSpec.
 
@@ -55,7 +58,7 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
             raise ScenarioError("model.name: cnn needs image inputs (C, H, W), and this dataset has none")
         return partial(_cnn, info, list(spec.channels), spec.batchnorm)
     if ":" in spec.name:
-        return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name)
+        return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name, info)
     raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, or package.module:function)")
 
 
@@ -83,11 +86,36 @@ def _cnn(info: DatasetInfo, channels: list[int], batchnorm: bool) -> nn.Sequenti
     return nn.Sequential(*layers)
 
 
-def _user_model(function: Callable, options: dict, name: str) -> nn.Module:
-    model = call_with_options(function, options, "model.options")
+def _user_model(function: Callable, options: dict, name: str, info: DatasetInfo) -> nn.Module:
+    model = call_with_options(function, options, "model")
     if not isinstance(model, nn.Module):
         raise ScenarioError(f"model.name: {name} returned {type(model).__name__}, not an nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ScenarioError(f"model.name: {name} returned a model with no trainable parameters")
+    _check_fits_the_data(model, info, name)
     return model
+
+
+def _check_fits_the_data(model: nn.Module, info: DatasetInfo, name: str) -> None:
+    """One forward of a batch of two zero samples, in eval mode (no running statistics move):
+    it must take the data's inputs and give one logit per class."""
+    shape = (2, *info.input_shape)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(torch.zeros(shape, dtype=info.input_dtype))
+    except Exception as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ScenarioError(f"model.name: {name} does not take the data's inputs: a batch of shape {list(shape)} "
+                            f"raises {type(exc).__name__}: {lines[0]}") from exc
+    finally:
+        model.train(training)
+    expected = [2, info.num_classes]
+    got = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+    if got != expected:
+        raise ScenarioError(f"model.name: {name} maps a batch of shape {list(shape)} to {got}, not to the "
+                            f"{expected} logits of the data's {info.num_classes} classes")
 
 
 def weight_norms(model: nn.Module) -> dict[str, float]:

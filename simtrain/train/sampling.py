@@ -11,7 +11,8 @@
   shard (the samples DistributedSampler gives its rank in epoch 0); samples
   never seen carry the largest priority ever assigned (1.0 before any), as in
   PER (Schaul et al. 2016, "Prioritized Experience Replay", Alg. 1). A batch is
-  B draws with replacement from P(i) = p_i^alpha / sum_k p_k^alpha.
+  B draws with replacement from P(i) = p_i^alpha / sum_k p_k^alpha. A loss that
+  diverged (inf or nan) makes P uniform: float64 cannot weigh it.
 - `mh`: one Metropolis-Hastings chain per batch slot over the shard. Each
   batch, every slot makes `mh.steps` proposals j drawn uniformly from the
   shard and accepts with probability min(1, (p_j / p_cur)^alpha); the slots'
@@ -92,7 +93,8 @@ class PriorityTable:
         """Set the last loss of each position drawn (a position drawn twice: its larger loss)."""
         hit, slot = np.unique(positions, return_inverse=True)
         latest = np.full(len(hit), -math.inf)
-        np.maximum.at(latest, slot, losses.detach().to(torch.float64).numpy())
+        values = losses.detach().to(torch.float64).numpy()
+        np.maximum.at(latest, slot, np.where(np.isnan(values), math.inf, values))  # diverged (nan): as hard as inf
         self.last_loss[hit] = latest
         self.seen[hit] = True
         self.max_priority = max(self.max_priority, float(latest.max()) + self.eps)
@@ -149,9 +151,14 @@ class PrioritizedSampler(ShardLoader):
         return self.beta0 + (self.beta_end - self.beta0) * min(1.0, self.batches / self.beta_steps)
 
     def target(self) -> np.ndarray:
-        """P(i) = p_i^alpha / sum_k p_k^alpha over the shard."""
-        scaled = self.table.priorities() ** self.alpha
-        return scaled / scaled.sum()
+        """P(i) = p_i^alpha / sum_k p_k^alpha over the shard; uniform when float64 cannot hold it
+        (a loss diverged to inf or nan, or p^alpha under- or overflows)."""
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            scaled = self.table.priorities() ** self.alpha
+            total = scaled.sum()
+        if not (math.isfinite(total) and scaled.min() > 0):
+            return np.full(len(scaled), 1.0 / len(scaled))
+        return scaled / total
 
     def draw(self, target: np.ndarray) -> np.ndarray:
         """Table positions of the next batch, drawn from `target`."""

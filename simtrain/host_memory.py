@@ -1,0 +1,142 @@
+"""The host's memory: refuse, before it starts, a run the host cannot hold.
+
+Numerics are real: every simulated device holds a replica of the model with
+its gradients and optimizer state in host memory, and the data set lives there
+too. A scenario within every bound of limits.py can still ask for more than
+the host has (4,096 replicas of a model with two hidden layers of a million
+units), and would end in MemoryError or the host's OOM killer far into the run.
+`check_scenario_fits_host(scenario)` estimates a lower bound of what the run
+needs from the scenario alone, without building anything real:
+
+- replicas x parameters x bytes per parameter: the model (fp32, plus the
+  compute-dtype copy under fp16/bf16), its gradient bucket and the optimizer's
+  state (momentum, Adam's two moments). The built-in models are counted by
+  building them on torch's `meta` device; a user's model (package.module:
+  function) is not called here and counts as nothing;
+- one replica's activations at a time (replicas compute one after another):
+  the outputs of every layer for one batch, counted with a meta forward;
+- the data set: synthetic samples x features (fp32) and labels, and every
+  replica's shard of indices; a user's data set counts as nothing;
+- the network: 1 KiB per link of the topology a builder makes;
+- the ring all-reduce: every rank splits its gradient into one chunk per rank,
+  views that live through the step: 600 B per (rank, chunk) pair, measured
+  (the quickstart on 1,024 and 2,048 ring devices peaks at 1.2 and 3.3 GB).
+
+It raises a SimtrainError saying how much the run needs and how much the host
+has available (MemAvailable in /proc/meminfo, or the cgroup's limit if lower;
+os.sysconf where /proc is missing). The check only refuses: no simulated figure
+depends on the host, so the same scenario gives the same results everywhere it
+runs.
+
+    check_scenario_fits_host(load_scenario("scenarios/quickstart.yaml"))
+    require_host_memory(nbytes, "--sizes 1G on 64 --devices")  # any other need
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import SimtrainError
+from .hw.topology_builders import BUILDERS, build_topology
+from .scenario import Scenario
+from .train.data import builtin_shape
+from .train.models import build_model
+from .units import format_bytes
+
+_RING_CHUNK_BYTES = 600  # one chunk view of one rank's bucket in the ring all-reduce (measured, see above)
+_LINK_BYTES = 1024  # a networkx edge with its attributes and the network's two directed links: 1.4 KiB measured
+_STATE_COPIES = {"sgd": 0, "adam": 2, "kfac": 0}  # fp32 copies of the parameters an optimizer always keeps
+
+
+def available_bytes() -> int | None:
+    """Bytes the host can still give this process, or None where it cannot tell."""
+    available = None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:  # no /proc (macOS), or a kernel without MemAvailable: free pages
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+    try:  # a container's own limit (cgroup v2)
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            room = max(0, int(limit) - used)
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def require_host_memory(needed_bytes: int, what: str, detail: str = "") -> None:
+    """SimtrainError if `what` needs more than the host has available (nothing when it cannot tell)."""
+    available = available_bytes()
+    if available is not None and needed_bytes > available:
+        detail = f" ({detail})" if detail else ""
+        raise SimtrainError(f"host memory: {what} needs at least {format_bytes(needed_bytes)}{detail}; this host "
+                            f"has {format_bytes(available)} available")
+
+
+def check_scenario_fits_host(scenario: Scenario) -> None:
+    """Refuse the scenario if the lower bound of its host memory is more than the host has."""
+    needs = scenario_host_bytes(scenario)
+    parts = ", ".join(f"{part} {format_bytes(nbytes)}" for part, nbytes in needs.items() if nbytes)
+    require_host_memory(sum(needs.values()), f"scenario {scenario.name}",
+                        f"{parts}; smaller cluster.devices, model or data sizes need less")
+
+
+def scenario_host_bytes(scenario: Scenario) -> dict[str, int]:
+    """A lower bound of the host memory a run of the scenario takes, by part."""
+    replicas = _device_count(scenario)
+    info, samples = builtin_shape(scenario.data.name, scenario.data.loader_options()) or (None, 0)
+    parameters, activations_per_sample = _model_size(scenario, info)
+    train = scenario.train
+    bytes_per_parameter = 4 * (2 + _STATE_COPIES[train.optimizer.name]) + (2 if train.precision != "fp32" else 0)
+    data_bytes = samples * (4 * info.num_features + 8 + 8) if info is not None else 0  # x, label, shard index
+    return {
+        f"{replicas} replicas x {parameters:,} parameters": replicas * parameters * bytes_per_parameter,
+        "activations": 2 * 4 * activations_per_sample * scenario.data.batch_size,
+        "data": data_bytes,
+        "links": _LINK_BYTES * _link_count(scenario.cluster.topology, replicas),
+        "ring chunks": _RING_CHUNK_BYTES * replicas**2 if scenario.parallel.scheme == "ring" else 0,
+    }
+
+
+def _device_count(scenario: Scenario) -> int:
+    cluster = scenario.cluster
+    if cluster.devices is not None or cluster.topology in BUILDERS:
+        return cluster.devices or 1  # a builder without devices fails when the cluster is built
+    return build_topology(cluster.topology, None, None, base_dir=scenario.base_dir).num_devices
+
+
+def _model_size(scenario: Scenario, info) -> tuple[int, int]:
+    """(parameters, activation values per sample) of a built-in model, built and run on `meta`."""
+    model = scenario.model
+    if info is None or model.name not in ("mlp", "cnn"):
+        return 0, 0
+    with torch.device("meta"):
+        net = build_model(model, info, scenario.seed)
+    parameters = sum(p.numel() for p in net.parameters())
+    values = [0]
+    hooks = [layer.register_forward_hook(lambda _m, _i, out: values.append(out.numel()))
+             for layer in net.modules() if not list(layer.children())]
+    try:
+        net(torch.empty((2, *info.input_shape), device="meta"))  # two samples: BatchNorm refuses one
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return parameters, sum(values) // 2
+
+
+def _link_count(topology: str, devices: int) -> int:
+    if topology == "fully_connected":
+        return devices * (devices - 1) // 2
+    return 2 * devices if topology in BUILDERS else 0  # a file's links are bounded by its size

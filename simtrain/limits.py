@@ -1,0 +1,44 @@
+"""The limits of what simtrain accepts, decided once and documented here.
+
+A scenario, a topology file or a command line is checked against these
+bounds before anything runs, so that an absurd input ends in one line naming
+its field instead of a MemoryError, an OverflowError or a host that runs out of
+memory. The bounds are far above any study simtrain is meant for and below
+what would take the host down; README's "Limits and hostile input" lists them.
+
+    from simtrain.limits import MAX_DEVICES
+    Field(ge=1, le=MAX_DEVICES)
+
+Memory the host really has is checked separately, per run (host_memory.py).
+"""
+
+# Files a user names (user_files.py): scenarios and topology files.
+MAX_FILE_BYTES = 512 << 10  # 512 KiB: a file is read up to this size and refused past it (parsing it takes ~3 s)
+MAX_YAML_DEPTH = 32  # nested mappings and lists; a scenario uses 5
+MAX_INTEGER_DIGITS = 64  # an integer literal with more digits is refused before Python converts it
+MAX_NAME_BYTES = 128  # `name`, in UTF-8: the default output folder runs/<name>/ takes it
+
+# Counts.
+MAX_DEVICES = 4096  # simulated devices of one cluster (cluster.devices, a topology file's gpus, --devices)
+MAX_LINKS = 500_000  # links of one topology (about 1.4 KiB of host memory each): fully_connected up to 1,000 GPUs
+MAX_STEPS = 1_000_000  # train.steps, and any count of steps (intervals, annealing)
+MAX_MH_STEPS = 1_000  # data.mh.steps: proposals per batch slot per batch, each a host draw
+MAX_SAMPLES = 100_000_000  # data.samples of a synthetic data set
+MAX_FEATURES = 1_000_000  # data.features, data.classes
+MAX_WIDTH = 1_000_000  # one hidden layer's width or one convolution's channels
+MAX_LAYERS = 1_000  # entries of model.hidden or model.channels
+MAX_BATCH_SIZE = 1_000_000  # data.batch_size, per device
+MAX_SEED = 2**32 - 1  # seed: every derived torch and numpy seed stays in range
+
+# Quantities, in SI units (units.parse_quantity); zero passes to the field's own check.
+QUANTITY_RANGES = {
+    "bytes": (1.0, 2.0**60),  # 1 B to 1 EiB
+    "bandwidth": (1.0, 1e18),  # 1 B/s to 1 EB/s
+    "time": (0.0, 1e6),  # up to about 11.6 days per hop or per access
+    "flops": (1.0, 1e21),  # 1 FLOP/s to 1 ZFLOP/s
+}
+MAX_LEARNING_RATE = 1e6  # past this, every update overflows fp32 parameters
+MAX_SLOWDOWN = 1e6  # cluster.overrides.<rank>.slowdown
+MIN_EFFICIENCY = 1e-6  # a device's efficiency (fraction of peak): with MAX_SLOWDOWN, every span stays finite
+MAX_COMPUTE_JITTER = 2.0  # std of log(factor): a span stays within e^(+-8) of its mean at 4 sigma
+MAX_COLLECTIVE_BYTES = 1 << 40  # simtrain collective --sizes: 1 TiB per rank
