@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
