@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .comm import ALL_REDUCE
+from .comm import ALGORITHMS, channel_count
 from .comm.bench import benchmark_all_reduce
 from .errors import SimtrainError
 from .hw.cluster import build_cluster
@@ -215,13 +215,15 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
 
 
 @cli.command()
-@click.option("--algo", type=click.Choice(sorted(ALL_REDUCE)), default="ring", show_default=True)
+@click.option("--algo", type=click.Choice(ALGORITHMS), default="ring", show_default=True)
+@click.option("--channels", type=int, default=None,
+              help="Buffer parts run side by side, one ring (or tree pair) each [default: one per NIC rail across hosts, else 1].")
 @_topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                sizes, numerics, seed, as_json):
     """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
     topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
@@ -234,13 +236,14 @@ def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter
     while low <= high:
         size_list.append(low)
         low *= 2
+    channels = channel_count(algo, topo, topo.devices, channels, "--algo", "--channels")
     if not as_json:
-        console.print(f"# all-reduce {algo} on {topo.name}, {topo.num_devices} devices, "
+        console.print(f"# all-reduce {algo} on {topo.name}, {topo.num_devices} devices, {channels} channel(s), "
                       f"numerics {'on' if numerics else 'off'}")
         console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
-    for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed):
+    for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed, channels=channels):
         if as_json:
-            click.echo(json.dumps({"bytes": row.nbytes, "time_s": row.time_s,
+            click.echo(json.dumps({"algorithm": algo, "channels": channels, "bytes": row.nbytes, "time_s": row.time_s,
                                    "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}))
         else:
             wrong = "n/a" if row.wrong is None else str(row.wrong)

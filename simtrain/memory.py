@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import simpy
 import torch
 
-from .comm import ALL_REDUCE
+from .comm import ALGORITHMS, build_all_reduce
 from .comm.simulated import SimCommunicator
 from .cost import measure_step_cost
 from .hw.cluster import build_cluster, run_to_end
@@ -141,15 +141,18 @@ class StepMemoryModel:
         """Per rank, the peak staging bytes of the scenario's all-reduce of the gradient bucket."""
         world = self.cluster.size
         scheme = self.scenario.parallel.scheme
-        if scheme not in ALL_REDUCE:  # no collective (asynchronous schemes): nothing staged
+        if scheme not in ALGORITHMS:  # no collective (asynchronous schemes): nothing staged
             return [0] * world
+        nodes = [device.node for device in self.cluster.devices]
+        all_reduce = build_all_reduce(scheme, self.cluster.topology, nodes, self.scenario.parallel.channels,
+                                      "parallel.scheme", "parallel.channels")
         env = simpy.Environment()
         ledgers = [MemoryLedger(f"rank {rank}", float("inf")) for rank in range(world)]
         comm = SimCommunicator(Network(env, self.cluster.topology, record=False),
-                               [device.node for device in self.cluster.devices], ledgers=ledgers)
+                               nodes, ledgers=ledgers)
         for rank in range(world):
             bucket = torch.empty(self.bucket_numel, dtype=self.dtype, device="meta")
-            comm.run(rank, ALL_REDUCE[scheme](rank, world, bucket, average=True))
+            comm.run(rank, all_reduce(rank, world, bucket, average=True))
         run_to_end(env)
         return [ledger.peak["comm_buffers"] for ledger in ledgers]
 

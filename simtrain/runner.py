@@ -70,7 +70,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
             scheme = SyncDataParallel(cluster, replicas, scenario.parallel.scheme, steps,
                                       optimizer.name, optimizer.builder_options(), on_step=monitor.on_step,
                                       sync_batchnorm=scenario.parallel.sync_batchnorm,
-                                      report_every=scenario.report.every)
+                                      report_every=scenario.report.every, channels=scenario.parallel.channels)
             trained_model = replicas[0].model
         scheme.start()
         out_of_memory = None

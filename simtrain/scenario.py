@@ -191,7 +191,13 @@ class AsyncSpec(_Strict):
 
 class ParallelSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
-    scheme: Literal["naive", "ring", "tree", "async"] = "ring"
+    # naive | ring | tree (FireCaffe) | hierarchical (in-host reduce-scatter, cross-host all-reduce per
+    # rail, in-host all-gather) | dbtree (NCCL's double binary tree): synchronous all-reduce (simtrain/comm/);
+    # async: asynchronous SGD on a shared store
+    scheme: Literal["naive", "ring", "tree", "hierarchical", "dbtree", "async"] = "ring"
+    # all-reduce channels (buffer parts run side by side, each crossing hosts on its own rail);
+    # None: the topology's default, one per NIC rail across hosts, else 1 (simtrain/comm/channels.py)
+    channels: PositiveInt | None = None
     async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
     sync_batchnorm: bool = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
 

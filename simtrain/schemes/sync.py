@@ -1,4 +1,4 @@
-"""Synchronous data parallelism: compute, all-reduce (naive | ring | tree), step.
+"""Synchronous data parallelism: compute, all-reduce (comm.ALGORITHMS, over channels), step.
 
 Every step, each device runs forward and backward on its own batch (real
 torch, charged as FLOPs on its compute stream), the group all-reduces the
@@ -24,7 +24,7 @@ run and the measured activation peak during forward and backward, where a
 checkpointed segment's recomputation is part of the backward FLOPs. A ledger
 past its capacity raises OutOfMemory at that step.
 """
-from ..comm import ALL_REDUCE
+from ..comm import build_all_reduce
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import Cluster
 from ..errors import ScenarioError
@@ -41,12 +41,13 @@ class SyncDataParallel:
 
     def __init__(self, cluster: Cluster, replicas: list[Replica], algorithm: str, steps: int,
                  optimizer: str, optimizer_options: dict, on_step=None, sync_batchnorm: bool = False,
-                 report_every: int = 10):
+                 report_every: int = 10, channels: int | None = None):
         self.cluster = cluster
         self.replicas = replicas
         self.world = len(replicas)
         self.devices = cluster.devices[: self.world]
-        self.all_reduce = ALL_REDUCE[algorithm]
+        self.all_reduce = build_all_reduce(algorithm, cluster.topology, [d.node for d in self.devices], channels,
+                                           "parallel.scheme", "parallel.channels")
         self.steps = steps
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
         self.comm = SimCommunicator(cluster.network, [d.node for d in self.devices], log=cluster.log,
