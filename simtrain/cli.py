@@ -259,9 +259,10 @@ def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, 
     graph = topo_.graph
     switches = [n for n in graph.nodes if n not in set(topo_.devices)]
     console.print(f"{topo_.name}: {topo_.num_devices} devices, {len(switches)} switches, {graph.number_of_edges()} links")
-    table = Table("link", "bandwidth per direction", "latency")
+    table = Table("link", "bandwidth per direction", "efficiency", "latency")
     for a, b, attrs in graph.edges(data=True):
-        table.add_row(f"{a} - {b}", f"{attrs['bandwidth'] / 1e9:g} GB/s", f"{attrs['latency'] * 1e6:g} us")
+        table.add_row(f"{a} - {b}", f"{attrs['bandwidth'] / 1e9:g} GB/s", f"{attrs.get('efficiency', 1.0):g}",
+                      f"{attrs['latency'] * 1e6:g} us")
     console.print(table)
 
 
