@@ -11,9 +11,9 @@ all operations of the yield are done, the program resumes at that simulated
 instant. A `Concurrently` yield starts each sub-program as a child of the
 rank's program; children advance on their own and the parent resumes when the
 last one ends. Operations match per (src, dst, tag). Programs are stepped from
-the network's completion callbacks, so a
-collective costs no simpy event per rank per step: this is what lets a ring
-all-reduce over thousands of devices run in seconds.
+the network's completion callbacks, so a collective costs no simpy event per
+rank per step: this is what lets a ring all-reduce over thousands of devices
+run in seconds.
 
 On meta tensors (numerics off) nothing is copied or summed; the timing is the
 same. Time a rank spends with a transfer of its own in flight is logged as
@@ -92,13 +92,6 @@ class SimCommunicator:
         """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""
         return sorted(self._running)
 
-    def _mailbox(self, src: int, dst: int, tag: int) -> _Mailbox:
-        key = (tag * self.world + src) * self.world + dst
-        mailbox = self._mailboxes.get(key)
-        if mailbox is None:
-            mailbox = self._mailboxes[key] = _Mailbox()
-        return mailbox
-
     def _advance(self, state: _RankProgram, value) -> None:
         try:
             ops = state.program.send(value)
@@ -122,16 +115,23 @@ class SimCommunicator:
             ops = (ops,)
         state.results = [None] * len(ops)
         state.outstanding = len(ops)
-        rank = state.rank
+        rank, world, mailboxes = state.rank, self.world, self._mailboxes
         for index, op in enumerate(ops):
+            # The mailbox of (src, dst, tag), looked up inline: this loop runs once per operation.
             if type(op) is Send:
-                mailbox = self._mailbox(rank, op.dst, op.tag)
+                key = (op.tag * world + rank) * world + op.dst
+                mailbox = mailboxes.get(key)
+                if mailbox is None:
+                    mailbox = mailboxes[key] = _Mailbox()
                 if mailbox.recvs:
                     self._start(state, op, *mailbox.recvs.popleft())
                 else:
                     mailbox.sends.append((state, op))
             else:
-                mailbox = self._mailbox(op.src, rank, op.tag)
+                key = (op.tag * world + op.src) * world + rank
+                mailbox = mailboxes.get(key)
+                if mailbox is None:
+                    mailbox = mailboxes[key] = _Mailbox()
                 if mailbox.sends:
                     self._start(*mailbox.sends.popleft(), state, index, op)
                 else:
@@ -155,10 +155,11 @@ class SimCommunicator:
         nbytes = payload.nbytes
         if nbytes != out.nbytes:
             raise RuntimeError(f"rank {sender.rank} sends {nbytes} bytes but rank {receiver.rank} receives {out.nbytes}")
-        now = self.env.now
-        self._transfer_begins(sender.owner, now)
+        now = self.env._now  # env.now without the property call, on the hot path
+        owner = sender.owner
+        self._transfer_begins(owner, now)
         self._transfer_begins(receiver.owner, now)
-        sender.owner.span_bytes += nbytes
+        owner.span_bytes += nbytes
         staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
@@ -172,7 +173,7 @@ class SimCommunicator:
             if staging is not None:
                 staging.free("comm_buffers", nbytes)
             receiver.results[recv_index] = out
-            now = self.env.now
+            now = self.env._now
             self._transfer_ends(sender, now)
             self._transfer_ends(receiver, now)
 
