@@ -217,14 +217,15 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
 @cli.command()
 @click.option("--algo", type=click.Choice(ALGORITHMS), default="ring", show_default=True)
 @click.option("--channels", type=int, default=None,
-              help="Buffer parts run side by side, one ring (or tree pair) each [default: one per NIC rail across hosts, else 1].")
+              help="Buffer parts run side by side, one ring (or tree pair) each "
+                   "[default: one per NIC rail across hosts, else 1].")
 @_topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
-               sizes, numerics, seed, as_json):
+def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
+               inter_latency, sizes, numerics, seed, as_json):
     """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
     topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
     low, sep, high = sizes.partition(":")

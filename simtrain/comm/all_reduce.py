@@ -59,25 +59,27 @@ def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], chann
         hosts_per_channel.append(hosts)
     identity = list(range(world))
 
-    def channel_program(channel: int, rank: int, part):
+    def channel_program(channel: int, rank: int, part, average: bool):
         order = orders[channel]
         if algorithm == "ring":
-            return ring_all_reduce(rank, world, part, ring=None if order == identity else order, tag=channel)
+            return ring_all_reduce(rank, world, part, average, ring=None if order == identity else order, tag=channel)
         if algorithm == "dbtree":
-            return dbtree_all_reduce(rank, world, part, order=order, tags=(2 * channel, 2 * channel + 1))
-        return hierarchical_all_reduce(rank, world, part, hosts=hosts_per_channel[channel], tag=channel)
+            return dbtree_all_reduce(rank, world, part, average, order=order, tags=(2 * channel, 2 * channel + 1))
+        return hierarchical_all_reduce(rank, world, part, average, hosts=hosts_per_channel[channel], tag=channel)
+
+    def over_channels(rank: int, buf, average: bool):
+        parts = buf.tensor_split(channels)
+        yield Concurrently([channel_program(c, rank, part, False) for c, part in enumerate(parts)])
+        if average:
+            buf.div_(world)
+        return buf
 
     def all_reduce(rank: int, world_: int, buf, average: bool = False):
         if world_ != world:
             raise ValueError(f"all-reduce built for {world} ranks, called with world {world_}")
-        if channels == 1:
-            yield from channel_program(0, rank, buf)
-        else:
-            parts = buf.tensor_split(channels)
-            yield Concurrently([channel_program(c, rank, part) for c, part in enumerate(parts)])
-        if average:
-            buf.div_(world)
-        return buf
+        if channels == 1:  # the algorithm's own program, with no wrapper on the per-step path
+            return channel_program(0, rank, buf, average)
+        return over_channels(rank, buf, average)
 
     return all_reduce
 
