@@ -14,7 +14,7 @@ from simtrain.cli import main
 from simtrain.comm import ALGORITHMS, build_all_reduce
 from simtrain.comm.bench import benchmark_all_reduce
 from simtrain.comm.channels import Layout, channel_order, default_channels, layout_of
-from simtrain.comm.dbtree import double_trees, pipelined_tree
+from simtrain.comm.dbtree import dbtree_all_reduce, double_trees, pieces_for, pipelined_tree
 from simtrain.comm.ops import Concurrently, Recv, Send
 from simtrain.comm.simulated import SimCommunicator
 from simtrain.errors import ScenarioError
@@ -133,8 +133,8 @@ def test_dbtree_is_one_pipelined_tree_on_half_the_buffer(world, height):
     numel, pieces = 2**22, 16
     piece_bytes = numel * 4 / 2 / pieces
     expected = 2 * (pieces + height - 1) * (ALPHA + piece_bytes / B)
-    both = _time_programs(topology, lambda rank: build_all_reduce("dbtree", topology, topology.devices)(
-        rank, world, torch.empty(numel, device="meta")), pieces_per_tree=pieces)
+    both = _time_programs(topology, lambda rank: dbtree_all_reduce(
+        rank, world, torch.empty(numel, device="meta"), pieces=pieces))
     assert both == pytest.approx(expected, rel=1e-9)
     (parent, kids), _ = double_trees(world)  # tree one alone, on its half
     one = _time_programs(topology, lambda rank: pipelined_tree(
@@ -142,22 +142,19 @@ def test_dbtree_is_one_pipelined_tree_on_half_the_buffer(world, height):
     assert one == pytest.approx(expected, rel=1e-9)
 
 
-def _time_programs(topology, program_of, pieces_per_tree=None):
-    import simtrain.comm.dbtree as dbtree
-    saved = dbtree.pieces_for
-    if pieces_per_tree is not None:
-        dbtree.pieces_for = lambda nbytes: pieces_per_tree
-    try:
-        env = simpy.Environment()
-        comm = SimCommunicator(Network(env, topology, record=False), topology.devices)
-        finished_s = []
-        for rank in range(topology.num_devices):
-            comm.run(rank, program_of(rank)).callbacks.append(lambda _: finished_s.append(env.now))
-        env.run()
-        assert comm.stuck() == []
-        return max(finished_s)
-    finally:
-        dbtree.pieces_for = saved
+def test_dbtree_pipelines_in_pieces_of_1_mib_up_to_64():
+    assert [pieces_for(n) for n in (4, 2**20, 3 * 2**20 + 1, 2**30)] == [1, 1, 4, 64]
+
+
+def _time_programs(topology, program_of):
+    env = simpy.Environment()
+    comm = SimCommunicator(Network(env, topology, record=False), topology.devices)
+    finished_s = []
+    for rank in range(topology.num_devices):
+        comm.run(rank, program_of(rank)).callbacks.append(lambda _: finished_s.append(env.now))
+    env.run()
+    assert comm.stuck() == []
+    return max(finished_s)
 
 
 def test_link_efficiency_scales_the_rate():
