@@ -13,10 +13,10 @@ that as plain data and pure functions, tested on their own:
   per GPU and as many channels as rails, every NIC carries one channel in each
   direction (NCCL builds its rings the same way from the detected topology);
 - `default_channels(layout, algorithm)`: one channel per rail when the group
-  spans hosts (NCCL's ring search finds one ring per NIC), one on a single host
-  or a single-path topology, where more channels over the same links buy no
-  bandwidth in a flow model; `hierarchical` takes one, as its inter-host phase
-  already runs one ring per rail.
+  spans hosts (NCCL forms its rings so that an all-reduce uses every NIC,
+  NVIDIA/nccl-tests #277), one on a single host or a single-path topology,
+  where more channels over the same links buy no bandwidth in a flow model;
+  `hierarchical` takes one, as its inter-host phase already runs one ring per rail.
 
 `layout_of(topology, nodes)` reads the layout from the topology graph, with no
 hints in the file: hosts are what stays connected when the topology's slowest
