@@ -18,8 +18,10 @@ from simtrain.comm.dbtree import dbtree_all_reduce, double_trees, pieces_for, pi
 from simtrain.comm.ops import Concurrently, Recv, Send
 from simtrain.comm.simulated import SimCommunicator
 from simtrain.errors import ScenarioError
+from simtrain.scenario import SharedMemorySpec
 from simtrain.hw.eventlog import EventLog
 from simtrain.hw.network import Network
+from simtrain.hw.shared_memory import attach_shared_memory
 from simtrain.hw.topology_builders import LinkClass, build_topology, parse_link
 
 ALPHA_INTRA, B_INTRA = 0.25e-6, 300e9
@@ -79,6 +81,15 @@ def test_layout_is_read_from_the_graph():
         flat = build_topology(builder, 8, FLAT)
         single = layout_of(flat, flat.devices)
         assert single.hosts == (tuple(range(8)),) and default_channels(single, "ring") == 1
+
+
+def test_a_shared_memory_store_is_not_the_host_boundary():
+    # The store's host links, slower than the NICs, carry no GPU-to-GPU traffic: the NICs still split the hosts.
+    topology = hosts(2, 2)
+    spec = SharedMemorySpec(bandwidth=10e9, host_link={"bandwidth": 1e9, "latency": 1e-6})
+    with_store, _ = attach_shared_memory(topology, spec)
+    assert layout_of(with_store, with_store.devices) == layout_of(topology, topology.devices)
+    assert layout_of(with_store, with_store.devices).hosts == ((0, 1), (2, 3))
 
 
 def test_double_trees_make_every_leaf_interior_in_the_other_tree():
