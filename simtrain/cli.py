@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .comm import ALL_REDUCE
+from .comm import ALGORITHMS, channel_count
 from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
@@ -247,14 +247,17 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
 
 
 @cli.command()
-@click.option("--algo", type=click.Choice(sorted(ALL_REDUCE)), default="ring", show_default=True)
+@click.option("--algo", type=click.Choice(ALGORITHMS), default="ring", show_default=True)
+@click.option("--channels", type=int, default=None,
+              help="Buffer parts run side by side, one ring (or tree pair) each "
+                   "[default: one per NIC rail across hosts, else 1].")
 @_topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
-               sizes, numerics, seed, as_json):
+def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
+               inter_latency, sizes, numerics, seed, as_json):
     """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
     topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
     low, sep, high = sizes.partition(":")
@@ -269,15 +272,16 @@ def collective(algo, topology, devices, bandwidth, latency, gpus_per_node, inter
     while low <= high:
         size_list.append(low)
         low *= 2
+    channels = channel_count(algo, topo, topo.devices, channels, "--algo", "--channels")
     if not as_json:
-        console.print(f"# all-reduce {algo} on {topo.name}, {topo.num_devices} devices, "
+        console.print(f"# all-reduce {algo} on {topo.name}, {topo.num_devices} devices, {channels} channel(s), "
                       f"numerics {'on' if numerics else 'off'}")
         console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
-    for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed):
+    for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed, channels=channels):
         if as_json:
-            click.echo(json.dumps(finite_or_none({"bytes": row.nbytes, "time_s": row.time_s,
-                                                  "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}),
-                                  allow_nan=False))
+            click.echo(json.dumps(finite_or_none({"algorithm": algo, "channels": channels, "bytes": row.nbytes,
+                                                  "time_s": row.time_s, "algbw_GBps": row.algbw_GBps,
+                                                  "busbw_GBps": row.busbw_GBps}), allow_nan=False))
         else:
             wrong = "n/a" if row.wrong is None else str(row.wrong)
             console.print(f"{row.nbytes:>12} {row.time_s * 1e6:>12.2f} {row.algbw_GBps:>13.3f} "
@@ -292,9 +296,10 @@ def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, 
     graph = topo_.graph
     switches = [n for n in graph.nodes if n not in set(topo_.devices)]
     console.print(f"{topo_.name}: {topo_.num_devices} devices, {len(switches)} switches, {graph.number_of_edges()} links")
-    table = Table("link", "bandwidth per direction", "latency")
+    table = Table("link", "bandwidth per direction", "efficiency", "latency")
     for a, b, attrs in graph.edges(data=True):
-        table.add_row(f"{a} - {b}", f"{attrs['bandwidth'] / 1e9:g} GB/s", f"{attrs['latency'] * 1e6:g} us")
+        table.add_row(f"{a} - {b}", f"{attrs['bandwidth'] / 1e9:g} GB/s", f"{attrs.get('efficiency', 1.0):g}",
+                      f"{attrs['latency'] * 1e6:g} us")
     console.print(table)
 
 

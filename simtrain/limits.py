@@ -28,6 +28,7 @@ MAX_FEATURES = 1_000_000  # data.features, data.classes
 MAX_WIDTH = 1_000_000  # one hidden layer's width or one convolution's channels
 MAX_LAYERS = 1_000  # entries of model.hidden or model.channels
 MAX_BATCH_SIZE = 1_000_000  # data.batch_size, per device
+MAX_CHANNELS = 64  # parallel.channels, --channels: all-reduce channels (NCCL's own limit is 32 or 64 by version)
 MAX_SEED = 2**32 - 1  # seed: every derived torch and numpy seed stays in range
 
 # Quantities, in SI units (units.parse_quantity); zero passes to the field's own check.

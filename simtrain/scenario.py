@@ -18,9 +18,9 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
                       field_validator, model_validator)
 
 from .errors import ScenarioError, SimtrainError, one_line
-from .limits import (MAX_BATCH_SIZE, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_LAYERS, MAX_LEARNING_RATE,
-                     MAX_MH_STEPS, MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH,
-                     MIN_EFFICIENCY)
+from .limits import (MAX_BATCH_SIZE, MAX_CHANNELS, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_LAYERS,
+                     MAX_LEARNING_RATE, MAX_MH_STEPS, MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS,
+                     MAX_WIDTH, MIN_EFFICIENCY)
 from .units import parse_quantity
 from .user_files import load_yaml_file, parse_yaml_text, user_path
 
@@ -229,7 +229,13 @@ class AsyncSpec(_Strict):
 
 class ParallelSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
-    scheme: Literal["naive", "ring", "tree", "async"] = "ring"
+    # naive | ring | tree (FireCaffe) | hierarchical (in-host reduce-scatter, cross-host all-reduce per
+    # rail, in-host all-gather) | dbtree (NCCL's double binary tree): synchronous all-reduce (simtrain/comm/);
+    # async: asynchronous SGD on a shared store
+    scheme: Literal["naive", "ring", "tree", "hierarchical", "dbtree", "async"] = "ring"
+    # all-reduce channels (buffer parts run side by side, each crossing hosts on its own rail);
+    # None: the topology's default, one per NIC rail across hosts, else 1 (simtrain/comm/channels.py)
+    channels: Count(MAX_CHANNELS) | None = None
     async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
     sync_batchnorm: Flag = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
 
@@ -290,12 +296,12 @@ class Scenario(_Strict):
         precision, optimizer = self.train.precision, self.train.optimizer.name
         if self.parallel.scheme == "async":
             if precision != "fp32":  # the shared fp32 parameters have no master copy
-                raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (naive, ring, "
-                                 "tree), not with async")
+                raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (an all-reduce "
+                                 "algorithm), not with async")
             if optimizer == "kfac":
-                raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (naive, ring or tree)")
+                raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (an all-reduce algorithm)")
             if self.parallel.sync_batchnorm:
-                raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (naive, ring or tree)")
+                raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (an all-reduce algorithm)")
         if not self.numerics and self.data.sampling != "uniform":
             raise ValueError(f"data.sampling: {self.data.sampling} needs numerics (its priorities are the "
                              "samples' losses); use uniform with numerics false")

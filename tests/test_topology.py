@@ -105,8 +105,8 @@ def test_hierarchical_sizes(nodes, per_node):
     for k in range(nodes):
         assert graph.degree(f"node{k}-switch") == per_node
     assert all(graph.degree(gpu) == 2 for gpu in topo.devices)
-    assert graph.edges["gpu0", "node0-switch"] == {"bandwidth": 300e9, "latency": 0.25e-6}
-    assert graph.edges["gpu0", "spine"] == {"bandwidth": 25e9, "latency": 1.35e-6}
+    assert graph.edges["gpu0", "node0-switch"] == {"bandwidth": 300e9, "latency": 0.25e-6, "efficiency": 1.0}
+    assert graph.edges["gpu0", "spine"] == {"bandwidth": 25e9, "latency": 1.35e-6, "efficiency": 1.0}
 
 
 def test_hierarchical_routes_nvswitch_inside_and_spine_across():
@@ -185,10 +185,13 @@ def test_dgx_file_is_a_two_node_hierarchical_cluster():
     assert topo.devices == [f"n{k}g{j}" for k in range(2) for j in range(8)]
     rename = {f"n{k}g{j}": f"gpu{8 * k + j}" for k in range(2) for j in range(8)}
     rename.update({"n0-nvswitch": "node0-switch", "n1-nvswitch": "node1-switch", "ib-spine": "spine"})
-    built = build_topology("hierarchical", 16, NVLINK, inter_link=IB, gpus_per_node=8)
+    nvlink, hdr = LinkClass(300e9, 0.25e-6, efficiency=0.8), LinkClass(25e9, 1.35e-6, efficiency=0.96)
+    built = build_topology("hierarchical", 16, nvlink, inter_link=hdr, gpus_per_node=8)
     assert nx.utils.edges_equal(nx.relabel_nodes(topo.graph, rename).edges(data=True), built.graph.edges(data=True))
-    assert topo.link("n0g0", "n0-nvswitch") == {"bandwidth": 300e9, "latency": pytest.approx(0.25e-6)}
-    assert topo.link("n1g7", "ib-spine") == {"bandwidth": 25e9, "latency": pytest.approx(1.35e-6)}  # 200 Gb/s HDR
+    assert topo.link("n0g0", "n0-nvswitch") == {"bandwidth": 300e9, "latency": pytest.approx(0.25e-6),
+                                                "efficiency": 0.8}
+    assert topo.link("n1g7", "ib-spine") == {"bandwidth": 25e9, "latency": pytest.approx(1.35e-6),
+                                             "efficiency": 0.96}  # 200 Gb/s HDR
     assert topo.path("n0g0", "n0g7") == ("n0g0", "n0-nvswitch", "n0g7")
     assert topo.path("n0g3", "n1g3") == ("n0g3", "ib-spine", "n1g3")
 
@@ -237,12 +240,12 @@ links:
 
 def test_good_file_with_classes_and_overrides(tmp_path):
     path = tmp_path / "small.yaml"
-    path.write_text(GOOD + "  - {between: [g0, g1], class: fast, latency: 3 us}\n")
+    path.write_text(GOOD + "  - {between: [g0, g1], class: fast, latency: 3 us, efficiency: 0.5}\n")
     topo = load_topology_file(path)
     assert topo.name == "small" and topo.devices == ["g0", "g1"]
-    assert topo.link("g0", "sw") == {"bandwidth": 1e11, "latency": 1e-6}
-    assert topo.link("g1", "sw") == {"bandwidth": 5e10, "latency": 2e-6}
-    assert topo.link("g0", "g1") == {"bandwidth": 1e11, "latency": 3e-6}
+    assert topo.link("g0", "sw") == {"bandwidth": 1e11, "latency": 1e-6, "efficiency": 1.0}
+    assert topo.link("g1", "sw") == {"bandwidth": 5e10, "latency": 2e-6, "efficiency": 1.0}
+    assert topo.link("g0", "g1") == {"bandwidth": 1e11, "latency": 3e-6, "efficiency": 0.5}
 
 
 @pytest.mark.parametrize(

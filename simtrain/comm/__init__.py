@@ -1,6 +1,4 @@
 """Collectives as per-rank programs over Send/Recv, and interpreters that run them."""
-from .naive import naive_all_reduce
-from .ring import ring_all_reduce
-from .tree import tree_all_reduce
+from .all_reduce import ALGORITHMS, ALL_REDUCE, build_all_reduce, channel_count
 
-ALL_REDUCE = {"naive": naive_all_reduce, "ring": ring_all_reduce, "tree": tree_all_reduce}
+__all__ = ["ALGORITHMS", "ALL_REDUCE", "build_all_reduce", "channel_count"]

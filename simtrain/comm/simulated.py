@@ -8,9 +8,12 @@ Each yield of a program posts its operations. A Send and its matching Recv
 start a flow on the network once both are posted (rendezvous); when the flow
 ends the data is delivered (copied, or summed for a reducing Recv) and, once
 all operations of the yield are done, the program resumes at that simulated
-instant. Programs are stepped from the network's completion callbacks, so a
-collective costs no simpy event per rank per step: this is what lets a ring
-all-reduce over thousands of devices run in seconds.
+instant. A `Concurrently` yield starts each sub-program as a child of the
+rank's program; children advance on their own and the parent resumes when the
+last one ends. Operations match per (src, dst, tag). Programs are stepped from
+the network's completion callbacks, so a collective costs no simpy event per
+rank per step: this is what lets a ring all-reduce over thousands of devices
+run in seconds.
 
 On meta tensors (numerics off) nothing is copied or summed; the timing is the
 same. Time a rank spends with a transfer of its own in flight is logged as
@@ -23,20 +26,25 @@ import simpy
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
 from ..hw.network import Network
-from .ops import Send
+from .ops import Concurrently, Send
 
 
 class _RankProgram:
-    """One rank's program in flight and the bookkeeping of its current yield."""
+    """One rank's program (or a sub-program of it) in flight and the bookkeeping of its current yield.
 
-    __slots__ = ("rank", "program", "done", "label", "results", "single", "outstanding", "in_flight",
-                 "span_start", "span_end", "span_bytes")
+    The rank's communication span is kept on `owner`, the rank's top-level program."""
 
-    def __init__(self, rank, program, done, label):
+    __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
+                 "outstanding", "in_flight", "span_start", "span_end", "span_bytes")
+
+    def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
         self.program = program
         self.done = done
         self.label = label
+        self.parent = parent  # the program that yielded Concurrently, for a sub-program
+        self.index = index  # its place among the parent's sub-programs
+        self.owner = self if parent is None else parent.owner
         self.results = None
         self.single = False
         self.outstanding = 0  # operations of the current yield not done yet
@@ -46,8 +54,8 @@ class _RankProgram:
         self.span_bytes = 0
 
 
-class _Channel:
-    """Posted, not yet matched operations from one rank to another, in posting order."""
+class _Mailbox:
+    """Posted, not yet matched operations from one rank to another with one tag, in posting order."""
 
     __slots__ = ("sends", "recvs")
 
@@ -68,7 +76,7 @@ class SimCommunicator:
         self.log = log
         self.ledgers = ledgers
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
-        self._channels: dict[int, _Channel] = {}  # key src * world + dst
+        self._mailboxes: dict[int, _Mailbox] = {}  # key (tag * world + src) * world + dst
         self._running: dict[int, _RankProgram] = {}
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
@@ -84,52 +92,74 @@ class SimCommunicator:
         """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""
         return sorted(self._running)
 
-    def _channel(self, src: int, dst: int) -> _Channel:
-        key = src * self.world + dst
-        channel = self._channels.get(key)
-        if channel is None:
-            channel = self._channels[key] = _Channel()
-        return channel
-
     def _advance(self, state: _RankProgram, value) -> None:
         try:
             ops = state.program.send(value)
         except StopIteration as stop:
-            self._close_span(state)
-            del self._running[state.rank]
-            state.done.succeed(stop.value)
+            parent = state.parent
+            if parent is None:
+                self._close_span(state)
+                del self._running[state.rank]
+                state.done.succeed(stop.value)
+            else:
+                parent.results[state.index] = stop.value
+                parent.outstanding -= 1
+                if parent.outstanding == 0:
+                    self._advance(parent, parent.results)
+            return
+        if type(ops) is Concurrently:
+            self._fork(state, ops.programs)
             return
         state.single = type(ops) is not list
         if state.single:
             ops = (ops,)
         state.results = [None] * len(ops)
         state.outstanding = len(ops)
-        rank = state.rank
+        rank, world, mailboxes = state.rank, self.world, self._mailboxes
         for index, op in enumerate(ops):
+            # The mailbox of (src, dst, tag), looked up inline: this loop runs once per operation.
             if type(op) is Send:
-                channel = self._channel(rank, op.dst)
-                if channel.recvs:
-                    self._start(state, op, *channel.recvs.popleft())
+                key = (op.tag * world + rank) * world + op.dst
+                mailbox = mailboxes.get(key)
+                if mailbox is None:
+                    mailbox = mailboxes[key] = _Mailbox()
+                if mailbox.recvs:
+                    self._start(state, op, *mailbox.recvs.popleft())
                 else:
-                    channel.sends.append((state, op))
+                    mailbox.sends.append((state, op))
             else:
-                channel = self._channel(op.src, rank)
-                if channel.sends:
-                    self._start(*channel.sends.popleft(), state, index, op)
+                key = (op.tag * world + op.src) * world + rank
+                mailbox = mailboxes.get(key)
+                if mailbox is None:
+                    mailbox = mailboxes[key] = _Mailbox()
+                if mailbox.sends:
+                    self._start(*mailbox.sends.popleft(), state, index, op)
                 else:
-                    channel.recvs.append((state, index, op))
+                    mailbox.recvs.append((state, index, op))
         if not ops:
             self._advance(state, [])
+
+    def _fork(self, state: _RankProgram, programs) -> None:
+        """Start `programs` as children of `state`; it resumes with their values when all have ended."""
+        programs = list(programs)
+        state.single = False
+        state.results = [None] * len(programs)
+        state.outstanding = len(programs)
+        if not programs:
+            self._advance(state, [])
+        for index, program in enumerate(programs):
+            self._advance(_RankProgram(state.rank, program, None, state.label, state, index), None)
 
     def _start(self, sender: _RankProgram, send: Send, receiver: _RankProgram, recv_index: int, recv) -> None:
         payload, out = send.tensor, recv.out
         nbytes = payload.nbytes
         if nbytes != out.nbytes:
             raise RuntimeError(f"rank {sender.rank} sends {nbytes} bytes but rank {receiver.rank} receives {out.nbytes}")
-        now = self.env.now
-        self._transfer_begins(sender, now)
-        self._transfer_begins(receiver, now)
-        sender.span_bytes += nbytes
+        now = self.env._now  # env.now without the property call, on the hot path
+        owner = sender.owner
+        self._transfer_begins(owner, now)
+        self._transfer_begins(receiver.owner, now)
+        owner.span_bytes += nbytes
         staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
@@ -143,7 +173,7 @@ class SimCommunicator:
             if staging is not None:
                 staging.free("comm_buffers", nbytes)
             receiver.results[recv_index] = out
-            now = self.env.now
+            now = self.env._now
             self._transfer_ends(sender, now)
             self._transfer_ends(receiver, now)
 
@@ -159,9 +189,10 @@ class SimCommunicator:
         state.in_flight += 1
 
     def _transfer_ends(self, state: _RankProgram, now: float) -> None:
-        state.in_flight -= 1
-        if state.in_flight == 0:
-            state.span_end = now
+        owner = state.owner
+        owner.in_flight -= 1
+        if owner.in_flight == 0:
+            owner.span_end = now
         state.outstanding -= 1
         if state.outstanding == 0:
             self._advance(state, state.results[0] if state.single else state.results)

@@ -2,7 +2,8 @@
 
 The model is the flow model SimGrid validated against packet-level simulation.
 Every undirected edge of a `Topology` is two directed links (full duplex), each
-with the edge's `bandwidth` (bytes/s); `latency` (s) is paid once per hop. A
+with the edge's `bandwidth` (bytes/s) times its `efficiency` (default 1); `latency`
+(s) is paid once per hop. A
 transfer src -> dst follows `topology.path(src, dst)`: it first waits the sum of
 the hop latencies, then becomes an *active flow* whose bytes move at the rate
 that max-min fair sharing (progressive filling) gives it over the directed
@@ -99,8 +100,9 @@ class Network:
         self.records: list[TransferRecord] = []
         self._links: dict[tuple[str, str], _Link] = {}
         for u, v, attrs in topology.graph.edges(data=True):
-            self._links[u, v] = _Link(u, v, attrs["bandwidth"])
-            self._links[v, u] = _Link(v, u, attrs["bandwidth"])
+            rate = attrs["bandwidth"] * attrs.get("efficiency", 1.0)
+            self._links[u, v] = _Link(u, v, rate)
+            self._links[v, u] = _Link(v, u, rate)
         # src -> dst -> (path, directed links, min bandwidth, total latency)
         self._routes: dict[str, dict[str, tuple]] = {}
         self._activating: dict[float, list[Flow]] = {}  # activation time -> flows

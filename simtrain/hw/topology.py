@@ -1,7 +1,8 @@
 """Topology: which nodes (GPUs, switches) exist and which links join them.
 
 A topology is an undirected networkx graph whose edges carry `bandwidth`
-(bytes/s, per direction: links are full duplex) and `latency` (seconds per hop),
+(bytes/s, per direction: links are full duplex), `latency` (seconds per hop)
+and optionally `efficiency` (the achievable fraction of `bandwidth`, default 1),
 plus the list of GPU nodes in rank order. Routing is static: a transfer takes the
 path of least total latency, then fewest hops; ties are broken by the order in
 which nodes were added to the graph, so the same topology always routes the same
@@ -48,6 +49,8 @@ class Topology:
                 raise TopologyError(f"topology {self.name}: link {a}-{b} bandwidth must be positive")
             if attrs["latency"] < 0:
                 raise TopologyError(f"topology {self.name}: link {a}-{b} latency must not be negative")
+            if not 0 < attrs.get("efficiency", 1.0) <= 1:
+                raise TopologyError(f"topology {self.name}: link {a}-{b} efficiency must be in (0, 1]")
         if not nx.is_connected(self.graph):
             parts = sorted(sorted(c)[0] for c in nx.connected_components(self.graph))
             raise TopologyError(

@@ -22,13 +22,16 @@ A topology file describes any other network:
     gpus: [n0g0, n0g1, ...]        # required, rank order
     switches: [n0-nvswitch, ...]   # optional, nodes that are not GPUs
     link_classes:                  # optional, named link kinds for `class:`
-      nvlink3: {bandwidth: "300 GB/s", latency: "0.25 us"}
+      nvlink3: {bandwidth: "300 GB/s", latency: "0.25 us", efficiency: 0.8}
     links:                         # undirected, full duplex
       - {between: [n0g0, n0-nvswitch], class: nvlink3}
       - {between: [n0g0, spine], bandwidth: "200 Gb/s", latency: "1.35 us"}
 
 `bandwidth` is per direction; a link gives either a `class` or both `bandwidth`
-and `latency` (given with a `class`, they override it). Quantities are strings
+and `latency` (given with a `class`, they override it). `efficiency` (optional,
+default 1.0, in (0, 1]) is the fraction of the line rate that transfers reach
+on that link, as the device `efficiency` is the fraction of peak FLOP/s; the
+network moves bytes at bandwidth x efficiency. Quantities are strings
 with units (units.py) or plain SI numbers. Every mistake raises TopologyError
 naming the file and the field: unknown keys, unknown or repeated nodes, a link
 listed twice, a missing or negative bandwidth, a disconnected graph.
@@ -51,27 +54,28 @@ from .topology import Topology
 BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical")
 
 _FILE_KEYS = ("name", "gpus", "switches", "link_classes", "links")
-_LINK_KEYS = ("between", "class", "bandwidth", "latency")
+_LINK_KEYS = ("between", "class", "bandwidth", "latency", "efficiency")
 
 
 @dataclass(frozen=True)
 class LinkClass:
-    """One kind of link: bytes/s per direction and seconds per hop."""
+    """One kind of link: bytes/s per direction (line rate), seconds per hop, achievable fraction of the rate."""
 
     bandwidth: float
     latency: float
+    efficiency: float = 1.0
 
 
 def parse_link(value, field: str, default: LinkClass | None = None) -> LinkClass:
-    """A LinkClass from {bandwidth: "300 GB/s", latency: "1 us"}; ScenarioError naming `field`.
+    """A LinkClass from {bandwidth: "300 GB/s", latency: "1 us", efficiency: 0.8}; ScenarioError naming `field`.
 
-    With `default`, either key may be left out and is taken from it.
+    With `default`, any key may be left out and is taken from it; efficiency defaults to 1.0.
     """
     if not isinstance(value, Mapping):
         raise ScenarioError(f"{field}: expected a mapping with bandwidth and latency, got {value!r}")
     for key in value:
-        if key not in ("bandwidth", "latency"):
-            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: bandwidth, latency")
+        if key not in ("bandwidth", "latency", "efficiency"):
+            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: bandwidth, latency, efficiency")
     parsed = {}
     for key, kind in (("bandwidth", "bandwidth"), ("latency", "time")):
         if key in value:
@@ -82,6 +86,12 @@ def parse_link(value, field: str, default: LinkClass | None = None) -> LinkClass
             raise ScenarioError(f"{field}: missing {key}")
     if parsed["bandwidth"] == 0:
         raise ScenarioError(f"{field}.bandwidth: must be positive, got {value['bandwidth']!r}")
+    parsed["efficiency"] = default.efficiency if default is not None else 1.0
+    if "efficiency" in value:
+        efficiency = value["efficiency"]
+        if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
+            raise ScenarioError(f"{field}.efficiency: expected a number in (0, 1], got {efficiency!r}")
+        parsed["efficiency"] = float(efficiency)
     return LinkClass(**parsed)
 
 
@@ -147,7 +157,7 @@ def _gpus(devices: int) -> list[str]:
 def _graph(nodes: list[str], edges, link: LinkClass) -> nx.Graph:
     graph = nx.Graph()
     graph.add_nodes_from(nodes)
-    graph.add_edges_from(edges, bandwidth=link.bandwidth, latency=link.latency)
+    graph.add_edges_from(edges, bandwidth=link.bandwidth, latency=link.latency, efficiency=link.efficiency)
     return graph
 
 
@@ -228,9 +238,10 @@ def _hierarchical(devices: int, link: LinkClass, inter_link, gpus_per_node) -> T
     # Intra-node edges first: at equal latency, routing prefers the earlier-added neighbour.
     graph.add_edges_from(
         ((gpu, switches[rank // gpus_per_node]) for rank, gpu in enumerate(gpus)),
-        bandwidth=link.bandwidth, latency=link.latency,
+        bandwidth=link.bandwidth, latency=link.latency, efficiency=link.efficiency,
     )
-    graph.add_edges_from(((gpu, "spine") for gpu in gpus), bandwidth=inter_link.bandwidth, latency=inter_link.latency)
+    graph.add_edges_from(((gpu, "spine") for gpu in gpus), bandwidth=inter_link.bandwidth,
+                         latency=inter_link.latency, efficiency=inter_link.efficiency)
     return Topology(graph, gpus, name=f"hierarchical-{nodes}x{gpus_per_node}")
 
 
@@ -281,7 +292,7 @@ def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str]]:
         if pair in first_listed:
             raise ScenarioError(f"links[{index}]: link {a}-{b} listed twice (also links[{first_listed[pair]}])")
         first_listed[pair] = index
-        graph.add_edge(a, b, bandwidth=link.bandwidth, latency=link.latency)
+        graph.add_edge(a, b, bandwidth=link.bandwidth, latency=link.latency, efficiency=link.efficiency)
     return name, graph, gpus
 
 
@@ -325,5 +336,5 @@ def _file_link(entry, field: str, graph: nx.Graph, classes: dict[str, LinkClass]
             known = ", ".join(classes) or "none defined"
             raise ScenarioError(f"{field}.class: unknown link class {entry['class']!r}; known: {known}")
         default = classes[entry["class"]]
-    own = {key: entry[key] for key in ("bandwidth", "latency") if key in entry}
+    own = {key: entry[key] for key in ("bandwidth", "latency", "efficiency") if key in entry}
     return a, b, parse_link(own, f"{field} ({a}-{b})", default)

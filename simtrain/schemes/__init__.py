@@ -7,7 +7,7 @@ clock and the memory plan replays on meta tensors. A new scheme is one file
 and one line in SCHEMES.
 
 - sync.py: data parallelism with a gradient all-reduce every step (one entry
-  per collective algorithm in simtrain.comm.ALL_REDUCE);
+  per all-reduce algorithm in simtrain.comm.ALGORITHMS);
 - asynchronous.py: workers that pull and push through a shared-memory store.
 
     scheme = build_scheme(job, on_step=None)
@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 
 from torch import nn
 
-from ..comm import ALL_REDUCE
+from ..comm import ALGORITHMS
 from .asynchronous import AsynchronousSGD
 from .sync import SyncDataParallel
 
@@ -55,7 +55,7 @@ class Scheme(Protocol):
 
 
 SCHEMES: dict[str, Callable] = {
-    **dict.fromkeys(ALL_REDUCE, SyncDataParallel),
+    **dict.fromkeys(ALGORITHMS, SyncDataParallel),
     "async": AsynchronousSGD,
 }
 

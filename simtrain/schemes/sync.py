@@ -1,4 +1,4 @@
-"""Synchronous data parallelism: compute, all-reduce (naive | ring | tree), step.
+"""Synchronous data parallelism: compute, all-reduce (comm.ALGORITHMS, over channels), step.
 
 Every step, each device runs forward and backward on its own batch (real
 torch, charged as FLOPs on its compute stream), the group all-reduces the
@@ -24,7 +24,7 @@ run and the measured activation peak during forward and backward, where a
 checkpointed segment's recomputation is part of the backward FLOPs. A ledger
 past its capacity raises OutOfMemory at that step.
 """
-from ..comm import ALL_REDUCE
+from ..comm import build_all_reduce
 from ..errors import ScenarioError
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.precision import persistent_bytes, update_bytes
@@ -42,8 +42,9 @@ class SyncDataParallel:
         self.replicas = job.replicas
         self.world = job.world
         self.devices = job.devices
-        train = job.scenario.train
-        self.all_reduce = ALL_REDUCE[job.scenario.parallel.scheme]
+        train, parallel = job.scenario.train, job.scenario.parallel
+        self.all_reduce = build_all_reduce(parallel.scheme, job.cluster.topology, [d.node for d in self.devices],
+                                           parallel.channels, "parallel.scheme", "parallel.channels")
         self.steps = train.steps
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
         params = self.replicas[0].params

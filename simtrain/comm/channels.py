@@ -1,0 +1,89 @@
+"""Channels: how a group's ranks sit on hosts and rails, and the rank order each channel runs in.
+
+NCCL splits a collective's buffer into channels and runs one ring (or pair of
+trees) per channel, each crossing between hosts through a different NIC, so
+that every rail of a rail-optimized cluster carries traffic. This module keeps
+that as plain data and pure functions, tested on their own:
+
+- `Layout(hosts, rails)`: the group ranks on each host (in rank order) and, per
+  host, the ranks that own a NIC (their rails, in rank order);
+- `channel_order(layout, channel)`: the ring of one channel, host after host,
+  each host's ranks rotated so that the ring enters the host at the GPU of rail
+  `channel` (mod the rails) and leaves it from the GPU before it; with one rail
+  per GPU and as many channels as rails, every NIC carries one channel in each
+  direction (NCCL builds its rings the same way from the detected topology);
+- `default_channels(layout, algorithm)`: one channel per rail when the group
+  spans hosts (NCCL forms its rings so that an all-reduce uses every NIC,
+  NVIDIA/nccl-tests #277), one on a single host or a single-path topology,
+  where more channels over the same links buy no bandwidth in a flow model;
+  `hierarchical` takes one, as its inter-host phase already runs one ring per rail.
+
+`layout_of(topology, nodes)` reads the layout from the topology graph, with no
+hints in the file: hosts are what stays connected when the topology's slowest
+link class (its inter-host NIC links) is taken out, and a GPU with such a link
+of its own owns a rail. A topology whose links are all alike is one host.
+
+    layout = layout_of(topology, topology.devices)
+    rings = [channel_order(layout, c) for c in range(default_channels(layout, "ring"))]
+"""
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ..hw.topology import Topology
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Group ranks per host, hosts ordered by their lowest rank; per host the ranks with a NIC."""
+
+    hosts: tuple[tuple[int, ...], ...]
+    rails: tuple[tuple[int, ...], ...]
+
+
+def channel_order(layout: Layout, channel: int) -> list[int]:
+    """The ring of `channel`: hosts in order, each rotated to start at its rail `channel` GPU."""
+    order = []
+    for ranks, rails in zip(layout.hosts, layout.rails):
+        first = rails[channel % len(rails)] if rails else ranks[channel % len(ranks)]
+        start = ranks.index(first)
+        order.extend(ranks[start:] + ranks[:start])
+    return order
+
+
+def default_channels(layout: Layout, algorithm: str) -> int:
+    """What NCCL would open here: one channel per NIC rail across hosts, else one."""
+    if len(layout.hosts) < 2 or algorithm == "hierarchical":
+        return 1
+    return max(1, min(len(rails) for rails in layout.rails))
+
+
+def layout_of(topology: Topology, nodes: list[str]) -> Layout:
+    """The Layout of the group whose rank r runs on network node nodes[r]."""
+    graph = topology.graph.subgraph(n for n in topology.graph if n not in topology.private)
+    rates = {_rate(attrs) for _, _, attrs in graph.edges(data=True)}
+    slowest = min(rates) if rates else None
+    host_of = dict.fromkeys(graph, 0)
+    if len(rates) > 1:
+        fast = nx.Graph()
+        fast.add_nodes_from(graph)
+        fast.add_edges_from((a, b) for a, b, attrs in graph.edges(data=True) if _rate(attrs) != slowest)
+        for index, component in enumerate(nx.connected_components(fast)):
+            for node in component:
+                host_of[node] = index
+    hosts: dict[int, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        hosts.setdefault(host_of[node], []).append(rank)
+    if len(hosts) == 1:
+        return Layout(hosts=(tuple(range(len(nodes))),), rails=((),))
+    groups = sorted(hosts.values())
+    rails = tuple(
+        tuple(rank for rank in ranks
+              if any(_rate(attrs) == slowest for _, _, attrs in graph.edges(nodes[rank], data=True)))
+        for ranks in groups)
+    return Layout(hosts=tuple(tuple(ranks) for ranks in groups), rails=rails)
+
+
+def _rate(attrs: dict) -> float:
+    """A link's achievable bytes/s: line rate times its efficiency."""
+    return attrs["bandwidth"] * attrs.get("efficiency", 1.0)
