@@ -109,7 +109,7 @@ def _write_atomic(path: Path, write) -> Path:
 
 
 def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Report:
-    sim_time = cluster.env.now
+    sim_time = cluster.log.last_end_s
     steps = result.steps
     step_time = sim_time / steps if steps else None  # None: stopped (out of memory) before a step ended
     log = cluster.log
@@ -199,8 +199,8 @@ def build_trace(cluster: Cluster) -> dict:
                     args["flops"] = span.flops
                 events.append(_span(index, rank, span.name, span.kind, span.start, span.end, args))
                 cursor = max(cursor, span.end)
-            if cluster.env.now > cursor:
-                events.append(_span(index, rank, "idle", "idle", cursor, cluster.env.now, {}))
+            if cluster.log.last_end_s > cursor:
+                events.append(_span(index, rank, "idle", "idle", cursor, cluster.log.last_end_s, {}))
     for tid, (link, intervals) in enumerate(_link_busy_intervals(cluster).items()):
         events.append(_meta(links_pid, tid, "thread_name", f"{link[0]} -> {link[1]}"))
         for start, end, nbytes, flows in intervals:

@@ -36,6 +36,9 @@ class EventLog:
         self.spans: list[Span] = []
         self.totals: dict[tuple[int, str], float] = {}
         self.job_of: dict[int, int] = {}  # global rank -> index of the job holding it
+        # When the last span ended: the end of the run. The clock itself may run on past it to
+        # a network timeout that a rate change made stale (it fires and does nothing).
+        self.last_end_s = 0.0
 
     def assign(self, ranks: list[int], job: int) -> None:
         """Devices `ranks` now belong to job `job`: their spans carry its index."""
@@ -46,6 +49,8 @@ class EventLog:
              nbytes: float = 0, flops: float = 0) -> None:
         key = (rank, kind)
         self.totals[key] = self.totals.get(key, 0.0) + (end - start)
+        if end > self.last_end_s:
+            self.last_end_s = end
         if self.record:
             self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
 
