@@ -97,7 +97,8 @@ def scenario_host_bytes(scenario: Scenario) -> dict[str, int]:
     """A lower bound of the host memory a run of the scenario takes, by part."""
     replicas = _device_count(scenario)
     info, samples = builtin_shape(scenario.data.name, scenario.data.loader_options()) or (None, 0)
-    parameters, activations_per_sample = _model_size(scenario, info)
+    # Numerics off: parameters and activations are meta tensors, shapes without storage.
+    parameters, activations_per_sample = _model_size(scenario, info) if scenario.numerics else (0, 0)
     train = scenario.train
     bytes_per_parameter = 4 * (2 + _STATE_COPIES[train.optimizer.name]) + (2 if train.precision != "fp32" else 0)
     data_bytes = samples * (4 * info.num_features + 8 + 8) if info is not None else 0  # x, label, shard index

@@ -472,3 +472,12 @@ def test_the_estimate_counts_replicas_parameters_and_data():
     assert needs[f"8 replicas x {parameters:,} parameters"] == 8 * parameters * 4 * 4  # model, grads, 2 moments
     assert needs["data"] == 1000 * (10 * 4 + 16)
     assert needs["activations"] == 2 * 4 * 32 * (100 + 100 + 2 + 10)  # flatten, linear, relu, linear
+
+
+def test_numerics_off_counts_no_parameters_or_activations():
+    raw = {"cluster": {"devices": 8}, "model": {"hidden": [100]}, "numerics": False}
+    needs = host_memory.scenario_host_bytes(validate_scenario(raw))
+    assert needs["8 replicas x 0 parameters"] == 0 and needs["activations"] == 0
+    with_numerics = host_memory.scenario_host_bytes(validate_scenario({**raw, "numerics": True}))
+    assert with_numerics["8 replicas x 7,510 parameters"] > 0 and with_numerics["activations"] > 0
+    assert needs["data"] == with_numerics["data"] > 0
