@@ -1,4 +1,6 @@
-"""The simulated collectives are real algorithms: the same programs over real gloo give the same numbers."""
+"""The simulated collectives are real algorithms: the same programs over real gloo equal the simulation
+and dist.all_reduce, for every algorithm and with several channels, with 2 and 4 processes (2 hosts of
+1 and of 2 GPUs)."""
 import os
 import tempfile
 
@@ -8,59 +10,71 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from simtrain.comm import ALL_REDUCE
+from simtrain.comm import ALGORITHMS, build_all_reduce
 from simtrain.comm.gloo import run_program
 from simtrain.comm.simulated import SimCommunicator
 from simtrain.hw.network import Network
 from simtrain.hw.topology_builders import LinkClass, build_topology
 
-WORLD, NUMEL = 4, 1001  # chunks that do not divide evenly
+NUMEL = 1001  # chunks that do not divide evenly
+# (algorithm, channels): channels None is the default, one per rail across the two hosts
+CASES = [*((algorithm, None) for algorithm in ALGORITHMS), ("ring", 3), ("hierarchical", 2), ("dbtree", 3)]
+
+
+def topology(world):
+    return build_topology("hierarchical", world, LinkClass(100e9, 1e-6), inter_link=LinkClass(10e9, 2e-6),
+                          gpus_per_node=world // 2)
 
 
 def seeded_input(rank):
-    return torch.randn(NUMEL, generator=torch.Generator().manual_seed(1234 + rank))
+    return torch.randn(NUMEL, generator=torch.Generator().manual_seed(4321 + rank))
 
 
-def _worker(rank, workdir):
+def _worker(rank, world, workdir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
-                            rank=rank, world_size=WORLD)
+                            rank=rank, world_size=world)
     try:
+        topo = topology(world)
         results = {}
-        for name, program in sorted(ALL_REDUCE.items()):
+        for algorithm, channels in CASES:
             buf = seeded_input(rank)
-            results[name] = run_program(program(rank, WORLD, buf, average=True)).clone()
+            all_reduce = build_all_reduce(algorithm, topo, topo.devices, channels)
+            results[algorithm, channels] = run_program(all_reduce(rank, world, buf, average=True)).clone()
         reference = seeded_input(rank)
         dist.all_reduce(reference)
-        results["torch.distributed"] = reference / WORLD
+        results["torch.distributed"] = reference / world
         torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))
         dist.barrier()  # no rank tears gloo down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def gloo_results():
+@pytest.fixture(scope="module", params=[2, 4])
+def gloo_results(request):
+    world = request.param
     with tempfile.TemporaryDirectory(prefix="gloo_coll_") as workdir:
-        mp.start_processes(_worker, args=(workdir,), nprocs=WORLD, join=True, start_method="spawn")
-        return [torch.load(os.path.join(workdir, f"rank{r}.pt")) for r in range(WORLD)]
+        mp.start_processes(_worker, args=(world, workdir), nprocs=world, join=True, start_method="spawn")
+        return world, [torch.load(os.path.join(workdir, f"rank{r}.pt")) for r in range(world)]
 
 
-def simulated(name):
+def simulated(world, algorithm, channels):
+    topo = topology(world)
     env = simpy.Environment()
-    topology = build_topology("ring", WORLD, LinkClass(bandwidth=10e9, latency=1e-6))
-    comm = SimCommunicator(Network(env, topology), topology.devices)
-    buffers = [seeded_input(r) for r in range(WORLD)]
-    for rank in range(WORLD):
-        comm.run(rank, ALL_REDUCE[name](rank, WORLD, buffers[rank], average=True))
+    comm = SimCommunicator(Network(env, topo), topo.devices)
+    all_reduce = build_all_reduce(algorithm, topo, topo.devices, channels)
+    buffers = [seeded_input(r) for r in range(world)]
+    for rank in range(world):
+        comm.run(rank, all_reduce(rank, world, buffers[rank], average=True))
     env.run()
     return buffers
 
 
-@pytest.mark.parametrize("name", sorted(ALL_REDUCE))
-def test_program_over_gloo_equals_simulation_and_torch_all_reduce(gloo_results, name):
-    sim = simulated(name)
-    for rank in range(WORLD):
-        torch.testing.assert_close(gloo_results[rank][name], sim[rank], rtol=0, atol=1e-6)
-        torch.testing.assert_close(gloo_results[rank][name], gloo_results[rank]["torch.distributed"],
+@pytest.mark.parametrize("algorithm,channels", CASES)
+def test_program_over_gloo_equals_simulation_and_torch_all_reduce(gloo_results, algorithm, channels):
+    world, results = gloo_results
+    sim = simulated(world, algorithm, channels)
+    for rank in range(world):
+        torch.testing.assert_close(results[rank][algorithm, channels], sim[rank], rtol=0, atol=1e-6)
+        torch.testing.assert_close(results[rank][algorithm, channels], results[rank]["torch.distributed"],
                                    rtol=0, atol=1e-5)
