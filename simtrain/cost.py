@@ -114,7 +114,7 @@ def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[fl
 
 def _peak_saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     replica, x = _fresh(model, x)
-    tracker = _SavedTensorTracker([*replica.parameters(), *replica.buffers(), x, y])
+    tracker = SavedTensorTracker([*replica.parameters(), *replica.buffers(), x, y])
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
             _loss(replica, x, y).backward()
@@ -130,7 +130,7 @@ class _Saved:
         self.tensor = tensor
 
 
-class _SavedTensorTracker:
+class SavedTensorTracker:
     """Live and peak bytes of the storages autograd holds for backward."""
 
     def __init__(self, excluded: list[torch.Tensor]):

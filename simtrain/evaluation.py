@@ -30,8 +30,8 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 1024) -> tuple[f
             x = x.to(parameter.dtype)
         logits = model(x)
         total_loss += cross_entropy(logits, y, reduction="sum").item()
-        correct += int((logits.argmax(dim=1) == y).sum())
-        count += len(y)
+        correct += int((logits.argmax(dim=-1) == y).sum())
+        count += y.numel()  # a sequence model predicts every position
     model.train(was_training)
     return total_loss / count, correct / count
 

@@ -5,8 +5,11 @@ A job is what runs on a cluster. It joins
 - a **workload**: the scenario's model, data and training recipe (one replica
   per device: its model copy, data shard and optimizer, train/replica.py);
 - a **parallel layout**: how the group's devices cooperate, the scenario's
-  `parallel` section, carried out by a scheme from the registry
-  (simtrain/schemes/__init__.py);
+  `parallel` section: dp x pp x tp degrees (schemes/layout.py), carried out
+  by a scheme from the registry (simtrain/schemes/__init__.py). Under
+  pipeline or tensor parallelism each rank's replica holds its share of the
+  model (train/partition.py), and the ranks of one data-parallel replica
+  read the same batches;
 - a **group** of the cluster's devices, named by their global ranks. Inside the
   job, ranks are 0..world-1 in group order.
 
@@ -34,6 +37,8 @@ from .comm.simulated import SimCommunicator
 from .hw.cluster import Cluster
 from .scenario import Scenario
 from .schemes import build_scheme
+from .schemes.layout import Layout
+from .schemes.model_parallel import rank_shares
 from .schemes.program import run_program
 from .train.checkpointing import apply_checkpointing
 from .train.data import MetaLoader, load_dataset
@@ -56,20 +61,31 @@ class Job:
         self.index = cluster.add_job(self.name, self.ranks)
         self.comm = SimCommunicator(cluster.network, [device.node for device in self.devices], log=cluster.log,
                                     ledgers=[device.memory for device in self.devices], global_ranks=self.ranks)
+        self.layout = Layout.of(scenario.parallel, self.world)
         self.data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
         device = "cpu" if numerics else "meta"
         with torch.device(device):
             model = build_model(scenario.model, self.data.info, scenario.seed)
-        self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
-        self.replicas = [
-            Replica(copy.deepcopy(self.model), self._loader(rank), scenario.train) for rank in range(self.world)
-        ]
+        if scenario.parallel.model_parallel:
+            self.model = model  # the initial model; each rank holds its share of it
+            shares, self.part_entries = rank_shares(model, self.layout, scenario, self._sample_microbatch())
+        else:
+            self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
+            shares = [copy.deepcopy(self.model) for _ in range(self.world)]
+        self.replicas = [Replica(share, self._loader(rank), scenario.train) for rank, share in enumerate(shares)]
         self.scheme = build_scheme(self, on_step)
 
+    def _sample_microbatch(self) -> torch.Tensor:
+        """A meta microbatch of the data's inputs: what pipeline stages are balanced on."""
+        info, parallel = self.data.info, self.scenario.parallel
+        samples = self.scenario.data.batch_size // (parallel.pipeline.microbatches if parallel.pp > 1 else 1)
+        return torch.empty((samples, *info.input_shape), dtype=info.input_dtype, device="meta")
+
     def _loader(self, rank: int):
+        """Rank `rank`'s batches: its data-parallel replica's shard (every rank of a replica sees the same)."""
         if not self.numerics:
             return MetaLoader(self.data.train, self.scenario.data.batch_size)
-        return build_loader(self.scenario, self.data.train, self.world, rank)
+        return build_loader(self.scenario, self.data.train, self.layout.dp, self.layout.coordinates(rank)["dp"])
 
     def start(self) -> None:
         """Start every rank's program on the cluster's clock."""

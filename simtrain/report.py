@@ -23,7 +23,7 @@ from . import __version__
 from .hw.cluster import Cluster
 from .scenario import Scenario
 
-BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling")
+BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling", "bubble")
 
 
 @dataclass
@@ -147,7 +147,8 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "step_time_s": step_time,
         "throughput_samples_per_s": result.samples_per_step * steps / sim_time if steps and sim_time > 0 else None,
         "breakdown_s": per_step,
-        "scaling_efficiency": result.single_device_step_s / step_time if step_time else None,
+        "scaling_efficiency": (result.single_device_step_s / step_time
+                               if step_time and result.single_device_step_s is not None else None),
         "final_loss": result.final_loss,
         "final_accuracy": result.final_accuracy,
         "loss_curve": [[t, loss] for t, loss in result.loss_curve],

@@ -18,9 +18,9 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
                       field_validator, model_validator)
 
 from .errors import ScenarioError, SimtrainError, one_line
-from .limits import (MAX_BATCH_SIZE, MAX_CHANNELS, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_LAYERS,
-                     MAX_LEARNING_RATE, MAX_MH_STEPS, MAX_NAME_BYTES, MAX_SAMPLES, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS,
-                     MAX_WIDTH, MIN_EFFICIENCY)
+from .limits import (MAX_BATCH_SIZE, MAX_CHANNELS, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_HEADS,
+                     MAX_LAYERS, MAX_LEARNING_RATE, MAX_MH_STEPS, MAX_MICROBATCHES, MAX_NAME_BYTES, MAX_SAMPLES,
+                     MAX_SEED, MAX_SEQ_LEN, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH, MIN_EFFICIENCY)
 from .units import parse_quantity
 from .user_files import load_yaml_file, parse_yaml_text, user_path
 
@@ -121,11 +121,33 @@ class SharedMemorySpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    name: str = "mlp"  # mlp | cnn | package.module:function
-    hidden: Annotated[list[Width], Field(max_length=MAX_LAYERS)] = [128, 128]  # mlp
+    name: str = "mlp"  # mlp | cnn | gpt | package.module:function
+    # mlp: the hidden layers' widths; gpt: the model width (one number, default 64)
+    hidden: Union[Width, Annotated[list[Width], Field(max_length=MAX_LAYERS)]] = [128, 128]
+    layers: Count(MAX_LAYERS) = 2  # gpt: transformer blocks
+    heads: Count(MAX_HEADS) = 4  # gpt: attention heads per block (must divide hidden)
     channels: Annotated[list[Width], Field(min_length=1, max_length=MAX_LAYERS)] = [16, 32]  # cnn: conv widths
     batchnorm: Flag = False  # mlp, cnn: BatchNorm after each hidden Linear / Conv2d
-    options: dict[str, Any] = {}  # keyword arguments of a user's model function (not mlp or cnn)
+    options: dict[str, Any] = {}  # keyword arguments of a user's model function (not mlp, cnn or gpt)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpt_width(cls, raw):
+        """A gpt's default width: one number, where the mlp's default is a list of widths."""
+        if isinstance(raw, dict) and raw.get("name") == "gpt" and "hidden" not in raw:
+            raw = {**raw, "hidden": 64}
+        return raw
+
+    @model_validator(mode="after")
+    def _fields_of_this_model(self) -> "ModelSpec":
+        if self.name == "gpt":
+            if not isinstance(self.hidden, int):
+                raise ValueError("model.hidden: a gpt's width is one number")
+            if self.hidden % self.heads:
+                raise ValueError(f"model.heads: {self.heads} heads do not divide model.hidden {self.hidden}")
+        elif isinstance(self.hidden, int):
+            raise ValueError(f"model.hidden: {self.name} takes a list of widths (one number is a gpt's width)")
+        return self
 
 
 class MHSpec(_Strict):
@@ -133,12 +155,14 @@ class MHSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    name: str = "digits"  # digits | synthetic | package.module:function
-    batch_size: Count(MAX_BATCH_SIZE) = 32  # per device
-    samples: Count(MAX_SAMPLES) | None = None  # synthetic
+    name: str = "digits"  # digits | synthetic | tokens | package.module:function
+    batch_size: Count(MAX_BATCH_SIZE) = 32  # per device (per data-parallel replica with pp or tp)
+    samples: Count(MAX_SAMPLES) | None = None  # synthetic, tokens
     features: Count(MAX_FEATURES) | None = None  # synthetic
     classes: Count(MAX_FEATURES) | None = None  # synthetic
-    test_fraction: Real(gt=0, lt=1) | None = None  # synthetic: the share of samples held out as the test set
+    seq_len: Count(MAX_SEQ_LEN) | None = None  # tokens: positions per sample
+    vocab: Count(MAX_FEATURES, minimum=2) | None = None  # tokens: distinct tokens
+    test_fraction: Real(gt=0, lt=1) | None = None  # synthetic, tokens: the share of samples held out as the test set
     options: dict[str, Any] = {}  # keyword arguments of a user's data function (not digits or synthetic)
     # How batches are drawn (simtrain/train/sampling.py): uniform | prioritized | mh.
     sampling: Literal["uniform", "prioritized", "mh"] = "uniform"
@@ -151,11 +175,25 @@ class DataSpec(_Strict):
 
     def loader_options(self) -> dict[str, Any]:
         """The keyword options the data loader of `name` takes."""
-        if self.name == "synthetic":
-            fields = {"samples": self.samples, "features": self.features, "classes": self.classes,
-                      "test_fraction": self.test_fraction}
+        if self.name in _DATA_FIELDS:
+            fields = {key: getattr(self, key) for key in _DATA_FIELDS[self.name]}
             return {key: value for key, value in fields.items() if value is not None}
         return dict(self.options)
+
+    @model_validator(mode="after")
+    def _fields_of_this_data(self) -> "DataSpec":
+        for key in ("samples", "features", "classes", "seq_len", "vocab", "test_fraction"):
+            if getattr(self, key) is not None and key not in _DATA_FIELDS.get(self.name, ()):
+                raise ValueError(f"data.{key}: not an option of {self.name} "
+                                 f"(synthetic: samples, features, classes, test_fraction; "
+                                 f"tokens: samples, seq_len, vocab, test_fraction)")
+        return self
+
+
+_DATA_FIELDS = {
+    "synthetic": ("samples", "features", "classes", "test_fraction"),
+    "tokens": ("samples", "seq_len", "vocab", "test_fraction"),
+}
 
 
 class OptimizerSpec(_Strict):
@@ -227,6 +265,23 @@ class AsyncSpec(_Strict):
     staleness_lr: Literal["none", "inverse"] = "none"  # inverse: lr / (1 + staleness)
 
 
+class PipelineSpec(_Strict):
+    """How a pipeline runs (schemes/pipeline_schedule.py, schemes/model_parallel.py)."""
+
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    microbatches: Count(MAX_MICROBATCHES) = 4  # the device batch is cut into this many (must divide it)
+    virtual_stages: Count(MAX_LAYERS) = 1  # interleaved: model chunks per device
+    # layers (splittable units) per model part, pp x virtual_stages counts; None: balanced by measured FLOPs
+    split: Annotated[list[Count(MAX_LAYERS + 2)], Field(max_length=MAX_DEVICES)] | None = None
+
+    @model_validator(mode="after")
+    def _chunks_need_interleaving(self) -> "PipelineSpec":
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError(f"parallel.pipeline.virtual_stages: {self.virtual_stages} chunks per device need "
+                             "schedule interleaved")
+        return self
+
+
 class ParallelSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
     # naive | ring | tree (FireCaffe) | hierarchical (in-host reduce-scatter, cross-host all-reduce per
@@ -238,6 +293,28 @@ class ParallelSpec(_Strict):
     channels: Count(MAX_CHANNELS) | None = None
     async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
     sync_batchnorm: Flag = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
+    # The layout (schemes/layout.py): dp x pp x tp must equal the job's devices.
+    dp: Count(MAX_DEVICES) | None = None  # data-parallel replicas; None: devices / (pp x tp)
+    pp: Count(MAX_DEVICES) = 1  # pipeline stages
+    tp: Count(MAX_DEVICES) = 1  # tensor-parallel ranks per stage (Megatron-LM's split of Linear pairs and heads)
+    pipeline: PipelineSpec = PipelineSpec()
+    # innermost first: the default puts a stage's tp ranks on adjacent devices, then the stages, then the replicas
+    placement: tuple[Literal["tp", "pp", "dp"], Literal["tp", "pp", "dp"], Literal["tp", "pp", "dp"]] = (
+        "tp", "pp", "dp")
+
+    @model_validator(mode="after")
+    def _a_layout(self) -> "ParallelSpec":
+        if sorted(self.placement) != ["dp", "pp", "tp"]:
+            raise ValueError(f"parallel.placement: must order tp, pp and dp, each once, got {list(self.placement)}")
+        if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.pipeline.microbatches % self.pp:
+            raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
+                             f"{self.pipeline.microbatches}")
+        return self
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether the model itself is split (pipeline or tensor parallelism)."""
+        return self.pp > 1 or self.tp > 1
 
 
 class ReportSpec(_Strict):
@@ -311,18 +388,42 @@ class Scenario(_Strict):
         if self.parallel.sync_batchnorm and precision != "fp32":
             raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
         builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
+        if self.model.batchnorm and self.model.name == "gpt":
+            raise ValueError("model.batchnorm: a gpt normalizes with LayerNorm; batchnorm is for mlp and cnn")
         if builtin_batchnorm and self.data.batch_size == 1:  # torch's BatchNorm raises on one sample
             raise ValueError("data.batch_size: model.batchnorm needs at least 2 samples per device (BatchNorm "
                              "normalizes over the batch; with parallel.sync_batchnorm too, as torch computes)")
-        for section, spec, builtins in (("model", self.model, ("mlp", "cnn")),
-                                        ("data", self.data, ("digits", "synthetic"))):
+        for section, spec, builtins in (("model", self.model, ("mlp", "cnn", "gpt")),
+                                        ("data", self.data, ("digits", "synthetic", "tokens"))):
             if spec.name in builtins and spec.options:
                 raise ValueError(f"{section}.options: the built-in {section} {spec.name} takes none (options are "
                                  "the keyword arguments of a package.module:function)")
+        if self.parallel.model_parallel:
+            self._model_parallel_fits()
         if self.parallel.sync_batchnorm and self.train.checkpointing != "none":
             # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
             raise ValueError("parallel.sync_batchnorm: does not combine with train.checkpointing")
         return self
+
+    def _model_parallel_fits(self) -> None:
+        """What pipeline and tensor parallelism (schemes/model_parallel.py) do not combine with."""
+        field = "parallel.pp" if self.parallel.pp > 1 else "parallel.tp"
+        refused = {
+            "parallel.scheme": (self.parallel.scheme == "async", "async"),
+            "train.optimizer.name": (self.train.optimizer.name == "kfac", "kfac"),
+            "parallel.sync_batchnorm": (self.parallel.sync_batchnorm, "sync_batchnorm"),
+            "train.precision": (self.train.precision == "fp16", "fp16 (its loss scale would need an overflow vote "
+                                                                "across stages; bf16 runs)"),
+            "data.sampling": (self.data.sampling != "uniform", f"{self.data.sampling} sampling"),
+        }
+        for name, (refuse, what) in refused.items():
+            if refuse:
+                raise ValueError(f"{name}: {what} does not combine with {field} > 1")
+        if self.parallel.tp > 1 and self.train.checkpointing != "none":
+            raise ValueError("train.checkpointing: runs with parallel.pp, not with parallel.tp > 1")
+        if self.parallel.pp > 1 and self.data.batch_size % self.parallel.pipeline.microbatches:
+            raise ValueError(f"parallel.pipeline.microbatches: {self.parallel.pipeline.microbatches} does not "
+                             f"divide data.batch_size {self.data.batch_size}")
 
     def to_yaml(self) -> str:
         """The scenario with every default filled in, as YAML (SI units)."""

@@ -78,6 +78,7 @@ class SimCommunicator:
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
         self._mailboxes: dict[int, _Mailbox] = {}  # key (tag * world + src) * world + dst
         self._running: dict[int, _RankProgram] = {}
+        self.bytes_by_label: dict[str, int] = {}  # bytes sent by the group's programs, by their label
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
         """Start `program` for group rank `rank` now; the event fires with its return value."""
@@ -160,6 +161,7 @@ class SimCommunicator:
         self._transfer_begins(owner, now)
         self._transfer_begins(receiver.owner, now)
         owner.span_bytes += nbytes
+        self.bytes_by_label[sender.label] = self.bytes_by_label.get(sender.label, 0) + nbytes
         staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)

@@ -8,7 +8,10 @@ and one line in SCHEMES.
 
 - sync.py: data parallelism with a gradient all-reduce every step (one entry
   per all-reduce algorithm in simtrain.comm.ALGORITHMS);
-- asynchronous.py: workers that pull and push through a shared-memory store.
+- asynchronous.py: workers that pull and push through a shared-memory store;
+- model_parallel.py: pipeline and tensor parallelism, mixed with data
+  parallelism (any `parallel.pp` or `parallel.tp` above 1, whatever the
+  all-reduce algorithm).
 
     scheme = build_scheme(job, on_step=None)
     job.start(); run_to_end(job.cluster.env)
@@ -20,6 +23,7 @@ from torch import nn
 
 from ..comm import ALGORITHMS
 from .asynchronous import AsynchronousSGD
+from .model_parallel import ModelParallel
 from .sync import SyncDataParallel
 
 
@@ -61,5 +65,8 @@ SCHEMES: dict[str, Callable] = {
 
 
 def build_scheme(job, on_step=None) -> Scheme:
-    """The scheme `job.scenario.parallel.scheme` names, for this job."""
-    return SCHEMES[job.scenario.parallel.scheme](job, on_step)
+    """The scheme `job.scenario.parallel` asks for, for this job."""
+    parallel = job.scenario.parallel
+    if parallel.model_parallel:
+        return ModelParallel(job, on_step)
+    return SCHEMES[parallel.scheme](job, on_step)

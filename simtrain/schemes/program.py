@@ -11,14 +11,19 @@ step touches time or memory:
 - `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
   stream (a sampler's host bookkeeping, the store applying an update);
 - `Alloc(category, nbytes)` / `Free(category, nbytes)`: the device's ledger;
-- `Collective(program, label)`: a collective program (simtrain/comm) on the
-  job's communicator; the yield returns the communication seconds credited
-  to this rank for it (time with a transfer of its own in flight);
+- `Collective(program, label, comm=None, rank=None)`: a collective program
+  (simtrain/comm) on the job's communicator, or on a sub-group's `comm` as
+  its rank `rank` (a pipeline's, a tensor-parallel group's); the yield
+  returns the communication seconds credited to this rank for it (time with
+  a transfer of its own in flight);
 - `Transfer(src, dst, nbytes, label)`: bytes between two network nodes that
   are not both ranks of the job (a worker and the shared-memory store); the
   yield returns its seconds, credited as communication;
+- `PostTransfer(src, dst, nbytes, label)`: bytes start to move between two
+  network nodes and the program carries on (a non-blocking send); the yield
+  returns the simpy event of their arrival;
 - `Wait(event)`: a point of synchronization of the scheme itself (a lock, an
-  update landing on the store).
+  update landing on the store, a pipeline message arriving).
 
 `run_program(job, rank, program)` is the simulated interpreter: a simpy
 process body that charges each operation on the cluster's clock, network and
@@ -66,9 +71,18 @@ class Free(NamedTuple):
 class Collective(NamedTuple):
     program: object  # a per-rank collective program (simtrain/comm/ops.py)
     label: str
+    comm: object = None  # the SimCommunicator of a sub-group of the job; None: the job's own
+    rank: int | None = None  # the rank's index in that sub-group
 
 
 class Transfer(NamedTuple):
+    src: str
+    dst: str
+    nbytes: int
+    label: str
+
+
+class PostTransfer(NamedTuple):
     src: str
     dst: str
     nbytes: int
@@ -99,7 +113,10 @@ def run_program(job, rank: int, program):
             memory.free(op.category, op.nbytes)
         elif kind is Collective:
             before = log.total(device.rank, "communication")
-            yield job.comm.run(rank, op.program, label=op.label)
+            if op.comm is None:
+                yield job.comm.run(rank, op.program, label=op.label)
+            else:
+                yield op.comm.run(op.rank, op.program, label=op.label)
             value = log.total(device.rank, "communication") - before
         elif kind is MemoryBound:
             yield device.memory_bound(op.nbytes, op.name, kind=op.kind)
@@ -110,6 +127,8 @@ def run_program(job, rank: int, program):
             yield job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
             value = env.now - started
             log.span(device.rank, "communication", op.label, started, env.now, nbytes=op.nbytes)
+        elif kind is PostTransfer:
+            value = job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
         elif kind is Wait:
             value = yield op.event
         else:

@@ -10,6 +10,10 @@ classification dataset plus a `DatasetInfo` (input size, classes, image shape):
   per sample (a linear model learns it), drawn from a
   `torch.Generator` seeded with `seed`. Options: samples (2048), features (32),
   classes (10), test_fraction (0.2).
+- `tokens`: seeded synthetic token sequences for next-token prediction
+  (train/tokens.py): x is (seq_len,) int64 tokens, y the same sequence one
+  token later. Options: samples (2048), seq_len (32), vocab (64),
+  test_fraction (0.2).
 - `package.module:function`: the function is called with the options as
   keyword arguments and returns a `DataSplits` or a (train, test) pair of
   datasets whose items are (x, y). This runs the user's code, as Hydra's
@@ -41,10 +45,12 @@ from torch.utils.data import Dataset, DistributedSampler, TensorDataset, default
 
 from ..errors import ScenarioError
 from ..loss import cross_entropy
+from .tokens import markov_sequences
 
 DIGITS_TRAIN_SAMPLES = 1437
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SYNTHETIC_DEFAULTS = {"samples": 2048, "features": 32, "classes": 10, "test_fraction": 0.2}
+_TOKENS_DEFAULTS = {"samples": 2048, "seq_len": 32, "vocab": 64, "test_fraction": 0.2}
 _DIGITS_SAMPLES = 1797
 
 
@@ -79,10 +85,12 @@ def load_dataset(name: str, options: dict, seed: int) -> DataSplits:
         return _digits()
     if name == "synthetic":
         return _synthetic(options, seed)
+    if name == "tokens":
+        return _tokens(options, seed)
     if isinstance(name, str) and ":" in name:
         return _from_function(name, options)
     raise ScenarioError(
-        f"data.name: unknown dataset {name!r} (known: digits, synthetic, or package.module:function)"
+        f"data.name: unknown dataset {name!r} (known: digits, synthetic, tokens, or package.module:function)"
     )
 
 
@@ -94,6 +102,9 @@ def builtin_shape(name: str, options: dict) -> tuple[DatasetInfo, int] | None:
         opts = {**_SYNTHETIC_DEFAULTS, **options}
         return DatasetInfo(num_features=opts["features"], num_classes=opts["classes"], image_shape=None,
                            input_shape=(opts["features"],)), opts["samples"]
+    if name == "tokens":
+        opts = {**_TOKENS_DEFAULTS, **options}
+        return _tokens_info(opts["seq_len"], opts["vocab"]), opts["samples"]
     return None
 
 
@@ -188,6 +199,27 @@ def _synthetic(options: dict, seed: int) -> DataSplits:
         test=TensorDataset(x[num_train:], y[num_train:]),
         info=DatasetInfo(num_features=features, num_classes=classes, image_shape=None, input_shape=(features,)),
     )
+
+
+def _tokens(options: dict, seed: int) -> DataSplits:
+    """Next-token prediction on markov_sequences: x the first seq_len tokens, y the next seq_len."""
+    _reject_unknown_options(options, allowed=tuple(_TOKENS_DEFAULTS), field="data")
+    opts = {**_TOKENS_DEFAULTS, **options}
+    samples, seq_len, vocab = opts["samples"], opts["seq_len"], opts["vocab"]
+    num_test = round(samples * opts["test_fraction"])
+    if num_test < 1 or num_test >= samples:
+        raise ScenarioError(f"data.test_fraction: {opts['test_fraction']} of {samples} samples leaves an empty "
+                            "train or test split")
+    sequences = markov_sequences(samples, seq_len + 1, vocab, seed)
+    x, y = sequences[:, :-1], sequences[:, 1:]
+    num_train = samples - num_test
+    return DataSplits(train=TensorDataset(x[:num_train], y[:num_train]),
+                      test=TensorDataset(x[num_train:], y[num_train:]), info=_tokens_info(seq_len, vocab))
+
+
+def _tokens_info(seq_len: int, vocab: int) -> DatasetInfo:
+    return DatasetInfo(num_features=seq_len, num_classes=vocab, image_shape=None, input_shape=(seq_len,),
+                       input_dtype=torch.int64)
 
 
 def _from_function(name: str, options: dict) -> DataSplits:

@@ -15,6 +15,8 @@ stream is left as it was.
   spatial sides are at least 2, then Flatten and a Linear head).
 - With `batchnorm`, every hidden Linear or Conv2d is followed by BatchNorm
   (before the ReLU, as Ioffe & Szegedy 2015 place it); the output layer is not.
+- `gpt`: a small decoder-only transformer for token data (train/gpt.py);
+  `model.hidden` (one width), `model.layers`, `model.heads`.
 - `package.module:function`: called with `model.options` as keyword
   arguments; it returns an `nn.Module` with trainable parameters that maps a
   batch of the data's inputs to one logit per class (checked with one forward
@@ -23,7 +25,7 @@ stream is left as it was.
 
 Defaults and checks of the fields live in scenario.ModelSpec.
 
-Both built-in models are a flat nn.Sequential, so gradient checkpointing can
+Every built-in model is a flat nn.Sequential, so gradient checkpointing can
 cut them into segments (`torch.utils.checkpoint.checkpoint_sequential`).
 
     model = build_model(ModelSpec(name="mlp", hidden=[64]), splits.info, seed=0)
@@ -39,6 +41,7 @@ from torch import nn
 from ..errors import ScenarioError
 from ..scenario import ModelSpec
 from .data import DatasetInfo, call_with_options, load_callable
+from .gpt import build_gpt
 
 
 def build_model(spec: ModelSpec, info: DatasetInfo, seed: int) -> nn.Module:
@@ -57,9 +60,13 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
         if info.image_shape is None or len(info.image_shape) != 3:
             raise ScenarioError("model.name: cnn needs image inputs (C, H, W), and this dataset has none")
         return partial(_cnn, info, list(spec.channels), spec.batchnorm)
+    if spec.name == "gpt":
+        if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
+            raise ScenarioError("model.name: gpt needs token sequences (data.name: tokens)")
+        return partial(build_gpt, info.num_classes, info.input_shape[0], spec.hidden, spec.layers, spec.heads)
     if ":" in spec.name:
         return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name, info)
-    raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, or package.module:function)")
+    raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, or package.module:function)")
 
 
 def _mlp(info: DatasetInfo, hidden: list[int], batchnorm: bool) -> nn.Sequential:

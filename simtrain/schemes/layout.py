@@ -1,0 +1,72 @@
+"""A job's parallel layout: dp x pp x tp degrees and where each rank sits in them (pure logic).
+
+As torchtitan's ParallelDims: the degrees are validated once (dp * pp * tp
+equals the job's devices) and the groups a scheme communicates in are derived
+from them; the model code never sees ranks. `placement` orders the dimensions
+innermost first: with the default [tp, pp, dp], the tp ranks of a stage are
+adjacent devices (inside one node, where links are fastest, as Megatron-LM
+places them), then the stages of a pipeline, then the data-parallel replicas.
+
+    layout = Layout.of(scenario.parallel, world=8)      # or Layout(dp=2, pp=2, tp=2)
+    layout.coordinates(5)          # {"tp": 1, "pp": 0, "dp": 1}
+    layout.group("pp", 5)          # [5, 7]: rank 5's pipeline, stage order
+"""
+from dataclasses import dataclass
+
+from ..errors import ScenarioError
+
+DIMENSIONS = ("tp", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    placement: tuple[str, ...] = DIMENSIONS  # innermost first
+
+    @classmethod
+    def of(cls, parallel, world: int) -> "Layout":
+        """The layout `parallel` (the scenario's ParallelSpec) gives a job of `world` devices."""
+        model_ranks = parallel.pp * parallel.tp
+        dp = parallel.dp if parallel.dp is not None else world // model_ranks
+        if dp * model_ranks != world:
+            raise ScenarioError(f"parallel.dp: dp {parallel.dp if parallel.dp is not None else '(default)'} x pp "
+                                f"{parallel.pp} x tp {parallel.tp} must equal the job's {world} devices")
+        return cls(dp=dp, pp=parallel.pp, tp=parallel.tp, placement=tuple(parallel.placement))
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    def _strides(self) -> dict[str, int]:
+        strides, stride = {}, 1
+        for dimension in self.placement:
+            strides[dimension] = stride
+            stride *= getattr(self, dimension)
+        return strides
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Rank `rank`'s index along each dimension."""
+        strides = self._strides()
+        return {dimension: rank // strides[dimension] % getattr(self, dimension) for dimension in self.placement}
+
+    def rank(self, **coordinates: int) -> int:
+        """The rank at these coordinates (tp, pp, dp; a missing one is 0)."""
+        strides = self._strides()
+        return sum(coordinates.get(dimension, 0) * strides[dimension] for dimension in self.placement)
+
+    def group(self, dimension: str, rank: int) -> list[int]:
+        """The ranks that differ from `rank` only along `dimension`, in that dimension's order."""
+        coordinates = self.coordinates(rank)
+        return [self.rank(**{**coordinates, dimension: index}) for index in range(getattr(self, dimension))]
+
+    def groups(self, dimension: str) -> list[list[int]]:
+        """Every group along `dimension`, each once, ordered by their first rank."""
+        seen, groups = set(), []
+        for rank in range(self.world):
+            group = self.group(dimension, rank)
+            if group[0] not in seen:
+                seen.add(group[0])
+                groups.append(group)
+        return groups

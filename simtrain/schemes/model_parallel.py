@@ -1,0 +1,294 @@
+"""Model parallelism mixed with data parallelism: pipeline (pp) and tensor (tp) parallel layouts, on real numerics.
+
+A job of dp x pp x tp devices (schemes/layout.py) trains one model:
+
+- **pipeline**: the model's nn.Sequential is cut into pp * v parts
+  (train/partition.py: balanced by measured FLOPs, or `pipeline.split`);
+  device s of a pipeline runs parts s, s + pp, ... (its v chunks). Each step
+  the device batch is cut into m microbatches, and each stage runs its
+  forwards and backwards in the order of the schedule
+  (schemes/pipeline_schedule.py: gpipe, 1f1b, interleaved). Activations go
+  forward and their gradients back as real tensors over the simulated links.
+  A send does not block: the stage hands the tensor to the link and carries
+  on with its next action (NCCL moves it on its own stream while the stage
+  computes), and the receiver waits for it to arrive. So no schedule can
+  deadlock on its sends, and a transfer hides behind the sender's compute.
+  A receiver's wait while the tensor is on the wire is communication; its
+  wait before the peer has sent it is the pipeline bubble ("bubble" spans).
+- **tensor**: each stage is split across its tp devices as Megatron-LM splits
+  layers (train/tensor_parallel.py), with the all-reduces of activations and
+  of their gradients run by the chosen all-reduce algorithm on the tp group
+  (schemes/stage_execution.py).
+- **data**: after the last backward of a step, each device all-reduces (and
+  averages) its gradient bucket with the devices that hold the same shard in
+  the other replicas, with `parallel.scheme`'s algorithm, then steps its own
+  optimizer on its own parameters.
+
+The last stage's loss of a microbatch is its mean cross entropy times 1/m, so
+the gradients accumulated over the m microbatches, averaged over the dp
+replicas, are those of one device on the whole global batch. Each stage holds
+a microbatch's measured activation bytes from its forward to its backward:
+GPipe holds m, 1F1B at most pp - s on stage s.
+
+    scheme = ModelParallel(job)        # parallel.pp > 1 or parallel.tp > 1
+    job.start(); run_to_end(job.cluster.env)
+    scheme.report_sections()["parallel"]["bubble_fraction"]
+"""
+import torch
+
+from ..comm import build_all_reduce
+from ..comm.simulated import SimCommunicator
+from ..errors import ScenarioError
+from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
+from ..train.precision import persistent_bytes, update_bytes
+from .layout import Layout
+from .pipeline_schedule import pipeline_schedule
+from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
+from .stage_execution import chunk_backward, chunk_forward, measure_chunk
+
+def rank_shares(model, layout: Layout, scenario, sample_x) -> tuple[list[RankModule], list[list[int]]]:
+    """Every job rank's share of `model` under `layout`, and the model's entries in each part
+    (one-line errors name the field at fault)."""
+    pipeline = scenario.parallel.pipeline
+    parts = layout.pp * pipeline.virtual_stages
+    try:
+        units = model_units(model, tensor_parallel=layout.tp > 1)
+    except ValueError as error:
+        raise ScenarioError(f"parallel.pp: {error}") from None
+    if pipeline.split is not None:
+        if len(pipeline.split) != parts or sum(pipeline.split) != len(units):
+            raise ScenarioError(f"parallel.pipeline.split: needs {parts} counts (pp x virtual_stages) that add up to "
+                                f"the model's {len(units)} splittable layers, got {list(pipeline.split)}")
+        counts = list(pipeline.split)
+    elif parts > len(units):
+        raise ScenarioError(f"parallel.pp: {parts} model parts (pp x virtual_stages) but the model has only "
+                            f"{len(units)} splittable layers")
+    else:
+        counts = balanced_counts(unit_flops(model, units, sample_x), parts)
+    shares = []
+    for rank in range(layout.world):
+        where = layout.coordinates(rank)
+        part_ids = [chunk * layout.pp + where["pp"] for chunk in range(pipeline.virtual_stages)]
+        try:
+            shares.append(RankModule(model, units, counts, part_ids, where["tp"], layout.tp,
+                                     scenario.train.checkpointing))
+        except ValueError as error:
+            raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
+    if layout.tp > 1 and not any(len(ops) > 1 for share in shares for ops in share.ops):
+        raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
+                            "or gpt blocks)")
+    starts = [sum(counts[:part]) for part in range(parts)]
+    part_entries = [[entry for unit in units[start:start + count] for entry in unit]
+                    for start, count in zip(starts, counts)]
+    return shares, part_entries
+
+
+class ModelParallel:
+    """dp x pp x tp training with a pipeline schedule, tensor-parallel layers and a gradient all-reduce."""
+
+    def __init__(self, job, on_step=None):
+        self.job = job
+        self.layout: Layout = job.layout
+        self.replicas = job.replicas
+        self.world = job.world
+        scenario = job.scenario
+        parallel, train = scenario.parallel, scenario.train
+        self.pipeline = parallel.pipeline
+        self.microbatches = self.pipeline.microbatches if self.layout.pp > 1 else 1
+        self.steps = train.steps
+        self.on_step = on_step
+        self.comms = {dimension: self._communicators(dimension, parallel) for dimension in ("dp", "tp")}
+        self._held = [persistent_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
+        self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
+        self._costs: dict[tuple, object] = {}
+        self._arrivals: dict[tuple, object] = {}  # (job rank, message) -> simpy event of its arrival
+        self._waiting: set[int] = set()  # job ranks waiting for a message
+        self.pp_bytes = 0
+        self._losses = [[] for _ in range(self.steps)]
+        self._ranks_done = [0] * self.steps
+        self.loss_curve: list[tuple[float, float | None]] = []
+        self.bubble_s = [0.0] * self.world
+
+    def _communicators(self, dimension: str, parallel) -> dict[int, tuple]:
+        """rank -> (communicator of its group along `dimension`, its rank there, the group's all-reduce)."""
+        by_rank = {}
+        topology = self.job.cluster.topology
+        for group in self.layout.groups(dimension):
+            devices = [self.job.devices[rank] for rank in group]
+            nodes = [device.node for device in devices]
+            comm = SimCommunicator(self.job.cluster.network, nodes, log=self.job.cluster.log,
+                                   ledgers=[device.memory for device in devices],
+                                   global_ranks=[device.rank for device in devices])
+            all_reduce = (build_all_reduce(parallel.scheme, topology, nodes, parallel.channels, "parallel.scheme",
+                                           "parallel.channels") if len(group) > 1 else None)
+            for index, rank in enumerate(group):
+                by_rank[rank] = (comm, index, all_reduce)
+        return by_rank
+
+    @classmethod
+    def steps_until_every_rank_stepped(cls, world: int) -> int:
+        return 1
+
+    # --- the program of one rank ---
+
+    def program(self, rank: int):
+        replica = self.replicas[rank]
+        for category, nbytes in self._held[rank].items():
+            yield Alloc(category, nbytes)
+        stage, chunks = self.layout.coordinates(rank)["pp"], len(replica.model.chunks)
+        parts = self.layout.pp * chunks
+        schedule = pipeline_schedule(self.pipeline.schedule, self.layout.pp, stage, self.microbatches, chunks)
+        pipeline = self.layout.group("pp", rank)
+        tp_comm, tp_rank, tp_reduce = self.comms["tp"][rank]
+        dp_comm, dp_rank, dp_reduce = self.comms["dp"][rank]
+        dtype = replica.precision.name
+
+        def tp_all_reduce(buffer):
+            return Collective(tp_reduce(tp_rank, self.layout.tp, buffer), "tp_allreduce", tp_comm, tp_rank)
+
+        for step in range(self.steps):
+            replica.grad_buffer.zero_()
+            x, y = replica.loader.next_batch()
+            x = replica.precision.cast_input(x)
+            replica.last_batch = (x, y)
+            xs, ys = x.chunk(self.microbatches), y.chunk(self.microbatches)
+            tapes, losses = {}, []
+            for action in schedule:
+                part = action.chunk * self.layout.pp + stage
+                if action.kind == "forward":
+                    last = part == parts - 1
+                    if part == 0:
+                        inputs = (xs[action.microbatch],)
+                    else:
+                        received = yield from self._receive(rank, ("forward", action.microbatch, part))
+                        inputs = (received.requires_grad_(),)
+                    target = ys[action.microbatch] if last else None
+                    cost = self._cost(replica, action.chunk, inputs, target)
+                    yield Alloc("activations", cost.activation_bytes)
+                    outputs, tape, loss = yield from chunk_forward(replica.model.ops[action.chunk], inputs,
+                                                                   tp_all_reduce, cost, dtype, target,
+                                                                   1.0 / self.microbatches)
+                    tapes[action.microbatch, action.chunk] = (tape, cost)
+                    if last:
+                        losses.append(loss)
+                    else:
+                        yield from self._send(rank, pipeline[(stage + 1) % self.layout.pp], outputs[0].detach(),
+                                              ("forward", action.microbatch, part + 1))
+                else:
+                    tape, cost = tapes.pop((action.microbatch, action.chunk))
+                    grads = None
+                    if part < parts - 1:
+                        received = yield from self._receive(rank, ("backward", action.microbatch, part))
+                        grads = (received,)
+                    input_grads = yield from chunk_backward(tape, grads, tp_all_reduce, cost, dtype)
+                    yield Free("activations", cost.activation_bytes)
+                    if part > 0:
+                        yield from self._send(rank, pipeline[(stage - 1) % self.layout.pp], input_grads[0],
+                                              ("backward", action.microbatch, part - 1))
+            if dp_reduce is not None:
+                yield Collective(dp_reduce(dp_rank, self.layout.dp, replica.grad_buffer, average=True),
+                                 "dp_allreduce", dp_comm, dp_rank)
+            replica.step()
+            yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
+            self._step_done(step, losses)
+
+    def _send(self, rank: int, peer: int, tensor: torch.Tensor, message: tuple):
+        """Step program: hand `tensor` to the link towards job rank `peer` and carry on (a non-blocking
+        send); it lands in the peer's mailbox when the transfer ends."""
+        arrival = self._arrival(peer, message)
+        done = yield PostTransfer(self.job.devices[rank].node, self.job.devices[peer].node, tensor.nbytes, "pp_p2p")
+        posted = self.job.cluster.env.now
+        done.callbacks.append(lambda _: arrival.succeed((tensor, posted)))
+        self.pp_bytes += tensor.nbytes
+
+    def _receive(self, rank: int, message: tuple):
+        """Step program: wait for `message` (direction, microbatch, model part) to reach job rank `rank`;
+        returns a copy of its tensor. Waiting while it moves is communication; before it was sent, bubble."""
+        env, log, device = self.job.cluster.env, self.job.cluster.log, self.job.devices[rank]
+        waiting_from = env.now
+        self._waiting.add(rank)
+        tensor, posted = yield Wait(self._arrival(rank, message))
+        self._waiting.discard(rank)
+        del self._arrivals[rank, message]
+        moving_from = max(waiting_from, posted)
+        if moving_from > waiting_from:
+            self.bubble_s[rank] += moving_from - waiting_from
+            log.span(device.rank, "bubble", "bubble", waiting_from, moving_from)
+        if env.now > moving_from:
+            log.span(device.rank, "communication", "pp_p2p", moving_from, env.now, nbytes=tensor.nbytes)
+        return tensor.detach().clone()
+
+    def _arrival(self, rank: int, message: tuple):
+        """The event of `message` reaching job rank `rank` (made by whichever side asks first)."""
+        key = (rank, message)
+        if key not in self._arrivals:
+            self._arrivals[key] = self.job.cluster.env.event()
+        return self._arrivals[key]
+
+    def _cost(self, replica, chunk: int, inputs: tuple, target):
+        key = (id(replica), chunk, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
+        cost = self._costs.get(key)
+        if cost is None:
+            module = replica.model.chunks[chunk]
+            cost = self._costs[key] = measure_chunk(module, replica.model.chunk_ops, inputs, target)
+        return cost
+
+    def _step_done(self, step: int, losses: list) -> None:
+        self._losses[step].extend(losses)
+        self._ranks_done[step] += 1
+        if self._ranks_done[step] < self.world:
+            return
+        # every rank has stepped: the losses of all last-stage ranks are in
+        losses, self._losses[step] = self._losses[step], None
+        # every last-stage rank (each tp rank of each replica) computed each of its microbatches' loss
+        mean = float(sum(loss.item() for loss in losses)) / len(losses) if self.job.numerics else None
+        now = self.job.cluster.env.now
+        self.loss_curve.append((now, mean))
+        if self.on_step is not None:
+            self.on_step(step, now, mean)
+
+    # --- what the runner reads ---
+
+    def stuck(self) -> list[int]:
+        stuck = {self.job.devices[rank].rank for rank in self._waiting}
+        for dimension, by_rank in self.comms.items():
+            for rank, (comm, index, _) in by_rank.items():
+                if index in comm.stuck():
+                    stuck.add(self.job.devices[rank].rank)
+        return sorted(stuck)
+
+    def trained_model(self):
+        """The whole model, assembled from the shares of data-parallel replica 0."""
+        shares = [self.replicas[rank].model for rank in range(self.world)
+                  if self.layout.coordinates(rank)["dp"] == 0]
+        return assemble(self.job.model, shares)
+
+    def final_models(self) -> list:
+        return [self.trained_model()]
+
+    def samples_per_step(self) -> int:
+        return self.layout.dp * self.job.scenario.data.batch_size
+
+    def single_device_step_s(self) -> float | None:
+        return None  # the model is split because one device is not the baseline
+
+    def _collective_bytes(self, dimension: str, label: str) -> int:
+        """Bytes the groups along `dimension` sent for `label` (each group's communicator once)."""
+        groups = {self.layout.group(dimension, rank)[0]: comm for rank, (comm, _, _) in self.comms[dimension].items()}
+        return sum(groups[first].bytes_by_label.get(label, 0) for first in sorted(groups))
+
+    def report_sections(self) -> dict:
+        sim_time = self.job.cluster.log.last_end_s
+        return {"parallel": {
+            "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp,
+            "placement": list(self.layout.placement),
+            "schedule": self.pipeline.schedule if self.layout.pp > 1 else None,
+            "microbatches": self.microbatches,
+            "virtual_stages": self.pipeline.virtual_stages,
+            "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
+            "bubble_fraction": sum(self.bubble_s) / (sim_time * self.world) if sim_time > 0 else 0.0,
+            "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"), "pp_p2p": self.pp_bytes,
+                              "tp_allreduce": self._collective_bytes("tp", "tp_allreduce")},
+        }}
+
+

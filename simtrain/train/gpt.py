@@ -1,0 +1,126 @@
+"""A small decoder-only transformer (GPT-2's shape), written from torch.nn, ready for pipeline and tensor parallelism.
+
+`build_gpt(vocab, seq_len, hidden, layers, heads)` is an nn.Sequential of
+`TokenEmbedding`, `layers` pre-LayerNorm `Block`s (causal self-attention and
+a GELU MLP of 4 x hidden, each added to the residual stream, as in GPT-2:
+Radford et al. 2019) and `LanguageHead` (final LayerNorm, Linear to the
+vocabulary). It maps tokens (batch, seq_len) to logits (batch, seq_len,
+vocab); loss.cross_entropy takes every position as a prediction.
+
+Pipeline stages cut the Sequential between its entries. A Block is
+tensor-parallel as Megatron-LM splits it (Shoeybi et al. 2019, figure 3):
+q, k and v by heads and the attention's output projection by its input
+features; the MLP's first Linear by its output features and the second by its
+input features. Each half is then one "f" and one "g" all-reduce
+(train/tensor_parallel.py), and the biases of the two row-split Linears are
+added after the sum. The embedding and the head stay whole on every tp rank
+(Megatron splits the vocabulary too; here they are small).
+
+Attention is written out (matmul, causal mask, softmax, matmul) so torch's
+FLOP counter sees it on every device, meta included.
+
+    model = build_gpt(vocab=64, seq_len=32, hidden=64, layers=2, heads=4)
+    logits = model(tokens)                      # (batch, 32, 64)
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, Slice, shard_parameter_
+
+
+class TokenEmbedding(nn.Module):
+    """Token plus learned position embeddings."""
+
+    def __init__(self, vocab: int, seq_len: int, hidden: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, hidden)
+        self.positions = nn.Embedding(seq_len, hidden)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.tokens(tokens) + self.positions(positions)
+
+
+class Block(nn.Module):
+    """x + attention(ln1(x)), then x + mlp(ln2(x)); tensor-parallel by heads and MLP features."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads  # on this rank: all of them, or its share under tensor parallelism
+        self.ln1 = nn.LayerNorm(hidden)
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.projection = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.expand = nn.Linear(hidden, 4 * hidden)
+        self.contract = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self._attention(self.ln1(x)) + self.projection.bias
+        return x + self._mlp(self.ln2(x)) + self.contract.bias
+
+    def _attention(self, h: torch.Tensor) -> torch.Tensor:
+        """This rank's heads' attention, through its part of the output projection (no bias)."""
+        batch, length, _ = h.shape
+
+        def split_heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, length, self.heads, -1).transpose(1, 2)
+
+        q, k, v = split_heads(self.query(h)), split_heads(self.key(h)), split_heads(self.value(h))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        causal = torch.ones(length, length, dtype=torch.bool, device=h.device).triu(1)
+        weights = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        out = (weights @ v).transpose(1, 2).reshape(batch, length, -1)
+        return F.linear(out, self.projection.weight)
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.gelu(self.expand(h)), self.contract.weight)
+
+    def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
+        """Keep tp rank `tp_rank`'s heads and MLP features; where each slice sits in the whole parameter."""
+        if self.heads % tp:
+            raise ValueError(f"{self.heads} heads do not divide into {tp} equal groups")
+        slices = {}
+        for name in ("query", "key", "value", "expand"):
+            for part in ("weight", "bias"):
+                slices[f"{name}.{part}"] = shard_parameter_(getattr(self, name), part, 0, tp_rank, tp)
+        for name in ("projection", "contract"):
+            slices[f"{name}.weight"] = shard_parameter_(getattr(self, name), "weight", 1, tp_rank, tp)
+        self.heads //= tp
+        return slices
+
+    def parallel_ops(self) -> list:
+        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces."""
+        return [
+            Apply(lambda x: (x, self.ln1(x))), AllReduceBackward(1),
+            Apply(lambda x, h: (x, self._attention(h))), AllReduceForward(1),
+            Apply(self._after_attention), AllReduceBackward(1),
+            Apply(lambda x, h: (x, self._mlp(h))), AllReduceForward(1),
+            Apply(lambda x, m: (x + m + self.contract.bias,)),
+        ]
+
+    def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + attention + self.projection.bias
+        return x, self.ln2(x)
+
+
+class LanguageHead(nn.Module):
+    """Final LayerNorm and the Linear to one logit per vocabulary entry."""
+
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.logits = nn.Linear(hidden, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(self.norm(x))
+
+
+def build_gpt(vocab: int, seq_len: int, hidden: int, layers: int, heads: int) -> nn.Sequential:
+    """Embedding, `layers` blocks, head (the caller seeds torch first)."""
+    return nn.Sequential(TokenEmbedding(vocab, seq_len, hidden), *(Block(hidden, heads) for _ in range(layers)),
+                         LanguageHead(hidden, vocab))

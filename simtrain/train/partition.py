@@ -1,0 +1,211 @@
+"""Cutting a model into pipeline parts and tensor-parallel shards, and putting the whole model back together.
+
+A model is split along its nn.Sequential. `model_units` groups the entries
+into units the pipeline never cuts: each entry with parameters starts a unit
+and takes the parameterless entries after it (ReLU, Flatten, pooling;
+parameterless entries before the first one join the first unit); under
+tensor parallelism a Linear, element-wise functions, Linear run is one unit,
+since its two Linears are split as a pair (train/tensor_parallel.py).
+`balanced_counts` deals units out to model parts so that the largest part's
+FLOPs are as small as they can be (contiguous parts, each at least one unit).
+
+`RankModule` is one rank's share: the model parts it runs (pipeline chunks,
+each an nn.Sequential of copies of the model's entries), cut to its tensor
+slices, with `ops[chunk]`, the chunk's work as a list of Apply and
+all-reduce steps, and `sources`, where each of its parameters and buffers
+comes from in the whole model. `assemble` writes ranks' shares back into a
+copy of the whole model: what final_model.pt holds and what is evaluated.
+
+    units = model_units(model, tensor_parallel=False)
+    counts = balanced_counts(unit_flops(model, units, x), parts=4)
+    share = RankModule(model, units, counts, part_ids=[1], tp_rank=0, tp=1)
+"""
+import copy
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from .checkpointing import apply_checkpointing
+from .tensor_parallel import ELEMENTWISE, Apply, Slice, column_row_ops, shard_column_row_
+
+
+def model_units(model: nn.Module, tensor_parallel: bool) -> list[tuple[int, ...]]:
+    """Entries of the nn.Sequential `model`, grouped into the units pipeline cuts fall between."""
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(f"the model is a {type(model).__name__}; only an nn.Sequential can be cut into stages")
+    entries = list(model)
+    units: list[list[int]] = []
+    index = 0
+    while index < len(entries):
+        end = _pair_end(entries, index) if tensor_parallel else None
+        if end is not None or _has_parameters(entries[index]) or not units:
+            if units and not any(_has_parameters(entries[i]) for i in units[-1]):  # leading parameterless
+                units[-1].extend(range(index, (end or index) + 1))
+            else:
+                units.append(list(range(index, (end or index) + 1)))
+        else:
+            units[-1].append(index)
+        index = (end or index) + 1
+    return [tuple(unit) for unit in units]
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _pair_end(entries: list[nn.Module], start: int) -> int | None:
+    """The index of the row Linear of a Linear, element-wise..., Linear run starting at `start`."""
+    if not isinstance(entries[start], nn.Linear):
+        return None
+    index = start + 1
+    while index < len(entries) and isinstance(entries[index], ELEMENTWISE):
+        index += 1
+    return index if index < len(entries) and isinstance(entries[index], nn.Linear) else None
+
+
+def unit_flops(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor) -> list[float]:
+    """Forward FLOPs of each unit on the batch shape of `x`, measured on a meta copy of the model."""
+    meta = copy.deepcopy(model).to("meta")
+    flops = []
+    h = torch.empty(x.shape, dtype=x.dtype, device="meta")
+    with torch.no_grad():
+        for unit in units:
+            with FlopCounterMode(display=False) as counter:
+                for index in unit:
+                    h = meta[index](h)
+            flops.append(float(counter.get_total_flops()))
+    return flops
+
+
+def balanced_counts(weights: list[float], parts: int) -> list[int]:
+    """Units per part: contiguous, at least one each, the heaviest part as light as possible.
+
+    Bisection finds the smallest bound that greedy packing (a new part when the next unit
+    would pass the bound) meets with at most `parts` parts; parts with the most units are
+    then halved until there are `parts` (halving never passes the bound)."""
+    if parts > len(weights):
+        raise ValueError(f"{parts} parts need at least {parts} units, the model has {len(weights)}")
+
+    def packed(bound: float) -> list[int]:
+        counts, total = [0], 0.0
+        for weight in weights:
+            if counts[-1] and total + weight > bound:
+                counts.append(0)
+                total = 0.0
+            counts[-1] += 1
+            total += weight
+        return counts
+
+    low, high = max(weights), sum(weights)
+    for _ in range(100):
+        middle = (low + high) / 2
+        if len(packed(middle)) > parts:
+            low = middle
+        else:
+            high = middle
+    counts = packed(high)
+    while len(counts) < parts:
+        largest = max(range(len(counts)), key=lambda i: (counts[i], -i))
+        counts[largest:largest + 1] = [counts[largest] - counts[largest] // 2, counts[largest] // 2]
+    return counts
+
+
+class Source(NamedTuple):
+    """Where a rank's parameter or buffer comes from: its name in the whole model and, when the rank
+    holds a tensor-parallel slice of it, which slice."""
+
+    name: str
+    slice: Slice | None
+
+
+class RankModule(nn.Module):
+    """One rank's share of a model: its pipeline chunks, cut to its tensor-parallel slices.
+
+    `counts` gives the units of each model part (balanced_counts); the rank runs parts
+    `part_ids`, in order (its chunks). Every entry is a copy: the model is left as it is.
+    Without tensor parallelism each chunk is checkpointed by `checkpointing` (train.checkpointing)
+    as a whole model would be."""
+
+    def __init__(self, model: nn.Sequential, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
+                 tp_rank: int = 0, tp: int = 1, checkpointing="none"):
+        super().__init__()
+        first_unit = [sum(counts[:part]) for part in range(len(counts))]
+        self.tp = tp
+        self.chunks = nn.ModuleList()
+        self.ops: list[list] = []
+        self.sources: dict[str, Source] = {}
+        for chunk_index, part in enumerate(part_ids):
+            chunk_units = units[first_unit[part]:first_unit[part] + counts[part]]
+            entries = [index for unit in chunk_units for index in unit]
+            chunk = nn.Sequential(*(copy.deepcopy(model[index]) for index in entries))
+            slices = self._shard(chunk, tp_rank, tp) if tp > 1 else {}
+            if tp == 1:  # each chunk checkpoints its own layers, as a whole model would
+                chunk = apply_checkpointing(chunk, checkpointing)
+            self.chunks.append(chunk)
+            self.ops.append(self.chunk_ops(chunk))
+            for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
+                position, _, rest = local.partition(".")
+                self.sources[f"chunks.{chunk_index}.{local}"] = Source(f"{entries[int(position)]}.{rest}",
+                                                                       slices.get(local))
+
+    def chunk_ops(self, chunk: nn.Sequential) -> list:
+        """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces."""
+        return _parallel_ops(chunk) if self.tp > 1 else [Apply(lambda x: (chunk(x),))]
+
+    @staticmethod
+    def _shard(chunk: nn.Sequential, tp_rank: int, tp: int) -> dict[str, Slice]:
+        """Cut the chunk's pairs and tensor-parallel modules to tp rank `tp_rank`'s slices."""
+        slices = {}
+        entries = list(chunk)
+        position = 0
+        while position < len(entries):
+            end = _pair_end(entries, position)
+            if end is not None:
+                pair = shard_column_row_(entries[position], entries[end], tp_rank, tp)
+                positions = {"column": position, "row": end}
+                for key, where in pair.items():
+                    module, _, rest = key.partition(".")
+                    slices[f"{positions[module]}.{rest}"] = where
+                position = end + 1
+                continue
+            if hasattr(entries[position], "shard_"):
+                shard = entries[position].shard_(tp_rank, tp)
+                slices.update({f"{position}.{name}": where for name, where in shard.items()})
+            position += 1
+        return slices
+
+
+def _parallel_ops(chunk: nn.Sequential) -> list:
+    """The chunk's work under tensor parallelism: pairs and tensor-parallel modules with their
+    all-reduces, every other entry applied whole."""
+    entries, ops, position = list(chunk), [], 0
+    while position < len(entries):
+        end = _pair_end(entries, position)
+        if end is not None:
+            ops += column_row_ops(entries[position], entries[position + 1:end], entries[end])
+            position = end + 1
+            continue
+        entry = entries[position]
+        ops += entry.parallel_ops() if hasattr(entry, "parallel_ops") else [Apply(lambda x, entry=entry: (entry(x),))]
+        position += 1
+    return ops
+
+
+def assemble(template: nn.Module, shares: list[RankModule]) -> nn.Module:
+    """A copy of `template` holding the values of `shares`, which together hold every parameter once
+    (slices of a tensor-parallel parameter from each of its tp ranks)."""
+    whole = copy.deepcopy(template)
+    targets = dict(whole.named_parameters()) | dict(whole.named_buffers())
+    with torch.no_grad():
+        for share in shares:
+            for local, tensor in [*share.named_parameters(), *share.named_buffers()]:
+                source = share.sources[local]
+                target = targets[source.name]
+                if source.slice is None:
+                    target.copy_(tensor)
+                else:
+                    dim, start, stop = source.slice
+                    target.narrow(dim, start, stop - start).copy_(tensor)
+    return whole

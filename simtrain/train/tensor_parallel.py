@@ -1,0 +1,87 @@
+"""Tensor (intra-layer) model parallelism as Megatron-LM splits layers: Linear pairs column-then-row.
+
+Shoeybi et al., "Megatron-LM" (2019), section 3: in a pair of Linear layers
+with only element-wise functions between them, the first is split by its
+output features and the second by its input features, so each of the `tp`
+ranks computes its slice of the hidden activation alone and a partial sum of
+the pair's output. Two collectives make that exact:
+
+- `AllReduceForward(i)` (Megatron's "g"): the partial outputs are summed
+  across the tp group in forward; in backward the gradient passes unchanged;
+- `AllReduceBackward(i)` ("f"): the pair's input passes unchanged in forward;
+  in backward each rank's partial gradient of it is summed across the group.
+
+The second Linear's bias is added once, after the sum. A layer's parallel
+work is a list of `Apply(function)` steps on the tuple of tensors in flight,
+with the two all-reduces above between them (schemes/stage_execution.py runs
+such lists with real collectives). A module is tensor-parallel when it has
+`shard_(tp_rank, tp)`, which cuts its parameters in place to the rank's
+slices and returns where each slice sits in the whole parameter, and
+`parallel_ops()`; the gpt model's blocks (train/gpt.py) split attention by
+heads this way. A Linear, element-wise, Linear run of an nn.Sequential (the
+mlp) is split by `shard_column_row_` and `column_row_ops`.
+
+    slices = shard_column_row_(column, row, tp_rank=1, tp=2)   # {"column.weight": Slice(0, 64, 128), ...}
+    column_row_ops(column, [nn.ReLU()], row)   # [AllReduceBackward(0), Apply(..), AllReduceForward(0), Apply(..)]
+"""
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU, nn.Sigmoid, nn.LeakyReLU)
+
+
+class Apply(NamedTuple):
+    function: Callable  # (*tensors) -> tuple of tensors
+
+
+class AllReduceForward(NamedTuple):
+    index: int  # position in the tuple of tensors in flight
+
+
+class AllReduceBackward(NamedTuple):
+    index: int
+
+
+class Slice(NamedTuple):
+    """A rank's slice of a parameter: indices start:stop of the whole parameter along dim."""
+
+    dim: int
+    start: int
+    stop: int
+
+
+def shard_parameter_(module: nn.Module, name: str, dim: int, tp_rank: int, tp: int) -> Slice:
+    """Keep only tp rank `tp_rank`'s slice of `module.name` along `dim` (equal, contiguous slices)."""
+    parameter = getattr(module, name)
+    if parameter.shape[dim] % tp:
+        raise ValueError(f"{parameter.shape[dim]} features do not divide into {tp} equal slices")
+    size = parameter.shape[dim] // tp
+    start = tp_rank * size
+    setattr(module, name, nn.Parameter(parameter.detach().narrow(dim, start, size).clone()))
+    return Slice(dim, start, start + size)
+
+
+def shard_column_row_(column: nn.Linear, row: nn.Linear, tp_rank: int, tp: int) -> dict[str, Slice]:
+    """Split `column` by output features and `row` by input features; `row`'s bias stays whole."""
+    slices = {"column.weight": shard_parameter_(column, "weight", 0, tp_rank, tp),
+              "row.weight": shard_parameter_(row, "weight", 1, tp_rank, tp)}
+    if column.bias is not None:
+        slices["column.bias"] = shard_parameter_(column, "bias", 0, tp_rank, tp)
+    return slices
+
+
+def column_row_ops(column: nn.Linear, middle: list[nn.Module], row: nn.Linear) -> list:
+    """The parallel work of a split Linear, element-wise, Linear run on one tensor in flight."""
+    def partial(x: torch.Tensor) -> tuple[torch.Tensor]:
+        hidden = column(x)
+        for function in middle:
+            hidden = function(hidden)
+        return (F.linear(hidden, row.weight),)
+
+    def add_bias(y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (y if row.bias is None else y + row.bias,)
+
+    return [AllReduceBackward(0), Apply(partial), AllReduceForward(0), Apply(add_bias)]
