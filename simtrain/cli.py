@@ -136,17 +136,21 @@ def compare(scenario_files, variants, overrides, out_dir):
     rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
         f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
     table = Table(title=f"{len(rows)} runs")
-    for header in ("run", "scheme", "sim time", "time to target", "final loss", "accuracy", "idle",
-                   "staleness mean/max"):
+    for header in ("run", "scheme", "step time", "final loss", "accuracy", "idle", "peak memory",
+                   "bytes dp/pp/tp", "time to target", "staleness mean/max"):
         table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold")
     for row in rows:
-        target = row["time_to_target_s"]
+        target, kinds = row["time_to_target_s"], row["bytes_by_kind"]
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
-        table.add_row(row["label"], row["scheme"], format_seconds(row["sim_time_s"]),
-                      "-" if target is None else format_seconds(target),
+        step = row["status"].replace("_", " ") if row["status"] != "ok" else format_seconds(row["step_time_s"])
+        table.add_row(row["label"], row["scheme"], step,
                       "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
                       "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
-                      "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}", staleness)
+                      "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}",
+                      format_bytes(row["peak_memory_bytes"]),
+                      "-" if kinds is None else "/".join(format_bytes(kinds[kind]) for kind in
+                                                         ("dp_allreduce", "pp_p2p", "tp_allreduce")),
+                      "-" if target is None else format_seconds(target), staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")

@@ -83,6 +83,10 @@ def summary_row(label: str, data: dict) -> dict:
         "final_loss": data["final_loss"],
         "final_accuracy": data["final_accuracy"],
         "idle_share": data["breakdown_s"]["idle"] / step if step else None,
+        "status": data["status"],
+        "step_time_s": step,
+        "bytes_by_kind": data.get("parallel", {}).get("bytes_by_kind"),
+        "peak_memory_bytes": max(device["peak_memory_bytes"] for device in data["devices"]),
         "staleness_mean": staleness.get("staleness_mean"),
         "staleness_max": staleness.get("staleness_max"),
     }

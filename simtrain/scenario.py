@@ -122,8 +122,8 @@ class SharedMemorySpec(_Strict):
 
 class ModelSpec(_Strict):
     name: str = "mlp"  # mlp | cnn | gpt | package.module:function
-    # mlp: the hidden layers' widths; gpt: the model width (one number, default 64)
-    hidden: Union[Width, Annotated[list[Width], Field(max_length=MAX_LAYERS)]] = [128, 128]
+    # mlp: the hidden layers' widths; gpt: the model width, one number (default 64)
+    hidden: Annotated[list[Width], Field(max_length=MAX_LAYERS)] = [128, 128]
     layers: Count(MAX_LAYERS) = 2  # gpt: transformer blocks
     heads: Count(MAX_HEADS) = 4  # gpt: attention heads per block (must divide hidden)
     channels: Annotated[list[Width], Field(min_length=1, max_length=MAX_LAYERS)] = [16, 32]  # cnn: conv widths
@@ -133,21 +133,25 @@ class ModelSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _gpt_width(cls, raw):
-        """A gpt's default width: one number, where the mlp's default is a list of widths."""
-        if isinstance(raw, dict) and raw.get("name") == "gpt" and "hidden" not in raw:
-            raw = {**raw, "hidden": 64}
+        """A gpt's width is one number (kept as a one-entry list); its default is 64."""
+        if isinstance(raw, dict) and raw.get("name") == "gpt":
+            hidden = raw.get("hidden", 64)
+            raw = {**raw, "hidden": [hidden] if isinstance(hidden, int) and not isinstance(hidden, bool) else hidden}
         return raw
 
     @model_validator(mode="after")
     def _fields_of_this_model(self) -> "ModelSpec":
         if self.name == "gpt":
-            if not isinstance(self.hidden, int):
+            if len(self.hidden) != 1:
                 raise ValueError("model.hidden: a gpt's width is one number")
-            if self.hidden % self.heads:
-                raise ValueError(f"model.heads: {self.heads} heads do not divide model.hidden {self.hidden}")
-        elif isinstance(self.hidden, int):
-            raise ValueError(f"model.hidden: {self.name} takes a list of widths (one number is a gpt's width)")
+            if self.hidden[0] % self.heads:
+                raise ValueError(f"model.heads: {self.heads} heads do not divide model.hidden {self.hidden[0]}")
         return self
+
+    @property
+    def width(self) -> int:
+        """A gpt's width."""
+        return self.hidden[0]
 
 
 class MHSpec(_Strict):

@@ -31,7 +31,7 @@ def test_run_writes_every_output(tmp_path, capsys):
                 "scaling_efficiency", "final_loss", "final_accuracy", "devices", "links", "wall_time_s",
                 "simtrain_version"):
         assert key in report
-    assert set(report["breakdown_s"]) == {"compute", "communication", "optimizer", "sampling", "idle"}
+    assert set(report["breakdown_s"]) == {"compute", "communication", "optimizer", "sampling", "bubble", "idle"}
     assert sum(report["breakdown_s"].values()) == pytest.approx(report["step_time_s"])
     assert report["steps"] == 20
     resolved = yaml.safe_load((tmp_path / "scenario.resolved.yaml").read_text())

@@ -41,6 +41,7 @@ from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
 from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
 from ..train.precision import persistent_bytes, update_bytes
+from ..train.tensor_parallel import Apply
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
@@ -74,7 +75,7 @@ def rank_shares(model, layout: Layout, scenario, sample_x) -> tuple[list[RankMod
                                      scenario.train.checkpointing))
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
-    if layout.tp > 1 and not any(len(ops) > 1 for share in shares for ops in share.ops):
+    if layout.tp > 1 and all(type(op) is Apply for share in shares for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")
     starts = [sum(counts[:part]) for part in range(parts)]

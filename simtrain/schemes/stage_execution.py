@@ -50,10 +50,6 @@ class Tape:
     reduce_grad: list = field(default_factory=list)  # per region: index of an input whose gradient is summed
 
 
-def _leaves(tensors) -> tuple:
-    return tuple(t.detach().requires_grad_(t.is_floating_point()) for t in tensors)
-
-
 def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype: str,
                   target: torch.Tensor | None = None, loss_fraction: float = 1.0):
     """Step program: run `ops` on `inputs` (a tuple of tensors; the ones that need a gradient require it),
@@ -80,7 +76,9 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
             yield all_reduce(values[op.index])
         else:
             reduce_grad = op.index
-        region_inputs = state = _leaves(values)
+        # the boundary's tensors start the next region; those that depend on a parameter need a gradient
+        values = tuple(v.requires_grad_(t.requires_grad) for v, t in zip(values, state))
+        region_inputs = state = values
     loss = None
     if target is not None:
         loss = cross_entropy(state[0], target)
@@ -106,7 +104,7 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, all_reduce, cost: Chu
         grads = tuple(t.grad if t.requires_grad else None for t in inputs)
         yield Compute(cost.backward_flops[step] if cost else 0.0, dtype, "backward")
         summed = tape.reduce_grad[index]
-        if summed is not None:
+        if summed is not None and grads[summed] is not None:  # the data's own input needs no gradient
             yield all_reduce(grads[summed])
     return grads
 
@@ -121,7 +119,8 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
 
 def _meta_run(chunk, ops_of, inputs, target):
     meta = copy.deepcopy(chunk).to("meta")
-    meta_inputs = _leaves(torch.empty(t.shape, dtype=t.dtype, device="meta") for t in inputs)
+    meta_inputs = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
+                        for t in inputs)
     meta_target = None if target is None else torch.empty(target.shape, dtype=target.dtype, device="meta")
     return meta, ops_of(meta), meta_inputs, meta_target
 

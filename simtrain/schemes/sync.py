@@ -127,7 +127,7 @@ class SyncDataParallel:
                 + device.memory_bound_time(self._step_bytes) + kfac)
 
     def report_sections(self) -> dict:
-        """report.json's `weight_norms` (and `kfac` with K-FAC): technique sections of this scheme."""
+        """report.json's `weight_norms` (and `kfac` with K-FAC) and `parallel` (the layout: dp only)."""
         sections = {"weight_norms": {
             "steps": list(self._norm_steps),
             "layers": {name: list(norms) for name, norms in self._norms.items()},
@@ -135,4 +135,6 @@ class SyncDataParallel:
         }}
         if self.kfac is not None:
             sections.update(self.kfac.report_section(self.steps))
+        sections["parallel"] = {"dp": self.world, "pp": 1, "tp": 1, "bubble_fraction": 0.0, "bytes_by_kind": {
+            "dp_allreduce": self.job.comm.bytes_by_label.get("all_reduce", 0), "pp_p2p": 0, "tp_allreduce": 0}}
         return sections

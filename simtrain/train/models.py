@@ -63,7 +63,7 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
     if spec.name == "gpt":
         if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
             raise ScenarioError("model.name: gpt needs token sequences (data.name: tokens)")
-        return partial(build_gpt, info.num_classes, info.input_shape[0], spec.hidden, spec.layers, spec.heads)
+        return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads)
     if ":" in spec.name:
         return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name, info)
     raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, or package.module:function)")

@@ -1,0 +1,231 @@
+"""Pipeline and tensor parallelism (schemes/model_parallel.py) against their references.
+
+- Equivalence: every layout trains the same parameters as one device on the same
+  global batch (single-process torch through simtrain's one-device run), within 1e-5.
+- Bubbles: with equal stages and free links, GPipe and 1F1B take (m + p - 1)(t_f + t_b)
+  per step and interleaved (m + (p - 1)/v)(t_f + t_b) (Narayanan et al. 2021, eq. 1 and 2).
+- Memory: a stage holds m microbatches' activations under GPipe, min(p - s, m) under 1F1B.
+- Traffic: the bytes on the links are those the layout must move, counted by hand.
+- Schedules and layouts as pure logic; bad layouts as one-line errors.
+"""
+import pytest
+import torch
+from torch import nn
+
+from simtrain import load_scenario, run
+from simtrain.errors import ScenarioError
+from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.job import Job
+from simtrain.scenario import validate_scenario
+from simtrain.schemes.layout import Layout
+from simtrain.schemes.pipeline_schedule import pipeline_schedule
+
+MLP = {"name": "mp", "seed": 3, "cluster": {"devices": 1}, "model": {"hidden": [32, 32, 32]},
+       "data": {"name": "digits", "batch_size": 24}, "train": {"steps": 20, "optimizer": {"momentum": 0.9}},
+       "report": {"trace": False, "every": 20}}
+GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,
+                                                                       "heads": 4},
+       "data": {"name": "tokens", "batch_size": 8, "samples": 256, "seq_len": 8, "vocab": 16},
+       # SGD: Adam divides a gradient by its own magnitude, so the rounding noise in a gradient that is zero in
+       # exact arithmetic (attention's key bias: softmax ignores a shift) becomes a full-size step
+       "train": {"steps": 20, "optimizer": {"lr": 0.1, "momentum": 0.9}}, "report": {"trace": False, "every": 20}}
+FREE_LINKS = {"bandwidth": 1e18, "latency": 0}
+
+
+def scenario(base: dict, devices: int = 1, **parallel):
+    pipeline = {key: parallel.pop(key) for key in ("schedule", "microbatches", "virtual_stages") if key in parallel}
+    raw = {**base, "cluster": {**base["cluster"], "devices": devices},
+           "parallel": {**parallel, **({"pipeline": pipeline} if pipeline else {})}}
+    return validate_scenario(raw)
+
+
+def flat_parameters(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+
+
+LAYOUTS = [
+    *({"pp": p, "schedule": s, "microbatches": m} for p in (2, 4) for s in ("gpipe", "1f1b") for m in (1, 3, 8)),
+    {"pp": 2, "schedule": "interleaved", "microbatches": 4, "virtual_stages": 2},
+    {"pp": 2, "schedule": "interleaved", "microbatches": 2, "virtual_stages": 2},
+    {"tp": 2}, {"tp": 4},
+    {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "-".join(f"{k}{v}" for k, v in layout.items()))
+def test_every_mlp_layout_trains_what_one_device_trains(layout):
+    layout = dict(layout)
+    devices = layout.get("dp", 1) * layout.get("pp", 1) * layout.get("tp", 1)
+    base = {**MLP, "data": {**MLP["data"], "batch_size": 24 if layout.get("microbatches", 1) != 8 else 32}}
+    split = run(scenario(base, devices, **layout))
+    global_batch = base["data"]["batch_size"] * layout.get("dp", 1)
+    alone = run(scenario({**base, "data": {**base["data"], "batch_size": global_batch}}))
+    assert split.data["status"] == "ok"
+    torch.testing.assert_close(flat_parameters(split.final_models[0]), flat_parameters(alone.final_models[0]),
+                               rtol=0, atol=1e-5)
+    assert split.data["final_loss"] == pytest.approx(alone.data["final_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("layout", [
+    {"pp": 2, "schedule": "1f1b", "microbatches": 4},
+    {"pp": 4, "schedule": "gpipe", "microbatches": 2},
+    {"pp": 2, "schedule": "interleaved", "microbatches": 2, "virtual_stages": 2},
+    {"tp": 2}, {"tp": 4},
+    {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
+], ids=lambda layout: "-".join(f"{k}{v}" for k, v in layout.items()))
+def test_every_gpt_layout_trains_what_one_device_trains(layout):
+    layout = dict(layout)
+    devices = layout.get("dp", 1) * layout.get("pp", 1) * layout.get("tp", 1)
+    split = run(scenario(GPT, devices, **layout))
+    global_batch = GPT["data"]["batch_size"] * layout.get("dp", 1)
+    alone = run(scenario({**GPT, "data": {**GPT["data"], "batch_size": global_batch}}))
+    torch.testing.assert_close(flat_parameters(split.final_models[0]), flat_parameters(alone.final_models[0]),
+                               rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- bubbles, memory, traffic
+
+class Scale(nn.Module):
+    """x * s: makes the first Linear's input need a gradient, so the first stage's backward is a
+    stage like the others (the FLOP counter counts element-wise work as 0)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.s = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        return x * self.s
+
+
+def equal_blocks(width: int = 32, blocks: int = 8) -> nn.Sequential:
+    """Identical Linear + ReLU blocks: equal pipeline stages (the head is a block too)."""
+    layers = [Scale(width)]
+    for _ in range(blocks):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+EQUAL = {"name": "equal", "cluster": {"devices": 1, "link": FREE_LINKS},
+         "model": {"name": "test_model_parallel:equal_blocks"},
+         "data": {"name": "synthetic", "samples": 512, "features": 32, "classes": 32, "batch_size": 32},
+         "train": {"steps": 1}, "report": {"every": 1}}
+
+
+def one_step(scenario_):
+    """Run one step on a fresh cluster; the job, for its spans and ledgers."""
+    cluster = build_cluster(scenario_.cluster, record=True, seed=scenario_.seed)
+    job = Job(scenario_, cluster, range(cluster.size))
+    job.start()
+    run_to_end(cluster.env)
+    assert not job.scheme.stuck()
+    return job
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 2, 4, 1),
+                                            ("gpipe", 2, 1, 1), ("interleaved", 2, 4, 2), ("interleaved", 4, 8, 2)])
+def test_pipeline_step_time_is_the_closed_form(schedule, p, m, v):
+    job = one_step(scenario(EQUAL, p, pp=p, schedule=schedule, microbatches=m, virtual_stages=v))
+    spans = job.cluster.log.spans
+    chunk_forward = next(s.end - s.start for s in spans if s.name == "forward")
+    chunk_backward = next(s.end - s.start for s in spans if s.name == "backward")
+    t_f, t_b = v * chunk_forward, v * chunk_backward  # one microbatch through one whole stage
+    pipeline_end = max(s.end for s in spans if s.name == "backward")
+    expected = (m + (p - 1) / v) * (t_f + t_b)
+    assert pipeline_end == pytest.approx(expected, rel=0.01)
+    bubble = sum(s.end - s.start for s in spans if s.kind == "bubble" and s.rank == 0)
+    assert bubble == pytest.approx((p - 1) / v * (t_f + t_b), rel=0.01)  # stage 0 waits out the whole bubble
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_stage_holds_the_activations_its_schedule_keeps(schedule):
+    p, m = 4, 8
+    job = one_step(scenario(EQUAL, p, pp=p, schedule=schedule, microbatches=m))
+    for rank, device in enumerate(job.devices):
+        per_microbatch = next(cost.activation_bytes for key, cost in job.scheme._costs.items()
+                              if key[0] == id(job.replicas[rank]))
+        held = m if schedule == "gpipe" else min(p - rank, m)
+        assert device.memory.peak_breakdown["activations"] == held * per_microbatch
+
+
+def test_pipeline_sends_one_activation_and_one_gradient_per_boundary_and_microbatch():
+    p, m, batch, width = 4, 8, 32, 32
+    report = run(scenario({**EQUAL, "cluster": {"devices": 1, "topology": "ring",
+                                                "link": {"bandwidth": "50 GB/s", "latency": "5 us"}},
+                           "train": {"steps": 2}}, p, pp=p, microbatches=m))
+    per_message = batch // m * width * 4  # fp32 activations of one microbatch
+    expected = 2 * (p - 1) * m * per_message * 2  # both directions, every boundary, every microbatch, 2 steps
+    assert report.data["parallel"]["bytes_by_kind"] == {"dp_allreduce": 0, "pp_p2p": expected, "tp_allreduce": 0}
+    assert sum(link["bytes"] for link in report.data["links"]) == expected  # neighbours on the ring: one hop
+
+
+def test_tensor_parallel_all_reduces_each_pairs_activation_forward_and_its_gradient_backward():
+    batch, steps = 24, 2
+    report = run(scenario({**MLP, "model": {"hidden": [64, 64, 64]}, "train": {"steps": steps},
+                           "data": {"name": "digits", "batch_size": batch}}, 2, tp=2))
+    # pairs (Linear 64-64, Linear 64-64) and (Linear 64-64, Linear 64-10): forward sums of the outputs
+    # (64 and 10 features), backward sums of the inputs' gradients (none for the data, 64 for the second)
+    values = batch * (64 + 10 + 64)
+    ring_bytes = 2 * 4 * values  # a 2-rank ring: each rank sends its half of the buffer twice
+    assert report.data["parallel"]["bytes_by_kind"]["tp_allreduce"] == steps * ring_bytes
+    assert sum(link["bytes"] for link in report.data["links"]) == steps * ring_bytes
+
+
+# ---------------------------------------------------------------- pure logic
+
+@pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1), ("1f1b", 4, 2, 1),
+                                        ("interleaved", 2, 4, 3), ("interleaved", 4, 8, 2)])
+def test_every_schedule_runs_each_microbatch_once_each_way_backward_after_forward(name, p, m, v):
+    for stage in range(p):
+        actions = pipeline_schedule(name, p, stage, m, v)
+        forwards = [(a.microbatch, a.chunk) for a in actions if a.kind == "forward"]
+        backwards = [(a.microbatch, a.chunk) for a in actions if a.kind == "backward"]
+        every = sorted((mb, c) for mb in range(m) for c in range(v))
+        assert sorted(forwards) == every and sorted(backwards) == every
+        for key in every:
+            assert actions.index(("forward", *key)) < actions.index(("backward", *key))
+        in_flight = peak = 0
+        for action in actions:
+            in_flight += 1 if action.kind == "forward" else -1
+            peak = max(peak, in_flight)
+        if name == "1f1b":
+            assert peak == min(p - stage, m)
+        if name == "gpipe":
+            assert peak == m
+
+
+def test_layout_places_tp_innermost_then_pp_then_dp():
+    layout = Layout(dp=2, pp=2, tp=2)
+    assert layout.coordinates(5) == {"tp": 1, "pp": 0, "dp": 1}
+    assert layout.group("tp", 5) == [4, 5] and layout.group("pp", 5) == [5, 7] and layout.group("dp", 5) == [1, 5]
+    assert layout.groups("pp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    other = Layout(dp=2, pp=2, tp=2, placement=("dp", "tp", "pp"))
+    assert other.group("dp", 0) == [0, 1] and other.group("pp", 0) == [0, 4]
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"cluster": {"devices": 8}, "parallel": {"pp": 3}}, "parallel.dp: dp (default) x pp 3 x tp 1 must equal"),
+    ({"cluster": {"devices": 4}, "parallel": {"pp": 4}, "model": {"hidden": [8]}},
+     "parallel.pp: 4 model parts (pp x virtual_stages) but the model has only 2 splittable layers"),
+    ({"cluster": {"devices": 2}, "parallel": {"tp": 2}, "model": {"hidden": [9, 9]}},
+     "parallel.tp: the model cannot be split 2 ways"),
+    ({"cluster": {"devices": 2}, "parallel": {"tp": 2}, "model": {"name": "cnn"}}, "parallel.tp: the model has no"),
+    ({"cluster": {"devices": 2}, "parallel": {"pp": 2}, "model": {"name": "cnn"}, "train": {"precision": "fp16"}},
+     "train.precision: fp16"),
+    ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "pipeline": {"microbatches": 5}}},
+     "parallel.pipeline.microbatches: 5 does not divide data.batch_size 32"),
+    ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "pipeline": {"virtual_stages": 2}}},
+     "parallel.pipeline.virtual_stages: 2 chunks per device need schedule interleaved"),
+    ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "scheme": "async"}}, "parallel.scheme: async does not"),
+    ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "pipeline": {"split": [1, 1]}}},
+     "parallel.pipeline.split: needs 2 counts"),
+])
+def test_layouts_that_do_not_fit_are_one_line_errors(raw, message):
+    with pytest.raises(ScenarioError) as error:
+        scenario_ = validate_scenario({"train": {"steps": 1}, **raw})
+        one_step(scenario_)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_shipped_scenarios_run():
+    report = run(load_scenario("scenarios/pipeline.yaml", ["train.steps=2"]))
+    assert report.data["parallel"]["pp"] == 4 and report.data["parallel"]["bubble_fraction"] > 0
