@@ -21,7 +21,8 @@ device: doubling until a batch does not fit, then bisection between the last
 that fits and the first that does not. Each probe is a replay, not an
 extrapolation: the activation peak is not linear in the batch size for every
 model. The smallest batch tried is 2 for a model with BatchNorm (torch's
-BatchNorm cannot train on one sample per channel), else 1.
+BatchNorm cannot train on one sample per channel), else 1; under pipeline
+parallelism every size tried is a multiple of `pipeline.microbatches`.
 
     plans = plan_memory(load_scenario("scenarios/quickstart.yaml"))
     plans[0].peak_bytes, plans[0].by_category, plans[0].largest_batch
@@ -95,10 +96,10 @@ def plan_memory(scenario: Scenario, batch_size: int | None = None) -> list[Devic
     """Per device: the peak of one training step at `batch_size` (default the scenario's), by category."""
     probe = _Probe(scenario)
     job = probe.replay(scenario.data.batch_size if batch_size is None else batch_size)
-    smallest = _smallest_batch(job)
+    sizes = _batch_sizes(job)
     return [DeviceMemory(rank=rank, device=device.spec.name, capacity_bytes=int(device.spec.memory_bytes),
                          peak_bytes=device.memory.peak_total, by_category=dict(device.memory.peak_breakdown),
-                         largest_batch=_largest(probe, rank, device.spec.memory_bytes, smallest))
+                         largest_batch=_largest(probe, rank, device.spec.memory_bytes, sizes))
             for rank, device in enumerate(job.devices)]
 
 
@@ -106,16 +107,23 @@ def largest_batch(scenario: Scenario, rank: int) -> int:
     """The largest per-device batch size whose step fits device `rank` of the scenario (0 if none does)."""
     probe = _Probe(scenario)
     job = probe.replay(scenario.data.batch_size)
-    return _largest(probe, rank, job.devices[rank].spec.memory_bytes, _smallest_batch(job))
+    return _largest(probe, rank, job.devices[rank].spec.memory_bytes, _batch_sizes(job))
 
 
-def _smallest_batch(job: Job) -> int:
-    """2 for a model with BatchNorm (it cannot train on one sample per channel), else 1."""
+def _batch_sizes(job: Job) -> tuple[int, int]:
+    """(smallest, step) of the batch sizes the job can run: a pipeline cuts its batch into
+    `microbatches` equal parts (step), and a model with BatchNorm cannot train on one sample
+    per channel (smallest 2)."""
+    parallel = job.scenario.parallel
+    step = parallel.pipeline.microbatches if parallel.pp > 1 else 1
     batchnorm = any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in job.model.modules())
-    return 2 if batchnorm else 1
+    return (step * 2 if batchnorm and step == 1 else step), step
 
 
-def _largest(probe: _Probe, rank: int, capacity_bytes: float, smallest: int) -> int:
+def _largest(probe: _Probe, rank: int, capacity_bytes: float, sizes: tuple[int, int]) -> int:
+    """The largest batch size (a multiple of step, from smallest) whose step fits; 0 if none does.
+    Doubling from the smallest, then bisection."""
+    smallest, step = sizes
     if not probe.fits(rank, smallest, capacity_bytes):
         return 0
     fits, too_big = smallest, None
@@ -127,8 +135,8 @@ def _largest(probe: _Probe, rank: int, capacity_bytes: float, smallest: int) -> 
             fits = candidate
         else:
             too_big = candidate
-    while too_big - fits > 1:
-        middle = (fits + too_big) // 2
+    while too_big - fits > step:
+        middle = (fits + too_big) // 2 // step * step
         if probe.fits(rank, middle, capacity_bytes):
             fits = middle
         else:

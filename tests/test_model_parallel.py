@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from simtrain import load_scenario, run
+from simtrain import load_scenario, plan_memory, run
 from simtrain.errors import ScenarioError
 from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
@@ -229,3 +229,11 @@ def test_layouts_that_do_not_fit_are_one_line_errors(raw, message):
 def test_the_shipped_scenarios_run():
     report = run(load_scenario("scenarios/pipeline.yaml", ["train.steps=2"]))
     assert report.data["parallel"]["pp"] == 4 and report.data["parallel"]["bubble_fraction"] > 0
+
+
+def test_the_memory_plan_of_a_pipeline_tries_whole_microbatches():
+    scenario_ = load_scenario("scenarios/data_vs_model_parallel.yaml",
+                              ["parallel.pp=4", "model.hidden=1024", "model.heads=8", "data.seq_len=128"])
+    for plan in plan_memory(scenario_):
+        assert plan.peak_bytes <= plan.capacity_bytes
+        assert plan.largest_batch > scenario_.data.batch_size and plan.largest_batch % 4 == 0
