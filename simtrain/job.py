@@ -68,7 +68,7 @@ class Job:
             model = build_model(scenario.model, self.data.info, scenario.seed)
         if scenario.parallel.model_parallel:
             self.model = model  # the initial model; each rank holds its share of it
-            shares, self.part_entries = rank_shares(model, self.layout, scenario, self._sample_microbatch())
+            shares = rank_shares(model, self.layout, scenario, self._sample_microbatch())
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
             shares = [copy.deepcopy(self.model) for _ in range(self.world)]

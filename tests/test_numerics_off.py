@@ -22,6 +22,12 @@ TECHNIQUES = {
     "sync batchnorm": {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}},
     "async locked": {"parallel": {"scheme": "async", "async": {"consistency": "locked"}}},
     "straggler and jitter": {"cluster": {"overrides": {1: {"slowdown": 1.7}}, "compute_jitter": 0.3}},
+    "pipeline 1f1b, bf16, checkpointing": {"parallel": {"pp": 3, "pipeline": {"microbatches": 4}},
+                                           "train": {"precision": "bf16", "checkpointing": "sqrt"}},
+    "pipeline interleaved": {"cluster": {"devices": 2}, "model": {"hidden": [40, 24, 24]},
+                             "parallel": {"pp": 2, "pipeline": {"schedule": "interleaved", "virtual_stages": 2,
+                                                                "microbatches": 2}}},
+    "dp x pp x tp": {"cluster": {"devices": 8}, "parallel": {"tp": 2, "pp": 2, "pipeline": {"microbatches": 2}}},
 }
 NEEDS_VALUES = ("final_loss", "final_accuracy", "loss_curve", "train_loss_curve", "weight_norms", "wall_time_s")
 

@@ -47,9 +47,10 @@ from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
 from .stage_execution import chunk_backward, chunk_forward, measure_chunk
 
-def rank_shares(model, layout: Layout, scenario, sample_x) -> tuple[list[RankModule], list[list[int]]]:
-    """Every job rank's share of `model` under `layout`, and the model's entries in each part
-    (one-line errors name the field at fault)."""
+
+def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list[RankModule]:
+    """Every job rank's share of `model` under `layout`, the parts balanced on batches shaped like
+    `sample_x` (one-line errors name the field at fault)."""
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
     try:
@@ -78,10 +79,7 @@ def rank_shares(model, layout: Layout, scenario, sample_x) -> tuple[list[RankMod
     if layout.tp > 1 and all(type(op) is Apply for share in shares for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")
-    starts = [sum(counts[:part]) for part in range(parts)]
-    part_entries = [[entry for unit in units[start:start + count] for entry in unit]
-                    for start, count in zip(starts, counts)]
-    return shares, part_entries
+    return shares
 
 
 class ModelParallel:

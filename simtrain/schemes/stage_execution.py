@@ -1,4 +1,4 @@
-"""A rank's model chunk, forward and backward for one microbatch, with its tensor-parallel all-reduces as real collectives.
+"""A model chunk's forward and backward for one microbatch, with its tensor-parallel all-reduces as collectives.
 
 A chunk's work is a list of `Apply` steps and all-reduces
 (train/tensor_parallel.py). The all-reduces cut it into regions. Forward runs
@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..cost import SavedTensorTracker
 from ..loss import cross_entropy
-from ..train.tensor_parallel import AllReduceBackward, AllReduceForward, Apply
+from ..train.tensor_parallel import AllReduceForward, Apply
 from .program import Compute
 
 
