@@ -10,6 +10,9 @@ waits inside the all-reduce for the others: that wait is its idle time.
     scheme = SyncDataParallel(job)          # parallel.scheme: naive | ring | tree
     job.start(); run_to_end(job.cluster.env)
 
+Before each step every rank runs the job's `before_step` program (job.py: a
+schedule's hyperparameters, a population's exploit); it may end training there.
+
 With `optimizer="kfac"` the K-FAC work (factors averaged with the same
 collective, inversions shared out and broadcast, preconditioning) runs between
 the all-reduce and the base optimizer's step (schemes/kfac_sync.py). With
@@ -28,7 +31,9 @@ from ..comm import build_all_reduce
 from ..errors import ScenarioError
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.precision import persistent_bytes, update_bytes
+from ..train.hyperparameters import set_live
 from ..train.syncbn import synced_batchnorms
+from ..train.training_state import TrainingState
 from .kfac_sync import DistributedKfac
 from .local_work import forward_backward
 from .program import Alloc, Collective, MemoryBound
@@ -36,6 +41,8 @@ from .program import Alloc, Collective, MemoryBound
 
 class SyncDataParallel:
     """Data-parallel training with a synchronous gradient all-reduce every step."""
+
+    state_on_store = False  # every device holds the whole training state
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -79,6 +86,8 @@ class SyncDataParallel:
             yield Alloc("kfac", self.kfac.memory_bytes(rank))
         statistics = (lambda buffer: self.all_reduce(rank, self.world, buffer)) if self.sync_batchnorm else None
         for step in range(self.steps):
+            if not (yield from self.job.before_step(rank, step)):
+                break
             loss = yield from forward_backward(replica, statistics)
             self._step_losses[step][rank] = loss
             yield Collective(self.all_reduce(rank, self.world, replica.grad_buffer, average=True), "all_reduce")
@@ -103,6 +112,16 @@ class SyncDataParallel:
                 self._norms[name].append(norm)
         if self.on_step is not None:
             self.on_step(step, now, mean_loss)
+
+    def set_hyperparameters(self, rank: int, values: dict) -> None:
+        replica = self.replicas[rank]
+        set_live(replica.optimizer, [replica.loader], values)
+
+    def training_state(self) -> TrainingState:
+        return self.replicas[0].training_state()  # every replica holds the same state
+
+    def load_training_state(self, rank: int, state: TrainingState, flat) -> None:
+        self.replicas[rank].load_training_state(state, flat)
 
     def stuck(self) -> list[int]:
         return self.job.comm.stuck()
