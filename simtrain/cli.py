@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import click
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -176,7 +177,10 @@ def replay(report_file, member, out_file):
                               str(resolved_path), ScenarioError)
     scenario = replay_scenario(resolved, data["pbt"], pick_member(data["pbt"], member))
     validate_scenario(scenario, source=out_file)
-    Path(out_file).write_text(yaml.safe_dump(scenario, sort_keys=False))
+    try:
+        Path(out_file).write_text(yaml.safe_dump(scenario, sort_keys=False))
+    except OSError as error:
+        raise SimtrainError(f"--out: cannot write {out_file} ({one_line(error.strerror or str(error))})") from None
     console.print(f"wrote {out_file}: member {scenario['name']}, {len(scenario['train']['schedule'])} schedule "
                   f"entries, {scenario['train']['steps']} steps")
 
