@@ -175,13 +175,14 @@ def replay(report_file, member, out_file):
     resolved_path = report_path.parent / "scenario.resolved.yaml"
     resolved = load_yaml_file(user_path(resolved_path, "REPORT's scenario.resolved.yaml", ScenarioError),
                               str(resolved_path), ScenarioError)
-    scenario = replay_scenario(resolved, data["pbt"], pick_member(data["pbt"], member))
+    picked = pick_member(data["pbt"], member)
+    scenario = replay_scenario(resolved, data["pbt"], picked)
     validate_scenario(scenario, source=out_file)
     try:
         Path(out_file).write_text(yaml.safe_dump(scenario, sort_keys=False))
     except OSError as error:
         raise SimtrainError(f"--out: cannot write {out_file} ({one_line(error.strerror or str(error))})") from None
-    console.print(f"wrote {out_file}: member {scenario['name']}, {len(scenario['train']['schedule'])} schedule "
+    console.print(f"wrote {out_file}: the lineage of member {picked}, {len(scenario['train']['schedule'])} schedule "
                   f"entries, {scenario['train']['steps']} steps")
 
 

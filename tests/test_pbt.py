@@ -100,10 +100,15 @@ def test_right_after_an_exploit_the_recipient_holds_the_donors_state_bit_for_bit
         assert torch.equal(received.flat, checkpoint.flat)
     pieces = [name.split(".")[0] for name, _, _ in checkpoint.layout]
     assert "optimizer" in pieces and ("master" in pieces) == ("precision" in train)
-    # The checkpoint is the donor's state at the round: its parameters as they were after 10 steps.
-    donor = population.members[event["from"]]
     assert checkpoint.nbytes == event["bytes"]
-    assert donor.metrics[0][0] == 10
+    # The checkpoint is the donor's state at the round: its model as a single run of 10 steps leaves it.
+    donor = population.members[event["from"]]
+    ten_steps = donor.job.scenario.model_copy(update={"train": donor.job.scenario.train.model_copy(
+        update={"steps": 10}), "cluster": population_scenario().cluster.model_copy(update={"devices": 2})})
+    alone = simtrain.run(ten_steps).final_model
+    if "precision" not in train:
+        model_bytes = torch.cat([t.reshape(-1).view(torch.uint8) for t in alone.state_dict().values()])
+        assert torch.equal(checkpoint.flat[:len(model_bytes)], model_bytes)
 
 
 def test_an_exploit_moves_the_state_once_between_the_groups_in_the_closed_form_time(tmp_path):
@@ -169,6 +174,33 @@ def test_every_synchronous_round_of_eight_has_exactly_the_two_worst_copy_the_two
         events = [event for event in section["events"] if event["step"] == step]
         assert sorted(event["to"] for event in events) == sorted(bottom)
         assert all(event["from"] in top for event in events)
+
+
+def test_without_synch_a_ready_member_is_compared_with_every_members_latest_metric():
+    # Batch sizes 8 to 64 make members' steps take different times: rounds fall at different instants.
+    report = run_population(population_scenario(population=4, devices=4, steps=41, interval=10, pbt={
+        "synch": False, "quantile_fraction": 0.5}))
+    section = report.data["pbt"]
+    checked = 0
+    for event in section["events"]:
+        rounds_then = [m["id"] for m in section["members"] for _, t, _ in m["metrics"] if t == event["sim_time_s"]]
+        if rounds_then != [event["to"]]:
+            continue  # members ready at the same instant decide in the order they got there
+        checked += 1
+        latest = {m["id"]: [point for point in m["metrics"][:-1] if point[1] <= event["sim_time_s"]][-1]
+                  for m in section["members"] if m["metrics"][0][1] <= event["sim_time_s"]}
+        bottom, top = quantiles({member: point[2] for member, point in latest.items()}, "min", 0.5)
+        assert event["to"] in bottom and event["from"] in top
+        assert event["from_step"] == latest[event["from"]][0] and event["step"] == latest[event["to"]][0]
+    assert checked >= 2
+
+
+def test_members_stop_at_the_round_a_member_reaches_the_stop_metric():
+    report = run_population(population_scenario(population=4, devices=4, steps=40, interval=10, pbt={
+        "stop": {"metric": 2.3}}))
+    first_round = [m["metrics"][0][2] for m in report.data["pbt"]["members"]]
+    assert min(first_round) <= 2.3 < max(first_round)
+    assert [m["steps"] for m in report.data["pbt"]["members"]] == [10] * 4
 
 
 MUTATIONS = {"lr": RangeSpec(log_uniform=(0.001, 1.0)), "momentum": RangeSpec(uniform=(0.0, 0.99)),
