@@ -22,20 +22,9 @@ from simtrain.studies.pbt import Population, run_population
 from simtrain.studies.pbt_replay import lineage
 from simtrain.studies.pbt_strategy import choose_donors, explore, initial_hyperparameters, quantiles
 from simtrain.train.data import ShardLoader, hold_out_validation, load_dataset
-
-BANDWIDTH, LATENCY = 10e9, 2e-6
-# Two switches joined by one uplink, two GPUs on each: member 0 on sw0, member 1 on sw1, so only an
-# exploit crosses the uplink.
-TWO_SWITCHES = f"""
-gpus: [gpu0, gpu1, gpu2, gpu3]
-switches: [sw0, sw1]
-links:
-  - {{between: [gpu0, sw0], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
-  - {{between: [gpu1, sw0], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
-  - {{between: [gpu2, sw1], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
-  - {{between: [gpu3, sw1], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
-  - {{between: [sw0, sw1], bandwidth: {BANDWIDTH}, latency: {LATENCY}}}
-"""
+# Two switches joined by one uplink, two GPUs on each: member 0 on sw0, member 1 on sw1, so only an exploit
+# crosses the uplink.
+from test_jobs import BANDWIDTH, LATENCY, TWO_SWITCHES
 
 
 def population_scenario(population=4, devices=8, steps=30, interval=10, pbt=None, **sections):

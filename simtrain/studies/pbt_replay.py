@@ -93,6 +93,8 @@ def plot_population(section: dict, path) -> None:
                      section["events"][0] else None)
     metric = section["metric"]
     axes[0].set_ylabel(f"{metric['name']} ({metric['mode']})")
+    if metric["name"].endswith("loss"):
+        axes[0].set_yscale("log")
     axes[0].set_title(f"population of {len(members)}: best member {section['best']}; "
                       f"{len(section['events'])} exploits")
     axes[0].legend(fontsize=7, ncol=2)

@@ -27,6 +27,13 @@ endless stream of batches. It yields exactly the batches of
 num_replicas, rank, shuffle=True, seed=seed, drop_last=True), drop_last=True)`
 with `sampler.set_epoch(epoch)` before each epoch, as a real DDP job sees them,
 but indexes the tensors directly instead of going through DataLoader.
+`set_batch_size` changes the size of the next batches (a live hyperparameter,
+train/hyperparameters.py); the stream goes on from the sample it reached.
+
+`hold_out_validation(splits, fraction, seed)` moves a seeded draw of the
+training split to `splits.validation` (`data.validation_fraction`, what
+population-based training's val_* metrics read); the test split is never used
+for it.
 
     splits = load_dataset("digits", {}, seed=0)
     loader = ShardLoader(splits.train, num_replicas=4, rank=1, batch_size=32, seed=0)
