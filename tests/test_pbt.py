@@ -67,8 +67,9 @@ def run_spying_on_copies(scenario):
     def spy(member, rank, decision):
         yield from copy(member, rank, decision)
         scheme = member.job.scheme
-        copies.append((member.id, rank, scheme.training_state() if scheme.state_on_store
-                       else member.job.replicas[rank].training_state(), decision.donor.checkpoint))
+        sharded = scheme.state_placement == "sharded"
+        copies.append((member.id, rank, scheme.training_state(rank),
+                       decision.donor.checkpoint[rank if sharded else 0]))
 
     population._copy = spy
     population.run()
@@ -115,6 +116,20 @@ def test_an_exploit_moves_the_state_once_between_the_groups_in_the_closed_form_t
     assert {(span.rank, span.name) for span in spans} == {
         (rank, name) for rank in population.members[event["to"]].job.ranks
         for name in ("exploit", "exploit all-gather")}
+
+
+def test_pipeline_members_copy_each_stage_from_the_donors_same_stage(tmp_path):
+    scenario = two_switch_population(tmp_path, parallel={"scheme": "ring", "pp": 2, "pipeline": {"microbatches": 2}})
+    population, copies = run_spying_on_copies(scenario)
+    [event] = population.events
+    donor = population.members[event["from"]]
+    assert sorted(rank for _, rank, _, _ in copies) == [0, 1]
+    for _, rank, received, checkpoint in copies:
+        assert checkpoint is donor.checkpoint[rank] and torch.equal(received.flat, checkpoint.flat)
+    assert donor.checkpoint[0].layout != donor.checkpoint[1].layout  # the two stages hold different layers
+    across = {(link["src"], link["dst"]): link["bytes"] for link in population.cluster.network.link_stats()}
+    uplink = ("sw0", "sw1") if event["from"] == 0 else ("sw1", "sw0")
+    assert across[uplink] == event["bytes"] == sum(state.nbytes for state in donor.checkpoint)
 
 
 def test_async_members_copy_the_store_at_its_bandwidth(tmp_path):

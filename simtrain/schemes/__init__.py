@@ -61,14 +61,17 @@ class Scheme(Protocol):
     def report_sections(self) -> dict:
         """The scheme's own sections of report.json."""
 
-    state_on_store: bool  # whether the training state lives in the cluster's store (else on the job's devices)
+    # Where the training state lives: "replicated" (every job rank holds all of it), "sharded" (each rank
+    # its own part) or "store" (the cluster's shared-memory store).
+    state_placement: str
 
     def set_hyperparameters(self, rank: int, values: dict) -> None:
         """Set live hyperparameters ({"train.optimizer.lr": 0.1}) from job rank `rank`'s next step on
         (train/hyperparameters.py)."""
 
-    def training_state(self):
-        """A packed copy of what the job trains on from (train/training_state.py TrainingState)."""
+    def training_state(self, rank: int):
+        """A packed copy of what job rank `rank` trains on from (train/training_state.py TrainingState);
+        the whole state for replicated and store placements."""
 
     def load_training_state(self, rank: int, state, flat) -> None:
         """Job rank `rank` goes on from `flat`, its received copy of `state.flat`, bit for bit."""

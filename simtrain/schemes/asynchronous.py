@@ -80,7 +80,7 @@ from .program import Alloc, Busy, Transfer, Wait
 class AsynchronousSGD:
     """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
 
-    state_on_store = True  # the training state lives in the store, not on the workers' devices
+    state_placement = "store"  # the training state lives in the store, not on the workers' devices
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -193,7 +193,7 @@ class AsynchronousSGD:
         set_live(self.optimizer, [replica.loader for replica in self.replicas], values)
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
 
-    def training_state(self) -> TrainingState:
+    def training_state(self, rank: int) -> TrainingState:
         return capture(self.shared_model, None, self.optimizer, None)
 
     def load_training_state(self, rank: int, state: TrainingState, flat) -> None:

@@ -30,6 +30,10 @@ replicas, are those of one device on the whole global batch. Each stage holds
 a microbatch's measured activation bytes from its forward to its backward:
 GPipe holds m, 1F1B at most pp - s on stage s.
 
+Before each step every rank runs the job's `before_step` program (job.py: a
+schedule's hyperparameters, a population's exploit, which copies each rank's
+share from the donor's rank of the same coordinates).
+
     scheme = ModelParallel(job)        # parallel.pp > 1 or parallel.tp > 1
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
@@ -39,9 +43,11 @@ import torch
 from ..comm import build_all_reduce
 from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
+from ..train.hyperparameters import set_live
 from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
 from ..train.precision import persistent_bytes, update_bytes
 from ..train.tensor_parallel import Apply
+from ..train.training_state import TrainingState
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
@@ -146,6 +152,8 @@ class ModelParallel:
             return Collective(tp_reduce(tp_rank, self.layout.tp, buffer), "tp_allreduce", tp_comm, tp_rank)
 
         for step in range(self.steps):
+            if not (yield from self.job.before_step(rank, step)):
+                break
             replica.grad_buffer.zero_()
             x, y = replica.loader.next_batch()
             x = replica.precision.cast_input(x)
@@ -245,6 +253,20 @@ class ModelParallel:
         self.loss_curve.append((now, mean))
         if self.on_step is not None:
             self.on_step(step, now, mean)
+
+    # --- live hyperparameters and the training state (train/hyperparameters.py, train/training_state.py) ---
+
+    state_placement = "sharded"  # each rank holds its own share of the model and its optimizer state
+
+    def set_hyperparameters(self, rank: int, values: dict) -> None:
+        replica = self.replicas[rank]
+        set_live(replica.optimizer, [replica.loader], values)
+
+    def training_state(self, rank: int) -> TrainingState:
+        return self.replicas[rank].training_state()
+
+    def load_training_state(self, rank: int, state: TrainingState, flat) -> None:
+        self.replicas[rank].load_training_state(state, flat)
 
     # --- what the runner reads ---
 

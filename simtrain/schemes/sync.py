@@ -42,7 +42,7 @@ from .program import Alloc, Collective, MemoryBound
 class SyncDataParallel:
     """Data-parallel training with a synchronous gradient all-reduce every step."""
 
-    state_on_store = False  # every device holds the whole training state
+    state_placement = "replicated"  # every device holds the whole training state
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -117,8 +117,8 @@ class SyncDataParallel:
         replica = self.replicas[rank]
         set_live(replica.optimizer, [replica.loader], values)
 
-    def training_state(self) -> TrainingState:
-        return self.replicas[0].training_state()  # every replica holds the same state
+    def training_state(self, rank: int) -> TrainingState:
+        return self.replicas[rank].training_state()
 
     def load_training_state(self, rank: int, state: TrainingState, flat) -> None:
         self.replicas[rank].load_training_state(state, flat)

@@ -29,6 +29,8 @@ each rank unpacks its received bytes into its replica, bit for bit. So the
 bytes crossing from the donor's group to the recipient's are the state's size
 once. With async members the state lives in the cluster's store: the copy is
 store memory to store memory, read and written at the store's bandwidth.
+Under pipeline or tensor parallelism each rank holds its own share: recipient
+rank r receives donor rank r's share whole.
 **Explore** then perturbs the copied hyperparameters, which apply live from
 the recipient's next step (train/hyperparameters.py).
 
@@ -83,11 +85,11 @@ class Member:
     monitor: TrainLossMonitor
     schedule: list = field(default_factory=list)  # [step, sim_time_s, values] whenever they change
     metrics: list = field(default_factory=list)  # [step, sim_time_s, metric] at every round and at the end
-    checkpoint: object = None  # TrainingState at its last round
+    checkpoint: list = field(default_factory=list)  # TrainingStates at its last round (one per rank if sharded)
     checkpoint_step: int = 0
     arrived: int = 0  # ranks paused at the current round
     gate: simpy.Event | None = None  # fires with the round's _Decision
-    copied: simpy.Event | None = None  # store-held state: fires once the store holds the copy
+    copied: simpy.Event | None = None  # state in the store: fires once the store holds the copy
 
     @property
     def metric(self) -> float:
@@ -155,7 +157,9 @@ class Population:
     def _ready(self, member: Member, step: int) -> None:
         """Every rank of `member` paused before `step`: measure it, keep its checkpoint, decide."""
         member.metrics.append([step, self.env.now, self._metric(member)])
-        member.checkpoint = member.job.scheme.training_state()
+        scheme = member.job.scheme
+        holders = range(member.job.world) if scheme.state_placement == "sharded" else [0]
+        member.checkpoint = [scheme.training_state(rank) for rank in holders]
         member.checkpoint_step = step
         if self.spec.stop is not None and self._reached(member.metric, self.spec.stop.metric):
             self.stopping = True
@@ -180,12 +184,13 @@ class Population:
                                           self.spec.resample_probability, self.spec.perturbation_factors,
                                           self.rng)
                 decision.event = {"sim_time_s": self.env.now, "step": step, "from": donor.id, "to": member.id,
-                                  "from_step": donor.checkpoint_step, "bytes": donor.checkpoint.nbytes,
+                                  "from_step": donor.checkpoint_step,
+                                  "bytes": sum(state.nbytes for state in donor.checkpoint),
                                   "transfer_s": 0.0, "old": dict(member.values), "new": dict(decision.values)}
                 self.events.append(decision.event)
                 member.values = dict(decision.values)
                 member.schedule.append([step, self.env.now, dict(decision.values)])
-                if member.job.scheme.state_on_store:
+                if member.job.scheme.state_placement == "store":
                     member.copied = self.env.event()
             member.gate.succeed(decision)
 
@@ -203,20 +208,28 @@ class Population:
     def _copy(self, member: Member, rank: int, decision: _Decision):
         """Step program of the recipient's rank `rank`: receive the donor's checkpoint, take it, apply the
         explored hyperparameters."""
-        job, state, started = member.job, decision.donor.checkpoint, self.env.now
-        if job.scheme.state_on_store:
+        job, donor, started = member.job, decision.donor.job, self.env.now
+        placement, checkpoint = job.scheme.state_placement, decision.donor.checkpoint
+        if placement == "store":
             if rank == 0:  # the store copies the state within itself: read and write at its bandwidth
+                state = checkpoint[0]
                 yield Busy(2 * state.nbytes / self.cluster.shared_memory.bandwidth, "exploit copy",
                            kind="communication", nbytes=state.nbytes)
                 job.scheme.load_training_state(0, state, state.flat.clone())
                 member.copied.succeed()
             yield Wait(member.copied)
+        elif placement == "sharded":  # each rank's own share, from the donor's rank of the same coordinates
+            state = checkpoint[rank]
+            yield Alloc("comm_buffers", state.nbytes)
+            yield Transfer(donor.devices[rank].node, job.devices[rank].node, state.nbytes, "exploit")
+            job.scheme.load_training_state(rank, state, state.flat.clone())
+            yield Free("comm_buffers", state.nbytes)
         else:
-            yield from self._receive(job, decision.donor.job, rank, state)
+            yield from self._receive_replicated(job, donor, rank, checkpoint[0])
         job.scheme.set_hyperparameters(rank, decision.values)
         decision.event["transfer_s"] = max(decision.event["transfer_s"], self.env.now - started)
 
-    def _receive(self, job: Job, donor: Job, rank: int, state):
+    def _receive_replicated(self, job: Job, donor: Job, rank: int, state):
         """1/k of the state from the donor's rank `rank`, the rest from the recipient's peers (ring all-gather)."""
         flat = torch.empty(state.nbytes, dtype=torch.uint8)
         yield Alloc("comm_buffers", state.nbytes)
