@@ -43,14 +43,13 @@ import torch
 from ..comm import build_all_reduce
 from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
-from ..train.hyperparameters import set_live
 from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
 from ..train.precision import persistent_bytes, update_bytes
 from ..train.tensor_parallel import Apply
-from ..train.training_state import TrainingState
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
+from .rank_replicas import RankReplicas
 from .stage_execution import chunk_backward, chunk_forward, measure_chunk
 
 
@@ -88,8 +87,10 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list
     return shares
 
 
-class ModelParallel:
+class ModelParallel(RankReplicas):
     """dp x pp x tp training with a pipeline schedule, tensor-parallel layers and a gradient all-reduce."""
+
+    state_placement = "sharded"  # each rank holds its own share of the model and its optimizer state
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -253,20 +254,6 @@ class ModelParallel:
         self.loss_curve.append((now, mean))
         if self.on_step is not None:
             self.on_step(step, now, mean)
-
-    # --- live hyperparameters and the training state (train/hyperparameters.py, train/training_state.py) ---
-
-    state_placement = "sharded"  # each rank holds its own share of the model and its optimizer state
-
-    def set_hyperparameters(self, rank: int, values: dict) -> None:
-        replica = self.replicas[rank]
-        set_live(replica.optimizer, [replica.loader], values)
-
-    def training_state(self, rank: int) -> TrainingState:
-        return self.replicas[rank].training_state()
-
-    def load_training_state(self, rank: int, state: TrainingState, flat) -> None:
-        self.replicas[rank].load_training_state(state, flat)
 
     # --- what the runner reads ---
 

@@ -31,15 +31,14 @@ from ..comm import build_all_reduce
 from ..errors import ScenarioError
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.precision import persistent_bytes, update_bytes
-from ..train.hyperparameters import set_live
 from ..train.syncbn import synced_batchnorms
-from ..train.training_state import TrainingState
 from .kfac_sync import DistributedKfac
 from .local_work import forward_backward
 from .program import Alloc, Collective, MemoryBound
+from .rank_replicas import RankReplicas
 
 
-class SyncDataParallel:
+class SyncDataParallel(RankReplicas):
     """Data-parallel training with a synchronous gradient all-reduce every step."""
 
     state_placement = "replicated"  # every device holds the whole training state
@@ -112,16 +111,6 @@ class SyncDataParallel:
                 self._norms[name].append(norm)
         if self.on_step is not None:
             self.on_step(step, now, mean_loss)
-
-    def set_hyperparameters(self, rank: int, values: dict) -> None:
-        replica = self.replicas[rank]
-        set_live(replica.optimizer, [replica.loader], values)
-
-    def training_state(self, rank: int) -> TrainingState:
-        return self.replicas[rank].training_state()
-
-    def load_training_state(self, rank: int, state: TrainingState, flat) -> None:
-        self.replicas[rank].load_training_state(state, flat)
 
     def stuck(self) -> list[int]:
         return self.job.comm.stuck()
