@@ -175,8 +175,12 @@ def replay(report_file, member, out_file):
     resolved_path = report_path.parent / "scenario.resolved.yaml"
     resolved = load_yaml_file(user_path(resolved_path, "REPORT's scenario.resolved.yaml", ScenarioError),
                               str(resolved_path), ScenarioError)
-    picked = pick_member(data["pbt"], member)
-    scenario = replay_scenario(resolved, data["pbt"], picked)
+    try:
+        picked = pick_member(data["pbt"], member)
+        scenario = replay_scenario(resolved, data["pbt"], picked)
+    except (KeyError, IndexError, TypeError, ValueError) as error:  # a report or scenario edited by hand
+        raise ScenarioError(f"{report_file}: its pbt section or scenario.resolved.yaml is not as simtrain wrote "
+                            f"it ({one_line(repr(error))})") from None
     validate_scenario(scenario, source=out_file)
     try:
         Path(out_file).write_text(yaml.safe_dump(scenario, sort_keys=False))

@@ -393,3 +393,11 @@ def test_replay_of_a_report_without_a_population_is_a_one_line_error(tmp_path, c
     (tmp_path / "report.json").write_text('{"name": "x"}')
     assert cli("pbt", "replay", str(tmp_path / "report.json"), "--out", str(tmp_path / "r.yaml")) == 2
     assert "no pbt section" in capsys.readouterr().err
+
+
+def test_replay_of_a_report_edited_by_hand_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "report.json").write_text('{"pbt": {"members": [], "events": []}}')
+    (tmp_path / "scenario.resolved.yaml").write_text("name: x\n")
+    assert cli("pbt", "replay", str(tmp_path / "report.json"), "--out", str(tmp_path / "r.yaml")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not as simtrain wrote it" in err and "\n" not in err
