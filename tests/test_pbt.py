@@ -16,7 +16,9 @@ import yaml
 
 import simtrain
 from simtrain.cli import main
+from simtrain.errors import ScenarioError
 from simtrain.evaluation import evaluate
+from simtrain.limits import MAX_SCHEDULE_ENTRIES
 from simtrain.scenario import RangeSpec, validate_scenario
 from simtrain.studies.pbt import Population, run_population
 from simtrain.studies.pbt_replay import lineage
@@ -401,3 +403,10 @@ def test_replay_of_a_report_edited_by_hand_is_a_one_line_error(tmp_path, capsys)
     assert cli("pbt", "replay", str(tmp_path / "report.json"), "--out", str(tmp_path / "r.yaml")) == 2
     err = capsys.readouterr().err.strip()
     assert "not as simtrain wrote it" in err and "\n" not in err
+
+
+def test_a_schedule_past_its_limit_is_refused_in_one_line():
+    entries = [{"step": step, "train.optimizer.lr": 0.1} for step in range(MAX_SCHEDULE_ENTRIES + 1)]
+    with pytest.raises(ScenarioError, match="train.schedule") as error:
+        validate_scenario({"train": {"schedule": entries}})
+    assert "\n" not in str(error.value)
