@@ -376,6 +376,15 @@ def _mutation(value):
     return value
 
 
+class CheckpointStorageSpec(_Strict):
+    """Storage that checkpoints go through instead of device-to-device copies: every member writes its state at
+    every round, a recipient's ranks read the donor's; each access takes latency + bytes / bandwidth and
+    accesses do not slow one another (an aggregate limit of the storage is not modelled)."""
+
+    bandwidth: Bandwidth  # of one write or read
+    latency: Duration = 0.0  # of one write or read
+
+
 class PbtStopSpec(_Strict):
     metric: Real()  # stop every member once a member's metric reaches this (mode decides the side)
 
@@ -395,6 +404,7 @@ class PbtSpec(_Strict):
     hyperparam_mutations: Annotated[dict[str, Annotated[Any, BeforeValidator(_mutation)]], Field(min_length=1)]
     synch: Flag = False  # true: rounds wait for every member; false: each member acts when it is ready (Ray)
     stop: PbtStopSpec | None = None  # None: every member trains train.steps
+    checkpoint: CheckpointStorageSpec | None = None  # None: exploits copy device to device over the network
 
 
 class ReportSpec(_Strict):

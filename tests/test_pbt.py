@@ -48,7 +48,7 @@ def population_scenario(population=4, devices=8, steps=30, interval=10, pbt=None
 
 # ---------------------------------------------------------------- exploit: a real copy, bit for bit
 
-def two_switch_population(tmp_path, **sections):
+def two_switch_population(tmp_path, checkpoint=None, **sections):
     """Two members of two GPUs; one value of lr, so the metrics decide the donor; member 0's devices are
     slowed so that its next all-reduce starts after the copy has ended."""
     topology = tmp_path / "two-switches.yaml"
@@ -56,7 +56,7 @@ def two_switch_population(tmp_path, **sections):
     cluster = {"topology": str(topology), "overrides": {0: {"slowdown": 1e4}, 1: {"slowdown": 1e4}},
                **sections.pop("cluster", {})}
     return population_scenario(population=2, steps=11, interval=10, cluster=cluster,
-                               pbt={"quantile_fraction": 0.5, "hyperparam_mutations": {
+                               pbt={"quantile_fraction": 0.5, "checkpoint": checkpoint, "hyperparam_mutations": {
                                    "train.optimizer.lr": [0.1]}}, **sections)
 
 
@@ -132,6 +132,27 @@ def test_pipeline_members_copy_each_stage_from_the_donors_same_stage(tmp_path):
     across = {(link["src"], link["dst"]): link["bytes"] for link in population.cluster.network.link_stats()}
     uplink = ("sw0", "sw1") if event["from"] == 0 else ("sw1", "sw0")
     assert across[uplink] == event["bytes"] == sum(state.nbytes for state in donor.checkpoint)
+
+
+def test_through_checkpoint_storage_every_member_writes_each_round_and_a_recipient_reads(tmp_path):
+    storage_bandwidth, storage_latency = 1e9, 1e-3
+    scenario = two_switch_population(tmp_path, checkpoint={"bandwidth": storage_bandwidth, "latency": storage_latency},
+                                     report={"trace": True})
+    population, copies = run_spying_on_copies(scenario)
+    [event] = population.events
+    access = storage_latency + event["bytes"] / storage_bandwidth
+    for _, _, received, checkpoint in copies:
+        assert torch.equal(received.flat, checkpoint.flat)
+    assert event["transfer_s"] == pytest.approx(access, rel=1e-12)  # each recipient rank reads the state
+    section = population.section()
+    assert section["checkpoint_write_s"] == pytest.approx(2 * access, rel=1e-12)  # one round, two members
+    assert section["copy_time_s"] == pytest.approx(3 * access, rel=1e-12)
+    across = {(link["src"], link["dst"]): link["bytes"] for link in population.cluster.network.link_stats()}
+    assert across[("sw0", "sw1")] == across[("sw1", "sw0")] == 0  # nothing goes device to device
+    spans = {(span.rank, span.name) for span in population.cluster.log.spans if span.name.startswith("checkpoint")}
+    recipient = population.members[event["to"]].job.ranks
+    assert spans == {(0, "checkpoint write"), (2, "checkpoint write"),
+                     *((rank, "checkpoint read") for rank in recipient)}
 
 
 def test_async_members_copy_the_store_at_its_bandwidth(tmp_path):

@@ -34,6 +34,12 @@ rank r receives donor rank r's share whole.
 **Explore** then perturbs the copied hyperparameters, which apply live from
 the recipient's next step (train/hyperparameters.py).
 
+With `checkpoint: {bandwidth, latency}` the state goes through storage
+instead, as Ray's checkpoints do: at every round each member's ranks write
+their state (latency + bytes / bandwidth, "checkpoint write" spans; the round
+waits for them), and a recipient's ranks read the donor's ("checkpoint
+read"); accesses do not slow one another.
+
 `stop: {metric: m}`: once a member's metric reaches m at a round, every member
 stops at its next round (at once with synch). The report is the cluster's
 (report.py), with the best member's model, curves and final figures, and a
@@ -115,6 +121,7 @@ class Population:
         self.stopping = False
         self.waiting: list[Member] = []  # synch: members ready at the current round
         self.events: list[dict] = []
+        self.checkpoint_write_s = 0.0  # member time spent writing checkpoints to storage
         group = size // spec.population
         self.members = []
         for index in range(spec.population):
@@ -155,21 +162,37 @@ class Population:
         return decision.go_on
 
     def _ready(self, member: Member, step: int) -> None:
-        """Every rank of `member` paused before `step`: measure it, keep its checkpoint, decide."""
-        member.metrics.append([step, self.env.now, self._metric(member)])
+        """Every rank of `member` paused before `step`: measure it, take its checkpoint (write it to storage, with
+        `checkpoint`), then it takes part in the round."""
+        point = [step, self.env.now, self._metric(member)]
         scheme = member.job.scheme
         holders = range(member.job.world) if scheme.state_placement == "sharded" else [0]
-        member.checkpoint = [scheme.training_state(rank) for rank in holders]
-        member.checkpoint_step = step
+        checkpoint = [scheme.training_state(rank) for rank in holders]
+        storage = self.spec.checkpoint
+        if storage is None:
+            self._kept(member, point, checkpoint)
+            return
+        seconds = max(storage.latency + state.nbytes / storage.bandwidth for state in checkpoint)
+        now = self.env.now
+        for rank, state in zip(holders, checkpoint):  # the holders write side by side, paused
+            self.cluster.log.span(member.job.ranks[rank], "communication", "checkpoint write", now, now + seconds,
+                                  nbytes=state.nbytes)
+        self.checkpoint_write_s += seconds
+        self.env.timeout(seconds).callbacks.append(lambda _: self._kept(member, point, checkpoint))
+
+    def _kept(self, member: Member, point: list, checkpoint: list) -> None:
+        """`member`'s metric and checkpoint of this round are in: others may now see and copy them; decide."""
+        member.metrics.append(point)
+        member.checkpoint, member.checkpoint_step = checkpoint, point[0]
         if self.spec.stop is not None and self._reached(member.metric, self.spec.stop.metric):
             self.stopping = True
         if not self.spec.synch:
-            self._decide([member], step)
+            self._decide([member], point[0])
             return
         self.waiting.append(member)
         if len(self.waiting) == len(self.members):
             ready, self.waiting = sorted(self.waiting, key=lambda m: m.id), []
-            self._decide(ready, step)
+            self._decide(ready, point[0])
 
     def _decide(self, ready: list[Member], step: int) -> None:
         scores = {m.id: m.metric for m in self.members if m.metrics}
@@ -210,7 +233,9 @@ class Population:
         explored hyperparameters."""
         job, donor, started = member.job, decision.donor.job, self.env.now
         placement, checkpoint = job.scheme.state_placement, decision.donor.checkpoint
-        if placement == "store":
+        if self.spec.checkpoint is not None:
+            yield from self._read_from_storage(member, rank, checkpoint)
+        elif placement == "store":
             if rank == 0:  # the store copies the state within itself: read and write at its bandwidth
                 state = checkpoint[0]
                 yield Busy(2 * state.nbytes / self.cluster.shared_memory.bandwidth, "exploit copy",
@@ -228,6 +253,20 @@ class Population:
             yield from self._receive_replicated(job, donor, rank, checkpoint[0])
         job.scheme.set_hyperparameters(rank, decision.values)
         decision.event["transfer_s"] = max(decision.event["transfer_s"], self.env.now - started)
+
+    def _read_from_storage(self, member: Member, rank: int, checkpoint: list):
+        """Rank `rank` reads the state it holds from storage (a store-held state: rank 0, into the store)."""
+        job, storage = member.job, self.spec.checkpoint
+        placement = job.scheme.state_placement
+        if placement == "store" and rank != 0:
+            yield Wait(member.copied)
+            return
+        state = checkpoint[rank if placement == "sharded" else 0]
+        yield Busy(storage.latency + state.nbytes / storage.bandwidth, "checkpoint read", kind="communication",
+                   nbytes=state.nbytes)
+        job.scheme.load_training_state(rank, state, state.flat.clone())
+        if placement == "store":
+            member.copied.succeed()
 
     def _receive_replicated(self, job: Job, donor: Job, rank: int, state):
         """1/k of the state from the donor's rank `rank`, the rest from the recipient's peers (ring all-gather)."""
@@ -272,7 +311,8 @@ class Population:
                         for m in self.members],
             "events": self.events,
             "best": self.best().id,
-            "copy_time_s": sum(event["transfer_s"] for event in self.events),
+            "copy_time_s": sum(event["transfer_s"] for event in self.events) + self.checkpoint_write_s,
+            "checkpoint_write_s": self.checkpoint_write_s,
         }
 
 
