@@ -161,7 +161,6 @@ class SimCommunicator:
         self._transfer_begins(owner, now)
         self._transfer_begins(receiver.owner, now)
         owner.span_bytes += nbytes
-        self.bytes_by_label[sender.label] = self.bytes_by_label.get(sender.label, 0) + nbytes
         staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
@@ -200,8 +199,10 @@ class SimCommunicator:
             self._advance(state, state.results[0] if state.single else state.results)
 
     def _close_span(self, state: _RankProgram) -> None:
-        if state.span_start is not None and self.log is not None:
-            self.log.span(self.global_ranks[state.rank], "communication", state.label,
-                          state.span_start, state.span_end, nbytes=state.span_bytes)
+        if state.span_start is not None:
+            self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
+            if self.log is not None:
+                self.log.span(self.global_ranks[state.rank], "communication", state.label,
+                              state.span_start, state.span_end, nbytes=state.span_bytes)
         state.span_start = state.span_end = None
         state.span_bytes = 0
