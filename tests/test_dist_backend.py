@@ -197,3 +197,142 @@ def test_ddp_on_simulated_ranks_equals_one_process_on_the_global_batch():
     for rank in range(world):
         for name, value in model.state_dict().items():
             torch.testing.assert_close(simulated[rank][name], value, rtol=0, atol=1e-6)
+
+
+SIZE = 1 << 20  # bytes
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "naive"])
+def test_all_reduce_takes_the_time_simtrain_collective_gives(algorithm):
+    def one_all_reduce(rank, world):
+        dist.init_process_group("simtrain")
+        dist.all_reduce(torch.ones(SIZE // 4))
+
+    result = simtrain.dist.spawn(one_all_reduce, world=4, topology="ring", bandwidth="50 GB/s", latency="5 us",
+                                 collective=algorithm)
+    topology = build_topology("ring", 4, LinkClass(50e9, 5e-6))
+    benchmark = next(benchmark_all_reduce(topology, algorithm, [SIZE], numerics=True))
+    assert max(device["end_s"] for device in result.report.data["devices"]) == pytest.approx(benchmark.time_s,
+                                                                                           rel=1e-12)
+
+
+@simtrain.dist.distributed(world=4, topology="ring", bandwidth="50 GB/s", latency="5 us")
+def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_buffer_in_the_closed_form_time(rank, world, cluster):
+    dist.init_process_group("simtrain")
+    tensor = torch.full((SIZE // 4,), float(rank))
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, torch.full_like(tensor, sum(range(world))))
+    assert cluster.bytes_sent(rank) == 2 * (world - 1) / world * SIZE
+    assert cluster.now_s == pytest.approx(2 * (world - 1) * (5e-6 + SIZE / (world * 50e9)), rel=1e-9)
+
+
+def test_the_decorated_test_is_a_test_without_arguments():
+    assert test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_buffer_in_the_closed_form_time.__code__.co_argcount == 0
+
+    @simtrain.dist.distributed(world=2)
+    def failing(rank, world, cluster):
+        assert rank == 0
+
+    with pytest.raises(simtrain.dist.RankFailed, match="rank 1 raised AssertionError"):
+        failing()
+
+
+def test_compute_is_charged_from_the_flops_of_torch_ops_and_overlaps_an_async_all_reduce():
+    a100_fp32 = 19.5e12 * 0.5  # catalog peak x default efficiency
+
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        x = torch.ones(64, 128)
+        x @ torch.ones(128, 256)  # 2 * 64 * 128 * 256 FLOPs, charged before the all-reduce
+        work = dist.all_reduce(torch.ones(SIZE // 4), async_op=True)
+        simtrain.dist.compute(1e9)  # runs while the all-reduce moves
+        work.wait()
+
+    report = simtrain.dist.spawn(rank_code, world=2, bandwidth="50 GB/s", latency="5 us").report
+    matmul_s = 2 * 64 * 128 * 256 / a100_fp32
+    all_reduce_s = 2 * (5e-6 + SIZE / (2 * 50e9))
+    for device in report.data["devices"]:
+        assert device["compute_s"] == pytest.approx(matmul_s + 1e9 / a100_fp32, rel=1e-12)
+        assert device["end_s"] == pytest.approx(matmul_s + max(all_reduce_s, 1e9 / a100_fp32), rel=1e-12)
+
+
+def test_two_runs_give_identical_results_and_reports():
+    first, second = (simtrain.dist.spawn(simtrain_rank, world=4, scenario="scenarios/quickstart.yaml")
+                     for _ in range(2))
+    for a, b in zip(first, second):
+        assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    assert first.report.data == second.report.data and first.report.trace == second.report.trace
+    assert first.report.data["sim_time_s"] > 0 and any(link["bytes"] for link in first.report.data["links"])
+
+
+def _quick(fn, world=2):
+    started = time.monotonic()
+    with pytest.raises(SimtrainError) as error:
+        simtrain.dist.spawn(fn, world=world)
+    assert time.monotonic() - started < 1.0  # an error, never a hang
+    return str(error.value)
+
+
+def test_a_recv_nobody_sends_is_a_deadlock_naming_the_rank_and_what_it_waits_on():
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        if rank == 0:
+            dist.recv(torch.empty(3), src=1)
+
+    message = _quick(rank_code)
+    assert message.startswith("deadlock at 0 us of simulated time: rank 0 waits on recv from rank 1 (tag 0)")
+
+
+def test_a_collective_some_ranks_never_call_is_a_deadlock_naming_them():
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        if rank != 2:
+            dist.all_reduce(torch.ones(4))
+
+    message = _quick(rank_code, world=3)
+    assert "rank 0 waits on all_reduce(sum) of 4 float32 (collective #0 of group [0, 1, 2]), which ranks [2] " \
+           "have not called" in message and "rank 2" not in message.split("; ")[0]
+
+
+@pytest.mark.parametrize("call_of_rank_1,expected", [
+    (lambda t: dist.broadcast(t, src=0), "rank 0 called all_reduce(sum) of 4 float32, rank 1 called broadcast"),
+    (lambda t: dist.all_reduce(torch.ones(5)), "rank 0 called all_reduce(sum) of 4 float32, rank 1 called "
+                                               "all_reduce(sum) of 5 float32"),
+    (lambda t: dist.all_to_all_single(torch.empty(3), torch.ones(3), [1, 2], [2, 1]),
+     "all-to-all sizes differ between ranks 1 and 0 (2 elements sent, 1 expected)"),
+])
+def test_mismatched_collectives_are_an_error_naming_both_ranks(call_of_rank_1, expected):
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        tensor = torch.ones(4)
+        if rank == 0:
+            if "all-to-all" in expected:
+                dist.all_to_all_single(torch.empty(4), tensor, [2, 2], [2, 2])
+            else:
+                dist.all_reduce(tensor)
+        else:
+            call_of_rank_1(tensor)
+
+    message = _quick(rank_code)
+    assert message.startswith("rank 1 raised CollectiveMismatch: collective #0 of group [0, 1]") and expected in message
+
+
+def test_a_rank_that_raises_ends_the_run_with_its_error():
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        if rank == 1:
+            raise ValueError("bad batch")
+        dist.all_reduce(torch.ones(4))  # rank 0 would wait for rank 1 for ever
+
+    assert _quick(rank_code) == "rank 1 raised ValueError: bad batch"
+
+
+def test_bad_input_is_one_line_naming_the_field():
+    with pytest.raises(ScenarioError, match="cluster.link.bandwidth"):
+        simtrain.dist.spawn(simtrain_rank, world=2, bandwidth="fast")
+    with pytest.raises(ScenarioError, match="cluster.devices"):
+        simtrain.dist.spawn(simtrain_rank, world=0)
+    with pytest.raises(ScenarioError, match="parallel.scheme"):
+        simtrain.dist.spawn(simtrain_rank, world=2, collective="butterfly")
+    with pytest.raises(SimtrainError, match="simtrain.dist.compute: only inside a rank of simtrain.dist.spawn"):
+        simtrain.dist.compute(1e9)

@@ -93,6 +93,11 @@ class SimRun:
         self.flush()
         self.turns.wait(event, what)
 
+    @property
+    def now_s(self) -> float:
+        """The simulated time now, in seconds."""
+        return self.env.now
+
     def bytes_sent(self, rank: int) -> int:
         """Bytes of the transfers rank `rank` sent that have completed so far."""
         node = self.cluster.devices[rank].node

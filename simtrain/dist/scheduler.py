@@ -113,7 +113,7 @@ class Turns:
             raise self._clock_error
         if failed:
             first = min(failed, key=lambda s: s.rank)
-            error = first.error
+            error, first.error = first.error, None  # no cycle through the rank's frames: freed at once
             raise RankFailed(f"rank {first.rank} raised {type(error).__name__}: {error}") from error
         if waiting:
             at = f"{self.env.now * 1e6:.6g} us"
