@@ -109,6 +109,8 @@ class Turns:
                 state.abort = True
                 state.resume.release()
                 self._clock.acquire()
+        for state in self._ranks.values():  # each has handed control back for the last time; let it exit
+            state.thread.join()
         if self._clock_error is not None:
             raise self._clock_error
         if failed:
