@@ -336,3 +336,20 @@ def test_bad_input_is_one_line_naming_the_field():
         simtrain.dist.spawn(simtrain_rank, world=2, collective="butterfly")
     with pytest.raises(SimtrainError, match="simtrain.dist.compute: only inside a rank of simtrain.dist.spawn"):
         simtrain.dist.compute(1e9)
+
+
+def test_memory_of_the_tensors_a_rank_makes_is_held_on_its_device_until_the_last_view_is_freed():
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        whole = torch.ones(1 << 20)  # 4 MiB
+        view = whole.view(2, -1)
+        del whole
+        half = torch.ones(1 << 19)  # 2 MiB while the 4 MiB are still viewed
+        del view, half
+        dist.all_reduce(torch.ones(1 << 18))  # 1 MiB, and the all-reduce's staging buffers
+        return torch.ones(1 << 19)  # 2 MiB after everything else was freed
+
+    devices = simtrain.dist.spawn(rank_code, world=2).report.data["devices"]
+    for device in devices:
+        assert device["peak_memory_bytes"] == 6 << 20
+        assert device["peak_memory_bytes_by_category"]["tensors"] == 6 << 20

@@ -192,14 +192,17 @@ class SimProcessGroup(dist.ProcessGroup):
         tensor = _one(tensors, "all_reduce")
         op = _reduce_op(opts)
         world = len(self.group.ranks)
-        buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-        if op in ("sum", "avg"):
-            def program():
-                return self.group.all_reduce(self._me, world, buf.view(-1), average=op == "avg")
-        else:
-            def program():
-                return ring_all_reduce_with(self._me, world, buf, COMBINE[op])
-        return self._post(f"all_reduce({op}) of {_sizes(tensor)}", _then_copy(program, buf, tensor), tensors)
+
+        def program():
+            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+            if op in ("sum", "avg"):
+                yield from self.group.all_reduce(self._me, world, buf.view(-1), average=op == "avg")
+            else:
+                yield from ring_all_reduce_with(self._me, world, buf, COMBINE[op])
+            if buf is not tensor:
+                tensor.copy_(buf)
+
+        return self._post(f"all_reduce({op}) of {_sizes(tensor)}", program, tensors)
 
     def broadcast(self, tensors, opts=None):
         tensor = _one(tensors, "broadcast")
@@ -257,35 +260,26 @@ class SimProcessGroup(dist.ProcessGroup):
                           result, exchange)
 
     def barrier(self, opts=None):
-        token = torch.zeros(1)
-        return self._post("barrier", lambda: self.group.all_reduce(self._me, len(self.group.ranks), token), [])
+        return self._post("barrier", lambda: self.group.all_reduce(self._me, len(self.group.ranks), torch.zeros(1)),
+                          [])
 
     def send(self, tensors, dst, tag):
         self.group.run.flush()
-        return self.group.point_to_point("send", self._me, dst, tag, _one(tensors, "send"))
+        with self.group.run.backend():
+            return self.group.point_to_point("send", self._me, dst, tag, _one(tensors, "send"))
 
     def recv(self, tensors, src, tag):
         self.group.run.flush()
-        return self.group.point_to_point("recv", self._me, src, tag, _one(tensors, "recv"))
+        with self.group.run.backend():
+            return self.group.point_to_point("recv", self._me, src, tag, _one(tensors, "recv"))
 
     def recv_anysource(self, tensors, tag):
         raise SimtrainError("recv: the simtrain backend needs a source rank (recv from any source is not supported)")
 
     def _post(self, call: str, program, result, exchange=None) -> SimWork:
         self.group.run.flush()
-        return self.group.collective(self._me, call, program, result, exchange)
-
-
-def _then_copy(program, buf, tensor):
-    """`program`, then `buf` copied into `tensor` when `buf` is a contiguous copy of it."""
-    if buf is tensor:
-        return program
-
-    def copied():
-        yield from program()
-        tensor.copy_(buf)
-
-    return copied
+        with self.group.run.backend():
+            return self.group.collective(self._me, call, program, result, exchange)
 
 
 def _one(tensors: list, name: str):

@@ -3,7 +3,7 @@
 A `SimRun` is what the backend's process groups and `simtrain.dist.compute`
 reach from a rank's thread. It owns the cluster (hw/cluster.py), the `Turns`
 that run the rank threads one at a time (scheduler.py), the groups by name
-(process_group.py) and each rank's `FlopCounter` (flops.py), whose counts are
+(process_group.py) and each rank's `OpMeter` (op_meter.py), whose FLOPs are
 charged on the rank's device whenever the rank posts a communication
 (`flush`), waits, calls `compute` or ends.
 
@@ -18,7 +18,7 @@ import simpy
 
 from ..errors import SimtrainError
 from ..hw.cluster import Cluster, run_to_end
-from .flops import DEVICE_DTYPE, FlopCounter
+from .op_meter import DEVICE_DTYPE, OpMeter
 from .process_group import Group
 from .scheduler import Turns, current_rank
 
@@ -36,7 +36,7 @@ class SimRun:
         self.env: simpy.Environment = cluster.env
         self.turns = Turns(self.env)
         self.groups: dict[str, Group] = {}
-        self.counters = [FlopCounter() for _ in range(world)]
+        self.meters = [OpMeter(device.memory) for device in cluster.devices]
         self.end_s = [None] * world  # simulated time each rank's function returned
 
     @classmethod
@@ -56,7 +56,7 @@ class SimRun:
     def start(self, rank: int, body) -> None:
         """Run `body()` as rank `rank`, its torch ops counted; its end time is recorded."""
         def counted():
-            with self.counters[rank]:
+            with self.meters[rank]:
                 value = body()
                 self.flush()
             self.end_s[rank] = self.env.now
@@ -76,12 +76,16 @@ class SimRun:
     def flush(self) -> None:
         """Charge the calling rank's counted FLOPs on its device, and wait until they have run."""
         rank = current_rank()
-        pending = self.counters[rank].take()
+        pending = self.meters[rank].take()
         if pending:
             device = self.cluster.devices[rank]
             for dtype, flops in pending.items():
                 done = device.compute(flops, DEVICE_DTYPE.get(dtype, "fp32"), "torch ops")
             self.turns.wait(done, "its compute")
+
+    def backend(self):
+        """A block of the backend's own work in the calling rank: its ops are not the rank's (OpMeter.paused)."""
+        return self.meters[current_rank()].paused()
 
     def compute(self, flops: float, dtype: str = "fp32", name: str = "compute") -> None:
         """Charge `flops` of `dtype` on the calling rank's device (after its counted ops), and wait."""
