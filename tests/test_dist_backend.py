@@ -51,6 +51,17 @@ def collectives(rank, world):
     tensor = seeded(rank, NUMEL, 1)
     dist.broadcast(tensor, src=world - 1)
     out["broadcast"] = tensor
+    for name in ("sum", "max"):
+        tensor = seeded(rank, NUMEL, 8)
+        dist.reduce(tensor, dst=1, op=OPS[name])
+        out[f"reduce_{name}"] = tensor if rank == 1 else torch.empty(0)  # elsewhere torch leaves it undefined
+    gathered = [torch.empty(NUMEL) for _ in range(world)] if rank == 0 else None
+    dist.gather(seeded(rank, NUMEL, 9), gathered, dst=0)
+    out["gather"] = torch.cat(gathered) if rank == 0 else torch.empty(0)
+    scattered = torch.empty(NUMEL)
+    dist.scatter(scattered, list(seeded(rank, world * NUMEL, 10).split(NUMEL)) if rank == world - 1 else None,
+                 src=world - 1)
+    out["scatter"] = scattered
     gathered = [torch.empty(NUMEL) for _ in range(world)]
     dist.all_gather(gathered, seeded(rank, NUMEL, 2))
     out["all_gather"] = torch.cat(gathered)
@@ -156,6 +167,13 @@ def test_collectives_meet_their_definitions(gloo_and_simtrain):
         for name, value in expected.items():
             torch.testing.assert_close(result[f"all_reduce_{name}"], value, rtol=1e-5, atol=1e-6)
         assert torch.equal(result["broadcast"], seeded(world - 1, NUMEL, 1))
+        reduce_inputs = torch.stack([seeded(r, NUMEL, 8) for r in range(world)])
+        if rank == 1:
+            torch.testing.assert_close(result["reduce_sum"], reduce_inputs.sum(0))
+            assert torch.equal(result["reduce_max"], reduce_inputs.max(0).values)
+        if rank == 0:
+            assert torch.equal(result["gather"], torch.cat([seeded(r, NUMEL, 9) for r in range(world)]))
+        assert torch.equal(result["scatter"], seeded(world - 1, world * NUMEL, 10)[rank * NUMEL:(rank + 1) * NUMEL])
         everyone = torch.cat([seeded(r, NUMEL, 2) for r in range(world)])
         assert torch.equal(result["all_gather"], everyone) and torch.equal(result["all_gather_into_tensor"], everyone)
         mine = slice(3 * rank, 3 * rank + 3)

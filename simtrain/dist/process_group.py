@@ -37,7 +37,7 @@ from ..comm.broadcast import broadcast
 from ..comm.ops import Recv, Send
 from ..comm.simulated import SimCommunicator
 from ..errors import CollectiveMismatch, SimtrainError
-from .programs import COMBINE, all_gather, all_to_all, reduce_scatter, ring_all_reduce_with
+from .programs import COMBINE, all_gather, all_to_all, gather, reduce, reduce_scatter, ring_all_reduce_with, scatter
 
 REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
               dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
@@ -210,6 +210,38 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"broadcast(root {root}) of {_sizes(tensor)}",
                           lambda: broadcast(self._me, len(self.group.ranks), {root: tensor}), tensors)
 
+    def reduce(self, tensors, opts=None):
+        tensor = _one(tensors, "reduce")
+        op, root, world = _reduce_op(opts), opts.rootRank, len(self.group.ranks)
+
+        def program():
+            buf = tensor if self._me == root else tensor.clone()  # only the root's tensor changes
+            yield from reduce(self._me, world, buf, root, COMBINE["sum" if op == "avg" else op])
+            if op == "avg" and self._me == root:
+                tensor.div_(world)
+
+        return self._post(f"reduce({op}, root {root}) of {_sizes(tensor)}", program, tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        tensor, root, world = _one(input_tensors, "gather"), opts.rootRank, len(self.group.ranks)
+
+        def program():
+            chunks = output_tensors[0] if self._me == root else [tensor] * world
+            chunks[self._me].copy_(tensor)
+            return gather(self._me, world, root, chunks)
+
+        return self._post(f"gather(root {root}) of {_sizes(tensor)}", program, output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        tensor, root, world = _one(output_tensors, "scatter"), opts.rootRank, len(self.group.ranks)
+
+        def program():
+            chunks = input_tensors[0] if self._me == root else [tensor] * world
+            tensor.copy_(chunks[self._me])
+            return scatter(self._me, world, root, chunks)
+
+        return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors)
+
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs, tensor = _one(output_tensors, "all_gather"), _one(input_tensors, "all_gather")
         return self._post(f"all_gather of {_sizes(*outputs)}", lambda: self._gather(outputs, tensor),
@@ -280,6 +312,18 @@ class SimProcessGroup(dist.ProcessGroup):
         self.group.run.flush()
         with self.group.run.backend():
             return self.group.collective(self._me, call, program, result, exchange)
+
+
+def _unsupported(name: str):
+    def method(self, *args, **kwargs):
+        raise SimtrainError(f"{name}: not supported by the simtrain backend")
+
+    return method
+
+
+for _name in ("allreduce_coalesced", "allgather_coalesced", "allgather_into_tensor_coalesced",
+              "reduce_scatter_tensor_coalesced", "monitored_barrier"):
+    setattr(SimProcessGroup, _name, _unsupported(_name))
 
 
 def _one(tensors: list, name: str):

@@ -17,6 +17,10 @@ differ in size from one another (uneven all-gathers and reduce-scatters).
   combined, lands in chunks[r] of rank r.
 - `all_to_all(rank, world, outputs, inputs)`: inputs[j] goes to rank j's
   outputs[r]; all pairs at once, as NCCL runs it.
+- `reduce(rank, world, buf, root, combine)`: a binomial tree, the reverse of
+  comm.broadcast's: ceil(log2 N) rounds, the whole buffer per message.
+- `gather(rank, world, root, chunks)` and `scatter(rank, world, root, chunks)`:
+  the root receives from, or sends to, every rank at once.
 
     program = reduce_scatter(rank, world, list(buf.tensor_split(world)), COMBINE["max"])
 """
@@ -72,6 +76,40 @@ def all_to_all(rank: int, world: int, outputs: list, inputs: list):
     if peers:
         yield [*(Send(peer, inputs[peer]) for peer in peers), *(Recv(peer, outputs[peer]) for peer in peers)]
     return outputs
+
+
+def reduce(rank: int, world: int, buf: torch.Tensor, root: int, combine):
+    """Per-rank program: the root's `buf` ends combined over all ranks (others' `buf` are scratch)."""
+    relative, mask = (rank - root) % world, 1
+    while mask < world:
+        if relative & mask:
+            yield Send((rank - mask) % world, buf)
+            return buf
+        if relative + mask < world:
+            landing = torch.empty_like(buf)
+            yield Recv((rank + mask) % world, landing)
+            if not buf.is_meta:
+                combine(buf, landing)
+        mask *= 2
+    return buf
+
+
+def gather(rank: int, world: int, root: int, chunks: list):
+    """Per-rank program: the root ends with every rank's chunks[rank] (only the root's list is complete)."""
+    if rank == root:
+        yield [Recv(peer, chunks[peer]) for peer in range(world) if peer != root]
+    else:
+        yield Send(root, chunks[rank])
+    return chunks
+
+
+def scatter(rank: int, world: int, root: int, chunks: list):
+    """Per-rank program: every rank ends with the root's chunks[rank]."""
+    if rank == root:
+        yield [Send(peer, chunks[peer]) for peer in range(world) if peer != root]
+    else:
+        yield Recv(root, chunks[rank])
+    return chunks[rank]
 
 
 def _shifted(chunks: list) -> list:
