@@ -9,6 +9,7 @@ determinism; deadlocks, mismatches and a rank that raises end in one-line errors
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,6 +219,7 @@ def test_ddp_on_simulated_ranks_equals_one_process_on_the_global_batch():
 
 
 SIZE = 1 << 20  # bytes
+QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree", "naive"])
@@ -275,7 +277,7 @@ def test_compute_is_charged_from_the_flops_of_torch_ops_and_overlaps_an_async_al
 
 
 def test_two_runs_give_identical_results_and_reports():
-    first, second = (simtrain.dist.spawn(simtrain_rank, world=4, scenario="scenarios/quickstart.yaml")
+    first, second = (simtrain.dist.spawn(simtrain_rank, world=4, scenario=QUICKSTART)
                      for _ in range(2))
     for a, b in zip(first, second):
         assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
@@ -371,3 +373,17 @@ def test_memory_of_the_tensors_a_rank_makes_is_held_on_its_device_until_the_last
     for device in devices:
         assert device["peak_memory_bytes"] == 6 << 20
         assert device["peak_memory_bytes_by_category"]["tensors"] == 6 << 20
+
+
+def test_the_readme_examples_work_as_written(monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    section = (root / "README.md").read_text().split("## Test your own distributed code")[1].split("\n## ")[0]
+    spawn_example, test_example = [block.split("```")[0] for block in section.split("```python\n")[1:]]
+    monkeypatch.chdir(root)
+    namespace = {}
+    exec(spawn_example, namespace)
+    results = namespace["results"]
+    assert len(results) == 8 and results.report.data["sim_time_s"] > 0
+    assert all(torch.equal(results[0][name], results[7][name]) for name in results[0])
+    exec(test_example, namespace)
+    namespace["test_my_allreduce"]()

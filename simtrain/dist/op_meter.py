@@ -50,6 +50,13 @@ class OpMeter(TorchDispatchMode):
         self._live: dict[int, list] = {}  # storage id -> [tensors the rank holds on it, bytes]
         self._held: set[int] = set()  # id() of those tensors (an in-place op returns one again)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in dynamo.disable unless told not to; the wrapper's
+        # first call imports torch._dynamo (1.4 s) inside the first rank, and the import leaves that
+        # rank's frames in reference cycles, so its tensors would count until the next collection.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
