@@ -105,12 +105,12 @@ class Group:
         receives from each group rank, checked against what every other rank posted."""
         seq = self.issued[me]
         self.issued[me] += 1
-        first, calls = self._calls.setdefault(seq, (me, call)), self._exchanges.setdefault(seq, {})
+        first, exchanges = self._calls.setdefault(seq, (me, call)), self._exchanges.setdefault(seq, {})
         if first[1] != call:
             raise CollectiveMismatch(f"collective #{seq} of group {self.ranks}: rank {self.ranks[first[0]]} "
                                      f"called {first[1]}, rank {self.ranks[me]} called {call}")
         if exchange is not None:
-            self._check_exchange(seq, me, exchange, calls)
+            self._check_exchange(seq, me, exchange, exchanges)
         if min(self.issued) > seq:
             del self._calls[seq], self._exchanges[seq]
         env = self.run.cluster.env
@@ -131,12 +131,12 @@ class Group:
     def _check_exchange(self, seq: int, me: int, exchange, posted: dict) -> None:
         sends, receives = exchange
         for peer, (peer_sends, peer_receives) in posted.items():
-            if sends[peer] != peer_receives[me] or receives[peer] != peer_sends[me]:
-                pair = (sends[peer], peer_receives[me]) if sends[peer] != peer_receives[me] else \
-                    (peer_sends[me], receives[peer])
-                raise CollectiveMismatch(f"collective #{seq} of group {self.ranks}: all-to-all sizes differ between "
-                                         f"ranks {self.ranks[me]} and {self.ranks[peer]} ({pair[0]} elements sent, "
-                                         f"{pair[1]} expected)")
+            for src, dst, sent, expected in ((me, peer, sends[peer], peer_receives[me]),
+                                             (peer, me, peer_sends[me], receives[peer])):
+                if sent != expected:
+                    raise CollectiveMismatch(f"collective #{seq} of group {self.ranks}: in the all-to-all rank "
+                                             f"{self.ranks[src]} sends {sent} elements to rank {self.ranks[dst]}, "
+                                             f"which expects {expected}")
         posted[me] = exchange
 
     def point_to_point(self, kind: str, me: int, peer: int, tag: int, tensor: torch.Tensor) -> SimWork:
@@ -226,9 +226,10 @@ class SimProcessGroup(dist.ProcessGroup):
         tensor, root, world = _one(input_tensors, "gather"), opts.rootRank, len(self.group.ranks)
 
         def program():
-            chunks = output_tensors[0] if self._me == root else [tensor] * world
-            chunks[self._me].copy_(tensor)
-            return gather(self._me, world, root, chunks)
+            if self._me != root:
+                return gather(self._me, world, root, [tensor] * world)  # it sends its own entry only
+            output_tensors[0][root].copy_(tensor)
+            return gather(self._me, world, root, output_tensors[0])
 
         return self._post(f"gather(root {root}) of {_sizes(tensor)}", program, output_tensors)
 
@@ -236,9 +237,10 @@ class SimProcessGroup(dist.ProcessGroup):
         tensor, root, world = _one(output_tensors, "scatter"), opts.rootRank, len(self.group.ranks)
 
         def program():
-            chunks = input_tensors[0] if self._me == root else [tensor] * world
-            tensor.copy_(chunks[self._me])
-            return scatter(self._me, world, root, chunks)
+            if self._me != root:
+                return scatter(self._me, world, root, [tensor] * world)  # it receives its own entry only
+            tensor.copy_(input_tensors[0][root])
+            return scatter(self._me, world, root, input_tensors[0])
 
         return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors)
 
@@ -288,8 +290,8 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _all_to_all(self, name, outputs, inputs, result):
         exchange = ([t.numel() for t in inputs], [t.numel() for t in outputs])
-        return self._post(f"{name} of {_dtype(inputs[0])}", lambda: all_to_all(self._me, len(outputs), outputs, inputs),
-                          result, exchange)
+        program = lambda: all_to_all(self._me, len(outputs), outputs, inputs)  # noqa: E731
+        return self._post(f"{name} of {_dtype(inputs[0])}", program, result, exchange)
 
     def barrier(self, opts=None):
         return self._post("barrier", lambda: self.group.all_reduce(self._me, len(self.group.ranks), torch.zeros(1)),

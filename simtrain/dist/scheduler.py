@@ -75,8 +75,9 @@ class Turns:
         state.thread.start()
         self.env.process(self._process(state))
 
-    def wait(self, event: simpy.Event, what: str):
-        """In a rank's thread: hand control to the clock until `event` fires; its value."""
+    def wait(self, event: simpy.Event, what):
+        """In a rank's thread: hand control to the clock until `event` fires; its value. `str(what)`
+        says what the rank waits on, should the run deadlock there."""
         state = self._ranks[_current.rank]
         if state.abort:
             raise Aborted()
