@@ -6,20 +6,18 @@ definition computed directly (uneven sizes, a sub-group), `simtrain collective`'
 benchmark and the ring's closed form for the time and the bytes, a second run for
 determinism; deadlocks, mismatches and a rank that raises end in one-line errors.
 """
-import os
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 import simtrain.dist
+from gloo_processes import run_on_gloo
 from simtrain.comm.bench import benchmark_all_reduce
 from simtrain.errors import ScenarioError, SimtrainError
 from simtrain.hw.topology_builders import LinkClass, build_topology
@@ -130,24 +128,10 @@ def simtrain_rank(rank, world):
     return user_code(rank, world)
 
 
-def _gloo_worker(rank, world, workdir):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}", rank=rank,
-                            world_size=world)
-    try:
-        torch.save(user_code(rank, world), os.path.join(workdir, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module", params=[2, 4])
 def gloo_and_simtrain(request):
     world = request.param
-    with tempfile.TemporaryDirectory(prefix="simtrain_dist_") as workdir:
-        mp.start_processes(_gloo_worker, args=(world, workdir), nprocs=world, join=True, start_method="spawn")
-        gloo = [torch.load(os.path.join(workdir, f"rank{r}.pt")) for r in range(world)]
-    return world, gloo, simtrain.dist.spawn(simtrain_rank, world=world)
+    return world, run_on_gloo(user_code, world), simtrain.dist.spawn(simtrain_rank, world=world)
 
 
 def test_same_code_gives_what_gloo_gives_collectives_and_ddp(gloo_and_simtrain):
