@@ -370,3 +370,11 @@ def test_the_readme_examples_work_as_written(monkeypatch):
     assert all(torch.equal(results[0][name], results[7][name]) for name in results[0])
     exec(test_example, namespace)
     namespace["test_my_allreduce"]()
+
+
+def test_a_spawn_inside_a_spawn_is_refused():
+    def rank_code(rank, world):
+        simtrain.dist.spawn(lambda r, w: None, world=2)
+
+    assert _quick(rank_code) == ("rank 0 raised SimtrainError: simtrain.dist.spawn: already running (a spawn "
+                                 "cannot run inside another)")

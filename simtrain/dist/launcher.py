@@ -60,18 +60,18 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str = "ring"
     cluster.add_job("spawn", list(range(world)))
     scheme = spec.parallel.scheme
     run = SimRun(cluster, world, "ring" if scheme == "async" else scheme, spec.parallel.channels)
-    for rank in range(world):
-        run.start(rank, lambda rank=rank: fn(rank, world))
     with ranks_as_threads(world):
+        for rank in range(world):
+            run.start(rank, lambda rank=rank: fn(rank, world))
         values = run.finish()
     return SpawnResult(values, _report(run))
 
 
-def distributed(world: int, scenario=None, **cluster):
-    """Decorator: the test `fn(rank, world, run)` runs on `world` simulated ranks (see `spawn`)."""
+def distributed(world: int, scenario=None, **options):
+    """Decorator: the test `fn(rank, world, run)` runs on `world` simulated ranks (`spawn`'s options)."""
     def decorate(fn):
         def test():
-            spawn(lambda rank, size: fn(rank, size, SimRun.active("distributed")), world, scenario, **cluster)
+            spawn(lambda rank, size: fn(rank, size, SimRun.active("distributed")), world, scenario, **options)
 
         test.__name__, test.__qualname__, test.__doc__, test.__module__ = \
             fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__

@@ -11,7 +11,7 @@ charged on the rank's device whenever the rank posts a communication
     run.start(rank, body)            # for each rank, then:
     values = run.finish()            # the ranks' return values, or RankFailed / Deadlock
 
-Inside a rank, `SimRun.active()` is the run and `run.bytes_sent(rank)` what a
+Inside a rank, `SimRun.active(caller)` is the run and `run.bytes_sent(rank)` what a
 rank has sent so far (completed transfers, all groups and point-to-point).
 """
 import simpy
