@@ -95,10 +95,12 @@ def collectives(rank, world):
         dist.recv(message, 0)
     out["send_recv"] = message
     evens = dist.new_group(list(range(0, world, 2)))
-    tensor = seeded(rank, NUMEL, 7)
+    tensor, gathered = seeded(rank, NUMEL, 7), [torch.empty(NUMEL) for _ in range(0, world, 2)]
     if rank % 2 == 0:
         dist.all_reduce(tensor, group=evens)
+        dist.all_gather(gathered, seeded(rank, NUMEL, 11), group=evens)
     out["sub_group_all_reduce"] = tensor
+    out["sub_group_all_gather"] = torch.cat(gathered) if rank % 2 == 0 else torch.empty(0)
     dist.barrier()
     return out
 
@@ -178,6 +180,9 @@ def test_collectives_meet_their_definitions(gloo_and_simtrain):
         evens = torch.stack([seeded(r, NUMEL, 7) for r in range(0, world, 2)]).sum(0)
         sub = evens if rank % 2 == 0 else seeded(rank, NUMEL, 7)
         torch.testing.assert_close(result["sub_group_all_reduce"], sub, rtol=0, atol=1e-6)
+        if rank % 2 == 0:
+            assert torch.equal(result["sub_group_all_gather"], torch.cat([seeded(r, NUMEL, 11)
+                                                                          for r in range(0, world, 2)]))
 
 
 def test_ddp_on_simulated_ranks_equals_one_process_on_the_global_batch():
