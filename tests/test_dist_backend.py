@@ -383,3 +383,27 @@ def test_a_spawn_inside_a_spawn_is_refused():
 
     assert _quick(rank_code) == ("rank 0 raised SimtrainError: simtrain.dist.spawn: already running (a spawn "
                                  "cannot run inside another)")
+
+
+WIDTH, BATCH = 512, 1024  # each Linear's parameters fill one 1 MiB DDP bucket
+
+
+@simtrain.dist.distributed(world=2, bandwidth="50 GB/s", latency="5 us")
+def test_ddp_bucket_all_reduce_overlaps_the_rest_of_backward(rank, world, cluster):
+    dist.init_process_group("simtrain")
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH))
+    model = DistributedDataParallel(layers, bucket_cap_mb=1)
+    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(rank))
+    model(x).square().mean().backward()  # DDP's first iteration has all parameters in one bucket
+    out = model(x)  # forward FLOPs are charged with the first bucket's all-reduce
+    started_s = cluster.now_s
+    out.square().mean().backward()
+    step_s = cluster.now_s - started_s
+    # Forward 2 matmuls, backward 3 (the first layer's input needs no gradient), 2*B*W*W FLOPs each, at
+    # the A100's fp32 rate; the second layer's bucket is all-reduced while the first layer's backward
+    # runs, so only the first layer's bucket (its weight and bias) adds its ring all-reduce.
+    compute_s = 5 * 2 * BATCH * WIDTH * WIDTH / (19.5e12 * 0.5)
+    bucket_bytes = (WIDTH * WIDTH + WIDTH) * 4
+    all_reduce_s = 2 * (world - 1) * (5e-6 + bucket_bytes / (world * 50e9))
+    assert step_s == pytest.approx(compute_s + all_reduce_s, rel=1e-9)

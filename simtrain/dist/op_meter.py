@@ -111,7 +111,8 @@ class OpMeter(TorchDispatchMode):
 
 
 def _is_dense(value) -> bool:
-    return isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_meta
+    """A plain tensor (or parameter) with a storage of its own: not meta, sparse or a wrapper subclass."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided and not value.is_meta
 
 
 def _storage_id(tensor: torch.Tensor) -> int:

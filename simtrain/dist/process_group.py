@@ -21,11 +21,10 @@ has ended (scheduler.py).
   post are charged on its device (run.py), and the rank waits for them.
 - Every member must call the group's collectives in the same order with the same
   sizes; the first difference raises `CollectiveMismatch` naming both ranks.
-- `Work.get_future()` waits for the collective before it returns the (completed)
-  future: torch's C++ code (DDP's reducer) blocks on futures where no Python
-  runs, so a future still pending there could never be completed by the clock.
-  DDP's bucket all-reduces therefore run one after another with backward, not
-  overlapped with it.
+- `Work.get_future()` returns a completed future whose tensors wait for the
+  collective when first read (arriving.py): torch's C++ code (DDP's reducer)
+  blocks on futures where no Python runs, where a pending one could never be
+  completed by the clock.
 """
 from collections import deque
 
@@ -37,6 +36,7 @@ from ..comm.broadcast import broadcast
 from ..comm.ops import Recv, Send
 from ..comm.simulated import SimCommunicator
 from ..errors import CollectiveMismatch, SimtrainError
+from .arriving import ArrivingTensor
 from .programs import COMBINE, all_gather, all_to_all, gather, reduce, reduce_scatter, ring_all_reduce_with, scatter
 
 REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
@@ -59,12 +59,13 @@ class SimWork(dist.Work):
         return self._done.processed
 
     def get_future(self) -> torch.futures.Future:
-        self.wait()
         future = torch.futures.Future()
-        future.set_result(self._result)
+        future.set_result(self._result if self._done.processed else
+                          [ArrivingTensor(tensor, self) for tensor in self._result])
         return future
 
     def result(self):
+        self.wait()
         return self._result
 
 
