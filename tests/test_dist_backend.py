@@ -105,10 +105,10 @@ def collectives(rank, world):
     return out
 
 
-def ddp_training(rank, world, steps=4):
+def ddp_training(rank, world, steps=4, **ddp_options):
     """Rank's final parameters after an unmodified DDP loop on digits (as tests/gloo_ddp.py trains)."""
     splits = load_dataset("digits", {}, 0)
-    model = DistributedDataParallel(build_model(ModelSpec(name="mlp", hidden=[32]), splits.info, 0))
+    model = DistributedDataParallel(build_model(ModelSpec(name="mlp", hidden=[32]), splits.info, 0), **ddp_options)
     optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="sgd", lr=0.1, momentum=0.9))
     sampler = DistributedSampler(splits.train, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
     loader = iter(DataLoader(splits.train, batch_size=16, sampler=sampler, drop_last=True))
@@ -185,10 +185,16 @@ def test_collectives_meet_their_definitions(gloo_and_simtrain):
                                                                           for r in range(0, world, 2)]))
 
 
-def test_ddp_on_simulated_ranks_equals_one_process_on_the_global_batch():
+@pytest.mark.parametrize("gradient_as_bucket_view", [False, True])
+def test_ddp_on_simulated_ranks_equals_one_process_on_the_global_batch(gradient_as_bucket_view):
     world = 2
-    simulated = simtrain.dist.spawn(lambda rank, size: (dist.init_process_group("simtrain"),
-                                                        ddp_training(rank, size, steps=3))[1], world=world)
+
+    def rank_code(rank, size):
+        dist.init_process_group("simtrain")
+        # 3 steps: the third runs on the buckets DDP rebuilt after the first (one per layer: 1 KiB cap)
+        return ddp_training(rank, size, steps=3, bucket_cap_mb=1 / 1024, gradient_as_bucket_view=gradient_as_bucket_view)
+
+    simulated = simtrain.dist.spawn(rank_code, world=world)
     splits = load_dataset("digits", {}, 0)
     model = build_model(ModelSpec(name="mlp", hidden=[32]), splits.info, 0)
     optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="sgd", lr=0.1, momentum=0.9))

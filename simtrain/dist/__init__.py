@@ -12,7 +12,8 @@ Importing this package registers the backend. Files: launcher.py (spawn, the
 decorator, the report), run.py (one spawn's shared state), scheduler.py (rank
 threads taking turns on the clock), world.py (torch.distributed's global state
 per rank thread), process_group.py (the backend), programs.py (its collective
-programs), op_meter.py (the FLOPs and memory of the rank's torch ops).
+programs), arriving.py (a collective's output that waits when first read),
+op_meter.py (the FLOPs and memory of the rank's torch ops).
 """
 from ..errors import CollectiveMismatch, Deadlock, RankFailed
 from .launcher import DistReport, SpawnResult, compute, distributed, spawn
