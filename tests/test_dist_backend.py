@@ -413,3 +413,15 @@ def test_ddp_bucket_all_reduce_overlaps_the_rest_of_backward(rank, world, cluste
     bucket_bytes = (WIDTH * WIDTH + WIDTH) * 4
     all_reduce_s = 2 * (world - 1) * (5e-6 + bucket_bytes / (world * 50e9))
     assert step_s == pytest.approx(compute_s + all_reduce_s, rel=1e-9)
+
+
+def test_a_futures_tensors_wait_for_their_collective_when_first_read():
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        first, second = torch.ones(1 << 16), torch.full((1 << 16,), 2.0)
+        futures = [dist.all_reduce(t, async_op=True).get_future() for t in (first, second)]
+        arriving = [future.value()[0] for future in futures]  # complete at once, the collectives are not
+        return torch.cat(arriving)  # the read waits for both
+
+    for joined in simtrain.dist.spawn(rank_code, world=2):
+        assert torch.equal(joined, torch.cat([torch.full((1 << 16,), 2.0), torch.full((1 << 16,), 4.0)]))

@@ -14,7 +14,7 @@ time, as they do on a GPU.
     grad.copy_(future.value()[0])                        # waits here, then copies the reduced bucket
 """
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 
 class ArrivingTensor(torch.Tensor):
@@ -34,7 +34,7 @@ class ArrivingTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        arriving = [value for value in (*args, *kwargs.values()) if isinstance(value, ArrivingTensor)]
+        arriving = [value for value in tree_leaves((args, kwargs)) if isinstance(value, ArrivingTensor)]
         args, kwargs = tree_map(_real, (args, kwargs))
         if func.is_view and len(arriving) == 1:
             return ArrivingTensor(func(*args, **kwargs), arriving[0].work)
