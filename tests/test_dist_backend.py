@@ -2,9 +2,11 @@
 
 References: the same function under real gloo in 2 and 4 processes (every
 collective and an unmodified DDP training loop, within 1e-5), each collective's
-definition computed directly (uneven sizes, a sub-group), `simtrain collective`'s
-benchmark and the ring's closed form for the time and the bytes, a second run for
-determinism; deadlocks, mismatches and a rank that raises end in one-line errors.
+definition computed directly (uneven sizes, a sub-group), single-process torch on
+the global batch for DDP, `simtrain collective`'s benchmark and the closed forms
+for time (the ring; compute from FLOPs; DDP's buckets overlapping backward),
+bytes and memory, a second run for determinism; deadlocks, mismatches and a
+rank that raises end in one-line errors. The README's examples run as written.
 """
 import time
 from pathlib import Path
