@@ -43,7 +43,6 @@ class OutOfMemory(SimtrainError):
                 f"{format_bytes(self.capacity_bytes)} ({parts})")
 
 
-
 class RankFailed(SimtrainError):
     """A rank of simtrain.dist.spawn raised; the run ended there."""
 
