@@ -5,8 +5,9 @@
     report = simtrain.run(scenario)
     report.data["step_time_s"], report.final_model
     simtrain.plan_memory(scenario)          # peak memory per device, without training
+    simtrain.run_population(simtrain.load_scenario("scenarios/pbt.yaml"))   # population-based training
 
-Public API: load_scenario, run, plan_memory, Scenario, Report, SimtrainError
+Public API: load_scenario, run, run_population, plan_memory, Scenario, Report, SimtrainError
 (and its subclasses ScenarioError, TopologyError, OutOfMemory).
 """
 __version__ = "0.1.0"
@@ -16,6 +17,7 @@ from .memory_plan import plan_memory
 from .report import Report
 from .runner import run
 from .scenario import Scenario, load_scenario
+from .studies.pbt import run_population
 
-__all__ = ["load_scenario", "run", "plan_memory", "Scenario", "Report", "SimtrainError", "ScenarioError",
+__all__ = ["load_scenario", "run", "run_population", "plan_memory", "Scenario", "Report", "SimtrainError", "ScenarioError",
            "TopologyError", "OutOfMemory", "__version__"]

@@ -1,6 +1,8 @@
-"""The `simtrain` command line: run, compare, memory, validate, collective, topo.
+"""The `simtrain` command line: run, compare, memory, validate, collective, topo, pbt replay.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
+    simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
+    simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
     simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
     simtrain memory scenarios/quickstart.yaml --set train.precision=fp16 --set train.checkpointing=sqrt
     simtrain validate scenarios/quickstart.yaml
@@ -16,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import click
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -29,9 +32,9 @@ from .hw.topology_builders import BUILDERS, LinkClass, build_topology
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED
 from .report import finite_or_none
 from .runner import run as run_scenario
-from .scenario import load_scenario
+from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
-from .user_files import output_folder
+from .user_files import load_yaml_file, output_folder, read_text_file, user_path
 
 console = Console()
 err_console = Console(stderr=True)
@@ -69,16 +72,25 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     """Train the scenario's model on its simulated cluster and report."""
     scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / scenario.name, "name")
+    population = scenario.pbt.population if scenario.pbt is not None else 1
+    if scenario.pbt is not None:
+        from .studies.pbt import run_population
+        from .studies.pbt_replay import plot_population
+    run = run_scenario if scenario.pbt is None else run_population
     if quiet:
-        report = run_scenario(scenario)
+        report = run(scenario)
     else:
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("sim {task.fields[sim]:.4g} s  loss {task.fields[loss]:.4f}"), TimeElapsedColumn())
         with Progress(*columns, console=err_console, transient=True) as progress:
-            task = progress.add_task(scenario.name, total=scenario.train.steps, sim=0.0, loss=float("nan"))
-            report = run_scenario(scenario, on_step=lambda step, now, loss: progress.update(
+            task = progress.add_task(scenario.name, total=population * scenario.train.steps, sim=0.0,
+                                     loss=float("nan"))
+            report = run(scenario, on_step=lambda step, now, loss: progress.update(
                 task, completed=step + 1, sim=now, loss=float("nan") if loss is None else loss))
     written = report.write(out)
+    if scenario.pbt is not None:
+        plot_population(report.data["pbt"], out / "pbt.png")
+        written.append(out / "pbt.png")
     if report.data["status"] == "out_of_memory":
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
@@ -110,6 +122,8 @@ def print_summary(data: dict) -> None:
         table.add_row("staleness mean / max", f"{section['staleness_mean']:.2f} / {section['staleness_max']}")
         table.add_row("lock wait (all workers)", format_seconds(section['lock_wait_s']))
     console.print(table)
+    if "pbt" in data:
+        print_population(data["pbt"])
     memory = Table(title="peak memory per device")
     categories = list(dict.fromkeys(c for d in data["devices"] for c in d["peak_memory_bytes_by_category"]))
     for header in ("rank", "peak", *categories):
@@ -119,6 +133,61 @@ def print_summary(data: dict) -> None:
         memory.add_row(str(device["rank"]), format_bytes(device["peak_memory_bytes"]),
                        *(format_bytes(by_category.get(c, 0)) for c in categories))
     console.print(memory)
+
+
+def print_population(section: dict) -> None:
+    """The population: each member's devices, final metric, hyperparameters now and exploits received."""
+    metric = section["metric"]
+    table = Table(title=f"population ({metric['name']}, {metric['mode']}; best: member {section['best']}, "
+                        f"copying took {format_seconds(section['copy_time_s'])} of member time)")
+    names = list(section["members"][0]["schedule"][-1][2])
+    for header in ("member", "ranks", "steps", f"final {metric['name']}", *names, "copied from (step)"):
+        table.add_column(header, justify="right")
+    for member in section["members"]:
+        copies = [f"{event['from']} ({event['step']})" for event in section["events"] if event["to"] == member["id"]]
+        values = member["schedule"][-1][2]
+        table.add_row(("* " if member["id"] == section["best"] else "") + str(member["id"]),
+                      _rank_list(member["ranks"]), str(member["steps"]), f"{member['final_metric']:.4f}",
+                      *(f"{values[name]:.4g}" for name in names), ", ".join(copies) or "-")
+    console.print(table)
+
+
+@cli.group()
+def pbt():
+    """Population-based training: read back what a population found."""
+
+
+@pbt.command()
+@click.argument("report_file")
+@click.option("--member", default="best", show_default=True, help="best, or a member id.")
+@click.option("--out", "out_file", required=True, help="The scenario file to write.")
+def replay(report_file, member, out_file):
+    """Write a member's lineage (the hyperparameters its weights were trained with) as a single-run scenario."""
+    from .studies.pbt_replay import pick_member, replay_scenario
+
+    report_path = user_path(report_file, "REPORT", ScenarioError)
+    try:
+        data = json.loads(read_text_file(report_path, "REPORT", ScenarioError))
+    except ValueError as error:
+        raise ScenarioError(f"{report_file}: not JSON ({one_line(str(error))})") from None
+    if not isinstance(data, dict) or "pbt" not in data:
+        raise ScenarioError(f"{report_file}: not the report.json of a population (no pbt section)")
+    resolved_path = report_path.parent / "scenario.resolved.yaml"
+    resolved = load_yaml_file(user_path(resolved_path, "REPORT's scenario.resolved.yaml", ScenarioError),
+                              str(resolved_path), ScenarioError)
+    try:
+        picked = pick_member(data["pbt"], member)
+        scenario = replay_scenario(resolved, data["pbt"], picked)
+    except (KeyError, IndexError, TypeError, ValueError) as error:  # a report or scenario edited by hand
+        raise ScenarioError(f"{report_file}: its pbt section or scenario.resolved.yaml is not as simtrain wrote "
+                            f"it ({one_line(repr(error))})") from None
+    validate_scenario(scenario, source=out_file)
+    try:
+        Path(out_file).write_text(yaml.safe_dump(scenario, sort_keys=False))
+    except OSError as error:
+        raise SimtrainError(f"--out: cannot write {out_file} ({one_line(error.strerror or str(error))})") from None
+    console.print(f"wrote {out_file}: the lineage of member {picked}, {len(scenario['train']['schedule'])} schedule "
+                  f"entries, {scenario['train']['steps']} steps")
 
 
 @cli.command()

@@ -19,6 +19,13 @@ run side by side on one cluster, sharing its links (max-min fair, where their
 routes overlap) and its clock, and every span they log carries the job's
 index (hw/eventlog.py); the report and the trace tell them apart by it.
 
+Before each step every rank runs `job.before_step(rank, step)`, a step
+program the schemes `yield from`: it sets the hyperparameters `train.schedule`
+gives for that step (train/hyperparameters.py), then runs `between_steps`, a
+hook the job was built with: how a population pauses its members to compare
+and copy them (studies/pbt.py). The validation split `data.validation_fraction`
+asks for is held out of the training split here, before the shards are cut.
+
 With `numerics=False` the model is built on the meta device and every batch is
 a meta tensor of the data's shapes (train/data.py MetaLoader): the same step
 programs run with shapes, bytes and FLOPs and no arithmetic. The memory plan
@@ -41,7 +48,8 @@ from .schemes.layout import Layout
 from .schemes.model_parallel import rank_shares
 from .schemes.program import run_program
 from .train.checkpointing import apply_checkpointing
-from .train.data import MetaLoader, load_dataset
+from .train.data import MetaLoader, hold_out_validation, load_dataset
+from .train.hyperparameters import values_from
 from .train.models import build_model
 from .train.replica import Replica
 from .train.sampling import build_loader
@@ -50,7 +58,8 @@ from .train.sampling import build_loader
 class Job:
     """A scenario's training on a group of a cluster's devices."""
 
-    def __init__(self, scenario: Scenario, cluster: Cluster, ranks, numerics: bool = True, on_step=None):
+    def __init__(self, scenario: Scenario, cluster: Cluster, ranks, numerics: bool = True, on_step=None,
+                 between_steps=None):
         self.scenario = scenario
         self.name = scenario.name
         self.cluster = cluster
@@ -62,7 +71,8 @@ class Job:
         self.comm = SimCommunicator(cluster.network, [device.node for device in self.devices], log=cluster.log,
                                     ledgers=[device.memory for device in self.devices], global_ranks=self.ranks)
         self.layout = Layout.of(scenario.parallel, self.world)
-        self.data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
+        self.data = hold_out_validation(load_dataset(scenario.data.name, scenario.data.loader_options(),
+                                                     scenario.seed), scenario.data.validation_fraction, scenario.seed)
         device = "cpu" if numerics else "meta"
         with torch.device(device):
             model = build_model(scenario.model, self.data.info, scenario.seed)
@@ -74,6 +84,7 @@ class Job:
             shares = [copy.deepcopy(self.model) for _ in range(self.world)]
         self.replicas = [Replica(share, self._loader(rank), scenario.train) for rank, share in enumerate(shares)]
         self.scheme = build_scheme(self, on_step)
+        self.between_steps = between_steps  # (rank, step) -> a step program returning whether to go on
 
     def _sample_microbatch(self) -> torch.Tensor:
         """A meta microbatch of the data's inputs: what pipeline stages are balanced on."""
@@ -92,6 +103,16 @@ class Job:
         env = self.cluster.env
         for rank in range(self.world):
             env.process(run_program(self, rank, self.scheme.program(rank)))
+
+    def before_step(self, rank: int, step: int):
+        """Step program every rank runs before its step `step`: the hyperparameters train.schedule sets
+        from that step on, then `between_steps` (a population's rounds); returns False to end training."""
+        values = values_from(self.scenario.train.schedule, step)
+        if values:
+            self.scheme.set_hyperparameters(rank, values)
+        if self.between_steps is None:
+            return True
+        return (yield from self.between_steps(rank, step))
 
     def finish(self) -> None:
         """After the clock stopped: mixed precision's fp32 master weights become the trained models."""

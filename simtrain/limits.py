@@ -23,6 +23,7 @@ MAX_DEVICES = 4096  # simulated devices of one cluster (cluster.devices, a topol
 MAX_LINKS = 500_000  # links of one topology (about 1.4 KiB of host memory each): fully_connected up to 1,000 GPUs
 MAX_STEPS = 1_000_000  # train.steps, and any count of steps (intervals, annealing)
 MAX_MH_STEPS = 1_000  # data.mh.steps: proposals per batch slot per batch, each a host draw
+MAX_SCHEDULE_ENTRIES = 1_000  # train.schedule entries (each validated, ~0.4 ms); values of one pbt mutation list
 MAX_SAMPLES = 100_000_000  # data.samples of a synthetic data set
 MAX_FEATURES = 1_000_000  # data.features, data.classes
 MAX_WIDTH = 1_000_000  # one hidden layer's width or one convolution's channels

@@ -37,7 +37,7 @@ class RunResult:
     time_to_target_s: float | None  # first time train_loss_curve reached train.target_loss
     final_loss: float | None  # None: numerics off
     final_accuracy: float | None
-    single_device_step_s: float
+    single_device_step_s: float | None  # None: no baseline (a population)
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
     extra: dict = field(default_factory=dict)  # technique-specific sections of report.json

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .errors import OutOfMemory
+from .errors import OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
 from .host_memory import check_scenario_fits_host
 from .hw.cluster import build_cluster, run_to_end
@@ -33,7 +33,8 @@ from .train.sampling import sampling_section
 
 
 @contextmanager
-def _single_thread():
+def single_thread():
+    """Torch on one host thread, for the block: the same numbers on every machine."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -44,10 +45,12 @@ def _single_thread():
 
 def run(scenario: Scenario, on_step=None) -> Report:
     """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step (update, for async)."""
+    if scenario.pbt is not None:
+        raise ScenarioError("pbt: a population runs with simtrain.run_population (simtrain/studies/pbt.py)")
     check_scenario_fits_host(scenario)
     wall_start = time.perf_counter()
     steps = scenario.train.steps
-    with _single_thread():
+    with single_thread():
         cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
                                 seed=scenario.seed)
         job = Job(scenario, cluster, range(cluster.size), numerics=scenario.numerics,

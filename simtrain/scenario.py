@@ -10,6 +10,7 @@ Overrides are `dotted.path=value` with the value parsed as YAML; they are
 validated like the file. Every error is a ScenarioError whose one-line message
 names the file and the field.
 """
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -20,7 +21,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from .errors import ScenarioError, SimtrainError, one_line
 from .limits import (MAX_BATCH_SIZE, MAX_CHANNELS, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_HEADS,
                      MAX_LAYERS, MAX_LEARNING_RATE, MAX_MH_STEPS, MAX_MICROBATCHES, MAX_NAME_BYTES, MAX_SAMPLES,
-                     MAX_SEED, MAX_SEQ_LEN, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH, MIN_EFFICIENCY)
+                     MAX_SCHEDULE_ENTRIES, MAX_SEED, MAX_SEQ_LEN, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH,
+                     MIN_EFFICIENCY)
 from .units import parse_quantity
 from .user_files import load_yaml_file, parse_yaml_text, user_path
 
@@ -51,6 +53,7 @@ def Real(**bounds):  # noqa: N802 (a type, as pydantic's confloat)
     return Annotated[float, BeforeValidator(_not_a_boolean), Field(**bounds)]
 
 
+Number = Annotated[Union[int, float], BeforeValidator(_not_a_boolean)]  # a finite int or float, as given
 Bandwidth = Annotated[float, _quantity("bandwidth"), Field(gt=0)]
 Duration = Annotated[float, _quantity("time")]
 Flag = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
@@ -170,6 +173,9 @@ class DataSpec(_Strict):
     options: dict[str, Any] = {}  # keyword arguments of a user's data function (not digits or synthetic)
     # How batches are drawn (simtrain/train/sampling.py): uniform | prioritized | mh.
     sampling: Literal["uniform", "prioritized", "mh"] = "uniform"
+    # The share of the training split held out as a validation set (a seeded draw; train/data.py
+    # hold_out_validation): pbt's val_* metrics read it; 0: train on the whole split.
+    validation_fraction: Real(ge=0, lt=1) = 0.0
     alpha: Real(ge=0, le=100) = 0.6  # P(i) = p_i^alpha / sum_k p_k^alpha
     eps: Real(gt=0, le=1e6) = 0.01  # p_i = last loss + eps
     beta0: Real(ge=0, le=1) = 0.4  # importance-sampling exponent at step 0
@@ -262,6 +268,9 @@ class TrainSpec(_Strict):
     # Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | {segments: k}.
     checkpointing: Union[Literal["none", "sqrt"], CheckpointSegments] = "none"
     target_loss: Real() | None = None  # report time_to_target_s (report.py: smoothed_loss_curve)
+    # Hyperparameters by step, applied live before that step (train/hyperparameters.py):
+    # [{step: 0, train.optimizer.lr: 0.1}, {step: 200, train.optimizer.lr: 0.02}]; steps ascending.
+    schedule: Annotated[list[dict[str, Number]], Field(max_length=MAX_SCHEDULE_ENTRIES)] = []
 
 
 class AsyncSpec(_Strict):
@@ -321,6 +330,83 @@ class ParallelSpec(_Strict):
         return self.pp > 1 or self.tp > 1
 
 
+# Hyperparameters that apply live, between two steps (train/hyperparameters.py sets them).
+LIVE_HYPERPARAMETERS = ("train.optimizer.lr", "train.optimizer.momentum", "train.optimizer.weight_decay",
+                        "train.optimizer.eps", "data.batch_size")
+
+
+class MetricSpec(_Strict):
+    # val_loss | val_accuracy: on data.validation_fraction of the training split (never the test set);
+    # train_loss: over the whole training split. Evaluated at no simulated cost (evaluation.py).
+    name: Literal["val_loss", "val_accuracy", "train_loss"] = "val_loss"
+    mode: Literal["min", "max"] = "min"  # whether smaller or larger is better
+
+
+class RangeSpec(_Strict):
+    """A continuous hyperparameter's range: exactly one of uniform or log_uniform."""
+
+    uniform: tuple[Real(), Real()] | None = None  # [low, high]
+    log_uniform: tuple[Real(gt=0), Real(gt=0)] | None = None  # [low, high]; log(value) is uniform
+
+    @model_validator(mode="after")
+    def _one_range(self) -> "RangeSpec":
+        given = [bounds for bounds in (self.uniform, self.log_uniform) if bounds is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of uniform: [low, high] or log_uniform: [low, high]")
+        if not given[0][0] < given[0][1]:
+            raise ValueError(f"low must be below high, got {list(given[0])}")
+        return self
+
+
+def _mutation(value):
+    """A pbt.hyperparam_mutations entry: a RangeSpec, or a list of numbers (explore moves to a neighbour)."""
+    if isinstance(value, dict):
+        try:
+            return RangeSpec.model_validate(value)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError((f"{where}: " if where else "") + first["msg"].removeprefix("Value error, ")) from None
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_SCHEDULE_ENTRIES:
+        raise ValueError(f"give a range ({{uniform: [low, high]}} or {{log_uniform: [low, high]}}) or a list of "
+                         f"1 to {MAX_SCHEDULE_ENTRIES} values")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
+            raise ValueError(f"expected numbers, got {item!r}")
+    return value
+
+
+class CheckpointStorageSpec(_Strict):
+    """Storage that checkpoints go through instead of device-to-device copies: every member writes its state at
+    every round, a recipient's ranks read the donor's; each access takes latency + bytes / bandwidth and
+    accesses do not slow one another (an aggregate limit of the storage is not modelled)."""
+
+    bandwidth: Bandwidth  # of one write or read
+    latency: Duration = 0.0  # of one write or read
+
+
+class PbtStopSpec(_Strict):
+    metric: Real()  # stop every member once a member's metric reaches this (mode decides the side)
+
+
+class PbtSpec(_Strict):
+    """Population-based training (simtrain/studies/pbt.py); names and defaults are Ray Tune's
+    PopulationBasedTraining's where it has them."""
+
+    population: Count(MAX_DEVICES, minimum=2)  # members; each gets cluster.devices / population devices
+    perturbation_interval: Steps = 60  # a member's steps between two exploit/explore rounds (Ray: 60)
+    metric: MetricSpec = MetricSpec()
+    quantile_fraction: Real(ge=0, le=0.5) = 0.25  # the bottom fraction copies the top fraction; 0: no exploit
+    exploit: Literal["truncation", "binary_tournament"] = "truncation"
+    resample_probability: Real(ge=0, le=1) = 0.25  # explore: resample instead of perturbing
+    perturbation_factors: tuple[Real(gt=0, le=1e6), Real(gt=0, le=1e6)] = (1.2, 0.8)  # explore: multiply by one
+    # path -> range or list of values; paths from LIVE_HYPERPARAMETERS (data.batch_size: a list)
+    hyperparam_mutations: Annotated[dict[str, Annotated[Any, BeforeValidator(_mutation)]], Field(min_length=1)]
+    synch: Flag = False  # true: rounds wait for every member; false: each member acts when it is ready (Ray)
+    stop: PbtStopSpec | None = None  # None: every member trains train.steps
+    checkpoint: CheckpointStorageSpec | None = None  # None: exploits copy device to device over the network
+
+
 class ReportSpec(_Strict):
     trace: Flag = True  # write trace.json (Chrome trace event format)
     every: Steps = 10  # steps per point of report.json's periodic series (sampling)
@@ -337,6 +423,7 @@ class Scenario(_Strict):
     train: TrainSpec = TrainSpec()
     parallel: ParallelSpec = ParallelSpec()
     report: ReportSpec = ReportSpec()
+    pbt: PbtSpec | None = None  # a population of this scenario's job (simtrain/studies/pbt.py)
     # Folder that relative paths in the scenario (topology files) are read from.
     _base_dir: Path = PrivateAttr(default=Path("."))
 
@@ -428,6 +515,67 @@ class Scenario(_Strict):
         if self.parallel.pp > 1 and self.data.batch_size % self.parallel.pipeline.microbatches:
             raise ValueError(f"parallel.pipeline.microbatches: {self.parallel.pipeline.microbatches} does not "
                              f"divide data.batch_size {self.data.batch_size}")
+
+    @model_validator(mode="after")
+    def _hyperparameters_apply_live(self) -> "Scenario":
+        """train.schedule and pbt name live hyperparameters with values their fields accept."""
+        previous = -1
+        for index, entry in enumerate(self.train.schedule):
+            field = f"train.schedule.{index}"
+            step = entry.get("step")
+            if not isinstance(step, int) or not 0 <= step <= MAX_STEPS:
+                raise ValueError(f"{field}.step: give the step (0 to {MAX_STEPS}) the values apply from")
+            if step <= previous:
+                raise ValueError(f"{field}.step: steps must be ascending, got {step} after {previous}")
+            previous = step
+            values = {path: value for path, value in entry.items() if path != "step"}
+            if not values:
+                raise ValueError(f"{field}: give at least one hyperparameter besides step")
+            self._check_live(values, field)
+        if self.pbt is None:
+            return self
+        if self.train.schedule:
+            raise ValueError("train.schedule: a population makes its own schedules (drop it, or the pbt section)")
+        if not self.numerics:
+            raise ValueError("pbt: needs numerics (members are compared on a metric of their models)")
+        if self.pbt.metric.name.startswith("val_") and self.data.validation_fraction == 0:
+            raise ValueError(f"pbt.metric.name: {self.pbt.metric.name} needs data.validation_fraction above 0 "
+                             "(the held-out part of the training split)")
+        for path, mutation in self.pbt.hyperparam_mutations.items():
+            field = f"pbt.hyperparam_mutations.{path}"
+            if path == "data.batch_size" and not isinstance(mutation, list):
+                raise ValueError(f"{field}: give a list of batch sizes")
+            bounds = mutation if isinstance(mutation, list) else (mutation.uniform or mutation.log_uniform)
+            for value in bounds:
+                self._check_live({path: value}, field)
+        return self
+
+    def _check_live(self, values: dict, field: str) -> None:
+        for path in values:
+            if path not in LIVE_HYPERPARAMETERS:
+                raise ValueError(f"{field}: {path} is not a hyperparameter that applies live (one of: "
+                                 f"{', '.join(LIVE_HYPERPARAMETERS)})")
+        if self.train.optimizer.name == "kfac":
+            raise ValueError(f"{field}: live hyperparameters need sgd or adam (K-FAC's factors are not copied)")
+        if "data.batch_size" in values and self.data.sampling != "uniform":
+            raise ValueError(f"{field}: data.batch_size changes need data.sampling uniform")
+        try:
+            self.with_hyperparameters(values)
+        except ScenarioError as error:
+            raise ValueError(f"{field}: {str(error).removeprefix('scenario: ')}") from None
+
+    def with_hyperparameters(self, values: dict) -> "Scenario":
+        """This scenario with live hyperparameters set ({"train.optimizer.lr": 0.1}), without schedule or
+        population; a value its field refuses is a ScenarioError naming the field."""
+        raw = self.model_dump(mode="json", by_alias=True)
+        raw["train"]["schedule"], raw["pbt"] = [], None
+        for path, value in values.items():
+            node = raw
+            *parents, leaf = path.split(".")
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        return validate_scenario(raw, base_dir=self.base_dir)
 
     def to_yaml(self) -> str:
         """The scenario with every default filled in, as YAML (SI units)."""

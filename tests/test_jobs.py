@@ -100,8 +100,10 @@ def test_every_scheme_name_of_the_schema_is_in_the_registry():
     assert set(names) == set(SCHEMES)
     for scheme in set(SCHEMES.values()):
         for method in ("program", "steps_until_every_rank_stepped", "stuck", "trained_model", "final_models",
-                       "samples_per_step", "single_device_step_s", "report_sections"):
+                       "samples_per_step", "single_device_step_s", "report_sections", "set_hyperparameters",
+                       "training_state", "load_training_state"):
             assert callable(getattr(scheme, method)), (scheme, method)
+        assert scheme.state_placement in ("replicated", "sharded", "store")
 
 
 # ---------------------------------------------------------------- the memory plan replays the programs

@@ -16,6 +16,10 @@ and one line in SCHEMES.
     scheme = build_scheme(job, on_step=None)
     job.start(); run_to_end(job.cluster.env)
     scheme.stuck() or scheme.report_sections()
+
+Every program runs `yield from job.before_step(rank, step)` before each step
+and ends there if it returns False: the one place a job changes hyperparameters
+or pauses a rank between steps (job.py).
 """
 from typing import Callable, Protocol
 
@@ -56,6 +60,21 @@ class Scheme(Protocol):
 
     def report_sections(self) -> dict:
         """The scheme's own sections of report.json."""
+
+    # Where the training state lives: "replicated" (every job rank holds all of it), "sharded" (each rank
+    # its own part) or "store" (the cluster's shared-memory store).
+    state_placement: str
+
+    def set_hyperparameters(self, rank: int, values: dict) -> None:
+        """Set live hyperparameters ({"train.optimizer.lr": 0.1}) from job rank `rank`'s next step on
+        (train/hyperparameters.py)."""
+
+    def training_state(self, rank: int):
+        """A packed copy of what job rank `rank` trains on from (train/training_state.py TrainingState);
+        the whole state for replicated and store placements."""
+
+    def load_training_state(self, rank: int, state, flat) -> None:
+        """Job rank `rank` goes on from `flat`, its received copy of `state.flat`, bit for bit."""
 
 
 SCHEMES: dict[str, Callable] = {

@@ -56,6 +56,11 @@ of the very parameters it holds.
 The loss curve has one point per update: (the instant it was applied, the loss
 of its batch at the parameters the worker read).
 
+Before claiming update u a worker runs the job's `before_step(rank, u)`
+program (job.py); a pause there holds it until the program lets it go on, so a
+pause that every worker reaches at the same u finds the first u updates
+applied. A learning rate set there applies to every update applied from then on.
+
     scheme = AsynchronousSGD(job)          # parallel.scheme: async
     job.start(); run_to_end(job.cluster.env); scheme.report_sections()
 """
@@ -65,13 +70,17 @@ import simpy
 import torch
 
 from ..train.grad_bucket import flat_grad_buffer
+from ..train.hyperparameters import set_live
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
+from ..train.training_state import TrainingState, capture, restore
 from .local_work import forward_backward
 from .program import Alloc, Busy, Transfer, Wait
 
 
 class AsynchronousSGD:
     """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
+
+    state_placement = "store"  # the training state lives in the store, not on the workers' devices
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -119,6 +128,8 @@ class AsynchronousSGD:
         yield Alloc("weights", replica.param_bytes)
         yield Alloc("gradients", replica.grad_buffer.numel() * replica.grad_buffer.element_size())
         while self._claimed < self.steps:
+            if not (yield from self.job.before_step(rank, self._claimed)) or self._claimed == self.steps:
+                break  # ended, or the other workers claimed the rest meanwhile
             self._claimed += 1
             read_version = self.version
             with torch.no_grad():
@@ -176,6 +187,19 @@ class AsynchronousSGD:
             applied.succeed()
 
     # ---- what the run reports ----------------------------------------------
+
+    def set_hyperparameters(self, rank: int, values: dict) -> None:
+        """For every worker (they share the store and the count of updates), whichever `rank` asks."""
+        set_live(self.optimizer, [replica.loader for replica in self.replicas], values)
+        self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+
+    def training_state(self, rank: int) -> TrainingState:
+        return capture(self.shared_model, None, self.optimizer, None)
+
+    def load_training_state(self, rank: int, state: TrainingState, flat) -> None:
+        """The store takes the state (the workers read it at their next pull); once, from rank 0."""
+        if rank == 0:
+            restore(state, flat, self.shared_model, None, self.optimizer, None)
 
     def stuck(self) -> list[int]:
         return []  # workers never wait for one another

@@ -30,6 +30,10 @@ replicas, are those of one device on the whole global batch. Each stage holds
 a microbatch's measured activation bytes from its forward to its backward:
 GPipe holds m, 1F1B at most pp - s on stage s.
 
+Before each step every rank runs the job's `before_step` program (job.py: a
+schedule's hyperparameters, a population's exploit, which copies each rank's
+share from the donor's rank of the same coordinates).
+
     scheme = ModelParallel(job)        # parallel.pp > 1 or parallel.tp > 1
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
@@ -45,6 +49,7 @@ from ..train.tensor_parallel import Apply
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
+from .rank_replicas import RankReplicas
 from .stage_execution import chunk_backward, chunk_forward, measure_chunk
 
 
@@ -82,8 +87,10 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list
     return shares
 
 
-class ModelParallel:
+class ModelParallel(RankReplicas):
     """dp x pp x tp training with a pipeline schedule, tensor-parallel layers and a gradient all-reduce."""
+
+    state_placement = "sharded"  # each rank holds its own share of the model and its optimizer state
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -146,6 +153,8 @@ class ModelParallel:
             return Collective(tp_reduce(tp_rank, self.layout.tp, buffer), "tp_allreduce", tp_comm, tp_rank)
 
         for step in range(self.steps):
+            if not (yield from self.job.before_step(rank, step)):
+                break
             replica.grad_buffer.zero_()
             x, y = replica.loader.next_batch()
             x = replica.precision.cast_input(x)

@@ -10,6 +10,9 @@ waits inside the all-reduce for the others: that wait is its idle time.
     scheme = SyncDataParallel(job)          # parallel.scheme: naive | ring | tree
     job.start(); run_to_end(job.cluster.env)
 
+Before each step every rank runs the job's `before_step` program (job.py: a
+schedule's hyperparameters, a population's exploit); it may end training there.
+
 With `optimizer="kfac"` the K-FAC work (factors averaged with the same
 collective, inversions shared out and broadcast, preconditioning) runs between
 the all-reduce and the base optimizer's step (schemes/kfac_sync.py). With
@@ -32,10 +35,13 @@ from ..train.syncbn import synced_batchnorms
 from .kfac_sync import DistributedKfac
 from .local_work import forward_backward
 from .program import Alloc, Collective, MemoryBound
+from .rank_replicas import RankReplicas
 
 
-class SyncDataParallel:
+class SyncDataParallel(RankReplicas):
     """Data-parallel training with a synchronous gradient all-reduce every step."""
+
+    state_placement = "replicated"  # every device holds the whole training state
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -79,6 +85,8 @@ class SyncDataParallel:
             yield Alloc("kfac", self.kfac.memory_bytes(rank))
         statistics = (lambda buffer: self.all_reduce(rank, self.world, buffer)) if self.sync_batchnorm else None
         for step in range(self.steps):
+            if not (yield from self.job.before_step(rank, step)):
+                break
             loss = yield from forward_backward(replica, statistics)
             self._step_losses[step][rank] = loss
             yield Collective(self.all_reduce(rank, self.world, replica.grad_buffer, average=True), "all_reduce")

@@ -27,6 +27,13 @@ endless stream of batches. It yields exactly the batches of
 num_replicas, rank, shuffle=True, seed=seed, drop_last=True), drop_last=True)`
 with `sampler.set_epoch(epoch)` before each epoch, as a real DDP job sees them,
 but indexes the tensors directly instead of going through DataLoader.
+`set_batch_size` changes the size of the next batches (a live hyperparameter,
+train/hyperparameters.py); the stream goes on from the sample it reached.
+
+`hold_out_validation(splits, fraction, seed)` moves a seeded draw of the
+training split to `splits.validation` (`data.validation_fraction`, what
+population-based training's val_* metrics read); the test split is never used
+for it.
 
     splits = load_dataset("digits", {}, seed=0)
     loader = ShardLoader(splits.train, num_replicas=4, rank=1, batch_size=32, seed=0)
@@ -41,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler, TensorDataset, default_collate
+from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset, default_collate
 
 from ..errors import ScenarioError
 from ..loss import cross_entropy
@@ -52,6 +59,7 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SYNTHETIC_DEFAULTS = {"samples": 2048, "features": 32, "classes": 10, "test_fraction": 0.2}
 _TOKENS_DEFAULTS = {"samples": 2048, "seq_len": 32, "vocab": 64, "test_fraction": 0.2}
 _DIGITS_SAMPLES = 1797
+_VALIDATION_STREAM = 0x5641  # separates the validation draw from the other streams of the seed
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class DataSplits:
     train: Dataset
     test: Dataset
     info: DatasetInfo
+    validation: Dataset | None = None  # held out of the training split (hold_out_validation)
 
 
 _DIGITS_INFO = DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8), input_shape=(64,))
@@ -92,6 +101,29 @@ def load_dataset(name: str, options: dict, seed: int) -> DataSplits:
     raise ScenarioError(
         f"data.name: unknown dataset {name!r} (known: digits, synthetic, tokens, or package.module:function)"
     )
+
+
+def hold_out_validation(splits: DataSplits, fraction: float, seed: int) -> DataSplits:
+    """`splits` with round(fraction * N) training samples, drawn by a permutation seeded with `seed`,
+    moved to a validation split (both keep the training split's order); unchanged for fraction 0."""
+    if fraction == 0:
+        return splits
+    size = len(splits.train)
+    count = round(fraction * size)
+    if not 1 <= count < size:
+        raise ScenarioError(f"data.validation_fraction: {fraction} of {size} training samples leaves an empty "
+                            "training or validation split")
+    generator = torch.Generator().manual_seed(seed + _VALIDATION_STREAM)
+    held = torch.zeros(size, dtype=torch.bool)
+    held[torch.randperm(size, generator=generator)[:count]] = True
+    train, validation = (_rows_of(splits.train, torch.nonzero(mask).flatten()) for mask in (~held, held))
+    return DataSplits(train=train, test=splits.test, info=splits.info, validation=validation)
+
+
+def _rows_of(dataset: Dataset, indices: torch.Tensor) -> Dataset:
+    if isinstance(dataset, TensorDataset):
+        return TensorDataset(*(tensor[indices] for tensor in dataset.tensors))
+    return Subset(dataset, indices.tolist())
 
 
 def builtin_shape(name: str, options: dict) -> tuple[DatasetInfo, int] | None:
@@ -271,21 +303,16 @@ class ShardLoader:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
         self.dataset = dataset
-        self.batch_size = batch_size
         self.sampler = DistributedSampler(
             dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
-        self.batches_per_epoch = len(self.sampler) // batch_size
-        if self.batches_per_epoch == 0:
-            raise ScenarioError(
-                f"data.batch_size: {batch_size} is larger than each replica's shard of "
-                f"{len(self.sampler)} samples ({len(dataset)} samples over {num_replicas} replicas)"
-            )
+        self.set_batch_size(batch_size)
         self._tensors = self._direct_tensors(dataset)
         self.epoch = 0
         self._epoch_indices = self._indices_for(0)
-        self._next = 0
+        self._start = 0  # position in the epoch's indices of the next batch's first sample
         self.last_indices: torch.Tensor | None = None  # dataset indices of the last batch
+        self.samples_drawn = 0  # samples of every batch returned so far
 
     @staticmethod
     def _direct_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -299,18 +326,30 @@ class ShardLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (x, y) batch, moving on to the next epoch when this one is used up."""
-        if self._next == self.batches_per_epoch:
+        if self._start + self.batch_size > len(self._epoch_indices):  # drop_last
             self.epoch += 1
             self._epoch_indices = self._indices_for(self.epoch)
-            self._next = 0
-        start = self._next * self.batch_size
-        indices = self._epoch_indices[start : start + self.batch_size]
-        self._next += 1
+            self._start = 0
+        indices = self._epoch_indices[self._start : self._start + self.batch_size]
+        self._start += self.batch_size
         return self.gather(indices)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Batches of `batch_size` from the next one on; the stream goes on from the sample it reached
+        (a batch size that does not divide the shard drops the epoch's last samples, as drop_last does)."""
+        if batch_size > len(self.sampler):
+            raise ScenarioError(
+                f"data.batch_size: {batch_size} is larger than each replica's shard of "
+                f"{len(self.sampler)} samples ({len(self.sampler.dataset)} samples over "
+                f"{self.sampler.num_replicas} replicas)"
+            )
+        self.batch_size = batch_size
+        self.batches_per_epoch = len(self.sampler) // batch_size
 
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The (x, y) batch of these dataset indices; they become `last_indices`."""
         self.last_indices = indices
+        self.samples_drawn += len(indices)
         if self._tensors is not None:
             x, y = self._tensors
             return x[indices], y[indices]
@@ -338,6 +377,9 @@ class MetaLoader:
         self.batch_size = batch_size
         self._x = (tuple(x.shape), x.dtype)
         self._y = (tuple(y.shape), y.dtype)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self.batch_size = batch_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         (x_shape, x_dtype), (y_shape, y_dtype) = self._x, self._y

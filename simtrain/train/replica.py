@@ -9,6 +9,10 @@ the whole gradient in place with no copies.
     ... all-reduce replica.grad_buffer ...
     replica.step()
 
+`training_state()` packs what training goes on from into one flat buffer, and
+`load_training_state` takes another replica's (train/training_state.py): how
+population-based training copies a member into another.
+
 Mixed precision (`precision="fp16" | "bf16"`, simtrain/train/precision.py):
 the model and the gradient bucket are in the compute dtype, the optimizer
 steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
@@ -22,6 +26,7 @@ from .grad_bucket import flat_grad_buffer
 from .optim import build_optimizer
 from .precision import MixedPrecision
 from .syncbn import sync_batchnorm_forward_backward
+from .training_state import TrainingState, capture, restore
 
 
 class Replica:
@@ -69,6 +74,17 @@ class Replica:
         self.grad_buffer.zero_()
         loss = yield from sync_batchnorm_forward_backward(self.model, x, y, self.loader.batch_loss)
         return loss
+
+    def training_state(self) -> TrainingState:
+        """A packed copy of what this replica trains on from (weights, fp32 masters, optimizer, loss scale)."""
+        return capture(self.model, self._masters(), self.optimizer, self.precision.scaler)
+
+    def load_training_state(self, state: TrainingState, flat: torch.Tensor) -> None:
+        """Go on from `flat`, a received copy of `state.flat`, bit for bit."""
+        restore(state, flat, self.model, self._masters(), self.optimizer, self.precision.scaler)
+
+    def _masters(self) -> list | None:
+        return self.precision.master_params if self.precision.mixed else None
 
     def step(self) -> None:
         """Update from the (averaged) gradient bucket: skipped if the loss scaler found an overflow."""
