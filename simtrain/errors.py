@@ -42,3 +42,14 @@ class OutOfMemory(SimtrainError):
         return (f"out of memory on {self.device}: needs {format_bytes(total)} of "
                 f"{format_bytes(self.capacity_bytes)} ({parts})")
 
+
+class RankFailed(SimtrainError):
+    """A rank of simtrain.dist.spawn raised; the run ended there."""
+
+
+class Deadlock(SimtrainError):
+    """Every rank of simtrain.dist.spawn that has not ended waits on something that can never happen."""
+
+
+class CollectiveMismatch(SimtrainError):
+    """Ranks of a process group called different collectives, or the same with different sizes."""

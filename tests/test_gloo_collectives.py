@@ -1,15 +1,12 @@
 """The simulated collectives are real algorithms: the same programs over real gloo equal the simulation
 and dist.all_reduce, for every algorithm and with several channels, with 2 and 4 processes (2 hosts of
 1 and of 2 GPUs)."""
-import os
-import tempfile
-
 import pytest
 import simpy
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from gloo_processes import run_on_gloo
 from simtrain.comm import ALGORITHMS, build_all_reduce
 from simtrain.comm.gloo import run_program
 from simtrain.comm.simulated import SimCommunicator
@@ -30,32 +27,24 @@ def seeded_input(rank):
     return torch.randn(NUMEL, generator=torch.Generator().manual_seed(4321 + rank))
 
 
-def _worker(rank, world, workdir):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(workdir, 'rendezvous')}",
-                            rank=rank, world_size=world)
-    try:
-        topo = topology(world)
-        results = {}
-        for algorithm, channels in CASES:
-            buf = seeded_input(rank)
-            all_reduce = build_all_reduce(algorithm, topo, topo.devices, channels)
-            results[algorithm, channels] = run_program(all_reduce(rank, world, buf, average=True)).clone()
-        reference = seeded_input(rank)
-        dist.all_reduce(reference)
-        results["torch.distributed"] = reference / world
-        torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))
-        dist.barrier()  # no rank tears gloo down while a peer still talks to it
-    finally:
-        dist.destroy_process_group()
+def programs_and_all_reduce(rank, world):
+    """Every case's program over gloo, and dist.all_reduce, on this rank's seeded input."""
+    topo = topology(world)
+    results = {}
+    for algorithm, channels in CASES:
+        buf = seeded_input(rank)
+        all_reduce = build_all_reduce(algorithm, topo, topo.devices, channels)
+        results[algorithm, channels] = run_program(all_reduce(rank, world, buf, average=True)).clone()
+    reference = seeded_input(rank)
+    dist.all_reduce(reference)
+    results["torch.distributed"] = reference / world
+    return results
 
 
 @pytest.fixture(scope="module", params=[2, 4])
 def gloo_results(request):
     world = request.param
-    with tempfile.TemporaryDirectory(prefix="gloo_coll_") as workdir:
-        mp.start_processes(_worker, args=(world, workdir), nprocs=world, join=True, start_method="spawn")
-        return world, [torch.load(os.path.join(workdir, f"rank{r}.pt")) for r in range(world)]
+    return world, run_on_gloo(programs_and_all_reduce, world)
 
 
 def simulated(world, algorithm, channels):

@@ -1,0 +1,22 @@
+"""Users' own torch.distributed code on simulated ranks: the `simtrain` backend, `spawn` and a test decorator.
+
+    import torch.distributed as dist
+    import simtrain.dist
+
+    def train(rank, world):
+        dist.init_process_group("simtrain")
+        ...
+    results = simtrain.dist.spawn(train, world=8, scenario="scenarios/quickstart.yaml")
+
+Importing this package registers the backend. Files: launcher.py (spawn, the
+decorator, the report), run.py (one spawn's shared state), scheduler.py (rank
+threads taking turns on the clock), world.py (torch.distributed's global state
+per rank thread), process_group.py (the backend), programs.py (its collective
+programs), arriving.py (a collective's output that waits when first read),
+op_meter.py (the FLOPs and memory of the rank's torch ops).
+"""
+from ..errors import CollectiveMismatch, Deadlock, RankFailed
+from .launcher import DistReport, SpawnResult, compute, distributed, spawn
+
+__all__ = ["spawn", "distributed", "compute", "SpawnResult", "DistReport", "RankFailed", "Deadlock",
+           "CollectiveMismatch"]

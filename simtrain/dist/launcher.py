@@ -1,0 +1,121 @@
+"""`spawn` runs a function as N ranks of torch.distributed on a simulated cluster; `distributed` makes it a test.
+
+    def train(rank, world):
+        dist.init_process_group("simtrain")       # rank and world come from the launcher
+        ...
+    results = spawn(train, world=8, scenario="scenarios/quickstart.yaml")
+    results[3]                  # rank 3's return value
+    results.report.data         # simulated time per rank, bytes per link, memory and time per device
+    results.report.trace        # Chrome trace (Perfetto)
+
+The cluster is a scenario's `cluster` section (with `cluster.devices` set to
+`world`), or, without a scenario, the fields given here, validated the same
+way (a mistake is one line naming the field). Collectives that sum run the
+scenario's `parallel.scheme` all-reduce (`ring` when it is `async`) over its
+`parallel.channels`, or the `collective` given.
+
+    @distributed(world=4, topology="ring", bandwidth="50 GB/s", latency="5 us")
+    def test_my_allreduce(rank, world, cluster):
+        ...
+        assert cluster.bytes_sent(rank) <= 2 * (world - 1) / world * nbytes
+
+`distributed` turns the function into a test without arguments, which pytest
+collects like any other: nothing to register. The third argument is the run
+(`bytes_sent`, `bytes_received`, `now_s`, `cluster`).
+"""
+import inspect
+from dataclasses import dataclass
+
+from ..errors import ScenarioError
+from ..hw.cluster import build_cluster
+from ..report import build_trace
+from ..scenario import load_scenario, validate_scenario
+from .run import SimRun
+from .world import ranks_as_threads
+
+
+@dataclass
+class DistReport:
+    """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format)."""
+
+    data: dict
+    trace: dict
+
+
+class SpawnResult(list):
+    """The ranks' return values in rank order, with the run's `report`."""
+
+    def __init__(self, values: list, report: DistReport):
+        super().__init__(values)
+        self.report = report
+
+
+def spawn(fn, world: int | None = None, scenario=None, *, topology: str = "ring", bandwidth="50 GB/s",
+          latency="5 us", device: str = "a100-40gb", collective: str | None = None,
+          channels: int | None = None) -> SpawnResult:
+    """Run `fn(rank, world)` as each rank of a simulated cluster; their values and the report."""
+    spec = _scenario(world, scenario, topology, bandwidth, latency, device, collective, channels)
+    cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
+    world = cluster.size
+    cluster.add_job("spawn", list(range(world)))
+    scheme = spec.parallel.scheme
+    run = SimRun(cluster, world, "ring" if scheme == "async" else scheme, spec.parallel.channels)
+    with ranks_as_threads(world):
+        for rank in range(world):
+            run.start(rank, lambda rank=rank: fn(rank, world))
+        values = run.finish()
+    return SpawnResult(values, _report(run))
+
+
+def distributed(world: int, scenario=None, **options):
+    """Decorator: the test `fn(rank, world, run)` runs on `world` simulated ranks (`spawn`'s options)."""
+    def decorate(fn):
+        def test():
+            spawn(lambda rank, size: fn(rank, size, SimRun.active("distributed")), world, scenario, **options)
+
+        test.__name__, test.__qualname__, test.__doc__, test.__module__ = \
+            fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__
+        test.__signature__ = inspect.Signature()
+        return test
+
+    return decorate
+
+
+def compute(flops: float, dtype: str = "fp32", name: str = "compute") -> None:
+    """In a rank: `flops` of `dtype` arithmetic on its device, after its counted torch ops."""
+    SimRun.active("simtrain.dist.compute").compute(flops, dtype, name)
+
+
+def _scenario(world, scenario, topology, bandwidth, latency, device, collective, channels):
+    overrides = [f"cluster.devices={world}"] if world is not None else []
+    if collective is not None:
+        overrides.append(f"parallel.scheme={collective}")
+    if channels is not None:
+        overrides.append(f"parallel.channels={channels}")
+    if scenario is not None:
+        return load_scenario(scenario, overrides)
+    if world is None:
+        raise ScenarioError("simtrain.dist.spawn: world: needed without a scenario")
+    raw = {"cluster": {"topology": topology, "devices": world, "device": device,
+                       "link": {"bandwidth": bandwidth, "latency": latency}},
+           "parallel": {"scheme": collective or "ring", "channels": channels}}
+    return validate_scenario(raw, source="simtrain.dist.spawn")
+
+
+def _report(run: SimRun) -> DistReport:
+    cluster = run.cluster
+    log = cluster.log
+    devices = []
+    for device in cluster.devices:
+        devices.append({
+            "rank": device.rank,
+            "node": device.node,
+            "end_s": run.end_s[device.rank],
+            "compute_s": log.total(device.rank, "compute"),
+            "communication_s": log.total(device.rank, "communication"),
+            "bytes_sent": run.bytes_sent(device.rank),
+            "peak_memory_bytes": device.memory.peak_total,
+            "peak_memory_bytes_by_category": dict(device.memory.peak_breakdown),
+        })
+    data = {"sim_time_s": log.last_end_s, "devices": devices, "links": cluster.network.link_stats()}
+    return DistReport(data, build_trace(cluster))

@@ -1,0 +1,120 @@
+"""What a rank's torch ops cost on its simulated device: FLOPs, and the memory of the tensors they make.
+
+An `OpMeter` is a TorchDispatchMode entered in the rank's thread: it sees every
+aten op the rank runs, autograd's backward included (on CPU backward runs in the
+calling thread).
+
+- **FLOPs.** Ops in torch's own `torch.utils.flop_counter.flop_registry` (matrix
+  multiplies, convolutions, attention; 2 FLOPs per multiply-add) add their count
+  under the dtype of their result; every other op (element-wise, reductions,
+  copies) counts 0, as in simtrain's step costs (cost.py). The counts wait in
+  `pending` until the rank posts a communication or ends, and are then charged as
+  one compute span per dtype (run.py).
+- **Memory.** A storage that an op returns and none of its inputs had is held on
+  the device's memory ledger under `tensors` from that op until the last tensor
+  the rank was given on it is freed (each storage counted once, however many
+  views). The ledger cannot tell weights from activations: all of them are
+  `tensors`. Not counted: tensors made outside the rank (passed in by closure),
+  storages torch keeps without returning them (allocator caches, autograd's
+  internal buffers), and the backend's own buffers (the meter is `paused` while
+  the backend works; a reducing receive's staging is `comm_buffers`).
+
+    meter = OpMeter(device.memory)
+    with meter:
+        model(x).sum().backward()
+    meter.take()                 # {torch.float32: 2.1e6}
+    device.memory.peak["tensors"]
+"""
+import weakref
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+from ..hw.device import MemoryLedger
+
+# The catalog's dtype name for a result's torch dtype; any other dtype is charged at the fp32 rate.
+DEVICE_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+class OpMeter(TorchDispatchMode):
+    """Counts the FLOPs of the ops run under it, per result dtype, and holds their new storages on `ledger`."""
+
+    def __init__(self, ledger: MemoryLedger):
+        super().__init__()
+        self.ledger = ledger
+        self.pending: dict[torch.dtype, float] = {}
+        self.is_paused = False
+        self._live: dict[int, list] = {}  # storage id -> [tensors the rank holds on it, bytes]
+        self._held: set[int] = set()  # id() of those tensors (an in-place op returns one again)
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in dynamo.disable unless told not to; the wrapper's
+        # first call imports torch._dynamo (1.4 s) inside the first rank, and the import leaves that
+        # rank's frames in reference cycles, so its tensors would count until the next collection.
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.is_paused:
+            return out
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            result = out[0] if isinstance(out, (tuple, list)) else out
+            self.pending[result.dtype] = self.pending.get(result.dtype, 0.0) + count(*args, **kwargs, out_val=out)
+        inputs = {_storage_id(t) for t in tree_leaves((args, kwargs)) if _is_dense(t)}
+        for tensor in tree_leaves(out):
+            if _is_dense(tensor):
+                self._hold(tensor, inputs)
+        return out
+
+    def take(self) -> dict[torch.dtype, float]:
+        """The FLOPs counted since the last take, by dtype, in the order the dtypes first appeared."""
+        pending, self.pending = self.pending, {}
+        return pending
+
+    @contextmanager
+    def paused(self):
+        """Ops run in the block are the backend's: neither FLOPs nor `tensors`."""
+        was, self.is_paused = self.is_paused, True
+        try:
+            yield
+        finally:
+            self.is_paused = was
+
+    def _hold(self, tensor: torch.Tensor, inputs: set) -> None:
+        if id(tensor) in self._held:
+            return
+        storage = _storage_id(tensor)
+        held = self._live.get(storage)
+        if held is None:
+            if storage in inputs:  # a view of a storage made outside the rank
+                return
+            nbytes = tensor.untyped_storage().nbytes()
+            held = self._live[storage] = [0, nbytes]
+            self.ledger.alloc("tensors", nbytes)
+        held[0] += 1
+        self._held.add(id(tensor))
+        weakref.finalize(tensor, self._release, id(tensor), storage)
+
+    def _release(self, tensor: int, storage: int) -> None:
+        self._held.discard(tensor)
+        held = self._live[storage]
+        held[0] -= 1
+        if held[0] == 0:
+            del self._live[storage]
+            self.ledger.free("tensors", held[1])
+
+
+def _is_dense(value) -> bool:
+    """A plain tensor (or parameter) with a storage of its own: not meta, sparse or a wrapper subclass."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided and not value.is_meta
+
+
+def _storage_id(tensor: torch.Tensor) -> int:
+    """Identity of the storage under `tensor`: unique among live storages, shared by views."""
+    return tensor.untyped_storage()._cdata

@@ -1,0 +1,363 @@
+"""The `simtrain` torch.distributed backend: a process group whose collectives run on the simulated cluster.
+
+Every rank thread has its own `SimProcessGroup` object per group (torch keeps one
+registry per rank thread, world.py); the members of a group share one `Group`,
+which holds the group's communicator on the simulated network and the state
+the ranks agree through. Each call posts a collective program (simtrain/comm,
+programs.py) for the rank and returns a `SimWork` at once; the program runs on
+the simulated clock, and `wait()` hands the rank's turn to the clock until it
+has ended (scheduler.py).
+
+    dist.init_process_group("simtrain")          # in a rank of simtrain.dist.spawn
+    work = dist.all_reduce(grads, async_op=True)  # starts now, in simulated time
+    ...                                           # compute here overlaps the all-reduce
+    work.wait()
+
+- Collectives of a group run in the order each rank calls them, one after the
+  other (a stream per group, as NCCL's communicators run): a rank's second
+  all_reduce starts when its first has ended. Point-to-point operations do not
+  queue: an isend and an irecv between the same ranks run side by side.
+- Before a rank posts anything, the FLOPs its torch ops performed since its last
+  post are charged on its device (run.py), and the rank waits for them.
+- Every member must call the group's collectives in the same order with the same
+  sizes; the first difference raises `CollectiveMismatch` naming both ranks.
+- `Work.get_future()` returns a completed future whose tensors wait for the
+  collective when first read (arriving.py): torch's C++ code (DDP's reducer)
+  blocks on futures where no Python runs, where a pending one could never be
+  completed by the clock.
+"""
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+from ..comm import build_all_reduce
+from ..comm.broadcast import broadcast
+from ..comm.ops import Recv, Send
+from ..comm.simulated import SimCommunicator
+from ..errors import CollectiveMismatch, SimtrainError
+from .arriving import ArrivingTensor
+from .programs import COMBINE, all_gather, all_to_all, gather, reduce, reduce_scatter, ring_all_reduce_with, scatter
+
+REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
+              dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
+
+
+class SimWork(dist.Work):
+    """A posted operation; `wait()` gives the rank's turn to the clock until the operation has ended."""
+
+    def __init__(self, run, done, what, result):
+        super().__init__()
+        self._run, self._done, self._what, self._result = run, done, what, result
+
+    def wait(self, timeout=None) -> bool:
+        if not self._done.processed:
+            self._run.wait(self._done, self._what)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.processed
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result(self._result if self._done.processed else
+                          [ArrivingTensor(tensor, self) for tensor in self._result])
+        return future
+
+    def result(self):
+        self.wait()
+        return self._result
+
+
+class _Pending:
+    """What a rank waits on, said at the moment a deadlock is reported."""
+
+    def __init__(self, group, seq: int, call: str):
+        self.group, self.seq, self.call = group, seq, call
+
+    def __str__(self) -> str:
+        missing = [rank for rank, issued in zip(self.group.ranks, self.group.issued) if issued <= self.seq]
+        text = f"{self.call} (collective #{self.seq} of group {self.group.ranks})"
+        return text + (f", which ranks {missing} have not called" if missing else "")
+
+
+class Group:
+    """A process group's shared state: its ranks, its communicator, the order of its collectives."""
+
+    def __init__(self, run, ranks: list[int]):
+        self.run = run
+        self.ranks = list(ranks)
+        cluster = run.cluster
+        self.nodes = [cluster.devices[rank].node for rank in self.ranks]
+        self.comm = SimCommunicator(cluster.network, self.nodes, cluster.log,
+                                    [cluster.devices[rank].memory for rank in self.ranks], self.ranks)
+        self.all_reduce = build_all_reduce(run.algorithm, cluster.topology, self.nodes, run.channels,
+                                           "parallel.scheme", "parallel.channels")
+        self.issued = [0] * len(self.ranks)  # collectives each member has called
+        self._last = [None] * len(self.ranks)  # each member's latest collective's end event
+        self._calls: dict[int, tuple[int, str]] = {}  # collective # -> (first caller, its call)
+        self._exchanges: dict[int, dict] = {}  # collective # -> {group rank: its all-to-all sizes}
+        self._mailboxes: dict[tuple, dict] = {}  # (src, dst, tag) -> posted sends and recvs, in order
+
+    def collective(self, me: int, call: str, program, result, exchange=None) -> SimWork:
+        """Post collective `call` (its kind and sizes) for group rank `me`; `program()` makes its program.
+
+        `exchange` (all-to-alls, whose sizes differ by rank): the elements this rank sends to and
+        receives from each group rank, checked against what every other rank posted."""
+        seq = self.issued[me]
+        self.issued[me] += 1
+        first, exchanges = self._calls.setdefault(seq, (me, call)), self._exchanges.setdefault(seq, {})
+        if first[1] != call:
+            raise CollectiveMismatch(f"collective #{seq} of group {self.ranks}: rank {self.ranks[first[0]]} "
+                                     f"called {first[1]}, rank {self.ranks[me]} called {call}")
+        if exchange is not None:
+            self._check_exchange(seq, me, exchange, exchanges)
+        if min(self.issued) > seq:
+            del self._calls[seq], self._exchanges[seq]
+        env = self.run.cluster.env
+        done = env.event()
+        label = call.partition("(")[0]
+
+        def start(_=None):
+            self.comm.run(me, program(), label).callbacks.append(lambda _: done.succeed(result))
+
+        previous = self._last[me]
+        if previous is None or previous.processed:
+            start()
+        else:
+            previous.callbacks.append(start)
+        self._last[me] = done
+        return SimWork(self.run, done, _Pending(self, seq, call), result)
+
+    def _check_exchange(self, seq: int, me: int, exchange, posted: dict) -> None:
+        sends, receives = exchange
+        for peer, (peer_sends, peer_receives) in posted.items():
+            for src, dst, sent, expected in ((me, peer, sends[peer], peer_receives[me]),
+                                             (peer, me, peer_sends[me], receives[peer])):
+                if sent != expected:
+                    raise CollectiveMismatch(f"collective #{seq} of group {self.ranks}: in the all-to-all rank "
+                                             f"{self.ranks[src]} sends {sent} elements to rank {self.ranks[dst]}, "
+                                             f"which expects {expected}")
+        posted[me] = exchange
+
+    def point_to_point(self, kind: str, me: int, peer: int, tag: int, tensor: torch.Tensor) -> SimWork:
+        """Post a send to, or a recv from, group rank `peer`; it moves once the peer posts its match."""
+        src, dst = (me, peer) if kind == "send" else (peer, me)
+        box = self._mailboxes.setdefault((src, dst, tag), {"send": deque(), "recv": deque()})
+        done = self.run.cluster.env.event()
+        other = "recv" if kind == "send" else "send"
+        if box[other]:
+            match, match_done = box[other].popleft()
+            sent, sent_done, out, out_done = (tensor, done, match, match_done) if kind == "send" else \
+                (match, match_done, tensor, done)
+            if sent.nbytes != out.nbytes:
+                raise CollectiveMismatch(f"rank {self.ranks[src]} sends {sent.nbytes} B to rank {self.ranks[dst]} "
+                                         f"(tag {tag}), which receives {out.nbytes} B")
+            self._transfer(src, dst, sent, sent_done, out, out_done)
+        else:
+            box[kind].append((tensor, done))
+        what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
+                f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
+        return SimWork(self.run, done, what, [tensor])
+
+    def _transfer(self, src, dst, sent, sent_done, out, out_done) -> None:
+        """One message, as a two-rank program on the network: the p2p spans go to the event log as usual."""
+        cluster = self.run.cluster
+        ranks = [self.ranks[src], self.ranks[dst]]
+        comm = SimCommunicator(cluster.network, [self.nodes[src], self.nodes[dst]], cluster.log,
+                               [cluster.devices[rank].memory for rank in ranks], ranks)
+        comm.run(0, _send(sent), "send").callbacks.append(lambda _: sent_done.succeed())
+        comm.run(1, _recv(out), "recv").callbacks.append(lambda _: out_done.succeed())
+
+
+def _send(tensor):
+    yield Send(1, tensor)
+
+
+def _recv(out):
+    yield Recv(0, out)
+
+
+class SimProcessGroup(dist.ProcessGroup):
+    """One rank's handle on a Group: torch.distributed's collectives as simulated programs."""
+
+    def __init__(self, group: Group, rank: int):
+        super().__init__(rank, len(group.ranks))
+        self.group = group
+        self._me = rank
+
+    def _get_backend_name(self) -> str:
+        return "simtrain"
+
+    def allreduce(self, tensors, opts=None):
+        tensor = _one(tensors, "all_reduce")
+        op = _reduce_op(opts)
+        world = len(self.group.ranks)
+
+        def program():
+            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+            if op in ("sum", "avg"):
+                yield from self.group.all_reduce(self._me, world, buf.view(-1), average=op == "avg")
+            else:
+                yield from ring_all_reduce_with(self._me, world, buf, COMBINE[op])
+            if buf is not tensor:
+                tensor.copy_(buf)
+
+        return self._post(f"all_reduce({op}) of {_sizes(tensor)}", program, tensors)
+
+    def broadcast(self, tensors, opts=None):
+        tensor = _one(tensors, "broadcast")
+        root = opts.rootRank
+        return self._post(f"broadcast(root {root}) of {_sizes(tensor)}",
+                          lambda: broadcast(self._me, len(self.group.ranks), {root: tensor}), tensors)
+
+    def reduce(self, tensors, opts=None):
+        tensor = _one(tensors, "reduce")
+        op, root, world = _reduce_op(opts), opts.rootRank, len(self.group.ranks)
+
+        def program():
+            buf = tensor if self._me == root else tensor.clone()  # only the root's tensor changes
+            yield from reduce(self._me, world, buf, root, COMBINE["sum" if op == "avg" else op])
+            if op == "avg" and self._me == root:
+                tensor.div_(world)
+
+        return self._post(f"reduce({op}, root {root}) of {_sizes(tensor)}", program, tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        tensor, root, world = _one(input_tensors, "gather"), opts.rootRank, len(self.group.ranks)
+
+        def program():
+            if self._me != root:
+                return gather(self._me, world, root, [tensor] * world)  # it sends its own entry only
+            output_tensors[0][root].copy_(tensor)
+            return gather(self._me, world, root, output_tensors[0])
+
+        return self._post(f"gather(root {root}) of {_sizes(tensor)}", program, output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        tensor, root, world = _one(output_tensors, "scatter"), opts.rootRank, len(self.group.ranks)
+
+        def program():
+            if self._me != root:
+                return scatter(self._me, world, root, [tensor] * world)  # it receives its own entry only
+            tensor.copy_(input_tensors[0][root])
+            return scatter(self._me, world, root, input_tensors[0])
+
+        return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outputs, tensor = _one(output_tensors, "all_gather"), _one(input_tensors, "all_gather")
+        return self._post(f"all_gather of {_sizes(*outputs)}", lambda: self._gather(outputs, tensor),
+                          output_tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        chunks = list(output.view(len(self.group.ranks), -1).unbind(0))
+        return self._post(f"all_gather_into_tensor of {_sizes(*chunks)}",
+                          lambda: self._gather(chunks, input.reshape(-1)), [output])
+
+    def _gather(self, chunks, tensor):
+        chunks[self._me].copy_(tensor)
+        return all_gather(self._me, len(chunks), chunks)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        output, inputs = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter")
+        return self._scatter("reduce_scatter", output, inputs, _reduce_op(opts), output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        inputs = list(input.reshape(len(self.group.ranks), -1).unbind(0))
+        return self._scatter("reduce_scatter_tensor", output, inputs, _reduce_op(opts), [output])
+
+    def _scatter(self, name, output, inputs, op, result):
+        world = len(self.group.ranks)
+
+        def program():
+            chunks = [chunk.clone() for chunk in inputs]  # the inputs stay as the caller gave them
+            reduced = yield from reduce_scatter(self._me, world, chunks, COMBINE["sum" if op == "avg" else op])
+            output.view(-1).copy_(reduced.view(-1))
+            if op == "avg":
+                output.div_(world)
+            return output
+
+        return self._post(f"{name}({op}) of {_sizes(*inputs)}", program, result)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._all_to_all("all_to_all", output_tensors, input_tensors, output_tensors)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        world = len(self.group.ranks)
+        outputs = _split(output, output_split_sizes, world, "output_split_sizes")
+        inputs = _split(input, input_split_sizes, world, "input_split_sizes")
+        return self._all_to_all("all_to_all_single", outputs, inputs, [output])
+
+    def _all_to_all(self, name, outputs, inputs, result):
+        exchange = ([t.numel() for t in inputs], [t.numel() for t in outputs])
+        program = lambda: all_to_all(self._me, len(outputs), outputs, inputs)  # noqa: E731
+        return self._post(f"{name} of {_dtype(inputs[0])}", program, result, exchange)
+
+    def barrier(self, opts=None):
+        return self._post("barrier", lambda: self.group.all_reduce(self._me, len(self.group.ranks), torch.zeros(1)),
+                          [])
+
+    def send(self, tensors, dst, tag):
+        self.group.run.flush()
+        with self.group.run.backend():
+            return self.group.point_to_point("send", self._me, dst, tag, _one(tensors, "send"))
+
+    def recv(self, tensors, src, tag):
+        self.group.run.flush()
+        with self.group.run.backend():
+            return self.group.point_to_point("recv", self._me, src, tag, _one(tensors, "recv"))
+
+    def recv_anysource(self, tensors, tag):
+        raise SimtrainError("recv: the simtrain backend needs a source rank (recv from any source is not supported)")
+
+    def _post(self, call: str, program, result, exchange=None) -> SimWork:
+        self.group.run.flush()
+        with self.group.run.backend():
+            return self.group.collective(self._me, call, program, result, exchange)
+
+
+def _unsupported(name: str):
+    def method(self, *args, **kwargs):
+        raise SimtrainError(f"{name}: not supported by the simtrain backend")
+
+    return method
+
+
+for _name in ("allreduce_coalesced", "allgather_coalesced", "allgather_into_tensor_coalesced",
+              "reduce_scatter_tensor_coalesced", "monitored_barrier"):
+    setattr(SimProcessGroup, _name, _unsupported(_name))
+
+
+def _one(tensors: list, name: str):
+    if len(tensors) != 1:
+        raise SimtrainError(f"{name}: the simtrain backend takes one tensor (or list) per rank, got {len(tensors)}")
+    return tensors[0]
+
+
+def _reduce_op(opts) -> str:
+    op = REDUCE_OPS.get(opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM)
+    if op is None:
+        raise SimtrainError(f"reduce op {opts.reduceOp.op.name}: the simtrain backend supports "
+                            f"{', '.join(REDUCE_OPS.values())}")
+    return op
+
+
+def _split(tensor, sizes, world: int, field: str) -> list:
+    if not sizes:
+        if tensor.shape[0] % world:
+            raise SimtrainError(f"{field}: {tensor.shape[0]} rows do not split evenly over {world} ranks")
+        sizes = [tensor.shape[0] // world] * world
+    if len(sizes) != world or sum(sizes) != tensor.shape[0]:
+        raise SimtrainError(f"{field}: {list(sizes)} does not split {tensor.shape[0]} rows over {world} ranks")
+    return list(tensor.split(list(sizes)))
+
+
+def _sizes(*tensors) -> str:
+    """'[3, 3, 2] float32': the element counts of `tensors` and their dtype, as a call's signature."""
+    counts = [t.numel() for t in tensors]
+    return f"{counts if len(counts) > 1 else counts[0]} {_dtype(tensors[0])}"
+
+
+def _dtype(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")

@@ -1,0 +1,153 @@
+"""Ranks as threads that take turns on the simulated clock: exactly one runs at a time.
+
+Each rank's Python code runs in a thread of its own, and each thread is a simpy
+process on the cluster's clock. The main thread runs the clock; it hands control
+to a rank by resuming its thread and waits until the rank gives it back, which it
+does only when it needs the clock: to wait for an event (its compute, a
+collective's end). The rank's process then yields that event, and when it fires
+the clock hands control back to the rank, at that simulated instant. Between two
+waits a rank takes no simulated time. So the interleaving is the simpy event order,
+a function of the simulation alone, never of the host's thread scheduler.
+
+    turns = Turns(env)
+    turns.start(rank, lambda: user_code(rank))   # one per rank, in rank order
+    turns.run(run_to_end)  # the clock, until it runs dry or a rank raised
+    turns.close()          # the ranks' values in rank order, or RankFailed or Deadlock
+
+    turns.wait(event, "all_reduce #2 of group [0, 1]")   # inside a rank's thread
+
+If a rank raises, the run stops there (`RankFailed`). If the clock runs dry while
+ranks still wait, nothing can ever wake them (`Deadlock`, naming what each waits
+on). Either way every waiting thread is then resumed with `Aborted` raised at its
+wait, so no thread is left behind.
+"""
+import threading
+
+import simpy
+
+from ..errors import Deadlock, RankFailed
+
+
+class Aborted(BaseException):
+    """Raised at a waiting rank's wait when the run ends without it (not an Exception: user code
+    that catches Exception does not swallow it)."""
+
+
+_current = threading.local()  # .rank in a rank's thread
+
+
+def current_rank() -> int | None:
+    """The rank whose thread this is, or None outside a rank's thread."""
+    return getattr(_current, "rank", None)
+
+
+class _Rank:
+    __slots__ = ("rank", "thread", "resume", "event", "value", "waiting_on", "ended", "result", "error", "abort")
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.thread = None
+        self.resume = threading.Semaphore(0)
+        self.event = None  # what the rank waits on now
+        self.value = None  # what its wait returns
+        self.waiting_on = ""
+        self.ended = False
+        self.result = None
+        self.error = None
+        self.abort = False
+
+
+class Turns:
+    """Rank threads that run one at a time, each as a simpy process of `env`."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self._ranks: dict[int, _Rank] = {}
+        self._clock = threading.Semaphore(0)  # released when the running rank hands control back
+        self._clock_error = None
+
+    def start(self, rank: int, body) -> None:
+        """Run `body()` as rank `rank`; it first runs at the current simulated instant."""
+        state = _Rank(rank)
+        state.thread = threading.Thread(target=self._thread, args=(state, body), name=f"simtrain rank {rank}",
+                                        daemon=True)
+        self._ranks[rank] = state
+        state.thread.start()
+        self.env.process(self._process(state))
+
+    def wait(self, event: simpy.Event, what):
+        """In a rank's thread: hand control to the clock until `event` fires; its value. `str(what)`
+        says what the rank waits on, should the run deadlock there."""
+        state = self._ranks[_current.rank]
+        if state.abort:
+            raise Aborted()
+        state.event, state.waiting_on = event, what
+        self._clock.release()
+        state.resume.acquire()
+        if state.abort:
+            raise Aborted()
+        return state.value
+
+    def run(self, runner) -> None:
+        """`runner(env)` runs the clock (hw.cluster.run_to_end); it stops early when a rank raises."""
+        try:
+            runner(self.env)
+        except _Stop:
+            pass
+        except BaseException as error:  # raised again by close(), once no rank thread is left waiting
+            self._clock_error = error
+
+    def waiting(self) -> dict[int, str]:
+        """What each rank that has not ended waits on, by rank."""
+        return {rank: s.waiting_on for rank, s in sorted(self._ranks.items()) if not s.ended}
+
+    def close(self) -> list:
+        """After the clock stopped: the ranks' return values in rank order, or RankFailed / Deadlock."""
+        failed = [s for s in self._ranks.values() if s.error is not None]
+        waiting = self.waiting()
+        for state in self._ranks.values():
+            if not state.ended:
+                state.abort = True
+                state.resume.release()
+                self._clock.acquire()
+        for state in self._ranks.values():  # each has handed control back for the last time; let it exit
+            state.thread.join()
+        if self._clock_error is not None:
+            raise self._clock_error
+        if failed:
+            first = min(failed, key=lambda s: s.rank)
+            error, first.error = first.error, None  # no cycle through the rank's frames: freed at once
+            raise RankFailed(f"rank {first.rank} raised {type(error).__name__}: {error}") from error
+        if waiting:
+            at = f"{self.env.now * 1e6:.6g} us"
+            what = "; ".join(f"rank {rank} waits on {on}" for rank, on in waiting.items())
+            raise Deadlock(f"deadlock at {at} of simulated time: {what}")
+        return [self._ranks[rank].result for rank in sorted(self._ranks)]
+
+    def _thread(self, state: _Rank, body) -> None:
+        _current.rank = state.rank
+        state.resume.acquire()
+        try:
+            if not state.abort:
+                state.result = body()
+        except Aborted:
+            pass
+        except BaseException as error:  # reported by close(), in the main thread
+            state.error = error
+        state.ended = True
+        state.event = None
+        self._clock.release()
+
+    def _process(self, state: _Rank):
+        while True:
+            state.resume.release()
+            self._clock.acquire()
+            if state.ended:
+                if state.error is not None:
+                    raise _Stop()
+                return
+            state.value = yield state.event
+
+
+class _Stop(Exception):
+    """Ends the clock's run when a rank raised."""
