@@ -192,11 +192,10 @@ class DataSpec(_Strict):
 
     @model_validator(mode="after")
     def _fields_of_this_data(self) -> "DataSpec":
-        for key in ("samples", "features", "classes", "seq_len", "vocab", "test_fraction"):
+        for key in dict.fromkeys(key for keys in _DATA_FIELDS.values() for key in keys):
             if getattr(self, key) is not None and key not in _DATA_FIELDS.get(self.name, ()):
-                raise ValueError(f"data.{key}: not an option of {self.name} "
-                                 f"(synthetic: samples, features, classes, test_fraction; "
-                                 f"tokens: samples, seq_len, vocab, test_fraction)")
+                options = "; ".join(f"{name}: {', '.join(fields)}" for name, fields in _DATA_FIELDS.items())
+                raise ValueError(f"data.{key}: not an option of {self.name} ({options})")
         return self
 
 

@@ -50,7 +50,7 @@ from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
 from .rank_replicas import RankReplicas
-from .stage_execution import chunk_backward, chunk_forward, measure_chunk
+from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk
 
 
 def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list[RankModule]:
@@ -106,7 +106,7 @@ class ModelParallel(RankReplicas):
         self.comms = {dimension: self._communicators(dimension, parallel) for dimension in ("dp", "tp")}
         self._held = [persistent_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
         self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
-        self._costs: dict[tuple, object] = {}
+        self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._arrivals: dict[tuple, object] = {}  # (job rank, message) -> simpy event of its arrival
         self._waiting: set[int] = set()  # job ranks waiting for a message
         self.pp_bytes = 0
@@ -171,7 +171,7 @@ class ModelParallel(RankReplicas):
                         received = yield from self._receive(rank, ("forward", action.microbatch, part))
                         inputs = (received.requires_grad_(),)
                     target = ys[action.microbatch] if last else None
-                    cost = self._cost(replica, action.chunk, inputs, target)
+                    cost = self._cost(replica, action.chunk, part, inputs, target)
                     yield Alloc("activations", cost.activation_bytes)
                     outputs, tape, loss = yield from chunk_forward(replica.model.ops[action.chunk], inputs,
                                                                    tp_all_reduce, cost, dtype, target,
@@ -233,13 +233,13 @@ class ModelParallel(RankReplicas):
             self._arrivals[key] = self.job.cluster.env.event()
         return self._arrivals[key]
 
-    def _cost(self, replica, chunk: int, inputs: tuple, target):
-        key = (id(replica), chunk, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
-        cost = self._costs.get(key)
-        if cost is None:
-            module = replica.model.chunks[chunk]
-            cost = self._costs[key] = measure_chunk(module, replica.model.chunk_ops, inputs, target)
-        return cost
+    def _cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
+        """What model part `part` (the replica's chunk `chunk`) costs on inputs of these shapes, measured
+        once: every rank holding that part (each tp slice, each data-parallel replica) has the same."""
+        key = (part, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
+        if key not in self._costs:
+            self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target)
+        return self._costs[key]
 
     def _step_done(self, step: int, losses: list) -> None:
         self._losses[step].extend(losses)

@@ -52,7 +52,7 @@ def model_units(model: nn.Module, tensor_parallel: bool) -> list[tuple[int, ...]
 
 
 def _has_parameters(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters())
+    return next(module.parameters(), None) is not None
 
 
 def _pair_end(entries: list[nn.Module], start: int) -> int | None:
