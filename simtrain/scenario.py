@@ -305,6 +305,11 @@ class ParallelSpec(_Strict):
     channels: Count(MAX_CHANNELS) | None = None
     async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
     sync_batchnorm: Flag = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
+    # Data-parallel sync: all-reduce the gradient in DDP's buckets (reverse parameter order, bucket_cap_mb MiB
+    # each, torch DDP's default 25), each as soon as the backward has completed it (train/grad_bucket.py);
+    # false: one all-reduce of the whole gradient after the backward
+    overlap: Flag = True
+    bucket_cap_mb: Real(gt=0, le=1 << 20) = 25.0
     # The layout (schemes/layout.py): dp x pp x tp must equal the job's devices.
     dp: Count(MAX_DEVICES) | None = None  # data-parallel replicas; None: devices / (pp x tp)
     pp: Count(MAX_DEVICES) = 1  # pipeline stages
