@@ -79,7 +79,6 @@ class EventLog:
         total = self.total(rank, "communication")
         if rank not in self._overlapping:
             return total
-        tracked = sum(end - start for start, end in self._overlapping[rank][0])
         communication, other = self._overlapping[rank]
         return total - sum(end - start for start, end in communication) + sum(
             end - start for start, end in exposed(communication, other))
