@@ -1,8 +1,9 @@
-"""The `simtrain` command line: run, compare, memory, validate, collective, topo, pbt replay.
+"""The `simtrain` command line: run, sweep, compare, memory, validate, collective, topo, pbt replay.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
     simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
+    simtrain sweep scenarios/quickstart.yaml --grid cluster.devices=4,8,16 --grid parallel.scheme=ring,tree
     simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
     simtrain memory scenarios/quickstart.yaml --set train.precision=fp16 --set train.checkpointing=sqrt
     simtrain validate scenarios/quickstart.yaml
@@ -223,6 +224,45 @@ def compare(scenario_files, variants, overrides, out_dir):
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
+
+
+@cli.command()
+@click.argument("scenario_file")
+@click.option("--grid", "grids", multiple=True, required=True, metavar="PATH=V1,V2,...",
+              help="A field and its values (repeatable); the sweep runs every combination.")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field in every run.")
+@click.option("--workers", type=click.IntRange(1, 256), default=2, show_default=True, help="Local processes.")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Submit the runs to this Ray cluster instead (pip install 'simtrain[ray]').")
+@click.option("--metric", default="step_time_s", show_default=True, help="The figure sweep.png plots.")
+@click.option("--out", "out_dir", default=None, help="Output folder (default runs/sweep-<name>/).")
+def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir):
+    """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table."""
+    from .studies.sweep import parse_grid, plan_points, run_sweep
+
+    parsed = [parse_grid(grid) for grid in grids]
+    total = len(plan_points(parsed))
+    out = output_folder(out_dir or Path("runs") / f"sweep-{Path(scenario_file).stem}", "--out")
+    rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
+                     metric=metric, on_done=lambda done, runs: err_console.print(
+                         f"[{done}/{runs}] runs done", markup=False, highlight=False))
+    table = Table(title=f"{total} runs")
+    for header in (*(grid.path for grid in parsed), "status", "step time", "throughput", "efficiency",
+                   "communication", "peak memory", "final loss"):
+        table.add_column(header, justify="left" if header == "status" else "right", overflow="fold")
+    for row in rows:
+        ok = row["step_time_s"] is not None
+        table.add_row(*(grid.texts[grid.values.index(row[grid.path])] for grid in parsed),
+                      row["status"].replace("_", " ") if row["status"] == "ok" else
+                      f"{row['status'].replace('_', ' ')}: {row['error']}",
+                      format_seconds(row["step_time_s"]) if ok else "-",
+                      f"{row['throughput_samples_per_s']:,.0f}/s" if ok else "-",
+                      "-" if row["scaling_efficiency"] is None else f"{row['scaling_efficiency']:.1%}",
+                      format_seconds(row["communication_s"]) if ok else "-",
+                      "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),
+                      "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}")
+    (console if console.is_terminal else Console(width=150)).print(table)
+    console.print(f"wrote {out}/sweep.csv, sweep.json, sweep.png and runs/<index>/report.json")
 
 
 @cli.command()
