@@ -340,13 +340,19 @@ def _topology_options(f):
     f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
     f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
     f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
-                     help="hierarchical: GPUs per node.")(f)
-    f = click.option("--inter-bandwidth", default=None, help="hierarchical: each GPU's NIC bandwidth.")(f)
-    f = click.option("--inter-latency", default="5 us", show_default=True, help="hierarchical: NIC hop latency.")(f)
+                     help="hierarchical, fat_tree: GPUs per node.")(f)
+    f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=20, show_default=True,
+                     help="fat_tree: nodes whose same-rail NICs share a leaf switch.")(f)
+    f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=1.0, show_default=True,
+                     help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
+    f = click.option("--inter-bandwidth", default=None, help="hierarchical, fat_tree: each GPU's NIC bandwidth.")(f)
+    f = click.option("--inter-latency", default="5 us", show_default=True,
+                     help="hierarchical, fat_tree: NIC hop latency.")(f)
     return f
 
 
-def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
+def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+                        nodes_per_leaf, oversubscription):
     if devices is None and topology in BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
     link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
@@ -356,7 +362,8 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
     if inter_bandwidth is not None:
         inter = LinkClass(parse_quantity(inter_bandwidth, "bandwidth", "--inter-bandwidth"),
                           parse_quantity(inter_latency, "time", "--inter-latency"))
-    return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node)
+    return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node,
+                          nodes_per_leaf=nodes_per_leaf, oversubscription=oversubscription)
 
 
 @cli.command()
@@ -370,9 +377,10 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
-               inter_latency, sizes, numerics, seed, as_json):
+               inter_latency, nodes_per_leaf, oversubscription, sizes, numerics, seed, as_json):
     """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
-    topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
+    topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+                               nodes_per_leaf, oversubscription)
     low, sep, high = sizes.partition(":")
     low = parse_size(low, "--sizes")
     high = parse_size(high, "--sizes") if sep else low
@@ -403,9 +411,11 @@ def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_n
 
 @cli.command()
 @_topology_options
-def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
+def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency, nodes_per_leaf,
+         oversubscription):
     """Show a topology: its devices, switches and links."""
-    topo_ = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
+    topo_ = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+                                nodes_per_leaf, oversubscription)
     graph = topo_.graph
     switches = [n for n in graph.nodes if n not in set(topo_.devices)]
     console.print(f"{topo_.name}: {topo_.num_devices} devices, {len(switches)} switches, {graph.number_of_edges()} links")
