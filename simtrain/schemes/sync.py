@@ -71,6 +71,7 @@ class SyncDataParallel(RankReplicas):
         self.kfac = None
         if train.optimizer.name == "kfac":
             self.kfac = DistributedKfac(self.replicas, self.devices, self.all_reduce, train.optimizer)
+        self.only_ring_all_reduces = parallel.scheme == "ring" and self.kfac is None  # K-FAC also broadcasts
         self.sync_batchnorm = job.scenario.parallel.sync_batchnorm
         if self.sync_batchnorm:
             try:
