@@ -13,8 +13,11 @@ import simpy
 import torch
 
 import simtrain
+from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.job import Job
+from simtrain.runner import single_thread
 from simtrain.comm.ring_schedule import RingAllReduce, ring_times
-from simtrain.comm.simulated import SimCommunicator
+from simtrain.comm.simulated import GROUP_MAX_CHUNK, SimCommunicator
 from simtrain.hw.device import MemoryLedger
 from simtrain.hw.eventlog import EventLog
 from simtrain.hw.network import Network
@@ -36,24 +39,30 @@ def random_case(rng: random.Random):
     collectives = [[rng.choice([0.0, 0.0, rng.uniform(0, 2e-5)]) for _ in range(world)],
                    [rng.uniform(0, 1e-5) for _ in range(world)]]  # post times, then gaps before the second
     sizes = [rng.choice([1, world - 1, rng.randint(1, 5000), rng.randint(1, 10**6)]) for _ in collectives]
-    return built, order, collectives, sizes
+    dtype = rng.choice([None, None, torch.float32, torch.float16, torch.bfloat16])  # None: meta (numerics off)
+    return built, order, collectives, sizes, dtype
 
 
-def simulate(topology, order, collectives, sizes, exclusive: bool):
+def simulate(topology, order, collectives, sizes, dtype, exclusive: bool):
     env = simpy.Environment()
     network = Network(env, topology, record=True)
     log = EventLog()
     ledgers = [MemoryLedger(f"gpu{rank}", 1 << 40) for rank in range(len(topology.devices))]
     comm = SimCommunicator(network, topology.devices, log=log, ledgers=ledgers, exclusive=exclusive)
-    world, ends = len(order), []
+    world, ends, results = len(order), [], []
 
     def rank_process(rank):
-        for (delays, numel) in zip(collectives, sizes):
+        for index, (delays, numel) in enumerate(zip(collectives, sizes)):
             yield env.timeout(delays[rank])
-            buffer = torch.empty(numel, device="meta")
+            if dtype is None:
+                buffer = torch.empty(numel, device="meta")
+            else:
+                generator = torch.Generator().manual_seed(1000 * index + rank)
+                buffer = torch.randn(numel, generator=generator).to(dtype)
             ring = None if order == sorted(order) else order
-            yield comm.run(rank, RingAllReduce(rank, world, buffer, True, ring=ring), label="all_reduce")
+            yield comm.run(rank, RingAllReduce(rank, world, buffer, index == 0, ring=ring), label="all_reduce")
             ends.append((rank, env.now))
+            results.append((rank, index, buffer))
 
     for rank in range(world):
         env.process(rank_process(rank))
@@ -67,6 +76,7 @@ def simulate(topology, order, collectives, sizes, exclusive: bool):
         "links": network.link_stats(),
         "records": sorted(network.records),
         "staging": [ledger.peak_breakdown.get("comm_buffers", 0) for ledger in ledgers],
+        "sums": [buffer for _, _, buffer in sorted(results, key=lambda result: result[:2])],
     }, comm
 
 
@@ -75,11 +85,14 @@ def test_group_timing_equals_flow_by_flow(seed):
     case = random_case(random.Random(seed))
     flows, _ = simulate(*case, exclusive=False)
     grouped, comm = simulate(*case, exclusive=True)
-    topology, order = case[0], case[1]
-    if order == sorted(order) and not topology.name.startswith("hierarchical"):
+    topology, order, sizes, dtype = case[0], case[1], case[3], case[4]
+    eligible = dtype is None or min(sizes) <= GROUP_MAX_CHUNK * len(order)
+    if eligible and order == sorted(order) and not topology.name.startswith("hierarchical"):
         assert comm._ring_routes[tuple(order)] is not None  # a ring in rank order: timed as a group
     for key in ("spans", "bytes_by_label", "records", "staging"):
         assert grouped[key] == flows[key], key
+    if case[-1] is not None:  # the sums, bit for bit
+        assert all(torch.equal(a, b) for a, b in zip(grouped["sums"], flows["sums"]))
     for key in ("ends", "totals", "links"):  # the same floating-point operations: exact, checked to 1e-9
         assert flat(grouped[key]) == pytest.approx(flat(flows[key]), rel=1e-9, abs=0), key
 
@@ -96,24 +109,44 @@ def flat(value) -> list:
 def test_rings_that_share_a_link_move_flow_by_flow():
     # On a ring topology, a ring order that skips around sends over links its other sends use too.
     topology, order = build_topology("ring", 6, LinkClass(50e9, 1e-6)), [0, 3, 1, 4, 2, 5]
-    grouped, comm = simulate(topology, order, [[0.0] * 6, [0.0] * 6], [4096, 4096], exclusive=True)
+    grouped, comm = simulate(topology, order, [[0.0] * 6, [0.0] * 6], [4096, 4096], None, exclusive=True)
     assert list(comm._ring_routes.values()) == [None]
-    assert grouped == simulate(topology, order, [[0.0] * 6, [0.0] * 6], [4096, 4096], exclusive=False)[0]
+    flows = simulate(topology, order, [[0.0] * 6, [0.0] * 6], [4096, 4096], None, exclusive=False)[0]
+    assert {key: value for key, value in grouped.items() if key != "sums"} == {
+        key: value for key, value in flows.items() if key != "sums"}
 
 
-def test_a_job_alone_times_its_ring_all_reduces_as_a_group(monkeypatch):
-    """Numerics off, the job's bucketed all-reduces are timed as a group; numerics on, flow by flow."""
+def run_job(scenario, alone: bool):
+    """The scenario's job on its cluster, as the runner runs it; `alone` lets it time rings as a group."""
+    with single_thread():
+        cluster = build_cluster(scenario.cluster, scenario.base_dir, record=True, seed=scenario.seed)
+        job = Job(scenario, cluster, range(cluster.size), numerics=scenario.numerics, alone=alone)
+        job.start()
+        run_to_end(cluster.env)
+        job.finish()
+    return cluster, job
+
+
+@pytest.mark.parametrize("numerics", [True, False])
+def test_a_job_alone_times_its_ring_all_reduces_as_a_group(numerics, monkeypatch):
+    """Bucketed all-reduces overlapping the backward: the same run either way, to the bit."""
     import simtrain.comm.simulated as simulated
     timed = []
     monkeypatch.setattr(simulated, "ring_times", lambda *args, **kw: timed.append(1) or ring_times(*args, **kw))
-    overrides = ["train.steps=3", "report.trace=false", "data.samples=2048", "model.hidden=[512,512,512,512]",
-                 "parallel.bucket_cap_mb=1"]
-    on = simtrain.run(simtrain.load_scenario("scenarios/compute_vs_comm.yaml", overrides)).data
+    scenario = simtrain.load_scenario("scenarios/compute_vs_comm.yaml", [
+        "train.steps=3", "data.samples=2048", "model.hidden=[128,128,128,128]", "parallel.bucket_cap_mb=0.05",
+        f"numerics={str(numerics).lower()}"])
+    flows, flow_job = run_job(scenario, alone=False)
     assert not timed
-    off = simtrain.run(simtrain.load_scenario("scenarios/compute_vs_comm.yaml", [*overrides, "numerics=false"])).data
-    assert len(timed) == 3 * off["parallel"]["buckets"] > 3
-    assert off["step_time_s"] == pytest.approx(on["step_time_s"], rel=1e-12)
-    assert off["breakdown_s"] == pytest.approx(on["breakdown_s"], rel=1e-9)
-    for device_off, device_on in zip(off["devices"], on["devices"]):
-        assert device_off["peak_memory_bytes_by_category"] == device_on["peak_memory_bytes_by_category"]
-    assert flat(off["links"]) == pytest.approx(flat(on["links"]), rel=1e-12)
+    grouped, grouped_job = run_job(scenario, alone=True)
+    buckets = grouped_job.scheme.report_sections()["parallel"]["buckets"]
+    assert buckets > 1 and len(timed) == 3 * buckets  # every bucket, every step
+    assert grouped.log.last_end_s == flows.log.last_end_s
+    assert sorted(grouped.log.totals.items()) == sorted(flows.log.totals.items())
+    assert sorted(grouped.log.spans) == sorted(flows.log.spans)
+    assert grouped.network.link_stats() == flows.network.link_stats()
+    for a, b in zip(grouped.devices, flows.devices):
+        assert a.memory.peak_breakdown == b.memory.peak_breakdown
+    if numerics:
+        for a, b in zip(grouped_job.scheme.final_models(), flow_job.scheme.final_models()):
+            assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -22,15 +22,23 @@ leaves behind is derived from the same arrays: each rank's communication spans
 and busy time, the largest staging buffer a reducing receive holds, and the
 transfer records when the network keeps them.
 
+On real tensors the arithmetic is done for the whole group at once too
+(`reduce_as_ring`): chunk c is summed in the ring's order, x[c] then x[c+1]
+and on round the ring, one vectorized addition per step for all chunks
+together instead of one per chunk per rank, so the sums are the ring's to
+the last bit; every rank then gets all of them (the all-gather).
+
 `RingAllReduce` is ring.py's program with what the group schedule needs
 attached; `SimCommunicator(exclusive=True)` times it this way when every rank
-has posted it on meta tensors (numerics off: no arithmetic to do).
+has posted it.
 
-    times = ring_times(posts, latency, rate, chunk_bytes)    # numpy arrays, by ring position
+    times = ring_times(posts, latency, rate, chunk_bytes, busy_before)   # numpy arrays, by ring position
+    reduce_as_ring([buffers[rank] for rank in order], average=True)
 """
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from .ring import ring_all_reduce
 
@@ -40,11 +48,11 @@ class RingAllReduce:
 
     It runs as the generator it wraps: `send`, `throw`, `close` and iteration are the generator's."""
 
-    __slots__ = ("program", "rank", "world", "buf", "ring", "tag")
+    __slots__ = ("program", "rank", "world", "buf", "average", "ring", "tag")
 
     def __init__(self, rank: int, world: int, buf, average: bool = False, *, ring=None, tag: int = 0):
         self.program = ring_all_reduce(rank, world, buf, average, ring=ring, tag=tag)
-        self.rank, self.world, self.buf, self.ring, self.tag = rank, world, buf, ring, tag
+        self.rank, self.world, self.buf, self.average, self.ring, self.tag = rank, world, buf, average, ring, tag
 
     def send(self, value):
         return self.program.send(value)
@@ -80,7 +88,9 @@ class RingTimes(NamedTuple):
     spans: list[tuple[int, float, float, int]]  # (position, start, end, bytes sent): communication spans
     link_busy_s: np.ndarray  # busy time of position p's path's links after its transfers
     sent_bytes: np.ndarray  # bytes position p sent (over each link of its path)
-    staging_bytes: np.ndarray  # the largest chunk position p received to reduce
+    # (position, time, bytes): when each size of chunk position p receives to reduce first lands in its
+    # staging buffer (the buffer's largest moments: its other memory only shrinks while it waits)
+    staging: list[tuple[int, float, int]]
     transfers: list[tuple[int, float, float, int]]  # (sender position, start, end, bytes); only if asked
 
 
@@ -91,43 +101,98 @@ def ring_times(posts: np.ndarray, latency: np.ndarray, rate: np.ndarray, chunk_b
     were busy busy_before[p] seconds before."""
     world = len(posts)
     positions = np.arange(world)
+    right, left = (positions + 1) % world, (positions - 1) % world
     posted = np.asarray(posts, dtype=np.float64)
-    span_start = np.full(world, np.nan)
-    span_end = np.full(world, -np.inf)
-    span_bytes = np.zeros(world, dtype=np.int64)
     busy = np.array(busy_before, dtype=np.float64)
     sent = np.zeros(world, dtype=np.int64)
-    staging = np.zeros(world, dtype=np.int64)
-    spans, transfers = [], []
+    sizes = sorted({int(size) for size in chunk_bytes if size > 0})  # at most two: tensor_split's
+    first_landing = {size: np.full(world, np.inf) for size in sizes}
+    spans = _Spans(world)
+    transfers = []
     for step in range(2 * (world - 1)):
         nbytes = chunk_bytes[(positions - step) % world]
-        start = np.maximum(posted, np.roll(posted, -1))
+        start = np.maximum(posted, posted[right])
         active = start + latency
-        end = np.where(nbytes > 0, active + nbytes / rate, active)  # an empty transfer ends when it activates
-        moving = nbytes > 0
-        busy = np.where(moving, busy + (end - active), busy)
+        end = active + nbytes / rate  # an empty transfer ends when it activates (+ 0.0)
+        busy = np.where(nbytes > 0, busy + (end - active), busy)
         sent += nbytes
         if step < world - 1:  # reduce-scatter: the chunk from the left lands in a staging buffer
-            staging = np.maximum(staging, np.roll(nbytes, 1))
+            for size, first in first_landing.items():
+                np.minimum(first, np.where(nbytes[left] == size, start[left], np.inf), out=first)
         if keep_transfers:
             transfers.extend(zip(positions.tolist(), start.tolist(), end.tolist(), nbytes.tolist()))
-        # This step's two transfers of each position (its send, its receive) start after all its
-        # earlier ones ended: merge them into its open span, or close it at a gap.
-        send, receive = (start, end), (np.roll(start, 1), np.roll(end, 1))
-        send_first = send[0] <= receive[0]
-        first = [np.where(send_first, s, r) for s, r in zip(send, receive)]
-        second = [np.where(send_first, r, s) for s, r in zip(send, receive)]
-        for (begin, finish), carries_send in ((first, send_first), (second, ~send_first)):
-            gap = begin > span_end
-            opened = gap & ~np.isnan(span_start)
-            for position in np.flatnonzero(opened).tolist():
-                spans.append((position, float(span_start[position]), float(span_end[position]),
-                              int(span_bytes[position])))
-            span_start = np.where(gap, begin, span_start)
-            span_bytes = np.where(gap, 0, span_bytes)
-            span_end = np.maximum(span_end, finish)
-            span_bytes = span_bytes + np.where(carries_send, nbytes, 0)
-        posted = np.maximum(end, np.roll(end, 1))
-    spans.extend((position, start, stop, int(count)) for position, (start, stop, count) in
-                 enumerate(zip(span_start.tolist(), span_end.tolist(), span_bytes.tolist())))
-    return RingTimes(posted, spans, busy, sent, staging, transfers)
+        spans.add(start, end, start[left], end[left], nbytes)
+        posted = np.maximum(end, end[left])
+    staging = [(position, time, size) for size, first in first_landing.items()
+               for position, time in enumerate(first.tolist()) if time != np.inf]
+    return RingTimes(posted, spans.close(), busy, sent, staging, transfers)
+
+
+class _Spans:
+    """Each position's communication spans, as the communicator keeps them: a span runs while a transfer
+    of the rank's is in flight, goes on across transfers that touch, and closes at a gap."""
+
+    def __init__(self, world: int):
+        self.start = np.full(world, np.nan)
+        self.end = np.full(world, -np.inf)
+        self.bytes = np.zeros(world, dtype=np.int64)
+        self.closed: list[tuple[int, float, float, int]] = []
+
+    def add(self, send_start, send_end, receive_start, receive_end, send_bytes) -> None:
+        """A step's send and receive of every position, which start after all its earlier ones ended."""
+        send_first = send_start <= receive_start
+        first_end = np.where(send_first, send_end, receive_end)
+        if (np.minimum(send_start, receive_start) <= self.end).all() and (
+                np.maximum(send_start, receive_start) <= np.maximum(self.end, first_end)).all():
+            self.end = np.maximum(self.end, np.maximum(send_end, receive_end))  # no gap: the usual case
+            self.bytes = self.bytes + send_bytes
+            return
+        first = (np.where(send_first, send_start, receive_start), first_end, send_first)
+        second = (np.where(send_first, receive_start, send_start), np.where(send_first, receive_end, send_end),
+                  ~send_first)
+        for begin, finish, is_send in (first, second):
+            gap = begin > self.end
+            for position in np.flatnonzero(gap & ~np.isnan(self.start)).tolist():
+                self.closed.append((position, float(self.start[position]), float(self.end[position]),
+                                    int(self.bytes[position])))
+            self.start = np.where(gap, begin, self.start)
+            self.bytes = np.where(gap, 0, self.bytes) + np.where(is_send, send_bytes, 0)
+            self.end = np.maximum(self.end, finish)
+
+    def close(self) -> list[tuple[int, float, float, int]]:
+        """Every span, each position's in time order: the closed ones, then the open ones at the program's end."""
+        return self.closed + [(position, start, end, int(count)) for position, (start, end, count) in
+                              enumerate(zip(self.start.tolist(), self.end.tolist(), self.bytes.tolist()))]
+
+
+def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:
+    """The ring all-reduce's arithmetic on the buffers of ring positions 0..N-1, in place: bit for bit
+    what ring.py's reduce-scatter and all-gather leave in each (then / N if `average`)."""
+    world, numel = len(buffers), buffers[0].numel()
+    stacked = torch.stack([buffer.reshape(-1) for buffer in buffers])  # positions x elements
+    # tensor_split: the first `wide` chunks have `width` elements, the others one fewer
+    width, wide = -(-numel // world), numel % world or world
+    totals = [stacked.new_empty(wide, width), stacked.new_empty(world - wide, width - 1)]
+    for step in range(world):  # chunk c gathers position c's, then c+1's, ... round the ring
+        for region, first, chunks, size, offset in _runs(step, world, numel, width, wide):
+            terms = stacked.as_strided((chunks, size), (numel + size, 1), offset)  # position c+step, chunk c
+            if step == 0:
+                totals[region][first:first + chunks] = terms
+            else:  # the receiver's own chunk plus the partial sum: addition commutes exactly
+                totals[region][first:first + chunks].add_(terms)
+    result = torch.cat([total.reshape(-1) for total in totals])
+    if average:
+        result = result.div_(world)
+    for buffer in buffers:
+        buffer.copy_(result.view_as(buffer))
+
+
+def _runs(step: int, world: int, numel: int, width: int, wide: int):
+    """(region, first chunk in it, chunks, chunk size, storage offset of the first term) for each run of
+    chunks whose terms at `step` lie on one diagonal of the stacked buffers: same size, no wrap."""
+    for region, (begin, end, size) in enumerate(((0, wide, width), (wide, world, width - 1))):
+        for low, high in ((begin, min(end, world - step)), (max(begin, world - step), end)):
+            if low < high:
+                position = (low + step) % world
+                start = low * width if region == 0 else wide * width + (low - wide) * size
+                yield region, low - begin, high - low, size, position * numel + start
