@@ -29,7 +29,7 @@ from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
 from .hw.cluster import build_cluster
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
-from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED
+from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import load_scenario, validate_scenario
@@ -98,11 +98,40 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         console.print(f"wrote {out}/" + ", ".join(path.name for path in written))
 
 
+@cli.command()
+@click.argument("scenario_file")
+@click.option("--nproc", type=click.IntRange(1, MAX_DEVICES), default=None,
+              help="Processes (ranks) to spawn; under torchrun, its group instead.")
+@click.option("--backend", type=click.Choice(("gloo", "nccl")), default="gloo", show_default=True)
+@click.option("--collective", type=click.Choice(("programs", "native")), default="programs", show_default=True,
+              help="programs: simtrain's collective programs over send/recv; native: dist.all_reduce.")
+@click.option("--warmup", type=click.IntRange(0, MAX_STEPS), default=3, show_default=True,
+              help="Steps run before the measured ones.")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
+@click.option("--out", "out_dir", default=None, help="Output folder (default runs/<name>-real/).")
+@click.option("--quiet", "-q", is_flag=True, help="No summary.")
+@_errors_name_the_file
+def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir, quiet):
+    """Train the scenario for real on torch.distributed (one process per rank) and report measured times."""
+    from .real.launch import launch as launch_real
+
+    name = load_scenario(scenario_file, overrides).name
+    out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / f"{name}-real", "name")
+    data = launch_real(scenario_file, overrides, nproc, out, backend=backend, collective=collective, warmup=warmup)
+    if data is not None and not quiet:
+        print_summary(data)
+        console.print(f"wrote {out}/report.json, trace.json, final_model.pt, scenario.resolved.yaml")
+
+
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
     step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
-    table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
+    if data.get("measured"):
+        table.add_row("measured time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps "
+                                       f"(after {data['measurement']['warmup_steps']} warm-up steps)")
+    else:
+        table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
     table.add_row("step time", "n/a" if step is None else format_seconds(step))
     for kind, seconds in data["breakdown_s"].items():
         table.add_row(f"  {kind}", "n/a" if seconds is None else

@@ -3,7 +3,7 @@
 Before the batch: the sampler's host bookkeeping (prioritized and mh
 sampling), as a `sampling` span. Then the real forward and backward (with
 SyncBN, its statistics all-reduced on the way, with the scheme's collective).
-After them: their measured FLOPs at the device's peak for the replica's
+Each is followed by its measured FLOPs at the device's peak for the replica's
 compute dtype, as `forward` and `backward` compute spans, with the measured
 activation peak held on the device's ledger meanwhile.
 
@@ -16,18 +16,24 @@ from .program import Alloc, Busy, Collective, Compute, Free
 def forward_backward(replica: Replica, statistics_all_reduce=None):
     """Step program: the replica's forward and backward on its next batch; returns the loss.
 
+    Each compute operation follows the numerics it charges (the forward's, then the backward's),
+    so an interpreter that runs the program for real (simtrain/real) times each by the host clock.
     `statistics_all_reduce(buffer)`, when given, is the collective program that sums a
     SyncBN statistics buffer across the group (the forward and backward exchange them)."""
     if replica.loader.host_seconds > 0:
         yield Busy(replica.loader.host_seconds, "sample batch", kind="sampling")
-    if statistics_all_reduce is None:
-        loss = replica.forward_backward()
-    else:
-        loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
-    cost = replica.step_cost()
     dtype = replica.precision.name
-    yield Alloc("activations", cost.activation_bytes)
-    yield Compute(cost.forward_flops, dtype, "forward")
+    if statistics_all_reduce is None:
+        loss = replica.forward()
+        cost = replica.step_cost()
+        yield Alloc("activations", cost.activation_bytes)
+        yield Compute(cost.forward_flops, dtype, "forward")
+        loss = replica.backward(loss)
+    else:  # forward and backward interleave with the exchanges: one host span ends at "forward"
+        loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
+        cost = replica.step_cost()
+        yield Alloc("activations", cost.activation_bytes)
+        yield Compute(cost.forward_flops, dtype, "forward")
     yield Compute(cost.backward_flops, dtype, "backward")
     yield Free("activations", cost.activation_bytes)
     return loss

@@ -27,7 +27,6 @@ run and the measured activation peak during forward and backward, where a
 checkpointed segment's recomputation is part of the backward FLOPs. A ledger
 past its capacity raises OutOfMemory at that step.
 """
-from ..comm import build_all_reduce
 from ..errors import ScenarioError
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.precision import persistent_bytes, update_bytes
@@ -49,11 +48,12 @@ class SyncDataParallel(RankReplicas):
         self.world = job.world
         self.devices = job.devices
         train, parallel = job.scenario.train, job.scenario.parallel
-        self.all_reduce = build_all_reduce(parallel.scheme, job.cluster.topology, [d.node for d in self.devices],
+        self.all_reduce = job.all_reduce_builder(parallel.scheme, job.cluster.topology, [d.node for d in self.devices],
                                            parallel.channels, "parallel.scheme", "parallel.channels")
         self.steps = train.steps
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
-        params = self.replicas[0].params
+        first = self.replicas[job.local_ranks[0]]  # every replica is alike: the first this process holds
+        params = first.params
         self._held_bytes = persistent_bytes(params, train.precision, train.optimizer)
         self._step_bytes = update_bytes(params, train.precision, train.optimizer)
         self._step_losses = [[None] * self.world for _ in range(self.steps)]
@@ -69,7 +69,7 @@ class SyncDataParallel(RankReplicas):
                 raise ScenarioError(f"parallel.sync_batchnorm: {error}") from None
         self.report_every = job.scenario.report.every
         self._norm_steps = [0]
-        self._norms = ({name: [norm] for name, norm in weight_norms(self.replicas[0].model).items()}
+        self._norms = ({name: [norm] for name, norm in weight_norms(first.model).items()}
                        if job.numerics else {})
 
     @classmethod
@@ -94,7 +94,7 @@ class SyncDataParallel(RankReplicas):
                 yield from self.kfac.step(rank)
             replica.step()
             yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer")
-            if rank == 0:
+            if rank == 0 and self.job.holds_every_rank:
                 self._end_step(step)
 
     def _end_step(self, step: int) -> None:
@@ -111,6 +111,12 @@ class SyncDataParallel(RankReplicas):
                 self._norms[name].append(norm)
         if self.on_step is not None:
             self.on_step(step, now, mean_loss)
+
+    def rank_losses(self, rank: int) -> list[float | None]:
+        """Job rank `rank`'s batch loss of every step it ran (None: numerics off), where the job holds only some
+        ranks (a real run, simtrain/real: each process its own); a simulated run reads `loss_curve`."""
+        return [None if losses is None or losses[rank] is None or not self.job.numerics else float(losses[rank])
+                for losses in self._step_losses]
 
     def stuck(self) -> list[int]:
         return self.job.comm.stuck()

@@ -5,7 +5,7 @@ view into it, as in DDP's gradient_as_bucket_view), so a collective reduces
 the whole gradient in place with no copies.
 
     replica = Replica(model, loader, scenario.train)
-    loss = replica.forward_backward()      # real torch, on this replica's next batch
+    loss = replica.backward(replica.forward())      # real torch, on this replica's next batch
     ... all-reduce replica.grad_buffer ...
     replica.step()
 
@@ -55,14 +55,17 @@ class Replica:
             cost = self._costs[tuple(x.shape)] = measure_step_cost(self.model, x, y)
         return cost
 
-    def forward_backward(self) -> torch.Tensor:
+    def forward(self) -> torch.Tensor:
         """The loader's loss of its next batch (mean cross entropy, or importance-weighted
-        under prioritized sampling); its gradient lands in grad_buffer."""
+        under prioritized sampling), with its graph: `backward(loss)` follows."""
         x, y = self.loader.next_batch()
         x = self.precision.cast_input(x)
         self.last_batch = (x, y)
         self.grad_buffer.zero_()
-        loss = self.loader.batch_loss(self.model(x), y)
+        return self.loader.batch_loss(self.model(x), y)
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward of `forward`'s loss: its gradient lands in grad_buffer; returns the loss, detached."""
         self.precision.backward(loss)
         return loss.detach()
 
