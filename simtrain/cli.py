@@ -123,6 +123,64 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
         console.print(f"wrote {out}/report.json, trace.json, final_model.pt, scenario.resolved.yaml")
 
 
+@cli.command()
+@click.option("--nproc", type=click.IntRange(2, MAX_DEVICES), default=None,
+              help="Processes (ranks) to spawn; under torchrun, its group instead.")
+@click.option("--out", "out_dir", default="calibration", show_default=True,
+              help="Folder for device.yaml, topology.yaml and calibration.json.")
+@click.option("--backend", type=click.Choice(("gloo", "nccl")), default="gloo", show_default=True)
+@click.option("--model-of", "model_of", default=None, metavar="SCENARIO",
+              help="Measure FLOP/s on this scenario's model and batch, and its optimizer step (default: Linear layers "
+                   "and a buffer copy).")
+@click.option("--sizes", default="4:4M", show_default=True, help="MIN:MAX message bytes, x4 apart (K, M = 1024^n).")
+@click.option("--repeats", type=click.IntRange(1, 100_000), default=20, show_default=True,
+              help="Timed repetitions of each measurement.")
+def calibrate(nproc, out_dir, backend, model_of, sizes, repeats):
+    """Measure point-to-point, all-reduce and compute on real processes; write a device and a topology file."""
+    from .real.calibrate import calibrate as calibrate_real
+
+    out = output_folder(out_dir, "--out")
+    low, sep, high = sizes.partition(":")
+    low = parse_size(low, "--sizes")
+    high = parse_size(high, "--sizes") if sep else low
+    if low < 4 or high < 4 * low or high > MAX_COLLECTIVE_BYTES:
+        raise SimtrainError(f"--sizes: need 4 <= MIN, 4 x MIN <= MAX <= {format_bytes(MAX_COLLECTIVE_BYTES)} "
+                            f"(two sizes for a fit), got {sizes!r}")
+    size_list = []
+    while low <= high:
+        size_list.append(low)
+        low *= 4
+    summary = calibrate_real(nproc, out, backend=backend, model_of=model_of, sizes=size_list, repeats=repeats)
+    if summary is None:
+        return
+    fits = Table(title=f"point to point, α-β fit ({summary['ranks']} ranks, {summary['backend']})")
+    for header in ("pair", "latency α", "bandwidth β", "largest |residual|", "residuals by size"):
+        fits.add_column(header, justify="right")
+    for pair, fit in summary["pingpong"].items():
+        fits.add_row(pair, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s",
+                     f"{max(abs(r) for r in fit['residuals']):.1%}", " ".join(f"{r:+.0%}" for r in fit["residuals"]))
+    for kind, fit in summary["link_classes"].items():
+        fits.add_row(kind, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s",
+                     f"{fit['max_abs_residual']:.1%}", "(written to topology.yaml)")
+    console.print(fits)
+    table = Table(title="ring all-reduce (simtrain's program): measured, and predicted on topology.yaml")
+    for header in ("bytes", "time", "busbw", "predicted", "error"):
+        table.add_column(header, justify="right")
+    for row in summary["all_reduce"]:
+        table.add_row(str(row["bytes"]), format_seconds(row["time_s"]), f"{row['busbw_GBps']:.3f} GB/s",
+                      format_seconds(row["predicted_time_s"]), f"{row['error']:+.1%}")
+    console.print(table)
+    compute = Table(title=f"achieved FLOP/s per rank, all ranks at once ({summary['model_of'] or 'Linear layers'})")
+    for header in ("dtype", "forward", "backward", "forward + backward (device.yaml)"):
+        compute.add_column(header, justify="right")
+    for dtype, rates in summary["compute"].items():
+        compute.add_row(dtype, f"{rates['forward_flops_per_s'] / 1e9:.2f} GFLOP/s",
+                        f"{rates['backward_flops_per_s'] / 1e9:.2f} GFLOP/s", f"{rates['flops_per_s'] / 1e9:.2f} GFLOP/s")
+    console.print(compute)
+    console.print(f"memory bandwidth: {summary['memory_bandwidth_Bps'] / 1e9:.2f} GB/s ({summary['memory_bandwidth_what']})")
+    console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json")
+
+
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)

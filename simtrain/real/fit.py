@@ -1,0 +1,50 @@
+"""The α-β model of a point-to-point transfer, fitted to measurements: pure functions over plain numbers.
+
+A message of n bytes takes t(n) = α + n / β: a fixed latency α and a
+bandwidth β (Hockney's model, the one the simulator's links follow: a hop's
+latency, then the bytes at the link's rate). `fit_alpha_beta` finds α and
+1/β by weighted least squares, each point weighted by 1/t², so that the
+relative error counts at every size (a plain fit over sizes that span six
+orders of magnitude would be all large messages, and α would be noise); α
+below 0 is clamped to 0 and β refitted. The residuals are relative:
+(measured - fitted) / measured, one per point.
+
+    fit = fit_alpha_beta([64, 4096, 1 << 20], [21e-6, 23e-6, 290e-6])
+    fit.latency_s, fit.bandwidth_Bps, fit.residuals
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+
+class AlphaBeta(NamedTuple):
+    latency_s: float  # α
+    bandwidth_Bps: float  # β
+    residuals: list[float]  # (measured - fitted) / measured, per point
+
+    def time_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+    @property
+    def max_residual(self) -> float:
+        return max(abs(r) for r in self.residuals)
+
+
+def fit_alpha_beta(sizes_bytes, times_s) -> AlphaBeta:
+    """The α and β that fit t(n) = α + n/β to (sizes_bytes, times_s), relative errors weighted alike."""
+    n = np.asarray(sizes_bytes, dtype=np.float64)
+    t = np.asarray(times_s, dtype=np.float64)
+    if len(n) < 2 or len(set(n.tolist())) < 2:
+        raise ValueError("an α-β fit needs at least two message sizes")
+    if np.any(t <= 0):
+        raise ValueError("times must be positive")
+    weights = 1.0 / t
+    design = np.stack([np.ones_like(n), n], axis=1) * weights[:, None]
+    (alpha, inverse_beta), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
+    if alpha < 0:  # latency too small to see: the best line through the origin
+        alpha = 0.0
+        inverse_beta = float(np.sum(n * t * weights**2) / np.sum((n * weights) ** 2))
+    if inverse_beta <= 0:
+        raise ValueError("the times do not grow with the message size: no bandwidth to fit")
+    fitted = alpha + n * inverse_beta
+    return AlphaBeta(float(alpha), float(1.0 / inverse_beta), [float(r) for r in (t - fitted) / t])
