@@ -284,8 +284,13 @@ def replay(report_file, member, out_file):
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field in every run.")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/compare-<first name>/).")
 def compare(scenario_files, variants, overrides, out_dir):
-    """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG."""
+    """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG; or put
+    two run folders (a simulated and a measured run) side by side."""
     from .compare import compare_runs, parse_variant, plan_runs
+
+    if any(Path(file).is_dir() for file in scenario_files):
+        _compare_folders(scenario_files, variants, overrides, out_dir)
+        return
 
     runs = plan_runs(list(scenario_files), [parse_variant(v) for v in variants], list(overrides))
     out = output_folder(out_dir or Path("runs") / f"compare-{Path(scenario_files[0]).stem}", "--out")
@@ -310,6 +315,33 @@ def compare(scenario_files, variants, overrides, out_dir):
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
+
+
+def _compare_folders(folders, variants, overrides, out_dir) -> None:
+    """`simtrain compare RUN_A RUN_B`: two reports' timing figures and the relative error."""
+    from .compare import compare_reports, read_report
+
+    if len(folders) != 2 or not all(Path(folder).is_dir() for folder in folders):
+        raise SimtrainError(f"compare: give scenario files, or exactly two run folders, got {' '.join(folders)}")
+    if variants or overrides:
+        raise SimtrainError("--variant, --set: for scenario files, not run folders")
+    out = output_folder(out_dir or Path("runs") / f"compare-{Path(folders[0]).name}", "--out")
+    rows = compare_reports(*folders)
+    kinds = ["measured" if read_report(folder).get("measured") else "simulated" for folder in folders]
+    table = Table(title=f"{folders[0]} ({kinds[0]}) against {folders[1]} ({kinds[1]})")
+    for header in ("figure", f"{folders[0]}", f"{folders[1]}", "error"):
+        table.add_column(header, justify="left" if header == "figure" else "right")
+    for row in rows:
+        values = ["-" if value is None else (f"{value:,.0f}" if row["figure"].startswith("throughput")
+                                             else format_seconds(value)) for value in row["values"]]
+        table.add_row(row["figure"], *values, "-" if row["error"] is None else f"{row['error']:+.1%}")
+    console.print(table)
+    console.print("error: (the other - the reference) / the reference; the reference is the measured run "
+                  "(else the second)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(finite_or_none(
+        {"runs": list(folders), "kinds": kinds, "rows": rows}), indent=2, allow_nan=False) + "\n")
+    console.print(f"wrote {out}/compare.json")
 
 
 @cli.command()
