@@ -1,0 +1,100 @@
+"""`simtrain calibrate`: the α-β fit against closed forms, and files that `simtrain run` takes as they are.
+
+References: exact α + n/β data (the fit must give α and β back); the written
+device and topology files loaded by the catalog and the topology loader, and a
+scenario naming them run by `simtrain.run`.
+"""
+import json
+
+import pytest
+import yaml
+
+import simtrain
+from simtrain.cli import main
+from simtrain.hw.catalog import resolve_device
+from simtrain.hw.topology_builders import load_topology_file
+from simtrain.real.calibrate import calibrate
+from simtrain.real.fit import fit_alpha_beta
+
+SIZES = [4, 64, 1024, 16384]
+
+
+def test_the_fit_gives_alpha_and_beta_back():
+    sizes = [4 ** k for k in range(1, 12)]
+    fit = fit_alpha_beta(sizes, [20e-6 + n / 3e9 for n in sizes])
+    assert fit.latency_s == pytest.approx(20e-6, rel=1e-9)
+    assert fit.bandwidth_Bps == pytest.approx(3e9, rel=1e-9)
+    assert fit.max_residual < 1e-9
+    times = [(20e-6 + n / 3e9) * (1.1 if k % 2 else 0.9) for k, n in enumerate(sizes)]
+    noisy = fit_alpha_beta(sizes, times)
+    assert noisy.residuals == pytest.approx([(t - noisy.time_s(n)) / t for n, t in zip(sizes, times)])
+
+    def relative_squares(alpha, bandwidth):
+        return sum(((t - alpha - n / bandwidth) / t) ** 2 for n, t in zip(sizes, times))
+
+    best = relative_squares(noisy.latency_s, noisy.bandwidth_Bps)  # least squares: any other line is worse
+    for alpha, bandwidth in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
+        assert relative_squares(noisy.latency_s * alpha, noisy.bandwidth_Bps * bandwidth) > best
+
+
+def test_a_latency_below_zero_is_clamped():
+    fit = fit_alpha_beta([1000, 2000, 4000], [0.9e-6, 2e-6, 4.1e-6])
+    assert fit.latency_s == 0.0 and fit.bandwidth_Bps == pytest.approx(1e9, rel=0.1)
+    with pytest.raises(ValueError):
+        fit_alpha_beta([64, 64], [1e-6, 1e-6])
+
+
+def scenario_file(folder, **extra):
+    path = folder / "scenario.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "calibrated", "seed": 1, "model": {"name": "mlp", "hidden": [32]},
+        "data": {"name": "digits", "batch_size": 16}, "train": {"steps": 3}, "parallel": {"scheme": "ring"},
+        **extra}))
+    return path
+
+
+@pytest.mark.parametrize("with_model", [False, True])
+def test_calibrate_writes_files_run_takes(tmp_path, with_model):
+    model_of = scenario_file(tmp_path) if with_model else None
+    summary = calibrate(2, tmp_path / "calibration", model_of=model_of, sizes=SIZES, repeats=2)
+    out = tmp_path / "calibration"
+    written = json.loads((out / "calibration.json").read_text())
+    assert written["device"] == summary["device"]
+    fit = written["pingpong"]["0-1"]
+    assert len(fit["one_way_s"]) == len(fit["residuals"]) == len(SIZES)
+    assert fit["bandwidth_Bps"] > 0 and fit["latency_s"] >= 0
+    assert len(written["all_reduce"]) == len(SIZES)
+    device = resolve_device(str(out / "device.yaml"))
+    assert device.peak_flops["fp32"] == pytest.approx(summary["compute"]["fp32"]["flops_per_s"])
+    assert device.efficiency == 1.0
+    topology = load_topology_file(out / "topology.yaml")
+    assert topology.devices == ["rank0", "rank1"]
+    # a transfer between the two ranks takes the fitted α + n/β
+    path = topology.path("rank0", "rank1")
+    latency = sum(topology.link(a, b)["latency"] for a, b in zip(path, path[1:]))
+    assert latency == pytest.approx(written["link_classes"]["intra_host"]["latency_s"])
+    scenario = scenario_file(tmp_path, cluster={"device": "calibration/device.yaml",
+                                                "topology": "calibration/topology.yaml"})
+    report = simtrain.run(simtrain.load_scenario(scenario))
+    assert report.data["devices_count"] == 2 and report.data["devices"][0]["device"] == device.name
+    assert report.data["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("device, message", [
+    ("missing.yaml", "cluster.device: device file missing.yaml not found"),
+    ("bad.yaml", "device file"),
+])
+def test_a_bad_device_file_is_one_line(tmp_path, capsys, device, message):
+    (tmp_path / "bad.yaml").write_text("name: x\npeak_flops: {fp32: 1}\nmemory: 1GB\nmemory_bandwidth: 1GB/s\n")
+    scenario = scenario_file(tmp_path, cluster={"device": device, "devices": 2})
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(scenario)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+
+
+def test_calibrate_needs_two_ranks(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--nproc", "1", "--out", str(tmp_path / "c")])
+    assert exit_info.value.code == 2
