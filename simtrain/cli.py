@@ -1,9 +1,12 @@
-"""The `simtrain` command line: run, compare, memory, validate, collective, topo, pbt replay.
+"""The `simtrain` command line: run, launch, calibrate, compare, memory, validate, collective, topo, pbt replay.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
     simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
     simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
+    simtrain launch scenarios/quickstart.yaml --nproc 2     # the same training for real, on gloo, measured
+    simtrain compare runs/quickstart runs/quickstart-real   # simulated against measured
+    simtrain calibrate --nproc 2 --out calibration/ --model-of scenarios/quickstart.yaml
     simtrain memory scenarios/quickstart.yaml --set train.precision=fp16 --set train.checkpointing=sqrt
     simtrain validate scenarios/quickstart.yaml
     simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics

@@ -32,8 +32,9 @@ def write_scenario(folder: Path, scheme="ring", optimizer=None, **extra) -> Path
         "data": {"name": "digits", "batch_size": 16},
         "train": {"steps": STEPS, "optimizer": optimizer or {"name": "sgd", "lr": 0.1, "momentum": 0.9}},
         "parallel": {"scheme": scheme},
-        **extra,
     }
+    for section, fields in extra.items():
+        scenario[section] = {**scenario[section], **fields}
     path = folder / "scenario.yaml"
     path.write_text(yaml.safe_dump(scenario))
     return path
@@ -72,13 +73,18 @@ def test_launch_on_two_processes_trains_the_parameters_run_simulates(ring_of_two
     check_launched(*ring_of_two, world=2)
 
 
-@pytest.mark.parametrize("world, scheme, optimizer, collective", [
-    (4, "tree", None, "programs"),
-    (2, "ring", None, "native"),
-    (2, "naive", {"name": "kfac", "lr": 0.05, "inv_update_steps": 2}, "programs"),
+TECHNIQUES = {"train": {"precision": "fp16", "checkpointing": "sqrt"}, "data": {"sampling": "prioritized"}}
+
+
+@pytest.mark.parametrize("world, scheme, optimizer, collective, extra", [
+    (4, "tree", None, "programs", {}),
+    (2, "ring", None, "native", {}),
+    (2, "naive", {"name": "kfac", "lr": 0.05, "inv_update_steps": 2}, "programs", {}),
+    (2, "ring", {"name": "adam", "lr": 0.01}, "programs", TECHNIQUES),
+    (2, "ring", None, "programs", {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}}),
 ])
-def test_launch_trains_the_parameters_run_simulates(tmp_path, world, scheme, optimizer, collective):
-    path = write_scenario(tmp_path, scheme, optimizer)
+def test_launch_trains_the_parameters_run_simulates(tmp_path, world, scheme, optimizer, collective, extra):
+    path = write_scenario(tmp_path, scheme, optimizer, **extra)
     data = launch(path, [], world, tmp_path / "real", collective=collective, warmup=WARMUP)
     check_launched(path, tmp_path / "real", data, world)
 

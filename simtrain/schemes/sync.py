@@ -64,7 +64,7 @@ class SyncDataParallel(RankReplicas):
         self.sync_batchnorm = job.scenario.parallel.sync_batchnorm
         if self.sync_batchnorm:
             try:
-                synced_batchnorms(self.replicas[0].model)
+                synced_batchnorms(first.model)
             except ValueError as error:
                 raise ScenarioError(f"parallel.sync_batchnorm: {error}") from None
         self.report_every = job.scenario.report.every
