@@ -106,8 +106,8 @@ def test_torchrun_starts_the_group(tmp_path):
     path = write_scenario(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
                                                                     os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "simtrain", "launch",
-               str(path), "--warmup", str(WARMUP), "--out", str(tmp_path / "real"), "-q"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",  # a free port
+               "-m", "simtrain", "launch", str(path), "--warmup", str(WARMUP), "--out", str(tmp_path / "real"), "-q"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert_same_parameters(tmp_path / "real", simtrain.run(simtrain.load_scenario(path, ["cluster.devices=2"])))

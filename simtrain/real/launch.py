@@ -105,9 +105,13 @@ def launch(scenario_file, overrides, nproc: int | None, out: Path, backend: str 
         raise SimtrainError(f"--nproc: {nproc}, but torchrun started {group.world} processes")
     if world is None:
         raise SimtrainError("--nproc: required outside torchrun")
-    check_options(scenario_for(scenario_file, overrides, world), backend, warmup)
+    scenario = scenario_for(scenario_file, overrides, world)
+    check_options(scenario, backend, warmup)
     args = (str(scenario_file), list(overrides), collective, warmup, str(out), backend)
     if group is None:
+        # Rank 0's job, built here first: a mistake in the cluster, model or data is one line before any
+        # process starts (a rank's error would come back as its traceback).
+        Job(scenario, build_cluster(scenario.cluster, scenario.base_dir, record=False), range(world), local_ranks=[0])
         return spawn(_rank_main, world, args=args, backend=backend)[0]
     join(backend)
     try:
