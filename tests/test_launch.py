@@ -152,6 +152,7 @@ def test_compare_puts_a_run_and_a_launch_side_by_side(tmp_path, capsys, ring_of_
     (["numerics=false"], [], "numerics: launch trains for real"),
     ([], ["--warmup", "5"], "--warmup: 5 warm-up steps leave none of train.steps 5"),
     ([], ["--backend", "nccl"], "--backend: nccl needs CUDA tensors"),
+    (["model.name=nosuchpackage.module:model"], [], "model.name: cannot import"),  # before any process starts
 ])
 def test_what_launch_does_not_run_is_one_line(tmp_path, capsys, overrides, options, message):
     path = write_scenario(tmp_path)
