@@ -9,12 +9,13 @@ measuring at once where training runs at once:
 
 - **point to point**: for every pair of ranks, a ping-pong (blocking send and
   receive, the other ranks waiting at a barrier) over message sizes; half the
-  round trip is the one-way time, fitted to t(n) = α + n/β (real/fit.py). The
-  pairs of ranks on one host are fitted together, and so are the pairs across
-  hosts;
+  median round trip is the one-way time, fitted to t(n) = α + n/β
+  (real/fit.py). The pairs of ranks on one host are fitted together, and so
+  are the pairs across hosts;
 - **all-reduce**: simtrain's ring program (what `simtrain launch` runs) over
-  sizes, every rank at once; busbw = size / time x 2(N-1)/N as nccl-tests
-  reports it, next to what the fitted topology predicts for it;
+  sizes, every rank at once, the median of `repeats` (the slowest rank's);
+  busbw = size / time x 2(N-1)/N as nccl-tests reports it, next to what the
+  fitted topology predicts for it;
 - **compute**: achieved FLOP/s of forward and of backward, per dtype (fp32,
   bf16, fp16; tf32 is fp32 on a CPU), of the scenario's model on its batch
   (`--model-of`, FLOPs from cost.py as the simulator counts them), or of a set
@@ -114,7 +115,8 @@ def _sync(device) -> None:
 
 
 def _ping_pong(rank: int, a: int, b: int, sizes, repeats: int, device) -> list[float] | None:
-    """Rank a's one-way seconds per size between ranks a and b (None on other ranks)."""
+    """Rank a's one-way seconds per size between ranks a and b: half the median round trip (None on other
+    ranks). The median, not the mean: a round trip the scheduler held up (a busy host) is one outlier."""
     times = []
     for size in sizes:
         dist.barrier()
@@ -122,33 +124,30 @@ def _ping_pong(rank: int, a: int, b: int, sizes, repeats: int, device) -> list[f
             continue
         buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
         peer = b if rank == a else a
+        round_trips = []
         for round_ in range(repeats + 2):  # two warm-up round trips
-            if round_ == 2:
-                start = time.perf_counter()
+            start = time.perf_counter()
             if rank == a:
                 dist.send(buffer, peer)
                 dist.recv(buffer, peer)
             else:
                 dist.recv(buffer, peer)
                 dist.send(buffer, peer)
-        _sync(device)
-        times.append((time.perf_counter() - start) / repeats / 2)
+            _sync(device)
+            if round_ >= 2:
+                round_trips.append(time.perf_counter() - start)
+        times.append(statistics.median(round_trips) / 2)
     dist.barrier()
     return times if rank == a else None
 
 
 def _all_reduce_times(rank: int, world: int, sizes, repeats: int, device) -> list[float]:
-    """This rank's seconds per ring all-reduce (simtrain's program over point-to-point calls), per size."""
+    """This rank's median seconds per ring all-reduce (simtrain's program over point-to-point calls), per size."""
     times = []
     for size in sizes:
         buffer = torch.ones(max(world, size // 4), dtype=torch.float32, device=device)
-        run_program(ALL_REDUCE["ring"](rank, world, buffer))
         dist.barrier()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            run_program(ALL_REDUCE["ring"](rank, world, buffer))
-        _sync(device)
-        times.append((time.perf_counter() - start) / repeats)
+        times.append(_timed(lambda: run_program(ALL_REDUCE["ring"](rank, world, buffer)), repeats, device))
     return times
 
 
