@@ -29,12 +29,21 @@ def test_the_fit_gives_alpha_and_beta_back():
     noisy = fit_alpha_beta(sizes, times)
     assert noisy.residuals == pytest.approx([(t - noisy.time_s(n)) / t for n, t in zip(sizes, times)])
 
-    def relative_squares(alpha, bandwidth):
-        return sum(((t - alpha - n / bandwidth) / t) ** 2 for n, t in zip(sizes, times))
+    def relative_squares(alpha, bandwidth):  # relative to the fitted line, whose weights the fit converged to
+        return sum(((t - alpha - n / bandwidth) / noisy.time_s(n)) ** 2 for n, t in zip(sizes, times))
 
     best = relative_squares(noisy.latency_s, noisy.bandwidth_Bps)  # least squares: any other line is worse
     for alpha, bandwidth in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
         assert relative_squares(noisy.latency_s * alpha, noisy.bandwidth_Bps * bandwidth) > best
+
+
+def test_one_lucky_fast_message_does_not_pull_the_line_down():
+    sizes = [4 ** k for k in range(1, 12)]
+    times = [20e-6 + n / 3e9 for n in sizes]
+    times[3] /= 10  # a round trip ten times faster than the rest of its size class
+    fit = fit_alpha_beta(sizes, times)
+    assert fit.latency_s == pytest.approx(20e-6, rel=0.2) and fit.bandwidth_Bps == pytest.approx(3e9, rel=0.1)
+    assert fit.residuals[3] < -5 and max(abs(r) for k, r in enumerate(fit.residuals) if k != 3) < 0.2
 
 
 def test_a_latency_below_zero_is_clamped():

@@ -3,11 +3,14 @@
 A message of n bytes takes t(n) = α + n / β: a fixed latency α and a
 bandwidth β (Hockney's model, the one the simulator's links follow: a hop's
 latency, then the bytes at the link's rate). `fit_alpha_beta` finds α and
-1/β by weighted least squares, each point weighted by 1/t², so that the
-relative error counts at every size (a plain fit over sizes that span six
-orders of magnitude would be all large messages, and α would be noise); α
-below 0 is clamped to 0 and β refitted. The residuals are relative:
-(measured - fitted) / measured, one per point.
+1/β by least squares of relative errors, (t - fit) / fit, so that every size
+counts alike (a plain fit over sizes that span six orders of magnitude would
+be all large messages, and α would be noise). The weights 1/fit² come from
+the fit itself, by iteratively reweighted least squares from weights 1/t²:
+weighing by the measured times instead would let one message that came back
+unusually fast (a busy host's lucky round trip) pull the whole line down. α
+below 0 is clamped to 0 and β refitted. The residuals are relative to the
+measurement: (measured - fitted) / measured, one per point.
 
     fit = fit_alpha_beta([64, 4096, 1 << 20], [21e-6, 23e-6, 290e-6])
     fit.latency_s, fit.bandwidth_Bps, fit.residuals
@@ -30,6 +33,18 @@ class AlphaBeta(NamedTuple):
         return max(abs(r) for r in self.residuals)
 
 
+_ITERATIONS = 50
+
+
+def _weighted_line(n: np.ndarray, t: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """(α, 1/β) minimizing sum((weights * (t - α - n/β))²), α clamped at 0."""
+    design = np.stack([np.ones_like(n), n], axis=1) * weights[:, None]
+    (alpha, inverse_beta), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
+    if alpha < 0:  # latency too small to see: the best line through the origin
+        return 0.0, float(np.sum(n * t * weights**2) / np.sum((n * weights) ** 2))
+    return float(alpha), float(inverse_beta)
+
+
 def fit_alpha_beta(sizes_bytes, times_s) -> AlphaBeta:
     """The α and β that fit t(n) = α + n/β to (sizes_bytes, times_s), relative errors weighted alike."""
     n = np.asarray(sizes_bytes, dtype=np.float64)
@@ -39,11 +54,14 @@ def fit_alpha_beta(sizes_bytes, times_s) -> AlphaBeta:
     if np.any(t <= 0):
         raise ValueError("times must be positive")
     weights = 1.0 / t
-    design = np.stack([np.ones_like(n), n], axis=1) * weights[:, None]
-    (alpha, inverse_beta), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
-    if alpha < 0:  # latency too small to see: the best line through the origin
-        alpha = 0.0
-        inverse_beta = float(np.sum(n * t * weights**2) / np.sum((n * weights) ** 2))
+    for _ in range(_ITERATIONS):
+        alpha, inverse_beta = _weighted_line(n, t, weights)
+        fitted = alpha + n * inverse_beta
+        if np.any(fitted <= 0):
+            break
+        if np.allclose(weights, 1.0 / fitted, rtol=1e-12, atol=0):
+            break
+        weights = 1.0 / fitted
     if inverse_beta <= 0:
         raise ValueError("the times do not grow with the message size: no bandwidth to fit")
     fitted = alpha + n * inverse_beta
