@@ -173,12 +173,13 @@ def calibrate(nproc, out_dir, backend, model_of, sizes, repeats):
         table.add_row(str(row["bytes"]), format_seconds(row["time_s"]), f"{row['busbw_GBps']:.3f} GB/s",
                       format_seconds(row["predicted_time_s"]), f"{row['error']:+.1%}")
     console.print(table)
-    compute = Table(title=f"achieved FLOP/s per rank, all ranks at once ({summary['model_of'] or 'Linear layers'})")
-    for header in ("dtype", "forward", "backward", "forward + backward (device.yaml)"):
+    compute = Table(title=f"compute per rank, all ranks at once ({summary['model_of'] or 'Linear layers'}): "
+                          "t = overhead x kernels + FLOPs / rate")
+    for header in ("dtype", "rate (device.yaml)", "overhead per kernel", "largest |residual|"):
         compute.add_column(header, justify="right")
-    for dtype, rates in summary["compute"].items():
-        compute.add_row(dtype, f"{rates['forward_flops_per_s'] / 1e9:.2f} GFLOP/s",
-                        f"{rates['backward_flops_per_s'] / 1e9:.2f} GFLOP/s", f"{rates['flops_per_s'] / 1e9:.2f} GFLOP/s")
+    for dtype, fit in summary["compute"].items():
+        compute.add_row(dtype, f"{fit['flops_per_s'] / 1e9:.2f} GFLOP/s", format_seconds(fit["kernel_overhead_s"]),
+                        f"{fit['max_abs_residual']:.1%}")
     console.print(compute)
     console.print(f"memory bandwidth: {summary['memory_bandwidth_Bps'] / 1e9:.2f} GB/s ({summary['memory_bandwidth_what']})")
     console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json")

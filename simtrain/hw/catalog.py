@@ -1,8 +1,9 @@
 """Device catalog: what one simulated GPU can compute and hold.
 
 A `DeviceSpec` gives a GPU's dense peak FLOP/s per dtype, its HBM capacity and
-bandwidth, and the fraction of peak a training kernel reaches (`efficiency`).
-The compute model charges `flops / spec.flops_rate(dtype)` seconds per kernel.
+bandwidth, the fraction of peak a training kernel reaches (`efficiency`) and
+a fixed cost per kernel (`kernel_overhead`, default 0). The compute model
+charges `flops / spec.flops_rate(dtype) + kernels x kernel_overhead` seconds.
 
 `CATALOG` holds public datasheet figures for common SXM parts; a scenario names
 one, tweaks one, or describes its own GPU, and `resolve_device` turns any of
@@ -31,7 +32,7 @@ from ..user_files import load_yaml_file, user_path
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 DEFAULT_EFFICIENCY = 0.5
 
-_INLINE_KEYS = ("base", "name", "peak_flops", "memory", "memory_bandwidth", "efficiency")
+_INLINE_KEYS = ("base", "name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead")
 _T = 1e12  # TFLOP/s
 _GIB = 2.0**30
 
@@ -45,6 +46,10 @@ class DeviceSpec:
     memory_bytes: float
     memory_bandwidth: float
     efficiency: float = DEFAULT_EFFICIENCY
+    # Seconds each kernel costs beyond its FLOPs (launch and dispatch); 0 for the catalog's GPUs, whose
+    # datasheets give none; simtrain calibrate measures it on a host, where it is Python's and torch's
+    # per-operator overhead.
+    kernel_overhead_s: float = 0.0
 
     def __post_init__(self):
         if sorted(self.peak_flops) != sorted(DTYPES):
@@ -166,6 +171,8 @@ def _override(base: DeviceSpec, value: Mapping, field: str) -> DeviceSpec:
         changes["memory_bandwidth"] = _positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth")
     if "efficiency" in value:
         changes["efficiency"] = _efficiency(value["efficiency"], field)
+    if "kernel_overhead" in value:
+        changes["kernel_overhead_s"] = parse_quantity(value["kernel_overhead"], "time", f"{field}.kernel_overhead")
     return dataclasses.replace(base, **changes)
 
 
@@ -180,6 +187,7 @@ def _inline(value: Mapping, field: str) -> DeviceSpec:
         memory_bytes=_positive(value["memory"], "bytes", f"{field}.memory"),
         memory_bandwidth=_positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth"),
         efficiency=_efficiency(value.get("efficiency", DEFAULT_EFFICIENCY), field),
+        kernel_overhead_s=parse_quantity(value.get("kernel_overhead", 0.0), "time", f"{field}.kernel_overhead"),
     )
 
 

@@ -95,9 +95,11 @@ class Device:
         """Seconds the stream needs to read and write `nbytes` of HBM."""
         return nbytes / (self.spec.memory_bandwidth * self.spec.efficiency) * self.slowdown
 
-    def compute(self, flops: float, dtype: str, name: str, kind: str = "compute") -> simpy.Event:
-        """Queue a kernel of `flops` in `dtype`; the event fires when it has run."""
+    def compute(self, flops: float, dtype: str, name: str, kind: str = "compute", kernels: int = 0) -> simpy.Event:
+        """Queue `kernels` kernels of `flops` in all, in `dtype`; the event fires when they have run."""
         seconds = self.compute_time(flops, dtype)
+        if kernels and self.spec.kernel_overhead_s:
+            seconds += kernels * self.spec.kernel_overhead_s * self.slowdown
         if self.jitter:
             sigma = self.jitter
             seconds *= math.exp(sigma * self._rng.standard_normal() - sigma * sigma / 2)

@@ -16,10 +16,12 @@ measuring at once where training runs at once:
   sizes, every rank at once, the median of `repeats` (the slowest rank's);
   busbw = size / time x 2(N-1)/N as nccl-tests reports it, next to what the
   fitted topology predicts for it;
-- **compute**: achieved FLOP/s of forward and of backward, per dtype (fp32,
-  bf16, fp16; tf32 is fp32 on a CPU), of the scenario's model on its batch
-  (`--model-of`, FLOPs from cost.py as the simulator counts them), or of a set
-  of square Linear layers; every rank at once;
+- **compute**: forward and backward times per dtype (fp32, bf16, fp16; tf32
+  is fp32 on a CPU) of the scenario's model on batches of half, one and two
+  times its batch size (`--model-of`), or of square Linear layers, every rank
+  at once, fitted to t = c x kernels + FLOPs / R (real/fit.py; FLOPs and
+  kernels counted as the simulator counts them, cost.py): the overhead per
+  kernel c (fp32's, for every dtype) and the rate R;
 - **memory bandwidth**: the scenario's optimizer step (bytes touched per second,
   as the simulator charges it: train/precision.py update_bytes), or a copy of a
   large buffer.
@@ -57,7 +59,7 @@ from ..train.data import ShardLoader, load_dataset
 from ..train.models import build_model
 from ..train.optim import build_optimizer
 from ..train.precision import DTYPES, update_bytes
-from .fit import fit_alpha_beta
+from .fit import fit_alpha_beta, fit_overhead_rate
 from .processes import join, spawn, torchrun_world
 
 SIZES = tuple(4 ** k for k in range(1, 12))  # 4 B to 4 MiB
@@ -78,19 +80,24 @@ def calibrate(nproc: int | None, out: Path, backend: str = "gloo", model_of=None
         raise SimtrainError("--nproc: required outside torchrun")
     if world < 2:
         raise SimtrainError(f"--nproc: point-to-point needs at least 2 ranks, got {world}")
-    args = (None if model_of is None else str(model_of), list(sizes), repeats, str(out), backend)
+    model_of = None if model_of is None else str(model_of)
+    args = (model_of, list(sizes), repeats, backend)
     if group is None:
-        return spawn(_rank_main, world, args=args, backend=backend)[0]
-    join(backend)
-    try:
-        summary = _rank_main(group.rank, group.world, *args)
-        dist.barrier()
-        return summary
-    finally:
-        dist.destroy_process_group()
+        measured = spawn(_rank_main, world, args=args, backend=backend)[0]
+    else:
+        join(backend)
+        try:
+            measured = _rank_main(group.rank, group.world, *args)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    if measured is None:  # a rank of torchrun's group other than 0
+        return None
+    return _fit_and_write(*measured, sizes=list(sizes), model_of=model_of, backend=backend, out=Path(out))
 
 
-def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, out: str, backend: str):
+def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, backend: str):
+    """This rank's measurements; rank 0 returns (every rank's, their hosts, the pairs), the others None."""
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if backend == "nccl" else "cpu"
     if backend == "nccl":
         torch.cuda.set_device(device)
@@ -104,9 +111,7 @@ def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, 
     measured = [None] * world if rank == 0 else None
     dist.gather_object({"pingpong": pingpong, "all_reduce": all_reduce, "compute": compute,
                         "memory_bandwidth": bandwidth}, measured, dst=0)
-    if rank != 0:
-        return None
-    return _fit_and_write(measured, hosts, pairs, sizes, model_of, backend, Path(out))
+    return None if rank != 0 else (measured, hosts, pairs)
 
 
 def _sync(device) -> None:
@@ -164,36 +169,40 @@ def _timed(fn, repeats: int, device) -> float:
 
 
 def _compute_rates(model_of, repeats: int, device) -> dict:
-    """{dtype: {forward_flops, forward_s, backward_flops, backward_s}} of the model, or of square Linears."""
+    """{dtype: [{pass, flops, kernels, seconds}, ...]}: forward and backward of the model on batches of half,
+    one and two times its batch size, or of square Linear layers."""
     if model_of is not None:
         scenario = load_scenario(model_of)
         data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
-        x, y = ShardLoader(data.train, 1, 0, scenario.data.batch_size, scenario.seed).next_batch()
-        cases = [(build_model(scenario.model, data.info, scenario.seed), x, y)]
+        batch = scenario.data.batch_size
+        cases = []
+        for size in sorted({max(1, batch // 2), batch, 2 * batch}):
+            x, y = ShardLoader(data.train, 1, 0, size, scenario.seed).next_batch()
+            cases.append((build_model(scenario.model, data.info, scenario.seed), x, y))
     else:
         cases = []
         for n in GEMM_SIZES:
             torch.manual_seed(n)
             cases.append((torch.nn.Sequential(torch.nn.Linear(n, n)), torch.randn(n, n), torch.randint(0, n, (n,))))
-    rates = {}
+    points = {}
     for dtype in COMPUTE_DTYPES:
-        totals = dict.fromkeys(("forward_flops", "forward_s", "backward_flops", "backward_s"), 0.0)
+        points[dtype] = []
         for model, x, y in cases:
             model = model.to(device=device, dtype=DTYPES[dtype])
             x = (x.to(DTYPES[dtype]) if x.is_floating_point() else x).to(device)
             x.requires_grad_(model_of is None)  # a lone Linear: the input's gradient too, as inside a model
             y = y.to(device)
             cost = measure_step_cost(model, x, y)
-            totals["forward_flops"] += cost.forward_flops
-            totals["backward_flops"] += cost.backward_flops
             forward_s = _timed(lambda: cross_entropy(model(x), y), repeats, device)
 
             def forward_backward():
                 cross_entropy(model(x), y).backward()
-            totals["forward_s"] += forward_s
-            totals["backward_s"] += max(_timed(forward_backward, repeats, device) - forward_s, 1e-9)
-        rates[dtype] = totals
-    return rates
+            backward_s = max(_timed(forward_backward, repeats, device) - forward_s, 1e-9)
+            points[dtype].append({"pass": "forward", "batch": len(x), "flops": cost.forward_flops,
+                                  "kernels": cost.forward_kernels, "seconds": forward_s})
+            points[dtype].append({"pass": "backward", "batch": len(x), "flops": cost.backward_flops,
+                                  "kernels": cost.backward_kernels, "seconds": backward_s})
+    return points
 
 
 def _memory_bandwidth(model_of, repeats: int, device) -> dict:
@@ -216,7 +225,17 @@ def _memory_bandwidth(model_of, repeats: int, device) -> dict:
 
 
 def _fit_and_write(measured: list[dict], hosts: list[str], pairs, sizes, model_of, backend: str, out: Path) -> dict:
-    """Fit the measurements of every rank, write device.yaml, topology.yaml and calibration.json."""
+    """Fit the measurements of every rank, write device.yaml, topology.yaml and calibration.json; a fit the
+    measurements do not allow is a one-line SimtrainError."""
+    try:
+        return _fit_and_write_checked(measured, hosts, pairs, sizes, model_of, backend, out)
+    except ValueError as error:
+        raise SimtrainError(f"--sizes: {error} (on this host now; measure larger sizes, more --repeats, or "
+                            "on a quieter host)") from None
+
+
+def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes, model_of, backend: str,
+                           out: Path) -> dict:
     world = len(measured)
     host_names = list(dict.fromkeys(hosts))
     one_way = {pair: measured[int(pair.split("-")[0])]["pingpong"][pair] for pair in measured[0]["pingpong"]}
@@ -227,19 +246,14 @@ def _fit_and_write(measured: list[dict], hosts: list[str], pairs, sizes, model_o
         if chosen:
             classes[kind] = fit_alpha_beta([s for _ in chosen for s in sizes],
                                            [t for pair in chosen for t in one_way[pair]])
-    compute = {}
-    for dtype in COMPUTE_DTYPES:
-        per_rank = [rank["compute"][dtype] for rank in measured]
-        flops = sum(r["forward_flops"] + r["backward_flops"] for r in per_rank)
-        seconds = sum(r["forward_s"] + r["backward_s"] for r in per_rank)
-        compute[dtype] = {
-            "flops_per_s": flops / seconds,
-            "forward_flops_per_s": sum(r["forward_flops"] for r in per_rank) / sum(r["forward_s"] for r in per_rank),
-            "backward_flops_per_s": (sum(r["backward_flops"] for r in per_rank)
-                                     / sum(r["backward_s"] for r in per_rank)),
-            "per_rank_flops_per_s": [(r["forward_flops"] + r["backward_flops"]) / (r["forward_s"] + r["backward_s"])
-                                     for r in per_rank],
-        }
+    compute, overhead = {}, None
+    for dtype in COMPUTE_DTYPES:  # fp32 fits the per-kernel overhead; the other dtypes their rates with it
+        pooled = [point for rank in measured for point in rank["compute"][dtype]]
+        fit = fit_overhead_rate([p["kernels"] for p in pooled], [p["flops"] for p in pooled],
+                                [p["seconds"] for p in pooled], overhead_s=overhead)
+        overhead = fit.overhead_s
+        compute[dtype] = {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.overhead_s,
+                          "max_abs_residual": fit.max_residual, "points": pooled, "residuals": fit.residuals}
     bandwidth = statistics.mean(rank["memory_bandwidth"]["bytes"] / rank["memory_bandwidth"]["seconds"]
                                 for rank in measured)
     ranks_per_host = max(hosts.count(host) for host in host_names)
@@ -250,12 +264,14 @@ def _fit_and_write(measured: list[dict], hosts: list[str], pairs, sizes, model_o
     device = {"name": name,
               "peak_flops": {"fp32": compute["fp32"]["flops_per_s"], "tf32": compute["fp32"]["flops_per_s"],
                              "fp16": compute["fp16"]["flops_per_s"], "bf16": compute["bf16"]["flops_per_s"]},
-              "memory": int(memory), "memory_bandwidth": bandwidth, "efficiency": 1.0}
+              "memory": int(memory), "memory_bandwidth": bandwidth, "efficiency": 1.0,
+              "kernel_overhead": compute["fp32"]["kernel_overhead_s"]}
     what = f"the model of {model_of}" if model_of else f"square Linear layers of {', '.join(map(str, GEMM_SIZES))}"
     _write_yaml(out / "device.yaml", device, [
         f"Measured by simtrain calibrate, {when}, {world} ranks ({backend}) on {', '.join(host_names)}.",
-        f"peak_flops: achieved FLOP/s of forward + backward of {what}, every rank at once",
-        "(tf32: fp32's; a CPU has no TF32), so efficiency is 1. memory: the host's RAM over its ranks.",
+        "peak_flops and kernel_overhead: t = kernel_overhead x kernels + FLOPs / rate fitted to forwards and",
+        f"backwards of {what}, every rank at once (tf32: fp32's; a CPU has no TF32), so efficiency is 1.",
+        "memory: the host's RAM over its ranks.",
         f"memory_bandwidth: {measured[0]['memory_bandwidth']['what']}, bytes per second."])
     topology = _topology(name, hosts, host_names, classes)
     _write_yaml(out / "topology.yaml", topology, [

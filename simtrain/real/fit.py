@@ -1,4 +1,4 @@
-"""The α-β model of a point-to-point transfer, fitted to measurements: pure functions over plain numbers.
+"""The α-β model of a transfer and the overhead-rate model of compute, fitted to measurements: pure functions.
 
 A message of n bytes takes t(n) = α + n / β: a fixed latency α and a
 bandwidth β (Hockney's model, the one the simulator's links follow: a hop's
@@ -14,6 +14,11 @@ measurement: (measured - fitted) / measured, one per point.
 
     fit = fit_alpha_beta([64, 4096, 1 << 20], [21e-6, 23e-6, 290e-6])
     fit.latency_s, fit.bandwidth_Bps, fit.residuals
+
+The same for compute: a forward or backward of F FLOPs in k kernels takes
+t = c k + F / R, a fixed cost per kernel c (on a host, Python's and torch's
+dispatch of each operator) and a rate R: `fit_overhead_rate(kernels, flops,
+times)`, weighted least squares of relative errors.
 """
 from typing import NamedTuple
 
@@ -53,16 +58,51 @@ def fit_alpha_beta(sizes_bytes, times_s) -> AlphaBeta:
         raise ValueError("an α-β fit needs at least two message sizes")
     if np.any(t <= 0):
         raise ValueError("times must be positive")
-    weights = 1.0 / t
-    for _ in range(_ITERATIONS):
-        alpha, inverse_beta = _weighted_line(n, t, weights)
-        fitted = alpha + n * inverse_beta
-        if np.any(fitted <= 0):
-            break
-        if np.allclose(weights, 1.0 / fitted, rtol=1e-12, atol=0):
-            break
-        weights = 1.0 / fitted
+    alpha, inverse_beta = _weighted_line(n, t, 1.0 / t)
     if inverse_beta <= 0:
         raise ValueError("the times do not grow with the message size: no bandwidth to fit")
+    for _ in range(_ITERATIONS):  # reweigh by the fitted line while it keeps a positive bandwidth
+        weights = 1.0 / (alpha + n * inverse_beta)
+        next_alpha, next_inverse_beta = _weighted_line(n, t, weights)
+        if next_inverse_beta <= 0:
+            break
+        converged = np.isclose(next_alpha, alpha, rtol=1e-12, atol=0) and np.isclose(next_inverse_beta,
+                                                                                   inverse_beta, rtol=1e-12, atol=0)
+        alpha, inverse_beta = next_alpha, next_inverse_beta
+        if converged:
+            break
     fitted = alpha + n * inverse_beta
     return AlphaBeta(float(alpha), float(1.0 / inverse_beta), [float(r) for r in (t - fitted) / t])
+
+
+class OverheadRate(NamedTuple):
+    overhead_s: float  # per kernel
+    flops_per_s: float
+    residuals: list[float]  # (measured - fitted) / measured, per point
+
+    @property
+    def max_residual(self) -> float:
+        return max(abs(r) for r in self.residuals)
+
+
+def fit_overhead_rate(kernels, flops, times_s, overhead_s: float | None = None) -> OverheadRate:
+    """The per-kernel overhead c and the rate R that fit t = c x kernels + flops / R, relative errors weighted
+    alike (weights 1/t); with `overhead_s` given, only R is fitted. c below 0 is clamped to 0."""
+    k = np.asarray(kernels, dtype=np.float64)
+    f = np.asarray(flops, dtype=np.float64)
+    t = np.asarray(times_s, dtype=np.float64)
+    if np.any(t <= 0) or np.any(f <= 0):
+        raise ValueError("times and FLOPs must be positive")
+    w = 1.0 / t
+    if overhead_s is None:
+        (overhead, inverse_rate), *_ = np.linalg.lstsq(np.stack([k, f], axis=1) * w[:, None], t * w, rcond=None)
+        if overhead < 0:
+            overhead = 0.0
+    else:
+        overhead = overhead_s
+    if overhead_s is not None or overhead == 0.0:  # the rate alone, given the overhead
+        inverse_rate = float(np.sum(f * (t - overhead * k) * w**2) / np.sum((f * w) ** 2))
+    if inverse_rate <= 0:
+        raise ValueError("the times do not grow with the FLOPs: no rate to fit")
+    fitted = overhead * k + f * inverse_rate
+    return OverheadRate(float(overhead), float(1.0 / inverse_rate), [float(r) for r in (t - fitted) / t])

@@ -27,14 +27,14 @@ def forward_backward(replica: Replica, statistics_all_reduce=None):
         loss = replica.forward()
         cost = replica.step_cost()
         yield Alloc("activations", cost.activation_bytes)
-        yield Compute(cost.forward_flops, dtype, "forward")
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels)
         loss = replica.backward(loss)
     else:  # forward and backward interleave with the exchanges: one host span ends at "forward"
         loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
         cost = replica.step_cost()
         yield Alloc("activations", cost.activation_bytes)
-        yield Compute(cost.forward_flops, dtype, "forward")
-    yield Compute(cost.backward_flops, dtype, "backward")
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels)
+    yield Compute(cost.backward_flops, dtype, "backward", kernels=cost.backward_kernels)
     yield Free("activations", cost.activation_bytes)
     return loss
 

@@ -6,7 +6,8 @@ yields the operations below and does its own torch numerics in between
 against a device and a process group. The operations are the only way a
 step touches time or memory:
 
-- `Compute(flops, dtype, name)`: a kernel on the device's compute stream;
+- `Compute(flops, dtype, name, kind, kernels)`: work of `kernels` kernels on the
+  device's compute stream;
 - `MemoryBound(nbytes, name, kind)`: work bound by HBM bandwidth (an update);
 - `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
   stream (a sampler's host bookkeeping, the store applying an update);
@@ -43,6 +44,7 @@ class Compute(NamedTuple):
     dtype: str
     name: str
     kind: str = "compute"
+    kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
 
 
 class MemoryBound(NamedTuple):
@@ -106,7 +108,7 @@ def run_program(job, rank: int, program):
         kind = type(op)
         value = None
         if kind is Compute:
-            yield device.compute(op.flops, op.dtype, op.name, kind=op.kind)
+            yield device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels)
         elif kind is Alloc:
             memory.alloc(op.category, op.nbytes)
         elif kind is Free:
