@@ -160,10 +160,12 @@ def calibrate(nproc, out_dir, backend, model_of, sizes, repeats):
     for header in ("pair", "latency α", "bandwidth β", "largest |residual|", "residuals by size"):
         fits.add_column(header, justify="right")
     for pair, fit in summary["pingpong"].items():
-        fits.add_row(pair, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s",
+        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
+        fits.add_row(pair, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
                      f"{max(abs(r) for r in fit['residuals']):.1%}", " ".join(f"{r:+.0%}" for r in fit["residuals"]))
     for kind, fit in summary["link_classes"].items():
-        fits.add_row(kind, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s",
+        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
+        fits.add_row(kind, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
                      f"{fit['max_abs_residual']:.1%}", "(written to topology.yaml)")
     console.print(fits)
     table = Table(title="ring all-reduce (simtrain's program): measured, and predicted on topology.yaml")

@@ -14,7 +14,7 @@ from simtrain.cli import main
 from simtrain.hw.catalog import resolve_device
 from simtrain.hw.topology_builders import load_topology_file
 from simtrain.real.calibrate import calibrate
-from simtrain.real.fit import fit_alpha_beta
+from simtrain.real.fit import fit_alpha_beta, fit_overhead_rate
 
 SIZES = [4, 64, 1024, 16384]
 
@@ -24,7 +24,7 @@ def test_the_fit_gives_alpha_and_beta_back():
     fit = fit_alpha_beta(sizes, [20e-6 + n / 3e9 for n in sizes])
     assert fit.latency_s == pytest.approx(20e-6, rel=1e-9)
     assert fit.bandwidth_Bps == pytest.approx(3e9, rel=1e-9)
-    assert fit.max_residual < 1e-9
+    assert fit.max_residual < 1e-9 and fit.bandwidth_resolved
     times = [(20e-6 + n / 3e9) * (1.1 if k % 2 else 0.9) for k, n in enumerate(sizes)]
     noisy = fit_alpha_beta(sizes, times)
     assert noisy.residuals == pytest.approx([(t - noisy.time_s(n)) / t for n, t in zip(sizes, times)])
@@ -35,6 +35,12 @@ def test_the_fit_gives_alpha_and_beta_back():
     best = relative_squares(noisy.latency_s, noisy.bandwidth_Bps)  # least squares: any other line is worse
     for alpha, bandwidth in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
         assert relative_squares(noisy.latency_s * alpha, noisy.bandwidth_Bps * bandwidth) > best
+
+
+def test_a_bandwidth_the_noise_hides_is_a_lower_bound():
+    fit = fit_alpha_beta([64, 1024, 16384], [2e-3, 1.9e-3, 1.8e-3])  # shrinking times: no bandwidth to see
+    assert not fit.bandwidth_resolved
+    assert fit.bandwidth_Bps == pytest.approx(16384 / 1.8e-3) and fit.latency_s >= 0
 
 
 def test_one_lucky_fast_message_does_not_pull_the_line_down():
@@ -107,3 +113,13 @@ def test_calibrate_needs_two_ranks(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["calibrate", "--nproc", "1", "--out", str(tmp_path / "c")])
     assert exit_info.value.code == 2
+
+
+def test_the_compute_fit_gives_overhead_and_rate_back():
+    kernels, flops = [20, 20, 20, 40, 40], [1e6, 4e6, 16e6, 8e6, 64e6]
+    fit = fit_overhead_rate(kernels, flops, [5e-6 * k + f / 50e9 for k, f in zip(kernels, flops)])
+    assert fit.overhead_s == pytest.approx(5e-6, rel=1e-9) and fit.flops_per_s == pytest.approx(50e9, rel=1e-9)
+    assert fit.max_residual < 1e-9
+    # times that fall as the work grows: no overhead to see, the rate alone
+    fallback = fit_overhead_rate([20, 20], [1e6, 4e6], [80e-6, 40e-6])
+    assert fallback.overhead_s == 0.0 and fallback.flops_per_s > 0

@@ -20,8 +20,8 @@ measuring at once where training runs at once:
   is fp32 on a CPU) of the scenario's model on batches of half, one and two
   times its batch size (`--model-of`), or of square Linear layers, every rank
   at once, fitted to t = c x kernels + FLOPs / R (real/fit.py; FLOPs and
-  kernels counted as the simulator counts them, cost.py): the overhead per
-  kernel c (fp32's, for every dtype) and the rate R;
+  kernels counted as the simulator counts them, cost.py): each dtype's rate
+  R, and the overhead per kernel c (fp32's goes into device.yaml);
 - **memory bandwidth**: the scenario's optimizer step (bytes touched per second,
   as the simulator charges it: train/precision.py update_bytes), or a copy of a
   large buffer.
@@ -246,12 +246,11 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
         if chosen:
             classes[kind] = fit_alpha_beta([s for _ in chosen for s in sizes],
                                            [t for pair in chosen for t in one_way[pair]])
-    compute, overhead = {}, None
-    for dtype in COMPUTE_DTYPES:  # fp32 fits the per-kernel overhead; the other dtypes their rates with it
+    compute = {}
+    for dtype in COMPUTE_DTYPES:
         pooled = [point for rank in measured for point in rank["compute"][dtype]]
         fit = fit_overhead_rate([p["kernels"] for p in pooled], [p["flops"] for p in pooled],
-                                [p["seconds"] for p in pooled], overhead_s=overhead)
-        overhead = fit.overhead_s
+                                [p["seconds"] for p in pooled])
         compute[dtype] = {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.overhead_s,
                           "max_abs_residual": fit.max_residual, "points": pooled, "residuals": fit.residuals}
     bandwidth = statistics.mean(rank["memory_bandwidth"]["bytes"] / rank["memory_bandwidth"]["seconds"]
@@ -269,8 +268,9 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
     what = f"the model of {model_of}" if model_of else f"square Linear layers of {', '.join(map(str, GEMM_SIZES))}"
     _write_yaml(out / "device.yaml", device, [
         f"Measured by simtrain calibrate, {when}, {world} ranks ({backend}) on {', '.join(host_names)}.",
-        "peak_flops and kernel_overhead: t = kernel_overhead x kernels + FLOPs / rate fitted to forwards and",
-        f"backwards of {what}, every rank at once (tf32: fp32's; a CPU has no TF32), so efficiency is 1.",
+        "t = overhead x kernels + FLOPs / rate fitted to forwards and backwards per dtype, every rank at once,",
+        f"of {what}: peak_flops the rates (tf32: fp32's; a CPU has no TF32), so efficiency is 1;",
+        "kernel_overhead fp32's overhead.",
         "memory: the host's RAM over its ranks.",
         f"memory_bandwidth: {measured[0]['memory_bandwidth']['what']}, bytes per second."])
     topology = _topology(name, hosts, host_names, classes)
@@ -290,10 +290,12 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
         "date": when, "ranks": world, "backend": backend, "hosts": hosts, "model_of": model_of,
         "sizes_bytes": list(sizes),
         "pingpong": {pair: {"one_way_s": one_way[pair], "latency_s": fit.latency_s,
-                            "bandwidth_Bps": fit.bandwidth_Bps, "residuals": fit.residuals}
+                            "bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
+                            "residuals": fit.residuals}
                      for pair, fit in pair_fits.items()},
         "link_classes": {kind: {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps,
-                                "max_abs_residual": fit.max_residual} for kind, fit in classes.items()},
+                                "bandwidth_resolved": fit.bandwidth_resolved, "max_abs_residual": fit.max_residual}
+                         for kind, fit in classes.items()},
         "all_reduce": all_reduce,
         "compute": compute,
         "memory_bandwidth_Bps": bandwidth,

@@ -10,7 +10,10 @@ the fit itself, by iteratively reweighted least squares from weights 1/t²:
 weighing by the measured times instead would let one message that came back
 unusually fast (a busy host's lucky round trip) pull the whole line down. α
 below 0 is clamped to 0 and β refitted. The residuals are relative to the
-measurement: (measured - fitted) / measured, one per point.
+measurement: (measured - fitted) / measured, one per point. When the times do
+not grow with the size at all (noise larger than the transfer times), β is
+not resolved: it is set to its lower bound, the largest message over its
+time, α is fitted with it, and `bandwidth_resolved` is False.
 
     fit = fit_alpha_beta([64, 4096, 1 << 20], [21e-6, 23e-6, 290e-6])
     fit.latency_s, fit.bandwidth_Bps, fit.residuals
@@ -29,6 +32,7 @@ class AlphaBeta(NamedTuple):
     latency_s: float  # α
     bandwidth_Bps: float  # β
     residuals: list[float]  # (measured - fitted) / measured, per point
+    bandwidth_resolved: bool = True  # False: the times did not grow with the size; β is a lower bound
 
     def time_s(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_Bps
@@ -59,8 +63,12 @@ def fit_alpha_beta(sizes_bytes, times_s) -> AlphaBeta:
     if np.any(t <= 0):
         raise ValueError("times must be positive")
     alpha, inverse_beta = _weighted_line(n, t, 1.0 / t)
-    if inverse_beta <= 0:
-        raise ValueError("the times do not grow with the message size: no bandwidth to fit")
+    if inverse_beta <= 0:  # noise hides the bandwidth: β at least the largest message over its time
+        largest = int(np.argmax(n))
+        inverse_beta = t[largest] / n[largest]
+        alpha = max(0.0, float(np.sum((t - n * inverse_beta) / t**2) / np.sum(1.0 / t**2)))
+        fitted = alpha + n * inverse_beta
+        return AlphaBeta(float(alpha), float(1.0 / inverse_beta), [float(r) for r in (t - fitted) / t], False)
     for _ in range(_ITERATIONS):  # reweigh by the fitted line while it keeps a positive bandwidth
         weights = 1.0 / (alpha + n * inverse_beta)
         next_alpha, next_inverse_beta = _weighted_line(n, t, weights)
@@ -85,24 +93,19 @@ class OverheadRate(NamedTuple):
         return max(abs(r) for r in self.residuals)
 
 
-def fit_overhead_rate(kernels, flops, times_s, overhead_s: float | None = None) -> OverheadRate:
+def fit_overhead_rate(kernels, flops, times_s) -> OverheadRate:
     """The per-kernel overhead c and the rate R that fit t = c x kernels + flops / R, relative errors weighted
-    alike (weights 1/t); with `overhead_s` given, only R is fitted. c below 0 is clamped to 0."""
+    alike (weights 1/t). Where the best c is below 0, or leaves no positive rate (noise), c is 0 and R alone
+    is fitted."""
     k = np.asarray(kernels, dtype=np.float64)
     f = np.asarray(flops, dtype=np.float64)
     t = np.asarray(times_s, dtype=np.float64)
     if np.any(t <= 0) or np.any(f <= 0):
         raise ValueError("times and FLOPs must be positive")
     w = 1.0 / t
-    if overhead_s is None:
-        (overhead, inverse_rate), *_ = np.linalg.lstsq(np.stack([k, f], axis=1) * w[:, None], t * w, rcond=None)
-        if overhead < 0:
-            overhead = 0.0
-    else:
-        overhead = overhead_s
-    if overhead_s is not None or overhead == 0.0:  # the rate alone, given the overhead
-        inverse_rate = float(np.sum(f * (t - overhead * k) * w**2) / np.sum((f * w) ** 2))
-    if inverse_rate <= 0:
-        raise ValueError("the times do not grow with the FLOPs: no rate to fit")
+    (overhead, inverse_rate), *_ = np.linalg.lstsq(np.stack([k, f], axis=1) * w[:, None], t * w, rcond=None)
+    if overhead < 0 or inverse_rate <= 0:
+        overhead = 0.0
+        inverse_rate = float(np.sum(f * t * w**2) / np.sum((f * w) ** 2))
     fitted = overhead * k + f * inverse_rate
     return OverheadRate(float(overhead), float(1.0 / inverse_rate), [float(r) for r in (t - fitted) / t])
