@@ -22,9 +22,9 @@ measuring at once where training runs at once:
   at once, fitted to t = c x kernels + FLOPs / R (real/fit.py; FLOPs and
   kernels counted as the simulator counts them, cost.py): each dtype's rate
   R, and the overhead per kernel c (fp32's goes into device.yaml);
-- **memory bandwidth**: the scenario's optimizer step (bytes touched per second,
-  as the simulator charges it: train/precision.py update_bytes), or a copy of a
-  large buffer.
+- **memory bandwidth**: the scenario's optimizer step (the bytes the simulator
+  charges for it, train/precision.py update_bytes, over its time less the
+  fitted overhead of each operator it dispatches), or a copy of a large buffer.
 
 Written to the output folder: `device.yaml` (a device file: the achieved
 rates as peak FLOP/s with efficiency 1, the memory bandwidth, the host's
@@ -50,7 +50,7 @@ import yaml
 from ..comm import ALL_REDUCE
 from ..comm.bench import benchmark_all_reduce
 from ..comm.gloo import run_program
-from ..cost import measure_step_cost
+from ..cost import OperatorCounter, measure_step_cost
 from ..errors import SimtrainError
 from ..hw.topology_builders import load_topology_file
 from ..loss import cross_entropy
@@ -206,11 +206,12 @@ def _compute_rates(model_of, repeats: int, device) -> dict:
 
 
 def _memory_bandwidth(model_of, repeats: int, device) -> dict:
-    """Bytes per second of the scenario's optimizer step (as the simulator counts its bytes), or of a copy."""
+    """Bytes, operators and seconds of the scenario's optimizer step (bytes as the simulator counts them), or
+    of a copy of a large buffer."""
     if model_of is None:
         source = torch.ones(1 << 23, device=device)  # 32 MiB
         target = torch.empty_like(source)
-        return {"what": "copy of 32 MiB", "bytes": 2 * source.nbytes,
+        return {"what": "copy of 32 MiB", "bytes": 2 * source.nbytes, "kernels": 1,
                 "seconds": _timed(lambda: target.copy_(source), repeats, device)}
     scenario = load_scenario(model_of)
     data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
@@ -219,9 +220,11 @@ def _memory_bandwidth(model_of, repeats: int, device) -> dict:
     for p in params:
         p.grad = torch.zeros_like(p)
     optimizer = build_optimizer(params, scenario.train.optimizer)
-    nbytes = update_bytes(params, "fp32", scenario.train.optimizer)
-    return {"what": f"{scenario.train.optimizer.name} step of {model_of}'s model", "bytes": nbytes,
-            "seconds": _timed(optimizer.step, repeats, device)}
+    seconds = _timed(optimizer.step, repeats, device)
+    with OperatorCounter() as counter:
+        optimizer.step()
+    return {"what": f"{scenario.train.optimizer.name} step of {model_of}'s model", "seconds": seconds,
+            "bytes": update_bytes(params, "fp32", scenario.train.optimizer), "kernels": counter.count}
 
 
 def _fit_and_write(measured: list[dict], hosts: list[str], pairs, sizes, model_of, backend: str, out: Path) -> dict:
@@ -253,8 +256,10 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
                                 [p["seconds"] for p in pooled])
         compute[dtype] = {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.overhead_s,
                           "max_abs_residual": fit.max_residual, "points": pooled, "residuals": fit.residuals}
-    bandwidth = statistics.mean(rank["memory_bandwidth"]["bytes"] / rank["memory_bandwidth"]["seconds"]
-                                for rank in measured)
+    overhead = compute["fp32"]["kernel_overhead_s"]  # the step's fixed cost per operator, the rest is bytes
+    bandwidth = statistics.mean(
+        work["bytes"] / (work["seconds"] - overhead * work["kernels"] if work["seconds"] > overhead * work["kernels"]
+                         else work["seconds"]) for work in (rank["memory_bandwidth"] for rank in measured))
     ranks_per_host = max(hosts.count(host) for host in host_names)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_host
     name = f"calibrated-{host_names[0]}" if len(host_names) == 1 else f"calibrated-{len(host_names)}-hosts"
@@ -272,7 +277,8 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
         f"of {what}: peak_flops the rates (tf32: fp32's; a CPU has no TF32), so efficiency is 1;",
         "kernel_overhead fp32's overhead.",
         "memory: the host's RAM over its ranks.",
-        f"memory_bandwidth: {measured[0]['memory_bandwidth']['what']}, bytes per second."])
+        f"memory_bandwidth: {measured[0]['memory_bandwidth']['what']}: bytes over its time less kernel_overhead"
+        " per operator."])
     topology = _topology(name, hosts, host_names, classes)
     _write_yaml(out / "topology.yaml", topology, [
         f"Measured by simtrain calibrate, {when}: ping-pong between every pair of ranks, α-β fit",

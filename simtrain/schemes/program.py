@@ -8,7 +8,7 @@ step touches time or memory:
 
 - `Compute(flops, dtype, name, kind, kernels)`: work of `kernels` kernels on the
   device's compute stream;
-- `MemoryBound(nbytes, name, kind)`: work bound by HBM bandwidth (an update);
+- `MemoryBound(nbytes, name, kind, kernels)`: work bound by HBM bandwidth (an update);
 - `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
   stream (a sampler's host bookkeeping, the store applying an update);
 - `Alloc(category, nbytes)` / `Free(category, nbytes)`: the device's ledger;
@@ -51,6 +51,7 @@ class MemoryBound(NamedTuple):
     nbytes: float
     name: str
     kind: str
+    kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
 
 
 class Busy(NamedTuple):
@@ -121,7 +122,7 @@ def run_program(job, rank: int, program):
                 yield op.comm.run(op.rank, op.program, label=op.label)
             value = log.total(device.rank, "communication") - before
         elif kind is MemoryBound:
-            yield device.memory_bound(op.nbytes, op.name, kind=op.kind)
+            yield device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
         elif kind is Busy:
             yield device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
         elif kind is Transfer:

@@ -56,6 +56,8 @@ class SyncDataParallel(RankReplicas):
         params = first.params
         self._held_bytes = persistent_bytes(params, train.precision, train.optimizer)
         self._step_bytes = update_bytes(params, train.precision, train.optimizer)
+        # the update's operators, counted where a device charges a fixed cost per kernel (a calibrated host)
+        self._step_kernels = first.step_kernels() if any(d.spec.kernel_overhead_s for d in self.devices) else 0
         self._step_losses = [[None] * self.world for _ in range(self.steps)]
         self.loss_curve: list[tuple[float, float | None]] = []  # (sim_time_s, mean loss over devices)
         self.kfac = None
@@ -93,7 +95,7 @@ class SyncDataParallel(RankReplicas):
             if self.kfac is not None:
                 yield from self.kfac.step(rank)
             replica.step()
-            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer")
+            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels)
             if rank == 0 and self.job.holds_every_rank:
                 self._end_step(step)
 
@@ -138,7 +140,8 @@ class SyncDataParallel(RankReplicas):
         cost = replica.step_cost()
         kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
         return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name)
-                + device.memory_bound_time(self._step_bytes) + kfac)
+                + device.kernel_time(cost.forward_kernels + cost.backward_kernels)
+                + device.memory_bound_time(self._step_bytes) + device.kernel_time(self._step_kernels) + kfac)
 
     def report_sections(self) -> dict:
         """report.json's `weight_norms` (and `kfac` with K-FAC) and `parallel` (the layout: dp only)."""

@@ -17,9 +17,11 @@ Mixed precision (`precision="fp16" | "bf16"`, simtrain/train/precision.py):
 the model and the gradient bucket are in the compute dtype, the optimizer
 steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
 """
+import copy
+
 import torch
 
-from ..cost import StepCost, measure_step_cost
+from ..cost import OperatorCounter, StepCost, measure_step_cost
 from ..scenario import TrainSpec
 from .data import ShardLoader
 from .grad_bucket import flat_grad_buffer
@@ -88,6 +90,20 @@ class Replica:
 
     def _masters(self) -> list | None:
         return self.precision.master_params if self.precision.mixed else None
+
+    def step_kernels(self) -> int:
+        """Torch operators one update (`step`) dispatches, counted on copies of the optimizer and precision
+        state: the second of two steps (the first creates the optimizer's state)."""
+        precision, optimizer, grads = copy.deepcopy((self.precision, self.optimizer, self.grad_buffer))
+
+        def step():
+            if precision.unscale(grads):
+                optimizer.step()
+                precision.copy_master_to_model()
+        step()
+        with OperatorCounter() as counter:
+            step()
+        return counter.count
 
     def step(self) -> None:
         """Update from the (averaged) gradient bucket: skipped if the loss scaler found an overflow."""
