@@ -7,9 +7,14 @@ scenario naming them run by `simtrain.run`.
 import json
 
 import pytest
+import torch
 import yaml
 
 import simtrain
+import simtrain.train.data
+import simtrain.train.models
+from simtrain.cost import measure_step_cost
+from simtrain.train.precision import update_bytes
 from simtrain.cli import main
 from simtrain.hw.catalog import resolve_device
 from simtrain.hw.topology_builders import load_topology_file
@@ -123,3 +128,28 @@ def test_the_compute_fit_gives_overhead_and_rate_back():
     # times that fall as the work grows: no overhead to see, the rate alone
     fallback = fit_overhead_rate([20, 20], [1e6, 4e6], [80e-6, 40e-6])
     assert fallback.overhead_s == 0.0 and fallback.flops_per_s > 0
+
+
+def test_a_kernel_overhead_is_charged_per_operator():
+    """Closed form on one device: compute = F/R + c x kernels per pass, the update = B/BW + c x its operators."""
+    device = {"name": "host", "peak_flops": {"fp32": 1e11, "tf32": 1e11, "fp16": 1e11, "bf16": 1e11},
+              "memory": "8 GiB", "memory_bandwidth": "20 GB/s", "efficiency": 1.0, "kernel_overhead": "5 us"}
+    steps = 3
+    scenario = simtrain.scenario.validate_scenario({
+        "name": "overhead", "cluster": {"devices": 1, "device": device}, "model": {"name": "mlp", "hidden": [32]},
+        "data": {"name": "digits", "batch_size": 8}, "train": {"steps": steps, "optimizer": {"momentum": 0.9}},
+        "report": {"trace": False}})
+    report = simtrain.run(scenario)
+    job_model = simtrain.train.models.build_model(scenario.model, simtrain.train.data.load_dataset(
+        "digits", {}, 0).info, scenario.seed)
+    x, y = torch.zeros(8, 64), torch.zeros(8, dtype=torch.long)
+    cost = measure_step_cost(job_model, x, y)
+    assert cost.forward_kernels > 0 and cost.backward_kernels > 0
+    spent = report.data["devices"][0]["breakdown_s"]
+    expected = steps * ((cost.forward_flops + cost.backward_flops) / 1e11
+                        + 5e-6 * (cost.forward_kernels + cost.backward_kernels))
+    assert spent["compute"] == pytest.approx(expected, rel=1e-9)
+    # the update: its bytes at 20 GB/s, and 5 us for each of a whole number of operators (at least one)
+    kernels = (spent["optimizer"] / steps - update_bytes(list(job_model.parameters()), "fp32",
+                                                         scenario.train.optimizer) / 20e9) / 5e-6
+    assert kernels == pytest.approx(round(kernels), abs=1e-6) and round(kernels) >= 1
