@@ -12,6 +12,10 @@ backward, which would stretch their lifetime in the memory measurement.
   (model and loss) and one around `loss.backward()`. They are flop_counter's
   definitions: matrix multiplies, convolutions and attention, 2 FLOPs per
   multiply-add; element-wise ops, reductions and softmax count 0.
+- `grad_ready_flops`: for each trainable parameter, in `model.parameters()`
+  order, the backward FLOPs counted when its gradient was complete (a
+  post-accumulate-grad hook reads the backward counter): when, in the
+  backward, an overlapping all-reduce may start on it.
 - `forward_kernels`, `backward_kernels`: the torch operators (aten ops, views
   included) the forward and the backward dispatch, counted in the same pass:
   what a per-kernel overhead (a device's `kernel_overhead`) is charged on.
@@ -62,6 +66,7 @@ class StepCost:
     forward_flops: float
     backward_flops: float
     activation_bytes: int  # peak bytes of tensors autograd saves for backward
+    grad_ready_flops: tuple[float, ...] = ()  # backward FLOPs done when each trainable parameter's gradient is complete
     forward_kernels: int = 0  # torch operators the forward dispatches
     backward_kernels: int = 0
 
@@ -92,10 +97,10 @@ def _measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
     # Two passes, each on its own copy: FlopCounterMode's module tracker holds on to tensors
     # that modules see during backward (a checkpointed segment's recomputation), which would
     # stretch their lifetime in the activation measurement.
-    (forward_flops, backward_flops), (forward_kernels, backward_kernels) = _count_flops(model, x, y)
+    forward_flops, backward_flops, grad_ready_flops, (forward_kernels, backward_kernels) = _count_flops(model, x, y)
     return StepCost(forward_flops=forward_flops, backward_flops=backward_flops,
-                    activation_bytes=_peak_saved_bytes(model, x, y), forward_kernels=forward_kernels,
-                    backward_kernels=backward_kernels)
+                    activation_bytes=_peak_saved_bytes(model, x, y), grad_ready_flops=grad_ready_flops,
+                    forward_kernels=forward_kernels, backward_kernels=backward_kernels)
 
 
 def _fresh(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
@@ -109,15 +114,27 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return cross_entropy(model(x), y)
 
 
-def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[tuple[float, float], tuple[int, int]]:
-    """((forward FLOPs, backward FLOPs), (forward operators, backward operators))."""
+def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
+    """(forward FLOPs, backward FLOPs, grad_ready_flops, (forward operators, backward operators))."""
     replica, x = _fresh(model, x)
+    trainable = [p for p in replica.parameters() if p.requires_grad]
+    ready = [0.0] * len(trainable)
+    backward_counter = FlopCounterMode(display=False)
+
+    def hook(index):
+        def record(_):  # a gradient accumulated twice (a shared parameter) is ready the second time
+            ready[index] = float(backward_counter.get_total_flops())
+        return record
+
+    handles = [p.register_post_accumulate_grad_hook(hook(index)) for index, p in enumerate(trainable)]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with FlopCounterMode(display=False) as forward_counter, OperatorCounter() as forward_ops:
             loss = _loss(replica, x, y)
-        with FlopCounterMode(display=False) as backward_counter, OperatorCounter() as backward_ops:
+        with backward_counter, OperatorCounter() as backward_ops:
             loss.backward()
-    return ((float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops())),
+    for handle in handles:
+        handle.remove()
+    return (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()), tuple(ready),
             (forward_ops.count, backward_ops.count))
 
 

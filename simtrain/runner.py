@@ -54,7 +54,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
                                 seed=scenario.seed)
         job = Job(scenario, cluster, range(cluster.size), numerics=scenario.numerics,
-                  on_step=lambda *step: monitor.on_step(*step))
+                  on_step=lambda *step: monitor.on_step(*step), alone=True)
         scheme = job.scheme
         monitor = TrainLossMonitor(scheme.trained_model, job.data.train if scenario.numerics else None,
                                    scenario.report.every, steps, then=on_step)

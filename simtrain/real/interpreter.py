@@ -11,6 +11,12 @@ torch.distributed group:
   `dist.all_reduce`, real/launch.py). Its host-clock span is the rank's
   communication, of which the part before the slowest rank arrived is idle
   (split across ranks afterwards, real/launch.py);
+- `PostCollective` (a gradient bucket's all-reduce, `parallel.overlap`): run
+  there and then, like a `Collective`. A program posts its buckets once its
+  real backward is done (schemes/local_work.py: the backward is computed in
+  one piece, and charged in pieces only on the simulated clock), so a real
+  run has nothing left to overlap them with; `WaitCollectives` has then
+  nothing to wait for;
 - `Compute`, `MemoryBound`, `Busy`: what they charge in a simulation was just
   computed for real by the program (each follows the numerics it stands for:
   the forward, the backward, the optimizer step, the sampler), so each closes
@@ -31,7 +37,7 @@ measured run, not a simulated one.
 import time
 from typing import NamedTuple
 
-from ..schemes.program import Alloc, Busy, Collective, Compute, Free, MemoryBound
+from ..schemes.program import Alloc, Busy, Collective, Compute, Free, MemoryBound, PostCollective, WaitCollectives
 
 
 class MeasuredSpan(NamedTuple):
@@ -94,11 +100,14 @@ def run_program(program, collective, ledger, meter: Meter):
             ledger.alloc(op.category, op.nbytes)
         elif kind is Free:
             ledger.free(op.category, op.nbytes)
-        elif kind is Collective:
-            if op.comm is not None:
+        elif kind is Collective or kind is PostCollective:
+            if kind is Collective and op.comm is not None:
                 raise TypeError(f"collective {op.label!r} on a sub-group: only the simulated interpreter runs it")
             meter.boundary()
             collective(op.program)
-            value = meter.close("communication", op.label)
+            seconds = meter.close("communication", op.label)
+            value = seconds if kind is Collective else None
+        elif kind is WaitCollectives:
+            pass  # every posted collective has run
         else:
             raise TypeError(f"a step program yielded {op!r}, which only the simulated interpreter runs")
