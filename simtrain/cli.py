@@ -1,10 +1,13 @@
-"""The `simtrain` command line: run, sweep, compare, memory, validate, collective, topo, pbt replay.
+"""The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, pbt replay.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
     simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
     simtrain sweep scenarios/quickstart.yaml --grid cluster.devices=4,8,16 --grid parallel.scheme=ring,tree
     simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
+    simtrain launch scenarios/quickstart.yaml --nproc 2     # the same training for real, on gloo, measured
+    simtrain compare runs/quickstart runs/quickstart-real   # simulated against measured
+    simtrain calibrate --nproc 2 --out calibration/ --model-of scenarios/quickstart.yaml
     simtrain memory scenarios/quickstart.yaml --set train.precision=fp16 --set train.checkpointing=sqrt
     simtrain validate scenarios/quickstart.yaml
     simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics
@@ -30,7 +33,7 @@ from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
 from .hw.cluster import build_cluster
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
-from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED
+from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import load_scenario, validate_scenario
@@ -99,11 +102,101 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         console.print(f"wrote {out}/" + ", ".join(path.name for path in written))
 
 
+@cli.command()
+@click.argument("scenario_file")
+@click.option("--nproc", type=click.IntRange(1, MAX_DEVICES), default=None,
+              help="Processes (ranks) to spawn; under torchrun, its group instead.")
+@click.option("--backend", type=click.Choice(("gloo", "nccl")), default="gloo", show_default=True)
+@click.option("--collective", type=click.Choice(("programs", "native")), default="programs", show_default=True,
+              help="programs: simtrain's collective programs over send/recv; native: dist.all_reduce.")
+@click.option("--warmup", type=click.IntRange(0, MAX_STEPS), default=3, show_default=True,
+              help="Steps run before the measured ones.")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
+@click.option("--out", "out_dir", default=None, help="Output folder (default runs/<name>-real/).")
+@click.option("--quiet", "-q", is_flag=True, help="No summary.")
+@_errors_name_the_file
+def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir, quiet):
+    """Train the scenario for real on torch.distributed (one process per rank) and report measured times."""
+    from .real.launch import launch as launch_real
+
+    name = load_scenario(scenario_file, overrides).name
+    out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / f"{name}-real", "name")
+    data = launch_real(scenario_file, overrides, nproc, out, backend=backend, collective=collective, warmup=warmup)
+    if data is not None and not quiet:
+        print_summary(data)
+        console.print(f"wrote {out}/report.json, trace.json, final_model.pt, scenario.resolved.yaml")
+
+
+@cli.command()
+@click.option("--nproc", type=click.IntRange(2, MAX_DEVICES), default=None,
+              help="Processes (ranks) to spawn; under torchrun, its group instead.")
+@click.option("--out", "out_dir", default="calibration", show_default=True,
+              help="Folder for device.yaml, topology.yaml and calibration.json.")
+@click.option("--backend", type=click.Choice(("gloo", "nccl")), default="gloo", show_default=True)
+@click.option("--model-of", "model_of", default=None, metavar="SCENARIO",
+              help="Measure FLOP/s on this scenario's model and batch, and its optimizer step (default: Linear layers "
+                   "and a buffer copy).")
+@click.option("--sizes", default="4:4M", show_default=True, help="MIN:MAX message bytes, x4 apart (K, M = 1024^n).")
+@click.option("--repeats", type=click.IntRange(1, 100_000), default=20, show_default=True,
+              help="Timed repetitions of each measurement.")
+def calibrate(nproc, out_dir, backend, model_of, sizes, repeats):
+    """Measure point-to-point, all-reduce and compute on real processes; write a device and a topology file."""
+    from .real.calibrate import calibrate as calibrate_real
+
+    out = output_folder(out_dir, "--out")
+    low, sep, high = sizes.partition(":")
+    low = parse_size(low, "--sizes")
+    high = parse_size(high, "--sizes") if sep else low
+    if low < 4 or high < 4 * low or high > MAX_COLLECTIVE_BYTES:
+        raise SimtrainError(f"--sizes: need 4 <= MIN, 4 x MIN <= MAX <= {format_bytes(MAX_COLLECTIVE_BYTES)} "
+                            f"(two sizes for a fit), got {sizes!r}")
+    size_list = []
+    while low <= high:
+        size_list.append(low)
+        low *= 4
+    summary = calibrate_real(nproc, out, backend=backend, model_of=model_of, sizes=size_list, repeats=repeats)
+    if summary is None:
+        return
+    fits = Table(title=f"point to point, α-β fit ({summary['ranks']} ranks, {summary['backend']})")
+    for header in ("pair", "latency α", "bandwidth β", "largest |residual|", "residuals by size"):
+        fits.add_column(header, justify="right")
+    for pair, fit in summary["pingpong"].items():
+        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
+        fits.add_row(pair, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
+                     f"{max(abs(r) for r in fit['residuals']):.1%}", " ".join(f"{r:+.0%}" for r in fit["residuals"]))
+    for kind, fit in summary["link_classes"].items():
+        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
+        fits.add_row(kind, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
+                     f"{fit['max_abs_residual']:.1%}", "(written to topology.yaml)")
+    console.print(fits)
+    table = Table(title="ring all-reduce (simtrain's program): measured, and predicted on topology.yaml")
+    for header in ("bytes", "time", "busbw", "predicted", "error"):
+        table.add_column(header, justify="right")
+    for row in summary["all_reduce"]:
+        table.add_row(str(row["bytes"]), format_seconds(row["time_s"]), f"{row['busbw_GBps']:.3f} GB/s",
+                      format_seconds(row["predicted_time_s"]), f"{row['error']:+.1%}")
+    console.print(table)
+    compute = Table(title=f"compute per rank, all ranks at once ({summary['model_of'] or 'Linear layers'}): "
+                          "t = overhead x kernels + FLOPs / rate")
+    for header in ("dtype", "rate (device.yaml)", "overhead per kernel", "largest |residual|"):
+        compute.add_column(header, justify="right")
+    for dtype, fit in summary["compute"].items():
+        compute.add_row(dtype, f"{fit['flops_per_s'] / 1e9:.2f} GFLOP/s", format_seconds(fit["kernel_overhead_s"]),
+                        f"{fit['max_abs_residual']:.1%}")
+    console.print(compute)
+    console.print(f"memory bandwidth: {summary['memory_bandwidth_Bps'] / 1e9:.2f} GB/s ({summary['memory_bandwidth_what']})")
+    console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json")
+
+
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
     step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
-    table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
+    if data.get("measured"):
+        table.add_row("measured time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps "
+                                       f"(after {data['measurement']['warmup_steps']} warm-up steps)")
+    else:
+        table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
     table.add_row("step time", "n/a" if step is None else format_seconds(step))
     for kind, seconds in data["breakdown_s"].items():
         table.add_row(f"  {kind}", "n/a" if seconds is None else
@@ -198,8 +291,13 @@ def replay(report_file, member, out_file):
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field in every run.")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/compare-<first name>/).")
 def compare(scenario_files, variants, overrides, out_dir):
-    """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG."""
+    """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG; or put
+    two run folders (a simulated and a measured run) side by side."""
     from .compare import compare_runs, parse_variant, plan_runs
+
+    if any(Path(file).is_dir() for file in scenario_files):
+        _compare_folders(scenario_files, variants, overrides, out_dir)
+        return
 
     runs = plan_runs(list(scenario_files), [parse_variant(v) for v in variants], list(overrides))
     out = output_folder(out_dir or Path("runs") / f"compare-{Path(scenario_files[0]).stem}", "--out")
@@ -224,6 +322,33 @@ def compare(scenario_files, variants, overrides, out_dir):
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=150)).print(table)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
+
+
+def _compare_folders(folders, variants, overrides, out_dir) -> None:
+    """`simtrain compare RUN_A RUN_B`: two reports' timing figures and the relative error."""
+    from .compare import compare_reports, read_report
+
+    if len(folders) != 2 or not all(Path(folder).is_dir() for folder in folders):
+        raise SimtrainError(f"compare: give scenario files, or exactly two run folders, got {' '.join(folders)}")
+    if variants or overrides:
+        raise SimtrainError("--variant, --set: for scenario files, not run folders")
+    out = output_folder(out_dir or Path("runs") / f"compare-{Path(folders[0]).name}", "--out")
+    rows = compare_reports(*folders)
+    kinds = ["measured" if read_report(folder).get("measured") else "simulated" for folder in folders]
+    table = Table(title=f"{folders[0]} ({kinds[0]}) against {folders[1]} ({kinds[1]})")
+    for header in ("figure", f"{folders[0]}", f"{folders[1]}", "error"):
+        table.add_column(header, justify="left" if header == "figure" else "right")
+    for row in rows:
+        values = ["-" if value is None else (f"{value:,.0f}" if row["figure"].startswith("throughput")
+                                             else format_seconds(value)) for value in row["values"]]
+        table.add_row(row["figure"], *values, "-" if row["error"] is None else f"{row['error']:+.1%}")
+    console.print(table)
+    console.print("error: (the other - the reference) / the reference; the reference is the measured run "
+                  "(else the second)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(finite_or_none(
+        {"runs": list(folders), "kinds": kinds, "rows": rows}), indent=2, allow_nan=False) + "\n")
+    console.print(f"wrote {out}/compare.json")
 
 
 @cli.command()

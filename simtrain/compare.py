@@ -18,6 +18,15 @@ overrides when the next one starts with `path=`, so list values such as
   as a dashed line when a run sets `train.target_loss`.
 
     rows = compare_runs(["a.yaml"], [["parallel.scheme=ring"], ["parallel.scheme=async"]], [], Path("out"))
+
+Given two run folders instead (each with a report.json, as `simtrain run` and
+`simtrain launch` write them), it puts their timing figures side by side with
+the relative error of one against the other: the measured run is the
+reference when one of the two is measured (`"measured": true`), else the
+second folder. `OUT/compare.json` gets the rows.
+
+    simtrain compare runs/quickstart runs/quickstart-real
+    rows = compare_reports(Path("runs/quickstart"), Path("runs/quickstart-real"))
 """
 import json
 import re
@@ -29,10 +38,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
-from .errors import ScenarioError  # noqa: E402
+from .errors import ScenarioError, one_line  # noqa: E402
 from .report import Report, finite_or_none  # noqa: E402
 from .runner import run as run_scenario  # noqa: E402
 from .scenario import load_scenario  # noqa: E402
+from .user_files import read_text_file  # noqa: E402
 
 _SPLIT = re.compile(r",\s*(?=[A-Za-z_][\w.]*=)")  # a comma followed by the next `path=`
 
@@ -108,6 +118,46 @@ def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(finite_or_none(rows), indent=2, allow_nan=False) + "\n")
     plot_loss_vs_time(curves, out_dir / "loss_vs_time.png")
+    return rows
+
+
+TIMING_FIGURES = (  # (row label, how to read it from report.json)
+    ("step time", lambda data: data["step_time_s"]),
+    ("compute", lambda data: data["breakdown_s"]["compute"]),
+    ("communication", lambda data: data["breakdown_s"]["communication"]),
+    ("optimizer", lambda data: data["breakdown_s"]["optimizer"]),
+    ("idle", lambda data: data["breakdown_s"]["idle"]),
+    ("throughput (samples/s)", lambda data: data["throughput_samples_per_s"]),
+)
+
+
+def read_report(folder) -> dict:
+    """A run folder's report.json; ScenarioError naming the folder if it has none or it is not one."""
+    path = Path(folder) / "report.json"
+    try:
+        data = json.loads(read_text_file(path, f"run folder {folder}: report.json", ScenarioError))
+    except ValueError as error:
+        raise ScenarioError(f"{path}: not JSON ({one_line(str(error))})") from None
+    if not isinstance(data, dict) or not all(key in data for key in ("step_time_s", "breakdown_s")):
+        raise ScenarioError(f"{path}: not a report.json of simtrain run or launch (no step_time_s, breakdown_s)")
+    return data
+
+
+def compare_reports(first, second) -> list[dict]:
+    """Timing figures of two run folders side by side, with the error of the other against the reference
+    (the measured one, else `second`): (other - reference) / reference."""
+    reports = [read_report(first), read_report(second)]
+    reference = 0 if reports[0].get("measured") and not reports[1].get("measured") else 1
+    other = 1 - reference
+    rows = []
+    for label, read in TIMING_FIGURES:
+        try:
+            values = [read(data) for data in reports]
+        except (KeyError, TypeError):
+            raise ScenarioError(f"{first} and {second}: a report.json lacks {label}") from None
+        error = (values[other] - values[reference]) / values[reference] \
+            if None not in values and values[reference] else None
+        rows.append({"figure": label, "values": values, "error": error})
     return rows
 
 

@@ -16,6 +16,9 @@ backward, which would stretch their lifetime in the memory measurement.
   order, the backward FLOPs counted when its gradient was complete (a
   post-accumulate-grad hook reads the backward counter): when, in the
   backward, an overlapping all-reduce may start on it.
+- `forward_kernels`, `backward_kernels`: the torch operators (aten ops, views
+  included) the forward and the backward dispatch, counted in the same pass:
+  what a per-kernel overhead (a device's `kernel_overhead`) is charged on.
 - `activation_bytes`: the peak, over forward and backward, of the bytes of
   tensors autograd holds for backward. Every tensor autograd saves goes
   through `torch.autograd.graph.saved_tensors_hooks`; its storage is counted
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .loss import cross_entropy
@@ -63,6 +67,8 @@ class StepCost:
     backward_flops: float
     activation_bytes: int  # peak bytes of tensors autograd saves for backward
     grad_ready_flops: tuple[float, ...] = ()  # backward FLOPs done when each trainable parameter's gradient is complete
+    forward_kernels: int = 0  # torch operators the forward dispatches
+    backward_kernels: int = 0
 
 
 _cache: dict[tuple, StepCost] = {}
@@ -91,9 +97,10 @@ def _measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
     # Two passes, each on its own copy: FlopCounterMode's module tracker holds on to tensors
     # that modules see during backward (a checkpointed segment's recomputation), which would
     # stretch their lifetime in the activation measurement.
-    forward_flops, backward_flops, grad_ready_flops = _count_flops(model, x, y)
+    forward_flops, backward_flops, grad_ready_flops, (forward_kernels, backward_kernels) = _count_flops(model, x, y)
     return StepCost(forward_flops=forward_flops, backward_flops=backward_flops,
-                    activation_bytes=_peak_saved_bytes(model, x, y), grad_ready_flops=grad_ready_flops)
+                    activation_bytes=_peak_saved_bytes(model, x, y), grad_ready_flops=grad_ready_flops,
+                    forward_kernels=forward_kernels, backward_kernels=backward_kernels)
 
 
 def _fresh(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
@@ -107,7 +114,8 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return cross_entropy(model(x), y)
 
 
-def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, tuple[float, ...]]:
+def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
+    """(forward FLOPs, backward FLOPs, grad_ready_flops, (forward operators, backward operators))."""
     replica, x = _fresh(model, x)
     trainable = [p for p in replica.parameters() if p.requires_grad]
     ready = [0.0] * len(trainable)
@@ -120,13 +128,26 @@ def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[fl
 
     handles = [p.register_post_accumulate_grad_hook(hook(index)) for index, p in enumerate(trainable)]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with FlopCounterMode(display=False) as forward_counter:
+        with FlopCounterMode(display=False) as forward_counter, OperatorCounter() as forward_ops:
             loss = _loss(replica, x, y)
-        with backward_counter:
+        with backward_counter, OperatorCounter() as backward_ops:
             loss.backward()
     for handle in handles:
         handle.remove()
-    return float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()), tuple(ready)
+    return (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()), tuple(ready),
+            (forward_ops.count, backward_ops.count))
+
+
+class OperatorCounter(TorchDispatchMode):
+    """Counts the torch operators dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _peak_saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:

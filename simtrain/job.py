@@ -42,6 +42,7 @@ import copy
 
 import torch
 
+from .comm import build_all_reduce
 from .comm.simulated import SimCommunicator
 from .hw.cluster import Cluster
 from .scenario import Scenario
@@ -61,7 +62,7 @@ class Job:
     """A scenario's training on a group of a cluster's devices."""
 
     def __init__(self, scenario: Scenario, cluster: Cluster, ranks, numerics: bool = True, on_step=None,
-                 between_steps=None, alone: bool = False):
+                 between_steps=None, alone: bool = False, local_ranks=None, all_reduce_builder=build_all_reduce):
         self.scenario = scenario
         self.name = scenario.name
         self.cluster = cluster
@@ -83,8 +84,15 @@ class Job:
             shares = rank_shares(model, self.layout, scenario, self._sample_microbatch())
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
-            shares = [copy.deepcopy(self.model) for _ in range(self.world)]
-        self.replicas = [Replica(share, self._loader(rank), scenario.train) for rank, share in enumerate(shares)]
+            shares = [copy.deepcopy(self.model) if local_ranks is None or rank in local_ranks else None
+                      for rank in range(self.world)]
+        # Job ranks whose replicas this process holds: all of them in a simulation; a real run
+        # (simtrain/real) builds only its own rank's, and the others' entries are None.
+        self.local_ranks = list(range(self.world)) if local_ranks is None else list(local_ranks)
+        self.holds_every_rank = len(self.local_ranks) == self.world
+        self.replicas = [Replica(share, self._loader(rank), scenario.train) if rank in self.local_ranks else None
+                         for rank, share in enumerate(shares)]
+        self.all_reduce_builder = all_reduce_builder  # comm.build_all_reduce's signature: a group's all-reduce
         self.scheme = build_scheme(self, on_step)
         # Alone on the cluster's network (`alone`: nothing else will run on it), a job whose collectives are
         # all ring all-reduces has them timed as a group when numerics are off (comm/ring_schedule.py).
@@ -122,4 +130,5 @@ class Job:
     def finish(self) -> None:
         """After the clock stopped: mixed precision's fp32 master weights become the trained models."""
         for replica in self.replicas:
-            replica.precision.finish(replica.model)
+            if replica is not None:
+                replica.precision.finish(replica.model)

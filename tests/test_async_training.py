@@ -114,14 +114,14 @@ def test_locked_mode_never_loses_an_update(monkeypatch):
     # Independent accounting: every gradient a worker computes is recorded as it is
     # computed; with plain SGD the shared parameters must end at initial - lr * their sum.
     computed = []
-    original = Replica.forward_backward
+    original = Replica.backward
 
-    def recording(self):
-        loss = original(self)
+    def recording(self, loss):
+        loss = original(self, loss)
         computed.append(self.grad_buffer.clone())
         return loss
 
-    monkeypatch.setattr(Replica, "forward_backward", recording)
+    monkeypatch.setattr(Replica, "backward", recording)
     steps = 30
     report = simtrain.run(scenario(4, steps, consistency="locked", device=SLOW, compute_jitter=0.3, trace=True))
     assert len(computed) == steps == report.data["async"]["updates"]

@@ -1,8 +1,9 @@
 """Device catalog: what one simulated GPU can compute and hold.
 
 A `DeviceSpec` gives a GPU's dense peak FLOP/s per dtype, its HBM capacity and
-bandwidth, and the fraction of peak a training kernel reaches (`efficiency`).
-The compute model charges `flops / spec.flops_rate(dtype)` seconds per kernel.
+bandwidth, the fraction of peak a training kernel reaches (`efficiency`) and
+a fixed cost per kernel (`kernel_overhead`, default 0). The compute model
+charges `flops / spec.flops_rate(dtype) + kernels x kernel_overhead` seconds.
 
 `CATALOG` holds public datasheet figures for common SXM parts; a scenario names
 one, tweaks one, or describes its own GPU, and `resolve_device` turns any of
@@ -13,21 +14,25 @@ those into a `DeviceSpec`:
     resolve_device({"name": "mygpu", "memory": "40 GiB", "memory_bandwidth": "1.5 TB/s",
                     "peak_flops": {"fp32": "20 TFLOP/s", "tf32": "80 TFLOP/s",
                                    "fp16": "160 TFLOP/s", "bf16": "160 TFLOP/s"}})
+    resolve_device("calibration/device.yaml", base_dir=scenario.base_dir)   # the same keys, in a file
 
 Memory capacities are binary: an "80 GB" HBM part holds 80 GiB of DRAM cells
 (five 16 GiB stacks), and nvidia-smi reports 81920 MiB for an A100 80GB.
 """
 import dataclasses
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from ..errors import ScenarioError
 from ..limits import MIN_EFFICIENCY
 from ..units import parse_quantity
+from ..user_files import load_yaml_file, user_path
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 DEFAULT_EFFICIENCY = 0.5
 
-_INLINE_KEYS = ("base", "name", "peak_flops", "memory", "memory_bandwidth", "efficiency")
+_INLINE_KEYS = ("base", "name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead")
 _T = 1e12  # TFLOP/s
 _GIB = 2.0**30
 
@@ -41,6 +46,10 @@ class DeviceSpec:
     memory_bytes: float
     memory_bandwidth: float
     efficiency: float = DEFAULT_EFFICIENCY
+    # Seconds each kernel costs beyond its FLOPs (launch and dispatch); 0 for the catalog's GPUs, whose
+    # datasheets give none; simtrain calibrate measures it on a host, where it is Python's and torch's
+    # per-operator overhead.
+    kernel_overhead_s: float = 0.0
 
     def __post_init__(self):
         if sorted(self.peak_flops) != sorted(DTYPES):
@@ -95,13 +104,17 @@ CATALOG: dict[str, DeviceSpec] = {
 }
 
 
-def resolve_device(value, field: str = "cluster.device") -> DeviceSpec:
-    """A DeviceSpec from a catalog name, a {base: ..., overrides} mapping or an inline spec.
+def resolve_device(value, field: str = "cluster.device", base_dir=None) -> DeviceSpec:
+    """A DeviceSpec from a catalog name, a device file, a {base: ..., overrides} mapping or an inline spec.
 
-    Raises ScenarioError naming `field` (or the sub-field at fault) on any mistake.
+    A string ending in .yaml or .yml is a device file (what `simtrain calibrate` writes): a mapping
+    with the inline spec's keys, read relative to `base_dir` (then the working folder).
+    Raises ScenarioError naming `field` (or the sub-field at fault, and the file) on any mistake.
     """
     if isinstance(value, DeviceSpec):
         return value
+    if isinstance(value, str) and value.endswith((".yaml", ".yml")):
+        return _device_file(value, field, base_dir)
     if isinstance(value, str):
         return _lookup(value, field)
     if not isinstance(value, Mapping):
@@ -114,6 +127,19 @@ def resolve_device(value, field: str = "cluster.device") -> DeviceSpec:
             raise ScenarioError(f"{field}.base: expected a device name, got {value['base']!r}")
         return _override(_lookup(value["base"], f"{field}.base"), value, field)
     return _inline(value, field)
+
+
+def _device_file(name: str, field: str, base_dir) -> DeviceSpec:
+    """The spec a device file describes; a mistake names the file and the key."""
+    path = user_path(name, field, ScenarioError)
+    candidates = [path] if path.is_absolute() or base_dir is None else [Path(base_dir) / path, path]
+    found = next((candidate for candidate in candidates if os.path.exists(candidate)), None)
+    if found is None:
+        raise ScenarioError(f"{field}: device file {name} not found")
+    data = load_yaml_file(found, f"device file {found}", ScenarioError)
+    if not isinstance(data, Mapping) or "base" in data:
+        raise ScenarioError(f"device file {found}: expected a mapping of {', '.join(_INLINE_KEYS[1:])}")
+    return resolve_device(dict(data), f"device file {found}")
 
 
 def override_device(base: DeviceSpec, changes: Mapping, field: str) -> DeviceSpec:
@@ -145,6 +171,8 @@ def _override(base: DeviceSpec, value: Mapping, field: str) -> DeviceSpec:
         changes["memory_bandwidth"] = _positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth")
     if "efficiency" in value:
         changes["efficiency"] = _efficiency(value["efficiency"], field)
+    if "kernel_overhead" in value:
+        changes["kernel_overhead_s"] = parse_quantity(value["kernel_overhead"], "time", f"{field}.kernel_overhead")
     return dataclasses.replace(base, **changes)
 
 
@@ -159,6 +187,7 @@ def _inline(value: Mapping, field: str) -> DeviceSpec:
         memory_bytes=_positive(value["memory"], "bytes", f"{field}.memory"),
         memory_bandwidth=_positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth"),
         efficiency=_efficiency(value.get("efficiency", DEFAULT_EFFICIENCY), field),
+        kernel_overhead_s=parse_quantity(value.get("kernel_overhead", 0.0), "time", f"{field}.kernel_overhead"),
     )
 
 

@@ -108,17 +108,17 @@ def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = 
     store = None
     if spec.shared_memory is not None:
         topology, store = attach_shared_memory(topology, spec.shared_memory)
-    specs, slowdowns = device_specs(spec, topology.num_devices)
+    specs, slowdowns = device_specs(spec, topology.num_devices, base_dir)
     return Cluster(topology, specs, record=record, slowdowns=slowdowns, compute_jitter=spec.compute_jitter,
                    seed=seed, shared_memory=store, enforce_capacity=enforce_capacity)
 
 
-def device_specs(spec: ClusterSpec, count: int) -> tuple[list[DeviceSpec], list[float]]:
+def device_specs(spec: ClusterSpec, count: int, base_dir: Path = Path(".")) -> tuple[list[DeviceSpec], list[float]]:
     """Each rank's DeviceSpec and slowdown: `cluster.device` with `cluster.overrides` applied."""
     for rank in spec.overrides:
         if rank >= count:
             raise ScenarioError(f"cluster.overrides.{rank}: no such rank (the cluster has {count} devices)")
-    base = resolve_device(spec.device)
+    base = resolve_device(spec.device, base_dir=base_dir)
     specs, slowdowns = [], []
     for rank in range(count):
         override = spec.overrides.get(rank)
@@ -127,7 +127,7 @@ def device_specs(spec: ClusterSpec, count: int) -> tuple[list[DeviceSpec], list[
             slowdowns.append(1.0)
             continue
         field = f"cluster.overrides.{rank}"
-        device = base if override.device is None else resolve_device(override.device, f"{field}.device")
+        device = base if override.device is None else resolve_device(override.device, f"{field}.device", base_dir)
         changes = override.device_fields()
         specs.append(override_device(device, changes, field) if changes else device)
         slowdowns.append(override.slowdown)

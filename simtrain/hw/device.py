@@ -95,17 +95,26 @@ class Device:
         """Seconds the stream needs to read and write `nbytes` of HBM."""
         return nbytes / (self.spec.memory_bandwidth * self.spec.efficiency) * self.slowdown
 
-    def compute(self, flops: float, dtype: str, name: str, kind: str = "compute") -> simpy.Event:
-        """Queue a kernel of `flops` in `dtype`; the event fires when it has run."""
+    def kernel_time(self, kernels: int) -> float:
+        """Seconds the fixed cost of `kernels` kernels takes (0 on a device without kernel_overhead)."""
+        return kernels * self.spec.kernel_overhead_s * self.slowdown if kernels and self.spec.kernel_overhead_s else 0.0
+
+    def compute(self, flops: float, dtype: str, name: str, kind: str = "compute", kernels: int = 0) -> simpy.Event:
+        """Queue `kernels` kernels of `flops` in all, in `dtype`; the event fires when they have run."""
         seconds = self.compute_time(flops, dtype)
+        if kernels and self.spec.kernel_overhead_s:
+            seconds += self.kernel_time(kernels)
         if self.jitter:
             sigma = self.jitter
             seconds *= math.exp(sigma * self._rng.standard_normal() - sigma * sigma / 2)
         return self.run_for(seconds, name, kind, flops=flops)
 
-    def memory_bound(self, nbytes: float, name: str, kind: str) -> simpy.Event:
-        """Queue memory-bound work touching `nbytes` of HBM (an optimizer step, a copy)."""
-        return self.run_for(self.memory_bound_time(nbytes), name, kind, nbytes=nbytes)
+    def memory_bound(self, nbytes: float, name: str, kind: str, kernels: int = 0) -> simpy.Event:
+        """Queue memory-bound work touching `nbytes` of HBM in `kernels` kernels (an optimizer step, a copy)."""
+        seconds = self.memory_bound_time(nbytes)
+        if kernels and self.spec.kernel_overhead_s:
+            seconds += self.kernel_time(kernels)
+        return self.run_for(seconds, name, kind, nbytes=nbytes)
 
     def run_for(self, seconds: float, name: str, kind: str, nbytes: float = 0, flops: float = 0) -> simpy.Event:
         """Queue `seconds` of work on the stream; logged as one span of `kind`."""

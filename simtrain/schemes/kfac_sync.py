@@ -61,12 +61,13 @@ class DistributedKfac:
     """K-FAC across the replicas of a synchronous data-parallel group."""
 
     def __init__(self, replicas: list[Replica], devices: list[Device], all_reduce, options: OptimizerSpec):
-        self.kfacs = [Kfac(replica.model, options) for replica in replicas]
+        # One K-FAC state per replica this process holds (a real run holds one: the others are None).
+        self.kfacs = [None if replica is None else Kfac(replica.model, options) for replica in replicas]
         self.devices = devices
         self.all_reduce = all_reduce
         self.world = len(replicas)
         self.method = options.method
-        factors = self.kfacs[0].factors
+        factors = next(kfac for kfac in self.kfacs if kfac is not None).factors
         self.costs = [float(factor.size) ** 3 for factor in factors]
         self.owner = assign_inverses(self.costs, self.world) if options.distribute_inverses else None
         self.seconds = [dict.fromkeys(PARTS, 0.0) for _ in range(self.world)]

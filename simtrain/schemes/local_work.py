@@ -3,7 +3,7 @@
 Before the batch: the sampler's host bookkeeping (prioritized and mh
 sampling), as a `sampling` span. Then the real forward and backward (with
 SyncBN, its statistics all-reduced on the way, with the scheme's collective).
-After them: their measured FLOPs at the device's peak for the replica's
+Each is followed by its measured FLOPs at the device's peak for the replica's
 compute dtype, as `forward` and `backward` compute spans, with the measured
 activation peak held on the device's ledger meanwhile. A scheme that
 overlaps communication with the backward gives the operations to yield as
@@ -19,6 +19,8 @@ from .program import Alloc, Busy, Collective, Compute, Free
 def forward_backward(replica: Replica, statistics_all_reduce=None, during_backward=None):
     """Step program: the replica's forward and backward on its next batch; returns the loss.
 
+    Each compute operation follows the numerics it charges (the forward's, then the backward's),
+    so an interpreter that runs the program for real (simtrain/real) times each by the host clock.
     `statistics_all_reduce(buffer)`, when given, is the collective program that sums a
     SyncBN statistics buffer across the group (the forward and backward exchange them).
     `during_backward(cost, loss)`, when given, is called once the real forward and backward are
@@ -26,24 +28,34 @@ def forward_backward(replica: Replica, statistics_all_reduce=None, during_backwa
     once the simulated backward has done that many FLOPs."""
     if replica.loader.host_seconds > 0:
         yield Busy(replica.loader.host_seconds, "sample batch", kind="sampling")
-    if statistics_all_reduce is None:
-        loss = replica.forward_backward()
-    else:
-        loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
-    cost = replica.step_cost()
     dtype = replica.precision.name
-    yield Alloc("activations", cost.activation_bytes)
-    yield Compute(cost.forward_flops, dtype, "forward")
-    done = 0.0
+    if statistics_all_reduce is None:
+        loss = replica.forward()
+        cost = replica.step_cost()
+        yield Alloc("activations", cost.activation_bytes)
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels)
+        loss = replica.backward(loss)
+    else:  # forward and backward interleave with the exchanges: one host span ends at "forward"
+        loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
+        cost = replica.step_cost()
+        yield Alloc("activations", cost.activation_bytes)
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels)
+    done, kernels_done = 0.0, 0
     for flops, operation in during_backward(cost, loss) if during_backward is not None else ():
         if flops > done:
-            yield Compute(flops - done, dtype, "backward")
-            done = flops
+            kernels = _kernels_until(cost, flops) - kernels_done
+            yield Compute(flops - done, dtype, "backward", kernels=kernels)
+            done, kernels_done = flops, kernels_done + kernels
         yield operation
     if cost.backward_flops > done or during_backward is None:
-        yield Compute(cost.backward_flops - done, dtype, "backward")
+        yield Compute(cost.backward_flops - done, dtype, "backward", kernels=cost.backward_kernels - kernels_done)
     yield Free("activations", cost.activation_bytes)
     return loss
+
+
+def _kernels_until(cost, flops: float) -> int:
+    """The backward's kernels up to its first `flops` FLOPs, in proportion (the pieces add up to all of them)."""
+    return round(cost.backward_kernels * flops / cost.backward_flops) if cost.backward_flops else 0
 
 
 def _exchanging(forward_backward_program, statistics_all_reduce):

@@ -40,7 +40,6 @@ share from the donor's rank of the same coordinates).
 """
 import torch
 
-from ..comm import build_all_reduce
 from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
 from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
@@ -126,7 +125,7 @@ class ModelParallel(RankReplicas):
             comm = SimCommunicator(self.job.cluster.network, nodes, log=self.job.cluster.log,
                                    ledgers=[device.memory for device in devices],
                                    global_ranks=[device.rank for device in devices])
-            all_reduce = (build_all_reduce(parallel.scheme, topology, nodes, parallel.channels, "parallel.scheme",
+            all_reduce = (self.job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels, "parallel.scheme",
                                            "parallel.channels") if len(group) > 1 else None)
             for index, rank in enumerate(group):
                 by_rank[rank] = (comm, index, all_reduce)

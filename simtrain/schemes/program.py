@@ -6,8 +6,9 @@ yields the operations below and does its own torch numerics in between
 against a device and a process group. The operations are the only way a
 step touches time or memory:
 
-- `Compute(flops, dtype, name)`: a kernel on the device's compute stream;
-- `MemoryBound(nbytes, name, kind)`: work bound by HBM bandwidth (an update);
+- `Compute(flops, dtype, name, kind, kernels)`: work of `kernels` kernels on the
+  device's compute stream;
+- `MemoryBound(nbytes, name, kind, kernels)`: work bound by HBM bandwidth (an update);
 - `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
   stream (a sampler's host bookkeeping, the store applying an update);
 - `Alloc(category, nbytes)` / `Free(category, nbytes)`: the device's ledger;
@@ -49,12 +50,14 @@ class Compute(NamedTuple):
     dtype: str
     name: str
     kind: str = "compute"
+    kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
 
 
 class MemoryBound(NamedTuple):
     nbytes: float
     name: str
     kind: str
+    kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
 
 
 class Busy(NamedTuple):
@@ -122,7 +125,7 @@ def run_program(job, rank: int, program):
         kind = type(op)
         value = None
         if kind is Compute:
-            yield device.compute(op.flops, op.dtype, op.name, kind=op.kind)
+            yield device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels)
         elif kind is Alloc:
             memory.alloc(op.category, op.nbytes)
         elif kind is Free:
@@ -142,7 +145,7 @@ def run_program(job, rank: int, program):
             if posted is not None:
                 yield posted
         elif kind is MemoryBound:
-            yield device.memory_bound(op.nbytes, op.name, kind=op.kind)
+            yield device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
         elif kind is Busy:
             yield device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
         elif kind is Transfer:

@@ -33,7 +33,6 @@ run and the measured activation peak during forward and backward, where a
 checkpointed segment's recomputation is part of the backward FLOPs. A ledger
 past its capacity raises OutOfMemory at that step.
 """
-from ..comm import build_all_reduce
 from ..errors import ScenarioError
 from ..train.grad_bucket import overlap_buckets
 from ..train.models import layers_before_batchnorm, weight_norms
@@ -56,16 +55,20 @@ class SyncDataParallel(RankReplicas):
         self.world = job.world
         self.devices = job.devices
         train, parallel = job.scenario.train, job.scenario.parallel
-        self.all_reduce = build_all_reduce(parallel.scheme, job.cluster.topology, [d.node for d in self.devices],
-                                           parallel.channels, "parallel.scheme", "parallel.channels")
+        self.all_reduce = job.all_reduce_builder(parallel.scheme, job.cluster.topology,
+                                                 [d.node for d in self.devices], parallel.channels, "parallel.scheme",
+                                                 "parallel.channels")
         self.steps = train.steps
         self.overlap = parallel.overlap and self.world > 1
         self._bucket_cap_bytes = int(parallel.bucket_cap_mb * (1 << 20))  # DDP: bucket_cap_mb * 1024 * 1024
         self._buckets = {}  # the step's StepCost -> its buckets
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
-        params = self.replicas[0].params
+        first = self.replicas[job.local_ranks[0]]  # every replica is alike: the first this process holds
+        params = first.params
         self._held_bytes = persistent_bytes(params, train.precision, train.optimizer)
         self._step_bytes = update_bytes(params, train.precision, train.optimizer)
+        # the update's operators, counted where a device charges a fixed cost per kernel (a calibrated host)
+        self._step_kernels = first.step_kernels() if any(d.spec.kernel_overhead_s for d in self.devices) else 0
         self._step_losses = [[None] * self.world for _ in range(self.steps)]
         self.loss_curve: list[tuple[float, float | None]] = []  # (sim_time_s, mean loss over devices)
         self.kfac = None
@@ -75,12 +78,12 @@ class SyncDataParallel(RankReplicas):
         self.sync_batchnorm = job.scenario.parallel.sync_batchnorm
         if self.sync_batchnorm:
             try:
-                synced_batchnorms(self.replicas[0].model)
+                synced_batchnorms(first.model)
             except ValueError as error:
                 raise ScenarioError(f"parallel.sync_batchnorm: {error}") from None
         self.report_every = job.scenario.report.every
         self._norm_steps = [0]
-        self._norms = ({name: [norm] for name, norm in weight_norms(self.replicas[0].model).items()}
+        self._norms = ({name: [norm] for name, norm in weight_norms(first.model).items()}
                        if job.numerics else {})
 
     @classmethod
@@ -107,8 +110,8 @@ class SyncDataParallel(RankReplicas):
             if self.kfac is not None:
                 yield from self.kfac.step(rank)
             replica.step()
-            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer")
-            if rank == 0:
+            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels)
+            if rank == 0 and self.job.holds_every_rank:
                 self._end_step(step)
 
     def _bucket_all_reduces(self, rank: int, step: int):
@@ -143,6 +146,12 @@ class SyncDataParallel(RankReplicas):
         if self.on_step is not None:
             self.on_step(step, now, mean_loss)
 
+    def rank_losses(self, rank: int) -> list[float | None]:
+        """Job rank `rank`'s batch loss of every step it ran (None: numerics off), where the job holds only some
+        ranks (a real run, simtrain/real: each process its own); a simulated run reads `loss_curve`."""
+        return [None if losses is None or losses[rank] is None or not self.job.numerics else float(losses[rank])
+                for losses in self._step_losses]
+
     def stuck(self) -> list[int]:
         return self.job.comm.stuck()
 
@@ -163,7 +172,8 @@ class SyncDataParallel(RankReplicas):
         cost = replica.step_cost()
         kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
         return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name)
-                + device.memory_bound_time(self._step_bytes) + kfac)
+                + device.kernel_time(cost.forward_kernels + cost.backward_kernels)
+                + device.memory_bound_time(self._step_bytes) + device.kernel_time(self._step_kernels) + kfac)
 
     def report_sections(self) -> dict:
         """report.json's `weight_norms` (and `kfac` with K-FAC) and `parallel` (the layout: dp only)."""

@@ -5,7 +5,7 @@ view into it, as in DDP's gradient_as_bucket_view), so a collective reduces
 the whole gradient in place with no copies.
 
     replica = Replica(model, loader, scenario.train)
-    loss = replica.forward_backward()      # real torch, on this replica's next batch
+    loss = replica.backward(replica.forward())      # real torch, on this replica's next batch
     ... all-reduce replica.grad_buffer ...
     replica.step()
 
@@ -17,9 +17,11 @@ Mixed precision (`precision="fp16" | "bf16"`, simtrain/train/precision.py):
 the model and the gradient bucket are in the compute dtype, the optimizer
 steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
 """
+import copy
+
 import torch
 
-from ..cost import StepCost, measure_step_cost
+from ..cost import OperatorCounter, StepCost, measure_step_cost
 from ..scenario import TrainSpec
 from .data import ShardLoader
 from .grad_bucket import flat_grad_buffer
@@ -55,14 +57,17 @@ class Replica:
             cost = self._costs[tuple(x.shape)] = measure_step_cost(self.model, x, y)
         return cost
 
-    def forward_backward(self) -> torch.Tensor:
+    def forward(self) -> torch.Tensor:
         """The loader's loss of its next batch (mean cross entropy, or importance-weighted
-        under prioritized sampling); its gradient lands in grad_buffer."""
+        under prioritized sampling), with its graph: `backward(loss)` follows."""
         x, y = self.loader.next_batch()
         x = self.precision.cast_input(x)
         self.last_batch = (x, y)
         self.grad_buffer.zero_()
-        loss = self.loader.batch_loss(self.model(x), y)
+        return self.loader.batch_loss(self.model(x), y)
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward of `forward`'s loss: its gradient lands in grad_buffer; returns the loss, detached."""
         self.precision.backward(loss)
         return loss.detach()
 
@@ -85,6 +90,20 @@ class Replica:
 
     def _masters(self) -> list | None:
         return self.precision.master_params if self.precision.mixed else None
+
+    def step_kernels(self) -> int:
+        """Torch operators one update (`step`) dispatches, counted on copies of the optimizer and precision
+        state: the second of two steps (the first creates the optimizer's state)."""
+        precision, optimizer, grads = copy.deepcopy((self.precision, self.optimizer, self.grad_buffer))
+
+        def step():
+            if precision.unscale(grads):
+                optimizer.step()
+                precision.copy_master_to_model()
+        step()
+        with OperatorCounter() as counter:
+            step()
+        return counter.count
 
     def step(self) -> None:
         """Update from the (averaged) gradient bucket: skipped if the loss scaler found an overflow."""

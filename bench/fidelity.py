@@ -1,0 +1,138 @@
+"""Check the simulator against a real run: calibrate, then predict and measure configurations calibration did not see.
+
+1. `simtrain calibrate --nproc 2 --model-of BASE` (real/calibrate.py): point-to-point
+   α-β fit, ring all-reduce, achieved FLOP/s of BASE's model on its batch, and
+   its optimizer step's memory bandwidth -> calibration/device.yaml, topology.yaml;
+2. for each configuration (BASE with other batch sizes, widths, depths, step
+   counts): `simtrain run` on the calibration files predicts the step time,
+   `simtrain launch --nproc 2` measures it (warm-up steps not measured);
+3. a table of predicted against measured step time (and compute, communication,
+   optimizer, idle) with the error (predicted - measured) / measured, and
+   fidelity.json.
+
+The machine's load is printed first (a busy machine slows the real run and not
+the prediction).
+
+    PYTHONPATH=. .venv/bin/python bench/fidelity.py --out runs/fidelity
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import yaml
+
+import simtrain
+from simtrain.real.calibrate import calibrate
+from simtrain.real.launch import launch
+
+WORLD = 2
+BASE = {
+    "name": "fidelity", "seed": 0,
+    "cluster": {"topology": "ring", "devices": WORLD},
+    "model": {"name": "mlp", "hidden": [256, 256]},
+    "data": {"name": "synthetic", "samples": 8192, "features": 256, "classes": 10},
+    "train": {"steps": 40, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}},
+    # no overlap: a launched run all-reduces after its real backward (real/interpreter.py), so the prediction too
+    "parallel": {"scheme": "ring", "overlap": False},
+    "report": {"trace": False},
+}
+BASE_BATCH = 64
+# The base itself (calibration measured its model's FLOP/s and optimizer: not counted in the error's mean),
+# then configurations calibration did not see: (label, overrides of BASE)
+SEEN = "base (seen by calibration)"
+CONFIGURATIONS = [
+    (SEEN, {}),
+    ("batch 32", {"data.batch_size": 32}),
+    ("batch 256", {"data.batch_size": 256}),
+    ("width 512", {"model.hidden": [512, 512]}),
+    ("width 128, 3 layers", {"model.hidden": [128, 128, 128]}),
+    ("80 steps, width 384", {"train.steps": 80, "model.hidden": [384, 384]}),
+]
+
+
+def scenario_dict(overrides: dict, cluster: dict | None = None) -> dict:
+    scenario = json.loads(json.dumps(BASE))
+    scenario["data"]["batch_size"] = BASE_BATCH
+    for path, value in overrides.items():
+        node = scenario
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    if cluster:
+        scenario["cluster"].update(cluster)
+    return scenario
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/fidelity")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20, help="calibrate's timed repetitions")
+    args = parser.parse_args()
+    out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average {load()}")
+    base_file = out / "base.yaml"
+    base_file.write_text(yaml.safe_dump(scenario_dict({})))
+    calibration = calibrate(WORLD, out / "calibration", model_of=base_file, repeats=args.repeats)
+    fit = calibration["link_classes"]["intra_host"]
+    print(f"calibration: α {fit['latency_s'] * 1e6:.1f} us, β {fit['bandwidth_Bps'] / 1e9:.2f} GB/s "
+          f"(largest residual {fit['max_abs_residual']:.0%}); fp32 {calibration['compute']['fp32']['flops_per_s'] / 1e9:.1f}"
+          f" GFLOP/s; memory {calibration['memory_bandwidth_Bps'] / 1e9:.2f} GB/s")
+    rows = []
+    for label, overrides in CONFIGURATIONS:
+        folder = out / label.replace(" ", "_").replace(",", "")
+        folder.mkdir(exist_ok=True)
+        calibrated = {"device": str(out / "calibration" / "device.yaml"),
+                      "topology": str(out / "calibration" / "topology.yaml"), "devices": None}
+        scenario_file = folder / "scenario.yaml"
+        scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides, calibrated)))
+        predicted = simtrain.run(simtrain.load_scenario(scenario_file)).data
+        launch_file = folder / "launch.yaml"
+        launch_file.write_text(yaml.safe_dump(scenario_dict(overrides)))
+        before = load()
+        measured = launch(launch_file, [], WORLD, folder / "real", warmup=args.warmup)
+        row = {"configuration": label, "load_before": before,
+               "predicted_step_s": predicted["step_time_s"], "measured_step_s": measured["step_time_s"],
+               "error": (predicted["step_time_s"] - measured["step_time_s"]) / measured["step_time_s"],
+               "predicted_breakdown_s": predicted["breakdown_s"], "measured_breakdown_s": measured["breakdown_s"],
+               "measured_unattributed_s": measured["measurement"]["unattributed_s"]}
+        rows.append(row)
+        print(f"{label}: predicted {row['predicted_step_s'] * 1e3:.3f} ms, measured {row['measured_step_s'] * 1e3:.3f} ms,"
+              f" error {row['error']:+.1%} (load before {before})", flush=True)
+    print("\n| configuration | predicted step | measured step | error | predicted compute / comm / optimizer | "
+          "measured compute / comm / optimizer / idle |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        p, m = row["predicted_breakdown_s"], row["measured_breakdown_s"]
+        print(f"| {row['configuration']} | {row['predicted_step_s'] * 1e3:.3f} ms | {row['measured_step_s'] * 1e3:.3f} ms "
+              f"| {row['error']:+.1%} | {p['compute'] * 1e3:.3f} / {p['communication'] * 1e3:.3f} / "
+              f"{p['optimizer'] * 1e3:.3f} ms | {m['compute'] * 1e3:.3f} / {m['communication'] * 1e3:.3f} / "
+              f"{m['optimizer'] * 1e3:.3f} / {m['idle'] * 1e3:.3f} ms |")
+    print("\nWhere the time goes: predicted - measured per step, by part (ms); idle includes host work between "
+          "operations (unattributed), which the simulator does not model")
+    print("| configuration | compute | communication | optimizer | idle (of which unattributed) | step |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        p, m = row["predicted_breakdown_s"], row["measured_breakdown_s"]
+        parts = [f"{(p[kind] - m[kind]) * 1e3:+.3f}" for kind in ("compute", "communication", "optimizer")]
+        print(f"| {row['configuration']} | {' | '.join(parts)} | {(p['idle'] - m['idle']) * 1e3:+.3f} "
+              f"({row['measured_unattributed_s'] * 1e3:.3f}) | "
+              f"{(row['predicted_step_s'] - row['measured_step_s']) * 1e3:+.3f} |")
+    geomean = statistics.geometric_mean([abs(row["error"]) for row in rows if row["configuration"] != SEEN])
+    print(f"\ngeometric mean of |error| over the unseen configurations: {geomean:.1%}; machine load after: {load()}")
+    (out / "fidelity.json").write_text(json.dumps({"calibration": calibration, "rows": rows,
+                                                   "geomean_abs_error": geomean}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""`simtrain launch`: a scenario's data-parallel training on real torch.distributed, measured by the host clock.
+
+    simtrain launch scenarios/quickstart.yaml --nproc 2                      # spawned gloo processes
+    torchrun --nproc-per-node 8 -m simtrain launch scenario.yaml             # the group torchrun starts
+
+One process per rank (real/processes.py). Each builds only its own rank's
+replica, data shard and optimizer, through the same `Job` as `simtrain run`
+(job.py with `local_ranks=[rank]`): the same seed before the model is built,
+the same DistributedSampler shard, the same techniques. It then runs the
+scheme's own step program for that rank, `scheme.program(rank)`, with the
+real interpreter (real/interpreter.py): the numerics the program does run as
+they do in a simulation, its collectives run their comm programs over the
+group's point-to-point calls (or, with `collective="native"`, one
+`dist.all_reduce` each), and the operations a simulation charges become
+host-clock spans. There is no second description of a step.
+
+The first `warmup` steps are not measured; before step `warmup` every rank
+meets at a barrier, and its spans count from there. Afterwards rank 0
+gathers every rank's spans, splits each collective span into idle (until the
+rank that took least time in it, i.e. the last to arrive, had arrived) and
+communication (the rest: the time the slowest-arriving rank spent in it), and
+logs them on the same kind of event log a simulation fills: report.json
+(report.py build_report: the same schema, with `"measured": true` and a
+`measurement` section), trace.json and final_model.pt come out of the same code.
+
+Refused, one line each: pipeline and tensor parallel layouts and async (their
+step programs move bytes through the simulated network and shared-memory
+store), populations, numerics off, and the nccl backend (replicas and their
+buffers live on the CPU here).
+
+    data = launch("scenarios/quickstart.yaml", [], nproc=2, out=Path("runs/quickstart-real"))
+"""
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..comm import build_all_reduce
+from ..comm.gloo import run_program as run_collective
+from ..errors import ScenarioError, SimtrainError
+from ..evaluation import evaluate
+from ..hw.cluster import build_cluster
+from ..job import Job
+from ..report import RunResult, build_report
+from ..scenario import Scenario, load_scenario
+from .interpreter import Meter, run_program
+from .processes import join, spawn, torchrun_world
+
+BACKENDS = ("gloo", "nccl")
+COLLECTIVES = ("programs", "native")
+
+
+def native_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False):
+    """A collective program that is one `dist.all_reduce` (it yields no Send or Recv)."""
+    dist.all_reduce(buf)
+    if average:
+        buf.div_(world)
+    return buf
+    yield  # a generator: a collective program like the others
+
+
+def native_builder(algorithm, topology, nodes, channels=None, algorithm_field="", channels_field=""):
+    """comm.build_all_reduce's signature: every group's all-reduce is torch.distributed's own."""
+    return native_all_reduce
+
+
+def scenario_for(scenario_file, overrides, world: int) -> Scenario:
+    """The scenario on `world` devices, checked for what launch runs; SimtrainError naming the field."""
+    scenario = load_scenario(scenario_file, [*overrides, f"cluster.devices={world}"])
+    parallel = scenario.parallel
+    if scenario.pbt is not None:
+        raise ScenarioError(f"{scenario_file}: pbt: a population runs simulated only (simtrain run)")
+    if not scenario.numerics:
+        raise ScenarioError(f"{scenario_file}: numerics: launch trains for real; false is for simulations")
+    if parallel.model_parallel:
+        field = "parallel.pp" if parallel.pp > 1 else "parallel.tp"
+        raise ScenarioError(f"{scenario_file}: {field}: launch runs data-parallel schemes; pipeline and tensor "
+                            "parallel layouts run simulated only")
+    if parallel.scheme == "async":
+        raise ScenarioError(f"{scenario_file}: parallel.scheme: async runs simulated only (its workers share "
+                            "parameters through a simulated shared-memory store, which a process group lacks)")
+    return scenario
+
+
+def check_options(scenario: Scenario, backend: str, warmup: int) -> None:
+    """The launch options against the scenario; SimtrainError naming the option."""
+    if backend == "nccl":
+        raise SimtrainError("--backend: nccl needs CUDA tensors, and launch's replicas and gradient buckets live "
+                            "on the CPU; use gloo")
+    if warmup >= scenario.train.steps:
+        raise SimtrainError(f"--warmup: {warmup} warm-up steps leave none of train.steps {scenario.train.steps} "
+                            "to measure")
+
+
+def launch(scenario_file, overrides, nproc: int | None, out: Path, backend: str = "gloo",
+           collective: str = "programs", warmup: int = 3) -> dict | None:
+    """Train for real and write out/ (report.json, trace.json, final_model.pt, scenario.resolved.yaml).
+
+    Under torchrun (its variables set) this process is one rank of its group; else `nproc` processes are
+    spawned. Returns report.json's data on rank 0 (None on the others)."""
+    group = torchrun_world()
+    world = group.world if group is not None else nproc
+    if group is not None and nproc is not None and nproc != group.world:
+        raise SimtrainError(f"--nproc: {nproc}, but torchrun started {group.world} processes")
+    if world is None:
+        raise SimtrainError("--nproc: required outside torchrun")
+    scenario = scenario_for(scenario_file, overrides, world)
+    check_options(scenario, backend, warmup)
+    args = (str(scenario_file), list(overrides), collective, warmup, str(out), backend)
+    if group is None:
+        # Rank 0's job, built here first: a mistake in the cluster, model or data is one line before any
+        # process starts (a rank's error would come back as its traceback).
+        Job(scenario, build_cluster(scenario.cluster, scenario.base_dir, record=False), range(world), local_ranks=[0])
+        return spawn(_rank_main, world, args=args, backend=backend)[0]
+    join(backend)
+    try:
+        data = _rank_main(group.rank, group.world, *args)
+        dist.barrier()
+        return data
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_main(rank: int, world: int, scenario_file: str, overrides: list, collective: str, warmup: int,
+               out: str, backend: str) -> dict | None:
+    """One rank's training, measured; rank 0 gathers every rank's spans and writes the report."""
+    wall_start = time.perf_counter()
+    scenario = scenario_for(scenario_file, overrides, world)
+    cluster = build_cluster(scenario.cluster, scenario.base_dir, record=True, seed=scenario.seed,
+                            enforce_capacity=False)
+    meter = Meter()
+    step_starts: list[float] = []  # host clock (perf_counter) at the start of every step
+
+    def between_steps(rank_, step):
+        if step == warmup:
+            dist.barrier()  # every rank starts the measured window together
+            meter.start_recording()
+        meter.boundary()
+        step_starts.append(time.perf_counter())
+        return True
+        yield  # a step program (job.py before_step)
+
+    job = Job(scenario, cluster, range(world), local_ranks=[rank], between_steps=between_steps,
+              all_reduce_builder=native_builder if collective == "native" else build_all_reduce)
+    program = job.scheme.program(rank)
+    run_program(program, run_collective, job.devices[rank].memory, meter)
+    end = meter.now()
+    job.finish()
+    mine = {"spans": meter.spans, "end_s": end, "step_starts_s": [t - meter.origin for t in step_starts],
+            "losses": job.scheme.rank_losses(rank), "ledger": job.devices[rank].memory}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank != 0:
+        return None
+    report = _measured_report(scenario, cluster, job, gathered, warmup, backend, collective, wall_start)
+    report.write(Path(out))
+    return report.data
+
+
+def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], warmup: int, backend: str,
+                     collective: str, wall_start: float):
+    """report.json of the measured run, from every rank's spans, through report.py like a simulation's."""
+    steps = scenario.train.steps
+    measured_steps = steps - warmup
+    collective_spans = [[span for span in rank["spans"] if span.kind == "communication"] for rank in ranks]
+    # The least time any rank spent in each collective: from the last arrival to the end.
+    least = [min(spans[i].end - spans[i].start for spans in collective_spans)
+             for i in range(min(len(spans) for spans in collective_spans))]
+    unattributed = 0.0
+    for rank, measured in enumerate(ranks):
+        index = 0
+        for span in measured["spans"]:
+            start = span.start
+            if span.kind == "communication":
+                start = max(span.start, span.end - least[index])
+                index += 1
+            cluster.log.span(rank, span.kind, span.name, start, span.end, nbytes=span.nbytes, flops=span.flops)
+        cluster.devices[rank].memory = measured["ledger"]
+        named = sum(span.end - span.start for span in measured["spans"])
+        unattributed += max(0.0, measured["end_s"] - named)  # ends of the window minus every span
+    model = job.replicas[0].model
+    final_loss, _ = evaluate(model, job.data.train)
+    _, final_accuracy = evaluate(model, job.data.test)
+    step_ends = [*ranks[0]["step_starts_s"][1:], ranks[0]["end_s"]]
+    losses = [[r["losses"][step] for r in ranks] for step in range(steps)]
+    loss_curve = [(t, sum(values) / len(values)) for t, values in zip(step_ends, losses)]
+    per_step = {name: sum(span.end - span.start for r in ranks for span in r["spans"] if span.name == name)
+                / len(ranks) / measured_steps for name in ("forward", "backward")}
+    result = RunResult(
+        steps=measured_steps,
+        samples_per_step=job.scheme.samples_per_step(),
+        loss_curve=loss_curve,
+        train_loss_curve=[[steps, step_ends[-1], final_loss]],
+        time_to_target_s=None,
+        final_loss=final_loss,
+        final_accuracy=final_accuracy,
+        single_device_step_s=None,
+        final_models=[model],
+        wall_time_s=time.perf_counter() - wall_start,
+        extra={"amp": job.replicas[0].precision.report(),
+               "parallel": {"dp": job.world, "pp": 1, "tp": 1, "bubble_fraction": 0.0}},
+    )
+    report = build_report(scenario, cluster, result)
+    report.data["links"] = []  # bytes on each link are not measured
+    report.data["measured"] = True
+    report.data["measurement"] = {
+        "backend": backend,
+        "collective": collective,
+        "warmup_steps": warmup,
+        "train_steps": steps,
+        "forward_s": per_step["forward"],
+        "backward_s": per_step["backward"],
+        "unattributed_s": unattributed / len(ranks) / measured_steps,
+        "clock": "time.perf_counter of each rank, from a barrier before the first measured step",
+        "memory": "the step program's ledger (what it holds), not measured",
+    }
+    return report

@@ -1,0 +1,155 @@
+"""`simtrain calibrate`: the α-β fit against closed forms, and files that `simtrain run` takes as they are.
+
+References: exact α + n/β data (the fit must give α and β back); the written
+device and topology files loaded by the catalog and the topology loader, and a
+scenario naming them run by `simtrain.run`.
+"""
+import json
+
+import pytest
+import torch
+import yaml
+
+import simtrain
+import simtrain.train.data
+import simtrain.train.models
+from simtrain.cost import measure_step_cost
+from simtrain.train.precision import update_bytes
+from simtrain.cli import main
+from simtrain.hw.catalog import resolve_device
+from simtrain.hw.topology_builders import load_topology_file
+from simtrain.real.calibrate import calibrate
+from simtrain.real.fit import fit_alpha_beta, fit_overhead_rate
+
+SIZES = [4, 64, 1024, 16384]
+
+
+def test_the_fit_gives_alpha_and_beta_back():
+    sizes = [4 ** k for k in range(1, 12)]
+    fit = fit_alpha_beta(sizes, [20e-6 + n / 3e9 for n in sizes])
+    assert fit.latency_s == pytest.approx(20e-6, rel=1e-9)
+    assert fit.bandwidth_Bps == pytest.approx(3e9, rel=1e-9)
+    assert fit.max_residual < 1e-9 and fit.bandwidth_resolved
+    times = [(20e-6 + n / 3e9) * (1.1 if k % 2 else 0.9) for k, n in enumerate(sizes)]
+    noisy = fit_alpha_beta(sizes, times)
+    assert noisy.residuals == pytest.approx([(t - noisy.time_s(n)) / t for n, t in zip(sizes, times)])
+
+    def relative_squares(alpha, bandwidth):  # relative to the fitted line, whose weights the fit converged to
+        return sum(((t - alpha - n / bandwidth) / noisy.time_s(n)) ** 2 for n, t in zip(sizes, times))
+
+    best = relative_squares(noisy.latency_s, noisy.bandwidth_Bps)  # least squares: any other line is worse
+    for alpha, bandwidth in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
+        assert relative_squares(noisy.latency_s * alpha, noisy.bandwidth_Bps * bandwidth) > best
+
+
+def test_a_bandwidth_the_noise_hides_is_a_lower_bound():
+    fit = fit_alpha_beta([64, 1024, 16384], [2e-3, 1.9e-3, 1.8e-3])  # shrinking times: no bandwidth to see
+    assert not fit.bandwidth_resolved
+    assert fit.bandwidth_Bps == pytest.approx(16384 / 1.8e-3) and fit.latency_s >= 0
+
+
+def test_one_lucky_fast_message_does_not_pull_the_line_down():
+    sizes = [4 ** k for k in range(1, 12)]
+    times = [20e-6 + n / 3e9 for n in sizes]
+    times[3] /= 10  # a round trip ten times faster than the rest of its size class
+    fit = fit_alpha_beta(sizes, times)
+    assert fit.latency_s == pytest.approx(20e-6, rel=0.2) and fit.bandwidth_Bps == pytest.approx(3e9, rel=0.1)
+    assert fit.residuals[3] < -5 and max(abs(r) for k, r in enumerate(fit.residuals) if k != 3) < 0.2
+
+
+def test_a_latency_below_zero_is_clamped():
+    fit = fit_alpha_beta([1000, 2000, 4000], [0.9e-6, 2e-6, 4.1e-6])
+    assert fit.latency_s == 0.0 and fit.bandwidth_Bps == pytest.approx(1e9, rel=0.1)
+    with pytest.raises(ValueError):
+        fit_alpha_beta([64, 64], [1e-6, 1e-6])
+
+
+def scenario_file(folder, **extra):
+    path = folder / "scenario.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "calibrated", "seed": 1, "model": {"name": "mlp", "hidden": [32]},
+        "data": {"name": "digits", "batch_size": 16}, "train": {"steps": 3}, "parallel": {"scheme": "ring"},
+        **extra}))
+    return path
+
+
+@pytest.mark.parametrize("with_model", [False, True])
+def test_calibrate_writes_files_run_takes(tmp_path, with_model):
+    model_of = scenario_file(tmp_path) if with_model else None
+    summary = calibrate(2, tmp_path / "calibration", model_of=model_of, sizes=SIZES, repeats=2)
+    out = tmp_path / "calibration"
+    written = json.loads((out / "calibration.json").read_text())
+    assert written["device"] == summary["device"]
+    fit = written["pingpong"]["0-1"]
+    assert len(fit["one_way_s"]) == len(fit["residuals"]) == len(SIZES)
+    assert fit["bandwidth_Bps"] > 0 and fit["latency_s"] >= 0
+    assert len(written["all_reduce"]) == len(SIZES)
+    device = resolve_device(str(out / "device.yaml"))
+    assert device.peak_flops["fp32"] == pytest.approx(summary["compute"]["fp32"]["flops_per_s"])
+    assert device.efficiency == 1.0
+    topology = load_topology_file(out / "topology.yaml")
+    assert topology.devices == ["rank0", "rank1"]
+    # a transfer between the two ranks takes the fitted α + n/β
+    path = topology.path("rank0", "rank1")
+    latency = sum(topology.link(a, b)["latency"] for a, b in zip(path, path[1:]))
+    assert latency == pytest.approx(written["link_classes"]["intra_host"]["latency_s"])
+    scenario = scenario_file(tmp_path, cluster={"device": "calibration/device.yaml",
+                                                "topology": "calibration/topology.yaml"})
+    report = simtrain.run(simtrain.load_scenario(scenario))
+    assert report.data["devices_count"] == 2 and report.data["devices"][0]["device"] == device.name
+    assert report.data["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("device, message", [
+    ("missing.yaml", "cluster.device: device file missing.yaml not found"),
+    ("bad.yaml", "device file"),
+])
+def test_a_bad_device_file_is_one_line(tmp_path, capsys, device, message):
+    (tmp_path / "bad.yaml").write_text("name: x\npeak_flops: {fp32: 1}\nmemory: 1GB\nmemory_bandwidth: 1GB/s\n")
+    scenario = scenario_file(tmp_path, cluster={"device": device, "devices": 2})
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(scenario)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+
+
+def test_calibrate_needs_two_ranks(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--nproc", "1", "--out", str(tmp_path / "c")])
+    assert exit_info.value.code == 2
+
+
+def test_the_compute_fit_gives_overhead_and_rate_back():
+    kernels, flops = [20, 20, 20, 40, 40], [1e6, 4e6, 16e6, 8e6, 64e6]
+    fit = fit_overhead_rate(kernels, flops, [5e-6 * k + f / 50e9 for k, f in zip(kernels, flops)])
+    assert fit.overhead_s == pytest.approx(5e-6, rel=1e-9) and fit.flops_per_s == pytest.approx(50e9, rel=1e-9)
+    assert fit.max_residual < 1e-9
+    # times that fall as the work grows: no overhead to see, the rate alone
+    fallback = fit_overhead_rate([20, 20], [1e6, 4e6], [80e-6, 40e-6])
+    assert fallback.overhead_s == 0.0 and fallback.flops_per_s > 0
+
+
+def test_a_kernel_overhead_is_charged_per_operator():
+    """Closed form on one device: compute = F/R + c x kernels per pass, the update = B/BW + c x its operators."""
+    device = {"name": "host", "peak_flops": {"fp32": 1e11, "tf32": 1e11, "fp16": 1e11, "bf16": 1e11},
+              "memory": "8 GiB", "memory_bandwidth": "20 GB/s", "efficiency": 1.0, "kernel_overhead": "5 us"}
+    steps = 3
+    scenario = simtrain.scenario.validate_scenario({
+        "name": "overhead", "cluster": {"devices": 1, "device": device}, "model": {"name": "mlp", "hidden": [32]},
+        "data": {"name": "digits", "batch_size": 8}, "train": {"steps": steps, "optimizer": {"momentum": 0.9}},
+        "report": {"trace": False}})
+    report = simtrain.run(scenario)
+    job_model = simtrain.train.models.build_model(scenario.model, simtrain.train.data.load_dataset(
+        "digits", {}, 0).info, scenario.seed)
+    x, y = torch.zeros(8, 64), torch.zeros(8, dtype=torch.long)
+    cost = measure_step_cost(job_model, x, y)
+    assert cost.forward_kernels > 0 and cost.backward_kernels > 0
+    spent = report.data["devices"][0]["breakdown_s"]
+    expected = steps * ((cost.forward_flops + cost.backward_flops) / 1e11
+                        + 5e-6 * (cost.forward_kernels + cost.backward_kernels))
+    assert spent["compute"] == pytest.approx(expected, rel=1e-9)
+    # the update: its bytes at 20 GB/s, and 5 us for each of a whole number of operators (at least one)
+    kernels = (spent["optimizer"] / steps - update_bytes(list(job_model.parameters()), "fp32",
+                                                         scenario.train.optimizer) / 20e9) / 5e-6
+    assert kernels == pytest.approx(round(kernels), abs=1e-6) and round(kernels) >= 1
