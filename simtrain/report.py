@@ -213,7 +213,7 @@ def _link_busy_intervals(cluster: Cluster) -> dict[tuple[str, str], list]:
     """Per directed link: merged intervals during which transfers crossed it."""
     crossing: dict[tuple[str, str], list] = {}
     for record in cluster.network.records:
-        path = cluster.topology.path(record.src, record.dst)
+        path = record.path
         for hop in zip(path, path[1:]):
             crossing.setdefault(hop, []).append((record.start, record.end, record.nbytes))
     merged = {}
