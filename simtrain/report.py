@@ -24,6 +24,7 @@ from .hw.cluster import Cluster
 from .scenario import Scenario
 
 BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling", "bubble")
+FAULT_KINDS = ("checkpoint", "restart")  # in the breakdown of a run with faults or checkpoints
 
 
 @dataclass
@@ -41,7 +42,7 @@ class RunResult:
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
     extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
-    status: str = "ok"  # or "out_of_memory": the run stopped after `steps` steps
+    status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
 
 
 @dataclass
@@ -113,13 +114,15 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     steps = result.steps
     step_time = sim_time / steps if steps else None  # None: stopped (out of memory) before a step ended
     log = cluster.log
-    devices, breakdown_total = [], {kind: 0.0 for kind in (*BREAKDOWN_KINDS, "idle")}
+    kinds = (*BREAKDOWN_KINDS, *(FAULT_KINDS if "faults" in result.extra else ()))
+    devices, breakdown_total = [], {kind: 0.0 for kind in (*kinds, "idle")}
     job_names = {rank: name for name, ranks in cluster.jobs for rank in ranks}
     for device in cluster.devices:
-        spent = {kind: log.total(device.rank, kind) for kind in BREAKDOWN_KINDS}
+        spent = {kind: log.total(device.rank, kind) for kind in kinds}
         spent["idle"] = max(0.0, sim_time - sum(spent.values()))
-        for kind, seconds in spent.items():
-            breakdown_total[kind] += seconds
+        if device.rank in job_names:  # a spare that never joined the job does not count
+            for kind, seconds in spent.items():
+                breakdown_total[kind] += seconds
         memory = device.memory
         devices.append({
             "rank": device.rank,
@@ -131,7 +134,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
             "capacity_bytes": int(device.spec.memory_bytes),
             "breakdown_s": spent,
         })
-    per_step = {kind: seconds / len(cluster.devices) / steps if steps else None
+    per_step = {kind: seconds / len(job_names) / steps if steps else None
                 for kind, seconds in breakdown_total.items()}
     links = [
         {**stat, "utilization": stat["busy_s"] / sim_time if sim_time > 0 else 0.0}
