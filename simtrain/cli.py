@@ -30,6 +30,7 @@ from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
 from .hw.cluster import build_cluster
+from .hw.faults import scheduled_faults
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED
 from .report import finite_or_none
@@ -316,10 +317,11 @@ def _rank_list(ranks: list[int]) -> str:
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
 @_errors_name_the_file
 def validate(scenario_file, overrides):
-    """Check a scenario (and build its cluster: topology, devices, shared memory; and check that the host has
-    the memory a run needs) without running it."""
+    """Check a scenario (and build its cluster: topology, devices, shared memory, faults; and check that the
+    host has the memory a run needs) without running it."""
     scenario = load_scenario(scenario_file, overrides)
     cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed)
+    scheduled_faults(scenario, cluster)
     check_scenario_fits_host(scenario)
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())

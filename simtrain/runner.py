@@ -34,7 +34,7 @@ from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
 from .host_memory import check_scenario_fits_host
 from .hw.cluster import build_cluster, run_to_end
-from .hw.faults import FaultInjector
+from .hw.faults import FaultInjector, scheduled_faults
 from .job import Job
 from .memory_plan import largest_batch
 from .recovery import Recovery
@@ -66,10 +66,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
         cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace or faulty,
                                 seed=scenario.seed)
+        scheduled_faults(scenario, cluster)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
-        if world < 1:
-            raise ScenarioError(f"cluster.spares: {scenario.cluster.spares} leaves no device for the job (the "
-                                f"topology has {cluster.size})")
         job = Job(scenario, cluster, range(world), numerics=scenario.numerics,
                   on_step=lambda *step: monitor.on_step(*step))
         scheme = job.scheme

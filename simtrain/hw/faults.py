@@ -48,6 +48,35 @@ from .cluster import Cluster
 _RANDOM_STREAM = 0x6661756C74  # "fault": keeps the draws apart from every other stream of the seed
 
 
+def scheduled_faults(scenario: Scenario, cluster: Cluster) -> list[tuple[float, dict]]:
+    """`cluster.faults` as (time, event) pairs, a healed link's `until` its own event; their links and
+    devices checked against the cluster (ScenarioErrors naming the field), as is `cluster.spares`."""
+    spares = scenario.cluster.spares
+    if spares >= cluster.size:
+        raise ScenarioError(f"cluster.spares: {spares} leaves no device for the job (the topology has "
+                            f"{cluster.size})")
+    graph, events = cluster.topology.graph, []
+    for index, fault in enumerate(scenario.cluster.faults):
+        field = f"cluster.faults.{index}"
+        if fault.link is not None:
+            u, v = fault.link
+            if not graph.has_edge(u, v):
+                raise ScenarioError(f"{field}.link: no link {u}-{v} in the topology {cluster.topology.name}")
+            if fault.fail:
+                events.append((fault.at, {"kind": "link_failed", "link": [u, v]}))
+            else:
+                events.append((fault.at, {"kind": "link_degraded", "link": [u, v],
+                                          "bandwidth_factor": fault.bandwidth_factor}))
+                if fault.until is not None:
+                    events.append((fault.until, {"kind": "link_healed", "link": [u, v]}))
+        elif fault.device >= cluster.size:
+            raise ScenarioError(f"{field}.device: no device {fault.device} (the cluster has {cluster.size}, "
+                                f"0 to {cluster.size - 1})")
+        else:
+            events.append((fault.at, {"kind": "device_lost", "device": fault.device}))
+    return events
+
+
 class FaultInjector:
     """Applies a scenario's faults to a cluster while a job runs, and records what each did."""
 
@@ -61,31 +90,14 @@ class FaultInjector:
         self._pending = []  # heap of (at_s, order, event dict)
         self._order = 0
         self._failed_links: list[tuple[str, str]] = []
-        graph = cluster.topology.graph
-        for index, fault in enumerate(scenario.cluster.faults):
-            field = f"cluster.faults.{index}"
-            if fault.link is not None:
-                u, v = fault.link
-                if not graph.has_edge(u, v):
-                    raise ScenarioError(f"{field}.link: no link {u}-{v} in the topology {cluster.topology.name}")
-                if fault.fail:
-                    self._add(fault.at, {"kind": "link_failed", "link": [u, v]})
-                else:
-                    self._add(fault.at, {"kind": "link_degraded", "link": [u, v],
-                                         "bandwidth_factor": fault.bandwidth_factor})
-                    if fault.until is not None:
-                        self._add(fault.until, {"kind": "link_healed", "link": [u, v]})
-            else:
-                if fault.device >= cluster.size:
-                    raise ScenarioError(f"{field}.device: no device {fault.device} (the cluster has "
-                                        f"{cluster.size}, 0 to {cluster.size - 1})")
-                self._add(fault.at, {"kind": "device_lost", "device": fault.device})
+        for at_s, event in scheduled_faults(scenario, cluster):
+            self._add(at_s, event)
         random = scenario.cluster.random_faults
         self.random = random
         if random is not None:
             seed = scenario.seed if random.seed is None else random.seed
             self.rng = np.random.default_rng([seed, _RANDOM_STREAM])
-            self._links = [edge for edge in graph.edges if edge[0] not in cluster.topology.private
+            self._links = [edge for edge in cluster.topology.graph.edges if edge[0] not in cluster.topology.private
                            and edge[1] not in cluster.topology.private]
             if random.device_mtbf is not None:
                 self._draw("device_lost")

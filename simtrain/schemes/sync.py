@@ -47,8 +47,7 @@ class SyncDataParallel(RankReplicas):
         self.job = job
         self.replicas = job.replicas
         self.world = job.world
-        self.devices = job.devices
-        train, parallel = job.scenario.train, job.scenario.parallel
+        train = job.scenario.train
         self.regroup()
         self.steps = train.steps
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
