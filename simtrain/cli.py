@@ -159,9 +159,10 @@ def print_faults(section: dict) -> None:
     for header in ("at", "source", "fault", "what it did"):
         table.add_column(header, justify="right" if header == "at" else "left", overflow="fold")
     for event in section["events"]:
-        what = event["link"][0] + "-" + event["link"][1] if "link" in event else f"device {event['device']}"
+        kind, how = event["kind"].split("_")
+        what = f"link {'-'.join(event['link'])}" if kind == "link" else f"device {event['device']}"
         detail = {key: value for key, value in event.items() if key not in ("at_s", "source", "kind", "link", "device")}
-        table.add_row(format_seconds(event["at_s"]), event["source"], f"{event['kind'].replace('_', ' ')} {what}",
+        table.add_row(format_seconds(event["at_s"]), event["source"], f"{what} {how}",
                       ", ".join(f"{key} {format_seconds(value) if key.endswith('_s') else value}"
                                 for key, value in detail.items()) or "-")
     console.print(table)

@@ -14,8 +14,7 @@ With faults (`cluster.faults`, `cluster.random_faults`) or checkpoints
 recovery.py decides what the job does about a lost device, and the report
 gains a `faults` section. Its `goodput` is the fault-free time over the time
 taken, where the fault-free time is measured: the same scenario without
-faults and without checkpoints, simulated once more (numerics off when the
-sampling allows: the same times, tests/test_numerics_off.py). A job a fault
+faults and without checkpoints, simulated once more. A job a fault
 stopped (`JobFailed`) still reports, with `status: failed` and the reason.
 
 Initialization follows the DDP contract: `torch.manual_seed(seed)` right before
@@ -130,11 +129,9 @@ def has_faults(scenario: Scenario) -> bool:
 def _fault_free_time_s(scenario: Scenario) -> float:
     """Simulated seconds the scenario takes without faults and without checkpoints: goodput's numerator."""
     cluster = scenario.cluster.model_copy(update={"faults": [], "random_faults": None})
-    update = {"cluster": cluster, "train": scenario.train.model_copy(update={"checkpoint": None}),
-              "report": scenario.report.model_copy(update={"trace": False})}
-    if scenario.data.sampling == "uniform":
-        update["numerics"] = False
-    fault_free = scenario.model_copy(update=update)
+    fault_free = scenario.model_copy(update={
+        "cluster": cluster, "train": scenario.train.model_copy(update={"checkpoint": None}),
+        "report": scenario.report.model_copy(update={"trace": False})})
     fault_free._base_dir = scenario.base_dir
     return run(fault_free).data["sim_time_s"]
 
