@@ -59,7 +59,7 @@ def test_healed_link_two_phases():
     left = nbytes - f * B * (until - ALPHA)  # degraded from the end of the latency to `until`
     assert end == pytest.approx(until + left / B, rel=1e-12)
     assert [event["kind"] for event in events] == ["link_degraded", "link_healed"]
-    assert events[1]["flows_reshared"] == 1  # the transfer was crossing it when it healed
+    assert events[1]["flows_crossing"] == 1  # the transfer was crossing it when it healed
 
 
 def test_degraded_mid_transfer_three_phases():
@@ -68,7 +68,7 @@ def test_degraded_mid_transfer_three_phases():
                                 nbytes)
     left = nbytes - B * (at - ALPHA) - f * B * (until - at)
     assert end == pytest.approx(until + left / B, rel=1e-12)
-    assert events[0]["flows_reshared"] == 1
+    assert events[0]["flows_crossing"] == 1
 
 
 def test_degraded_link_is_shared_max_min_with_other_flows():

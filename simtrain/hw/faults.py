@@ -7,11 +7,13 @@ its job runs, and records what each did (report.json's `faults.events`):
 - **degraded link** `{at, link: [u, v], bandwidth_factor: f, until}`: both
   directions of the link move bytes at f times their rate from `at` (and at
   their rate again from `until`); the flows crossing it are re-shared at
-  that instant (network.py `set_link_bandwidth`);
+  that instant (network.py `set_link_bandwidth`; `flows_crossing` counts
+  them, those still in their latency included);
 - **failed link** `{at, link: [u, v], fail: true}`: the link leaves routing;
   routes are recomputed on the remaining graph and the flows crossing it move
-  to their new routes with the bytes they had left (network.py `fail_link`).
-  No route left between two nodes that must exchange bytes ends the job
+  to their new routes with the bytes they had left (network.py `fail_link`;
+  `flows_rerouted` and `bytes_rerouted` count them and those bytes). No
+  route left between two nodes that must exchange bytes ends the job
   (`NoRoute`, reported as `status: failed`), now or when they next send;
 - **lost device** `{at, device: N, fail: true}`: the device stops: its
   program ends where it stands, the span on its stream is cut, its flows in
@@ -163,4 +165,4 @@ class FaultInjector:
             event["bytes_rerouted"] = sum(round(flow.remaining) for flow in moved)
             return
         factor = event.get("bandwidth_factor", 1.0)
-        event["flows_reshared"] = self.network.set_link_bandwidth(u, v, self.network.nominal_bandwidth(u, v) * factor)
+        event["flows_crossing"] = self.network.set_link_bandwidth(u, v, self.network.nominal_bandwidth(u, v) * factor)

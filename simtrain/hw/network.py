@@ -181,21 +181,22 @@ class Network:
         return attrs["bandwidth"] * attrs.get("efficiency", 1.0)
 
     def set_link_bandwidth(self, u: str, v: str, bandwidth: float) -> int:
-        """Both directions of link u-v move bytes at `bandwidth` from now on: the flows crossing it
-        are settled at their old rates and re-shared. Returns how many flows were crossing it."""
+        """Both directions of link u-v move bytes at `bandwidth` from now on: the flows moving across it
+        are settled at their old rates and re-shared, and those still in their latency will cross it at
+        the new rate. Returns how many flows were crossing it (moving or in their latency)."""
         now = self.env._now
         changed = (self._links[u, v], self._links[v, u])
         for link in changed:
             link.bandwidth = bandwidth
         self._routes.clear()  # their bottleneck bandwidths
-        for batch in self._activating.values():  # flows still in their latency keep their routes
-            for flow in batch:
-                if changed[0] in flow.links or changed[1] in flow.links:
-                    flow.min_bandwidth = min(link.bandwidth for link in flow.links)
-        crossing = [flow for link in changed for flow in link.flows]
-        if crossing:
-            self._schedule(self._reshare(crossing, now), now)
-        return len(crossing)
+        waiting = [flow for batch in self._activating.values() for flow in batch
+                   if changed[0] in flow.links or changed[1] in flow.links]
+        for flow in waiting:
+            flow.min_bandwidth = min(link.bandwidth for link in flow.links)
+        moving = [flow for link in changed for flow in link.flows]
+        if moving:
+            self._schedule(self._reshare(moving, now), now)
+        return len(waiting) + len(moving)
 
     def fail_link(self, u: str, v: str) -> list[Flow]:
         """Link u-v fails now: it leaves routing, and every flow crossing it moves to its new route with
