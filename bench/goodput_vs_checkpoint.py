@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 import simtrain  # noqa: E402
 from simtrain.scenario import validate_scenario  # noqa: E402
 
-DEVICES, SPARES, STEPS = 4, 80, 1000
+DEVICES, SPARES, STEPS = 4, 250, 1000
 DEVICE_MTBF_S, DETECTION_S = 12e-3, 200e-6
 CHECKPOINT = {"to": "storage", "bandwidth": 1e9, "latency": 100e-6}
 INTERVALS = (4, 8, 12, 18, 27, 40, 60, 90, 135)

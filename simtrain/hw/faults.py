@@ -18,7 +18,9 @@ its job runs, and records what each did (report.json's `faults.events`):
 - **lost device** `{at, device: N, fail: true}`: the device stops: its
   program ends where it stands, the span on its stream is cut, its flows in
   flight are dropped (hw/device.py `abort`, network.py `cancel_flows`); what
-  its job does then is recovery.py's (`on_device_lost`).
+  its job does then is recovery.py's (`on_device_lost`). Its links fail with
+  it, so traffic that went through it (the ring and torus builders route
+  through GPUs) goes around, as after a failed link.
 
 **Random faults**: every device of the job fails after an exponential time
 of mean `device_mtbf`, and every link after one of mean `link_mtbf` (a
@@ -149,18 +151,29 @@ class FaultInjector:
             if event["source"] == "scenario":
                 self.events.append({**event, "effect": "none: the job had ended"})
 
+    def _fail(self, u: str, v: str) -> list:
+        self._failed_links.append((u, v))
+        return self.network.fail_link(u, v)
+
     def _apply(self, event: dict) -> None:
         kind = event["kind"]
         if kind == "device_lost":
             self.on_device_lost(event["device"], event)
+            # Its links go with it: traffic that went through it (GPUs route on the ring and torus
+            # builders) goes around.
+            node = self.cluster.devices[event["device"]].node
+            links = [(node, neighbour) for neighbour in self.cluster.topology.graph.neighbors(node)]
+            moved = [flow for u, v in links for flow in self._fail(u, v)]
+            event["links_failed"] = len(links)
+            if moved:
+                event["flows_rerouted"] = len(moved)
             return
         u, v = event["link"]
         if (u, v) in self._failed_links or (v, u) in self._failed_links:
             event["effect"] = "none: the link had failed"
             return
         if kind == "link_failed":
-            self._failed_links.append((u, v))
-            moved = self.network.fail_link(u, v)
+            moved = self._fail(u, v)
             event["flows_rerouted"] = len(moved)
             event["bytes_rerouted"] = sum(round(flow.remaining) for flow in moved)
             return
