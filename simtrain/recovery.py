@@ -90,6 +90,7 @@ class Recovery:
             if job.processes[rank].is_alive:
                 job.processes[rank].interrupt()
             job.devices[rank].abort()
+            job.comm.abandon(rank)
         job.cluster.network.cancel_flows([job.devices[rank].node for rank in ranks])
 
     def _detected(self, _event) -> None:

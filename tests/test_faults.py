@@ -274,6 +274,21 @@ def test_lost_spare_is_no_longer_available():
     assert report.data["status"] == "failed" and "no spare left" in second["effect"]
 
 
+def test_lost_device_takes_its_links_on_a_ring():
+    # On a ring GPUs route: once gpu2 is lost, traffic between its neighbours goes the long way round; the
+    # spare gpu4 (between gpu3 and gpu0) takes rank 2. The model is still the fault-free one.
+    raw = sync_scenario(checkpoint={"every": 10}, topology="ring", steps=30)
+    free = simtrain.run(validate_scenario(raw))
+    raw["cluster"]["faults"] = [{"at": 5e-4, "device": 2, "fail": True}]
+    faulty = simtrain.run(validate_scenario(raw))
+    (event,) = faulty.data["faults"]["events"]
+    assert event["links_failed"] == 2 and event["effect"] == "restarted on a spare" and event["spare"] == 4
+    for name, tensor in faulty.final_model.state_dict().items():
+        assert torch.equal(tensor, free.final_model.state_dict()[name])
+    # The ring 0-1-4-3 now takes longer routes (1 -> 4 over gpu0, 4 -> 3 direct, 3 -> 0 over gpu4).
+    assert faulty.data["sim_time_s"] > free.data["sim_time_s"] + event["time_lost_s"]
+
+
 # ---- lost devices: async goes on ------------------------------------------------------------------
 
 ASYNC = {"name": "a", "seed": 0,

@@ -89,6 +89,14 @@ class SimCommunicator:
         self._advance(state, None)
         return state.done
 
+    def abandon(self, rank: int) -> None:
+        """Rank `rank` is gone (its device was lost): its posted operations that no peer has matched are
+        dropped, so none of them ever starts a transfer; peers waiting on it wait on."""
+        for mailbox in self._mailboxes.values():
+            mailbox.sends = deque(entry for entry in mailbox.sends if entry[0].rank != rank)
+            mailbox.recvs = deque(entry for entry in mailbox.recvs if entry[0].rank != rank)
+        self._running.pop(rank, None)
+
     def stuck(self) -> list[int]:
         """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""
         return sorted(self._running)
