@@ -117,10 +117,12 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     kinds = (*BREAKDOWN_KINDS, *(FAULT_KINDS if "faults" in result.extra else ()))
     devices, breakdown_total = [], {kind: 0.0 for kind in (*kinds, "idle")}
     job_names = {rank: name for name, ranks in cluster.jobs for rank in ranks}
+    # The devices of the jobs (a spare that never joined one does not count); every device if no job ran.
+    counted = {device.rank for device in cluster.devices if device.rank in job_names or not job_names}
     for device in cluster.devices:
         spent = {kind: log.total(device.rank, kind) for kind in kinds}
         spent["idle"] = max(0.0, sim_time - sum(spent.values()))
-        if device.rank in job_names:  # a spare that never joined the job does not count
+        if device.rank in counted:
             for kind, seconds in spent.items():
                 breakdown_total[kind] += seconds
         memory = device.memory
@@ -134,7 +136,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
             "capacity_bytes": int(device.spec.memory_bytes),
             "breakdown_s": spent,
         })
-    per_step = {kind: seconds / len(job_names) / steps if steps else None
+    per_step = {kind: seconds / len(counted) / steps if steps else None
                 for kind, seconds in breakdown_total.items()}
     links = [
         {**stat, "utilization": stat["busy_s"] / sim_time if sim_time > 0 else 0.0}
