@@ -147,7 +147,7 @@ class Recovery:
         if self.on_rewind is not None:
             self.on_rewind(step)
 
-    def report_section(self, injector, fault_free_time_s: float, sim_time_s: float) -> dict:
+    def report_section(self, injector, fault_free_time_s: float, sim_time_s: float, failed: bool) -> dict:
         """report.json's `faults`: every fault and what it did, the checkpoints' cost, the time lost, goodput."""
         job, events = self.job, injector.events
         checkpoints = job.checkpoints
@@ -167,7 +167,8 @@ class Recovery:
             # time a rank of the job spent writing checkpoints (over the devices that held it), on average
             "checkpoint_time_s": written / job.world,
             "fault_free_time_s": fault_free_time_s,
-            "goodput": fault_free_time_s / sim_time_s if sim_time_s > 0 else None,
+            # None: the job failed (it never finished its work), or took no time
+            "goodput": fault_free_time_s / sim_time_s if sim_time_s > 0 and not failed else None,
         }
 
     @staticmethod

@@ -95,7 +95,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
     sections = {"amp": job.replicas[0].precision.report()}
     if faulty:
         sections["failure"] = failure
-        sections["faults"] = recovery.report_section(injector, _fault_free_time_s(scenario), cluster.log.last_end_s)
+        sections["faults"] = recovery.report_section(injector, _fault_free_time_s(scenario), cluster.log.last_end_s,
+                                                    failed=failure is not None)
     if out_of_memory or failure:  # the schemes' and samplers' sections describe whole runs
         if out_of_memory:
             sections["out_of_memory"] = out_of_memory
