@@ -1,43 +1,80 @@
-"""Simulator speed at scale: ring all-reduce of 100 MB, numerics off.
+"""Simulator speed and host memory at scale: ring all-reduce of 100 MB, numerics off.
 
-On 64, 256, 1,024 and 4,096 devices of a ring topology, one all-reduce runs on
-meta tensors; we time the simulation (wall clock, best of a few) and divide by
-the number of transfers, 2(N-1) per rank. Target: <= 2 s at 1,024 devices and
-wall time growing no faster than the number of transfers.
+On 64 to 8,192 devices of a ring topology, one all-reduce runs on meta tensors
+(`benchmark_all_reduce`: an idle network, every rank posting at time zero), each
+device count in a fresh process so that its peak resident memory is its own.
+The communicator times the ring as a group (comm/ring_schedule.py); with
+`--flow-by-flow` it moves every transfer through the network as a flow (the
+path any other traffic takes), up to `--flow-max-devices`. Targets: <= 2 s at
+1,024 devices and <= 60 s at 8,192, host memory linear in the device count.
 
-    .venv/bin/python bench/scale.py [--max-devices 4096]
+    .venv/bin/python bench/scale.py [--max-devices 8192] [--flow-by-flow]
 """
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
 
-from simtrain.comm.bench import benchmark_all_reduce
-from simtrain.hw.topology_builders import LinkClass, build_topology
-
 SIZE = 100 * 10**6
-LINK = LinkClass(bandwidth=100e9, latency=5e-6)
+BANDWIDTH, LATENCY = 100e9, 5e-6
+
+
+def one(devices: int, exclusive: bool) -> dict:
+    """Time one all-reduce in this process: wall seconds, simulated seconds, peak RSS."""
+    import simpy
+    import torch
+
+    from simtrain.comm import build_all_reduce
+    from simtrain.comm.simulated import SimCommunicator
+    from simtrain.hw.cluster import run_to_end
+    from simtrain.hw.network import Network
+    from simtrain.hw.topology_builders import LinkClass, build_topology
+
+    start = time.perf_counter()
+    topology = build_topology("ring", devices, LinkClass(bandwidth=BANDWIDTH, latency=LATENCY))
+    program = build_all_reduce("ring", topology, topology.devices, 1)
+    env = simpy.Environment()
+    comm = SimCommunicator(Network(env, topology, record=False), topology.devices, exclusive=exclusive)
+    ends = []
+    for rank in range(devices):
+        buffer = torch.empty(SIZE // 4, device="meta")
+        comm.run(rank, program(rank, devices, buffer)).callbacks.append(lambda _: ends.append(env.now))
+    run_to_end(env)
+    return {"wall_s": time.perf_counter() - start, "sim_s": max(ends),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--max-devices", type=int, default=4096)
+    parser.add_argument("--max-devices", type=int, default=8192)
+    parser.add_argument("--flow-by-flow", action="store_true", help="Also time every transfer as a flow.")
+    parser.add_argument("--flow-max-devices", type=int, default=1024)
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--flows", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(f"{'devices':>8} {'transfers':>11} {'wall (s)':>9} {'us/transfer':>12} {'sim time (ms)':>14} {'closed form (ms)':>17}")
-    for devices in (64, 256, 1024, 4096):
+    if args.one:
+        print(json.dumps(one(args.one, exclusive=not args.flows)))
+        return
+    baseline = json.loads(subprocess.run([sys.executable, "-c", "import json, resource, torch, simtrain.comm; "
+                                          "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
+                                          " * 1024))"], capture_output=True, text=True, check=True).stdout)
+    print(f"imports alone: {baseline / 2**20:.0f} MiB resident")
+    print(f"{'devices':>8} {'path':>13} {'transfers':>11} {'wall (s)':>9} {'peak RSS (MiB)':>15} "
+          f"{'above imports':>14} {'sim time (ms)':>14} {'closed form (ms)':>17}")
+    for devices in (64, 256, 1024, 2048, 4096, 8192):
         if devices > args.max_devices:
             break
-        topology = build_topology("ring", devices, LINK)
-        topology.path(topology.devices[0], topology.devices[1])  # warm networkx import paths
-        repeats = 3 if devices <= 1024 else 1
-        best, sim_time = float("inf"), None
-        for _ in range(repeats):
-            start = time.perf_counter()
-            (row,) = benchmark_all_reduce(topology, "ring", [SIZE], numerics=False)
-            best = min(best, time.perf_counter() - start)
-            sim_time = row.time_s
-        transfers = 2 * (devices - 1) * devices
-        closed = 2 * (devices - 1) * (LINK.latency + SIZE / devices / LINK.bandwidth)
-        print(f"{devices:>8} {transfers:>11,} {best:>9.2f} {best / transfers * 1e6:>12.2f} "
-              f"{sim_time * 1e3:>14.3f} {closed * 1e3:>17.3f}")
+        paths = ["group"] + (["flow-by-flow"] if args.flow_by_flow and devices <= args.flow_max_devices else [])
+        for path in paths:
+            command = [sys.executable, __file__, "--one", str(devices)] + (["--flows"] if path != "group" else [])
+            row = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+            transfers = 2 * (devices - 1) * devices
+            closed = 2 * (devices - 1) * (LATENCY + SIZE / devices / BANDWIDTH)
+            print(f"{devices:>8} {path:>13} {transfers:>11,} {row['wall_s']:>9.2f} "
+                  f"{row['peak_rss_bytes'] / 2**20:>15.0f} {(row['peak_rss_bytes'] - baseline) / 2**20:>14.0f} "
+                  f"{row['sim_s'] * 1e3:>14.3f} {closed * 1e3:>17.3f}", flush=True)
 
 
 if __name__ == "__main__":

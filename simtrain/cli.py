@@ -1,8 +1,9 @@
-"""The `simtrain` command line: run, compare, memory, validate, collective, topo, pbt replay.
+"""The `simtrain` command line: run, sweep, compare, memory, validate, collective, topo, pbt replay.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
     simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
+    simtrain sweep scenarios/quickstart.yaml --grid cluster.devices=4,8,16 --grid parallel.scheme=ring,tree
     simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
     simtrain memory scenarios/quickstart.yaml --set train.precision=fp16 --set train.checkpointing=sqrt
     simtrain validate scenarios/quickstart.yaml
@@ -263,6 +264,45 @@ def compare(scenario_files, variants, overrides, out_dir):
 
 @cli.command()
 @click.argument("scenario_file")
+@click.option("--grid", "grids", multiple=True, required=True, metavar="PATH=V1,V2,...",
+              help="A field and its values (repeatable); the sweep runs every combination.")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field in every run.")
+@click.option("--workers", type=click.IntRange(1, 256), default=2, show_default=True, help="Local processes.")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Submit the runs to this Ray cluster instead (pip install 'simtrain[ray]').")
+@click.option("--metric", default="step_time_s", show_default=True, help="The figure sweep.png plots.")
+@click.option("--out", "out_dir", default=None, help="Output folder (default runs/sweep-<name>/).")
+def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir):
+    """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table."""
+    from .studies.sweep import parse_grid, plan_points, run_sweep
+
+    parsed = [parse_grid(grid) for grid in grids]
+    total = len(plan_points(parsed))
+    out = output_folder(out_dir or Path("runs") / f"sweep-{Path(scenario_file).stem}", "--out")
+    rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
+                     metric=metric, on_done=lambda done, runs: err_console.print(
+                         f"[{done}/{runs}] runs done", markup=False, highlight=False))
+    table = Table(title=f"{total} runs")
+    for header in (*(grid.path for grid in parsed), "status", "step time", "throughput", "efficiency",
+                   "communication", "peak memory", "final loss"):
+        table.add_column(header, justify="left" if header == "status" else "right", overflow="fold")
+    for row in rows:
+        ok = row["step_time_s"] is not None
+        table.add_row(*(grid.texts[grid.values.index(row[grid.path])] for grid in parsed),
+                      row["status"].replace("_", " ") if row["status"] == "ok" else
+                      f"{row['status'].replace('_', ' ')}: {row['error']}",
+                      format_seconds(row["step_time_s"]) if ok else "-",
+                      f"{row['throughput_samples_per_s']:,.0f}/s" if ok else "-",
+                      "-" if row["scaling_efficiency"] is None else f"{row['scaling_efficiency']:.1%}",
+                      format_seconds(row["communication_s"]) if ok else "-",
+                      "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),
+                      "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}")
+    (console if console.is_terminal else Console(width=150)).print(table)
+    console.print(f"wrote {out}/sweep.csv, sweep.json, sweep.png and runs/<index>/report.json")
+
+
+@cli.command()
+@click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
 @_errors_name_the_file
@@ -337,13 +377,19 @@ def _topology_options(f):
     f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
     f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
     f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
-                     help="hierarchical: GPUs per node.")(f)
-    f = click.option("--inter-bandwidth", default=None, help="hierarchical: each GPU's NIC bandwidth.")(f)
-    f = click.option("--inter-latency", default="5 us", show_default=True, help="hierarchical: NIC hop latency.")(f)
+                     help="hierarchical, fat_tree: GPUs per node.")(f)
+    f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=20, show_default=True,
+                     help="fat_tree: nodes whose same-rail NICs share a leaf switch.")(f)
+    f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=1.0, show_default=True,
+                     help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
+    f = click.option("--inter-bandwidth", default=None, help="hierarchical, fat_tree: each GPU's NIC bandwidth.")(f)
+    f = click.option("--inter-latency", default="5 us", show_default=True,
+                     help="hierarchical, fat_tree: NIC hop latency.")(f)
     return f
 
 
-def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
+def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+                        nodes_per_leaf, oversubscription):
     if devices is None and topology in BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
     link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
@@ -353,7 +399,8 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
     if inter_bandwidth is not None:
         inter = LinkClass(parse_quantity(inter_bandwidth, "bandwidth", "--inter-bandwidth"),
                           parse_quantity(inter_latency, "time", "--inter-latency"))
-    return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node)
+    return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node,
+                          nodes_per_leaf=nodes_per_leaf, oversubscription=oversubscription)
 
 
 @cli.command()
@@ -367,9 +414,10 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
-               inter_latency, sizes, numerics, seed, as_json):
+               inter_latency, nodes_per_leaf, oversubscription, sizes, numerics, seed, as_json):
     """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
-    topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
+    topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+                               nodes_per_leaf, oversubscription)
     low, sep, high = sizes.partition(":")
     low = parse_size(low, "--sizes")
     high = parse_size(high, "--sizes") if sep else low
@@ -400,9 +448,11 @@ def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_n
 
 @cli.command()
 @_topology_options
-def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency):
+def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency, nodes_per_leaf,
+         oversubscription):
     """Show a topology: its devices, switches and links."""
-    topo_ = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency)
+    topo_ = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+                                nodes_per_leaf, oversubscription)
     graph = topo_.graph
     switches = [n for n in graph.nodes if n not in set(topo_.devices)]
     console.print(f"{topo_.name}: {topo_.num_devices} devices, {len(switches)} switches, {graph.number_of_edges()} links")

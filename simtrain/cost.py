@@ -12,6 +12,10 @@ backward, which would stretch their lifetime in the memory measurement.
   (model and loss) and one around `loss.backward()`. They are flop_counter's
   definitions: matrix multiplies, convolutions and attention, 2 FLOPs per
   multiply-add; element-wise ops, reductions and softmax count 0.
+- `grad_ready_flops`: for each trainable parameter, in `model.parameters()`
+  order, the backward FLOPs counted when its gradient was complete (a
+  post-accumulate-grad hook reads the backward counter): when, in the
+  backward, an overlapping all-reduce may start on it.
 - `activation_bytes`: the peak, over forward and backward, of the bytes of
   tensors autograd holds for backward. Every tensor autograd saves goes
   through `torch.autograd.graph.saved_tensors_hooks`; its storage is counted
@@ -58,6 +62,7 @@ class StepCost:
     forward_flops: float
     backward_flops: float
     activation_bytes: int  # peak bytes of tensors autograd saves for backward
+    grad_ready_flops: tuple[float, ...] = ()  # backward FLOPs done when each trainable parameter's gradient is complete
 
 
 _cache: dict[tuple, StepCost] = {}
@@ -86,9 +91,9 @@ def _measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
     # Two passes, each on its own copy: FlopCounterMode's module tracker holds on to tensors
     # that modules see during backward (a checkpointed segment's recomputation), which would
     # stretch their lifetime in the activation measurement.
-    forward_flops, backward_flops = _count_flops(model, x, y)
+    forward_flops, backward_flops, grad_ready_flops = _count_flops(model, x, y)
     return StepCost(forward_flops=forward_flops, backward_flops=backward_flops,
-                    activation_bytes=_peak_saved_bytes(model, x, y))
+                    activation_bytes=_peak_saved_bytes(model, x, y), grad_ready_flops=grad_ready_flops)
 
 
 def _fresh(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
@@ -102,14 +107,26 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return cross_entropy(model(x), y)
 
 
-def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, tuple[float, ...]]:
     replica, x = _fresh(model, x)
+    trainable = [p for p in replica.parameters() if p.requires_grad]
+    ready = [0.0] * len(trainable)
+    backward_counter = FlopCounterMode(display=False)
+
+    def hook(index):
+        def record(_):  # a gradient accumulated twice (a shared parameter) is ready the second time
+            ready[index] = float(backward_counter.get_total_flops())
+        return record
+
+    handles = [p.register_post_accumulate_grad_hook(hook(index)) for index, p in enumerate(trainable)]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with FlopCounterMode(display=False) as forward_counter:
             loss = _loss(replica, x, y)
-        with FlopCounterMode(display=False) as backward_counter:
+        with backward_counter:
             loss.backward()
-    return float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops())
+    for handle in handles:
+        handle.remove()
+    return float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()), tuple(ready)
 
 
 def _peak_saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:

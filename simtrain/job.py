@@ -13,7 +13,9 @@ A job is what runs on a cluster. It joins
 - a **group** of the cluster's devices, named by their global ranks. Inside the
   job, ranks are 0..world-1 in group order.
 
-It owns its communicator: a SimCommunicator over the group's network nodes,
+It owns its communicator: a SimCommunicator over the group's network nodes
+(exclusive of the network when the job is built `alone` and its scheme runs
+nothing but ring all-reduces: comm/ring_schedule.py),
 logging under the devices' global ranks. So several jobs on disjoint groups
 run side by side on one cluster, sharing its links (max-min fair, where their
 routes overlap) and its clock, and every span they log carries the job's
@@ -66,7 +68,7 @@ class Job:
     """A scenario's training on a group of a cluster's devices."""
 
     def __init__(self, scenario: Scenario, cluster: Cluster, ranks, numerics: bool = True, on_step=None,
-                 between_steps=None):
+                 between_steps=None, alone: bool = False):
         self.scenario = scenario
         self.name = scenario.name
         self.cluster = cluster
@@ -90,6 +92,9 @@ class Job:
             shares = [copy.deepcopy(self.model) for _ in range(self.world)]
         self.replicas = [Replica(share, self._loader(rank), scenario.train) for rank, share in enumerate(shares)]
         self.scheme = build_scheme(self, on_step)
+        # Alone on the cluster's network (`alone`: nothing else will run on it), a job whose collectives are
+        # all ring all-reduces has them timed as a group when numerics are off (comm/ring_schedule.py).
+        self.comm.exclusive = alone and self.scheme.only_ring_all_reduces
         self.between_steps = between_steps  # (rank, step) -> a step program returning whether to go on
         spec = scenario.train.checkpoint
         self.checkpoints = Checkpoints(spec, self.replicas) if spec is not None else None

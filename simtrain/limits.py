@@ -21,6 +21,7 @@ MAX_NAME_BYTES = 128  # `name`, in UTF-8: the default output folder runs/<name>/
 # Counts.
 MAX_DEVICES = 4096  # simulated devices of one cluster (cluster.devices, a topology file's gpus, --devices)
 MAX_LINKS = 500_000  # links of one topology (about 1.4 KiB of host memory each): fully_connected up to 1,000 GPUs
+MAX_SWEEP_RUNS = 10_000  # runs of one simtrain sweep (the product of its grids)
 MAX_STEPS = 1_000_000  # train.steps, and any count of steps (intervals, annealing)
 MAX_MH_STEPS = 1_000  # data.mh.steps: proposals per batch slot per batch, each a host draw
 MAX_SCHEDULE_ENTRIES = 1_000  # train.schedule entries (each validated, ~0.4 ms); values of one pbt mutation list

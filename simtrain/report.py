@@ -21,6 +21,7 @@ import torch
 
 from . import __version__
 from .hw.cluster import Cluster
+from .hw.eventlog import Span, exposed
 from .scenario import Scenario
 
 BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling", "bubble")
@@ -121,6 +122,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     counted = {device.rank for device in cluster.devices if device.rank in job_names or not job_names}
     for device in cluster.devices:
         spent = {kind: log.total(device.rank, kind) for kind in kinds}
+        spent["communication"] = log.exposed_communication(device.rank)  # what overlaps other work is hidden
         spent["idle"] = max(0.0, sim_time - sum(spent.values()))
         if device.rank in counted:
             for kind, seconds in spent.items():
@@ -196,8 +198,20 @@ def build_trace(cluster: Cluster) -> dict:
         for rank in ranks:
             device = cluster.devices[rank]
             events.append(_meta(index, rank, "thread_name", f"rank {rank} ({device.node})"))
+            spans = sorted(spans_by_rank[rank], key=lambda s: (s.start, s.end))
+            if cluster.log.overlaps(rank):
+                # Its communication stream gets a track of its own; the device's track shows the exposed part.
+                stream = len(cluster.devices) + rank
+                events.append(_meta(index, stream, "thread_name", f"rank {rank} communication stream"))
+                events.extend(_span(index, stream, span.name, span.kind, span.start, span.end, {"bytes": span.nbytes})
+                              for span in spans if span.kind == "communication")
+                others = [span for span in spans if span.kind != "communication"]
+                parts = exposed([(s.start, s.end) for s in spans if s.kind == "communication"],
+                                [(s.start, s.end) for s in others])
+                spans = sorted(others + [Span(index, rank, "communication", "exposed communication", start, end, 0, 0)
+                                         for start, end in parts], key=lambda s: (s.start, s.end))
             cursor = 0.0
-            for span in sorted(spans_by_rank[rank], key=lambda s: (s.start, s.end)):
+            for span in spans:
                 if span.start > cursor:
                     events.append(_span(index, rank, "idle", "idle", cursor, span.start, {}))
                 args = {"bytes": span.nbytes} if span.nbytes else {}

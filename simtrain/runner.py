@@ -67,8 +67,9 @@ def run(scenario: Scenario, on_step=None) -> Report:
                                 seed=scenario.seed)
         scheduled_faults(scenario, cluster)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
+        # Faults change links under the collectives: no group timing of a ring's transfers (ring_schedule.py).
         job = Job(scenario, cluster, range(world), numerics=scenario.numerics,
-                  on_step=lambda *step: monitor.on_step(*step))
+                  on_step=lambda *step: monitor.on_step(*step), alone=not faulty)
         scheme = job.scheme
         monitor = TrainLossMonitor(scheme.trained_model, job.data.train if scenario.numerics else None,
                                    scenario.report.every, steps, then=on_step)

@@ -79,7 +79,11 @@ class ClusterSpec(_Strict):
     device: Union[str, dict[str, Any]] = "a100-40gb"  # catalog name or inline spec
     link: LinkSpec = LinkSpec(bandwidth=50e9, latency=5e-6)
     inter_node_link: LinkSpec | None = None  # hierarchical: each GPU's NIC to the spine
-    gpus_per_node: Count(MAX_DEVICES) | None = None  # hierarchical
+    gpus_per_node: Count(MAX_DEVICES) | None = None  # hierarchical, fat_tree
+    # fat_tree: nodes whose same-rail NICs share a leaf switch (a DGX SuperPOD scalable unit: 20 nodes,
+    # NVIDIA DGX SuperPOD reference architecture), and a leaf's downlink to uplink bandwidth (1: non-blocking)
+    nodes_per_leaf: Count(MAX_DEVICES) = 20
+    oversubscription: Real(ge=1, le=MAX_DEVICES) = 1.0
     torus_shape: tuple[Count(MAX_DEVICES), Count(MAX_DEVICES)] | None = None  # torus2d: rows, cols
     # Heterogeneous and noisy devices (hw/cluster.py): per-rank changes, lognormal compute noise.
     overrides: dict[Count(MAX_DEVICES - 1, minimum=0), "DeviceOverride"] = {}
@@ -376,6 +380,11 @@ class ParallelSpec(_Strict):
     channels: Count(MAX_CHANNELS) | None = None
     async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
     sync_batchnorm: Flag = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
+    # Data-parallel sync: all-reduce the gradient in DDP's buckets (reverse parameter order, bucket_cap_mb MiB
+    # each, torch DDP's default 25), each as soon as the backward has completed it (train/grad_bucket.py);
+    # false: one all-reduce of the whole gradient after the backward
+    overlap: Flag = True
+    bucket_cap_mb: Real(gt=0, le=1 << 20) = 25.0
     # The layout (schemes/layout.py): dp x pp x tp must equal the job's devices.
     dp: Count(MAX_DEVICES) | None = None  # data-parallel replicas; None: devices / (pp x tp)
     pp: Count(MAX_DEVICES) = 1  # pipeline stages

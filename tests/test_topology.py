@@ -4,8 +4,10 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+import simpy
 
 from simtrain.errors import ScenarioError, TopologyError
+from simtrain.hw.network import Network
 from simtrain.hw.topology_builders import BUILDERS, LinkClass, build_topology, load_topology_file, parse_link
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +130,40 @@ def test_hierarchical_equal_latency_still_prefers_the_node_switch():
 # ---- builder errors ----
 
 
+def test_fat_tree_rails_leaves_and_core():
+    # 8 nodes of 4 GPUs, 2 nodes per leaf: 4 leaf groups of 4 rails
+    topo = build_topology("fat_tree", 32, NVLINK, inter_link=IB, gpus_per_node=4, nodes_per_leaf=2,
+                          oversubscription=2)
+    leaves = [node for node in topo.graph if node.startswith("leaf")]
+    assert len(leaves) == 16 and all(topo.graph.has_edge(leaf, "core") for leaf in leaves)
+    assert topo.link("leaf0-rail0", "core")["bandwidth"] == 2 * IB.bandwidth / 2
+    assert topo.path("gpu0", "gpu1") == ("gpu0", "node0-switch", "gpu1")
+    assert topo.path("gpu0", "gpu4") == ("gpu0", "leaf0-rail0", "gpu4")  # same rail, same leaf
+    assert topo.path("gpu0", "gpu5") == ("gpu0", "node0-switch", "gpu1", "leaf0-rail1", "gpu5")  # rail first
+    assert topo.path("gpu0", "gpu8") == ("gpu0", "leaf0-rail0", "core", "leaf1-rail0", "gpu8")
+
+
+def test_fat_tree_oversubscribed_uplink_is_shared():
+    # 2 nodes per leaf at 2:1: a leaf's uplink carries one NIC's bandwidth, so the two rail-0
+    # GPUs of leaf 0 sending across it at once get half of it each: alpha + 2 S / B
+    topo = build_topology("fat_tree", 16, NVLINK, inter_link=IB, gpus_per_node=4, nodes_per_leaf=2,
+                          oversubscription=2)
+    env = simpy.Environment()
+    network = Network(env, topo)
+    size = 25 * 10**6
+    flows = [network.start_flow(src, dst, size) for src, dst in (("gpu0", "gpu8"), ("gpu4", "gpu12"))]
+    env.run()
+    for flow in flows:
+        assert flow.end == pytest.approx(4 * IB.latency + 2 * size / IB.bandwidth, rel=1e-12)
+    alone = build_topology("fat_tree", 16, NVLINK, inter_link=IB, gpus_per_node=4, nodes_per_leaf=2)
+    env = simpy.Environment()
+    network = Network(env, alone)
+    flows = [network.start_flow(src, dst, size) for src, dst in (("gpu0", "gpu8"), ("gpu4", "gpu12"))]
+    env.run()
+    for flow in flows:  # non-blocking: each at its NIC's rate
+        assert flow.end == pytest.approx(4 * IB.latency + size / IB.bandwidth, rel=1e-12)
+
+
 @pytest.mark.parametrize(
     "kwargs, parts",
     [
@@ -152,6 +188,10 @@ def test_hierarchical_equal_latency_still_prefers_the_node_switch():
          ["cluster.inter_node_link: required by the hierarchical builder"]),
         (dict(topology="hierarchical", devices=16, link=IB, inter_link=NVLINK, gpus_per_node=8),
          ["cluster.inter_node_link: latency 0.25 us is below the intra-node link's 1.35 us"]),
+        (dict(topology="fat_tree", devices=16, link=NVLINK, inter_link=IB),
+         ["cluster.gpus_per_node: required by the fat_tree builder"]),
+        (dict(topology="fat_tree", devices=16, link=NVLINK, inter_link=IB, gpus_per_node=8, nodes_per_leaf=2,
+              oversubscription=3), ["cluster.oversubscription: 3 leaves a leaf's uplink below one NIC's bandwidth"]),
     ],
 )
 def test_builder_errors_name_the_field(kwargs, parts):
@@ -159,7 +199,7 @@ def test_builder_errors_name_the_field(kwargs, parts):
 
 
 def test_every_builder_is_listed():
-    assert BUILDERS == ("ring", "fully_connected", "switch", "torus2d", "hierarchical")
+    assert BUILDERS == ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree")
     for name in BUILDERS:
         assert build_topology(name, 4, NVLINK, inter_link=IB, gpus_per_node=2).num_devices == 4
 
@@ -204,6 +244,16 @@ def test_torus_file_equals_the_torus_builder():
     assert nx.utils.edges_equal(topo.graph.edges(data=True), built.graph.edges(data=True))
     for a, b in itertools.combinations(range(16), 2):
         assert hops(topo, f"gpu{a}", f"gpu{b}") == wrap_manhattan(a, b, 4, 4)
+
+
+def test_superpod_file_equals_the_fat_tree_builder():
+    topo = load_topology_file(Path(__file__).parent.parent / "topologies" / "dgx-a100-superpod-su.yaml")
+    built = build_topology("fat_tree", 160, LinkClass(300e9, 0.25e-6, 0.8), inter_link=LinkClass(25e9, 1.35e-6, 0.96),
+                           gpus_per_node=8, nodes_per_leaf=20)
+    assert topo.devices == built.devices
+    assert nx.utils.edges_equal(topo.graph.edges(data=True), built.graph.edges(data=True))
+    for a, b in [(0, 1), (0, 8), (0, 9), (5, 159), (17, 130)]:
+        assert topo.path(f"gpu{a}", f"gpu{b}") == built.path(f"gpu{a}", f"gpu{b}")
 
 
 def test_file_topology_device_count(monkeypatch):

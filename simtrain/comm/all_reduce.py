@@ -26,6 +26,7 @@ from .hierarchical import hierarchical_all_reduce
 from .naive import naive_all_reduce
 from .ops import Concurrently
 from .ring import ring_all_reduce
+from .ring_schedule import RingAllReduce
 from .tree import tree_all_reduce
 
 ALL_REDUCE = {"naive": naive_all_reduce, "ring": ring_all_reduce, "tree": tree_all_reduce,
@@ -63,7 +64,7 @@ def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], chann
     def channel_program(channel: int, rank: int, part, average: bool):
         order = orders[channel]
         if algorithm == "ring":
-            return ring_all_reduce(rank, world, part, average, ring=None if order == identity else order, tag=channel)
+            return RingAllReduce(rank, world, part, average, ring=None if order == identity else order, tag=channel)
         if algorithm == "dbtree":
             return dbtree_all_reduce(rank, world, part, average, order=order, tags=(2 * channel, 2 * channel + 1))
         return hierarchical_all_reduce(rank, world, part, average, hosts=hosts_per_channel[channel], tag=channel)

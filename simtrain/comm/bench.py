@@ -50,7 +50,7 @@ def benchmark_all_reduce(topology: Topology, algorithm: str, sizes: list[int], n
         else:
             buffers = [torch.empty(numel, dtype=dtype, device="meta") for _ in range(world)]
         env = simpy.Environment()
-        comm = SimCommunicator(Network(env, topology, record=False), topology.devices)
+        comm = SimCommunicator(Network(env, topology, record=False), topology.devices, exclusive=True)
         finished_s = []
         for rank in range(world):
             comm.run(rank, program(rank, world, buffers[rank])).callbacks.append(lambda _: finished_s.append(env.now))

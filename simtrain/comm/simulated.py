@@ -18,15 +18,24 @@ run in seconds.
 On meta tensors (numerics off) nothing is copied or summed; the timing is the
 same. Time a rank spends with a transfer of its own in flight is logged as
 "communication"; time it waits for a peer to post is left as idle.
+
+A communicator built `exclusive` is promised that its links carry nothing but
+its own collectives. There, a ring all-reduce on meta tensors whose ring paths
+share no directed link is timed for the whole group at once, when its last
+rank posts it (ring_schedule.py): the same times, spans, bytes, link figures
+and staging peaks as flow by flow, with no per-transfer Python.
 """
 from collections import deque
+from heapq import heappush
 
+import numpy as np
 import simpy
 
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
-from ..hw.network import Network
+from ..hw.network import Network, TransferRecord
 from .ops import Concurrently, Send
+from .ring_schedule import RingAllReduce, ring_times
 
 
 class _RankProgram:
@@ -68,7 +77,8 @@ class SimCommunicator:
     """A group of ranks on network nodes that run collective programs together."""
 
     def __init__(self, network: Network, nodes: list[str], log: EventLog | None = None,
-                 ledgers: list[MemoryLedger] | None = None, global_ranks: list[int] | None = None):
+                 ledgers: list[MemoryLedger] | None = None, global_ranks: list[int] | None = None,
+                 exclusive: bool = False):
         self.network = network
         self.env: simpy.Environment = network.env
         self.nodes = list(nodes)
@@ -79,6 +89,10 @@ class SimCommunicator:
         self._mailboxes: dict[int, _Mailbox] = {}  # key (tag * world + src) * world + dst
         self._running: dict[int, _RankProgram] = {}
         self.bytes_by_label: dict[str, int] = {}  # bytes sent by the group's programs, by their label
+        self.exclusive = exclusive
+        self._scheduled_posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
+        self._scheduled_count = [0] * self.world  # ring all-reduces each rank posted to be timed as a group
+        self._ring_routes: dict[tuple[int, ...], list | None] = {}  # ring order -> routes by position
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
         """Start `program` for group rank `rank` now; the event fires with its return value."""
@@ -86,8 +100,78 @@ class SimCommunicator:
             raise RuntimeError(f"rank {rank} is already running a collective in this group")
         state = _RankProgram(rank, program, self.env.event(), label)
         self._running[rank] = state
-        self._advance(state, None)
+        if self.exclusive and type(program) is RingAllReduce and self._timed_as_group(program):
+            self._post_ring(state)
+        else:
+            self._advance(state, None)
         return state.done
+
+    def _timed_as_group(self, program: RingAllReduce) -> bool:
+        """Whether ring_schedule.py times it: meta tensors, and ring paths that share no directed link."""
+        if not program.buf.is_meta or program.world < 2:
+            return False
+        order = program.order()
+        if order not in self._ring_routes:
+            routes = [self.network.route(self.nodes[rank], self.nodes[order[(position + 1) % len(order)]])
+                      for position, rank in enumerate(order)]
+            links = [link for route in routes for link in route[1]]
+            self._ring_routes[order] = routes if len(set(links)) == len(links) and all(
+                route[1] for route in routes) else None
+        return self._ring_routes[order] is not None
+
+    def _post_ring(self, state: _RankProgram) -> None:
+        """Hold the rank's ring all-reduce until every rank has posted its own; then time them all."""
+        number = self._scheduled_count[state.rank]
+        self._scheduled_count[state.rank] += 1
+        posts = self._scheduled_posts.setdefault(number, {})
+        posts[state.rank] = (self.env._now, state)
+        if len(posts) == self.world:
+            del self._scheduled_posts[number]
+            self._time_ring(posts)
+
+    def _time_ring(self, posts: dict[int, tuple[float, _RankProgram]]) -> None:
+        first = posts[0][1].program
+        order, chunk_bytes = first.order(), first.chunk_bytes()
+        for _, state in posts.values():
+            if state.program.order() != order or not np.array_equal(state.program.chunk_bytes(), chunk_bytes):
+                raise RuntimeError(f"rank {state.rank} posts a ring all-reduce that does not match rank 0's")
+        routes = self._ring_routes[order]
+        network = self.network
+        times = ring_times(np.array([posts[rank][0] for rank in order]), np.array([route[3] for route in routes]),
+                           np.array([route[2] for route in routes]), chunk_bytes,
+                           np.array([network.busy_s(route[1]) for route in routes]), keep_transfers=network.record)
+        states = [posts[rank][1] for rank in order]
+        records = [[] for _ in order]
+        for position, start, end, nbytes in times.transfers:
+            sender, receiver = order[position], order[(position + 1) % len(order)]
+            records[position].append(tuple.__new__(TransferRecord, (
+                self.nodes[sender], self.nodes[receiver], states[position].label, start, end, nbytes,
+                routes[position][0])))
+        for position, route in enumerate(routes):
+            network.add_timed_flows(route[1], int(times.sent_bytes[position]), float(times.link_busy_s[position]),
+                                    records[position])
+            staging = int(times.staging_bytes[position])
+            if self.ledgers is not None and staging:
+                ledger = self.ledgers[order[position]]
+                ledger.alloc("comm_buffers", staging)
+                ledger.free("comm_buffers", staging)
+        for position, start, end, nbytes in times.spans:
+            state = states[position]
+            self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + nbytes
+            if self.log is not None:
+                self.log.span(self.global_ranks[state.rank], "communication", state.label, start, end, nbytes=nbytes)
+        env = self.env
+        for state, end in zip(states, times.end.tolist()):
+            # At exactly `end`, as the network's own timeouts are (simpy's schedule() takes a delay).
+            finished = env.event()
+            finished._ok, finished._value = True, None
+            finished.callbacks.append(lambda _, state=state: self._end_scheduled(state))
+            heappush(env._queue, (end, simpy.core.NORMAL, next(env._eid), finished))
+
+    def _end_scheduled(self, state: _RankProgram) -> None:
+        del self._running[state.rank]
+        state.program.close()  # never stepped: its work was timed as a whole
+        state.done.succeed(state.program.buf)
 
     def abandon(self, rank: int) -> None:
         """Rank `rank` is gone (its device was lost): its posted operations that no peer has matched are

@@ -102,7 +102,8 @@ def build_topology_from_spec(spec: ClusterSpec, base_dir: Path = Path(".")) -> T
     return build_topology(
         spec.topology, spec.devices, _link_class(spec.link),
         inter_link=_link_class(spec.inter_node_link), gpus_per_node=spec.gpus_per_node,
-        torus_shape=spec.torus_shape, base_dir=base_dir)
+        torus_shape=spec.torus_shape, nodes_per_leaf=spec.nodes_per_leaf, oversubscription=spec.oversubscription,
+        base_dir=base_dir)
 
 
 def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = True, seed: int = 0,

@@ -9,6 +9,11 @@ reports, traces and plots are views of these two logs.
 
     log.assign([4, 5, 6, 7], job=1)        # a second job takes devices 4-7
     log.span(5, "compute", "forward", 0.0, 1e-3)
+
+A rank whose communication can overlap its own work (a collective posted on
+its communication stream during the backward) is tracked: its spans are kept
+as intervals, and its exposed communication is the communication time when
+no other span of the rank runs. For every other rank it is the total.
 """
 from typing import NamedTuple
 
@@ -39,6 +44,11 @@ class EventLog:
         # When the last span ended: the end of the run. The clock itself may run on past it to
         # a network timeout that a rate change made stale (it fires and does nothing).
         self.last_end_s = 0.0
+        self._overlapping: dict[int, tuple[list, list]] = {}  # rank -> (communication, other) intervals
+
+    def track_overlap(self, rank: int) -> None:
+        """Rank `rank`'s communication may overlap its other spans: keep its intervals."""
+        self._overlapping.setdefault(rank, ([], []))
 
     def assign(self, ranks: list[int], job: int) -> None:
         """Devices `ranks` now belong to job `job`: their spans carry its index."""
@@ -51,6 +61,9 @@ class EventLog:
         self.totals[key] = self.totals.get(key, 0.0) + (end - start)
         if end > self.last_end_s:
             self.last_end_s = end
+        tracked = self._overlapping.get(rank)
+        if tracked is not None:
+            tracked[kind != "communication"].append((start, end))
         if self.record:
             self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
 
@@ -73,3 +86,48 @@ class EventLog:
     def total(self, rank: int, kind: str) -> float:
         """Seconds that rank spent on spans of kind."""
         return self.totals.get((rank, kind), 0.0)
+
+    def overlaps(self, rank: int) -> bool:
+        return rank in self._overlapping
+
+    def exposed_communication(self, rank: int) -> float:
+        """Seconds of rank's communication during which none of its other spans ran."""
+        total = self.total(rank, "communication")
+        if rank not in self._overlapping:
+            return total
+        communication, other = self._overlapping[rank]
+        return total - sum(end - start for start, end in communication) + sum(
+            end - start for start, end in exposed(communication, other))
+
+
+def exposed(communication: list[tuple[float, float]], other: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of the (disjoint) communication intervals during which none of the other intervals runs."""
+    return _outside(sorted(communication), _union(sorted(other)))
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted intervals merged where they touch or overlap."""
+    merged = []
+    for start, end in intervals:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _outside(intervals: list[tuple[float, float]], disjoint: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of sorted `intervals` outside the sorted, disjoint `disjoint`."""
+    parts, first = [], 0
+    for start, end in intervals:
+        while first < len(disjoint) and disjoint[first][1] <= start:
+            first += 1
+        index = first
+        while index < len(disjoint) and disjoint[index][0] < end:
+            if disjoint[index][0] > start:
+                parts.append((start, disjoint[index][0]))
+            start = max(start, disjoint[index][1])
+            index += 1
+        if end > start:
+            parts.append((start, end))
+    return parts

@@ -158,6 +158,28 @@ class Network:
         self.start_flow(src, dst, nbytes, done.succeed, label)
         return done
 
+    def route(self, src: str, dst: str) -> tuple:
+        """(path, directed links, bottleneck rate in bytes/s, total latency in s) of transfers src -> dst."""
+        try:
+            return self._routes[src][dst]
+        except KeyError:
+            return self._route(src, dst)
+
+    def busy_s(self, links) -> float:
+        """Busy time so far of the first of `links` (a route's), for flows timed outside the network."""
+        return links[0].busy_s if links else 0.0
+
+    def add_timed_flows(self, links, nbytes: int, busy_s: float, records=()) -> None:
+        """Account flows timed outside the network (comm/ring_schedule.py) that crossed a route's `links`
+        alone, one after another: `nbytes` in all, after which the links' busy time is `busy_s`
+        (accumulated from `busy_s(links)` as the network adds it, flow by flow); `records` are
+        their TransferRecords."""
+        for link in links:
+            link.bytes += nbytes
+            link.busy_s = busy_s
+        if self.record:
+            self.records.extend(records)
+
     def link_stats(self) -> list[dict]:
         """Per directed link, in graph edge order (u->v, then v->u): bytes of the
         completed flows that crossed it, and the time it carried at least one

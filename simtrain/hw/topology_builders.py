@@ -15,6 +15,16 @@
   own NIC linked with `inter_link` to one `spine` switch (rail-optimized, one NIC
   per GPU, as in DGX clusters). Intra-node traffic stays on the node switch,
   inter-node traffic goes gpu -> spine -> gpu.
+- `fat_tree`: nodes of `gpus_per_node` GPUs on a node switch (`link`), each
+  GPU's NIC (`inter_link`) to the leaf switch of its rail: the GPUs of local
+  index r of every `nodes_per_leaf` consecutive nodes share `leaf{g}-rail{r}`
+  (rail-optimized, as a DGX SuperPOD scalable unit of 20 nodes). Every leaf
+  has one uplink to the `core`, of `nodes_per_leaf` NICs' bandwidth divided
+  by `oversubscription` (1: non-blocking). The uplink stands for the leaf's
+  many cables to many spine switches, over which ECMP spreads flows: in a
+  flow model, one link of their summed bandwidth. Traffic between rails goes
+  through the node switch to the GPU of the destination's rail first when
+  that is quicker (as NCCL's PXN does), else through the core.
 
 A topology file describes any other network:
 
@@ -51,7 +61,7 @@ from ..units import parse_quantity
 from ..user_files import load_yaml_file, user_path
 from .topology import Topology
 
-BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical")
+BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree")
 
 _FILE_KEYS = ("name", "gpus", "switches", "link_classes", "links")
 _LINK_KEYS = ("between", "class", "bandwidth", "latency", "efficiency")
@@ -103,6 +113,8 @@ def build_topology(
     inter_link: LinkClass | None = None,
     gpus_per_node: int | None = None,
     torus_shape: tuple[int, int] | None = None,
+    nodes_per_leaf: int = 20,
+    oversubscription: float = 1.0,
     base_dir: str | Path | None = None,
 ) -> Topology:
     """A builder's topology, or a file's (links then come from the file, not `link`).
@@ -121,7 +133,9 @@ def build_topology(
             return _switch(devices, link)
         if topology == "torus2d":
             return _torus2d(devices, link, torus_shape)
-        return _hierarchical(devices, link, inter_link, gpus_per_node)
+        if topology == "hierarchical":
+            return _hierarchical(devices, link, inter_link, gpus_per_node)
+        return _fat_tree(devices, link, inter_link, gpus_per_node, nodes_per_leaf, oversubscription)
     result = load_topology_file(_find_file(topology, base_dir))
     if devices is not None and devices != result.num_devices:
         raise TopologyError(f"cluster.devices: {devices} does not match the {result.num_devices} GPUs of {topology}")
@@ -216,33 +230,55 @@ def _torus_shape(devices: int, torus_shape) -> tuple[int, int]:
     return rows, cols
 
 
-def _hierarchical(devices: int, link: LinkClass, inter_link, gpus_per_node) -> Topology:
+def _nodes(devices: int, link: LinkClass, inter_link, gpus_per_node, builder: str) -> tuple[nx.Graph, list[str]]:
+    """The GPUs of nodes of `gpus_per_node`, each node's joined by its switch `node{k}-switch`."""
     if gpus_per_node is None:
-        raise TopologyError("cluster.gpus_per_node: required by the hierarchical builder")
+        raise TopologyError(f"cluster.gpus_per_node: required by the {builder} builder")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise TopologyError(f"cluster.gpus_per_node: must be an integer >= 1, got {gpus_per_node!r}")
     if devices % gpus_per_node:
         raise TopologyError(f"cluster.gpus_per_node: {devices} devices do not split into nodes of {gpus_per_node}")
     if inter_link is None:
-        raise TopologyError("cluster.inter_node_link: required by the hierarchical builder")
+        raise TopologyError(f"cluster.inter_node_link: required by the {builder} builder")
     if inter_link.latency < link.latency:
         raise TopologyError(
             f"cluster.inter_node_link: latency {inter_link.latency * 1e6:g} us is below the intra-node "
-            f"link's {link.latency * 1e6:g} us; intra-node traffic would route through the spine"
+            f"link's {link.latency * 1e6:g} us; intra-node traffic would route through the network"
         )
-    nodes = devices // gpus_per_node
     gpus = _gpus(devices)
-    switches = [f"node{k}-switch" for k in range(nodes)]
     graph = nx.Graph()
-    graph.add_nodes_from(gpus + switches + ["spine"])
+    graph.add_nodes_from(gpus)
     # Intra-node edges first: at equal latency, routing prefers the earlier-added neighbour.
     graph.add_edges_from(
-        ((gpu, switches[rank // gpus_per_node]) for rank, gpu in enumerate(gpus)),
+        ((gpu, f"node{rank // gpus_per_node}-switch") for rank, gpu in enumerate(gpus)),
         bandwidth=link.bandwidth, latency=link.latency, efficiency=link.efficiency,
     )
+    return graph, gpus
+
+
+def _hierarchical(devices: int, link: LinkClass, inter_link, gpus_per_node) -> Topology:
+    graph, gpus = _nodes(devices, link, inter_link, gpus_per_node, "hierarchical")
     graph.add_edges_from(((gpu, "spine") for gpu in gpus), bandwidth=inter_link.bandwidth,
                          latency=inter_link.latency, efficiency=inter_link.efficiency)
-    return Topology(graph, gpus, name=f"hierarchical-{nodes}x{gpus_per_node}")
+    return Topology(graph, gpus, name=f"hierarchical-{devices // gpus_per_node}x{gpus_per_node}")
+
+
+def _fat_tree(devices: int, link: LinkClass, inter_link, gpus_per_node, nodes_per_leaf: int,
+              oversubscription: float) -> Topology:
+    graph, gpus = _nodes(devices, link, inter_link, gpus_per_node, "fat_tree")
+    if oversubscription > nodes_per_leaf:
+        raise TopologyError(f"cluster.oversubscription: {oversubscription:g} leaves a leaf's uplink below one NIC's "
+                            f"bandwidth (nodes_per_leaf {nodes_per_leaf})")
+    leaf_of = [f"leaf{rank // (gpus_per_node * nodes_per_leaf)}-rail{rank % gpus_per_node}"
+               for rank in range(devices)]
+    graph.add_edges_from(zip(gpus, leaf_of), bandwidth=inter_link.bandwidth, latency=inter_link.latency,
+                         efficiency=inter_link.efficiency)
+    graph.add_edges_from(((leaf, "core") for leaf in dict.fromkeys(leaf_of)),
+                         bandwidth=nodes_per_leaf * inter_link.bandwidth / oversubscription,
+                         latency=inter_link.latency, efficiency=inter_link.efficiency)
+    nodes = devices // gpus_per_node
+    return Topology(graph, gpus, name=f"fat_tree-{nodes}x{gpus_per_node}-{nodes_per_leaf}per-leaf"
+                                      f"-{oversubscription:g}to1")
 
 
 def load_topology_file(path) -> Topology:

@@ -70,6 +70,10 @@ class Scheme(Protocol):
     # its own part) or "store" (the cluster's shared-memory store).
     state_placement: str
 
+    # Whether every collective the scheme runs on the job's communicator is one ring all-reduce program
+    # (comm/ring_schedule.py's RingAllReduce): then a job alone on its network may time them as a group.
+    only_ring_all_reduces: bool
+
     def set_hyperparameters(self, rank: int, values: dict) -> None:
         """Set live hyperparameters ({"train.optimizer.lr": 0.1}) from job rank `rank`'s next step on
         (train/hyperparameters.py)."""

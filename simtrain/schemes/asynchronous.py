@@ -81,6 +81,7 @@ class AsynchronousSGD:
     """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
 
     state_placement = "store"  # the training state lives in the store, not on the workers' devices
+    only_ring_all_reduces = False
 
     def __init__(self, job, on_step=None):
         self.job = job

@@ -5,7 +5,10 @@ sampling), as a `sampling` span. Then the real forward and backward (with
 SyncBN, its statistics all-reduced on the way, with the scheme's collective).
 After them: their measured FLOPs at the device's peak for the replica's
 compute dtype, as `forward` and `backward` compute spans, with the measured
-activation peak held on the device's ledger meanwhile.
+activation peak held on the device's ledger meanwhile. A scheme that
+overlaps communication with the backward gives the operations to yield as
+the backward completes gradients: the backward is charged in pieces between
+them.
 
     loss = yield from forward_backward(replica)
 """
@@ -13,11 +16,14 @@ from ..train.replica import Replica
 from .program import Alloc, Busy, Collective, Compute, Free
 
 
-def forward_backward(replica: Replica, statistics_all_reduce=None):
+def forward_backward(replica: Replica, statistics_all_reduce=None, during_backward=None):
     """Step program: the replica's forward and backward on its next batch; returns the loss.
 
     `statistics_all_reduce(buffer)`, when given, is the collective program that sums a
-    SyncBN statistics buffer across the group (the forward and backward exchange them)."""
+    SyncBN statistics buffer across the group (the forward and backward exchange them).
+    `during_backward(cost, loss)`, when given, is called once the real forward and backward are
+    done and returns [(backward FLOPs, operation)] in FLOPs order: each operation is yielded
+    once the simulated backward has done that many FLOPs."""
     if replica.loader.host_seconds > 0:
         yield Busy(replica.loader.host_seconds, "sample batch", kind="sampling")
     if statistics_all_reduce is None:
@@ -28,7 +34,14 @@ def forward_backward(replica: Replica, statistics_all_reduce=None):
     dtype = replica.precision.name
     yield Alloc("activations", cost.activation_bytes)
     yield Compute(cost.forward_flops, dtype, "forward")
-    yield Compute(cost.backward_flops, dtype, "backward")
+    done = 0.0
+    for flops, operation in during_backward(cost, loss) if during_backward is not None else ():
+        if flops > done:
+            yield Compute(flops - done, dtype, "backward")
+            done = flops
+        yield operation
+    if cost.backward_flops > done or during_backward is None:
+        yield Compute(cost.backward_flops - done, dtype, "backward")
     yield Free("activations", cost.activation_bytes)
     return loss
 

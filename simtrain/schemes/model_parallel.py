@@ -91,6 +91,7 @@ class ModelParallel(RankReplicas):
     """dp x pp x tp training with a pipeline schedule, tensor-parallel layers and a gradient all-reduce."""
 
     state_placement = "sharded"  # each rank holds its own share of the model and its optimizer state
+    only_ring_all_reduces = False
 
     def __init__(self, job, on_step=None):
         self.job = job

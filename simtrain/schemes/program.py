@@ -16,6 +16,12 @@ step touches time or memory:
   its rank `rank` (a pipeline's, a tensor-parallel group's); the yield
   returns the communication seconds credited to this rank for it (time with
   a transfer of its own in flight);
+- `PostCollective(program, label)`: a collective program on the job's
+  communicator that runs on the rank's communication stream while the
+  program carries on (DDP's bucket all-reduce during the backward): posted
+  collectives run one after another, in posting order;
+- `WaitCollectives()`: the rank waits until every collective it posted has
+  ended (DDP finalizing the backward);
 - `Transfer(src, dst, nbytes, label)`: bytes between two network nodes that
   are not both ranks of the job (a worker and the shared-memory store); the
   yield returns its seconds, credited as communication;
@@ -76,6 +82,15 @@ class Collective(NamedTuple):
     rank: int | None = None  # the rank's index in that sub-group
 
 
+class PostCollective(NamedTuple):
+    program: object
+    label: str
+
+
+class WaitCollectives(NamedTuple):
+    pass
+
+
 class Transfer(NamedTuple):
     src: str
     dst: str
@@ -99,6 +114,7 @@ def run_program(job, rank: int, program):
     device = job.devices[rank]
     memory, log, env = device.memory, job.cluster.log, job.cluster.env
     value = None
+    posted = None  # the event of the last collective posted on the communication stream
     try:
         while True:
             try:
@@ -120,6 +136,13 @@ def run_program(job, rank: int, program):
                 else:
                     yield op.comm.run(op.rank, op.program, label=op.label)
                 value = log.total(device.rank, "communication") - before
+            elif kind is PostCollective:
+                if posted is None:
+                    log.track_overlap(device.rank)
+                posted = env.process(_after(posted, job.comm, rank, op))
+            elif kind is WaitCollectives:
+                if posted is not None:
+                    yield posted
             elif kind is MemoryBound:
                 yield device.memory_bound(op.nbytes, op.name, kind=op.kind)
             elif kind is Busy:
@@ -137,3 +160,10 @@ def run_program(job, rank: int, program):
                 raise TypeError(f"a step program yielded {op!r}, not an operation of schemes/program.py")
     except simpy.Interrupt:  # the device was lost, or its job torn down: the program ends where it stands
         program.close()
+
+
+def _after(previous, comm, rank: int, op: PostCollective):
+    """The communication stream: `op`'s collective starts once the one posted before it has ended."""
+    if previous is not None:
+        yield previous
+    yield comm.run(rank, op.program, label=op.label)

@@ -7,6 +7,12 @@ network), and every replica applies the same averaged gradient with its own
 optimizer (real, charged as memory-bound work). A device that finishes early
 waits inside the all-reduce for the others: that wait is its idle time.
 
+With `parallel.overlap` (the default, as DDP) the gradient is all-reduced in
+buckets (train/grad_bucket.py) posted on the rank's communication stream as
+the backward completes them, so they run while the rest of the backward
+computes; the optimizer waits for the last one. Only the communication no
+compute hides is counted as communication in the breakdown.
+
     scheme = SyncDataParallel(job)          # parallel.scheme: naive | ring | tree
     job.start(); run_to_end(job.cluster.env)
 
@@ -29,12 +35,13 @@ past its capacity raises OutOfMemory at that step.
 """
 from ..comm import build_all_reduce
 from ..errors import ScenarioError
+from ..train.grad_bucket import overlap_buckets
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.precision import persistent_bytes, update_bytes
 from ..train.syncbn import synced_batchnorms
 from .kfac_sync import DistributedKfac
 from .local_work import forward_backward
-from .program import Alloc, Collective, MemoryBound
+from .program import Alloc, Collective, MemoryBound, PostCollective, WaitCollectives
 from .rank_replicas import RankReplicas
 
 
@@ -50,6 +57,9 @@ class SyncDataParallel(RankReplicas):
         train = job.scenario.train
         self.regroup()
         self.steps = train.steps
+        self.overlap = parallel.overlap and self.world > 1
+        self._bucket_cap_bytes = int(parallel.bucket_cap_mb * (1 << 20))  # DDP: bucket_cap_mb * 1024 * 1024
+        self._buckets = {}  # the step's StepCost -> its buckets
         self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
         params = self.replicas[0].params
         self._held_bytes = persistent_bytes(params, train.precision, train.optimizer)
@@ -59,6 +69,7 @@ class SyncDataParallel(RankReplicas):
         self.kfac = None
         if train.optimizer.name == "kfac":
             self.kfac = DistributedKfac(self.replicas, self.devices, self.all_reduce, train.optimizer)
+        self.only_ring_all_reduces = parallel.scheme == "ring" and self.kfac is None  # K-FAC also broadcasts
         self.sync_batchnorm = job.scenario.parallel.sync_batchnorm
         if self.sync_batchnorm:
             try:
@@ -102,15 +113,35 @@ class SyncDataParallel(RankReplicas):
         for step in range(first_step, self.steps):
             if not (yield from self.job.before_step(rank, step)):
                 break
-            loss = yield from forward_backward(replica, statistics)
-            self._step_losses[step][rank] = loss
-            yield Collective(self.all_reduce(rank, self.world, replica.grad_buffer, average=True), "all_reduce")
+            if self.overlap:
+                yield from forward_backward(replica, statistics, self._bucket_all_reduces(rank, step))
+                yield WaitCollectives()
+            else:
+                self._step_losses[step][rank] = yield from forward_backward(replica, statistics)
+                yield Collective(self.all_reduce(rank, self.world, replica.grad_buffer, average=True), "all_reduce")
             if self.kfac is not None:
                 yield from self.kfac.step(rank)
             replica.step()
             yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer")
             if rank == 0:
                 self._end_step(step)
+
+    def _bucket_all_reduces(self, rank: int, step: int):
+        """during_backward for forward_backward: each bucket's all-reduce, posted once the backward completed it.
+        The loss is kept before any is posted: rank 0 reads every rank's when its last all-reduce ends."""
+        replica = self.replicas[rank]
+        buffer = replica.grad_buffer
+
+        def posts(cost, loss):
+            self._step_losses[step][rank] = loss
+            buckets = self._buckets.get(cost)
+            if buckets is None:
+                buckets = self._buckets[cost] = overlap_buckets(replica.params, cost.grad_ready_flops,
+                                                                buffer.element_size(), self._bucket_cap_bytes)
+            return [(bucket.ready_flops, PostCollective(
+                self.all_reduce(rank, self.world, buffer[bucket.start:bucket.stop], average=True), "all_reduce"))
+                for bucket in buckets]
+        return posts
 
     def _end_step(self, step: int) -> None:
         # Every rank posted its gradient before rank 0's all-reduce could finish,
@@ -159,5 +190,7 @@ class SyncDataParallel(RankReplicas):
         if self.kfac is not None:
             sections.update(self.kfac.report_section(self.steps))
         sections["parallel"] = {"dp": self.world, "pp": 1, "tp": 1, "bubble_fraction": 0.0, "bytes_by_kind": {
-            "dp_allreduce": self.job.comm.bytes_by_label.get("all_reduce", 0), "pp_p2p": 0, "tp_allreduce": 0}}
+            "dp_allreduce": self.job.comm.bytes_by_label.get("all_reduce", 0), "pp_p2p": 0, "tp_allreduce": 0},
+            "overlap": self.overlap,
+            "buckets": max((len(buckets) for buckets in self._buckets.values()), default=1)}
         return sections

@@ -7,7 +7,17 @@ reads the reduced values. Replicas, mixed precision's fp32 master gradients
 and the async store's shared parameters all keep their gradients this way.
 
     bucket = flat_grad_buffer(params)      # zeroed; p.grad is a view into it
+
+For an all-reduce that overlaps the backward pass, the buffer is cut into
+DDP's buckets: parameters in reverse order (the order backward finishes
+them), a bucket closed once it holds `cap_bytes` or more, so each bucket is
+a contiguous slice of the buffer, all-reduced as soon as its last gradient
+is complete and after the bucket before it (DDP reduces buckets in order):
+
+    for bucket in overlap_buckets(params, cost.grad_ready_flops, buffer.element_size(), 25 << 20): ...
 """
+from typing import NamedTuple
+
 import torch
 
 
@@ -20,3 +30,28 @@ def flat_grad_buffer(params: list[torch.Tensor]) -> torch.Tensor:
         p.grad = buffer[offset:offset + p.numel()].view_as(p)
         offset += p.numel()
     return buffer
+
+
+class Bucket(NamedTuple):
+    """Elements [start, stop) of the gradient buffer, all-reduced once the backward has done `ready_flops`."""
+
+    start: int
+    stop: int
+    ready_flops: float
+
+
+def overlap_buckets(params: list[torch.Tensor], grad_ready_flops: tuple[float, ...], element_size: int,
+                    cap_bytes: int) -> list[Bucket]:
+    """DDP's buckets of `params`' gradient buffer, in the order they are all-reduced.
+
+    `grad_ready_flops[i]`: the backward FLOPs done when params[i]'s gradient is complete (cost.py)."""
+    offsets = [0]
+    for p in params:
+        offsets.append(offsets[-1] + p.numel())
+    buckets, stop, ready = [], offsets[-1], 0.0
+    for index in reversed(range(len(params))):
+        ready = max(ready, grad_ready_flops[index])  # never before the bucket it follows
+        if (stop - offsets[index]) * element_size >= cap_bytes or index == 0:
+            buckets.append(Bucket(offsets[index], stop, ready))
+            stop = offsets[index]
+    return buckets

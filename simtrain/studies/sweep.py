@@ -1,0 +1,252 @@
+"""A sweep: one scenario run at every point of a grid, in local processes or on a Ray cluster.
+
+    simtrain sweep scenarios/quickstart.yaml --grid "cluster.devices=8,16,32,64" \\
+        --grid "cluster.topology=ring,switch,topologies/dgx-a100-2node.yaml" --workers 2 --out runs/sweep
+
+A grid is `dotted.path=v1,v2,...`: each value is parsed as YAML, and a comma
+inside brackets, braces or quotes belongs to its value (`model.hidden=[64,64],[256]`).
+The runs are the product of the grids, the first grid outermost; each is the
+scenario with the `--set` overrides, then its grid values. Every run is
+validated before any starts: a point the schema refuses becomes a row with its
+error, as does a run that fails (any exception) or runs out of memory, and the
+sweep goes on. Each run's report.json goes to `OUT/runs/<index>/`, and the
+sweep writes
+
+- `OUT/sweep.json` and `OUT/sweep.csv`: one row per run, in product order,
+  with the grid values and the report's headline figures (`ROW_FIGURES`);
+- `OUT/sweep.png`: one figure (`metric`, step time by default) against the
+  first grid's values, a line per combination of the other grids' values.
+
+Rows depend neither on the worker count nor on the order runs finish in (the
+host's wall time is not in them). Runs go to `workers` spawned processes, or,
+with `ray_address`, are submitted as tasks to an existing Ray cluster
+(`pip install simtrain[ray]`): each task gets the validated scenario and
+returns its report, so only files the scenario reads when it runs (a topology
+file, a user's model module) must be at the same path on Ray's workers.
+
+    rows = run_sweep("scenarios/quickstart.yaml", [parse_grid("cluster.devices=2,4")], [], Path("out"), workers=2)
+"""
+import csv
+import itertools
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+from ..errors import ScenarioError, SimtrainError, one_line  # noqa: E402
+from ..limits import MAX_SWEEP_RUNS  # noqa: E402
+from ..report import finite_or_none  # noqa: E402
+from ..runner import run as run_scenario  # noqa: E402
+from ..scenario import load_scenario  # noqa: E402
+from ..user_files import parse_yaml_text  # noqa: E402
+
+ROW_FIGURES = ("step_time_s", "throughput_samples_per_s", "scaling_efficiency", "sim_time_s", "compute_s",
+               "communication_s", "idle_s", "bubble_s", "peak_memory_bytes", "final_loss", "final_accuracy")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One axis of a sweep: a scenario field and the values it takes, as written and as parsed."""
+
+    path: str
+    texts: tuple[str, ...]
+    values: tuple
+
+
+def parse_grid(text: str) -> Grid:
+    """`"cluster.devices=8,16"` -> Grid; ScenarioError naming --grid if it is not path=v1,v2,..."""
+    path, sep, values = text.partition("=")
+    path = path.strip()
+    if not sep or not path:
+        raise ScenarioError(f"--grid {text!r}: expected dotted.path=value[,value...]")
+    texts = tuple(part.strip() for part in _split_values(values))
+    if not all(texts):
+        raise ScenarioError(f"--grid {path}: an empty value in {values!r}")
+    values = tuple(parse_yaml_text(value, f"--grid {path}", ScenarioError) for value in texts)
+    for index, value in enumerate(values):
+        if value in values[:index]:
+            raise ScenarioError(f"--grid {path}: the value {texts[index]} is given twice")
+    return Grid(path, texts, values)
+
+
+def _split_values(text: str) -> list[str]:
+    """Split at commas outside brackets, braces and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for index, char in enumerate(text):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    return [*parts, text[start:]]
+
+
+def plan_points(grids: list[Grid]) -> list[tuple[int, ...]]:
+    """Every combination of the grids' value indices, the first grid outermost."""
+    paths = [grid.path for grid in grids]
+    if not grids:
+        raise ScenarioError("sweep: give at least one --grid")
+    repeated = sorted({path for path in paths if paths.count(path) > 1})
+    if repeated:
+        raise ScenarioError(f"--grid {repeated[0]}: given twice")
+    count = 1
+    for grid in grids:
+        count *= len(grid.values)
+    if count > MAX_SWEEP_RUNS:
+        raise ScenarioError(f"--grid: {count} runs, more than a sweep takes ({MAX_SWEEP_RUNS})")
+    return list(itertools.product(*(range(len(grid.values)) for grid in grids)))
+
+
+def run_sweep(scenario_file: str, grids: list[Grid], common: list[str], out_dir: Path, workers: int = 1,
+              ray_address: str | None = None, metric: str = "step_time_s", on_done=None) -> list[dict]:
+    """Run the sweep (on_done(finished, total) after each run); write its rows, CSV and plot; return the rows."""
+    if metric not in ROW_FIGURES:
+        raise ScenarioError(f"--metric: {metric!r} is not one of {', '.join(ROW_FIGURES)}")
+    load_scenario(scenario_file, common)  # the file and the common overrides are good before anything runs
+    points = plan_points(grids)
+    scenarios, errors = [], []
+    for point in points:
+        overrides = [f"{grid.path}={grid.texts[index]}" for grid, index in zip(grids, point)]
+        try:
+            scenarios.append(load_scenario(scenario_file, [*common, *overrides]))
+            errors.append(None)
+        except SimtrainError as error:
+            scenarios.append(None)
+            errors.append(one_line(str(error)))
+    todo = [index for index, scenario in enumerate(scenarios) if scenario is not None]
+    results = dict(_run_all([scenarios[index] for index in todo], todo, workers, ray_address, on_done))
+    rows = []
+    for index, point in enumerate(points):
+        values = {grid.path: grid.values[value] for grid, value in zip(grids, point)}
+        outcome = results.get(index, {"error": errors[index]})
+        if "report" in outcome:
+            run_dir = out_dir / "runs" / f"{index:04d}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "report.json").write_text(outcome["report"])
+        rows.append(headline_row(index, values, outcome))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.json").write_text(json.dumps(finite_or_none(rows), indent=2, allow_nan=False) + "\n")
+    write_csv(rows, grids, out_dir / "sweep.csv")
+    plot_sweep(rows, grids, metric, out_dir / "sweep.png")
+    return rows
+
+
+def _run_all(scenarios: list, indices: list[int], workers: int, ray_address: str | None, on_done):
+    """(index, outcome) for every scenario, in the order they finish."""
+    total = len(scenarios)
+    if ray_address is not None:
+        yield from _run_on_ray(scenarios, indices, ray_address, on_done)
+        return
+    if workers == 1 or total <= 1:
+        for finished, (index, scenario) in enumerate(zip(indices, scenarios), start=1):
+            yield index, run_one(scenario)
+            if on_done is not None:
+                on_done(finished, total)
+        return
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state inherited
+    with ProcessPoolExecutor(max_workers=min(workers, total), mp_context=context) as pool:
+        futures = {pool.submit(run_one, scenario): index for index, scenario in zip(indices, scenarios)}
+        for finished, future in enumerate(as_completed(futures), start=1):
+            yield futures[future], future.result()
+            if on_done is not None:
+                on_done(finished, total)
+
+
+def _run_on_ray(scenarios: list, indices: list[int], address: str, on_done):
+    try:
+        import ray
+    except ImportError:
+        raise ScenarioError("--ray: Ray is not installed (pip install 'simtrain[ray]')") from None
+    ray.init(address=address)
+    task = ray.remote(run_one)
+    pending = {task.remote(scenario): index for index, scenario in zip(indices, scenarios)}
+    finished = 0
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for reference in ready:
+            finished += 1
+            yield pending.pop(reference), ray.get(reference)
+            if on_done is not None:
+                on_done(finished, len(scenarios))
+
+
+def run_one(scenario) -> dict:
+    """One run of a sweep: {"report": report.json's text}, or {"error": one line} if it failed."""
+    try:
+        return {"report": run_scenario(scenario).to_json()}
+    except SimtrainError as error:
+        return {"error": one_line(str(error))}
+    except Exception as error:  # noqa: BLE001  (a failing run is a row, not a crashed sweep)
+        return {"error": f"{type(error).__name__}: {one_line(str(error))}"}
+
+
+def headline_row(index: int, values: dict, outcome: dict) -> dict:
+    """A sweep's row: the run's grid values, status and headline figures (None where there are none)."""
+    row = {"index": index, **values, **{figure: None for figure in ROW_FIGURES}}
+    if "report" not in outcome:
+        return {**row, "status": "error", "error": outcome["error"]}
+    data = json.loads(outcome["report"])
+    breakdown = data["breakdown_s"]
+    row.update({figure: data[figure] for figure in ("step_time_s", "throughput_samples_per_s",
+                                                    "scaling_efficiency", "sim_time_s", "final_loss",
+                                                    "final_accuracy")})
+    row.update({f"{kind}_s": breakdown[kind] for kind in ("compute", "communication", "idle", "bubble")})
+    row["peak_memory_bytes"] = max(device["peak_memory_bytes"] for device in data["devices"])
+    error = data["out_of_memory"]["message"] if data["status"] == "out_of_memory" else None
+    return {**row, "status": data["status"], "error": error}
+
+
+def write_csv(rows: list[dict], grids: list[Grid], path: Path) -> None:
+    columns = ["index", *(grid.path for grid in grids), "status", *ROW_FIGURES, "error"]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if row[column] is None else
+                             json.dumps(row[column]) if isinstance(row[column], (list, dict)) else row[column]
+                             for column in columns])
+
+
+def plot_sweep(rows: list[dict], grids: list[Grid], metric: str, path: Path) -> None:
+    """`metric` against the first grid's values, one line per combination of the other grids' values."""
+    first, others = grids[0], grids[1:]
+    numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in first.values)
+    positions = list(first.values) if numeric else list(range(len(first.values)))
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
+    lines: dict[tuple, list] = {}
+    for row in rows:
+        key = tuple(first_text(grid, row[grid.path]) for grid in others)
+        lines.setdefault(key, [None] * len(first.values))[first.values.index(row[first.path])] = row[metric]
+    for key, points in lines.items():
+        xs = [x for x, y in zip(positions, points) if y is not None]
+        ys = [y for y in points if y is not None]
+        label = ", ".join(f"{grid.path}={text}" for grid, text in zip(others, key)) or metric
+        axes.plot(xs, ys, marker="o", linewidth=1.6, label=label)
+    if numeric and min(positions) > 0 and max(positions) / min(positions) >= 8:
+        axes.set_xscale("log", base=2)
+    axes.set_xticks(positions, list(first.texts))
+    axes.set_xlabel(first.path)
+    axes.set_ylabel(metric)
+    axes.set_title(f"{metric} against {first.path}")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, metadata={"Software": None})
+    plt.close(figure)
+
+
+def first_text(grid: Grid, value) -> str:
+    """How the value was written on the command line."""
+    return grid.texts[grid.values.index(value)]

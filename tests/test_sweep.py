@@ -1,0 +1,111 @@
+"""simtrain sweep: the product of grids, rows independent of workers and finishing order, failures as rows."""
+import json
+import sys
+import types
+
+import pytest
+
+import simtrain
+from simtrain.cli import main
+from simtrain.errors import ScenarioError
+from simtrain.studies.sweep import parse_grid, plan_points, run_sweep
+
+QUICKSTART = "scenarios/quickstart.yaml"
+COMMON = ["train.steps=4", "report.trace=false"]
+GRIDS = ["cluster.devices=2,4", "parallel.scheme=ring,naive"]
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serial")
+    return run_sweep(QUICKSTART, [parse_grid(g) for g in GRIDS], COMMON, out, workers=1), out
+
+
+def test_rows_are_the_product_in_order_with_the_runs_figures(serial):
+    rows, out = serial
+    assert [(row["cluster.devices"], row["parallel.scheme"]) for row in rows] == [
+        (2, "ring"), (2, "naive"), (4, "ring"), (4, "naive")]
+    alone = simtrain.run(simtrain.load_scenario(QUICKSTART, [*COMMON, "cluster.devices=4", "parallel.scheme=naive"]))
+    assert rows[3]["step_time_s"] == alone.data["step_time_s"]
+    assert rows[3]["communication_s"] == alone.data["breakdown_s"]["communication"]
+    assert rows[3]["final_loss"] == alone.data["final_loss"]
+    assert json.loads((out / "runs" / "0003" / "report.json").read_text())["step_time_s"] == alone.data["step_time_s"]
+    assert json.loads((out / "sweep.json").read_text()) == rows
+    csv_lines = (out / "sweep.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("index,cluster.devices,parallel.scheme,status,step_time_s")
+    assert len(csv_lines) == 5
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rows_do_not_depend_on_the_worker_count(serial, tmp_path):
+    rows, _ = serial
+    assert run_sweep(QUICKSTART, [parse_grid(g) for g in GRIDS], COMMON, tmp_path, workers=2) == rows
+
+
+class FakeReference:
+    def __init__(self, result):
+        self.result = result
+
+
+class FakeRay(types.ModuleType):
+    """Ray's task API, finishing the tasks in reverse order of submission."""
+
+    def __init__(self):
+        super().__init__("ray")
+        self.address = None
+
+    def init(self, address):
+        self.address = address
+
+    def remote(self, function):
+        return types.SimpleNamespace(remote=lambda *args: FakeReference(function(*args)))
+
+    def wait(self, references, num_returns):
+        return [references[-1]], references[:-1]
+
+    def get(self, reference):
+        return reference.result
+
+
+def test_ray_tasks_finishing_in_any_order_give_the_same_rows(serial, tmp_path, monkeypatch):
+    rows, _ = serial
+    ray = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    assert run_sweep(QUICKSTART, [parse_grid(g) for g in GRIDS], COMMON, tmp_path, ray_address="ray://head:10001") \
+        == rows
+    assert ray.address == "ray://head:10001"
+
+
+def test_a_failing_run_is_a_row_with_its_error(tmp_path):
+    grids = [parse_grid("cluster.devices=0,2"), parse_grid("cluster.device={base: a100-40gb, memory: 100 KiB},a100-40gb")]
+    rows = run_sweep(QUICKSTART, grids, COMMON, tmp_path, workers=1)
+    assert [row["status"] for row in rows] == ["error", "error", "out_of_memory", "ok"]
+    assert rows[0]["error"].startswith(f"{QUICKSTART}: cluster.devices")
+    assert "largest per-device batch size" in rows[2]["error"]
+    assert rows[2]["step_time_s"] is None and rows[3]["step_time_s"] > 0
+
+
+def test_grids_parse_yaml_values_and_keep_bracketed_commas():
+    grid = parse_grid("model.hidden=[64,64], [128],'a,b'")
+    assert grid.values == ([64, 64], [128], "a,b")
+    assert len(plan_points([grid, parse_grid("cluster.devices=2,4")])) == 6
+    for text, message in [("cluster.devices", "expected dotted.path=value"), ("cluster.devices=2,,4", "empty value"),
+                          ("cluster.devices=2,2", "given twice")]:
+        with pytest.raises(ScenarioError, match=message):
+            parse_grid(text)
+    with pytest.raises(ScenarioError, match="given twice"):
+        plan_points([parse_grid("seed=1,2"), parse_grid("seed=3")])
+
+
+def test_cli_prints_a_table_and_refuses_bad_grids_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_code:
+        main(["sweep", QUICKSTART, "--grid", "cluster.devices=2", "--set", "train.steps=2", "--workers", "1",
+              "--out", str(tmp_path)])
+    assert exit_code.value.code == 0
+    assert "1 runs" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_code:
+        main(["sweep", QUICKSTART, "--grid", "cluster.devices=2", "--metric", "speed", "--out", str(tmp_path / "b")])
+    assert exit_code.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: --metric: 'speed' is not one of step_time_s, " \
+        "throughput_samples_per_s, scaling_efficiency, sim_time_s, compute_s, communication_s, idle_s, bubble_s, " \
+        "peak_memory_bytes, final_loss, final_accuracy"
