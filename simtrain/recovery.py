@@ -111,7 +111,8 @@ class Recovery:
         if checkpoints is None:
             reason = "no train.checkpoint to restart from"
         elif len(self.spares) < len(lost):
-            reason = f"no spare left to replace it (cluster.spares; {len(self.spares)} left)"
+            reason = (f"no spare left to replace it (cluster.spares; {len(self.spares)} left; shrinking to the "
+                      "survivors is not modelled)")
         if reason is not None:
             for _, event in lost:
                 event["effect"] = f"the job failed: {reason}"

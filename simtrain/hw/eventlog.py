@@ -82,6 +82,8 @@ class EventLog:
             kept.append(span)
         self.spans = kept
         self.last_end_s = max((span.end for span in kept), default=0.0)
+        for intervals in self._overlapping.get(rank, ()):
+            intervals[:] = [(start, min(end, now)) for start, end in intervals if start < now]
 
     def total(self, rank: int, kind: str) -> float:
         """Seconds that rank spent on spans of kind."""

@@ -54,7 +54,7 @@ class SyncDataParallel(RankReplicas):
         self.job = job
         self.replicas = job.replicas
         self.world = job.world
-        train = job.scenario.train
+        train, parallel = job.scenario.train, job.scenario.parallel
         self.regroup()
         self.steps = train.steps
         self.overlap = parallel.overlap and self.world > 1
