@@ -318,7 +318,7 @@ def test_async_lost_worker_updates(consistency, phase):
     landed_before = sum(1 for e in spans(free, "shared optimizer step") if e["tid"] == worker
                         and (e["ts"] + e["dur"]) * 1e-6 <= at)
     push_lost = phase == "push"  # its bytes had not all reached the store; in the apply, they had
-    assert event["push_lost"] == push_lost and section["pushes_lost"] == int(push_lost)
+    assert event["push_lost"] == push_lost and faulty.data["faults"]["pushes_lost"] == int(push_lost)
     assert section["updates_per_rank"][worker] == event["updates_applied"] == landed_before + (not push_lost)
     # Every update claimed was applied once: the lost one went back to the others.
     assert section["updates"] == sum(section["updates_per_rank"]) == len(faulty.data["loss_curve"]) == 80

@@ -111,7 +111,7 @@ class AsynchronousSGD:
         self.staleness: list[int] = []  # per update, in the order applied
         self.updates_per_rank = [0] * self.world
         self.lock_wait_s = [0.0] * self.world
-        self.pushes_lost = 0
+        self.pushes_lost = 0  # report.json's faults.pushes_lost (recovery.py)
         # Per worker, its update in progress (recovery.py settles it if the device is lost):
         # (stage, lock request or None, what landing it needs); None between updates.
         self._doing: list[tuple | None] = [None] * self.world
@@ -285,6 +285,4 @@ class AsynchronousSGD:
             "staleness_histogram": histogram,
             "lock_wait_s": sum(self.lock_wait_s),
             "lock_wait_s_per_rank": list(self.lock_wait_s),
-            **({"pushes_lost": self.pushes_lost} if self.job.scenario.cluster.faults
-               or self.job.scenario.cluster.random_faults else {}),
         }}
