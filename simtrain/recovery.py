@@ -95,13 +95,15 @@ class Recovery:
 
     def _detected(self, _event) -> None:
         """The job notices its lost devices: restart on spares from the latest checkpoint, or fail."""
-        job, now = self.job, self.env.now
+        job, now, log = self.job, self.env.now, self.job.cluster.log
         lost, self._lost = self._lost, []
+        finished = job.finished.triggered  # the others finished without it: the run ended then
         for rank, event in lost:
-            job.cluster.log.span(job.ranks[rank], "lost", "lost (until detected)", event["at_s"], now)
             event["detected_at_s"] = now
             event["detection_s"] = now - event["at_s"]
-        if job.finished.triggered:
+            until = max(event["at_s"], log.last_end_s) if finished else now
+            log.span(job.ranks[rank], "lost", "lost (until detected)", event["at_s"], until)
+        if finished:
             for _, event in lost:
                 event["effect"] = "none: the job had finished"
             return

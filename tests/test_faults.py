@@ -396,3 +396,17 @@ def test_link_faults_run_under_model_parallelism():
     assert slow.data["sim_time_s"] > free.data["sim_time_s"]
     for name, tensor in slow.final_model.state_dict().items():
         assert torch.equal(tensor, free.final_model.state_dict()[name])
+
+
+def test_a_loss_after_the_last_all_reduce_changes_nothing():
+    # Lost while its last optimizer step runs: the others finish; the run ends when they do.
+    free = simtrain.run(validate_scenario(sync_scenario(checkpoint={"every": 10}, steps=20, trace=True)))
+    last = max((e for e in spans(free, "optimizer step") if e["tid"] == 2), key=lambda e: e["ts"])
+    at = (last["ts"] + last["dur"] / 2) * 1e-6
+    faulty = simtrain.run(validate_scenario(sync_scenario([{"at": at, "device": 2, "fail": True}], {"every": 10},
+                                                          steps=20)))
+    (event,) = faulty.data["faults"]["events"]
+    assert faulty.data["status"] == "ok" and event["effect"] == "none: the job had finished"
+    assert faulty.data["sim_time_s"] == free.data["sim_time_s"]
+    for name, tensor in faulty.final_model.state_dict().items():
+        assert torch.equal(tensor, free.final_model.state_dict()[name])
