@@ -122,7 +122,8 @@ class Recovery:
             raise JobFailed(f"device {job.ranks[rank]} ({event['node']}) lost at {event['at_s']:.6g} s: {reason}")
         step, done = checkpoints.saved.step, len(job.scheme.loss_curve)
         reload_s = checkpoints.read_seconds()
-        redone_s = lost[0][1]["at_s"] - max(self.resumed_at_s, checkpoints.saved.committed_at_s)
+        # 0 for a loss while the checkpoint was being read back after an earlier one
+        redone_s = max(0.0, lost[0][1]["at_s"] - max(self.resumed_at_s, checkpoints.saved.committed_at_s))
         for index, (rank, event) in enumerate(lost):
             spare = self.spares.pop(0)
             job.replace(rank, spare)
@@ -143,8 +144,8 @@ class Recovery:
         job.checkpoints.restore(job.replicas)
         scenario = job.scenario
         values = values_at(scenario.train.schedule, step, lambda path: _field(scenario, path))
-        for rank in range(job.world):
-            if values:
+        if values:
+            for rank in range(job.world):
                 job.scheme.set_hyperparameters(rank, values)
         job.scheme.rewind(step)
         if self.on_rewind is not None:

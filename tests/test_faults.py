@@ -410,3 +410,18 @@ def test_a_loss_after_the_last_all_reduce_changes_nothing():
     assert faulty.data["sim_time_s"] == free.data["sim_time_s"]
     for name, tensor in faulty.final_model.state_dict().items():
         assert torch.equal(tensor, free.final_model.state_dict()[name])
+
+
+def test_restart_goes_back_to_the_hyperparameters_of_its_checkpoint():
+    # train.schedule lowers lr before step 15; lost after step 18, the job goes back to step 10, where lr
+    # was still the scenario's: the restarted run must use it again until step 15 (bit-identical model).
+    raw = sync_scenario(checkpoint={"every": 10}, steps=30)
+    raw["train"]["schedule"] = [{"step": 15, "train.optimizer.lr": 0.02}]
+    free = simtrain.run(validate_scenario(raw))
+    after_18, after_19 = free.data["loss_curve"][17][0], free.data["loss_curve"][18][0]  # [sim_time_s, loss]
+    raw["cluster"]["faults"] = [{"at": (after_18 + after_19) / 2, "device": 3, "fail": True}]
+    faulty = simtrain.run(validate_scenario(raw))
+    (event,) = faulty.data["faults"]["events"]
+    assert event["checkpoint_step"] == 10 and event["steps_redone"] == 8
+    for name, tensor in faulty.final_model.state_dict().items():
+        assert torch.equal(tensor, free.final_model.state_dict()[name])
