@@ -144,8 +144,9 @@ def test_failed_link_reroutes_flows_in_flight(build, link):
 
 def test_no_route_left_is_a_job_failure_reported(tmp_path, capsys):
     path = tmp_path / "s.yaml"
-    path.write_text("name: noroute\ncluster: {topology: switch, devices: 4, faults: [{at: 0.1 ms, link: [gpu1, switch], "
-                    "fail: true}]}\nmodel: {name: mlp, hidden: [16]}\ntrain: {steps: 20}\nreport: {trace: false}\n")
+    path.write_text("name: noroute\ncluster: {topology: switch, devices: 4, faults: [{at: 0.1 ms, "
+                    "link: [gpu1, switch], fail: true}]}\nmodel: {name: mlp, hidden: [16]}\ntrain: {steps: 20}\n"
+                    "report: {trace: false}\n")
     with pytest.raises(SystemExit) as exit_:
         main(["run", str(path), "--out", str(tmp_path / "out"), "-q"])
     assert exit_.value.code == 3

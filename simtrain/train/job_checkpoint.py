@@ -22,7 +22,7 @@ restart starts from), every rank writes a checkpoint and only then goes on:
   what a restart goes back to.
 
     checkpoints = Checkpoints(spec, job.replicas)
-    yield from checkpoints.write(rank, replica, step)         # in the job's before_step
+    yield from checkpoints.write(rank, replica, step, lambda: env.now)   # in the job's before_step
     checkpoints.restore(job.replicas)                         # a restart (recovery.py)
 """
 from dataclasses import dataclass
