@@ -124,7 +124,9 @@ class Job:
     def restart(self, first_step: int, prologue) -> None:
         """Start every rank again at step `first_step` on a new communicator, after `prologue()` (a step
         program: reading the checkpoint)."""
+        bytes_by_label = self.comm.bytes_by_label  # what the job sent before goes on counting
         self.comm = self._communicator()
+        self.comm.bytes_by_label = bytes_by_label
         self._launch([self._then(prologue(), self.scheme.program(rank, first_step)) for rank in range(self.world)])
 
     @staticmethod

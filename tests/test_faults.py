@@ -237,6 +237,10 @@ def test_restart_shows_in_trace_and_report(restart_runs):
     # Goodput: the fault-free run without checkpoints over this run.
     assert section["goodput"] == pytest.approx(section["fault_free_time_s"] / faulty.data["sim_time_s"])
     assert section["fault_free_time_s"] < free.data["sim_time_s"]
+    # The all-reduce bytes of the steps done twice count twice, and part of the step the loss cut short.
+    per_step = free.data["parallel"]["bytes_by_kind"]["dp_allreduce"] // 60
+    sent = faulty.data["parallel"]["bytes_by_kind"]["dp_allreduce"]
+    assert per_step * (60 + event["steps_redone"]) <= sent < per_step * (61 + event["steps_redone"])
 
 
 @pytest.mark.parametrize("to,writers", [("host", 1), ("storage", 4)])
