@@ -14,6 +14,8 @@
     simtrain topo --topology topologies/dgx-a100-2node.yaml
 
 A user's mistake prints one line naming the field or file and exits with 2.
+A run whose job a fault stopped (hw/faults.py) writes its report (status
+failed, and why), prints its summary and exits with 3.
 """
 import functools
 import json
@@ -32,6 +34,7 @@ from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
 from .hw.cluster import build_cluster
+from .hw.faults import scheduled_faults
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .report import finite_or_none
@@ -42,6 +45,7 @@ from .user_files import load_yaml_file, output_folder, read_text_file, user_path
 
 console = Console()
 err_console = Console(stderr=True)
+JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
 
 
 def _errors_name_the_file(command):
@@ -73,7 +77,11 @@ def cli():
               "(as --set numerics=false).")
 @_errors_name_the_file
 def run(scenario_file, overrides, out_dir, quiet, no_numerics):
-    """Train the scenario's model on its simulated cluster and report."""
+    """Train the scenario's model on its simulated cluster and report.
+
+    Exit codes: 0 the job ran; 2 a mistake in the input (one line naming the field), or out of memory;
+    3 a fault stopped the job (cluster.faults, cluster.random_faults): report.json is written, with
+    status failed and the reason."""
     scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / scenario.name, "name")
     population = scenario.pbt.population if scenario.pbt is not None else 1
@@ -100,6 +108,10 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if not quiet:
         print_summary(report.data)
         console.print(f"wrote {out}/" + ", ".join(path.name for path in written))
+    if report.data["status"] == "failed":
+        err_console.print(f"job failed: {one_line(report.data['failure'])} (wrote {out}/report.json)",
+                          markup=False, highlight=False, soft_wrap=True)
+        sys.exit(JOB_FAILED_EXIT_CODE)
 
 
 @cli.command()
@@ -216,6 +228,8 @@ def print_summary(data: dict) -> None:
         table.add_row("staleness mean / max", f"{section['staleness_mean']:.2f} / {section['staleness_max']}")
         table.add_row("lock wait (all workers)", format_seconds(section['lock_wait_s']))
     console.print(table)
+    if "faults" in data:
+        print_faults(data["faults"])
     if "pbt" in data:
         print_population(data["pbt"])
     memory = Table(title="peak memory per device")
@@ -227,6 +241,28 @@ def print_summary(data: dict) -> None:
         memory.add_row(str(device["rank"]), format_bytes(device["peak_memory_bytes"]),
                        *(format_bytes(by_category.get(c, 0)) for c in categories))
     console.print(memory)
+
+
+def print_faults(section: dict) -> None:
+    """Every fault and what it did, then the checkpoints, the time lost and goodput."""
+    goodput = "n/a" if section["goodput"] is None else f"{section['goodput']:.1%}"
+    table = Table(title=f"faults: goodput {goodput} (fault-free "
+                        f"{format_seconds(section['fault_free_time_s'])}), {section['restarts']} restart(s), "
+                        f"{section['steps_redone']} step(s) redone, time lost {format_seconds(section['time_lost_s'])}",
+                  show_header=True)
+    for header in ("at", "source", "fault", "what it did"):
+        table.add_column(header, justify="right" if header == "at" else "left", overflow="fold")
+    for event in section["events"]:
+        kind, how = event["kind"].split("_")
+        what = f"link {'-'.join(event['link'])}" if kind == "link" else f"device {event['device']}"
+        detail = {key: value for key, value in event.items() if key not in ("at_s", "source", "kind", "link", "device")}
+        table.add_row(format_seconds(event["at_s"]), event["source"], f"{what} {how}",
+                      ", ".join(f"{key} {format_seconds(value) if key.endswith('_s') else value}"
+                                for key, value in detail.items()) or "-")
+    console.print(table)
+    console.print(f"checkpoints: {section['checkpoints_committed']} committed, "
+                  f"{format_bytes(section['checkpoint_bytes_per_rank'])} per rank, "
+                  f"{format_seconds(section['checkpoint_time_s'])} writing per rank")
 
 
 def print_population(section: dict) -> None:
@@ -447,10 +483,11 @@ def _rank_list(ranks: list[int]) -> str:
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
 @_errors_name_the_file
 def validate(scenario_file, overrides):
-    """Check a scenario (and build its cluster: topology, devices, shared memory; and check that the host has
-    the memory a run needs) without running it."""
+    """Check a scenario (and build its cluster: topology, devices, shared memory, faults; and check that the
+    host has the memory a run needs) without running it."""
     scenario = load_scenario(scenario_file, overrides)
     cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed)
+    scheduled_faults(scenario, cluster)
     check_scenario_fits_host(scenario)
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())

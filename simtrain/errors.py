@@ -2,7 +2,9 @@
 
 A user's mistake raises a `SimtrainError` subclass whose one-line message names
 the file and field at fault; the CLI prints that line and exits with code 2.
-A bug may raise anything else.
+A job that a fault stopped (hw/faults.py) is no mistake: `JobFailed` ends the
+simulation, the run still reports (status `failed`, and why), and the CLI exits
+with code 3. A bug may raise anything else.
 """
 
 
@@ -53,3 +55,11 @@ class Deadlock(SimtrainError):
 
 class CollectiveMismatch(SimtrainError):
     """Ranks of a process group called different collectives, or the same with different sizes."""
+
+
+class JobFailed(Exception):
+    """A fault stopped a job (not a user's mistake): the run reports `status: failed` and this reason."""
+
+
+class NoRoute(JobFailed):
+    """Failed links left no route between two nodes that must exchange bytes."""

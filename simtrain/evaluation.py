@@ -63,6 +63,10 @@ class TrainLossMonitor:
         if self.then is not None:
             self.then(step, sim_time_s, loss)
 
+    def rewind(self, step: int) -> None:
+        """Forget the points after step `step`: the job restarts there (recovery.py)."""
+        self.curve = [point for point in self.curve if point[0] <= step]
+
     def time_to(self, target: float) -> float | None:
         """The first simulated time at which the training-set loss was at or below `target`; None if never."""
         return next((sim_time for _, sim_time, loss in self.curve if loss <= target), None)

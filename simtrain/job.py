@@ -37,6 +37,12 @@ programs run with shapes, bytes and FLOPs and no arithmetic. The memory plan
     job = Job(scenario, cluster, ranks=range(cluster.size))
     job.start(); run_to_end(cluster.env); job.finish()
     job.scheme.report_sections()
+
+With `train.checkpoint` the job writes checkpoints in `before_step`
+(train/job_checkpoint.py). A restart after a lost device (recovery.py) puts a
+spare in the lost rank's place (`replace`), builds a new communicator over the
+devices as they are then, and starts every rank again from the checkpoint's
+step; `finished` fires when the programs of the latest start have all ended.
 """
 import copy
 
@@ -53,6 +59,7 @@ from .schemes.program import run_program
 from .train.checkpointing import apply_checkpointing
 from .train.data import MetaLoader, hold_out_validation, load_dataset
 from .train.hyperparameters import values_from
+from .train.job_checkpoint import Checkpoints
 from .train.models import build_model
 from .train.replica import Replica
 from .train.sampling import build_loader
@@ -71,8 +78,7 @@ class Job:
         self.world = len(self.devices)
         self.numerics = numerics
         self.index = cluster.add_job(self.name, self.ranks)
-        self.comm = SimCommunicator(cluster.network, [device.node for device in self.devices], log=cluster.log,
-                                    ledgers=[device.memory for device in self.devices], global_ranks=self.ranks)
+        self.comm = self._communicator()
         self.layout = Layout.of(scenario.parallel, self.world)
         self.data = hold_out_validation(load_dataset(scenario.data.name, scenario.data.loader_options(),
                                                      scenario.seed), scenario.data.validation_fraction, scenario.seed)
@@ -98,6 +104,14 @@ class Job:
         # all ring all-reduces has them timed as a group when numerics are off (comm/ring_schedule.py).
         self.comm.exclusive = alone and self.scheme.only_ring_all_reduces
         self.between_steps = between_steps  # (rank, step) -> a step program returning whether to go on
+        spec = scenario.train.checkpoint
+        self.checkpoints = Checkpoints(spec, self.replicas) if spec is not None else None
+        self.processes = []  # each rank's simpy process of the latest start
+        self.finished = cluster.env.event()  # the latest start's programs have all ended
+
+    def _communicator(self) -> SimCommunicator:
+        return SimCommunicator(self.cluster.network, [device.node for device in self.devices], log=self.cluster.log,
+                               ledgers=[device.memory for device in self.devices], global_ranks=self.ranks)
 
     def _sample_microbatch(self) -> torch.Tensor:
         """A meta microbatch of the data's inputs: what pipeline stages are balanced on."""
@@ -113,13 +127,39 @@ class Job:
 
     def start(self) -> None:
         """Start every rank's program on the cluster's clock."""
+        self._launch([self.scheme.program(rank) for rank in range(self.world)])
+
+    def restart(self, first_step: int, prologue) -> None:
+        """Start every rank again at step `first_step` on a new communicator, after `prologue()` (a step
+        program: reading the checkpoint)."""
+        bytes_by_label = self.comm.bytes_by_label  # what the job sent before goes on counting
+        self.comm = self._communicator()
+        self.comm.bytes_by_label = bytes_by_label
+        self._launch([self._then(prologue(), self.scheme.program(rank, first_step)) for rank in range(self.world)])
+
+    @staticmethod
+    def _then(first, second):
+        yield from first
+        return (yield from second)
+
+    def _launch(self, programs: list) -> None:
         env = self.cluster.env
-        for rank in range(self.world):
-            env.process(run_program(self, rank, self.scheme.program(rank)))
+        self.processes = [env.process(run_program(self, rank, program)) for rank, program in enumerate(programs)]
+        launched = self.processes
+        env.all_of(launched).callbacks.append(
+            lambda _event: self.finished.succeed() if self.processes is launched else None)
+
+    def replace(self, rank: int, spare: int) -> None:
+        """The cluster's device `spare` takes job rank `rank`'s place (its device was lost)."""
+        self.ranks[rank] = spare
+        self.devices[rank] = self.cluster.devices[spare]
+        self.cluster.join_job(self.index, spare)
 
     def before_step(self, rank: int, step: int):
         """Step program every rank runs before its step `step`: the hyperparameters train.schedule sets
         from that step on, then `between_steps` (a population's rounds); returns False to end training."""
+        if self.checkpoints is not None and self.checkpoints.due(step):
+            yield from self.checkpoints.write(rank, self.replicas[rank], step, lambda: self.cluster.env.now)
         values = values_from(self.scenario.train.schedule, step)
         if values:
             self.scheme.set_hyperparameters(rank, values)

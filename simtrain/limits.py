@@ -35,6 +35,7 @@ MAX_MICROBATCHES = 4_096  # parallel.pipeline.microbatches
 MAX_BATCH_SIZE = 1_000_000  # data.batch_size, per device
 MAX_CHANNELS = 64  # parallel.channels, --channels: all-reduce channels (NCCL's own limit is 32 or 64 by version)
 MAX_SEED = 2**32 - 1  # seed: every derived torch and numpy seed stays in range
+MAX_FAULTS = 1_000  # cluster.faults entries
 
 # Quantities, in SI units (units.parse_quantity); zero passes to the field's own check.
 QUANTITY_RANGES = {

@@ -63,12 +63,13 @@ def replay_step(scenario: Scenario, batch_size: int) -> Job:
     scheme = SCHEMES[scenario.parallel.scheme]
     cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed,
                             enforce_capacity=False)
-    steps = scheme.steps_until_every_rank_stepped(cluster.size)
+    world = cluster.size - scenario.cluster.spares  # the job's devices; spares stay idle
+    steps = scheme.steps_until_every_rank_stepped(world)
     replayed = scenario.model_copy(update={
         "data": scenario.data.model_copy(update={"batch_size": batch_size}),
         "train": scenario.train.model_copy(update={"steps": steps}),
     })
-    job = Job(replayed, cluster, range(cluster.size), numerics=False)
+    job = Job(replayed, cluster, range(world), numerics=False)
     job.start()
     run_to_end(cluster.env)
     return job

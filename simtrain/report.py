@@ -25,6 +25,7 @@ from .hw.eventlog import Span, exposed
 from .scenario import Scenario
 
 BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling", "bubble")
+FAULT_KINDS = ("checkpoint", "restart")  # in the breakdown of a run with faults or checkpoints
 
 
 @dataclass
@@ -42,7 +43,7 @@ class RunResult:
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
     extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
-    status: str = "ok"  # or "out_of_memory": the run stopped after `steps` steps
+    status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
 
 
 @dataclass
@@ -114,14 +115,18 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     steps = result.steps
     step_time = sim_time / steps if steps else None  # None: stopped (out of memory) before a step ended
     log = cluster.log
-    devices, breakdown_total = [], {kind: 0.0 for kind in (*BREAKDOWN_KINDS, "idle")}
+    kinds = (*BREAKDOWN_KINDS, *(FAULT_KINDS if "faults" in result.extra else ()))
+    devices, breakdown_total = [], {kind: 0.0 for kind in (*kinds, "idle")}
     job_names = {rank: name for name, ranks in cluster.jobs for rank in ranks}
+    # The devices of the jobs (a spare that never joined one does not count); every device if no job ran.
+    counted = {device.rank for device in cluster.devices if device.rank in job_names or not job_names}
     for device in cluster.devices:
-        spent = {kind: log.total(device.rank, kind) for kind in BREAKDOWN_KINDS}
+        spent = {kind: log.total(device.rank, kind) for kind in kinds}
         spent["communication"] = log.exposed_communication(device.rank)  # what overlaps other work is hidden
         spent["idle"] = max(0.0, sim_time - sum(spent.values()))
-        for kind, seconds in spent.items():
-            breakdown_total[kind] += seconds
+        if device.rank in counted:
+            for kind, seconds in spent.items():
+                breakdown_total[kind] += seconds
         memory = device.memory
         devices.append({
             "rank": device.rank,
@@ -133,7 +138,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
             "capacity_bytes": int(device.spec.memory_bytes),
             "breakdown_s": spent,
         })
-    per_step = {kind: seconds / len(cluster.devices) / steps if steps else None
+    per_step = {kind: seconds / len(counted) / steps if steps else None
                 for kind, seconds in breakdown_total.items()}
     links = [
         {**stat, "utilization": stat["busy_s"] / sim_time if sim_time > 0 else 0.0}
@@ -227,7 +232,7 @@ def _link_busy_intervals(cluster: Cluster) -> dict[tuple[str, str], list]:
     """Per directed link: merged intervals during which transfers crossed it."""
     crossing: dict[tuple[str, str], list] = {}
     for record in cluster.network.records:
-        path = cluster.topology.path(record.src, record.dst)
+        path = record.path
         for hop in zip(path, path[1:]):
             crossing.setdefault(hop, []).append((record.start, record.end, record.nbytes))
     merged = {}

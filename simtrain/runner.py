@@ -9,6 +9,14 @@ builds the cluster and the job, starts it, runs the clock to its end and
 reports. Nothing here depends on the scheme: what differs between schemes is
 behind the protocol in simtrain/schemes/__init__.py.
 
+With faults (`cluster.faults`, `cluster.random_faults`) or checkpoints
+(`train.checkpoint`), hw/faults.py applies the faults while the job runs,
+recovery.py decides what the job does about a lost device, and the report
+gains a `faults` section. Its `goodput` is the fault-free time over the time
+taken, where the fault-free time is measured: the same scenario without
+faults and without checkpoints, simulated once more. A job a fault
+stopped (`JobFailed`) still reports, with `status: failed` and the reason.
+
 Initialization follows the DDP contract: `torch.manual_seed(seed)` right before
 the model is built, and every replica is a copy of that model. Torch runs on
 one host thread so results are the same on every machine. The final loss is
@@ -21,12 +29,14 @@ from contextlib import contextmanager
 
 import torch
 
-from .errors import OutOfMemory, ScenarioError
+from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
 from .host_memory import check_scenario_fits_host
 from .hw.cluster import build_cluster, run_to_end
+from .hw.faults import FaultInjector, scheduled_faults
 from .job import Job
 from .memory_plan import largest_batch
+from .recovery import Recovery
 from .report import Report, RunResult, build_report
 from .scenario import Scenario
 from .train.sampling import sampling_section
@@ -50,21 +60,32 @@ def run(scenario: Scenario, on_step=None) -> Report:
     check_scenario_fits_host(scenario)
     wall_start = time.perf_counter()
     steps = scenario.train.steps
+    faulty = has_faults(scenario)
     with single_thread():
-        cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
+        # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
+        cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace or faulty,
                                 seed=scenario.seed)
-        job = Job(scenario, cluster, range(cluster.size), numerics=scenario.numerics,
-                  on_step=lambda *step: monitor.on_step(*step), alone=True)
+        scheduled_faults(scenario, cluster)  # checks the faults' names and the spares against the cluster
+        world = cluster.size - scenario.cluster.spares
+        # Faults change links under the collectives: no group timing of a ring's transfers (ring_schedule.py).
+        job = Job(scenario, cluster, range(world), numerics=scenario.numerics,
+                  on_step=lambda *step: monitor.on_step(*step), alone=not faulty)
         scheme = job.scheme
         monitor = TrainLossMonitor(scheme.trained_model, job.data.train if scenario.numerics else None,
                                    scenario.report.every, steps, then=on_step)
+        if faulty:
+            recovery = Recovery(job, list(range(world, cluster.size)), on_rewind=monitor.rewind)
+            injector = FaultInjector(cluster, scenario, job.ranks, recovery.device_lost)
+            injector.start(job.finished)
         job.start()
-        out_of_memory = None
+        out_of_memory = failure = None
         try:
             run_to_end(cluster.env)
         except OutOfMemory as error:  # the step stops here; report what is known so far
             out_of_memory = _out_of_memory_section(scenario, job, error, steps_done=len(scheme.loss_curve))
-        stuck = [] if out_of_memory else scheme.stuck()
+        except JobFailed as error:  # a fault stopped the job: report what is known so far
+            failure = str(error)
+        stuck = [] if out_of_memory or failure else scheme.stuck()
         if stuck:
             raise RuntimeError(f"collective deadlock: ranks {stuck} wait for peers that never posted")
         job.finish()
@@ -73,15 +94,20 @@ def run(scenario: Scenario, on_step=None) -> Report:
             final_loss, _ = evaluate(scheme.trained_model(), job.data.train)
             _, final_accuracy = evaluate(scheme.trained_model(), job.data.test)
     sections = {"amp": job.replicas[0].precision.report()}
-    if out_of_memory:  # the schemes' and samplers' sections describe whole runs
-        sections["out_of_memory"] = out_of_memory
+    if faulty:
+        sections["failure"] = failure
+        sections["faults"] = recovery.report_section(injector, _fault_free_time_s(scenario), cluster.log.last_end_s,
+                                                    failed=failure is not None)
+    if out_of_memory or failure:  # the schemes' and samplers' sections describe whole runs
+        if out_of_memory:
+            sections["out_of_memory"] = out_of_memory
     else:
         sections.update(scheme.report_sections())
         if scenario.data.sampling != "uniform":
             sections["sampling"] = sampling_section([replica.loader for replica in job.replicas])
     result = RunResult(
-        steps=len(scheme.loss_curve) if out_of_memory else steps,
-        status="out_of_memory" if out_of_memory else "ok",
+        steps=len(scheme.loss_curve) if out_of_memory or failure else steps,
+        status="out_of_memory" if out_of_memory else "failed" if failure else "ok",
         samples_per_step=scheme.samples_per_step(),
         loss_curve=scheme.loss_curve,
         train_loss_curve=monitor.curve,
@@ -95,6 +121,21 @@ def run(scenario: Scenario, on_step=None) -> Report:
         extra=sections,
     )
     return build_report(scenario, cluster, result)
+
+
+def has_faults(scenario: Scenario) -> bool:
+    """Whether the scenario has faults or checkpoints: its report then has a `faults` section."""
+    return bool(scenario.cluster.faults or scenario.cluster.random_faults or scenario.train.checkpoint)
+
+
+def _fault_free_time_s(scenario: Scenario) -> float:
+    """Simulated seconds the scenario takes without faults and without checkpoints: goodput's numerator."""
+    cluster = scenario.cluster.model_copy(update={"faults": [], "random_faults": None})
+    fault_free = scenario.model_copy(update={
+        "cluster": cluster, "train": scenario.train.model_copy(update={"checkpoint": None}),
+        "report": scenario.report.model_copy(update={"trace": False})})
+    fault_free._base_dir = scenario.base_dir
+    return run(fault_free).data["sim_time_s"]
 
 
 def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, steps_done: int) -> dict:

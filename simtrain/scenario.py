@@ -19,7 +19,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
                       field_validator, model_validator)
 
 from .errors import ScenarioError, SimtrainError, one_line
-from .limits import (MAX_BATCH_SIZE, MAX_CHANNELS, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FEATURES, MAX_HEADS,
+from .limits import (MAX_BATCH_SIZE, MAX_CHANNELS, MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FAULTS, MAX_FEATURES,
+                     MAX_HEADS,
                      MAX_LAYERS, MAX_LEARNING_RATE, MAX_MH_STEPS, MAX_MICROBATCHES, MAX_NAME_BYTES, MAX_SAMPLES,
                      MAX_SCHEDULE_ENTRIES, MAX_SEED, MAX_SEQ_LEN, MAX_SLOWDOWN, MAX_STEPS, MAX_WIDTH,
                      MIN_EFFICIENCY)
@@ -56,6 +57,7 @@ def Real(**bounds):  # noqa: N802 (a type, as pydantic's confloat)
 Number = Annotated[Union[int, float], BeforeValidator(_not_a_boolean)]  # a finite int or float, as given
 Bandwidth = Annotated[float, _quantity("bandwidth"), Field(gt=0)]
 Duration = Annotated[float, _quantity("time")]
+Interval = Annotated[float, _quantity("time"), Field(gt=0)]
 Flag = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
 Steps = Count(MAX_STEPS)
 Width = Count(MAX_WIDTH)
@@ -87,6 +89,56 @@ class ClusterSpec(_Strict):
     overrides: dict[Count(MAX_DEVICES - 1, minimum=0), "DeviceOverride"] = {}
     compute_jitter: Real(ge=0, le=MAX_COMPUTE_JITTER) = 0.0  # std of log(factor) per compute span
     shared_memory: "SharedMemorySpec | None" = None  # where async training's parameters live
+    # Faults (hw/faults.py) and what a job does about them (recovery.py).
+    faults: Annotated[list["FaultSpec"], Field(max_length=MAX_FAULTS)] = []  # at given times
+    random_faults: "RandomFaultsSpec | None" = None  # drawn from a seeded Generator
+    spares: Count(MAX_DEVICES - 1, minimum=0) = 0  # the last `spares` devices stay idle to replace a lost one
+    # Seconds from a device's loss until its job notices: torchrun's elastic agent polls its workers every
+    # --monitor-interval (default 0.1 s in torch 2.13, torch/distributed/run.py), so at most that long.
+    fault_detection: Duration = 0.1
+
+
+class FaultSpec(_Strict):
+    """One fault: a link degraded (bandwidth_factor, healed at `until` if given) or failed, or a device lost.
+    `link` names the two nodes of a topology link; `device` a device's index (global rank)."""
+
+    at: Duration  # simulated time it happens
+    link: tuple[str, str] | None = None
+    device: Count(MAX_DEVICES - 1, minimum=0) | None = None
+    bandwidth_factor: Real(gt=0, le=1) | None = None  # the link moves bytes at this fraction of its rate
+    fail: Flag = False
+    until: Duration | None = None  # a degraded link is healed then
+
+    @model_validator(mode="after")
+    def _one_fault(self) -> "FaultSpec":
+        if (self.link is None) == (self.device is None):
+            raise ValueError("give either link: [u, v] or device: N")
+        if self.device is not None:
+            if not self.fail or self.bandwidth_factor is not None or self.until is not None:
+                raise ValueError("a device fault is {at, device: N, fail: true}")
+        elif self.fail == (self.bandwidth_factor is not None):
+            raise ValueError("a link fault gives either bandwidth_factor or fail: true")
+        if self.until is not None:
+            if self.bandwidth_factor is None:
+                raise ValueError("until: only a degraded link (bandwidth_factor) is healed")
+            if self.until <= self.at:
+                raise ValueError(f"until: must be after at ({self.until:g} s <= {self.at:g} s)")
+        return self
+
+
+class RandomFaultsSpec(_Strict):
+    """Faults drawn as they come: every device of the job (every link) fails after an exponential time of
+    mean `device_mtbf` (`link_mtbf`), independently; a failed link stays failed."""
+
+    device_mtbf: Interval | None = None
+    link_mtbf: Interval | None = None
+    seed: Count(MAX_SEED, minimum=0) | None = None  # None: the scenario's seed
+
+    @model_validator(mode="after")
+    def _something_fails(self) -> "RandomFaultsSpec":
+        if self.device_mtbf is None and self.link_mtbf is None:
+            raise ValueError("give device_mtbf, link_mtbf or both")
+        return self
 
 
 class DeviceOverride(_Strict):
@@ -263,6 +315,24 @@ class CheckpointSegments(_Strict):
     segments: Count(MAX_LAYERS + 1)  # at most the model's blocks (train/checkpointing.py)
 
 
+class TrainCheckpointSpec(_Strict):
+    """Checkpoints a synchronous job restarts from after losing a device (train/job_checkpoint.py): every rank
+    writes its training state every `every` steps, each write taking latency + bytes / bandwidth. `host`:
+    each rank over its own link to host memory, concurrently (default: PCIe 4.0 x16, 31.5 GB/s per direction,
+    as cluster.shared_memory.host_link); `storage`: one store whose `bandwidth` (to give) all ranks share."""
+
+    every: Steps  # steps between checkpoints
+    to: Literal["host", "storage"] = "host"
+    bandwidth: Bandwidth = 31.5e9
+    latency: Duration = 1e-6
+
+    @model_validator(mode="after")
+    def _storage_has_a_bandwidth(self) -> "TrainCheckpointSpec":
+        if self.to == "storage" and "bandwidth" not in self.model_fields_set:
+            raise ValueError("train.checkpoint.bandwidth: give the storage's bandwidth (all ranks share it)")
+        return self
+
+
 class TrainSpec(_Strict):
     steps: Steps = 200
     optimizer: OptimizerSpec = OptimizerSpec()
@@ -274,6 +344,7 @@ class TrainSpec(_Strict):
     # Hyperparameters by step, applied live before that step (train/hyperparameters.py):
     # [{step: 0, train.optimizer.lr: 0.1}, {step: 200, train.optimizer.lr: 0.02}]; steps ascending.
     schedule: Annotated[list[dict[str, Number]], Field(max_length=MAX_SCHEDULE_ENTRIES)] = []
+    checkpoint: TrainCheckpointSpec | None = None  # None: no checkpoints (a sync job that loses a device fails)
 
 
 class AsyncSpec(_Strict):
@@ -502,6 +573,37 @@ class Scenario(_Strict):
         if self.parallel.sync_batchnorm and self.train.checkpointing != "none":
             # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
             raise ValueError("parallel.sync_batchnorm: does not combine with train.checkpointing")
+        return self
+
+    @model_validator(mode="after")
+    def _faults_fit(self) -> "Scenario":
+        """Faults, spares and checkpoints where recovery.py handles them: one-line errors naming the field."""
+        cluster, checkpoint = self.cluster, self.train.checkpoint
+        device_faults = any(fault.device is not None for fault in cluster.faults) or (
+            cluster.random_faults is not None and cluster.random_faults.device_mtbf is not None)
+        if self.pbt is not None:
+            for field, used in (("cluster.faults", cluster.faults), ("cluster.random_faults", cluster.random_faults),
+                                ("cluster.spares", cluster.spares), ("train.checkpoint", checkpoint)):
+                if used:
+                    raise ValueError(f"{field}: not with a population (pbt); its members share the cluster")
+        if cluster.devices is not None and cluster.spares >= cluster.devices:
+            raise ValueError(f"cluster.spares: {cluster.spares} leaves no device for the job "
+                             f"(cluster.devices {cluster.devices} counts the spares)")
+        if self.parallel.model_parallel:
+            for field, used in (("cluster.faults", device_faults), ("cluster.random_faults", device_faults),
+                                ("train.checkpoint", checkpoint is not None)):
+                if used:
+                    raise ValueError(f"{field}: lost devices and checkpoints run with data parallelism only, not "
+                                     "with parallel.pp or parallel.tp > 1 (link faults do)")
+        if checkpoint is None:
+            return self
+        if self.parallel.scheme == "async":
+            raise ValueError("train.checkpoint: for synchronous schemes; async goes on without a lost worker")
+        if self.train.optimizer.name == "kfac":
+            raise ValueError("train.checkpoint: K-FAC's factors are not part of the training state; use sgd or adam")
+        if self.data.sampling != "uniform":
+            raise ValueError(f"train.checkpoint: {self.data.sampling} sampling's priorities are not part of the "
+                             "training state; use uniform")
         return self
 
     def _model_parallel_fits(self) -> None:

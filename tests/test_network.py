@@ -150,8 +150,8 @@ def test_link_stats_and_records():
     assert stats[0]["bytes"] == 1500 and stats[0]["busy_s"] == pytest.approx(15.0)
     assert all(s["bytes"] == 0 and s["busy_s"] == 0.0 for s in stats[1:])
     assert net.records == [
-        TransferRecord("a", "b", "first", 0.0, 10.0, 1000),
-        TransferRecord("a", "b", "second", 15.0, 20.0, 500),
+        TransferRecord("a", "b", "first", 0.0, 10.0, 1000, ("a", "b")),
+        TransferRecord("a", "b", "second", 15.0, 20.0, 500, ("a", "b")),
     ]
     assert net.records[1].label == "second"
 

@@ -157,7 +157,8 @@ class SimCommunicator:
         for position, start, end, nbytes in times.transfers:
             sender, receiver = order[position], order[(position + 1) % len(order)]
             records[position].append(tuple.__new__(TransferRecord, (
-                self.nodes[sender], self.nodes[receiver], states[position].label, start, end, nbytes)))
+                self.nodes[sender], self.nodes[receiver], states[position].label, start, end, nbytes,
+                routes[position][0])))
         for position, route in enumerate(routes):
             network.add_timed_flows(route[1], int(times.sent_bytes[position]), float(times.link_busy_s[position]),
                                     records[position])
@@ -188,6 +189,14 @@ class SimCommunicator:
         del self._running[state.rank]
         state.program.close()  # never stepped: its work was timed as a whole
         state.done.succeed(state.program.buf)
+
+    def abandon(self, rank: int) -> None:
+        """Rank `rank` is gone (its device was lost): its posted operations that no peer has matched are
+        dropped, so none of them ever starts a transfer; peers waiting on it wait on."""
+        for mailbox in self._mailboxes.values():
+            mailbox.sends = deque(entry for entry in mailbox.sends if entry[0].rank != rank)
+            mailbox.recvs = deque(entry for entry in mailbox.recvs if entry[0].rank != rank)
+        self._running.pop(rank, None)
 
     def stuck(self) -> list[int]:
         """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""

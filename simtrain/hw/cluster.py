@@ -66,6 +66,11 @@ class Cluster:
         self.log.assign(ranks, len(self.jobs) - 1)
         return len(self.jobs) - 1
 
+    def join_job(self, job: int, rank: int) -> None:
+        """Device `rank` (a spare) joins job `job` in a lost device's place: its spans carry the job's index."""
+        self.jobs[job][1].append(rank)
+        self.log.assign([rank], job)
+
     @property
     def size(self) -> int:
         return len(self.devices)

@@ -59,6 +59,11 @@ class MemoryLedger:
         if self.total > self.capacity_bytes:
             raise OutOfMemory(self.device, int(self.capacity_bytes), self.current)
 
+    def release_all(self) -> None:
+        """Every byte is freed (the program holding them was stopped); peaks stay."""
+        self.current = dict.fromkeys(self.current, 0)
+        self.total = 0
+
     def free(self, category: str, nbytes: int) -> None:
         """Release nbytes from category (a bug if more than it holds)."""
         nbytes = int(nbytes)
@@ -86,6 +91,15 @@ class Device:
         self._rng = rng
         self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
         self._stream_free_at = 0.0
+
+    def abort(self) -> None:
+        """The device stops now (lost, or its job torn down): the work on its stream ends here (its spans
+        are cut) and the memory its program held is freed."""
+        now = self.env.now
+        if self._stream_free_at > now:
+            self.log.cut(self.rank, now)
+            self._stream_free_at = now
+        self.memory.release_all()
 
     def compute_time(self, flops: float, dtype: str) -> float:
         """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter)."""

@@ -67,6 +67,24 @@ class EventLog:
         if self.record:
             self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
 
+    def cut(self, rank: int, now: float) -> None:
+        """Rank's spans stop at `now` (its device was lost, or its job torn down): a span running past now
+        ends there, one not started yet is dropped. Needs `record` (a run with faults records)."""
+        if not self.record:
+            raise RuntimeError("cutting spans needs an event log that records them")
+        kept = []
+        for span in self.spans:
+            if span.rank == rank and span.end > now:
+                self.totals[rank, span.kind] -= span.end - max(span.start, now)
+                if span.start >= now:
+                    continue
+                span = span._replace(end=now)
+            kept.append(span)
+        self.spans = kept
+        self.last_end_s = max((span.end for span in kept), default=0.0)
+        for intervals in self._overlapping.get(rank, ()):
+            intervals[:] = [(start, min(end, now)) for start, end in intervals if start < now]
+
     def total(self, rank: int, kind: str) -> float:
         """Seconds that rank spent on spans of kind."""
         return self.totals.get((rank, kind), 0.0)

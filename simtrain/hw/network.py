@@ -24,6 +24,16 @@ same time complete in one timeout. A flow's `due` (the finish time it is entered
 under) is its version: an entry under any other time is stale and skipped. A
 flow alone on its links skips the sharing computation entirely. `bytes` in
 `link_stats` counts flows when they complete.
+
+Faults (hw/faults.py) change links while flows run, all off the hot path:
+`set_link_bandwidth` settles and re-shares the flows crossing a link (a
+degraded or healed link); `fail_link` takes a link out of routing and moves
+every flow crossing it (moving, or still in its latency) onto its new route
+with the bytes it had left, which first wait the new route's latency, as a
+transport resending the unacknowledged rest would (`NoRoute` if none is left);
+`cancel_flows` drops the flows of a lost device or of an aborted job. A moved
+flow's bytes count on each route's links for the part that crossed them; its
+`TransferRecord` names the route it finished on.
 """
 from heapq import heappop, heappush
 from math import inf
@@ -43,6 +53,7 @@ class TransferRecord(NamedTuple):
     start: float
     end: float
     nbytes: int
+    path: tuple[str, ...]  # the route it finished on
 
 
 class _Link:
@@ -69,7 +80,7 @@ class Flow:
 
     __slots__ = (
         "src", "dst", "nbytes", "label", "start", "end", "path",
-        "on_done", "links", "min_bandwidth", "remaining", "rate", "settled_at", "due",
+        "on_done", "links", "min_bandwidth", "remaining", "rate", "settled_at", "due", "carried",
     )
 
     def __init__(self, src, dst, nbytes, label, start, route, on_done):
@@ -85,6 +96,7 @@ class Flow:
         self.rate = 0.0
         self.settled_at = start + route[3]  # activation time, exactly as scheduled
         self.due = None  # the finish time it is entered under; entries under other times are stale
+        self.carried = 0  # bytes it moved on earlier routes (a failed link moved it), counted there
 
     def __repr__(self) -> str:
         return f"Flow({self.src}->{self.dst}, {self.nbytes} B, start={self.start}, end={self.end})"
@@ -99,8 +111,8 @@ class Network:
         self.record = record
         self.records: list[TransferRecord] = []
         self._links: dict[tuple[str, str], _Link] = {}
-        for u, v, attrs in topology.graph.edges(data=True):
-            rate = attrs["bandwidth"] * attrs.get("efficiency", 1.0)
+        for u, v in topology.graph.edges:
+            rate = self.nominal_bandwidth(u, v)
             self._links[u, v] = _Link(u, v, rate)
             self._links[v, u] = _Link(v, u, rate)
         # src -> dst -> (path, directed links, min bandwidth, total latency)
@@ -128,7 +140,10 @@ class Network:
             route = self._route(src, dst)
         now = self.env._now  # env.now without the property call, on the hot path
         flow = Flow(src, dst, nbytes, label, now, route, on_done)
-        latency = route[3]
+        self._enter_activation(flow, now, route[3])
+        return flow
+
+    def _enter_activation(self, flow: Flow, now: float, latency: float) -> None:
         at = now + latency
         batch = self._activating.get(at)
         if batch is None:
@@ -136,7 +151,6 @@ class Network:
             self.env.timeout(latency).callbacks.append(self._activate)
         else:
             batch.append(flow)
-        return flow
 
     def transfer(self, src: str, dst: str, nbytes: int, label: str = "") -> simpy.Event:
         """An Event that succeeds with the Flow when the transfer completes."""
@@ -180,6 +194,93 @@ class Network:
             }
             for link in self._links.values()
         ]
+
+    # ---- faults (hw/faults.py) ---------------------------------------------
+
+    def nominal_bandwidth(self, u: str, v: str) -> float:
+        """The rate link u-v moves bytes at when healthy: its bandwidth times its efficiency."""
+        attrs = self.topology.graph.edges[u, v]
+        return attrs["bandwidth"] * attrs.get("efficiency", 1.0)
+
+    def set_link_bandwidth(self, u: str, v: str, bandwidth: float) -> int:
+        """Both directions of link u-v move bytes at `bandwidth` from now on: the flows moving across it
+        are settled at their old rates and re-shared, and those still in their latency will cross it at
+        the new rate. Returns how many flows were crossing it (moving or in their latency)."""
+        now = self.env._now
+        changed = (self._links[u, v], self._links[v, u])
+        for link in changed:
+            link.bandwidth = bandwidth
+        self._routes.clear()  # their bottleneck bandwidths
+        waiting = [flow for batch in self._activating.values() for flow in batch
+                   if changed[0] in flow.links or changed[1] in flow.links]
+        for flow in waiting:
+            flow.min_bandwidth = min(link.bandwidth for link in flow.links)
+        moving = [flow for link in changed for flow in link.flows]
+        if moving:
+            self._schedule(self._reshare(moving, now), now)
+        return len(waiting) + len(moving)
+
+    def fail_link(self, u: str, v: str) -> list[Flow]:
+        """Link u-v fails now: it leaves routing, and every flow crossing it moves to its new route with
+        the bytes it had left, after that route's latency. Returns the moved flows; `NoRoute` if a
+        flow has no route left."""
+        now = self.env._now
+        failed = (self._links[u, v], self._links[v, u])
+        self.topology.remove_link(u, v)
+        self._routes.clear()
+        moving = self._take_out([flow for link in failed for flow in link.flows], failed, now)
+        for flow in moving:
+            route = self._route(flow.src, flow.dst)
+            flow.path, flow.links, flow.min_bandwidth, latency = route
+            flow.settled_at = now + latency
+            self._enter_activation(flow, now, latency)
+        return moving
+
+    def cancel_flows(self, nodes) -> list[Flow]:
+        """Drop every flow from or to one of `nodes` now (a lost device's, an aborted job's): its bytes stop
+        moving and its on_done is never called. Returns the dropped flows."""
+        nodes = set(nodes)
+
+        def ours(flow: Flow) -> bool:
+            return flow.src in nodes or flow.dst in nodes
+
+        waiting = []
+        for batch in self._activating.values():  # an emptied batch stays: its timeout pops it
+            waiting += [flow for flow in batch if ours(flow)]
+            batch[:] = [flow for flow in batch if not ours(flow)]
+        active = [flow for link in self._links.values() for flow in link.flows if ours(flow)]
+        return waiting + self._take_out(active, (), self.env._now)
+
+    def _take_out(self, active: list[Flow], crossing: tuple, now: float) -> list[Flow]:
+        """Take `active` flows (and flows in their latency that cross the `crossing` links) off their
+        links: settled up to now, the bytes they moved counted on those links, their neighbours
+        re-shared. Returns them, each once, in order."""
+        flows = list(dict.fromkeys(active))
+        for batch in self._activating.values():
+            for flow in [flow for flow in batch if any(link in crossing for link in flow.links)]:
+                batch.remove(flow)  # an emptied batch stays: its timeout pops it
+                flows.append(flow)
+        neighbours = []
+        for flow in flows:
+            if flow.due is None:  # still in its latency: nothing moved yet
+                continue
+            flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.settled_at))
+            moved = round(flow.nbytes - flow.remaining) - flow.carried
+            flow.carried += moved
+            for link in flow.links:
+                del link.flows[flow]
+                link.bytes += moved
+                if link.flows:
+                    neighbours.extend(link.flows)
+                else:
+                    link.busy_s += now - link.busy_since
+            flow.due = None  # its finish entry goes stale
+            flow.rate = 0.0
+        taken = set(flows)
+        neighbours = [flow for flow in dict.fromkeys(neighbours) if flow not in taken]
+        if neighbours:
+            self._schedule(self._reshare(neighbours, now), now)
+        return flows
 
     # ---- internals --------------------------------------------------------
 
@@ -248,7 +349,7 @@ class Network:
                 continue
             flow.due = None
             flow.end = now
-            nbytes = flow.nbytes
+            nbytes = flow.nbytes - flow.carried
             for link in flow.links:
                 flows = link.flows
                 del flows[flow]
@@ -267,7 +368,7 @@ class Network:
         if self.record:
             new_record = tuple.__new__  # TransferRecord without its Python-level __new__
             self.records.extend(
-                [new_record(TransferRecord, (f.src, f.dst, f.label, f.start, now, f.nbytes)) for f in flows]
+                [new_record(TransferRecord, (f.src, f.dst, f.label, f.start, now, f.nbytes, f.path)) for f in flows]
             )
         for flow in flows:
             on_done = flow.on_done

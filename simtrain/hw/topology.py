@@ -6,13 +6,14 @@ and optionally `efficiency` (the achievable fraction of `bandwidth`, default 1),
 plus the list of GPU nodes in rank order. Routing is static: a transfer takes the
 path of least total latency, then fewest hops; ties are broken by the order in
 which nodes were added to the graph, so the same topology always routes the same
-way. Builders (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
+way. A failed link leaves the graph (`remove_link`, hw/faults.py) and routes are
+recomputed on what remains; no route left is `NoRoute`. Builders (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
 """
 from functools import lru_cache
 
 import networkx as nx
 
-from ..errors import TopologyError
+from ..errors import NoRoute, TopologyError
 
 # Added to every hop's latency when routing, so that among paths of equal
 # latency the one with fewest hops wins (and zero-latency links still route).
@@ -70,7 +71,15 @@ class Topology:
                 return None  # networkx: edge hidden
             return attrs["latency"] + _HOP_TIEBREAK_S
 
-        return tuple(nx.dijkstra_path(self.graph, src, dst, weight=weight))
+        try:
+            return tuple(nx.dijkstra_path(self.graph, src, dst, weight=weight))
+        except nx.NetworkXNoPath:
+            raise NoRoute(f"no route left from {src} to {dst} (failed links)") from None
+
+    def remove_link(self, a: str, b: str) -> None:
+        """The link a-b fails: it leaves routing, and every route is recomputed on the remaining graph."""
+        self.graph.remove_edge(a, b)
+        self.path.cache_clear()
 
     def link(self, a: str, b: str) -> dict:
         """Attributes (bandwidth, latency) of the link between a and b."""

@@ -20,6 +20,11 @@ and one line in SCHEMES.
 Every program runs `yield from job.before_step(rank, step)` before each step
 and ends there if it returns False: the one place a job changes hyperparameters
 or pauses a rank between steps (job.py).
+
+A lost device (recovery.py) needs more of a scheme than the protocol below:
+sync.py restarts (`program(rank, first_step)`, `rewind(step)`, `regroup()`),
+asynchronous.py goes on without the worker (`lose_worker(rank)`); scenario.py
+refuses lost devices and checkpoints under model_parallel.py.
 """
 from typing import Callable, Protocol
 

@@ -111,6 +111,10 @@ class AsynchronousSGD:
         self.staleness: list[int] = []  # per update, in the order applied
         self.updates_per_rank = [0] * self.world
         self.lock_wait_s = [0.0] * self.world
+        self.pushes_lost = 0  # report.json's faults.pushes_lost (recovery.py)
+        # Per worker, its update in progress (recovery.py settles it if the device is lost):
+        # (stage, lock request or None, what landing it needs); None between updates.
+        self._doing: list[tuple | None] = [None] * self.world
         self.loss_curve: list[tuple[float, float | None]] = []  # (sim_time_s, loss) per update
         store = self.store.memory
         store.alloc("weights", self.param_bytes)
@@ -136,22 +140,64 @@ class AsynchronousSGD:
             with torch.no_grad():
                 for mine, shared in zip(replica.params, self.shared_params):
                     mine.copy_(shared)
+            self._doing[rank] = ("compute", None, None)
             yield Transfer(self.store.node, device.node, self.param_bytes, "pull")
             loss = yield from forward_backward(replica)
             request = None
             if self.lock is not None:
                 asked = self.env.now
                 request = self.lock.request()
+                self._doing[rank] = ("compute", request, None)
                 yield Wait(request)
                 self.lock_wait_s[rank] += self.env.now - asked
             staged = replica.grad_buffer.clone()
             self.store.memory.alloc("comm_buffers", self.param_bytes)
+            self._doing[rank] = ("push", request, None)
             yield Transfer(device.node, self.store.node, self.param_bytes, "push")
+            landing = (rank, staged, read_version, loss)
+            self._doing[rank] = ("apply", request, (self.env.now + self.apply_s, landing))
             yield Busy(self.apply_s, "shared optimizer step", kind="optimizer", nbytes=self._step_bytes)
-            yield Wait(self._land(rank, staged, read_version, loss))
-            self.store.memory.free("comm_buffers", self.param_bytes)
+            applied = self._land(*landing)
+            self._doing[rank] = ("land", request, applied)
+            yield Wait(applied)
+            self._doing[rank] = None
+            self._applied(request)
+
+    def _applied(self, request) -> None:
+        """An update is in the store: its staging buffer is freed and the lock (if held) released."""
+        self.store.memory.free("comm_buffers", self.param_bytes)
+        if request is not None:
+            self.lock.release(request)
+
+    def lose_worker(self, rank: int) -> dict:
+        """Worker `rank`'s device was lost now (its program has ended): the store settles its update in
+        progress. A push whose bytes had not all arrived is lost and its update goes back to the others;
+        one that had arrived is applied when it would have been. Returns what happened, for the report."""
+        doing, self._doing[rank] = self._doing[rank], None
+        effect = {"updates_applied": self.updates_per_rank[rank], "push_lost": False}
+        if doing is None:
+            return effect
+        stage, request, landing = doing
+        if stage in ("compute", "push"):
+            self._claimed -= 1
+            if stage == "push":
+                self.pushes_lost += 1
+                effect["push_lost"] = True
+                self.store.memory.free("comm_buffers", self.param_bytes)
             if request is not None:
-                self.lock.release(request)
+                if request.triggered:
+                    self.lock.release(request)
+                else:
+                    request.cancel()
+        elif stage == "apply":
+            ends_at, update = landing
+            self.env.timeout(ends_at - self.env.now).callbacks.append(
+                lambda _event: self._land(*update).callbacks.append(lambda _applied: self._applied(request)))
+            effect["updates_applied"] += 1  # in the store already
+        else:
+            landing.callbacks.append(lambda _applied: self._applied(request))
+            effect["updates_applied"] += 1
+        return effect
 
     # ---- the store ---------------------------------------------------------
 

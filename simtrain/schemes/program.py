@@ -34,7 +34,8 @@ step touches time or memory:
 
 `run_program(job, rank, program)` is the simulated interpreter: a simpy
 process body that charges each operation on the cluster's clock, network and
-ledgers. The simulated run and the memory plan (memory_plan.py, the same
+ledgers. Interrupting its process (a lost device, a job torn down for a
+restart: recovery.py) closes the program where it stands. The simulated run and the memory plan (memory_plan.py, the same
 programs on meta tensors with no capacity limit) both run through it, so a
 step is described once.
 
@@ -117,48 +118,51 @@ def run_program(job, rank: int, program):
     memory, log, env = device.memory, job.cluster.log, job.cluster.env
     value = None
     posted = None  # the event of the last collective posted on the communication stream
-    while True:
-        try:
-            op = program.send(value)
-        except StopIteration as stop:
-            return stop.value
-        kind = type(op)
-        value = None
-        if kind is Compute:
-            yield device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels)
-        elif kind is Alloc:
-            memory.alloc(op.category, op.nbytes)
-        elif kind is Free:
-            memory.free(op.category, op.nbytes)
-        elif kind is Collective:
-            before = log.total(device.rank, "communication")
-            if op.comm is None:
-                yield job.comm.run(rank, op.program, label=op.label)
+    try:
+        while True:
+            try:
+                op = program.send(value)
+            except StopIteration as stop:
+                return stop.value
+            kind = type(op)
+            value = None
+            if kind is Compute:
+                yield device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels)
+            elif kind is Alloc:
+                memory.alloc(op.category, op.nbytes)
+            elif kind is Free:
+                memory.free(op.category, op.nbytes)
+            elif kind is Collective:
+                before = log.total(device.rank, "communication")
+                if op.comm is None:
+                    yield job.comm.run(rank, op.program, label=op.label)
+                else:
+                    yield op.comm.run(op.rank, op.program, label=op.label)
+                value = log.total(device.rank, "communication") - before
+            elif kind is PostCollective:
+                if posted is None:
+                    log.track_overlap(device.rank)
+                posted = env.process(_after(posted, job.comm, rank, op))
+            elif kind is WaitCollectives:
+                if posted is not None:
+                    yield posted
+            elif kind is MemoryBound:
+                yield device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
+            elif kind is Busy:
+                yield device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
+            elif kind is Transfer:
+                started = env.now
+                yield job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
+                value = env.now - started
+                log.span(device.rank, "communication", op.label, started, env.now, nbytes=op.nbytes)
+            elif kind is PostTransfer:
+                value = job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
+            elif kind is Wait:
+                value = yield op.event
             else:
-                yield op.comm.run(op.rank, op.program, label=op.label)
-            value = log.total(device.rank, "communication") - before
-        elif kind is PostCollective:
-            if posted is None:
-                log.track_overlap(device.rank)
-            posted = env.process(_after(posted, job.comm, rank, op))
-        elif kind is WaitCollectives:
-            if posted is not None:
-                yield posted
-        elif kind is MemoryBound:
-            yield device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
-        elif kind is Busy:
-            yield device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
-        elif kind is Transfer:
-            started = env.now
-            yield job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
-            value = env.now - started
-            log.span(device.rank, "communication", op.label, started, env.now, nbytes=op.nbytes)
-        elif kind is PostTransfer:
-            value = job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
-        elif kind is Wait:
-            value = yield op.event
-        else:
-            raise TypeError(f"a step program yielded {op!r}, not an operation of schemes/program.py")
+                raise TypeError(f"a step program yielded {op!r}, not an operation of schemes/program.py")
+    except simpy.Interrupt:  # the device was lost, or its job torn down: the program ends where it stands
+        program.close()
 
 
 def _after(previous, comm, rank: int, op: PostCollective):

@@ -53,11 +53,8 @@ class SyncDataParallel(RankReplicas):
         self.job = job
         self.replicas = job.replicas
         self.world = job.world
-        self.devices = job.devices
         train, parallel = job.scenario.train, job.scenario.parallel
-        self.all_reduce = job.all_reduce_builder(parallel.scheme, job.cluster.topology,
-                                                 [d.node for d in self.devices], parallel.channels, "parallel.scheme",
-                                                 "parallel.channels")
+        self.regroup()
         self.steps = train.steps
         self.overlap = parallel.overlap and self.world > 1
         self._bucket_cap_bytes = int(parallel.bucket_cap_mb * (1 << 20))  # DDP: bucket_cap_mb * 1024 * 1024
@@ -90,15 +87,32 @@ class SyncDataParallel(RankReplicas):
     def steps_until_every_rank_stepped(cls, world: int) -> int:
         return 1
 
-    def program(self, rank: int):
-        """Step program of job rank `rank`: hold the replica's state, then every step."""
+    def regroup(self) -> None:
+        """The all-reduce over the job's devices as they are now (a spare took a lost device's place)."""
+        parallel = self.job.scenario.parallel
+        self.devices = self.job.devices
+        self.all_reduce = self.job.all_reduce_builder(parallel.scheme, self.job.cluster.topology,
+                                                      [d.node for d in self.devices], parallel.channels,
+                                                      "parallel.scheme", "parallel.channels")
+
+    def rewind(self, step: int) -> None:
+        """Forget what came after step `step`: the job restarts there from a checkpoint (recovery.py)."""
+        del self.loss_curve[step:]
+        self._step_losses[step:] = [[None] * self.world for _ in range(self.steps - step)]
+        kept = sum(1 for done in self._norm_steps if done <= step)
+        del self._norm_steps[kept:]
+        for norms in self._norms.values():
+            del norms[kept:]
+
+    def program(self, rank: int, first_step: int = 0):
+        """Step program of job rank `rank`: hold the replica's state, then every step from `first_step`."""
         replica = self.replicas[rank]
         for category, nbytes in self._held_bytes.items():
             yield Alloc(category, nbytes)
         if self.kfac is not None:
             yield Alloc("kfac", self.kfac.memory_bytes(rank))
         statistics = (lambda buffer: self.all_reduce(rank, self.world, buffer)) if self.sync_batchnorm else None
-        for step in range(self.steps):
+        for step in range(first_step, self.steps):
             if not (yield from self.job.before_step(rank, step)):
                 break
             if self.overlap:

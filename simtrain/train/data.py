@@ -346,6 +346,19 @@ class ShardLoader:
         self.batch_size = batch_size
         self.batches_per_epoch = len(self.sampler) // batch_size
 
+    def position(self) -> tuple[int, int, int, int]:
+        """Where the stream stands (epoch, next sample in it, batch size, samples drawn): a checkpoint's."""
+        return self.epoch, self._start, self.batch_size, self.samples_drawn
+
+    def seek(self, position: tuple[int, int, int, int]) -> None:
+        """Go back (or on) to a `position()`: the same batches follow as followed it."""
+        epoch, start, batch_size, drawn = position
+        self.set_batch_size(batch_size)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._epoch_indices = self._indices_for(epoch)
+        self._start, self.samples_drawn = start, drawn
+
     def gather(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The (x, y) batch of these dataset indices; they become `last_indices`."""
         self.last_indices = indices
@@ -380,6 +393,12 @@ class MetaLoader:
 
     def set_batch_size(self, batch_size: int) -> None:
         self.batch_size = batch_size
+
+    def position(self) -> int:
+        return self.batch_size
+
+    def seek(self, position: int) -> None:
+        self.batch_size = position
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         (x_shape, x_dtype), (y_shape, y_dtype) = self._x, self._y

@@ -34,6 +34,16 @@ def values_from(schedule: list[dict], step: int) -> dict:
     return {}
 
 
+def values_at(schedule: list[dict], step: int, initial) -> dict:
+    """Every hyperparameter `schedule` sets, as it stands before step `step`: its latest entry at or before
+    that step, else `initial(path)` (the scenario's own value). A job restarted at `step` sets these."""
+    values = {path: initial(path) for entry in schedule for path in entry if path != "step"}
+    for entry in schedule:
+        if entry["step"] <= step:
+            values.update((path, value) for path, value in entry.items() if path != "step")
+    return values
+
+
 def set_live(optimizer: torch.optim.Optimizer, loaders: list, values: dict) -> None:
     """Set `values` ({path: value}) on every param group of `optimizer` and on every loader."""
     for path, value in values.items():
