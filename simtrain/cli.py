@@ -399,7 +399,7 @@ def _compare_folders(folders, variants, overrides, out_dir) -> None:
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/sweep-<name>/).")
 def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir):
     """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table."""
-    from .studies.sweep import parse_grid, plan_points, run_sweep
+    from .studies.sweep import first_text, parse_grid, plan_points, run_sweep
 
     parsed = [parse_grid(grid) for grid in grids]
     total = len(plan_points(parsed))
@@ -413,7 +413,7 @@ def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir
         table.add_column(header, justify="left" if header == "status" else "right", overflow="fold")
     for row in rows:
         ok = row["step_time_s"] is not None
-        table.add_row(*(grid.texts[grid.values.index(row[grid.path])] for grid in parsed),
+        table.add_row(*(first_text(grid, row[grid.path]) for grid in parsed),
                       row["status"].replace("_", " ") if row["status"] == "ok" else
                       f"{row['status'].replace('_', ' ')}: {row['error']}",
                       format_seconds(row["step_time_s"]) if ok else "-",
