@@ -69,6 +69,10 @@ class RingAllReduce:
     def __next__(self):
         return self.program.send(None)
 
+    def group(self) -> tuple:
+        """What every rank of one all-reduce shares: the group size and ring order (None: rank order)."""
+        return self.world, None if self.ring is None else tuple(self.ring)
+
     def order(self) -> tuple[int, ...]:
         """The group ranks in ring order."""
         return tuple(self.ring) if self.ring is not None else tuple(range(self.world))

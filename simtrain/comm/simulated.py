@@ -101,7 +101,7 @@ class SimCommunicator:
         self.exclusive = exclusive
         self._scheduled_posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
         self._scheduled_count = [0] * self.world  # ring all-reduces each rank posted to be timed as a group
-        self._ring_routes: dict[tuple[int, ...], list | None] = {}  # ring order -> routes by position
+        self._ring_routes: dict[tuple, list | None] = {}  # RingAllReduce.group() -> routes by position
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
         """Start `program` for group rank `rank` now; the event fires with its return value."""
@@ -120,14 +120,15 @@ class SimCommunicator:
         chunks small enough that a transfer's Python costs more than copying its chunk once more."""
         if program.world < 2 or not program.buf.is_meta and program.buf.numel() > GROUP_MAX_CHUNK * program.world:
             return False
-        order = program.order()
-        if order not in self._ring_routes:
+        group = program.group()  # cheap for every rank; the order is spelled out once per ring
+        if group not in self._ring_routes:
+            order = program.order()
             routes = [self.network.route(self.nodes[rank], self.nodes[order[(position + 1) % len(order)]])
                       for position, rank in enumerate(order)]
             links = [link for route in routes for link in route[1]]
-            self._ring_routes[order] = routes if len(set(links)) == len(links) and all(
+            self._ring_routes[group] = routes if len(set(links)) == len(links) and all(
                 route[1] for route in routes) else None
-        return self._ring_routes[order] is not None
+        return self._ring_routes[group] is not None
 
     def _post_ring(self, state: _RankProgram) -> None:
         """Hold the rank's ring all-reduce until every rank has posted its own; then time them all."""
@@ -141,11 +142,12 @@ class SimCommunicator:
 
     def _time_ring(self, posts: dict[int, tuple[float, _RankProgram]]) -> None:
         first = posts[0][1].program
-        order, chunk_bytes = first.order(), first.chunk_bytes()
+        shape = (first.group(), first.buf.numel(), first.buf.element_size())
         for _, state in posts.values():
-            if state.program.order() != order or not np.array_equal(state.program.chunk_bytes(), chunk_bytes):
+            program = state.program
+            if (program.group(), program.buf.numel(), program.buf.element_size()) != shape:
                 raise RuntimeError(f"rank {state.rank} posts a ring all-reduce that does not match rank 0's")
-        routes = self._ring_routes[order]
+        order, chunk_bytes, routes = first.order(), first.chunk_bytes(), self._ring_routes[shape[0]]
         network = self.network
         times = ring_times(np.array([posts[rank][0] for rank in order]), np.array([route[3] for route in routes]),
                            np.array([route[2] for route in routes]), chunk_bytes,
