@@ -14,8 +14,9 @@ right after it runs, so the trace shows the compute and the all-reduces of a
 tensor-parallel layer in their real order.
 
 `measure_chunk` measures a chunk's regions once per input shape on a meta
-copy (FLOPs by torch's FLOP counter, activation bytes by the saved-tensor
-hooks of cost.py): `ChunkCost`.
+copy (FLOPs by torch's FLOP counter, each region's operators as (FLOPs,
+bytes, count) groups by op_cost.py for a roofline device, activation bytes by
+the saved-tensor hooks of cost.py): `ChunkCost`.
 
     outputs, tape, loss = yield from chunk_forward(ops, (x,), tp_all_reduce, cost, dtype)
     input_grads = yield from chunk_backward(tape, (grad,), tp_all_reduce, cost, dtype)
@@ -31,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..cost import SavedTensorTracker
 from ..loss import cross_entropy
+from ..op_cost import OpCosts, OperatorCosts
 from ..train.tensor_parallel import AllReduceForward, Apply
 from .program import Compute
 
@@ -40,6 +42,8 @@ class ChunkCost:
     forward_flops: tuple[float, ...]  # per region, in forward order
     backward_flops: tuple[float, ...]  # per region, in backward order
     activation_bytes: int  # peak bytes autograd holds for one microbatch's backward
+    forward_ops: tuple[OpCosts, ...] = ()  # per region, in forward order: its operators (op_cost.py)
+    backward_ops: tuple[OpCosts, ...] = ()  # per region, in backward order
 
 
 @dataclass
@@ -67,7 +71,7 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
             continue
         tape.regions.append((region_inputs, state))
         tape.reduce_grad.append(reduce_grad)
-        yield Compute(cost.forward_flops[region] if cost else 0.0, dtype, "forward")
+        yield _region_compute(cost, region, "forward", dtype)
         region += 1
         values = tuple(t.detach() for t in state)
         reduce_grad = None
@@ -85,7 +89,7 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
         state = (loss * loss_fraction,)
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
-    yield Compute(cost.forward_flops[region] if cost else 0.0, dtype, "forward")
+    yield _region_compute(cost, region, "forward", dtype)
     return state, tape, None if loss is None else loss.detach()
 
 
@@ -102,19 +106,30 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, all_reduce, cost: Chu
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = tuple(t.grad if t.requires_grad else None for t in inputs)
-        yield Compute(cost.backward_flops[step] if cost else 0.0, dtype, "backward")
+        yield _region_compute(cost, step, "backward", dtype)
         summed = tape.reduce_grad[index]
         if summed is not None and grads[summed] is not None:  # the data's own input needs no gradient
             yield all_reduce(grads[summed])
     return grads
 
 
+def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) -> Compute:
+    """The Compute of region `region` of the `name` pass (its index in that pass's order)."""
+    if cost is None:
+        return Compute(0.0, dtype, name)
+    if name == "forward":
+        return Compute(cost.forward_flops[region], dtype, name, ops=cost.forward_ops[region])
+    return Compute(cost.backward_flops[region], dtype, name, ops=cost.backward_ops[region])
+
+
 def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None) -> ChunkCost:
-    """Per-region FLOPs and the activation peak of one microbatch through `chunk`, on a meta copy.
+    """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
+    meta copy.
 
     `ops_of(module)` gives a chunk module's ops; `inputs` and `target` give shapes and dtypes."""
-    forward_flops, backward_flops = _region_flops(chunk, ops_of, inputs, target)
-    return ChunkCost(forward_flops, backward_flops, _activation_peak(chunk, ops_of, inputs, target))
+    (forward_flops, forward_ops), (backward_flops, backward_ops) = _region_costs(chunk, ops_of, inputs, target)
+    return ChunkCost(forward_flops, backward_flops, _activation_peak(chunk, ops_of, inputs, target),
+                     forward_ops=forward_ops, backward_ops=backward_ops)
 
 
 def _meta_run(chunk, ops_of, inputs, target):
@@ -125,32 +140,35 @@ def _meta_run(chunk, ops_of, inputs, target):
     return meta, ops_of(meta), meta_inputs, meta_target
 
 
-def _drive(program, counter=None) -> tuple[object, list[float]]:
-    """Run a step program without a clock (collectives skipped); with a FLOP counter, the FLOPs
-    of each region (each region ends with a Compute)."""
-    flops, before = [], 0.0
+def _drive(program, counter=None, costs=None) -> tuple[object, tuple[tuple, tuple]]:
+    """Run a step program without a clock (collectives skipped); with a FLOP counter and an OperatorCosts,
+    the FLOPs and the operator costs of each region (each region ends with a Compute)."""
+    flops, ops, before = [], [], 0.0
     try:
         op = next(program)
         while True:
             if counter is not None and type(op) is Compute:
                 total = float(counter.get_total_flops())
                 flops.append(total - before)
+                ops.append(costs.take())
                 before = total
             op = program.send(None)
     except StopIteration as stop:
-        return stop.value, flops
+        return stop.value, (tuple(flops), tuple(ops))
 
 
-def _region_flops(chunk, ops_of, inputs, target) -> tuple[tuple, tuple]:
+def _region_costs(chunk, ops_of, inputs, target) -> tuple[tuple, tuple]:
+    """((forward FLOPs, forward OpCosts), (backward FLOPs, backward OpCosts)), each per region."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with FlopCounterMode(display=False) as counter:
+        # outermost, OperatorCosts sees the operators the FLOP counter runs (after its decompositions)
+        with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
             (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _no_collective, None, "",
-                                                               meta_target), counter)
+                                                               meta_target), counter, costs)
         grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-        with FlopCounterMode(display=False) as counter:
-            _, backward = _drive(chunk_backward(tape, grads, _no_collective, None, ""), counter)
-    return tuple(forward), tuple(backward)
+        with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
+            _, backward = _drive(chunk_backward(tape, grads, _no_collective, None, ""), counter, costs)
+    return forward, backward
 
 
 def _activation_peak(chunk, ops_of, inputs, target) -> int:
