@@ -16,7 +16,16 @@ tensor-parallel layer in their real order.
 `measure_chunk` measures a chunk's regions once per input shape on a meta
 copy (FLOPs by torch's FLOP counter, each region's operators as (FLOPs,
 bytes, count) groups by op_cost.py for a roofline device, activation bytes by
-the saved-tensor hooks of cost.py): `ChunkCost`.
+the saved-tensor hooks of cost.py, and the shapes of what is all-reduced and
+sent on): `ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
+the same compute spans and all-reduces from a ChunkCost alone, on meta
+buffers, without running an operator: a microbatch then costs a few step
+operations however large the model.
+
+Full activation recomputation (train.checkpointing: full, as Megatron-LM's):
+a stage keeps only a chunk's inputs from its forward to its backward, and
+runs the chunk's forward again, with its all-reduces, just before the
+backward (`ModelParallel`).
 
     outputs, tape, loss = yield from chunk_forward(ops, (x,), tp_all_reduce, cost, dtype)
     input_grads = yield from chunk_backward(tape, (grad,), tp_all_reduce, cost, dtype)
@@ -26,6 +35,7 @@ where `tp_all_reduce(buffer)` is the step-program operation (a Collective) that 
 """
 import copy
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -42,6 +52,12 @@ class ChunkCost:
     forward_flops: tuple[float, ...]  # per region, in forward order
     backward_flops: tuple[float, ...]  # per region, in backward order
     activation_bytes: int  # peak bytes autograd holds for one microbatch's backward
+    # What is all-reduced after each region (a meta tensor of its shape and dtype, or None), forward and
+    # backward order; what the chunk hands on: its first output, and its first input's gradient (or None)
+    forward_reduced: tuple = ()
+    backward_reduced: tuple = ()
+    output: torch.Tensor | None = None
+    input_grad: torch.Tensor | None = None
     forward_ops: tuple[OpCosts, ...] = ()  # per region, in forward order: its operators (op_cost.py)
     backward_ops: tuple[OpCosts, ...] = ()  # per region, in backward order
 
@@ -122,14 +138,41 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) 
     return Compute(cost.backward_flops[region], dtype, name, ops=cost.backward_ops[region])
 
 
+def replay_forward(cost: ChunkCost, all_reduce, dtype: str):
+    """Step program: chunk_forward's compute spans and all-reduces from `cost` alone (numerics off);
+    returns the meta tensor the chunk hands on."""
+    for flops, reduced, ops in zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops):
+        yield Compute(flops, dtype, "forward", ops=ops)
+        if reduced is not None:
+            yield all_reduce(reduced)
+    return cost.output
+
+
+def replay_backward(cost: ChunkCost, all_reduce, dtype: str):
+    """Step program: chunk_backward's compute spans and all-reduces from `cost` alone (numerics off);
+    returns the meta gradient of the chunk's first input (None if it needs none)."""
+    for flops, reduced, ops in zip(cost.backward_flops, cost.backward_reduced, cost.backward_ops):
+        yield Compute(flops, dtype, "backward", ops=ops)
+        if reduced is not None:
+            yield all_reduce(reduced)
+    return cost.input_grad
+
+
 def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None) -> ChunkCost:
     """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
     meta copy.
 
     `ops_of(module)` gives a chunk module's ops; `inputs` and `target` give shapes and dtypes."""
-    (forward_flops, forward_ops), (backward_flops, backward_ops) = _region_costs(chunk, ops_of, inputs, target)
-    return ChunkCost(forward_flops, backward_flops, _activation_peak(chunk, ops_of, inputs, target),
-                     forward_ops=forward_ops, backward_ops=backward_ops)
+    forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target)
+    return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward),
+                     _activation_peak(chunk, ops_of, inputs, target),
+                     tuple(reduced for _, reduced, _ in forward), tuple(reduced for _, reduced, _ in backward),
+                     _meta_like(output), _meta_like(input_grad),
+                     tuple(ops for _, _, ops in forward), tuple(ops for _, _, ops in backward))
+
+
+def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
 
 
 def _meta_run(chunk, ops_of, inputs, target):
@@ -140,35 +183,39 @@ def _meta_run(chunk, ops_of, inputs, target):
     return meta, ops_of(meta), meta_inputs, meta_target
 
 
-def _drive(program, counter=None, costs=None) -> tuple[object, tuple[tuple, tuple]]:
+def _drive(program, counter=None, costs=None) -> tuple[object, list[tuple[float, torch.Tensor | None, OpCosts]]]:
     """Run a step program without a clock (collectives skipped); with a FLOP counter and an OperatorCosts,
-    the FLOPs and the operator costs of each region (each region ends with a Compute)."""
-    flops, ops, before = [], [], 0.0
+    per region (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after
+    it, if any, and its operators' costs."""
+    regions, before = [], 0.0
     try:
         op = next(program)
         while True:
-            if counter is not None and type(op) is Compute:
-                total = float(counter.get_total_flops())
-                flops.append(total - before)
-                ops.append(costs.take())
+            if type(op) is Compute:
+                total = float(counter.get_total_flops()) if counter is not None else 0.0
+                regions.append((total - before, None, costs.take() if costs is not None else ()))
                 before = total
+            elif isinstance(op, _Reduced):
+                flops, _, ops = regions[-1]
+                regions[-1] = (flops, _meta_like(op.buffer), ops)
             op = program.send(None)
     except StopIteration as stop:
-        return stop.value, (tuple(flops), tuple(ops))
+        return stop.value, regions
 
 
-def _region_costs(chunk, ops_of, inputs, target) -> tuple[tuple, tuple]:
-    """((forward FLOPs, forward OpCosts), (backward FLOPs, backward OpCosts)), each per region."""
+def _regions(chunk, ops_of, inputs, target) -> tuple[list, list, torch.Tensor, torch.Tensor | None]:
+    """(FLOPs, all-reduced buffer, OpCosts) per region forward and backward, the chunk's first output and
+    its first input's gradient."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         # outermost, OperatorCosts sees the operators the FLOP counter runs (after its decompositions)
         with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
-            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _no_collective, None, "",
+            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "",
                                                                meta_target), counter, costs)
         grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
         with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
-            _, backward = _drive(chunk_backward(tape, grads, _no_collective, None, ""), counter, costs)
-    return forward, backward
+            input_grads, backward = _drive(chunk_backward(tape, grads, _Reduced, None, ""), counter, costs)
+    return forward, backward, outputs[0], input_grads[0]
 
 
 def _activation_peak(chunk, ops_of, inputs, target) -> int:
@@ -178,12 +225,14 @@ def _activation_peak(chunk, ops_of, inputs, target) -> int:
                                   *([meta_target] if meta_target is not None else [])])
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, _no_collective, None, "", meta_target))
+            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "", meta_target))
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-            _drive(chunk_backward(tape, grads, _no_collective, None, ""))
+            _drive(chunk_backward(tape, grads, _Reduced, None, ""))
             del tape, outputs
     return tracker.peak_bytes
 
 
-def _no_collective(buffer):
-    return None  # measuring: _drive skips whatever is yielded between regions
+class _Reduced(NamedTuple):
+    """Measuring: what a chunk all-reduces, yielded in place of the collective."""
+
+    buffer: torch.Tensor
