@@ -19,6 +19,9 @@ backward, which would stretch their lifetime in the memory measurement.
 - `forward_kernels`, `backward_kernels`: the torch operators (aten ops, views
   included) the forward and the backward dispatch, counted in the same pass:
   what a per-kernel overhead (a device's `kernel_overhead`) is charged on.
+- `forward_ops`, `backward_ops`: each pass's operators as (FLOPs, bytes,
+  count) groups (op_cost.py), recorded in the same pass outside the FLOP
+  counters: what a device under `compute_model: roofline` charges.
 - `activation_bytes`: the peak, over forward and backward, of the bytes of
   tensors autograd holds for backward. Every tensor autograd saves goes
   through `torch.autograd.graph.saved_tensors_hooks`; its storage is counted
@@ -57,6 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .loss import cross_entropy
+from .op_cost import OpCosts, OperatorCosts
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class StepCost:
     grad_ready_flops: tuple[float, ...] = ()  # backward FLOPs done when each trainable parameter's gradient is complete
     forward_kernels: int = 0  # torch operators the forward dispatches
     backward_kernels: int = 0
+    forward_ops: OpCosts = ()  # the forward's operators as (FLOPs, bytes, count) groups (op_cost.py)
+    backward_ops: OpCosts = ()
 
 
 _cache: dict[tuple, StepCost] = {}
@@ -97,10 +103,10 @@ def _measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
     # Two passes, each on its own copy: FlopCounterMode's module tracker holds on to tensors
     # that modules see during backward (a checkpointed segment's recomputation), which would
     # stretch their lifetime in the activation measurement.
-    forward_flops, backward_flops, grad_ready_flops, (forward_kernels, backward_kernels) = _count_flops(model, x, y)
+    forward_flops, backward_flops, grad_ready_flops, kernels, ops = _count_flops(model, x, y)
     return StepCost(forward_flops=forward_flops, backward_flops=backward_flops,
                     activation_bytes=_peak_saved_bytes(model, x, y), grad_ready_flops=grad_ready_flops,
-                    forward_kernels=forward_kernels, backward_kernels=backward_kernels)
+                    forward_kernels=kernels[0], backward_kernels=kernels[1], forward_ops=ops[0], backward_ops=ops[1])
 
 
 def _fresh(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
@@ -115,7 +121,8 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
-    """(forward FLOPs, backward FLOPs, grad_ready_flops, (forward operators, backward operators))."""
+    """(forward FLOPs, backward FLOPs, grad_ready_flops, (forward operators, backward operators),
+    (forward OpCosts, backward OpCosts))."""
     replica, x = _fresh(model, x)
     trainable = [p for p in replica.parameters() if p.requires_grad]
     ready = [0.0] * len(trainable)
@@ -128,14 +135,17 @@ def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
 
     handles = [p.register_post_accumulate_grad_hook(hook(index)) for index, p in enumerate(trainable)]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with FlopCounterMode(display=False) as forward_counter, OperatorCounter() as forward_ops:
+        # outermost, OperatorCosts sees the operators the FLOP counter runs; innermost, OperatorCounter
+        # counts the operators as they are dispatched
+        with OperatorCosts() as forward_costs, FlopCounterMode(display=False) as forward_counter, \
+                OperatorCounter() as forward_ops:
             loss = _loss(replica, x, y)
-        with backward_counter, OperatorCounter() as backward_ops:
+        with OperatorCosts() as backward_costs, backward_counter, OperatorCounter() as backward_ops:
             loss.backward()
     for handle in handles:
         handle.remove()
     return (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()), tuple(ready),
-            (forward_ops.count, backward_ops.count))
+            (forward_ops.count, backward_ops.count), (forward_costs.take(), backward_costs.take()))
 
 
 class OperatorCounter(TorchDispatchMode):

@@ -88,6 +88,9 @@ class ClusterSpec(_Strict):
     # Heterogeneous and noisy devices (hw/cluster.py): per-rank changes, lognormal compute noise.
     overrides: dict[Count(MAX_DEVICES - 1, minimum=0), "DeviceOverride"] = {}
     compute_jitter: Real(ge=0, le=MAX_COMPUTE_JITTER) = 0.0  # std of log(factor) per compute span
+    # What a forward or backward costs (hw/device.py): its FLOPs at peak x efficiency (flops), or per
+    # operator the slower of its FLOPs and its HBM bytes at bandwidth x efficiency (roofline: op_cost.py).
+    compute_model: Literal["flops", "roofline"] = "flops"
     shared_memory: "SharedMemorySpec | None" = None  # where async training's parameters live
     # Faults (hw/faults.py) and what a job does about them (recovery.py).
     faults: Annotated[list["FaultSpec"], Field(max_length=MAX_FAULTS)] = []  # at given times

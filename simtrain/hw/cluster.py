@@ -12,7 +12,8 @@ Devices need not be alike: `cluster.overrides` gives a rank another device, some
 changed device fields, or a `slowdown`; `cluster.compute_jitter` gives every
 compute kernel a lognormal time factor drawn from the rank's own Generator,
 seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
-shared_memory.py to the network.
+shared_memory.py to the network. `cluster.compute_model` (flops or roofline)
+is every device's compute model (device.py).
 """
 import gc
 import math
@@ -37,7 +38,8 @@ class Cluster:
 
     def __init__(self, topology: Topology, specs: list[DeviceSpec], record: bool = True,
                  slowdowns: list[float] | None = None, compute_jitter: float = 0.0, seed: int = 0,
-                 shared_memory: SharedMemory | None = None, enforce_capacity: bool = True):
+                 shared_memory: SharedMemory | None = None, enforce_capacity: bool = True,
+                 compute_model: str = "flops"):
         if len(specs) != topology.num_devices:
             raise ValueError(f"{len(specs)} device specs for {topology.num_devices} devices")
         slowdowns = slowdowns or [1.0] * len(specs)
@@ -48,7 +50,7 @@ class Cluster:
         self.shared_memory = shared_memory
         self.devices = [
             Device(self.env, rank, node, spec, self.log, slowdown=slowdowns[rank], jitter=compute_jitter,
-                   rng=np.random.default_rng([seed, rank]) if compute_jitter else None)
+                   rng=np.random.default_rng([seed, rank]) if compute_jitter else None, compute_model=compute_model)
             for rank, (node, spec) in enumerate(zip(topology.devices, specs))
         ]
         if not enforce_capacity:
@@ -115,7 +117,8 @@ def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = 
         topology, store = attach_shared_memory(topology, spec.shared_memory)
     specs, slowdowns = device_specs(spec, topology.num_devices, base_dir)
     return Cluster(topology, specs, record=record, slowdowns=slowdowns, compute_jitter=spec.compute_jitter,
-                   seed=seed, shared_memory=store, enforce_capacity=enforce_capacity)
+                   seed=seed, shared_memory=store, enforce_capacity=enforce_capacity,
+                   compute_model=spec.compute_model)
 
 
 def device_specs(spec: ClusterSpec, count: int, base_dir: Path = Path(".")) -> tuple[list[DeviceSpec], list[float]]:

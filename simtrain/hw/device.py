@@ -10,6 +10,12 @@ work runs starts when that work ends. A kernel of F FLOPs in dtype d takes
 F / (peak[d] * efficiency); memory-bound work of B bytes takes B / (HBM
 bandwidth * efficiency). Every span goes to the cluster's event log.
 
+The compute model (`cluster.compute_model`) says what compute work costs:
+`flops` charges its FLOPs alone, as above; `roofline` charges work whose
+operators were measured (op_cost.py) as the sum over them of
+max(F / (peak[d] * efficiency), B / (HBM bandwidth * efficiency)), and
+unmeasured work by its FLOPs.
+
 Heterogeneous and noisy devices: a `slowdown` multiplies every span on the
 stream (a straggler), and a `jitter` sigma multiplies each compute kernel by
 its own lognormal factor exp(sigma * z - sigma^2 / 2), z ~ N(0, 1) drawn from
@@ -22,6 +28,7 @@ import numpy as np
 import simpy
 
 from ..errors import OutOfMemory
+from ..op_cost import OpCosts, roofline_seconds
 from .catalog import DeviceSpec
 from .eventlog import EventLog
 
@@ -78,7 +85,8 @@ class Device:
     """A simulated GPU with an in-order compute stream and a memory ledger."""
 
     def __init__(self, env: simpy.Environment, rank: int, node: str, spec: DeviceSpec, log: EventLog,
-                 slowdown: float = 1.0, jitter: float = 0.0, rng: np.random.Generator | None = None):
+                 slowdown: float = 1.0, jitter: float = 0.0, rng: np.random.Generator | None = None,
+                 compute_model: str = "flops"):
         self.env = env
         self.rank = rank
         self.node = node
@@ -86,6 +94,7 @@ class Device:
         self.log = log
         self.slowdown = slowdown
         self.jitter = jitter
+        self.compute_model = compute_model
         if jitter and rng is None:
             raise ValueError(f"rank {rank}: compute jitter needs a seeded Generator")
         self._rng = rng
@@ -101,8 +110,12 @@ class Device:
             self._stream_free_at = now
         self.memory.release_all()
 
-    def compute_time(self, flops: float, dtype: str) -> float:
-        """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter)."""
+    def compute_time(self, flops: float, dtype: str, ops: OpCosts | None = None) -> float:
+        """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter); under the roofline
+        compute model, for the operators `ops` when they are given."""
+        if ops is not None and self.compute_model == "roofline":
+            bytes_rate = self.spec.memory_bandwidth * self.spec.efficiency
+            return roofline_seconds(ops, self.spec.flops_rate(dtype), bytes_rate) * self.slowdown
         return flops / self.spec.flops_rate(dtype) * self.slowdown
 
     def memory_bound_time(self, nbytes: float) -> float:
@@ -113,9 +126,11 @@ class Device:
         """Seconds the fixed cost of `kernels` kernels takes (0 on a device without kernel_overhead)."""
         return kernels * self.spec.kernel_overhead_s * self.slowdown if kernels and self.spec.kernel_overhead_s else 0.0
 
-    def compute(self, flops: float, dtype: str, name: str, kind: str = "compute", kernels: int = 0) -> simpy.Event:
-        """Queue `kernels` kernels of `flops` in all, in `dtype`; the event fires when they have run."""
-        seconds = self.compute_time(flops, dtype)
+    def compute(self, flops: float, dtype: str, name: str, kind: str = "compute", kernels: int = 0,
+                ops: OpCosts | None = None) -> simpy.Event:
+        """Queue `kernels` kernels of `flops` in all, in `dtype` (operators `ops`, when measured); the event
+        fires when they have run."""
+        seconds = self.compute_time(flops, dtype, ops)
         if kernels and self.spec.kernel_overhead_s:
             seconds += self.kernel_time(kernels)
         if self.jitter:

@@ -265,7 +265,8 @@ class AsynchronousSGD:
         device-side optimizer step for one batch (the sync schemes' baseline), over `world`."""
         cost = next(replica.step_cost() for replica in self.replicas if replica.last_batch is not None)
         device = self.devices[0]
-        alone = (device.compute_time(cost.forward_flops + cost.backward_flops, "fp32")
+        alone = (device.compute_time(cost.forward_flops + cost.backward_flops, "fp32",
+                                     cost.forward_ops + cost.backward_ops)
                  + device.memory_bound_time(self._step_bytes))
         return alone / self.world
 

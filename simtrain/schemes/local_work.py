@@ -3,15 +3,18 @@
 Before the batch: the sampler's host bookkeeping (prioritized and mh
 sampling), as a `sampling` span. Then the real forward and backward (with
 SyncBN, its statistics all-reduced on the way, with the scheme's collective).
-Each is followed by its measured FLOPs at the device's peak for the replica's
-compute dtype, as `forward` and `backward` compute spans, with the measured
-activation peak held on the device's ledger meanwhile. A scheme that
-overlaps communication with the backward gives the operations to yield as
-the backward completes gradients: the backward is charged in pieces between
-them.
+Each is followed by its measured FLOPs (and operators, for a roofline device:
+op_cost.py) at the device's peak for the replica's compute dtype, as
+`forward` and `backward` compute spans, with the measured activation peak
+held on the device's ledger meanwhile. A scheme that overlaps communication
+with the backward gives the operations to yield as the backward completes
+gradients: the backward is charged in pieces between them, each piece its
+share of the backward's FLOPs, and the same share of its kernels and of its
+operators' FLOPs and bytes.
 
     loss = yield from forward_backward(replica)
 """
+from ..op_cost import scaled
 from ..train.replica import Replica
 from .program import Alloc, Busy, Collective, Compute, Free
 
@@ -33,22 +36,25 @@ def forward_backward(replica: Replica, statistics_all_reduce=None, during_backwa
         loss = replica.forward()
         cost = replica.step_cost()
         yield Alloc("activations", cost.activation_bytes)
-        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels)
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops)
         loss = replica.backward(loss)
     else:  # forward and backward interleave with the exchanges: one host span ends at "forward"
         loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
         cost = replica.step_cost()
         yield Alloc("activations", cost.activation_bytes)
-        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels)
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops)
     done, kernels_done = 0.0, 0
     for flops, operation in during_backward(cost, loss) if during_backward is not None else ():
         if flops > done:
             kernels = _kernels_until(cost, flops) - kernels_done
-            yield Compute(flops - done, dtype, "backward", kernels=kernels)
+            yield Compute(flops - done, dtype, "backward", kernels=kernels,
+                          ops=_share(cost, flops - done))
             done, kernels_done = flops, kernels_done + kernels
         yield operation
     if cost.backward_flops > done or during_backward is None:
-        yield Compute(cost.backward_flops - done, dtype, "backward", kernels=cost.backward_kernels - kernels_done)
+        ops = cost.backward_ops if done == 0 else _share(cost, cost.backward_flops - done)
+        yield Compute(cost.backward_flops - done, dtype, "backward", kernels=cost.backward_kernels - kernels_done,
+                      ops=ops)
     yield Free("activations", cost.activation_bytes)
     return loss
 
@@ -56,6 +62,11 @@ def forward_backward(replica: Replica, statistics_all_reduce=None, during_backwa
 def _kernels_until(cost, flops: float) -> int:
     """The backward's kernels up to its first `flops` FLOPs, in proportion (the pieces add up to all of them)."""
     return round(cost.backward_kernels * flops / cost.backward_flops) if cost.backward_flops else 0
+
+
+def _share(cost, flops: float) -> tuple:
+    """The backward's operators, each scaled to the share `flops` is of the backward's FLOPs."""
+    return scaled(cost.backward_ops, flops / cost.backward_flops)
 
 
 def _exchanging(forward_backward_program, statistics_all_reduce):

@@ -6,8 +6,9 @@ yields the operations below and does its own torch numerics in between
 against a device and a process group. The operations are the only way a
 step touches time or memory:
 
-- `Compute(flops, dtype, name, kind, kernels)`: work of `kernels` kernels on the
-  device's compute stream;
+- `Compute(flops, dtype, name, kind, kernels, ops)`: work of `kernels` kernels on the
+  device's compute stream; `ops`, its operators' (FLOPs, bytes, count) groups
+  (op_cost.py), is what a device under `compute_model: roofline` charges;
 - `MemoryBound(nbytes, name, kind, kernels)`: work bound by HBM bandwidth (an update);
 - `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
   stream (a sampler's host bookkeeping, the store applying an update);
@@ -52,6 +53,7 @@ class Compute(NamedTuple):
     name: str
     kind: str = "compute"
     kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
+    ops: tuple | None = None  # its operators' OpCosts (op_cost.py); None: unmeasured, charged by FLOPs alone
 
 
 class MemoryBound(NamedTuple):
@@ -128,7 +130,7 @@ def run_program(job, rank: int, program):
             kind = type(op)
             value = None
             if kind is Compute:
-                yield device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels)
+                yield device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels, ops=op.ops)
             elif kind is Alloc:
                 memory.alloc(op.category, op.nbytes)
             elif kind is Free:

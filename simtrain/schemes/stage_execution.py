@@ -14,9 +14,10 @@ right after it runs, so the trace shows the compute and the all-reduces of a
 tensor-parallel layer in their real order.
 
 `measure_chunk` measures a chunk's regions once per input shape on a meta
-copy (FLOPs by torch's FLOP counter, activation bytes by the saved-tensor
-hooks of cost.py, and the shapes of what is all-reduced and sent on):
-`ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
+copy (FLOPs by torch's FLOP counter, each region's operators as (FLOPs,
+bytes, count) groups by op_cost.py for a roofline device, activation bytes by
+the saved-tensor hooks of cost.py, and the shapes of what is all-reduced and
+sent on): `ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
 the same compute spans and all-reduces from a ChunkCost alone, on meta
 buffers, without running an operator: a microbatch then costs a few step
 operations however large the model.
@@ -41,6 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..cost import SavedTensorTracker
 from ..loss import cross_entropy
+from ..op_cost import OpCosts, OperatorCosts
 from ..train.tensor_parallel import AllReduceForward, Apply
 from .program import Compute
 
@@ -56,6 +58,8 @@ class ChunkCost:
     backward_reduced: tuple = ()
     output: torch.Tensor | None = None
     input_grad: torch.Tensor | None = None
+    forward_ops: tuple[OpCosts, ...] = ()  # per region, in forward order: its operators (op_cost.py)
+    backward_ops: tuple[OpCosts, ...] = ()  # per region, in backward order
 
 
 @dataclass
@@ -83,7 +87,7 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
             continue
         tape.regions.append((region_inputs, state))
         tape.reduce_grad.append(reduce_grad)
-        yield Compute(cost.forward_flops[region] if cost else 0.0, dtype, "forward")
+        yield _region_compute(cost, region, "forward", dtype)
         region += 1
         values = tuple(t.detach() for t in state)
         reduce_grad = None
@@ -101,7 +105,7 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
         state = (loss * loss_fraction,)
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
-    yield Compute(cost.forward_flops[region] if cost else 0.0, dtype, "forward")
+    yield _region_compute(cost, region, "forward", dtype)
     return state, tape, None if loss is None else loss.detach()
 
 
@@ -118,18 +122,27 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, all_reduce, cost: Chu
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = tuple(t.grad if t.requires_grad else None for t in inputs)
-        yield Compute(cost.backward_flops[step] if cost else 0.0, dtype, "backward")
+        yield _region_compute(cost, step, "backward", dtype)
         summed = tape.reduce_grad[index]
         if summed is not None and grads[summed] is not None:  # the data's own input needs no gradient
             yield all_reduce(grads[summed])
     return grads
 
 
+def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) -> Compute:
+    """The Compute of region `region` of the `name` pass (its index in that pass's order)."""
+    if cost is None:
+        return Compute(0.0, dtype, name)
+    if name == "forward":
+        return Compute(cost.forward_flops[region], dtype, name, ops=cost.forward_ops[region])
+    return Compute(cost.backward_flops[region], dtype, name, ops=cost.backward_ops[region])
+
+
 def replay_forward(cost: ChunkCost, all_reduce, dtype: str):
     """Step program: chunk_forward's compute spans and all-reduces from `cost` alone (numerics off);
     returns the meta tensor the chunk hands on."""
-    for flops, reduced in zip(cost.forward_flops, cost.forward_reduced):
-        yield Compute(flops, dtype, "forward")
+    for flops, reduced, ops in zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops):
+        yield Compute(flops, dtype, "forward", ops=ops)
         if reduced is not None:
             yield all_reduce(reduced)
     return cost.output
@@ -138,22 +151,24 @@ def replay_forward(cost: ChunkCost, all_reduce, dtype: str):
 def replay_backward(cost: ChunkCost, all_reduce, dtype: str):
     """Step program: chunk_backward's compute spans and all-reduces from `cost` alone (numerics off);
     returns the meta gradient of the chunk's first input (None if it needs none)."""
-    for flops, reduced in zip(cost.backward_flops, cost.backward_reduced):
-        yield Compute(flops, dtype, "backward")
+    for flops, reduced, ops in zip(cost.backward_flops, cost.backward_reduced, cost.backward_ops):
+        yield Compute(flops, dtype, "backward", ops=ops)
         if reduced is not None:
             yield all_reduce(reduced)
     return cost.input_grad
 
 
 def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None) -> ChunkCost:
-    """Per-region FLOPs and the activation peak of one microbatch through `chunk`, on a meta copy.
+    """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
+    meta copy.
 
     `ops_of(module)` gives a chunk module's ops; `inputs` and `target` give shapes and dtypes."""
     forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target)
-    return ChunkCost(tuple(flops for flops, _ in forward), tuple(flops for flops, _ in backward),
+    return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward),
                      _activation_peak(chunk, ops_of, inputs, target),
-                     tuple(reduced for _, reduced in forward), tuple(reduced for _, reduced in backward),
-                     _meta_like(output), _meta_like(input_grad))
+                     tuple(reduced for _, reduced, _ in forward), tuple(reduced for _, reduced, _ in backward),
+                     _meta_like(output), _meta_like(input_grad),
+                     tuple(ops for _, _, ops in forward), tuple(ops for _, _, ops in backward))
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -168,35 +183,38 @@ def _meta_run(chunk, ops_of, inputs, target):
     return meta, ops_of(meta), meta_inputs, meta_target
 
 
-def _drive(program, counter=None) -> tuple[object, list[tuple[float, torch.Tensor | None]]]:
-    """Run a step program without a clock (collectives skipped); with a FLOP counter, per region (each
-    region ends with a Compute): its FLOPs and the meta copy of the buffer all-reduced after it, if any."""
+def _drive(program, counter=None, costs=None) -> tuple[object, list[tuple[float, torch.Tensor | None, OpCosts]]]:
+    """Run a step program without a clock (collectives skipped); with a FLOP counter and an OperatorCosts,
+    per region (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after
+    it, if any, and its operators' costs."""
     regions, before = [], 0.0
     try:
         op = next(program)
         while True:
             if type(op) is Compute:
                 total = float(counter.get_total_flops()) if counter is not None else 0.0
-                regions.append((total - before, None))
+                regions.append((total - before, None, costs.take() if costs is not None else ()))
                 before = total
             elif isinstance(op, _Reduced):
-                regions[-1] = (regions[-1][0], _meta_like(op.buffer))
+                flops, _, ops = regions[-1]
+                regions[-1] = (flops, _meta_like(op.buffer), ops)
             op = program.send(None)
     except StopIteration as stop:
         return stop.value, regions
 
 
 def _regions(chunk, ops_of, inputs, target) -> tuple[list, list, torch.Tensor, torch.Tensor | None]:
-    """(FLOPs, all-reduced buffer) per region forward and backward, the chunk's first output and its
-    first input's gradient."""
+    """(FLOPs, all-reduced buffer, OpCosts) per region forward and backward, the chunk's first output and
+    its first input's gradient."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with FlopCounterMode(display=False) as counter:
+        # outermost, OperatorCosts sees the operators the FLOP counter runs (after its decompositions)
+        with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
             (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "",
-                                                               meta_target), counter)
+                                                               meta_target), counter, costs)
         grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-        with FlopCounterMode(display=False) as counter:
-            input_grads, backward = _drive(chunk_backward(tape, grads, _Reduced, None, ""), counter)
+        with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
+            input_grads, backward = _drive(chunk_backward(tape, grads, _Reduced, None, ""), counter, costs)
     return forward, backward, outputs[0], input_grads[0]
 
 

@@ -185,7 +185,8 @@ class SyncDataParallel(RankReplicas):
             return None
         cost = replica.step_cost()
         kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
-        return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name)
+        return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
+                                    cost.forward_ops + cost.backward_ops)
                 + device.kernel_time(cost.forward_kernels + cost.backward_kernels)
                 + device.memory_bound_time(self._step_bytes) + device.kernel_time(self._step_kernels) + kfac)
 
