@@ -44,7 +44,7 @@ from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
 from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
 from ..train.precision import persistent_bytes, update_bytes
-from ..train.tensor_parallel import Apply
+from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
@@ -80,7 +80,8 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list
                                      scenario.train.checkpointing))
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
-    if layout.tp > 1 and all(type(op) is Apply for share in shares for ops in share.ops for op in ops):
+    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward)
+                                 for share in shares for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")
     return shares

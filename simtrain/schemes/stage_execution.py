@@ -1,7 +1,9 @@
 """A model chunk's forward and backward for one microbatch, with its tensor-parallel all-reduces as collectives.
 
 A chunk's work is a list of `Apply` steps and all-reduces
-(train/tensor_parallel.py). The all-reduces cut it into regions. Forward runs
+(train/tensor_parallel.py); the chunk that ends the model ends with its loss,
+its `ApplyWithTarget` steps given the microbatch's target. The all-reduces
+cut the work into regions. Forward runs
 each region with autograd on and starts the next from detached copies of the
 tensors in flight (after summing one of them across the tp group for an
 `AllReduceForward`); the regions' inputs and outputs are kept on a `Tape`.
@@ -30,8 +32,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..cost import SavedTensorTracker
-from ..loss import cross_entropy
-from ..train.tensor_parallel import AllReduceForward, Apply
+from ..train.tensor_parallel import AllReduceForward, Apply, ApplyWithTarget
 from .program import Compute
 
 
@@ -51,12 +52,13 @@ class Tape:
 
 
 def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype: str,
-                  target: torch.Tensor | None = None, loss_fraction: float = 1.0):
+                  target: torch.Tensor | None = None, loss_weight=1.0):
     """Step program: run `ops` on `inputs` (a tuple of tensors; the ones that need a gradient require it),
     charging each region's FLOPs from `cost` (None: measuring, the charges are 0).
 
-    With `target`, the chunk ends the model: the loss is cross entropy against it times
-    `loss_fraction` (the microbatch's share of the batch). Returns (outputs, tape, loss)."""
+    With `target`, the chunk ends the model and its ops end with the loss against it; backward
+    starts from the loss times `loss_weight` (the microbatch's share of the batch, times the fp16
+    loss scale: a float or a 0-dim tensor). Returns (outputs, tape, loss)."""
     tape = Tape()
     region_inputs = state = inputs
     reduce_grad = None
@@ -64,6 +66,9 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
     for op in ops:
         if type(op) is Apply:
             state = op.function(*state)
+            continue
+        if type(op) is ApplyWithTarget:
+            state = op.function(*state, target)
             continue
         tape.regions.append((region_inputs, state))
         tape.reduce_grad.append(reduce_grad)
@@ -81,8 +86,8 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
         region_inputs = state = values
     loss = None
     if target is not None:
-        loss = cross_entropy(state[0], target)
-        state = (loss * loss_fraction,)
+        loss = state[0]
+        state = (loss * loss_weight,)
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
     yield Compute(cost.forward_flops[region] if cost else 0.0, dtype, "forward")
@@ -112,7 +117,8 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, all_reduce, cost: Chu
 def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None) -> ChunkCost:
     """Per-region FLOPs and the activation peak of one microbatch through `chunk`, on a meta copy.
 
-    `ops_of(module)` gives a chunk module's ops; `inputs` and `target` give shapes and dtypes."""
+    `ops_of(module, ends_model)` gives a chunk module's ops (ending with the loss when there is a
+    `target`); `inputs` and `target` give shapes and dtypes."""
     forward_flops, backward_flops = _region_flops(chunk, ops_of, inputs, target)
     return ChunkCost(forward_flops, backward_flops, _activation_peak(chunk, ops_of, inputs, target))
 
@@ -122,7 +128,7 @@ def _meta_run(chunk, ops_of, inputs, target):
     meta_inputs = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
                         for t in inputs)
     meta_target = None if target is None else torch.empty(target.shape, dtype=target.dtype, device="meta")
-    return meta, ops_of(meta), meta_inputs, meta_target
+    return meta, ops_of(meta, target is not None), meta_inputs, meta_target
 
 
 def _drive(program, counter=None) -> tuple[object, list[float]]:
