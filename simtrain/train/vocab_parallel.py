@@ -1,4 +1,4 @@
-"""A language model's vocabulary split across tensor-parallel ranks, as Megatron-LM splits its embedding and output layer.
+"""A language model's vocabulary split across tensor-parallel ranks, as Megatron-LM splits embedding and head.
 
 Shoeybi et al., "Megatron-LM" (2019), section 3 (and Narayanan et al. 2021):
 the token table's rows and the output Linear's output features are cut into
