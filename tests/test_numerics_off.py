@@ -28,6 +28,8 @@ TECHNIQUES = {
                              "parallel": {"pp": 2, "pipeline": {"schedule": "interleaved", "virtual_stages": 2,
                                                                 "microbatches": 2}}},
     "dp x pp x tp": {"cluster": {"devices": 8}, "parallel": {"tp": 2, "pp": 2, "pipeline": {"microbatches": 2}}},
+    "pp x tp, fp16 overflow vote": {"cluster": {"devices": 4}, "train": {"precision": "fp16"},
+                                    "parallel": {"tp": 2, "pp": 2, "pipeline": {"microbatches": 2}}},
     "gpt, vocabulary-parallel": {"cluster": {"devices": 4},
                                  "model": {"name": "gpt", "hidden": 32, "layers": 2, "heads": 4},
                                  "data": {"name": "tokens", "batch_size": 8, "samples": 256, "seq_len": 8, "vocab": 16},

@@ -23,8 +23,16 @@ A job of dp x pp x tp devices (schemes/layout.py) trains one model:
   averages) its gradient bucket with the devices that hold the same shard in
   the other replicas, with `parallel.scheme`'s algorithm, then steps its own
   optimizer on its own parameters.
+- **fp16 loss scaling**: a step is skipped if any share of the model
+  overflowed, as Megatron-LM all-reduces found_inf across its model-parallel
+  group. Before stepping, the pp x tp ranks of each replica sum their 0/1
+  overflow flags in a 4-byte all-reduce ("overflow_vote"); every rank then
+  skips (and backs off its loss scale) or steps together, so their loss
+  scalers stay identical. The replicas need no vote: after the dp all-reduce
+  they hold the same gradients.
 
-The last stage's loss of a microbatch is its mean cross entropy times 1/m, so
+The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
+the loss scale under fp16), so
 the gradients accumulated over the m microbatches, averaged over the dp
 replicas, are those of one device on the whole global batch. Each stage holds
 a microbatch's measured activation bytes from its forward to its backward:
@@ -104,7 +112,10 @@ class ModelParallel(RankReplicas):
         self.microbatches = self.pipeline.microbatches if self.layout.pp > 1 else 1
         self.steps = train.steps
         self.on_step = on_step
-        self.comms = {dimension: self._communicators(dimension, parallel) for dimension in ("dp", "tp")}
+        self.comms = {dimension: self._communicators(self.layout.groups(dimension), parallel)
+                      for dimension in ("dp", "tp")}
+        if train.precision == "fp16":  # the overflow vote of each replica's model-parallel group
+            self.comms["model"] = self._communicators(self.layout.replicas(), parallel)
         self._held = [persistent_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
         self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
@@ -116,11 +127,11 @@ class ModelParallel(RankReplicas):
         self.loss_curve: list[tuple[float, float | None]] = []
         self.bubble_s = [0.0] * self.world
 
-    def _communicators(self, dimension: str, parallel) -> dict[int, tuple]:
-        """rank -> (communicator of its group along `dimension`, its rank there, the group's all-reduce)."""
+    def _communicators(self, groups: list[list[int]], parallel) -> dict[int, tuple]:
+        """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce)."""
         by_rank = {}
         topology = self.job.cluster.topology
-        for group in self.layout.groups(dimension):
+        for group in groups:
             devices = [self.job.devices[rank] for rank in group]
             nodes = [device.node for device in devices]
             comm = SimCommunicator(self.job.cluster.network, nodes, log=self.job.cluster.log,
@@ -174,9 +185,9 @@ class ModelParallel(RankReplicas):
                     target = ys[action.microbatch] if last else None
                     cost = self._cost(replica, action.chunk, part, inputs, target)
                     yield Alloc("activations", cost.activation_bytes)
-                    outputs, tape, loss = yield from chunk_forward(replica.model.ops[action.chunk], inputs,
-                                                                   tp_all_reduce, cost, dtype, target,
-                                                                   1.0 / self.microbatches)
+                    outputs, tape, loss = yield from chunk_forward(
+                        replica.model.ops[action.chunk], inputs, tp_all_reduce, cost, dtype, target,
+                        replica.precision.loss_weight(1.0 / self.microbatches))
                     tapes[action.microbatch, action.chunk] = (tape, cost)
                     if last:
                         losses.append(loss)
@@ -197,9 +208,20 @@ class ModelParallel(RankReplicas):
             if dp_reduce is not None:
                 yield Collective(dp_reduce(dp_rank, self.layout.dp, replica.grad_buffer, average=True),
                                  "dp_allreduce", dp_comm, dp_rank)
-            replica.step()
+            found_inf = replica.precision.find_overflow(replica.grad_buffer)
+            if "model" in self.comms:
+                found_inf = yield from self._overflow_vote(rank, found_inf)
+            replica.apply_update(replica.precision.settle(found_inf))
             yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
             self._step_done(step, losses)
+
+    def _overflow_vote(self, rank: int, found_inf: bool):
+        """Step program: whether any rank of `rank`'s model-parallel group found an overflow (a sum of
+        0/1 flags, one fp32 each)."""
+        comm, index, all_reduce = self.comms["model"][rank]
+        flag = torch.tensor([float(found_inf)])
+        yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
+        return bool(flag.item() > 0)
 
     def _send(self, rank: int, peer: int, tensor: torch.Tensor, message: tuple):
         """Step program: hand `tensor` to the link towards job rank `peer` and carry on (a non-blocking
@@ -281,10 +303,10 @@ class ModelParallel(RankReplicas):
     def single_device_step_s(self) -> float | None:
         return None  # the model is split because one device is not the baseline
 
-    def _collective_bytes(self, dimension: str, label: str) -> int:
-        """Bytes the groups along `dimension` sent for `label` (each group's communicator once)."""
-        groups = {self.layout.group(dimension, rank)[0]: comm for rank, (comm, _, _) in self.comms[dimension].items()}
-        return sum(groups[first].bytes_by_label.get(label, 0) for first in sorted(groups))
+    def _collective_bytes(self, communicators: str, label: str) -> int:
+        """Bytes the groups of `self.comms[communicators]` sent for `label` (each group's communicator once)."""
+        groups = {id(comm): comm for comm, _, _ in self.comms.get(communicators, {}).values()}
+        return sum(comm.bytes_by_label.get(label, 0) for comm in groups.values())
 
     def report_sections(self) -> dict:
         sim_time = self.job.cluster.log.last_end_s
@@ -297,7 +319,8 @@ class ModelParallel(RankReplicas):
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "bubble_fraction": sum(self.bubble_s) / (sim_time * self.world) if sim_time > 0 else 0.0,
             "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"), "pp_p2p": self.pp_bytes,
-                              "tp_allreduce": self._collective_bytes("tp", "tp_allreduce")},
+                              "tp_allreduce": self._collective_bytes("tp", "tp_allreduce"),
+                              "overflow_vote": self._collective_bytes("model", "overflow_vote")},
         }}
 
 
