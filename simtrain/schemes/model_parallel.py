@@ -16,9 +16,10 @@ A job of dp x pp x tp devices (schemes/layout.py) trains one model:
   A receiver's wait while the tensor is on the wire is communication; its
   wait before the peer has sent it is the pipeline bubble ("bubble" spans).
 - **tensor**: each stage is split across its tp devices as Megatron-LM splits
-  layers (train/tensor_parallel.py), with the all-reduces of activations and
-  of their gradients run by the chosen all-reduce algorithm on the tp group
-  (schemes/stage_execution.py).
+  layers (train/tensor_parallel.py; a gpt's vocabulary too, its loss computed
+  vocabulary-parallel in the last stage: train/vocab_parallel.py), with the
+  all-reduces of activations and of their gradients run by the chosen
+  all-reduce algorithm on the tp group (schemes/stage_execution.py).
 - **data**: after the last backward of a step, each device all-reduces (and
   averages) its gradient bucket with the devices that hold the same shard in
   the other replicas, with `parallel.scheme`'s algorithm, then steps its own
