@@ -81,7 +81,7 @@ class Job:
         self.comm = self._communicator()
         self.layout = Layout.of(scenario.parallel, self.world)
         self.data = hold_out_validation(load_dataset(scenario.data.name, scenario.data.loader_options(),
-                                                     scenario.seed), scenario.data.validation_fraction, scenario.seed)
+                                                     scenario.seed, values=numerics), scenario.data.validation_fraction, scenario.seed)
         device = "cpu" if numerics else "meta"
         with torch.device(device):
             model = build_model(scenario.model, self.data.info, scenario.seed)

@@ -43,6 +43,8 @@ class RunResult:
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
     extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
+    # device rank -> the device rank whose figures it reports (a representative's: schemes/representatives.py)
+    mirror_of: dict[int, int] = field(default_factory=dict)
     status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
 
 
@@ -121,13 +123,14 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     # The devices of the jobs (a spare that never joined one does not count); every device if no job ran.
     counted = {device.rank for device in cluster.devices if device.rank in job_names or not job_names}
     for device in cluster.devices:
-        spent = {kind: log.total(device.rank, kind) for kind in kinds}
-        spent["communication"] = log.exposed_communication(device.rank)  # what overlaps other work is hidden
+        source = cluster.devices[result.mirror_of.get(device.rank, device.rank)]
+        spent = {kind: log.total(source.rank, kind) for kind in kinds}
+        spent["communication"] = log.exposed_communication(source.rank)  # what overlaps other work is hidden
         spent["idle"] = max(0.0, sim_time - sum(spent.values()))
         if device.rank in counted:
             for kind, seconds in spent.items():
                 breakdown_total[kind] += seconds
-        memory = device.memory
+        memory = source.memory
         devices.append({
             "rank": device.rank,
             "job": job_names.get(device.rank),

@@ -119,6 +119,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
         extra=sections,
+        mirror_of=getattr(scheme, "mirror_of", {}),  # only model parallelism simulates representatives
     )
     return build_report(scenario, cluster, result)
 

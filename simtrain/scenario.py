@@ -338,8 +338,8 @@ class TrainSpec(_Strict):
     optimizer: OptimizerSpec = OptimizerSpec()
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # compute dtype; fp16/bf16 keep fp32 master weights
     amp: AmpSpec = AmpSpec()
-    # Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | {segments: k}.
-    checkpointing: Union[Literal["none", "sqrt"], CheckpointSegments] = "none"
+    # Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | full | {segments: k}.
+    checkpointing: Union[Literal["none", "sqrt", "full"], CheckpointSegments] = "none"
     target_loss: Real() | None = None  # report time_to_target_s (report.py: smoothed_loss_curve)
     # Hyperparameters by step, applied live before that step (train/hyperparameters.py):
     # [{step: 0, train.optimizer.lr: 0.1}, {step: 200, train.optimizer.lr: 0.02}]; steps ascending.
@@ -393,6 +393,9 @@ class ParallelSpec(_Strict):
     # innermost first: the default puts a stage's tp ranks on adjacent devices, then the stages, then the replicas
     placement: tuple[Literal["tp", "pp", "dp"], Literal["tp", "pp", "dp"], Literal["tp", "pp", "dp"]] = (
         "tp", "pp", "dp")
+    # Simulate one rank per pipeline stage (tp rank 0 of replica 0) and time its collectives with their
+    # mirrors' at the collective level (schemes/representatives.py): numerics off, identical devices
+    representatives: Flag = False
 
     @model_validator(mode="after")
     def _a_layout(self) -> "ParallelSpec":
@@ -570,6 +573,8 @@ class Scenario(_Strict):
                                  "the keyword arguments of a package.module:function)")
         if self.parallel.model_parallel:
             self._model_parallel_fits()
+        if self.parallel.representatives:
+            self._representatives_fit()
         if self.parallel.sync_batchnorm and self.train.checkpointing != "none":
             # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
             raise ValueError("parallel.sync_batchnorm: does not combine with train.checkpointing")
@@ -606,6 +611,17 @@ class Scenario(_Strict):
                              "training state; use uniform")
         return self
 
+    def _representatives_fit(self) -> None:
+        """Where every replica and every tp rank of a stage do the same at the same times."""
+        cluster = self.cluster
+        for refuse, why in ((not self.parallel.model_parallel, "needs parallel.pp or parallel.tp > 1"),
+                            (self.numerics, "needs numerics false (the mirrored ranks compute nothing)"),
+                            (cluster.overrides, "needs identical devices (no cluster.overrides)"),
+                            (cluster.compute_jitter > 0, "needs identical devices (no cluster.compute_jitter)"),
+                            (cluster.faults or cluster.random_faults, "does not run with faults")):
+            if refuse:
+                raise ValueError(f"parallel.representatives: {why}")
+
     def _model_parallel_fits(self) -> None:
         """What pipeline and tensor parallelism (schemes/model_parallel.py) do not combine with."""
         field = "parallel.pp" if self.parallel.pp > 1 else "parallel.tp"
@@ -618,8 +634,9 @@ class Scenario(_Strict):
         for name, (refuse, what) in refused.items():
             if refuse:
                 raise ValueError(f"{name}: {what} does not combine with {field} > 1")
-        if self.parallel.tp > 1 and self.train.checkpointing != "none":
-            raise ValueError("train.checkpointing: runs with parallel.pp, not with parallel.tp > 1")
+        if self.parallel.tp > 1 and self.train.checkpointing not in ("none", "full"):
+            raise ValueError("train.checkpointing: with parallel.tp > 1 only full (each chunk recomputed with its "
+                             "all-reduces) or none")
         if self.parallel.pp > 1 and self.data.batch_size % self.parallel.pipeline.microbatches:
             raise ValueError(f"parallel.pipeline.microbatches: {self.parallel.pipeline.microbatches} does not "
                              f"divide data.batch_size {self.data.batch_size}")

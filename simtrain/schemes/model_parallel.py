@@ -56,9 +56,10 @@ from ..train.precision import persistent_bytes, update_bytes
 from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
-from .program import Alloc, Collective, Free, MemoryBound, PostTransfer, Wait
+from .program import Alloc, Busy, Collective, Free, MemoryBound, PostTransfer, Wait
+from .representatives import MirroredCollectives
 from .rank_replicas import RankReplicas
-from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk
+from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk, replay_backward, replay_forward
 
 
 def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list[RankModule]:
@@ -111,12 +112,22 @@ class ModelParallel(RankReplicas):
         parallel, train = scenario.parallel, scenario.train
         self.pipeline = parallel.pipeline
         self.microbatches = self.pipeline.microbatches if self.layout.pp > 1 else 1
+        self.recompute = train.checkpointing == "full"  # each chunk's forward runs again before its backward
         self.steps = train.steps
         self.on_step = on_step
-        self.comms = {dimension: self._communicators(self.layout.groups(dimension), parallel)
-                      for dimension in ("dp", "tp")}
-        if train.precision == "fp16":  # the overflow vote of each replica's model-parallel group
+        # Every rank runs its program, or one per stage does for all (schemes/representatives.py)
+        self.mirrored = MirroredCollectives(job) if parallel.representatives else None
+        self.running = [rank for rank in range(self.world)
+                        if self.mirrored is None or self._represented_by(rank) == rank]
+        self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
+                          for rank in range(self.world) if self._represented_by(rank) != rank}
+        self.comms = ({dimension: self._communicators(self.layout.groups(dimension), parallel)
+                       for dimension in ("dp", "tp")} if self.mirrored is None else {})
+        self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
+        if self.vote and self.mirrored is None:
             self.comms["model"] = self._communicators(self.layout.replicas(), parallel)
+        self._voted: dict[int, list] = {}  # representatives: step -> [ranks at the vote, event of the last]
+        self._mirrored_bytes = {"dp_allreduce": 0, "tp_allreduce": 0, "overflow_vote": 0}
         self._held = [persistent_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
         self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
@@ -144,6 +155,13 @@ class ModelParallel(RankReplicas):
                 by_rank[rank] = (comm, index, all_reduce)
         return by_rank
 
+    def _represented_by(self, rank: int) -> int:
+        """The rank whose program stands for `rank`'s: itself, or with representatives its stage's rank
+        with tp 0 in replica 0."""
+        if self.mirrored is None:
+            return rank
+        return self.layout.rank(pp=self.layout.coordinates(rank)["pp"])
+
     @classmethod
     def steps_until_every_rank_stepped(cls, world: int) -> int:
         return 1
@@ -151,6 +169,8 @@ class ModelParallel(RankReplicas):
     # --- the program of one rank ---
 
     def program(self, rank: int):
+        if self._represented_by(rank) != rank:
+            return  # its representative's program stands for it
         replica = self.replicas[rank]
         for category, nbytes in self._held[rank].items():
             yield Alloc(category, nbytes)
@@ -158,12 +178,21 @@ class ModelParallel(RankReplicas):
         parts = self.layout.pp * chunks
         schedule = pipeline_schedule(self.pipeline.schedule, self.layout.pp, stage, self.microbatches, chunks)
         pipeline = self.layout.group("pp", rank)
-        tp_comm, tp_rank, tp_reduce = self.comms["tp"][rank]
-        dp_comm, dp_rank, dp_reduce = self.comms["dp"][rank]
         dtype = replica.precision.name
 
         def tp_all_reduce(buffer):
+            buffer = buffer.view(-1)  # activations: collectives cut a buffer into parts along its first dimension
+            if self.mirrored is not None:
+                return self._mirrored_all_reduce("tp", rank, buffer, "tp_allreduce")
+            tp_comm, tp_rank, tp_reduce = self.comms["tp"][rank]
             return Collective(tp_reduce(tp_rank, self.layout.tp, buffer), "tp_allreduce", tp_comm, tp_rank)
+
+        def dp_all_reduce(buffer):
+            if self.mirrored is not None:
+                return self._mirrored_all_reduce("dp", rank, buffer, "dp_allreduce")
+            dp_comm, dp_rank, dp_reduce = self.comms["dp"][rank]
+            return Collective(dp_reduce(dp_rank, self.layout.dp, buffer, average=True), "dp_allreduce", dp_comm,
+                              dp_rank)
 
         for step in range(self.steps):
             if not (yield from self.job.before_step(rank, step)):
@@ -173,9 +202,11 @@ class ModelParallel(RankReplicas):
             x = replica.precision.cast_input(x)
             replica.last_batch = (x, y)
             xs, ys = x.chunk(self.microbatches), y.chunk(self.microbatches)
-            tapes, losses = {}, []
+            loss_weight = replica.precision.loss_weight(1.0 / self.microbatches)
+            pending, losses = {}, []
             for action in schedule:
                 part = action.chunk * self.layout.pp + stage
+                ops = replica.model.ops[action.chunk]
                 if action.kind == "forward":
                     last = part == parts - 1
                     if part == 0:
@@ -185,44 +216,93 @@ class ModelParallel(RankReplicas):
                         inputs = (received.requires_grad_(),)
                     target = ys[action.microbatch] if last else None
                     cost = self._cost(replica, action.chunk, part, inputs, target)
-                    yield Alloc("activations", cost.activation_bytes)
-                    outputs, tape, loss = yield from chunk_forward(
-                        replica.model.ops[action.chunk], inputs, tp_all_reduce, cost, dtype, target,
-                        replica.precision.loss_weight(1.0 / self.microbatches))
-                    tapes[action.microbatch, action.chunk] = (tape, cost)
+                    held = sum(t.nbytes for t in inputs) if self.recompute else cost.activation_bytes
+                    yield Alloc("activations", held)
+                    if self.job.numerics:
+                        outputs, tape, loss = yield from chunk_forward(ops, inputs, tp_all_reduce, cost, dtype, target,
+                                                                       loss_weight)
+                        output = outputs[0].detach()
+                    else:
+                        tape, loss = None, None
+                        output = yield from replay_forward(cost, tp_all_reduce, dtype)
+                    # under recomputation the backward runs the forward again from the inputs
+                    pending[action.microbatch, action.chunk] = (inputs, target, None if self.recompute else tape,
+                                                                cost, held)
                     if last:
                         losses.append(loss)
                     else:
-                        yield from self._send(rank, pipeline[(stage + 1) % self.layout.pp], outputs[0].detach(),
+                        yield from self._send(rank, pipeline[(stage + 1) % self.layout.pp], output,
                                               ("forward", action.microbatch, part + 1))
                 else:
-                    tape, cost = tapes.pop((action.microbatch, action.chunk))
+                    inputs, target, tape, cost, held = pending.pop((action.microbatch, action.chunk))
                     grads = None
                     if part < parts - 1:
                         received = yield from self._receive(rank, ("backward", action.microbatch, part))
                         grads = (received,)
-                    input_grads = yield from chunk_backward(tape, grads, tp_all_reduce, cost, dtype)
-                    yield Free("activations", cost.activation_bytes)
+                    if self.recompute:
+                        yield Alloc("activations", cost.activation_bytes)
+                    if self.job.numerics:
+                        if self.recompute:
+                            _, tape, _ = yield from chunk_forward(ops, inputs, tp_all_reduce, cost, dtype, target,
+                                                                  loss_weight)
+                        input_grads = yield from chunk_backward(tape, grads, tp_all_reduce, cost, dtype)
+                        input_grad = input_grads[0]
+                    else:
+                        if self.recompute:
+                            yield from replay_forward(cost, tp_all_reduce, dtype)
+                        input_grad = yield from replay_backward(cost, tp_all_reduce, dtype)
+                    yield Free("activations", held)
+                    if self.recompute:
+                        yield Free("activations", cost.activation_bytes)
                     if part > 0:
-                        yield from self._send(rank, pipeline[(stage - 1) % self.layout.pp], input_grads[0],
+                        yield from self._send(rank, pipeline[(stage - 1) % self.layout.pp], input_grad,
                                               ("backward", action.microbatch, part - 1))
-            if dp_reduce is not None:
-                yield Collective(dp_reduce(dp_rank, self.layout.dp, replica.grad_buffer, average=True),
-                                 "dp_allreduce", dp_comm, dp_rank)
+            if self.layout.dp > 1:
+                yield dp_all_reduce(replica.grad_buffer)
             found_inf = replica.precision.find_overflow(replica.grad_buffer)
-            if "model" in self.comms:
-                found_inf = yield from self._overflow_vote(rank, found_inf)
+            if self.vote:
+                found_inf = yield from self._overflow_vote(rank, step, found_inf)
             replica.apply_update(replica.precision.settle(found_inf))
             yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
             self._step_done(step, losses)
 
-    def _overflow_vote(self, rank: int, found_inf: bool):
+    def _overflow_vote(self, rank: int, step: int, found_inf: bool):
         """Step program: whether any rank of `rank`'s model-parallel group found an overflow (a sum of
-        0/1 flags, one fp32 each)."""
-        comm, index, all_reduce = self.comms["model"][rank]
+        0/1 flags, one fp32 each). Representatives (numerics off: no overflow) wait for each other,
+        then take the time of the vote with the other replicas' votes mirroring it."""
         flag = torch.tensor([float(found_inf)])
-        yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
-        return bool(flag.item() > 0)
+        if self.mirrored is None:
+            comm, index, all_reduce = self.comms["model"][rank]
+            yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
+            return bool(flag.item() > 0)
+        groups = [tuple(self.job.devices[member].node for member in group) for group in self.layout.replicas()]
+        seconds, nbytes = self.mirrored.all_reduce(groups, flag)
+        env = self.job.cluster.env
+        waiting_from = env.now
+        arrived = self._voted.setdefault(step, [0, env.event()])
+        arrived[0] += 1
+        if arrived[0] == len(self.running):  # the last stage to arrive counts the votes' bytes
+            del self._voted[step]
+            self._mirrored_bytes["overflow_vote"] += nbytes * len(groups)
+            arrived[1].succeed()
+        yield Wait(arrived[1])
+        if env.now > waiting_from:  # inside the all-reduce, waiting for the other stages
+            self.job.cluster.log.span(self.job.devices[rank].rank, "communication", "overflow_vote",
+                                      waiting_from, env.now)
+        yield Busy(seconds, "overflow_vote", "communication")
+        return False
+
+    def _mirrored_all_reduce(self, dimension: str, rank: int, buffer: torch.Tensor, label: str) -> Busy:
+        """Step program operation: representative `rank`'s all-reduce along `dimension`, timed with the
+        groups mirroring its group (the other replicas' for tp, the other tp ranks' for dp)."""
+        stage = self.layout.coordinates(rank)["pp"]
+        mirrors = "dp" if dimension == "tp" else "tp"
+        groups = [tuple(self.job.devices[member].node
+                        for member in self.layout.group(dimension, self.layout.rank(pp=stage, **{mirrors: index})))
+                  for index in range(getattr(self.layout, mirrors))]
+        seconds, nbytes = self.mirrored.all_reduce(groups, buffer)
+        self._mirrored_bytes[label] += nbytes * len(groups)
+        return Busy(seconds, label, "communication")
 
     def _send(self, rank: int, peer: int, tensor: torch.Tensor, message: tuple):
         """Step program: hand `tensor` to the link towards job rank `peer` and carry on (a non-blocking
@@ -268,7 +348,7 @@ class ModelParallel(RankReplicas):
     def _step_done(self, step: int, losses: list) -> None:
         self._losses[step].extend(losses)
         self._ranks_done[step] += 1
-        if self._ranks_done[step] < self.world:
+        if self._ranks_done[step] < len(self.running):
             return
         # every rank has stepped: the losses of all last-stage ranks are in
         losses, self._losses[step] = self._losses[step], None
@@ -306,6 +386,8 @@ class ModelParallel(RankReplicas):
 
     def _collective_bytes(self, communicators: str, label: str) -> int:
         """Bytes the groups of `self.comms[communicators]` sent for `label` (each group's communicator once)."""
+        if self.mirrored is not None:
+            return self._mirrored_bytes[label]
         groups = {id(comm): comm for comm, _, _ in self.comms.get(communicators, {}).values()}
         return sum(comm.bytes_by_label.get(label, 0) for comm in groups.values())
 
@@ -318,8 +400,12 @@ class ModelParallel(RankReplicas):
             "microbatches": self.microbatches,
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
-            "bubble_fraction": sum(self.bubble_s) / (sim_time * self.world) if sim_time > 0 else 0.0,
-            "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"), "pp_p2p": self.pp_bytes,
+            "representatives": self.mirrored is not None,
+            "bubble_fraction": (sum(self.bubble_s[rank] for rank in self.running) / (sim_time * len(self.running))
+                                if sim_time > 0 else 0.0),
+            # a representative's sends stand for those of every tp rank of every replica
+            "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"),
+                              "pp_p2p": self.pp_bytes * (self.world // len(self.running)),
                               "tp_allreduce": self._collective_bytes("tp", "tp_allreduce"),
                               "overflow_vote": self._collective_bytes("model", "overflow_vote")},
         }}

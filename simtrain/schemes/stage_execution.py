@@ -17,7 +17,16 @@ tensor-parallel layer in their real order.
 
 `measure_chunk` measures a chunk's regions once per input shape on a meta
 copy (FLOPs by torch's FLOP counter, activation bytes by the saved-tensor
-hooks of cost.py): `ChunkCost`.
+hooks of cost.py, and the shapes of what is all-reduced and sent on):
+`ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
+the same compute spans and all-reduces from a ChunkCost alone, on meta
+buffers, without running an operator: a microbatch then costs a few step
+operations however large the model.
+
+Full activation recomputation (train.checkpointing: full, as Megatron-LM's):
+a stage keeps only a chunk's inputs from its forward to its backward, and
+runs the chunk's forward again, with its all-reduces, just before the
+backward (`ModelParallel`).
 
     outputs, tape, loss = yield from chunk_forward(ops, (x,), tp_all_reduce, cost, dtype)
     input_grads = yield from chunk_backward(tape, (grad,), tp_all_reduce, cost, dtype)
@@ -27,6 +36,7 @@ where `tp_all_reduce(buffer)` is the step-program operation (a Collective) that 
 """
 import copy
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -41,6 +51,12 @@ class ChunkCost:
     forward_flops: tuple[float, ...]  # per region, in forward order
     backward_flops: tuple[float, ...]  # per region, in backward order
     activation_bytes: int  # peak bytes autograd holds for one microbatch's backward
+    # What is all-reduced after each region (a meta tensor of its shape and dtype, or None), forward and
+    # backward order; what the chunk hands on: its first output, and its first input's gradient (or None)
+    forward_reduced: tuple = ()
+    backward_reduced: tuple = ()
+    output: torch.Tensor | None = None
+    input_grad: torch.Tensor | None = None
 
 
 @dataclass
@@ -114,13 +130,40 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, all_reduce, cost: Chu
     return grads
 
 
+def replay_forward(cost: ChunkCost, all_reduce, dtype: str):
+    """Step program: chunk_forward's compute spans and all-reduces from `cost` alone (numerics off);
+    returns the meta tensor the chunk hands on."""
+    for flops, reduced in zip(cost.forward_flops, cost.forward_reduced):
+        yield Compute(flops, dtype, "forward")
+        if reduced is not None:
+            yield all_reduce(reduced)
+    return cost.output
+
+
+def replay_backward(cost: ChunkCost, all_reduce, dtype: str):
+    """Step program: chunk_backward's compute spans and all-reduces from `cost` alone (numerics off);
+    returns the meta gradient of the chunk's first input (None if it needs none)."""
+    for flops, reduced in zip(cost.backward_flops, cost.backward_reduced):
+        yield Compute(flops, dtype, "backward")
+        if reduced is not None:
+            yield all_reduce(reduced)
+    return cost.input_grad
+
+
 def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None) -> ChunkCost:
     """Per-region FLOPs and the activation peak of one microbatch through `chunk`, on a meta copy.
 
     `ops_of(module, ends_model)` gives a chunk module's ops (ending with the loss when there is a
     `target`); `inputs` and `target` give shapes and dtypes."""
-    forward_flops, backward_flops = _region_flops(chunk, ops_of, inputs, target)
-    return ChunkCost(forward_flops, backward_flops, _activation_peak(chunk, ops_of, inputs, target))
+    forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target)
+    return ChunkCost(tuple(flops for flops, _ in forward), tuple(flops for flops, _ in backward),
+                     _activation_peak(chunk, ops_of, inputs, target),
+                     tuple(reduced for _, reduced in forward), tuple(reduced for _, reduced in backward),
+                     _meta_like(output), _meta_like(input_grad))
+
+
+def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
 
 
 def _meta_run(chunk, ops_of, inputs, target):
@@ -131,32 +174,36 @@ def _meta_run(chunk, ops_of, inputs, target):
     return meta, ops_of(meta, target is not None), meta_inputs, meta_target
 
 
-def _drive(program, counter=None) -> tuple[object, list[float]]:
-    """Run a step program without a clock (collectives skipped); with a FLOP counter, the FLOPs
-    of each region (each region ends with a Compute)."""
-    flops, before = [], 0.0
+def _drive(program, counter=None) -> tuple[object, list[tuple[float, torch.Tensor | None]]]:
+    """Run a step program without a clock (collectives skipped); with a FLOP counter, per region (each
+    region ends with a Compute): its FLOPs and the meta copy of the buffer all-reduced after it, if any."""
+    regions, before = [], 0.0
     try:
         op = next(program)
         while True:
-            if counter is not None and type(op) is Compute:
-                total = float(counter.get_total_flops())
-                flops.append(total - before)
+            if type(op) is Compute:
+                total = float(counter.get_total_flops()) if counter is not None else 0.0
+                regions.append((total - before, None))
                 before = total
+            elif isinstance(op, _Reduced):
+                regions[-1] = (regions[-1][0], _meta_like(op.buffer))
             op = program.send(None)
     except StopIteration as stop:
-        return stop.value, flops
+        return stop.value, regions
 
 
-def _region_flops(chunk, ops_of, inputs, target) -> tuple[tuple, tuple]:
+def _regions(chunk, ops_of, inputs, target) -> tuple[list, list, torch.Tensor, torch.Tensor | None]:
+    """(FLOPs, all-reduced buffer) per region forward and backward, the chunk's first output and its
+    first input's gradient."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with FlopCounterMode(display=False) as counter:
-            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _no_collective, None, "",
+            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "",
                                                                meta_target), counter)
         grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
         with FlopCounterMode(display=False) as counter:
-            _, backward = _drive(chunk_backward(tape, grads, _no_collective, None, ""), counter)
-    return tuple(forward), tuple(backward)
+            input_grads, backward = _drive(chunk_backward(tape, grads, _Reduced, None, ""), counter)
+    return forward, backward, outputs[0], input_grads[0]
 
 
 def _activation_peak(chunk, ops_of, inputs, target) -> int:
@@ -166,12 +213,14 @@ def _activation_peak(chunk, ops_of, inputs, target) -> int:
                                   *([meta_target] if meta_target is not None else [])])
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, _no_collective, None, "", meta_target))
+            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "", meta_target))
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-            _drive(chunk_backward(tape, grads, _no_collective, None, ""))
+            _drive(chunk_backward(tape, grads, _Reduced, None, ""))
             del tape, outputs
     return tracker.peak_bytes
 
 
-def _no_collective(buffer):
-    return None  # measuring: _drive skips whatever is yielded between regions
+class _Reduced(NamedTuple):
+    """Measuring: what a chunk all-reduces, yielded in place of the collective."""
+
+    buffer: torch.Tensor

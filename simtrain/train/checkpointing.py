@@ -1,7 +1,7 @@
 """Gradient checkpointing of a sequential model with torch.utils.checkpoint.
 
-`apply_checkpointing(model, "sqrt" | CheckpointSegments(segments=k) | "none")` (the
-scenario's `train.checkpointing`: none | sqrt | {segments: k}) returns a
+`apply_checkpointing(model, "sqrt" | "full" | CheckpointSegments(segments=k) | "none")` (the
+scenario's `train.checkpointing`: none | sqrt | full | {segments: k}) returns a
 `CheckpointedSequential` holding the same layers (same parameters, same
 state_dict keys) whose forward, when gradients are on, cuts the model into
 segments and runs every segment but the last under
@@ -18,7 +18,10 @@ Conv2d, Embedding) and takes the layers after it up to the next such layer
 (BatchNorm, ReLU, MaxPool2d, Flatten...); layers before the first one join the
 first block. The built-in MLP with 16 hidden layers has 17 blocks
 (Linear+ReLU, or Linear+BatchNorm+ReLU, x 16, and the head). `sqrt` uses
-round(sqrt(n)) segments for n blocks; `{segments: k}` uses k (at most n).
+round(sqrt(n)) segments for n blocks; `{segments: k}` uses k (at most n);
+`full` makes every block its own segment (Megatron-LM's full activation
+recomputation, layer by layer; under pipeline and tensor parallelism a stage
+recomputes each of its chunks instead, schemes/stage_execution.py).
 Blocks are dealt out as evenly as possible, earlier segments taking the
 extra block.
 
@@ -62,6 +65,8 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
     blocks = split_blocks(list(model))
     if spec == "sqrt":
         segments = max(1, round(math.sqrt(len(blocks))))
+    elif spec == "full":
+        segments = len(blocks)
     else:
         segments = spec.segments
         if segments > len(blocks):

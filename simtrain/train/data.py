@@ -86,8 +86,10 @@ class DataSplits:
 _DIGITS_INFO = DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8), input_shape=(64,))
 
 
-def load_dataset(name: str, options: dict, seed: int) -> DataSplits:
-    """The named dataset's splits; `seed` drives any generated data."""
+def load_dataset(name: str, options: dict, seed: int, values: bool = True) -> DataSplits:
+    """The named dataset's splits; `seed` drives any generated data. With `values` False (numerics off)
+    generated token sequences are meta tensors: their shapes without drawing them (a vocabulary of
+    51,200 would need a 21 GB successor table)."""
     options = dict(options or {})
     if name == "digits":
         _reject_unknown_options(options, allowed=(), field="data")
@@ -95,7 +97,7 @@ def load_dataset(name: str, options: dict, seed: int) -> DataSplits:
     if name == "synthetic":
         return _synthetic(options, seed)
     if name == "tokens":
-        return _tokens(options, seed)
+        return _tokens(options, seed, values)
     if isinstance(name, str) and ":" in name:
         return _from_function(name, options)
     raise ScenarioError(
@@ -233,7 +235,7 @@ def _synthetic(options: dict, seed: int) -> DataSplits:
     )
 
 
-def _tokens(options: dict, seed: int) -> DataSplits:
+def _tokens(options: dict, seed: int, values: bool) -> DataSplits:
     """Next-token prediction on markov_sequences: x the first seq_len tokens, y the next seq_len."""
     _reject_unknown_options(options, allowed=tuple(_TOKENS_DEFAULTS), field="data")
     opts = {**_TOKENS_DEFAULTS, **options}
@@ -242,7 +244,8 @@ def _tokens(options: dict, seed: int) -> DataSplits:
     if num_test < 1 or num_test >= samples:
         raise ScenarioError(f"data.test_fraction: {opts['test_fraction']} of {samples} samples leaves an empty "
                             "train or test split")
-    sequences = markov_sequences(samples, seq_len + 1, vocab, seed)
+    sequences = (markov_sequences(samples, seq_len + 1, vocab, seed) if values
+                 else torch.empty(samples, seq_len + 1, dtype=torch.int64, device="meta"))
     x, y = sequences[:, :-1], sequences[:, 1:]
     num_train = samples - num_test
     return DataSplits(train=TensorDataset(x[:num_train], y[:num_train]),

@@ -131,7 +131,8 @@ class RankModule(nn.Module):
     `counts` gives the units of each model part (balanced_counts); the rank runs parts
     `part_ids`, in order (its chunks). Every entry is a copy: the model is left as it is.
     Without tensor parallelism each chunk is checkpointed by `checkpointing` (train.checkpointing)
-    as a whole model would be."""
+    as a whole model would be; under `full` the stage recomputes whole chunks instead
+    (schemes/stage_execution.py)."""
 
     def __init__(self, model: nn.Sequential, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
                  tp_rank: int = 0, tp: int = 1, checkpointing="none"):
@@ -146,7 +147,7 @@ class RankModule(nn.Module):
             entries = [index for unit in chunk_units for index in unit]
             chunk = nn.Sequential(*(copy.deepcopy(model[index]) for index in entries))
             slices = self._shard(chunk, tp_rank, tp) if tp > 1 else {}
-            if tp == 1:  # each chunk checkpoints its own layers, as a whole model would
+            if tp == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
             self.ops.append(self.chunk_ops(chunk, ends_model=part == len(counts) - 1))
