@@ -168,3 +168,18 @@ def test_fp16_model_parallel_ranks_vote_on_overflows_and_skip_what_one_device_sk
                                rtol=0, atol=5e-3)
     votes = 4 * 2 * (ranks - 1) * steps  # a ring all-reduce of one fp32 flag a step
     assert job.scheme.report_sections()["parallel"]["bytes_by_kind"]["overflow_vote"] == votes
+
+
+def test_representatives_time_the_overflow_vote_as_every_rank_does():
+    # numerics off, dp 2 x pp 2 x tp 2: one rank per stage runs, waits for the other stage at the vote and
+    # takes the mirrored all-reduce's time; the full simulation runs all 8 ranks' votes on the network.
+    raw = {"name": "vote", "seed": 1, "numerics": False, "cluster": {"devices": 8, "topology": "ring"},
+           "model": {"name": "gpt", "hidden": 64, "layers": 4, "heads": 4},
+           "data": {"name": "tokens", "batch_size": 8, "samples": 256, "seq_len": 16, "vocab": 32},
+           "train": {"steps": 3, "precision": "fp16"}, "report": {"trace": False}}
+    reports = [simtrain.run(validate_scenario({**raw, "parallel": {
+        "dp": 2, "pp": 2, "tp": 2, "pipeline": {"microbatches": 2}, "representatives": mirrored}})).data
+        for mirrored in (False, True)]
+    assert reports[1]["sim_time_s"] == pytest.approx(reports[0]["sim_time_s"], rel=0.01)
+    votes = 2 * 3 * 4 * 2 * (4 - 1)  # replicas x steps x a ring all-reduce of one fp32 flag among 4 ranks
+    assert [r["parallel"]["bytes_by_kind"]["overflow_vote"] for r in reports] == [votes, votes]

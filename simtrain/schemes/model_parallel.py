@@ -268,8 +268,8 @@ class ModelParallel(RankReplicas):
 
     def _overflow_vote(self, rank: int, step: int, found_inf: bool):
         """Step program: whether any rank of `rank`'s model-parallel group found an overflow (a sum of
-        0/1 flags, one fp32 each). Representatives (numerics off: no overflow) wait for each other,
-        then take the time of the vote with the other replicas' votes mirroring it."""
+        0/1 flags, one fp32 each). Representatives (numerics off: no overflow) wait for each other (every
+        stage's), then take the time of the vote with the other replicas' votes mirroring it."""
         flag = torch.tensor([float(found_inf)])
         if self.mirrored is None:
             comm, index, all_reduce = self.comms["model"][rank]
@@ -278,17 +278,13 @@ class ModelParallel(RankReplicas):
         groups = [tuple(self.job.devices[member].node for member in group) for group in self.layout.replicas()]
         seconds, nbytes = self.mirrored.all_reduce(groups, flag)
         env = self.job.cluster.env
-        waiting_from = env.now
         arrived = self._voted.setdefault(step, [0, env.event()])
         arrived[0] += 1
         if arrived[0] == len(self.running):  # the last stage to arrive counts the votes' bytes
             del self._voted[step]
             self._mirrored_bytes["overflow_vote"] += nbytes * len(groups)
             arrived[1].succeed()
-        yield Wait(arrived[1])
-        if env.now > waiting_from:  # inside the all-reduce, waiting for the other stages
-            self.job.cluster.log.span(self.job.devices[rank].rank, "communication", "overflow_vote",
-                                      waiting_from, env.now)
+        yield Wait(arrived[1])  # idle, as a rank whose all-reduce waits for its peers' first sends
         yield Busy(seconds, "overflow_vote", "communication")
         return False
 
