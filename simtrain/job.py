@@ -85,9 +85,11 @@ class Job:
         device = "cpu" if numerics else "meta"
         with torch.device(device):
             model = build_model(scenario.model, self.data.info, scenario.seed)
+        if scenario.parallel.representatives:  # one rank per stage runs for all (schemes/representatives.py)
+            local_ranks = [self.layout.rank(pp=stage) for stage in range(self.layout.pp)]
         if scenario.parallel.model_parallel:
             self.model = model  # the initial model; each rank holds its share of it
-            shares = rank_shares(model, self.layout, scenario, self._sample_microbatch())
+            shares = rank_shares(model, self.layout, scenario, self._sample_microbatch(), local_ranks)
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
             shares = [copy.deepcopy(self.model) if local_ranks is None or rank in local_ranks else None

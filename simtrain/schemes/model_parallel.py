@@ -62,9 +62,9 @@ from .rank_replicas import RankReplicas
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk, replay_backward, replay_forward
 
 
-def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list[RankModule]:
-    """Every job rank's share of `model` under `layout`, the parts balanced on batches shaped like
-    `sample_x` (one-line errors name the field at fault)."""
+def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor, ranks=None) -> list[RankModule | None]:
+    """Every job rank's share of `model` under `layout` (None for a rank not in `ranks`, when given), the parts
+    balanced on batches shaped like `sample_x` (one-line errors name the field at fault)."""
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
     try:
@@ -83,6 +83,9 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list
         counts = balanced_counts(unit_flops(model, units, sample_x), parts)
     shares = []
     for rank in range(layout.world):
+        if ranks is not None and rank not in ranks:
+            shares.append(None)
+            continue
         where = layout.coordinates(rank)
         part_ids = [chunk * layout.pp + where["pp"] for chunk in range(pipeline.virtual_stages)]
         try:
@@ -91,7 +94,7 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor) -> list
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
     if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward)
-                                 for share in shares for ops in share.ops for op in ops):
+                                 for share in shares if share is not None for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")
     return shares
@@ -128,8 +131,10 @@ class ModelParallel(RankReplicas):
             self.comms["model"] = self._communicators(self.layout.replicas(), parallel)
         self._voted: dict[int, list] = {}  # representatives: step -> [ranks at the vote, event of the last]
         self._mirrored_bytes = {"dp_allreduce": 0, "tp_allreduce": 0, "overflow_vote": 0}
-        self._held = [persistent_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
-        self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) for r in self.replicas]
+        self._mirror_groups: dict[tuple[str, int], list[tuple[str, ...]]] = {}  # (dimension, rank) -> nodes
+        self._held = [persistent_bytes(r.params, train.precision, train.optimizer) if r else None for r in self.replicas]
+        self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) if r else None
+                            for r in self.replicas]
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._arrivals: dict[tuple, object] = {}  # (job rank, message) -> simpy event of its arrival
         self._waiting: set[int] = set()  # job ranks waiting for a message
@@ -276,7 +281,7 @@ class ModelParallel(RankReplicas):
             yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
             return bool(flag.item() > 0)
         groups = [tuple(self.job.devices[member].node for member in group) for group in self.layout.replicas()]
-        seconds, nbytes = self.mirrored.all_reduce(groups, flag)
+        seconds, nbytes, staging = self.mirrored.all_reduce(groups, flag)
         env = self.job.cluster.env
         arrived = self._voted.setdefault(step, [0, env.event()])
         arrived[0] += 1
@@ -285,20 +290,23 @@ class ModelParallel(RankReplicas):
             self._mirrored_bytes["overflow_vote"] += nbytes * len(groups)
             arrived[1].succeed()
         yield Wait(arrived[1])  # idle, as a rank whose all-reduce waits for its peers' first sends
-        yield Busy(seconds, "overflow_vote", "communication")
+        yield Busy(seconds, "overflow_vote", "communication", staging=staging)
         return False
 
     def _mirrored_all_reduce(self, dimension: str, rank: int, buffer: torch.Tensor, label: str) -> Busy:
         """Step program operation: representative `rank`'s all-reduce along `dimension`, timed with the
         groups mirroring its group (the other replicas' for tp, the other tp ranks' for dp)."""
-        stage = self.layout.coordinates(rank)["pp"]
-        mirrors = "dp" if dimension == "tp" else "tp"
-        groups = [tuple(self.job.devices[member].node
-                        for member in self.layout.group(dimension, self.layout.rank(pp=stage, **{mirrors: index})))
-                  for index in range(getattr(self.layout, mirrors))]
-        seconds, nbytes = self.mirrored.all_reduce(groups, buffer)
+        if (dimension, rank) not in self._mirror_groups:
+            stage = self.layout.coordinates(rank)["pp"]
+            mirrors = "dp" if dimension == "tp" else "tp"
+            self._mirror_groups[dimension, rank] = [
+                tuple(self.job.devices[member].node
+                      for member in self.layout.group(dimension, self.layout.rank(pp=stage, **{mirrors: index})))
+                for index in range(getattr(self.layout, mirrors))]
+        groups = self._mirror_groups[dimension, rank]
+        seconds, nbytes, staging = self.mirrored.all_reduce(groups, buffer)
         self._mirrored_bytes[label] += nbytes * len(groups)
-        return Busy(seconds, label, "communication")
+        return Busy(seconds, label, "communication", staging=staging)
 
     def _send(self, rank: int, peer: int, tensor: torch.Tensor, message: tuple):
         """Step program: hand `tensor` to the link towards job rank `peer` and carry on (a non-blocking
@@ -366,7 +374,10 @@ class ModelParallel(RankReplicas):
         return sorted(stuck)
 
     def trained_model(self):
-        """The whole model, assembled from the shares of data-parallel replica 0."""
+        """The whole model, assembled from the shares of data-parallel replica 0 (with representatives, which
+        compute nothing, the initial meta model)."""
+        if self.mirrored is not None:
+            return self.job.model
         shares = [self.replicas[rank].model for rank in range(self.world)
                   if self.layout.coordinates(rank)["dp"] == 0]
         return assemble(self.job.model, shares)

@@ -66,6 +66,7 @@ class Busy(NamedTuple):
     name: str
     kind: str
     nbytes: float = 0
+    staging: int = 0  # bytes a collective's receive stages in comm_buffers for an instant (representatives.py)
 
 
 class Alloc(NamedTuple):
@@ -149,6 +150,9 @@ def run_program(job, rank: int, program):
             elif kind is MemoryBound:
                 yield device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
             elif kind is Busy:
+                if op.staging:
+                    memory.alloc("comm_buffers", op.staging)
+                    memory.free("comm_buffers", op.staging)
                 yield device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
             elif kind is Transfer:
                 started = env.now

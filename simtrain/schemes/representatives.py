@@ -12,9 +12,9 @@ group and every group mirroring it (the same stage's tp group in the other
 replicas; the dp groups of the stage's other tp ranks) run it at the same
 moment alone on an idle copy of the cluster's network, with the job's
 algorithm and channels: the flow model's own time, cached by groups and size.
-When the mirrors' groups share no link (every route between two members of
-one group is disjoint from those of the others) the representative's group
-is timed alone, as a ring schedule (comm/ring_schedule.py) where it is one.
+Each group is first timed alone (as a ring schedule, comm/ring_schedule.py,
+where it is one); when no two of them crossed a common link, that is their
+time together too, else they run again all at once, flow by flow.
 Every other rank reports its representative's figures.
 
 What that leaves out is contention between a collective and traffic other
@@ -25,13 +25,14 @@ tests/test_representatives.py puts the figures beside the full simulation's.
 It is what lets a 3,072-GPU Megatron step be simulated in minutes.
 
     collectives = MirroredCollectives(job)
-    seconds, nbytes = collectives.all_reduce([tp_group_nodes, *mirror_group_nodes], buffer)
+    seconds, nbytes, staging = collectives.all_reduce([tp_group_nodes, *mirror_group_nodes], buffer)
 """
 import simpy
 import torch
 
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
+from ..hw.device import MemoryLedger
 from ..hw.network import Network
 
 
@@ -41,40 +42,50 @@ class MirroredCollectives:
     def __init__(self, job):
         parallel, topology = job.scenario.parallel, job.cluster.topology
         self._env = simpy.Environment()
-        self._network = Network(self._env, topology, record=False)
+        self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
         self._program = lambda nodes: job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels,
                                                              "parallel.scheme", "parallel.channels")
-        self._timed: dict[tuple, tuple[float, int]] = {}
+        self._timed: dict[tuple, tuple[float, int, int]] = {}
 
-    def all_reduce(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int]:
-        """(seconds, bytes the first group sends) of an all-reduce of `buffer`'s shape and dtype started at
-        once by every group of `groups` (each a tuple of network nodes, in group-rank order)."""
+    def all_reduce(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int, int]:
+        """(seconds, bytes the first group sends, the largest staging buffer of its first rank) of an all-reduce
+        of `buffer`'s shape and dtype started at once by every group of `groups` (each a tuple of network
+        nodes, in group-rank order)."""
         key = (tuple(groups), buffer.numel(), buffer.dtype)
         if key not in self._timed:
             self._timed[key] = self._simulate(groups, buffer)
         return self._timed[key]
 
-    def _simulate(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int]:
-        env = self._env
-        alone = self._disjoint(groups)
+    def _simulate(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int, int]:
+        """Each group alone first; if no two of them crossed a common link, that is also their time together,
+        else they run again, all at once, flow by flow."""
+        alone = [self._run([nodes], buffer, exclusive=True) for nodes in groups]
+        links = [links for _, _, _, links in alone]
+        _, nbytes, staging, _ = alone[0]
+        if sum(len(used) for used in links) == len(set().union(*links)):
+            return max(seconds for seconds, _, _, _ in alone), nbytes, staging
+        seconds, _, _, _ = self._run(groups, buffer, exclusive=False)
+        return seconds, nbytes, staging
+
+    def _run(self, groups: list[tuple[str, ...]], buffer: torch.Tensor,
+             exclusive: bool) -> tuple[float, int, int, set]:
+        """(seconds, bytes the first group sent, its first rank's largest staging buffer, directed links
+        crossed) of the groups' all-reduces."""
+        env, network = self._env, self._network
         started, finished, comms = env.now, [], []
-        for nodes in groups[:1] if alone else groups:
-            comm = SimCommunicator(self._network, list(nodes), exclusive=alone)
+        first_record = len(network.records)
+        staging = MemoryLedger("staging", float("inf"))
+        for index, nodes in enumerate(groups):
+            ledgers = [staging if index == rank == 0 else MemoryLedger("staging", float("inf")) for rank in
+                       range(len(nodes))]
+            comm = SimCommunicator(network, list(nodes), ledgers=ledgers, exclusive=exclusive)
             program = self._program(list(nodes))
             for rank in range(len(nodes)):
                 meta = torch.empty(buffer.shape, dtype=buffer.dtype, device="meta")
-                comm.run(rank, program(rank, len(nodes), meta), label="all_reduce").callbacks.append(
-                    lambda _: finished.append(env.now))
+                comm.run(rank, program(rank, len(nodes), meta)).callbacks.append(lambda _: finished.append(env.now))
             comms.append(comm)
         run_to_end(env)
-        return max(finished) - started, comms[0].bytes_by_label.get("all_reduce", 0)
-
-    def _disjoint(self, groups: list[tuple[str, ...]]) -> bool:
-        """Whether no link lies on a route between two members of one group and two members of another."""
-        seen: set = set()
-        for nodes in groups:
-            links = {link for a in nodes for b in nodes if a != b for link in self._network.route(a, b)[1]}
-            if links & seen:
-                return False
-            seen |= links
-        return True
+        links = {hop for record in network.records[first_record:] for hop in zip(record.path, record.path[1:])}
+        del network.records[first_record:]
+        return (max(finished) - started, comms[0].bytes_by_label.get("all_reduce", 0),
+                staging.peak.get("comm_buffers", 0), links)

@@ -1,0 +1,119 @@
+"""Representatives (schemes/representatives.py) and full recomputation against the full simulation.
+
+- With one replica, simulating one rank per stage gives the full simulation's
+  step time, breakdown, memory peaks and bytes (relative 1e-9): the tp ranks
+  of a stage run in lockstep, and a collective timed with its mirrors on an
+  idle network is the one the full simulation runs.
+- With several replicas the dp all-reduce meets pipeline sends on the NICs
+  in the full simulation and not in the representatives': within 1%.
+- Full activation recomputation (train.checkpointing: full) under tp: the
+  same parameters as without it; one more forward per chunk (FLOPs by the
+  closed form); activations held from forward to backward are the chunks' inputs.
+- A tp all-reduce of an activation is cut flat: every ring link carries the same bytes.
+- Where representatives do not apply: one-line errors.
+"""
+import pytest
+import torch
+
+import simtrain
+from simtrain.scenario import validate_scenario
+
+GPT = {"name": "gpt", "hidden": 64, "layers": 6, "heads": 4}
+
+
+def scenario(devices: int, gpus_per_node: int, numerics: bool = False, checkpointing: str = "none", **parallel):
+    pipeline = parallel.pop("pipeline", {"schedule": "interleaved", "microbatches": 4, "virtual_stages": 2})
+    return validate_scenario({
+        "name": "representatives", "seed": 2, "numerics": numerics,
+        "cluster": {"topology": "fat_tree", "devices": devices, "gpus_per_node": gpus_per_node, "nodes_per_leaf": 2,
+                    "device": "a100-80gb", "link": {"bandwidth": "240 GB/s", "latency": "0.25 us"},
+                    "inter_node_link": {"bandwidth": "24 GB/s", "latency": "1.35 us"}},
+        "model": GPT,
+        "data": {"name": "tokens", "batch_size": 4, "samples": 64, "seq_len": 16, "vocab": 64},
+        "train": {"steps": 2, "precision": "bf16", "checkpointing": checkpointing,
+                  "optimizer": {"name": "adam", "lr": 1e-3}},
+        "parallel": {"scheme": "ring", "pipeline": pipeline, **parallel},
+        "report": {"trace": False},
+    })
+
+
+def compared(data: dict) -> dict:
+    return {"step_time_s": data["step_time_s"], "breakdown_s": data["breakdown_s"],
+            "peaks": [device["peak_memory_bytes"] for device in data["devices"]],
+            "bytes": data["parallel"]["bytes_by_kind"], "bubble": data["parallel"]["bubble_fraction"]}
+
+
+def assert_close(a, b, rel: float):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_close(a[key], b[key], rel)
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_close(x, y, rel)
+    else:
+        assert a == pytest.approx(b, rel=rel, abs=1e-15)
+
+
+@pytest.mark.parametrize("devices, layout", [(8, dict(tp=4, pp=2)), (4, dict(tp=4, pp=1, pipeline={}))])
+def test_one_replica_with_a_node_per_stage_equals_the_full_simulation(devices, layout):
+    full = simtrain.run(scenario(devices, 4, checkpointing="full", **layout)).data
+    represented = simtrain.run(scenario(devices, 4, checkpointing="full", representatives=True, **layout)).data
+    assert represented["parallel"]["representatives"] and not full["parallel"]["representatives"]
+    assert_close(compared(represented), compared(full), rel=1e-9)
+
+
+def test_stages_sharing_a_node_come_within_one_percent():
+    """Two stages per node: a pipeline send crosses the NVSwitch port a tp all-reduce uses, in the full
+    simulation only."""
+    full = simtrain.run(scenario(8, 4, tp=2, pp=4)).data
+    represented = simtrain.run(scenario(8, 4, tp=2, pp=4, representatives=True)).data
+    assert_close(compared(represented)["peaks"], compared(full)["peaks"], rel=1e-9)
+    assert represented["parallel"]["bytes_by_kind"] == full["parallel"]["bytes_by_kind"]
+    assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+
+
+def test_replicas_come_within_one_percent_of_the_full_simulation():
+    full = simtrain.run(scenario(16, 4, tp=2, pp=2, dp=4)).data
+    represented = simtrain.run(scenario(16, 4, tp=2, pp=2, dp=4, representatives=True)).data
+    assert represented["parallel"]["bytes_by_kind"] == full["parallel"]["bytes_by_kind"]
+    assert [d["peak_memory_bytes"] for d in represented["devices"]] == [d["peak_memory_bytes"] for d in full["devices"]]
+    assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+
+
+def test_full_recomputation_trains_the_same_and_runs_one_more_forward():
+    plain = simtrain.run(scenario(8, 4, numerics=True, tp=2, pp=2, dp=2))
+    recomputed = simtrain.run(scenario(8, 4, numerics=True, checkpointing="full", tp=2, pp=2, dp=2))
+    for a, b in zip(plain.final_model.state_dict().values(), recomputed.final_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # compute: forward F and backward 2F per chunk without recomputation (flop_counter's definitions);
+    # with it the forward runs twice: (F + F + 2F) / (F + 2F) = 4/3 on every rank
+    for before, after in zip(plain.data["devices"], recomputed.data["devices"]):
+        assert after["breakdown_s"]["compute"] == pytest.approx(before["breakdown_s"]["compute"] * 4 / 3, rel=1e-9)
+        held = after["peak_memory_bytes_by_category"]["activations"]
+        assert held < before["peak_memory_bytes_by_category"]["activations"]
+
+
+def test_a_tp_all_reduce_of_an_activation_loads_every_ring_link_alike():
+    data = simtrain.run(scenario(4, 4, tp=4, pp=1, pipeline={})).data
+    ring_links = [link for link in data["links"] if link["bytes"] and "switch" in (link["src"] + link["dst"])]
+    into_switch = sorted({link["bytes"] for link in ring_links if link["dst"].endswith("switch")})
+    assert len(ring_links) == 8 and len(into_switch) == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"numerics": True}, "parallel.representatives: needs numerics false"),
+    ({"parallel": {"representatives": True, "tp": 1, "pp": 1}}, "parallel.representatives: needs parallel.pp"),
+    ({"cluster": {"compute_jitter": 0.1}}, "parallel.representatives: needs identical devices"),
+])
+def test_where_representatives_do_not_apply(change, message):
+    raw = scenario(8, 4, tp=4, pp=2, representatives=True).model_dump(mode="json", by_alias=True)
+    for section, values in change.items():
+        if isinstance(values, dict):
+            raw[section] = {**raw[section], **values}
+        else:
+            raw[section] = values
+    with pytest.raises(Exception) as info:
+        validate_scenario(raw)
+    assert message in str(info.value) and "\n" not in str(info.value).strip()
