@@ -632,8 +632,6 @@ class Scenario(_Strict):
             "parallel.scheme": (self.parallel.scheme == "async", "async"),
             "train.optimizer.name": (self.train.optimizer.name == "kfac", "kfac"),
             "parallel.sync_batchnorm": (self.parallel.sync_batchnorm, "sync_batchnorm"),
-            "train.precision": (self.train.precision == "fp16", "fp16 (its loss scale would need an overflow vote "
-                                                                "across stages; bf16 runs)"),
             "data.sampling": (self.data.sampling != "uniform", f"{self.data.sampling} sampling"),
         }
         for name, (refuse, what) in refused.items():

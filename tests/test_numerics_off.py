@@ -28,6 +28,12 @@ TECHNIQUES = {
                              "parallel": {"pp": 2, "pipeline": {"schedule": "interleaved", "virtual_stages": 2,
                                                                 "microbatches": 2}}},
     "dp x pp x tp": {"cluster": {"devices": 8}, "parallel": {"tp": 2, "pp": 2, "pipeline": {"microbatches": 2}}},
+    "pp x tp, fp16 overflow vote": {"cluster": {"devices": 4}, "train": {"precision": "fp16"},
+                                    "parallel": {"tp": 2, "pp": 2, "pipeline": {"microbatches": 2}}},
+    "gpt, vocabulary-parallel": {"cluster": {"devices": 4},
+                                 "model": {"name": "gpt", "hidden": 32, "layers": 2, "heads": 4},
+                                 "data": {"name": "tokens", "batch_size": 8, "samples": 256, "seq_len": 8, "vocab": 16},
+                                 "parallel": {"tp": 2, "pp": 2, "pipeline": {"microbatches": 2}}},
 }
 NEEDS_VALUES = ("final_loss", "final_accuracy", "loss_curve", "train_loss_curve", "weight_norms", "wall_time_s")
 
@@ -37,7 +43,7 @@ def scenario(extra: dict, numerics: bool):
         "name": "numerics", "seed": 4, "numerics": numerics,
         "cluster": {"topology": "ring", "devices": 3, **extra.get("cluster", {})},
         "model": {"name": "mlp", "hidden": [40, 24], **extra.get("model", {})},
-        "data": {"name": "digits", "batch_size": 24},
+        "data": {"name": "digits", "batch_size": 24, **extra.get("data", {})},
         "train": {"steps": 6, **extra.get("train", {})},
         "parallel": extra.get("parallel", {}),
     })

@@ -11,11 +11,14 @@ import torch
 import torch.nn.functional as F
 
 import simtrain
+from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.job import Job
 from simtrain.scenario import ModelSpec
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
 from simtrain.train.precision import LossScaler
+from test_model_parallel import flat_parameters
 
 SCALER_OPTIONS = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3}
 
@@ -81,7 +84,7 @@ def fp16_reference(seed, steps, batch, hidden, lr, amp):
     return master, scaler
 
 
-def scenario(precision, steps, devices=1, hidden=(32,), batch=16, lr=0.1, amp=None, momentum=0.0):
+def scenario(precision, steps, devices=1, hidden=(32,), batch=16, lr=0.1, amp=None, momentum=0.0, parallel=None):
     return validate_scenario({
         "name": "amp", "seed": 2,
         "cluster": {"topology": "ring", "devices": devices},
@@ -90,6 +93,7 @@ def scenario(precision, steps, devices=1, hidden=(32,), batch=16, lr=0.1, amp=No
         "train": {"steps": steps, "precision": precision, "amp": amp or {},
                   "optimizer": {"name": "sgd", "lr": lr, "momentum": momentum}},
         "report": {"trace": False},
+        "parallel": parallel or {},
     })
 
 
@@ -134,3 +138,48 @@ def test_fp16_and_bf16_reach_fp32_accuracy_on_digits():
     assert accuracy["fp32"] > 0.9
     assert abs(accuracy["fp16"] - accuracy["fp32"]) <= 0.01
     assert abs(accuracy["bf16"] - accuracy["fp32"]) <= 0.01
+
+
+@pytest.mark.parametrize("parallel,hidden", [({"pp": 2}, (32,)), ({"tp": 2}, (32,)), ({"pp": 2, "tp": 2}, (32, 32))],
+                         ids=["pp2", "tp2", "pp2-tp2"])
+def test_fp16_model_parallel_ranks_vote_on_overflows_and_skip_what_one_device_skips(parallel, hidden):
+    # The 2^30 scale of the test above: every rank of the model's pp x tp group skips a step when any
+    # share of the gradient overflowed, so all loss scalers agree after every step, and with the one
+    # device's. Parameters: a split model is not bit for bit one device's even in fp32 (1e-8 after a
+    # step); fp16 gradients round that to fp16's precision, and 30 steps at lr 0.1 grow it to ~2e-3.
+    amp, steps = {"init_scale": 2.0 ** 30, "growth_interval": 4}, 30
+    ranks = parallel.get("pp", 1) * parallel.get("tp", 1)
+    alone = simtrain.run(scenario("fp16", steps=steps, hidden=hidden, amp=amp))
+    spec = scenario("fp16", steps=steps, devices=ranks, hidden=hidden, amp=amp, parallel=parallel)
+    cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
+    scalers = []  # per step: every rank's (scale, skipped steps)
+
+    def on_step(step, now, loss):
+        scalers.append({(float(r.precision.scaler.scale), r.precision.skipped_steps) for r in job.replicas})
+
+    job = Job(spec, cluster, range(ranks), on_step=on_step)
+    job.start()
+    run_to_end(cluster.env)
+    job.finish()
+    assert len(scalers) == steps and all(len(agreed) == 1 for agreed in scalers)
+    section = job.replicas[0].precision.report()
+    assert section == alone.data["amp"] and section["skipped_steps"] > 0
+    torch.testing.assert_close(flat_parameters(job.scheme.trained_model()), flat_parameters(alone.final_model),
+                               rtol=0, atol=5e-3)
+    votes = 4 * 2 * (ranks - 1) * steps  # a ring all-reduce of one fp32 flag a step
+    assert job.scheme.report_sections()["parallel"]["bytes_by_kind"]["overflow_vote"] == votes
+
+
+def test_representatives_time_the_overflow_vote_as_every_rank_does():
+    # numerics off, dp 2 x pp 2 x tp 2: one rank per stage runs, waits for the other stage at the vote and
+    # takes the mirrored all-reduce's time; the full simulation runs all 8 ranks' votes on the network.
+    raw = {"name": "vote", "seed": 1, "numerics": False, "cluster": {"devices": 8, "topology": "ring"},
+           "model": {"name": "gpt", "hidden": 64, "layers": 4, "heads": 4},
+           "data": {"name": "tokens", "batch_size": 8, "samples": 256, "seq_len": 16, "vocab": 32},
+           "train": {"steps": 3, "precision": "fp16"}, "report": {"trace": False}}
+    reports = [simtrain.run(validate_scenario({**raw, "parallel": {
+        "dp": 2, "pp": 2, "tp": 2, "pipeline": {"microbatches": 2}, "representatives": mirrored}})).data
+        for mirrored in (False, True)]
+    assert reports[1]["sim_time_s"] == pytest.approx(reports[0]["sim_time_s"], rel=0.01)
+    votes = 2 * 3 * 4 * 2 * (4 - 1)  # replicas x steps x a ring all-reduce of one fp32 flag among 4 ranks
+    assert [r["parallel"]["bytes_by_kind"]["overflow_vote"] for r in reports] == [votes, votes]

@@ -61,6 +61,11 @@ class Layout:
         coordinates = self.coordinates(rank)
         return [self.rank(**{**coordinates, dimension: index}) for index in range(getattr(self, dimension))]
 
+    def replicas(self) -> list[list[int]]:
+        """Each data-parallel replica's ranks (its pp x tp model-parallel group), in rank order."""
+        return [[rank for rank in range(self.world) if self.coordinates(rank)["dp"] == index]
+                for index in range(self.dp)]
+
     def groups(self, dimension: str) -> list[list[int]]:
         """Every group along `dimension`, each once, ordered by their first rank."""
         seen, groups = set(), []

@@ -16,15 +16,24 @@ A job of dp x pp x tp devices (schemes/layout.py) trains one model:
   A receiver's wait while the tensor is on the wire is communication; its
   wait before the peer has sent it is the pipeline bubble ("bubble" spans).
 - **tensor**: each stage is split across its tp devices as Megatron-LM splits
-  layers (train/tensor_parallel.py), with the all-reduces of activations and
-  of their gradients run by the chosen all-reduce algorithm on the tp group
-  (schemes/stage_execution.py).
+  layers (train/tensor_parallel.py; a gpt's vocabulary too, its loss computed
+  vocabulary-parallel in the last stage: train/vocab_parallel.py), with the
+  all-reduces of activations and of their gradients run by the chosen
+  all-reduce algorithm on the tp group (schemes/stage_execution.py).
 - **data**: after the last backward of a step, each device all-reduces (and
   averages) its gradient bucket with the devices that hold the same shard in
   the other replicas, with `parallel.scheme`'s algorithm, then steps its own
   optimizer on its own parameters.
+- **fp16 loss scaling**: a step is skipped if any share of the model
+  overflowed, as Megatron-LM all-reduces found_inf across its model-parallel
+  group. Before stepping, the pp x tp ranks of each replica sum their 0/1
+  overflow flags in a 4-byte all-reduce ("overflow_vote"); every rank then
+  skips (and backs off its loss scale) or steps together, so their loss
+  scalers stay identical. The replicas need no vote: after the dp all-reduce
+  they hold the same gradients.
 
-The last stage's loss of a microbatch is its mean cross entropy times 1/m, so
+The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
+the loss scale under fp16), so
 the gradients accumulated over the m microbatches, averaged over the dp
 replicas, are those of one device on the whole global batch. Each stage holds
 a microbatch's measured activation bytes from its forward to its backward:
@@ -44,7 +53,7 @@ from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
 from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
 from ..train.precision import persistent_bytes, update_bytes
-from ..train.tensor_parallel import Apply
+from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
 from .program import Alloc, Busy, Collective, Free, MemoryBound, PostTransfer, Wait
@@ -84,8 +93,8 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor, ranks=N
                                      scenario.train.checkpointing))
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
-    if layout.tp > 1 and all(type(op) is Apply for share in shares if share is not None
-                             for ops in share.ops for op in ops):
+    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward)
+                                 for share in shares if share is not None for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")
     return shares
@@ -115,9 +124,13 @@ class ModelParallel(RankReplicas):
                         if self.mirrored is None or self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
-        self.comms = ({dimension: self._communicators(dimension, parallel) for dimension in ("dp", "tp")}
-                      if self.mirrored is None else {})
-        self._mirrored_bytes = {"dp_allreduce": 0, "tp_allreduce": 0}
+        self.comms = ({dimension: self._communicators(self.layout.groups(dimension), parallel)
+                       for dimension in ("dp", "tp")} if self.mirrored is None else {})
+        self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
+        if self.vote and self.mirrored is None:
+            self.comms["model"] = self._communicators(self.layout.replicas(), parallel)
+        self._voted: dict[int, list] = {}  # representatives: step -> [ranks at the vote, event of the last]
+        self._mirrored_bytes = {"dp_allreduce": 0, "tp_allreduce": 0, "overflow_vote": 0}
         self._mirror_groups: dict[tuple[str, int], list[tuple[str, ...]]] = {}  # (dimension, rank) -> nodes
         self._held = [persistent_bytes(r.params, train.precision, train.optimizer) if r else None for r in self.replicas]
         self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) if r else None
@@ -131,11 +144,11 @@ class ModelParallel(RankReplicas):
         self.loss_curve: list[tuple[float, float | None]] = []
         self.bubble_s = [0.0] * self.world
 
-    def _communicators(self, dimension: str, parallel) -> dict[int, tuple]:
-        """rank -> (communicator of its group along `dimension`, its rank there, the group's all-reduce)."""
+    def _communicators(self, groups: list[list[int]], parallel) -> dict[int, tuple]:
+        """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce)."""
         by_rank = {}
         topology = self.job.cluster.topology
-        for group in self.layout.groups(dimension):
+        for group in groups:
             devices = [self.job.devices[rank] for rank in group]
             nodes = [device.node for device in devices]
             comm = SimCommunicator(self.job.cluster.network, nodes, log=self.job.cluster.log,
@@ -194,6 +207,7 @@ class ModelParallel(RankReplicas):
             x = replica.precision.cast_input(x)
             replica.last_batch = (x, y)
             xs, ys = x.chunk(self.microbatches), y.chunk(self.microbatches)
+            loss_weight = replica.precision.loss_weight(1.0 / self.microbatches)
             pending, losses = {}, []
             for action in schedule:
                 part = action.chunk * self.layout.pp + stage
@@ -211,7 +225,7 @@ class ModelParallel(RankReplicas):
                     yield Alloc("activations", held)
                     if self.job.numerics:
                         outputs, tape, loss = yield from chunk_forward(ops, inputs, tp_all_reduce, cost, dtype, target,
-                                                                       1.0 / self.microbatches)
+                                                                       loss_weight)
                         output = outputs[0].detach()
                     else:
                         tape, loss = None, None
@@ -235,7 +249,7 @@ class ModelParallel(RankReplicas):
                     if self.job.numerics:
                         if self.recompute:
                             _, tape, _ = yield from chunk_forward(ops, inputs, tp_all_reduce, cost, dtype, target,
-                                                                  1.0 / self.microbatches)
+                                                                  loss_weight)
                         input_grads = yield from chunk_backward(tape, grads, tp_all_reduce, cost, dtype)
                         input_grad = input_grads[0]
                     else:
@@ -250,9 +264,34 @@ class ModelParallel(RankReplicas):
                                               ("backward", action.microbatch, part - 1))
             if self.layout.dp > 1:
                 yield dp_all_reduce(replica.grad_buffer)
-            replica.step()
+            found_inf = replica.precision.find_overflow(replica.grad_buffer)
+            if self.vote:
+                found_inf = yield from self._overflow_vote(rank, step, found_inf)
+            replica.apply_update(replica.precision.settle(found_inf))
             yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
             self._step_done(step, losses)
+
+    def _overflow_vote(self, rank: int, step: int, found_inf: bool):
+        """Step program: whether any rank of `rank`'s model-parallel group found an overflow (a sum of
+        0/1 flags, one fp32 each). Representatives (numerics off: no overflow) wait for each other (every
+        stage's), then take the time of the vote with the other replicas' votes mirroring it."""
+        flag = torch.tensor([float(found_inf)])
+        if self.mirrored is None:
+            comm, index, all_reduce = self.comms["model"][rank]
+            yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
+            return bool(flag.item() > 0)
+        groups = [tuple(self.job.devices[member].node for member in group) for group in self.layout.replicas()]
+        seconds, nbytes, staging = self.mirrored.all_reduce(groups, flag)
+        env = self.job.cluster.env
+        arrived = self._voted.setdefault(step, [0, env.event()])
+        arrived[0] += 1
+        if arrived[0] == len(self.running):  # the last stage to arrive counts the votes' bytes
+            del self._voted[step]
+            self._mirrored_bytes["overflow_vote"] += nbytes * len(groups)
+            arrived[1].succeed()
+        yield Wait(arrived[1])  # idle, as a rank whose all-reduce waits for its peers' first sends
+        yield Busy(seconds, "overflow_vote", "communication", staging=staging)
+        return False
 
     def _mirrored_all_reduce(self, dimension: str, rank: int, buffer: torch.Tensor, label: str) -> Busy:
         """Step program operation: representative `rank`'s all-reduce along `dimension`, timed with the
@@ -352,12 +391,12 @@ class ModelParallel(RankReplicas):
     def single_device_step_s(self) -> float | None:
         return None  # the model is split because one device is not the baseline
 
-    def _collective_bytes(self, dimension: str, label: str) -> int:
-        """Bytes the groups along `dimension` sent for `label` (each group's communicator once)."""
+    def _collective_bytes(self, communicators: str, label: str) -> int:
+        """Bytes the groups of `self.comms[communicators]` sent for `label` (each group's communicator once)."""
         if self.mirrored is not None:
             return self._mirrored_bytes[label]
-        groups = {self.layout.group(dimension, rank)[0]: comm for rank, (comm, _, _) in self.comms[dimension].items()}
-        return sum(groups[first].bytes_by_label.get(label, 0) for first in sorted(groups))
+        groups = {id(comm): comm for comm, _, _ in self.comms.get(communicators, {}).values()}
+        return sum(comm.bytes_by_label.get(label, 0) for comm in groups.values())
 
     def report_sections(self) -> dict:
         sim_time = self.job.cluster.log.last_end_s
@@ -374,7 +413,8 @@ class ModelParallel(RankReplicas):
             # a representative's sends stand for those of every tp rank of every replica
             "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"),
                               "pp_p2p": self.pp_bytes * (self.world // len(self.running)),
-                              "tp_allreduce": self._collective_bytes("tp", "tp_allreduce")},
+                              "tp_allreduce": self._collective_bytes("tp", "tp_allreduce"),
+                              "overflow_vote": self._collective_bytes("model", "overflow_vote")},
         }}
 
 

@@ -1,7 +1,9 @@
 """A model chunk's forward and backward for one microbatch, with its tensor-parallel all-reduces as collectives.
 
 A chunk's work is a list of `Apply` steps and all-reduces
-(train/tensor_parallel.py). The all-reduces cut it into regions. Forward runs
+(train/tensor_parallel.py); the chunk that ends the model ends with its loss,
+its `ApplyWithTarget` steps given the microbatch's target. The all-reduces
+cut the work into regions. Forward runs
 each region with autograd on and starts the next from detached copies of the
 tensors in flight (after summing one of them across the tp group for an
 `AllReduceForward`); the regions' inputs and outputs are kept on a `Tape`.
@@ -41,9 +43,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..cost import SavedTensorTracker
-from ..loss import cross_entropy
 from ..op_cost import OpCosts, OperatorCosts
-from ..train.tensor_parallel import AllReduceForward, Apply
+from ..train.tensor_parallel import AllReduceForward, Apply, ApplyWithTarget
 from .program import Compute
 
 
@@ -71,12 +72,13 @@ class Tape:
 
 
 def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype: str,
-                  target: torch.Tensor | None = None, loss_fraction: float = 1.0):
+                  target: torch.Tensor | None = None, loss_weight=1.0):
     """Step program: run `ops` on `inputs` (a tuple of tensors; the ones that need a gradient require it),
     charging each region's FLOPs from `cost` (None: measuring, the charges are 0).
 
-    With `target`, the chunk ends the model: the loss is cross entropy against it times
-    `loss_fraction` (the microbatch's share of the batch). Returns (outputs, tape, loss)."""
+    With `target`, the chunk ends the model and its ops end with the loss against it; backward
+    starts from the loss times `loss_weight` (the microbatch's share of the batch, times the fp16
+    loss scale: a float or a 0-dim tensor). Returns (outputs, tape, loss)."""
     tape = Tape()
     region_inputs = state = inputs
     reduce_grad = None
@@ -84,6 +86,9 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
     for op in ops:
         if type(op) is Apply:
             state = op.function(*state)
+            continue
+        if type(op) is ApplyWithTarget:
+            state = op.function(*state, target)
             continue
         tape.regions.append((region_inputs, state))
         tape.reduce_grad.append(reduce_grad)
@@ -101,8 +106,8 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
         region_inputs = state = values
     loss = None
     if target is not None:
-        loss = cross_entropy(state[0], target)
-        state = (loss * loss_fraction,)
+        loss = state[0]
+        state = (loss * loss_weight,)
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
     yield _region_compute(cost, region, "forward", dtype)
@@ -162,7 +167,8 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
     meta copy.
 
-    `ops_of(module)` gives a chunk module's ops; `inputs` and `target` give shapes and dtypes."""
+    `ops_of(module, ends_model)` gives a chunk module's ops (ending with the loss when there is a
+    `target`); `inputs` and `target` give shapes and dtypes."""
     forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target)
     return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward),
                      _activation_peak(chunk, ops_of, inputs, target),
@@ -180,7 +186,7 @@ def _meta_run(chunk, ops_of, inputs, target):
     meta_inputs = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta").requires_grad_(t.requires_grad)
                         for t in inputs)
     meta_target = None if target is None else torch.empty(target.shape, dtype=target.dtype, device="meta")
-    return meta, ops_of(meta), meta_inputs, meta_target
+    return meta, ops_of(meta, target is not None), meta_inputs, meta_target
 
 
 def _drive(program, counter=None, costs=None) -> tuple[object, list[tuple[float, torch.Tensor | None, OpCosts]]]:

@@ -200,7 +200,8 @@ class SyncDataParallel(RankReplicas):
         if self.kfac is not None:
             sections.update(self.kfac.report_section(self.steps))
         sections["parallel"] = {"dp": self.world, "pp": 1, "tp": 1, "bubble_fraction": 0.0, "bytes_by_kind": {
-            "dp_allreduce": self.job.comm.bytes_by_label.get("all_reduce", 0), "pp_p2p": 0, "tp_allreduce": 0},
+            "dp_allreduce": self.job.comm.bytes_by_label.get("all_reduce", 0), "pp_p2p": 0, "tp_allreduce": 0,
+            "overflow_vote": 0},  # one model per device: no overflow vote
             "overlap": self.overlap,
             "buckets": max((len(buckets) for buckets in self._buckets.values()), default=1)}
         return sections

@@ -13,14 +13,21 @@ q, k and v by heads and the attention's output projection by its input
 features; the MLP's first Linear by its output features and the second by its
 input features. Each half is then one "f" and one "g" all-reduce
 (train/tensor_parallel.py), and the biases of the two row-split Linears are
-added after the sum. The embedding and the head stay whole on every tp rank
-(Megatron splits the vocabulary too; here they are small).
+added after the sum. The vocabulary is split as Megatron splits it
+(train/vocab_parallel.py): the token table by rows, its partial lookups
+summed by a "g" all-reduce, then the whole position embeddings added; the
+head's final LayerNorm stays whole and its Linear is split by output features
+(an "f" all-reduce before it), and its loss is the vocabulary-parallel cross
+entropy, so the head's work ends with the loss (`parallel_loss_ops`).
+Parameters that stay whole (position embeddings, LayerNorms, the row-split
+Linears' biases) get the same gradient on every tp rank.
 
 Attention is written out (matmul, causal mask, softmax, matmul) so torch's
 FLOP counter sees it on every device, meta included.
 
     model = build_gpt(vocab=64, seq_len=32, hidden=64, layers=2, heads=4)
     logits = model(tokens)                      # (batch, 32, 64)
+    model[-1].shard_(tp_rank=1, tp=2)           # vocabulary 32..63 of the head
 """
 import math
 
@@ -28,20 +35,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, Slice, shard_parameter_
+from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, Slice, shard_parameter_
+from .vocab_parallel import cross_entropy_from_terms, cross_entropy_terms, local_lookup
 
 
 class TokenEmbedding(nn.Module):
-    """Token plus learned position embeddings."""
+    """Token plus learned position embeddings; tensor-parallel by vocabulary rows of the token table."""
 
     def __init__(self, vocab: int, seq_len: int, hidden: int):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Embedding(seq_len, hidden)
+        self.vocab_start = 0  # the first token of this rank's rows
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.tokens(tokens) + self.positions(positions)
+        return self._add_positions(self.tokens(tokens))
+
+    def _add_positions(self, embedded: torch.Tensor) -> torch.Tensor:
+        return embedded + self.positions(torch.arange(embedded.shape[1], device=embedded.device))
+
+    def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
+        """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
+        _check_vocab(self.tokens.num_embeddings, tp)
+        where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
+        self.vocab_start = where.start
+        return {"tokens.weight": where}
+
+    def parallel_ops(self) -> list:
+        """Partial lookups summed across the tp group, then the (whole) position embeddings."""
+        return [Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),)), AllReduceForward(0),
+                Apply(lambda embedded: (self._add_positions(embedded),))]
 
 
 class Block(nn.Module):
@@ -109,15 +132,35 @@ class Block(nn.Module):
 
 
 class LanguageHead(nn.Module):
-    """Final LayerNorm and the Linear to one logit per vocabulary entry."""
+    """Final LayerNorm and the Linear to one logit per vocabulary entry; tensor-parallel by vocabulary."""
 
     def __init__(self, hidden: int, vocab: int):
         super().__init__()
         self.norm = nn.LayerNorm(hidden)
         self.logits = nn.Linear(hidden, vocab)
+        self.vocab_start, self.tp_rank, self.tp = 0, 0, 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits(self.norm(x))
+
+    def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
+        """Keep tp rank `tp_rank`'s vocabulary range of the logits Linear (split by output features)."""
+        _check_vocab(self.logits.out_features, tp)
+        slices = {f"logits.{part}": shard_parameter_(self.logits, part, 0, tp_rank, tp) for part in ("weight", "bias")}
+        self.vocab_start, self.tp_rank, self.tp = slices["logits.weight"].start, tp_rank, tp
+        return slices
+
+    def parallel_loss_ops(self) -> list:
+        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered."""
+        return [Apply(lambda x: (self.norm(x),)), AllReduceBackward(0), Apply(lambda h: (self.logits(h),)),
+                ApplyWithTarget(lambda logits, target: (cross_entropy_terms(logits, target, self.vocab_start,
+                                                                            self.tp_rank, self.tp),)),
+                AllReduceForward(0), Apply(lambda terms: (cross_entropy_from_terms(terms, self.tp),))]
+
+
+def _check_vocab(vocab: int, tp: int) -> None:
+    if vocab % tp:
+        raise ValueError(f"data.vocab {vocab} does not divide into {tp} equal vocabulary slices")
 
 
 def build_gpt(vocab: int, seq_len: int, hidden: int, layers: int, heads: int) -> nn.Sequential:

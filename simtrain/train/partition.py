@@ -12,7 +12,9 @@ FLOPs are as small as they can be (contiguous parts, each at least one unit).
 `RankModule` is one rank's share: the model parts it runs (pipeline chunks,
 each an nn.Sequential of copies of the model's entries), cut to its tensor
 slices, with `ops[chunk]`, the chunk's work as a list of Apply and
-all-reduce steps, and `sources`, where each of its parameters and buffers
+all-reduce steps (the last model part's ending with the loss against the
+target: a vocabulary-parallel head's own, else cross entropy on the
+outputs), and `sources`, where each of its parameters and buffers
 comes from in the whole model. `assemble` writes ranks' shares back into a
 copy of the whole model: what final_model.pt holds and what is evaluated.
 
@@ -27,8 +29,11 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..loss import cross_entropy
 from .checkpointing import apply_checkpointing
-from .tensor_parallel import ELEMENTWISE, Apply, Slice, column_row_ops, shard_column_row_
+from .tensor_parallel import ELEMENTWISE, Apply, ApplyWithTarget, Slice, column_row_ops, shard_column_row_
+
+LOSS = ApplyWithTarget(lambda outputs, target: (cross_entropy(outputs, target),))
 
 
 def model_units(model: nn.Module, tensor_parallel: bool) -> list[tuple[int, ...]]:
@@ -145,15 +150,18 @@ class RankModule(nn.Module):
             if tp == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
-            self.ops.append(self.chunk_ops(chunk))
+            self.ops.append(self.chunk_ops(chunk, ends_model=part == len(counts) - 1))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
                 position, _, rest = local.partition(".")
                 self.sources[f"chunks.{chunk_index}.{local}"] = Source(f"{entries[int(position)]}.{rest}",
                                                                        slices.get(local))
 
-    def chunk_ops(self, chunk: nn.Sequential) -> list:
-        """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces."""
-        return _parallel_ops(chunk) if self.tp > 1 else [Apply(lambda x: (chunk(x),))]
+    def chunk_ops(self, chunk: nn.Sequential, ends_model: bool) -> list:
+        """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces;
+        ending with the loss if the chunk ends the model."""
+        if self.tp > 1:
+            return _parallel_ops(chunk, ends_model)
+        return [Apply(lambda x: (chunk(x),)), *([LOSS] if ends_model else [])]
 
     @staticmethod
     def _shard(chunk: nn.Sequential, tp_rank: int, tp: int) -> dict[str, Slice]:
@@ -178,11 +186,14 @@ class RankModule(nn.Module):
         return slices
 
 
-def _parallel_ops(chunk: nn.Sequential) -> list:
+def _parallel_ops(chunk: nn.Sequential, ends_model: bool) -> list:
     """The chunk's work under tensor parallelism: pairs and tensor-parallel modules with their
-    all-reduces, every other entry applied whole."""
+    all-reduces, every other entry applied whole; then the loss if the chunk ends the model (a last
+    entry with `parallel_loss_ops` computes its own)."""
     entries, ops, position = list(chunk), [], 0
     while position < len(entries):
+        if ends_model and position == len(entries) - 1 and hasattr(entries[position], "parallel_loss_ops"):
+            return ops + entries[position].parallel_loss_ops()
         end = _pair_end(entries, position)
         if end is not None:
             ops += column_row_ops(entries[position], entries[position + 1:end], entries[end])
@@ -191,7 +202,7 @@ def _parallel_ops(chunk: nn.Sequential) -> list:
         entry = entries[position]
         ops += entry.parallel_ops() if hasattr(entry, "parallel_ops") else [Apply(lambda x, entry=entry: (entry(x),))]
         position += 1
-    return ops
+    return ops + ([LOSS] if ends_model else [])
 
 
 def assemble(template: nn.Module, shares: list[RankModule]) -> nn.Module:

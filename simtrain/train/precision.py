@@ -15,6 +15,11 @@ a dynamic loss scale before backward, so small gradients do not flush to zero.
         optimizer.step()                                      # on precision.master_params
         precision.copy_master_to_model()
 
+`unscale` is `settle(find_overflow(grad_bucket))`: where several ranks each
+hold a share of one model (pipeline and tensor parallelism), each finds its
+own overflow, they vote, and each settles the vote, so that they all skip the
+same steps and keep the same loss scale (schemes/model_parallel.py).
+
 Only the loss is computed in fp32 (the logits are upcast before
 cross-entropy), as torch.autocast does for cross_entropy / log_softmax: the
 CPU kernels of torch 2.13 for Linear, Conv2d, ReLU and max-pool run natively
@@ -130,13 +135,25 @@ class MixedPrecision:
             loss = loss * self.scaler.scale
         loss.backward()
 
+    def loss_weight(self, fraction: float):
+        """What a loss is multiplied by before backward: `fraction` (its share of the batch), times the
+        loss scale under fp16 (then a 0-dim fp32 tensor)."""
+        return fraction if self.scaler is None else fraction * self.scaler.scale
+
     def unscale(self, grad_bucket: torch.Tensor) -> bool:
         """Bring the averaged gradient to the fp32 master; True iff the optimizer should step."""
+        return self.settle(self.find_overflow(grad_bucket))
+
+    def find_overflow(self, grad_bucket: torch.Tensor) -> bool:
+        """Bring the averaged gradient to the fp32 master, unscaled; True iff it holds an inf or NaN."""
         if not self.mixed:
-            found_inf = _non_finite(grad_bucket)
-        else:
-            self.master_grads.copy_(grad_bucket)
-            found_inf = self.scaler.unscale_(self.master_grads) if self.scaler else _non_finite(self.master_grads)
+            return _non_finite(grad_bucket)
+        self.master_grads.copy_(grad_bucket)
+        return self.scaler.unscale_(self.master_grads) if self.scaler else _non_finite(self.master_grads)
+
+    def settle(self, found_inf: bool) -> bool:
+        """Count an overflow and update the loss scale from `found_inf` (this replica's, or the vote of the
+        ranks sharing its model); True iff the optimizer should step."""
         self.overflow_steps += found_inf
         if self.scaler is None:
             return True

@@ -107,6 +107,10 @@ class Replica:
 
     def step(self) -> None:
         """Update from the (averaged) gradient bucket: skipped if the loss scaler found an overflow."""
-        if self.precision.unscale(self.grad_buffer):
+        self.apply_update(self.precision.unscale(self.grad_buffer))
+
+    def apply_update(self, update: bool) -> None:
+        """The optimizer's update from the unscaled master gradients if `update`; else the step is skipped."""
+        if update:
             self.optimizer.step()
             self.precision.copy_master_to_model()

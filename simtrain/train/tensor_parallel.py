@@ -14,7 +14,10 @@ the pair's output. Two collectives make that exact:
 The second Linear's bias is added once, after the sum. A layer's parallel
 work is a list of `Apply(function)` steps on the tuple of tensors in flight,
 with the two all-reduces above between them (schemes/stage_execution.py runs
-such lists with real collectives). A module is tensor-parallel when it has
+such lists with real collectives). The work of the chunk that ends the model
+ends with its loss: `ApplyWithTarget(function)` steps are also given the
+microbatch's target (a vocabulary-parallel head computes its loss with an
+all-reduce of its own, train/vocab_parallel.py). A module is tensor-parallel when it has
 `shard_(tp_rank, tp)`, which cuts its parameters in place to the rank's
 slices and returns where each slice sits in the whole parameter, and
 `parallel_ops()`; the gpt model's blocks (train/gpt.py) split attention by
@@ -35,6 +38,10 @@ ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU, nn.Sigmoid, nn.LeakyReLU)
 
 class Apply(NamedTuple):
     function: Callable  # (*tensors) -> tuple of tensors
+
+
+class ApplyWithTarget(NamedTuple):
+    function: Callable  # (*tensors, target) -> tuple of tensors
 
 
 class AllReduceForward(NamedTuple):
