@@ -118,7 +118,7 @@ class Job:
     def _sample_microbatch(self) -> torch.Tensor:
         """A meta microbatch of the data's inputs: what pipeline stages are balanced on."""
         info, parallel = self.data.info, self.scenario.parallel
-        samples = self.scenario.data.batch_size // (parallel.pipeline.microbatches if parallel.pp > 1 else 1)
+        samples = self.scenario.data.batch_size // parallel.microbatches
         return torch.empty((samples, *info.input_shape), dtype=info.input_dtype, device="meta")
 
     def _loader(self, rank: int):

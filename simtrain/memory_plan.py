@@ -21,8 +21,8 @@ device: doubling until a batch does not fit, then bisection between the last
 that fits and the first that does not. Each probe is a replay, not an
 extrapolation: the activation peak is not linear in the batch size for every
 model. The smallest batch tried is 2 for a model with BatchNorm (torch's
-BatchNorm cannot train on one sample per channel), else 1; under pipeline
-parallelism every size tried is a multiple of `pipeline.microbatches`.
+BatchNorm cannot train on one sample per channel), else 1; under model
+parallelism every size tried is a multiple of its microbatches.
 
     plans = plan_memory(load_scenario("scenarios/quickstart.yaml"))
     plans[0].peak_bytes, plans[0].by_category, plans[0].largest_batch
@@ -116,7 +116,7 @@ def _batch_sizes(job: Job) -> tuple[int, int]:
     `microbatches` equal parts (step), and a model with BatchNorm cannot train on one sample
     per channel (smallest 2)."""
     parallel = job.scenario.parallel
-    step = parallel.pipeline.microbatches if parallel.pp > 1 else 1
+    step = parallel.microbatches
     batchnorm = any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in job.model.modules())
     return (step * 2 if batchnorm and step == 1 else step), step
 

@@ -359,7 +359,9 @@ class PipelineSpec(_Strict):
     """How a pipeline runs (schemes/pipeline_schedule.py, schemes/model_parallel.py)."""
 
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
-    microbatches: Count(MAX_MICROBATCHES) = 4  # the device batch is cut into this many (must divide it)
+    # the device batch is cut into this many (must divide it); under tp alone that is gradient accumulation;
+    # None: 4 with a pipeline (pp > 1), else 1 (ParallelSpec.microbatches)
+    microbatches: Count(MAX_MICROBATCHES) | None = None
     virtual_stages: Count(MAX_LAYERS) = 1  # interleaved: model chunks per device
     # layers (splittable units) per model part, pp x virtual_stages counts; None: balanced by measured FLOPs
     split: Annotated[list[Count(MAX_LAYERS + 2)], Field(max_length=MAX_DEVICES)] | None = None
@@ -404,10 +406,19 @@ class ParallelSpec(_Strict):
     def _a_layout(self) -> "ParallelSpec":
         if sorted(self.placement) != ["dp", "pp", "tp"]:
             raise ValueError(f"parallel.placement: must order tp, pp and dp, each once, got {list(self.placement)}")
-        if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.pipeline.microbatches % self.pp:
+        if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
-                             f"{self.pipeline.microbatches}")
+                             f"{self.microbatches}")
+        if self.pipeline.microbatches is not None and not self.model_parallel:
+            raise ValueError("parallel.pipeline.microbatches: microbatches run with parallel.pp or parallel.tp > 1")
         return self
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per device batch: as given, else 4 with a pipeline and 1 without."""
+        if self.pipeline.microbatches is not None:
+            return self.pipeline.microbatches
+        return 4 if self.pp > 1 else 1
 
     @property
     def model_parallel(self) -> bool:
@@ -640,8 +651,8 @@ class Scenario(_Strict):
         if self.parallel.tp > 1 and self.train.checkpointing not in ("none", "full"):
             raise ValueError("train.checkpointing: with parallel.tp > 1 only full (each chunk recomputed with its "
                              "all-reduces) or none")
-        if self.parallel.pp > 1 and self.data.batch_size % self.parallel.pipeline.microbatches:
-            raise ValueError(f"parallel.pipeline.microbatches: {self.parallel.pipeline.microbatches} does not "
+        if self.data.batch_size % self.parallel.microbatches:
+            raise ValueError(f"parallel.pipeline.microbatches: {self.parallel.microbatches} does not "
                              f"divide data.batch_size {self.data.batch_size}")
 
     @model_validator(mode="after")

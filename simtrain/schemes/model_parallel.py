@@ -114,7 +114,7 @@ class ModelParallel(RankReplicas):
         scenario = job.scenario
         parallel, train = scenario.parallel, scenario.train
         self.pipeline = parallel.pipeline
-        self.microbatches = self.pipeline.microbatches if self.layout.pp > 1 else 1
+        self.microbatches = parallel.microbatches
         self.recompute = train.checkpointing == "full"  # each chunk's forward runs again before its backward
         self.steps = train.steps
         self.on_step = on_step
