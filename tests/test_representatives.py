@@ -104,7 +104,8 @@ def test_a_tp_all_reduce_of_an_activation_loads_every_ring_link_alike():
 
 @pytest.mark.parametrize("change, message", [
     ({"numerics": True}, "parallel.representatives: needs numerics false"),
-    ({"parallel": {"representatives": True, "tp": 1, "pp": 1}}, "parallel.representatives: needs parallel.pp"),
+    ({"parallel": {"representatives": True, "tp": 1, "pp": 1, "pipeline": {}}},
+     "parallel.representatives: needs parallel.pp"),
     ({"cluster": {"compute_jitter": 0.1}}, "parallel.representatives: needs identical devices"),
 ])
 def test_where_representatives_do_not_apply(change, message):
