@@ -70,7 +70,7 @@ def test_every_mlp_layout_trains_what_one_device_trains(layout):
     {"pp": 2, "schedule": "1f1b", "microbatches": 4},
     {"pp": 4, "schedule": "gpipe", "microbatches": 2},
     {"pp": 2, "schedule": "interleaved", "microbatches": 2, "virtual_stages": 2},
-    {"tp": 2}, {"tp": 4},
+    {"tp": 2}, {"tp": 4}, {"tp": 2, "microbatches": 4},  # the last: gradient accumulation without a pipeline
     {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
 ], ids=lambda layout: "-".join(f"{k}{v}" for k, v in layout.items()))
 def test_every_gpt_layout_trains_what_one_device_trains(layout):

@@ -274,14 +274,16 @@ class ModelParallel(RankReplicas):
     def _overflow_vote(self, rank: int, step: int, found_inf: bool):
         """Step program: whether any rank of `rank`'s model-parallel group found an overflow (a sum of
         0/1 flags, one fp32 each). Representatives (numerics off: no overflow) wait for each other (every
-        stage's), then take the time of the vote with the other replicas' votes mirroring it."""
+        stage's), then take the time of their replica's vote alone: four bytes a rank, latency-bound, which
+        the other replicas' votes on shared switch uplinks do not delay (timing them all together flow by
+        flow would cost millions of transfers at thousands of GPUs)."""
         flag = torch.tensor([float(found_inf)])
         if self.mirrored is None:
             comm, index, all_reduce = self.comms["model"][rank]
             yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
             return bool(flag.item() > 0)
         groups = [tuple(self.job.devices[member].node for member in group) for group in self.layout.replicas()]
-        seconds, nbytes, staging = self.mirrored.all_reduce(groups, flag)
+        seconds, nbytes, staging = self.mirrored.all_reduce(groups[:1], flag)
         env = self.job.cluster.env
         arrived = self._voted.setdefault(step, [0, env.event()])
         arrived[0] += 1
