@@ -80,8 +80,8 @@ class Job:
         self.index = cluster.add_job(self.name, self.ranks)
         self.comm = self._communicator()
         self.layout = Layout.of(scenario.parallel, self.world)
-        self.data = hold_out_validation(load_dataset(scenario.data.name, scenario.data.loader_options(),
-                                                     scenario.seed, values=numerics), scenario.data.validation_fraction, scenario.seed)
+        dataset = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed, values=numerics)
+        self.data = hold_out_validation(dataset, scenario.data.validation_fraction, scenario.seed)
         device = "cpu" if numerics else "meta"
         with torch.device(device):
             model = build_model(scenario.model, self.data.info, scenario.seed)

@@ -11,6 +11,7 @@ import pytest
 import simtrain
 from simtrain.cli import main
 from simtrain.scenario import validate_scenario
+from simtrain.train.data import load_dataset
 
 TECHNIQUES = {
     "ring": {},
@@ -74,3 +75,10 @@ def test_run_no_numerics_writes_no_model(tmp_path):
 def test_prioritized_sampling_needs_numerics():
     with pytest.raises(simtrain.ScenarioError, match="data.sampling: prioritized needs numerics"):
         validate_scenario({"numerics": False, "data": {"sampling": "prioritized"}})
+
+
+def test_token_data_is_shapes_alone_without_numerics():
+    """A 51,200-token vocabulary's successor table would take 21 GB; numerics off draws no sequence."""
+    splits = load_dataset("tokens", {"samples": 64, "seq_len": 2048, "vocab": 51200}, seed=0, values=False)
+    x, y = splits.train[0]
+    assert x.is_meta and y.is_meta and x.shape == (2048,) and len(splits.train) + len(splits.test) == 64
