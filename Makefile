@@ -25,6 +25,7 @@ test: install
 bench: install
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/megatron.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -37,7 +37,13 @@ the loss scale under fp16), so
 the gradients accumulated over the m microbatches, averaged over the dp
 replicas, are those of one device on the whole global batch. Each stage holds
 a microbatch's measured activation bytes from its forward to its backward:
-GPipe holds m, 1F1B at most pp - s on stage s.
+GPipe holds m, 1F1B at most pp - s on stage s. Under full recomputation
+(train.checkpointing: full) it holds only the chunk's inputs, and runs the
+chunk's forward again, with its all-reduces, before the backward. With
+numerics off a chunk's work is replayed from its measured costs
+(stage_execution.replay_forward, replay_backward), and with
+`parallel.representatives` one rank per stage runs for all of them
+(representatives.py).
 
 Before each step every rank runs the job's `before_step` program (job.py: a
 schedule's hyperparameters, a population's exploit, which copies each rank's
