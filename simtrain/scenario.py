@@ -360,7 +360,8 @@ class PipelineSpec(_Strict):
 
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     # the device batch is cut into this many (must divide it); under tp alone that is gradient accumulation;
-    # None: 4 with a pipeline (pp > 1), else 1 (ParallelSpec.microbatches)
+    # None: 4 with a pipeline (pp > 1), else 1 (ParallelSpec.microbatches). Data parallelism alone (pp = tp = 1)
+    # takes the device batch whole.
     microbatches: Count(MAX_MICROBATCHES) | None = None
     virtual_stages: Count(MAX_LAYERS) = 1  # interleaved: model chunks per device
     # layers (splittable units) per model part, pp x virtual_stages counts; None: balanced by measured FLOPs
@@ -409,8 +410,6 @@ class ParallelSpec(_Strict):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
-        if self.pipeline.microbatches is not None and not self.model_parallel:
-            raise ValueError("parallel.pipeline.microbatches: microbatches run with parallel.pp or parallel.tp > 1")
         return self
 
     @property
