@@ -3,10 +3,10 @@
 A chunk's work is a list of `Apply` steps and all-reduces
 (train/tensor_parallel.py); the chunk that ends the model ends with its loss,
 its `ApplyWithTarget` steps given the microbatch's target. The all-reduces
-cut the work into regions. Forward runs
-each region with autograd on and starts the next from detached copies of the
-tensors in flight (after summing one of them across the tp group for an
-`AllReduceForward`); the regions' inputs and outputs are kept on a `Tape`.
+cut the work into regions. Forward runs each region with autograd on and
+starts the next from detached copies of the tensors in flight (after
+summing one of them across the tp group for an `AllReduceForward`); the
+regions' inputs and outputs are kept on a `Tape`.
 Backward runs the regions in reverse with `torch.autograd.backward`, handing
 each region's input gradients to the region before it (after summing one of
 them across the tp group for an `AllReduceBackward`). Parameter gradients
