@@ -98,7 +98,8 @@ class Job:
         # (simtrain/real) builds only its own rank's, and the others' entries are None.
         self.local_ranks = list(range(self.world)) if local_ranks is None else list(local_ranks)
         self.holds_every_rank = len(self.local_ranks) == self.world
-        self.replicas = [Replica(share, self._loader(rank), scenario.train) if rank in self.local_ranks else None
+        held = set(self.local_ranks)
+        self.replicas = [Replica(share, self._loader(rank), scenario.train) if rank in held else None
                          for rank, share in enumerate(shares)]
         self.all_reduce_builder = all_reduce_builder  # comm.build_all_reduce's signature: a group's all-reduce
         self.scheme = build_scheme(self, on_step)

@@ -8,7 +8,7 @@
   in the full simulation and not in the representatives': within 1%.
 - Full activation recomputation (train.checkpointing: full) under tp: the
   same parameters as without it; one more forward per chunk (FLOPs by the
-  closed form); activations held from forward to backward are the chunks' inputs.
+  closed form); fewer activation bytes held, only the chunks' inputs between forward and backward.
 - A tp all-reduce of an activation is cut flat: every ring link carries the same bytes.
 - Where representatives do not apply: one-line errors.
 """

@@ -137,9 +137,11 @@ class ModelParallel(RankReplicas):
             self.comms["model"] = self._communicators(self.layout.replicas(), parallel)
         self._voted: dict[int, list] = {}  # representatives: step -> [ranks at the vote, event of the last]
         self._mirrored_bytes = {"dp_allreduce": 0, "tp_allreduce": 0, "overflow_vote": 0}
-        self._mirror_groups: dict[tuple[str, int], list[tuple[str, ...]]] = {}  # (dimension, rank) -> nodes
-        self._held = [persistent_bytes(r.params, train.precision, train.optimizer) if r else None for r in self.replicas]
-        self._step_bytes = [update_bytes(r.params, train.precision, train.optimizer) if r else None
+        # (dimension, rank), or "vote" -> the nodes of the groups an all-reduce is timed with
+        self._mirror_groups: dict[tuple[str, int] | str, list[tuple[str, ...]]] = {}
+        self._held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
+                      for r in self.replicas]
+        self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
                             for r in self.replicas]
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._arrivals: dict[tuple, object] = {}  # (job rank, message) -> simpy event of its arrival
@@ -160,8 +162,9 @@ class ModelParallel(RankReplicas):
             comm = SimCommunicator(self.job.cluster.network, nodes, log=self.job.cluster.log,
                                    ledgers=[device.memory for device in devices],
                                    global_ranks=[device.rank for device in devices])
-            all_reduce = (self.job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels, "parallel.scheme",
-                                           "parallel.channels") if len(group) > 1 else None)
+            all_reduce = (self.job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels,
+                                                      "parallel.scheme", "parallel.channels")
+                          if len(group) > 1 else None)
             for index, rank in enumerate(group):
                 by_rank[rank] = (comm, index, all_reduce)
         return by_rank
@@ -288,14 +291,15 @@ class ModelParallel(RankReplicas):
             comm, index, all_reduce = self.comms["model"][rank]
             yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
             return bool(flag.item() > 0)
-        groups = [tuple(self.job.devices[member].node for member in group) for group in self.layout.replicas()]
-        seconds, nbytes, staging = self.mirrored.all_reduce(groups[:1], flag)
+        if "vote" not in self._mirror_groups:  # replica 0's model-parallel group, where the representatives are
+            self._mirror_groups["vote"] = [tuple(self.job.devices[member].node for member in self.layout.replicas()[0])]
+        seconds, nbytes, staging = self.mirrored.all_reduce(self._mirror_groups["vote"], flag)
         env = self.job.cluster.env
         arrived = self._voted.setdefault(step, [0, env.event()])
         arrived[0] += 1
         if arrived[0] == len(self.running):  # the last stage to arrive counts the votes' bytes
             del self._voted[step]
-            self._mirrored_bytes["overflow_vote"] += nbytes * len(groups)
+            self._mirrored_bytes["overflow_vote"] += nbytes * self.layout.dp  # every replica votes alike
             arrived[1].succeed()
         yield Wait(arrived[1])  # idle, as a rank whose all-reduce waits for its peers' first sends
         yield Busy(seconds, "overflow_vote", "communication", staging=staging)
