@@ -1,5 +1,7 @@
 """Users' own torch.distributed code on simulated ranks: the `simtrain` backend, `spawn` and a test decorator.
 
+Imported by users as `simtrain.dist` (simtrain/dist.py).
+
     import torch.distributed as dist
     import simtrain.dist
 
