@@ -71,7 +71,31 @@ def test_trace_accounts_for_every_simulated_second(tmp_path):
         spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["tid"] == rank]
         assert sum(e["dur"] for e in spans) == pytest.approx(report["sim_time_s"] * 1e6, rel=1e-9)
         idle = sum(e["dur"] for e in spans if e["cat"] == "idle") / 1e6
-        assert idle == pytest.approx(report["devices"][rank]["breakdown_s"]["idle"], rel=1e-6, abs=1e-12)
+        # A collective is one span, its rank's first transfer to its last; a wait for a peer inside counts as idle.
+        shown = sum(e["dur"] for e in spans if e["cat"] == "communication") / 1e6
+        waits = shown - report["devices"][rank]["breakdown_s"]["communication"]
+        assert waits >= -1e-15
+        assert idle + waits == pytest.approx(report["devices"][rank]["breakdown_s"]["idle"], rel=1e-6, abs=1e-12)
+
+
+def test_one_bucket_is_one_span_in_the_trace(tmp_path):
+    """The quickstart's gradients fit one DDP bucket: one all_reduce span a step on each rank's communication
+    stream, with the bytes the rank sent (every chunk of the 104,488-byte bucket once, its own two twice), over
+    2(N-1) steps of L + (S/N)/B, though a rank waits 80 ps inside it for a neighbour sending a chunk 4 bytes
+    larger."""
+    chunks = [26124, 26124, 26120, 26120]  # tensor_split of 26,122 fp32 gradients in four
+    cli("run", str(QUICKSTART), "--set", "train.steps=2", "--out", str(tmp_path), "-q")
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    streams = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["pid"] == 0
+               and e["args"]["name"].endswith("communication stream")}
+    assert len(streams) == 4
+    for tid in streams:
+        rank = tid - 4
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["tid"] == tid]
+        sent = sum(chunks) + chunks[rank] + chunks[rank - 1]
+        assert [(e["name"], e["args"]["bytes"]) for e in spans] == [("all_reduce", sent)] * 2
+        for e in spans:
+            assert e["dur"] / 1e6 == pytest.approx(6 * (5e-6 + 104488 / 4 / 50e9), rel=1e-4)
 
 
 def test_same_scenario_same_bytes(tmp_path):

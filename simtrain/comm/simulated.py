@@ -16,8 +16,9 @@ rank per step: this is what lets a ring all-reduce over thousands of devices
 run in seconds.
 
 On meta tensors (numerics off) nothing is copied or summed; the timing is the
-same. Time a rank spends with a transfer of its own in flight is logged as
-"communication"; time it waits for a peer to post is left as idle.
+same. Time a rank spends with a transfer of its own in flight is counted as
+"communication"; time it waits for a peer to post is left as idle. The trace
+shows each rank's collective as one span, from its first transfer to its last.
 
 A communicator built `exclusive` is promised that its links carry nothing but
 its own collectives. There, a ring all-reduce whose ring routes share no
@@ -52,7 +53,7 @@ class _RankProgram:
     The rank's communication span is kept on `owner`, the rank's top-level program."""
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
-                 "outstanding", "in_flight", "span_start", "span_end", "span_bytes")
+                 "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -69,6 +70,7 @@ class _RankProgram:
         self.span_start = None  # start of the current run of communication
         self.span_end = None  # when that run last had nothing in flight
         self.span_bytes = 0
+        self.shown = None  # [first start, last end, bytes] of the collective's runs of communication so far
 
 
 class _Mailbox:
@@ -157,7 +159,10 @@ class SimCommunicator:
             state = states[position]
             self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + nbytes
             if self.log is not None:
-                self.log.span(self.global_ranks[state.rank], "communication", state.label, start, end, nbytes=nbytes)
+                self.log.count(self.global_ranks[state.rank], "communication", start, end)
+            self._shown_grows(state, start, end, nbytes)
+        for state in states:
+            self._show(state)
         for state, end in zip(states, times.end.tolist()):
             network.at(end, lambda state=state: self._end_scheduled(state))
 
@@ -172,7 +177,9 @@ class SimCommunicator:
         for mailbox in self._mailboxes.values():
             mailbox.sends = deque(entry for entry in mailbox.sends if entry[0].rank != rank)
             mailbox.recvs = deque(entry for entry in mailbox.recvs if entry[0].rank != rank)
-        self._running.pop(rank, None)
+        state = self._running.pop(rank, None)
+        if state is not None:
+            self._show(state)  # the part it did
 
     def stuck(self) -> list[int]:
         """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""
@@ -185,6 +192,7 @@ class SimCommunicator:
             parent = state.parent
             if parent is None:
                 self._close_span(state)
+                self._show(state)
                 del self._running[state.rank]
                 state.done.succeed(stop.value)
             else:
@@ -287,7 +295,21 @@ class SimCommunicator:
         if state.span_start is not None:
             self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
             if self.log is not None:
-                self.log.span(self.global_ranks[state.rank], "communication", state.label,
-                              state.span_start, state.span_end, nbytes=state.span_bytes)
+                self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end)
+            self._shown_grows(state, state.span_start, state.span_end, state.span_bytes)
         state.span_start = state.span_end = None
         state.span_bytes = 0
+
+    @staticmethod
+    def _shown_grows(state: _RankProgram, start: float, end: float, nbytes: int) -> None:
+        if state.shown is None:
+            state.shown = [start, end, nbytes]
+        else:
+            state.shown[1:] = end, state.shown[2] + nbytes
+
+    def _show(self, state: _RankProgram) -> None:
+        """The rank's collective, one span in the trace: its first transfer to its last, waits included."""
+        if state.shown is not None and self.log is not None:
+            start, end, nbytes = state.shown
+            self.log.show(self.global_ranks[state.rank], "communication", state.label, start, end, nbytes=nbytes)
+        state.shown = None
