@@ -10,8 +10,7 @@
 Public API: load_scenario, run, run_population, plan_memory, Scenario, Report, SimtrainError
 (and its subclasses ScenarioError, TopologyError, OutOfMemory).
 """
-__version__ = "0.1.0"
-
+from .version import __version__  # first: report.py reads it from the package while it is imported
 from .errors import OutOfMemory, ScenarioError, SimtrainError, TopologyError
 from .memory_plan import plan_memory
 from .report import Report

@@ -26,23 +26,19 @@ class TopologyError(SimtrainError):
 
 
 class OutOfMemory(SimtrainError):
-    """A device's memory ledger went past its capacity."""
+    """A device's memory ledger went past its capacity; `message` says by how much (hw/device.py writes it)."""
 
-    def __init__(self, device: str, capacity_bytes: int, by_category: dict[str, int]):
+    def __init__(self, device: str, capacity_bytes: int, by_category: dict[str, int], message: str):
         self.device = device
         self.capacity_bytes = capacity_bytes
         self.by_category = dict(by_category)
+        self.message = message
         # The fields are the args, so that the error can be re-raised by type(e)(*e.args), as simpy
         # does when a process fails.
-        super().__init__(device, capacity_bytes, self.by_category)
+        super().__init__(device, capacity_bytes, self.by_category, message)
 
     def __str__(self) -> str:
-        from .units import format_bytes  # units imports this module
-
-        total = sum(self.by_category.values())
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_category.items() if v)
-        return (f"out of memory on {self.device}: needs {format_bytes(total)} of "
-                f"{format_bytes(self.capacity_bytes)} ({parts})")
+        return self.message
 
 
 class RankFailed(SimtrainError):

@@ -1,5 +1,6 @@
 """Network: flow timings against closed forms, link counters, determinism."""
 import networkx as nx
+import numpy as np
 import pytest
 import simpy
 from hypothesis import given, settings
@@ -273,3 +274,58 @@ def test_random_flows_respect_capacity_and_are_deterministic(scenario):
     again, _ = run_flows(topo, flows)
     assert again.records == net.records
     assert again.link_stats() == net.link_stats()
+
+
+def test_a_route_names_its_path_links_bottleneck_and_latency():
+    topo = make_topology([("a", "b", 100.0, 1e-3), ("b", "c", 40.0, 2e-3), ("c", "d", 80.0, 0.5e-3)])
+    route = Network(simpy.Environment(), topo).route("a", "d")
+    assert route.path == ("a", "b", "c", "d") and len(route.links) == 3
+    assert route.bandwidth_Bps == 40.0 and route.latency_s == pytest.approx(3.5e-3, rel=1e-15)
+
+
+def test_at_calls_back_at_exactly_the_time_asked():
+    env = simpy.Environment()
+    net = Network(env, make_topology([("a", "b", 100.0, 0.0)]))
+    env.run(until=0.2)
+    seen = []
+    net.at(0.9, lambda: seen.append(net.now))
+    env.timeout(0.9 - 0.2).callbacks.append(lambda _: seen.append(env.now))  # a delay: lands off 0.9
+    env.run()
+    assert seen == [0.2 + (0.9 - 0.2), 0.9] and seen[0] != 0.9
+
+
+def test_ring_gives_the_routes_of_a_ring_whose_routes_share_no_link():
+    from simtrain.hw.topology_builders import LinkClass, build_topology
+
+    ring = build_topology("ring", 6, LinkClass(50e9, 1e-6))
+    net = Network(simpy.Environment(), ring)
+    routes = net.ring(ring.devices)
+    nodes = ring.devices
+    assert [route.path for route in routes] == [(nodes[i], nodes[(i + 1) % 6]) for i in range(6)]
+    # An order that skips round the ring sends over links that its other sends use too; a rank twice on
+    # one node sends over no link: neither is timed as a group.
+    assert net.ring([nodes[i] for i in (0, 3, 1, 4, 2, 5)]) is None
+    assert net.ring([nodes[0], nodes[0]]) is None
+    switch = build_topology("switch", 4, LinkClass(50e9, 1e-6))
+    assert all(len(route.path) == 3 for route in Network(simpy.Environment(), switch).ring(switch.devices))
+
+
+def test_time_ring_on_an_idle_ring_equals_the_closed_form():
+    """N ranks posting at 0, N equal chunks of c bytes: 2(N-1) steps of latency plus c / B each, on
+    every link the ring uses c bytes per step; every transfer recorded."""
+    from simtrain.hw.topology_builders import LinkClass, build_topology
+
+    world, chunk, bandwidth, latency = 5, 4096, 50e9, 1e-6
+    ring = build_topology("ring", world, LinkClass(bandwidth, latency))
+    env = simpy.Environment()
+    net = Network(env, ring)
+    routes = net.ring(ring.devices)
+    times = net.time_ring(routes, [0.0] * world, np.full(world, chunk), ["all_reduce"] * world)
+    steps = 2 * (world - 1)
+    assert times.end.tolist() == pytest.approx([steps * (latency + chunk / bandwidth)] * world, rel=1e-12)
+    used = {(route.path[0], route.path[1]) for route in routes}
+    for stat in net.link_stats():
+        crossed = (stat["src"], stat["dst"]) in used
+        assert stat["bytes"] == (steps * chunk if crossed else 0)
+        assert stat["busy_s"] == pytest.approx(steps * chunk / bandwidth if crossed else 0.0, rel=1e-12)
+    assert len(net.records) == world * steps and {record.label for record in net.records} == {"all_reduce"}

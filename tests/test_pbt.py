@@ -1,6 +1,6 @@
 """Population-based training: exploit copies, selection and explore rules, schedules, replay.
 
-References: the donor's checkpoint (bit for bit), the flow model's closed form
+References: a single run of an exploit's recipient's lineage (bit for bit), the flow model's closed form
 for the copy's time and the bytes on the links between two groups, direct
 computation with the same seeded random.Random for Ray's selection and
 explore rules, a single run of a member's scenario (bit for bit), and a run
@@ -21,7 +21,7 @@ from simtrain.evaluation import evaluate
 from simtrain.limits import MAX_SCHEDULE_ENTRIES
 from simtrain.scenario import RangeSpec, validate_scenario
 from simtrain.studies.pbt import Population, run_population
-from simtrain.studies.pbt_replay import lineage
+from simtrain.studies.pbt_replay import lineage, replay_scenario
 from simtrain.studies.pbt_strategy import choose_donors, explore, initial_hyperparameters, quantiles
 from simtrain.train.data import ShardLoader, hold_out_validation, load_dataset
 # Two switches joined by one uplink, two GPUs on each: member 0 on sw0, member 1 on sw1, so only an exploit
@@ -49,47 +49,52 @@ def population_scenario(population=4, devices=8, steps=30, interval=10, pbt=None
 # ---------------------------------------------------------------- exploit: a real copy, bit for bit
 
 def two_switch_population(tmp_path, checkpoint=None, **sections):
-    """Two members of two GPUs; one value of lr, so the metrics decide the donor; member 0's devices are
-    slowed so that its next all-reduce starts after the copy has ended."""
+    """Two members of two GPUs that start with different learning rates (so their states differ when one
+    copies the other); member 0's devices are slowed so that its next all-reduce starts after the copy has
+    ended."""
     topology = tmp_path / "two-switches.yaml"
     topology.write_text(TWO_SWITCHES)
     cluster = {"topology": str(topology), "overrides": {0: {"slowdown": 1e4}, 1: {"slowdown": 1e4}},
                **sections.pop("cluster", {})}
-    return population_scenario(population=2, steps=11, interval=10, cluster=cluster,
+    return population_scenario(population=2, steps=12, interval=10, cluster=cluster,
                                pbt={"quantile_fraction": 0.5, "checkpoint": checkpoint, "hyperparam_mutations": {
-                                   "train.optimizer.lr": [0.1]}}, **sections)
+                                   "train.optimizer.lr": [0.1, 0.02]}}, **sections)
 
 
-def run_spying_on_copies(scenario):
-    """Run the population; after each copy, the recipient rank's training state and the donor's checkpoint."""
+def run_population_and_replay(scenario):
+    """Run the population; return it and the single run its exploit's recipient's lineage describes
+    (pbt_replay.py: the donor's hyperparameters up to its checkpoint, then the recipient's), on a ring of
+    one member's two devices."""
     population = Population(scenario)
-    copies = []
-    copy = population._copy
-
-    def spy(member, rank, decision):
-        yield from copy(member, rank, decision)
-        scheme = member.job.scheme
-        sharded = scheme.state_placement == "sharded"
-        copies.append((member.id, rank, scheme.training_state(rank),
-                       decision.donor.checkpoint[rank if sharded else 0]))
-
-    population._copy = spy
     population.run()
-    return population, copies
+    [event] = population.events
+    donor, recipient = (population.members[event[key]] for key in ("from", "to"))
+    assert donor.schedule[0][2] != recipient.schedule[0][2]  # the recipient's own state differed from the donor's
+    replay = replay_scenario(scenario.model_dump(mode="json"), population.section(), recipient.id)
+    return population, simtrain.run(validate_scenario({**replay, "cluster": {"topology": "ring", "devices": 2}}))
+
+
+def assert_the_recipient_trained_on_from_the_donors_state(population, replay) -> None:
+    """Every rank of the recipient ends bit for bit where its replay ends: it took the donor's whole training
+    state (weights, optimizer state, fp32 masters and loss scale under mixed precision) at the exploit."""
+    [event] = population.events
+    mine = population.members[event["to"]].job.scheme.final_models()
+    assert len(mine) == len(replay.final_models)
+    for model, reference in zip(mine, replay.final_models):
+        for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+            assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("train", [
     {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}},
     {"optimizer": {"name": "adam", "lr": 0.01}, "precision": "fp16"},  # fp32 masters, Adam moments, loss scale
 ])
-def test_right_after_an_exploit_the_recipient_holds_the_donors_state_bit_for_bit(tmp_path, train):
-    population, copies = run_spying_on_copies(two_switch_population(tmp_path, train=train))
+def test_after_an_exploit_the_recipient_trains_on_from_the_donors_state_bit_for_bit(tmp_path, train):
+    population, replay = run_population_and_replay(two_switch_population(tmp_path, train=train))
     [event] = population.events
     assert (event["step"], event["from_step"]) == (10, 10)
-    assert sorted((member, rank) for member, rank, _, _ in copies) == [(event["to"], 0), (event["to"], 1)]
-    for _, _, received, checkpoint in copies:
-        assert received.layout == checkpoint.layout and received.clean_steps == checkpoint.clean_steps
-        assert torch.equal(received.flat, checkpoint.flat)
+    assert_the_recipient_trained_on_from_the_donors_state(population, replay)
+    [checkpoint] = population.members[event["from"]].checkpoint
     pieces = [name.split(".")[0] for name, _, _ in checkpoint.layout]
     assert "optimizer" in pieces and ("master" in pieces) == ("precision" in train)
     assert checkpoint.nbytes == event["bytes"]
@@ -104,7 +109,8 @@ def test_right_after_an_exploit_the_recipient_holds_the_donors_state_bit_for_bit
 
 
 def test_an_exploit_moves_the_state_once_between_the_groups_in_the_closed_form_time(tmp_path):
-    population, _ = run_spying_on_copies(two_switch_population(tmp_path, report={"trace": True}))
+    population = Population(two_switch_population(tmp_path, report={"trace": True}))
+    population.run()
     [event] = population.events
     nbytes = event["bytes"]
     across = {(link["src"], link["dst"]): link["bytes"] for link in population.cluster.network.link_stats()}
@@ -122,12 +128,10 @@ def test_an_exploit_moves_the_state_once_between_the_groups_in_the_closed_form_t
 
 def test_pipeline_members_copy_each_stage_from_the_donors_same_stage(tmp_path):
     scenario = two_switch_population(tmp_path, parallel={"scheme": "ring", "pp": 2, "pipeline": {"microbatches": 2}})
-    population, copies = run_spying_on_copies(scenario)
+    population, replay = run_population_and_replay(scenario)
+    assert_the_recipient_trained_on_from_the_donors_state(population, replay)
     [event] = population.events
     donor = population.members[event["from"]]
-    assert sorted(rank for _, rank, _, _ in copies) == [0, 1]
-    for _, rank, received, checkpoint in copies:
-        assert checkpoint is donor.checkpoint[rank] and torch.equal(received.flat, checkpoint.flat)
     assert donor.checkpoint[0].layout != donor.checkpoint[1].layout  # the two stages hold different layers
     across = {(link["src"], link["dst"]): link["bytes"] for link in population.cluster.network.link_stats()}
     uplink = ("sw0", "sw1") if event["from"] == 0 else ("sw1", "sw0")
@@ -138,11 +142,10 @@ def test_through_checkpoint_storage_every_member_writes_each_round_and_a_recipie
     storage_bandwidth, storage_latency = 1e9, 1e-3
     scenario = two_switch_population(tmp_path, checkpoint={"bandwidth": storage_bandwidth, "latency": storage_latency},
                                      report={"trace": True})
-    population, copies = run_spying_on_copies(scenario)
+    population, replay = run_population_and_replay(scenario)
+    assert_the_recipient_trained_on_from_the_donors_state(population, replay)
     [event] = population.events
     access = storage_latency + event["bytes"] / storage_bandwidth
-    for _, _, received, checkpoint in copies:
-        assert torch.equal(received.flat, checkpoint.flat)
     assert event["transfer_s"] == pytest.approx(access, rel=1e-12)  # each recipient rank reads the state
     section = population.section()
     assert section["checkpoint_write_s"] == pytest.approx(2 * access, rel=1e-12)  # one round, two members
@@ -157,11 +160,9 @@ def test_through_checkpoint_storage_every_member_writes_each_round_and_a_recipie
 
 def test_async_members_copy_the_store_at_its_bandwidth(tmp_path):
     scenario = two_switch_population(tmp_path, parallel={"scheme": "async"})
-    population, copies = run_spying_on_copies(scenario)
+    population, replay = run_population_and_replay(scenario)
+    assert_the_recipient_trained_on_from_the_donors_state(population, replay)
     [event] = population.events
-    assert sorted(rank for _, rank, _, _ in copies) == [0, 1]
-    for _, _, received, checkpoint in copies:
-        assert torch.equal(received.flat, checkpoint.flat)
     store = scenario.cluster.shared_memory.bandwidth
     assert event["transfer_s"] == pytest.approx(2 * event["bytes"] / store, rel=1e-12)
 

@@ -8,7 +8,7 @@ import simpy
 
 from simtrain.errors import ScenarioError, TopologyError
 from simtrain.hw.network import Network
-from simtrain.hw.topology_builders import BUILDERS, LinkClass, build_topology, load_topology_file, parse_link
+from simtrain.hw.topology_builders import LinkClass, build_topology, load_topology_file, parse_link
 
 REPO = Path(__file__).resolve().parents[1]
 DGX_FILE = REPO / "topologies" / "dgx-a100-2node.yaml"
@@ -198,10 +198,18 @@ def test_builder_errors_name_the_field(kwargs, parts):
     assert_one_line_error(TopologyError, lambda: build_topology(**kwargs), *parts)
 
 
-def test_every_builder_is_listed():
-    assert BUILDERS == ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree")
-    for name in BUILDERS:
-        assert build_topology(name, 4, NVLINK, inter_link=IB, gpus_per_node=2).num_devices == 4
+def test_every_name_an_unknown_topology_is_offered_builds_its_own_network():
+    """The names the one-line error offers are builders: each builds 8 GPUs with a route between every two,
+    and no two of them build the same network (as graphs, up to naming)."""
+    message = assert_one_line_error(TopologyError, lambda: build_topology("mesh", 8, NVLINK), "unknown topology 'mesh'")
+    offered = message.split("expected one of ")[1].removesuffix(" or a YAML file").split(", ")
+    graphs = []
+    for name in offered:
+        topology = build_topology(name, 8, NVLINK, inter_link=IB, gpus_per_node=2)
+        assert topology.num_devices == 8
+        assert all(len(topology.path(a, b)) >= 2 for a, b in itertools.permutations(topology.devices, 2))
+        graphs.append(topology.graph)
+    assert len(offered) == 6 and not any(nx.is_isomorphic(a, b) for a, b in itertools.combinations(graphs, 2))
 
 
 def test_parse_link():

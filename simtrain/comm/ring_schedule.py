@@ -1,26 +1,9 @@
-"""A ring all-reduce timed as a whole group: the recurrence of its chunk schedule.
+"""A ring all-reduce done for the whole group at once: its program, and its arithmetic.
 
-Stepping N rank programs through 2(N-1) steps each and moving 2N(N-1) flows
-through the network costs microseconds of Python per transfer: seconds for a
-1,024-device all-reduce, hours for 8,192. Yet when the group's links carry
-nothing but this ring, what the flow model computes for it has a closed
-recurrence. The rank at ring position p sends chunk (p - k) mod N to position
-p+1 at step k (ring.py: both phases send that chunk), over its path of latency
-L[p] and bottleneck rate R[p], alone on its links (the ring's paths are
-checked to share no directed link), so with T[p, k] the time position p posts
-step k:
-
-    S[p, k] = max(T[p, k], T[p+1, k])           the Send meets its Recv
-    E[p, k] = (S[p, k] + L[p]) + bytes / R[p]    latency, then the bytes (network.py)
-    T[p, k+1] = max(E[p, k], E[p-1, k])         its send and its receive are done
-
-which numpy evaluates for all positions at once, step by step: O(N) work per
-step, O(N) memory. The floating-point operations are the network's own, in its
-order, so the times are the flow model's to the last bit. What the flow model
-leaves behind is derived from the same arrays: each rank's communication spans
-(time with a transfer of its own in flight) and bytes sent, each link's bytes
-and busy time, the largest staging buffer a reducing receive holds, and the
-transfer records when the network keeps them.
+When a group's links carry nothing but its ring all-reduce, the network times
+every rank's transfers at once (`Network.time_ring`, hw/ring_timing.py) instead
+of moving 2N(N-1) flows one by one. This module holds the two pieces of it that
+know about tensors and programs.
 
 On real tensors the arithmetic is done for the whole group at once too
 (`reduce_as_ring`): chunk c is summed in the ring's order, x[c] then x[c+1]
@@ -32,11 +15,8 @@ the last bit; every rank then gets all of them (the all-gather).
 attached; `SimCommunicator(exclusive=True)` times it this way when every rank
 has posted it.
 
-    times = ring_times(posts, latency, rate, chunk_bytes, busy_before)   # numpy arrays, by ring position
     reduce_as_ring([buffers[rank] for rank in order], average=True)
 """
-from typing import NamedTuple
-
 import numpy as np
 import torch
 
@@ -83,90 +63,6 @@ class RingAllReduce:
         sizes = np.full(world, numel // world, dtype=np.int64)
         sizes[:numel % world] += 1
         return sizes * self.buf.element_size()
-
-
-class RingTimes(NamedTuple):
-    """Everything a ring all-reduce did, by ring position p (arrays of length N unless said)."""
-
-    end: np.ndarray  # when position p's program ends
-    spans: list[tuple[int, float, float, int]]  # (position, start, end, bytes sent): communication spans
-    link_busy_s: np.ndarray  # busy time of position p's path's links after its transfers
-    sent_bytes: np.ndarray  # bytes position p sent (over each link of its path)
-    # (position, time, bytes): when each size of chunk position p receives to reduce first lands in its
-    # staging buffer (the buffer's largest moments: its other memory only shrinks while it waits)
-    staging: list[tuple[int, float, int]]
-    transfers: list[tuple[int, float, float, int]]  # (sender position, start, end, bytes); only if asked
-
-
-def ring_times(posts: np.ndarray, latency: np.ndarray, rate: np.ndarray, chunk_bytes: np.ndarray,
-               busy_before: np.ndarray, keep_transfers: bool = False) -> RingTimes:
-    """The ring all-reduce's timing when position p posts it at posts[p], over a path of total
-    latency latency[p] and bottleneck rate rate[p] to position p+1, alone on its links, which
-    were busy busy_before[p] seconds before."""
-    world = len(posts)
-    positions = np.arange(world)
-    right, left = (positions + 1) % world, (positions - 1) % world
-    posted = np.asarray(posts, dtype=np.float64)
-    busy = np.array(busy_before, dtype=np.float64)
-    sent = np.zeros(world, dtype=np.int64)
-    sizes = sorted({int(size) for size in chunk_bytes if size > 0})  # at most two: tensor_split's
-    first_landing = {size: np.full(world, np.inf) for size in sizes}
-    spans = _Spans(world)
-    transfers = []
-    for step in range(2 * (world - 1)):
-        nbytes = chunk_bytes[(positions - step) % world]
-        start = np.maximum(posted, posted[right])
-        active = start + latency
-        end = active + nbytes / rate  # an empty transfer ends when it activates (+ 0.0)
-        busy = np.where(nbytes > 0, busy + (end - active), busy)
-        sent += nbytes
-        if step < world - 1:  # reduce-scatter: the chunk from the left lands in a staging buffer
-            for size, first in first_landing.items():
-                np.minimum(first, np.where(nbytes[left] == size, start[left], np.inf), out=first)
-        if keep_transfers:
-            transfers.extend(zip(positions.tolist(), start.tolist(), end.tolist(), nbytes.tolist()))
-        spans.add(start, end, start[left], end[left], nbytes)
-        posted = np.maximum(end, end[left])
-    staging = [(position, time, size) for size, first in first_landing.items()
-               for position, time in enumerate(first.tolist()) if time != np.inf]
-    return RingTimes(posted, spans.close(), busy, sent, staging, transfers)
-
-
-class _Spans:
-    """Each position's communication spans, as the communicator keeps them: a span runs while a transfer
-    of the rank's is in flight, goes on across transfers that touch, and closes at a gap."""
-
-    def __init__(self, world: int):
-        self.start = np.full(world, np.nan)
-        self.end = np.full(world, -np.inf)
-        self.bytes = np.zeros(world, dtype=np.int64)
-        self.closed: list[tuple[int, float, float, int]] = []
-
-    def add(self, send_start, send_end, receive_start, receive_end, send_bytes) -> None:
-        """A step's send and receive of every position, which start after all its earlier ones ended."""
-        send_first = send_start <= receive_start
-        first_end = np.where(send_first, send_end, receive_end)
-        if (np.minimum(send_start, receive_start) <= self.end).all() and (
-                np.maximum(send_start, receive_start) <= np.maximum(self.end, first_end)).all():
-            self.end = np.maximum(self.end, np.maximum(send_end, receive_end))  # no gap: the usual case
-            self.bytes = self.bytes + send_bytes
-            return
-        first = (np.where(send_first, send_start, receive_start), first_end, send_first)
-        second = (np.where(send_first, receive_start, send_start), np.where(send_first, receive_end, send_end),
-                  ~send_first)
-        for begin, finish, is_send in (first, second):
-            gap = begin > self.end
-            for position in np.flatnonzero(gap & ~np.isnan(self.start)).tolist():
-                self.closed.append((position, float(self.start[position]), float(self.end[position]),
-                                    int(self.bytes[position])))
-            self.start = np.where(gap, begin, self.start)
-            self.bytes = np.where(gap, 0, self.bytes) + np.where(is_send, send_bytes, 0)
-            self.end = np.maximum(self.end, finish)
-
-    def close(self) -> list[tuple[int, float, float, int]]:
-        """Every span, each position's in time order: the closed ones, then the open ones at the program's end."""
-        return self.closed + [(position, start, end, int(count)) for position, (start, end, count) in
-                              enumerate(zip(self.start.tolist(), self.end.tolist(), self.bytes.tolist()))]
 
 
 def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:

@@ -16,28 +16,28 @@ rank per step: this is what lets a ring all-reduce over thousands of devices
 run in seconds.
 
 On meta tensors (numerics off) nothing is copied or summed; the timing is the
-same. Time a rank spends with a transfer of its own in flight is logged as
-"communication"; time it waits for a peer to post is left as idle.
+same. Time a rank spends with a transfer of its own in flight is counted as
+"communication"; time it waits for a peer to post is left as idle. The trace
+shows each rank's collective as one span, from its first transfer to its last.
 
 A communicator built `exclusive` is promised that its links carry nothing but
-its own collectives. There, a ring all-reduce whose ring paths share no
-directed link is timed, and its sums done, for the whole group at once when
-its last rank posts it (ring_schedule.py): the same times, spans, bytes, link
-figures, staging peaks and sums as flow by flow, with no per-transfer Python.
+its own collectives. There, a ring all-reduce whose ring routes share no
+directed link is timed by the network (`Network.time_ring`), and its sums done
+(ring_schedule.py), for the whole group at once when its last rank posts it:
+the same times, spans, bytes, link figures, staging peaks and sums as flow by
+flow, with no per-transfer Python.
 On real tensors that holds for chunks up to GROUP_MAX_CHUNK elements, past
 which moving them one by one is the quicker way to the same sums.
 """
 from collections import deque
-from heapq import heappush
 
-import numpy as np
 import simpy
 
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
-from ..hw.network import Network, TransferRecord
+from ..hw.network import Network, Route
 from .ops import Concurrently, Send
-from .ring_schedule import RingAllReduce, reduce_as_ring, ring_times
+from .ring_schedule import RingAllReduce, reduce_as_ring
 
 
 # Chunks (elements) up to which a ring all-reduce on real tensors is done as a group: its arithmetic stacks
@@ -53,7 +53,7 @@ class _RankProgram:
     The rank's communication span is kept on `owner`, the rank's top-level program."""
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
-                 "outstanding", "in_flight", "span_start", "span_end", "span_bytes")
+                 "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -70,6 +70,7 @@ class _RankProgram:
         self.span_start = None  # start of the current run of communication
         self.span_end = None  # when that run last had nothing in flight
         self.span_bytes = 0
+        self.shown = None  # [first start, last end, bytes] of the collective's runs of communication so far
 
 
 class _Mailbox:
@@ -101,7 +102,7 @@ class SimCommunicator:
         self.exclusive = exclusive
         self._scheduled_posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
         self._scheduled_count = [0] * self.world  # ring all-reduces each rank posted to be timed as a group
-        self._ring_routes: dict[tuple, list | None] = {}  # RingAllReduce.group() -> routes by position
+        self._rings: dict[tuple, tuple[Route, ...] | None] = {}  # RingAllReduce.group() -> Network.ring()
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
         """Start `program` for group rank `rank` now; the event fires with its return value."""
@@ -116,26 +117,21 @@ class SimCommunicator:
         return state.done
 
     def _timed_as_group(self, program: RingAllReduce) -> bool:
-        """Whether ring_schedule.py times it: ring paths that share no directed link, and meta tensors or
-        chunks small enough that a transfer's Python costs more than copying its chunk once more."""
+        """Whether the network times it as a group: ring routes that share no directed link, and meta tensors
+        or chunks small enough that a transfer's Python costs more than copying its chunk once more."""
         if program.world < 2 or not program.buf.is_meta and program.buf.numel() > GROUP_MAX_CHUNK * program.world:
             return False
         group = program.group()  # cheap for every rank; the order is spelled out once per ring
-        if group not in self._ring_routes:
-            order = program.order()
-            routes = [self.network.route(self.nodes[rank], self.nodes[order[(position + 1) % len(order)]])
-                      for position, rank in enumerate(order)]
-            links = [link for route in routes for link in route[1]]
-            self._ring_routes[group] = routes if len(set(links)) == len(links) and all(
-                route[1] for route in routes) else None
-        return self._ring_routes[group] is not None
+        if group not in self._rings:
+            self._rings[group] = self.network.ring([self.nodes[rank] for rank in program.order()])
+        return self._rings[group] is not None
 
     def _post_ring(self, state: _RankProgram) -> None:
         """Hold the rank's ring all-reduce until every rank has posted its own; then time them all."""
         number = self._scheduled_count[state.rank]
         self._scheduled_count[state.rank] += 1
         posts = self._scheduled_posts.setdefault(number, {})
-        posts[state.rank] = (self.env._now, state)
+        posts[state.rank] = (self.network.now, state)
         if len(posts) == self.world:
             del self._scheduled_posts[number]
             self._time_ring(posts)
@@ -147,45 +143,28 @@ class SimCommunicator:
             program = state.program
             if (program.group(), program.buf.numel(), program.buf.element_size()) != shape:
                 raise RuntimeError(f"rank {state.rank} posts a ring all-reduce that does not match rank 0's")
-        order, chunk_bytes, routes = first.order(), first.chunk_bytes(), self._ring_routes[shape[0]]
-        network = self.network
-        times = ring_times(np.array([posts[rank][0] for rank in order]), np.array([route[3] for route in routes]),
-                           np.array([route[2] for route in routes]), chunk_bytes,
-                           np.array([network.busy_s(route[1]) for route in routes]), keep_transfers=network.record)
+        order, network = first.order(), self.network
         states = [posts[rank][1] for rank in order]
+        times = network.time_ring(self._rings[shape[0]], [posts[rank][0] for rank in order], first.chunk_bytes(),
+                                  [state.label for state in states])
         if not first.buf.is_meta:
             reduce_as_ring([state.program.buf for state in states], first.average)
-        records = [[] for _ in order]
-        for position, start, end, nbytes in times.transfers:
-            sender, receiver = order[position], order[(position + 1) % len(order)]
-            records[position].append(tuple.__new__(TransferRecord, (
-                self.nodes[sender], self.nodes[receiver], states[position].label, start, end, nbytes,
-                routes[position][0])))
-        for position, route in enumerate(routes):
-            network.add_timed_flows(route[1], int(times.sent_bytes[position]), float(times.link_busy_s[position]),
-                                    records[position])
         if self.ledgers is not None:
             for position, landing, nbytes in times.staging:
                 # A landing before now (ranks that posted before the last) is counted now, when the rank's
                 # other memory may have shrunk already: the one figure not the flow path's in that case.
-                self._at(max(landing, self.env._now), lambda ledger=self.ledgers[order[position]], nbytes=nbytes: (
+                network.at(max(landing, network.now), lambda ledger=self.ledgers[order[position]], nbytes=nbytes: (
                     ledger.alloc("comm_buffers", nbytes), ledger.free("comm_buffers", nbytes)))
         for position, start, end, nbytes in times.spans:
             state = states[position]
             self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + nbytes
             if self.log is not None:
-                self.log.span(self.global_ranks[state.rank], "communication", state.label, start, end, nbytes=nbytes)
+                self.log.count(self.global_ranks[state.rank], "communication", start, end)
+            self._shown_grows(state, start, end, nbytes)
+        for state in states:
+            self._show(state)
         for state, end in zip(states, times.end.tolist()):
-            self._at(end, lambda state=state: self._end_scheduled(state))
-
-    def _at(self, when: float, callback) -> None:
-        """Call `callback()` at exactly `when`, as the network's own timeouts fire (simpy's schedule() takes
-        a delay, and now + (when - now) need not be `when`)."""
-        env = self.env
-        event = env.event()
-        event._ok, event._value = True, None
-        event.callbacks.append(lambda _: callback())
-        heappush(env._queue, (when, simpy.core.NORMAL, next(env._eid), event))
+            network.at(end, lambda state=state: self._end_scheduled(state))
 
     def _end_scheduled(self, state: _RankProgram) -> None:
         del self._running[state.rank]
@@ -198,7 +177,9 @@ class SimCommunicator:
         for mailbox in self._mailboxes.values():
             mailbox.sends = deque(entry for entry in mailbox.sends if entry[0].rank != rank)
             mailbox.recvs = deque(entry for entry in mailbox.recvs if entry[0].rank != rank)
-        self._running.pop(rank, None)
+        state = self._running.pop(rank, None)
+        if state is not None:
+            self._show(state)  # the part it did
 
     def stuck(self) -> list[int]:
         """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""
@@ -211,6 +192,7 @@ class SimCommunicator:
             parent = state.parent
             if parent is None:
                 self._close_span(state)
+                self._show(state)
                 del self._running[state.rank]
                 state.done.succeed(stop.value)
             else:
@@ -267,7 +249,7 @@ class SimCommunicator:
         nbytes = payload.nbytes
         if nbytes != out.nbytes:
             raise RuntimeError(f"rank {sender.rank} sends {nbytes} bytes but rank {receiver.rank} receives {out.nbytes}")
-        now = self.env._now  # env.now without the property call, on the hot path
+        now = self.network.now
         owner = sender.owner
         self._transfer_begins(owner, now)
         self._transfer_begins(receiver.owner, now)
@@ -285,7 +267,7 @@ class SimCommunicator:
             if staging is not None:
                 staging.free("comm_buffers", nbytes)
             receiver.results[recv_index] = out
-            now = self.env._now
+            now = flow.end
             self._transfer_ends(sender, now)
             self._transfer_ends(receiver, now)
 
@@ -313,7 +295,21 @@ class SimCommunicator:
         if state.span_start is not None:
             self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
             if self.log is not None:
-                self.log.span(self.global_ranks[state.rank], "communication", state.label,
-                              state.span_start, state.span_end, nbytes=state.span_bytes)
+                self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end)
+            self._shown_grows(state, state.span_start, state.span_end, state.span_bytes)
         state.span_start = state.span_end = None
         state.span_bytes = 0
+
+    @staticmethod
+    def _shown_grows(state: _RankProgram, start: float, end: float, nbytes: int) -> None:
+        if state.shown is None:
+            state.shown = [start, end, nbytes]
+        else:
+            state.shown[1:] = end, state.shown[2] + nbytes
+
+    def _show(self, state: _RankProgram) -> None:
+        """The rank's collective, one span in the trace: its first transfer to its last, waits included."""
+        if state.shown is not None and self.log is not None:
+            start, end, nbytes = state.shown
+            self.log.show(self.global_ranks[state.rank], "communication", state.label, start, end, nbytes=nbytes)
+        state.shown = None

@@ -29,6 +29,7 @@ import simpy
 
 from ..errors import OutOfMemory
 from ..op_cost import OpCosts, roofline_seconds
+from ..units import format_bytes
 from .catalog import DeviceSpec
 from .eventlog import EventLog
 
@@ -64,7 +65,13 @@ class MemoryLedger:
             self.peak_total = self.total
             self.peak_breakdown = dict(self.current)
         if self.total > self.capacity_bytes:
-            raise OutOfMemory(self.device, int(self.capacity_bytes), self.current)
+            raise self._out_of_memory()
+
+    def _out_of_memory(self) -> OutOfMemory:
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.current.items() if v)
+        return OutOfMemory(self.device, int(self.capacity_bytes), self.current,
+                           f"out of memory on {self.device}: needs {format_bytes(sum(self.current.values()))} of "
+                           f"{format_bytes(int(self.capacity_bytes))} ({parts})")
 
     def release_all(self) -> None:
         """Every byte is freed (the program holding them was stopped); peaks stay."""

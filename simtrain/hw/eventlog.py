@@ -57,6 +57,12 @@ class EventLog:
 
     def span(self, rank: int, kind: str, name: str, start: float, end: float,
              nbytes: float = 0, flops: float = 0) -> None:
+        """Rank `rank` spent start..end on `kind`: the seconds are counted and the span kept."""
+        self.count(rank, kind, start, end)
+        self.show(rank, kind, name, start, end, nbytes, flops)
+
+    def count(self, rank: int, kind: str, start: float, end: float) -> None:
+        """The seconds start..end of `rank` count as `kind`, shown as part of a longer span (`show`)."""
         key = (rank, kind)
         self.totals[key] = self.totals.get(key, 0.0) + (end - start)
         if end > self.last_end_s:
@@ -64,6 +70,11 @@ class EventLog:
         tracked = self._overlapping.get(rank)
         if tracked is not None:
             tracked[kind != "communication"].append((start, end))
+
+    def show(self, rank: int, kind: str, name: str, start: float, end: float,
+             nbytes: float = 0, flops: float = 0) -> None:
+        """Keep a span whose seconds were counted in parts (`count`): a rank's collective is one span from its
+        first transfer to its last, while a wait for a peer within it counts as idle."""
         if self.record:
             self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
 

@@ -17,6 +17,16 @@ Usage, on one simpy Environment:
     net = Network(env, topology)
     flow = yield net.transfer("gpu0", "gpu1", 4 << 20)      # inside a process
     net.start_flow("gpu0", "gpu1", 4 << 20, on_done=callback) # callback style
+    net.route("gpu0", "gpu1").latency_s                     # a Route: path, links, bottleneck, latency
+    net.at(net.now + 1e-3, callback)                          # the clock: callback() at exactly that time
+
+The network is the one owner of the simpy clock's internals: callers read
+`now` and schedule with `at`, never simpy's private attributes.
+
+The group-timed ring: a ring all-reduce whose routes share no directed link
+(`ring(nodes)` returns them, else None) and whose links carry nothing else is
+timed for the whole group at once by `time_ring` (hw/ring_timing.py), with the
+times, link figures and records the flows would have given, to the bit.
 
 Cost: no simpy process and no simpy event per flow. All flows whose latency ends
 at the same time are activated by one timeout, and all flows finishing at the
@@ -39,8 +49,10 @@ from heapq import heappop, heappush
 from math import inf
 from typing import Callable, NamedTuple
 
+import numpy as np
 import simpy
 
+from .ring_timing import RingTimes, ring_times
 from .topology import Topology
 
 
@@ -54,6 +66,16 @@ class TransferRecord(NamedTuple):
     end: float
     nbytes: int
     path: tuple[str, ...]  # the route it finished on
+
+
+class Route(NamedTuple):
+    """How transfers src -> dst go: the nodes they cross, the directed links between them, the slowest
+    link's rate and the latency paid once, before the bytes move."""
+
+    path: tuple[str, ...]
+    links: tuple["_Link", ...]
+    bandwidth_Bps: float  # the bottleneck: the smallest rate of `links` (inf for no link)
+    latency_s: float  # the sum of the hop latencies
 
 
 class _Link:
@@ -94,7 +116,7 @@ class Flow:
         self.on_done = on_done
         self.remaining = nbytes  # bytes left as of `settled_at`
         self.rate = 0.0
-        self.settled_at = start + route[3]  # activation time, exactly as scheduled
+        self.settled_at = start + route.latency_s  # activation time, exactly as scheduled
         self.due = None  # the finish time it is entered under; entries under other times are stale
         self.carried = 0  # bytes it moved on earlier routes (a failed link moved it), counted there
 
@@ -115,8 +137,7 @@ class Network:
             rate = self.nominal_bandwidth(u, v)
             self._links[u, v] = _Link(u, v, rate)
             self._links[v, u] = _Link(v, u, rate)
-        # src -> dst -> (path, directed links, min bandwidth, total latency)
-        self._routes: dict[str, dict[str, tuple]] = {}
+        self._routes: dict[str, dict[str, Route]] = {}  # src -> dst -> route
         self._activating: dict[float, list[Flow]] = {}  # activation time -> flows
         self._finishing: dict[float, list[Flow]] = {}  # finish time -> flows entered under it
 
@@ -140,7 +161,7 @@ class Network:
             route = self._route(src, dst)
         now = self.env._now  # env.now without the property call, on the hot path
         flow = Flow(src, dst, nbytes, label, now, route, on_done)
-        self._enter_activation(flow, now, route[3])
+        self._enter_activation(flow, now, route.latency_s)
         return flow
 
     def _enter_activation(self, flow: Flow, now: float, latency: float) -> None:
@@ -158,27 +179,61 @@ class Network:
         self.start_flow(src, dst, nbytes, done.succeed, label)
         return done
 
-    def route(self, src: str, dst: str) -> tuple:
-        """(path, directed links, bottleneck rate in bytes/s, total latency in s) of transfers src -> dst."""
+    def route(self, src: str, dst: str) -> Route:
+        """The route of transfers src -> dst."""
         try:
             return self._routes[src][dst]
         except KeyError:
             return self._route(src, dst)
 
-    def busy_s(self, links) -> float:
-        """Busy time so far of the first of `links` (a route's), for flows timed outside the network."""
-        return links[0].busy_s if links else 0.0
+    # ---- the clock ----------------------------------------------------------
 
-    def add_timed_flows(self, links, nbytes: int, busy_s: float, records=()) -> None:
-        """Account flows timed outside the network (comm/ring_schedule.py) that crossed a route's `links`
-        alone, one after another: `nbytes` in all, after which the links' busy time is `busy_s`
-        (accumulated from `busy_s(links)` as the network adds it, flow by flow); `records` are
-        their TransferRecords."""
-        for link in links:
-            link.bytes += nbytes
-            link.busy_s = busy_s
+    @property
+    def now(self) -> float:
+        """The simulated time, in seconds."""
+        return self.env._now
+
+    def at(self, when: float, callback: Callable[[], None]) -> None:
+        """Call `callback()` at exactly `when` (not before now), as the network's own timeouts fire.
+        simpy's timeout takes a delay, and now + (when - now) need not be `when`."""
+        env = self.env
+        event = env.event()
+        event._ok, event._value = True, None
+        event.callbacks.append(lambda _: callback())
+        heappush(env._queue, (when, simpy.core.NORMAL, next(env._eid), event))
+
+    # ---- the group-timed ring (hw/ring_timing.py) ----------------------------
+
+    def ring(self, nodes: list[str]) -> tuple[Route, ...] | None:
+        """The routes of a ring over `nodes`, each to the next and the last to the first, when it can be
+        timed as a group: every route crosses a link and no two share a directed link. Else None."""
+        routes = tuple(self.route(node, nodes[(position + 1) % len(nodes)]) for position, node in enumerate(nodes))
+        links = [link for route in routes for link in route.links]
+        return routes if len(set(links)) == len(links) and all(route.links for route in routes) else None
+
+    def time_ring(self, routes: tuple[Route, ...], posts: list[float], chunk_bytes: np.ndarray,
+                  labels: list[str]) -> RingTimes:
+        """A ring all-reduce over `routes` (from `ring`) whose links carry nothing else while it runs:
+        position p posts it at posts[p] and sends chunks of `chunk_bytes`, labelled labels[p]. Its links'
+        bytes, busy time and transfer records are counted as its flows would have been; returns the
+        ring's times (its ends, the ranks' spans, the staging buffers' landings)."""
+        times = ring_times(np.array(posts), np.array([route.latency_s for route in routes]),
+                           np.array([route.bandwidth_Bps for route in routes]), chunk_bytes,
+                           np.array([route.links[0].busy_s for route in routes]), keep_transfers=self.record)
         if self.record:
-            self.records.extend(records)
+            new_record = tuple.__new__  # TransferRecord without its Python-level __new__
+            by_sender = [[] for _ in routes]
+            for position, start, end, nbytes in times.transfers:
+                path = routes[position].path
+                by_sender[position].append(new_record(TransferRecord, (
+                    path[0], path[-1], labels[position], start, end, nbytes, path)))
+            self.records.extend(record for records in by_sender for record in records)
+        for position, route in enumerate(routes):
+            nbytes, busy_s = int(times.sent_bytes[position]), float(times.link_busy_s[position])
+            for link in route.links:  # crossed alone, one flow after another
+                link.bytes += nbytes
+                link.busy_s = busy_s
+        return times
 
     def link_stats(self) -> list[dict]:
         """Per directed link, in graph edge order (u->v, then v->u): bytes of the
@@ -284,14 +339,14 @@ class Network:
 
     # ---- internals --------------------------------------------------------
 
-    def _route(self, src: str, dst: str) -> tuple:
+    def _route(self, src: str, dst: str) -> Route:
         path = self.topology.path(src, dst)  # raises TopologyError for unknown nodes
         links = tuple(self._links[a, b] for a, b in zip(path, path[1:]))
         latency = 0.0
         for a, b in zip(path, path[1:]):
             latency += self.topology.graph.edges[a, b]["latency"]
         min_bandwidth = min((link.bandwidth for link in links), default=inf)
-        route = self._routes.setdefault(src, {})[dst] = (path, links, min_bandwidth, latency)
+        route = self._routes.setdefault(src, {})[dst] = Route(path, links, min_bandwidth, latency)
         return route
 
     def _activate(self, _event) -> None:
