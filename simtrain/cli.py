@@ -1,10 +1,10 @@
 """The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, pbt replay.
 
-    simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
+    simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.all_reduce=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
     simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
-    simtrain sweep scenarios/quickstart.yaml --grid cluster.devices=4,8,16 --grid parallel.scheme=ring,tree
-    simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
+    simtrain sweep scenarios/quickstart.yaml --grid cluster.devices=4,8,16 --grid parallel.all_reduce=ring,tree
+    simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.mode=sync --variant parallel.mode=async
     simtrain launch scenarios/quickstart.yaml --nproc 2     # the same training for real, on gloo, measured
     simtrain compare runs/quickstart runs/quickstart-real   # simulated against measured
     simtrain calibrate --nproc 2 --out calibration/ --model-of scenarios/quickstart.yaml
@@ -40,6 +40,7 @@ from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import load_scenario, validate_scenario
+from .schemes import scheme_name
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
 
@@ -492,7 +493,7 @@ def validate(scenario_file, overrides):
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
-                  f"{scenario.parallel.scheme})", soft_wrap=True)
+                  f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce})", soft_wrap=True)
 
 
 def _topology_options(f):

@@ -99,7 +99,8 @@ def scenario_host_bytes(scenario: Scenario) -> dict[str, int]:
     info, samples = builtin_shape(scenario.data.name, scenario.data.loader_options()) or (None, 0)
     # Numerics off: parameters and activations are meta tensors, shapes without storage.
     parameters, activations_per_sample = _model_size(scenario, info) if scenario.numerics else (0, 0)
-    train = scenario.train
+    train, parallel = scenario.train, scenario.parallel
+    ring = parallel.mode == "sync" and parallel.all_reduce == "ring"  # a ring all-reduce's chunk per peer pair
     bytes_per_parameter = 4 * (2 + _STATE_COPIES[train.optimizer.name]) + (2 if train.precision != "fp32" else 0)
     data_bytes = samples * (4 * info.num_features + 8 + 8) if info is not None else 0  # x, label, shard index
     return {
@@ -107,7 +108,7 @@ def scenario_host_bytes(scenario: Scenario) -> dict[str, int]:
         "activations": 2 * 4 * activations_per_sample * scenario.data.batch_size,
         "data": data_bytes,
         "links": _LINK_BYTES * _link_count(scenario.cluster.topology, replicas),
-        "ring chunks": _RING_CHUNK_BYTES * replicas**2 if scenario.parallel.scheme == "ring" else 0,
+        "ring chunks": _RING_CHUNK_BYTES * replicas**2 if ring else 0,
     }
 
 

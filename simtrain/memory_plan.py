@@ -36,7 +36,7 @@ from torch import nn
 from .hw.cluster import build_cluster, run_to_end
 from .job import Job
 from .scenario import Scenario
-from .schemes import SCHEMES
+from .schemes import scheme_class
 
 _LARGEST_PROBE = 1 << 40  # no batch beyond this is tried
 
@@ -60,7 +60,7 @@ class DeviceMemory:
 def replay_step(scenario: Scenario, batch_size: int) -> Job:
     """The scenario's job after one step of its programs at `batch_size`, numerics off: its devices'
     ledgers hold that step's peaks (past capacity too)."""
-    scheme = SCHEMES[scenario.parallel.scheme]
+    scheme = scheme_class(scenario.parallel)
     cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed,
                             enforce_capacity=False)
     world = cluster.size - scenario.cluster.spares  # the job's devices; spares stay idle

@@ -39,6 +39,7 @@ from .memory_plan import largest_batch
 from .recovery import Recovery
 from .report import Report, RunResult, build_report
 from .scenario import Scenario
+from .schemes import scheme_name
 from .train.sampling import sampling_section
 
 
@@ -106,6 +107,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         if scenario.data.sampling != "uniform":
             sections["sampling"] = sampling_section([replica.loader for replica in job.replicas])
     result = RunResult(
+        scheme=scheme_name(scenario.parallel),
         steps=len(scheme.loss_curve) if out_of_memory or failure else steps,
         status="out_of_memory" if out_of_memory else "failed" if failure else "ok",
         samples_per_step=scheme.samples_per_step(),
@@ -119,7 +121,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
         extra=sections,
-        mirror_of=getattr(scheme, "mirror_of", {}),  # only model parallelism simulates representatives
+        mirror_of=scheme.mirror_of,
     )
     return build_report(scenario, cluster, result)
 

@@ -377,14 +377,17 @@ class PipelineSpec(_Strict):
 
 class ParallelSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+    # sync: every step waits for the gradient all-reduce; async: asynchronous SGD on a shared store
+    # (schemes/asynchronous.py). The scheme follows from the mode and the layout (simtrain/schemes/__init__.py).
+    mode: Literal["sync", "async"] = "sync"
+    # The all-reduce algorithm of the data-parallel gradient and of the tp all-reduces (simtrain/comm/):
     # naive | ring | tree (FireCaffe) | hierarchical (in-host reduce-scatter, cross-host all-reduce per
-    # rail, in-host all-gather) | dbtree (NCCL's double binary tree): synchronous all-reduce (simtrain/comm/);
-    # async: asynchronous SGD on a shared store
-    scheme: Literal["naive", "ring", "tree", "hierarchical", "dbtree", "async"] = "ring"
+    # rail, in-host all-gather) | dbtree (NCCL's double binary tree)
+    all_reduce: Literal["naive", "ring", "tree", "hierarchical", "dbtree"] = "ring"
     # all-reduce channels (buffer parts run side by side, each crossing hosts on its own rail);
     # None: the topology's default, one per NIC rail across hosts, else 1 (simtrain/comm/channels.py)
     channels: Count(MAX_CHANNELS) | None = None
-    async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # scheme async (schemes/asynchronous.py)
+    async_: AsyncSpec = Field(AsyncSpec(), alias="async")  # mode async (schemes/asynchronous.py)
     sync_batchnorm: Flag = False  # all-reduce BatchNorm batch statistics (simtrain/train/syncbn.py)
     # Data-parallel sync: all-reduce the gradient in DDP's buckets (reverse parameter order, bucket_cap_mb MiB
     # each, torch DDP's default 25), each as soon as the backward has completed it (train/grad_bucket.py);
@@ -402,6 +405,16 @@ class ParallelSpec(_Strict):
     # Simulate one rank per pipeline stage (tp rank 0 of replica 0) and time its collectives with their
     # mirrors' at the collective level (schemes/representatives.py): numerics off, identical devices
     representatives: Flag = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_scheme(cls, raw):
+        """The old `parallel.scheme` mixed the all-reduce algorithm and the mode: one line naming the new keys."""
+        if isinstance(raw, dict) and "scheme" in raw:
+            raise ValueError("parallel.scheme: replaced by parallel.all_reduce (naive | ring | tree | hierarchical "
+                             "| dbtree) and parallel.mode (sync | async); the scheme follows from them and the "
+                             "layout")
+        return raw
 
     @model_validator(mode="after")
     def _a_layout(self) -> "ParallelSpec":
@@ -529,11 +542,11 @@ class Scenario(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _async_gets_a_store(cls, raw):
-        """parallel.scheme async without cluster.shared_memory: the default store (host DRAM)."""
+        """parallel.mode async without cluster.shared_memory: the default store (host DRAM)."""
         if not isinstance(raw, dict):
             return raw
         parallel, cluster = raw.get("parallel"), raw.get("cluster", {})
-        if (isinstance(parallel, dict) and parallel.get("scheme") == "async" and isinstance(cluster, dict)
+        if (isinstance(parallel, dict) and parallel.get("mode") == "async" and isinstance(cluster, dict)
                 and cluster.get("shared_memory") is None):
             raw = {**raw, "cluster": {**cluster, "shared_memory": {}}}
         return raw
@@ -557,14 +570,14 @@ class Scenario(_Strict):
     def _techniques_fit_together(self) -> "Scenario":
         """Combinations no scheme implements: one-line errors naming the field, before anything runs."""
         precision, optimizer = self.train.precision, self.train.optimizer.name
-        if self.parallel.scheme == "async":
+        if self.parallel.mode == "async":
             if precision != "fp32":  # the shared fp32 parameters have no master copy
-                raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (an all-reduce "
-                                 "algorithm), not with async")
+                raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (parallel.mode "
+                                 "sync), not with async")
             if optimizer == "kfac":
-                raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (an all-reduce algorithm)")
+                raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (parallel.mode sync)")
             if self.parallel.sync_batchnorm:
-                raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (an all-reduce algorithm)")
+                raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (parallel.mode sync)")
         if not self.numerics and self.data.sampling != "uniform":
             raise ValueError(f"data.sampling: {self.data.sampling} needs numerics (its priorities are the "
                              "samples' losses); use uniform with numerics false")
@@ -615,7 +628,7 @@ class Scenario(_Strict):
                                      "with parallel.pp or parallel.tp > 1 (link faults do)")
         if checkpoint is None:
             return self
-        if self.parallel.scheme == "async":
+        if self.parallel.mode == "async":
             raise ValueError("train.checkpoint: for synchronous schemes; async goes on without a lost worker")
         if self.train.optimizer.name == "kfac":
             raise ValueError("train.checkpoint: K-FAC's factors are not part of the training state; use sgd or adam")
@@ -639,7 +652,7 @@ class Scenario(_Strict):
         """What pipeline and tensor parallelism (schemes/model_parallel.py) do not combine with."""
         field = "parallel.pp" if self.parallel.pp > 1 else "parallel.tp"
         refused = {
-            "parallel.scheme": (self.parallel.scheme == "async", "async"),
+            "parallel.mode": (self.parallel.mode == "async", "async"),
             "train.optimizer.name": (self.train.optimizer.name == "kfac", "kfac"),
             "parallel.sync_batchnorm": (self.parallel.sync_batchnorm, "sync_batchnorm"),
             "data.sampling": (self.data.sampling != "uniform", f"{self.data.sampling} sampling"),

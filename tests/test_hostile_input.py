@@ -431,7 +431,8 @@ def test_compare_of_a_diverged_run_writes_json(tmp_path, capsys):
 def test_a_run_of_no_simulated_time_reports_null_rates():
     scenario = validate_scenario({"cluster": {"devices": 1}})
     cluster = build_cluster(scenario.cluster, record=False)
-    result = RunResult(steps=1, samples_per_step=32, loss_curve=[(0.0, math.nan)], train_loss_curve=[],
+    result = RunResult(scheme="data_parallel", steps=1, samples_per_step=32, loss_curve=[(0.0, math.nan)],
+                       train_loss_curve=[],
                        time_to_target_s=None, final_loss=math.inf, final_accuracy=0.0, single_device_step_s=0.0,
                        final_models=[nn.Linear(1, 1)], wall_time_s=0.0)
     report = build_report(scenario, cluster, result)

@@ -11,7 +11,7 @@
 The cluster is a scenario's `cluster` section (with `cluster.devices` set to
 `world`), or, without a scenario, the fields given here, validated the same
 way (a mistake is one line naming the field). Collectives that sum run the
-scenario's `parallel.scheme` all-reduce (`ring` when it is `async`) over its
+scenario's `parallel.all_reduce` algorithm over its
 `parallel.channels`, or the `collective` given.
 
     @distributed(world=4, topology="ring", bandwidth="50 GB/s", latency="5 us")
@@ -58,8 +58,7 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str = "ring"
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
-    scheme = spec.parallel.scheme
-    run = SimRun(cluster, world, "ring" if scheme == "async" else scheme, spec.parallel.channels)
+    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels)
     with ranks_as_threads(world):
         for rank in range(world):
             run.start(rank, lambda rank=rank: fn(rank, world))
@@ -89,7 +88,7 @@ def compute(flops: float, dtype: str = "fp32", name: str = "compute") -> None:
 def _scenario(world, scenario, topology, bandwidth, latency, device, collective, channels):
     overrides = [f"cluster.devices={world}"] if world is not None else []
     if collective is not None:
-        overrides.append(f"parallel.scheme={collective}")
+        overrides.append(f"parallel.all_reduce={collective}")
     if channels is not None:
         overrides.append(f"parallel.channels={channels}")
     if scenario is not None:
@@ -98,7 +97,7 @@ def _scenario(world, scenario, topology, bandwidth, latency, device, collective,
         raise ScenarioError("simtrain.dist.spawn: world: needed without a scenario")
     raw = {"cluster": {"topology": topology, "devices": world, "device": device,
                        "link": {"bandwidth": bandwidth, "latency": latency}},
-           "parallel": {"scheme": collective or "ring", "channels": channels}}
+           "parallel": {"all_reduce": collective or "ring", "channels": channels}}
     return validate_scenario(raw, source="simtrain.dist.spawn")
 
 
