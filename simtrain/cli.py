@@ -33,13 +33,13 @@ from .comm import ALGORITHMS, channel_count
 from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
-from .hw.cluster import build_cluster
+from .hw.cluster import build_cluster, resolve_cluster
 from .hw.faults import scheduled_faults
 from .hw.topology_builders import BUILDERS, LinkClass, build_topology
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .report import finite_or_none
 from .runner import run as run_scenario
-from .scenario import load_scenario, validate_scenario
+from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
 from .schemes import scheme_name
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
@@ -487,50 +487,64 @@ def validate(scenario_file, overrides):
     """Check a scenario (and build its cluster: topology, devices, shared memory, faults; and check that the
     host has the memory a run needs) without running it."""
     scenario = load_scenario(scenario_file, overrides)
-    cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed)
+    resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
+    check_scenario_fits_host(scenario, resolved)
+    cluster = resolved.build(record=False, seed=scenario.seed)
     scheduled_faults(scenario, cluster)
-    check_scenario_fits_host(scenario)
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce})", soft_wrap=True)
 
 
+_CLUSTER = ClusterSpec()  # a scenario's cluster defaults: the one home of the topology options' defaults
+_LATENCY = LinkSpec.model_fields["latency"].default  # a link's latency not given
+
+
 def _topology_options(f):
-    f = click.option("--topology", default="ring", show_default=True, help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
+    f = click.option("--topology", default=_CLUSTER.topology, show_default=True,
+                     help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
     f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None,
                      help="Device count (builders).")(f)
-    f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
-    f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
+    f = click.option("--bandwidth", default=None, help="Link bandwidth per direction [default: cluster.link's, "
+                     f"{_CLUSTER.link.bandwidth / 1e9:g} GB/s].")(f)
+    f = click.option("--latency", default=None,
+                     help=f"Link latency per hop [default: cluster.link's, {format_seconds(_CLUSTER.link.latency)}].")(f)
     f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
                      help="hierarchical, fat_tree: GPUs per node.")(f)
-    f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=20, show_default=True,
-                     help="fat_tree: nodes whose same-rail NICs share a leaf switch.")(f)
-    f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=1.0, show_default=True,
-                     help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
+    f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=_CLUSTER.nodes_per_leaf,
+                     show_default=True, help="fat_tree: nodes whose same-rail NICs share a leaf switch.")(f)
+    f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=_CLUSTER.oversubscription,
+                     show_default=True, help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
     f = click.option("--inter-bandwidth", default=None, help="hierarchical, fat_tree: each GPU's NIC bandwidth.")(f)
-    f = click.option("--inter-latency", default="5 us", show_default=True,
-                     help="hierarchical, fat_tree: NIC hop latency.")(f)
+    f = click.option("--inter-latency", default=None, help="hierarchical, fat_tree: NIC hop latency [default: "
+                     f"a link's, {format_seconds(_LATENCY)}].")(f)
     return f
+
+
+def _option(value, kind: str, option: str, default: float) -> float:
+    """A quantity option's value in SI units: as given, else the scenario spec's default."""
+    return default if value is None else parse_quantity(value, kind, option)
 
 
 def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                         nodes_per_leaf, oversubscription):
     if devices is None and topology in BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
-    link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
+    link = LinkClass(_option(bandwidth, "bandwidth", "--bandwidth", _CLUSTER.link.bandwidth),
+                     _option(latency, "time", "--latency", _CLUSTER.link.latency))
     if link.bandwidth <= 0:
         raise SimtrainError("--bandwidth: must be positive")
     inter = None
     if inter_bandwidth is not None:
         inter = LinkClass(parse_quantity(inter_bandwidth, "bandwidth", "--inter-bandwidth"),
-                          parse_quantity(inter_latency, "time", "--inter-latency"))
+                          _option(inter_latency, "time", "--inter-latency", _LATENCY))
     return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node,
                           nodes_per_leaf=nodes_per_leaf, oversubscription=oversubscription)
 
 
 @cli.command()
-@click.option("--algo", type=click.Choice(ALGORITHMS), default="ring", show_default=True)
+@click.option("--algo", type=click.Choice(ALGORITHMS), default=ParallelSpec().all_reduce, show_default=True)
 @click.option("--channels", type=int, default=None,
               help="Buffer parts run side by side, one ring (or tree pair) each "
                    "[default: one per NIC rail across hosts, else 1].")

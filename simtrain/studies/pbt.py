@@ -60,7 +60,7 @@ import simpy
 from ..errors import ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
 from ..host_memory import check_scenario_fits_host
-from ..hw.cluster import build_cluster, run_to_end
+from ..hw.cluster import resolve_cluster, run_to_end
 from ..job import Job
 from ..report import Report, RunResult, build_report
 from ..runner import single_thread
@@ -110,8 +110,9 @@ class Population:
     def __init__(self, scenario: Scenario, on_step=None):
         self.spec = spec = scenario.pbt
         self.scenario = scenario
-        self.cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
-                                     seed=scenario.seed)
+        resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # read and checked once
+        check_scenario_fits_host(scenario, resolved)
+        self.cluster = resolved.build(record=scenario.report.trace, seed=scenario.seed)
         self.env = self.cluster.env
         size = self.cluster.size
         if size % spec.population:
@@ -292,7 +293,6 @@ class Population:
 def run_population(scenario: Scenario, on_step=None) -> Report:
     """Train the scenario's population; on_step(step, sim_time_s, loss) after every member's every step
     (`step` counts the steps of all members)."""
-    check_scenario_fits_host(scenario)
     wall_start = time.perf_counter()
     with single_thread():
         population = Population(scenario, on_step)
