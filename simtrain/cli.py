@@ -25,6 +25,7 @@ from pathlib import Path
 
 import click
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -35,11 +36,12 @@ from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
 from .hw.cluster import build_cluster, resolve_cluster
 from .hw.faults import scheduled_faults
-from .hw.topology_builders import BUILDERS, LinkClass, build_topology
+from .hw.topology_builders import BUILDERS
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
+from .scenario.fields import first_error
 from .schemes import scheme_name
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
@@ -498,7 +500,6 @@ def validate(scenario_file, overrides):
 
 
 _CLUSTER = ClusterSpec()  # a scenario's cluster defaults: the one home of the topology options' defaults
-_LATENCY = LinkSpec.model_fields["latency"].default  # a link's latency not given
 
 
 def _topology_options(f):
@@ -517,8 +518,8 @@ def _topology_options(f):
     f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=_CLUSTER.oversubscription,
                      show_default=True, help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
     f = click.option("--inter-bandwidth", default=None, help="hierarchical, fat_tree: each GPU's NIC bandwidth.")(f)
-    f = click.option("--inter-latency", default=None, help="hierarchical, fat_tree: NIC hop latency [default: "
-                     f"a link's, {format_seconds(_LATENCY)}].")(f)
+    f = click.option("--inter-latency", default=None,
+                     help="hierarchical, fat_tree: NIC hop latency [default: the --latency].")(f)
     return f
 
 
@@ -527,20 +528,32 @@ def _option(value, kind: str, option: str, default: float) -> float:
     return default if value is None else parse_quantity(value, kind, option)
 
 
+def _link_options(bandwidth, latency, default: tuple, names: tuple[str, str]) -> LinkSpec:
+    """A link the options describe: bandwidth and latency as given, else the spec's `default` pair."""
+    rate = _option(bandwidth, "bandwidth", names[0], default[0])
+    if rate <= 0:
+        raise SimtrainError(f"{names[0]}: must be positive")
+    return LinkSpec(bandwidth=rate, latency=_option(latency, "time", names[1], default[1]))
+
+
 def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                         nodes_per_leaf, oversubscription):
+    """The topology the options describe, built as a scenario's cluster section (ClusterSpec) is: an option
+    not given keeps the section's default."""
     if devices is None and topology in BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
-    link = LinkClass(_option(bandwidth, "bandwidth", "--bandwidth", _CLUSTER.link.bandwidth),
-                     _option(latency, "time", "--latency", _CLUSTER.link.latency))
-    if link.bandwidth <= 0:
-        raise SimtrainError("--bandwidth: must be positive")
-    inter = None
-    if inter_bandwidth is not None:
-        inter = LinkClass(parse_quantity(inter_bandwidth, "bandwidth", "--inter-bandwidth"),
-                          _option(inter_latency, "time", "--inter-latency", _LATENCY))
-    return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node,
-                          nodes_per_leaf=nodes_per_leaf, oversubscription=oversubscription)
+    fields = {"topology": topology, "devices": devices, "gpus_per_node": gpus_per_node,
+              "nodes_per_leaf": nodes_per_leaf, "oversubscription": oversubscription,
+              "link": _link_options(bandwidth, latency, (_CLUSTER.link.bandwidth, _CLUSTER.link.latency),
+                                    ("--bandwidth", "--latency"))}
+    if inter_bandwidth is not None:  # a NIC link is given or absent; its hop at least the in-host link's
+        fields["inter_node_link"] = _link_options(inter_bandwidth, inter_latency, (None, fields["link"].latency),
+                                                  ("--inter-bandwidth", "--inter-latency"))
+    try:
+        spec = ClusterSpec.model_validate({key: value for key, value in fields.items() if value is not None})
+    except ValidationError as error:
+        raise SimtrainError(f"options: {first_error(error)}") from None
+    return resolve_cluster(spec).topology()
 
 
 @cli.command()
