@@ -14,7 +14,7 @@ import torch
 import simtrain
 from simtrain import schemes
 from simtrain.errors import ScenarioError
-from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.hw.cluster import build_cluster, resolve_cluster, run_to_end
 from simtrain.job import Job
 from simtrain.memory_plan import plan_memory, replay_step
 from simtrain.report import build_trace
@@ -118,7 +118,7 @@ def test_the_scheme_follows_from_the_layout_and_the_mode(parallel, devices, name
     job = Job(spec, cluster, range(devices))
     assert type(job.scheme) is scheme
     # the memory plan replays the same scheme's programs (before, it looked up the all-reduce algorithm)
-    assert type(replay_step(spec, 8).scheme) is scheme
+    assert type(replay_step(spec, resolve_cluster(spec.cluster), 8).scheme) is scheme
     assert simtrain.run(spec).data["scheme"] == name
 
 

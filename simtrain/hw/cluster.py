@@ -119,9 +119,11 @@ class ResolvedCluster:
     slowdowns: list[float]
 
     def topology(self) -> Topology:
-        """The topology the section describes (a file's, as loaded once; a builder's, built now)."""
+        """The topology the section describes: a copy of the file's, as loaded once (a failed link leaves a
+        cluster's graph, not this one's); a builder's, built now."""
         if self.topology_file is not None:
-            return self.topology_file
+            loaded = self.topology_file
+            return Topology(loaded.graph.copy(), loaded.devices, loaded.name, private=loaded.private)
         spec = self.spec
         return build_topology(
             spec.topology, spec.devices, _link_class(spec.link),
