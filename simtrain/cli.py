@@ -509,8 +509,8 @@ def _topology_options(f):
                      help="Device count (builders).")(f)
     f = click.option("--bandwidth", default=None, help="Link bandwidth per direction [default: cluster.link's, "
                      f"{_CLUSTER.link.bandwidth / 1e9:g} GB/s].")(f)
-    f = click.option("--latency", default=None,
-                     help=f"Link latency per hop [default: cluster.link's, {format_seconds(_CLUSTER.link.latency)}].")(f)
+    f = click.option("--latency", default=None, help="Link latency per hop [default: cluster.link's, "
+                     f"{format_seconds(_CLUSTER.link.latency)}].")(f)
     f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
                      help="hierarchical, fat_tree: GPUs per node.")(f)
     f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=_CLUSTER.nodes_per_leaf,
