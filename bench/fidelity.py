@@ -36,7 +36,7 @@ BASE = {
     "data": {"name": "synthetic", "samples": 8192, "features": 256, "classes": 10},
     "train": {"steps": 40, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}},
     # no overlap: a launched run all-reduces after its real backward (real/interpreter.py), so the prediction too
-    "parallel": {"scheme": "ring", "overlap": False},
+    "parallel": {"all_reduce": "ring", "overlap": False},
     "report": {"trace": False},
 }
 BASE_BATCH = 64

@@ -45,7 +45,7 @@ def scenario(every: int, seed: int):
                     "random_faults": {"device_mtbf": DEVICE_MTBF_S, "seed": seed}},
         "model": {"name": "mlp", "hidden": [128, 128]}, "data": {"name": "digits", "batch_size": 32},
         "train": {"steps": STEPS, "checkpoint": {"every": every, **CHECKPOINT}},
-        "parallel": {"scheme": "ring"}, "report": {"trace": False},
+        "parallel": {"all_reduce": "ring"}, "report": {"trace": False},
     })
 
 

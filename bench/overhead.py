@@ -54,7 +54,7 @@ def simulated(trace: bool) -> float:
         "model": {"name": "mlp", "hidden": HIDDEN},
         "data": {"name": "digits", "batch_size": BATCH},
         "train": {"steps": STEPS, "optimizer": {"name": "sgd", "lr": LR}},
-        "parallel": {"scheme": "ring"},
+        "parallel": {"all_reduce": "ring"},
         "report": {"trace": trace},
     })
     start = time.perf_counter()

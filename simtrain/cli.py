@@ -1,10 +1,10 @@
 """The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, pbt replay.
 
-    simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.scheme=tree
+    simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.all_reduce=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
     simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
-    simtrain sweep scenarios/quickstart.yaml --grid cluster.devices=4,8,16 --grid parallel.scheme=ring,tree
-    simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.scheme=ring --variant parallel.scheme=async
+    simtrain sweep scenarios/quickstart.yaml --grid cluster.devices=4,8,16 --grid parallel.all_reduce=ring,tree
+    simtrain compare scenarios/async_vs_sync_straggler.yaml --variant parallel.mode=sync --variant parallel.mode=async
     simtrain launch scenarios/quickstart.yaml --nproc 2     # the same training for real, on gloo, measured
     simtrain compare runs/quickstart runs/quickstart-real   # simulated against measured
     simtrain calibrate --nproc 2 --out calibration/ --model-of scenarios/quickstart.yaml
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import click
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -33,13 +34,15 @@ from .comm import ALGORITHMS, channel_count
 from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .host_memory import check_scenario_fits_host, require_host_memory
-from .hw.cluster import build_cluster
+from .hw.cluster import build_cluster, resolve_cluster
 from .hw.faults import scheduled_faults
-from .hw.topology_builders import BUILDERS, LinkClass, build_topology
+from .hw.topology_builders import BUILDERS
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .report import finite_or_none
 from .runner import run as run_scenario
-from .scenario import load_scenario, validate_scenario
+from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
+from .scenario.fields import first_error
+from .schemes import scheme_name
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
 
@@ -496,50 +499,75 @@ def validate(scenario_file, overrides):
     """Check a scenario (and build its cluster: topology, devices, shared memory, faults; and check that the
     host has the memory a run needs) without running it."""
     scenario = load_scenario(scenario_file, overrides)
-    cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed)
+    resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
+    check_scenario_fits_host(scenario, resolved)
+    cluster = resolved.build(record=False, seed=scenario.seed)
     scheduled_faults(scenario, cluster)
-    check_scenario_fits_host(scenario)
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
-                  f"{scenario.parallel.scheme})", soft_wrap=True)
+                  f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce})", soft_wrap=True)
+
+
+_CLUSTER = ClusterSpec()  # a scenario's cluster defaults: the one home of the topology options' defaults
 
 
 def _topology_options(f):
-    f = click.option("--topology", default="ring", show_default=True, help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
+    f = click.option("--topology", default=_CLUSTER.topology, show_default=True,
+                     help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
     f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None,
                      help="Device count (builders).")(f)
-    f = click.option("--bandwidth", default="100 GB/s", show_default=True, help="Link bandwidth per direction.")(f)
-    f = click.option("--latency", default="5 us", show_default=True, help="Link latency per hop.")(f)
+    f = click.option("--bandwidth", default=None, help="Link bandwidth per direction [default: cluster.link's, "
+                     f"{_CLUSTER.link.bandwidth / 1e9:g} GB/s].")(f)
+    f = click.option("--latency", default=None, help="Link latency per hop [default: cluster.link's, "
+                     f"{format_seconds(_CLUSTER.link.latency)}].")(f)
     f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
                      help="hierarchical, fat_tree: GPUs per node.")(f)
-    f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=20, show_default=True,
-                     help="fat_tree: nodes whose same-rail NICs share a leaf switch.")(f)
-    f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=1.0, show_default=True,
-                     help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
+    f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=_CLUSTER.nodes_per_leaf,
+                     show_default=True, help="fat_tree: nodes whose same-rail NICs share a leaf switch.")(f)
+    f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=_CLUSTER.oversubscription,
+                     show_default=True, help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
     f = click.option("--inter-bandwidth", default=None, help="hierarchical, fat_tree: each GPU's NIC bandwidth.")(f)
-    f = click.option("--inter-latency", default="5 us", show_default=True,
-                     help="hierarchical, fat_tree: NIC hop latency.")(f)
+    f = click.option("--inter-latency", default=None,
+                     help="hierarchical, fat_tree: NIC hop latency [default: the --latency].")(f)
     return f
+
+
+def _option(value, kind: str, option: str, default: float) -> float:
+    """A quantity option's value in SI units: as given, else the scenario spec's default."""
+    return default if value is None else parse_quantity(value, kind, option)
+
+
+def _link_options(bandwidth, latency, default: tuple, names: tuple[str, str]) -> LinkSpec:
+    """A link the options describe: bandwidth and latency as given, else the spec's `default` pair."""
+    rate = _option(bandwidth, "bandwidth", names[0], default[0])
+    if rate <= 0:
+        raise SimtrainError(f"{names[0]}: must be positive")
+    return LinkSpec(bandwidth=rate, latency=_option(latency, "time", names[1], default[1]))
 
 
 def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                         nodes_per_leaf, oversubscription):
+    """The topology the options describe, built as a scenario's cluster section (ClusterSpec) is: an option
+    not given keeps the section's default."""
     if devices is None and topology in BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
-    link = LinkClass(parse_quantity(bandwidth, "bandwidth", "--bandwidth"), parse_quantity(latency, "time", "--latency"))
-    if link.bandwidth <= 0:
-        raise SimtrainError("--bandwidth: must be positive")
-    inter = None
-    if inter_bandwidth is not None:
-        inter = LinkClass(parse_quantity(inter_bandwidth, "bandwidth", "--inter-bandwidth"),
-                          parse_quantity(inter_latency, "time", "--inter-latency"))
-    return build_topology(topology, devices, link, inter_link=inter, gpus_per_node=gpus_per_node,
-                          nodes_per_leaf=nodes_per_leaf, oversubscription=oversubscription)
+    fields = {"topology": topology, "devices": devices, "gpus_per_node": gpus_per_node,
+              "nodes_per_leaf": nodes_per_leaf, "oversubscription": oversubscription,
+              "link": _link_options(bandwidth, latency, (_CLUSTER.link.bandwidth, _CLUSTER.link.latency),
+                                    ("--bandwidth", "--latency"))}
+    if inter_bandwidth is not None:  # a NIC link is given or absent; its hop at least the in-host link's
+        fields["inter_node_link"] = _link_options(inter_bandwidth, inter_latency, (None, fields["link"].latency),
+                                                  ("--inter-bandwidth", "--inter-latency"))
+    try:
+        spec = ClusterSpec.model_validate({key: value for key, value in fields.items() if value is not None})
+    except ValidationError as error:
+        raise SimtrainError(f"options: {first_error(error)}") from None
+    return resolve_cluster(spec).topology()
 
 
 @cli.command()
-@click.option("--algo", type=click.Choice(ALGORITHMS), default="ring", show_default=True)
+@click.option("--algo", type=click.Choice(ALGORITHMS), default=ParallelSpec().all_reduce, show_default=True)
 @click.option("--channels", type=int, default=None,
               help="Buffer parts run side by side, one ring (or tree pair) each "
                    "[default: one per NIC rail across hosts, else 1].")

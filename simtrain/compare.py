@@ -1,8 +1,8 @@
 """Compare runs: several scenarios, or variants of one, side by side.
 
     simtrain compare scenarios/async_vs_sync_straggler.yaml \\
-        --variant "parallel.scheme=ring" --variant "parallel.scheme=async" \\
-        --variant "parallel.scheme=async,parallel.async.consistency=locked"
+        --variant "parallel.mode=sync" --variant "parallel.mode=async" \\
+        --variant "parallel.mode=async,parallel.async.consistency=locked"
 
 Every scenario file is run once per variant (once if no variant is given). A
 variant is a comma-separated list of `dotted.path=value` overrides, applied
@@ -17,7 +17,7 @@ overrides when the next one starts with `path=`, so list values such as
   the curve `time_to_target_s` reads) against simulated time, with the target
   as a dashed line when a run sets `train.target_loss`.
 
-    rows = compare_runs(["a.yaml"], [["parallel.scheme=ring"], ["parallel.scheme=async"]], [], Path("out"))
+    rows = compare_runs(["a.yaml"], [["parallel.mode=sync"], ["parallel.mode=async"]], [], Path("out"))
 
 Given two run folders instead (each with a report.json, as `simtrain run` and
 `simtrain launch` write them), it puts their timing figures side by side with
@@ -85,7 +85,8 @@ def summary_row(label: str, data: dict) -> dict:
     staleness = data.get("async", {})
     return {
         "label": label,
-        "scheme": data["scheme"] + (f"/{staleness['consistency']}" if staleness else ""),
+        # the async section's consistency, else the all-reduce algorithm: "async/hogwild", "data_parallel/ring"
+        "scheme": data["scheme"] + "/" + (staleness["consistency"] if staleness else data["all_reduce"]),
         "devices": data["devices_count"],
         "steps": data["steps"],
         "sim_time_s": data["sim_time_s"],

@@ -5,8 +5,10 @@ its gradients and optimizer state in host memory, and the data set lives there
 too. A scenario within every bound of limits.py can still ask for more than
 the host has (4,096 replicas of a model with two hidden layers of a million
 units), and would end in MemoryError or the host's OOM killer far into the run.
-`check_scenario_fits_host(scenario)` estimates a lower bound of what the run
-needs from the scenario alone, without building anything real:
+`check_scenario_fits_host(scenario, cluster)` estimates a lower bound of what
+the run needs from the scenario and its resolved cluster section (hw/cluster.py
+ResolvedCluster: the device count, a topology file as loaded once), without
+building anything real:
 
 - replicas x parameters x bytes per parameter: the model (fp32, plus the
   compute-dtype copy under fp16/bf16), its gradient bucket and the optimizer's
@@ -28,7 +30,8 @@ os.sysconf where /proc is missing). The check only refuses: no simulated figure
 depends on the host, so the same scenario gives the same results everywhere it
 runs.
 
-    check_scenario_fits_host(load_scenario("scenarios/quickstart.yaml"))
+    scenario = load_scenario("scenarios/quickstart.yaml")
+    check_scenario_fits_host(scenario, resolve_cluster(scenario.cluster, scenario.base_dir))
     require_host_memory(nbytes, "--sizes 1G on 64 --devices")  # any other need
 """
 from __future__ import annotations
@@ -39,7 +42,8 @@ from pathlib import Path
 import torch
 
 from .errors import SimtrainError
-from .hw.topology_builders import BUILDERS, build_topology
+from .hw.cluster import ResolvedCluster
+from .hw.topology_builders import BUILDERS
 from .scenario import Scenario
 from .train.data import builtin_shape
 from .train.models import build_model
@@ -85,21 +89,23 @@ def require_host_memory(needed_bytes: int, what: str, detail: str = "") -> None:
                             f"has {format_bytes(available)} available")
 
 
-def check_scenario_fits_host(scenario: Scenario) -> None:
-    """Refuse the scenario if the lower bound of its host memory is more than the host has."""
-    needs = scenario_host_bytes(scenario)
+def check_scenario_fits_host(scenario: Scenario, cluster: ResolvedCluster) -> None:
+    """Refuse the scenario (its cluster section resolved as `cluster`) if the lower bound of its host memory is
+    more than the host has."""
+    needs = scenario_host_bytes(scenario, cluster)
     parts = ", ".join(f"{part} {format_bytes(nbytes)}" for part, nbytes in needs.items() if nbytes)
     require_host_memory(sum(needs.values()), f"scenario {scenario.name}",
                         f"{parts}; smaller cluster.devices, model or data sizes need less")
 
 
-def scenario_host_bytes(scenario: Scenario) -> dict[str, int]:
-    """A lower bound of the host memory a run of the scenario takes, by part."""
-    replicas = _device_count(scenario)
+def scenario_host_bytes(scenario: Scenario, cluster: ResolvedCluster) -> dict[str, int]:
+    """A lower bound of the host memory a run of the scenario (its cluster section resolved) takes, by part."""
+    replicas = cluster.devices
     info, samples = builtin_shape(scenario.data.name, scenario.data.loader_options()) or (None, 0)
     # Numerics off: parameters and activations are meta tensors, shapes without storage.
     parameters, activations_per_sample = _model_size(scenario, info) if scenario.numerics else (0, 0)
-    train = scenario.train
+    train, parallel = scenario.train, scenario.parallel
+    ring = parallel.mode == "sync" and parallel.all_reduce == "ring"  # a ring all-reduce's chunk per peer pair
     bytes_per_parameter = 4 * (2 + _STATE_COPIES[train.optimizer.name]) + (2 if train.precision != "fp32" else 0)
     data_bytes = samples * (4 * info.num_features + 8 + 8) if info is not None else 0  # x, label, shard index
     return {
@@ -107,15 +113,8 @@ def scenario_host_bytes(scenario: Scenario) -> dict[str, int]:
         "activations": 2 * 4 * activations_per_sample * scenario.data.batch_size,
         "data": data_bytes,
         "links": _LINK_BYTES * _link_count(scenario.cluster.topology, replicas),
-        "ring chunks": _RING_CHUNK_BYTES * replicas**2 if scenario.parallel.scheme == "ring" else 0,
+        "ring chunks": _RING_CHUNK_BYTES * replicas**2 if ring else 0,
     }
-
-
-def _device_count(scenario: Scenario) -> int:
-    cluster = scenario.cluster
-    if cluster.devices is not None or cluster.topology in BUILDERS:
-        return cluster.devices or 1  # a builder without devices fails when the cluster is built
-    return build_topology(cluster.topology, None, None, base_dir=scenario.base_dir).num_devices
 
 
 def _model_size(scenario: Scenario, info) -> tuple[int, int]:

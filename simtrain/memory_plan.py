@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .hw.cluster import build_cluster, run_to_end
+from .hw.cluster import ResolvedCluster, resolve_cluster, run_to_end
 from .job import Job
 from .scenario import Scenario
-from .schemes import SCHEMES
+from .schemes import scheme_class
 
 _LARGEST_PROBE = 1 << 40  # no batch beyond this is tried
 
@@ -57,12 +57,11 @@ class DeviceMemory:
         return self.peak_bytes <= self.capacity_bytes
 
 
-def replay_step(scenario: Scenario, batch_size: int) -> Job:
-    """The scenario's job after one step of its programs at `batch_size`, numerics off: its devices'
-    ledgers hold that step's peaks (past capacity too)."""
-    scheme = SCHEMES[scenario.parallel.scheme]
-    cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed,
-                            enforce_capacity=False)
+def replay_step(scenario: Scenario, resolved: ResolvedCluster, batch_size: int) -> Job:
+    """The scenario's job (its cluster section resolved as `resolved`) after one step of its programs at
+    `batch_size`, numerics off: its devices' ledgers hold that step's peaks (past capacity too)."""
+    scheme = scheme_class(scenario.parallel)
+    cluster = resolved.build(record=False, seed=scenario.seed, enforce_capacity=False)
     world = cluster.size - scenario.cluster.spares  # the job's devices; spares stay idle
     steps = scheme.steps_until_every_rank_stepped(world)
     replayed = scenario.model_copy(update={
@@ -80,10 +79,11 @@ class _Probe:
 
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
+        self.resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # for every replay
         self._peaks: dict[int, list[int]] = {}
 
     def replay(self, batch_size: int) -> Job:
-        job = replay_step(self.scenario, batch_size)
+        job = replay_step(self.scenario, self.resolved, batch_size)
         self._peaks[batch_size] = [device.memory.peak_total for device in job.devices]
         return job
 

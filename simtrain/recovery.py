@@ -2,7 +2,9 @@
 
 hw/faults.py stops a lost device (its program ends where it stands, its
 stream's span is cut, its flows in flight are dropped) and calls
-`Recovery.device_lost`. Then:
+`Recovery.device_lost`. Then the scheme's `device_lost` hook
+(schemes/scheme.py) says whether the job goes on without the device or
+restarts:
 
 - **async** (schemes/asynchronous.py): the other workers never wait for it
   and go on. Its update in progress is settled by the store: a push whose
@@ -51,7 +53,6 @@ class Recovery:
         self.spares = list(spares)  # global ranks of idle devices, taken in this order
         self.on_rewind = on_rewind  # (step) -> None: forget records after step (the training-loss monitor)
         self.detection_s = job.scenario.cluster.fault_detection
-        self.synchronous = job.scheme.state_placement == "replicated"
         self.resumed_at_s = 0.0  # when training last went on from the latest checkpoint
         self.restarts = 0
         self._lost = []  # (job rank, event) lost and not yet detected
@@ -71,8 +72,9 @@ class Recovery:
         event.update(node=cluster.devices[device].node, job_rank=rank)
         self._down.append(rank)
         self._stop([rank])
-        if not self.synchronous:
-            event.update(job.scheme.lose_worker(rank))
+        went_on = job.scheme.device_lost(rank)  # None: the job restarts from its checkpoint
+        if went_on is not None:
+            event.update(went_on)
             if len(self._down) == job.world:
                 event["effect"] = "the job failed: every worker is lost"
                 raise JobFailed(f"device {device} ({event['node']}) lost at {event['at_s']:.6g} s: every async "
@@ -163,7 +165,7 @@ class Recovery:
             "spares_left": list(self.spares),
             "restarts": self.restarts,
             "steps_redone": sum(event["steps_redone"] for event in lost),
-            "pushes_lost": getattr(job.scheme, "pushes_lost", 0),
+            "pushes_lost": job.scheme.pushes_lost,
             "flows_rerouted": sum(event.get("flows_rerouted", 0) for event in events),
             "time_lost_s": sum(event["time_lost_s"] for event in lost),
             "checkpoints_committed": checkpoints.committed if checkpoints is not None else 0,

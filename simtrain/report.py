@@ -32,6 +32,7 @@ FAULT_KINDS = ("checkpoint", "restart")  # in the breakdown of a run with faults
 class RunResult:
     """What a scheme produced, beyond what the cluster logged."""
 
+    scheme: str  # the registry's name of the scheme that ran (simtrain/schemes/__init__.py)
     steps: int
     samples_per_step: int
     loss_curve: list[tuple[float, float]]  # (sim_time_s, batch loss) per step or update
@@ -150,7 +151,8 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     data = {
         "name": scenario.name,
         "status": result.status,
-        "scheme": scenario.parallel.scheme,
+        "scheme": result.scheme,
+        "all_reduce": scenario.parallel.all_reduce,
         "devices_count": len(cluster.devices),
         "sim_time_s": sim_time,
         "steps": steps,

@@ -32,13 +32,14 @@ import torch
 from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
 from .host_memory import check_scenario_fits_host
-from .hw.cluster import build_cluster, run_to_end
+from .hw.cluster import resolve_cluster, run_to_end
 from .hw.faults import FaultInjector, scheduled_faults
 from .job import Job
 from .memory_plan import largest_batch
 from .recovery import Recovery
 from .report import Report, RunResult, build_report
 from .scenario import Scenario
+from .schemes import scheme_name
 from .train.sampling import sampling_section
 
 
@@ -57,14 +58,14 @@ def run(scenario: Scenario, on_step=None) -> Report:
     """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step (update, for async)."""
     if scenario.pbt is not None:
         raise ScenarioError("pbt: a population runs with simtrain.run_population (simtrain/studies/pbt.py)")
-    check_scenario_fits_host(scenario)
+    resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # read and checked once, before anything
+    check_scenario_fits_host(scenario, resolved)
     wall_start = time.perf_counter()
     steps = scenario.train.steps
     faulty = has_faults(scenario)
     with single_thread():
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace or faulty,
-                                seed=scenario.seed)
+        cluster = resolved.build(record=scenario.report.trace or faulty, seed=scenario.seed)
         scheduled_faults(scenario, cluster)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
         # Faults change links under the collectives: no group timing of a ring's transfers (ring_schedule.py).
@@ -106,6 +107,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         if scenario.data.sampling != "uniform":
             sections["sampling"] = sampling_section([replica.loader for replica in job.replicas])
     result = RunResult(
+        scheme=scheme_name(scenario.parallel),
         steps=len(scheme.loss_curve) if out_of_memory or failure else steps,
         status="out_of_memory" if out_of_memory else "failed" if failure else "ok",
         samples_per_step=scheme.samples_per_step(),
@@ -119,7 +121,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
         extra=sections,
-        mirror_of=getattr(scheme, "mirror_of", {}),  # only model parallelism simulates representatives
+        mirror_of=scheme.mirror_of,
     )
     return build_report(scenario, cluster, result)
 

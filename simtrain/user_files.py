@@ -1,6 +1,6 @@
 """Files a user names: scenario and topology YAML read safely, output folders checked before a run.
 
-Both kinds of YAML file (scenario.py, hw/topology_builders.py) and every
+Both kinds of YAML file (scenario/, hw/topology_builders.py) and every
 `--set` value go through one loader, which refuses, with one line naming the
 file (and the field where there is one):
 

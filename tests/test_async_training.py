@@ -24,7 +24,7 @@ STORE = {"location": "host", "bandwidth": "100 GB/s", "latency": "100 ns",
 SLOW = {"base": "a100-40gb", "efficiency": 0.001}
 
 
-def scenario(devices, steps, scheme="async", consistency="hogwild", staleness_lr="none", momentum=0.0,
+def scenario(devices, steps, mode="async", consistency="hogwild", staleness_lr="none", momentum=0.0,
              trace=False, **cluster):
     return validate_scenario({
         "name": "t", "seed": SEED,
@@ -32,7 +32,7 @@ def scenario(devices, steps, scheme="async", consistency="hogwild", staleness_lr
         "model": {"name": "mlp", "hidden": HIDDEN},
         "data": {"name": "digits", "batch_size": BATCH},
         "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": LR, "momentum": momentum}},
-        "parallel": {"scheme": scheme, "async": {"consistency": consistency, "staleness_lr": staleness_lr}},
+        "parallel": {"mode": mode, "async": {"consistency": consistency, "staleness_lr": staleness_lr}},
         "report": {"trace": trace},
     })
 
@@ -49,7 +49,7 @@ def initial_model():
 @pytest.mark.parametrize("consistency", ["hogwild", "locked"])
 def test_one_worker_is_exactly_plain_sgd(consistency):
     report = simtrain.run(scenario(1, 15, consistency=consistency, momentum=0.9))
-    sync = simtrain.run(scenario(1, 15, scheme="ring", momentum=0.9))
+    sync = simtrain.run(scenario(1, 15, mode="sync", momentum=0.9))
     data, model = initial_model()
     loader = ShardLoader(data.train, 1, 0, BATCH, SEED)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, foreach=False)
@@ -176,8 +176,8 @@ def test_concurrent_readers_share_the_store_bandwidth():
 
 
 def test_adding_a_store_does_not_change_a_collective():
-    with_store = simtrain.run(scenario(4, 5, scheme="ring")).data
-    without = simtrain.run(validate_scenario({**scenario(4, 5, scheme="ring").model_dump(),
+    with_store = simtrain.run(scenario(4, 5, mode="sync")).data
+    without = simtrain.run(validate_scenario({**scenario(4, 5, mode="sync").model_dump(),
                                               "cluster": {"topology": "ring", "devices": 4}})).data
     assert with_store["sim_time_s"] == without["sim_time_s"]
     assert with_store["final_loss"] == without["final_loss"]

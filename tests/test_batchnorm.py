@@ -88,7 +88,7 @@ def bn_scenario(sync, devices=4, **optimizer):
         "model": {"name": "mlp", "hidden": HIDDEN, "batchnorm": True},
         "data": {"name": "digits", "batch_size": BATCH},
         "train": {"steps": STEPS, "optimizer": {"name": "sgd", "lr": LR, **optimizer}},
-        "parallel": {"scheme": "ring", "sync_batchnorm": sync},
+        "parallel": {"all_reduce": "ring", "sync_batchnorm": sync},
         "report": {"trace": False},
     })
 

@@ -68,7 +68,7 @@ def scenario_file(folder, **extra):
     path = folder / "scenario.yaml"
     path.write_text(yaml.safe_dump({
         "name": "calibrated", "seed": 1, "model": {"name": "mlp", "hidden": [32]},
-        "data": {"name": "digits", "batch_size": 16}, "train": {"steps": 3}, "parallel": {"scheme": "ring"},
+        "data": {"name": "digits", "batch_size": 16}, "train": {"steps": 3}, "parallel": {"all_reduce": "ring"},
         **extra}))
     return path
 

@@ -64,7 +64,7 @@ def test_float_noise_in_the_breakdown_prints_as_0(tmp_path, capsys):
 
 
 def test_trace_accounts_for_every_simulated_second(tmp_path):
-    cli("run", str(QUICKSTART), *FAST, "--set", "parallel.scheme=naive", "--out", str(tmp_path), "-q")
+    cli("run", str(QUICKSTART), *FAST, "--set", "parallel.all_reduce=naive", "--out", str(tmp_path), "-q")
     report = json.loads((tmp_path / "report.json").read_text())
     trace = json.loads((tmp_path / "trace.json").read_text())
     for rank in range(4):
@@ -102,7 +102,7 @@ def test_same_scenario_same_bytes(tmp_path):
     outputs = []
     for run in ("a", "b"):
         out = tmp_path / run
-        assert cli("run", str(QUICKSTART), *FAST, "--set", "parallel.scheme=tree", "--out", str(out), "-q") == 0
+        assert cli("run", str(QUICKSTART), *FAST, "--set", "parallel.all_reduce=tree", "--out", str(out), "-q") == 0
         report = json.loads((out / "report.json").read_text())
         report.pop("wall_time_s")
         outputs.append((report, (out / "final_model.pt").read_bytes(), (out / "trace.json").read_bytes()))
@@ -127,16 +127,18 @@ BAD_INPUTS = [
     ("cluster: {devices: four}", [], "cluster.devices"),
     ("cluster: {devices: 4, link: {bandwidth: '-5 GB/s'}}", [], "cluster.link.bandwidth: must not be negative"),
     ("cluster: {devices: 0}", [], "cluster.devices"),
-    ("parallel: {scheme: allgather}", [], "parallel.scheme"),
+    ("parallel: {all_reduce: allgather}", [], "parallel.all_reduce"),
+    ("parallel: {scheme: ring}", [], "parallel.scheme: replaced by parallel.all_reduce (naive | ring | tree | "
+     "hierarchical | dbtree) and parallel.mode (sync | async)"),
     ("cluster: {devices: 2, device: a200}", [], "cluster.device: unknown device 'a200'"),
     ("cluster: {devices: 2}", ["--set", "train.steps=-3"], "train.steps"),
     ("cluster: {devices: 4, topology: no/such/file.yaml}", [], "no/such/file.yaml"),
     ("cluster: {devices: 8, topology: torus-4x4.yaml}", [], "cluster.devices: 8 does not match"),
-    ("cluster: {shared_memory: {bandwidth: 20 GB/s}}\nparallel: {scheme: async}\ntrain: {precision: fp16}", [],
+    ("cluster: {shared_memory: {bandwidth: 20 GB/s}}\nparallel: {mode: async}\ntrain: {precision: fp16}", [],
      "train.precision: fp16 runs with the synchronous schemes"),
     ("train: {precision: fp16, optimizer: {name: kfac}}", [], "train.optimizer.name: kfac does not run under fp16"),
     ("cluster: {devices: 2, shared_memory: {location: switch, host_link: {bandwidth: 1 GB/s}}}\n"
-     "parallel: {scheme: async}", [], "cluster.shared_memory.host_link: only for location host"),
+     "parallel: {mode: async}", [], "cluster.shared_memory.host_link: only for location host"),
     ("cluster: {devices: 2, overrides: {5: {slowdown: 2}}}", [], "cluster.overrides"),
     ("model: {batchnorm: true}\nparallel: {sync_batchnorm: true}\ntrain: {checkpointing: sqrt}", [],
      "parallel.sync_batchnorm: does not combine with train.checkpointing"),

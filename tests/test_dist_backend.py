@@ -348,7 +348,7 @@ def test_bad_input_is_one_line_naming_the_field():
         simtrain.dist.spawn(simtrain_rank, world=2, bandwidth="fast")
     with pytest.raises(ScenarioError, match="cluster.devices"):
         simtrain.dist.spawn(simtrain_rank, world=0)
-    with pytest.raises(ScenarioError, match="parallel.scheme"):
+    with pytest.raises(ScenarioError, match="parallel.all_reduce"):
         simtrain.dist.spawn(simtrain_rank, world=2, collective="butterfly")
     with pytest.raises(SimtrainError, match="simtrain.dist.compute: only inside a rank of simtrain.dist.spawn"):
         simtrain.dist.compute(1e9)

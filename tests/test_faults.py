@@ -173,7 +173,7 @@ def sync_scenario(faults=(), checkpoint=None, spares=1, steps=60, trace=False, *
             "cluster": {"topology": "switch", "devices": 4 + spares, "spares": spares, "faults": list(faults),
                         "link": {"bandwidth": B, "latency": ALPHA}, "fault_detection": "100 us", **cluster},
             "model": {"name": "mlp", "hidden": [32]}, "data": {"name": "digits", "batch_size": 16},
-            "train": train, "parallel": {"scheme": "ring"}, "report": {"trace": trace}}
+            "train": train, "parallel": {"all_reduce": "ring"}, "report": {"trace": trace}}
 
 
 def spans(report, name_prefix):
@@ -300,7 +300,7 @@ ASYNC = {"name": "a", "seed": 0,
          "cluster": {"topology": "switch", "devices": 4, "link": {"bandwidth": B, "latency": ALPHA},
                      "compute_jitter": 0.3},
          "model": {"name": "mlp", "hidden": [32]}, "data": {"name": "digits", "batch_size": 16},
-         "train": {"steps": 80}, "parallel": {"scheme": "async"}}
+         "train": {"steps": 80}, "parallel": {"mode": "async"}}
 
 
 def async_run(faults=(), consistency="hogwild"):
@@ -373,7 +373,7 @@ def test_random_faults_are_drawn_from_the_seed():
     ({"random_faults": {"seed": 3}}, {}, {}, "give device_mtbf, link_mtbf or both"),
     ({"spares": 4}, {}, {}, "cluster.spares: 4 leaves no device"),
     ({}, {"checkpoint": {"every": 5, "to": "storage"}}, {}, "train.checkpoint.bandwidth: give the storage's"),
-    ({}, {"checkpoint": {"every": 5}}, {"scheme": "async"}, "train.checkpoint: for synchronous schemes"),
+    ({}, {"checkpoint": {"every": 5}}, {"mode": "async"}, "train.checkpoint: for synchronous schemes"),
     ({"faults": [{"at": "1 ms", "device": 1, "fail": True}]}, {}, {"pp": 2},
      "cluster.faults: lost devices and checkpoints run with data parallelism only"),
 ])

@@ -24,7 +24,7 @@ STORE = {"location": "host", "bandwidth": "100 GB/s", "latency": "100 ns",
          "host_link": {"bandwidth": "32 GB/s", "latency": "1 us"}}
 
 
-def scenario(devices, steps, scheme, trace=False, **cluster):
+def scenario(devices, steps, mode, trace=False, **cluster):
     return validate_scenario({
         "name": "t", "seed": SEED,
         "cluster": {"topology": "ring", "devices": devices, "device": {"base": "a100-40gb", "efficiency": EFFICIENCY},
@@ -32,7 +32,7 @@ def scenario(devices, steps, scheme, trace=False, **cluster):
         "model": {"name": "mlp", "hidden": HIDDEN},
         "data": {"name": "digits", "batch_size": BATCH},
         "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}},
-        "parallel": {"scheme": scheme},
+        "parallel": {"mode": mode},
         "report": {"trace": trace},
     })
 
@@ -48,7 +48,7 @@ def step_costs():
 
 def test_sync_step_time_follows_the_straggler():
     world, slowdown, steps = 4, 4.0, 6
-    data = simtrain.run(scenario(world, steps, "ring", overrides={2: {"slowdown": slowdown}})).data
+    data = simtrain.run(scenario(world, steps, "sync", overrides={2: {"slowdown": slowdown}})).data
     forward, backward, param_bytes = step_costs()
     spec = CATALOG["a100-40gb"]
     compute = (forward + backward) / (spec.peak_flops["fp32"] * EFFICIENCY)
@@ -83,8 +83,8 @@ def test_async_throughput_loses_only_the_stragglers_share():
     per_rank = straggler["async"]["updates_per_rank"]
     assert per_rank[0] / np.mean(per_rank[1:]) == pytest.approx(fast_cycle / slow_cycle, rel=0.1)
     # The same straggler stalls a sync group: every step waits for its whole compute and optimizer step.
-    sync_equal = simtrain.run(scenario(world, steps // world, "ring")).data
-    sync_straggler = simtrain.run(scenario(world, steps // world, "ring", overrides={0: {"slowdown": slowdown}})).data
+    sync_equal = simtrain.run(scenario(world, steps // world, "sync")).data
+    sync_straggler = simtrain.run(scenario(world, steps // world, "sync", overrides={0: {"slowdown": slowdown}})).data
     optimizer = optimizer_step_bytes(OptimizerSpec(name="sgd", lr=0.1), param_bytes) / (
         CATALOG["a100-40gb"].memory_bandwidth * EFFICIENCY)
     ring = 2 * (world - 1) * (5e-6 + param_bytes / world / 50e9)
@@ -94,7 +94,7 @@ def test_async_throughput_loses_only_the_stragglers_share():
 
 
 def test_a_rank_can_be_another_device():
-    data = simtrain.run(scenario(2, 2, "ring", trace=True, overrides={1: {"device": "v100-16gb"}})).data
+    data = simtrain.run(scenario(2, 2, "sync", trace=True, overrides={1: {"device": "v100-16gb"}})).data
     assert [d["device"] for d in data["devices"]] == ["a100-40gb", "v100-16gb"]
     assert data["devices"][1]["capacity_bytes"] == 16 * 2**30
     # The V100 runs at its own (full catalog) efficiency: the override replaces the whole device.
@@ -105,14 +105,14 @@ def test_a_rank_can_be_another_device():
 
 
 def test_a_device_field_can_be_overridden_per_rank():
-    data = simtrain.run(scenario(2, 3, "ring", overrides={0: {"efficiency": 4 * EFFICIENCY}})).data
+    data = simtrain.run(scenario(2, 3, "sync", overrides={0: {"efficiency": 4 * EFFICIENCY}})).data
     fast, slow = (d["breakdown_s"]["compute"] for d in data["devices"])
     assert slow / fast == pytest.approx(4.0, rel=1e-9)
 
 
 def test_compute_jitter_is_lognormal_with_mean_one_per_rank_and_seeded():
     sigma, steps = 0.2, 150
-    report = simtrain.run(scenario(2, steps, "ring", trace=True, compute_jitter=sigma))
+    report = simtrain.run(scenario(2, steps, "sync", trace=True, compute_jitter=sigma))
     forward, backward, _ = step_costs()
     rate = CATALOG["a100-40gb"].peak_flops["fp32"] * EFFICIENCY
     nominal = {"forward": forward / rate, "backward": backward / rate}
@@ -127,5 +127,5 @@ def test_compute_jitter_is_lognormal_with_mean_one_per_rank_and_seeded():
         assert logs.std() == pytest.approx(sigma, rel=0.12)
         assert logs.mean() == pytest.approx(-sigma**2 / 2, abs=4 * sigma / math.sqrt(len(logs)))
     assert factors[0] != factors[1]  # each rank has its own stream
-    again = simtrain.run(scenario(2, steps, "ring", trace=True, compute_jitter=sigma))
+    again = simtrain.run(scenario(2, steps, "sync", trace=True, compute_jitter=sigma))
     assert again.data["sim_time_s"] == report.data["sim_time_s"]

@@ -24,7 +24,7 @@ from torch import nn
 from simtrain import host_memory
 from simtrain.cli import main, print_summary
 from simtrain.errors import ScenarioError, SimtrainError, TopologyError
-from simtrain.hw.cluster import build_cluster
+from simtrain.hw.cluster import build_cluster, resolve_cluster
 from simtrain.hw.topology_builders import load_topology_file
 from simtrain.limits import MAX_DEVICES, MAX_FILE_BYTES
 from simtrain.report import RunResult, build_report
@@ -132,7 +132,7 @@ def test_any_mutation_of_the_schema_validates_or_is_one_line(changes, extra, del
     # `validate` builds) are made, or refused in one line.
     assert yaml.safe_load(scenario.to_yaml())["name"] == scenario.name
     try:
-        needs = host_memory.scenario_host_bytes(scenario)
+        needs = host_memory.scenario_host_bytes(scenario, resolve_cluster(scenario.cluster, scenario.base_dir))
         assert all(isinstance(n, int) and n >= 0 for n in needs.values())
         if (scenario.cluster.devices or 0) <= 64:
             build_cluster(scenario.cluster, record=False, seed=scenario.seed)
@@ -431,7 +431,8 @@ def test_compare_of_a_diverged_run_writes_json(tmp_path, capsys):
 def test_a_run_of_no_simulated_time_reports_null_rates():
     scenario = validate_scenario({"cluster": {"devices": 1}})
     cluster = build_cluster(scenario.cluster, record=False)
-    result = RunResult(steps=1, samples_per_step=32, loss_curve=[(0.0, math.nan)], train_loss_curve=[],
+    result = RunResult(scheme="data_parallel", steps=1, samples_per_step=32, loss_curve=[(0.0, math.nan)],
+                       train_loss_curve=[],
                        time_to_target_s=None, final_loss=math.inf, final_accuracy=0.0, single_device_step_s=0.0,
                        final_models=[nn.Linear(1, 1)], wall_time_s=0.0)
     report = build_report(scenario, cluster, result)
@@ -467,17 +468,21 @@ def test_the_estimate_counts_replicas_parameters_and_data():
     scenario = validate_scenario({"cluster": {"devices": 8}, "model": {"hidden": [100]},
                                   "data": {"name": "synthetic", "samples": 1000, "features": 10, "classes": 2},
                                   "train": {"optimizer": {"name": "adam"}}})
-    needs = host_memory.scenario_host_bytes(scenario)
+    needs = host_bytes(scenario)
     parameters = 10 * 100 + 100 + 100 * 2 + 2
     assert needs[f"8 replicas x {parameters:,} parameters"] == 8 * parameters * 4 * 4  # model, grads, 2 moments
     assert needs["data"] == 1000 * (10 * 4 + 16)
     assert needs["activations"] == 2 * 4 * 32 * (100 + 100 + 2 + 10)  # flatten, linear, relu, linear
 
 
+def host_bytes(scenario):
+    return host_memory.scenario_host_bytes(scenario, resolve_cluster(scenario.cluster, scenario.base_dir))
+
+
 def test_numerics_off_counts_no_parameters_or_activations():
     raw = {"cluster": {"devices": 8}, "model": {"hidden": [100]}, "numerics": False}
-    needs = host_memory.scenario_host_bytes(validate_scenario(raw))
+    needs = host_bytes(validate_scenario(raw))
     assert needs["8 replicas x 0 parameters"] == 0 and needs["activations"] == 0
-    with_numerics = host_memory.scenario_host_bytes(validate_scenario({**raw, "numerics": True}))
+    with_numerics = host_bytes(validate_scenario({**raw, "numerics": True}))
     assert with_numerics["8 replicas x 7,510 parameters"] > 0 and with_numerics["activations"] > 0
     assert needs["data"] == with_numerics["data"] > 0

@@ -5,18 +5,24 @@ link get half of it each); a job trained alone (its numbers do not depend on
 its neighbours); the memory ledgers of real runs; real runs at the planned
 largest batch and one sample more.
 """
-import typing
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 import simtrain
-from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain import schemes
+from simtrain.errors import ScenarioError
+from simtrain.hw.cluster import build_cluster, resolve_cluster, run_to_end
 from simtrain.job import Job
-from simtrain.memory_plan import plan_memory
+from simtrain.memory_plan import plan_memory, replay_step
 from simtrain.report import build_trace
-from simtrain.scenario import ParallelSpec, SharedMemorySpec, validate_scenario
-from simtrain.schemes import SCHEMES
+from simtrain.scenario import SharedMemorySpec, validate_scenario
+from simtrain.schemes import scheme_name
+from simtrain.schemes.asynchronous import AsynchronousSGD
+from simtrain.schemes.model_parallel import ModelParallel
+from simtrain.schemes.sync import SyncDataParallel
 from simtrain.units import format_seconds
 
 BANDWIDTH, LATENCY, STEPS = 10e9, 2e-6, 3
@@ -42,7 +48,7 @@ def job_scenario(tmp_path, name: str, devices=None):
         "model": {"name": "mlp", "hidden": [16]},  # 1,210 parameters: two equal ring chunks of 605
         "data": {"name": "digits", "batch_size": 16},
         "train": {"steps": STEPS, "optimizer": {"name": "sgd", "lr": 0.1}},
-        "parallel": {"scheme": "ring"},
+        "parallel": {"all_reduce": "ring"},
     })
 
 
@@ -96,27 +102,44 @@ def test_jobs_are_told_apart_in_the_event_log_and_the_trace(tmp_path):
         Job(job_scenario(tmp_path, "c"), cluster, [3])
 
 
-def test_every_scheme_name_of_the_schema_is_in_the_registry():
-    names = typing.get_args(ParallelSpec.model_fields["scheme"].annotation)
-    assert set(names) == set(SCHEMES)
-    for scheme in set(SCHEMES.values()):
-        for method in ("program", "steps_until_every_rank_stepped", "stuck", "trained_model", "final_models",
-                       "samples_per_step", "single_device_step_s", "report_sections", "set_hyperparameters",
-                       "training_state", "load_training_state"):
-            assert callable(getattr(scheme, method)), (scheme, method)
-        assert scheme.state_placement in ("replicated", "sharded", "store")
+@pytest.mark.parametrize("parallel, devices, name, scheme", [
+    ({}, 4, "data_parallel", SyncDataParallel),
+    ({"all_reduce": "tree"}, 4, "data_parallel", SyncDataParallel),
+    ({"mode": "async"}, 4, "async", AsynchronousSGD),
+    ({"pp": 2}, 4, "model_parallel", ModelParallel),
+    ({"tp": 2, "all_reduce": "naive"}, 4, "model_parallel", ModelParallel),
+])
+def test_the_scheme_follows_from_the_layout_and_the_mode(parallel, devices, name, scheme):
+    spec = validate_scenario({"cluster": {"devices": devices}, "model": {"hidden": [32, 32, 32]},
+                              "data": {"batch_size": 8}, "train": {"steps": 1}, "parallel": parallel,
+                              "report": {"trace": False}})
+    assert scheme_name(spec.parallel) == name
+    cluster = build_cluster(spec.cluster, record=False)
+    job = Job(spec, cluster, range(devices))
+    assert type(job.scheme) is scheme
+    # the memory plan replays the same scheme's programs (before, it looked up the all-reduce algorithm)
+    assert type(replay_step(spec, resolve_cluster(spec.cluster), 8).scheme) is scheme
+    assert simtrain.run(spec).data["scheme"] == name
+
+
+def test_the_old_parallel_scheme_key_is_one_line_naming_the_new_keys():
+    for old in ("ring", "async"):
+        with pytest.raises(ScenarioError, match=r"^scenario: parallel.scheme: replaced by parallel.all_reduce "
+                                                r"\(naive \| ring \| tree \| hierarchical \| dbtree\) and "
+                                                r"parallel.mode \(sync \| async\)"):
+            validate_scenario({"parallel": {"scheme": old}})
 
 
 # ---------------------------------------------------------------- the memory plan replays the programs
 
 TECHNIQUES = {
     "sync sgd momentum": {"train": {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}},
-    "async": {"parallel": {"scheme": "async"}},
+    "async": {"parallel": {"mode": "async"}},
     "kfac": {"train": {"optimizer": {"name": "kfac", "lr": 0.1}}},
     "sync batchnorm": {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}},
     "fp16 + checkpointing": {"train": {"precision": "fp16", "checkpointing": "sqrt"}},
     "bf16 adam, tree": {"train": {"precision": "bf16", "optimizer": {"name": "adam", "lr": 1e-3}},
-                        "parallel": {"scheme": "tree"}},
+                        "parallel": {"all_reduce": "tree"}},
 }
 
 
@@ -169,7 +192,7 @@ def test_batchnorm_models_are_planned_from_two_samples():
 # ---------------------------------------------------------------- friction a new user met
 
 def test_async_gets_a_default_store_in_host_memory():
-    spec = validate_scenario({"parallel": {"scheme": "async"}})
+    spec = validate_scenario({"parallel": {"mode": "async"}})
     assert spec.cluster.shared_memory == SharedMemorySpec()
     assert spec.cluster.shared_memory.host_link.bandwidth == 31.5e9
     report = simtrain.run(technique("async", steps=4))
@@ -187,7 +210,7 @@ def test_durations_print_with_a_fitting_unit(seconds, text):
 def test_a_run_ends_with_its_last_span_not_with_a_stale_network_timeout():
     # Naive all-reduce on a 4x4 torus: flows re-share links as others end, and each rate change
     # leaves a finish timeout behind that fires later and does nothing. The run ends before it.
-    spec = validate_scenario({"cluster": {"topology": "torus2d", "devices": 16}, "parallel": {"scheme": "naive"},
+    spec = validate_scenario({"cluster": {"topology": "torus2d", "devices": 16}, "parallel": {"all_reduce": "naive"},
                               "train": {"steps": 3}})
     cluster = build_cluster(spec.cluster, spec.base_dir)
     job = Job(spec, cluster, range(cluster.size))
@@ -198,3 +221,30 @@ def test_a_run_ends_with_its_last_span_not_with_a_stale_network_timeout():
     report = simtrain.run(spec)
     assert report.data["sim_time_s"] == last_span_end
     assert report.data["step_time_s"] == last_span_end / 3
+
+
+def test_a_new_scheme_is_one_file_and_one_registry_line(monkeypatch):
+    """The worked example of docs/concepts/schemes.md, run as written: registered with one line, the runner
+    finds and runs it. Its replicas never communicate: on one device it trains what data parallelism trains
+    (whose all-reduce of one rank averages over one), and on two nothing crosses a link."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "schemes.md").read_text()
+    example = next(block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "class Independent" in block)
+    namespace = {}
+    exec(compile(example, "schemes.md", "exec"), namespace)
+    independent = namespace["Independent"]
+    monkeypatch.setattr(schemes, "SCHEMES", {"independent": independent, **schemes.SCHEMES})
+    monkeypatch.setattr(independent, "applies", classmethod(lambda cls, parallel: parallel.all_reduce == "naive"))
+
+    def scenario(devices, all_reduce):
+        return validate_scenario({"cluster": {"devices": devices}, "model": {"hidden": [32]},
+                                  "data": {"batch_size": 16}, "train": {"steps": 4},
+                                  "parallel": {"all_reduce": all_reduce}, "report": {"trace": False}})
+
+    alone, reference = simtrain.run(scenario(1, "naive")), simtrain.run(scenario(1, "ring"))
+    assert alone.data["scheme"] == "independent" and reference.data["scheme"] == "data_parallel"
+    for mine, theirs in zip(alone.final_model.parameters(), reference.final_model.parameters()):
+        assert torch.equal(mine, theirs)
+    pair = simtrain.run(scenario(2, "naive"))
+    assert pair.data["scheme"] == "independent" and all(link["bytes"] == 0 for link in pair.data["links"])
+    first, second = pair.final_models
+    assert not torch.equal(next(first.parameters()), next(second.parameters()))  # each trained on its own shard

@@ -24,14 +24,14 @@ from simtrain.real.processes import torchrun_world
 STEPS, WARMUP = 5, 1
 
 
-def write_scenario(folder: Path, scheme="ring", optimizer=None, **extra) -> Path:
+def write_scenario(folder: Path, all_reduce="ring", optimizer=None, **extra) -> Path:
     scenario = {
         "name": "launched", "seed": 7,
         "cluster": {"topology": "ring", "devices": 4},
         "model": {"name": "mlp", "hidden": [32, 16]},
         "data": {"name": "digits", "batch_size": 16},
         "train": {"steps": STEPS, "optimizer": optimizer or {"name": "sgd", "lr": 0.1, "momentum": 0.9}},
-        "parallel": {"scheme": scheme},
+        "parallel": {"all_reduce": all_reduce},
     }
     for section, fields in extra.items():
         scenario[section] = {**scenario[section], **fields}
@@ -77,15 +77,15 @@ def test_launch_on_two_processes_trains_the_parameters_run_simulates(ring_of_two
 TECHNIQUES = {"train": {"precision": "fp16", "checkpointing": "sqrt"}, "data": {"sampling": "prioritized"}}
 
 
-@pytest.mark.parametrize("world, scheme, optimizer, collective, extra", [
+@pytest.mark.parametrize("world, all_reduce, optimizer, collective, extra", [
     (4, "tree", None, "programs", {}),
     (2, "ring", None, "native", {}),
     (2, "naive", {"name": "kfac", "lr": 0.05, "inv_update_steps": 2}, "programs", {}),
     (2, "ring", {"name": "adam", "lr": 0.01}, "programs", TECHNIQUES),
     (2, "ring", None, "programs", {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}}),
 ])
-def test_launch_trains_the_parameters_run_simulates(tmp_path, world, scheme, optimizer, collective, extra):
-    path = write_scenario(tmp_path, scheme, optimizer, **extra)
+def test_launch_trains_the_parameters_run_simulates(tmp_path, world, all_reduce, optimizer, collective, extra):
+    path = write_scenario(tmp_path, all_reduce, optimizer, **extra)
     data = launch(path, [], world, tmp_path / "real", collective=collective, warmup=WARMUP)
     check_launched(path, tmp_path / "real", data, world)
 
@@ -159,7 +159,7 @@ def test_launch_lists_the_files_it_wrote(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("overrides, options, message", [
-    (["parallel.scheme=async"], [], "parallel.scheme: async runs simulated only"),
+    (["parallel.mode=async"], [], "parallel.mode: async runs simulated only"),
     (["parallel.pp=2", "model.hidden=[32,32,32]"], [], "parallel.pp: launch runs data-parallel schemes"),
     (["numerics=false"], [], "numerics: launch trains for real"),
     ([], ["--warmup", "5"], "--warmup: 5 warm-up steps leave none of train.steps 5"),

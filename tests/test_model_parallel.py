@@ -214,7 +214,7 @@ def test_layout_places_tp_innermost_then_pp_then_dp():
      "parallel.pipeline.microbatches: 5 does not divide data.batch_size 32"),
     ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "pipeline": {"virtual_stages": 2}}},
      "parallel.pipeline.virtual_stages: 2 chunks per device need schedule interleaved"),
-    ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "scheme": "async"}}, "parallel.scheme: async does not"),
+    ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "mode": "async"}}, "parallel.mode: async does not"),
     ({"cluster": {"devices": 2}, "parallel": {"pp": 2, "pipeline": {"split": [1, 1]}}},
      "parallel.pipeline.split: needs 2 counts"),
 ])

@@ -280,9 +280,9 @@ def test_bad_channels_are_one_line_errors(capsys, args, expected):
 
 def test_hierarchical_needs_hosts_of_equal_size():
     dgx = build_topology("topologies/dgx-a100-2node.yaml", None, None)
-    with pytest.raises(ScenarioError, match="^parallel.scheme: hierarchical needs the same number of ranks on "
+    with pytest.raises(ScenarioError, match="^parallel.all_reduce: hierarchical needs the same number of ranks on "
                                             "every host, got 2, 1$"):
-        build_all_reduce("hierarchical", dgx, ["n0g0", "n0g1", "n1g0"], None, "parallel.scheme")
+        build_all_reduce("hierarchical", dgx, ["n0g0", "n0g1", "n1g0"], None, "parallel.all_reduce")
 
 
 def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
@@ -290,16 +290,16 @@ def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
                "cluster.gpus_per_node=4", "--set", 'cluster.inter_node_link={bandwidth: "25 GB/s", latency: "5 us"}',
                "--set", "train.steps=5", "--set", "report.trace=false"]
     losses = {}
-    for scheme, channels in [("ring", "null"), ("hierarchical", "null"), ("dbtree", "2")]:
-        out = tmp_path / scheme
-        assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", f"parallel.scheme={scheme}",
+    for algorithm, channels in [("ring", "null"), ("hierarchical", "null"), ("dbtree", "2")]:
+        out = tmp_path / algorithm
+        assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", f"parallel.all_reduce={algorithm}",
                    "--set", f"parallel.channels={channels}", "--out", str(out), "-q") == 0
         report = json.loads((out / "report.json").read_text())
-        assert report["scheme"] == scheme
-        losses[scheme] = report["final_loss"]
+        assert report["scheme"] == "data_parallel" and report["all_reduce"] == algorithm
+        losses[algorithm] = report["final_loss"]
     assert losses["hierarchical"] == pytest.approx(losses["ring"], rel=1e-5)
     assert losses["dbtree"] == pytest.approx(losses["ring"], rel=1e-5)
-    assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", "parallel.scheme=tree",
+    assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", "parallel.all_reduce=tree",
                "--set", "parallel.channels=2", "--out", str(tmp_path / "bad"), "-q") == 2
     assert capsys.readouterr().err.strip() == ("error: scenarios/quickstart.yaml: parallel.channels: tree runs on "
                                                "one channel, got 2")

@@ -15,13 +15,13 @@ from simtrain.train.data import load_dataset
 
 TECHNIQUES = {
     "ring": {},
-    "naive on a switch": {"cluster": {"topology": "switch"}, "parallel": {"scheme": "naive"}},
-    "tree, adam, bf16": {"parallel": {"scheme": "tree"},
+    "naive on a switch": {"cluster": {"topology": "switch"}, "parallel": {"all_reduce": "naive"}},
+    "tree, adam, bf16": {"parallel": {"all_reduce": "tree"},
                          "train": {"precision": "bf16", "optimizer": {"name": "adam", "lr": 1e-3}}},
     "fp16 + checkpointing": {"train": {"precision": "fp16", "checkpointing": "sqrt"}},
     "kfac": {"train": {"optimizer": {"name": "kfac", "lr": 0.1, "inv_update_steps": 2}}},
     "sync batchnorm": {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}},
-    "async locked": {"parallel": {"scheme": "async", "async": {"consistency": "locked"}}},
+    "async locked": {"parallel": {"mode": "async", "async": {"consistency": "locked"}}},
     "straggler and jitter": {"cluster": {"overrides": {1: {"slowdown": 1.7}}, "compute_jitter": 0.3}},
     "pipeline 1f1b, bf16, checkpointing": {"parallel": {"pp": 3, "pipeline": {"microbatches": 4}},
                                            "train": {"precision": "bf16", "checkpointing": "sqrt"}},

@@ -27,7 +27,7 @@ def scenario(overlap: bool, bucket_cap_mb: float = 0.005):
         "model": {"name": "mlp", "hidden": WIDTHS[1:-1]},
         "data": {"name": "digits", "batch_size": BATCH},
         "train": {"steps": 3, "optimizer": {"name": "sgd", "lr": 0.1}},
-        "parallel": {"scheme": "ring", "overlap": overlap, "bucket_cap_mb": bucket_cap_mb},
+        "parallel": {"all_reduce": "ring", "overlap": overlap, "bucket_cap_mb": bucket_cap_mb},
         "report": {"trace": True},
     })
 

@@ -37,7 +37,7 @@ def population_scenario(population=4, devices=8, steps=30, interval=10, pbt=None
         "data": {"name": "digits", "batch_size": 16, "validation_fraction": 0.2},
         "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
                   **sections.get("train", {})},
-        "parallel": sections.get("parallel", {"scheme": "ring"}),
+        "parallel": sections.get("parallel", {"all_reduce": "ring"}),
         "report": sections.get("report", {"trace": False, "every": 10}),
         "pbt": {"population": population, "perturbation_interval": interval, "synch": True,
                 "hyperparam_mutations": {"train.optimizer.lr": {"log_uniform": [0.001, 1.0]},
@@ -127,7 +127,7 @@ def test_an_exploit_moves_the_state_once_between_the_groups_in_the_closed_form_t
 
 
 def test_pipeline_members_copy_each_stage_from_the_donors_same_stage(tmp_path):
-    scenario = two_switch_population(tmp_path, parallel={"scheme": "ring", "pp": 2, "pipeline": {"microbatches": 2}})
+    scenario = two_switch_population(tmp_path, parallel={"all_reduce": "ring", "pp": 2, "pipeline": {"microbatches": 2}})
     population, replay = run_population_and_replay(scenario)
     assert_the_recipient_trained_on_from_the_donors_state(population, replay)
     [event] = population.events
@@ -135,7 +135,7 @@ def test_pipeline_members_copy_each_stage_from_the_donors_same_stage(tmp_path):
     assert donor.checkpoint[0].layout != donor.checkpoint[1].layout  # the two stages hold different layers
     across = {(link["src"], link["dst"]): link["bytes"] for link in population.cluster.network.link_stats()}
     uplink = ("sw0", "sw1") if event["from"] == 0 else ("sw1", "sw0")
-    assert across[uplink] == event["bytes"] == sum(state.nbytes for state in donor.checkpoint)
+    assert across[uplink] == event["bytes"] == sum(state.nbytes for state in donor.checkpoint.values())
 
 
 def test_through_checkpoint_storage_every_member_writes_each_round_and_a_recipient_reads(tmp_path):
@@ -159,7 +159,7 @@ def test_through_checkpoint_storage_every_member_writes_each_round_and_a_recipie
 
 
 def test_async_members_copy_the_store_at_its_bandwidth(tmp_path):
-    scenario = two_switch_population(tmp_path, parallel={"scheme": "async"})
+    scenario = two_switch_population(tmp_path, parallel={"mode": "async"})
     population, replay = run_population_and_replay(scenario)
     assert_the_recipient_trained_on_from_the_donors_state(population, replay)
     [event] = population.events

@@ -32,7 +32,7 @@ def scenario(devices: int, gpus_per_node: int, numerics: bool = False, checkpoin
         "data": {"name": "tokens", "batch_size": 4, "samples": 64, "seq_len": 16, "vocab": 64},
         "train": {"steps": 2, "precision": "bf16", "checkpointing": checkpointing,
                   "optimizer": {"name": "adam", "lr": 1e-3}},
-        "parallel": {"scheme": "ring", "pipeline": pipeline, **parallel},
+        "parallel": {"all_reduce": "ring", "pipeline": pipeline, **parallel},
         "report": {"trace": False},
     })
 

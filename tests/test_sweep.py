@@ -12,7 +12,7 @@ from simtrain.studies.sweep import parse_grid, plan_points, run_sweep
 
 QUICKSTART = "scenarios/quickstart.yaml"
 COMMON = ["train.steps=4", "report.trace=false"]
-GRIDS = ["cluster.devices=2,4", "parallel.scheme=ring,naive"]
+GRIDS = ["cluster.devices=2,4", "parallel.all_reduce=ring,naive"]
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +23,17 @@ def serial(tmp_path_factory):
 
 def test_rows_are_the_product_in_order_with_the_runs_figures(serial):
     rows, out = serial
-    assert [(row["cluster.devices"], row["parallel.scheme"]) for row in rows] == [
+    assert [(row["cluster.devices"], row["parallel.all_reduce"]) for row in rows] == [
         (2, "ring"), (2, "naive"), (4, "ring"), (4, "naive")]
-    alone = simtrain.run(simtrain.load_scenario(QUICKSTART, [*COMMON, "cluster.devices=4", "parallel.scheme=naive"]))
+    alone = simtrain.run(simtrain.load_scenario(QUICKSTART,
+                                                [*COMMON, "cluster.devices=4", "parallel.all_reduce=naive"]))
     assert rows[3]["step_time_s"] == alone.data["step_time_s"]
     assert rows[3]["communication_s"] == alone.data["breakdown_s"]["communication"]
     assert rows[3]["final_loss"] == alone.data["final_loss"]
     assert json.loads((out / "runs" / "0003" / "report.json").read_text())["step_time_s"] == alone.data["step_time_s"]
     assert json.loads((out / "sweep.json").read_text()) == rows
     csv_lines = (out / "sweep.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("index,cluster.devices,parallel.scheme,status,step_time_s")
+    assert csv_lines[0].startswith("index,cluster.devices,parallel.all_reduce,status,step_time_s")
     assert len(csv_lines) == 5
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 

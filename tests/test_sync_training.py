@@ -20,21 +20,21 @@ from gloo_ddp import train_ddp
 STEPS, HIDDEN, BATCH, LR = 12, [32], 16, 0.1
 
 
-def scenario(devices, scheme, topology="ring", **train):
+def scenario(devices, all_reduce, topology="ring", **train):
     return validate_scenario({
         "name": "t", "seed": 3,
         "cluster": {"topology": topology, "devices": devices},
         "model": {"name": "mlp", "hidden": HIDDEN},
         "data": {"name": "digits", "batch_size": BATCH},
         "train": {"steps": STEPS, "optimizer": {"name": "sgd", "lr": LR, **train}},
-        "parallel": {"scheme": scheme},
+        "parallel": {"all_reduce": all_reduce},
         "report": {"trace": False},
     })
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return {scheme: simtrain.run(scenario(4, scheme)) for scheme in ("naive", "ring", "tree")}
+    return {algorithm: simtrain.run(scenario(4, algorithm)) for algorithm in ("naive", "ring", "tree")}
 
 
 def params(model):
@@ -51,8 +51,8 @@ def test_replicas_stay_bit_identical(runs):
 
 def test_naive_ring_and_tree_agree(runs):
     ring = params(runs["ring"].final_model)
-    for scheme in ("naive", "tree"):
-        for name, tensor in params(runs[scheme].final_model).items():
+    for algorithm in ("naive", "tree"):
+        for name, tensor in params(runs[algorithm].final_model).items():
             torch.testing.assert_close(tensor, ring[name], rtol=0, atol=1e-5)
 
 

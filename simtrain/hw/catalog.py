@@ -6,8 +6,9 @@ a fixed cost per kernel (`kernel_overhead`, default 0). The compute model
 charges `flops / spec.flops_rate(dtype) + kernels x kernel_overhead` seconds.
 
 `CATALOG` holds public datasheet figures for common SXM parts; a scenario names
-one, tweaks one, or describes its own GPU, and `resolve_device` turns any of
-those into a `DeviceSpec`:
+one, tweaks one, or describes its own GPU (`cluster.device`, typed and
+validated as scenario.DeviceFields), and `resolve_device` turns any of those
+into a `DeviceSpec`:
 
     resolve_device("a100-40gb")
     resolve_device({"base": "a100-40gb", "efficiency": 0.4, "memory": "80 GiB"})
@@ -24,15 +25,16 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ..errors import ScenarioError
-from ..limits import MIN_EFFICIENCY
-from ..units import parse_quantity
+from ..scenario import DTYPES, DeviceFields
+from ..scenario.fields import first_error
 from ..user_files import load_yaml_file, user_path
 
-DTYPES = ("fp32", "tf32", "fp16", "bf16")
 DEFAULT_EFFICIENCY = 0.5
 
-_INLINE_KEYS = ("base", "name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead")
+_FILE_KEYS = ("name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead")
 _T = 1e12  # TFLOP/s
 _GIB = 2.0**30
 
@@ -105,10 +107,11 @@ CATALOG: dict[str, DeviceSpec] = {
 
 
 def resolve_device(value, field: str = "cluster.device", base_dir=None) -> DeviceSpec:
-    """A DeviceSpec from a catalog name, a device file, a {base: ..., overrides} mapping or an inline spec.
+    """A DeviceSpec from a catalog name, a device file, or device fields (scenario.DeviceFields, or a mapping of
+    its keys: a catalog `base` with some fields changed, or a whole device).
 
     A string ending in .yaml or .yml is a device file (what `simtrain calibrate` writes): a mapping
-    with the inline spec's keys, read relative to `base_dir` (then the working folder).
+    with the device fields' keys but base, read relative to `base_dir` (then the working folder).
     Raises ScenarioError naming `field` (or the sub-field at fault, and the file) on any mistake.
     """
     if isinstance(value, DeviceSpec):
@@ -117,16 +120,24 @@ def resolve_device(value, field: str = "cluster.device", base_dir=None) -> Devic
         return _device_file(value, field, base_dir)
     if isinstance(value, str):
         return _lookup(value, field)
+    fields = value if isinstance(value, DeviceFields) else _device_fields(value, field)
+    if fields.base is not None:
+        return override_device(_lookup(fields.base, f"{field}.base"), fields.changes())
+    return DeviceSpec(name=fields.name, peak_flops=fields.peak_flops.given(), memory_bytes=fields.memory,
+                      memory_bandwidth=fields.memory_bandwidth,
+                      efficiency=DEFAULT_EFFICIENCY if fields.efficiency is None else fields.efficiency,
+                      kernel_overhead_s=fields.kernel_overhead or 0.0)
+
+
+def _device_fields(value, field: str) -> DeviceFields:
+    """A mapping validated as device fields; the first problem one line naming `field` and the key."""
     if not isinstance(value, Mapping):
         raise ScenarioError(f"{field}: expected a device name or a mapping, got {value!r}")
-    for key in value:
-        if key not in _INLINE_KEYS:
-            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: {', '.join(_INLINE_KEYS)}")
-    if "base" in value:
-        if not isinstance(value["base"], str):
-            raise ScenarioError(f"{field}.base: expected a device name, got {value['base']!r}")
-        return _override(_lookup(value["base"], f"{field}.base"), value, field)
-    return _inline(value, field)
+    try:
+        return DeviceFields.model_validate(dict(value))
+    except ValidationError as error:
+        problem = first_error(error)  # "key: what", or "what" for the mapping as a whole
+        raise ScenarioError(f"{field}.{problem}" if error.errors()[0]["loc"] else f"{field}: {problem}") from None
 
 
 def _device_file(name: str, field: str, base_dir) -> DeviceSpec:
@@ -138,17 +149,27 @@ def _device_file(name: str, field: str, base_dir) -> DeviceSpec:
         raise ScenarioError(f"{field}: device file {name} not found")
     data = load_yaml_file(found, f"device file {found}", ScenarioError)
     if not isinstance(data, Mapping) or "base" in data:
-        raise ScenarioError(f"device file {found}: expected a mapping of {', '.join(_INLINE_KEYS[1:])}")
+        raise ScenarioError(f"device file {found}: expected a mapping of {', '.join(_FILE_KEYS)}")
     return resolve_device(dict(data), f"device file {found}")
 
 
-def override_device(base: DeviceSpec, changes: Mapping, field: str) -> DeviceSpec:
-    """`base` with some of its fields (name, peak_flops, memory, memory_bandwidth, efficiency)
-    replaced; ScenarioError naming `field` on a mistake."""
-    for key in changes:
-        if key not in _INLINE_KEYS or key == "base":
-            raise ScenarioError(f"{field}: unknown key {key!r}; allowed: {', '.join(_INLINE_KEYS[1:])}")
-    return _override(base, changes, field)
+def override_device(base: DeviceSpec, changes: Mapping) -> DeviceSpec:
+    """`base` with some of its fields changed: `changes` holds scenario.DeviceFields' values by name (name,
+    peak_flops of some dtypes, memory, memory_bandwidth, efficiency, kernel_overhead)."""
+    replaced = {}
+    if changes.get("name") is not None:
+        replaced["name"] = changes["name"]
+    if changes.get("peak_flops") is not None:
+        replaced["peak_flops"] = {**base.peak_flops, **changes["peak_flops"].given()}
+    if changes.get("memory") is not None:
+        replaced["memory_bytes"] = changes["memory"]
+    if changes.get("memory_bandwidth") is not None:
+        replaced["memory_bandwidth"] = changes["memory_bandwidth"]
+    if changes.get("efficiency") is not None:
+        replaced["efficiency"] = changes["efficiency"]
+    if changes.get("kernel_overhead") is not None:
+        replaced["kernel_overhead_s"] = changes["kernel_overhead"]
+    return dataclasses.replace(base, **replaced)
 
 
 def _lookup(name: str, field: str) -> DeviceSpec:
@@ -156,72 +177,3 @@ def _lookup(name: str, field: str) -> DeviceSpec:
     if key not in CATALOG:
         raise ScenarioError(f"{field}: unknown device {name!r}; known: {', '.join(sorted(CATALOG))}")
     return CATALOG[key]
-
-
-def _override(base: DeviceSpec, value: Mapping, field: str) -> DeviceSpec:
-    """`base` with the fields given in `value` replaced; peak_flops may list only some dtypes."""
-    changes = {}
-    if "name" in value:
-        changes["name"] = _name(value["name"], field)
-    if "peak_flops" in value:
-        changes["peak_flops"] = {**base.peak_flops, **_peak_flops(value["peak_flops"], field, partial=True)}
-    if "memory" in value:
-        changes["memory_bytes"] = _positive(value["memory"], "bytes", f"{field}.memory")
-    if "memory_bandwidth" in value:
-        changes["memory_bandwidth"] = _positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth")
-    if "efficiency" in value:
-        changes["efficiency"] = _efficiency(value["efficiency"], field)
-    if "kernel_overhead" in value:
-        changes["kernel_overhead_s"] = parse_quantity(value["kernel_overhead"], "time", f"{field}.kernel_overhead")
-    return dataclasses.replace(base, **changes)
-
-
-def _inline(value: Mapping, field: str) -> DeviceSpec:
-    """A spec described in full: every field but efficiency is required."""
-    for key in ("name", "peak_flops", "memory", "memory_bandwidth"):
-        if key not in value:
-            raise ScenarioError(f"{field}: missing {key!r} (or give 'base' to start from a catalog device)")
-    return DeviceSpec(
-        name=_name(value["name"], field),
-        peak_flops=_peak_flops(value["peak_flops"], field, partial=False),
-        memory_bytes=_positive(value["memory"], "bytes", f"{field}.memory"),
-        memory_bandwidth=_positive(value["memory_bandwidth"], "bandwidth", f"{field}.memory_bandwidth"),
-        efficiency=_efficiency(value.get("efficiency", DEFAULT_EFFICIENCY), field),
-        kernel_overhead_s=parse_quantity(value.get("kernel_overhead", 0.0), "time", f"{field}.kernel_overhead"),
-    )
-
-
-def _name(value, field: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ScenarioError(f"{field}.name: expected a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _peak_flops(value, field: str, partial: bool) -> dict[str, float]:
-    field = f"{field}.peak_flops"
-    if not isinstance(value, Mapping):
-        raise ScenarioError(f"{field}: expected a mapping of dtype to FLOP/s, got {value!r}")
-    for dtype in value:
-        if dtype not in DTYPES:
-            raise ScenarioError(f"{field}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-    if not partial:
-        missing = [dtype for dtype in DTYPES if dtype not in value]
-        if missing:
-            raise ScenarioError(f"{field}: missing {', '.join(missing)}; give all of {', '.join(DTYPES)}")
-    return {dtype: _positive(rate, "flops", f"{field}.{dtype}") for dtype, rate in value.items()}
-
-
-def _positive(value, kind: str, field: str) -> float:
-    number = parse_quantity(value, kind, field)
-    if number == 0:
-        raise ScenarioError(f"{field}: must be positive, got {value!r}")
-    return number
-
-
-def _efficiency(value, field: str) -> float:
-    field = f"{field}.efficiency"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(f"{field}: expected a number in (0, 1], got {value!r}")
-    if not MIN_EFFICIENCY <= value <= 1:
-        raise ScenarioError(f"{field}: must be in [{MIN_EFFICIENCY:g}, 1], got {value!r}")
-    return float(value)

@@ -17,12 +17,13 @@ is every device's compute model (device.py).
 """
 import gc
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import simpy
 
-from ..errors import ScenarioError
+from ..errors import ScenarioError, TopologyError
 from ..scenario import ClusterSpec
 from .catalog import DeviceSpec, override_device, resolve_device
 from .device import Device
@@ -30,7 +31,7 @@ from .eventlog import EventLog
 from .network import Network
 from .shared_memory import SharedMemory, attach_shared_memory
 from .topology import Topology
-from .topology_builders import LinkClass, build_topology
+from .topology_builders import BUILDERS, LinkClass, build_topology
 
 
 class Cluster:
@@ -99,26 +100,65 @@ def _link_class(spec) -> LinkClass | None:
     return None if spec is None else LinkClass(bandwidth=spec.bandwidth, latency=spec.latency)
 
 
-def build_topology_from_spec(spec: ClusterSpec, base_dir: Path = Path(".")) -> Topology:
-    """The topology a scenario's cluster section describes."""
-    return build_topology(
-        spec.topology, spec.devices, _link_class(spec.link),
-        inter_link=_link_class(spec.inter_node_link), gpus_per_node=spec.gpus_per_node,
-        torus_shape=spec.torus_shape, nodes_per_leaf=spec.nodes_per_leaf, oversubscription=spec.oversubscription,
-        base_dir=base_dir)
+@dataclass(frozen=True)
+class ResolvedCluster:
+    """A scenario's cluster section resolved once, before anything is built: the topology file loaded and
+    validated (None for a builder, whose graph `build` makes), the device count, and every rank's typed
+    DeviceSpec and slowdown. The host-memory check and the cluster read the same objects.
+
+        resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
+        check_scenario_fits_host(scenario, resolved)
+        cluster = resolved.build(seed=scenario.seed)
+    """
+
+    spec: ClusterSpec
+    base_dir: Path
+    topology_file: Topology | None  # the file's topology; None: a builder's, made by `build`
+    devices: int  # spares included
+    device_specs: list[DeviceSpec]
+    slowdowns: list[float]
+
+    def topology(self) -> Topology:
+        """The topology the section describes: a copy of the file's, as loaded once (a failed link leaves a
+        cluster's graph, not this one's); a builder's, built now."""
+        if self.topology_file is not None:
+            loaded = self.topology_file
+            return Topology(loaded.graph.copy(), loaded.devices, loaded.name, private=loaded.private)
+        spec = self.spec
+        return build_topology(
+            spec.topology, spec.devices, _link_class(spec.link),
+            inter_link=_link_class(spec.inter_node_link), gpus_per_node=spec.gpus_per_node,
+            torus_shape=spec.torus_shape, nodes_per_leaf=spec.nodes_per_leaf, oversubscription=spec.oversubscription,
+            base_dir=self.base_dir)
+
+    def build(self, record: bool = True, seed: int = 0, enforce_capacity: bool = True) -> Cluster:
+        """The cluster; `seed` seeds the compute jitter."""
+        spec, topology, store = self.spec, self.topology(), None
+        if spec.shared_memory is not None:
+            topology, store = attach_shared_memory(topology, spec.shared_memory)
+        return Cluster(topology, self.device_specs, record=record, slowdowns=self.slowdowns,
+                       compute_jitter=spec.compute_jitter, seed=seed, shared_memory=store,
+                       enforce_capacity=enforce_capacity, compute_model=spec.compute_model)
+
+
+def resolve_cluster(spec: ClusterSpec, base_dir: Path = Path(".")) -> ResolvedCluster:
+    """The cluster section resolved: a topology file read and validated once, device specs typed."""
+    topology_file = None
+    if spec.topology in BUILDERS:
+        if spec.devices is None:
+            raise TopologyError(f"cluster.devices: required by the {spec.topology} builder")
+        count = spec.devices
+    else:
+        topology_file = build_topology(spec.topology, spec.devices, None, base_dir=base_dir)
+        count = topology_file.num_devices
+    specs, slowdowns = device_specs(spec, count, base_dir)
+    return ResolvedCluster(spec, Path(base_dir), topology_file, count, specs, slowdowns)
 
 
 def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = True, seed: int = 0,
                   enforce_capacity: bool = True) -> Cluster:
     """The cluster a scenario's cluster section describes; `seed` seeds the compute jitter."""
-    topology = build_topology_from_spec(spec, base_dir)
-    store = None
-    if spec.shared_memory is not None:
-        topology, store = attach_shared_memory(topology, spec.shared_memory)
-    specs, slowdowns = device_specs(spec, topology.num_devices, base_dir)
-    return Cluster(topology, specs, record=record, slowdowns=slowdowns, compute_jitter=spec.compute_jitter,
-                   seed=seed, shared_memory=store, enforce_capacity=enforce_capacity,
-                   compute_model=spec.compute_model)
+    return resolve_cluster(spec, base_dir).build(record=record, seed=seed, enforce_capacity=enforce_capacity)
 
 
 def device_specs(spec: ClusterSpec, count: int, base_dir: Path = Path(".")) -> tuple[list[DeviceSpec], list[float]]:
@@ -137,6 +177,6 @@ def device_specs(spec: ClusterSpec, count: int, base_dir: Path = Path(".")) -> t
         field = f"cluster.overrides.{rank}"
         device = base if override.device is None else resolve_device(override.device, f"{field}.device", base_dir)
         changes = override.device_fields()
-        specs.append(override_device(device, changes, field) if changes else device)
+        specs.append(override_device(device, changes) if changes else device)
         slowdowns.append(override.slowdown)
     return specs, slowdowns

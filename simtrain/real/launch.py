@@ -44,6 +44,7 @@ from ..hw.cluster import build_cluster
 from ..job import Job
 from ..report import RunResult, build_report
 from ..scenario import Scenario, load_scenario
+from ..schemes import scheme_name
 from .interpreter import Meter, run_program
 from .processes import join, spawn, torchrun_world
 
@@ -77,8 +78,8 @@ def scenario_for(scenario_file, overrides, world: int) -> Scenario:
         field = "parallel.pp" if parallel.pp > 1 else "parallel.tp"
         raise ScenarioError(f"{scenario_file}: {field}: launch runs data-parallel schemes; pipeline and tensor "
                             "parallel layouts run simulated only")
-    if parallel.scheme == "async":
-        raise ScenarioError(f"{scenario_file}: parallel.scheme: async runs simulated only (its workers share "
+    if parallel.mode == "async":
+        raise ScenarioError(f"{scenario_file}: parallel.mode: async runs simulated only (its workers share "
                             "parameters through a simulated shared-memory store, which a process group lacks)")
     return scenario
 
@@ -188,6 +189,7 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
     per_step = {name: sum(span.end - span.start for r in ranks for span in r["spans"] if span.name == name)
                 / len(ranks) / measured_steps for name in ("forward", "backward")}
     result = RunResult(
+        scheme=scheme_name(scenario.parallel),
         steps=measured_steps,
         samples_per_step=job.scheme.samples_per_step(),
         loss_curve=loss_curve,

@@ -61,7 +61,7 @@ program (job.py); a pause there holds it until the program lets it go on, so a
 pause that every worker reaches at the same u finds the first u updates
 applied. A learning rate set there applies to every update applied from then on.
 
-    scheme = AsynchronousSGD(job)          # parallel.scheme: async
+    scheme = AsynchronousSGD(job)          # parallel.mode: async
     job.start(); run_to_end(job.cluster.env); scheme.report_sections()
 """
 import copy
@@ -75,13 +75,15 @@ from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step
 from ..train.training_state import TrainingState, capture, restore
 from .local_work import forward_backward
 from .program import Alloc, Busy, Transfer, Wait
+from .scheme import Scheme
 
 
-class AsynchronousSGD:
+class AsynchronousSGD(Scheme):
     """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
 
-    state_placement = "store"  # the training state lives in the store, not on the workers' devices
-    only_ring_all_reduces = False
+    @classmethod
+    def applies(cls, parallel) -> bool:
+        return parallel.mode == "async"
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -169,10 +171,11 @@ class AsynchronousSGD:
         if request is not None:
             self.lock.release(request)
 
-    def lose_worker(self, rank: int) -> dict:
-        """Worker `rank`'s device was lost now (its program has ended): the store settles its update in
-        progress. A push whose bytes had not all arrived is lost and its update goes back to the others;
-        one that had arrived is applied when it would have been. Returns what happened, for the report."""
+    def device_lost(self, rank: int) -> dict:
+        """Worker `rank`'s device was lost now (its program has ended): the others go on without it, and the
+        store settles its update in progress. A push whose bytes had not all arrived is lost and its update
+        goes back to the others; one that had arrived is applied when it would have been. Returns what
+        happened, for the report."""
         doing, self._doing[rank] = self._doing[rank], None
         effect = {"updates_applied": self.updates_per_rank[rank], "push_lost": False}
         if doing is None:
@@ -247,6 +250,15 @@ class AsynchronousSGD:
         """The store takes the state (the workers read it at their next pull); once, from rank 0."""
         if rank == 0:
             restore(state, flat, self.shared_model, None, self.optimizer, None)
+
+    def state_receivers(self) -> list[int]:
+        return [0]  # the state lives in the store: rank 0 stands for it
+
+    def receive_state(self, rank: int, donor, state):
+        """Step program of rank 0: the store copies the state within itself, read and written at its
+        bandwidth ("exploit copy"), then holds it."""
+        yield Busy(2 * state.nbytes / self.store.bandwidth, "exploit copy", kind="communication", nbytes=state.nbytes)
+        self.load_training_state(rank, state, state.flat.clone())
 
     def stuck(self) -> list[int]:
         return []  # workers never wait for one another

@@ -22,7 +22,7 @@ A job of dp x pp x tp devices (schemes/layout.py) trains one model:
   all-reduce algorithm on the tp group (schemes/stage_execution.py).
 - **data**: after the last backward of a step, each device all-reduces (and
   averages) its gradient bucket with the devices that hold the same shard in
-  the other replicas, with `parallel.scheme`'s algorithm, then steps its own
+  the other replicas, with `parallel.all_reduce`'s algorithm, then steps its own
   optimizer on its own parameters.
 - **fp16 loss scaling**: a step is skipped if any share of the model
   overflowed, as Megatron-LM all-reduces found_inf across its model-parallel
@@ -62,9 +62,10 @@ from ..train.precision import persistent_bytes, update_bytes
 from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
-from .program import Alloc, Busy, Collective, Free, MemoryBound, PostTransfer, Wait
+from .program import Alloc, Busy, Collective, Free, MemoryBound, PostTransfer, Transfer, Wait
 from .representatives import MirroredCollectives
 from .rank_replicas import RankReplicas
+from .scheme import Scheme
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk, replay_backward, replay_forward
 
 
@@ -106,11 +107,8 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor, ranks=N
     return shares
 
 
-class ModelParallel(RankReplicas):
+class ModelParallel(RankReplicas, Scheme):
     """dp x pp x tp training with a pipeline schedule, tensor-parallel layers and a gradient all-reduce."""
-
-    state_placement = "sharded"  # each rank holds its own share of the model and its optimizer state
-    only_ring_all_reduces = False
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -162,8 +160,8 @@ class ModelParallel(RankReplicas):
             comm = SimCommunicator(self.job.cluster.network, nodes, log=self.job.cluster.log,
                                    ledgers=[device.memory for device in devices],
                                    global_ranks=[device.rank for device in devices])
-            all_reduce = (self.job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels,
-                                                      "parallel.scheme", "parallel.channels")
+            all_reduce = (self.job.all_reduce_builder(parallel.all_reduce, topology, nodes, parallel.channels,
+                                                      "parallel.all_reduce", "parallel.channels")
                           if len(group) > 1 else None)
             for index, rank in enumerate(group):
                 by_rank[rank] = (comm, index, all_reduce)
@@ -429,4 +427,18 @@ class ModelParallel(RankReplicas):
                               "overflow_vote": self._collective_bytes("model", "overflow_vote")},
         }}
 
+    # --- the Scheme hooks (scheme.py) ---
 
+    @classmethod
+    def applies(cls, parallel) -> bool:
+        return parallel.model_parallel  # the model itself is split: pp or tp above 1
+
+    def state_source(self, rank: int) -> int:
+        return rank  # each rank holds its own share of the model and its optimizer state
+
+    def receive_state(self, rank: int, donor, state):
+        """Step program: rank `rank`'s share, whole, from the donor's rank of the same coordinates."""
+        yield Alloc("comm_buffers", state.nbytes)
+        yield Transfer(donor.devices[rank].node, self.job.devices[rank].node, state.nbytes, "exploit")
+        self.load_training_state(rank, state, state.flat.clone())
+        yield Free("comm_buffers", state.nbytes)

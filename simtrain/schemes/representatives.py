@@ -43,8 +43,8 @@ class MirroredCollectives:
         parallel, topology = job.scenario.parallel, job.cluster.topology
         self._env = simpy.Environment()
         self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
-        self._program = lambda nodes: job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels,
-                                                             "parallel.scheme", "parallel.channels")
+        self._program = lambda nodes: job.all_reduce_builder(parallel.all_reduce, topology, nodes, parallel.channels,
+                                                             "parallel.all_reduce", "parallel.channels")
         self._timed: dict[tuple, tuple[float, int, int]] = {}
 
     def all_reduce(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int, int]:

@@ -13,7 +13,7 @@ the backward completes them, so they run while the rest of the backward
 computes; the optimizer waits for the last one. Only the communication no
 compute hides is counted as communication in the breakdown.
 
-    scheme = SyncDataParallel(job)          # parallel.scheme: naive | ring | tree
+    scheme = SyncDataParallel(job)          # parallel.mode: sync, parallel.all_reduce: ring | tree | ...
     job.start(); run_to_end(job.cluster.env)
 
 Before each step every rank runs the job's `before_step` program (job.py: a
@@ -42,12 +42,15 @@ from .kfac_sync import DistributedKfac
 from .local_work import forward_backward
 from .program import Alloc, Collective, MemoryBound, PostCollective, WaitCollectives
 from .rank_replicas import RankReplicas
+from .scheme import Scheme
 
 
-class SyncDataParallel(RankReplicas):
+class SyncDataParallel(RankReplicas, Scheme):
     """Data-parallel training with a synchronous gradient all-reduce every step."""
 
-    state_placement = "replicated"  # every device holds the whole training state
+    @classmethod
+    def applies(cls, parallel) -> bool:
+        return parallel.mode == "sync"  # the registry's last entry: every layout the others do not take
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -71,7 +74,7 @@ class SyncDataParallel(RankReplicas):
         self.kfac = None
         if train.optimizer.name == "kfac":
             self.kfac = DistributedKfac(self.replicas, self.devices, self.all_reduce, train.optimizer)
-        self.only_ring_all_reduces = parallel.scheme == "ring" and self.kfac is None  # K-FAC also broadcasts
+        self.only_ring_all_reduces = parallel.all_reduce == "ring" and self.kfac is None  # K-FAC also broadcasts
         self.sync_batchnorm = job.scenario.parallel.sync_batchnorm
         if self.sync_batchnorm:
             try:
@@ -91,13 +94,13 @@ class SyncDataParallel(RankReplicas):
         """The all-reduce over the job's devices as they are now (a spare took a lost device's place)."""
         parallel = self.job.scenario.parallel
         self.devices = self.job.devices
-        self.all_reduce = self.job.all_reduce_builder(parallel.scheme, self.job.cluster.topology,
+        self.all_reduce = self.job.all_reduce_builder(parallel.all_reduce, self.job.cluster.topology,
                                                       [d.node for d in self.devices], parallel.channels,
-                                                      "parallel.scheme", "parallel.channels")
+                                                      "parallel.all_reduce", "parallel.channels")
 
     def rewind(self, step: int) -> None:
         """Forget what came after step `step`: the job restarts there from a checkpoint (recovery.py)."""
-        del self.loss_curve[step:]
+        super().rewind(step)
         self._step_losses[step:] = [[None] * self.world for _ in range(self.steps - step)]
         kept = sum(1 for done in self._norm_steps if done <= step)
         del self._norm_steps[kept:]

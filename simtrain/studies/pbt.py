@@ -30,7 +30,9 @@ bytes crossing from the donor's group to the recipient's are the state's size
 once. With async members the state lives in the cluster's store: the copy is
 store memory to store memory, read and written at the store's bandwidth.
 Under pipeline or tensor parallelism each rank holds its own share: recipient
-rank r receives donor rank r's share whole.
+rank r receives donor rank r's share whole. Which ranks hold the state, which
+receive it and how are the scheme's hooks (schemes/scheme.py: `state_holders`,
+`state_receivers`, `state_source`, `receive_state`).
 **Explore** then perturbs the copied hyperparameters, which apply live from
 the recipient's next step (train/hyperparameters.py).
 
@@ -54,18 +56,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
-import torch
 
-from ..comm.ring import ring_all_gather
 from ..errors import ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
 from ..host_memory import check_scenario_fits_host
-from ..hw.cluster import build_cluster, run_to_end
+from ..hw.cluster import resolve_cluster, run_to_end
 from ..job import Job
 from ..report import Report, RunResult, build_report
 from ..runner import single_thread
 from ..scenario import Scenario
-from ..schemes.program import Alloc, Busy, Collective, Free, Transfer, Wait
+from ..schemes import scheme_name
+from ..schemes.program import Busy, Wait
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed
@@ -79,6 +80,8 @@ class _Decision:
     donor: "Member | None" = None
     values: dict | None = None  # the explored hyperparameters, with a donor
     event: dict | None = None  # the event's report entry, completed when the copy ends
+    copied: simpy.Event | None = None  # with a donor: fires once every rank that receives the state holds it
+    receiving: int = 0  # ranks still receiving the state
 
 
 @dataclass
@@ -91,11 +94,10 @@ class Member:
     monitor: TrainLossMonitor
     schedule: list = field(default_factory=list)  # [step, sim_time_s, values] whenever they change
     metrics: list = field(default_factory=list)  # [step, sim_time_s, metric] at every round and at the end
-    checkpoint: list = field(default_factory=list)  # TrainingStates at its last round (one per rank if sharded)
+    checkpoint: dict = field(default_factory=dict)  # holding job rank -> its TrainingState at its last round
     checkpoint_step: int = 0
     arrived: int = 0  # ranks paused at the current round
     gate: simpy.Event | None = None  # fires with the round's _Decision
-    copied: simpy.Event | None = None  # state in the store: fires once the store holds the copy
 
     @property
     def metric(self) -> float:
@@ -108,8 +110,9 @@ class Population:
     def __init__(self, scenario: Scenario, on_step=None):
         self.spec = spec = scenario.pbt
         self.scenario = scenario
-        self.cluster = build_cluster(scenario.cluster, scenario.base_dir, record=scenario.report.trace,
-                                     seed=scenario.seed)
+        resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # read and checked once
+        check_scenario_fits_host(scenario, resolved)
+        self.cluster = resolved.build(record=scenario.report.trace, seed=scenario.seed)
         self.env = self.cluster.env
         size = self.cluster.size
         if size % spec.population:
@@ -166,21 +169,20 @@ class Population:
         `checkpoint`), then it takes part in the round."""
         point = [step, self.env.now, self._metric(member)]
         scheme = member.job.scheme
-        holders = range(member.job.world) if scheme.state_placement == "sharded" else [0]
-        checkpoint = [scheme.training_state(rank) for rank in holders]
+        checkpoint = {rank: scheme.training_state(rank) for rank in scheme.state_holders()}
         storage = self.spec.checkpoint
         if storage is None:
             self._kept(member, point, checkpoint)
             return
-        seconds = max(storage.latency + state.nbytes / storage.bandwidth for state in checkpoint)
+        seconds = max(storage.latency + state.nbytes / storage.bandwidth for state in checkpoint.values())
         now = self.env.now
-        for rank, state in zip(holders, checkpoint):  # the holders write side by side, paused
+        for rank, state in checkpoint.items():  # the holders write side by side, paused
             self.cluster.log.span(member.job.ranks[rank], "communication", "checkpoint write", now, now + seconds,
                                   nbytes=state.nbytes)
         self.checkpoint_write_s += seconds
         self.env.timeout(seconds).callbacks.append(lambda _: self._kept(member, point, checkpoint))
 
-    def _kept(self, member: Member, point: list, checkpoint: list) -> None:
+    def _kept(self, member: Member, point: list, checkpoint: dict) -> None:
         """`member`'s metric and checkpoint of this round are in: others may now see and copy them; decide."""
         member.metrics.append(point)
         member.checkpoint, member.checkpoint_step = checkpoint, point[0]
@@ -208,13 +210,13 @@ class Population:
                                           self.rng)
                 decision.event = {"sim_time_s": self.env.now, "step": step, "from": donor.id, "to": member.id,
                                   "from_step": donor.checkpoint_step,
-                                  "bytes": sum(state.nbytes for state in donor.checkpoint),
+                                  "bytes": sum(state.nbytes for state in donor.checkpoint.values()),
                                   "transfer_s": 0.0, "old": dict(member.values), "new": dict(decision.values)}
                 self.events.append(decision.event)
                 member.values = dict(decision.values)
                 member.schedule.append([step, self.env.now, dict(decision.values)])
-                if member.job.scheme.state_placement == "store":
-                    member.copied = self.env.event()
+                decision.copied = self.env.event()
+                decision.receiving = len(member.job.scheme.state_receivers())
             member.gate.succeed(decision)
 
     def _metric(self, member: Member) -> float:
@@ -229,58 +231,30 @@ class Population:
     # ---- exploit: the copy ----------------------------------------------------
 
     def _copy(self, member: Member, rank: int, decision: _Decision):
-        """Step program of the recipient's rank `rank`: receive the donor's checkpoint, take it, apply the
-        explored hyperparameters."""
-        job, donor, started = member.job, decision.donor.job, self.env.now
-        placement, checkpoint = job.scheme.state_placement, decision.donor.checkpoint
-        if self.spec.checkpoint is not None:
-            yield from self._read_from_storage(member, rank, checkpoint)
-        elif placement == "store":
-            if rank == 0:  # the store copies the state within itself: read and write at its bandwidth
-                state = checkpoint[0]
-                yield Busy(2 * state.nbytes / self.cluster.shared_memory.bandwidth, "exploit copy",
-                           kind="communication", nbytes=state.nbytes)
-                job.scheme.load_training_state(0, state, state.flat.clone())
-                member.copied.succeed()
-            yield Wait(member.copied)
-        elif placement == "sharded":  # each rank's own share, from the donor's rank of the same coordinates
-            state = checkpoint[rank]
-            yield Alloc("comm_buffers", state.nbytes)
-            yield Transfer(donor.devices[rank].node, job.devices[rank].node, state.nbytes, "exploit")
-            job.scheme.load_training_state(rank, state, state.flat.clone())
-            yield Free("comm_buffers", state.nbytes)
+        """Step program of the recipient's rank `rank`: receive the donor's checkpoint (or wait while the ranks
+        that receive it for this one do: the store's, under async), take it, apply the explored
+        hyperparameters."""
+        job, scheme, started = member.job, member.job.scheme, self.env.now
+        if rank in scheme.state_receivers():
+            state = decision.donor.checkpoint[scheme.state_source(rank)]
+            if self.spec.checkpoint is not None:
+                yield from self._read_from_storage(job, rank, state)
+            else:
+                yield from scheme.receive_state(rank, decision.donor.job, state)
+            decision.receiving -= 1
+            if decision.receiving == 0:
+                decision.copied.succeed()
         else:
-            yield from self._receive_replicated(job, donor, rank, checkpoint[0])
-        job.scheme.set_hyperparameters(rank, decision.values)
+            yield Wait(decision.copied)
+        scheme.set_hyperparameters(rank, decision.values)
         decision.event["transfer_s"] = max(decision.event["transfer_s"], self.env.now - started)
 
-    def _read_from_storage(self, member: Member, rank: int, checkpoint: list):
-        """Rank `rank` reads the state it holds from storage (a store-held state: rank 0, into the store)."""
-        job, storage = member.job, self.spec.checkpoint
-        placement = job.scheme.state_placement
-        if placement == "store" and rank != 0:
-            yield Wait(member.copied)
-            return
-        state = checkpoint[rank if placement == "sharded" else 0]
+    def _read_from_storage(self, job: Job, rank: int, state):
+        """Step program: rank `rank` reads `state` from storage and goes on from it."""
+        storage = self.spec.checkpoint
         yield Busy(storage.latency + state.nbytes / storage.bandwidth, "checkpoint read", kind="communication",
                    nbytes=state.nbytes)
         job.scheme.load_training_state(rank, state, state.flat.clone())
-        if placement == "store":
-            member.copied.succeed()
-
-    def _receive_replicated(self, job: Job, donor: Job, rank: int, state):
-        """1/k of the state from the donor's rank `rank`, the rest from the recipient's peers (ring all-gather)."""
-        flat = torch.empty(state.nbytes, dtype=torch.uint8)
-        yield Alloc("comm_buffers", state.nbytes)
-        chunks, sources = flat.tensor_split(job.world), state.flat.tensor_split(job.world)
-        mine = (rank + 1) % job.world  # the chunk the ring all-gather expects ring position `rank` to hold
-        yield Transfer(donor.devices[rank].node, job.devices[rank].node, chunks[mine].numel(), "exploit")
-        chunks[mine].copy_(sources[mine])
-        if job.world > 1:
-            yield Collective(ring_all_gather(rank, (rank + 1) % job.world, (rank - 1) % job.world, chunks),
-                             "exploit all-gather")
-        job.scheme.load_training_state(rank, state, flat)
-        yield Free("comm_buffers", state.nbytes)
 
     # ---- the run --------------------------------------------------------------
 
@@ -319,7 +293,6 @@ class Population:
 def run_population(scenario: Scenario, on_step=None) -> Report:
     """Train the scenario's population; on_step(step, sim_time_s, loss) after every member's every step
     (`step` counts the steps of all members)."""
-    check_scenario_fits_host(scenario)
     wall_start = time.perf_counter()
     with single_thread():
         population = Population(scenario, on_step)
@@ -332,6 +305,7 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
     steps = scenario.train.steps
     target = scenario.train.target_loss
     result = RunResult(
+        scheme=scheme_name(scenario.parallel),
         steps=steps,
         samples_per_step=samples / steps,
         loss_curve=scheme.loss_curve,

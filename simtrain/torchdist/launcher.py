@@ -10,9 +10,11 @@
 
 The cluster is a scenario's `cluster` section (with `cluster.devices` set to
 `world`), or, without a scenario, the fields given here, validated the same
-way (a mistake is one line naming the field). Collectives that sum run the
-scenario's `parallel.scheme` all-reduce (`ring` when it is `async`) over its
-`parallel.channels`, or the `collective` given.
+way (a mistake is one line naming the field); a keyword not given keeps the
+scenario spec's default (simtrain/scenario/: cluster.topology, cluster.link,
+cluster.device, parallel.all_reduce, parallel.channels), the one home of
+each. Collectives that sum run the scenario's `parallel.all_reduce` algorithm
+over its `parallel.channels`, or the `collective` given.
 
     @distributed(world=4, topology="ring", bandwidth="50 GB/s", latency="5 us")
     def test_my_allreduce(rank, world, cluster):
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
 from ..report import build_trace
-from ..scenario import load_scenario, validate_scenario
+from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .run import SimRun
 from .world import ranks_as_threads
 
@@ -50,16 +52,15 @@ class SpawnResult(list):
         self.report = report
 
 
-def spawn(fn, world: int | None = None, scenario=None, *, topology: str = "ring", bandwidth="50 GB/s",
-          latency="5 us", device: str = "a100-40gb", collective: str | None = None,
-          channels: int | None = None) -> SpawnResult:
-    """Run `fn(rank, world)` as each rank of a simulated cluster; their values and the report."""
-    spec = _scenario(world, scenario, topology, bandwidth, latency, device, collective, channels)
+def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None = None, bandwidth=None,
+          latency=None, device=None, collective: str | None = None, channels: int | None = None) -> SpawnResult:
+    """Run `fn(rank, world)` as each rank of a simulated cluster; their values and the report. A keyword left
+    None keeps the scenario's value (the spec's default without a scenario)."""
+    spec = spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels)
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
-    scheme = spec.parallel.scheme
-    run = SimRun(cluster, world, "ring" if scheme == "async" else scheme, spec.parallel.channels)
+    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels)
     with ranks_as_threads(world):
         for rank in range(world):
             run.start(rank, lambda rank=rank: fn(rank, world))
@@ -86,19 +87,28 @@ def compute(flops: float, dtype: str = "fp32", name: str = "compute") -> None:
     SimRun.active("simtrain.dist.compute").compute(flops, dtype, name)
 
 
-def _scenario(world, scenario, topology, bandwidth, latency, device, collective, channels):
+def spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels) -> Scenario:
+    """The scenario a spawn runs: the file's with `world`, `collective` and `channels` set, or the keywords given
+    as a scenario's fields (every one left None keeps its spec's default)."""
     overrides = [f"cluster.devices={world}"] if world is not None else []
     if collective is not None:
-        overrides.append(f"parallel.scheme={collective}")
+        overrides.append(f"parallel.all_reduce={collective}")
     if channels is not None:
         overrides.append(f"parallel.channels={channels}")
     if scenario is not None:
         return load_scenario(scenario, overrides)
     if world is None:
         raise ScenarioError("simtrain.dist.spawn: world: needed without a scenario")
-    raw = {"cluster": {"topology": topology, "devices": world, "device": device,
-                       "link": {"bandwidth": bandwidth, "latency": latency}},
-           "parallel": {"scheme": collective or "ring", "channels": channels}}
+    raw = {}
+    for override in overrides:
+        apply_override(raw, override)
+    cluster = raw["cluster"]
+    for key, value in (("topology", topology), ("device", device)):
+        if value is not None:
+            cluster[key] = value
+    link = {key: value for key, value in (("bandwidth", bandwidth), ("latency", latency)) if value is not None}
+    if link:  # the other of the two keeps cluster.link's default
+        cluster["link"] = {**ClusterSpec().link.model_dump(), **link}
     return validate_scenario(raw, source="simtrain.dist.spawn")
 
 

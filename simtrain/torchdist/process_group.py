@@ -92,7 +92,7 @@ class Group:
         self.comm = SimCommunicator(cluster.network, self.nodes, cluster.log,
                                     [cluster.devices[rank].memory for rank in self.ranks], self.ranks)
         self.all_reduce = build_all_reduce(run.algorithm, cluster.topology, self.nodes, run.channels,
-                                           "parallel.scheme", "parallel.channels")
+                                           "parallel.all_reduce", "parallel.channels")
         self.issued = [0] * len(self.ranks)  # collectives each member has called
         self._last = [None] * len(self.ranks)  # each member's latest collective's end event
         self._calls: dict[int, tuple[int, str]] = {}  # collective # -> (first caller, its call)

@@ -1,0 +1,220 @@
+"""The scenario's `cluster` section: topology, devices, links, shared memory, faults.
+
+    cluster:
+      topology: ring                     # a builder (hw/topology_builders.py) or a topology YAML file
+      devices: 4
+      device: a100-40gb                  # a catalog name, a device file, or a device described here
+      link: {bandwidth: 50 GB/s, latency: 5 us}
+
+hw/cluster.py builds the cluster these fields describe (hw/catalog.py turns
+`device` into a device spec; hw/faults.py applies `faults`).
+"""
+from typing import Annotated, Literal, Union
+
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
+
+from ..limits import MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN, MIN_EFFICIENCY
+from .fields import Bandwidth, Bytes, Count, Duration, Flag, FlopRate, Interval, Real, Section, first_error
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16")  # the dtypes a device has a peak FLOP/s for
+
+
+class LinkSpec(Section):
+    """One class of network link: its bandwidth each way and its latency per hop."""
+
+    bandwidth: Bandwidth = Field(description="Bytes per second the link moves in each direction (full duplex), "
+                                             "shared max-min fairly by the flows crossing it (bytes/s).")
+    latency: Duration = Field(0.0, description="Seconds a transfer waits per hop before its bytes move (s).")
+
+
+class PeakFlops(Section):
+    """Dense peak FLOP/s per dtype (datasheet figures without sparsity)."""
+
+    fp32: FlopRate | None = Field(None, description="Peak FP32 FLOP/s (FLOP/s).")
+    tf32: FlopRate | None = Field(None, description="Peak TF32 tensor-core FLOP/s (FLOP/s).")
+    fp16: FlopRate | None = Field(None, description="Peak FP16 tensor-core FLOP/s (FLOP/s).")
+    bf16: FlopRate | None = Field(None, description="Peak BF16 tensor-core FLOP/s (FLOP/s).")
+
+    def given(self) -> dict[str, float]:
+        """The dtypes given, with their FLOP/s."""
+        return {dtype: rate for dtype in DTYPES if (rate := getattr(self, dtype)) is not None}
+
+
+class DeviceFields(Section):
+    """A device described in the scenario: a catalog device with some fields changed (`base`), or a whole
+    device (every field but efficiency and kernel_overhead). hw/catalog.py turns it into a device spec."""
+
+    base: str | None = Field(None, description="Catalog device whose figures the other fields change "
+                                               "(a100-40gb, a100-80gb, h100-80gb, v100-16gb).")
+    name: str | None = Field(None, min_length=1, description="The device's name in reports.")
+    peak_flops: PeakFlops | None = Field(None, description="Dense peak FLOP/s per dtype; with base, only the "
+                                                           "dtypes that change.")
+    memory: Bytes | None = Field(None, description="HBM capacity (bytes; '80 GiB').")
+    memory_bandwidth: Bandwidth | None = Field(None, description="HBM bandwidth (bytes/s; '2 TB/s').")
+    efficiency: Real(ge=MIN_EFFICIENCY, le=1) | None = Field(
+        None, description="Fraction of peak FLOP/s a training kernel reaches (default 0.5 for a whole device).")
+    kernel_overhead: Duration | None = Field(None, description="Seconds each kernel costs beyond its FLOPs "
+                                                               "(launch and dispatch; default 0) (s).")
+
+    @model_validator(mode="after")
+    def _whole_or_based(self) -> "DeviceFields":
+        if self.base is None:
+            for key in ("name", "peak_flops", "memory", "memory_bandwidth"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"missing {key!r} (or give 'base' to start from a catalog device)")
+            missing = [dtype for dtype in DTYPES if getattr(self.peak_flops, dtype) is None]
+            if missing:
+                raise ValueError(f"peak_flops: missing {', '.join(missing)}; give all of {', '.join(DTYPES)}")
+        return self
+
+    def changes(self) -> dict:
+        """The fields given (without base), by name."""
+        return {key: getattr(self, key) for key in self.model_fields_set - {"base"}}
+
+
+def _device(value):
+    """A device name (or file) as given; a mapping as DeviceFields, its first problem one line."""
+    if isinstance(value, (str, DeviceFields)):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a device name or a mapping, got {value!r}")
+    try:
+        return DeviceFields.model_validate(value)
+    except ValidationError as error:  # ".memory: ...": the key continues the field's path (root.py)
+        problem = first_error(error)
+        raise ValueError(f".{problem}" if error.errors()[0]["loc"] else problem) from None
+
+
+# A catalog name, a device file (.yaml: what simtrain calibrate writes), or device fields.
+Device = Annotated[Union[str, DeviceFields], BeforeValidator(_device)]
+
+
+class DeviceOverride(Section):
+    """One rank's device: another device, some changed fields, a slowdown."""
+
+    device: Device | None = Field(None, description="Replaces cluster.device for this rank (a catalog name, a "
+                                                    "device file or device fields).")
+    slowdown: Real(gt=0, le=MAX_SLOWDOWN) = Field(1.0, description="Every span on the rank's compute stream "
+                                                                   "takes this many times longer (a straggler).")
+    efficiency: Real(ge=MIN_EFFICIENCY, le=1) | None = Field(None, description="The rank's fraction of peak "
+                                                                               "FLOP/s.")
+    peak_flops: PeakFlops | None = Field(None, description="The rank's peak FLOP/s for some or all dtypes.")
+    memory: Bytes | None = Field(None, description="The rank's HBM capacity (bytes).")
+    memory_bandwidth: Bandwidth | None = Field(None, description="The rank's HBM bandwidth (bytes/s).")
+
+    def device_fields(self) -> dict:
+        """The device fields this override changes, by name."""
+        fields = {"efficiency": self.efficiency, "peak_flops": self.peak_flops, "memory": self.memory,
+                  "memory_bandwidth": self.memory_bandwidth}
+        return {key: value for key, value in fields.items() if value is not None}
+
+
+class SharedMemorySpec(Section):
+    """The store holding the shared parameters: host DRAM over each device's host link, or a
+    store attached to a node of the topology (a parameter server). The defaults are a DGX A100's
+    host: one AMD EPYC 7742 socket's eight DDR4-3200 channels (8 x 25.6 GB/s = 204.8 GB/s, AMD's
+    EPYC 7002 datasheet) behind one PCIe 4.0 x16 link per GPU (16 GT/s x 16 lanes x 128/130
+    encoding = 31.5 GB/s per direction, PCI-SIG base specification 4.0)."""
+
+    location: str = Field("host", description="host, or the name of a topology node the store is attached to.")
+    bandwidth: Bandwidth = Field(204.8e9, description="Bandwidth of the store itself, shared by every reader and "
+                                                      "writer (bytes/s).")
+    latency: Duration = Field(0.0, description="Latency of the store's own link (s).")
+    host_link: LinkSpec = Field(LinkSpec(bandwidth=31.5e9, latency=1e-6),
+                                description="Location host: each device's link to the store.")
+    capacity: Bytes | None = Field(None, description="Bytes the store holds; null: unlimited (bytes).")
+
+    @model_validator(mode="after")
+    def _host_link_only_for_the_host(self) -> "SharedMemorySpec":
+        default = type(self).model_fields["host_link"].default
+        if self.location != "host" and self.host_link != default:
+            raise ValueError(f"cluster.shared_memory.host_link: only for location host, not {self.location!r}")
+        return self
+
+
+class FaultSpec(Section):
+    """One fault: a link degraded (bandwidth_factor, healed at `until` if given) or failed, or a device lost."""
+
+    at: Duration = Field(description="Simulated time the fault happens (s).")
+    link: tuple[str, str] | None = Field(None, description="The two nodes of the topology link at fault.")
+    device: Count(MAX_DEVICES - 1, minimum=0) | None = Field(None, description="The lost device's index (its "
+                                                                                "global rank).")
+    bandwidth_factor: Real(gt=0, le=1) | None = Field(None, description="The degraded link moves bytes at this "
+                                                                        "fraction of its rate.")
+    fail: Flag = Field(False, description="true: the link or the device fails.")
+    until: Duration | None = Field(None, description="A degraded link is healed at this time (s).")
+
+    @model_validator(mode="after")
+    def _one_fault(self) -> "FaultSpec":
+        if (self.link is None) == (self.device is None):
+            raise ValueError("give either link: [u, v] or device: N")
+        if self.device is not None:
+            if not self.fail or self.bandwidth_factor is not None or self.until is not None:
+                raise ValueError("a device fault is {at, device: N, fail: true}")
+        elif self.fail == (self.bandwidth_factor is not None):
+            raise ValueError("a link fault gives either bandwidth_factor or fail: true")
+        if self.until is not None:
+            if self.bandwidth_factor is None:
+                raise ValueError("until: only a degraded link (bandwidth_factor) is healed")
+            if self.until <= self.at:
+                raise ValueError(f"until: must be after at ({self.until:g} s <= {self.at:g} s)")
+        return self
+
+
+class RandomFaultsSpec(Section):
+    """Faults drawn as they come: every device of the job (every link) fails after an exponential time of
+    mean `device_mtbf` (`link_mtbf`), independently; a failed link stays failed."""
+
+    device_mtbf: Interval | None = Field(None, description="Mean time between failures of one device (s).")
+    link_mtbf: Interval | None = Field(None, description="Mean time between failures of one link (s).")
+    seed: Count(MAX_SEED, minimum=0) | None = Field(None, description="Seed of the draws; null: the scenario's "
+                                                                      "seed.")
+
+    @model_validator(mode="after")
+    def _something_fails(self) -> "RandomFaultsSpec":
+        if self.device_mtbf is None and self.link_mtbf is None:
+            raise ValueError("give device_mtbf, link_mtbf or both")
+        return self
+
+
+class ClusterSpec(Section):
+    """The simulated cluster: its topology, devices and links (hw/cluster.py builds it)."""
+
+    topology: str = Field("ring", description="A topology builder's name (ring, switch, torus2d, hierarchical, "
+                                              "fat_tree, ...) or the path of a topology YAML file.")
+    devices: Count(MAX_DEVICES) | None = Field(None, description="Number of devices (spares included); null: "
+                                                                 "the count a topology file gives.")
+    device: Device = Field("a100-40gb", description="Every device's model: a catalog name, a device file (.yaml, "
+                                                    "as simtrain calibrate writes) or device fields.")
+    link: LinkSpec = Field(LinkSpec(bandwidth=50e9, latency=5e-6), description="The links a builder makes (each "
+                                                                               "GPU's links within a host).")
+    inter_node_link: LinkSpec | None = Field(None, description="hierarchical: each GPU's NIC to the spine.")
+    gpus_per_node: Count(MAX_DEVICES) | None = Field(None, description="hierarchical, fat_tree: GPUs per host.")
+    nodes_per_leaf: Count(MAX_DEVICES) = Field(
+        20, description="fat_tree: nodes whose same-rail NICs share a leaf switch (a DGX SuperPOD scalable unit: "
+                        "20 nodes, NVIDIA DGX SuperPOD reference architecture).")
+    oversubscription: Real(ge=1, le=MAX_DEVICES) = Field(
+        1.0, description="fat_tree: a leaf's downlink to uplink bandwidth (1: non-blocking).")
+    torus_shape: tuple[Count(MAX_DEVICES), Count(MAX_DEVICES)] | None = Field(
+        None, description="torus2d: rows and columns.")
+    overrides: dict[Count(MAX_DEVICES - 1, minimum=0), DeviceOverride] = Field(
+        {}, description="Per rank: another device, changed device fields, a slowdown (heterogeneous devices).")
+    compute_jitter: Real(ge=0, le=MAX_COMPUTE_JITTER) = Field(
+        0.0, description="Standard deviation of log(time factor) of every compute span: lognormal noise drawn "
+                         "from the rank's own seeded Generator.")
+    compute_model: Literal["flops", "roofline"] = Field(
+        "flops", description="What a forward or backward costs (hw/device.py): its FLOPs at peak x efficiency "
+                             "(flops), or per operator the slower of its FLOPs and its HBM bytes at bandwidth x "
+                             "efficiency (roofline: op_cost.py).")
+    shared_memory: SharedMemorySpec | None = Field(None, description="The store async training keeps its "
+                                                                     "parameters in; null: none (async gets "
+                                                                     "the default host store).")
+    faults: Annotated[list[FaultSpec], Field(max_length=MAX_FAULTS)] = Field(
+        [], description="Faults at given times (hw/faults.py).")
+    random_faults: RandomFaultsSpec | None = Field(None, description="Faults drawn from a seeded Generator.")
+    spares: Count(MAX_DEVICES - 1, minimum=0) = Field(
+        0, description="The last `spares` devices stay idle, to replace a lost one (recovery.py).")
+    fault_detection: Duration = Field(
+        0.1, description="Seconds from a device's loss until its job notices: torchrun's elastic agent polls its "
+                         "workers every --monitor-interval (default 0.1 s in torch 2.13, torch/distributed/run.py) "
+                         "(s).")

@@ -1,0 +1,120 @@
+"""The scenario's `parallel` section: the layout, the mode and the collective algorithm.
+
+    parallel:
+      mode: sync             # sync | async
+      all_reduce: ring       # naive | ring | tree | hierarchical | dbtree
+      pp: 2                  # pipeline stages
+      tp: 2                  # tensor-parallel ranks per stage
+
+The scheme that runs follows from the mode and the layout: the registry in
+simtrain/schemes/__init__.py (docs/concepts/schemes.md).
+"""
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from ..limits import MAX_CHANNELS, MAX_DEVICES, MAX_LAYERS, MAX_MICROBATCHES
+from .fields import Count, Flag, Real, Section
+
+Dimension = Literal["tp", "pp", "dp"]
+
+
+class AsyncSpec(Section):
+    """Asynchronous SGD (mode async, schemes/asynchronous.py)."""
+
+    consistency: Literal["hogwild", "locked"] = Field(
+        "hogwild", description="hogwild: no lock, pushes share the store; locked: a FIFO lock serializes them.")
+    staleness_lr: Literal["none", "inverse"] = Field(
+        "none", description="inverse: an update of staleness s applies with lr / (1 + s); none: lr.")
+
+
+class PipelineSpec(Section):
+    """How a pipeline runs (schemes/pipeline_schedule.py, schemes/model_parallel.py)."""
+
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="The pipeline schedule.")
+    microbatches: Count(MAX_MICROBATCHES) | None = Field(
+        None, description="The device batch is cut into this many (must divide it); under tp alone that is "
+                          "gradient accumulation; null: 4 with a pipeline (pp > 1), else 1.")
+    virtual_stages: Count(MAX_LAYERS) = Field(1, description="interleaved: model chunks per device.")
+    split: Annotated[list[Count(MAX_LAYERS + 2)], Field(max_length=MAX_DEVICES)] | None = Field(
+        None, description="Layers (splittable units) per model part, pp x virtual_stages counts; null: balanced "
+                          "by measured FLOPs.")
+
+    @model_validator(mode="after")
+    def _chunks_need_interleaving(self) -> "PipelineSpec":
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError(f"parallel.pipeline.virtual_stages: {self.virtual_stages} chunks per device need "
+                             "schedule interleaved")
+        return self
+
+
+class ParallelSpec(Section):
+    """How the job's devices cooperate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, serialize_by_alias=True)
+
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: every step waits for the gradient all-reduce; async: asynchronous SGD on a "
+                            "shared store (schemes/asynchronous.py).")
+    all_reduce: Literal["naive", "ring", "tree", "hierarchical", "dbtree"] = Field(
+        "ring", description="The all-reduce algorithm of the data-parallel gradient and of the tp all-reduces "
+                            "(simtrain/comm/): naive | ring | tree (FireCaffe) | hierarchical (in-host "
+                            "reduce-scatter, cross-host all-reduce per rail, in-host all-gather) | dbtree (NCCL's "
+                            "double binary tree).")
+    channels: Count(MAX_CHANNELS) | None = Field(
+        None, description="All-reduce channels (buffer parts run side by side, each crossing hosts on its own "
+                          "rail); null: the topology's default, one per NIC rail across hosts, else 1 "
+                          "(simtrain/comm/channels.py).")
+    async_: AsyncSpec = Field(AsyncSpec(), alias="async", description="mode async's options.")
+    sync_batchnorm: Flag = Field(False, description="All-reduce BatchNorm batch statistics "
+                                                    "(simtrain/train/syncbn.py).")
+    overlap: Flag = Field(True, description="sync: all-reduce the gradient in DDP's buckets (reverse parameter "
+                                            "order), each as soon as the backward has completed it "
+                                            "(train/grad_bucket.py); false: one all-reduce after the backward.")
+    bucket_cap_mb: Real(gt=0, le=1 << 20) = Field(25.0, description="A bucket's size, in MiB (torch DDP's "
+                                                                    "default 25).")
+    dp: Count(MAX_DEVICES) | None = Field(None, description="Data-parallel replicas; null: devices / (pp x tp). "
+                                                            "dp x pp x tp must equal the job's devices.")
+    pp: Count(MAX_DEVICES) = Field(1, description="Pipeline stages.")
+    tp: Count(MAX_DEVICES) = Field(1, description="Tensor-parallel ranks per stage (Megatron-LM's split of "
+                                                  "Linear pairs and heads).")
+    pipeline: PipelineSpec = Field(PipelineSpec(), description="How a pipeline runs.")
+    placement: tuple[Dimension, Dimension, Dimension] = Field(
+        ("tp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default puts "
+                                        "a stage's tp ranks on adjacent devices, then the stages, then the "
+                                        "replicas.")
+    representatives: Flag = Field(
+        False, description="Simulate one rank per pipeline stage (tp rank 0 of replica 0) and time its "
+                           "collectives with their mirrors' (schemes/representatives.py): numerics off, identical "
+                           "devices.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_scheme(cls, raw):
+        """The old `parallel.scheme` mixed the all-reduce algorithm and the mode: one line naming the new keys."""
+        if isinstance(raw, dict) and "scheme" in raw:
+            raise ValueError("parallel.scheme: replaced by parallel.all_reduce (naive | ring | tree | hierarchical "
+                             "| dbtree) and parallel.mode (sync | async); the scheme follows from them and the "
+                             "layout")
+        return raw
+
+    @model_validator(mode="after")
+    def _a_layout(self) -> "ParallelSpec":
+        if sorted(self.placement) != ["dp", "pp", "tp"]:
+            raise ValueError(f"parallel.placement: must order tp, pp and dp, each once, got {list(self.placement)}")
+        if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
+            raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
+                             f"{self.microbatches}")
+        return self
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per device batch: as given, else 4 with a pipeline and 1 without."""
+        if self.pipeline.microbatches is not None:
+            return self.pipeline.microbatches
+        return 4 if self.pp > 1 else 1
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether the model itself is split (pipeline or tensor parallelism)."""
+        return self.pp > 1 or self.tp > 1

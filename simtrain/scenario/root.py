@@ -1,0 +1,263 @@
+"""The scenario's root: its sections, the checks across them, and validation of a raw mapping.
+
+    scenario = validate_scenario({"cluster": {"devices": 8}, "parallel": {"pp": 2}})
+    scenario.to_yaml()                      # every default filled in
+
+A check that spans sections (techniques no scheme combines, faults where
+recovery handles them, live hyperparameters) is here, and its one-line error
+names the field at fault. Reading files and `--set` overrides: loading.py.
+"""
+from pathlib import Path
+
+import yaml
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from ..errors import ScenarioError, one_line
+from ..limits import MAX_NAME_BYTES, MAX_SEED, MAX_STEPS
+from .cluster import ClusterSpec
+from .data import DataSpec
+from .fields import Count, Flag, Section
+from .model import ModelSpec
+from .parallel import ParallelSpec
+from .pbt import PbtSpec
+from .report import ReportSpec
+from .train import LIVE_HYPERPARAMETERS, TrainSpec
+
+
+class Scenario(Section):
+    """What to simulate: a cluster, a model, data, a training recipe, a parallel layout, what to report."""
+
+    name: str = Field("scenario", description="The run's name (its default output folder is runs/<name>/).")
+    seed: Count(MAX_SEED, minimum=0) = Field(0, description="The one seed every random draw derives from.")
+    numerics: Flag = Field(True, description="false: the same job on meta tensors (shapes, bytes and FLOPs, no "
+                                             "arithmetic); loss and accuracy are null.")
+    cluster: ClusterSpec = Field(ClusterSpec(), description="The simulated cluster.")
+    model: ModelSpec = Field(ModelSpec(), description="The model.")
+    data: DataSpec = Field(DataSpec(), description="The data set and its batches.")
+    train: TrainSpec = Field(TrainSpec(), description="The training recipe.")
+    parallel: ParallelSpec = Field(ParallelSpec(), description="How the devices cooperate.")
+    report: ReportSpec = Field(ReportSpec(), description="What the run reports.")
+    pbt: PbtSpec | None = Field(None, description="A population of this scenario's job (simtrain/studies/pbt.py); "
+                                                  "null: one job.")
+    # Folder that relative paths in the scenario (topology files) are read from.
+    _base_dir: Path = PrivateAttr(default=Path("."))
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @model_validator(mode="before")
+    @classmethod
+    def _async_gets_a_store(cls, raw):
+        """parallel.mode async without cluster.shared_memory: the default store (host DRAM)."""
+        if not isinstance(raw, dict):
+            return raw
+        parallel, cluster = raw.get("parallel"), raw.get("cluster", {})
+        if (isinstance(parallel, dict) and parallel.get("mode") == "async" and isinstance(cluster, dict)
+                and cluster.get("shared_memory") is None):
+            raw = {**raw, "cluster": {**cluster, "shared_memory": {}}}
+        return raw
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        """The default output folder is runs/<name>/: a name any file system takes."""
+        if not value or "/" in value or value.startswith(".") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("must be a plain name (no '/', no control characters or NUL, not empty, not starting "
+                             "with '.')")
+        if len(value.encode("utf-8", errors="replace")) > MAX_NAME_BYTES:
+            raise ValueError(f"longer than {MAX_NAME_BYTES} bytes")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate, from a YAML escape
+            raise ValueError("not encodable as UTF-8") from None
+        return value
+
+    @model_validator(mode="after")
+    def _techniques_fit_together(self) -> "Scenario":
+        """Combinations no scheme implements: one-line errors naming the field, before anything runs."""
+        precision, optimizer = self.train.precision, self.train.optimizer.name
+        if self.parallel.mode == "async":
+            if precision != "fp32":  # the shared fp32 parameters have no master copy
+                raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (parallel.mode "
+                                 "sync), not with async")
+            if optimizer == "kfac":
+                raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (parallel.mode sync)")
+            if self.parallel.sync_batchnorm:
+                raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (parallel.mode sync)")
+        if not self.numerics and self.data.sampling != "uniform":
+            raise ValueError(f"data.sampling: {self.data.sampling} needs numerics (its priorities are the "
+                             "samples' losses); use uniform with numerics false")
+        if optimizer == "kfac" and precision == "fp16":
+            raise ValueError("train.optimizer.name: kfac does not run under fp16 loss scaling "
+                             "(train.precision fp32 or bf16)")
+        if self.parallel.sync_batchnorm and precision != "fp32":
+            raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
+        builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
+        if self.model.batchnorm and self.model.name == "gpt":
+            raise ValueError("model.batchnorm: a gpt normalizes with LayerNorm; batchnorm is for mlp and cnn")
+        if builtin_batchnorm and self.data.batch_size == 1:  # torch's BatchNorm raises on one sample
+            raise ValueError("data.batch_size: model.batchnorm needs at least 2 samples per device (BatchNorm "
+                             "normalizes over the batch; with parallel.sync_batchnorm too, as torch computes)")
+        for section, spec, builtins in (("model", self.model, ("mlp", "cnn", "gpt")),
+                                        ("data", self.data, ("digits", "synthetic", "tokens"))):
+            if spec.name in builtins and spec.options:
+                raise ValueError(f"{section}.options: the built-in {section} {spec.name} takes none (options are "
+                                 "the keyword arguments of a package.module:function)")
+        if self.parallel.model_parallel:
+            _model_parallel_fits(self)
+        if self.parallel.representatives:
+            _representatives_fit(self)
+        if self.parallel.sync_batchnorm and self.train.checkpointing != "none":
+            # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
+            raise ValueError("parallel.sync_batchnorm: does not combine with train.checkpointing")
+        return self
+
+    @model_validator(mode="after")
+    def _faults_fit(self) -> "Scenario":
+        """Faults, spares and checkpoints where recovery.py handles them: one-line errors naming the field."""
+        cluster, checkpoint = self.cluster, self.train.checkpoint
+        device_faults = any(fault.device is not None for fault in cluster.faults) or (
+            cluster.random_faults is not None and cluster.random_faults.device_mtbf is not None)
+        if self.pbt is not None:
+            for field, used in (("cluster.faults", cluster.faults), ("cluster.random_faults", cluster.random_faults),
+                                ("cluster.spares", cluster.spares), ("train.checkpoint", checkpoint)):
+                if used:
+                    raise ValueError(f"{field}: not with a population (pbt); its members share the cluster")
+        if cluster.devices is not None and cluster.spares >= cluster.devices:
+            raise ValueError(f"cluster.spares: {cluster.spares} leaves no device for the job "
+                             f"(cluster.devices {cluster.devices} counts the spares)")
+        if self.parallel.model_parallel:
+            for field, used in (("cluster.faults", device_faults), ("cluster.random_faults", device_faults),
+                                ("train.checkpoint", checkpoint is not None)):
+                if used:
+                    raise ValueError(f"{field}: lost devices and checkpoints run with data parallelism only, not "
+                                     "with parallel.pp or parallel.tp > 1 (link faults do)")
+        if checkpoint is None:
+            return self
+        if self.parallel.mode == "async":
+            raise ValueError("train.checkpoint: for synchronous schemes; async goes on without a lost worker")
+        if self.train.optimizer.name == "kfac":
+            raise ValueError("train.checkpoint: K-FAC's factors are not part of the training state; use sgd or adam")
+        if self.data.sampling != "uniform":
+            raise ValueError(f"train.checkpoint: {self.data.sampling} sampling's priorities are not part of the "
+                             "training state; use uniform")
+        return self
+
+    @model_validator(mode="after")
+    def _hyperparameters_apply_live(self) -> "Scenario":
+        """train.schedule and pbt name live hyperparameters with values their fields accept."""
+        previous = -1
+        for index, entry in enumerate(self.train.schedule):
+            field = f"train.schedule.{index}"
+            step = entry.get("step")
+            if not isinstance(step, int) or not 0 <= step <= MAX_STEPS:
+                raise ValueError(f"{field}.step: give the step (0 to {MAX_STEPS}) the values apply from")
+            if step <= previous:
+                raise ValueError(f"{field}.step: steps must be ascending, got {step} after {previous}")
+            previous = step
+            values = {path: value for path, value in entry.items() if path != "step"}
+            if not values:
+                raise ValueError(f"{field}: give at least one hyperparameter besides step")
+            self._check_live(values, field)
+        if self.pbt is None:
+            return self
+        if self.train.schedule:
+            raise ValueError("train.schedule: a population makes its own schedules (drop it, or the pbt section)")
+        if not self.numerics:
+            raise ValueError("pbt: needs numerics (members are compared on a metric of their models)")
+        if self.pbt.metric.name.startswith("val_") and self.data.validation_fraction == 0:
+            raise ValueError(f"pbt.metric.name: {self.pbt.metric.name} needs data.validation_fraction above 0 "
+                             "(the held-out part of the training split)")
+        for path, mutation in self.pbt.hyperparam_mutations.items():
+            field = f"pbt.hyperparam_mutations.{path}"
+            if path == "data.batch_size" and not isinstance(mutation, list):
+                raise ValueError(f"{field}: give a list of batch sizes")
+            bounds = mutation if isinstance(mutation, list) else (mutation.uniform or mutation.log_uniform)
+            for value in bounds:
+                self._check_live({path: value}, field)
+        return self
+
+    def _check_live(self, values: dict, field: str) -> None:
+        for path in values:
+            if path not in LIVE_HYPERPARAMETERS:
+                raise ValueError(f"{field}: {path} is not a hyperparameter that applies live (one of: "
+                                 f"{', '.join(LIVE_HYPERPARAMETERS)})")
+        if self.train.optimizer.name == "kfac":
+            raise ValueError(f"{field}: live hyperparameters need sgd or adam (K-FAC's factors are not copied)")
+        if "data.batch_size" in values and self.data.sampling != "uniform":
+            raise ValueError(f"{field}: data.batch_size changes need data.sampling uniform")
+        try:
+            self.with_hyperparameters(values)
+        except ScenarioError as error:
+            raise ValueError(f"{field}: {str(error).removeprefix('scenario: ')}") from None
+
+    def with_hyperparameters(self, values: dict) -> "Scenario":
+        """This scenario with live hyperparameters set ({"train.optimizer.lr": 0.1}), without schedule or
+        population; a value its field refuses is a ScenarioError naming the field."""
+        raw = self.model_dump(mode="json", by_alias=True)
+        raw["train"]["schedule"], raw["pbt"] = [], None
+        for path, value in values.items():
+            node = raw
+            *parents, leaf = path.split(".")
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        return validate_scenario(raw, base_dir=self.base_dir)
+
+    def to_yaml(self) -> str:
+        """The scenario with every default filled in, as YAML (SI units)."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _representatives_fit(scenario: Scenario) -> None:
+    """Where every replica and every tp rank of a stage do the same at the same times."""
+    cluster = scenario.cluster
+    for refuse, why in ((not scenario.parallel.model_parallel, "needs parallel.pp or parallel.tp > 1"),
+                        (scenario.numerics, "needs numerics false (the mirrored ranks compute nothing)"),
+                        (cluster.overrides, "needs identical devices (no cluster.overrides)"),
+                        (cluster.compute_jitter > 0, "needs identical devices (no cluster.compute_jitter)"),
+                        (cluster.faults or cluster.random_faults, "does not run with faults")):
+        if refuse:
+            raise ValueError(f"parallel.representatives: {why}")
+
+
+def _model_parallel_fits(scenario: Scenario) -> None:
+    """What pipeline and tensor parallelism (schemes/model_parallel.py) do not combine with."""
+    field = "parallel.pp" if scenario.parallel.pp > 1 else "parallel.tp"
+    refused = {
+        "parallel.mode": (scenario.parallel.mode == "async", "async"),
+        "train.optimizer.name": (scenario.train.optimizer.name == "kfac", "kfac"),
+        "parallel.sync_batchnorm": (scenario.parallel.sync_batchnorm, "sync_batchnorm"),
+        "data.sampling": (scenario.data.sampling != "uniform", f"{scenario.data.sampling} sampling"),
+    }
+    for name, (refuse, what) in refused.items():
+        if refuse:
+            raise ValueError(f"{name}: {what} does not combine with {field} > 1")
+    if scenario.parallel.tp > 1 and scenario.train.checkpointing not in ("none", "full"):
+        raise ValueError("train.checkpointing: with parallel.tp > 1 only full (each chunk recomputed with its "
+                         "all-reduces) or none")
+    if scenario.data.batch_size % scenario.parallel.microbatches:
+        raise ValueError(f"parallel.pipeline.microbatches: {scenario.parallel.microbatches} does not "
+                         f"divide data.batch_size {scenario.data.batch_size}")
+
+
+def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path(".")) -> Scenario:
+    """Validate a raw mapping; the first problem becomes a one-line ScenarioError."""
+    try:
+        scenario = Scenario.model_validate(raw)
+        scenario._base_dir = Path(base_dir)
+        return scenario
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = one_line(".".join(str(part) for part in first["loc"]))
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif first["type"] == "literal_error":
+            message = f"{message}, got {first['input']!r}"
+        if message.startswith("."):  # a nested model's problem continues the field's path: ".memory: ..."
+            raise ScenarioError(f"{source}: {field}{message}") from None
+        # A check across fields names its field at the start of its message.
+        named = not field or message.startswith(field + ".")
+        raise ScenarioError(f"{source}: {message}" if named else f"{source}: {field}: {message}") from None
