@@ -1,6 +1,6 @@
 """The documentation cannot drift: the site builds without a warning, and every code block of its pages runs.
 
-Each page of docs/**/*.md is one test. Its fenced blocks run in order, in a scratch folder that holds the
+Each page of docs/**/*.md, and README.md, is one test. Its fenced blocks run in order, in a scratch folder that holds the
 repository's scenarios/ and topologies/ (so `runs/` lands there), as SimPy runs its examples. What a block does
 depends on its fence's language:
 
@@ -33,7 +33,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PAGES = sorted(path for path in DOCS.rglob("*.md") if "hooks" not in path.parts)
+PAGES = [ROOT / "README.md", *sorted(path for path in DOCS.rglob("*.md") if "hooks" not in path.parts)]
 FENCE = re.compile(r"^```(\S*)\s*$")
 UPDATE = os.environ.get("SIMTRAIN_DOCS_UPDATE") == "1"
 ENV = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1", "PYTHONHASHSEED": "0"}
@@ -78,7 +78,7 @@ def test_reference_pages_are_generated_not_committed():
     assert not (DOCS / "reference").exists() or not list((DOCS / "reference").glob("*.md"))
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(DOCS)) for page in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_page_code_blocks(page, tmp_path, monkeypatch):
     for folder in ("scenarios", "topologies"):
         (tmp_path / folder).symlink_to(ROOT / folder)
