@@ -268,3 +268,48 @@ def with_outputs(text: str, blocks: list[Block], outputs: dict) -> str:
             body = [line for command, printed in outputs[index] for line in (f"$ {command}", *printed)]
         lines[block.first_line + 1:block.first_line + 1 + len(block.lines)] = body
     return "\n".join(lines)
+
+
+# -- the generated reference ----------------------------------------------------------------------------------------
+
+def _reference_hook():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_reference_hook", DOCS / "hooks" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scenario_reference_lists_every_key_with_its_default_and_unit():
+    page = _reference_hook().scenario_page()
+    cells = [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+             for line in page.splitlines() if line.startswith("| `")]
+    rows = {row[0].strip("`"): row[1:] for row in cells}
+    assert rows["cluster.link.bandwidth"][1:3] == ["`50000000000.0`", "B/s"]  # a section's default, SI unit
+    assert rows["cluster.fault_detection"][1:3] == ["`0.1`", "s"]
+    assert rows["parallel.async.consistency"][0] == '`"hogwild"` \\| `"locked"`'  # the alias, not async_
+    assert rows["train.steps"][1] == "`200`"
+    for key in ("parallel.pp", "parallel.tp", "train.precision", "data.vocab", "cluster.spares", "pbt.population"):
+        assert key in rows
+
+
+def test_report_reference_walks_the_shipped_schema(monkeypatch):
+    """Until simtrain.report.schema ships, the page says so; once it does, every key is a row."""
+    import types
+
+    hook = _reference_hook()
+    assert "not yet shipped" in hook.report_page()
+    schema = {"type": "object", "properties": {
+        "status": {"type": "string", "enum": ["ok", "failed"], "description": "how the run ended"},
+        "devices": {"type": "array", "items": {"$ref": "#/$defs/Device"}},
+        "amp": {"anyOf": [{"$ref": "#/$defs/Amp"}, {"type": "null"}]}},
+        "$defs": {"Device": {"type": "object", "properties": {"rank": {"type": "integer"}}},
+                  "Amp": {"type": "object", "properties": {"precision": {"type": "string", "description": "dtype"}}}}}
+    fake = types.ModuleType("simtrain.report.schema")
+    fake.report_schema = lambda: schema
+    monkeypatch.setitem(sys.modules, "simtrain.report.schema", fake)
+    page = hook.report_page()
+    assert "| `status` | `\"ok\"` \\| `\"failed\"` | how the run ended |" in page
+    assert "| `devices[].rank` | int |  |" in page
+    assert "| `amp.precision` | str | dtype |" in page

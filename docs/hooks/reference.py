@@ -212,7 +212,9 @@ def _param_type(kind: click.ParamType) -> str:
 def report_page() -> str:
     try:
         from simtrain.report.schema import report_schema
-    except ImportError:
+    except ModuleNotFoundError as error:
+        if error.name not in ("simtrain.report.schema", "simtrain.report"):
+            raise
         return ("# report.json keys\n\nThe JSON Schema of report.json is not yet shipped "
                 "(`simtrain.report.schema.report_schema()`); this page is generated from it once it is. "
                 "Until then, each guide describes the keys its feature adds.\n")
