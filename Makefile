@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test docs bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch pinned: 2.13.0 resolves to the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,10 +22,13 @@ run: install
 test: install
 	$(BIN)/python -m pytest
 
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/megatron.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

@@ -6,7 +6,8 @@ definition computed directly (uneven sizes, a sub-group), single-process torch o
 the global batch for DDP, `simtrain collective`'s benchmark and the closed forms
 for time (the ring; compute from FLOPs; DDP's buckets overlapping backward),
 bytes and memory, a second run for determinism; deadlocks, mismatches and a
-rank that raises end in one-line errors. The README's examples run as written.
+rank that raises end in one-line errors. (The examples of docs/guides/testing-distributed-code.md run in
+tests/test_docs.py.)
 """
 import time
 from pathlib import Path
@@ -369,20 +370,6 @@ def test_memory_of_the_tensors_a_rank_makes_is_held_on_its_device_until_the_last
     for device in devices:
         assert device["peak_memory_bytes"] == 6 << 20
         assert device["peak_memory_bytes_by_category"]["tensors"] == 6 << 20
-
-
-def test_the_readme_examples_work_as_written(monkeypatch):
-    root = Path(__file__).resolve().parents[1]
-    section = (root / "README.md").read_text().split("## Test your own distributed code")[1].split("\n## ")[0]
-    spawn_example, test_example = [block.split("```")[0] for block in section.split("```python\n")[1:]]
-    monkeypatch.chdir(root)
-    namespace = {}
-    exec(spawn_example, namespace)
-    results = namespace["results"]
-    assert len(results) == 8 and results.report.data["sim_time_s"] > 0
-    assert all(torch.equal(results[0][name], results[7][name]) for name in results[0])
-    exec(test_example, namespace)
-    namespace["test_my_allreduce"]()
 
 
 def test_a_spawn_inside_a_spawn_is_refused():
