@@ -94,7 +94,7 @@ def test_after_an_exploit_the_recipient_trains_on_from_the_donors_state_bit_for_
     [event] = population.events
     assert (event["step"], event["from_step"]) == (10, 10)
     assert_the_recipient_trained_on_from_the_donors_state(population, replay)
-    [checkpoint] = population.members[event["from"]].checkpoint
+    [checkpoint] = population.members[event["from"]].checkpoint.values()
     pieces = [name.split(".")[0] for name, _, _ in checkpoint.layout]
     assert "optimizer" in pieces and ("master" in pieces) == ("precision" in train)
     assert checkpoint.nbytes == event["bytes"]
