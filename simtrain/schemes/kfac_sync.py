@@ -40,7 +40,7 @@ from ..hw.device import Device
 from ..scenario import OptimizerSpec
 from ..train.kfac import Kfac
 from ..train.replica import Replica
-from .program import Alloc, Collective, Compute, Free
+from ..step_ops import Alloc, Collective, Compute, Free
 
 PARTS = ("factors", "communication", "inversions", "preconditioning")
 _DTYPE = "fp32"  # factors, decompositions and preconditioning run in fp32 (bf16 gradients are upcast)

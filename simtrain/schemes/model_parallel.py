@@ -53,24 +53,26 @@ share from the donor's rank of the same coordinates).
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
 """
+import copy
+
 import torch
 
-from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
 from ..train.partition import RankModule, assemble, balanced_counts, model_units, unit_flops
-from ..train.precision import persistent_bytes, update_bytes
+from ..train.precision import DTYPES, persistent_bytes, update_bytes
 from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
 from .layout import Layout
 from .pipeline_schedule import pipeline_schedule
-from .program import Alloc, Busy, Collective, Free, MemoryBound, PostTransfer, Wait
+from ..comm.ops import Recv, Send
+from ..step_ops import Alloc, Await, Busy, Collective, Free, MemoryBound, Post, Wait
 from .representatives import MirroredCollectives
 from .rank_replicas import RankReplicas
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk, replay_backward, replay_forward
 
 
-def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor, ranks=None) -> list[RankModule | None]:
-    """Every job rank's share of `model` under `layout` (None for a rank not in `ranks`, when given), the parts
-    balanced on batches shaped like `sample_x` (one-line errors name the field at fault)."""
+def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tuple[list, list[int]]:
+    """The model's splittable units and how many go to each of its pp x v parts, balanced on batches shaped
+    like `sample_x` (one-line errors name the field at fault)."""
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
     try:
@@ -81,12 +83,35 @@ def rank_shares(model, layout: Layout, scenario, sample_x: torch.Tensor, ranks=N
         if len(pipeline.split) != parts or sum(pipeline.split) != len(units):
             raise ScenarioError(f"parallel.pipeline.split: needs {parts} counts (pp x virtual_stages) that add up to "
                                 f"the model's {len(units)} splittable layers, got {list(pipeline.split)}")
-        counts = list(pipeline.split)
-    elif parts > len(units):
+        return units, list(pipeline.split)
+    if parts > len(units):
         raise ScenarioError(f"parallel.pp: {parts} model parts (pp x virtual_stages) but the model has only "
                             f"{len(units)} splittable layers")
-    else:
-        counts = balanced_counts(unit_flops(model, units, sample_x), parts)
+    return units, balanced_counts(unit_flops(model, units, sample_x), parts)
+
+
+def boundary_activations(model, units: list, counts: list[int], sample_x: torch.Tensor, dtype) -> list[torch.Tensor]:
+    """Meta tensors shaped as what each model part but the last hands on for a microbatch like `sample_x`
+    (its activation, and the gradient that comes back), the model in compute dtype `dtype`: the receive
+    buffers of a pipeline's messages, whose sizes a stage must know before they arrive."""
+    meta = copy.deepcopy(model).to("meta").to(dtype)
+    h = torch.empty(sample_x.shape, dtype=dtype if sample_x.is_floating_point() else sample_x.dtype, device="meta")
+    boundaries, first = [], 0
+    with torch.no_grad():
+        for count in counts[:-1]:
+            for unit in units[first:first + count]:
+                for index in unit:
+                    h = meta[index](h)
+            first += count
+            boundaries.append(h)
+    return boundaries
+
+
+def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], ranks=None) -> list[RankModule | None]:
+    """Every job rank's share of `model` under `layout`, cut into `parts` (part_counts' units and counts; None
+    for a rank not in `ranks`, when given; one-line errors name the field at fault)."""
+    pipeline = scenario.parallel.pipeline
+    units, counts = parts
     shares = []
     for rank in range(layout.world):
         if ranks is not None and rank not in ranks:
@@ -130,11 +155,15 @@ class ModelParallel(RankReplicas):
                         if self.mirrored is None or self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
-        self.comms = ({dimension: self._communicators(self.layout.groups(dimension), parallel)
+        self.comms = ({dimension: self._communicators(self.layout.groups(dimension))
                        for dimension in ("dp", "tp")} if self.mirrored is None else {})
+        if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
+            self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
+            self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
+                                                    DTYPES[train.precision])
         self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
         if self.vote and self.mirrored is None:
-            self.comms["model"] = self._communicators(self.layout.replicas(), parallel)
+            self.comms["model"] = self._communicators(self.layout.replicas())
         self._voted: dict[int, list] = {}  # representatives: step -> [ranks at the vote, event of the last]
         self._mirrored_bytes = {"dp_allreduce": 0, "tp_allreduce": 0, "overflow_vote": 0}
         # (dimension, rank), or "vote" -> the nodes of the groups an all-reduce is timed with
@@ -144,29 +173,20 @@ class ModelParallel(RankReplicas):
         self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
                             for r in self.replicas]
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
-        self._arrivals: dict[tuple, object] = {}  # (job rank, message) -> simpy event of its arrival
-        self._waiting: set[int] = set()  # job ranks waiting for a message
-        self.pp_bytes = 0
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
+        self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
         self.loss_curve: list[tuple[float, float | None]] = []
-        self.bubble_s = [0.0] * self.world
 
-    def _communicators(self, groups: list[list[int]], parallel) -> dict[int, tuple]:
-        """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce)."""
+    def _communicators(self, groups: list[list[int]], all_reduce: bool = True) -> dict[int, tuple]:
+        """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce, or None
+        without `all_reduce`)."""
         by_rank = {}
-        topology = self.job.cluster.topology
         for group in groups:
-            devices = [self.job.devices[rank] for rank in group]
-            nodes = [device.node for device in devices]
-            comm = SimCommunicator(self.job.cluster.network, nodes, log=self.job.cluster.log,
-                                   ledgers=[device.memory for device in devices],
-                                   global_ranks=[device.rank for device in devices])
-            all_reduce = (self.job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels,
-                                                      "parallel.scheme", "parallel.channels")
-                          if len(group) > 1 else None)
+            comm = self.job.communicator(group)
+            program = self.job.all_reduce(group) if all_reduce and len(group) > 1 else None
             for index, rank in enumerate(group):
-                by_rank[rank] = (comm, index, all_reduce)
+                by_rank[rank] = (comm, index, program)
         return by_rank
 
     def _represented_by(self, rank: int) -> int:
@@ -191,8 +211,10 @@ class ModelParallel(RankReplicas):
         stage, chunks = self.layout.coordinates(rank)["pp"], len(replica.model.chunks)
         parts = self.layout.pp * chunks
         schedule = pipeline_schedule(self.pipeline.schedule, self.layout.pp, stage, self.microbatches, chunks)
-        pipeline = self.layout.group("pp", rank)
         dtype = replica.precision.name
+        receives = {}  # (step, direction, microbatch, receiving part) -> the handle of its posted Recv
+        if self.layout.pp > 1 and self.steps:
+            receives.update((yield from self._post_receives(rank, schedule, 0)))
 
         def tp_all_reduce(buffer):
             buffer = buffer.view(-1)  # activations: collectives cut a buffer into parts along its first dimension
@@ -218,6 +240,8 @@ class ModelParallel(RankReplicas):
             xs, ys = x.chunk(self.microbatches), y.chunk(self.microbatches)
             loss_weight = replica.precision.loss_weight(1.0 / self.microbatches)
             pending, losses = {}, []
+            if self.layout.pp > 1 and step + 1 < self.steps:  # the next step's receives, ahead of its sends
+                receives.update((yield from self._post_receives(rank, schedule, step + 1)))
             for action in schedule:
                 part = action.chunk * self.layout.pp + stage
                 ops = replica.model.ops[action.chunk]
@@ -226,7 +250,7 @@ class ModelParallel(RankReplicas):
                     if part == 0:
                         inputs = (xs[action.microbatch],)
                     else:
-                        received = yield from self._receive(rank, ("forward", action.microbatch, part))
+                        received = yield Await(receives.pop((step, 0, action.microbatch, part)), idle="bubble")
                         inputs = (received.requires_grad_(),)
                     target = ys[action.microbatch] if last else None
                     cost = self._cost(replica, action.chunk, part, inputs, target)
@@ -245,14 +269,12 @@ class ModelParallel(RankReplicas):
                     if last:
                         losses.append(loss)
                     else:
-                        yield from self._send(rank, pipeline[(stage + 1) % self.layout.pp], output,
-                                              ("forward", action.microbatch, part + 1))
+                        yield self._send(rank, step, 0, action.microbatch, part + 1, output)
                 else:
                     inputs, target, tape, cost, held = pending.pop((action.microbatch, action.chunk))
                     grads = None
                     if part < parts - 1:
-                        received = yield from self._receive(rank, ("backward", action.microbatch, part))
-                        grads = (received,)
+                        grads = ((yield Await(receives.pop((step, 1, action.microbatch, part)), idle="bubble")),)
                     if self.recompute:
                         yield Alloc("activations", cost.activation_bytes)
                     if self.job.numerics:
@@ -269,8 +291,7 @@ class ModelParallel(RankReplicas):
                     if self.recompute:
                         yield Free("activations", cost.activation_bytes)
                     if part > 0:
-                        yield from self._send(rank, pipeline[(stage - 1) % self.layout.pp], input_grad,
-                                              ("backward", action.microbatch, part - 1))
+                        yield self._send(rank, step, 1, action.microbatch, part - 1, input_grad)
             if self.layout.dp > 1:
                 yield dp_all_reduce(replica.grad_buffer)
             found_inf = replica.precision.find_overflow(replica.grad_buffer)
@@ -278,7 +299,7 @@ class ModelParallel(RankReplicas):
                 found_inf = yield from self._overflow_vote(rank, step, found_inf)
             replica.apply_update(replica.precision.settle(found_inf))
             yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
-            self._step_done(step, losses)
+            self._step_done(rank, step, losses)
 
     def _overflow_vote(self, rank: int, step: int, found_inf: bool):
         """Step program: whether any rank of `rank`'s model-parallel group found an overflow (a sum of
@@ -320,38 +341,42 @@ class ModelParallel(RankReplicas):
         self._mirrored_bytes[label] += nbytes * len(groups)
         return Busy(seconds, label, "communication", staging=staging)
 
-    def _send(self, rank: int, peer: int, tensor: torch.Tensor, message: tuple):
-        """Step program: hand `tensor` to the link towards job rank `peer` and carry on (a non-blocking
-        send); it lands in the peer's mailbox when the transfer ends."""
-        arrival = self._arrival(peer, message)
-        done = yield PostTransfer(self.job.devices[rank].node, self.job.devices[peer].node, tensor.nbytes, "pp_p2p")
-        posted = self.job.cluster.env.now
-        done.callbacks.append(lambda _: arrival.succeed((tensor, posted)))
-        self.pp_bytes += tensor.nbytes
+    # --- pipeline messages: Send/Recv programs on the pipeline's communicator (comm/simulated.py's mailbox) ---
 
-    def _receive(self, rank: int, message: tuple):
-        """Step program: wait for `message` (direction, microbatch, model part) to reach job rank `rank`;
-        returns a copy of its tensor. Waiting while it moves is communication; before it was sent, bubble."""
-        env, log, device = self.job.cluster.env, self.job.cluster.log, self.job.devices[rank]
-        waiting_from = env.now
-        self._waiting.add(rank)
-        tensor, posted = yield Wait(self._arrival(rank, message))
-        self._waiting.discard(rank)
-        del self._arrivals[rank, message]
-        moving_from = max(waiting_from, posted)
-        if moving_from > waiting_from:
-            self.bubble_s[rank] += moving_from - waiting_from
-            log.span(device.rank, "bubble", "bubble", waiting_from, moving_from)
-        if env.now > moving_from:
-            log.span(device.rank, "communication", "pp_p2p", moving_from, env.now, nbytes=tensor.nbytes)
-        return tensor.detach().clone()
+    def _tag(self, step: int, direction: int, microbatch: int, part: int) -> int:
+        """A message's tag: its step's parity (a stage posts two steps' receives), direction (0 forward, 1
+        backward), microbatch and receiving model part."""
+        parts = self.layout.pp * self.pipeline.virtual_stages
+        return ((step % 2 * 2 + direction) * self.microbatches + microbatch) * parts + part
 
-    def _arrival(self, rank: int, message: tuple):
-        """The event of `message` reaching job rank `rank` (made by whichever side asks first)."""
-        key = (rank, message)
-        if key not in self._arrivals:
-            self._arrivals[key] = self.job.cluster.env.event()
-        return self._arrivals[key]
+    def _post_receives(self, rank: int, schedule, step: int):
+        """Step program: post every receive of job rank `rank`'s step `step`; returns {message: handle}.
+
+        A stage posts a step's receives before its peers can send them (at the start of the step before), as
+        Megatron-LM posts its irecvs ahead: a send's bytes then start to move the moment it is posted, and
+        the sender never waits for its receiver. An activation and the gradient that comes back for it have
+        the shape of the boundary between their two model parts (`boundary_activations`)."""
+        comm, index, _ = self.comms["pp"][rank]
+        pp, parts = self.layout.pp, self.layout.pp * self.pipeline.virtual_stages
+        handles = {}
+        for action in schedule:
+            part = action.chunk * pp + self.layout.coordinates(rank)["pp"]
+            direction, peer_part = (0, part - 1) if action.kind == "forward" else (1, part + 1)
+            if not 0 <= peer_part < parts:
+                continue
+            like = self._boundaries[min(part, peer_part)]
+            out = torch.empty(like.shape, dtype=like.dtype, device="cpu" if self.job.numerics else "meta")
+            tag = self._tag(step, direction, action.microbatch, part)
+            handles[step, direction, action.microbatch, part] = yield Post(
+                _receive(peer_part % pp, out, tag), "pp_p2p", comm, index)
+        return handles
+
+    def _send(self, rank: int, step: int, direction: int, microbatch: int, part: int, tensor: torch.Tensor) -> Post:
+        """Step-program operation: send `tensor` to model part `part` without waiting (torch's isend; the
+        stage never awaits it: its receiver does, and the interpreter completes it)."""
+        comm, index, _ = self.comms["pp"][rank]
+        tag = self._tag(step, direction, microbatch, part)
+        return Post(_send(part % self.layout.pp, tensor, tag), "pp_p2p", comm, index)
 
     def _cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
         """What model part `part` (the replica's chunk `chunk`) costs on inputs of these shapes, measured
@@ -361,7 +386,14 @@ class ModelParallel(RankReplicas):
             self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target)
         return self._costs[key]
 
-    def _step_done(self, step: int, losses: list) -> None:
+    def rank_losses(self, rank: int) -> list[list[float]]:
+        """The losses job rank `rank` computed in each step (its microbatches' in the last stage, none in the
+        others), where the job holds only some ranks (a real run, simtrain/real: each process its own)."""
+        return self._rank_losses[rank]
+
+    def _step_done(self, rank: int, step: int, losses: list) -> None:
+        if self.job.numerics:
+            self._rank_losses[rank].append([loss.item() for loss in losses])
         self._losses[step].extend(losses)
         self._ranks_done[step] += 1
         if self._ranks_done[step] < len(self.running):
@@ -378,7 +410,7 @@ class ModelParallel(RankReplicas):
     # --- what the runner reads ---
 
     def stuck(self) -> list[int]:
-        stuck = {self.job.devices[rank].rank for rank in self._waiting}
+        stuck = set()
         for dimension, by_rank in self.comms.items():
             for rank, (comm, index, _) in by_rank.items():
                 if index in comm.stuck():
@@ -390,9 +422,11 @@ class ModelParallel(RankReplicas):
         compute nothing, the initial meta model)."""
         if self.mirrored is not None:
             return self.job.model
-        shares = [self.replicas[rank].model for rank in range(self.world)
-                  if self.layout.coordinates(rank)["dp"] == 0]
-        return assemble(self.job.model, shares)
+        return self.assemble({rank: self.replicas[rank].model.pieces() for rank in range(self.world)})
+
+    def assemble(self, pieces: dict) -> "torch.nn.Module":
+        """The whole model from ranks' pieces (rank -> RankModule.pieces()): those of data-parallel replica 0."""
+        return assemble(self.job.model, [piece for rank in self.layout.replicas()[0] for piece in pieces[rank]])
 
     def final_models(self) -> list:
         return [self.trained_model()]
@@ -405,13 +439,14 @@ class ModelParallel(RankReplicas):
 
     def _collective_bytes(self, communicators: str, label: str) -> int:
         """Bytes the groups of `self.comms[communicators]` sent for `label` (each group's communicator once)."""
-        if self.mirrored is not None:
+        if self.mirrored is not None and communicators != "pp":
             return self._mirrored_bytes[label]
         groups = {id(comm): comm for comm, _, _ in self.comms.get(communicators, {}).values()}
         return sum(comm.bytes_by_label.get(label, 0) for comm in groups.values())
 
     def report_sections(self) -> dict:
-        sim_time = self.job.cluster.log.last_end_s
+        log = self.job.cluster.log
+        sim_time = log.last_end_s
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp,
             "placement": list(self.layout.placement),
@@ -420,13 +455,23 @@ class ModelParallel(RankReplicas):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.mirrored is not None,
-            "bubble_fraction": (sum(self.bubble_s[rank] for rank in self.running) / (sim_time * len(self.running))
-                                if sim_time > 0 else 0.0),
+            "bubble_fraction": (sum(log.total(self.job.devices[rank].rank, "bubble") for rank in self.running)
+                                / (sim_time * len(self.running)) if sim_time > 0 else 0.0),
             # a representative's sends stand for those of every tp rank of every replica
             "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"),
-                              "pp_p2p": self.pp_bytes * (self.world // len(self.running)),
+                              "pp_p2p": self._collective_bytes("pp", "pp_p2p") * (self.world // len(self.running)),
                               "tp_allreduce": self._collective_bytes("tp", "tp_allreduce"),
                               "overflow_vote": self._collective_bytes("model", "overflow_vote")},
         }}
 
 
+
+
+def _send(peer: int, tensor: torch.Tensor, tag: int):
+    """A pipeline stage's point-to-point program: send `tensor` to pipeline rank `peer`."""
+    yield Send(peer, tensor, tag)
+
+
+def _receive(peer: int, out: torch.Tensor, tag: int):
+    """A pipeline stage's point-to-point program: receive into `out` from pipeline rank `peer`; returns it."""
+    return (yield Recv(peer, out, tag=tag))

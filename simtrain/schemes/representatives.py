@@ -30,10 +30,16 @@ It is what lets a 3,072-GPU Megatron step be simulated in minutes.
 import simpy
 import torch
 
+from ..comm import build_all_reduce
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
 from ..hw.device import MemoryLedger
 from ..hw.network import Network
+
+
+def representative_ranks(layout) -> list[int]:
+    """The job ranks whose programs run for all: tp 0 of replica 0, one per pipeline stage."""
+    return [layout.rank(pp=stage) for stage in range(layout.pp)]
 
 
 class MirroredCollectives:
@@ -43,8 +49,8 @@ class MirroredCollectives:
         parallel, topology = job.scenario.parallel, job.cluster.topology
         self._env = simpy.Environment()
         self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
-        self._program = lambda nodes: job.all_reduce_builder(parallel.scheme, topology, nodes, parallel.channels,
-                                                             "parallel.scheme", "parallel.channels")
+        self._program = lambda nodes: build_all_reduce(parallel.scheme, topology, nodes, parallel.channels,
+                                                       "parallel.scheme", "parallel.channels")
         self._timed: dict[tuple, tuple[float, int, int]] = {}
 
     def all_reduce(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int, int]:

@@ -65,7 +65,7 @@ from ..job import Job
 from ..report import Report, RunResult, build_report
 from ..runner import single_thread
 from ..scenario import Scenario
-from ..schemes.program import Alloc, Busy, Collective, Free, Transfer, Wait
+from ..step_ops import Alloc, Busy, Collective, Free, Transfer, Wait
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed
