@@ -54,7 +54,7 @@ from .scenario import Scenario
 from .schemes import build_scheme
 from .schemes.layout import Layout
 from .schemes.representatives import representative_ranks
-from .schemes.model_parallel import part_counts, rank_shares
+from .schemes.model_parts import part_counts, rank_shares
 from .train.checkpointing import apply_checkpointing
 from .train.data import MetaLoader, hold_out_validation, load_dataset
 from .train.hyperparameters import values_from
