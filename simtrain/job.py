@@ -1,4 +1,4 @@
-"""A job: a workload on a group of a cluster's devices, with the communicator its layout needs.
+"""A job: a workload on a group of a cluster's devices, run on a backend that supplies its communicators.
 
 A job is what runs on a cluster. It joins
 
@@ -13,10 +13,15 @@ A job is what runs on a cluster. It joins
 - a **group** of the cluster's devices, named by their global ranks. Inside the
   job, ranks are 0..world-1 in group order.
 
-It owns its communicator: a SimCommunicator over the group's network nodes
-(exclusive of the network when the job is built `alone` and its scheme runs
-nothing but ring all-reduces: comm/ring_schedule.py),
-logging under the devices' global ranks. So several jobs on disjoint groups
+It runs on a **backend** (simtrain/backend.py), the one thing that knows
+where: which ranks this process holds, the communicators of the job and of
+its sub-groups, each group's all-reduce, the interpreter of a rank's step
+program. The simulated backend (the default) holds every rank, and its
+communicators are SimCommunicators over the group's network nodes (the job's
+own exclusive of the network when the job is built `alone` and its scheme
+runs nothing but ring all-reduces: comm/ring_schedule.py), logging under the
+devices' global ranks; the real one (simtrain/real/backend.py) holds one rank
+per process of a torch.distributed group. So several jobs on disjoint groups
 run side by side on one cluster, sharing its links (max-min fair, where their
 routes overlap) and its clock, and every span they log carries the job's
 index (hw/eventlog.py); the report and the trace tell them apart by it.

@@ -2,7 +2,7 @@
 
 A scheme is built as `SCHEMES[parallel.scheme](job, on_step)` and provides
 what `Scheme` lists. Its core is `program(rank)`: the rank's whole training as
-a step program (schemes/program.py), which the job starts on the cluster's
+a step program (simtrain/step_ops.py), which the job starts on its backend
 clock and the memory plan replays on meta tensors. A new scheme is one file
 and one line in SCHEMES.
 

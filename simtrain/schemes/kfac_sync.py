@@ -3,7 +3,7 @@
 Each replica keeps its own K-FAC state (`train.kfac.Kfac`: hooks, factors,
 decompositions). Each step, after the gradient all-reduce and before the base
 optimizer steps, `DistributedKfac.step(rank)` runs on every rank (a step
-program, schemes/program.py: `yield from` it inside the rank's program):
+program, simtrain/step_ops.py: `yield from` it inside the rank's program):
 
 1. factor update steps: the batch factors A = a^T a / B and G = B g^T g of
    every layer (charged as 2*rows*n^2 FLOPs each) are averaged across devices
