@@ -181,7 +181,9 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
         final_models=[model],
         wall_time_s=time.perf_counter() - wall_start,
         extra={"amp": job.replicas[0].precision.report(),
-               "parallel": {"dp": job.layout.dp, "pp": job.layout.pp, "tp": job.layout.tp}},
+               # a measured wait on a pipeline message is not split into bubble and transfer: not measured
+               "parallel": {"dp": job.layout.dp, "pp": job.layout.pp, "tp": job.layout.tp,
+                            "bubble_fraction": 0.0 if job.layout.pp == 1 else None}},
     )
     report = build_report(scenario, cluster, result)
     report.data["links"] = []  # bytes on each link are not measured
