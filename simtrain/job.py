@@ -1,4 +1,4 @@
-"""A job: a workload on a group of a cluster's devices, with the communicator its layout needs.
+"""A job: a workload on a group of a cluster's devices, run on a backend that supplies its communicators.
 
 A job is what runs on a cluster. It joins
 
@@ -13,10 +13,15 @@ A job is what runs on a cluster. It joins
 - a **group** of the cluster's devices, named by their global ranks. Inside the
   job, ranks are 0..world-1 in group order.
 
-It owns its communicator: a SimCommunicator over the group's network nodes
-(exclusive of the network when the job is built `alone` and its scheme runs
-nothing but ring all-reduces: comm/ring_schedule.py),
-logging under the devices' global ranks. So several jobs on disjoint groups
+It runs on a **backend** (simtrain/backend.py), the one thing that knows
+where: which ranks this process holds, the communicators of the job and of
+its sub-groups, each group's all-reduce, the interpreter of a rank's step
+program. The simulated backend (the default) holds every rank, and its
+communicators are SimCommunicators over the group's network nodes (the job's
+own exclusive of the network when the job is built `alone` and its scheme
+runs nothing but ring all-reduces: comm/ring_schedule.py), logging under the
+devices' global ranks; the real one (simtrain/real/backend.py) holds one rank
+per process of a torch.distributed group. So several jobs on disjoint groups
 run side by side on one cluster, sharing its links (max-min fair, where their
 routes overlap) and its clock, and every span they log carries the job's
 index (hw/eventlog.py); the report and the trace tell them apart by it.
@@ -48,14 +53,13 @@ import copy
 
 import torch
 
-from .comm import build_all_reduce
-from .comm.simulated import SimCommunicator
+from .backend import SimulatedBackend
 from .hw.cluster import Cluster
 from .scenario import Scenario
 from .schemes import build_scheme
 from .schemes.layout import Layout
-from .schemes.model_parallel import rank_shares
-from .schemes.program import run_program
+from .schemes.representatives import representative_ranks
+from .schemes.model_parts import part_counts, rank_shares
 from .train.checkpointing import apply_checkpointing
 from .train.data import MetaLoader, hold_out_validation, load_dataset
 from .train.hyperparameters import values_from
@@ -69,7 +73,7 @@ class Job:
     """A scenario's training on a group of a cluster's devices."""
 
     def __init__(self, scenario: Scenario, cluster: Cluster, ranks, numerics: bool = True, on_step=None,
-                 between_steps=None, alone: bool = False, local_ranks=None, all_reduce_builder=build_all_reduce):
+                 between_steps=None, alone: bool = False, backend=None):
         self.scenario = scenario
         self.name = scenario.name
         self.cluster = cluster
@@ -78,45 +82,51 @@ class Job:
         self.world = len(self.devices)
         self.numerics = numerics
         self.index = cluster.add_job(self.name, self.ranks)
-        self.comm = self._communicator()
+        self.backend = backend if backend is not None else SimulatedBackend()
         self.layout = Layout.of(scenario.parallel, self.world)
         dataset = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed, values=numerics)
         self.data = hold_out_validation(dataset, scenario.data.validation_fraction, scenario.seed)
         device = "cpu" if numerics else "meta"
         with torch.device(device):
             model = build_model(scenario.model, self.data.info, scenario.seed)
-        if scenario.parallel.representatives:  # one rank per stage runs for all (schemes/representatives.py)
-            local_ranks = [self.layout.rank(pp=stage) for stage in range(self.layout.pp)]
+        # Job ranks whose replicas this process holds: the backend's (every rank in a simulation, its own in a
+        # real run), of those whose programs run (with representatives, one per stage: representatives.py)
+        held = [rank for rank in self.backend.local_ranks(self.world)
+                if not scenario.parallel.representatives or rank in representative_ranks(self.layout)]
         if scenario.parallel.model_parallel:
             self.model = model  # the initial model; each rank holds its share of it
-            shares = rank_shares(model, self.layout, scenario, self._sample_microbatch(), local_ranks)
+            self.parts = part_counts(model, self.layout, scenario, self.sample_microbatch())
+            shares = rank_shares(model, self.layout, scenario, self.parts, held)
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
-            shares = [copy.deepcopy(self.model) if local_ranks is None or rank in local_ranks else None
-                      for rank in range(self.world)]
-        # Job ranks whose replicas this process holds: all of them in a simulation; a real run
-        # (simtrain/real) builds only its own rank's, and the others' entries are None.
-        self.local_ranks = list(range(self.world)) if local_ranks is None else list(local_ranks)
-        self.holds_every_rank = len(self.local_ranks) == self.world
-        held = set(self.local_ranks)
+            shares = [copy.deepcopy(self.model) if rank in held else None for rank in range(self.world)]
+        self.local_ranks = held
         self.replicas = [Replica(share, self._loader(rank), scenario.train) if rank in held else None
                          for rank, share in enumerate(shares)]
-        self.all_reduce_builder = all_reduce_builder  # comm.build_all_reduce's signature: a group's all-reduce
         self.scheme = build_scheme(self, on_step)
         # Alone on the cluster's network (`alone`: nothing else will run on it), a job whose collectives are
         # all ring all-reduces has them timed as a group when numerics are off (comm/ring_schedule.py).
-        self.comm.exclusive = alone and self.scheme.only_ring_all_reduces
+        self.exclusive = alone and self.scheme.only_ring_all_reduces
+        self.comm = self._communicator()
         self.between_steps = between_steps  # (rank, step) -> a step program returning whether to go on
         spec = scenario.train.checkpoint
         self.checkpoints = Checkpoints(spec, self.replicas) if spec is not None else None
         self.processes = []  # each rank's simpy process of the latest start
         self.finished = cluster.env.event()  # the latest start's programs have all ended
 
-    def _communicator(self) -> SimCommunicator:
-        return SimCommunicator(self.cluster.network, [device.node for device in self.devices], log=self.cluster.log,
-                               ledgers=[device.memory for device in self.devices], global_ranks=self.ranks)
+    def _communicator(self):
+        """The job's own communicator: all its ranks, over the devices as they are now."""
+        return self.backend.communicator(self, list(range(self.world)), exclusive=self.exclusive)
 
-    def _sample_microbatch(self) -> torch.Tensor:
+    def communicator(self, ranks: list[int]):
+        """A communicator of job ranks `ranks` (a sub-group: a pipeline, a tensor-parallel group)."""
+        return self.backend.communicator(self, list(ranks))
+
+    def all_reduce(self, ranks: list[int]):
+        """fn(rank, world, buf, average=False) -> the scenario's all-reduce program for job ranks `ranks`."""
+        return self.backend.all_reduce(self, list(ranks))
+
+    def sample_microbatch(self) -> torch.Tensor:
         """A meta microbatch of the data's inputs: what pipeline stages are balanced on."""
         info, parallel = self.data.info, self.scenario.parallel
         samples = self.scenario.data.batch_size // parallel.microbatches
@@ -147,7 +157,7 @@ class Job:
 
     def _launch(self, programs: list) -> None:
         env = self.cluster.env
-        self.processes = [env.process(run_program(self, rank, program)) for rank, program in enumerate(programs)]
+        self.processes = [self.backend.start(self, rank, program) for rank, program in enumerate(programs)]
         launched = self.processes
         env.all_of(launched).callbacks.append(
             lambda _event: self.finished.succeed() if self.processes is launched else None)

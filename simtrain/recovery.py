@@ -40,7 +40,7 @@ time plus that sum (tested).
     injector = FaultInjector(cluster, scenario, job.ranks, recovery.device_lost)
 """
 from .errors import JobFailed
-from .schemes.program import Busy
+from .step_ops import Busy
 from .train.hyperparameters import values_at
 
 

@@ -9,6 +9,7 @@ from simtrain.comm import ALL_REDUCE
 from simtrain.comm.bench import benchmark_all_reduce
 from simtrain.comm.ops import Recv, Send
 from simtrain.comm.simulated import SimCommunicator
+from simtrain.errors import CollectiveMismatch
 from simtrain.hw.device import MemoryLedger
 from simtrain.hw.eventlog import EventLog
 from simtrain.hw.network import Network
@@ -160,7 +161,7 @@ def test_mismatched_sizes_are_a_program_bug():
         yield Recv(0, torch.zeros(5))
 
     comm.run(0, sender())
-    with pytest.raises(RuntimeError, match="sends 16 bytes but rank 1 receives 20"):
+    with pytest.raises(CollectiveMismatch, match=r"rank 0 sends 16 B to rank 1 \(tag 0\), which receives 20 B"):
         comm.run(1, receiver())
 
 

@@ -414,3 +414,29 @@ def test_a_futures_tensors_wait_for_their_collective_when_first_read():
 
     for joined in simtrain.dist.spawn(rank_code, world=2):
         assert torch.equal(joined, torch.cat([torch.full((1 << 16,), 2.0), torch.full((1 << 16,), 4.0)]))
+
+
+def test_point_to_point_messages_match_by_tag_in_the_group_s_mailbox():
+    """Reference: torch.distributed's semantics (gloo matches an irecv to the isend of the same source and
+    tag): two messages sent with tags 1 then 2, received tag 2 first, each land where their tag says, through
+    the group's one mailbox, beside a collective the ranks run meanwhile."""
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        if rank == 0:
+            works = [dist.isend(torch.full((3,), 1.0), 1, tag=1), dist.isend(torch.full((3,), 2.0), 1, tag=2)]
+            summed = torch.ones(4)
+            dist.all_reduce(summed)
+            for work in works:
+                work.wait()
+            return summed
+        second, first, summed = torch.empty(3), torch.empty(3), torch.ones(4)
+        work = dist.irecv(second, 0, tag=2)
+        dist.all_reduce(summed)
+        work.wait()
+        dist.recv(first, 0, tag=1)
+        return first, second, summed
+
+    values = simtrain.dist.spawn(rank_code, world=2)
+    first, second, summed = values[1]
+    assert torch.equal(first, torch.full((3,), 1.0)) and torch.equal(second, torch.full((3,), 2.0))
+    assert torch.equal(summed, torch.full((4,), 2.0)) and torch.equal(values[0], summed)

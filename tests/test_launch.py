@@ -90,6 +90,27 @@ def test_launch_trains_the_parameters_run_simulates(tmp_path, world, all_reduce,
     check_launched(path, tmp_path / "real", data, world)
 
 
+@pytest.mark.parametrize("world, layout, extra", [
+    (2, {"pp": 2}, {}),
+    (2, {"tp": 2}, {}),
+    (4, {"pp": 2, "tp": 2}, {}),
+    (4, {"pp": 2, "dp": 2, "pipeline": {"schedule": "gpipe"}}, {"train": {"precision": "fp16"}}),
+])
+def test_launch_runs_pipeline_and_tensor_parallel_layouts_as_run_simulates(tmp_path, world, layout, extra):
+    """Pipeline activations and gradients go as Send/Recv programs, tensor-parallel all-reduces on their own
+    groups, over real gloo: the parameters equal the simulated run's, whose messages took the simulated mailbox."""
+    path = write_scenario(tmp_path, model={"hidden": [32, 32, 32]}, parallel=layout, **extra)
+    data = launch(path, [], world, tmp_path / "real", warmup=WARMUP)
+    simulated = simtrain.run(simtrain.load_scenario(path, [f"cluster.devices={world}"]))
+    assert_same_parameters(tmp_path / "real", simulated)
+    assert data["measured"] is True and data["devices_count"] == world
+    assert {key: data["parallel"][key] for key in ("pp", "tp")} == {"pp": layout.get("pp", 1),
+                                                                    "tp": layout.get("tp", 1)}
+    # the measured loss of each step is the mean of the last stage's microbatch losses, as simulated
+    assert [loss for _, loss in data["loss_curve"]] == pytest.approx(
+        [loss for _, loss in simulated.data["loss_curve"]], abs=1e-5)
+
+
 def test_the_trace_shows_every_rank_s_measured_spans(ring_of_two):
     _, out, _ = ring_of_two
     trace = json.loads((out / "trace.json").read_text())
@@ -160,7 +181,6 @@ def test_launch_lists_the_files_it_wrote(tmp_path, capsys):
 
 @pytest.mark.parametrize("overrides, options, message", [
     (["parallel.mode=async"], [], "parallel.mode: async runs simulated only"),
-    (["parallel.pp=2", "model.hidden=[32,32,32]"], [], "parallel.pp: launch runs data-parallel schemes"),
     (["numerics=false"], [], "numerics: launch trains for real"),
     ([], ["--warmup", "5"], "--warmup: 5 warm-up steps leave none of train.steps 5"),
     ([], ["--backend", "nccl"], "--backend: nccl needs CUDA tensors"),

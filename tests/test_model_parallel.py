@@ -236,3 +236,62 @@ def test_the_memory_plan_of_a_pipeline_tries_whole_microbatches():
     for plan in plan_memory(scenario_):
         assert plan.peak_bytes <= plan.capacity_bytes
         assert plan.largest_batch > scenario_.data.batch_size and plan.largest_batch % 4 == 0
+
+
+# --- the one mailbox: a pipeline message is a Send posted without blocking and a Recv awaited ---
+
+def _two_ranks(latency_s=5e-6, bandwidth_Bps=1e9):
+    import simpy
+
+    from simtrain.comm.simulated import SimCommunicator
+    from simtrain.hw.eventlog import EventLog
+    from simtrain.hw.network import Network
+    from simtrain.hw.topology_builders import LinkClass, build_topology
+
+    env = simpy.Environment()
+    network = Network(env, build_topology("ring", 2, LinkClass(bandwidth=bandwidth_Bps, latency=latency_s)))
+    log = EventLog()
+    return env, log, SimCommunicator(network, ["gpu0", "gpu1"], log=log)
+
+
+@pytest.mark.parametrize("send_at, await_at", [(3e-3, 1e-3), (1e-3, 1.002e-3), (1e-3, 5e-3)])
+def test_an_awaited_receive_is_bubble_until_its_send_then_communication_until_it_lands(send_at, await_at):
+    """Closed form: the transfer takes latency + bytes / bandwidth from the send's post (the receive was
+    posted at 0); the receiver is charged, from its await, bubble until the send and communication until
+    the data lands; the sender, which never awaits, nothing."""
+    from simtrain.comm.ops import Recv, Send
+
+    env, log, comm = _two_ranks()
+    payload, out = torch.arange(250, dtype=torch.float32), torch.zeros(250)
+    lands_at = send_at + 5e-6 + payload.nbytes / 1e9
+    handle = comm.post(1, (lambda: (yield Recv(0, out)))(), "pp_p2p")
+    got = {}
+
+    def sender():
+        yield env.timeout(send_at)
+        comm.post(0, (lambda: (yield Send(1, payload)))(), "pp_p2p")
+
+    def receiver():
+        yield env.timeout(await_at)
+        got["value"] = yield comm.wait(handle, idle="bubble")
+        got["at"] = env.now
+
+    env.process(sender())
+    env.process(receiver())
+    env.run()
+    assert torch.equal(got["value"], payload) and got["at"] == pytest.approx(max(lands_at, await_at))
+    assert log.total(1, "bubble") == pytest.approx(max(0.0, send_at - await_at))
+    assert log.total(1, "communication") == pytest.approx(max(0.0, lands_at - max(send_at, await_at)))
+    assert log.total(0, "communication") == 0 and log.total(0, "bubble") == 0
+    assert comm.bytes_by_label == {"pp_p2p": payload.nbytes} and comm.stuck() == []
+
+
+def test_a_receive_awaited_with_no_send_is_stuck():
+    from simtrain.comm.ops import Recv
+
+    env, _, comm = _two_ranks()
+    handle = comm.post(1, (lambda: (yield Recv(0, torch.zeros(4))))(), "pp_p2p")
+    assert comm.stuck() == []  # posted, not awaited: the rank is not waiting on it
+    comm.wait(handle)
+    env.run()
+    assert comm.stuck() == [1]

@@ -20,6 +20,19 @@ same. Time a rank spends with a transfer of its own in flight is counted as
 "communication"; time it waits for a peer to post is left as idle. The trace
 shows each rank's collective as one span, from its first transfer to its last.
 
+This is the one mailbox: collective programs, a pipeline's activations and
+gradients (schemes/pipeline.py) and the `simtrain` torch.distributed backend's
+send and recv (torchdist/process_group.py) all match here. `run` is a
+blocking call (the rank's time is charged from its start); `post` starts a
+program beside the rank's own (torch's isend / irecv) and returns a handle,
+charged nothing until `wait(handle, idle)`: from then on, time with one of
+its transfers in flight is communication, and time waiting for a peer to
+post is idle, logged as a span of kind `idle` when it is named ("bubble").
+Its span carries the bytes of the transfers that ended while it was awaited.
+
+    handle = comm.post(0, send_program, "pp_p2p")     # the flow starts once the peer posted its Recv
+    yield comm.wait(other_handle, idle="bubble")       # the program's value, when it has ended
+
 A communicator built `exclusive` is promised that its links carry nothing but
 its own collectives. There, a ring all-reduce whose ring routes share no
 directed link is timed by the network (`Network.time_ring`), and its sums done
@@ -33,6 +46,7 @@ from collections import deque
 
 import simpy
 
+from ..errors import CollectiveMismatch
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
 from ..hw.network import Network, Route
@@ -53,7 +67,8 @@ class _RankProgram:
     The rank's communication span is kept on `owner`, the rank's top-level program."""
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
-                 "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown")
+                 "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown", "comm", "posted",
+                 "charged", "idle", "idle_from")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -71,6 +86,11 @@ class _RankProgram:
         self.span_end = None  # when that run last had nothing in flight
         self.span_bytes = 0
         self.shown = None  # [first start, last end, bytes] of the collective's runs of communication so far
+        self.comm = None  # for a posted program (a handle): its communicator
+        self.posted = False  # started by `post`: runs beside the rank's program
+        self.charged = True  # its time is the rank's: a `run`, or a posted program being awaited
+        self.idle = None  # an awaited program's span kind for waiting on a peer (None: not logged)
+        self.idle_from = None  # since when an awaited program waits with nothing in flight
 
 
 class _Mailbox:
@@ -98,6 +118,7 @@ class SimCommunicator:
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
         self._mailboxes: dict[int, _Mailbox] = {}  # key (tag * world + src) * world + dst
         self._running: dict[int, _RankProgram] = {}
+        self._posted: dict[int, list[_RankProgram]] = {}  # rank -> its posted programs not ended yet
         self.bytes_by_label: dict[str, int] = {}  # bytes sent by the group's programs, by their label
         self.exclusive = exclusive
         self._scheduled_posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
@@ -115,6 +136,24 @@ class SimCommunicator:
         else:
             self._advance(state, None)
         return state.done
+
+    def post(self, rank: int, program, label: str) -> _RankProgram:
+        """Start `program` for group rank `rank` beside the rank's own; returns its handle for `wait`."""
+        state = _RankProgram(rank, program, self.env.event(), label)
+        state.comm, state.posted, state.charged = self, True, False
+        self._posted.setdefault(rank, []).append(state)
+        self._advance(state, None)
+        return state
+
+    def wait(self, handle: _RankProgram, idle: str | None = None) -> simpy.Event:
+        """The rank waits on a posted program from now; the event fires with its value once it has ended."""
+        if not handle.done.triggered:
+            handle.charged, handle.idle = True, idle
+            if handle.in_flight:
+                handle.span_start = self.network.now
+            else:
+                handle.idle_from = self.network.now
+        return handle.done
 
     def _timed_as_group(self, program: RingAllReduce) -> bool:
         """Whether the network times it as a group: ring routes that share no directed link, and meta tensors
@@ -180,10 +219,13 @@ class SimCommunicator:
         state = self._running.pop(rank, None)
         if state is not None:
             self._show(state)  # the part it did
+        self._posted.pop(rank, None)
 
     def stuck(self) -> list[int]:
-        """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped)."""
-        return sorted(self._running)
+        """Ranks whose programs wait for a peer that never posted (a deadlock when the clock has stopped): a
+        program run, or a posted one awaited, that has not ended."""
+        return sorted({*self._running, *(rank for rank, posted in self._posted.items()
+                                         if any(state.charged for state in posted))})
 
     def _advance(self, state: _RankProgram, value) -> None:
         try:
@@ -193,7 +235,10 @@ class SimCommunicator:
             if parent is None:
                 self._close_span(state)
                 self._show(state)
-                del self._running[state.rank]
+                if state.posted:
+                    self._posted[state.rank].remove(state)
+                else:
+                    del self._running[state.rank]
                 state.done.succeed(stop.value)
             else:
                 parent.results[state.index] = stop.value
@@ -248,12 +293,17 @@ class SimCommunicator:
         payload, out = send.tensor, recv.out
         nbytes = payload.nbytes
         if nbytes != out.nbytes:
-            raise RuntimeError(f"rank {sender.rank} sends {nbytes} bytes but rank {receiver.rank} receives {out.nbytes}")
+            raise CollectiveMismatch(f"rank {self.global_ranks[sender.rank]} sends {nbytes} B to rank "
+                                     f"{self.global_ranks[receiver.rank]} (tag {send.tag}), which receives "
+                                     f"{out.nbytes} B")
         now = self.network.now
         owner = sender.owner
         self._transfer_begins(owner, now)
         self._transfer_begins(receiver.owner, now)
-        owner.span_bytes += nbytes
+        if owner.posted:  # counted when sent; its span, if awaited, carries the bytes that arrive in it
+            self.bytes_by_label[owner.label] = self.bytes_by_label.get(owner.label, 0) + nbytes
+        else:
+            owner.span_bytes += nbytes
         staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
@@ -268,6 +318,9 @@ class SimCommunicator:
                 staging.free("comm_buffers", nbytes)
             receiver.results[recv_index] = out
             now = flow.end
+            for side in (sender.owner, receiver.owner):
+                if side.posted and side.charged:
+                    side.span_bytes += nbytes
             self._transfer_ends(sender, now)
             self._transfer_ends(receiver, now)
 
@@ -275,7 +328,11 @@ class SimCommunicator:
                                 on_done=delivered, label=sender.label)
 
     def _transfer_begins(self, state: _RankProgram, now: float) -> None:
-        if state.in_flight == 0:
+        if state.idle_from is not None:  # an awaited program's wait for its peer ends
+            if state.idle is not None and now > state.idle_from and self.log is not None:
+                self.log.span(self.global_ranks[state.rank], state.idle, state.idle, state.idle_from, now)
+            state.idle_from = None
+        if state.in_flight == 0 and state.charged:
             if state.span_start is not None and state.span_end < now:
                 self._close_span(state)
             if state.span_start is None:
@@ -287,13 +344,16 @@ class SimCommunicator:
         owner.in_flight -= 1
         if owner.in_flight == 0:
             owner.span_end = now
+            if owner.posted and owner.charged:
+                owner.idle_from = now
         state.outstanding -= 1
         if state.outstanding == 0:
             self._advance(state, state.results[0] if state.single else state.results)
 
     def _close_span(self, state: _RankProgram) -> None:
         if state.span_start is not None:
-            self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
+            if not state.posted:
+                self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
             if self.log is not None:
                 self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end)
             self._shown_grows(state, state.span_start, state.span_end, state.span_bytes)

@@ -2,8 +2,9 @@
 
 - processes.py: start N processes of one function over a process group (spawned with a file
   rendezvous, or the group torchrun started);
-- interpreter.py: runs a rank's step program (schemes/program.py) for real, timing it by the host clock;
-- launch.py: `simtrain launch`, one process per rank of a scenario's data-parallel job, and its
+- backend.py: the real backend a job runs on: its own rank, gloo communicators, the real interpreter;
+- interpreter.py: runs a rank's step program (simtrain/step_ops.py) for real, timing it by the host clock;
+- launch.py: `simtrain launch`, one process per rank of a scenario's job, and its
   measured report.json;
 - calibrate.py and fit.py: `simtrain calibrate`, point-to-point, all-reduce and compute measurements
   fitted into a device file and a topology file that `simtrain run` takes.

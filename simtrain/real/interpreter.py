@@ -1,16 +1,20 @@
 """A rank's step program run for real, its spans timed by the host clock.
 
 The schemes describe a rank's training once, as a step program
-(schemes/program.py): a generator that does its torch numerics itself and
+(simtrain/step_ops.py): a generator that does its torch numerics itself and
 yields operations. The simulator charges each operation on a virtual clock;
 this interpreter runs the same program in a process of a real
-torch.distributed group:
+torch.distributed group, through the driver loop they share (step_ops.drive):
 
-- `Collective`: its comm program runs over the group's point-to-point calls
-  (comm/gloo.py run_program; with `--collective native` the program is one
-  `dist.all_reduce`, real/launch.py). Its host-clock span is the rank's
-  communication, of which the part before the slowest rank arrived is idle
-  (split across ranks afterwards, real/launch.py);
+- `Collective`: its comm program runs on its communicator (the job's, or a
+  sub-group's: comm/gloo.py GlooCommunicator, each its own process group; with
+  `--collective native` an all-reduce is one `dist.all_reduce`, real/backend.py).
+  Its host-clock span is the rank's communication, of which the part before
+  the slowest rank arrived is idle (split across ranks afterwards, real/launch.py);
+- `Post` / `Await` (a pipeline's activations and gradients): the program's
+  first isend / irecv are issued at the Post, and the Await completes it; the
+  Await's host-clock span is communication. Posted programs the step program
+  never awaited (a stage's own sends) are completed when it ends;
 - `PostCollective` (a gradient bucket's all-reduce, `parallel.overlap`): run
   there and then, like a `Collective`. A program posts its buckets once its
   real backward is done (schemes/local_work.py: the backward is computed in
@@ -23,8 +27,8 @@ torch.distributed group:
   a host-clock span, of its kind and name, from the previous boundary;
 - `Alloc`, `Free`: the device ledger keeps the same accounts as in a
   simulation (what the program holds; not a measurement);
-- `Transfer`, `PostTransfer`, `Wait` belong to schemes that move bytes outside
-  a collective (a shared-memory store, pipeline messages): refused.
+- `Transfer` and `Wait` belong to schemes that move bytes or wait outside a
+  communicator (a shared-memory store): not in the table, refused by drive.
 
 Host work between boundaries that no operation names (bookkeeping between a
 backward and the all-reduce) is left out of every span: it counts as idle,
@@ -32,12 +36,13 @@ and the report gives its total. `time.perf_counter` is the clock: this is a
 measured run, not a simulated one.
 
     meter = Meter()
-    run_program(program, collective=gloo.run_program, ledger=device.memory, meter=meter)
+    run_program(program, comm=GlooCommunicator(range(world)), ledger=device.memory, meter=meter)
 """
 import time
 from typing import NamedTuple
 
-from ..schemes.program import Alloc, Busy, Collective, Compute, Free, MemoryBound, PostCollective, WaitCollectives
+from ..step_ops import (Alloc, Await, Busy, Collective, Compute, Free, MemoryBound, Post, PostCollective,
+                        WaitCollectives, drive, immediate)
 
 
 class MeasuredSpan(NamedTuple):
@@ -80,34 +85,48 @@ class Meter:
         return seconds
 
 
-def run_program(program, collective, ledger, meter: Meter):
-    """Drive `program` to its end for real; `collective(comm_program)` runs a collective's program."""
-    value = None
-    while True:
-        try:
-            op = program.send(value)
-        except StopIteration as stop:
-            return stop.value
-        kind = type(op)
-        value = None
-        if kind is Compute:
-            meter.close(op.kind, op.name, flops=op.flops)
-        elif kind is MemoryBound:
-            meter.close(op.kind, op.name, nbytes=op.nbytes)
-        elif kind is Busy:
-            meter.close(op.kind, op.name, nbytes=op.nbytes)
-        elif kind is Alloc:
-            ledger.alloc(op.category, op.nbytes)
-        elif kind is Free:
-            ledger.free(op.category, op.nbytes)
-        elif kind is Collective or kind is PostCollective:
-            if kind is Collective and op.comm is not None:
-                raise TypeError(f"collective {op.label!r} on a sub-group: only the simulated interpreter runs it")
-            meter.boundary()
-            collective(op.program)
-            seconds = meter.close("communication", op.label)
-            value = seconds if kind is Collective else None
-        elif kind is WaitCollectives:
-            pass  # every posted collective has run
-        else:
-            raise TypeError(f"a step program yielded {op!r}, which only the simulated interpreter runs")
+def run_program(program, comm, ledger, meter: Meter):
+    """Drive `program` to its end for real, its collectives without a communicator on `comm` (the job's);
+    returns its value."""
+    posted = []  # handles of programs posted and not awaited yet
+
+    def span(op):  # a Compute, MemoryBound or Busy: the work it stands for was just done
+        meter.close(op.kind, op.name, nbytes=getattr(op, "nbytes", 0), flops=getattr(op, "flops", 0))
+
+    def collective(op):
+        meter.boundary()
+        (comm if op.comm is None else op.comm).run(op.rank, op.program, op.label)
+        return meter.close("communication", op.label)
+
+    def post_collective(op: PostCollective):
+        meter.boundary()
+        comm.run(None, op.program, op.label)
+        meter.close("communication", op.label)
+
+    def post(op: Post):
+        handle = (comm if op.comm is None else op.comm).post(op.rank, op.program, op.label)
+        posted.append(handle)
+        return handle
+
+    def await_(op: Await):
+        meter.boundary()
+        posted.remove(op.handle)
+        value = op.handle.comm.wait(op.handle, op.idle)
+        meter.close("communication", op.handle.label)
+        return value
+
+    handlers = {Compute: immediate(span), MemoryBound: immediate(span), Busy: immediate(span),
+                Alloc: immediate(lambda op: ledger.alloc(op.category, op.nbytes)),
+                Free: immediate(lambda op: ledger.free(op.category, op.nbytes)), Collective: immediate(collective),
+                PostCollective: immediate(post_collective), WaitCollectives: immediate(lambda op: None),
+                Post: immediate(post), Await: immediate(await_)}
+    driver = drive(program, handlers)
+    try:
+        next(driver)
+    except StopIteration as stop:
+        value = stop.value
+    else:
+        raise RuntimeError("a real handler yielded: it must not wait on a simulated clock")
+    for handle in posted:  # a stage's own sends: the peer has received them, or will
+        handle.comm.wait(handle)
+    return value

@@ -1,43 +1,43 @@
-"""`simtrain launch`: a scenario's data-parallel training on real torch.distributed, measured by the host clock.
+"""`simtrain launch`: a scenario's training on real torch.distributed, measured by the host clock.
 
     simtrain launch scenarios/quickstart.yaml --nproc 2                      # spawned gloo processes
     torchrun --nproc-per-node 8 -m simtrain launch scenario.yaml             # the group torchrun starts
 
 One process per rank (real/processes.py). Each builds only its own rank's
-replica, data shard and optimizer, through the same `Job` as `simtrain run`
-(job.py with `local_ranks=[rank]`): the same seed before the model is built,
+replica (or, under pipeline and tensor parallelism, its share of the model),
+data shard and optimizer, through the same `Job` as `simtrain run` on the
+real backend (real/backend.py): the same seed before the model is built,
 the same DistributedSampler shard, the same techniques. It then runs the
 scheme's own step program for that rank, `scheme.program(rank)`, with the
 real interpreter (real/interpreter.py): the numerics the program does run as
-they do in a simulation, its collectives run their comm programs over the
-group's point-to-point calls (or, with `collective="native"`, one
-`dist.all_reduce` each), and the operations a simulation charges become
-host-clock spans. There is no second description of a step.
+they do in a simulation, its collectives and a pipeline's messages run their
+comm programs over point-to-point calls on each group's own process group
+(or, with `collective="native"`, an all-reduce is one `dist.all_reduce`), and
+the operations a simulation charges become host-clock spans. There is no
+second description of a step.
 
 The first `warmup` steps are not measured; before step `warmup` every rank
 meets at a barrier, and its spans count from there. Afterwards rank 0
-gathers every rank's spans, splits each collective span into idle (until the
-rank that took least time in it, i.e. the last to arrive, had arrived) and
-communication (the rest: the time the slowest-arriving rank spent in it), and
+gathers every rank's spans (and, under model parallelism, the shares of the
+model, assembled into the whole one), splits each collective span into idle
+(until the rank that took least time in it, i.e. the last to arrive, had
+arrived) and communication (the rest: the time the slowest-arriving rank
+spent in it; a pipeline's messages are left whole), and
 logs them on the same kind of event log a simulation fills: report.json
 (report.py build_report: the same schema, with `"measured": true` and a
 `measurement` section), trace.json and final_model.pt come out of the same code.
 
-Refused, one line each: pipeline and tensor parallel layouts and async (their
-step programs move bytes through the simulated network and shared-memory
-store), populations, numerics off, and the nccl backend (replicas and their
-buffers live on the CPU here).
+Refused, one line each: async (its step programs move bytes through a
+simulated shared-memory store), populations, numerics off, and the nccl
+backend (replicas and their buffers live on the CPU here).
 
     data = launch("scenarios/quickstart.yaml", [], nproc=2, out=Path("runs/quickstart-real"))
 """
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from ..comm import build_all_reduce
-from ..comm.gloo import run_program as run_collective
 from ..errors import ScenarioError, SimtrainError
 from ..evaluation import evaluate
 from ..hw.cluster import build_cluster
@@ -45,25 +45,11 @@ from ..job import Job
 from ..report import RunResult, build_report
 from ..scenario import Scenario, load_scenario
 from ..schemes import scheme_name
-from .interpreter import Meter, run_program
+from .backend import RealBackend
+from .interpreter import Meter
 from .processes import join, spawn, torchrun_world
 
 BACKENDS = ("gloo", "nccl")
-COLLECTIVES = ("programs", "native")
-
-
-def native_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False):
-    """A collective program that is one `dist.all_reduce` (it yields no Send or Recv)."""
-    dist.all_reduce(buf)
-    if average:
-        buf.div_(world)
-    return buf
-    yield  # a generator: a collective program like the others
-
-
-def native_builder(algorithm, topology, nodes, channels=None, algorithm_field="", channels_field=""):
-    """comm.build_all_reduce's signature: every group's all-reduce is torch.distributed's own."""
-    return native_all_reduce
 
 
 def scenario_for(scenario_file, overrides, world: int) -> Scenario:
@@ -74,10 +60,6 @@ def scenario_for(scenario_file, overrides, world: int) -> Scenario:
         raise ScenarioError(f"{scenario_file}: pbt: a population runs simulated only (simtrain run)")
     if not scenario.numerics:
         raise ScenarioError(f"{scenario_file}: numerics: launch trains for real; false is for simulations")
-    if parallel.model_parallel:
-        field = "parallel.pp" if parallel.pp > 1 else "parallel.tp"
-        raise ScenarioError(f"{scenario_file}: {field}: launch runs data-parallel schemes; pipeline and tensor "
-                            "parallel layouts run simulated only")
     if parallel.mode == "async":
         raise ScenarioError(f"{scenario_file}: parallel.mode: async runs simulated only (its workers share "
                             "parameters through a simulated shared-memory store, which a process group lacks)")
@@ -112,7 +94,7 @@ def launch(scenario_file, overrides, nproc: int | None, out: Path, backend: str 
     if group is None:
         # Rank 0's job, built here first: a mistake in the cluster, model or data is one line before any
         # process starts (a rank's error would come back as its traceback).
-        Job(scenario, build_cluster(scenario.cluster, scenario.base_dir, record=False), range(world), local_ranks=[0])
+        Job(scenario, build_cluster(scenario.cluster, scenario.base_dir, record=False), range(world))
         return spawn(_rank_main, world, args=args, backend=backend)[0]
     join(backend)
     try:
@@ -142,14 +124,15 @@ def _rank_main(rank: int, world: int, scenario_file: str, overrides: list, colle
         return True
         yield  # a step program (job.py before_step)
 
-    job = Job(scenario, cluster, range(world), local_ranks=[rank], between_steps=between_steps,
-              all_reduce_builder=native_builder if collective == "native" else build_all_reduce)
-    program = job.scheme.program(rank)
-    run_program(program, run_collective, job.devices[rank].memory, meter)
+    job = Job(scenario, cluster, range(world), between_steps=between_steps,
+              backend=RealBackend(rank, meter, collective))
+    job.backend.start(job, rank, job.scheme.program(rank))
     end = meter.now()
     job.finish()
+    model = job.replicas[rank].model
     mine = {"spans": meter.spans, "end_s": end, "step_starts_s": [t - meter.origin for t in step_starts],
-            "losses": job.scheme.rank_losses(rank), "ledger": job.devices[rank].memory}
+            "losses": job.scheme.rank_losses(rank), "ledger": job.devices[rank].memory,
+            "pieces": model.pieces() if scenario.parallel.model_parallel else None}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank != 0:
@@ -164,27 +147,26 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
     """report.json of the measured run, from every rank's spans, through report.py like a simulation's."""
     steps = scenario.train.steps
     measured_steps = steps - warmup
-    collective_spans = [[span for span in rank["spans"] if span.kind == "communication"] for rank in ranks]
-    # The least time any rank spent in each collective: from the last arrival to the end.
-    least = [min(spans[i].end - spans[i].start for spans in collective_spans)
-             for i in range(min(len(spans) for spans in collective_spans))]
+    least = _least_times(ranks)
     unattributed = 0.0
     for rank, measured in enumerate(ranks):
-        index = 0
+        seen: dict[str, int] = {}
         for span in measured["spans"]:
             start = span.start
             if span.kind == "communication":
-                start = max(span.start, span.end - least[index])
-                index += 1
+                index = seen[span.name] = seen.get(span.name, -1) + 1
+                if span.name in least:
+                    start = max(span.start, span.end - least[span.name][index])
             cluster.log.span(rank, span.kind, span.name, start, span.end, nbytes=span.nbytes, flops=span.flops)
         cluster.devices[rank].memory = measured["ledger"]
         named = sum(span.end - span.start for span in measured["spans"])
         unattributed += max(0.0, measured["end_s"] - named)  # ends of the window minus every span
-    model = job.replicas[0].model
+    model = (job.scheme.assemble({rank: measured["pieces"] for rank, measured in enumerate(ranks)})
+             if scenario.parallel.model_parallel else job.replicas[0].model)
     final_loss, _ = evaluate(model, job.data.train)
     _, final_accuracy = evaluate(model, job.data.test)
     step_ends = [*ranks[0]["step_starts_s"][1:], ranks[0]["end_s"]]
-    losses = [[r["losses"][step] for r in ranks] for step in range(steps)]
+    losses = [[loss for r in ranks for loss in r["losses"][step]] for step in range(steps)]
     loss_curve = [(t, sum(values) / len(values)) for t, values in zip(step_ends, losses)]
     per_step = {name: sum(span.end - span.start for r in ranks for span in r["spans"] if span.name == name)
                 / len(ranks) / measured_steps for name in ("forward", "backward")}
@@ -201,7 +183,9 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
         final_models=[model],
         wall_time_s=time.perf_counter() - wall_start,
         extra={"amp": job.replicas[0].precision.report(),
-               "parallel": {"dp": job.world, "pp": 1, "tp": 1, "bubble_fraction": 0.0}},
+               # a measured wait on a pipeline message is not split into bubble and transfer: not measured
+               "parallel": {"dp": job.layout.dp, "pp": job.layout.pp, "tp": job.layout.tp,
+                            "bubble_fraction": 0.0 if job.layout.pp == 1 else None}},
     )
     report = build_report(scenario, cluster, result)
     report.data["links"] = []  # bytes on each link are not measured
@@ -218,3 +202,17 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
         "memory": "the step program's ledger (what it holds), not measured",
     }
     return report
+
+
+def _least_times(ranks: list[dict]) -> dict[str, list[float]]:
+    """For each communication that every rank ran equally often (a collective of the job, of its dp or tp
+    groups): the least time any rank spent in its i-th run, from the last arrival to the end. A pipeline's
+    messages, which differ in number by stage, are left whole."""
+    names = sorted({span.name for rank in ranks for span in rank["spans"] if span.kind == "communication"})
+    least = {}
+    for name in names:
+        runs = [[span.end - span.start for span in rank["spans"] if span.kind == "communication" and span.name == name]
+                for rank in ranks]
+        if len({len(times) for times in runs}) == 1:
+            least[name] = [min(times) for times in zip(*runs)]
+    return least

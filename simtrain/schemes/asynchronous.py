@@ -74,7 +74,7 @@ from ..train.hyperparameters import set_live
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
 from ..train.training_state import TrainingState, capture, restore
 from .local_work import forward_backward
-from .program import Alloc, Busy, Transfer, Wait
+from ..step_ops import Alloc, Busy, Transfer, Wait
 from .scheme import Scheme
 
 

@@ -3,7 +3,7 @@
 Each replica keeps its own K-FAC state (`train.kfac.Kfac`: hooks, factors,
 decompositions). Each step, after the gradient all-reduce and before the base
 optimizer steps, `DistributedKfac.step(rank)` runs on every rank (a step
-program, schemes/program.py: `yield from` it inside the rank's program):
+program, simtrain/step_ops.py: `yield from` it inside the rank's program):
 
 1. factor update steps: the batch factors A = a^T a / B and G = B g^T g of
    every layer (charged as 2*rows*n^2 FLOPs each) are averaged across devices
@@ -40,7 +40,7 @@ from ..hw.device import Device
 from ..scenario import OptimizerSpec
 from ..train.kfac import Kfac
 from ..train.replica import Replica
-from .program import Alloc, Collective, Compute, Free
+from ..step_ops import Alloc, Collective, Compute, Free
 
 PARTS = ("factors", "communication", "inversions", "preconditioning")
 _DTYPE = "fp32"  # factors, decompositions and preconditioning run in fp32 (bf16 gradients are upcast)

@@ -16,7 +16,7 @@ operators' FLOPs and bytes.
 """
 from ..op_cost import scaled
 from ..train.replica import Replica
-from .program import Alloc, Busy, Collective, Compute, Free
+from ..step_ops import Alloc, Busy, Collective, Compute, Free
 
 
 def forward_backward(replica: Replica, statistics_all_reduce=None, during_backward=None):

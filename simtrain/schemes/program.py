@@ -1,172 +1,95 @@
-"""Step programs: what a rank does in training, as operations, and their interpreter on the cluster.
+"""The simulated interpreter of step programs (simtrain/step_ops.py): each operation charged on the cluster.
 
-A scheme describes each rank's training as one program: a generator that
-yields the operations below and does its own torch numerics in between
-(forward, backward, the optimizer step), like a training loop written
-against a device and a process group. The operations are the only way a
-step touches time or memory:
-
-- `Compute(flops, dtype, name, kind, kernels, ops)`: work of `kernels` kernels on the
-  device's compute stream; `ops`, its operators' (FLOPs, bytes, count) groups
-  (op_cost.py), is what a device under `compute_model: roofline` charges;
-- `MemoryBound(nbytes, name, kind, kernels)`: work bound by HBM bandwidth (an update);
-- `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
-  stream (a sampler's host bookkeeping, the store applying an update);
-- `Alloc(category, nbytes)` / `Free(category, nbytes)`: the device's ledger;
-- `Collective(program, label, comm=None, rank=None)`: a collective program
-  (simtrain/comm) on the job's communicator, or on a sub-group's `comm` as
-  its rank `rank` (a pipeline's, a tensor-parallel group's); the yield
-  returns the communication seconds credited to this rank for it (time with
-  a transfer of its own in flight);
-- `PostCollective(program, label)`: a collective program on the job's
-  communicator that runs on the rank's communication stream while the
-  program carries on (DDP's bucket all-reduce during the backward): posted
-  collectives run one after another, in posting order;
-- `WaitCollectives()`: the rank waits until every collective it posted has
-  ended (DDP finalizing the backward);
-- `Transfer(src, dst, nbytes, label)`: bytes between two network nodes that
-  are not both ranks of the job (a worker and the shared-memory store); the
-  yield returns its seconds, credited as communication;
-- `PostTransfer(src, dst, nbytes, label)`: bytes start to move between two
-  network nodes and the program carries on (a non-blocking send); the yield
-  returns the simpy event of their arrival;
-- `Wait(event)`: a point of synchronization of the scheme itself (a lock, an
-  update landing on the store, a pipeline message arriving).
-
-`run_program(job, rank, program)` is the simulated interpreter: a simpy
-process body that charges each operation on the cluster's clock, network and
-ledgers. Interrupting its process (a lost device, a job torn down for a
-restart: recovery.py) closes the program where it stands. The simulated run and the memory plan (memory_plan.py, the same
-programs on meta tensors with no capacity limit) both run through it, so a
-step is described once.
+`run_program(job, rank, program)` is a simpy process body that charges each
+operation of job rank `rank`'s program on the cluster's clock, network and
+ledgers: compute and memory-bound work on the device's stream, collective and
+point-to-point programs on the job's communicators (comm/simulated.py: the
+one mailbox), allocations on the device's ledger. It runs the loop every
+interpreter shares (step_ops.drive) with a handler for every operation of the
+vocabulary. Interrupting its process (a lost device, a job torn down for a
+restart: recovery.py) closes the program where it stands. The simulated run
+and the memory plan (memory_plan.py, the same programs on meta tensors with no
+capacity limit) both run through it, so a step is described once.
 
     job.cluster.env.process(run_program(job, rank, scheme.program(rank)))
 """
-from typing import NamedTuple
-
 import simpy
 
-
-class Compute(NamedTuple):
-    flops: float
-    dtype: str
-    name: str
-    kind: str = "compute"
-    kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
-    ops: tuple | None = None  # its operators' OpCosts (op_cost.py); None: unmeasured, charged by FLOPs alone
+from ..step_ops import (Alloc, Await, Busy, Collective, Compute, Free, MemoryBound, Post, PostCollective, Transfer,
+                        Wait, WaitCollectives, drive, immediate)
 
 
-class MemoryBound(NamedTuple):
-    nbytes: float
-    name: str
-    kind: str
-    kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
+class _Simulated:
+    """The handlers of one rank's program: every operation of the vocabulary, charged on the cluster."""
 
+    def __init__(self, job, rank: int):
+        self.job, self.rank = job, rank
+        self.device = job.devices[rank]
+        self.log, self.env = job.cluster.log, job.cluster.env
+        self.posted = None  # the event of the last collective posted on the communication stream
+        self.handlers = {Compute: self.compute, Alloc: immediate(self.alloc), Free: immediate(self.free),
+                         Collective: self.collective, Post: immediate(self.post), Await: self.await_,
+                         PostCollective: immediate(self.post_collective), WaitCollectives: self.wait_collectives,
+                         MemoryBound: self.memory_bound, Busy: self.busy, Transfer: self.transfer, Wait: self.wait}
 
-class Busy(NamedTuple):
-    seconds: float
-    name: str
-    kind: str
-    nbytes: float = 0
-    staging: int = 0  # bytes a collective's receive stages in comm_buffers for an instant (representatives.py)
+    def compute(self, op: Compute):
+        yield self.device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels, ops=op.ops)
 
+    def alloc(self, op: Alloc):
+        self.device.memory.alloc(op.category, op.nbytes)
 
-class Alloc(NamedTuple):
-    category: str
-    nbytes: int
+    def free(self, op: Free):
+        self.device.memory.free(op.category, op.nbytes)
 
+    def _comm(self, op):
+        """The communicator an operation names and the rank's index in it."""
+        return (self.job.comm, self.rank) if op.comm is None else (op.comm, op.rank)
 
-class Free(NamedTuple):
-    category: str
-    nbytes: int
+    def collective(self, op: Collective):
+        before = self.log.total(self.device.rank, "communication")
+        comm, index = self._comm(op)
+        yield comm.run(index, op.program, label=op.label)
+        return self.log.total(self.device.rank, "communication") - before
 
+    def post(self, op: Post):
+        comm, index = self._comm(op)
+        return comm.post(index, op.program, label=op.label)
 
-class Collective(NamedTuple):
-    program: object  # a per-rank collective program (simtrain/comm/ops.py)
-    label: str
-    comm: object = None  # the SimCommunicator of a sub-group of the job; None: the job's own
-    rank: int | None = None  # the rank's index in that sub-group
+    def await_(self, op: Await):
+        return (yield op.handle.comm.wait(op.handle, op.idle))
 
+    def post_collective(self, op: PostCollective):
+        if self.posted is None:
+            self.log.track_overlap(self.device.rank)
+        self.posted = self.env.process(_after(self.posted, self.job.comm, self.rank, op))
 
-class PostCollective(NamedTuple):
-    program: object
-    label: str
+    def wait_collectives(self, op: WaitCollectives):
+        if self.posted is not None:
+            yield self.posted
 
+    def memory_bound(self, op: MemoryBound):
+        yield self.device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
 
-class WaitCollectives(NamedTuple):
-    pass
+    def busy(self, op: Busy):
+        if op.staging:
+            self.device.memory.alloc("comm_buffers", op.staging)
+            self.device.memory.free("comm_buffers", op.staging)
+        yield self.device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
 
+    def transfer(self, op: Transfer):
+        started = self.env.now
+        yield self.job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
+        self.log.span(self.device.rank, "communication", op.label, started, self.env.now, nbytes=op.nbytes)
+        return self.env.now - started
 
-class Transfer(NamedTuple):
-    src: str
-    dst: str
-    nbytes: int
-    label: str
-
-
-class PostTransfer(NamedTuple):
-    src: str
-    dst: str
-    nbytes: int
-    label: str
-
-
-class Wait(NamedTuple):
-    event: simpy.Event
+    def wait(self, op: Wait):
+        return (yield op.event)
 
 
 def run_program(job, rank: int, program):
     """Simpy process body: interpret `program`, job rank `rank`'s operations, on the job's cluster."""
-    device = job.devices[rank]
-    memory, log, env = device.memory, job.cluster.log, job.cluster.env
-    value = None
-    posted = None  # the event of the last collective posted on the communication stream
     try:
-        while True:
-            try:
-                op = program.send(value)
-            except StopIteration as stop:
-                return stop.value
-            kind = type(op)
-            value = None
-            if kind is Compute:
-                yield device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels, ops=op.ops)
-            elif kind is Alloc:
-                memory.alloc(op.category, op.nbytes)
-            elif kind is Free:
-                memory.free(op.category, op.nbytes)
-            elif kind is Collective:
-                before = log.total(device.rank, "communication")
-                if op.comm is None:
-                    yield job.comm.run(rank, op.program, label=op.label)
-                else:
-                    yield op.comm.run(op.rank, op.program, label=op.label)
-                value = log.total(device.rank, "communication") - before
-            elif kind is PostCollective:
-                if posted is None:
-                    log.track_overlap(device.rank)
-                posted = env.process(_after(posted, job.comm, rank, op))
-            elif kind is WaitCollectives:
-                if posted is not None:
-                    yield posted
-            elif kind is MemoryBound:
-                yield device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
-            elif kind is Busy:
-                if op.staging:
-                    memory.alloc("comm_buffers", op.staging)
-                    memory.free("comm_buffers", op.staging)
-                yield device.run_for(op.seconds, op.name, kind=op.kind, nbytes=op.nbytes)
-            elif kind is Transfer:
-                started = env.now
-                yield job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
-                value = env.now - started
-                log.span(device.rank, "communication", op.label, started, env.now, nbytes=op.nbytes)
-            elif kind is PostTransfer:
-                value = job.cluster.network.transfer(op.src, op.dst, op.nbytes, label=op.label)
-            elif kind is Wait:
-                value = yield op.event
-            else:
-                raise TypeError(f"a step program yielded {op!r}, not an operation of schemes/program.py")
+        return (yield from drive(program, _Simulated(job, rank).handlers))
     except simpy.Interrupt:  # the device was lost, or its job torn down: the program ends where it stands
         program.close()
 

@@ -17,6 +17,15 @@ where it is one); when no two of them crossed a common link, that is their
 time together too, else they run again all at once, flow by flow.
 Every other rank reports its representative's figures.
 
+To the scheme, the representatives' groups are communicators like any other,
+with the same `run(rank, program, label)`: `mirrored_communicators(job)`
+gives, for each representative and each dimension (tp, dp, and the fp16
+overflow vote's model-parallel group), a `MirroredCommunicator` and an
+all-reduce whose programs it times as above. A group with several running
+representatives (the vote: one per stage) waits for all of them, then each
+takes the group's time. A representative's collective counts the bytes of
+its group and every group it stands for.
+
 What that leaves out is contention between a collective and traffic other
 than its mirrors' (a pipeline send still on a NIC when the dp all-reduce
 starts there, another stage's all-reduce on a shared switch uplink); on
@@ -24,16 +33,107 @@ links sized for all of them, as in a non-blocking fat tree, that is small.
 tests/test_representatives.py puts the figures beside the full simulation's.
 It is what lets a 3,072-GPU Megatron step be simulated in minutes.
 
-    collectives = MirroredCollectives(job)
-    seconds, nbytes, staging = collectives.all_reduce([tp_group_nodes, *mirror_group_nodes], buffer)
+    comms = mirrored_communicators(job)      # {"tp": {rank: (comm, index, all_reduce)}, "dp": ..., "model": ...}
+    comm, index, all_reduce = comms["tp"][rank]
+    yield Collective(all_reduce(index, comm.world, buffer), "tp_allreduce", comm, index)
 """
+from typing import NamedTuple
+
 import simpy
 import torch
 
+from ..comm import build_all_reduce
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
 from ..hw.device import MemoryLedger
 from ..hw.network import Network
+
+
+def representative_ranks(layout) -> list[int]:
+    """The job ranks whose programs run for all: tp 0 of replica 0, one per pipeline stage."""
+    return [layout.rank(pp=stage) for stage in range(layout.pp)]
+
+
+def represented_by(layout, rank: int) -> int:
+    """The representative whose program stands for job rank `rank`'s: its stage's."""
+    return layout.rank(pp=layout.coordinates(rank)["pp"])
+
+
+class MirroredAllReduce(NamedTuple):
+    """A mirrored communicator's all-reduce program: what it times (the buffer's shape and dtype)."""
+
+    buf: torch.Tensor
+
+
+def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False) -> MirroredAllReduce:
+    """comm.build_all_reduce's program signature, for a mirrored communicator."""
+    return MirroredAllReduce(buf)
+
+
+def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
+    """dimension -> representative -> (its MirroredCommunicator, its rank there, mirrored_all_reduce): tp
+    (timed with the same stage's tp groups of the other replicas), dp (with the dp groups of the stage's
+    other tp ranks) and, under fp16, "model" (replica 0's model-parallel group, where every representative
+    votes: timed alone, four bytes a rank and latency-bound, which the other replicas' votes on shared
+    switch uplinks do not delay; counted for every replica)."""
+    layout, timing = job.layout, MirroredCollectives(job)
+    nodes = lambda ranks: tuple(job.devices[rank].node for rank in ranks)  # noqa: E731
+    representatives = representative_ranks(layout)
+    comms = {"tp": {}, "dp": {}}
+    for rank in representatives:
+        stage = layout.coordinates(rank)["pp"]
+        for dimension, mirrors in (("tp", "dp"), ("dp", "tp")):
+            groups = [nodes(layout.group(dimension, layout.rank(pp=stage, **{mirrors: index})))
+                      for index in range(getattr(layout, mirrors))]
+            comms[dimension][rank] = (MirroredCommunicator(job, timing, [rank], groups, len(groups)), 0,
+                                      mirrored_all_reduce)
+    if job.scenario.train.precision == "fp16":
+        vote = MirroredCommunicator(job, timing, representatives, [nodes(layout.replicas()[0])], layout.dp)
+        comms["model"] = {rank: (vote, index, mirrored_all_reduce) for index, rank in enumerate(representatives)}
+    return comms
+
+
+class MirroredCommunicator:
+    """Representatives `members` (job ranks) standing for a group and its mirrors `groups` (network nodes,
+    the first the members' own): `run` takes the time `timing` gives their all-reduce together."""
+
+    def __init__(self, job, timing: "MirroredCollectives", members: list[int], groups: list[tuple[str, ...]],
+                 copies: int):
+        self.world = len(members)
+        self.devices = [job.devices[rank] for rank in members]
+        self.env = job.cluster.env
+        self.bytes_by_label: dict[str, int] = {}  # bytes sent by the groups it stands for, by label
+        self._timing, self._groups, self._copies = timing, groups, copies  # copies: groups its bytes count
+        self._arrived: list[int] = []  # members at the current collective
+        self._all_in = self.env.event()
+
+    def run(self, rank: int, program: MirroredAllReduce, label: str = "all_reduce"):
+        """Member `rank`'s all-reduce: once every member has posted its own (idle until then), the mirrored
+        time on its device's stream, as communication; the event fires when it has ended."""
+        seconds, nbytes, staging = self._timing.all_reduce(self._groups, program.buf)
+        if self.world == 1:
+            self.bytes_by_label[label] = self.bytes_by_label.get(label, 0) + nbytes * self._copies
+            return self._charge(rank, seconds, staging, label)
+        done, all_in = self.env.event(), self._all_in
+        all_in.callbacks.append(lambda _: self._charge(rank, seconds, staging, label).callbacks.append(
+            lambda _: done.succeed()))
+        self._arrived.append(rank)
+        if len(self._arrived) == self.world:  # the last to arrive counts the bytes
+            self.bytes_by_label[label] = self.bytes_by_label.get(label, 0) + nbytes * self._copies
+            self._arrived, self._all_in = [], self.env.event()
+            all_in.succeed()
+        return done
+
+    def _charge(self, rank: int, seconds: float, staging: int, label: str):
+        device = self.devices[rank]
+        if staging:  # the receive's staging buffer, for an instant
+            device.memory.alloc("comm_buffers", staging)
+            device.memory.free("comm_buffers", staging)
+        return device.run_for(seconds, label, kind="communication")
+
+    def stuck(self) -> list[int]:
+        """Members waiting for the others to post (a deadlock once the clock has stopped)."""
+        return sorted(self._arrived)
 
 
 class MirroredCollectives:
@@ -43,8 +143,8 @@ class MirroredCollectives:
         parallel, topology = job.scenario.parallel, job.cluster.topology
         self._env = simpy.Environment()
         self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
-        self._program = lambda nodes: job.all_reduce_builder(parallel.all_reduce, topology, nodes, parallel.channels,
-                                                             "parallel.all_reduce", "parallel.channels")
+        self._program = lambda nodes: build_all_reduce(parallel.all_reduce, topology, nodes, parallel.channels,
+                                                       "parallel.all_reduce", "parallel.channels")
         self._timed: dict[tuple, tuple[float, int, int]] = {}
 
     def all_reduce(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int, int]:

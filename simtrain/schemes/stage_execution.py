@@ -45,7 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..cost import SavedTensorTracker
 from ..op_cost import OpCosts, OperatorCosts
 from ..train.tensor_parallel import AllReduceForward, Apply, ApplyWithTarget
-from .program import Compute
+from ..step_ops import Compute
 
 
 @dataclass(frozen=True)

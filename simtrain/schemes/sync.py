@@ -40,7 +40,7 @@ from ..train.precision import persistent_bytes, update_bytes
 from ..train.syncbn import synced_batchnorms
 from .kfac_sync import DistributedKfac
 from .local_work import forward_backward
-from .program import Alloc, Collective, MemoryBound, PostCollective, WaitCollectives
+from ..step_ops import Alloc, Collective, MemoryBound, PostCollective, WaitCollectives
 from .rank_replicas import RankReplicas
 from .scheme import Scheme
 
@@ -94,9 +94,7 @@ class SyncDataParallel(RankReplicas, Scheme):
         """The all-reduce over the job's devices as they are now (a spare took a lost device's place)."""
         parallel = self.job.scenario.parallel
         self.devices = self.job.devices
-        self.all_reduce = self.job.all_reduce_builder(parallel.all_reduce, self.job.cluster.topology,
-                                                      [d.node for d in self.devices], parallel.channels,
-                                                      "parallel.all_reduce", "parallel.channels")
+        self.all_reduce = self.job.all_reduce(range(self.world))
 
     def rewind(self, step: int) -> None:
         """Forget what came after step `step`: the job restarts there from a checkpoint (recovery.py)."""
@@ -128,7 +126,7 @@ class SyncDataParallel(RankReplicas, Scheme):
                 yield from self.kfac.step(rank)
             replica.step()
             yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels)
-            if rank == 0 and self.job.holds_every_rank:
+            if rank == 0 and len(self.job.local_ranks) == self.world:
                 self._end_step(step)
 
     def _bucket_all_reduces(self, rank: int, step: int):
@@ -163,11 +161,11 @@ class SyncDataParallel(RankReplicas, Scheme):
         if self.on_step is not None:
             self.on_step(step, now, mean_loss)
 
-    def rank_losses(self, rank: int) -> list[float | None]:
-        """Job rank `rank`'s batch loss of every step it ran (None: numerics off), where the job holds only some
-        ranks (a real run, simtrain/real: each process its own); a simulated run reads `loss_curve`."""
-        return [None if losses is None or losses[rank] is None or not self.job.numerics else float(losses[rank])
-                for losses in self._step_losses]
+    def rank_losses(self, rank: int) -> list[list[float]]:
+        """The losses job rank `rank` computed in each step it ran (its batch's), where the job holds only
+        some ranks (a real run, simtrain/real: each process its own); a simulated run reads `loss_curve`."""
+        return [[float(losses[rank])] for losses in self._step_losses
+                if losses is not None and losses[rank] is not None and self.job.numerics]
 
     def stuck(self) -> list[int]:
         return self.job.comm.stuck()

@@ -66,7 +66,7 @@ from ..report import Report, RunResult, build_report
 from ..runner import single_thread
 from ..scenario import Scenario
 from ..schemes import scheme_name
-from ..schemes.program import Busy, Wait
+from ..step_ops import Busy, Wait
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed

@@ -26,8 +26,6 @@ has ended (scheduler.py).
   blocks on futures where no Python runs, where a pending one could never be
   completed by the clock.
 """
-from collections import deque
-
 import torch
 import torch.distributed as dist
 
@@ -97,7 +95,6 @@ class Group:
         self._last = [None] * len(self.ranks)  # each member's latest collective's end event
         self._calls: dict[int, tuple[int, str]] = {}  # collective # -> (first caller, its call)
         self._exchanges: dict[int, dict] = {}  # collective # -> {group rank: its all-to-all sizes}
-        self._mailboxes: dict[tuple, dict] = {}  # (src, dst, tag) -> posted sends and recvs, in order
 
     def collective(self, me: int, call: str, program, result, exchange=None) -> SimWork:
         """Post collective `call` (its kind and sizes) for group rank `me`; `program()` makes its program.
@@ -141,41 +138,21 @@ class Group:
         posted[me] = exchange
 
     def point_to_point(self, kind: str, me: int, peer: int, tag: int, tensor: torch.Tensor) -> SimWork:
-        """Post a send to, or a recv from, group rank `peer`; it moves once the peer posts its match."""
-        src, dst = (me, peer) if kind == "send" else (peer, me)
-        box = self._mailboxes.setdefault((src, dst, tag), {"send": deque(), "recv": deque()})
-        done = self.run.cluster.env.event()
-        other = "recv" if kind == "send" else "send"
-        if box[other]:
-            match, match_done = box[other].popleft()
-            sent, sent_done, out, out_done = (tensor, done, match, match_done) if kind == "send" else \
-                (match, match_done, tensor, done)
-            if sent.nbytes != out.nbytes:
-                raise CollectiveMismatch(f"rank {self.ranks[src]} sends {sent.nbytes} B to rank {self.ranks[dst]} "
-                                         f"(tag {tag}), which receives {out.nbytes} B")
-            self._transfer(src, dst, sent, sent_done, out, out_done)
-        else:
-            box[kind].append((tensor, done))
+        """Post a send to, or a recv from, group rank `peer` on the group's communicator (the one mailbox:
+        matched per (src, dst, tag) in posting order); it moves once the peer posts its match."""
+        program = _send(peer, tensor, tag) if kind == "send" else _recv(peer, tensor, tag)
+        done = self.comm.wait(self.comm.post(me, program, kind))  # the rank's own transfer, charged from now
         what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
                 f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
         return SimWork(self.run, done, what, [tensor])
 
-    def _transfer(self, src, dst, sent, sent_done, out, out_done) -> None:
-        """One message, as a two-rank program on the network: the p2p spans go to the event log as usual."""
-        cluster = self.run.cluster
-        ranks = [self.ranks[src], self.ranks[dst]]
-        comm = SimCommunicator(cluster.network, [self.nodes[src], self.nodes[dst]], cluster.log,
-                               [cluster.devices[rank].memory for rank in ranks], ranks)
-        comm.run(0, _send(sent), "send").callbacks.append(lambda _: sent_done.succeed())
-        comm.run(1, _recv(out), "recv").callbacks.append(lambda _: out_done.succeed())
+
+def _send(peer: int, tensor, tag: int):
+    yield Send(peer, tensor, tag)
 
 
-def _send(tensor):
-    yield Send(1, tensor)
-
-
-def _recv(out):
-    yield Recv(0, out)
+def _recv(peer: int, out, tag: int):
+    yield Recv(peer, out, tag=tag)
 
 
 class SimProcessGroup(dist.ProcessGroup):

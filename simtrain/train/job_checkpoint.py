@@ -28,7 +28,7 @@ restart starts from), every rank writes a checkpoint and only then goes on:
 from dataclasses import dataclass
 
 from ..scenario import TrainCheckpointSpec
-from ..schemes.program import Busy
+from ..step_ops import Busy
 from .training_state import TrainingState
 
 

@@ -15,7 +15,7 @@ slices, with `ops[chunk]`, the chunk's work as a list of Apply and
 all-reduce steps (the last model part's ending with the loss against the
 target: a vocabulary-parallel head's own, else cross entropy on the
 outputs), and `sources`, where each of its parameters and buffers
-comes from in the whole model. `assemble` writes ranks' shares back into a
+comes from in the whole model. `assemble` writes ranks' pieces back into a
 copy of the whole model: what final_model.pt holds and what is evaluated.
 
     units = model_units(model, tensor_parallel=False)
@@ -156,6 +156,11 @@ class RankModule(nn.Module):
                 self.sources[f"chunks.{chunk_index}.{local}"] = Source(f"{entries[int(position)]}.{rest}",
                                                                        slices.get(local))
 
+    def pieces(self) -> list[tuple[Source, torch.Tensor]]:
+        """Each of its parameters and buffers with where it comes from in the whole model (for `assemble`)."""
+        return [(self.sources[local], tensor.detach()) for local, tensor in [*self.named_parameters(),
+                                                                               *self.named_buffers()]]
+
     def chunk_ops(self, chunk: nn.Sequential, ends_model: bool) -> list:
         """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces;
         ending with the loss if the chunk ends the model."""
@@ -205,19 +210,17 @@ def _parallel_ops(chunk: nn.Sequential, ends_model: bool) -> list:
     return ops + ([LOSS] if ends_model else [])
 
 
-def assemble(template: nn.Module, shares: list[RankModule]) -> nn.Module:
-    """A copy of `template` holding the values of `shares`, which together hold every parameter once
-    (slices of a tensor-parallel parameter from each of its tp ranks)."""
+def assemble(template: nn.Module, pieces) -> nn.Module:
+    """A copy of `template` holding `pieces`, (Source, tensor) pairs (RankModule.pieces of ranks' shares)
+    that together hold every parameter once (slices of a tensor-parallel parameter from each of its tp ranks)."""
     whole = copy.deepcopy(template)
     targets = dict(whole.named_parameters()) | dict(whole.named_buffers())
     with torch.no_grad():
-        for share in shares:
-            for local, tensor in [*share.named_parameters(), *share.named_buffers()]:
-                source = share.sources[local]
-                target = targets[source.name]
-                if source.slice is None:
-                    target.copy_(tensor)
-                else:
-                    dim, start, stop = source.slice
-                    target.narrow(dim, start, stop - start).copy_(tensor)
+        for source, tensor in pieces:
+            target = targets[source.name]
+            if source.slice is None:
+                target.copy_(tensor)
+            else:
+                dim, start, stop = source.slice
+                target.narrow(dim, start, stop - start).copy_(tensor)
     return whole

@@ -1,0 +1,83 @@
+"""A model cut into pipeline parts and tensor-parallel shares: which layers each rank holds, and what crosses a cut.
+
+`part_counts` balances the model's splittable units over pp x v parts (by
+measured FLOPs, or as `parallel.pipeline.split` says); `rank_shares` gives
+every job rank its share (train/partition.py RankModule: its pipeline chunks,
+cut to its tp slice); `boundary_activations` gives the shape and dtype of
+what each cut carries, an activation forward and its gradient back, from a
+meta forward of the model: the size of a pipeline stage's receive buffers
+(schemes/pipeline.py), known before anything arrives.
+
+    units, counts = parts = part_counts(model, layout, scenario, sample_x)
+    shares = rank_shares(model, layout, scenario, parts)
+    boundaries = boundary_activations(model, units, counts, sample_x, torch.float16)
+"""
+import copy
+
+import torch
+
+from ..errors import ScenarioError
+from ..train.partition import RankModule, balanced_counts, model_units, unit_flops
+from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
+from .layout import Layout
+
+
+def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tuple[list, list[int]]:
+    """The model's splittable units and how many go to each of its pp x v parts, balanced on batches shaped
+    like `sample_x` (one-line errors name the field at fault)."""
+    pipeline = scenario.parallel.pipeline
+    parts = layout.pp * pipeline.virtual_stages
+    try:
+        units = model_units(model, tensor_parallel=layout.tp > 1)
+    except ValueError as error:
+        raise ScenarioError(f"parallel.pp: {error}") from None
+    if pipeline.split is not None:
+        if len(pipeline.split) != parts or sum(pipeline.split) != len(units):
+            raise ScenarioError(f"parallel.pipeline.split: needs {parts} counts (pp x virtual_stages) that add up to "
+                                f"the model's {len(units)} splittable layers, got {list(pipeline.split)}")
+        return units, list(pipeline.split)
+    if parts > len(units):
+        raise ScenarioError(f"parallel.pp: {parts} model parts (pp x virtual_stages) but the model has only "
+                            f"{len(units)} splittable layers")
+    return units, balanced_counts(unit_flops(model, units, sample_x), parts)
+
+
+def boundary_activations(model, units: list, counts: list[int], sample_x: torch.Tensor, dtype) -> list[torch.Tensor]:
+    """Meta tensors shaped as what each model part but the last hands on for a microbatch like `sample_x`
+    (its activation, and the gradient that comes back), the model in compute dtype `dtype`: the receive
+    buffers of a pipeline's messages, whose sizes a stage must know before they arrive."""
+    meta = copy.deepcopy(model).to("meta").to(dtype)
+    h = torch.empty(sample_x.shape, dtype=dtype if sample_x.is_floating_point() else sample_x.dtype, device="meta")
+    boundaries, first = [], 0
+    with torch.no_grad():
+        for count in counts[:-1]:
+            for unit in units[first:first + count]:
+                for index in unit:
+                    h = meta[index](h)
+            first += count
+            boundaries.append(h)
+    return boundaries
+
+
+def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], ranks=None) -> list[RankModule | None]:
+    """Every job rank's share of `model` under `layout`, cut into `parts` (part_counts' units and counts; None
+    for a rank not in `ranks`, when given; one-line errors name the field at fault)."""
+    pipeline = scenario.parallel.pipeline
+    units, counts = parts
+    shares = []
+    for rank in range(layout.world):
+        if ranks is not None and rank not in ranks:
+            shares.append(None)
+            continue
+        where = layout.coordinates(rank)
+        part_ids = [chunk * layout.pp + where["pp"] for chunk in range(pipeline.virtual_stages)]
+        try:
+            shares.append(RankModule(model, units, counts, part_ids, where["tp"], layout.tp,
+                                     scenario.train.checkpointing))
+        except ValueError as error:
+            raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
+    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward)
+                                 for share in shares if share is not None for ops in share.ops for op in ops):
+        raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
+                            "or gpt blocks)")
+    return shares

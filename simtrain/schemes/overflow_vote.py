@@ -1,0 +1,27 @@
+"""The fp16 overflow vote: the ranks that share one model skip a step together, or step together.
+
+Under fp16 loss scaling, a step is skipped if any share of the model
+overflowed, as Megatron-LM all-reduces found_inf across its model-parallel
+group. Before stepping, the pp x tp ranks of each replica sum their 0/1
+overflow flags (one fp32 each) in an all-reduce on the replica's communicator
+("overflow_vote"); every rank then skips (and backs off its loss scale) or
+steps together, so their loss scalers stay identical. The replicas need no
+vote: after the dp all-reduce they hold the same gradients.
+
+With representatives the communicator is a mirrored one
+(representatives.py): the representatives wait for each other, then take the
+time of their replica's vote; numerics are off there, so no rank overflows.
+
+    found_inf = yield from overflow_vote(comm, index, all_reduce, found_inf)
+"""
+import torch
+
+from ..step_ops import Collective
+
+
+def overflow_vote(comm, index: int, all_reduce, found_inf: bool):
+    """Step program: whether any rank of the group of `comm` (this rank its rank `index`, `all_reduce` its
+    program) found an overflow."""
+    flag = torch.tensor([float(found_inf)])
+    yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
+    return bool(flag.item() > 0)
