@@ -39,6 +39,7 @@ from .memory_plan import largest_batch
 from .recovery import Recovery
 from .report import Report, RunResult, build_report
 from .scenario import Scenario
+from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
 
 
@@ -105,6 +106,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         sections.update(scheme.report_sections())
         if scenario.data.sampling != "uniform":
             sections["sampling"] = sampling_section([replica.loader for replica in job.replicas])
+    model_flops = model_flops_per_step(scenario, job.data, scheme.samples_per_step())
     result = RunResult(
         steps=len(scheme.loss_curve) if out_of_memory or failure else steps,
         status="out_of_memory" if out_of_memory else "failed" if failure else "ok",
@@ -120,6 +122,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
         wall_time_s=time.perf_counter() - wall_start,
         extra=sections,
         mirror_of=getattr(scheme, "mirror_of", {}),  # only model parallelism simulates representatives
+        model_flops_per_step=model_flops.per_step,
+        model_flops_formula=model_flops.formula,
     )
     return build_report(scenario, cluster, result)
 
