@@ -28,6 +28,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from pydantic import Field
 
 from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
@@ -38,6 +39,7 @@ from .job import Job
 from .memory_plan import largest_batch
 from .recovery import Recovery
 from .report import Report, RunResult, build_report
+from .report.sections import ReportSection, register_section
 from .scenario import Scenario
 from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
@@ -157,3 +159,18 @@ def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, ste
         "largest_batch_size_that_fits": largest,
         "message": f"{error}; the largest per-device batch size that fits is {largest}",
     }
+
+
+class OutOfMemorySection(ReportSection):
+    rank: int = Field(description="the device that ran out of memory")
+    device: str = Field(description="its catalog name")
+    step: int = Field(description="steps done before it ran out")
+    capacity_bytes: int = Field(description="its memory")
+    needed_bytes: int = Field(description="bytes it would have held")
+    bytes_by_category: dict[str, int] = Field(description="those bytes by category")
+    largest_batch_size_that_fits: int = Field(description="the largest per-device batch size that fits "
+                                                          "(memory_plan.py)")
+    message: str = Field(description="the one line the CLI prints")
+
+
+register_section("out_of_memory", OutOfMemorySection, "where a run that ran out of memory stopped (runner.py)")

@@ -20,7 +20,7 @@ gathers every rank's spans, splits each collective span into idle (until the
 rank that took least time in it, i.e. the last to arrive, had arrived) and
 communication (the rest: the time the slowest-arriving rank spent in it), and
 logs them on the same kind of event log a simulation fills: report.json
-(report.py build_report: the same schema, with `"measured": true` and a
+(report/build.py build_report: the same schema, with `"measured": true` and a
 `measurement` section), trace.json and final_model.pt come out of the same code.
 
 Refused, one line each: pipeline and tensor parallel layouts and async (their
@@ -35,15 +35,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from pydantic import Field
 
 from ..comm import build_all_reduce
 from ..comm.gloo import run_program as run_collective
+from ..comm.ops import Concurrently, Send
 from ..errors import ScenarioError, SimtrainError
 from ..evaluation import evaluate
 from ..hw.cluster import build_cluster
 from ..job import Job
 from ..report import RunResult, build_report
+from ..report.sections import ReportSection, register_section
 from ..scenario import Scenario, load_scenario
+from ..train.model_flops import model_flops_per_step
 from .interpreter import Meter, run_program
 from .processes import join, spawn, torchrun_world
 
@@ -141,13 +145,22 @@ def _rank_main(rank: int, world: int, scenario_file: str, overrides: list, colle
         return True
         yield  # a step program (job.py before_step)
 
+    sent: list[int] = []  # bytes this rank sent in each measured collective, in order
+
+    def counted_collective(program):
+        counter = [0]
+        value = run_collective(_counting_sends(program, counter))
+        if meter.recording:
+            sent.append(counter[0])
+        return value
+
     job = Job(scenario, cluster, range(world), local_ranks=[rank], between_steps=between_steps,
               all_reduce_builder=native_builder if collective == "native" else build_all_reduce)
     program = job.scheme.program(rank)
-    run_program(program, run_collective, job.devices[rank].memory, meter)
+    run_program(program, counted_collective, job.devices[rank].memory, meter)
     end = meter.now()
     job.finish()
-    mine = {"spans": meter.spans, "end_s": end, "step_starts_s": [t - meter.origin for t in step_starts],
+    mine = {"spans": meter.spans, "sent": sent, "end_s": end, "step_starts_s": [t - meter.origin for t in step_starts],
             "losses": job.scheme.rank_losses(rank), "ledger": job.devices[rank].memory}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
@@ -171,11 +184,12 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
     for rank, measured in enumerate(ranks):
         index = 0
         for span in measured["spans"]:
-            start = span.start
+            start, nbytes = span.start, span.nbytes
             if span.kind == "communication":
                 start = max(span.start, span.end - least[index])
+                nbytes = measured["sent"][index]
                 index += 1
-            cluster.log.span(rank, span.kind, span.name, start, span.end, nbytes=span.nbytes, flops=span.flops)
+            cluster.log.span(rank, span.kind, span.name, start, span.end, nbytes=nbytes, flops=span.flops)
         cluster.devices[rank].memory = measured["ledger"]
         named = sum(span.end - span.start for span in measured["spans"])
         unattributed += max(0.0, measured["end_s"] - named)  # ends of the window minus every span
@@ -187,6 +201,18 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
     loss_curve = [(t, sum(values) / len(values)) for t, values in zip(step_ends, losses)]
     per_step = {name: sum(span.end - span.start for r in ranks for span in r["spans"] if span.name == name)
                 / len(ranks) / measured_steps for name in ("forward", "backward")}
+    measurement = {
+        "backend": backend,
+        "collective": collective,
+        "warmup_steps": warmup,
+        "train_steps": steps,
+        "forward_s": per_step["forward"],
+        "backward_s": per_step["backward"],
+        "unattributed_s": unattributed / len(ranks) / measured_steps,
+        "clock": "time.perf_counter of each rank, from a barrier before the first measured step",
+        "memory": "the step program's ledger (what it holds), not measured",
+    }
+    model_flops = model_flops_per_step(scenario, job.data, job.scheme.samples_per_step())
     result = RunResult(
         steps=measured_steps,
         samples_per_step=job.scheme.samples_per_step(),
@@ -198,21 +224,44 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
         single_device_step_s=None,
         final_models=[model],
         wall_time_s=time.perf_counter() - wall_start,
-        extra={"amp": job.replicas[0].precision.report(),
-               "parallel": {"dp": job.world, "pp": 1, "tp": 1, "bubble_fraction": 0.0}},
+        # the scheme's layout, completed from the event log like a simulation's (report/parallel.py)
+        extra={"amp": job.replicas[0].precision.report(), "parallel": job.scheme.report_sections()["parallel"],
+               "measured": True, "measurement": measurement},
+        model_flops_per_step=model_flops.per_step,
+        model_flops_formula=model_flops.formula,
     )
     report = build_report(scenario, cluster, result)
     report.data["links"] = []  # bytes on each link are not measured
-    report.data["measured"] = True
-    report.data["measurement"] = {
-        "backend": backend,
-        "collective": collective,
-        "warmup_steps": warmup,
-        "train_steps": steps,
-        "forward_s": per_step["forward"],
-        "backward_s": per_step["backward"],
-        "unattributed_s": unattributed / len(ranks) / measured_steps,
-        "clock": "time.perf_counter of each rank, from a barrier before the first measured step",
-        "memory": "the step program's ledger (what it holds), not measured",
-    }
     return report
+
+
+def _counting_sends(program, counter: list[int]):
+    """`program` (a collective's), with the bytes of its sends added to counter[0] as it yields them."""
+    value = None
+    while True:
+        try:
+            ops = program.send(value)
+        except StopIteration as stop:
+            return stop.value
+        if type(ops) is Concurrently:
+            ops = ops._replace(programs=tuple(_counting_sends(part, counter) for part in ops.programs))
+        else:
+            counter[0] += sum(op.tensor.nbytes for op in (ops if isinstance(ops, list) else [ops]) if type(op) is Send)
+        value = yield ops
+
+
+class MeasurementSection(ReportSection):
+    backend: str = Field(description="the torch.distributed backend: gloo")
+    collective: str = Field(description="how collectives ran: simtrain's programs over point-to-point calls, or "
+                                        "native (torch.distributed's own all-reduce, whose bytes are not seen)")
+    warmup_steps: int = Field(description="steps run before the measured window")
+    train_steps: int = Field(description="steps run in all")
+    forward_s: float = Field(description="measured seconds of forward per step, averaged over the ranks")
+    backward_s: float = Field(description="measured seconds of backward per step, averaged over the ranks")
+    unattributed_s: float = Field(description="host seconds per step in no span (Python between operations)")
+    clock: str = Field(description="the clock the spans were measured with")
+    memory: str = Field(description="where the memory figures come from")
+
+
+register_section("measured", bool, "true: the figures were measured on real torch.distributed (simtrain launch)")
+register_section("measurement", MeasurementSection, "how a measured run was measured (real/launch.py)")

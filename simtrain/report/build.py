@@ -22,7 +22,10 @@ import torch
 from ..hw.cluster import Cluster
 from ..scenario import Scenario
 from ..version import __version__
+from .core import ReportCore
 from .flops import flops_section
+from .parallel import parallel_section
+from .sections import check_section
 from .trace import build_trace
 
 BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling", "bubble")
@@ -43,7 +46,9 @@ class RunResult:
     single_device_step_s: float | None  # None: no baseline (a population)
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
-    extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
+    # report.json's sections beyond the core (each registered by its owner: report/sections.py); a `parallel`
+    # section holds the layout, and build_report adds the bubble and the bytes (report/parallel.py)
+    extra: dict = field(default_factory=dict)
     # device rank -> the device rank whose figures it reports (a representative's: schemes/representatives.py)
     mirror_of: dict[int, int] = field(default_factory=dict)
     status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
@@ -145,6 +150,12 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
             "breakdown_s": spent,
         })
     ranks = sorted(counted)
+    ran = sorted({result.mirror_of.get(rank, rank) for rank in ranks})  # the ranks whose spans were simulated
+    extra = dict(result.extra)
+    if "parallel" in extra:
+        extra["parallel"] = parallel_section(extra["parallel"], log, ran, sim_time)
+    for key, section in extra.items():
+        check_section(key, section)
     flops = flops_section(
         result.model_flops_per_step, steps, sim_time,
         peaks=[cluster.devices[rank].spec.peak_flops[scenario.train.precision] for rank in ranks],
@@ -174,13 +185,14 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "loss_curve": [[t, loss] for t, loss in result.loss_curve],
         "train_loss_curve": result.train_loss_curve,
         **({"time_to_target_s": result.time_to_target_s} if scenario.train.target_loss is not None else {}),
-        **result.extra,
+        **extra,
         "devices": devices,
         "links": links,
         **({"shared_memory": _shared_memory_entry(cluster)} if cluster.shared_memory is not None else {}),
         "wall_time_s": result.wall_time_s,
         "simtrain_version": __version__,
     }
+    ReportCore.model_validate({key: value for key, value in data.items() if key not in extra})
     trace = build_trace(cluster) if scenario.report.trace else None
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
 

@@ -15,6 +15,28 @@
     section = flops_section(model_flops_per_step=4.2e15, steps=1, sim_time_s=3.0, peaks=[312e12] * 8,
                             device_flops=[5.6e14] * 8, formula="PaLM: 6N + 12LHQT per token")
 """
+from pydantic import Field
+
+from .sections import ReportSection
+
+
+class FlopsSection(ReportSection):
+    model_flops_per_step: float | None = Field(
+        description="FLOPs of one forward and one backward of the model on a step's samples, every replica's "
+                    "together, recomputation left out (train/model_flops.py)")
+    model_flops_formula: str | None = Field(
+        description="where model_flops_per_step comes from: PaLM's 6N + 12LHQT per token (gpt), or measured")
+    tflops_per_device: float | None = Field(
+        description="model FLOPs per second per device, in TFLOP/s (Megatron-LM's 'TFLOP/s per GPU', "
+                    "recomputation left out)")
+    mfu: float | None = Field(description="model FLOPs utilization: model FLOPs / (time x the devices' peak)")
+    peak_tflops_per_device: float | None = Field(
+        description="the devices' mean peak at the run's precision, TFLOP/s, before their efficiency")
+    device_tflops_per_device: float | None = Field(
+        description="FLOPs the devices ran (compute spans, recomputation included) per second per device, "
+                    "TFLOP/s")
+    device_flops_utilization: float | None = Field(
+        description="FLOPs the devices ran over their peak (PaLM's hardware FLOPs utilization)")
 
 
 def flops_section(model_flops_per_step: float | None, steps: int, sim_time_s: float, peaks: list[float],

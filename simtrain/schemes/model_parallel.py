@@ -51,7 +51,7 @@ share from the donor's rank of the same coordinates).
 
     scheme = ModelParallel(job)        # parallel.pp > 1 or parallel.tp > 1
     job.start(); run_to_end(job.cluster.env)
-    scheme.report_sections()["parallel"]["bubble_fraction"]
+    scheme.report_sections()["parallel"]["schedule"]    # the layout; report/parallel.py adds bubble and bytes
 """
 import torch
 
@@ -136,7 +136,6 @@ class ModelParallel(RankReplicas):
         if self.vote and self.mirrored is None:
             self.comms["model"] = self._communicators(self.layout.replicas(), parallel)
         self._voted: dict[int, list] = {}  # representatives: step -> [ranks at the vote, event of the last]
-        self._mirrored_bytes = {"dp_allreduce": 0, "tp_allreduce": 0, "overflow_vote": 0}
         # (dimension, rank), or "vote" -> the nodes of the groups an all-reduce is timed with
         self._mirror_groups: dict[tuple[str, int] | str, list[tuple[str, ...]]] = {}
         self._held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
@@ -146,11 +145,9 @@ class ModelParallel(RankReplicas):
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._arrivals: dict[tuple, object] = {}  # (job rank, message) -> simpy event of its arrival
         self._waiting: set[int] = set()  # job ranks waiting for a message
-        self.pp_bytes = 0
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
         self.loss_curve: list[tuple[float, float | None]] = []
-        self.bubble_s = [0.0] * self.world
 
     def _communicators(self, groups: list[list[int]], parallel) -> dict[int, tuple]:
         """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce)."""
@@ -297,12 +294,13 @@ class ModelParallel(RankReplicas):
         env = self.job.cluster.env
         arrived = self._voted.setdefault(step, [0, env.event()])
         arrived[0] += 1
-        if arrived[0] == len(self.running):  # the last stage to arrive counts the votes' bytes
+        counted = 0
+        if arrived[0] == len(self.running):  # the last stage to arrive logs the votes' bytes
             del self._voted[step]
-            self._mirrored_bytes["overflow_vote"] += nbytes * self.layout.dp  # every replica votes alike
+            counted = nbytes * self.layout.dp  # every replica votes alike
             arrived[1].succeed()
         yield Wait(arrived[1])  # idle, as a rank whose all-reduce waits for its peers' first sends
-        yield Busy(seconds, "overflow_vote", "communication", staging=staging)
+        yield Busy(seconds, "overflow_vote", "communication", nbytes=counted, staging=staging)
         return False
 
     def _mirrored_all_reduce(self, dimension: str, rank: int, buffer: torch.Tensor, label: str) -> Busy:
@@ -317,8 +315,7 @@ class ModelParallel(RankReplicas):
                 for index in range(getattr(self.layout, mirrors))]
         groups = self._mirror_groups[dimension, rank]
         seconds, nbytes, staging = self.mirrored.all_reduce(groups, buffer)
-        self._mirrored_bytes[label] += nbytes * len(groups)
-        return Busy(seconds, label, "communication", staging=staging)
+        return Busy(seconds, label, "communication", nbytes=nbytes * len(groups), staging=staging)
 
     def _send(self, rank: int, peer: int, tensor: torch.Tensor, message: tuple):
         """Step program: hand `tensor` to the link towards job rank `peer` and carry on (a non-blocking
@@ -327,7 +324,9 @@ class ModelParallel(RankReplicas):
         done = yield PostTransfer(self.job.devices[rank].node, self.job.devices[peer].node, tensor.nbytes, "pp_p2p")
         posted = self.job.cluster.env.now
         done.callbacks.append(lambda _: arrival.succeed((tensor, posted)))
-        self.pp_bytes += tensor.nbytes
+        # a representative's send stands for those of every rank it represents
+        self.job.cluster.log.count_bytes(self.job.devices[rank].rank, "communication", "pp_p2p",
+                                         tensor.nbytes * (self.world // len(self.running)))
 
     def _receive(self, rank: int, message: tuple):
         """Step program: wait for `message` (direction, microbatch, model part) to reach job rank `rank`;
@@ -340,10 +339,9 @@ class ModelParallel(RankReplicas):
         del self._arrivals[rank, message]
         moving_from = max(waiting_from, posted)
         if moving_from > waiting_from:
-            self.bubble_s[rank] += moving_from - waiting_from
             log.span(device.rank, "bubble", "bubble", waiting_from, moving_from)
-        if env.now > moving_from:
-            log.span(device.rank, "communication", "pp_p2p", moving_from, env.now, nbytes=tensor.nbytes)
+        if env.now > moving_from:  # its bytes are counted by the send
+            log.span(device.rank, "communication", "pp_p2p", moving_from, env.now)
         return tensor.detach().clone()
 
     def _arrival(self, rank: int, message: tuple):
@@ -403,15 +401,8 @@ class ModelParallel(RankReplicas):
     def single_device_step_s(self) -> float | None:
         return None  # the model is split because one device is not the baseline
 
-    def _collective_bytes(self, communicators: str, label: str) -> int:
-        """Bytes the groups of `self.comms[communicators]` sent for `label` (each group's communicator once)."""
-        if self.mirrored is not None:
-            return self._mirrored_bytes[label]
-        groups = {id(comm): comm for comm, _, _ in self.comms.get(communicators, {}).values()}
-        return sum(comm.bytes_by_label.get(label, 0) for comm in groups.values())
-
     def report_sections(self) -> dict:
-        sim_time = self.job.cluster.log.last_end_s
+        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes)."""
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp,
             "placement": list(self.layout.placement),
@@ -420,13 +411,6 @@ class ModelParallel(RankReplicas):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.mirrored is not None,
-            "bubble_fraction": (sum(self.bubble_s[rank] for rank in self.running) / (sim_time * len(self.running))
-                                if sim_time > 0 else 0.0),
-            # a representative's sends stand for those of every tp rank of every replica
-            "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"),
-                              "pp_p2p": self.pp_bytes * (self.world // len(self.running)),
-                              "tp_allreduce": self._collective_bytes("tp", "tp_allreduce"),
-                              "overflow_vote": self._collective_bytes("model", "overflow_vote")},
         }}
 
 
