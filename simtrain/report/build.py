@@ -52,7 +52,9 @@ class RunResult:
     # device rank -> the device rank whose figures it reports (a representative's: schemes/representatives.py)
     mirror_of: dict[int, int] = field(default_factory=dict)
     status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
-    model_flops_per_step: float | None = None  # train/model_flops.py; None: not known (a population)
+    model_flops_per_step: float | None = None  # train/model_flops.py; None: not known
+    # the global ranks of the job that the sections describe (a population's best member); None: every job's
+    section_ranks: list[int] | None = None
     model_flops_formula: str | None = None
 
 
@@ -150,7 +152,8 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
             "breakdown_s": spent,
         })
     ranks = sorted(counted)
-    ran = sorted({result.mirror_of.get(rank, rank) for rank in ranks})  # the ranks whose spans were simulated
+    # the ranks whose spans were simulated, of the job the sections describe
+    ran = sorted({result.mirror_of.get(rank, rank) for rank in (result.section_ranks or ranks)})
     extra = dict(result.extra)
     if "parallel" in extra:
         extra["parallel"] = parallel_section(extra["parallel"], log, ran, sim_time)

@@ -69,6 +69,7 @@ from ..report.sections import ReportSection, register_section
 from ..runner import single_thread
 from ..scenario import Scenario
 from ..schemes.program import Alloc, Busy, Collective, Free, Transfer, Wait
+from ..train.model_flops import model_flops_per_step
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed
@@ -334,6 +335,7 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
     samples = sum(replica.loader.samples_drawn for m in population.members for replica in m.job.replicas)
     steps = scenario.train.steps
     target = scenario.train.target_loss
+    model_flops = model_flops_per_step(scenario, job.data, samples / steps)  # every member's samples
     result = RunResult(
         steps=steps,
         samples_per_step=samples / steps,
@@ -346,6 +348,9 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
         extra={"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section()},
+        section_ranks=list(job.ranks),  # the best member's
+        model_flops_per_step=model_flops.per_step,
+        model_flops_formula=model_flops.formula,
     )
     return build_report(scenario, population.cluster, result)
 
