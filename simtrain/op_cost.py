@@ -39,7 +39,7 @@ Device.compute_time).
     layer, x = nn.Linear(64, 64), torch.empty(64, 64)
     with OperatorRecorder() as recorder:
         layer(x)
-    recorder.flops, recorder.kernels          # 524288, 1 (one addmm)
+    recorder.flops, recorder.kernels          # 524288, 2 (a t view and one addmm)
     ops = recorder.take()                     # ((524288.0, 49408.0, 1),)
     roofline_seconds(ops, flops_rate=156e12, bytes_rate=0.8e12)     # 6.2e-08 s: memory-bound
 """

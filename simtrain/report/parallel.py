@@ -69,5 +69,4 @@ def parallel_section(layout: dict, log: EventLog, ranks: list[int], sim_time_s: 
         bubble_s += log.total(rank, "bubble")
     section = {**layout, "bubble_fraction": bubble_s / (sim_time_s * len(ranks)) if sim_time_s > 0 else 0.0,
                "bytes_by_kind": {kind: int(nbytes) for kind, nbytes in moved.items()}}
-    ParallelSection.model_validate(section)
     return section

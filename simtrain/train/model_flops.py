@@ -18,8 +18,10 @@ in what the devices ran (report.json's `flops.device_tflops_per_device`).
   paper's 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) counts the forward of every
   layer a second time.
 - every other model (mlp, cnn, a user's): measured, the forward and backward
-  FLOPs (cost.measure_step_cost) of one batch through the model built without
-  checkpointing, on meta tensors.
+  FLOPs (cost.measure_step_cost, the operator recorder) of one batch of zeros
+  through the model built without checkpointing, on the job's device kind
+  (meta with numerics off, the host CPU with numerics on: a user's model need
+  not run on meta).
 
     flops = model_flops_per_step(scenario, data, samples=scheme.samples_per_step())
     flops.per_step, flops.formula
@@ -59,11 +61,12 @@ def gpt_flops_per_sequence(layers: int, width: int, vocab: int, seq_len: int) ->
 
 
 def _measured_flops(scenario: Scenario, data: DataSplits, batch: int) -> float:
-    """Forward and backward FLOPs of one batch of `batch` samples, counted on a meta copy of the model."""
+    """Forward and backward FLOPs of one batch of `batch` samples through the model without checkpointing."""
     x, y = data.train[0]
     y = torch.as_tensor(y)
-    with torch.device("meta"):
+    device = "cpu" if scenario.numerics else "meta"
+    with torch.device(device):
         model = build_model(scenario.model, data.info, scenario.seed)
-    cost = measure_step_cost(model, torch.empty((batch, *x.shape), dtype=x.dtype, device="meta"),
-                             torch.empty((batch, *y.shape), dtype=y.dtype, device="meta"))
+    cost = measure_step_cost(model, torch.zeros((batch, *x.shape), dtype=x.dtype, device=device),
+                             torch.zeros((batch, *y.shape), dtype=y.dtype, device=device))
     return cost.forward_flops + cost.backward_flops
