@@ -10,13 +10,13 @@
 Public API: load_scenario, run, run_population, plan_memory, Scenario, Report, SimtrainError
 (and its subclasses ScenarioError, TopologyError, OutOfMemory).
 """
-from .version import __version__  # first: report.py reads it from the package while it is imported
 from .errors import OutOfMemory, ScenarioError, SimtrainError, TopologyError
 from .memory_plan import plan_memory
 from .report import Report
 from .runner import run
 from .scenario import Scenario, load_scenario
 from .studies.pbt import run_population
+from .version import __version__
 
 __all__ = ["load_scenario", "run", "run_population", "plan_memory", "Scenario", "Report", "SimtrainError", "ScenarioError",
            "TopologyError", "OutOfMemory", "__version__"]

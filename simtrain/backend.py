@@ -30,13 +30,15 @@ class SimulatedBackend:
     def local_ranks(self, world: int) -> list[int]:
         return list(range(world))
 
-    def communicator(self, job, ranks: list[int], exclusive: bool = False) -> SimCommunicator:
+    def communicator(self, job, ranks: list[int], exclusive: bool = False, copies: int = 1) -> SimCommunicator:
         """Job ranks `ranks` (in group-rank order) as a group on the cluster's network, logging under their
-        devices' global ranks; `exclusive`: promised that its links carry nothing else (comm/simulated.py)."""
+        devices' global ranks; `exclusive`: promised that its links carry nothing else; `copies`: the ranks each
+        of its ranks stands for, under representatives (comm/simulated.py)."""
         devices = [job.devices[rank] for rank in ranks]
         return SimCommunicator(job.cluster.network, [device.node for device in devices], log=job.cluster.log,
                                ledgers=[device.memory for device in devices],
-                               global_ranks=[device.rank for device in devices], exclusive=exclusive)
+                               global_ranks=[device.rank for device in devices], exclusive=exclusive,
+                               copies=copies)
 
     def all_reduce(self, job, ranks: list[int]):
         """fn(rank, world, buf, average=False) -> the all-reduce program of the group of job ranks `ranks`."""

@@ -228,6 +228,13 @@ def print_summary(data: dict) -> None:
                       format_seconds(seconds) + (f" ({seconds / step:.1%})" if step else ""))
     table.add_row("throughput", "n/a (no simulated time)" if throughput is None else f"{throughput:,.0f} samples/s")
     table.add_row("scaling efficiency", "n/a" if scaling is None else f"{scaling:.1%} (weak scaling)")
+    flops = data["flops"]
+    if flops["tflops_per_device"] is not None:
+        table.add_row("model TFLOP/s per device", f"{flops['tflops_per_device']:.3g} "
+                                                  f"(of {flops['peak_tflops_per_device']:.3g} peak)")
+        table.add_row("MFU", f"{flops['mfu']:.1%}" + (
+            f" (devices ran {flops['device_flops_utilization']:.1%} of peak, recomputation included)"
+            if flops["device_flops_utilization"] != flops["mfu"] else ""))
     if data["final_loss"] is None:
         table.add_row("final loss, accuracy", "none: numerics off")
     else:

@@ -2,26 +2,24 @@
 
 `measure_step_cost(model, x, y)` runs one forward (mean cross-entropy loss,
 computed in fp32 from upcast logits, as a mixed-precision replica does) and
-one backward on a deep copy of `model` and returns a `StepCost`. FLOPs and
-bytes are measured in two separate passes, each on its own copy:
-FlopCounterMode's module tracker holds on to tensors that modules see during
-backward, which would stretch their lifetime in the memory measurement.
+one backward on a deep copy of `model` and returns a `StepCost`. Operators
+and activation bytes are measured in two separate passes, each on its own
+copy. Every figure but the activation bytes is the operator recorder's
+(op_cost.py), one recorder around the forward (model and loss) and one around
+`loss.backward()`:
 
-- `forward_flops`, `backward_flops`: counted by
-  `torch.utils.flop_counter.FlopCounterMode`, one counter around the forward
-  (model and loss) and one around `loss.backward()`. They are flop_counter's
+- `forward_flops`, `backward_flops`: torch's FLOP formulas (flop_counter's
   definitions: matrix multiplies, convolutions and attention, 2 FLOPs per
-  multiply-add; element-wise ops, reductions and softmax count 0.
+  multiply-add; element-wise ops, reductions and softmax count 0).
 - `grad_ready_flops`: for each trainable parameter, in `model.parameters()`
   order, the backward FLOPs counted when its gradient was complete (a
-  post-accumulate-grad hook reads the backward counter): when, in the
+  post-accumulate-grad hook reads the backward recorder): when, in the
   backward, an overlapping all-reduce may start on it.
 - `forward_kernels`, `backward_kernels`: the torch operators (aten ops, views
-  included) the forward and the backward dispatch, counted in the same pass:
-  what a per-kernel overhead (a device's `kernel_overhead`) is charged on.
+  included) the forward and the backward dispatch: what a per-kernel
+  overhead (a device's `kernel_overhead`) is charged on.
 - `forward_ops`, `backward_ops`: each pass's operators as (FLOPs, bytes,
-  count) groups (op_cost.py), recorded in the same pass outside the FLOP
-  counters: what a device under `compute_model: roofline` charges.
+  count) groups: what a device under `compute_model: roofline` charges.
 - `activation_bytes`: the peak, over forward and backward, of the bytes of
   tensors autograd holds for backward. Every tensor autograd saves goes
   through `torch.autograd.graph.saved_tensors_hooks`; its storage is counted
@@ -56,11 +54,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from .loss import cross_entropy
-from .op_cost import OpCosts, OperatorCosts
+from .op_cost import OpCosts, OperatorRecorder
 
 
 @dataclass(frozen=True)
@@ -100,9 +96,7 @@ def _cache_key(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
 
 
 def _measure(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepCost:
-    # Two passes, each on its own copy: FlopCounterMode's module tracker holds on to tensors
-    # that modules see during backward (a checkpointed segment's recomputation), which would
-    # stretch their lifetime in the activation measurement.
+    # Two passes, each on its own copy: the operators, and the tensors autograd saves.
     forward_flops, backward_flops, grad_ready_flops, kernels, ops = _count_flops(model, x, y)
     return StepCost(forward_flops=forward_flops, backward_flops=backward_flops,
                     activation_bytes=_peak_saved_bytes(model, x, y), grad_ready_flops=grad_ready_flops,
@@ -126,38 +120,23 @@ def _count_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
     replica, x = _fresh(model, x)
     trainable = [p for p in replica.parameters() if p.requires_grad]
     ready = [0.0] * len(trainable)
-    backward_counter = FlopCounterMode(display=False)
+    backward = OperatorRecorder()
 
     def hook(index):
         def record(_):  # a gradient accumulated twice (a shared parameter) is ready the second time
-            ready[index] = float(backward_counter.get_total_flops())
+            ready[index] = float(backward.flops)
         return record
 
     handles = [p.register_post_accumulate_grad_hook(hook(index)) for index, p in enumerate(trainable)]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        # outermost, OperatorCosts sees the operators the FLOP counter runs; innermost, OperatorCounter
-        # counts the operators as they are dispatched
-        with OperatorCosts() as forward_costs, FlopCounterMode(display=False) as forward_counter, \
-                OperatorCounter() as forward_ops:
+        with OperatorRecorder() as forward:
             loss = _loss(replica, x, y)
-        with OperatorCosts() as backward_costs, backward_counter, OperatorCounter() as backward_ops:
+        with backward:
             loss.backward()
     for handle in handles:
         handle.remove()
-    return (float(forward_counter.get_total_flops()), float(backward_counter.get_total_flops()), tuple(ready),
-            (forward_ops.count, backward_ops.count), (forward_costs.take(), backward_costs.take()))
-
-
-class OperatorCounter(TorchDispatchMode):
-    """Counts the torch operators dispatched inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
+    return (float(forward.flops), float(backward.flops), tuple(ready),
+            (forward.kernels, backward.kernels), (forward.take(), backward.take()))
 
 
 def _peak_saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:

@@ -118,9 +118,10 @@ class Job:
         """The job's own communicator: all its ranks, over the devices as they are now."""
         return self.backend.communicator(self, list(range(self.world)), exclusive=self.exclusive)
 
-    def communicator(self, ranks: list[int]):
-        """A communicator of job ranks `ranks` (a sub-group: a pipeline, a tensor-parallel group)."""
-        return self.backend.communicator(self, list(ranks))
+    def communicator(self, ranks: list[int], copies: int = 1):
+        """A communicator of job ranks `ranks` (a sub-group: a pipeline, a tensor-parallel group), each rank
+        standing for `copies` ranks under representatives."""
+        return self.backend.communicator(self, list(ranks), copies=copies)
 
     def all_reduce(self, ranks: list[int]):
         """fn(rank, world, buf, average=False) -> the scenario's all-reduce program for job ranks `ranks`."""
@@ -145,9 +146,7 @@ class Job:
     def restart(self, first_step: int, prologue) -> None:
         """Start every rank again at step `first_step` on a new communicator, after `prologue()` (a step
         program: reading the checkpoint)."""
-        bytes_by_label = self.comm.bytes_by_label  # what the job sent before goes on counting
         self.comm = self._communicator()
-        self.comm.bytes_by_label = bytes_by_label
         self._launch([self._then(prologue(), self.scheme.program(rank, first_step)) for rank in range(self.world)])
 
     @staticmethod

@@ -1,4 +1,28 @@
-"""What each torch operator costs under a roofline: its FLOPs and the bytes it moves, measured as it dispatches.
+"""The operator recorder: what each torch operator a pass dispatches costs, recorded once for every reader.
+
+`OperatorRecorder` is a TorchDispatchMode that sees every aten operator
+dispatched inside it and records, per operator:
+
+- its **kernel**: every operator as dispatched counts one (views included):
+  what a device's per-kernel overhead (`kernel_overhead`) is charged on;
+- its **FLOPs**: torch's own formulas (`torch.utils.flop_counter.flop_registry`:
+  matrix multiplies, convolutions, attention; 2 FLOPs per multiply-add); every
+  other operator (element-wise, reductions, softmax, normalization) counts 0.
+  An operator without a formula that torch can decompose (a composite
+  operator) is decomposed first and its parts are recorded instead, as
+  torch's FlopCounterMode does, so the totals are FlopCounterMode's;
+- its **bytes**: every tensor input read once and every tensor output written
+  once from HBM, each counted by the distinct elements it spans (a broadcast
+  input, stride 0, is read once). An in-place operator reads and writes its
+  argument. Views and other metadata-only operators (view, transpose, expand,
+  t, detach, as_strided, slice, select, _unsafe_view) and allocations
+  (empty, empty_like, empty_strided) move none;
+- its **dtype**: the FLOPs are also summed by the dtype of the operator's result.
+
+Its readers: step costs (cost.py), the costs of model chunks under pipeline
+and tensor parallelism (schemes/stage_execution.py), the roofline compute
+model below, and the meter of a user's ranks under `simtrain.dist`
+(torchdist/op_meter.py, which adds the memory of the tensors the ops make).
 
 The roofline model (Williams, Waterman and Patterson, "Roofline: an insightful
 visual performance model for multicore architectures", CACM 52(4), 2009): a
@@ -6,30 +30,17 @@ kernel is bound either by its arithmetic or by its memory traffic, so it takes
 
     max(FLOPs / FLOP rate, bytes / memory bandwidth)
 
-and a sequence of kernels takes the sum of theirs. `OperatorCosts` is a
-TorchDispatchMode that records, for every aten operator dispatched inside it:
-
-- its FLOPs: torch's own formulas (`torch.utils.flop_counter.flop_registry`:
-  matrix multiplies, convolutions, attention; 2 FLOPs per multiply-add); every
-  other operator (element-wise, reductions, softmax, normalization) counts 0;
-- its bytes: every tensor input read once and every tensor output written once
-  from HBM, each counted by the distinct elements it spans (a broadcast input,
-  stride 0, is read once). An in-place operator reads and writes its
-  argument. Views and other metadata-only operators (view, transpose, expand,
-  t, detach, as_strided, slice, select, _unsafe_view) and allocations
-  (empty, empty_like, empty_strided) move none.
-
-Entered outside a FlopCounterMode, it sees the operators that counter runs
-(after the counter's decompositions), so its FLOPs add up to the counter's.
-Operators with equal (FLOPs, bytes) are grouped: a cost is `OpCosts`, a sorted
-tuple of (FLOPs, bytes, count), a few dozen entries for a transformer region
-however many layers it has. A device evaluates it for its own rates
-(`roofline_seconds`; Device.compute_time).
+and a sequence of kernels takes the sum of theirs. Operators with equal
+(FLOPs, bytes) are grouped: a cost is `OpCosts`, a sorted tuple of (FLOPs,
+bytes, count), a few dozen entries for a transformer region however many
+layers it has. A device evaluates it for its own rates (`roofline_seconds`;
+Device.compute_time).
 
     layer, x = nn.Linear(64, 64), torch.empty(64, 64)
-    with OperatorCosts() as costs, FlopCounterMode(display=False):
+    with OperatorRecorder() as recorder:
         layer(x)
-    ops = costs.take()                       # ((524288.0, 49408.0, 1),): one addmm
+    recorder.flops, recorder.kernels          # 524288, 2 (a t view and one addmm)
+    ops = recorder.take()                     # ((524288.0, 49408.0, 1),)
     roofline_seconds(ops, flops_rate=156e12, bytes_rate=0.8e12)     # 6.2e-08 s: memory-bound
 """
 from __future__ import annotations
@@ -49,26 +60,48 @@ _NO_TRAFFIC = {_aten._unsafe_view, _aten.empty, _aten.empty_like, _aten.empty_st
                _aten.new_empty_strided}
 
 
-class OperatorCosts(TorchDispatchMode):
-    """Records the (FLOPs, bytes) of every operator dispatched inside it, grouped by equal cost."""
+class OperatorRecorder(TorchDispatchMode):
+    """Records the kernels, FLOPs (in all and by result dtype) and bytes of the operators dispatched inside it."""
 
     def __init__(self):
         super().__init__()
+        self.flops = 0  # FLOPs since the recorder was entered (an int: exact however many operators)
+        self.kernels = 0  # operators dispatched
+        self.flops_by_dtype: dict[torch.dtype, float] = {}  # FLOPs by result dtype, in the order dtypes came
         self._counts: dict[tuple[float, float], int] = {}
+        self._decomposing = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not self._decomposing:
+            self.kernels += 1
+        if func is not torch.ops.prim.device.default:
+            self._decomposing += 1
+            try:
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+            finally:
+                self._decomposing -= 1
+            if decomposed is not NotImplemented:
+                return decomposed
         out = func(*args, **kwargs)
+        self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func, args, kwargs, out) -> None:
         if func.is_view or func._overloadpacket in _NO_TRAFFIC:
-            return out
+            return
         formula = flop_registry.get(func._overloadpacket)
-        flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
+        flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
+        if flops:
+            self.flops += flops
+            dtype = next(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)).dtype  # the first result's
+            self.flops_by_dtype[dtype] = self.flops_by_dtype.get(dtype, 0.0) + flops
         nbytes = float(sum(_distinct_bytes(t) for t in tree_leaves((args, kwargs, out))
                            if isinstance(t, torch.Tensor)))
         if flops or nbytes:
-            key = (flops, nbytes)
+            key = (float(flops), nbytes)
             self._counts[key] = self._counts.get(key, 0) + 1
-        return out
 
     def take(self) -> OpCosts:
         """The operators recorded since the last take, grouped by equal (FLOPs, bytes)."""

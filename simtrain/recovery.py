@@ -39,7 +39,12 @@ time plus that sum (tested).
     recovery = Recovery(job, spares=[4], on_rewind=monitor.rewind)
     injector = FaultInjector(cluster, scenario, job.ranks, recovery.device_lost)
 """
+from typing import Any
+
+from pydantic import Field
+
 from .errors import JobFailed
+from .report.sections import ReportSection, register_section
 from .step_ops import Busy
 from .train.hyperparameters import values_at
 
@@ -188,3 +193,28 @@ def _field(scenario, path: str):
     for part in path.split("."):
         value = getattr(value, part)
     return value
+
+
+class FaultsSection(ReportSection):
+    events: list[dict[str, Any]] = Field(
+        description="every fault in the order it struck: at_s, source (scenario or random), kind (link_failed, "
+                    "link_degraded, link_healed, device_lost), link [u, v] or device, and what it did: effect, "
+                    "bandwidth_factor, flows_crossing, flows_rerouted, bytes_rerouted, links_failed, node, "
+                    "detected_at_s, detection_s, steps_redone, time_lost_s (those that apply)")
+    spares_left: list[int] = Field(description="spare devices not used at the end")
+    restarts: int = Field(description="restarts from a checkpoint")
+    steps_redone: int = Field(description="steps run again after restarts")
+    pushes_lost: int = Field(description="asynchronous updates lost with their worker")
+    flows_rerouted: int = Field(description="transfers moved to another route by a link's failure")
+    time_lost_s: float = Field(description="seconds lost to faults: detection, restart and steps redone")
+    checkpoints_committed: int = Field(description="checkpoints written in full")
+    checkpoint_bytes_per_rank: int = Field(description="bytes of one rank's checkpoint")
+    checkpoint_time_s: float = Field(description="seconds a rank of the job spent writing checkpoints, on average")
+    fault_free_time_s: float = Field(description="simulated seconds of the same scenario without faults and "
+                                                 "checkpoints")
+    goodput: float | None = Field(description="fault_free_time_s over the time taken; null: the job failed")
+
+
+register_section("faults", FaultsSection, "faults, what each did, checkpoints, time lost and goodput (a run with "
+                                          "faults or checkpoints: recovery.py)")
+register_section("failure", str | None, "why a fault stopped the job; null: it did not (a run with faults)")

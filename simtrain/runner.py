@@ -28,6 +28,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from pydantic import Field
 
 from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
@@ -38,8 +39,10 @@ from .job import Job
 from .memory_plan import largest_batch
 from .recovery import Recovery
 from .report import Report, RunResult, build_report
+from .report.sections import ReportSection, register_section
 from .scenario import Scenario
 from .schemes import scheme_name
+from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
 
 
@@ -106,6 +109,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         sections.update(scheme.report_sections())
         if scenario.data.sampling != "uniform":
             sections["sampling"] = sampling_section([replica.loader for replica in job.replicas])
+    model_flops = model_flops_per_step(scenario, job.data, scheme.samples_per_step())
     result = RunResult(
         scheme=scheme_name(scenario.parallel),
         steps=len(scheme.loss_curve) if out_of_memory or failure else steps,
@@ -122,6 +126,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
         wall_time_s=time.perf_counter() - wall_start,
         extra=sections,
         mirror_of=scheme.mirror_of,
+        model_flops_per_step=model_flops.per_step,
+        model_flops_formula=model_flops.formula,
     )
     return build_report(scenario, cluster, result)
 
@@ -155,3 +161,18 @@ def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, ste
         "largest_batch_size_that_fits": largest,
         "message": f"{error}; the largest per-device batch size that fits is {largest}",
     }
+
+
+class OutOfMemorySection(ReportSection):
+    rank: int = Field(description="the device that ran out of memory")
+    device: str = Field(description="its catalog name")
+    step: int = Field(description="steps done before it ran out")
+    capacity_bytes: int = Field(description="its memory")
+    needed_bytes: int = Field(description="bytes it would have held")
+    bytes_by_category: dict[str, int] = Field(description="those bytes by category")
+    largest_batch_size_that_fits: int = Field(description="the largest per-device batch size that fits "
+                                                          "(memory_plan.py)")
+    message: str = Field(description="the one line the CLI prints")
+
+
+register_section("out_of_memory", OutOfMemorySection, "where a run that ran out of memory stopped (runner.py)")

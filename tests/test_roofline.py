@@ -13,7 +13,6 @@ import simpy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 import simtrain
 from simtrain.cost import measure_step_cost
@@ -21,7 +20,7 @@ from simtrain.errors import ScenarioError
 from simtrain.hw.catalog import CATALOG
 from simtrain.hw.device import Device
 from simtrain.hw.eventlog import EventLog
-from simtrain.op_cost import OperatorCosts
+from simtrain.op_cost import OperatorRecorder
 from simtrain.scenario import validate_scenario
 
 A100 = CATALOG["a100-40gb"]
@@ -35,10 +34,10 @@ def device(compute_model: str = "roofline") -> Device:
 
 
 def measured(function, *inputs):
-    """The FLOPs FlopCounterMode counts and the OpCosts of `function(*inputs)`."""
-    with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
+    """The FLOPs and the OpCosts the operator recorder records for `function(*inputs)`."""
+    with OperatorRecorder() as recorder:
         function(*inputs)
-    return float(counter.get_total_flops()), costs.take()
+    return float(recorder.flops), recorder.take()
 
 
 @pytest.mark.parametrize("m,k,n,bound", [(64, 64, 64, "memory"), (4096, 4096, 4096, "compute")])

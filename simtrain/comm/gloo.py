@@ -12,7 +12,9 @@ own thread, so that each advances as its own transfers complete:
 
 `post(rank, program)` starts a program without blocking: its first yield's
 isend / irecv are issued there and then; `wait(handle)` completes it (torch's
-`work.wait()`) and returns its value. That is the check that a simulated
+`work.wait()`) and returns its value; `handle.sent` is then the bytes the
+program's sends moved (a native collective, which sends nothing of its own,
+counts none). That is the check that a simulated
 collective or pipeline message is a real algorithm: the tests run every
 program both ways and compare the numbers.
 """
@@ -38,7 +40,7 @@ class GlooCommunicator:
 
     def run(self, rank: int, program, label: str = ""):
         """Drive `program`, group rank `rank`'s, to its end; return its value."""
-        return _Running(program, self).finish()
+        return self.wait(self.post(rank, program, label))
 
     def post(self, rank: int, program, label: str = "") -> "_Running":
         """Start `program` without blocking; `wait` on the handle returns its value."""
@@ -60,6 +62,7 @@ class _Running:
     def __init__(self, program, comm: GlooCommunicator | None, label: str = ""):
         self.program, self.comm, self.label = program, comm, label
         self.done, self.value = False, None
+        self.sent = 0  # bytes its sends (and its sub-programs' sends) moved
         self._pending = None  # (requests, landings, result count, single) of the current yield
         self._advance(None)
 
@@ -89,7 +92,8 @@ class _Running:
                 return
             if type(ops) is not Concurrently:
                 break
-            value = _run_concurrently(ops.programs, self.comm)
+            value, sent = _run_concurrently(ops.programs, self.comm)
+            self.sent += sent
         single = not isinstance(ops, list)
         if single:
             ops = [ops]
@@ -100,6 +104,7 @@ class _Running:
             if type(op) is Send:
                 peer = ranks[op.dst] if ranks is not None else op.dst
                 requests.append(dist.isend(op.tensor.contiguous(), peer, group=group, tag=op.tag))
+                self.sent += op.tensor.nbytes
             else:
                 peer = ranks[op.src] if ranks is not None else op.src
                 landing = torch.empty_like(op.out)
@@ -108,14 +113,17 @@ class _Running:
         self._pending = (requests, landings, len(ops), single)
 
 
-def _run_concurrently(programs, comm) -> list:
-    """Each program in its own thread; their values in order, or the first error raised again."""
+def _run_concurrently(programs, comm) -> tuple[list, int]:
+    """Each program in its own thread; their values in order and the bytes they sent, or the first error
+    raised again."""
     programs = list(programs)
-    results, errors = [None] * len(programs), []
+    results, sent, errors = [None] * len(programs), [0] * len(programs), []
 
     def run(index, program):
         try:
-            results[index] = run_program(program, comm)
+            running = _Running(program, comm)
+            results[index] = running.finish()
+            sent[index] = running.sent
         except BaseException as error:  # re-raised in the calling thread
             errors.append(error)
 
@@ -126,4 +134,4 @@ def _run_concurrently(programs, comm) -> list:
         thread.join()
     if errors:
         raise errors[0]
-    return results
+    return results, sum(sent)

@@ -108,7 +108,7 @@ class SimCommunicator:
 
     def __init__(self, network: Network, nodes: list[str], log: EventLog | None = None,
                  ledgers: list[MemoryLedger] | None = None, global_ranks: list[int] | None = None,
-                 exclusive: bool = False):
+                 exclusive: bool = False, copies: int = 1):
         self.network = network
         self.env: simpy.Environment = network.env
         self.nodes = list(nodes)
@@ -121,6 +121,9 @@ class SimCommunicator:
         self._posted: dict[int, list[_RankProgram]] = {}  # rank -> its posted programs not ended yet
         self.bytes_by_label: dict[str, int] = {}  # bytes sent by the group's programs, by their label
         self.exclusive = exclusive
+        # Each of its ranks stands for `copies` ranks (schemes/representatives.py): the bytes it logs count
+        # that many times.
+        self.copies = copies
         self._scheduled_posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
         self._scheduled_count = [0] * self.world  # ring all-reduces each rank posted to be timed as a group
         self._rings: dict[tuple, tuple[Route, ...] | None] = {}  # RingAllReduce.group() -> Network.ring()
@@ -300,8 +303,11 @@ class SimCommunicator:
         owner = sender.owner
         self._transfer_begins(owner, now)
         self._transfer_begins(receiver.owner, now)
-        if owner.posted:  # counted when sent; its span, if awaited, carries the bytes that arrive in it
+        if owner.posted:  # a posted send (a pipeline's) is counted when sent: its sender never awaits it
             self.bytes_by_label[owner.label] = self.bytes_by_label.get(owner.label, 0) + nbytes
+            if self.log is not None:
+                self.log.count_bytes(self.global_ranks[sender.rank], "communication", owner.label,
+                                     nbytes * self.copies)
         else:
             owner.span_bytes += nbytes
         staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
@@ -318,9 +324,6 @@ class SimCommunicator:
                 staging.free("comm_buffers", nbytes)
             receiver.results[recv_index] = out
             now = flow.end
-            for side in (sender.owner, receiver.owner):
-                if side.posted and side.charged:
-                    side.span_bytes += nbytes
             self._transfer_ends(sender, now)
             self._transfer_ends(receiver, now)
 
@@ -371,5 +374,6 @@ class SimCommunicator:
         """The rank's collective, one span in the trace: its first transfer to its last, waits included."""
         if state.shown is not None and self.log is not None:
             start, end, nbytes = state.shown
-            self.log.show(self.global_ranks[state.rank], "communication", state.label, start, end, nbytes=nbytes)
+            self.log.show(self.global_ranks[state.rank], "communication", state.label, start, end,
+                          nbytes=nbytes * self.copies)
         state.shown = None

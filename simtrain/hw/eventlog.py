@@ -7,8 +7,14 @@ by simtrain: "compute", "communication", "optimizer" (and more as techniques
 add them). Transfers on links are kept by the network (`Network.records`);
 reports, traces and plots are views of these two logs.
 
+Totals are kept as spans arrive, whether or not the spans themselves are
+kept: seconds per (rank, kind), and bytes and FLOPs per (rank, kind, label).
+Bytes that move without a span of their own (a send posted without waiting
+for it) are counted with `count_bytes`.
+
     log.assign([4, 5, 6, 7], job=1)        # a second job takes devices 4-7
-    log.span(5, "compute", "forward", 0.0, 1e-3)
+    log.span(5, "compute", "forward", 0.0, 1e-3, flops=2e9)
+    log.total(5, "compute"), log.flops(5, "compute"), log.bytes_by_label(5, "communication")
 
 A rank whose communication can overlap its own work (a collective posted on
 its communication stream during the backward) is tracked: its spans are kept
@@ -30,7 +36,8 @@ class Span(NamedTuple):
 
 
 class EventLog:
-    """Append-only list of spans plus running totals of time per (rank, kind).
+    """Append-only list of spans plus running totals: time per (rank, kind), bytes and FLOPs per
+    (rank, kind, label).
 
     With `record=False` only the totals are kept: that is how very large
     timing studies run without holding millions of spans in memory.
@@ -40,6 +47,8 @@ class EventLog:
         self.record = record
         self.spans: list[Span] = []
         self.totals: dict[tuple[int, str], float] = {}
+        self._bytes: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> bytes
+        self._flops: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> FLOPs
         self.job_of: dict[int, int] = {}  # global rank -> index of the job holding it
         # When the last span ended: the end of the run. The clock itself may run on past it to
         # a network timeout that a rate change made stale (it fires and does nothing).
@@ -74,13 +83,25 @@ class EventLog:
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
              nbytes: float = 0, flops: float = 0) -> None:
         """Keep a span whose seconds were counted in parts (`count`): a rank's collective is one span from its
-        first transfer to its last, while a wait for a peer within it counts as idle."""
+        first transfer to its last, while a wait for a peer within it counts as idle. Its bytes and FLOPs are
+        counted here, once."""
+        key = (rank, kind)
+        if nbytes:
+            _add(self._bytes, key, name, nbytes)
+        if flops:
+            _add(self._flops, key, name, flops)
         if self.record:
             self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
 
+    def count_bytes(self, rank: int, kind: str, label: str, nbytes: float) -> None:
+        """Rank `rank` moved `nbytes` for `label`: bytes that no span of its own carries (a span's are counted
+        by `span`)."""
+        _add(self._bytes, (rank, kind), label, nbytes)
+
     def cut(self, rank: int, now: float) -> None:
         """Rank's spans stop at `now` (its device was lost, or its job torn down): a span running past now
-        ends there, one not started yet is dropped. Needs `record` (a run with faults records)."""
+        ends there, one not started yet is dropped with its bytes and FLOPs (a span cut short keeps them:
+        its work had started). Needs `record` (a run with faults records)."""
         if not self.record:
             raise RuntimeError("cutting spans needs an event log that records them")
         kept = []
@@ -88,6 +109,7 @@ class EventLog:
             if span.rank == rank and span.end > now:
                 self.totals[rank, span.kind] -= span.end - max(span.start, now)
                 if span.start >= now:
+                    self._uncount(span)
                     continue
                 span = span._replace(end=now)
             kept.append(span)
@@ -96,9 +118,23 @@ class EventLog:
         for intervals in self._overlapping.get(rank, ()):
             intervals[:] = [(start, min(end, now)) for start, end in intervals if start < now]
 
+    def _uncount(self, span: Span) -> None:
+        if span.nbytes:
+            _add(self._bytes, (span.rank, span.kind), span.name, -span.nbytes)
+        if span.flops:
+            _add(self._flops, (span.rank, span.kind), span.name, -span.flops)
+
     def total(self, rank: int, kind: str) -> float:
         """Seconds that rank spent on spans of kind."""
         return self.totals.get((rank, kind), 0.0)
+
+    def bytes_by_label(self, rank: int, kind: str) -> dict[str, float]:
+        """Bytes that rank moved in spans (and counts) of kind, by label, in the order labels first came."""
+        return dict(self._bytes.get((rank, kind), {}))
+
+    def flops(self, rank: int, kind: str) -> float:
+        """FLOPs that rank ran in spans of kind, every label."""
+        return sum(self._flops.get((rank, kind), {}).values())
 
     def overlaps(self, rank: int) -> bool:
         return rank in self._overlapping
@@ -111,6 +147,11 @@ class EventLog:
         communication, other = self._overlapping[rank]
         return total - sum(end - start for start, end in communication) + sum(
             end - start for start, end in exposed(communication, other))
+
+
+def _add(totals: dict, key: tuple[int, str], label: str, amount: float) -> None:
+    by_label = totals.setdefault(key, {})
+    by_label[label] = by_label.get(label, 0) + amount
 
 
 def exposed(communication: list[tuple[float, float]], other: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -34,7 +34,7 @@ class RealBackend:
     def local_ranks(self, world: int) -> list[int]:
         return [self.rank]
 
-    def communicator(self, job, ranks: list[int], exclusive: bool = False) -> GlooCommunicator:
+    def communicator(self, job, ranks: list[int], exclusive: bool = False, copies: int = 1) -> GlooCommunicator:
         key = tuple(ranks)
         if key not in self._groups:
             self._groups[key] = GlooCommunicator([job.ranks[rank] for rank in ranks])

@@ -50,7 +50,8 @@ import yaml
 from ..comm import ALL_REDUCE
 from ..comm.bench import benchmark_all_reduce
 from ..comm.gloo import run_program
-from ..cost import OperatorCounter, measure_step_cost
+from ..cost import measure_step_cost
+from ..op_cost import OperatorRecorder
 from ..errors import SimtrainError
 from ..hw.topology_builders import load_topology_file
 from ..loss import cross_entropy
@@ -221,10 +222,10 @@ def _memory_bandwidth(model_of, repeats: int, device) -> dict:
         p.grad = torch.zeros_like(p)
     optimizer = build_optimizer(params, scenario.train.optimizer)
     seconds = _timed(optimizer.step, repeats, device)
-    with OperatorCounter() as counter:
+    with OperatorRecorder() as recorder:
         optimizer.step()
     return {"what": f"{scenario.train.optimizer.name} step of {model_of}'s model", "seconds": seconds,
-            "bytes": update_bytes(params, "fp32", scenario.train.optimizer), "kernels": counter.count}
+            "bytes": update_bytes(params, "fp32", scenario.train.optimizer), "kernels": recorder.kernels}
 
 
 def _fit_and_write(measured: list[dict], hosts: list[str], pairs, sizes, model_of, backend: str, out: Path) -> dict:

@@ -95,13 +95,16 @@ def run_program(program, comm, ledger, meter: Meter):
 
     def collective(op):
         meter.boundary()
-        (comm if op.comm is None else op.comm).run(op.rank, op.program, op.label)
-        return meter.close("communication", op.label)
+        group = comm if op.comm is None else op.comm
+        handle = group.post(op.rank, op.program, op.label)
+        group.wait(handle)
+        return meter.close("communication", op.label, nbytes=handle.sent)
 
     def post_collective(op: PostCollective):
         meter.boundary()
-        comm.run(None, op.program, op.label)
-        meter.close("communication", op.label)
+        handle = comm.post(None, op.program, op.label)
+        comm.wait(handle)
+        meter.close("communication", op.label, nbytes=handle.sent)
 
     def post(op: Post):
         handle = (comm if op.comm is None else op.comm).post(op.rank, op.program, op.label)
@@ -112,7 +115,7 @@ def run_program(program, comm, ledger, meter: Meter):
         meter.boundary()
         posted.remove(op.handle)
         value = op.handle.comm.wait(op.handle, op.idle)
-        meter.close("communication", op.handle.label)
+        meter.close("communication", op.handle.label, nbytes=op.handle.sent)
         return value
 
     handlers = {Compute: immediate(span), MemoryBound: immediate(span), Busy: immediate(span),

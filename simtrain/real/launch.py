@@ -24,7 +24,7 @@ model, assembled into the whole one), splits each collective span into idle
 arrived) and communication (the rest: the time the slowest-arriving rank
 spent in it; a pipeline's messages are left whole), and
 logs them on the same kind of event log a simulation fills: report.json
-(report.py build_report: the same schema, with `"measured": true` and a
+(report/build.py build_report: the same schema, with `"measured": true` and a
 `measurement` section), trace.json and final_model.pt come out of the same code.
 
 Refused, one line each: async (its step programs move bytes through a
@@ -37,14 +37,17 @@ import time
 from pathlib import Path
 
 import torch.distributed as dist
+from pydantic import Field
 
 from ..errors import ScenarioError, SimtrainError
 from ..evaluation import evaluate
 from ..hw.cluster import build_cluster
 from ..job import Job
 from ..report import RunResult, build_report
+from ..report.sections import ReportSection, register_section
 from ..scenario import Scenario, load_scenario
 from ..schemes import scheme_name
+from ..train.model_flops import model_flops_per_step
 from .backend import RealBackend
 from .interpreter import Meter
 from .processes import join, spawn, torchrun_world
@@ -170,6 +173,18 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
     loss_curve = [(t, sum(values) / len(values)) for t, values in zip(step_ends, losses)]
     per_step = {name: sum(span.end - span.start for r in ranks for span in r["spans"] if span.name == name)
                 / len(ranks) / measured_steps for name in ("forward", "backward")}
+    measurement = {
+        "backend": backend,
+        "collective": collective,
+        "warmup_steps": warmup,
+        "train_steps": steps,
+        "forward_s": per_step["forward"],
+        "backward_s": per_step["backward"],
+        "unattributed_s": unattributed / len(ranks) / measured_steps,
+        "clock": "time.perf_counter of each rank, from a barrier before the first measured step",
+        "memory": "the step program's ledger (what it holds), not measured",
+    }
+    model_flops = model_flops_per_step(scenario, job.data, job.scheme.samples_per_step())
     result = RunResult(
         scheme=scheme_name(scenario.parallel),
         steps=measured_steps,
@@ -182,25 +197,14 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
         single_device_step_s=None,
         final_models=[model],
         wall_time_s=time.perf_counter() - wall_start,
-        extra={"amp": job.replicas[0].precision.report(),
-               # a measured wait on a pipeline message is not split into bubble and transfer: not measured
-               "parallel": {"dp": job.layout.dp, "pp": job.layout.pp, "tp": job.layout.tp,
-                            "bubble_fraction": 0.0 if job.layout.pp == 1 else None}},
+        # the scheme's layout, completed from the event log like a simulation's (report/parallel.py)
+        extra={"amp": job.replicas[0].precision.report(), "parallel": job.scheme.report_sections()["parallel"],
+               "measured": True, "measurement": measurement},
+        model_flops_per_step=model_flops.per_step,
+        model_flops_formula=model_flops.formula,
     )
     report = build_report(scenario, cluster, result)
     report.data["links"] = []  # bytes on each link are not measured
-    report.data["measured"] = True
-    report.data["measurement"] = {
-        "backend": backend,
-        "collective": collective,
-        "warmup_steps": warmup,
-        "train_steps": steps,
-        "forward_s": per_step["forward"],
-        "backward_s": per_step["backward"],
-        "unattributed_s": unattributed / len(ranks) / measured_steps,
-        "clock": "time.perf_counter of each rank, from a barrier before the first measured step",
-        "memory": "the step program's ledger (what it holds), not measured",
-    }
     return report
 
 
@@ -216,3 +220,20 @@ def _least_times(ranks: list[dict]) -> dict[str, list[float]]:
         if len({len(times) for times in runs}) == 1:
             least[name] = [min(times) for times in zip(*runs)]
     return least
+
+
+class MeasurementSection(ReportSection):
+    backend: str = Field(description="the torch.distributed backend: gloo")
+    collective: str = Field(description="how collectives ran: simtrain's programs over point-to-point calls, or "
+                                        "native (torch.distributed's own all-reduce, whose bytes are not seen)")
+    warmup_steps: int = Field(description="steps run before the measured window")
+    train_steps: int = Field(description="steps run in all")
+    forward_s: float = Field(description="measured seconds of forward per step, averaged over the ranks")
+    backward_s: float = Field(description="measured seconds of backward per step, averaged over the ranks")
+    unattributed_s: float = Field(description="host seconds per step in no span (Python between operations)")
+    clock: str = Field(description="the clock the spans were measured with")
+    memory: str = Field(description="where the memory figures come from")
+
+
+register_section("measured", bool, "true: the figures were measured on real torch.distributed (simtrain launch)")
+register_section("measurement", MeasurementSection, "how a measured run was measured (real/launch.py)")

@@ -68,7 +68,9 @@ import copy
 
 import simpy
 import torch
+from pydantic import Field
 
+from ..report.sections import ReportSection, register_section
 from ..train.grad_bucket import flat_grad_buffer
 from ..train.hyperparameters import set_live
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
@@ -299,3 +301,21 @@ class AsynchronousSGD(Scheme):
             "lock_wait_s": sum(self.lock_wait_s),
             "lock_wait_s_per_rank": list(self.lock_wait_s),
         }}
+
+
+class AsyncSection(ReportSection):
+    consistency: str = Field(description="parallel.consistency: how a worker reads and writes the shared "
+                                         "parameters")
+    staleness_lr: str = Field(description="how the learning rate follows an update's staleness")
+    updates: int = Field(description="updates applied to the shared parameters")
+    updates_per_rank: list[int] = Field(description="updates each worker pushed")
+    staleness_mean: float = Field(description="mean staleness: updates applied between a worker's read and its "
+                                              "push")
+    staleness_max: int = Field(description="the largest staleness")
+    staleness_histogram: list[int] = Field(description="updates of each staleness 0, 1, 2...")
+    lock_wait_s: float = Field(description="seconds workers waited for the lock, all workers")
+    lock_wait_s_per_rank: list[float] = Field(description="seconds each worker waited for the lock")
+
+
+register_section("async", AsyncSection, "asynchronous training: staleness and lock waits "
+                                        "(schemes/asynchronous.py)")

@@ -34,9 +34,11 @@ devices), and which device decomposes which factor.
     ... yield from kfac.step(rank); replica.step()
 """
 import torch
+from pydantic import Field
 
 from ..comm.broadcast import broadcast
 from ..hw.device import Device
+from ..report.sections import ReportSection, register_section
 from ..scenario import OptimizerSpec
 from ..train.kfac import Kfac
 from ..train.replica import Replica
@@ -147,3 +149,28 @@ class DistributedKfac:
             "assignment": assignment,
             "inversion_cost_n3_per_device": loads,
         }}
+
+
+class KfacFactor(ReportSection):
+    layer: str = Field(description="the layer the factor belongs to")
+    factor: str = Field(description="which Kronecker factor: A (activations) or G (gradients)")
+    size: int = Field(description="the factor's side, n (an n x n matrix)")
+    device: int | str = Field(description="the rank that inverts it; all: every rank does")
+
+
+class KfacTimes(ReportSection):
+    factors: float = Field(description="seconds computing factors")
+    inversions: float = Field(description="seconds inverting (or eigendecomposing) factors")
+    preconditioning: float = Field(description="seconds preconditioning gradients")
+    communication: float = Field(description="seconds all-reducing factors and broadcasting inverses")
+
+
+class KfacSection(ReportSection):
+    method: str = Field(description="how factors are inverted: inverse or eigen")
+    distribute_inverses: bool = Field(description="whether each factor is inverted on one rank and broadcast")
+    time_per_step_s: KfacTimes = Field(description="seconds per step of each part, averaged over the ranks")
+    assignment: list[KfacFactor] = Field(description="every factor and the rank that inverts it")
+    inversion_cost_n3_per_device: list[float] = Field(description="sum of n^3 over the factors each rank inverts")
+
+
+register_section("kfac", KfacSection, "K-FAC's factors, their placement and its time (schemes/kfac_sync.py)")

@@ -93,10 +93,11 @@ class ModelParallel(RankReplicas, Scheme):
 
     def _communicators(self, groups: list[list[int]], all_reduce: bool = True) -> dict[int, tuple]:
         """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce, or None
-        without `all_reduce`)."""
+        without `all_reduce`); under representatives, a group's ranks stand for every tp rank of every replica."""
         by_rank = {}
+        copies = self.world // len(self.running)
         for group in groups:
-            comm = self.job.communicator(group)
+            comm = self.job.communicator(group, copies=copies)
             program = self.job.all_reduce(group) if all_reduce and len(group) > 1 else None
             for index, rank in enumerate(group):
                 by_rank[rank] = (comm, index, program)
@@ -210,14 +211,8 @@ class ModelParallel(RankReplicas, Scheme):
     def single_device_step_s(self) -> float | None:
         return None  # the model is split because one device is not the baseline
 
-    def _collective_bytes(self, communicators: str, label: str) -> int:
-        """Bytes the groups of `self.comms[communicators]` sent for `label` (each group's communicator once)."""
-        groups = {id(comm): comm for comm, _, _ in self.comms.get(communicators, {}).values()}
-        return sum(comm.bytes_by_label.get(label, 0) for comm in groups.values())
-
     def report_sections(self) -> dict:
-        log = self.job.cluster.log
-        sim_time = log.last_end_s
+        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes)."""
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp,
             "placement": list(self.layout.placement),
@@ -226,13 +221,6 @@ class ModelParallel(RankReplicas, Scheme):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.representatives,
-            "bubble_fraction": (sum(log.total(self.job.devices[rank].rank, "bubble") for rank in self.running)
-                                / (sim_time * len(self.running)) if sim_time > 0 else 0.0),
-            # a representative's sends stand for those of every tp rank of every replica
-            "bytes_by_kind": {"dp_allreduce": self._collective_bytes("dp", "dp_allreduce"),
-                              "pp_p2p": self._collective_bytes("pp", "pp_p2p") * (self.world // len(self.running)),
-                              "tp_allreduce": self._collective_bytes("tp", "tp_allreduce"),
-                              "overflow_vote": self._collective_bytes("model", "overflow_vote")},
         }}
 
     # --- the Scheme hooks (scheme.py) ---

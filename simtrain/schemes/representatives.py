@@ -102,34 +102,34 @@ class MirroredCommunicator:
         self.world = len(members)
         self.devices = [job.devices[rank] for rank in members]
         self.env = job.cluster.env
-        self.bytes_by_label: dict[str, int] = {}  # bytes sent by the groups it stands for, by label
         self._timing, self._groups, self._copies = timing, groups, copies  # copies: groups its bytes count
         self._arrived: list[int] = []  # members at the current collective
         self._all_in = self.env.event()
 
     def run(self, rank: int, program: MirroredAllReduce, label: str = "all_reduce"):
         """Member `rank`'s all-reduce: once every member has posted its own (idle until then), the mirrored
-        time on its device's stream, as communication; the event fires when it has ended."""
+        time on its device's stream, as communication; the event fires when it has ended. The last member to
+        post carries the bytes of every group it stands for on its span."""
         seconds, nbytes, staging = self._timing.all_reduce(self._groups, program.buf)
+        counted = nbytes * self._copies
         if self.world == 1:
-            self.bytes_by_label[label] = self.bytes_by_label.get(label, 0) + nbytes * self._copies
-            return self._charge(rank, seconds, staging, label)
+            return self._charge(rank, seconds, staging, label, counted)
         done, all_in = self.env.event(), self._all_in
-        all_in.callbacks.append(lambda _: self._charge(rank, seconds, staging, label).callbacks.append(
-            lambda _: done.succeed()))
         self._arrived.append(rank)
-        if len(self._arrived) == self.world:  # the last to arrive counts the bytes
-            self.bytes_by_label[label] = self.bytes_by_label.get(label, 0) + nbytes * self._copies
+        last = len(self._arrived) == self.world
+        all_in.callbacks.append(lambda _: self._charge(rank, seconds, staging, label, counted if last else 0)
+                                .callbacks.append(lambda _: done.succeed()))
+        if last:
             self._arrived, self._all_in = [], self.env.event()
             all_in.succeed()
         return done
 
-    def _charge(self, rank: int, seconds: float, staging: int, label: str):
+    def _charge(self, rank: int, seconds: float, staging: int, label: str, nbytes: int):
         device = self.devices[rank]
         if staging:  # the receive's staging buffer, for an instant
             device.memory.alloc("comm_buffers", staging)
             device.memory.free("comm_buffers", staging)
-        return device.run_for(seconds, label, kind="communication")
+        return device.run_for(seconds, label, kind="communication", nbytes=nbytes)
 
     def stuck(self) -> list[int]:
         """Members waiting for the others to post (a deadlock once the clock has stopped)."""

@@ -16,8 +16,8 @@ right after it runs, so the trace shows the compute and the all-reduces of a
 tensor-parallel layer in their real order.
 
 `measure_chunk` measures a chunk's regions once per input shape on a meta
-copy (FLOPs by torch's FLOP counter, each region's operators as (FLOPs,
-bytes, count) groups by op_cost.py for a roofline device, activation bytes by
+copy (FLOPs, and each region's operators as (FLOPs, bytes, count) groups for
+a roofline device, by the operator recorder of op_cost.py; activation bytes by
 the saved-tensor hooks of cost.py, and the shapes of what is all-reduced and
 sent on): `ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
 the same compute spans and all-reduces from a ChunkCost alone, on meta
@@ -40,10 +40,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..cost import SavedTensorTracker
-from ..op_cost import OpCosts, OperatorCosts
+from ..op_cost import OpCosts, OperatorRecorder
 from ..train.tensor_parallel import AllReduceForward, Apply, ApplyWithTarget
 from ..step_ops import Compute
 
@@ -189,17 +188,17 @@ def _meta_run(chunk, ops_of, inputs, target):
     return meta, ops_of(meta, target is not None), meta_inputs, meta_target
 
 
-def _drive(program, counter=None, costs=None) -> tuple[object, list[tuple[float, torch.Tensor | None, OpCosts]]]:
-    """Run a step program without a clock (collectives skipped); with a FLOP counter and an OperatorCosts,
-    per region (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after
-    it, if any, and its operators' costs."""
+def _drive(program, recorder: OperatorRecorder | None = None) -> tuple[object, list]:
+    """Run a step program without a clock (collectives skipped); with an operator recorder, per region
+    (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after it, if any,
+    and its operators' costs."""
     regions, before = [], 0.0
     try:
         op = next(program)
         while True:
             if type(op) is Compute:
-                total = float(counter.get_total_flops()) if counter is not None else 0.0
-                regions.append((total - before, None, costs.take() if costs is not None else ()))
+                total = float(recorder.flops) if recorder is not None else 0.0
+                regions.append((total - before, None, recorder.take() if recorder is not None else ()))
                 before = total
             elif isinstance(op, _Reduced):
                 flops, _, ops = regions[-1]
@@ -214,13 +213,12 @@ def _regions(chunk, ops_of, inputs, target) -> tuple[list, list, torch.Tensor, t
     its first input's gradient."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        # outermost, OperatorCosts sees the operators the FLOP counter runs (after its decompositions)
-        with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
+        with OperatorRecorder() as recorder:
             (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "",
-                                                               meta_target), counter, costs)
+                                                               meta_target), recorder)
         grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-        with OperatorCosts() as costs, FlopCounterMode(display=False) as counter:
-            input_grads, backward = _drive(chunk_backward(tape, grads, _Reduced, None, ""), counter, costs)
+        with OperatorRecorder() as recorder:
+            input_grads, backward = _drive(chunk_backward(tape, grads, _Reduced, None, ""), recorder)
     return forward, backward, outputs[0], input_grads[0]
 
 

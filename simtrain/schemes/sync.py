@@ -33,7 +33,10 @@ run and the measured activation peak during forward and backward, where a
 checkpointed segment's recomputation is part of the backward FLOPs. A ledger
 past its capacity raises OutOfMemory at that step.
 """
+from pydantic import Field
+
 from ..errors import ScenarioError
+from ..report.sections import ReportSection, register_section
 from ..train.grad_bucket import overlap_buckets
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.precision import persistent_bytes, update_bytes
@@ -200,9 +203,19 @@ class SyncDataParallel(RankReplicas, Scheme):
         }}
         if self.kfac is not None:
             sections.update(self.kfac.report_section(self.steps))
-        sections["parallel"] = {"dp": self.world, "pp": 1, "tp": 1, "bubble_fraction": 0.0, "bytes_by_kind": {
-            "dp_allreduce": self.job.comm.bytes_by_label.get("all_reduce", 0), "pp_p2p": 0, "tp_allreduce": 0,
-            "overflow_vote": 0},  # one model per device: no overflow vote
-            "overlap": self.overlap,
-            "buckets": max((len(buckets) for buckets in self._buckets.values()), default=1)}
+        # the layout: report/parallel.py adds the bubble and the bytes
+        sections["parallel"] = {"dp": self.world, "pp": 1, "tp": 1, "overlap": self.overlap,
+                                "buckets": max((len(buckets) for buckets in self._buckets.values()), default=1)}
         return sections
+
+
+class WeightNormsSection(ReportSection):
+    steps: list[int] = Field(description="the steps after which the norms were taken")
+    layers: dict[str, list[float | None] | dict[str, list[float | None]]] = Field(
+        description="each layer's weight norm at those steps (a layer with several weights: by weight name); "
+                    "null: not finite")
+    before_batchnorm: list[str] = Field(description="the layers whose output a BatchNorm normalizes")
+
+
+register_section("weight_norms", WeightNormsSection, "weight norms of every layer over training "
+                                                     "(schemes/sync.py)")

@@ -53,9 +53,12 @@ stops at its next round (at once with synch). The report is the cluster's
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import simpy
+import torch
+from pydantic import Field
 
 from ..errors import ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
@@ -63,10 +66,12 @@ from ..host_memory import check_scenario_fits_host
 from ..hw.cluster import resolve_cluster, run_to_end
 from ..job import Job
 from ..report import Report, RunResult, build_report
+from ..report.sections import ReportSection, register_section
 from ..runner import single_thread
 from ..scenario import Scenario
 from ..schemes import scheme_name
 from ..step_ops import Busy, Wait
+from ..train.model_flops import model_flops_per_step
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed
@@ -304,6 +309,7 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
     samples = sum(replica.loader.samples_drawn for m in population.members for replica in m.job.replicas)
     steps = scenario.train.steps
     target = scenario.train.target_loss
+    model_flops = model_flops_per_step(scenario, job.data, samples / steps)  # every member's samples
     result = RunResult(
         scheme=scheme_name(scenario.parallel),
         steps=steps,
@@ -317,5 +323,33 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
         extra={"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section()},
+        section_ranks=list(job.ranks),  # the best member's
+        model_flops_per_step=model_flops.per_step,
+        model_flops_formula=model_flops.formula,
     )
     return build_report(scenario, population.cluster, result)
+
+
+class PbtMember(ReportSection):
+    id: int = Field(description="the member's index in the population")
+    ranks: list[int] = Field(description="the devices it trained on")
+    steps: int = Field(description="steps it ran")
+    final_metric: float | None = Field(description="its metric at the end")
+    metrics: list[list] = Field(description="[step, sim_time_s, metric] at every round and at the end")
+    schedule: list[list] = Field(description="[step, sim_time_s, hyperparameters] whenever they changed")
+
+
+class PbtSection(ReportSection):
+    metric: dict[str, str] = Field(description="pbt.metric: its name and whether smaller (min) or larger (max) "
+                                               "is better")
+    synch: bool = Field(description="whether members meet at each round (synchronous PBT)")
+    members: list[PbtMember] = Field(description="every member of the population")
+    events: list[dict[str, Any]] = Field(
+        description="every exploit: sim_time_s, step, from (donor), to, from_step (its checkpoint's step), bytes "
+                    "copied, transfer_s, old and new hyperparameters")
+    best: int = Field(description="the member whose model the run reports")
+    copy_time_s: float = Field(description="seconds spent copying donors' state and writing checkpoints")
+    checkpoint_write_s: float = Field(description="seconds spent writing members' checkpoints")
+
+
+register_section("pbt", PbtSection, "population-based training: members, exploits, the best (studies/pbt.py)")

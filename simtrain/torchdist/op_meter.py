@@ -1,15 +1,14 @@
 """What a rank's torch ops cost on its simulated device: FLOPs, and the memory of the tensors they make.
 
-An `OpMeter` is a TorchDispatchMode entered in the rank's thread: it sees every
-aten op the rank runs, autograd's backward included (on CPU backward runs in the
-calling thread).
+An `OpMeter` is the operator recorder (op_cost.py) entered in the rank's thread:
+it sees every aten op the rank runs, autograd's backward included (on CPU
+backward runs in the calling thread).
 
-- **FLOPs.** Ops in torch's own `torch.utils.flop_counter.flop_registry` (matrix
-  multiplies, convolutions, attention; 2 FLOPs per multiply-add) add their count
-  under the dtype of their result; every other op (element-wise, reductions,
-  copies) counts 0, as in simtrain's step costs (cost.py). The counts wait in
-  `pending` until the rank posts a communication or ends, and are then charged as
-  one compute span per dtype (run.py).
+- **FLOPs.** The recorder's, by the dtype of each op's result: the same
+  operators and formulas as simtrain's step costs (cost.py), so a model costs
+  the same under `simtrain run` and under `simtrain.dist`. The counts wait
+  until the rank posts a communication or ends (`take_flops`), and are then
+  charged as one compute span per dtype (run.py).
 - **Memory.** A storage that an op returns and none of its inputs had is held on
   the device's memory ledger under `tensors` from that op until the last tensor
   the rank was given on it is freed (each storage counted once, however many
@@ -22,30 +21,28 @@ calling thread).
     meter = OpMeter(device.memory)
     with meter:
         model(x).sum().backward()
-    meter.take()                 # {torch.float32: 2.1e6}
+    meter.take_flops()           # {torch.float32: 2.1e6}
     device.memory.peak["tensors"]
 """
 import weakref
 from contextlib import contextmanager
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
 
 from ..hw.device import MemoryLedger
+from ..op_cost import OperatorRecorder
 
 # The catalog's dtype name for a result's torch dtype; any other dtype is charged at the fp32 rate.
 DEVICE_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-class OpMeter(TorchDispatchMode):
-    """Counts the FLOPs of the ops run under it, per result dtype, and holds their new storages on `ledger`."""
+class OpMeter(OperatorRecorder):
+    """Records the ops run under it (FLOPs per result dtype) and holds their new storages on `ledger`."""
 
     def __init__(self, ledger: MemoryLedger):
         super().__init__()
         self.ledger = ledger
-        self.pending: dict[torch.dtype, float] = {}
         self.is_paused = False
         self._live: dict[int, list] = {}  # storage id -> [tensors the rank holds on it, bytes]
         self._held: set[int] = set()  # id() of those tensors (an in-place op returns one again)
@@ -58,23 +55,20 @@ class OpMeter(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         if self.is_paused:
-            return out
-        count = flop_registry.get(func._overloadpacket)
-        if count is not None:
-            result = out[0] if isinstance(out, (tuple, list)) else out
-            self.pending[result.dtype] = self.pending.get(result.dtype, 0.0) + count(*args, **kwargs, out_val=out)
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _record(self, func, args, kwargs, out) -> None:
+        super()._record(func, args, kwargs, out)
         inputs = {_storage_id(t) for t in tree_leaves((args, kwargs)) if _is_dense(t)}
         for tensor in tree_leaves(out):
             if _is_dense(tensor):
                 self._hold(tensor, inputs)
-        return out
 
-    def take(self) -> dict[torch.dtype, float]:
-        """The FLOPs counted since the last take, by dtype, in the order the dtypes first appeared."""
-        pending, self.pending = self.pending, {}
+    def take_flops(self) -> dict[torch.dtype, float]:
+        """The FLOPs recorded since the last take, by dtype, in the order the dtypes first appeared."""
+        pending, self.flops_by_dtype = self.flops_by_dtype, {}
         return pending
 
     @contextmanager

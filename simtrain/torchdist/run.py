@@ -76,7 +76,7 @@ class SimRun:
     def flush(self) -> None:
         """Charge the calling rank's counted FLOPs on its device, and wait until they have run."""
         rank = current_rank()
-        pending = self.meters[rank].take()
+        pending = self.meters[rank].take_flops()
         if pending:
             device = self.cluster.devices[rank]
             for dtype, flops in pending.items():

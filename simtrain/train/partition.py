@@ -27,9 +27,9 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..loss import cross_entropy
+from ..op_cost import OperatorRecorder
 from .checkpointing import apply_checkpointing
 from .tensor_parallel import ELEMENTWISE, Apply, ApplyWithTarget, Slice, column_row_ops, shard_column_row_
 
@@ -77,10 +77,10 @@ def unit_flops(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor) 
     h = torch.empty(x.shape, dtype=x.dtype, device="meta")
     with torch.no_grad():
         for unit in units:
-            with FlopCounterMode(display=False) as counter:
+            with OperatorRecorder() as recorder:
                 for index in unit:
                     h = meta[index](h)
-            flops.append(float(counter.get_total_flops()))
+            flops.append(float(recorder.flops))
     return flops
 
 

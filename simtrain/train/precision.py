@@ -61,8 +61,10 @@ from typing import Iterable
 import math
 
 import torch
+from pydantic import Field
 from torch import nn
 
+from ..report.sections import ReportSection, register_section
 from ..scenario import AmpSpec, OptimizerSpec
 from .grad_bucket import flat_grad_buffer
 from .optim import optimizer_state_bytes, optimizer_step_bytes
@@ -223,3 +225,14 @@ def _sizes(params: Iterable[torch.Tensor], precision: str) -> tuple[int, int]:
     element = torch.empty((), dtype=DTYPES[precision]).element_size()
     numel = sum(p.numel() for p in params if p.requires_grad)
     return numel * element, numel * _FP32_BYTES
+
+
+class AmpSection(ReportSection):
+    precision: str = Field(description="the compute dtype: fp32, fp16 or bf16")
+    loss_scale_final: float | None = Field(description="the fp16 loss scale at the end; null: no loss scaling")
+    skipped_steps: int = Field(description="optimizer steps skipped because a gradient overflowed")
+    overflow_steps: int = Field(description="steps on which a gradient held an inf or NaN")
+
+
+register_section("amp", AmpSection, "mixed precision: the compute dtype and what loss scaling did "
+                                    "(train/precision.py)")

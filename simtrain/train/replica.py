@@ -21,7 +21,8 @@ import copy
 
 import torch
 
-from ..cost import OperatorCounter, StepCost, measure_step_cost
+from ..cost import StepCost, measure_step_cost
+from ..op_cost import OperatorRecorder
 from ..scenario import TrainSpec
 from .data import ShardLoader
 from .grad_bucket import flat_grad_buffer
@@ -101,9 +102,9 @@ class Replica:
                 optimizer.step()
                 precision.copy_master_to_model()
         step()
-        with OperatorCounter() as counter:
+        with OperatorRecorder() as recorder:
             step()
-        return counter.count
+        return recorder.kernels
 
     def step(self) -> None:
         """Update from the (averaged) gradient bucket: skipped if the loss scaler found an overflow."""

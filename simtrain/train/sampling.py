@@ -41,9 +41,11 @@ import math
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch.utils.data import Dataset
 
 from ..loss import cross_entropy
+from ..report.sections import ReportSection, register_section
 from ..scenario import Scenario
 from .data import ShardLoader
 
@@ -261,3 +263,18 @@ def sampling_section(loaders: list[PrioritizedSampler]) -> dict:
     if isinstance(loaders[0], MetropolisSampler):
         section["acceptance_rate"] = sum(l.accepted for l in loaders) / sum(l.proposed for l in loaders)
     return section
+
+
+class SamplingSection(ReportSection):
+    kind: str = Field(description="the sampler: prioritized or mh (Metropolis-Hastings)")
+    every: int = Field(description="batches of each loader per window")
+    mean_priority: list[tuple[int, float | None]] = Field(
+        description="[batches, mean priority] at each window's end; null: not finite (a diverged run)")
+    effective_sample_size: list[tuple[int, float | None]] = Field(
+        description="[batches, mean effective sample size of the window's batches] per window")
+    top_decile_share: float | None = Field(description="share of the draws that fell in the top decile of "
+                                                       "priorities")
+    acceptance_rate: float | None = Field(None, description="share of proposals accepted (mh only)")
+
+
+register_section("sampling", SamplingSection, "what a non-uniform sampler drew (train/sampling.py)")

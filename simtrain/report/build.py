@@ -19,10 +19,14 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
-from .hw.cluster import Cluster
-from .hw.eventlog import Span, exposed
-from .scenario import Scenario
+from ..hw.cluster import Cluster
+from ..scenario import Scenario
+from ..version import __version__
+from .core import ReportCore
+from .flops import flops_section
+from .parallel import parallel_section
+from .sections import check_section
+from .trace import build_trace
 
 BREAKDOWN_KINDS = ("compute", "communication", "optimizer", "sampling", "bubble")
 FAULT_KINDS = ("checkpoint", "restart")  # in the breakdown of a run with faults or checkpoints
@@ -43,10 +47,16 @@ class RunResult:
     single_device_step_s: float | None  # None: no baseline (a population)
     final_models: list[torch.nn.Module]  # every replica, rank order
     wall_time_s: float
-    extra: dict = field(default_factory=dict)  # technique-specific sections of report.json
+    # report.json's sections beyond the core (each registered by its owner: report/sections.py); a `parallel`
+    # section holds the layout, and build_report adds the bubble and the bytes (report/parallel.py)
+    extra: dict = field(default_factory=dict)
     # device rank -> the device rank whose figures it reports (a representative's: schemes/representatives.py)
     mirror_of: dict[int, int] = field(default_factory=dict)
     status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
+    model_flops_per_step: float | None = None  # train/model_flops.py; None: not known
+    # the global ranks of the job that the sections describe (a population's best member); None: every job's
+    section_ranks: list[int] | None = None
+    model_flops_formula: str | None = None
 
 
 @dataclass
@@ -142,6 +152,19 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
             "capacity_bytes": int(device.spec.memory_bytes),
             "breakdown_s": spent,
         })
+    ranks = sorted(counted)
+    # the ranks whose spans were simulated, of the job the sections describe
+    ran = sorted({result.mirror_of.get(rank, rank) for rank in (result.section_ranks or ranks)})
+    extra = dict(result.extra)
+    if "parallel" in extra:
+        extra["parallel"] = parallel_section(extra["parallel"], log, ran, sim_time)
+    for key, section in extra.items():
+        check_section(key, section)
+    flops = flops_section(
+        result.model_flops_per_step, steps, sim_time,
+        peaks=[cluster.devices[rank].spec.peak_flops[scenario.train.precision] for rank in ranks],
+        device_flops=[log.flops(result.mirror_of.get(rank, rank), "compute") for rank in ranks],
+        formula=result.model_flops_formula)
     per_step = {kind: seconds / len(counted) / steps if steps else None
                 for kind, seconds in breakdown_total.items()}
     links = [
@@ -161,18 +184,20 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "breakdown_s": per_step,
         "scaling_efficiency": (result.single_device_step_s / step_time
                                if step_time and result.single_device_step_s is not None else None),
+        "flops": flops,
         "final_loss": result.final_loss,
         "final_accuracy": result.final_accuracy,
         "loss_curve": [[t, loss] for t, loss in result.loss_curve],
         "train_loss_curve": result.train_loss_curve,
         **({"time_to_target_s": result.time_to_target_s} if scenario.train.target_loss is not None else {}),
-        **result.extra,
+        **extra,
         "devices": devices,
         "links": links,
         **({"shared_memory": _shared_memory_entry(cluster)} if cluster.shared_memory is not None else {}),
         "wall_time_s": result.wall_time_s,
         "simtrain_version": __version__,
     }
+    ReportCore.model_validate({key: value for key, value in data.items() if key not in extra})
     trace = build_trace(cluster) if scenario.report.trace else None
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
 
@@ -188,78 +213,3 @@ def _shared_memory_entry(cluster: Cluster) -> dict:
         "peak_memory_bytes_by_category": dict(store.memory.peak_breakdown),
         "capacity_bytes": store.capacity_bytes,
     }
-
-
-def build_trace(cluster: Cluster) -> dict:
-    """Chrome trace event format: a process per job with a track per device (with idle gaps),
-    and a process of links with a track per busy link."""
-    links_pid = len(cluster.jobs)
-    events = [_meta(index, None, "process_name", f"job {name}") for index, (name, _) in enumerate(cluster.jobs)]
-    events.append(_meta(links_pid, None, "process_name", "links"))
-    spans_by_rank: dict[int, list] = {device.rank: [] for device in cluster.devices}
-    for span in cluster.log.spans:
-        spans_by_rank[span.rank].append(span)
-    for index, (_, ranks) in enumerate(cluster.jobs):
-        for rank in ranks:
-            device = cluster.devices[rank]
-            events.append(_meta(index, rank, "thread_name", f"rank {rank} ({device.node})"))
-            spans = sorted(spans_by_rank[rank], key=lambda s: (s.start, s.end))
-            if cluster.log.overlaps(rank):
-                # Its communication stream gets a track of its own; the device's track shows the exposed part.
-                stream = len(cluster.devices) + rank
-                events.append(_meta(index, stream, "thread_name", f"rank {rank} communication stream"))
-                events.extend(_span(index, stream, span.name, span.kind, span.start, span.end, {"bytes": span.nbytes})
-                              for span in spans if span.kind == "communication")
-                others = [span for span in spans if span.kind != "communication"]
-                parts = exposed([(s.start, s.end) for s in spans if s.kind == "communication"],
-                                [(s.start, s.end) for s in others])
-                spans = sorted(others + [Span(index, rank, "communication", "exposed communication", start, end, 0, 0)
-                                         for start, end in parts], key=lambda s: (s.start, s.end))
-            cursor = 0.0
-            for span in spans:
-                if span.start > cursor:
-                    events.append(_span(index, rank, "idle", "idle", cursor, span.start, {}))
-                args = {"bytes": span.nbytes} if span.nbytes else {}
-                if span.flops:
-                    args["flops"] = span.flops
-                events.append(_span(index, rank, span.name, span.kind, span.start, span.end, args))
-                cursor = max(cursor, span.end)
-            if cluster.log.last_end_s > cursor:
-                events.append(_span(index, rank, "idle", "idle", cursor, cluster.log.last_end_s, {}))
-    for tid, (link, intervals) in enumerate(_link_busy_intervals(cluster).items()):
-        events.append(_meta(links_pid, tid, "thread_name", f"{link[0]} -> {link[1]}"))
-        for start, end, nbytes, flows in intervals:
-            events.append(_span(links_pid, tid, "busy", "link", start, end, {"bytes": nbytes, "transfers": flows}))
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def _link_busy_intervals(cluster: Cluster) -> dict[tuple[str, str], list]:
-    """Per directed link: merged intervals during which transfers crossed it."""
-    crossing: dict[tuple[str, str], list] = {}
-    for record in cluster.network.records:
-        path = record.path
-        for hop in zip(path, path[1:]):
-            crossing.setdefault(hop, []).append((record.start, record.end, record.nbytes))
-    merged = {}
-    for link in sorted(crossing):
-        intervals = []
-        for start, end, nbytes in sorted(crossing[link]):
-            if intervals and start <= intervals[-1][1]:
-                last = intervals[-1]
-                intervals[-1] = (last[0], max(last[1], end), last[2] + nbytes, last[3] + 1)
-            else:
-                intervals.append((start, end, nbytes, 1))
-        merged[link] = intervals
-    return merged
-
-
-def _meta(pid: int, tid, name: str, value: str) -> dict:
-    event = {"ph": "M", "pid": pid, "name": name, "args": {"name": value}}
-    if tid is not None:
-        event["tid"] = tid
-    return event
-
-
-def _span(pid: int, tid: int, name: str, cat: str, start: float, end: float, args: dict) -> dict:
-    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat,
-            "ts": start * 1e6, "dur": (end - start) * 1e6, "args": args}

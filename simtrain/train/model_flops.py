@@ -1,0 +1,72 @@
+"""Model FLOPs of a training step: the arithmetic the model needs, recomputation left out.
+
+Model FLOPs are what MFU (model FLOPs utilization) divides by the devices' peak
+(Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
+appendix B): the FLOPs of one forward and one backward of the model, however
+the run executes them. Recomputed forwards (train.checkpointing) are work the
+devices do but the model does not need, so they are not model FLOPs; they are
+in what the devices ran (report.json's `flops.device_tflops_per_device`).
+
+- `gpt`: PaLM's closed form, per token 6N + 12·L·H·Q·T, with N the weights of
+  the model's matrix multiplies (every Linear's, the language head's included:
+  12·L·h² + V·h for train/gpt.py's model of width h and vocabulary V), L
+  layers, H heads of Q features each (H·Q = h) and T the sequence length; a
+  sample is T tokens. For this model it equals Narayanan et al. 2021
+  ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", eq. 3) without its recomputed forward:
+  72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) for a batch of B sequences, where the
+  paper's 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) counts the forward of every
+  layer a second time.
+- every other model (mlp, cnn, a user's): measured, the forward and backward
+  FLOPs (cost.measure_step_cost, the operator recorder) of one batch of zeros
+  through the model built without checkpointing, on the job's device kind
+  (meta with numerics off, the host CPU with numerics on: a user's model need
+  not run on meta).
+
+    flops = model_flops_per_step(scenario, data, samples=scheme.samples_per_step())
+    flops.per_step, flops.formula
+"""
+from typing import NamedTuple
+
+import torch
+
+from ..cost import measure_step_cost
+from ..scenario import Scenario
+from .data import DataSplits
+from .models import build_model
+
+
+PALM = "6N + 12LHQT per token (PaLM, Chowdhery et al. 2022, appendix B)"
+MEASURED = "measured: forward and backward FLOPs of one batch, without recomputation"
+
+
+class ModelFlops(NamedTuple):
+    per_step: float
+    formula: str  # PALM or MEASURED
+
+
+def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> ModelFlops:
+    """Model FLOPs of a step of `samples` samples (every replica's together)."""
+    if scenario.model.name == "gpt":
+        return ModelFlops(samples * gpt_flops_per_sequence(scenario.model.layers, scenario.model.width,
+                                                           scenario.data.vocab, scenario.data.seq_len), PALM)
+    batch = scenario.data.batch_size
+    return ModelFlops(samples / batch * _measured_flops(scenario, data, batch), MEASURED)
+
+
+def gpt_flops_per_sequence(layers: int, width: int, vocab: int, seq_len: int) -> float:
+    """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/gpt.py's model."""
+    weights = 12 * layers * width**2 + vocab * width
+    return float(seq_len * (6 * weights + 12 * layers * width * seq_len))
+
+
+def _measured_flops(scenario: Scenario, data: DataSplits, batch: int) -> float:
+    """Forward and backward FLOPs of one batch of `batch` samples through the model without checkpointing."""
+    x, y = data.train[0]
+    y = torch.as_tensor(y)
+    device = "cpu" if scenario.numerics else "meta"
+    with torch.device(device):
+        model = build_model(scenario.model, data.info, scenario.seed)
+    cost = measure_step_cost(model, torch.zeros((batch, *x.shape), dtype=x.dtype, device=device),
+                             torch.zeros((batch, *y.shape), dtype=y.dtype, device=device))
+    return cost.forward_flops + cost.backward_flops
