@@ -33,11 +33,11 @@ from rich.table import Table
 from .comm import ALGORITHMS, channel_count
 from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
-from .host_memory import check_scenario_fits_host, require_host_memory
-from .hw.cluster import build_cluster, resolve_cluster
-from .hw.faults import scheduled_faults
+from .host_memory import require_host_memory
+from .hw.cluster import resolve_cluster
 from .hw.topology_builders import BUILDERS
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
+from .preflight import preflight
 from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
@@ -496,13 +496,10 @@ def _rank_list(ranks: list[int]) -> str:
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
 @_errors_name_the_file
 def validate(scenario_file, overrides):
-    """Check a scenario (and build its cluster: topology, devices, shared memory, faults; and check that the
-    host has the memory a run needs) without running it."""
+    """Check a scenario as `simtrain run` does before simulating (the cluster, its faults, the host's memory,
+    the layout and each rank's share of the model, on meta tensors) without running it."""
     scenario = load_scenario(scenario_file, overrides)
-    resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
-    check_scenario_fits_host(scenario, resolved)
-    cluster = resolved.build(record=False, seed=scenario.seed)
-    scheduled_faults(scenario, cluster)
+    cluster = preflight(scenario).build(record=False, seed=scenario.seed)
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
@@ -561,9 +558,28 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
                                                   ("--inter-bandwidth", "--inter-latency"))
     try:
         spec = ClusterSpec.model_validate({key: value for key, value in fields.items() if value is not None})
+        return resolve_cluster(spec).topology()
     except ValidationError as error:
-        raise SimtrainError(f"options: {first_error(error)}") from None
-    return resolve_cluster(spec).topology()
+        raise SimtrainError(_as_options(f"cluster.{first_error(error)}")) from None
+    except SimtrainError as error:
+        raise type(error)(_as_options(str(error))) from None
+
+
+# The scenario keys the topology options set: their errors name the option.
+_OPTION_OF_KEY = {"`cluster.devices: null` takes": "leaving out --devices takes", "cluster.devices": "--devices",
+                  "cluster.topology": "--topology", "cluster.gpus_per_node": "--gpus-per-node",
+                  "cluster.nodes_per_leaf": "--nodes-per-leaf", "cluster.oversubscription": "--oversubscription",
+                  "cluster.link.bandwidth": "--bandwidth", "cluster.link.latency": "--latency",
+                  "cluster.inter_node_link.bandwidth": "--inter-bandwidth",
+                  "cluster.inter_node_link.latency": "--inter-latency", "cluster.link": "--bandwidth",
+                  "cluster.inter_node_link": "--inter-bandwidth"}
+
+
+def _as_options(message: str) -> str:
+    """A cluster section's error as `simtrain topo` and `simtrain collective` word it: options, not keys."""
+    for key, option in _OPTION_OF_KEY.items():
+        message = message.replace(key, option)
+    return message
 
 
 @cli.command()

@@ -203,3 +203,55 @@ def test_cli_shim_runs_from_a_clone():
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(QUICKSTART)],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "ok" in result.stdout
+
+
+GPT_SMALL = ROOT / "scenarios" / "gpt_small.yaml"
+
+
+@pytest.mark.parametrize("scenario,overrides,expected", [
+    (QUICKSTART, ["cluster.devices=16", "parallel.tp=3"], "parallel."),
+    (GPT_SMALL, ["data.vocab=127", "parallel.tp=2"], "parallel.tp: the model cannot be split 2 ways"),
+    (QUICKSTART, ["cluster.devices=16", "parallel.dp=2", "parallel.pp=2", "parallel.tp=2"], "parallel.dp: dp 2 x pp"),
+])
+def test_validate_refuses_what_run_refuses_with_the_same_line(tmp_path, capsys, scenario, overrides, expected):
+    sets = [part for override in overrides for part in ("--set", override)]
+    assert cli("run", str(scenario), *sets, "--out", str(tmp_path), "-q") == 2
+    run_err = capsys.readouterr().err.strip()
+    assert cli("validate", str(scenario), *sets) == 2
+    validate_err = capsys.readouterr().err.strip()
+    assert validate_err == run_err and "\n" not in run_err and expected in run_err
+    assert not (tmp_path / "report.json").exists()  # refused before the clock started
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("train: {stepz: 3}", "train.stepz: unknown field; did you mean `train.steps`?"),
+    ("trian: {steps: 3}", "trian: unknown field; did you mean `train`?"),
+    ("parallel: {pipeline: {microbatch: 2}}",
+     "parallel.pipeline.microbatch: unknown field; did you mean `parallel.pipeline.microbatches`?"),
+    ("parallel: {asynch: {}}", "parallel.asynch: unknown field; did you mean `parallel.async`?"),
+    ("cluster: {devices: 4, colour: red}", "cluster.colour: unknown field"),
+])
+def test_unknown_keys_name_the_nearest_known_one(tmp_path, capsys, text, expected):
+    assert cli("validate", write(tmp_path, text)) == 2
+    assert capsys.readouterr().err.strip().endswith(expected)
+
+
+def test_a_topology_file_against_a_device_count_suggests_null(tmp_path, capsys):
+    (tmp_path / "torus-4x4.yaml").write_text((ROOT / "topologies" / "torus-4x4.yaml").read_text())
+    assert cli("validate", write(tmp_path, "cluster: {devices: 8, topology: torus-4x4.yaml}")) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "cluster.devices: 8 does not match the 16 GPUs of torus-4x4.yaml; `cluster.devices: null` takes the "
+        "file's count")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["topo", "--topology", str(ROOT / "topologies" / "torus-4x4.yaml"), "--devices", "8"],
+     f"--devices: 8 does not match the 16 GPUs of {ROOT / 'topologies' / 'torus-4x4.yaml'}; leaving out --devices "
+     "takes the file's count"),
+    (["topo", "--topology", "hierarchical", "--devices", "6", "--gpus-per-node", "4"], "--gpus-per-node"),
+    (["topo", "--topology", "ring"], "--devices: required by the ring builder"),
+])
+def test_topo_errors_name_its_options(capsys, args, expected):
+    assert cli(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cluster." not in err and expected in err
