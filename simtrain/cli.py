@@ -215,19 +215,23 @@ def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
     step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
+    steps = "updates" if "async" in data else "steps"  # async: every worker's push is one update
+    no_time = "n/a (no step ran)" if not data["steps"] else "n/a (no simulated time)"
+    table.add_row("layout", _layout_line(data))
+    table.add_row("precision", _precision_line(data.get("amp")))
     if data.get("measured"):
-        table.add_row("measured time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps "
+        table.add_row("measured time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} {steps} "
                                        f"(after {data['measurement']['warmup_steps']} warm-up steps)")
     else:
-        table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
-    table.add_row("step time", "n/a" if step is None else format_seconds(step))
+        table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} {steps}")
+    table.add_row(f"{steps[:-1]} time", no_time if step is None else format_seconds(step))
     for kind, seconds in data["breakdown_s"].items():
         if seconds is not None and step and abs(seconds) < FLOAT_NOISE * step:
             seconds = 0.0  # rounding error, not time: shown as 0
         table.add_row(f"  {kind}", "n/a" if seconds is None else
                       format_seconds(seconds) + (f" ({seconds / step:.1%})" if step else ""))
-    table.add_row("throughput", "n/a (no simulated time)" if throughput is None else f"{throughput:,.0f} samples/s")
-    table.add_row("scaling efficiency", "n/a" if scaling is None else f"{scaling:.1%} (weak scaling)")
+    table.add_row("throughput", no_time if throughput is None else f"{throughput:,.0f} samples/s")
+    table.add_row("scaling efficiency", _no_scaling_reason(data) if scaling is None else f"{scaling:.1%} (weak scaling)")
     if data["final_loss"] is None:
         table.add_row("final loss, accuracy", "none: numerics off")
     else:
@@ -245,15 +249,54 @@ def print_summary(data: dict) -> None:
         print_faults(data["faults"])
     if "pbt" in data:
         print_population(data["pbt"])
-    memory = Table(title="peak memory per device")
-    categories = list(dict.fromkeys(c for d in data["devices"] for c in d["peak_memory_bytes_by_category"]))
-    for header in ("rank", "peak", *categories):
-        memory.add_column(header, justify="right")
-    for device in data["devices"]:
-        by_category = device["peak_memory_bytes_by_category"]
-        memory.add_row(str(device["rank"]), format_bytes(device["peak_memory_bytes"]),
-                       *(format_bytes(by_category.get(c, 0)) for c in categories))
-    console.print(memory)
+    console.print(_peak_memory_table(data["devices"]))
+
+
+def _layout_line(data: dict) -> str:
+    """dp × pp × tp (and the pipeline schedule), as report.json's parallel section (or async's) says."""
+    if "async" in data:
+        return f"{data['devices_count']} asynchronous workers, {data['async']['consistency']} updates"
+    parallel = data.get("parallel")
+    if parallel is None:  # a measured run (simtrain launch): data parallel on every rank
+        return f"dp {data['devices_count']}"
+    layout = f"dp {parallel['dp']} × pp {parallel['pp']} × tp {parallel['tp']}"
+    if parallel["pp"] > 1:
+        layout += f" ({parallel['schedule']}, {parallel['microbatches']} microbatches)"
+    return layout
+
+
+def _precision_line(amp: dict | None) -> str:
+    """The precision and, under fp16, the loss scale it ended at and the steps an overflow skipped."""
+    if amp is None:
+        return "fp32"
+    if amp["loss_scale_final"] is None:
+        return f"{amp['precision']} (no loss scaling)"
+    return f"{amp['precision']}, final loss scale {amp['loss_scale_final']:g}, {amp['skipped_steps']} skipped steps"
+
+
+def _no_scaling_reason(data: dict) -> str:
+    """Why a run has no scaling efficiency."""
+    parallel = data.get("parallel") or {}
+    if parallel.get("pp", 1) > 1 or parallel.get("tp", 1) > 1:
+        return "n/a (model split: no one-device baseline)"
+    return "n/a (no step ran)" if not data["steps"] else "n/a (no one-device baseline)"
+
+
+def _peak_memory_table(devices: list[dict]) -> Table:
+    """Peak memory by category, one column per group of ranks whose figures are all the same (as `simtrain
+    memory` shows them): 80 columns hold it."""
+    groups = _same_figures((device["rank"], (device.get("device"), device["peak_memory_bytes"],
+                                              tuple(device["peak_memory_bytes_by_category"].items())))
+                           for device in devices)
+    table = Table(title="peak memory per device")
+    table.add_column("")
+    for ranks in groups.values():
+        table.add_column(_ranks_header(ranks), justify="right")
+    columns = [dict(zip(("device", "peak", "by_category"), key)) for key in groups]
+    for category in dict.fromkeys(c for device in devices for c in device["peak_memory_bytes_by_category"]):
+        table.add_row(category, *(format_bytes(dict(column["by_category"]).get(category, 0)) for column in columns))
+    table.add_row("peak", *(format_bytes(column["peak"]) for column in columns))
+    return table
 
 
 def print_faults(section: dict) -> None:
@@ -461,14 +504,11 @@ def memory(scenario_file, overrides, as_json):
         f"{train.checkpointing.segments} segments"
     table = Table(title=f"{scenario.name}: peak memory of one step, batch {scenario.data.batch_size} per device, "
                         f"{train.precision}, checkpointing {checkpointing}")
-    # One column per group of ranks whose figures are all the same (usually one group).
-    groups: dict[tuple, list[int]] = {}
-    for plan in plans:
-        key = (plan.device, plan.capacity_bytes, plan.peak_bytes, tuple(plan.by_category.items()), plan.largest_batch)
-        groups.setdefault(key, []).append(plan.rank)
+    groups = _same_figures((plan.rank, (plan.device, plan.capacity_bytes, plan.peak_bytes,
+                                        tuple(plan.by_category.items()), plan.largest_batch)) for plan in plans)
     table.add_column("")
     for ranks in groups.values():
-        table.add_column(f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}", justify="right")
+        table.add_column(_ranks_header(ranks), justify="right")
     columns = [plans[ranks[0]] for ranks in groups.values()]
     table.add_row("device", *(plan.device for plan in columns))
     table.add_row("capacity", *(format_bytes(plan.capacity_bytes) for plan in columns))
@@ -478,6 +518,18 @@ def memory(scenario_file, overrides, as_json):
                             for plan in columns))
     table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
     console.print(table)
+
+
+def _same_figures(ranks_and_figures) -> dict[tuple, list[int]]:
+    """Ranks grouped by their figures, in rank order: a table shows one column per group (usually one)."""
+    groups: dict[tuple, list[int]] = {}
+    for rank, figures in ranks_and_figures:
+        groups.setdefault(figures, []).append(rank)
+    return groups
+
+
+def _ranks_header(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}"
 
 
 def _rank_list(ranks: list[int]) -> str:

@@ -255,3 +255,40 @@ def test_topo_errors_name_its_options(capsys, args, expected):
     assert cli(*args) == 2
     err = capsys.readouterr().err.strip()
     assert "cluster." not in err and expected in err
+
+
+def summary_lines(capsys, data) -> list[str]:
+    capsys.readouterr()
+    print_summary(data)
+    return capsys.readouterr().out.splitlines()
+
+
+def test_the_summary_shows_the_layout_precision_and_why_a_figure_is_missing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli("run", str(GPT_SMALL), "--set", "train.steps=4", "--set", "cluster.devices=8", "--set", "parallel.pp=2",
+               "--set", "parallel.tp=2", "--set", "train.precision=fp16", "--out", str(out), "-q") == 0
+    data = json.loads((out / "report.json").read_text())
+    lines = summary_lines(capsys, data)
+    text = "\n".join(lines)
+    assert "│ layout" in text and "dp 2 × pp 2 × tp 2 (1f1b, 4 microbatches)" in text
+    scale = data["amp"]["loss_scale_final"]
+    assert f"fp16, final loss scale {scale:g}, {data['amp']['skipped_steps']} skipped steps" in text
+    assert data["scaling_efficiency"] is None and "n/a (model split: no one-device baseline)" in text
+    # Memory: the ranks of a pipeline stage hold the same, one column per stage, within 80 columns.
+    stages = data["parallel"]["stage_of_rank"]
+    groups = [[rank for rank in range(8) if stages[rank] == stage] for stage in (0, 1)]
+    header = next(line for line in lines if "ranks " in line)
+    assert [part.strip() for part in header.strip("┃").split("┃")[1:]] == [
+        f"ranks {','.join(f'{g[0]}-{g[1]}' for g in zip(group[::2], group[1::2]))}" for group in groups]
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_an_async_summary_counts_updates(tmp_path, capsys):
+    out = tmp_path / "run"
+    scenario = ROOT / "scenarios" / "async_vs_sync_straggler.yaml"
+    assert cli("run", str(scenario), "--set", "train.steps=10", "--out", str(out), "-q") == 0
+    data = json.loads((out / "report.json").read_text())
+    text = "\n".join(summary_lines(capsys, data))
+    assert f"over {data['steps']} updates" in text and "│ update time" in text and " steps" not in text
+    assert f"{data['devices_count']} asynchronous workers, {data['async']['consistency']} updates" in text
+    assert "fp32 (no loss scaling)" in text
