@@ -109,6 +109,7 @@ def test_same_scenario_same_bytes(tmp_path):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow
 def test_validate_accepts_shipped_scenarios(capsys):
     for path in sorted((ROOT / "scenarios").glob("**/*.yaml")):  # scenarios/megatron/ too
         assert cli("validate", str(path)) == 0
@@ -199,6 +200,7 @@ def test_collective_json_lines(capsys):
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 7 / 8)
 
 
+@pytest.mark.slow
 def test_cli_shim_runs_from_a_clone():
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(QUICKSTART)],
                             capture_output=True, text=True, cwd=ROOT)
