@@ -294,3 +294,10 @@ def test_an_async_summary_counts_updates(tmp_path, capsys):
     assert f"over {data['steps']} updates" in text and "│ update time" in text and " steps" not in text
     assert f"{data['devices_count']} asynchronous workers, {data['async']['consistency']} updates" in text
     assert "fp32 (no loss scaling)" in text
+
+
+def test_quiet_still_says_where_the_outputs_went(tmp_path, capsys):
+    assert cli("run", str(QUICKSTART), *FAST, "--out", str(tmp_path), "-q") == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == f"wrote {tmp_path}/report.json, scenario.resolved.yaml, trace.json, final_model.pt"
+    assert captured.err == ""
