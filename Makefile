@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test docs bench clean
+.PHONY: install run test test-fast docs bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# The suite without its slow tests, real gloo processes and the docs' pages (pytest markers, pyproject.toml).
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow and not gloo and not docs"
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

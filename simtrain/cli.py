@@ -33,11 +33,11 @@ from rich.table import Table
 from .comm import ALGORITHMS, channel_count
 from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
-from .host_memory import check_scenario_fits_host, require_host_memory
-from .hw.cluster import build_cluster, resolve_cluster
-from .hw.faults import scheduled_faults
+from .host_memory import require_host_memory
+from .hw.cluster import resolve_cluster
 from .hw.topology_builders import BUILDERS
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
+from .preflight import preflight
 from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
@@ -45,8 +45,9 @@ from .scenario.fields import first_error
 from .schemes import scheme_name
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
+from .views import (console, print_calibration, print_comparison, print_summary, print_sweep, ranks_header,
+                    same_figures)
 
-console = Console()
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
 
@@ -75,7 +76,7 @@ def cli():
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/<name>/).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary: only where the outputs went.")
 @click.option("--no-numerics", is_flag=True, help="Meta tensors: times, bytes and memory without arithmetic "
               "(as --set numerics=false).")
 @_errors_name_the_file
@@ -98,10 +99,12 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("sim {task.fields[sim]:.4g} s  loss {task.fields[loss]:.4f}"), TimeElapsedColumn())
         with Progress(*columns, console=err_console, transient=True) as progress:
-            task = progress.add_task(scenario.name, total=population * scenario.train.steps, sim=0.0,
-                                     loss=float("nan"))
+            # "preparing" while the cluster and the job are built: until the first step ends.
+            task = progress.add_task(f"{scenario.name}: preparing", total=population * scenario.train.steps,
+                                     sim=0.0, loss=float("nan"))
             report = run(scenario, on_step=lambda step, now, loss: progress.update(
-                task, completed=step + 1, sim=now, loss=float("nan") if loss is None else loss))
+                task, description=scenario.name, completed=step + 1, sim=now,
+                loss=float("nan") if loss is None else loss))
     written = report.write(out)
     if scenario.pbt is not None:
         plot_population(report.data["pbt"], out / "pbt.png")
@@ -110,7 +113,7 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
         print_summary(report.data)
-        console.print(f"wrote {out}/" + ", ".join(path.name for path in written))
+    console.print(f"wrote {out}/" + ", ".join(path.name for path in written), soft_wrap=True)
     if report.data["status"] == "failed":
         err_console.print(f"job failed: {one_line(report.data['failure'])} (wrote {out}/report.json)",
                           markup=False, highlight=False, soft_wrap=True)
@@ -175,131 +178,8 @@ def calibrate(nproc, out_dir, backend, model_of, sizes, repeats):
     summary = calibrate_real(nproc, out, backend=backend, model_of=model_of, sizes=size_list, repeats=repeats)
     if summary is None:
         return
-    fits = Table(title=f"point to point, α-β fit ({summary['ranks']} ranks, {summary['backend']})")
-    for header in ("pair", "latency α", "bandwidth β", "largest |residual|", "residuals by size"):
-        fits.add_column(header, justify="right")
-    for pair, fit in summary["pingpong"].items():
-        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
-        fits.add_row(pair, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
-                     f"{max(abs(r) for r in fit['residuals']):.1%}", " ".join(f"{r:+.0%}" for r in fit["residuals"]))
-    for kind, fit in summary["link_classes"].items():
-        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
-        fits.add_row(kind, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
-                     f"{fit['max_abs_residual']:.1%}", "(written to topology.yaml)")
-    console.print(fits)
-    table = Table(title="ring all-reduce (simtrain's program): measured, and predicted on topology.yaml")
-    for header in ("bytes", "time", "busbw", "predicted", "error"):
-        table.add_column(header, justify="right")
-    for row in summary["all_reduce"]:
-        table.add_row(str(row["bytes"]), format_seconds(row["time_s"]), f"{row['busbw_GBps']:.3f} GB/s",
-                      format_seconds(row["predicted_time_s"]), f"{row['error']:+.1%}")
-    console.print(table)
-    compute = Table(title=f"compute per rank, all ranks at once ({summary['model_of'] or 'Linear layers'}): "
-                          "t = overhead x kernels + FLOPs / rate")
-    for header in ("dtype", "rate (device.yaml)", "overhead per kernel", "largest |residual|"):
-        compute.add_column(header, justify="right")
-    for dtype, fit in summary["compute"].items():
-        compute.add_row(dtype, f"{fit['flops_per_s'] / 1e9:.2f} GFLOP/s", format_seconds(fit["kernel_overhead_s"]),
-                        f"{fit['max_abs_residual']:.1%}")
-    console.print(compute)
-    console.print(f"memory bandwidth: {summary['memory_bandwidth_Bps'] / 1e9:.2f} GB/s ({summary['memory_bandwidth_what']})")
+    print_calibration(summary)
     console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json")
-
-
-# A part of the step time this much smaller than it is rounding error: sums of many spans, each off by one
-# unit in the last place (2.2e-16 relative), and a difference of such sums.
-FLOAT_NOISE = 1e-9
-
-
-def print_summary(data: dict) -> None:
-    """The terminal view of report.json."""
-    table = Table(title=f"{data['name']}: {data['scheme']} on {data['devices_count']} devices", show_header=False)
-    step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
-    if data.get("measured"):
-        table.add_row("measured time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps "
-                                       f"(after {data['measurement']['warmup_steps']} warm-up steps)")
-    else:
-        table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} steps")
-    table.add_row("step time", "n/a" if step is None else format_seconds(step))
-    for kind, seconds in data["breakdown_s"].items():
-        if seconds is not None and step and abs(seconds) < FLOAT_NOISE * step:
-            seconds = 0.0  # rounding error, not time: shown as 0
-        table.add_row(f"  {kind}", "n/a" if seconds is None else
-                      format_seconds(seconds) + (f" ({seconds / step:.1%})" if step else ""))
-    table.add_row("throughput", "n/a (no simulated time)" if throughput is None else f"{throughput:,.0f} samples/s")
-    table.add_row("scaling efficiency", "n/a" if scaling is None else f"{scaling:.1%} (weak scaling)")
-    flops = data["flops"]
-    if flops["tflops_per_device"] is not None:
-        table.add_row("model TFLOP/s per device", f"{flops['tflops_per_device']:.3g} "
-                                                  f"(of {flops['peak_tflops_per_device']:.3g} peak)")
-        table.add_row("MFU", f"{flops['mfu']:.1%}" + (
-            f" (devices ran {flops['device_flops_utilization']:.1%} of peak, recomputation included)"
-            if flops["device_flops_utilization"] != flops["mfu"] else ""))
-    if data["final_loss"] is None:
-        table.add_row("final loss, accuracy", "none: numerics off")
-    else:
-        table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
-        table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
-    if "time_to_target_s" in data:
-        target = data["time_to_target_s"]
-        table.add_row("time to target loss", "never" if target is None else format_seconds(target))
-    if "async" in data:
-        section = data["async"]
-        table.add_row("staleness mean / max", f"{section['staleness_mean']:.2f} / {section['staleness_max']}")
-        table.add_row("lock wait (all workers)", format_seconds(section['lock_wait_s']))
-    console.print(table)
-    if "faults" in data:
-        print_faults(data["faults"])
-    if "pbt" in data:
-        print_population(data["pbt"])
-    memory = Table(title="peak memory per device")
-    categories = list(dict.fromkeys(c for d in data["devices"] for c in d["peak_memory_bytes_by_category"]))
-    for header in ("rank", "peak", *categories):
-        memory.add_column(header, justify="right")
-    for device in data["devices"]:
-        by_category = device["peak_memory_bytes_by_category"]
-        memory.add_row(str(device["rank"]), format_bytes(device["peak_memory_bytes"]),
-                       *(format_bytes(by_category.get(c, 0)) for c in categories))
-    console.print(memory)
-
-
-def print_faults(section: dict) -> None:
-    """Every fault and what it did, then the checkpoints, the time lost and goodput."""
-    goodput = "n/a" if section["goodput"] is None else f"{section['goodput']:.1%}"
-    table = Table(title=f"faults: goodput {goodput} (fault-free "
-                        f"{format_seconds(section['fault_free_time_s'])}), {section['restarts']} restart(s), "
-                        f"{section['steps_redone']} step(s) redone, time lost {format_seconds(section['time_lost_s'])}",
-                  show_header=True)
-    for header in ("at", "source", "fault", "what it did"):
-        table.add_column(header, justify="right" if header == "at" else "left", overflow="fold")
-    for event in section["events"]:
-        kind, how = event["kind"].split("_")
-        what = f"link {'-'.join(event['link'])}" if kind == "link" else f"device {event['device']}"
-        detail = {key: value for key, value in event.items() if key not in ("at_s", "source", "kind", "link", "device")}
-        table.add_row(format_seconds(event["at_s"]), event["source"], f"{what} {how}",
-                      ", ".join(f"{key} {format_seconds(value) if key.endswith('_s') else value}"
-                                for key, value in detail.items()) or "-")
-    console.print(table)
-    console.print(f"checkpoints: {section['checkpoints_committed']} committed, "
-                  f"{format_bytes(section['checkpoint_bytes_per_rank'])} per rank, "
-                  f"{format_seconds(section['checkpoint_time_s'])} writing per rank")
-
-
-def print_population(section: dict) -> None:
-    """The population: each member's devices, final metric, hyperparameters now and exploits received."""
-    metric = section["metric"]
-    table = Table(title=f"population ({metric['name']}, {metric['mode']}; best: member {section['best']}, "
-                        f"copying took {format_seconds(section['copy_time_s'])} of member time)")
-    names = list(section["members"][0]["schedule"][-1][2])
-    for header in ("member", "ranks", "steps", f"final {metric['name']}", *names, "copied from (step)"):
-        table.add_column(header, justify="right")
-    for member in section["members"]:
-        copies = [f"{event['from']} ({event['step']})" for event in section["events"] if event["to"] == member["id"]]
-        values = member["schedule"][-1][2]
-        table.add_row(("* " if member["id"] == section["best"] else "") + str(member["id"]),
-                      _rank_list(member["ranks"]), str(member["steps"]), f"{member['final_metric']:.4f}",
-                      *(f"{values[name]:.4g}" for name in names), ", ".join(copies) or "-")
-    console.print(table)
 
 
 @cli.group()
@@ -359,24 +239,7 @@ def compare(scenario_files, variants, overrides, out_dir):
     out = output_folder(out_dir or Path("runs") / f"compare-{Path(scenario_files[0]).stem}", "--out")
     rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
         f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
-    table = Table(title=f"{len(rows)} runs")
-    for header in ("run", "scheme", "step time", "final loss", "accuracy", "idle", "peak memory",
-                   "bytes dp/pp/tp", "time to target", "staleness mean/max"):
-        table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold")
-    for row in rows:
-        target, kinds = row["time_to_target_s"], row["bytes_by_kind"]
-        staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
-        step = row["status"].replace("_", " ") if row["status"] != "ok" else format_seconds(row["step_time_s"])
-        table.add_row(row["label"], row["scheme"], step,
-                      "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
-                      "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
-                      "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}",
-                      format_bytes(row["peak_memory_bytes"]),
-                      "-" if kinds is None else "/".join(format_bytes(kinds[kind]) for kind in
-                                                         ("dp_allreduce", "pp_p2p", "tp_allreduce")),
-                      "-" if target is None else format_seconds(target), staleness)
-    # Piped or captured output gets room for whole labels; a terminal folds them.
-    (console if console.is_terminal else Console(width=150)).print(table)
+    print_comparison(rows)
     console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
 
 
@@ -419,30 +282,15 @@ def _compare_folders(folders, variants, overrides, out_dir) -> None:
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/sweep-<name>/).")
 def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir):
     """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table."""
-    from .studies.sweep import first_text, parse_grid, plan_points, run_sweep
+    from .studies.sweep import first_text, parse_grid, run_sweep
 
     parsed = [parse_grid(grid) for grid in grids]
-    total = len(plan_points(parsed))
     out = output_folder(out_dir or Path("runs") / f"sweep-{Path(scenario_file).stem}", "--out")
     rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
                      metric=metric, on_done=lambda done, runs: err_console.print(
                          f"[{done}/{runs}] runs done", markup=False, highlight=False))
-    table = Table(title=f"{total} runs")
-    for header in (*(grid.path for grid in parsed), "status", "step time", "throughput", "efficiency",
-                   "communication", "peak memory", "final loss"):
-        table.add_column(header, justify="left" if header == "status" else "right", overflow="fold")
-    for row in rows:
-        ok = row["step_time_s"] is not None
-        table.add_row(*(first_text(grid, row[grid.path]) for grid in parsed),
-                      row["status"].replace("_", " ") if row["status"] == "ok" else
-                      f"{row['status'].replace('_', ' ')}: {row['error']}",
-                      format_seconds(row["step_time_s"]) if ok else "-",
-                      f"{row['throughput_samples_per_s']:,.0f}/s" if ok else "-",
-                      "-" if row["scaling_efficiency"] is None else f"{row['scaling_efficiency']:.1%}",
-                      format_seconds(row["communication_s"]) if ok else "-",
-                      "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),
-                      "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}")
-    (console if console.is_terminal else Console(width=150)).print(table)
+    print_sweep(rows, [grid.path for grid in parsed],
+                [[first_text(grid, row[grid.path]) for grid in parsed] for row in rows])
     console.print(f"wrote {out}/sweep.csv, sweep.json, sweep.png and runs/<index>/report.json")
 
 
@@ -468,14 +316,11 @@ def memory(scenario_file, overrides, as_json):
         f"{train.checkpointing.segments} segments"
     table = Table(title=f"{scenario.name}: peak memory of one step, batch {scenario.data.batch_size} per device, "
                         f"{train.precision}, checkpointing {checkpointing}")
-    # One column per group of ranks whose figures are all the same (usually one group).
-    groups: dict[tuple, list[int]] = {}
-    for plan in plans:
-        key = (plan.device, plan.capacity_bytes, plan.peak_bytes, tuple(plan.by_category.items()), plan.largest_batch)
-        groups.setdefault(key, []).append(plan.rank)
+    groups = same_figures((plan.rank, (plan.device, plan.capacity_bytes, plan.peak_bytes,
+                                        tuple(plan.by_category.items()), plan.largest_batch)) for plan in plans)
     table.add_column("")
     for ranks in groups.values():
-        table.add_column(f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}", justify="right")
+        table.add_column(ranks_header(ranks), justify="right")
     columns = [plans[ranks[0]] for ranks in groups.values()]
     table.add_row("device", *(plan.device for plan in columns))
     table.add_row("capacity", *(format_bytes(plan.capacity_bytes) for plan in columns))
@@ -487,29 +332,15 @@ def memory(scenario_file, overrides, as_json):
     console.print(table)
 
 
-def _rank_list(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    runs, start = [], ranks[0]
-    for index, rank in enumerate(ranks):
-        following = ranks[index + 1] if index + 1 < len(ranks) else None
-        if following != rank + 1:
-            runs.append(str(start) if start == rank else f"{start}-{rank}")
-            start = following
-    return ",".join(runs)
-
-
 @cli.command()
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
 @_errors_name_the_file
 def validate(scenario_file, overrides):
-    """Check a scenario (and build its cluster: topology, devices, shared memory, faults; and check that the
-    host has the memory a run needs) without running it."""
+    """Check a scenario as `simtrain run` does before simulating (the cluster, its faults, the host's memory,
+    the layout and each rank's share of the model, on meta tensors) without running it."""
     scenario = load_scenario(scenario_file, overrides)
-    resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
-    check_scenario_fits_host(scenario, resolved)
-    cluster = resolved.build(record=False, seed=scenario.seed)
-    scheduled_faults(scenario, cluster)
+    cluster = preflight(scenario).build(record=False, seed=scenario.seed)
     counts = Counter(device.spec.name for device in cluster.devices)
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
@@ -568,9 +399,28 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
                                                   ("--inter-bandwidth", "--inter-latency"))
     try:
         spec = ClusterSpec.model_validate({key: value for key, value in fields.items() if value is not None})
+        return resolve_cluster(spec).topology()
     except ValidationError as error:
-        raise SimtrainError(f"options: {first_error(error)}") from None
-    return resolve_cluster(spec).topology()
+        raise SimtrainError(_as_options(f"cluster.{first_error(error)}")) from None
+    except SimtrainError as error:
+        raise type(error)(_as_options(str(error))) from None
+
+
+# The scenario keys the topology options set: their errors name the option.
+_OPTION_OF_KEY = {"`cluster.devices: null` takes": "leaving out --devices takes", "cluster.devices": "--devices",
+                  "cluster.topology": "--topology", "cluster.gpus_per_node": "--gpus-per-node",
+                  "cluster.nodes_per_leaf": "--nodes-per-leaf", "cluster.oversubscription": "--oversubscription",
+                  "cluster.link.bandwidth": "--bandwidth", "cluster.link.latency": "--latency",
+                  "cluster.inter_node_link.bandwidth": "--inter-bandwidth",
+                  "cluster.inter_node_link.latency": "--inter-latency", "cluster.link": "--bandwidth",
+                  "cluster.inter_node_link": "--inter-bandwidth"}
+
+
+def _as_options(message: str) -> str:
+    """A cluster section's error as `simtrain topo` and `simtrain collective` word it: options, not keys."""
+    for key, option in _OPTION_OF_KEY.items():
+        message = message.replace(key, option)
+    return message
 
 
 @cli.command()

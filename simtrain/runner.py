@@ -32,11 +32,11 @@ from pydantic import Field
 
 from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
-from .host_memory import check_scenario_fits_host
-from .hw.cluster import resolve_cluster, run_to_end
+from .hw.cluster import run_to_end
 from .hw.faults import FaultInjector, scheduled_faults
 from .job import Job
 from .memory_plan import largest_batch
+from .preflight import preflight
 from .recovery import Recovery
 from .report import Report, RunResult, build_report
 from .report.sections import ReportSection, register_section
@@ -61,8 +61,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
     """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step (update, for async)."""
     if scenario.pbt is not None:
         raise ScenarioError("pbt: a population runs with simtrain.run_population (simtrain/studies/pbt.py)")
-    resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # read and checked once, before anything
-    check_scenario_fits_host(scenario, resolved)
+    resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
     wall_start = time.perf_counter()
     steps = scenario.train.steps
     faulty = has_faults(scenario)

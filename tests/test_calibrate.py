@@ -73,6 +73,7 @@ def scenario_file(folder, **extra):
     return path
 
 
+@pytest.mark.gloo
 @pytest.mark.parametrize("with_model", [False, True])
 def test_calibrate_writes_files_run_takes(tmp_path, with_model):
     model_of = scenario_file(tmp_path) if with_model else None

@@ -109,6 +109,7 @@ def test_same_scenario_same_bytes(tmp_path):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow
 def test_validate_accepts_shipped_scenarios(capsys):
     for path in sorted((ROOT / "scenarios").glob("**/*.yaml")):  # scenarios/megatron/ too
         assert cli("validate", str(path)) == 0
@@ -199,7 +200,104 @@ def test_collective_json_lines(capsys):
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 7 / 8)
 
 
+@pytest.mark.slow
 def test_cli_shim_runs_from_a_clone():
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(QUICKSTART)],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "ok" in result.stdout
+
+
+GPT_SMALL = ROOT / "scenarios" / "gpt_small.yaml"
+
+
+@pytest.mark.parametrize("scenario,overrides,expected", [
+    (QUICKSTART, ["cluster.devices=16", "parallel.tp=3"], "parallel."),
+    (GPT_SMALL, ["data.vocab=127", "parallel.tp=2"], "parallel.tp: the model cannot be split 2 ways"),
+    (QUICKSTART, ["cluster.devices=16", "parallel.dp=2", "parallel.pp=2", "parallel.tp=2"], "parallel.dp: dp 2 x pp"),
+])
+def test_validate_refuses_what_run_refuses_with_the_same_line(tmp_path, capsys, scenario, overrides, expected):
+    sets = [part for override in overrides for part in ("--set", override)]
+    assert cli("run", str(scenario), *sets, "--out", str(tmp_path), "-q") == 2
+    run_err = capsys.readouterr().err.strip()
+    assert cli("validate", str(scenario), *sets) == 2
+    validate_err = capsys.readouterr().err.strip()
+    assert validate_err == run_err and "\n" not in run_err and expected in run_err
+    assert not (tmp_path / "report.json").exists()  # refused before the clock started
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("train: {stepz: 3}", "train.stepz: unknown field; did you mean `train.steps`?"),
+    ("trian: {steps: 3}", "trian: unknown field; did you mean `train`?"),
+    ("parallel: {pipeline: {microbatch: 2}}",
+     "parallel.pipeline.microbatch: unknown field; did you mean `parallel.pipeline.microbatches`?"),
+    ("parallel: {asynch: {}}", "parallel.asynch: unknown field; did you mean `parallel.async`?"),
+    ("cluster: {devices: 4, colour: red}", "cluster.colour: unknown field"),
+])
+def test_unknown_keys_name_the_nearest_known_one(tmp_path, capsys, text, expected):
+    assert cli("validate", write(tmp_path, text)) == 2
+    assert capsys.readouterr().err.strip().endswith(expected)
+
+
+def test_a_topology_file_against_a_device_count_suggests_null(tmp_path, capsys):
+    (tmp_path / "torus-4x4.yaml").write_text((ROOT / "topologies" / "torus-4x4.yaml").read_text())
+    assert cli("validate", write(tmp_path, "cluster: {devices: 8, topology: torus-4x4.yaml}")) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "cluster.devices: 8 does not match the 16 GPUs of torus-4x4.yaml; `cluster.devices: null` takes the "
+        "file's count")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["topo", "--topology", str(ROOT / "topologies" / "torus-4x4.yaml"), "--devices", "8"],
+     f"--devices: 8 does not match the 16 GPUs of {ROOT / 'topologies' / 'torus-4x4.yaml'}; leaving out --devices "
+     "takes the file's count"),
+    (["topo", "--topology", "hierarchical", "--devices", "6", "--gpus-per-node", "4"], "--gpus-per-node"),
+    (["topo", "--topology", "ring"], "--devices: required by the ring builder"),
+])
+def test_topo_errors_name_its_options(capsys, args, expected):
+    assert cli(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cluster." not in err and expected in err
+
+
+def summary_lines(capsys, data) -> list[str]:
+    capsys.readouterr()
+    print_summary(data)
+    return capsys.readouterr().out.splitlines()
+
+
+def test_the_summary_shows_the_layout_precision_and_why_a_figure_is_missing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli("run", str(GPT_SMALL), "--set", "train.steps=4", "--set", "cluster.devices=8", "--set", "parallel.pp=2",
+               "--set", "parallel.tp=2", "--set", "train.precision=fp16", "--out", str(out), "-q") == 0
+    data = json.loads((out / "report.json").read_text())
+    lines = summary_lines(capsys, data)
+    text = "\n".join(lines)
+    assert "│ layout" in text and "dp 2 × pp 2 × tp 2 (1f1b, 4 microbatches)" in text
+    scale = data["amp"]["loss_scale_final"]
+    assert f"fp16, final loss scale {scale:g}, {data['amp']['skipped_steps']} skipped steps" in text
+    assert data["scaling_efficiency"] is None and "n/a (model split: no one-device baseline)" in text
+    # Memory: the ranks of a pipeline stage hold the same, one column per stage, within 80 columns.
+    stages = data["parallel"]["stage_of_rank"]
+    groups = [[rank for rank in range(8) if stages[rank] == stage] for stage in (0, 1)]
+    header = next(line for line in lines if "ranks " in line)
+    assert [part.strip() for part in header.strip("┃").split("┃")[1:]] == [
+        f"ranks {','.join(f'{g[0]}-{g[1]}' for g in zip(group[::2], group[1::2]))}" for group in groups]
+    assert max(len(line) for line in lines) <= 80
+
+
+def test_an_async_summary_counts_updates(tmp_path, capsys):
+    out = tmp_path / "run"
+    scenario = ROOT / "scenarios" / "async_vs_sync_straggler.yaml"
+    assert cli("run", str(scenario), "--set", "train.steps=10", "--out", str(out), "-q") == 0
+    data = json.loads((out / "report.json").read_text())
+    text = "\n".join(summary_lines(capsys, data))
+    assert f"over {data['steps']} updates" in text and "│ update time" in text and " steps" not in text
+    assert f"{data['devices_count']} asynchronous workers, {data['async']['consistency']} updates" in text
+    assert "fp32 (no loss scaling)" in text
+
+
+def test_quiet_still_says_where_the_outputs_went(tmp_path, capsys):
+    assert cli("run", str(QUICKSTART), *FAST, "--out", str(tmp_path), "-q") == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == f"wrote {tmp_path}/report.json, scenario.resolved.yaml, trace.json, final_model.pt"
+    assert captured.err == ""

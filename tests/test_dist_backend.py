@@ -68,15 +68,15 @@ def collectives(rank, world):
     dist.all_gather(gathered, seeded(rank, NUMEL, 2))
     out["all_gather"] = torch.cat(gathered)
     into = torch.empty(world * NUMEL)
-    dist.all_gather_into_tensor(into, seeded(rank, NUMEL, 2))
-    out["all_gather_into_tensor"] = into
+    dist.all_gather_single(into, seeded(rank, NUMEL, 2))
+    out["all_gather_single"] = into
     for name in ("sum", "max"):
         scattered = torch.empty(3)
         dist.reduce_scatter(scattered, list(seeded(rank, 3 * world, 3).split(3)), op=OPS[name])
         out[f"reduce_scatter_{name}"] = scattered
     scattered = torch.empty(3)
-    dist.reduce_scatter_tensor(scattered, seeded(rank, 3 * world, 3))
-    out["reduce_scatter_tensor"] = scattered
+    dist.reduce_scatter_single(scattered, seeded(rank, 3 * world, 3))
+    out["reduce_scatter_single"] = scattered
     outputs = [torch.empty(3) for _ in range(world)]
     dist.all_to_all(outputs, list(seeded(rank, 3 * world, 4).split(3)))  # gloo's takes equal sizes
     out["all_to_all"] = torch.cat(outputs)
@@ -139,6 +139,7 @@ def gloo_and_simtrain(request):
     return world, run_on_gloo(user_code, world), simtrain.dist.spawn(simtrain_rank, world=world)
 
 
+@pytest.mark.gloo
 def test_same_code_gives_what_gloo_gives_collectives_and_ddp(gloo_and_simtrain):
     world, gloo, simulated = gloo_and_simtrain
     for rank in range(world):
@@ -147,6 +148,7 @@ def test_same_code_gives_what_gloo_gives_collectives_and_ddp(gloo_and_simtrain):
             torch.testing.assert_close(simulated[rank][name], value, rtol=0, atol=1e-5, msg=f"rank {rank} {name}")
 
 
+@pytest.mark.gloo
 def test_collectives_meet_their_definitions(gloo_and_simtrain):
     world, _, simulated = gloo_and_simtrain
     inputs = torch.stack([seeded(r, NUMEL) for r in range(world)])
@@ -165,11 +167,11 @@ def test_collectives_meet_their_definitions(gloo_and_simtrain):
             assert torch.equal(result["gather"], torch.cat([seeded(r, NUMEL, 9) for r in range(world)]))
         assert torch.equal(result["scatter"], seeded(world - 1, world * NUMEL, 10)[rank * NUMEL:(rank + 1) * NUMEL])
         everyone = torch.cat([seeded(r, NUMEL, 2) for r in range(world)])
-        assert torch.equal(result["all_gather"], everyone) and torch.equal(result["all_gather_into_tensor"], everyone)
+        assert torch.equal(result["all_gather"], everyone) and torch.equal(result["all_gather_single"], everyone)
         mine = slice(3 * rank, 3 * rank + 3)
         torch.testing.assert_close(result["reduce_scatter_sum"], scatter_inputs[:, mine].sum(0))
         assert torch.equal(result["reduce_scatter_max"], scatter_inputs[:, mine].max(0).values)
-        torch.testing.assert_close(result["reduce_scatter_tensor"], scatter_inputs[:, mine].sum(0))
+        torch.testing.assert_close(result["reduce_scatter_single"], scatter_inputs[:, mine].sum(0))
         assert torch.equal(result["all_to_all"], torch.cat([seeded(src, 3 * world, 4)[3 * rank:3 * rank + 3]
                                                             for src in range(world)]))
         sent_to_me = []

@@ -13,6 +13,8 @@ from simtrain.comm.simulated import SimCommunicator
 from simtrain.hw.network import Network
 from simtrain.hw.topology_builders import LinkClass, build_topology
 
+pytestmark = pytest.mark.gloo  # real torch.distributed processes
+
 NUMEL = 1001  # chunks that do not divide evenly
 # (algorithm, channels): channels None is the default, one per rail across the two hosts
 CASES = [*((algorithm, None) for algorithm in ALGORITHMS), ("ring", 3), ("hierarchical", 2), ("dbtree", 3)]

@@ -1,4 +1,5 @@
 """The gloo DDP reference trains, and equals one process on both ranks' batches concatenated."""
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
@@ -8,6 +9,8 @@ from simtrain.scenario import ModelSpec, OptimizerSpec
 from simtrain.train.data import load_dataset
 from simtrain.train.models import build_model
 from simtrain.train.optim import build_optimizer
+
+pytestmark = pytest.mark.gloo  # real torch.distributed processes
 
 SEED, STEPS, HIDDEN, BATCH, LR, MOMENTUM = 3, 5, [32], 32, 0.1, 0.9
 

@@ -106,6 +106,7 @@ def delete_path(raw: dict, path: tuple) -> None:
     node.pop(path[-1], None)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     changes=st.lists(st.tuples(st.sampled_from(PATHS), HOSTILE_VALUES), max_size=4),
@@ -379,6 +380,7 @@ def test_user_data_that_ends_the_process():
         load_dataset("sys:exit", {}, seed=0)
 
 
+@pytest.mark.slow
 def test_user_code_runs_in_a_real_process_without_exiting_0(tmp_path):
     """`sys:exit` used to end the process with code 0 and no report."""
     path = tmp_path / "s.yaml"

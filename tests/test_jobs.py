@@ -157,6 +157,7 @@ def technique(name, batch=32, steps=2, memory=None):
     })
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TECHNIQUES)
 def test_the_memory_plan_holds_what_a_run_holds(name):
     spec = technique(name, steps=6)  # async: two updates per worker
@@ -167,6 +168,7 @@ def test_the_memory_plan_holds_what_a_run_holds(name):
         assert plan.by_category == device["peak_memory_bytes_by_category"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TECHNIQUES)
 def test_the_largest_batch_that_fits_fits_and_one_more_sample_does_not(name):
     capacity = plan_memory(technique(name), batch_size=100)[0].peak_bytes  # so that about 100 fit
@@ -179,6 +181,7 @@ def test_the_largest_batch_that_fits_fits_and_one_more_sample_does_not(name):
     assert too_big.data["out_of_memory"]["largest_batch_size_that_fits"] == largest
 
 
+@pytest.mark.slow
 def test_batchnorm_models_are_planned_from_two_samples():
     # torch's BatchNorm cannot train on one sample: the search starts at 2 (and never crashes on 1).
     capacity = plan_memory(technique("sync batchnorm"), batch_size=2)[0].peak_bytes

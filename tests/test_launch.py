@@ -70,6 +70,7 @@ def check_launched(path: Path, out: Path, data: dict, world: int) -> None:
     assert on_disk["final_loss"] == pytest.approx(data["final_loss"])
 
 
+@pytest.mark.gloo
 def test_launch_on_two_processes_trains_the_parameters_run_simulates(ring_of_two):
     check_launched(*ring_of_two, world=2)
 
@@ -77,6 +78,7 @@ def test_launch_on_two_processes_trains_the_parameters_run_simulates(ring_of_two
 TECHNIQUES = {"train": {"precision": "fp16", "checkpointing": "sqrt"}, "data": {"sampling": "prioritized"}}
 
 
+@pytest.mark.gloo
 @pytest.mark.parametrize("world, all_reduce, optimizer, collective, extra", [
     (4, "tree", None, "programs", {}),
     (2, "ring", None, "native", {}),
@@ -90,6 +92,7 @@ def test_launch_trains_the_parameters_run_simulates(tmp_path, world, all_reduce,
     check_launched(path, tmp_path / "real", data, world)
 
 
+@pytest.mark.gloo
 @pytest.mark.parametrize("world, layout, extra", [
     (2, {"pp": 2}, {}),
     (2, {"tp": 2}, {}),
@@ -111,6 +114,7 @@ def test_launch_runs_pipeline_and_tensor_parallel_layouts_as_run_simulates(tmp_p
         [loss for _, loss in simulated.data["loss_curve"]], abs=1e-5)
 
 
+@pytest.mark.gloo
 def test_the_trace_shows_every_rank_s_measured_spans(ring_of_two):
     _, out, _ = ring_of_two
     trace = json.loads((out / "trace.json").read_text())
@@ -124,6 +128,7 @@ def test_the_trace_shows_every_rank_s_measured_spans(ring_of_two):
         assert kinds[:4] == ["forward", "backward", "all_reduce", "optimizer step"]
 
 
+@pytest.mark.gloo
 def test_torchrun_starts_the_group(tmp_path):
     path = write_scenario(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
@@ -148,6 +153,7 @@ def test_torchrun_variables_are_read(monkeypatch):
     assert torchrun_world() == (3, 8, 1)
 
 
+@pytest.mark.gloo
 def test_compare_puts_a_run_and_a_launch_side_by_side(tmp_path, capsys, ring_of_two):
     path, real, _ = ring_of_two
     simtrain.run(simtrain.load_scenario(path, ["cluster.devices=2"])).write(tmp_path / "sim")
@@ -168,6 +174,7 @@ def test_compare_puts_a_run_and_a_launch_side_by_side(tmp_path, capsys, ring_of_
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["kinds"] == ["simulated", "measured"]
 
 
+@pytest.mark.gloo
 def test_launch_lists_the_files_it_wrote(tmp_path, capsys):
     path = write_scenario(tmp_path)
     with pytest.raises(SystemExit) as exit_info:

@@ -83,6 +83,7 @@ def test_checkpointed_batchnorm_updates_running_statistics_once_per_step():
         assert torch.equal(a.grad, b.grad)
 
 
+@pytest.mark.slow
 def test_memory_plan_is_what_the_run_holds():
     spec = scenario([64, 64, 64, 64], devices=4, batch=16, precision="fp16", checkpointing="sqrt")
     report = simtrain.run(spec)
@@ -91,6 +92,7 @@ def test_memory_plan_is_what_the_run_holds():
         assert plan.by_category == device["peak_memory_bytes_by_category"]
 
 
+@pytest.mark.slow
 def test_memory_plan_of_a_model_too_big_for_this_host():
     width, depth, batch = 60_000, 4, 512
     spec = scenario([width] * depth, batch=batch, precision="fp16",

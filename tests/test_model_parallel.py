@@ -225,11 +225,13 @@ def test_layouts_that_do_not_fit_are_one_line_errors(raw, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 def test_the_shipped_scenarios_run():
     report = run(load_scenario("scenarios/pipeline.yaml", ["train.steps=2"]))
     assert report.data["parallel"]["pp"] == 4 and report.data["parallel"]["bubble_fraction"] > 0
 
 
+@pytest.mark.slow
 def test_the_memory_plan_of_a_pipeline_tries_whole_microbatches():
     scenario_ = load_scenario("scenarios/data_vs_model_parallel.yaml",
                               ["parallel.pp=4", "model.hidden=1024", "model.heads=8", "data.seq_len=128"])

@@ -89,6 +89,7 @@ def weighted_gradients(kind, beta, draws, losses, model, burn_in=0):
     return torch.stack(gradients).double()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, burn_in", [("prioritized", 0), ("mh", 10)])
 def test_is_weighted_gradient_is_unbiased_with_beta_one(kind, burn_in):
     torch.manual_seed(0)

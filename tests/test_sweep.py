@@ -8,7 +8,7 @@ import pytest
 import simtrain
 from simtrain.cli import main
 from simtrain.errors import ScenarioError
-from simtrain.studies.sweep import parse_grid, plan_points, run_sweep
+from simtrain.studies.sweep import FIGURE_LABELS, ROW_FIGURES, axis_unit, parse_grid, plan_points, run_sweep
 
 QUICKSTART = "scenarios/quickstart.yaml"
 COMMON = ["train.steps=4", "report.trace=false"]
@@ -38,6 +38,7 @@ def test_rows_are_the_product_in_order_with_the_runs_figures(serial):
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_rows_do_not_depend_on_the_worker_count(serial, tmp_path):
     rows, _ = serial
     assert run_sweep(QUICKSTART, [parse_grid(g) for g in GRIDS], COMMON, tmp_path, workers=2) == rows
@@ -110,3 +111,22 @@ def test_cli_prints_a_table_and_refuses_bad_grids_with_one_line(tmp_path, capsys
     assert capsys.readouterr().err.strip() == "error: --metric: 'speed' is not one of step_time_s, " \
         "throughput_samples_per_s, scaling_efficiency, sim_time_s, compute_s, communication_s, idle_s, bubble_s, " \
         "peak_memory_bytes, final_loss, final_accuracy"
+
+
+@pytest.mark.parametrize("metric,values,expected", [
+    ("step_time_s", [34e-6, 17e-6], ("µs", 1e6)),
+    ("sim_time_s", [0.5, 2.0], ("s", 1.0)),
+    ("communication_s", [3e-3], ("ms", 1e3)),
+    ("idle_s", [0.0], ("ns", 1e9)),
+    ("peak_memory_bytes", [237.3 * 1024], ("KiB", 1 / 1024)),
+    ("peak_memory_bytes", [24.2 * 1024**3, 6 * 1024**3], ("GiB", 1 / 1024**3)),
+    ("scaling_efficiency", [0.42], ("", 100.0)),
+    ("throughput_samples_per_s", [3.7e6], ("", 1.0)),
+])
+def test_sweep_axes_show_figures_in_a_unit_that_fits(metric, values, expected):
+    assert axis_unit(metric, values) == expected
+
+
+def test_every_row_figure_has_an_axis_label_not_its_key():
+    assert set(FIGURE_LABELS) == set(ROW_FIGURES)
+    assert all("_" not in label for label in FIGURE_LABELS.values())

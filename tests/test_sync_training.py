@@ -81,6 +81,7 @@ def test_matches_single_process_torch(runs):
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-5)
 
 
+@pytest.mark.gloo
 @pytest.mark.parametrize("world", [2, 4])
 def test_matches_real_gloo_ddp(world):
     report = simtrain.run(scenario(world, "ring", momentum=0.9))

@@ -270,7 +270,8 @@ def test_file_topology_device_count(monkeypatch):
     assert build_topology("topologies/torus-4x4.yaml", 16, NVLINK).num_devices == 16
     with pytest.raises(TopologyError) as info:
         build_topology("topologies/torus-4x4.yaml", 8, None)
-    assert str(info.value) == "cluster.devices: 8 does not match the 16 GPUs of topologies/torus-4x4.yaml"
+    assert str(info.value) == ("cluster.devices: 8 does not match the 16 GPUs of topologies/torus-4x4.yaml; "
+                               "`cluster.devices: null` takes the file's count")
 
 
 def test_file_paths_resolve_against_base_dir_then_cwd(tmp_path, monkeypatch):

@@ -138,7 +138,8 @@ def build_topology(
         return _fat_tree(devices, link, inter_link, gpus_per_node, nodes_per_leaf, oversubscription)
     result = load_topology_file(_find_file(topology, base_dir))
     if devices is not None and devices != result.num_devices:
-        raise TopologyError(f"cluster.devices: {devices} does not match the {result.num_devices} GPUs of {topology}")
+        raise TopologyError(f"cluster.devices: {devices} does not match the {result.num_devices} GPUs of {topology}; "
+                            "`cluster.devices: null` takes the file's count")
     return result
 
 

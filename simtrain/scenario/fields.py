@@ -8,7 +8,8 @@ and NaN. Each section's module builds its fields from these:
     class LinkSpec(Section):
         bandwidth: Bandwidth = Field(description="Bytes per second each way (full duplex).")
 """
-from typing import Annotated, Union
+import difflib
+from typing import Annotated, Union, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
@@ -60,9 +61,44 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def first_error(error: ValidationError) -> str:
-    """A nested model's first problem as one line, "where: what" (its section names the field above it)."""
+def first_error(error: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """A nested model's first problem as one line, "where: what" (its section names the field above it); with
+    the `model` validated, an unknown field gets the nearest known one as a hint."""
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
-    message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown field" + (did_you_mean(model, first["loc"]) if model is not None else "")
+    else:
+        message = first["msg"].removeprefix("Value error, ")
     return (f"{where}: " if where else "") + message
+
+
+def did_you_mean(model: type[BaseModel], loc: tuple, prefix: str = "") -> str:
+    """"; did you mean `train.steps`?" for the unknown key at `loc` in `model`: the closest key of its section
+    (difflib), or "" when none is close. `prefix` is the path above `model` ("train." for TrainSpec)."""
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an item of a list: the same section
+            continue
+        field = _fields_by_key(model).get(part)
+        model = _section_of(field.annotation) if field is not None else None
+        if model is None:
+            return ""
+        prefix += f"{part}."
+    close = difflib.get_close_matches(str(loc[-1]), list(_fields_by_key(model)), n=1)
+    return f"; did you mean `{prefix}{close[0]}`?" if close else ""
+
+
+def _fields_by_key(model: type[BaseModel]) -> dict:
+    """A section's fields by the key a scenario file spells (the alias, where there is one)."""
+    return {field.alias or name: field for name, field in model.model_fields.items()}
+
+
+def _section_of(annotation) -> type[BaseModel] | None:
+    """The section class a field holds, through `X | None`, lists and Annotated; None for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        section = _section_of(argument)
+        if section is not None:
+            return section
+    return None

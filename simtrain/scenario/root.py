@@ -16,7 +16,7 @@ from ..errors import ScenarioError, one_line
 from ..limits import MAX_NAME_BYTES, MAX_SEED, MAX_STEPS
 from .cluster import ClusterSpec
 from .data import DataSpec
-from .fields import Count, Flag, Section
+from .fields import Count, Flag, Section, did_you_mean
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .pbt import PbtSpec
@@ -253,7 +253,7 @@ def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path
         field = one_line(".".join(str(part) for part in first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            message = "unknown field"
+            message = "unknown field" + did_you_mean(Scenario, first["loc"])
         elif first["type"] == "literal_error":
             message = f"{message}, got {first['input']!r}"
         if message.startswith("."):  # a nested model's problem continues the field's path: ".memory: ..."

@@ -60,11 +60,10 @@ import simpy
 import torch
 from pydantic import Field
 
-from ..errors import ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
-from ..host_memory import check_scenario_fits_host
-from ..hw.cluster import resolve_cluster, run_to_end
+from ..hw.cluster import run_to_end
 from ..job import Job
+from ..preflight import preflight
 from ..report import Report, RunResult, build_report
 from ..report.sections import ReportSection, register_section
 from ..runner import single_thread
@@ -115,14 +114,10 @@ class Population:
     def __init__(self, scenario: Scenario, on_step=None):
         self.spec = spec = scenario.pbt
         self.scenario = scenario
-        resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # read and checked once
-        check_scenario_fits_host(scenario, resolved)
+        resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
         self.cluster = resolved.build(record=scenario.report.trace, seed=scenario.seed)
         self.env = self.cluster.env
         size = self.cluster.size
-        if size % spec.population:
-            raise ScenarioError(f"pbt.population: {spec.population} members do not split the cluster's {size} "
-                                "devices into equal groups")
         self.rng = random.Random(int(np.random.SeedSequence([scenario.seed, _STREAM]).generate_state(1)[0]))
         self.on_step = on_step
         self.steps_done = 0

@@ -13,7 +13,7 @@ that schedule and as many steps as the lineage trained.
 
     simtrain pbt replay runs/pbt/report.json --member best --out replay.yaml
 
-`plot_population` draws pbt.png: each member's metric against simulated time
+`plot_population` draws pbt.png (the best member drawn thick): each member's metric against simulated time
 with its exploits marked, and each hyperparameter's trajectory.
 """
 import matplotlib
@@ -79,13 +79,15 @@ def plot_population(section: dict, path) -> None:
     end_s = max(entry["metrics"][-1][1] for entry in members)
     for entry in members:
         color = colors(entry["id"] % colors.N)
-        axes[0].plot([t * 1e3 for _, t, _ in entry["metrics"]], [m for _, _, m in entry["metrics"]],
-                     color=color, marker=".", linewidth=1.4, label=f"member {entry['id']}")
+        best = entry["id"] == section["best"]  # drawn thick, on top; the others lighter
+        style = {"color": color, "linewidth": 3.0 if best else 1.2, "alpha": 1.0 if best else 0.55,
+                 "zorder": 3 if best else 2}
+        axes[0].plot([t * 1e3 for _, t, _ in entry["metrics"]], [m for _, _, m in entry["metrics"]], marker=".",
+                     label=f"member {entry['id']}" + (" (best)" if best else ""), **style)
         times = [t for _, t, _ in entry["schedule"]] + [end_s]
         for row, name in enumerate(names, start=1):
             values = [values[name] for _, _, values in entry["schedule"]]
-            axes[row].step([t * 1e3 for t in times], values + values[-1:], where="post", color=color,
-                           linewidth=1.4)
+            axes[row].step([t * 1e3 for t in times], values + values[-1:], where="post", **style)
     for event in section["events"]:
         metric = next(m for step, _, m in members[event["to"]]["metrics"] if step == event["step"])
         axes[0].plot(event["sim_time_s"] * 1e3, metric, marker="x", color="black", markersize=8,

@@ -46,8 +46,13 @@ from ..runner import run as run_scenario  # noqa: E402
 from ..scenario import load_scenario  # noqa: E402
 from ..user_files import parse_yaml_text  # noqa: E402
 
-ROW_FIGURES = ("step_time_s", "throughput_samples_per_s", "scaling_efficiency", "sim_time_s", "compute_s",
-               "communication_s", "idle_s", "bubble_s", "peak_memory_bytes", "final_loss", "final_accuracy")
+# Each row figure and its axis label in sweep.png; a time's unit (s to ns) and a size's (B to TiB) fit its values.
+FIGURE_LABELS = {"step_time_s": "step time", "throughput_samples_per_s": "throughput (samples/s)",
+                 "scaling_efficiency": "scaling efficiency (%)", "sim_time_s": "simulated time",
+                 "compute_s": "compute per step", "communication_s": "communication per step",
+                 "idle_s": "idle per step", "bubble_s": "pipeline bubble per step", "peak_memory_bytes": "peak memory",
+                 "final_loss": "final loss (train set, cross entropy)", "final_accuracy": "final accuracy (%)"}
+ROW_FIGURES = tuple(FIGURE_LABELS)
 
 
 @dataclass(frozen=True)
@@ -225,26 +230,41 @@ def plot_sweep(rows: list[dict], grids: list[Grid], metric: str, path: Path) -> 
     numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in first.values)
     positions = list(first.values) if numeric else list(range(len(first.values)))
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
+    unit, scale = axis_unit(metric, [row[metric] for row in rows if row[metric] is not None])
     lines: dict[tuple, list] = {}
     for row in rows:
         key = tuple(first_text(grid, row[grid.path]) for grid in others)
-        lines.setdefault(key, [None] * len(first.values))[first.values.index(row[first.path])] = row[metric]
+        value = None if row[metric] is None else row[metric] * scale
+        lines.setdefault(key, [None] * len(first.values))[first.values.index(row[first.path])] = value
     for key, points in lines.items():
         xs = [x for x, y in zip(positions, points) if y is not None]
         ys = [y for y in points if y is not None]
-        label = ", ".join(f"{grid.path}={text}" for grid, text in zip(others, key)) or metric
+        label = ", ".join(f"{grid.path}={text}" for grid, text in zip(others, key)) or FIGURE_LABELS[metric]
         axes.plot(xs, ys, marker="o", linewidth=1.6, label=label)
     if numeric and min(positions) > 0 and max(positions) / min(positions) >= 8:
         axes.set_xscale("log", base=2)
     axes.set_xticks(positions, list(first.texts))
-    axes.set_xlabel(first.path)
-    axes.set_ylabel(metric)
-    axes.set_title(f"{metric} against {first.path}")
+    axes.set_xlabel(f"{first.path} (as given)")
+    axes.set_ylabel(FIGURE_LABELS[metric] + (f" ({unit})" if unit else ""))
+    axes.set_title(f"{FIGURE_LABELS[metric]} against {first.path}")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, metadata={"Software": None})
     plt.close(figure)
+
+
+def axis_unit(metric: str, values: list[float]) -> tuple[str, float]:
+    """The unit a figure's axis shows its values in, and the factor to it: seconds and bytes in a unit that fits
+    the largest value (34e-6 s: µs), shares in percent, the rest as they are ("" when the label names it)."""
+    largest = max((abs(value) for value in values), default=0.0)
+    if metric.endswith("_s") and not metric.endswith("_per_s"):  # seconds, not a rate
+        return next(((unit, 1 / size) for unit, size in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)) if largest >= size),
+                    ("ns", 1e9))
+    if metric.endswith("_bytes"):
+        return next(((unit, 1 / 1024**power) for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB"))
+                     if largest >= 1024**power), ("B", 1.0))
+    return "", 100.0 if metric in ("scaling_efficiency", "final_accuracy") else 1.0
 
 
 def first_text(grid: Grid, value) -> str:

@@ -1,0 +1,42 @@
+"""Every check a run makes before its clock starts, without simulating: `simtrain validate` is this.
+
+    resolved = preflight(scenario)   # a ScenarioError (one line naming the field), or the checked cluster
+    cluster = resolved.build(record=False, seed=scenario.seed)
+
+It resolves the cluster (topology, devices, shared memory) and checks that the
+host has the memory a run needs; builds the cluster and checks the faults'
+names and spares against it; then builds the job as a run would, on meta
+tensors (no arithmetic, no clock): the layout (dp x pp x tp against the
+devices), each rank's share of the model (pipeline stages, tensor-parallel
+slices, the vocabulary split), the replicas and the scheme. With a `pbt`
+section, one member's job on its share of the devices. What only the clock
+can tell (running out of device memory mid-step, a fault stopping the job) it
+cannot.
+
+`simtrain.run` and `run_population` call it before they build their own
+cluster, so `simtrain validate` and `simtrain run` refuse a scenario with the
+same line.
+"""
+from .errors import ScenarioError
+from .host_memory import check_scenario_fits_host
+from .hw.cluster import ResolvedCluster, resolve_cluster
+from .hw.faults import scheduled_faults
+from .job import Job
+from .scenario import Scenario
+
+
+def preflight(scenario: Scenario) -> ResolvedCluster:
+    """Check the scenario as a run would before simulating; return its resolved cluster."""
+    resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
+    check_scenario_fits_host(scenario, resolved)
+    cluster = resolved.build(record=False, seed=scenario.seed, enforce_capacity=False)
+    scheduled_faults(scenario, cluster)  # the faults' names and the spares against the cluster
+    world = cluster.size - scenario.cluster.spares
+    if scenario.pbt is not None:
+        population = scenario.pbt.population
+        if cluster.size % population:
+            raise ScenarioError(f"pbt.population: {population} members do not split the cluster's {cluster.size} "
+                                "devices into equal groups")
+        world = cluster.size // population  # one member's group: every member's job is built alike
+    Job(scenario, cluster, range(world), numerics=False)
+    return resolved

@@ -1,0 +1,255 @@
+"""The terminal views of simtrain's results: the run summary, faults, a population, calibration fits.
+
+    from simtrain.views import print_summary
+    print_summary(json.loads(Path("runs/quickstart/report.json").read_text()))
+
+Piped or captured output gets room for a table's whole labels (150 columns); a terminal folds them.
+
+Each view reads report.json's dict (or a command's summary dict) and prints
+rich tables on the standard output. A table that shows one figure per rank
+shows one column per group of ranks whose figures are all the same
+(`same_figures`), as `simtrain memory` and the run summary do.
+"""
+from rich.console import Console
+from rich.table import Table
+
+from .units import format_bytes, format_seconds
+
+console = Console()
+
+
+# A part of the step time this much smaller than it is rounding error: sums of many spans, each off by one
+# unit in the last place (2.2e-16 relative), and a difference of such sums.
+FLOAT_NOISE = 1e-9
+
+
+def print_summary(data: dict) -> None:
+    """The terminal view of report.json."""
+    table = Table(title=f"{data['name']}: {data['scheme']} ({data['all_reduce']} all-reduce) on "
+                        f"{data['devices_count']} devices", show_header=False)
+    step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
+    steps = "updates" if "async" in data else "steps"  # async: every worker's push is one update
+    no_time = "n/a (no step ran)" if not data["steps"] else "n/a (no simulated time)"
+    table.add_row("layout", _layout_line(data))
+    table.add_row("precision", _precision_line(data.get("amp")))
+    if data.get("measured"):
+        table.add_row("measured time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} {steps} "
+                                       f"(after {data['measurement']['warmup_steps']} warm-up steps)")
+    else:
+        table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} {steps}")
+    table.add_row(f"{steps[:-1]} time", no_time if step is None else format_seconds(step))
+    for kind, seconds in data["breakdown_s"].items():
+        if seconds is not None and step and abs(seconds) < FLOAT_NOISE * step:
+            seconds = 0.0  # rounding error, not time: shown as 0
+        table.add_row(f"  {kind}", "n/a" if seconds is None else
+                      format_seconds(seconds) + (f" ({seconds / step:.1%})" if step else ""))
+    table.add_row("throughput", no_time if throughput is None else f"{throughput:,.0f} samples/s")
+    table.add_row("scaling efficiency", _no_scaling_reason(data) if scaling is None else f"{scaling:.1%} (weak scaling)")
+    flops = data["flops"]
+    if flops["tflops_per_device"] is not None:
+        table.add_row("model TFLOP/s per device", f"{flops['tflops_per_device']:.3g} "
+                                                  f"(of {flops['peak_tflops_per_device']:.3g} peak)")
+        table.add_row("MFU", f"{flops['mfu']:.1%}" + (
+            f" (devices ran {flops['device_flops_utilization']:.1%} of peak, recomputation included)"
+            if flops["device_flops_utilization"] != flops["mfu"] else ""))
+    if data["final_loss"] is None:
+        table.add_row("final loss, accuracy", "none: numerics off")
+    else:
+        table.add_row("final loss (train set)", f"{data['final_loss']:.4f}")
+        table.add_row("final accuracy (test set)", f"{data['final_accuracy']:.2%}")
+    if "time_to_target_s" in data:
+        target = data["time_to_target_s"]
+        table.add_row("time to target loss", "never" if target is None else format_seconds(target))
+    if "async" in data:
+        section = data["async"]
+        table.add_row("staleness mean / max", f"{section['staleness_mean']:.2f} / {section['staleness_max']}")
+        table.add_row("lock wait (all workers)", format_seconds(section['lock_wait_s']))
+    console.print(table)
+    if "faults" in data:
+        print_faults(data["faults"])
+    if "pbt" in data:
+        print_population(data["pbt"])
+    console.print(_peak_memory_table(data["devices"]))
+
+
+def _layout_line(data: dict) -> str:
+    """dp × pp × tp (and the pipeline schedule), as report.json's parallel section (or async's) says."""
+    if "async" in data:
+        return f"{data['devices_count']} asynchronous workers, {data['async']['consistency']} updates"
+    parallel = data.get("parallel")
+    if parallel is None:  # a measured run (simtrain launch): data parallel on every rank
+        return f"dp {data['devices_count']}"
+    layout = f"dp {parallel['dp']} × pp {parallel['pp']} × tp {parallel['tp']}"
+    if parallel["pp"] > 1:
+        layout += f" ({parallel['schedule']}, {parallel['microbatches']} microbatches)"
+    return layout
+
+
+def _precision_line(amp: dict | None) -> str:
+    """The precision and, under fp16, the loss scale it ended at and the steps an overflow skipped."""
+    if amp is None:
+        return "fp32"
+    if amp["loss_scale_final"] is None:
+        return f"{amp['precision']} (no loss scaling)"
+    return f"{amp['precision']}, final loss scale {amp['loss_scale_final']:g}, {amp['skipped_steps']} skipped steps"
+
+
+def _no_scaling_reason(data: dict) -> str:
+    """Why a run has no scaling efficiency."""
+    parallel = data.get("parallel") or {}
+    if parallel.get("pp", 1) > 1 or parallel.get("tp", 1) > 1:
+        return "n/a (model split: no one-device baseline)"
+    return "n/a (no step ran)" if not data["steps"] else "n/a (no one-device baseline)"
+
+
+def _peak_memory_table(devices: list[dict]) -> Table:
+    """Peak memory by category, one column per group of ranks whose figures are all the same (as `simtrain
+    memory` shows them): 80 columns hold it."""
+    groups = same_figures((device["rank"], (device.get("device"), device["peak_memory_bytes"],
+                                              tuple(device["peak_memory_bytes_by_category"].items())))
+                           for device in devices)
+    table = Table(title="peak memory per device")
+    table.add_column("")
+    for ranks in groups.values():
+        table.add_column(ranks_header(ranks), justify="right")
+    columns = [dict(zip(("device", "peak", "by_category"), key)) for key in groups]
+    for category in dict.fromkeys(c for device in devices for c in device["peak_memory_bytes_by_category"]):
+        table.add_row(category, *(format_bytes(dict(column["by_category"]).get(category, 0)) for column in columns))
+    table.add_row("peak", *(format_bytes(column["peak"]) for column in columns))
+    return table
+
+
+def print_faults(section: dict) -> None:
+    """Every fault and what it did, then the checkpoints, the time lost and goodput."""
+    goodput = "n/a" if section["goodput"] is None else f"{section['goodput']:.1%}"
+    table = Table(title=f"faults: goodput {goodput} (fault-free "
+                        f"{format_seconds(section['fault_free_time_s'])}), {section['restarts']} restart(s), "
+                        f"{section['steps_redone']} step(s) redone, time lost {format_seconds(section['time_lost_s'])}",
+                  show_header=True)
+    for header in ("at", "source", "fault", "what it did"):
+        table.add_column(header, justify="right" if header == "at" else "left", overflow="fold")
+    for event in section["events"]:
+        kind, how = event["kind"].split("_")
+        what = f"link {'-'.join(event['link'])}" if kind == "link" else f"device {event['device']}"
+        detail = {key: value for key, value in event.items() if key not in ("at_s", "source", "kind", "link", "device")}
+        table.add_row(format_seconds(event["at_s"]), event["source"], f"{what} {how}",
+                      ", ".join(f"{key} {format_seconds(value) if key.endswith('_s') else value}"
+                                for key, value in detail.items()) or "-")
+    console.print(table)
+    console.print(f"checkpoints: {section['checkpoints_committed']} committed, "
+                  f"{format_bytes(section['checkpoint_bytes_per_rank'])} per rank, "
+                  f"{format_seconds(section['checkpoint_time_s'])} writing per rank")
+
+
+def print_population(section: dict) -> None:
+    """The population: each member's devices, final metric, hyperparameters now and exploits received."""
+    metric = section["metric"]
+    table = Table(title=f"population ({metric['name']}, {metric['mode']}; best: member {section['best']}, "
+                        f"copying took {format_seconds(section['copy_time_s'])} of member time)")
+    names = list(section["members"][0]["schedule"][-1][2])
+    for header in ("member", "ranks", "steps", f"final {metric['name']}", *names, "copied from (step)"):
+        table.add_column(header, justify="right")
+    for member in section["members"]:
+        copies = [f"{event['from']} ({event['step']})" for event in section["events"] if event["to"] == member["id"]]
+        values = member["schedule"][-1][2]
+        table.add_row(("* " if member["id"] == section["best"] else "") + str(member["id"]),
+                      rank_list(member["ranks"]), str(member["steps"]), f"{member['final_metric']:.4f}",
+                      *(f"{values[name]:.4g}" for name in names), ", ".join(copies) or "-")
+    console.print(table)
+
+
+def print_calibration(summary: dict) -> None:
+    """`simtrain calibrate`'s tables: the point-to-point fits, the all-reduce measured and predicted, compute."""
+    fits = Table(title=f"point to point, α-β fit ({summary['ranks']} ranks, {summary['backend']})")
+    for header in ("pair", "latency α", "bandwidth β", "largest |residual|", "residuals by size"):
+        fits.add_column(header, justify="right")
+    for pair, fit in summary["pingpong"].items():
+        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
+        fits.add_row(pair, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
+                     f"{max(abs(r) for r in fit['residuals']):.1%}", " ".join(f"{r:+.0%}" for r in fit["residuals"]))
+    for kind, fit in summary["link_classes"].items():
+        bound = "" if fit["bandwidth_resolved"] else " (at least: not resolved)"
+        fits.add_row(kind, format_seconds(fit["latency_s"]), f"{fit['bandwidth_Bps'] / 1e9:.3f} GB/s{bound}",
+                     f"{fit['max_abs_residual']:.1%}", "(written to topology.yaml)")
+    console.print(fits)
+    table = Table(title="ring all-reduce (simtrain's program): measured, and predicted on topology.yaml")
+    for header in ("bytes", "time", "busbw", "predicted", "error"):
+        table.add_column(header, justify="right")
+    for row in summary["all_reduce"]:
+        table.add_row(str(row["bytes"]), format_seconds(row["time_s"]), f"{row['busbw_GBps']:.3f} GB/s",
+                      format_seconds(row["predicted_time_s"]), f"{row['error']:+.1%}")
+    console.print(table)
+    compute = Table(title=f"compute per rank, all ranks at once ({summary['model_of'] or 'Linear layers'}): "
+                          "t = overhead x kernels + FLOPs / rate")
+    for header in ("dtype", "rate (device.yaml)", "overhead per kernel", "largest |residual|"):
+        compute.add_column(header, justify="right")
+    for dtype, fit in summary["compute"].items():
+        compute.add_row(dtype, f"{fit['flops_per_s'] / 1e9:.2f} GFLOP/s", format_seconds(fit["kernel_overhead_s"]),
+                        f"{fit['max_abs_residual']:.1%}")
+    console.print(compute)
+    console.print(f"memory bandwidth: {summary['memory_bandwidth_Bps'] / 1e9:.2f} GB/s ({summary['memory_bandwidth_what']})")
+
+
+def print_comparison(rows: list[dict]) -> None:
+    """`simtrain compare`'s table: one row per run (compare.py's rows)."""
+    table = Table(title=f"{len(rows)} runs")
+    for header in ("run", "scheme", "step time", "final loss", "accuracy", "idle", "peak memory",
+                   "bytes dp/pp/tp", "time to target", "staleness mean/max"):
+        table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold")
+    for row in rows:
+        target, kinds = row["time_to_target_s"], row["bytes_by_kind"]
+        staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
+        step = row["status"].replace("_", " ") if row["status"] != "ok" else format_seconds(row["step_time_s"])
+        table.add_row(row["label"], row["scheme"], step,
+                      "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
+                      "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
+                      "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}",
+                      format_bytes(row["peak_memory_bytes"]),
+                      "-" if kinds is None else "/".join(format_bytes(kinds[kind]) for kind in
+                                                         ("dp_allreduce", "pp_p2p", "tp_allreduce")),
+                      "-" if target is None else format_seconds(target), staleness)
+    # Piped or captured output gets room for whole labels; a terminal folds them.
+    (console if console.is_terminal else Console(width=150)).print(table)
+
+
+def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[str]]) -> None:
+    """`simtrain sweep`'s table: one row per point, its grid values as written (`grid_texts`) first."""
+    table = Table(title=f"{len(rows)} runs")
+    for header in (*grid_paths, "status", "step time", "throughput", "efficiency",
+                   "communication", "peak memory", "final loss"):
+        table.add_column(header, justify="left" if header == "status" else "right", overflow="fold")
+    for row, texts in zip(rows, grid_texts):
+        ok = row["step_time_s"] is not None
+        table.add_row(*texts,
+                      row["status"].replace("_", " ") if row["status"] == "ok" else
+                      f"{row['status'].replace('_', ' ')}: {row['error']}",
+                      format_seconds(row["step_time_s"]) if ok else "-",
+                      f"{row['throughput_samples_per_s']:,.0f}/s" if ok else "-",
+                      "-" if row["scaling_efficiency"] is None else f"{row['scaling_efficiency']:.1%}",
+                      format_seconds(row["communication_s"]) if ok else "-",
+                      "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),
+                      "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}")
+    (console if console.is_terminal else Console(width=150)).print(table)
+
+
+def same_figures(ranks_and_figures) -> dict[tuple, list[int]]:
+    """Ranks grouped by their figures, in rank order: a table shows one column per group (usually one)."""
+    groups: dict[tuple, list[int]] = {}
+    for rank, figures in ranks_and_figures:
+        groups.setdefault(figures, []).append(rank)
+    return groups
+
+
+def ranks_header(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
+
+
+def rank_list(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    runs, start = [], ranks[0]
+    for index, rank in enumerate(ranks):
+        following = ranks[index + 1] if index + 1 < len(ranks) else None
+        if following != rank + 1:
+            runs.append(str(start) if start == rank else f"{start}-{rank}")
+            start = following
+    return ",".join(runs)
