@@ -25,8 +25,8 @@ FLOAT_NOISE = 1e-9
 
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
-    table = Table(title=f"{data['name']}: {data['scheme']} ({data['all_reduce']} all-reduce) on "
-                        f"{data['devices_count']} devices", show_header=False)
+    table = Table(title=f"{data['name']}: {data['scheme']} ({data['all_reduce']}) on {data['devices_count']} devices",
+                  show_header=False)
     step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
     steps = "updates" if "async" in data else "steps"  # async: every worker's push is one update
     no_time = "n/a (no step ran)" if not data["steps"] else "n/a (no simulated time)"
