@@ -3,7 +3,7 @@
 On 64 to 8,192 devices of a ring topology, one all-reduce runs on meta tensors
 (`benchmark_all_reduce`: an idle network, every rank posting at time zero), each
 device count in a fresh process so that its peak resident memory is its own.
-The communicator times the ring as a group (comm/ring_schedule.py); with
+The network times the ring as a group (Network.time_ring, hw/ring_timing.py); with
 `--flow-by-flow` it moves every transfer through the network as a flow (the
 path any other traffic takes), up to `--flow-max-devices`. Targets: <= 2 s at
 1,024 devices and <= 60 s at 8,192, host memory linear in the device count.

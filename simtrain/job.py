@@ -19,7 +19,7 @@ its sub-groups, each group's all-reduce, the interpreter of a rank's step
 program. The simulated backend (the default) holds every rank, and its
 communicators are SimCommunicators over the group's network nodes (the job's
 own exclusive of the network when the job is built `alone` and its scheme
-runs nothing but ring all-reduces: comm/ring_schedule.py), logging under the
+runs nothing but ring all-reduces: Network.time_ring, hw/ring_timing.py), logging under the
 devices' global ranks; the real one (simtrain/real/backend.py) holds one rank
 per process of a torch.distributed group. So several jobs on disjoint groups
 run side by side on one cluster, sharing its links (max-min fair, where their
@@ -105,7 +105,8 @@ class Job:
                          for rank, share in enumerate(shares)]
         self.scheme = build_scheme(self, on_step)
         # Alone on the cluster's network (`alone`: nothing else will run on it), a job whose collectives are
-        # all ring all-reduces has them timed as a group when numerics are off (comm/ring_schedule.py).
+        # all ring all-reduces has them timed as a group when numerics are off (Network.time_ring,
+        # hw/ring_timing.py).
         self.exclusive = alone and self.scheme.only_ring_all_reduces
         self.comm = self._communicator()
         self.between_steps = between_steps  # (rank, step) -> a step program returning whether to go on

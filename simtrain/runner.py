@@ -70,7 +70,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
         cluster = resolved.build(record=scenario.report.trace or faulty, seed=scenario.seed)
         scheduled_faults(scenario, cluster)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
-        # Faults change links under the collectives: no group timing of a ring's transfers (ring_schedule.py).
+        # Faults change links under the collectives: no group timing of a ring's transfers
+        # (Network.time_ring, hw/ring_timing.py).
         job = Job(scenario, cluster, range(world), numerics=scenario.numerics,
                   on_step=lambda *step: monitor.on_step(*step), alone=not faulty)
         scheme = job.scheme

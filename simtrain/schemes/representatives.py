@@ -12,7 +12,7 @@ group and every group mirroring it (the same stage's tp group in the other
 replicas; the dp groups of the stage's other tp ranks) run it at the same
 moment alone on an idle copy of the cluster's network, with the job's
 algorithm and channels: the flow model's own time, cached by groups and size.
-Each group is first timed alone (as a ring schedule, comm/ring_schedule.py,
+Each group is first timed alone (as a group-timed ring, Network.time_ring,
 where it is one); when no two of them crossed a common link, that is their
 time together too, else they run again all at once, flow by flow.
 Every other rank reports its representative's figures.
