@@ -27,7 +27,6 @@ import click
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .comm import ALGORITHMS, channel_count
@@ -38,6 +37,7 @@ from .hw.cluster import resolve_cluster
 from .hw.topology_builders import BUILDERS
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
 from .preflight import preflight
+from .progress import RunProgress
 from .report import finite_or_none
 from .runner import run as run_scenario
 from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
@@ -96,15 +96,8 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if quiet:
         report = run(scenario)
     else:
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("sim {task.fields[sim]:.4g} s  loss {task.fields[loss]:.4f}"), TimeElapsedColumn())
-        with Progress(*columns, console=err_console, transient=True) as progress:
-            # "preparing" while the cluster and the job are built: until the first step ends.
-            task = progress.add_task(f"{scenario.name}: preparing", total=population * scenario.train.steps,
-                                     sim=0.0, loss=float("nan"))
-            report = run(scenario, on_step=lambda step, now, loss: progress.update(
-                task, description=scenario.name, completed=step + 1, sim=now,
-                loss=float("nan") if loss is None else loss))
+        with RunProgress(scenario, population * scenario.train.steps, err_console) as progress:
+            report = run(scenario, on_step=progress.on_step)
     written = report.write(out)
     if scenario.pbt is not None:
         plot_population(report.data["pbt"], out / "pbt.png")
@@ -330,6 +323,13 @@ def memory(scenario_file, overrides, as_json):
                             for plan in columns))
     table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
     console.print(table)
+    if not all(plan.fits for plan in plans):
+        from .layout_search import layouts_that_fit
+
+        layouts = layouts_that_fit(scenario)
+        console.print("layouts that fit the same global batch: " + ("; ".join(
+            f"{fit.describe()} (peak {format_bytes(fit.peak_bytes)})" for fit in layouts) or "none found"),
+            soft_wrap=True)
 
 
 @cli.command()

@@ -42,6 +42,7 @@ from .errors import ScenarioError, one_line  # noqa: E402
 from .report import Report, finite_or_none  # noqa: E402
 from .runner import run as run_scenario  # noqa: E402
 from .scenario import load_scenario  # noqa: E402
+from .units import noise_free  # noqa: E402
 from .user_files import read_text_file  # noqa: E402
 
 _SPLIT = re.compile(r",\s*(?=[A-Za-z_][\w.]*=)")  # a comma followed by the next `path=`
@@ -80,20 +81,25 @@ def plan_runs(files: list[str], variants: list[list[str]], common: list[str]) ->
 
 
 def summary_row(label: str, data: dict) -> dict:
-    """The comparison's figures of one report.json."""
+    """The comparison's figures of one report.json, in units that compare sync steps with async updates:
+    samples trained, simulated time, time per sample, time to the target loss."""
     step = data["step_time_s"]
     staleness = data.get("async", {})
+    throughput = data["throughput_samples_per_s"]
     return {
         "label": label,
         # the async section's consistency, else the all-reduce algorithm: "async/hogwild", "data_parallel/ring"
         "scheme": data["scheme"] + "/" + (staleness["consistency"] if staleness else data["all_reduce"]),
         "devices": data["devices_count"],
         "steps": data["steps"],
+        "steps_are": "updates" if staleness else "steps",  # an async step is one worker's update
+        "samples": round(throughput * data["sim_time_s"]) if throughput else 0,
         "sim_time_s": data["sim_time_s"],
+        "time_per_sample_s": 1 / throughput if throughput else None,
         "time_to_target_s": data.get("time_to_target_s"),
         "final_loss": data["final_loss"],
         "final_accuracy": data["final_accuracy"],
-        "idle_share": data["breakdown_s"]["idle"] / step if step else None,
+        "idle_share": noise_free(data["breakdown_s"]["idle"], step) / step if step else None,
         "status": data["status"],
         "step_time_s": step,
         "bytes_by_kind": data.get("parallel", {}).get("bytes_by_kind"),
@@ -153,11 +159,11 @@ def compare_reports(first, second) -> list[dict]:
     rows = []
     for label, read in TIMING_FIGURES:
         try:
-            values = [read(data) for data in reports]
+            values = [noise_free(read(data), data["step_time_s"]) for data in reports]
         except (KeyError, TypeError):
             raise ScenarioError(f"{first} and {second}: a report.json lacks {label}") from None
-        error = (values[other] - values[reference]) / values[reference] \
-            if None not in values and values[reference] else None
+        error = None if None in values else 0.0 if values[other] == values[reference] \
+            else (values[other] - values[reference]) / values[reference] if values[reference] else None
         rows.append({"figure": label, "values": values, "error": error})
     return rows
 

@@ -35,6 +35,7 @@ from .evaluation import TrainLossMonitor, evaluate
 from .hw.cluster import run_to_end
 from .hw.faults import FaultInjector, scheduled_faults
 from .job import Job
+from .layout_search import layouts_that_fit
 from .memory_plan import largest_batch
 from .preflight import preflight
 from .recovery import Recovery
@@ -44,6 +45,7 @@ from .scenario import Scenario
 from .schemes import scheme_name
 from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
+from .units import format_bytes
 
 
 @contextmanager
@@ -148,9 +150,15 @@ def _fault_free_time_s(scenario: Scenario) -> float:
 
 
 def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, steps_done: int) -> dict:
-    """report.json's `out_of_memory`: where the run stopped, what the device held, what batch would fit."""
+    """report.json's `out_of_memory`: where the run stopped, what the device held, what batch and which layouts
+    would fit."""
     rank = next(rank for rank, device in enumerate(job.devices) if device.memory.total > device.memory.capacity_bytes)
     largest = largest_batch(scenario, rank)
+    layouts = layouts_that_fit(scenario)
+    advice = f"the largest per-device batch size that fits is {largest}"
+    if layouts:
+        advice += "; with the same global batch, these layouts fit: " + "; ".join(
+            f"{fit.describe()} (peak {format_bytes(fit.peak_bytes)})" for fit in layouts)
     return {
         "rank": job.devices[rank].rank,
         "device": job.devices[rank].spec.name,
@@ -159,8 +167,19 @@ def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, ste
         "needed_bytes": sum(error.by_category.values()),
         "bytes_by_category": error.by_category,
         "largest_batch_size_that_fits": largest,
-        "message": f"{error}; the largest per-device batch size that fits is {largest}",
+        "layouts_that_fit": [{"dp": fit.dp, "pp": fit.pp, "tp": fit.tp, "batch_size": fit.batch_size,
+                              "checkpointing": fit.checkpointing, "peak_bytes": fit.peak_bytes} for fit in layouts],
+        "message": f"{error}; {advice}",
     }
+
+
+class LayoutThatFits(ReportSection):
+    dp: int = Field(description="data-parallel replicas")
+    pp: int = Field(description="pipeline stages")
+    tp: int = Field(description="tensor-parallel ranks per stage")
+    batch_size: int = Field(description="data.batch_size: the global batch over dp")
+    checkpointing: str = Field(description="train.checkpointing")
+    peak_bytes: int = Field(description="the largest device's peak over a step")
 
 
 class OutOfMemorySection(ReportSection):
@@ -172,6 +191,9 @@ class OutOfMemorySection(ReportSection):
     bytes_by_category: dict[str, int] = Field(description="those bytes by category")
     largest_batch_size_that_fits: int = Field(description="the largest per-device batch size that fits "
                                                           "(memory_plan.py)")
+    layouts_that_fit: list[LayoutThatFits] = Field(
+        description="up to three dp x pp x tp layouts, with or without full recomputation, that fit the same "
+                    "global batch on the same devices (layout_search.py)")
     message: str = Field(description="the one line the CLI prints")
 
 

@@ -123,3 +123,12 @@ def format_seconds(seconds: float) -> str:
 def _three_digits(value: float) -> str:
     """3 significant digits, trailing zeros kept (6.80), no bare trailing point (417, not 417.)."""
     return f"{value:#.3g}".rstrip(".")
+
+
+def noise_free(seconds: float | None, scale: float | None) -> float | None:
+    """`seconds`, or 0 when it is rounding error rather than time: under 1e-9 of `scale`, the step time it is
+    part of. Sums of many spans are each off by a unit in the last place (2.2e-16 relative), and a remainder
+    such as idle = step time - the rest is never exactly 0."""
+    if seconds is None or not scale:
+        return seconds
+    return 0.0 if abs(seconds) < 1e-9 * abs(scale) else seconds

@@ -13,14 +13,9 @@ shows one column per group of ranks whose figures are all the same
 from rich.console import Console
 from rich.table import Table
 
-from .units import format_bytes, format_seconds
+from .units import format_bytes, format_seconds, noise_free
 
 console = Console()
-
-
-# A part of the step time this much smaller than it is rounding error: sums of many spans, each off by one
-# unit in the last place (2.2e-16 relative), and a difference of such sums.
-FLOAT_NOISE = 1e-9
 
 
 def print_summary(data: dict) -> None:
@@ -39,8 +34,7 @@ def print_summary(data: dict) -> None:
         table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} {steps}")
     table.add_row(f"{steps[:-1]} time", no_time if step is None else format_seconds(step))
     for kind, seconds in data["breakdown_s"].items():
-        if seconds is not None and step and abs(seconds) < FLOAT_NOISE * step:
-            seconds = 0.0  # rounding error, not time: shown as 0
+        seconds = noise_free(seconds, step)
         table.add_row(f"  {kind}", "n/a" if seconds is None else
                       format_seconds(seconds) + (f" ({seconds / step:.1%})" if step else ""))
     table.add_row("throughput", no_time if throughput is None else f"{throughput:,.0f} samples/s")
@@ -191,25 +185,34 @@ def print_calibration(summary: dict) -> None:
 
 
 def print_comparison(rows: list[dict]) -> None:
-    """`simtrain compare`'s table: one row per run (compare.py's rows)."""
+    """`simtrain compare`'s table: one row per run (compare.py's rows), sync steps and async updates side by
+    side in the units they share (samples, simulated time, time per sample, time to target)."""
     table = Table(title=f"{len(rows)} runs")
-    for header in ("run", "scheme", "step time", "final loss", "accuracy", "idle", "peak memory",
-                   "bytes dp/pp/tp", "time to target", "staleness mean/max"):
-        table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold")
+    for header in ("run", "scheme", "trained", "sim time", "time/sample", "to target", "final loss",
+                   "accuracy", "idle", "peak memory", "bytes dp/pp/tp", "staleness mean/max"):
+        table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold",
+                         no_wrap=header not in ("run", "bytes dp/pp/tp"))
     for row in rows:
         target, kinds = row["time_to_target_s"], row["bytes_by_kind"]
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
-        step = row["status"].replace("_", " ") if row["status"] != "ok" else format_seconds(row["step_time_s"])
-        table.add_row(row["label"], row["scheme"], step,
+        ok = row["status"] == "ok"
+        table.add_row(row["label"], row["scheme"],
+                      f"{row['steps']:,} {row['steps_are']}, {row['samples']:,} samples" if ok
+                      else row["status"].replace("_", " "),
+                      format_seconds(row["sim_time_s"]),
+                      "-" if row["time_per_sample_s"] is None else format_seconds(row["time_per_sample_s"]),
+                      "-" if target is None else format_seconds(target),
                       "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
                       "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
                       "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}",
                       format_bytes(row["peak_memory_bytes"]),
                       "-" if kinds is None else "/".join(format_bytes(kinds[kind]) for kind in
                                                          ("dp_allreduce", "pp_p2p", "tp_allreduce")),
-                      "-" if target is None else format_seconds(target), staleness)
+                      staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
-    (console if console.is_terminal else Console(width=150)).print(table)
+    (console if console.is_terminal else Console(width=200)).print(table)
+    console.print("time/sample: simulated time over the samples trained (a sync step trains every device's batch, "
+                  "an async update one worker's)")
 
 
 def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[str]]) -> None:

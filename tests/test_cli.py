@@ -301,3 +301,26 @@ def test_quiet_still_says_where_the_outputs_went(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out.strip() == f"wrote {tmp_path}/report.json, scenario.resolved.yaml, trace.json, final_model.pt"
     assert captured.err == ""
+
+
+def test_a_long_numerics_run_is_warned_once_with_the_no_numerics_hint(monkeypatch):
+    """The pace is read from the steps after the first (whose wall time includes building the job): 10 s a step,
+    96 steps left after the fourth is 960 s, past the 120 s the warning starts at."""
+    from rich.console import Console
+
+    from simtrain import progress
+
+    def warnings(numerics: bool, seconds_per_step: float) -> list[str]:
+        console = Console(record=True, width=400)
+        clock = iter(range(0, 10_000, 1))
+        monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock) * seconds_per_step)
+        scenario = simtrain.load_scenario(QUICKSTART, [f"numerics={str(numerics).lower()}"])
+        with progress.RunProgress(scenario, 100, console) as bar:
+            for step in range(100):
+                bar.on_step(step, step * 1e-3, None)
+        return [line for line in console.export_text().splitlines() if line.startswith("warning:")]
+
+    (line,) = warnings(numerics=True, seconds_per_step=10.0)
+    assert line.startswith("warning: about 960 s of wall time left with numerics on; --no-numerics")
+    assert warnings(numerics=False, seconds_per_step=10.0) == []
+    assert warnings(numerics=True, seconds_per_step=1.0) == []  # 96 s left: not long

@@ -40,10 +40,32 @@ def test_compare_runs_every_variant_and_writes_table_json_and_plot(tmp_path, cap
         assert row["idle_share"] == pytest.approx(report["breakdown_s"]["idle"] / report["step_time_s"])
     assert rows[0]["steps"] == 5 and rows[0]["staleness_mean"] is None
     assert rows[1]["steps"] == 40 and rows[1]["staleness_max"] >= 1
+    # Comparable units: a sync step trains all 8 devices' batches of 16, an async update one worker's batch.
+    assert [(row["steps_are"], row["samples"]) for row in rows] == [("steps", 5 * 8 * 16), ("updates", 40 * 16)]
+    for row in rows:
+        assert row["time_per_sample_s"] == pytest.approx(row["sim_time_s"] / row["samples"], rel=1e-12)
     png = (tmp_path / "loss_vs_time.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     out = capsys.readouterr().out
     assert "async/" in out and "data_parallel" in out  # the rows' scheme column (compare.json has it whole)
+    assert "5 steps, 640 samples" in out and "40 updates, 640 samples" in out
+
+
+def test_float_noise_compares_as_zero(tmp_path):
+    # idle = step time - the rest is never exactly 0 in floating point; two runs of one scenario compare equal.
+    from simtrain.compare import compare_reports
+    from simtrain.units import noise_free
+
+    assert noise_free(3e-19, 1e-3) == 0.0 and noise_free(2e-12, 1e-3) == 2e-12 and noise_free(None, 1.0) is None
+    for name in ("a", "b"):
+        report = {"step_time_s": 1e-3, "throughput_samples_per_s": 1e6,
+                  "breakdown_s": {"compute": 6e-4, "communication": 4e-4, "optimizer": 0.0,
+                                  "idle": 1e-19 if name == "a" else -2e-20}}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(report))
+    rows = {row["figure"]: row for row in compare_reports(tmp_path / "a", tmp_path / "b")}
+    assert rows["idle"]["values"] == [0.0, 0.0] and rows["idle"]["error"] == 0.0
+    assert rows["optimizer"]["error"] == 0.0 and rows["compute"]["error"] == 0.0
 
 
 def test_compare_reports_a_bad_variant_before_running_anything(tmp_path):
