@@ -6,8 +6,8 @@ with the edge's `bandwidth` (bytes/s) times its `efficiency` (default 1); `laten
 (s) is paid once per hop. A
 transfer src -> dst follows `topology.path(src, dst)`: it first waits the sum of
 the hop latencies, then becomes an *active flow* whose bytes move at the rate
-that max-min fair sharing (progressive filling) gives it over the directed
-links it crosses. When a flow starts or ends, rates are recomputed only inside
+that max-min fair sharing (progressive filling, hw/max_min.py) gives it over
+the directed links it crosses. When a flow starts or ends, rates are recomputed only inside
 its connected component (flows linked through shared directed links); a flow
 whose rate changes has its remaining bytes settled at the old rate up to now
 and gets a new finish time.
@@ -45,13 +45,14 @@ transport resending the unacknowledged rest would (`NoRoute` if none is left);
 flow's bytes count on each route's links for the part that crossed them; its
 `TransferRecord` names the route it finished on.
 """
-from heapq import heappop, heappush
+from heapq import heappush
 from math import inf
 from typing import Callable, NamedTuple
 
 import numpy as np
 import simpy
 
+from .max_min import max_min_rates
 from .ring_timing import RingTimes, ring_times
 from .topology import Topology
 
@@ -431,48 +432,10 @@ class Network:
                 on_done(flow)
 
     def _reshare(self, seeds: list[Flow], now: float) -> list[Flow]:
-        """Max-min fair rates for the components of `seeds` by progressive
-        filling; settles and returns the flows whose rate changed."""
-        # Components: breadth-first over flows and the directed links they share.
-        members: dict[Flow, None] = dict.fromkeys(seeds)
-        links: dict[_Link, None] = {}
-        queue = list(members)
-        for flow in queue:
-            for link in flow.links:
-                if link not in links:
-                    links[link] = None
-                    for other in link.flows:
-                        if other not in members:
-                            members[other] = None
-                            queue.append(other)
-        # Progressive filling: repeatedly saturate the link with the smallest
-        # fair share. Shares only grow as flows get fixed, so a heap with lazy
-        # re-insertion finds the bottleneck; the index breaks ties in order.
-        heap = []
-        for index, link in enumerate(links):
-            link.cap = link.bandwidth
-            link.unfixed = len(link.flows)
-            heap.append((link.bandwidth / link.unfixed, index, link))
-        heap.sort()
-        rates: dict[Flow, float] = {}
-        while heap:
-            share, index, link = heappop(heap)
-            if not link.unfixed:
-                continue
-            current = link.cap / link.unfixed
-            if current != share:
-                heappush(heap, (current, index, link))
-                continue
-            for flow in link.flows:
-                if flow in rates:
-                    continue
-                rates[flow] = share
-                for other in flow.links:
-                    other.cap -= share
-                    other.unfixed -= 1
+        """Max-min fair rates for the components of `seeds` (hw/max_min.py); settles and returns the flows
+        whose rate changed."""
         changed = []
-        for flow in queue:
-            rate = rates[flow]
+        for flow, rate in max_min_rates(seeds):
             if rate != flow.rate:
                 flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.settled_at))
                 flow.settled_at = now
