@@ -14,6 +14,9 @@
     simtrain topo --topology topologies/dgx-a100-2node.yaml
 
 A user's mistake prints one line naming the field or file and exits with 2.
+
+What needs torch or the simulator (the runner, the collectives, the cluster) is imported inside the command
+that uses it: `simtrain --help` and a command's `--help` start without torch.
 A run whose job a fault stopped (hw/faults.py) writes its report (status
 failed, and why), prints its summary and exits with 3.
 """
@@ -23,26 +26,20 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from typing import get_args
+
 import click
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from .comm import ALGORITHMS, channel_count
-from .comm.bench import benchmark_all_reduce
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
-from .host_memory import require_host_memory
-from .hw.cluster import resolve_cluster
 from .hw.topology_builders import BUILDERS
 from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
-from .preflight import preflight
 from .progress import RunProgress
-from .report import finite_or_none
-from .runner import run as run_scenario
 from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
 from .scenario.fields import first_error
-from .schemes import scheme_name
 from .units import format_bytes, format_seconds, parse_quantity, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
 from .views import (console, print_calibration, print_comparison, print_summary, print_sweep, ranks_header,
@@ -86,6 +83,8 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     Exit codes: 0 the job ran; 2 a mistake in the input (one line naming the field), or out of memory;
     3 a fault stopped the job (cluster.faults, cluster.random_faults): report.json is written, with
     status failed and the reason."""
+    from .runner import run as run_scenario
+
     scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / scenario.name, "name")
     population = scenario.pbt.population if scenario.pbt is not None else 1
@@ -239,6 +238,7 @@ def compare(scenario_files, variants, overrides, out_dir):
 def _compare_folders(folders, variants, overrides, out_dir) -> None:
     """`simtrain compare RUN_A RUN_B`: two reports' timing figures and the relative error."""
     from .compare import compare_reports, read_report
+    from .report import finite_or_none
 
     if len(folders) != 2 or not all(Path(folder).is_dir() for folder in folders):
         raise SimtrainError(f"compare: give scenario files, or exactly two run folders, got {' '.join(folders)}")
@@ -339,6 +339,9 @@ def memory(scenario_file, overrides, as_json):
 def validate(scenario_file, overrides):
     """Check a scenario as `simtrain run` does before simulating (the cluster, its faults, the host's memory,
     the layout and each rank's share of the model, on meta tensors) without running it."""
+    from .preflight import preflight
+    from .schemes import scheme_name
+
     scenario = load_scenario(scenario_file, overrides)
     cluster = preflight(scenario).build(record=False, seed=scenario.seed)
     counts = Counter(device.spec.name for device in cluster.devices)
@@ -397,6 +400,8 @@ def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, in
     if inter_bandwidth is not None:  # a NIC link is given or absent; its hop at least the in-host link's
         fields["inter_node_link"] = _link_options(inter_bandwidth, inter_latency, (None, fields["link"].latency),
                                                   ("--inter-bandwidth", "--inter-latency"))
+    from .hw.cluster import resolve_cluster
+
     try:
         spec = ClusterSpec.model_validate({key: value for key, value in fields.items() if value is not None})
         return resolve_cluster(spec).topology()
@@ -424,7 +429,8 @@ def _as_options(message: str) -> str:
 
 
 @cli.command()
-@click.option("--algo", type=click.Choice(ALGORITHMS), default=ParallelSpec().all_reduce, show_default=True)
+@click.option("--algo", type=click.Choice(get_args(ParallelSpec.model_fields["all_reduce"].annotation)),
+              default=ParallelSpec().all_reduce, show_default=True)
 @click.option("--channels", type=int, default=None,
               help="Buffer parts run side by side, one ring (or tree pair) each "
                    "[default: one per NIC rail across hosts, else 1].")
@@ -436,6 +442,11 @@ def _as_options(message: str) -> str:
 def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
                inter_latency, nodes_per_leaf, oversubscription, sizes, numerics, seed, as_json):
     """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
+    from .comm import channel_count
+    from .comm.bench import benchmark_all_reduce
+    from .host_memory import require_host_memory
+    from .report import finite_or_none
+
     topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                                nodes_per_leaf, oversubscription)
     low, sep, high = sizes.partition(":")

@@ -324,3 +324,14 @@ def test_a_long_numerics_run_is_warned_once_with_the_no_numerics_hint(monkeypatc
     assert line.startswith("warning: about 960 s of wall time left with numerics on; --no-numerics")
     assert warnings(numerics=False, seconds_per_step=10.0) == []
     assert warnings(numerics=True, seconds_per_step=1.0) == []  # 96 s left: not long
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["collective", "--help"], ["--version"]])
+def test_help_starts_without_torch(args):
+    """`simtrain --help` is read before anything runs: it imports neither torch nor the simulator (the start-up
+    time bench/startup.py measures)."""
+    code = ("import sys\nfrom simtrain.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(name for name in ('torch', 'numpy', 'simpy', 'simtrain.runner') if name in sys.modules)\n"
+            "print('imported:', heavy, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    assert done.stderr.strip().splitlines()[-1] == "imported: []"

@@ -89,11 +89,12 @@ _DIGITS_INFO = DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8
 def load_dataset(name: str, options: dict, seed: int, values: bool = True) -> DataSplits:
     """The named dataset's splits; `seed` drives any generated data. With `values` False (numerics off)
     generated token sequences are meta tensors: their shapes without drawing them (a vocabulary of
-    51,200 would need a 21 GB successor table)."""
+    51,200 would need a 21 GB successor table), and so are the digits: their shapes without reading them
+    (and without importing scikit-learn, seconds of a `simtrain validate`)."""
     options = dict(options or {})
     if name == "digits":
         _reject_unknown_options(options, allowed=(), field="data")
-        return _digits()
+        return _digits(values)
     if name == "synthetic":
         return _synthetic(options, seed)
     if name == "tokens":
@@ -190,12 +191,16 @@ def _reject_unknown_options(options: dict, allowed, field: str) -> None:
             raise ScenarioError(f"{field}.{key}: unknown option (known: {known})")
 
 
-def _digits() -> DataSplits:
-    from sklearn.datasets import load_digits
+def _digits(values: bool) -> DataSplits:
+    if values:
+        from sklearn.datasets import load_digits
 
-    pixels, labels = load_digits(return_X_y=True)
-    x = torch.from_numpy(pixels / 16.0).to(torch.float32)
-    y = torch.from_numpy(labels).to(torch.int64)
+        pixels, labels = load_digits(return_X_y=True)
+        x = torch.from_numpy(pixels / 16.0).to(torch.float32)
+        y = torch.from_numpy(labels).to(torch.int64)
+    else:
+        x = torch.empty((_DIGITS_SAMPLES, _DIGITS_INFO.num_features), device="meta")
+        y = torch.empty(_DIGITS_SAMPLES, dtype=torch.int64, device="meta")
     n = DIGITS_TRAIN_SAMPLES
     return DataSplits(
         train=TensorDataset(x[:n], y[:n]),
