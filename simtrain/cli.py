@@ -36,7 +36,7 @@ from rich.table import Table
 
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .hw.topology_builders import BUILDERS
-from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_SEED, MAX_STEPS
+from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_PROCESSES, MAX_SEED, MAX_STEPS
 from .progress import RunProgress
 from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
 from .scenario.fields import first_error
@@ -114,7 +114,7 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
 
 @cli.command()
 @click.argument("scenario_file")
-@click.option("--nproc", type=click.IntRange(1, MAX_DEVICES), default=None,
+@click.option("--nproc", type=click.IntRange(1, MAX_PROCESSES), default=None,
               help="Processes (ranks) to spawn; under torchrun, its group instead.")
 @click.option("--backend", type=click.Choice(("gloo", "nccl")), default="gloo", show_default=True)
 @click.option("--collective", type=click.Choice(("programs", "native")), default="programs", show_default=True,
@@ -141,7 +141,7 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
 
 
 @cli.command()
-@click.option("--nproc", type=click.IntRange(2, MAX_DEVICES), default=None,
+@click.option("--nproc", type=click.IntRange(2, MAX_PROCESSES), default=None,
               help="Processes (ranks) to spawn; under torchrun, its group instead.")
 @click.option("--out", "out_dir", default="calibration", show_default=True,
               help="Folder for device.yaml, topology.yaml and calibration.json.")

@@ -19,7 +19,8 @@ MAX_INTEGER_DIGITS = 64  # an integer literal with more digits is refused before
 MAX_NAME_BYTES = 128  # `name`, in UTF-8: the default output folder runs/<name>/ takes it
 
 # Counts.
-MAX_DEVICES = 4096  # simulated devices of one cluster (cluster.devices, a topology file's gpus, --devices)
+MAX_DEVICES = 131_072  # simulated devices of one cluster (cluster.devices, a topology file's gpus, --devices)
+MAX_PROCESSES = 4096  # real processes of one simtrain launch or calibrate on this host (--nproc)
 MAX_LINKS = 500_000  # links of one topology (about 1.4 KiB of host memory each): fully_connected up to 1,000 GPUs
 MAX_SWEEP_RUNS = 10_000  # runs of one simtrain sweep (the product of its grids)
 MAX_STEPS = 1_000_000  # train.steps, and any count of steps (intervals, annealing)

@@ -8,6 +8,7 @@ transfer records and the staging peaks on the ledgers.
 """
 import random
 
+import numpy as np
 import pytest
 import simpy
 import torch
@@ -160,3 +161,19 @@ def test_a_job_alone_times_its_ring_all_reduces_as_a_group(numerics, monkeypatch
     if numerics:
         for a, b in zip(grouped_job.scheme.final_models(), flow_job.scheme.final_models()):
             assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("world", [2, 3, 8, 33])
+@pytest.mark.parametrize("chunk", [0, 1, 4096, 12345])
+def test_a_ring_of_alike_positions_is_timed_in_lockstep_to_the_bit(world, chunk):
+    """One position's scalar recurrence (O(N) work) gives what every position's does (O(N^2)): the same numbers."""
+    from simtrain.hw.ring_timing import lockstep_ring_times, ring_times_by_position
+
+    post, latency, rate, busy = 1.0 / 3, 5e-6 / 7, 50e9 / 3, 2.0 / 7
+    same = lockstep_ring_times(world, post, latency, rate, chunk, busy)
+    every = ring_times_by_position(np.full(world, post), np.full(world, latency), np.full(world, rate),
+                                   np.full(world, chunk, dtype=np.int64), np.full(world, busy))
+    for field in ("end", "link_busy_s", "sent_bytes"):
+        assert np.array_equal(getattr(same, field), getattr(every, field)), field
+    for field in ("spans", "staging", "transfers"):
+        assert getattr(same, field) == getattr(every, field), field

@@ -60,11 +60,12 @@ def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], chann
             start += len(ranks)
         hosts_per_channel.append(hosts)
     identity = list(range(world))
+    rings = [None if order == identity else order for order in orders]  # compared once, not per rank
 
     def channel_program(channel: int, rank: int, part, average: bool):
         order = orders[channel]
         if algorithm == "ring":
-            return RingAllReduce(rank, world, part, average, ring=None if order == identity else order, tag=channel)
+            return RingAllReduce(rank, world, part, average, ring=rings[channel], tag=channel)
         if algorithm == "dbtree":
             return dbtree_all_reduce(rank, world, part, average, order=order, tags=(2 * channel, 2 * channel + 1))
         return hierarchical_all_reduce(rank, world, part, average, hosts=hosts_per_channel[channel], tag=channel)

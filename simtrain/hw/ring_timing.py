@@ -15,11 +15,15 @@ position p posts step k:
     T[p, k+1] = max(E[p, k], E[p-1, k])         its send and its receive are done
 
 which numpy evaluates for all positions at once, step by step: O(N) work per
-step, O(N) memory. The floating-point operations are the network's own, in its
-order, so the times are the flow model's to the last bit. What the flow model
-leaves behind is derived from the same arrays: each rank's communication spans
-(time with a transfer of its own in flight) and bytes sent, each link's bytes
-and busy time, the largest staging buffer a reducing receive holds, and the
+step, O(N) memory. When every position is alike (the same post time, route,
+chunk size and busy time: a homogeneous ring whose buffer splits evenly), all
+compute the same numbers, and one position's recurrence, in scalars, is all
+of theirs (`lockstep_ring_times`): O(N) work in all.
+
+The floating-point operations are the network's own, in its order, so the
+times are the flow model's to the last bit. What the flow model leaves behind
+is derived from the same arrays: each rank's communication spans (time with a
+transfer of its own in flight) and bytes sent, each link's bytes and busy time, the largest staging buffer a reducing receive holds, and the
 transfer records when the network keeps them.
 
 `Network.time_ring` is the way in; it feeds this module the ring's routes:
@@ -49,6 +53,37 @@ def ring_times(posts: np.ndarray, latency: np.ndarray, rate: np.ndarray, chunk_b
     """The ring all-reduce's timing when position p posts it at posts[p], over a path of total
     latency latency[p] and bottleneck rate rate[p] to position p+1, alone on its links, which
     were busy busy_before[p] seconds before."""
+    if not keep_transfers and len(posts) > 1 and all(
+            (np.asarray(values) == values[0]).all() for values in (posts, latency, rate, chunk_bytes, busy_before)):
+        return lockstep_ring_times(len(posts), float(posts[0]), float(latency[0]), float(rate[0]),
+                                   int(chunk_bytes[0]), float(busy_before[0]))
+    return ring_times_by_position(posts, latency, rate, chunk_bytes, busy_before, keep_transfers)
+
+
+def lockstep_ring_times(world: int, post: float, latency: float, rate: float, chunk: int, busy_before: float
+                        ) -> RingTimes:
+    """`ring_times` of a ring whose positions are all alike (the same post time, route latency and rate,
+    chunk size and busy time before): every position then computes the same numbers with the same
+    operations at every step, so one position's, in scalars, are all of theirs, to the bit. O(N) work
+    instead of O(N^2): what times a 131,072-rank ring in seconds."""
+    posted, busy, sent = post, busy_before, 0
+    for _ in range(2 * (world - 1)):
+        active = posted + latency  # start = max(posted, the right neighbour's posted) = posted
+        end = active + chunk / rate
+        if chunk > 0:
+            busy = busy + (end - active)
+        sent += chunk
+        posted = end  # max(its send's end, its receive's end), both `end`
+    staging = [(position, post, chunk) for position in range(world)] if chunk > 0 else []
+    # One span each, from the first step's start to the end: each step starts as the one before ends.
+    spans = [(position, post, posted, sent) for position in range(world)]
+    return RingTimes(np.full(world, posted), spans, np.full(world, busy), np.full(world, sent, dtype=np.int64),
+                     staging, [])
+
+
+def ring_times_by_position(posts: np.ndarray, latency: np.ndarray, rate: np.ndarray, chunk_bytes: np.ndarray,
+                           busy_before: np.ndarray, keep_transfers: bool = False) -> RingTimes:
+    """`ring_times` for any ring: every position's recurrence, step by step (O(N) work per step)."""
     world = len(posts)
     positions = np.arange(world)
     right, left = (positions + 1) % world, (positions - 1) % world
