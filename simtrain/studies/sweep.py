@@ -19,8 +19,8 @@ sweep writes
 
 Rows depend neither on the worker count nor on the order runs finish in (the
 host's wall time is not in them). Runs go to `workers` spawned processes, or,
-with `ray_address`, are submitted as tasks to an existing Ray cluster
-(`pip install simtrain[ray]`): each task gets the validated scenario and
+with `ray_address`, are submitted as tasks to a Ray cluster (`pip install
+simtrain[ray]`; "local" starts one on this machine for the sweep): each task gets the validated scenario and
 returns its report, so only files the scenario reads when it runs (a topology
 file, a user's model module) must be at the same path on Ray's workers.
 
@@ -174,17 +174,23 @@ def _run_on_ray(scenarios: list, indices: list[int], address: str, on_done):
         import ray
     except ImportError:
         raise ScenarioError("--ray: Ray is not installed (pip install 'simtrain[ray]')") from None
-    ray.init(address=address)
-    task = ray.remote(run_one)
-    pending = {task.remote(scenario): index for index, scenario in zip(indices, scenarios)}
-    finished = 0
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        for reference in ready:
-            finished += 1
-            yield pending.pop(reference), ray.get(reference)
-            if on_done is not None:
-                on_done(finished, len(scenarios))
+    started = not ray.is_initialized()  # a caller's own connection is kept; one made here is closed
+    if started:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    try:
+        task = ray.remote(run_one)
+        pending = {task.remote(scenario): index for index, scenario in zip(indices, scenarios)}
+        finished = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for reference in ready:
+                finished += 1
+                yield pending.pop(reference), ray.get(reference)
+                if on_done is not None:
+                    on_done(finished, len(scenarios))
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def run_one(scenario) -> dict:
