@@ -169,3 +169,12 @@ def test_router_softmax_is_over_fp32_logits():
     out = layer(h.to(torch.bfloat16))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
     assert F.softmax(layer.router(h.to(torch.bfloat16).reshape(-1, HIDDEN)).float(), -1).dtype == torch.float32
+
+
+def test_recomputation_trains_the_same_with_the_balancing_loss_counted_once():
+    """Checkpointed blocks run their forward again in the backward; the auxiliary gradient still joins once."""
+    moe = "model.moe={experts: 4, top_k: 2, capacity_factor: 1.0, aux_loss_coeff: 0.5}"
+    runs = [simtrain.run(load_scenario(GPT_SMALL, [moe, "train.steps=8", "cluster.devices=2",
+                                                   f"train.checkpointing={mode}"])).data for mode in ("none", "full")]
+    assert [loss for _, loss in runs[0]["loss_curve"]] == [loss for _, loss in runs[1]["loss_curve"]]
+    assert runs[1]["flops"]["device_flops_utilization"] > runs[1]["flops"]["mfu"]  # the recomputed forwards
