@@ -81,7 +81,7 @@ def hierarchical_all_to_all(rank: int, world: int, send: torch.Tensor, recv: tor
     for j, peer in enumerate(local):
         if peer != rank and sum(rail_rows(rank, j)):
             ops.append(Send(peer, torch.cat([sends[dst] for dst in rails[j]]), tag))
-    for i, peer in enumerate(local):
+    for peer in local:
         rows = rail_rows(peer, position)
         if peer == rank:
             staged[peer] = [sends[dst] for dst in rails[position]]

@@ -30,7 +30,10 @@ done: a scenario with MoE runs with one micro-batch and fp32 or bf16
 After each forward, `routing` holds what the router did: tokens per expert
 (kept), assignments dropped, and the auxiliary loss. With numerics off (meta
 tensors) there is no router output to read: the experts are charged balanced
-routing, T * top_k assignments spread as evenly as they go.
+routing, T * top_k assignments spread as evenly as they go. A step's FLOPs
+are measured once per batch shape (cost.measure_step_cost's cache): dropless,
+an MoE block's FLOPs do not depend on the routing; with a capacity, every step
+is charged the drops of the first.
 
     layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
     y = layer(h)                         # (batch, positions, 64)
