@@ -47,6 +47,10 @@ from .views import (console, print_calibration, print_comparison, print_summary,
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
+# The algorithms `simtrain collective --algo` offers, named without importing the collectives (torch):
+# the scenario schema's all-reduce names, and comm/all_to_all.py's ALL_TO_ALL keys (a test keeps them equal).
+ALL_REDUCE_ALGORITHMS = get_args(ParallelSpec.model_fields["all_reduce"].annotation)
+ALL_TO_ALL_ALGORITHMS = ("pairwise", "hierarchical")
 
 
 def _errors_name_the_file(command):
@@ -429,21 +433,24 @@ def _as_options(message: str) -> str:
 
 
 @cli.command()
-@click.option("--algo", type=click.Choice(get_args(ParallelSpec.model_fields["all_reduce"].annotation)),
-              default=ParallelSpec().all_reduce, show_default=True)
+@click.option("--op", type=click.Choice(("all_reduce", "all_to_all")), default="all_reduce", show_default=True,
+              help="The collective: all_to_all's size is each rank's send buffer, one block per rank.")
+@click.option("--algo", type=click.Choice(sorted({*ALL_REDUCE_ALGORITHMS, *ALL_TO_ALL_ALGORITHMS})), default=None,
+              help=f"all_reduce: {', '.join(ALL_REDUCE_ALGORITHMS)} [default: {ParallelSpec().all_reduce}]; "
+                   f"all_to_all: {', '.join(ALL_TO_ALL_ALGORITHMS)} [default: pairwise].")
 @click.option("--channels", type=int, default=None,
-              help="Buffer parts run side by side, one ring (or tree pair) each "
+              help="all_reduce: buffer parts run side by side, one ring (or tree pair) each "
                    "[default: one per NIC rail across hosts, else 1].")
 @_topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
+def collective(op, algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
                inter_latency, nodes_per_leaf, oversubscription, sizes, numerics, seed, as_json):
-    """All-reduce micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
+    """Collective micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
     from .comm import channel_count
-    from .comm.bench import benchmark_all_reduce
+    from .comm.bench import benchmark_all_reduce, benchmark_all_to_all
     from .host_memory import require_host_memory
     from .report import finite_or_none
 
@@ -461,16 +468,33 @@ def collective(algo, channels, topology, devices, bandwidth, latency, gpus_per_n
     while low <= high:
         size_list.append(low)
         low *= 2
-    channels = channel_count(algo, topo, topo.devices, channels, "--algo", "--channels")
+    if op == "all_to_all":
+        algo = algo or "pairwise"
+        if algo not in ALL_TO_ALL_ALGORITHMS:
+            raise SimtrainError(f"--algo: {algo} is not an all_to_all algorithm; known: "
+                                f"{', '.join(ALL_TO_ALL_ALGORITHMS)}")
+        if channels is not None:
+            raise SimtrainError("--channels: all_to_all runs one message per pair of ranks, without channels")
+        title, extra = f"all-to-all {algo}", {}
+        rows = benchmark_all_to_all(topo, algo, size_list, numerics, seed=seed)
+    else:
+        algo = algo or ParallelSpec().all_reduce
+        if algo not in ALL_REDUCE_ALGORITHMS:
+            raise SimtrainError(f"--algo: {algo} is not an all_reduce algorithm; known: "
+                                f"{', '.join(ALL_REDUCE_ALGORITHMS)}")
+        channels = channel_count(algo, topo, topo.devices, channels, "--algo", "--channels")
+        title, extra = f"all-reduce {algo}", {"channels": channels}
+        rows = benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed, channels=channels)
     if not as_json:
-        console.print(f"# all-reduce {algo} on {topo.name}, {topo.num_devices} devices, {channels} channel(s), "
-                      f"numerics {'on' if numerics else 'off'}")
+        console.print(f"# {title} on {topo.name}, {topo.num_devices} devices, "
+                      + (f"{channels} channel(s), " if extra else "") + f"numerics {'on' if numerics else 'off'}")
         console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
-    for row in benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed, channels=channels):
+    for row in rows:
         if as_json:
-            click.echo(json.dumps(finite_or_none({"algorithm": algo, "channels": channels, "bytes": row.nbytes,
-                                                  "time_s": row.time_s, "algbw_GBps": row.algbw_GBps,
-                                                  "busbw_GBps": row.busbw_GBps}), allow_nan=False))
+            click.echo(json.dumps(finite_or_none({**({"op": op} if op != "all_reduce" else {}), "algorithm": algo,
+                                                  **extra, "bytes": row.nbytes, "time_s": row.time_s,
+                                                  "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}),
+                                  allow_nan=False))
         else:
             wrong = "n/a" if row.wrong is None else str(row.wrong)
             console.print(f"{row.nbytes:>12} {row.time_s * 1e6:>12.2f} {row.algbw_GBps:>13.3f} "

@@ -93,6 +93,9 @@ class Scenario(Section):
                              "(train.precision fp32 or bf16)")
         if self.parallel.sync_batchnorm and precision != "fp32":
             raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
+        if self.model.moe is not None and (self.parallel.model_parallel or precision == "fp16"):
+            # train/moe.py adds the balancing loss's gradient unscaled: one micro-batch, no fp16 loss scale
+            raise ValueError("model.moe: runs with data parallelism (parallel.pp and parallel.tp 1) in fp32 or bf16")
         builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
         if self.model.batchnorm and self.model.name == "gpt":
             raise ValueError("model.batchnorm: a gpt normalizes with LayerNorm; batchnorm is for mlp and cnn")

@@ -163,7 +163,9 @@ def _check_vocab(vocab: int, tp: int) -> None:
         raise ValueError(f"data.vocab {vocab} does not divide into {tp} equal vocabulary slices")
 
 
-def build_gpt(vocab: int, seq_len: int, hidden: int, layers: int, heads: int) -> nn.Sequential:
-    """Embedding, `layers` blocks, head (the caller seeds torch first)."""
-    return nn.Sequential(TokenEmbedding(vocab, seq_len, hidden), *(Block(hidden, heads) for _ in range(layers)),
+def build_gpt(vocab: int, seq_len: int, hidden: int, layers: int, heads: int, block=None) -> nn.Sequential:
+    """Embedding, `layers` blocks, head (the caller seeds torch first); `block(layer, hidden, heads)` builds
+    layer `layer`'s block (default a Block; train/moe.py's moe_block puts mixtures of experts in)."""
+    block = block or (lambda layer, hidden, heads: Block(hidden, heads))
+    return nn.Sequential(TokenEmbedding(vocab, seq_len, hidden), *(block(i, hidden, heads) for i in range(layers)),
                          LanguageHead(hidden, vocab))

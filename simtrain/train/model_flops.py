@@ -11,8 +11,10 @@ in what the devices ran (report.json's `flops.device_tflops_per_device`).
   the model's matrix multiplies (every Linear's, the language head's included:
   12·L·h² + V·h for train/gpt.py's model of width h and vocabulary V), L
   layers, H heads of Q features each (H·Q = h) and T the sequence length; a
-  sample is T tokens. For this model it equals Narayanan et al. 2021
-  ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+  sample is T tokens; in a mixture-of-experts block (train/moe.py) N counts
+  the router and the top_k + shared experts a token goes through (its
+  activated weights, as MoE MFU is quoted). For this model it equals
+  Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
   Megatron-LM", eq. 3) without its recomputed forward:
   72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) for a batch of B sequences, where the
   paper's 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) counts the forward of every
@@ -49,14 +51,19 @@ def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> 
     """Model FLOPs of a step of `samples` samples (every replica's together)."""
     if scenario.model.name == "gpt":
         return ModelFlops(samples * gpt_flops_per_sequence(scenario.model.layers, scenario.model.width,
-                                                           scenario.data.vocab, scenario.data.seq_len), PALM)
+                                                           scenario.data.vocab, scenario.data.seq_len,
+                                                           scenario.model.moe), PALM)
     batch = scenario.data.batch_size
     return ModelFlops(samples / batch * _measured_flops(scenario, data, batch), MEASURED)
 
 
-def gpt_flops_per_sequence(layers: int, width: int, vocab: int, seq_len: int) -> float:
-    """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/gpt.py's model."""
+def gpt_flops_per_sequence(layers: int, width: int, vocab: int, seq_len: int, moe=None) -> float:
+    """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/gpt.py's model; with `moe` (a MoESpec), N
+    counts the weights a token is computed with: an MoE block's router and top_k + shared experts."""
     weights = 12 * layers * width**2 + vocab * width
+    if moe is not None:
+        moe_layers = layers // moe.every
+        weights += moe_layers * ((moe.top_k + moe.shared_experts - 1) * 8 * width**2 + moe.experts * width)
     return float(seq_len * (6 * weights + 12 * layers * width * seq_len))
 
 

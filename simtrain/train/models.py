@@ -16,7 +16,8 @@ stream is left as it was.
 - With `batchnorm`, every hidden Linear or Conv2d is followed by BatchNorm
   (before the ReLU, as Ioffe & Szegedy 2015 place it); the output layer is not.
 - `gpt`: a small decoder-only transformer for token data (train/gpt.py);
-  `model.hidden` (one width), `model.layers`, `model.heads`.
+  `model.hidden` (one width), `model.layers`, `model.heads`; `model.moe`
+  makes every n-th block a mixture of experts (train/moe.py).
 - `package.module:function`: called with `model.options` as keyword
   arguments; it returns an `nn.Module` with trainable parameters that maps a
   batch of the data's inputs to one logit per class (checked with one forward
@@ -42,6 +43,7 @@ from ..errors import ScenarioError
 from ..scenario import ModelSpec
 from .data import DatasetInfo, call_with_options, load_callable
 from .gpt import build_gpt
+from .moe import moe_block
 
 
 def build_model(spec: ModelSpec, info: DatasetInfo, seed: int) -> nn.Module:
@@ -63,7 +65,8 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
     if spec.name == "gpt":
         if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
             raise ScenarioError("model.name: gpt needs token sequences (data.name: tokens)")
-        return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads)
+        block = moe_block(spec.moe) if spec.moe is not None else None
+        return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads, block)
     if ":" in spec.name:
         return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name, info)
     raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, or package.module:function)")

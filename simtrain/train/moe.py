@@ -1,0 +1,186 @@
+"""Mixture-of-experts layers for the gpt: a learned top-k router, expert MLPs, capacity, the balancing loss.
+
+`MoE(hidden, spec)` maps (batch, positions, hidden) to the same shape, in
+place of a Block's MLP. Every token t (h_t its input) is routed as HF
+transformers' Mixtral block and Megatron-Core's default router do: logits
+l_t = router(h_t) (a Linear without bias), probabilities p_t = softmax(l_t)
+in fp32 over the experts, the top_k of them kept and renormalized to sum to 1
+(w_t,e = p_t,e / sum of the kept p_t). The output is sum over kept e of
+w_t,e * expert_e(h_t), plus every shared expert's output (DeepSeekMoE), each
+expert an MLP as the dense one (Linear to 4 x hidden, GELU, Linear back).
+
+Capacity (`capacity_factor` c, null: dropless): expert e takes at most
+C = ceil(c * T * top_k / experts) of the T tokens' assignments; it keeps them
+in token order, for a token its choices in rank order (Megatron-Core's
+"position" drop policy), and drops the rest: a dropped assignment adds
+nothing (the other weights are not renormalized), so a token whose every
+choice is dropped passes through on the residual only.
+
+The auxiliary load-balancing loss is Switch Transformer's (Fedus et al. 2021,
+eq. 4) for top-k as Megatron-Core computes it: coeff * E * sum_e f_e * P_e,
+with f_e the share of the T * top_k assignments routed to e (before drops)
+and P_e the mean of p_t,e over the tokens: coeff when routing is balanced.
+It joins the training loss as Megatron-Core's MoEAuxLossAutoScaler adds it:
+the layer's output carries it through autograd, and the backward adds its
+gradient (times 1) to the router's, so the loss a run reports stays the
+language-model loss. Scaling it by micro-batches or an fp16 loss scale is not
+done: a scenario with MoE runs with one micro-batch and fp32 or bf16
+(scenario/root.py says so).
+
+After each forward, `routing` holds what the router did: tokens per expert
+(kept), assignments dropped, and the auxiliary loss. With numerics off (meta
+tensors) there is no router output to read: the experts are charged balanced
+routing, T * top_k assignments spread as evenly as they go. A step's FLOPs
+are measured once per batch shape (cost.measure_step_cost's cache): dropless,
+an MoE block's FLOPs do not depend on the routing; with a capacity, every step
+is charged the drops of the first.
+
+    layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
+    y = layer(h)                         # (batch, positions, 64)
+    layer.routing.tokens_per_expert      # [kept assignments of expert 0, 1, ...]
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..scenario.model import MoESpec
+from .gpt import Block
+
+
+class ExpertMLP(nn.Module):
+    """One expert: Linear(hidden, 4 hidden), GELU, Linear(4 hidden, hidden), as the dense block's MLP."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.expand = nn.Linear(hidden, 4 * hidden)
+        self.contract = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.contract(F.gelu(self.expand(h)))
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One forward's routing: kept assignments per expert, assignments dropped, the auxiliary loss."""
+
+    tokens_per_expert: tuple[int, ...]
+    dropped: int
+    aux_loss: float
+
+
+class MoE(nn.Module):
+    """Router, routed experts and shared experts: the MLP of a mixture-of-experts block."""
+
+    def __init__(self, hidden: int, spec: MoESpec):
+        super().__init__()
+        self.spec = spec
+        self.router = nn.Linear(hidden, spec.experts, bias=False)
+        self.experts = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.experts))
+        self.shared = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.shared_experts))
+        self.routing: Routing | None = None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        tokens = h.reshape(-1, h.shape[-1])
+        if tokens.is_meta:
+            out = self._balanced(tokens)
+        else:
+            out = self._routed(tokens)
+        for expert in self.shared:
+            out = out + expert(tokens)
+        return out.view_as(h)
+
+    def capacity(self, tokens: int) -> int | None:
+        """Assignments one expert keeps out of `tokens` tokens' (None: dropless)."""
+        factor = self.spec.capacity_factor
+        return None if factor is None else math.ceil(factor * tokens * self.spec.top_k / self.spec.experts)
+
+    def _routed(self, tokens: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        probs = self.router(tokens).float().softmax(dim=-1)  # (T, E)
+        top_probs, chosen = probs.topk(spec.top_k, dim=-1)  # (T, k)
+        weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        keep = kept_assignments(chosen, spec.experts, self.capacity(tokens.shape[0]))
+        out = torch.zeros_like(tokens)
+        kept_counts = []
+        for e, expert in enumerate(self.experts):
+            token_index, slot = ((chosen == e) & keep).nonzero(as_tuple=True)  # token order
+            kept_counts.append(len(token_index))
+            if len(token_index):
+                weight = weights[token_index, slot].unsqueeze(-1).to(tokens.dtype)
+                out = out.index_add(0, token_index, weight * expert(tokens[token_index]))
+        aux_loss = balancing_loss(probs, chosen, spec.experts) * spec.aux_loss_coeff
+        self.routing = Routing(tuple(kept_counts), int((~keep).sum()), float(aux_loss.detach()))
+        if spec.aux_loss_coeff > 0 and torch.is_grad_enabled():
+            out = AuxLossGradient.apply(out, aux_loss)
+        return out
+
+    def _balanced(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Meta tensors: each expert runs on its balanced share of the assignments (capacity-limited)."""
+        assignments = tokens.shape[0] * self.spec.top_k
+        capacity = self.capacity(tokens.shape[0])
+        out = torch.zeros_like(tokens) + self.router(tokens).sum() * 0
+        counts = []
+        for e, expert in enumerate(self.experts):
+            share = assignments // self.spec.experts + (e < assignments % self.spec.experts)
+            counts.append(share if capacity is None else min(share, capacity))
+            out = out + expert(tokens[:counts[-1]]).sum() * 0  # a share is at most every token
+        self.routing = Routing(tuple(counts), assignments - sum(counts), float("nan"))
+        return out
+
+
+def kept_assignments(chosen: torch.Tensor, experts: int, capacity: int | None) -> torch.Tensor:
+    """(T, k) booleans: which of the router's choices their expert takes. Each expert keeps its first
+    `capacity` assignments in token order, a token's choices in rank order (None: all of them)."""
+    if capacity is None:
+        return torch.ones_like(chosen, dtype=torch.bool)
+    one_hot = F.one_hot(chosen.flatten(), experts)  # (T k, E), rows in (token, rank) order
+    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # the assignment's place in its expert's queue
+    return (position < capacity).view_as(chosen)
+
+
+def balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, experts: int) -> torch.Tensor:
+    """Switch Transformer's load-balancing loss for top-k (without the coefficient): E * sum_e f_e P_e."""
+    tokens, top_k = chosen.shape
+    share = torch.bincount(chosen.flatten(), minlength=experts).float() / (tokens * top_k)
+    return experts * (share * probs.mean(dim=0)).sum()
+
+
+class AuxLossGradient(torch.autograd.Function):
+    """Identity on the layer's output in the forward; in the backward, the auxiliary loss gets gradient 1,
+    as if it had been added to the training loss (Megatron-Core's MoEAuxLossAutoScaler, scale 1)."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(aux_loss)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (aux_loss,) = ctx.saved_tensors
+        return grad_output, torch.ones_like(aux_loss)
+
+
+class MoEBlock(Block):
+    """A gpt Block whose MLP is a mixture of experts: x + attention(ln1(x)), then x + moe(ln2(x))."""
+
+    def __init__(self, hidden: int, heads: int, spec: MoESpec):
+        super().__init__(hidden, heads)
+        del self.expand, self.contract  # the dense MLP, replaced
+        self.moe = MoE(hidden, spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, h = self._after_attention(x, self._attention(self.ln1(x)))
+        return x + self.moe(h)
+
+    def shard_(self, tp_rank: int, tp: int):
+        raise ValueError("a mixture-of-experts block is not split by tensor parallelism")
+
+
+def moe_block(spec: MoESpec):
+    """build_gpt's `block`: layer i (from 0) is an MoEBlock when i + 1 is a multiple of `spec.every`."""
+    def block(layer: int, hidden: int, heads: int) -> nn.Module:
+        return MoEBlock(hidden, heads, spec) if (layer + 1) % spec.every == 0 else Block(hidden, heads)
+    return block
