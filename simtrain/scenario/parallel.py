@@ -124,6 +124,17 @@ class ParallelSpec(Section):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
+        sharding = self.sharding
+        if sharding.stage > 0:
+            if self.mode == "async":
+                raise ValueError(f"parallel.sharding.stage: {sharding.stage} shards synchronous data parallelism; "
+                                 "async keeps one shared store (set parallel.mode sync, or sharding.stage 0)")
+            if self.model_parallel:
+                raise ValueError("parallel.sharding: with pp/tp is not built yet (set parallel.pp and parallel.tp "
+                                 "to 1, or sharding.stage to 0)")
+            if sharding.degree is not None and self.dp is not None and self.dp % sharding.degree:
+                raise ValueError(f"parallel.sharding.degree: {sharding.degree} does not divide parallel.dp "
+                                 f"{self.dp}")
         return self
 
     @property

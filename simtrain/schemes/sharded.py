@@ -17,8 +17,8 @@ the group (schemes/sharded_replica.py holds a rank's share):
   rank unscales its chunks into its fp32 master shard and steps its
   optimizer on it alone, then the groups all-gather the updated parameters;
 - **stage 2**: the same, but a unit's unsharded gradient lives only from its
-  backward to the end of its reduce-scatter (freed when the next unit's
-  backward ends): what stays is the fp32 gradient of the shard;
+  backward to the end of its reduce-scatter: what stays is the fp32 gradient
+  of the shard;
 - **stage 3** (FSDP): the parameters are sharded too. A unit's parameters
   are all-gathered before its forward and again before its backward (unless
   `reshard_after_forward` is false: then kept from forward to backward),
@@ -27,6 +27,13 @@ the group (schemes/sharded_replica.py holds a rank's share):
   are reduce-scattered as each unit's backward ends;
 - **HSDP** (degree < dp): each reduced chunk is then all-reduced across the
   replicate group, once its reduce-scatter has ended.
+
+Reduce-scatters run one at a time, as on FSDP2's one reduce-scatter stream:
+once a unit's backward has ended, the rank waits for the previous unit's
+reduce-scatter to end (freeing its unsharded gradient, posting its HSDP
+all-reduce) before it posts this unit's; a step whose reduce-scatters keep up
+with the backward never waits. Stages 1 and 2 all-gather every unit's updated
+parameters side by side after the optimizer step.
 
 The real forward and backward run once the parameters they need are on the
 rank (under stage 3, when the forward's last gather has landed: the host
@@ -197,10 +204,10 @@ class ShardedDataParallel(RankReplicas, Scheme):
             if gathered:
                 shard.reshard(unit)
                 yield Free("comm_buffers", self._unit_bytes(unit))
-            posted = yield Post(shard.reduce_scatter(unit, group, self._tag(_REDUCE, unit)), LABELS["reduce_scatter"])
-            if reducing is not None:
+            if reducing is not None:  # one reduce-scatter at a time: the one before this unit's has ended
                 replicating += yield from self._reduced(rank, *reducing)
-            reducing = (unit, posted)
+            program = shard.reduce_scatter(unit, group, self._tag(_REDUCE, unit))
+            reducing = (unit, (yield Post(program, LABELS["reduce_scatter"])))
         yield Free("activations", cost.activation_bytes)
         replicating += yield from self._reduced(rank, *reducing)
         for posted in replicating:
