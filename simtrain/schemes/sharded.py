@@ -55,19 +55,17 @@ gathered units and unsharded gradients in flight are `comm_buffers`.
     parallel: {sharding: {stage: 3, degree: 4, reshard_after_forward: true}}
     scheme = ShardedDataParallel(job)
 """
-import torch
 from pydantic import Field
 
 from ..errors import ScenarioError
-from ..op_cost import scaled
 from ..report.sections import ReportSection, register_section
-from ..step_ops import Alloc, Await, Compute, Free, MemoryBound, Post, Transfer
-from ..train.partition import model_units, unit_flops
-from ..train.precision import persistent_bytes, update_bytes
+from ..step_ops import Alloc, Await, Free, MemoryBound, Post, Transfer
+from ..train.precision import update_bytes
 from .overflow_vote import overflow_vote
 from .rank_replicas import RankReplicas
 from .scheme import Scheme
 from .shard_layout import ShardLayout
+from .shard_units import UnitCosts
 from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
 
 _GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the collectives' kinds: each unit's messages have their own tag
@@ -90,19 +88,15 @@ class ShardedDataParallel(RankReplicas, Scheme):
         if self.world % self.degree:
             raise ScenarioError(f"parallel.sharding.degree: {self.degree} does not divide the {self.world} "
                                 "data-parallel ranks")
-        for refused, field, why in ((train.optimizer.name == "kfac", "train.optimizer.name",
-                                     "kfac preconditions whole layers; shard sgd or adam"),
-                                    (scenario.parallel.sync_batchnorm, "parallel.sync_batchnorm",
-                                     "does not combine with parallel.sharding yet")):
-            if refused:
-                raise ScenarioError(f"{field}: {why}")
+        if train.optimizer.name == "kfac":
+            raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
+        if scenario.parallel.sync_batchnorm:
+            raise ScenarioError("parallel.sync_batchnorm: does not combine with parallel.sharding yet")
         self.replicate = self.world // self.degree
         self.steps, self.precision = train.steps, train.precision
-        model = job.model
         first = job.replicas[job.local_ranks[0]]
-        self._entries = _entry_units(model)
-        self.layout = ShardLayout([p.numel() for p in first.params], _param_units(model, self._entries),
-                                  self.degree)
+        self.units = UnitCosts(job.model)
+        self.layout = ShardLayout([p.numel() for p in first.params], self.units.param_units, self.degree)
         self.replicas = job.replicas
         for rank in job.local_ranks:  # each rank's Replica becomes its share (checkpoints and PBT see the shard)
             self.replicas[rank] = ShardedReplica(self.replicas[rank], self.layout, rank % self.degree, self.stage,
@@ -112,7 +106,6 @@ class ShardedDataParallel(RankReplicas, Scheme):
         self._whole_step_bytes = update_bytes(first.params, self.precision, train.optimizer)
         self._element = self.replicas[job.local_ranks[0]].param_flat.element_size()
         self.vote = self.precision == "fp16"
-        self._unit_flops: dict[tuple, list[float]] = {}  # by batch shape: each unit's forward FLOPs
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
         self._ended = 0  # rank programs that ran to their end
@@ -169,10 +162,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
         x, _ = shard.next_batch()
         cost = shard.step_cost()
         dtype = shard.precision.name
-        forward = _pieces(self._forward_flops(x, cost.forward_flops), cost.forward_flops, cost.forward_kernels,
-                          cost.forward_ops, dtype, "forward")
-        backward = _pieces(self._backward_flops(cost), cost.backward_flops, cost.backward_kernels,
-                           cost.backward_ops, dtype, "backward")
+        forward, backward = self.units.forward(x, cost, dtype), self.units.backward(cost, dtype)
         yield Alloc("activations", cost.activation_bytes)
         # stage 3: the units gathered in order, forward then (resharded after forward) backward
         chain = [*range(units), *reversed(range(units))] if self.reshard_after_forward else [*range(units)]
@@ -255,28 +245,6 @@ class ShardedDataParallel(RankReplicas, Scheme):
     def _tag(self, kind: int, unit: int) -> int:
         return kind * len(self.layout.units) + unit
 
-    def _forward_flops(self, x: torch.Tensor, total: float) -> list[float]:
-        """Each unit's forward FLOPs on a batch of x's shape (measured once per shape); the last unit's is what
-        the others leave of the whole forward's `total` (it ends with the loss)."""
-        key = (tuple(x.shape), x.dtype)
-        if key not in self._unit_flops:
-            self._unit_flops[key] = (unit_flops(self.job.model, self._entries, x) if self._entries is not None
-                                     else [0.0])
-        units = list(self._unit_flops[key])
-        units[-1] = total - sum(units[:-1])
-        return units
-
-    def _backward_flops(self, cost) -> list[float]:
-        """Each unit's share of the backward, last unit first: from the completion of the gradients of the unit
-        after it to the completion of its own (cost.py's grad_ready_flops); the first unit's runs to the end."""
-        pieces, done = [], 0.0
-        for unit in reversed(range(len(self.layout.units))):
-            ready = max(cost.grad_ready_flops[index] for index in self.layout.units[unit]) if unit else \
-                cost.backward_flops
-            pieces.append(max(ready - done, 0.0))
-            done = max(ready, done)
-        return pieces
-
     def _step_done(self, rank: int, step: int, loss) -> None:
         self._losses[step].append(loss)
         self._ranks_done[step] += 1
@@ -304,9 +272,6 @@ class ShardedDataParallel(RankReplicas, Scheme):
 
     def state_source(self, rank: int) -> int:
         return rank  # each rank holds its own shard of the state
-
-    def state_receivers(self) -> list[int]:
-        return list(range(self.world))
 
     def receive_state(self, rank: int, donor, state):
         """Step program: rank `rank`'s shard, whole, from the donor's rank of the same index (the chunks it
@@ -376,41 +341,3 @@ class ShardingSection(ReportSection):
 register_section("sharding", ShardingSection, "sharded data parallelism: the stage, the groups and the bytes "
                                               "each collective moved (schemes/sharded.py)")
 
-
-def _entry_units(model) -> list[tuple[int, ...]] | None:
-    """The model's units as groups of its nn.Sequential's entries (train/partition.py's model_units), a group
-    without trainable parameters joined to the one before it; None for a model that is not an nn.Sequential."""
-    if not isinstance(model, torch.nn.Sequential):
-        return None
-    units: list[tuple[int, ...]] = []
-    for unit in model_units(model, tensor_parallel=False):
-        if units and not any(p.requires_grad for entry in unit for p in model[entry].parameters()):
-            units[-1] += unit
-        else:
-            units.append(unit)
-    return units
-
-
-def _param_units(model, entries) -> list[list[int]]:
-    """Each unit's trainable parameters, as indices in model.parameters() order (trainable ones only)."""
-    if entries is None:
-        return [list(range(sum(1 for p in model.parameters() if p.requires_grad)))]
-    units, index = [], 0
-    for unit in entries:
-        count = sum(1 for entry in unit for p in model[entry].parameters() if p.requires_grad)
-        units.append(list(range(index, index + count)))
-        index += count
-    return units
-
-
-def _pieces(flops: list[float], total: float, kernels: int, ops, dtype: str, name: str) -> list[Compute]:
-    """A pass cut into Compute operations of `flops` each: each with its share of the pass's kernels (rounded
-    so that they add up) and of its operators' FLOPs and bytes."""
-    pieces, done, kernels_done = [], 0.0, 0
-    for piece in flops:
-        done += piece
-        until = round(kernels * done / total) if total else 0
-        pieces.append(Compute(piece, dtype, name, kernels=until - kernels_done,
-                              ops=scaled(ops, piece / total) if total else ops))
-        kernels_done = until
-    return pieces
