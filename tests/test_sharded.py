@@ -281,3 +281,19 @@ def test_kfac_is_refused_with_sharding():
            "parallel": {"sharding": {"stage": 1}}}
     with pytest.raises(ScenarioError, match="train.optimizer.name: kfac"):
         run(validate_scenario(raw))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_pbt_exploit_copies_each_ranks_shard_from_the_donors_same_rank(tmp_path, stage):
+    from test_pbt import assert_the_recipient_trained_on_from_the_donors_state, run_population_and_replay, \
+        two_switch_population
+    scenario = two_switch_population(tmp_path, parallel={"sharding": {"stage": stage}},
+                                     train={"optimizer": {"name": "adam", "lr": 0.01}, "precision": "bf16"})
+    population, replay = run_population_and_replay(scenario)
+    assert_the_recipient_trained_on_from_the_donors_state(population, replay)
+    [event] = population.events
+    donor = population.members[event["from"]]
+    assert donor.checkpoint[0].layout == donor.checkpoint[1].layout  # each rank: its master shard and moments
+    assert not torch.equal(donor.checkpoint[0].flat, donor.checkpoint[1].flat)  # ... of different chunks
+    assert event["bytes"] == sum(state.nbytes for state in donor.checkpoint.values())
