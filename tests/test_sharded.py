@@ -20,7 +20,10 @@ from simtrain import plan_memory, run
 from simtrain.errors import ScenarioError
 from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
-from simtrain.scenario import validate_scenario
+from simtrain.loss import cross_entropy
+from simtrain.scenario import ModelSpec, validate_scenario
+from simtrain.train.data import ShardLoader, load_dataset
+from simtrain.train.models import build_model
 
 MLP = {"name": "zero", "seed": 3, "cluster": {"devices": 1, "topology": "ring"},
        "model": {"name": "mlp", "hidden": [33, 32]},  # units of 2145, 1088 and 330 parameters: padded for N = 4
@@ -106,6 +109,45 @@ def test_mixed_precision_trains_what_plain_ddp_trains(stage, precision):
     assert sharded.data["scheme"] == "sharded" and ddp.data["scheme"] == "data_parallel"
     assert torch.equal(flat_parameters(sharded.final_model), flat_parameters(ddp.final_model))
     assert sharded.data["amp"] == ddp.data["amp"]  # the same loss scale, the same skipped steps
+
+
+def bf16_with_fp32_reduce_reference(world: int, steps: int) -> torch.Tensor:
+    """Plain torch: each rank's bf16 replica computes its gradient on its own batches; the gradients are summed in
+    fp32 and divided by the ranks; Adam steps the fp32 master weights, rounded into the bf16 model."""
+    seed, hidden, batch = MLP["seed"], MLP["model"]["hidden"], MLP["data"]["batch_size"]
+    data = load_dataset("digits", {}, seed)
+    model = build_model(ModelSpec(name="mlp", hidden=hidden), data.info, seed)
+    masters = [p.detach().clone().float().requires_grad_() for p in model.parameters()]
+    model.to(torch.bfloat16)
+    loaders = [ShardLoader(data.train, world, rank, batch, seed) for rank in range(world)]
+    optimizer = torch.optim.Adam(masters, lr=MLP["train"]["optimizer"]["lr"], foreach=False)
+    for _ in range(steps):
+        sums = [torch.zeros_like(master) for master in masters]
+        for loader in loaders:
+            x, y = loader.next_batch()
+            model.zero_grad()
+            cross_entropy(model(x.to(torch.bfloat16)), y).backward()
+            for total, param in zip(sums, model.parameters()):
+                total.add_(param.grad.float())
+        for master, total in zip(masters, sums):
+            master.grad = total / world
+        optimizer.step()
+        with torch.no_grad():
+            for param, master in zip(model.parameters(), masters):
+                param.copy_(master)
+    return torch.cat([master.detach().flatten() for master in masters])
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_an_fp32_reduce_dtype_sums_bf16_gradients_in_fp32(stage):
+    report = run(scenario(MLP, 2, precision="bf16", stage=stage, reduce_dtype="fp32"))
+    section = report.data["sharding"]
+    assert section["reduce_dtype"] == "fp32"
+    # the sum of two is exact either way round: bit for bit (a bf16 reduce is 6e-3 away)
+    assert torch.equal(flat_parameters(report.final_model), bf16_with_fp32_reduce_reference(2, MLP["train"]["steps"]))
+    # the reduce-scatter moves 4-byte elements, the gathers 2-byte ones
+    gathers = 1 if stage == 1 else 2
+    assert section["bytes_by_kind"]["reduce_scatter"] * gathers == 2 * section["bytes_by_kind"]["all_gather"]
 
 
 def test_a_missing_gather_would_show_a_stage_3_rank_holds_only_its_chunks_between_steps():

@@ -63,6 +63,10 @@ class ShardingSpec(Section):
     reshard_after_forward: Flag = Field(
         True, description="stage 3: free a unit's gathered parameters after its forward and gather them again "
                           "for its backward; false: keep them from the forward to the backward.")
+    reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="The dtype gradients are reduce-scattered (and HSDP all-reduced) in, as FSDP2's "
+                          "MixedPrecisionPolicy.reduce_dtype; null: the compute dtype (train.precision, which is "
+                          "FSDP2's param_dtype).")
 
 
 class ParallelSpec(Section):

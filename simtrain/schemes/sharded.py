@@ -45,7 +45,9 @@ Gathers and reduce-scatters are posted (step_ops.Post) and awaited where
 their data is needed, so only what compute does not hide is communication.
 
 The gradient is summed by the reduce-scatter (and the HSDP all-reduce) in
-the compute dtype and divided by dp, as DDP averages its bucket, so the
+the reduce dtype (`reduce_dtype`, the compute dtype by default, as FSDP2's
+MixedPrecisionPolicy: a unit's copy in another dtype is `comm_buffers` while
+it is reduced) and divided by dp, as DDP averages its bucket, so the
 trained parameters are one device's on the global batch (fp32, within
 rounding) and plain DDP's (bf16, two ranks: bit for bit). fp16's overflow is
 voted across the job (schemes/overflow_vote.py), as every rank sees only its
@@ -68,7 +70,7 @@ from .shard_layout import ShardLayout
 from .shard_units import UnitCosts
 from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
 
-_GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the collectives' kinds: each unit's messages have their own tag
+_GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the collectives' kinds
 LABELS = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "hsdp_all_reduce"}
 
 
@@ -94,17 +96,21 @@ class ShardedDataParallel(RankReplicas, Scheme):
             raise ScenarioError("parallel.sync_batchnorm: does not combine with parallel.sharding yet")
         self.replicate = self.world // self.degree
         self.steps, self.precision = train.steps, train.precision
+        self.reduce_dtype = sharding.reduce_dtype or train.precision
         first = job.replicas[job.local_ranks[0]]
         self.units = UnitCosts(job.model)
         self.layout = ShardLayout([p.numel() for p in first.params], self.units.param_units, self.degree)
         self.replicas = job.replicas
         for rank in job.local_ranks:  # each rank's Replica becomes its share (checkpoints and PBT see the shard)
             self.replicas[rank] = ShardedReplica(self.replicas[rank], self.layout, rank % self.degree, self.stage,
-                                                 train.optimizer)
+                                                 train.optimizer, self.reduce_dtype)
         self._held = held_bytes(self.layout, self.stage, self.precision, train.optimizer)
         self._step_bytes = shard_update_bytes(self.layout, self.precision, train.optimizer)
         self._whole_step_bytes = update_bytes(first.params, self.precision, train.optimizer)
-        self._element = self.replicas[job.local_ranks[0]].param_flat.element_size()
+        shard = self.replicas[job.local_ranks[0]]
+        self._element = shard.param_flat.element_size()
+        # bytes per element of a unit's copy in the reduce dtype, held while it is reduce-scattered (0: in place)
+        self._reduce_element = 0 if shard.reduced is shard.grad_buffer else shard.reduced.element_size()
         self.vote = self.precision == "fp16"
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
@@ -114,8 +120,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
 
     def regroup(self) -> None:
         """The job-wide all-reduce of the fp16 overflow vote, over the job's devices as they are now."""
-        self.devices = self.job.devices
-        self.all_reduce = self.job.all_reduce(range(self.world)) if self.vote else None
+        self.devices, self.all_reduce = self.job.devices, self.job.all_reduce(range(self.world))
 
     @classmethod
     def steps_until_every_rank_stepped(cls, world: int) -> int:
@@ -150,9 +155,9 @@ class ShardedDataParallel(RankReplicas, Scheme):
         if self._ended % len(self.job.local_ranks) == 0:  # the last rank's program to end
             self._publish()
 
-    def _unit_bytes(self, unit: int) -> int:
-        """Bytes of a unit's padded parameters (or gradient) in the compute dtype: a gather's buffer."""
-        return self.layout.chunk_numel(unit) * self.degree * self._element
+    def _unit_bytes(self, unit: int, element: int | None = None) -> int:
+        """Bytes of a unit's padded parameters (or gradient) in the compute dtype (or of `element` bytes)."""
+        return self.layout.chunk_numel(unit) * self.degree * (self._element if element is None else element)
 
     def _forward_backward(self, rank: int):
         """Step program: the forward unit by unit (gathering under stage 3), the backward unit by unit with each
@@ -197,6 +202,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
             if reducing is not None:  # one reduce-scatter at a time: the one before this unit's has ended
                 replicating += yield from self._reduced(rank, *reducing)
             program = shard.reduce_scatter(unit, group, self._tag(_REDUCE, unit))
+            yield Alloc("comm_buffers", self._unit_bytes(unit, self._reduce_element))  # its reduce-dtype copy
             reducing = (unit, (yield Post(program, LABELS["reduce_scatter"])))
         yield Free("activations", cost.activation_bytes)
         replicating += yield from self._reduced(rank, *reducing)
@@ -213,6 +219,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
         """Step program: wait for unit `unit`'s reduce-scatter; free its unsharded gradient (stages 2, 3); under
         HSDP post the all-reduce of its chunk across the replicas. Returns the posted all-reduces."""
         yield Await(posted)
+        yield Free("comm_buffers", self._unit_bytes(unit, self._reduce_element))
         if self.stage >= 2:
             yield Free("comm_buffers", self._unit_bytes(unit))
         if self.replicate == 1:
@@ -242,7 +249,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
         for handle in handles:
             yield Await(handle)
 
-    def _tag(self, kind: int, unit: int) -> int:
+    def _tag(self, kind: int, unit: int) -> int:  # each unit's collectives of each kind: their own messages
         return kind * len(self.layout.units) + unit
 
     def _step_done(self, rank: int, step: int, loss) -> None:
@@ -306,18 +313,24 @@ class ShardedDataParallel(RankReplicas, Scheme):
 
     def report_sections(self) -> dict:
         """report.json's `parallel` (the layout) and `sharding` (the stage, the groups, the bytes by kind)."""
-        log, moved = self.job.cluster.log, dict.fromkeys(LABELS, 0)
-        for device in self.devices:
-            by_label = log.bytes_by_label(device.rank, "communication")
-            for kind, label in LABELS.items():
-                moved[kind] += int(by_label.get(label, 0))
         return {
             "parallel": {"dp": self.world, "pp": 1, "tp": 1, "overlap": True, "buckets": len(self.layout.units)},
             "sharding": {"stage": self.stage, "degree": self.degree, "replicate": self.replicate,
+                         "reduce_dtype": self.reduce_dtype,
                          "reshard_after_forward": self.reshard_after_forward, "units": len(self.layout.units),
                          "shard_elements": self.layout.shard_numel, "padded_elements": self.layout.padded_numel,
-                         "bytes_by_kind": moved},
+                         "bytes_by_kind": _bytes_by_kind(self.job.cluster.log, self.devices)},
         }
+
+
+def _bytes_by_kind(log, devices) -> dict[str, int]:
+    """The bytes `devices` sent in each kind of collective (their event log's communication, by label)."""
+    moved = dict.fromkeys(LABELS, 0)
+    for device in devices:
+        by_label = log.bytes_by_label(device.rank, "communication")
+        for kind, label in LABELS.items():
+            moved[kind] += int(by_label.get(label, 0))
+    return moved
 
 
 class ShardingBytes(ReportSection):
@@ -331,6 +344,7 @@ class ShardingSection(ReportSection):
     degree: int = Field(description="ranks a shard group holds one copy of the state across")
     replicate: int = Field(description="shard groups that replicate each other (HSDP when above 1)")
     reshard_after_forward: bool = Field(description="stage 3: whether a unit is gathered again for its backward")
+    reduce_dtype: str = Field(description="the dtype gradients were reduced in: fp32, bf16 or fp16")
     units: int = Field(description="units the parameters are gathered and their gradients reduced in")
     shard_elements: int = Field(description="parameters in one rank's shard (each unit padded to the degree)")
     padded_elements: int = Field(description="parameters of the model, each unit padded to a multiple of the "

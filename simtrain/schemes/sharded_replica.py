@@ -17,7 +17,9 @@ The collectives that move its chunks are programs over its shard group
 parameters, a ring reduce-scatter of a unit's gradient (run the other way
 round the ring, so that on full-duplex ring links it never shares a link
 with the gathers running beside it) and, under HSDP, a ring all-reduce of
-the reduced chunk across the replicate group.
+the reduced chunk across the replicate group. Gradients are reduced in the
+reduce dtype (`parallel.sharding.reduce_dtype`): the compute dtype in place,
+or a copy cast into `reduced` as the unit's reduce-scatter starts.
 
 Its training state (checkpoints, PBT) is its shard: the fp32 master shard,
 the optimizer's state of it, the loss scale and the model's buffers. Loaded,
@@ -45,7 +47,8 @@ _FP32_BYTES = 4
 class ShardedReplica(Replica):
     """A Replica whose parameters, gradients and optimizer state are laid out for sharding."""
 
-    def __init__(self, replica: Replica, layout: ShardLayout, position: int, stage: int, optimizer: OptimizerSpec):
+    def __init__(self, replica: Replica, layout: ShardLayout, position: int, stage: int, optimizer: OptimizerSpec,
+                 reduce_dtype: str | None = None):
         self.__dict__.update(replica.__dict__)  # the model, loader and precision it takes over
         self.layout, self.position, self.stage = layout, position, stage
         self.owned = layout.owned(position)
@@ -53,6 +56,10 @@ class ShardedReplica(Replica):
         device = self.params[0].device
         self.param_flat = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
         self.grad_buffer = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
+        # what the gradient is reduced in: the gradient itself, or its copy in the reduce dtype
+        reduce = DTYPES[reduce_dtype] if reduce_dtype is not None else self.precision.dtype
+        self.reduced = (self.grad_buffer if reduce == self.precision.dtype
+                        else torch.zeros(layout.padded_numel, dtype=reduce, device=device))
         full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
         masters = self.precision.master_params  # fp32: the parameters themselves
         with torch.no_grad():
@@ -81,17 +88,20 @@ class ShardedReplica(Replica):
                                self.layout.chunks(self.param_flat, unit), tag)
 
     def reduce_scatter(self, unit: int, group: list[int], tag: int):
-        """Ring reduce-scatter (sum) of unit `unit`'s gradient over `group`, the ring run backwards: reversed,
-        this rank sits at N-1-position and ends holding chunk `owned`, as the forward ring would leave it."""
+        """Ring reduce-scatter (sum) of unit `unit`'s gradient over `group`, in the reduce dtype (a copy cast when
+        the program starts, if it is not the compute dtype), the ring run backwards: reversed, this rank sits at
+        N-1-position and ends holding chunk `owned`, as the forward ring would leave it."""
         n = len(group)
-        chunks = self.layout.chunks(self.grad_buffer, unit)
+        if self.reduced is not self.grad_buffer:  # cast into the reduce dtype when the program starts
+            self.reduced[self.layout.unit_slice(unit)].copy_(self.grad_buffer[self.layout.unit_slice(unit)])
+        chunks = self.layout.chunks(self.reduced, unit)
         reordered = [chunks[(n - index + 1) % n] for index in range(n)]
-        return ring_reduce_scatter(n - 1 - self.position, group[self.position - 1],
-                                   group[(self.position + 1) % n], reordered, tag)
+        yield from ring_reduce_scatter(n - 1 - self.position, group[self.position - 1],
+                                       group[(self.position + 1) % n], reordered, tag)
 
     def all_reduce(self, unit: int, rank: int, replicas: list[int], tag: int):
         """HSDP: ring all-reduce (sum) of the reduced chunk of unit `unit` across `replicas` (job ranks)."""
-        chunk = self.layout.chunks(self.grad_buffer, unit)[self.owned]
+        chunk = self.layout.chunks(self.reduced, unit)[self.owned]
         return ring_all_reduce(rank, len(replicas), chunk, ring=replicas, tag=tag)
 
     # ---- the numerics of a step ----
@@ -113,7 +123,7 @@ class ShardedReplica(Replica):
         True iff they hold an inf or NaN."""
         with torch.no_grad():
             for unit in range(len(self.layout.units)):
-                chunk = self.layout.chunks(self.grad_buffer, unit)[self.owned]
+                chunk = self.layout.chunks(self.reduced, unit)[self.owned]
                 chunk.div_(replicas)
                 self.master.grad[self.layout.shard_slice(unit)].copy_(chunk)
         scaler = self.precision.scaler
