@@ -22,6 +22,7 @@ from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
 from simtrain.loss import cross_entropy
 from simtrain.scenario import ModelSpec, validate_scenario
+from simtrain.schemes.shard_layout import ShardLayout
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
 
@@ -162,6 +163,19 @@ def test_a_missing_gather_would_show_a_stage_3_rank_holds_only_its_chunks_betwee
     for finite in held:
         for shard, numbers in zip(job.replicas, finite):
             assert numbers[:, shard.owned].all() and numbers.sum() == PSI // 4  # the rest is NaN
+
+
+def test_a_shard_layout_pads_each_unit_to_the_degree_and_cuts_it_into_chunks():
+    layout = ShardLayout([5, 3, 8], units=[[0, 1], [2]], shards=3)
+    assert [layout.chunk_numel(unit) for unit in (0, 1)] == [3, 3]  # ceil(8 / 3) each
+    assert (layout.padded_numel, layout.shard_numel) == (18, 6)
+    assert [layout.param_slice(index) for index in range(3)] == [slice(0, 5), slice(5, 8), slice(9, 17)]
+    flat = torch.arange(18)
+    assert [chunk.tolist() for chunk in layout.chunks(flat, 1)] == [[9, 10, 11], [12, 13, 14], [15, 16, 17]]
+    assert [layout.owned(position) for position in range(3)] == [1, 2, 0]  # what a ring reduce-scatter leaves
+    assert layout.shard_slice(1) == slice(3, 6)
+    with pytest.raises(ValueError, match="units must cover"):
+        ShardLayout([5, 3], units=[[1], [0]], shards=2)
 
 
 # ---------------------------------------------------------------- memory
