@@ -110,6 +110,8 @@ def test_mixed_precision_trains_what_plain_ddp_trains(stage, precision):
     assert sharded.data["scheme"] == "sharded" and ddp.data["scheme"] == "data_parallel"
     assert torch.equal(flat_parameters(sharded.final_model), flat_parameters(ddp.final_model))
     assert sharded.data["amp"] == ddp.data["amp"]  # the same loss scale, the same skipped steps
+    losses = [[loss for *_, loss in report.data["train_loss_curve"]] for report in (sharded, ddp)]
+    assert losses[0] == losses[1] and len(losses[0]) >= 1  # stage 3: evaluated on the model assembled from shards
 
 
 def bf16_with_fp32_reduce_reference(world: int, steps: int) -> torch.Tensor:

@@ -83,17 +83,10 @@ class ShardedDataParallel(RankReplicas, Scheme):
 
     def __init__(self, job, on_step=None):
         self.job, self.world, self.on_step = job, job.world, on_step
-        scenario = job.scenario
-        train, sharding = scenario.train, scenario.parallel.sharding
+        train, sharding = job.scenario.train, job.scenario.parallel.sharding
         self.stage, self.reshard_after_forward = sharding.stage, sharding.reshard_after_forward
         self.degree = sharding.degree if sharding.degree is not None else self.world
-        if self.world % self.degree:
-            raise ScenarioError(f"parallel.sharding.degree: {self.degree} does not divide the {self.world} "
-                                "data-parallel ranks")
-        if train.optimizer.name == "kfac":
-            raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
-        if scenario.parallel.sync_batchnorm:
-            raise ScenarioError("parallel.sync_batchnorm: does not combine with parallel.sharding yet")
+        _check_runs(job, self.degree)
         self.replicate = self.world // self.degree
         self.steps, self.precision = train.steps, train.precision
         self.reduce_dtype = sharding.reduce_dtype or train.precision
@@ -114,7 +107,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
         self.vote = self.precision == "fp16"
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
-        self._ended = 0  # rank programs that ran to their end
+        self._ended, self._published = 0, False  # rank programs that ran to their end; the model published
         self.loss_curve: list[tuple[float, float | None]] = []
         self.regroup()
 
@@ -269,6 +262,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
         shards = [self.replicas[rank] for rank in self.shard_group(0)]
         for rank in self.job.local_ranks:
             self.replicas[rank].publish(shards)
+        self._published = True
 
     # ---- what the runner reads, and the Scheme hooks ----
 
@@ -292,7 +286,11 @@ class ShardedDataParallel(RankReplicas, Scheme):
         return self.job.comm.stuck()
 
     def trained_model(self):
-        return self.replicas[0].model
+        """The whole model: the trained fp32 one once published, before that (the training-loss monitor) a copy
+        assembled from shard group 0's chunks."""
+        if self._published:
+            return self.replicas[0].model
+        return self.replicas[0].assembled([self.replicas[rank] for rank in self.shard_group(0)])
 
     def final_models(self) -> list:
         return [replica.model for replica in self.replicas]
@@ -321,6 +319,19 @@ class ShardedDataParallel(RankReplicas, Scheme):
                          "shard_elements": self.layout.shard_numel, "padded_elements": self.layout.padded_numel,
                          "bytes_by_kind": _bytes_by_kind(self.job.cluster.log, self.devices)},
         }
+
+
+def _check_runs(job, degree: int) -> None:
+    """What the scheme cannot run: one line naming the key."""
+    if job.world % degree:
+        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {job.world} data-parallel "
+                            "ranks")
+    if job.scenario.train.optimizer.name == "kfac":
+        raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
+    if job.scenario.parallel.sync_batchnorm:
+        raise ScenarioError("parallel.sharding: does not combine with parallel.sync_batchnorm yet")
+    if len(job.local_ranks) != job.world:  # a real launch: each process holds one rank
+        raise ScenarioError("parallel.sharding: runs simulated; simtrain launch does not run it yet")
 
 
 def _bytes_by_kind(log, devices) -> dict[str, int]:

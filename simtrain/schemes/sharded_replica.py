@@ -31,6 +31,8 @@ the ZeRO paper's terms (Rajbhandari et al. 2020), in simtrain's categories.
     shard = ShardedReplica(replica, layout, position, stage, optimizer_spec)
     program = shard.gather(unit, group, tag)          # a collective program
 """
+import copy
+
 import torch
 
 from ..comm.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
@@ -53,6 +55,7 @@ class ShardedReplica(Replica):
         self.layout, self.position, self.stage = layout, position, stage
         self.owned = layout.owned(position)
         self.stale = False  # the chunks it does not own must be gathered before the next step (after a load)
+        self._assembled = None  # the copy `assembled` writes into
         device = self.params[0].device
         self.param_flat = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
         self.grad_buffer = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
@@ -192,6 +195,23 @@ class ShardedReplica(Replica):
         self.apply_update(False)
         self.reshard_all()
         self.stale = self.stage < 3
+
+    @torch.no_grad()
+    def assembled(self, shards: list["ShardedReplica"]) -> torch.nn.Module:
+        """A copy of the model (compute dtype) holding the parameters as `shards` (one shard group, by position)
+        own them now: what the training-loss monitor evaluates while a stage 3 rank holds only its chunks."""
+        if self._assembled is None:
+            self._assembled = copy.deepcopy(self.model)
+            for param in self._assembled.parameters():
+                param.data = param.data.clone()
+        layout, whole = self.layout, torch.empty_like(self.param_flat)
+        for shard in shards:
+            for unit in range(len(layout.units)):
+                layout.chunks(whole, unit)[shard.owned].copy_(layout.chunks(shard.param_flat, unit)[shard.owned])
+        trainable = [param for param in self._assembled.parameters() if param.requires_grad]
+        for index, param in enumerate(trainable):
+            param.copy_(whole[layout.param_slice(index)].view_as(param))
+        return self._assembled
 
     def publish(self, shards: list["ShardedReplica"]) -> None:
         """Write the whole fp32 model, from the owned chunks of `shards` (one shard group, by position), into
