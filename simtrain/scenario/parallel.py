@@ -5,6 +5,7 @@
       all_reduce: ring       # naive | ring | tree | hierarchical | dbtree
       pp: 2                  # pipeline stages
       tp: 2                  # tensor-parallel ranks per stage
+      sharding: {stage: 3}   # ZeRO 1 | 2 | 3 (FSDP) inside the data-parallel dimension; 0: plain DDP
 
 The scheme that runs follows from the mode and the layout: the registry in
 simtrain/schemes/__init__.py (docs/concepts/schemes.md).
@@ -48,6 +49,26 @@ class PipelineSpec(Section):
         return self
 
 
+class ShardingSpec(Section):
+    """Sharded data parallelism (ZeRO / FSDP, schemes/sharded.py): what each data-parallel rank holds only a
+    1/degree shard of. The shard group is `degree` adjacent data-parallel ranks (torchtitan's dp_shard); the
+    dp / degree groups replicate each other (dp_replicate: HSDP)."""
+
+    stage: Literal[0, 1, 2, 3] = Field(
+        0, description="0: plain DDP (nothing sharded); 1: optimizer state (and fp32 master weights and "
+                       "gradients) sharded; 2: the gradients too; 3 (FSDP): the parameters too.")
+    degree: Count(MAX_DEVICES) | None = Field(
+        None, description="Ranks a shard group holds the state across (must divide dp); the dp / degree groups "
+                          "all-reduce their shards (HSDP); null: all of dp.")
+    reshard_after_forward: Flag = Field(
+        True, description="stage 3: free a unit's gathered parameters after its forward and gather them again "
+                          "for its backward; false: keep them from the forward to the backward.")
+    reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="The dtype gradients are reduce-scattered (and HSDP all-reduced) in, as FSDP2's "
+                          "MixedPrecisionPolicy.reduce_dtype; null: the compute dtype (train.precision, which is "
+                          "FSDP2's param_dtype).")
+
+
 class ParallelSpec(Section):
     """How the job's devices cooperate."""
 
@@ -83,6 +104,8 @@ class ParallelSpec(Section):
         ("tp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default puts "
                                         "a stage's tp ranks on adjacent devices, then the stages, then the "
                                         "replicas.")
+    sharding: ShardingSpec = Field(ShardingSpec(), description="Sharded data parallelism (ZeRO stages, FSDP, "
+                                                               "HSDP).")
     representatives: Flag = Field(
         False, description="Simulate one rank per pipeline stage (tp rank 0 of replica 0) and time its "
                            "collectives with their mirrors' (schemes/representatives.py): numerics off, identical "
@@ -105,6 +128,17 @@ class ParallelSpec(Section):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
+        sharding = self.sharding
+        if sharding.stage > 0:
+            if self.mode == "async":
+                raise ValueError(f"parallel.sharding.stage: {sharding.stage} shards synchronous data parallelism; "
+                                 "async keeps one shared store (set parallel.mode sync, or sharding.stage 0)")
+            if self.model_parallel:
+                raise ValueError("parallel.sharding: with pp/tp is not built yet (set parallel.pp and parallel.tp "
+                                 "to 1, or sharding.stage to 0)")
+            if sharding.degree is not None and self.dp is not None and self.dp % sharding.degree:
+                raise ValueError(f"parallel.sharding.degree: {sharding.degree} does not divide parallel.dp "
+                                 f"{self.dp}")
         return self
 
     @property

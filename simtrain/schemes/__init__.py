@@ -12,6 +12,8 @@ provides, and the hooks it may override, are scheme.py's `Scheme` protocol.
   with data parallelism (any `parallel.pp` or `parallel.tp` above 1);
 - `async` (asynchronous.py): workers that pull and push through a
   shared-memory store (`parallel.mode: async`);
+- `sharded` (sharded.py): ZeRO stages 1-3 (FSDP) and HSDP
+  (`parallel.sharding.stage` above 0);
 - `data_parallel` (sync.py): a gradient all-reduce every step, with
   `parallel.all_reduce`'s algorithm (simtrain.comm.ALGORITHMS).
 
@@ -30,12 +32,14 @@ than (docs/concepts/schemes.md).
 from .asynchronous import AsynchronousSGD
 from .model_parallel import ModelParallel
 from .scheme import Scheme
+from .sharded import ShardedDataParallel
 from .sync import SyncDataParallel
 
 # Scheme name -> class, most specific first: the first whose `applies(parallel)` holds runs the scenario.
 SCHEMES: dict[str, type[Scheme]] = {
     "model_parallel": ModelParallel,
     "async": AsynchronousSGD,
+    "sharded": ShardedDataParallel,
     "data_parallel": SyncDataParallel,
 }
 
@@ -55,4 +59,4 @@ def build_scheme(job, on_step=None) -> Scheme:
     return scheme_class(job.scenario.parallel)(job, on_step)
 
 
-__all__ = ["SCHEMES", "Scheme", "build_scheme", "scheme_class", "scheme_name"]
+__all__ = ["SCHEMES", "Scheme", "ShardedDataParallel", "build_scheme", "scheme_class", "scheme_name"]

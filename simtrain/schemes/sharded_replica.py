@@ -1,0 +1,264 @@
+"""One rank's share of sharded data parallelism: flat parameters and gradients, its fp32 shard and optimizer.
+
+`ShardedReplica` takes over a job's `Replica` (train/replica.py: the model
+copy, the loader, the precision) and lays its trainable parameters and their
+gradients out as views into two padded flat buffers in the compute dtype
+(schemes/shard_layout.py). What the rank owns is its chunk of every unit:
+
+- `master`: the fp32 master weights of its shard (under fp32 training, the
+  fp32 weights of its chunks), the one tensor its optimizer steps, with
+  `master.grad` the averaged, unscaled fp32 gradient of the shard;
+- its optimizer's state, for `master` alone (Adam's moments, momentum);
+- under stage 3, nothing else: the other ranks' chunks of `param_flat` hold
+  NaN between a unit's uses, so a step that forgot a gather computes NaN.
+
+The collectives that move its chunks are programs over its shard group
+(job ranks, on the job's communicator): a ring all-gather of a unit's
+parameters, a ring reduce-scatter of a unit's gradient (run the other way
+round the ring, so that on full-duplex ring links it never shares a link
+with the gathers running beside it) and, under HSDP, a ring all-reduce of
+the reduced chunk across the replicate group. Gradients are reduced in the
+reduce dtype (`parallel.sharding.reduce_dtype`): the compute dtype in place,
+or a copy cast into `reduced` as the unit's reduce-scatter starts.
+
+Its training state (checkpoints, PBT) is its shard: the fp32 master shard,
+the optimizer's state of it, the loss scale and the model's buffers. Loaded,
+the chunks it does not own are NaN until they are gathered again.
+
+`held_bytes` is what the rank's ledger holds for the whole run, by category:
+the ZeRO paper's terms (Rajbhandari et al. 2020), in simtrain's categories.
+
+    shard = ShardedReplica(replica, layout, position, stage, optimizer_spec)
+    program = shard.gather(unit, group, tag)          # a collective program
+"""
+import copy
+
+import torch
+
+from ..comm.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from ..scenario import OptimizerSpec
+from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
+from ..train.precision import DTYPES
+from ..train.replica import Replica
+from ..train.training_state import TrainingState
+from .shard_layout import ShardLayout
+
+_FP32_BYTES = 4
+
+
+class ShardedReplica(Replica):
+    """A Replica whose parameters, gradients and optimizer state are laid out for sharding."""
+
+    def __init__(self, replica: Replica, layout: ShardLayout, position: int, stage: int, optimizer: OptimizerSpec,
+                 reduce_dtype: str | None = None):
+        self.__dict__.update(replica.__dict__)  # the model, loader and precision it takes over
+        self.layout, self.position, self.stage = layout, position, stage
+        self.owned = layout.owned(position)
+        self.stale = False  # the chunks it does not own must be gathered before the next step (after a load)
+        self._assembled = None  # the copy `assembled` writes into
+        device = self.params[0].device
+        self.param_flat = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
+        self.grad_buffer = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
+        # what the gradient is reduced in: the gradient itself, or its copy in the reduce dtype
+        reduce = DTYPES[reduce_dtype] if reduce_dtype is not None else self.precision.dtype
+        self.reduced = (self.grad_buffer if reduce == self.precision.dtype
+                        else torch.zeros(layout.padded_numel, dtype=reduce, device=device))
+        full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
+        masters = self.precision.master_params  # fp32: the parameters themselves
+        with torch.no_grad():
+            for index, (param, master) in enumerate(zip(self.params, masters)):
+                where = layout.param_slice(index)
+                full[where].copy_(master.reshape(-1))
+                view = self.param_flat[where].view_as(param)
+                view.copy_(param)
+                param.data = view
+                param.grad = self.grad_buffer[where].view_as(param)
+        self.master = torch.cat([layout.chunks(full, unit)[self.owned] for unit in range(len(layout.units))])
+        self.master.requires_grad_()
+        self.master.grad = torch.zeros_like(self.master)
+        if self.precision.mixed:  # the whole fp32 copies are gone: the shard is all the rank keeps
+            self.precision.master_params, self.precision.master_grads = None, None
+        self.optimizer = build_optimizer([self.master], optimizer)
+        if stage == 3:
+            self.reshard_all()
+
+    # ---- the collective programs of a unit ----
+
+    def gather(self, unit: int, group: list[int], tag: int):
+        """Ring all-gather of unit `unit`'s parameters over `group` (job ranks, this rank at `position`)."""
+        n = len(group)
+        return ring_all_gather(self.position, group[(self.position + 1) % n], group[self.position - 1],
+                               self.layout.chunks(self.param_flat, unit), tag)
+
+    def reduce_scatter(self, unit: int, group: list[int], tag: int):
+        """Ring reduce-scatter (sum) of unit `unit`'s gradient over `group`, in the reduce dtype (a copy cast when
+        the program starts, if it is not the compute dtype), the ring run backwards: reversed, this rank sits at
+        N-1-position and ends holding chunk `owned`, as the forward ring would leave it."""
+        n = len(group)
+        if self.reduced is not self.grad_buffer:  # cast into the reduce dtype when the program starts
+            self.reduced[self.layout.unit_slice(unit)].copy_(self.grad_buffer[self.layout.unit_slice(unit)])
+        chunks = self.layout.chunks(self.reduced, unit)
+        reordered = [chunks[(n - index + 1) % n] for index in range(n)]
+        yield from ring_reduce_scatter(n - 1 - self.position, group[self.position - 1],
+                                       group[(self.position + 1) % n], reordered, tag)
+
+    def all_reduce(self, unit: int, rank: int, replicas: list[int], tag: int):
+        """HSDP: ring all-reduce (sum) of the reduced chunk of unit `unit` across `replicas` (job ranks)."""
+        chunk = self.layout.chunks(self.reduced, unit)[self.owned]
+        return ring_all_reduce(rank, len(replicas), chunk, ring=replicas, tag=tag)
+
+    # ---- the numerics of a step ----
+
+    def next_batch(self):
+        """The loader's next batch, in the compute dtype; kept as last_batch (what step_cost measures)."""
+        x, y = self.loader.next_batch()
+        self.last_batch = (self.precision.cast_input(x), y)
+        return self.last_batch
+
+    def forward_backward(self) -> torch.Tensor:
+        """Forward and backward of the last batch on the parameters as they stand; returns the loss."""
+        x, y = self.last_batch
+        self.grad_buffer.zero_()
+        return self.backward(self.loader.batch_loss(self.model(x), y))
+
+    def take_gradient(self, replicas: int) -> bool:
+        """The reduced chunks, averaged over the `replicas` data-parallel ranks, unscaled into master.grad;
+        True iff they hold an inf or NaN."""
+        with torch.no_grad():
+            for unit in range(len(self.layout.units)):
+                chunk = self.layout.chunks(self.reduced, unit)[self.owned]
+                chunk.div_(replicas)
+                self.master.grad[self.layout.shard_slice(unit)].copy_(chunk)
+        scaler = self.precision.scaler
+        if scaler is not None:
+            return scaler.unscale_(self.master.grad)
+        return not self.master.is_meta and not bool(torch.isfinite(self.master.grad).all())
+
+    @torch.no_grad()
+    def apply_update(self, update: bool) -> None:
+        """Step the shard's optimizer if `update`, then round the master shard into the owned chunks."""
+        if update:
+            self.optimizer.step()
+        for unit in range(len(self.layout.units)):
+            self.layout.chunks(self.param_flat, unit)[self.owned].copy_(self.master[self.layout.shard_slice(unit)])
+
+    @torch.no_grad()
+    def reshard(self, unit: int) -> None:
+        """Drop the chunks of unit `unit` this rank does not own (NaN until gathered again)."""
+        for index, chunk in enumerate(self.layout.chunks(self.param_flat, unit)):
+            if index != self.owned:
+                chunk.fill_(float("nan"))
+
+    def reshard_all(self) -> None:
+        for unit in range(len(self.layout.units)):
+            self.reshard(unit)
+
+    # ---- the sharded training state ----
+
+    def training_state(self) -> TrainingState:
+        """This rank's shard, packed: fp32 master shard, optimizer state, loss scale, the model's buffers."""
+        pieces = [("master", self.master)]
+        pieces += [(f"optimizer.{key}", value) for key, value in sorted(self.optimizer.state.get(self.master,
+                                                                                                   {}).items())]
+        if self.precision.scaler is not None:
+            pieces.append(("scaler", self.precision.scaler.scale))
+        pieces += [(f"buffer.{name}", buffer) for name, buffer in self.model.named_buffers()]
+        flat = torch.cat([tensor.detach().reshape(-1).view(torch.uint8) for _, tensor in pieces])
+        layout = [(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in pieces]
+        scaler = self.precision.scaler
+        return TrainingState(flat, layout, None if scaler is None else scaler.clean_steps)
+
+    @torch.no_grad()
+    def load_training_state(self, state: TrainingState, flat: torch.Tensor) -> None:
+        """Go on from `flat`, a received copy of a shard's `state.flat`, bit for bit; the chunks it does not
+        own are dropped, to be gathered before the next step."""
+        buffers = dict(self.model.named_buffers())
+        optimizer_state, offset = {}, 0
+        for name, dtype, shape in state.layout:
+            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            value = flat[offset:offset + nbytes].clone().view(dtype).reshape(shape)
+            offset += nbytes
+            kind, _, rest = name.partition(".")
+            if kind == "master":
+                self.master.copy_(value)
+            elif kind == "optimizer":
+                optimizer_state[rest] = value
+            elif kind == "scaler":
+                self.precision.scaler.scale = value
+            else:
+                buffers[rest].copy_(value)
+        self.optimizer.state.clear()
+        if optimizer_state:
+            self.optimizer.state[self.master] = optimizer_state
+        if self.precision.scaler is not None:
+            self.precision.scaler.clean_steps = state.clean_steps
+        self.apply_update(False)
+        self.reshard_all()
+        self.stale = self.stage < 3
+
+    @torch.no_grad()
+    def assembled(self, shards: list["ShardedReplica"]) -> torch.nn.Module:
+        """A copy of the model (compute dtype) holding the parameters as `shards` (one shard group, by position)
+        own them now: what the training-loss monitor evaluates while a stage 3 rank holds only its chunks."""
+        if self._assembled is None:
+            self._assembled = copy.deepcopy(self.model)
+            for param in self._assembled.parameters():
+                param.data = param.data.clone()
+        layout, whole = self.layout, torch.empty_like(self.param_flat)
+        for shard in shards:
+            for unit in range(len(layout.units)):
+                layout.chunks(whole, unit)[shard.owned].copy_(layout.chunks(shard.param_flat, unit)[shard.owned])
+        trainable = [param for param in self._assembled.parameters() if param.requires_grad]
+        for index, param in enumerate(trainable):
+            param.copy_(whole[layout.param_slice(index)].view_as(param))
+        return self._assembled
+
+    def publish(self, shards: list["ShardedReplica"]) -> None:
+        """Write the whole fp32 model, from the owned chunks of `shards` (one shard group, by position), into
+        this replica's model: what the run reports as trained (Job.finish turns it into fp32)."""
+        layout = self.layout
+        full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=self.master.device)
+        for shard in shards:
+            for unit in range(len(layout.units)):
+                layout.chunks(full, unit)[shard.owned].copy_(shard.master.detach()[layout.shard_slice(unit)])
+        views = [full[layout.param_slice(index)].view_as(param) for index, param in enumerate(self.params)]
+        if self.precision.mixed:
+            self.precision.master_params = views  # Job.finish copies them into the fp32 model
+        else:
+            with torch.no_grad():
+                for param, view in zip(self.params, views):
+                    param.copy_(view)
+
+
+def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: OptimizerSpec) -> dict[str, int]:
+    """Bytes a rank holds for the whole run, by category; P = the padded parameter count, S = P / N its shard's,
+    e = the compute dtype's bytes:
+
+    - weights: P e (stages 1, 2), S e (stage 3);
+    - master_weights: 4 S under mixed precision (the fp32 master shard); none in fp32 (the weights are it);
+    - gradients: stage 1 the whole gradient P e, plus under mixed precision the shard's fp32 master gradient 4 S;
+      stages 2, 3 the shard's fp32 gradient 4 S alone;
+    - optimizer_state: the optimizer's state of the fp32 shard (Adam: 8 S)."""
+    element = torch.empty((), dtype=DTYPES[precision]).element_size()
+    padded, shard = layout.padded_numel, layout.shard_numel
+    mixed = precision != "fp32"
+    held = {"weights": (shard if stage == 3 else padded) * element}
+    if mixed:
+        held["master_weights"] = shard * _FP32_BYTES
+    if stage == 1:
+        held["gradients"] = padded * element + (shard * _FP32_BYTES if mixed else 0)
+    else:
+        held["gradients"] = shard * _FP32_BYTES
+    held["optimizer_state"] = optimizer_state_bytes(optimizer, shard * _FP32_BYTES)
+    return held
+
+
+def shard_update_bytes(layout: ShardLayout, precision: str, optimizer: OptimizerSpec) -> int:
+    """HBM bytes read and written by one update of a shard: the optimizer's on the fp32 shard, and under mixed
+    precision unscaling the reduced chunks into it and rounding it back into the owned chunks."""
+    element = torch.empty((), dtype=DTYPES[precision]).element_size()
+    shard = layout.shard_numel
+    touched = optimizer_step_bytes(optimizer, shard * _FP32_BYTES)
+    if precision != "fp32":
+        touched += 2 * (shard * element + shard * _FP32_BYTES)
+    return touched
