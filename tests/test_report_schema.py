@@ -9,8 +9,9 @@ import json
 import jsonschema
 import pytest
 
-import simtrain  # noqa: F401  (registers the sections of every simulated run)
 import simtrain.real.launch  # noqa: F401  (registers `measured` and `measurement`)
+import simtrain.runner  # noqa: F401  (registers the sections of every simulated run: the schemes', recovery's...)
+import simtrain.studies.pbt  # noqa: F401  (registers `pbt`)
 from simtrain.report.schema import SHIPPED, generate_schema, report_schema
 from simtrain.report.sections import SECTIONS, ReportSection, register_section
 
