@@ -40,6 +40,7 @@ share from the donor's rank of the same coordinates).
 from ..step_ops import Alloc, Collective, Free, MemoryBound, Transfer
 from ..train.partition import assemble
 from ..train.precision import DTYPES, persistent_bytes, update_bytes
+from .layer_recompute import measure_layers
 from .layout import Layout
 from .model_parts import boundary_activations
 from .overflow_vote import overflow_vote
@@ -62,7 +63,7 @@ class ModelParallel(RankReplicas, Scheme):
         parallel, train = scenario.parallel, scenario.train
         self.pipeline = parallel.pipeline
         self.microbatches = parallel.microbatches
-        self.recompute = train.checkpointing == "full"  # each chunk's forward runs again before its backward
+        self.recompute = train.checkpointing == "full"  # each unit's forward runs again before its backward
         self.steps = train.steps
         self.on_step = on_step
         # Every rank runs its program, or one per stage does for all (schemes/representatives.py)
@@ -158,6 +159,14 @@ class ModelParallel(RankReplicas, Scheme):
         key = (part, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target)
+        return self._costs[key]
+
+    def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:
+        """What each unit of model part `part` costs, recomputed layer by layer (schemes/layer_recompute.py),
+        measured once."""
+        key = ("layers", part, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
+        if key not in self._costs:
+            self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target)
         return self._costs[key]
 
     def rank_losses(self, rank: int) -> list[list[float]]:

@@ -24,10 +24,8 @@ the same compute spans and all-reduces from a ChunkCost alone, on meta
 buffers, without running an operator: a microbatch then costs a few step
 operations however large the model.
 
-Full activation recomputation (train.checkpointing: full, as Megatron-LM's):
-a stage keeps only a chunk's inputs from its forward to its backward, and
-runs the chunk's forward again, with its all-reduces, just before the
-backward (`ModelParallel`).
+Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
+runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
     outputs, tape, loss = yield from chunk_forward(ops, (x,), tp_all_reduce, cost, dtype)
     input_grads = yield from chunk_backward(tape, (grad,), tp_all_reduce, cost, dtype)
@@ -162,15 +160,17 @@ def replay_backward(cost: ChunkCost, all_reduce, dtype: str):
     return cost.input_grad
 
 
-def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None) -> ChunkCost:
+def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None,
+                  inputs_kept: bool = False) -> ChunkCost:
     """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
     meta copy.
 
     `ops_of(module, ends_model)` gives a chunk module's ops (ending with the loss when there is a
-    `target`); `inputs` and `target` give shapes and dtypes."""
+    `target`); `inputs` and `target` give shapes and dtypes. The batch itself is never an activation;
+    with `inputs_kept` no input is (the caller holds them: a recomputed unit's kept input)."""
     forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target)
     return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward),
-                     _activation_peak(chunk, ops_of, inputs, target),
+                     _activation_peak(chunk, ops_of, inputs, target, inputs_kept),
                      tuple(reduced for _, reduced, _ in forward), tuple(reduced for _, reduced, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
                      tuple(ops for _, _, ops in forward), tuple(ops for _, _, ops in backward))
@@ -222,10 +222,10 @@ def _regions(chunk, ops_of, inputs, target) -> tuple[list, list, torch.Tensor, t
     return forward, backward, outputs[0], input_grads[0]
 
 
-def _activation_peak(chunk, ops_of, inputs, target) -> int:
+def _activation_peak(chunk, ops_of, inputs, target, inputs_kept: bool) -> int:
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
-    data = [t for t in meta_inputs if not t.requires_grad]  # the batch itself is not an activation
-    tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *data,
+    held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
+    tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):

@@ -23,7 +23,9 @@ Parameters that stay whole (position embeddings, LayerNorms, the row-split
 Linears' biases) get the same gradient on every tp rank.
 
 Attention is written out (matmul, causal mask, softmax, matmul) so torch's
-FLOP counter sees it on every device, meta included.
+FLOP counter sees it on every device, meta included. Under selective
+activation recomputation (train.checkpointing: selective, `recompute_core`)
+that core, and only it, runs again in backward (`RecomputedAttention`).
 
     model = build_gpt(vocab=64, seq_len=32, hidden=64, layers=2, heads=4)
     logits = model(tokens)                      # (batch, 32, 64)
@@ -73,6 +75,7 @@ class Block(nn.Module):
     def __init__(self, hidden: int, heads: int):
         super().__init__()
         self.heads = heads  # on this rank: all of them, or its share under tensor parallelism
+        self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
         self.ln1 = nn.LayerNorm(hidden)
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
@@ -94,10 +97,8 @@ class Block(nn.Module):
             return t.view(batch, length, self.heads, -1).transpose(1, 2)
 
         q, k, v = split_heads(self.query(h)), split_heads(self.key(h)), split_heads(self.value(h))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        causal = torch.ones(length, length, dtype=torch.bool, device=h.device).triu(1)
-        weights = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        out = (weights @ v).transpose(1, 2).reshape(batch, length, -1)
+        core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
+        out = core(q, k, v).transpose(1, 2).reshape(batch, length, -1)
         return F.linear(out, self.projection.weight)
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
@@ -129,6 +130,34 @@ class Block(nn.Module):
     def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x + attention + self.projection.bias
         return x, self.ln2(x)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of (batch, heads, length, head size) queries, keys and values: softmax(QKᵀ/√d) V."""
+    length = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(causal, float("-inf")).softmax(dim=-1) @ v
+
+
+class RecomputedAttention(torch.autograd.Function):
+    """The attention core with selective activation recomputation (Korthikanti et al. 2022, section 5):
+    forward keeps only q, k and v, backward runs the core again from them and differentiates it. The
+    scores, the softmax and its mask (5as²b bytes per layer in 16 bits) never outlive the layer's
+    backward. (A Function rather than torch.utils.checkpoint: checkpoint holds its inputs out of sight of
+    the saved-tensor hooks that measure activation memory, cost.py; here q, k and v are saved through them.)"""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v)
+        return attention_core(q, k, v)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = tuple(t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = attention_core(*inputs)
+        return torch.autograd.grad(out, inputs, grad)
 
 
 class LanguageHead(nn.Module):
