@@ -240,9 +240,20 @@ def _model_parallel_fits(scenario: Scenario) -> None:
     if scenario.parallel.tp > 1 and scenario.train.checkpointing not in ("none", "full", "selective"):
         raise ValueError("train.checkpointing: with parallel.tp > 1 only full (each layer recomputed with its "
                          "all-reduces), selective or none")
+    if scenario.parallel.sequence_parallel:
+        _sequence_parallel_fits(scenario)
     if scenario.data.batch_size % scenario.parallel.microbatches:
         raise ValueError(f"parallel.pipeline.microbatches: {scenario.parallel.microbatches} does not "
                          f"divide data.batch_size {scenario.data.batch_size}")
+
+
+def _sequence_parallel_fits(scenario: Scenario) -> None:
+    """parallel.sequence_parallel cuts a gpt's sequence into tp parts, on every simulated rank (that data.seq_len
+    divides into them is checked on the data's shape: schemes/model_parts.py)."""
+    if scenario.model.name in ("mlp", "cnn"):
+        raise ValueError(f"parallel.sequence_parallel: cuts a sequence; model {scenario.model.name} has none (gpt)")
+    if scenario.parallel.representatives:
+        raise ValueError("parallel.sequence_parallel: does not combine with parallel.representatives")
 
 
 def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path(".")) -> Scenario:

@@ -32,7 +32,7 @@ just before that unit's backward (schemes/layer_recompute.py).
 
     stage = PipelineStage(scheme, rank, comm, index, boundaries)
     receives = yield from stage.post_receives(0)
-    losses = yield from stage.walk(step, xs, ys, loss_weight, receives, tp_all_reduce)
+    losses = yield from stage.walk(step, xs, ys, loss_weight, receives, tp_collective)
 """
 import torch
 
@@ -60,7 +60,7 @@ class PipelineStage:
         self.numerics = scheme.job.numerics
         self.recompute = scheme.recompute
 
-    def walk(self, step: int, xs, ys, loss_weight, receives: dict, tp_all_reduce):
+    def walk(self, step: int, xs, ys, loss_weight, receives: dict, tp_collective):
         """Step program: the forwards and backwards of step `step`'s microbatches `xs` (targets `ys`) in
         schedule order; returns the losses this stage computed (the last stage's, one per microbatch)."""
         replica, dtype = self.replica, self.replica.precision.name
@@ -81,19 +81,19 @@ class PipelineStage:
                     held = kept_bytes(cost, inputs)
                     yield Alloc("activations", sum(held))
                     tape, output, loss = yield from layers_forward(replica.model.layers[action.chunk], cost, inputs,
-                                                                   tp_all_reduce, dtype, target, loss_weight,
+                                                                   tp_collective, dtype, target, loss_weight,
                                                                    self.numerics)
                 else:
                     cost = self.scheme.cost(replica, action.chunk, part, inputs, target)
                     held = cost.activation_bytes
                     yield Alloc("activations", held)
                     if self.numerics:
-                        outputs, tape, loss = yield from chunk_forward(ops, inputs, tp_all_reduce, cost, dtype,
+                        outputs, tape, loss = yield from chunk_forward(ops, inputs, tp_collective, cost, dtype,
                                                                        target, loss_weight)
                         output = outputs[0].detach()
                     else:
                         tape, loss = None, None
-                        output = yield from replay_forward(cost, tp_all_reduce, dtype)
+                        output = yield from replay_forward(cost, tp_collective, dtype)
                 pending[action.microbatch, action.chunk] = (target, tape, cost, held)
                 if last:
                     losses.append(loss)
@@ -106,13 +106,13 @@ class PipelineStage:
                     grads = ((yield Await(receives.pop((step, 1, action.microbatch, part)), idle="bubble")),)
                 if self.recompute:
                     input_grad = yield from layers_backward(replica.model.layers[action.chunk], cost, tape, grads,
-                                                            tp_all_reduce, dtype, target, loss_weight,
+                                                            tp_collective, dtype, target, loss_weight,
                                                             self.numerics, held)
                 else:
                     if self.numerics:
-                        input_grad = (yield from chunk_backward(tape, grads, tp_all_reduce, cost, dtype))[0]
+                        input_grad = (yield from chunk_backward(tape, grads, tp_collective, cost, dtype))[0]
                     else:
-                        input_grad = yield from replay_backward(cost, tp_all_reduce, dtype)
+                        input_grad = yield from replay_backward(cost, tp_collective, dtype)
                     yield Free("activations", held)
                 if part > 0:
                     yield self.send(step, 1, action.microbatch, part - 1, input_grad)

@@ -22,6 +22,17 @@ entropy, so the head's work ends with the loss (`parallel_loss_ops`).
 Parameters that stay whole (position embeddings, LayerNorms, the row-split
 Linears' biases) get the same gradient on every tp rank.
 
+Sequence parallelism (Korthikanti et al. 2022; `sequence_parallel`, set by
+parallel.sequence_parallel): between the tensor-parallel pairs the residual
+stream is cut along the sequence across the tp group, so the LayerNorms, the
+residual adds and the biases work on a tp-th of it; each "f" becomes an
+all-gather and each "g" a reduce-scatter (train/tensor_parallel.py). The
+embedding's partial lookups are reduce-scattered, each rank adding the
+position embeddings of its part; the head's final LayerNorm works on the
+part, then gathers it for the vocabulary-parallel Linear. The whole
+parameters then get each rank's share of their gradient, summed across the
+tp group after the backward (schemes/model_parallel.py).
+
 Attention is written out (matmul, causal mask, softmax, matmul) so torch's
 FLOP counter sees it on every device, meta included. Under selective
 activation recomputation (train.checkpointing: selective, `recompute_core`)
@@ -37,7 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, Slice, shard_parameter_
+from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, ReduceScatter,
+                              Slice, shard_parameter_)
 from .vocab_parallel import cross_entropy_from_terms, cross_entropy_terms, local_lookup
 
 
@@ -48,25 +60,31 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Embedding(seq_len, hidden)
-        self.vocab_start = 0  # the first token of this rank's rows
+        self.vocab_start, self.tp_rank = 0, 0  # the first token of this rank's rows; its tp rank
+        self.sequence_parallel = False  # parallel.sequence_parallel: hands on this tp rank's part of the sequence
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._add_positions(self.tokens(tokens))
 
-    def _add_positions(self, embedded: torch.Tensor) -> torch.Tensor:
-        return embedded + self.positions(torch.arange(embedded.shape[1], device=embedded.device))
+    def _add_positions(self, embedded: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """`embedded` (positions start.. of the sequence) plus their position embeddings."""
+        return embedded + self.positions(torch.arange(start, start + embedded.shape[1], device=embedded.device))
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
         _check_vocab(self.tokens.num_embeddings, tp)
         where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
-        self.vocab_start = where.start
+        self.vocab_start, self.tp_rank = where.start, tp_rank
         return {"tokens.weight": where}
 
     def parallel_ops(self) -> list:
-        """Partial lookups summed across the tp group, then the (whole) position embeddings."""
-        return [Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),)), AllReduceForward(0),
-                Apply(lambda embedded: (self._add_positions(embedded),))]
+        """Partial lookups summed across the tp group (and scattered along the sequence under sequence
+        parallelism), then the (whole) position embeddings of the positions this rank holds."""
+        lookup = Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),))
+        if self.sequence_parallel:
+            return [lookup, ReduceScatter(0),
+                    Apply(lambda part: (self._add_positions(part, self.tp_rank * part.shape[1]),))]
+        return [lookup, AllReduceForward(0), Apply(lambda embedded: (self._add_positions(embedded),))]
 
 
 class Block(nn.Module):
@@ -76,6 +94,7 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads  # on this rank: all of them, or its share under tensor parallelism
         self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
+        self.sequence_parallel = False  # parallel.sequence_parallel: the residual stream cut along the sequence
         self.ln1 = nn.LayerNorm(hidden)
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
@@ -118,12 +137,15 @@ class Block(nn.Module):
         return slices
 
     def parallel_ops(self) -> list:
-        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces."""
+        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces; under
+        sequence parallelism the stream is this rank's part of the sequence, each "f" an all-gather and
+        each "g" a reduce-scatter."""
+        f, g = (AllGather, ReduceScatter) if self.sequence_parallel else (AllReduceBackward, AllReduceForward)
         return [
-            Apply(lambda x: (x, self.ln1(x))), AllReduceBackward(1),
-            Apply(lambda x, h: (x, self._attention(h))), AllReduceForward(1),
-            Apply(self._after_attention), AllReduceBackward(1),
-            Apply(lambda x, h: (x, self._mlp(h))), AllReduceForward(1),
+            Apply(lambda x: (x, self.ln1(x))), f(1),
+            Apply(lambda x, h: (x, self._attention(h))), g(1),
+            Apply(self._after_attention), f(1),
+            Apply(lambda x, h: (x, self._mlp(h))), g(1),
             Apply(lambda x, m: (x + m + self.contract.bias,)),
         ]
 
@@ -168,6 +190,7 @@ class LanguageHead(nn.Module):
         self.norm = nn.LayerNorm(hidden)
         self.logits = nn.Linear(hidden, vocab)
         self.vocab_start, self.tp_rank, self.tp = 0, 0, 1
+        self.sequence_parallel = False  # parallel.sequence_parallel: takes this tp rank's part of the sequence
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits(self.norm(x))
@@ -180,8 +203,10 @@ class LanguageHead(nn.Module):
         return slices
 
     def parallel_loss_ops(self) -> list:
-        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered."""
-        return [Apply(lambda x: (self.norm(x),)), AllReduceBackward(0), Apply(lambda h: (self.logits(h),)),
+        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered (the
+        normalized sequence is, under sequence parallelism)."""
+        f = AllGather if self.sequence_parallel else AllReduceBackward
+        return [Apply(lambda x: (self.norm(x),)), f(0), Apply(lambda h: (self.logits(h),)),
                 ApplyWithTarget(lambda logits, target: (cross_entropy_terms(logits, target, self.vocab_start,
                                                                             self.tp_rank, self.tp),)),
                 AllReduceForward(0), Apply(lambda terms: (cross_entropy_from_terms(terms, self.tp),))]

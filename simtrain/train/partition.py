@@ -137,7 +137,7 @@ class RankModule(nn.Module):
     (`layers`, schemes/layer_recompute.py)."""
 
     def __init__(self, model: nn.Sequential, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
-                 tp_rank: int = 0, tp: int = 1, checkpointing="none"):
+                 tp_rank: int = 0, tp: int = 1, checkpointing="none", sequence_parallel: bool = False):
         super().__init__()
         first_unit = [sum(counts[:part]) for part in range(len(counts))]
         self.tp = tp
@@ -150,6 +150,9 @@ class RankModule(nn.Module):
             entries = [index for unit in chunk_units for index in unit]
             chunk = nn.Sequential(*(copy.deepcopy(model[index]) for index in entries))
             slices = self._shard(chunk, tp_rank, tp) if tp > 1 else {}
+            for module in chunk.modules() if sequence_parallel else ():  # train/gpt.py's layers take it
+                if hasattr(module, "sequence_parallel"):
+                    module.sequence_parallel = True
             if checkpointing == "selective":  # a chunk may hold no attention layer
                 recompute_attention_cores_(chunk)
             elif tp == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
@@ -172,6 +175,10 @@ class RankModule(nn.Module):
             layers.append((layer, self.chunk_ops(layer, ends_model and number == len(sizes) - 1)))
             start += size
         return layers
+
+    def whole_parameter_grads(self) -> list[torch.Tensor]:
+        """The gradients of the trainable parameters it holds whole (not a tensor-parallel slice)."""
+        return [p.grad for name, p in self.named_parameters() if p.requires_grad and self.sources[name].slice is None]
 
     def pieces(self) -> list[tuple[Source, torch.Tensor]]:
         """Each of its parameters and buffers with where it comes from in the whole model (for `assemble`)."""
