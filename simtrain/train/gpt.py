@@ -104,6 +104,9 @@ class Block(nn.Module):
         self.expand = nn.Linear(hidden, 4 * hidden)
         self.contract = nn.Linear(4 * hidden, hidden)
 
+    def extra_repr(self) -> str:
+        return "recompute_core=True" if self.recompute_core else ""  # printed: cost.py's cache tells them apart
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self._attention(self.ln1(x)) + self.projection.bias
         return x + self._mlp(self.ln2(x)) + self.contract.bias
