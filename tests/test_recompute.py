@@ -13,6 +13,7 @@
 """
 import pytest
 import torch
+from torch import nn
 
 from simtrain import plan_memory, run
 from simtrain.cli import main
@@ -113,3 +114,15 @@ def test_selective_recomputation_needs_attention(tmp_path, capsys, model):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "train.checkpointing" in err and "\n" not in err
+
+
+def plain_layers() -> nn.Sequential:
+    """A user's model without attention."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+@pytest.mark.parametrize("layout", [{}, {"pp": 2}], ids=ids)
+def test_a_users_model_without_attention_refuses_selective_recomputation(layout):
+    spec = scenario({**MLP, "model": {"name": "test_recompute:plain_layers"}}, "selective", **dict(layout))
+    with pytest.raises(ScenarioError, match="train.checkpointing: selective"):
+        run(spec)

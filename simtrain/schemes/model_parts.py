@@ -17,8 +17,9 @@ import copy
 import torch
 
 from ..errors import ScenarioError
+from ..train.checkpointing import require_attention
 from ..train.partition import RankModule, balanced_counts, model_units, unit_flops
-from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
+from ..train.tensor_parallel import AllGather, AllReduceBackward, AllReduceForward, ReduceScatter
 from .layout import Layout
 
 
@@ -81,7 +82,9 @@ def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], 
                                      scenario.train.checkpointing, scenario.parallel.sequence_parallel))
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
-    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward)
+    if scenario.train.checkpointing == "selective":
+        require_attention(model)
+    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward, AllGather, ReduceScatter)
                                  for share in shares if share is not None for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")

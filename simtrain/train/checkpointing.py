@@ -68,9 +68,8 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
     if spec == "none":
         return model
     if spec == "selective":
-        if not recompute_attention_cores_(model):
-            raise ScenarioError(f"{_FIELD}: selective recomputes the attention core; the model has no attention "
-                                "(use full, sqrt or segments)")
+        require_attention(model)
+        recompute_attention_cores_(model)
         return model
     if not isinstance(model, nn.Sequential):
         raise ScenarioError(f"{_FIELD}: needs a model that is an nn.Sequential, got {type(model).__name__}")
@@ -86,13 +85,18 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
     return CheckpointedSequential(model, _deal(blocks, segments))
 
 
-def recompute_attention_cores_(model: nn.Module) -> int:
-    """Mark every attention layer of `model` (a module with `recompute_core`, train/gpt.py Block) to recompute
-    its attention core in backward; how many there are."""
-    marked = [module for module in model.modules() if hasattr(module, "recompute_core")]
-    for module in marked:
-        module.recompute_core = True
-    return len(marked)
+def require_attention(model: nn.Module) -> None:
+    """Selective recomputation needs an attention layer (a module with `recompute_core`, train/gpt.py Block)."""
+    if not any(hasattr(module, "recompute_core") for module in model.modules()):
+        raise ScenarioError(f"{_FIELD}: selective recomputes the attention core; the model has no attention "
+                            "(use full, sqrt or segments)")
+
+
+def recompute_attention_cores_(model: nn.Module) -> None:
+    """Mark every attention layer of `model` to recompute its attention core in backward."""
+    for module in model.modules():
+        if hasattr(module, "recompute_core"):
+            module.recompute_core = True
 
 
 def split_blocks(layers: list[nn.Module]) -> list[list[int]]:

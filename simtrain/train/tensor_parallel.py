@@ -88,8 +88,6 @@ class ReduceScatter(NamedTuple):
     backward = "all_gather"
 
 
-COLLECTIVES = (AllReduceForward, AllReduceBackward, AllGather, ReduceScatter)
-
 
 class Slice(NamedTuple):
     """A rank's slice of a parameter: indices start:stop of the whole parameter along dim."""
