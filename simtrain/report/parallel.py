@@ -9,7 +9,7 @@ the event log (hw/eventlog.py), summed over the job's ranks:
   time (sim_time_s times the ranks);
 - `bytes_by_kind`: the bytes of the ranks' communication labelled as each
   kind moves them (`LABELS`): the data-parallel gradient all-reduce, pipeline
-  sends, tensor-parallel all-reduces and the fp16 overflow vote. A
+  sends, tensor-parallel collectives and the fp16 overflow vote. A
   representative (schemes/representatives.py) logs the bytes of every rank it
   stands for.
 
@@ -23,13 +23,16 @@ from .sections import ReportSection, register_section
 # Each kind's labels on communication spans: the data-parallel all-reduce is "all_reduce" under data
 # parallelism alone and "dp_allreduce" beside pipeline or tensor parallelism.
 LABELS = {"dp_allreduce": ("all_reduce", "dp_allreduce"), "pp_p2p": ("pp_p2p",),
-          "tp_allreduce": ("tp_allreduce",), "overflow_vote": ("overflow_vote",)}
+          "tp_allreduce": ("tp_allreduce", "tp_allgather", "tp_reducescatter", "tp_sp_grads"),
+          "overflow_vote": ("overflow_vote",)}
 
 
 class BytesByKind(ReportSection):
     dp_allreduce: int = Field(description="bytes the data-parallel gradient all-reduces sent, every rank's")
     pp_p2p: int = Field(description="bytes of activations and their gradients sent between pipeline stages")
-    tp_allreduce: int = Field(description="bytes the tensor-parallel all-reduces sent")
+    tp_allreduce: int = Field(description="bytes the tensor-parallel all-reduces sent (under sequence parallelism "
+                                          "its all-gathers and reduce-scatters, and the sums of the whole "
+                                          "parameters' gradients)")
     overflow_vote: int = Field(description="bytes of the fp16 overflow vote of the model-parallel groups")
 
 

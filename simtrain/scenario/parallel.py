@@ -99,6 +99,10 @@ class ParallelSpec(Section):
     pp: Count(MAX_DEVICES) = Field(1, description="Pipeline stages.")
     tp: Count(MAX_DEVICES) = Field(1, description="Tensor-parallel ranks per stage (Megatron-LM's split of "
                                                   "Linear pairs and heads).")
+    sequence_parallel: Flag = Field(
+        False, description="Under tp: cut the LayerNorm, residual and bias regions of a gpt along the sequence "
+                           "across the tp group, each tp all-reduce becoming a reduce-scatter and an all-gather "
+                           "(Korthikanti et al. 2022; train/gpt.py). data.seq_len must divide by tp.")
     pipeline: PipelineSpec = Field(PipelineSpec(), description="How a pipeline runs.")
     placement: tuple[Dimension, Dimension, Dimension] = Field(
         ("tp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default puts "
@@ -123,6 +127,9 @@ class ParallelSpec(Section):
 
     @model_validator(mode="after")
     def _a_layout(self) -> "ParallelSpec":
+        if self.sequence_parallel and self.tp < 2:
+            raise ValueError(f"parallel.sequence_parallel: cuts the sequence across the tp group; needs parallel.tp "
+                             f"> 1, got {self.tp}")
         if sorted(self.placement) != ["dp", "pp", "tp"]:
             raise ValueError(f"parallel.placement: must order tp, pp and dp, each once, got {list(self.placement)}")
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:

@@ -107,6 +107,9 @@ class Scenario(Section):
             if spec.name in builtins and spec.options:
                 raise ValueError(f"{section}.options: the built-in {section} {spec.name} takes none (options are "
                                  "the keyword arguments of a package.module:function)")
+        if self.train.checkpointing == "selective" and self.model.name in ("mlp", "cnn"):
+            raise ValueError(f"train.checkpointing: selective recomputes the attention core; model {self.model.name} "
+                             "has no attention (use full, sqrt or segments)")
         if self.parallel.model_parallel:
             _model_parallel_fits(self)
         if self.parallel.representatives:
@@ -237,12 +240,23 @@ def _model_parallel_fits(scenario: Scenario) -> None:
     for name, (refuse, what) in refused.items():
         if refuse:
             raise ValueError(f"{name}: {what} does not combine with {field} > 1")
-    if scenario.parallel.tp > 1 and scenario.train.checkpointing not in ("none", "full"):
-        raise ValueError("train.checkpointing: with parallel.tp > 1 only full (each chunk recomputed with its "
-                         "all-reduces) or none")
+    if scenario.parallel.tp > 1 and scenario.train.checkpointing not in ("none", "full", "selective"):
+        raise ValueError("train.checkpointing: with parallel.tp > 1 only full (each layer recomputed with its "
+                         "all-reduces), selective or none")
+    if scenario.parallel.sequence_parallel:
+        _sequence_parallel_fits(scenario)
     if scenario.data.batch_size % scenario.parallel.microbatches:
         raise ValueError(f"parallel.pipeline.microbatches: {scenario.parallel.microbatches} does not "
                          f"divide data.batch_size {scenario.data.batch_size}")
+
+
+def _sequence_parallel_fits(scenario: Scenario) -> None:
+    """parallel.sequence_parallel cuts a gpt's sequence into tp parts, on every simulated rank (that data.seq_len
+    divides into them is checked on the data's shape: schemes/model_parts.py)."""
+    if scenario.model.name in ("mlp", "cnn"):
+        raise ValueError(f"parallel.sequence_parallel: cuts a sequence; model {scenario.model.name} has none (gpt)")
+    if scenario.parallel.representatives:
+        raise ValueError("parallel.sequence_parallel: does not combine with parallel.representatives")
 
 
 def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path(".")) -> Scenario:

@@ -108,9 +108,10 @@ class TrainSpec(Section):
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="Compute dtype; fp16 and bf16 keep fp32 master weights (fp16 with loss scaling).")
     amp: AmpSpec = Field(AmpSpec(), description="fp16's dynamic loss scaling.")
-    checkpointing: Union[Literal["none", "sqrt", "full"], CheckpointSegments] = Field(
-        "none", description="Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | full | "
-                            "{segments: k}.")
+    checkpointing: Union[Literal["none", "sqrt", "full", "selective"], CheckpointSegments] = Field(
+        "none", description="Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | full (every "
+                            "layer recomputed, one at a time) | selective (only the attention core recomputed: "
+                            "models with attention) | {segments: k}.")
     target_loss: Real() | None = Field(None, description="Report time_to_target_s, when the smoothed "
                                                          "training-set loss first reaches this.")
     schedule: Annotated[list[dict[str, Number]], Field(max_length=MAX_SCHEDULE_ENTRIES)] = Field(

@@ -37,9 +37,13 @@ share from the donor's rank of the same coordinates).
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
 """
+import torch
+
+from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
 from ..step_ops import Alloc, Collective, Free, MemoryBound, Transfer
 from ..train.partition import assemble
 from ..train.precision import DTYPES, persistent_bytes, update_bytes
+from .layer_recompute import measure_layers
 from .layout import Layout
 from .model_parts import boundary_activations
 from .overflow_vote import overflow_vote
@@ -62,7 +66,8 @@ class ModelParallel(RankReplicas, Scheme):
         parallel, train = scenario.parallel, scenario.train
         self.pipeline = parallel.pipeline
         self.microbatches = parallel.microbatches
-        self.recompute = train.checkpointing == "full"  # each chunk's forward runs again before its backward
+        self.recompute = train.checkpointing == "full"  # each unit's forward runs again before its backward
+        self.sequence_parallel = parallel.sequence_parallel
         self.steps = train.steps
         self.on_step = on_step
         # Every rank runs its program, or one per stage does for all (schemes/representatives.py)
@@ -80,7 +85,8 @@ class ModelParallel(RankReplicas, Scheme):
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
-                                                    DTYPES[train.precision])
+                                                    DTYPES[train.precision],
+                                                    self.layout.tp if parallel.sequence_parallel else 1)
         self._held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
                       for r in self.replicas]
         self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
@@ -126,9 +132,13 @@ class ModelParallel(RankReplicas, Scheme):
         tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
         dp_comm, dp_index, dp_reduce = self.comms["dp"][rank]
 
-        def tp_all_reduce(buffer):
-            # activations: collectives cut a buffer into parts along its first dimension
-            return Collective(tp_reduce(tp_index, tp_comm.world, buffer.view(-1)), "tp_allreduce", tp_comm, tp_index)
+        def tp_collective(kind: str, tensor):
+            """(the tp collective `kind` on `tensor`, its result): schemes/stage_execution.py."""
+            if kind == "all_reduce":  # collectives cut a buffer into parts along its first dimension
+                return Collective(tp_reduce(tp_index, tp_comm.world, tensor.view(-1)), "tp_allreduce", tp_comm,
+                                  tp_index), tensor
+            program, result = SEQUENCE_COLLECTIVES[kind](tp_index, tp_comm.world, tensor)
+            return Collective(program, f"tp_{kind.replace('_', '')}", tp_comm, tp_index), result
 
         for step in range(self.steps):
             if not (yield from self.job.before_step(rank, step)):
@@ -141,7 +151,9 @@ class ModelParallel(RankReplicas, Scheme):
                 receives.update((yield from stage.post_receives(step + 1)))
             losses = yield from stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
                                            replica.precision.loss_weight(1.0 / self.microbatches), receives,
-                                           tp_all_reduce)
+                                           tp_collective)
+            if self.sequence_parallel:  # whole parameters saw only this rank's part of the sequence
+                yield from self._sum_sequence_parallel_grads(replica, tp_collective)
             if self.layout.dp > 1:
                 yield Collective(dp_reduce(dp_index, dp_comm.world, replica.grad_buffer, average=True), "dp_allreduce",
                                  dp_comm, dp_index)
@@ -157,8 +169,32 @@ class ModelParallel(RankReplicas, Scheme):
         once: every rank holding that part (each tp slice, each data-parallel replica) has the same."""
         key = (part, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
         if key not in self._costs:
-            self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target)
+            self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target,
+                                             tp=self.layout.tp)
         return self._costs[key]
+
+    def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:
+        """What each unit of model part `part` costs, recomputed layer by layer (schemes/layer_recompute.py),
+        measured once."""
+        key = ("layers", part, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
+        if key not in self._costs:
+            self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
+                                              tp=self.layout.tp)
+        return self._costs[key]
+
+    @staticmethod
+    def _sum_sequence_parallel_grads(replica, tp_collective):
+        """Step program: under sequence parallelism the parameters every tp rank holds whole (LayerNorms,
+        the row-split Linears' biases, position embeddings) get each rank's share of their gradient: sum
+        them across the tp group, as Megatron-LM does, in one all-reduce labelled tp_sp_grads."""
+        grads = replica.model.whole_parameter_grads()
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        collective, _ = tp_collective("all_reduce", flat)
+        yield collective._replace(label="tp_sp_grads")
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
 
     def rank_losses(self, rank: int) -> list[list[float]]:
         """The losses job rank `rank` computed in each step (its microbatches' in the last stage, none in the

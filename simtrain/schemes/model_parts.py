@@ -17,8 +17,9 @@ import copy
 import torch
 
 from ..errors import ScenarioError
+from ..train.checkpointing import require_attention
 from ..train.partition import RankModule, balanced_counts, model_units, unit_flops
-from ..train.tensor_parallel import AllReduceBackward, AllReduceForward
+from ..train.tensor_parallel import AllGather, AllReduceBackward, AllReduceForward, ReduceScatter
 from .layout import Layout
 
 
@@ -27,6 +28,9 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     like `sample_x` (one-line errors name the field at fault)."""
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
+    if scenario.parallel.sequence_parallel and sample_x.shape[1] % layout.tp:
+        raise ScenarioError(f"parallel.sequence_parallel: data.seq_len {sample_x.shape[1]} does not divide into tp "
+                            f"{layout.tp} equal parts")
     try:
         units = model_units(model, tensor_parallel=layout.tp > 1)
     except ValueError as error:
@@ -42,10 +46,12 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     return units, balanced_counts(unit_flops(model, units, sample_x), parts)
 
 
-def boundary_activations(model, units: list, counts: list[int], sample_x: torch.Tensor, dtype) -> list[torch.Tensor]:
+def boundary_activations(model, units: list, counts: list[int], sample_x: torch.Tensor, dtype,
+                         sequence_shards: int = 1) -> list[torch.Tensor]:
     """Meta tensors shaped as what each model part but the last hands on for a microbatch like `sample_x`
     (its activation, and the gradient that comes back), the model in compute dtype `dtype`: the receive
-    buffers of a pipeline's messages, whose sizes a stage must know before they arrive."""
+    buffers of a pipeline's messages, whose sizes a stage must know before they arrive. Under sequence
+    parallelism a tp rank hands on its part of the sequence (dimension 1), one of `sequence_shards`."""
     meta = copy.deepcopy(model).to("meta").to(dtype)
     h = torch.empty(sample_x.shape, dtype=dtype if sample_x.is_floating_point() else sample_x.dtype, device="meta")
     boundaries, first = [], 0
@@ -56,7 +62,7 @@ def boundary_activations(model, units: list, counts: list[int], sample_x: torch.
                     h = meta[index](h)
             first += count
             boundaries.append(h)
-    return boundaries
+    return [h.narrow(1, 0, h.shape[1] // sequence_shards) if sequence_shards > 1 else h for h in boundaries]
 
 
 def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], ranks=None) -> list[RankModule | None]:
@@ -73,10 +79,12 @@ def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], 
         part_ids = [chunk * layout.pp + where["pp"] for chunk in range(pipeline.virtual_stages)]
         try:
             shares.append(RankModule(model, units, counts, part_ids, where["tp"], layout.tp,
-                                     scenario.train.checkpointing))
+                                     scenario.train.checkpointing, scenario.parallel.sequence_parallel))
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
-    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward)
+    if scenario.train.checkpointing == "selective":
+        require_attention(model)
+    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward, AllGather, ReduceScatter)
                                  for share in shares if share is not None for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")

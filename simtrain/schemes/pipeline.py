@@ -26,18 +26,20 @@ mailbox per (src, dst, tag)):
 
 Each stage holds a microbatch's measured activation bytes from its forward
 to its backward (GPipe holds m, 1F1B at most pp - s on stage s); under full
-recomputation (train.checkpointing: full) only the chunk's inputs, and it runs
-the chunk's forward again, with its all-reduces, before the backward.
+recomputation (train.checkpointing: full) only the input of each of the chunk's
+units, and its backward runs each unit's forward again, with its all-reduces,
+just before that unit's backward (schemes/layer_recompute.py).
 
     stage = PipelineStage(scheme, rank, comm, index, boundaries)
     receives = yield from stage.post_receives(0)
-    losses = yield from stage.walk(step, xs, ys, loss_weight, receives, tp_all_reduce)
+    losses = yield from stage.walk(step, xs, ys, loss_weight, receives, tp_collective)
 """
 import torch
 
 from ..comm.ops import Recv, Send
 from ..step_ops import Alloc, Await, Free, Post
 from .pipeline_schedule import pipeline_schedule
+from .layer_recompute import kept_bytes, layers_backward, layers_forward
 from .stage_execution import chunk_backward, chunk_forward, replay_backward, replay_forward
 
 
@@ -58,7 +60,7 @@ class PipelineStage:
         self.numerics = scheme.job.numerics
         self.recompute = scheme.recompute
 
-    def walk(self, step: int, xs, ys, loss_weight, receives: dict, tp_all_reduce):
+    def walk(self, step: int, xs, ys, loss_weight, receives: dict, tp_collective):
         """Step program: the forwards and backwards of step `step`'s microbatches `xs` (targets `ys`) in
         schedule order; returns the losses this stage computed (the last stage's, one per microbatch)."""
         replica, dtype = self.replica, self.replica.precision.name
@@ -74,42 +76,44 @@ class PipelineStage:
                     received = yield Await(receives.pop((step, 0, action.microbatch, part)), idle="bubble")
                     inputs = (received.requires_grad_(),)
                 target = ys[action.microbatch] if last else None
-                cost = self.scheme.cost(replica, action.chunk, part, inputs, target)
-                held = sum(t.nbytes for t in inputs) if self.recompute else cost.activation_bytes
-                yield Alloc("activations", held)
-                if self.numerics:
-                    outputs, tape, loss = yield from chunk_forward(ops, inputs, tp_all_reduce, cost, dtype, target,
-                                                                   loss_weight)
-                    output = outputs[0].detach()
+                if self.recompute:  # each unit's input kept, its forward run again in the backward
+                    cost = self.scheme.layer_costs(replica, action.chunk, part, inputs, target)
+                    held = kept_bytes(cost, inputs)
+                    yield Alloc("activations", sum(held))
+                    tape, output, loss = yield from layers_forward(replica.model.layers[action.chunk], cost, inputs,
+                                                                   tp_collective, dtype, target, loss_weight,
+                                                                   self.numerics)
                 else:
-                    tape, loss = None, None
-                    output = yield from replay_forward(cost, tp_all_reduce, dtype)
-                # under recomputation the backward runs the forward again from the inputs
-                pending[action.microbatch, action.chunk] = (inputs, target, None if self.recompute else tape, cost,
-                                                            held)
+                    cost = self.scheme.cost(replica, action.chunk, part, inputs, target)
+                    held = cost.activation_bytes
+                    yield Alloc("activations", held)
+                    if self.numerics:
+                        outputs, tape, loss = yield from chunk_forward(ops, inputs, tp_collective, cost, dtype,
+                                                                       target, loss_weight)
+                        output = outputs[0].detach()
+                    else:
+                        tape, loss = None, None
+                        output = yield from replay_forward(cost, tp_collective, dtype)
+                pending[action.microbatch, action.chunk] = (target, tape, cost, held)
                 if last:
                     losses.append(loss)
                 else:
                     yield self.send(step, 0, action.microbatch, part + 1, output)
             else:
-                inputs, target, tape, cost, held = pending.pop((action.microbatch, action.chunk))
+                target, tape, cost, held = pending.pop((action.microbatch, action.chunk))
                 grads = None
                 if part < self.parts - 1:
                     grads = ((yield Await(receives.pop((step, 1, action.microbatch, part)), idle="bubble")),)
                 if self.recompute:
-                    yield Alloc("activations", cost.activation_bytes)
-                if self.numerics:
-                    if self.recompute:
-                        _, tape, _ = yield from chunk_forward(ops, inputs, tp_all_reduce, cost, dtype, target,
-                                                              loss_weight)
-                    input_grad = (yield from chunk_backward(tape, grads, tp_all_reduce, cost, dtype))[0]
+                    input_grad = yield from layers_backward(replica.model.layers[action.chunk], cost, tape, grads,
+                                                            tp_collective, dtype, target, loss_weight,
+                                                            self.numerics, held)
                 else:
-                    if self.recompute:
-                        yield from replay_forward(cost, tp_all_reduce, dtype)
-                    input_grad = yield from replay_backward(cost, tp_all_reduce, dtype)
-                yield Free("activations", held)
-                if self.recompute:
-                    yield Free("activations", cost.activation_bytes)
+                    if self.numerics:
+                        input_grad = (yield from chunk_backward(tape, grads, tp_collective, cost, dtype))[0]
+                    else:
+                        input_grad = yield from replay_backward(cost, tp_collective, dtype)
+                    yield Free("activations", held)
                 if part > 0:
                     yield self.send(step, 1, action.microbatch, part - 1, input_grad)
         return losses

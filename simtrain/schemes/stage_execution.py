@@ -1,15 +1,17 @@
-"""A model chunk's forward and backward for one microbatch, with its tensor-parallel all-reduces as collectives.
+"""A model chunk's forward and backward for one microbatch, with its tensor-parallel collectives.
 
-A chunk's work is a list of `Apply` steps and all-reduces
-(train/tensor_parallel.py); the chunk that ends the model ends with its loss,
-its `ApplyWithTarget` steps given the microbatch's target. The all-reduces
-cut the work into regions. Forward runs each region with autograd on and
-starts the next from detached copies of the tensors in flight (after
-summing one of them across the tp group for an `AllReduceForward`); the
+A chunk's work is a list of `Apply` steps and tp collectives
+(train/tensor_parallel.py: all-reduces, and under sequence parallelism
+all-gathers and reduce-scatters); the chunk that ends the model ends with its
+loss, its `ApplyWithTarget` steps given the microbatch's target. The
+collectives cut the work into regions. Forward runs each region with autograd
+on and starts the next from detached copies of the tensors in flight (after
+the boundary's forward collective on one of them: summed across the tp group
+for an `AllReduceForward`, gathered or scattered along the sequence); the
 regions' inputs and outputs are kept on a `Tape`.
 Backward runs the regions in reverse with `torch.autograd.backward`, handing
-each region's input gradients to the region before it (after summing one of
-them across the tp group for an `AllReduceBackward`). Parameter gradients
+each region's input gradients to the region before it (after the boundary's
+backward collective on one of them: summed for an `AllReduceBackward`). Parameter gradients
 accumulate in the rank's gradient bucket over the microbatches, as autograd
 accumulates them. Each region's measured FLOPs are charged as a compute span
 right after it runs, so the trace shows the compute and the all-reduces of a
@@ -24,16 +26,16 @@ the same compute spans and all-reduces from a ChunkCost alone, on meta
 buffers, without running an operator: a microbatch then costs a few step
 operations however large the model.
 
-Full activation recomputation (train.checkpointing: full, as Megatron-LM's):
-a stage keeps only a chunk's inputs from its forward to its backward, and
-runs the chunk's forward again, with its all-reduces, just before the
-backward (`ModelParallel`).
+Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
+runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
-    outputs, tape, loss = yield from chunk_forward(ops, (x,), tp_all_reduce, cost, dtype)
-    input_grads = yield from chunk_backward(tape, (grad,), tp_all_reduce, cost, dtype)
+    outputs, tape, loss = yield from chunk_forward(ops, (x,), tp_collective, cost, dtype)
+    input_grads = yield from chunk_backward(tape, (grad,), tp_collective, cost, dtype)
 
-where `tp_all_reduce(buffer)` is the step-program operation (a Collective) that sums
-`buffer` in place across the tp group.
+where `tp_collective(kind, tensor)` gives (the step-program operation, a Collective, of
+collective `kind` on `tensor` across the tp group, the tensor that holds its result once it
+has run): "all_reduce" sums `tensor` in place; "all_gather" and "reduce_scatter" gather or
+scatter it along the sequence (comm/sequence_shards.py).
 """
 import copy
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ import torch
 
 from ..cost import SavedTensorTracker
 from ..op_cost import OpCosts, OperatorRecorder
-from ..train.tensor_parallel import AllReduceForward, Apply, ApplyWithTarget
+from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Compute
 
 
@@ -52,8 +54,8 @@ class ChunkCost:
     forward_flops: tuple[float, ...]  # per region, in forward order
     backward_flops: tuple[float, ...]  # per region, in backward order
     activation_bytes: int  # peak bytes autograd holds for one microbatch's backward
-    # What is all-reduced after each region (a meta tensor of its shape and dtype, or None), forward and
-    # backward order; what the chunk hands on: its first output, and its first input's gradient (or None)
+    # The tp collective after each region ((kind, a meta tensor of its input's shape and dtype), or None),
+    # forward and backward order; what the chunk hands on: its first output, and its first input's gradient
     forward_reduced: tuple = ()
     backward_reduced: tuple = ()
     output: torch.Tensor | None = None
@@ -67,10 +69,11 @@ class Tape:
     """What a microbatch's forward keeps for its backward."""
 
     regions: list = field(default_factory=list)  # (inputs, outputs) per region
-    reduce_grad: list = field(default_factory=list)  # per region: index of an input whose gradient is summed
+    # per region: (index of an input, the collective on its gradient), or None
+    reduce_grad: list = field(default_factory=list)
 
 
-def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype: str,
+def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype: str,
                   target: torch.Tensor | None = None, loss_weight=1.0):
     """Step program: run `ops` on `inputs` (a tuple of tensors; the ones that need a gradient require it),
     charging each region's FLOPs from `cost` (None: measuring, the charges are 0).
@@ -94,12 +97,12 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
         yield _region_compute(cost, region, "forward", dtype)
         region += 1
         values = tuple(t.detach() for t in state)
-        reduce_grad = None
-        if type(op) is AllReduceForward:
-            values = tuple(v.clone() if i == op.index else v for i, v in enumerate(values))
-            yield all_reduce(values[op.index])
-        else:
-            reduce_grad = op.index
+        if op.forward is not None:  # an all-reduce sums in place a copy of what autograd may hold
+            tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
+            collective, result = communicate(op.forward, tensor)
+            yield collective
+            values = tuple(result if i == op.index else v for i, v in enumerate(values))
+        reduce_grad = None if op.backward is None else (op.index, op.backward)
         # the boundary's tensors start the next region; those that depend on a parameter need a gradient
         values = tuple(v.requires_grad_(t.requires_grad) for v, t in zip(values, state))
         region_inputs = state = values
@@ -113,7 +116,7 @@ def chunk_forward(ops, inputs: tuple, all_reduce, cost: ChunkCost | None, dtype:
     return state, tape, None if loss is None else loss.detach()
 
 
-def chunk_backward(tape: Tape, output_grads: tuple | None, all_reduce, cost: ChunkCost | None, dtype: str):
+def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: ChunkCost | None, dtype: str):
     """Step program: backward through a microbatch's tape; `output_grads` None when its output is the loss.
     Returns the gradients of the chunk's inputs (None for inputs that need none)."""
     grads = output_grads
@@ -127,9 +130,12 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, all_reduce, cost: Chu
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = tuple(t.grad if t.requires_grad else None for t in inputs)
         yield _region_compute(cost, step, "backward", dtype)
-        summed = tape.reduce_grad[index]
-        if summed is not None and grads[summed] is not None:  # the data's own input needs no gradient
-            yield all_reduce(grads[summed])
+        boundary = tape.reduce_grad[index]
+        if boundary is not None and grads[boundary[0]] is not None:  # the data's own input needs no gradient
+            at, kind = boundary
+            collective, result = communicate(kind, grads[at])
+            yield collective
+            grads = tuple(result if i == at else g for i, g in enumerate(grads))
     return grads
 
 
@@ -142,35 +148,38 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) 
     return Compute(cost.backward_flops[region], dtype, name, ops=cost.backward_ops[region])
 
 
-def replay_forward(cost: ChunkCost, all_reduce, dtype: str):
-    """Step program: chunk_forward's compute spans and all-reduces from `cost` alone (numerics off);
+def replay_forward(cost: ChunkCost, communicate, dtype: str):
+    """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta tensor the chunk hands on."""
     for flops, reduced, ops in zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops):
         yield Compute(flops, dtype, "forward", ops=ops)
         if reduced is not None:
-            yield all_reduce(reduced)
+            yield communicate(*reduced)[0]
     return cost.output
 
 
-def replay_backward(cost: ChunkCost, all_reduce, dtype: str):
-    """Step program: chunk_backward's compute spans and all-reduces from `cost` alone (numerics off);
+def replay_backward(cost: ChunkCost, communicate, dtype: str):
+    """Step program: chunk_backward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta gradient of the chunk's first input (None if it needs none)."""
     for flops, reduced, ops in zip(cost.backward_flops, cost.backward_reduced, cost.backward_ops):
         yield Compute(flops, dtype, "backward", ops=ops)
         if reduced is not None:
-            yield all_reduce(reduced)
+            yield communicate(*reduced)[0]
     return cost.input_grad
 
 
-def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None) -> ChunkCost:
+def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None,
+                  inputs_kept: bool = False, tp: int = 1) -> ChunkCost:
     """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
     meta copy.
 
     `ops_of(module, ends_model)` gives a chunk module's ops (ending with the loss when there is a
-    `target`); `inputs` and `target` give shapes and dtypes."""
-    forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target)
+    `target`); `inputs` and `target` give shapes and dtypes; `tp` the tp group's size (what a sequence
+    shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
+    caller holds them: a recomputed unit's kept input)."""
+    forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target, tp)
     return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward),
-                     _activation_peak(chunk, ops_of, inputs, target),
+                     _activation_peak(chunk, ops_of, inputs, target, inputs_kept, tp),
                      tuple(reduced for _, reduced, _ in forward), tuple(reduced for _, reduced, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
                      tuple(ops for _, _, ops in forward), tuple(ops for _, _, ops in backward))
@@ -202,41 +211,56 @@ def _drive(program, recorder: OperatorRecorder | None = None) -> tuple[object, l
                 before = total
             elif isinstance(op, _Reduced):
                 flops, _, ops = regions[-1]
-                regions[-1] = (flops, _meta_like(op.buffer), ops)
+                regions[-1] = (flops, (op.kind, _meta_like(op.buffer)), ops)
             op = program.send(None)
     except StopIteration as stop:
         return stop.value, regions
 
 
-def _regions(chunk, ops_of, inputs, target) -> tuple[list, list, torch.Tensor, torch.Tensor | None]:
-    """(FLOPs, all-reduced buffer, OpCosts) per region forward and backward, the chunk's first output and
-    its first input's gradient."""
+def _regions(chunk, ops_of, inputs, target, tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None]:
+    """(FLOPs, (collective, its input) or None, OpCosts) per region forward and backward, the chunk's first
+    output and its first input's gradient."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
+    measuring = _measuring(tp)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with OperatorRecorder() as recorder:
-            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "",
+            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring, None, "",
                                                                meta_target), recorder)
         grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
         with OperatorRecorder() as recorder:
-            input_grads, backward = _drive(chunk_backward(tape, grads, _Reduced, None, ""), recorder)
+            input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder)
     return forward, backward, outputs[0], input_grads[0]
 
 
-def _activation_peak(chunk, ops_of, inputs, target) -> int:
+def _activation_peak(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int) -> int:
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
-    data = [t for t in meta_inputs if not t.requires_grad]  # the batch itself is not an activation
-    tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *data,
+    held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
+    tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, _Reduced, None, "", meta_target))
+            measuring = _measuring(tp)
+            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, measuring, None, "", meta_target))
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-            _drive(chunk_backward(tape, grads, _Reduced, None, ""))
+            _drive(chunk_backward(tape, grads, measuring, None, ""))
             del tape, outputs
     return tracker.peak_bytes
 
 
 class _Reduced(NamedTuple):
-    """Measuring: what a chunk all-reduces, yielded in place of the collective."""
+    """Measuring: a chunk's tp collective and its input, yielded in place of the collective."""
 
+    kind: str
     buffer: torch.Tensor
+
+
+def _measuring(tp: int):
+    """A `communicate` for measuring on meta tensors: yields a _Reduced, its result shaped as the
+    collective's would be (a sequence shard gathers to tp times its length, a whole scatters to 1/tp)."""
+    def communicate(kind: str, tensor: torch.Tensor):
+        if kind == "all_reduce":
+            return _Reduced(kind, tensor), tensor
+        shape = list(tensor.shape)
+        shape[1] = shape[1] * tp if kind == "all_gather" else shape[1] // tp
+        return _Reduced(kind, tensor), tensor.new_empty(shape)
+    return communicate

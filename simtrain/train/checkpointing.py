@@ -1,7 +1,7 @@
 """Gradient checkpointing of a sequential model with torch.utils.checkpoint.
 
 `apply_checkpointing(model, "sqrt" | "full" | CheckpointSegments(segments=k) | "none")` (the
-scenario's `train.checkpointing`: none | sqrt | full | {segments: k}) returns a
+scenario's `train.checkpointing`: none | sqrt | full | selective | {segments: k}) returns a
 `CheckpointedSequential` holding the same layers (same parameters, same
 state_dict keys) whose forward, when gradients are on, cuts the model into
 segments and runs every segment but the last under
@@ -21,7 +21,13 @@ first block. The built-in MLP with 16 hidden layers has 17 blocks
 round(sqrt(n)) segments for n blocks; `{segments: k}` uses k (at most n);
 `full` makes every block its own segment (Megatron-LM's full activation
 recomputation, layer by layer; under pipeline and tensor parallelism a stage
-recomputes each of its chunks instead, schemes/stage_execution.py).
+recomputes its chunks unit by unit, schemes/layer_recompute.py).
+
+Selective activation recomputation (Korthikanti et al. 2022), `selective`,
+cuts no segments: the model is returned as it is, each attention layer marked
+to recompute only its attention core (QKᵀ, scale, causal mask, softmax,
+attention over V) in backward (train/gpt.py `RecomputedAttention`). A model
+without attention (mlp, cnn) is refused.
 Blocks are dealt out as evenly as possible, earlier segments taking the
 extra block.
 
@@ -57,8 +63,13 @@ _FIELD = "train.checkpointing"
 
 
 def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.Module:
-    """`model` itself for "none"; otherwise a CheckpointedSequential over its layers."""
+    """`model` itself for "none", and for "selective" with its attention cores marked for recomputation;
+    otherwise a CheckpointedSequential over its layers."""
     if spec == "none":
+        return model
+    if spec == "selective":
+        require_attention(model)
+        recompute_attention_cores_(model)
         return model
     if not isinstance(model, nn.Sequential):
         raise ScenarioError(f"{_FIELD}: needs a model that is an nn.Sequential, got {type(model).__name__}")
@@ -72,6 +83,20 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
         if segments > len(blocks):
             raise ScenarioError(f"{_FIELD}.segments: {segments} is more than the model's {len(blocks)} blocks")
     return CheckpointedSequential(model, _deal(blocks, segments))
+
+
+def require_attention(model: nn.Module) -> None:
+    """Selective recomputation needs an attention layer (a module with `recompute_core`, train/gpt.py Block)."""
+    if not any(hasattr(module, "recompute_core") for module in model.modules()):
+        raise ScenarioError(f"{_FIELD}: selective recomputes the attention core; the model has no attention "
+                            "(use full, sqrt or segments)")
+
+
+def recompute_attention_cores_(model: nn.Module) -> None:
+    """Mark every attention layer of `model` to recompute its attention core in backward."""
+    for module in model.modules():
+        if hasattr(module, "recompute_core"):
+            module.recompute_core = True
 
 
 def split_blocks(layers: list[nn.Module]) -> list[list[int]]:

@@ -22,8 +22,21 @@ entropy, so the head's work ends with the loss (`parallel_loss_ops`).
 Parameters that stay whole (position embeddings, LayerNorms, the row-split
 Linears' biases) get the same gradient on every tp rank.
 
+Sequence parallelism (Korthikanti et al. 2022; `sequence_parallel`, set by
+parallel.sequence_parallel): between the tensor-parallel pairs the residual
+stream is cut along the sequence across the tp group, so the LayerNorms, the
+residual adds and the biases work on a tp-th of it; each "f" becomes an
+all-gather and each "g" a reduce-scatter (train/tensor_parallel.py). The
+embedding's partial lookups are reduce-scattered, each rank adding the
+position embeddings of its part; the head's final LayerNorm works on the
+part, then gathers it for the vocabulary-parallel Linear. The whole
+parameters then get each rank's share of their gradient, summed across the
+tp group after the backward (schemes/model_parallel.py).
+
 Attention is written out (matmul, causal mask, softmax, matmul) so torch's
-FLOP counter sees it on every device, meta included.
+FLOP counter sees it on every device, meta included. Under selective
+activation recomputation (train.checkpointing: selective, `recompute_core`)
+that core, and only it, runs again in backward (`RecomputedAttention`).
 
     model = build_gpt(vocab=64, seq_len=32, hidden=64, layers=2, heads=4)
     logits = model(tokens)                      # (batch, 32, 64)
@@ -35,7 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, Slice, shard_parameter_
+from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, ReduceScatter,
+                              Slice, shard_parameter_)
 from .vocab_parallel import cross_entropy_from_terms, cross_entropy_terms, local_lookup
 
 
@@ -46,25 +60,31 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Embedding(seq_len, hidden)
-        self.vocab_start = 0  # the first token of this rank's rows
+        self.vocab_start, self.tp_rank = 0, 0  # the first token of this rank's rows; its tp rank
+        self.sequence_parallel = False  # parallel.sequence_parallel: hands on this tp rank's part of the sequence
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._add_positions(self.tokens(tokens))
 
-    def _add_positions(self, embedded: torch.Tensor) -> torch.Tensor:
-        return embedded + self.positions(torch.arange(embedded.shape[1], device=embedded.device))
+    def _add_positions(self, embedded: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """`embedded` (positions start.. of the sequence) plus their position embeddings."""
+        return embedded + self.positions(torch.arange(start, start + embedded.shape[1], device=embedded.device))
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
         _check_vocab(self.tokens.num_embeddings, tp)
         where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
-        self.vocab_start = where.start
+        self.vocab_start, self.tp_rank = where.start, tp_rank
         return {"tokens.weight": where}
 
     def parallel_ops(self) -> list:
-        """Partial lookups summed across the tp group, then the (whole) position embeddings."""
-        return [Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),)), AllReduceForward(0),
-                Apply(lambda embedded: (self._add_positions(embedded),))]
+        """Partial lookups summed across the tp group (and scattered along the sequence under sequence
+        parallelism), then the (whole) position embeddings of the positions this rank holds."""
+        lookup = Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),))
+        if self.sequence_parallel:
+            return [lookup, ReduceScatter(0),
+                    Apply(lambda part: (self._add_positions(part, self.tp_rank * part.shape[1]),))]
+        return [lookup, AllReduceForward(0), Apply(lambda embedded: (self._add_positions(embedded),))]
 
 
 class Block(nn.Module):
@@ -73,6 +93,8 @@ class Block(nn.Module):
     def __init__(self, hidden: int, heads: int):
         super().__init__()
         self.heads = heads  # on this rank: all of them, or its share under tensor parallelism
+        self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
+        self.sequence_parallel = False  # parallel.sequence_parallel: the residual stream cut along the sequence
         self.ln1 = nn.LayerNorm(hidden)
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
@@ -81,6 +103,9 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(hidden)
         self.expand = nn.Linear(hidden, 4 * hidden)
         self.contract = nn.Linear(4 * hidden, hidden)
+
+    def extra_repr(self) -> str:
+        return "recompute_core=True" if self.recompute_core else ""  # printed: cost.py's cache tells them apart
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self._attention(self.ln1(x)) + self.projection.bias
@@ -94,10 +119,8 @@ class Block(nn.Module):
             return t.view(batch, length, self.heads, -1).transpose(1, 2)
 
         q, k, v = split_heads(self.query(h)), split_heads(self.key(h)), split_heads(self.value(h))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        causal = torch.ones(length, length, dtype=torch.bool, device=h.device).triu(1)
-        weights = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        out = (weights @ v).transpose(1, 2).reshape(batch, length, -1)
+        core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
+        out = core(q, k, v).transpose(1, 2).reshape(batch, length, -1)
         return F.linear(out, self.projection.weight)
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
@@ -117,18 +140,49 @@ class Block(nn.Module):
         return slices
 
     def parallel_ops(self) -> list:
-        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces."""
+        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces; under
+        sequence parallelism the stream is this rank's part of the sequence, each "f" an all-gather and
+        each "g" a reduce-scatter."""
+        f, g = (AllGather, ReduceScatter) if self.sequence_parallel else (AllReduceBackward, AllReduceForward)
         return [
-            Apply(lambda x: (x, self.ln1(x))), AllReduceBackward(1),
-            Apply(lambda x, h: (x, self._attention(h))), AllReduceForward(1),
-            Apply(self._after_attention), AllReduceBackward(1),
-            Apply(lambda x, h: (x, self._mlp(h))), AllReduceForward(1),
+            Apply(lambda x: (x, self.ln1(x))), f(1),
+            Apply(lambda x, h: (x, self._attention(h))), g(1),
+            Apply(self._after_attention), f(1),
+            Apply(lambda x, h: (x, self._mlp(h))), g(1),
             Apply(lambda x, m: (x + m + self.contract.bias,)),
         ]
 
     def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x + attention + self.projection.bias
         return x, self.ln2(x)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of (batch, heads, length, head size) queries, keys and values: softmax(QKᵀ/√d) V."""
+    length = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(causal, float("-inf")).softmax(dim=-1) @ v
+
+
+class RecomputedAttention(torch.autograd.Function):
+    """The attention core with selective activation recomputation (Korthikanti et al. 2022, section 5):
+    forward keeps only q, k and v, backward runs the core again from them and differentiates it. The
+    scores, the softmax and its mask (5as²b bytes per layer in 16 bits) never outlive the layer's
+    backward. (A Function rather than torch.utils.checkpoint: checkpoint holds its inputs out of sight of
+    the saved-tensor hooks that measure activation memory, cost.py; here q, k and v are saved through them.)"""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v)
+        return attention_core(q, k, v)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = tuple(t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = attention_core(*inputs)
+        return torch.autograd.grad(out, inputs, grad)
 
 
 class LanguageHead(nn.Module):
@@ -139,6 +193,7 @@ class LanguageHead(nn.Module):
         self.norm = nn.LayerNorm(hidden)
         self.logits = nn.Linear(hidden, vocab)
         self.vocab_start, self.tp_rank, self.tp = 0, 0, 1
+        self.sequence_parallel = False  # parallel.sequence_parallel: takes this tp rank's part of the sequence
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits(self.norm(x))
@@ -151,8 +206,10 @@ class LanguageHead(nn.Module):
         return slices
 
     def parallel_loss_ops(self) -> list:
-        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered."""
-        return [Apply(lambda x: (self.norm(x),)), AllReduceBackward(0), Apply(lambda h: (self.logits(h),)),
+        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered (the
+        normalized sequence is, under sequence parallelism)."""
+        f = AllGather if self.sequence_parallel else AllReduceBackward
+        return [Apply(lambda x: (self.norm(x),)), f(0), Apply(lambda h: (self.logits(h),)),
                 ApplyWithTarget(lambda logits, target: (cross_entropy_terms(logits, target, self.vocab_start,
                                                                             self.tp_rank, self.tp),)),
                 AllReduceForward(0), Apply(lambda terms: (cross_entropy_from_terms(terms, self.tp),))]

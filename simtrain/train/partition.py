@@ -14,7 +14,9 @@ each an nn.Sequential of copies of the model's entries), cut to its tensor
 slices, with `ops[chunk]`, the chunk's work as a list of Apply and
 all-reduce steps (the last model part's ending with the loss against the
 target: a vocabulary-parallel head's own, else cross entropy on the
-outputs), and `sources`, where each of its parameters and buffers
+outputs), `layers[chunk]`, the same work cut into the chunk's units, one
+(module, ops) pair per unit, for layer-by-layer recomputation
+(train.checkpointing: full, schemes/layer_recompute.py), and `sources`, where each of its parameters and buffers
 comes from in the whole model. `assemble` writes ranks' pieces back into a
 copy of the whole model: what final_model.pt holds and what is evaluated.
 
@@ -30,7 +32,7 @@ from torch import nn
 
 from ..loss import cross_entropy
 from ..op_cost import OperatorRecorder
-from .checkpointing import apply_checkpointing
+from .checkpointing import apply_checkpointing, recompute_attention_cores_
 from .tensor_parallel import ELEMENTWISE, Apply, ApplyWithTarget, Slice, column_row_ops, shard_column_row_
 
 LOSS = ApplyWithTarget(lambda outputs, target: (cross_entropy(outputs, target),))
@@ -131,30 +133,52 @@ class RankModule(nn.Module):
     `counts` gives the units of each model part (balanced_counts); the rank runs parts
     `part_ids`, in order (its chunks). Every entry is a copy: the model is left as it is.
     Without tensor parallelism each chunk is checkpointed by `checkpointing` (train.checkpointing)
-    as a whole model would be; under `full` the stage recomputes whole chunks instead
-    (schemes/stage_execution.py)."""
+    as a whole model would be; under `full` the stage recomputes each chunk unit by unit instead
+    (`layers`, schemes/layer_recompute.py)."""
 
     def __init__(self, model: nn.Sequential, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
-                 tp_rank: int = 0, tp: int = 1, checkpointing="none"):
+                 tp_rank: int = 0, tp: int = 1, checkpointing="none", sequence_parallel: bool = False):
         super().__init__()
         first_unit = [sum(counts[:part]) for part in range(len(counts))]
         self.tp = tp
         self.chunks = nn.ModuleList()
         self.ops: list[list] = []
+        self.layers: list[list[tuple[nn.Sequential, list]]] = []
         self.sources: dict[str, Source] = {}
         for chunk_index, part in enumerate(part_ids):
             chunk_units = units[first_unit[part]:first_unit[part] + counts[part]]
             entries = [index for unit in chunk_units for index in unit]
             chunk = nn.Sequential(*(copy.deepcopy(model[index]) for index in entries))
             slices = self._shard(chunk, tp_rank, tp) if tp > 1 else {}
-            if tp == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
+            for module in chunk.modules() if sequence_parallel else ():  # train/gpt.py's layers take it
+                if hasattr(module, "sequence_parallel"):
+                    module.sequence_parallel = True
+            if checkpointing == "selective":  # a chunk may hold no attention layer
+                recompute_attention_cores_(chunk)
+            elif tp == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
-            self.ops.append(self.chunk_ops(chunk, ends_model=part == len(counts) - 1))
+            ends_model = part == len(counts) - 1
+            self.ops.append(self.chunk_ops(chunk, ends_model))
+            self.layers.append(self._layers(chunk, [len(unit) for unit in chunk_units], ends_model))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
                 position, _, rest = local.partition(".")
                 self.sources[f"chunks.{chunk_index}.{local}"] = Source(f"{entries[int(position)]}.{rest}",
                                                                        slices.get(local))
+
+    def _layers(self, chunk: nn.Sequential, sizes: list[int], ends_model: bool) -> list[tuple[nn.Sequential, list]]:
+        """Each unit of `chunk` (`sizes` entries each) as a module of its own entries and its work, the last
+        one's ending with the loss if the chunk ends the model."""
+        entries, layers, start = list(chunk), [], 0
+        for number, size in enumerate(sizes):
+            layer = nn.Sequential(*entries[start:start + size])
+            layers.append((layer, self.chunk_ops(layer, ends_model and number == len(sizes) - 1)))
+            start += size
+        return layers
+
+    def whole_parameter_grads(self) -> list[torch.Tensor]:
+        """The gradients of the trainable parameters it holds whole (not a tensor-parallel slice)."""
+        return [p.grad for name, p in self.named_parameters() if p.requires_grad and self.sources[name].slice is None]
 
     def pieces(self) -> list[tuple[Source, torch.Tensor]]:
         """Each of its parameters and buffers with where it comes from in the whole model (for `assemble`)."""

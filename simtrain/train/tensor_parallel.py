@@ -11,9 +11,23 @@ the pair's output. Two collectives make that exact:
 - `AllReduceBackward(i)` ("f"): the pair's input passes unchanged in forward;
   in backward each rank's partial gradient of it is summed across the group.
 
+With sequence parallelism (Korthikanti et al. 2022, section 4.2.2) the
+tensors between the pairs are cut along the sequence (dimension 1) across
+the tp group, and the two become
+
+- `ReduceScatter(i)` ("ḡ"): the partial outputs summed and scattered along the
+  sequence in forward; the gradient's shards all-gathered in backward;
+- `AllGather(i)` ("g"): the sequence shards gathered in forward; in backward
+  the partial gradients summed and scattered back to the shards;
+
+the same bytes on the links as the all-reduce (a ring all-reduce is a
+reduce-scatter then an all-gather). Each boundary op names its collective in
+forward and in backward (`forward`, `backward`: "all_reduce", "all_gather",
+"reduce_scatter" or None).
+
 The second Linear's bias is added once, after the sum. A layer's parallel
 work is a list of `Apply(function)` steps on the tuple of tensors in flight,
-with the two all-reduces above between them (schemes/stage_execution.py runs
+with the collectives above between them (schemes/stage_execution.py runs
 such lists with real collectives). The work of the chunk that ends the model
 ends with its loss: `ApplyWithTarget(function)` steps are also given the
 microbatch's target (a vocabulary-parallel head computes its loss with an
@@ -46,10 +60,33 @@ class ApplyWithTarget(NamedTuple):
 
 class AllReduceForward(NamedTuple):
     index: int  # position in the tuple of tensors in flight
+    forward = "all_reduce"  # the tp collective on the tensor in forward, and on its gradient in backward
+    backward = None
 
 
 class AllReduceBackward(NamedTuple):
     index: int
+    forward = None
+    backward = "all_reduce"
+
+
+class AllGather(NamedTuple):
+    """Sequence parallelism's "g": the tp ranks' sequence shards gathered (forward), the gradient
+    reduce-scattered back to them (backward)."""
+
+    index: int
+    forward = "all_gather"
+    backward = "reduce_scatter"
+
+
+class ReduceScatter(NamedTuple):
+    """Sequence parallelism's "ḡ": partial sums summed and cut into sequence shards (forward), the
+    gradient's shards all-gathered (backward)."""
+
+    index: int
+    forward = "reduce_scatter"
+    backward = "all_gather"
+
 
 
 class Slice(NamedTuple):
