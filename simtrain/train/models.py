@@ -17,6 +17,8 @@ stream is left as it was.
   (before the ReLU, as Ioffe & Szegedy 2015 place it); the output layer is not.
 - `gpt`: a small decoder-only transformer for token data (train/gpt.py);
   `model.hidden` (one width), `model.layers`, `model.heads`.
+- `llama`: a Llama-style transformer for token data (train/llama.py): gpt's
+  fields and `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`.
 - `package.module:function`: called with `model.options` as keyword
   arguments; it returns an `nn.Module` with trainable parameters that maps a
   batch of the data's inputs to one logit per class (checked with one forward
@@ -42,6 +44,7 @@ from ..errors import ScenarioError
 from ..scenario import ModelSpec
 from .data import DatasetInfo, call_with_options, load_callable
 from .gpt import build_gpt
+from .llama import build_llama
 
 
 def build_model(spec: ModelSpec, info: DatasetInfo, seed: int) -> nn.Module:
@@ -64,9 +67,15 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
         if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
             raise ScenarioError("model.name: gpt needs token sequences (data.name: tokens)")
         return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads)
+    if spec.name == "llama":
+        if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
+            raise ScenarioError("model.name: llama needs token sequences (data.name: tokens)")
+        return partial(build_llama, info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads,
+                       spec.ffn_width, spec.rotary_base)
     if ":" in spec.name:
         return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name, info)
-    raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, or package.module:function)")
+    raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, llama, or "
+                          "package.module:function)")
 
 
 def _mlp(info: DatasetInfo, hidden: list[int], batchnorm: bool) -> nn.Sequential:
