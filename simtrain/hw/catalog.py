@@ -76,7 +76,7 @@ class DeviceSpec:
     def flops_rate(self, dtype: str) -> float:
         """FLOP/s this device sustains in `dtype`: peak times efficiency."""
         if dtype not in self.peak_flops:
-            raise ScenarioError(f"device {self.name}: no {dtype!r} rate; it has: {', '.join(self.peak_flops)}")
+            raise ScenarioError(f"device {self.name}: unknown dtype {dtype!r}; known: {', '.join(self.peak_flops)}")
         return self.peak_flops[dtype] * self.efficiency
 
 
