@@ -163,6 +163,8 @@ def test_tensor_and_pipeline_parallel_train_what_one_device_trains(layout):
     ({"kv_heads": 3}, 1, {}, "model.kv_heads: 3 key/value heads do not divide model.heads 4"),
     ({"kv_heads": 2}, 4, {"tp": 4}, "parallel.tp: the model cannot be split 4 ways: model.kv_heads 2 do not divide "
                                     "into 4 equal groups"),
+    ({"ffn_hidden": 50, "kv_heads": 4}, 4, {"tp": 4},
+     "parallel.tp: the model cannot be split 4 ways: model.ffn_hidden 50 does not divide into 4 equal slices"),
     ({"heads": 8, "hidden": 24}, 1, {}, "model.heads: a llama's head width"),
     ({"name": "gpt", "kv_heads": 2}, 1, {}, "model.kv_heads: an option of model.name llama, not of gpt"),
 ])

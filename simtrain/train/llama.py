@@ -155,6 +155,8 @@ class LlamaBlock(nn.Module):
             raise ValueError(f"model.heads {self.heads} do not divide into {tp} equal groups")
         if self.kv_heads % tp:
             raise ValueError(f"model.kv_heads {self.kv_heads} do not divide into {tp} equal groups")
+        if self.w1.out_features % tp:
+            raise ValueError(f"model.ffn_hidden {self.w1.out_features} does not divide into {tp} equal slices")
         slices = {f"{name}.weight": shard_parameter_(getattr(self, name), "weight", 0, tp_rank, tp)
                   for name in ("wq", "wk", "wv", "w1", "w3")}
         for name in ("wo", "w2"):
