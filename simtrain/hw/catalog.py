@@ -23,8 +23,7 @@ into a `DeviceSpec`:
 Memory capacities are binary: an "80 GB" HBM part holds 80 GiB of DRAM cells
 (five 16 GiB stacks), and nvidia-smi reports 81920 MiB for an A100 80GB. The
 H200's "141 GB" and the B200's "180 GB" are read the same way (141 and 180
-GiB), though those parts expose a little less (nvidia-smi: 143771 MiB on an
-H200, about 140.4 GiB).
+GiB).
 """
 import dataclasses
 import os
