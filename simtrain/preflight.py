@@ -19,6 +19,7 @@ same line.
 """
 from .errors import ScenarioError
 from .host_memory import check_scenario_fits_host
+from .hw.catalog import require_rate
 from .hw.cluster import ResolvedCluster, resolve_cluster
 from .hw.faults import scheduled_faults
 from .job import Job
@@ -28,6 +29,8 @@ from .scenario import Scenario
 def preflight(scenario: Scenario) -> ResolvedCluster:
     """Check the scenario as a run would before simulating; return its resolved cluster."""
     resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
+    if scenario.train.precision == "fp8":  # its GEMMs are charged at the fp8 rate
+        require_rate(resolved.device_specs, "fp8", "train.precision")
     check_scenario_fits_host(scenario, resolved)
     cluster = resolved.build(record=False, seed=scenario.seed, enforce_capacity=False)
     scheduled_faults(scenario, cluster)  # the faults' names and the spares against the cluster

@@ -27,7 +27,8 @@ def test_catalog_matches_datasheets(name):
     (fp32, tf32, fp16, bf16), mem_gib, bw_gbps = DATASHEETS[name]
     spec = CATALOG[name]
     assert spec.name == name
-    assert spec.peak_flops == pytest.approx({"fp32": fp32 * T, "tf32": tf32 * T, "fp16": fp16 * T, "bf16": bf16 * T})
+    assert {dtype: spec.peak_flops[dtype] for dtype in DTYPES} == pytest.approx(
+        {"fp32": fp32 * T, "tf32": tf32 * T, "fp16": fp16 * T, "bf16": bf16 * T})
     assert spec.memory_bytes == mem_gib * GIB
     assert spec.memory_bandwidth == pytest.approx(bw_gbps * 1e9)
     assert spec.efficiency == 0.5
@@ -36,7 +37,7 @@ def test_catalog_matches_datasheets(name):
 def test_catalog_has_every_required_part():
     assert set(DATASHEETS) <= set(CATALOG)
     for spec in CATALOG.values():
-        assert tuple(spec.peak_flops) == DTYPES
+        assert tuple(spec.peak_flops)[:len(DTYPES)] == DTYPES and set(spec.peak_flops) <= {*DTYPES, "fp8"}
 
 
 def test_flops_rate_is_peak_times_efficiency():
@@ -106,7 +107,8 @@ FULL = {"name": "g", "peak_flops": dict.fromkeys(DTYPES, "1 TFLOP/s"), "memory":
 @pytest.mark.parametrize(
     "value, expected",
     [
-        ("a200", "cluster.device: unknown device 'a200'; known: a100-40gb, a100-80gb, h100-80gb, v100-16gb"),
+        ("a200", "cluster.device: unknown device 'a200'; known: a100-40gb, a100-80gb, b200-180gb, h100-80gb, "
+                 "h200-141gb, v100-16gb"),
         (7, "cluster.device: expected a device name or a mapping, got 7"),
         ({"base": "a200"}, "cluster.device.base: unknown device 'a200'; known: a100-40gb"),
         ({"base": 3}, "cluster.device.base: Input should be a valid string"),
@@ -120,7 +122,7 @@ FULL = {"name": "g", "peak_flops": dict.fromkeys(DTYPES, "1 TFLOP/s"), "memory":
         ({"base": "a100-40gb", "memory": "80 us"}, "cluster.device.memory: unit 'us' in '80 us' is not a bytes unit"),
         ({"base": "a100-40gb", "memory_bandwidth": 0},
          "cluster.device.memory_bandwidth: Input should be greater than 0"),
-        ({"base": "a100-40gb", "peak_flops": {"fp8": 1}}, "cluster.device.peak_flops.fp8: unknown field"),
+        ({"base": "a100-40gb", "peak_flops": {"fp4": 1}}, "cluster.device.peak_flops.fp4: unknown field"),
         ({"base": "a100-40gb", "peak_flops": {"fp16": "9 GB"}}, "cluster.device.peak_flops.fp16: unit 'GB'"),
         ({"base": "a100-40gb", "peak_flops": 5}, "cluster.device.peak_flops: Input should be a valid dictionary"),
         ({"base": "a100-40gb", "name": ""}, "cluster.device.name: String should have at least 1 character"),

@@ -1,7 +1,10 @@
 """Device catalog: what one simulated GPU can compute and hold.
 
-A `DeviceSpec` gives a GPU's dense peak FLOP/s per dtype, its HBM capacity and
-bandwidth, the fraction of peak a training kernel reaches (`efficiency`) and
+A `DeviceSpec` gives a GPU's dense peak FLOP/s per dtype (fp32, tf32, fp16,
+bf16, and fp8 on the parts whose tensor cores have it: Hopper and later), its
+HBM capacity and bandwidth, its NVLink bandwidth (the datasheet's, both
+directions together: what to divide by two for `cluster.link`, which is per
+direction), the fraction of peak a training kernel reaches (`efficiency`) and
 a fixed cost per kernel (`kernel_overhead`, default 0). The compute model
 charges `flops / spec.flops_rate(dtype) + kernels x kernel_overhead` seconds.
 
@@ -18,7 +21,9 @@ into a `DeviceSpec`:
     resolve_device("calibration/device.yaml", base_dir=scenario.base_dir)   # the same keys, in a file
 
 Memory capacities are binary: an "80 GB" HBM part holds 80 GiB of DRAM cells
-(five 16 GiB stacks), and nvidia-smi reports 81920 MiB for an A100 80GB.
+(five 16 GiB stacks), and nvidia-smi reports 81920 MiB for an A100 80GB. The
+H200's "141 GB" and the B200's "180 GB" are read the same way (141 and 180
+GiB).
 """
 import dataclasses
 import os
@@ -28,7 +33,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..errors import ScenarioError
-from ..scenario import DTYPES, DeviceFields
+from ..scenario import DTYPES, OPTIONAL_DTYPES, DeviceFields
 from ..scenario.fields import first_error
 from ..user_files import load_yaml_file, user_path
 
@@ -44,7 +49,9 @@ class DeviceSpec:
     """One GPU model: dense peak FLOP/s by dtype, HBM size and bandwidth, efficiency."""
 
     name: str
-    peak_flops: dict[str, float] = dataclasses.field(hash=False)  # left out of hash(): a dict is unhashable
+    # Every dtype of DTYPES; fp8 (OPTIONAL_DTYPES) only on parts that have it. Left out of hash(): a dict is
+    # unhashable.
+    peak_flops: dict[str, float] = dataclasses.field(hash=False)
     memory_bytes: float
     memory_bandwidth: float
     efficiency: float = DEFAULT_EFFICIENCY
@@ -52,18 +59,23 @@ class DeviceSpec:
     # datasheets give none; simtrain calibrate measures it on a host, where it is Python's and torch's
     # per-operator overhead.
     kernel_overhead_s: float = 0.0
+    # The datasheet's NVLink bandwidth per GPU, both directions together (bytes/s); None: not given. What a
+    # scenario's cluster.link describes (per direction: half of it); the catalog's figure is for reference.
+    nvlink_bandwidth: float | None = None
 
     def __post_init__(self):
-        if sorted(self.peak_flops) != sorted(DTYPES):
-            raise ValueError(f"device {self.name}: peak_flops keys must be {DTYPES}, got {sorted(self.peak_flops)}")
+        keys = [dtype for dtype in (*DTYPES, *OPTIONAL_DTYPES) if dtype in self.peak_flops]
+        if sorted(self.peak_flops) != sorted(keys) or not set(DTYPES) <= set(keys):
+            raise ValueError(f"device {self.name}: peak_flops keys must be {DTYPES} (and optionally "
+                             f"{OPTIONAL_DTYPES}), got {sorted(self.peak_flops)}")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"device {self.name}: efficiency must be in (0, 1], got {self.efficiency}")
-        object.__setattr__(self, "peak_flops", dict(self.peak_flops))
+        object.__setattr__(self, "peak_flops", {dtype: self.peak_flops[dtype] for dtype in keys})
 
     def flops_rate(self, dtype: str) -> float:
         """FLOP/s this device sustains in `dtype`: peak times efficiency."""
         if dtype not in self.peak_flops:
-            raise ScenarioError(f"device {self.name}: unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+            raise ScenarioError(f"device {self.name}: unknown dtype {dtype!r}; known: {', '.join(self.peak_flops)}")
         return self.peak_flops[dtype] * self.efficiency
 
 
@@ -77,6 +89,7 @@ CATALOG: dict[str, DeviceSpec] = {
         peak_flops={"fp32": 15.7 * _T, "tf32": 15.7 * _T, "fp16": 125 * _T, "bf16": 15.7 * _T},
         memory_bytes=16 * _GIB,
         memory_bandwidth=900e9,
+        nvlink_bandwidth=300e9,  # the whitepaper's six NVLink 2.0 links, 300 GB/s
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (1758950-r4, 2021), A100 40GB SXM, dense figures
     # (the starred ones are with sparsity, twice these): FP32 19.5 TFLOP/s, TF32 tensor 156,
@@ -86,6 +99,7 @@ CATALOG: dict[str, DeviceSpec] = {
         peak_flops={"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
         memory_bytes=40 * _GIB,
         memory_bandwidth=1555e9,
+        nvlink_bandwidth=600e9,  # the datasheet's NVLink 600 GB/s
     ),
     # Same datasheet, A100 80GB SXM: same FLOP/s as the 40GB part; 80 GB HBM2e at 2,039 GB/s.
     "a100-80gb": DeviceSpec(
@@ -93,15 +107,41 @@ CATALOG: dict[str, DeviceSpec] = {
         peak_flops={"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
         memory_bytes=80 * _GIB,
         memory_bandwidth=2039e9,
+        nvlink_bandwidth=600e9,
     ),
-    # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: FP32 67 TFLOP/s; TF32 989,
-    # BF16 1,979 and FP16 1,979 TFLOP/s are listed "with sparsity", dense is half of each:
-    # 494.5, 989.5, 989.5. 80 GB HBM3 at 3.35 TB/s.
+    # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: FP32 67 TFLOP/s; TF32 989, BF16 1,979,
+    # FP16 1,979 and FP8 3,958 TFLOP/s are listed "with sparsity", dense is half of each: 494.5, 989.5,
+    # 989.5, 1,979. 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s.
     "h100-80gb": DeviceSpec(
         name="h100-80gb",
-        peak_flops={"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T},
+        peak_flops={"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T,
+                    "fp8": 1979 * _T},
         memory_bytes=80 * _GIB,
         memory_bandwidth=3.35e12,
+        nvlink_bandwidth=900e9,
+    ),
+    # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM: the H100's compute (the same GH100 die: FP32
+    # 67, and with sparsity TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOP/s; dense half of each); 141 GB HBM3e
+    # at 4.8 TB/s; NVLink 900 GB/s.
+    "h200-141gb": DeviceSpec(
+        name="h200-141gb",
+        peak_flops={"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T,
+                    "fp8": 1979 * _T},
+        memory_bytes=141 * _GIB,
+        memory_bandwidth=4.8e12,
+        nvlink_bandwidth=900e9,
+    ),
+    # NVIDIA HGX B200 specifications (nvidia.com's HGX platform page, "Individual Blackwell GPU
+    # Specifications", HGX B200 column; the DGX B200 datasheet gives the same per-GPU figures times 8):
+    # FP32 75 TFLOP/s; with sparsity TF32 2.2, FP16/BF16 4.5 and FP8 9 PFLOP/s, dense half of each: 1,100,
+    # 2,250, 4,500 TFLOP/s. 180 GB HBM3e at 7.7 TB/s; fifth-generation NVLink 1.8 TB/s.
+    "b200-180gb": DeviceSpec(
+        name="b200-180gb",
+        peak_flops={"fp32": 75 * _T, "tf32": 1100 * _T, "fp16": 2250 * _T, "bf16": 2250 * _T,
+                    "fp8": 4500 * _T},
+        memory_bytes=180 * _GIB,
+        memory_bandwidth=7.7e12,
+        nvlink_bandwidth=1.8e12,
     ),
 }
 
@@ -170,6 +210,16 @@ def override_device(base: DeviceSpec, changes: Mapping) -> DeviceSpec:
     if changes.get("kernel_overhead") is not None:
         replaced["kernel_overhead_s"] = changes["kernel_overhead"]
     return dataclasses.replace(base, **replaced)
+
+
+def require_rate(specs: list[DeviceSpec], dtype: str, field: str) -> None:
+    """A ScenarioError naming `field` unless every device in `specs` has a peak FLOP/s for `dtype`."""
+    lacking = sorted({spec.name for spec in specs if dtype not in spec.peak_flops})
+    if lacking:
+        having = sorted(name for name, spec in CATALOG.items() if dtype in spec.peak_flops)
+        raise ScenarioError(f"{field}: {dtype} needs devices with an {dtype} rate; {', '.join(lacking)} has none "
+                            f"(the catalog's with one: {', '.join(having)}; or give cluster.device's "
+                            f"peak_flops.{dtype})")
 
 
 def _lookup(name: str, field: str) -> DeviceSpec:

@@ -14,8 +14,8 @@ home of its default: `Scenario.model_json_schema()` is the reference the docs
 are generated from, and the CLI's options and `simtrain.dist.spawn`'s keywords
 take their defaults from these specs.
 """
-from .cluster import (DTYPES, ClusterSpec, DeviceFields, DeviceOverride, FaultSpec, LinkSpec, PeakFlops,
-                      RandomFaultsSpec, SharedMemorySpec)
+from .cluster import (DTYPES, OPTIONAL_DTYPES, ClusterSpec, DeviceFields, DeviceOverride, FaultSpec, LinkSpec,
+                      PeakFlops, RandomFaultsSpec, SharedMemorySpec)
 from .data import DataSpec, MHSpec
 from .loading import apply_override, load_scenario
 from .model import ModelSpec
@@ -27,8 +27,8 @@ from .train import (LIVE_HYPERPARAMETERS, AmpSpec, CheckpointSegments, Optimizer
                     TrainSpec)
 
 __all__ = [
-    "DTYPES", "LIVE_HYPERPARAMETERS", "AmpSpec", "AsyncSpec", "CheckpointSegments", "CheckpointStorageSpec",
-    "ClusterSpec", "DataSpec", "DeviceFields", "DeviceOverride", "FaultSpec", "LinkSpec", "MHSpec", "MetricSpec",
+    "DTYPES", "OPTIONAL_DTYPES", "LIVE_HYPERPARAMETERS", "AmpSpec", "AsyncSpec", "CheckpointSegments",
+    "CheckpointStorageSpec", "ClusterSpec", "DataSpec", "DeviceFields", "DeviceOverride", "FaultSpec", "LinkSpec", "MHSpec", "MetricSpec",
     "ModelSpec", "OptimizerSpec", "ParallelSpec", "PbtSpec", "PbtStopSpec", "PeakFlops", "PipelineSpec",
     "RandomFaultsSpec", "RangeSpec", "ReportSpec", "Scenario", "SharedMemorySpec", "TrainCheckpointSpec",
     "TrainSpec", "apply_override", "load_scenario", "validate_scenario",

@@ -16,7 +16,8 @@ from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from ..limits import MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN, MIN_EFFICIENCY
 from .fields import Bandwidth, Bytes, Count, Duration, Flag, FlopRate, Interval, Real, Section, first_error
 
-DTYPES = ("fp32", "tf32", "fp16", "bf16")  # the dtypes a device has a peak FLOP/s for
+DTYPES = ("fp32", "tf32", "fp16", "bf16")  # the dtypes every device has a peak FLOP/s for
+OPTIONAL_DTYPES = ("fp8",)  # the dtypes only some devices have (Hopper and later: fp8)
 
 
 class LinkSpec(Section):
@@ -34,10 +35,12 @@ class PeakFlops(Section):
     tf32: FlopRate | None = Field(None, description="Peak TF32 tensor-core FLOP/s (FLOP/s).")
     fp16: FlopRate | None = Field(None, description="Peak FP16 tensor-core FLOP/s (FLOP/s).")
     bf16: FlopRate | None = Field(None, description="Peak BF16 tensor-core FLOP/s (FLOP/s).")
+    fp8: FlopRate | None = Field(None, description="Peak FP8 tensor-core FLOP/s; null: the device has none "
+                                                   "(FLOP/s).")
 
     def given(self) -> dict[str, float]:
         """The dtypes given, with their FLOP/s."""
-        return {dtype: rate for dtype in DTYPES if (rate := getattr(self, dtype)) is not None}
+        return {dtype: rate for dtype in (*DTYPES, *OPTIONAL_DTYPES) if (rate := getattr(self, dtype)) is not None}
 
 
 class DeviceFields(Section):
@@ -45,7 +48,8 @@ class DeviceFields(Section):
     device (every field but efficiency and kernel_overhead). hw/catalog.py turns it into a device spec."""
 
     base: str | None = Field(None, description="Catalog device whose figures the other fields change "
-                                               "(a100-40gb, a100-80gb, h100-80gb, v100-16gb).")
+                                               "(a100-40gb, a100-80gb, b200-180gb, h100-80gb, "
+                                               "h200-141gb, v100-16gb).")
     name: str | None = Field(None, min_length=1, description="The device's name in reports.")
     peak_flops: PeakFlops | None = Field(None, description="Dense peak FLOP/s per dtype; with base, only the "
                                                            "dtypes that change.")

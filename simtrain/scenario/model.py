@@ -1,13 +1,19 @@
 """The scenario's `model` section: which network trains (simtrain/train/models.py builds it).
 
     model: {name: gpt, hidden: 768, layers: 12, heads: 12}
+    model: {name: llama, hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn_hidden: 14336, rope_theta: 500000}
 """
+import math
 from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from ..limits import MAX_HEADS, MAX_LAYERS
+from ..limits import MAX_HEADS, MAX_LAYERS, MAX_WIDTH
 from .fields import Count, Flag, Real, Section, Width
+
+LLAMA_FFN_MULTIPLE = 256  # Llama's `multiple_of`: the SwiGLU width's default is rounded up to a multiple of it
+_LLAMA_ONLY = ("kv_heads", "ffn_hidden", "rope_theta")
+_TRANSFORMERS = ("gpt", "llama")
 
 
 class MoESpec(Section):
@@ -35,25 +41,35 @@ class MoESpec(Section):
 
 
 class ModelSpec(Section):
-    """The model: a built-in (mlp, cnn, gpt) or a user's function."""
+    """The model: a built-in (mlp, cnn, gpt, llama) or a user's function."""
 
-    name: str = Field("mlp", description="mlp | cnn | gpt | package.module:function (a user's model).")
+    name: str = Field("mlp", description="mlp | cnn | gpt | llama | package.module:function (a user's model).")
     hidden: Annotated[list[Width], Field(max_length=MAX_LAYERS)] = Field(
-        [128, 128], description="mlp: the hidden layers' widths; gpt: the model width, one number (default 64).")
-    layers: Count(MAX_LAYERS) = Field(2, description="gpt: transformer blocks.")
-    heads: Count(MAX_HEADS) = Field(4, description="gpt: attention heads per block (must divide hidden).")
+        [128, 128], description="mlp: the hidden layers' widths; gpt, llama: the model width, one number "
+                                "(default 64).")
+    layers: Count(MAX_LAYERS) = Field(2, description="gpt, llama: transformer blocks.")
+    heads: Count(MAX_HEADS) = Field(4, description="gpt, llama: attention (query) heads per block (must divide "
+                                                   "hidden).")
+    kv_heads: Count(MAX_HEADS) | None = Field(None, description="llama: key/value heads (grouped-query attention; "
+                                                                "must divide heads); null: as many as heads.")
+    ffn_hidden: Count(MAX_WIDTH) | None = Field(
+        None, description="llama: the SwiGLU MLP's hidden width; null: Llama's rule, 2/3 of 4 x hidden rounded up "
+                          f"to a multiple of {LLAMA_FFN_MULTIPLE}.")
+    rope_theta: Real(gt=1, le=1e12) | None = Field(
+        None, description="llama: the rotary embeddings' base (10000 in Llama 1 and 2, 500000 in Llama 3); null: "
+                          "10000.")
     channels: Annotated[list[Width], Field(min_length=1, max_length=MAX_LAYERS)] = Field(
         [16, 32], description="cnn: the convolutions' output channels.")
     batchnorm: Flag = Field(False, description="mlp, cnn: BatchNorm after each hidden Linear or Conv2d.")
-    options: dict[str, Any] = Field({}, description="Keyword arguments of a user's model function (not mlp, cnn "
-                                                    "or gpt).")
+    options: dict[str, Any] = Field({}, description="Keyword arguments of a user's model function (not mlp, cnn, "
+                                                    "gpt or llama).")
     moe: MoESpec | None = Field(None, description="gpt: mixture-of-experts layers in place of the MLP (null: dense).")
 
     @model_validator(mode="before")
     @classmethod
-    def _gpt_width(cls, raw):
-        """A gpt's width is one number (kept as a one-entry list); its default is 64."""
-        if isinstance(raw, dict) and raw.get("name") == "gpt":
+    def _transformer_width(cls, raw):
+        """A gpt's or llama's width is one number (kept as a one-entry list); its default is 64."""
+        if isinstance(raw, dict) and raw.get("name") in _TRANSFORMERS:
             hidden = raw.get("hidden", 64)
             raw = {**raw, "hidden": [hidden] if isinstance(hidden, int) and not isinstance(hidden, bool) else hidden}
         return raw
@@ -64,14 +80,43 @@ class ModelSpec(Section):
             raise ValueError(f"model.moe: mixture-of-experts layers are for the gpt model, not {self.name}")
         if self.moe is not None and self.moe.every > self.layers:
             raise ValueError(f"model.moe.every: {self.moe.every} is past the gpt's {self.layers} model.layers")
-        if self.name == "gpt":
+        if self.name in _TRANSFORMERS:
             if len(self.hidden) != 1:
-                raise ValueError("model.hidden: a gpt's width is one number")
+                raise ValueError(f"model.hidden: a {self.name}'s width is one number")
             if self.hidden[0] % self.heads:
                 raise ValueError(f"model.heads: {self.heads} heads do not divide model.hidden {self.hidden[0]}")
+        if self.name == "llama":
+            if self.heads % self.key_value_heads:
+                raise ValueError(f"model.kv_heads: {self.key_value_heads} key/value heads do not divide model.heads "
+                                 f"{self.heads}")
+            if self.hidden[0] // self.heads % 2:
+                raise ValueError(f"model.heads: a llama's head width (model.hidden / model.heads = "
+                                 f"{self.hidden[0] // self.heads}) must be even: rotary embeddings turn its "
+                                 "features in pairs")
+        else:
+            for key in _LLAMA_ONLY:
+                if getattr(self, key) is not None:
+                    raise ValueError(f"model.{key}: an option of model.name llama, not of {self.name}")
         return self
 
     @property
     def width(self) -> int:
-        """A gpt's width."""
+        """A gpt's or llama's width."""
         return self.hidden[0]
+
+    @property
+    def key_value_heads(self) -> int:
+        """A llama's key/value heads (model.kv_heads, default every query head its own)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def ffn_width(self) -> int:
+        """A llama's SwiGLU hidden width: model.ffn_hidden, or Llama's rule from the width."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return LLAMA_FFN_MULTIPLE * math.ceil(int(2 * 4 * self.width / 3) / LLAMA_FFN_MULTIPLE)
+
+    @property
+    def rotary_base(self) -> float:
+        """A llama's rotary base (model.rope_theta, default 10000)."""
+        return 10000.0 if self.rope_theta is None else self.rope_theta

@@ -105,8 +105,10 @@ class TrainSpec(Section):
 
     steps: Steps = Field(200, description="Training steps (updates across workers under async).")
     optimizer: OptimizerSpec = Field(OptimizerSpec(), description="The optimizer.")
-    precision: Literal["fp32", "fp16", "bf16"] = Field(
-        "fp32", description="Compute dtype; fp16 and bf16 keep fp32 master weights (fp16 with loss scaling).")
+    precision: Literal["fp32", "fp16", "bf16", "fp8"] = Field(
+        "fp32", description="Compute dtype; fp16 and bf16 keep fp32 master weights (fp16 with loss scaling); fp8: "
+                            "bf16 with every Linear's matrix multiplies in float8, scaled per tensor (torchao's "
+                            "tensorwise recipe, train/fp8.py), on a device with an fp8 rate.")
     amp: AmpSpec = Field(AmpSpec(), description="fp16's dynamic loss scaling.")
     checkpointing: Union[Literal["none", "sqrt", "full", "selective"], CheckpointSegments] = Field(
         "none", description="Gradient checkpointing (simtrain/train/checkpointing.py): none | sqrt | full (every "

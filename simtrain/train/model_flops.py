@@ -19,6 +19,12 @@ in what the devices ran (report.json's `flops.device_tflops_per_device`).
   72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) for a batch of B sequences, where the
   paper's 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) counts the forward of every
   layer a second time.
+- `llama`: the same closed form for train/llama.py's model, its matrix
+  multiplies' weights N = L·(2·h² + 2·h·(h/H)·G + 3·h·F) + V·h (wq and wo,
+  wk and wv of G key/value heads, the SwiGLU's three of F features, the
+  output Linear; the token table is a lookup, not a multiply), and the
+  attention term 12·L·h·T as gpt's: grouped-query attention shares keys and
+  values, not the work, each of the H query heads attending over T positions.
 - every other model (mlp, cnn, a user's): measured, the forward and backward
   FLOPs (cost.measure_step_cost, the operator recorder) of one batch of zeros
   through the model built without checkpointing, on the job's device kind
@@ -53,6 +59,11 @@ def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> 
         return ModelFlops(samples * gpt_flops_per_sequence(scenario.model.layers, scenario.model.width,
                                                            scenario.data.vocab, scenario.data.seq_len,
                                                            scenario.model.moe), PALM)
+    if scenario.model.name == "llama":
+        model = scenario.model
+        return ModelFlops(samples * llama_flops_per_sequence(model.layers, model.width, model.heads,
+                                                             model.key_value_heads, model.ffn_width,
+                                                             scenario.data.vocab, scenario.data.seq_len), PALM)
     batch = scenario.data.batch_size
     return ModelFlops(samples / batch * _measured_flops(scenario, data, batch), MEASURED)
 
@@ -64,6 +75,14 @@ def gpt_flops_per_sequence(layers: int, width: int, vocab: int, seq_len: int, mo
     if moe is not None:
         moe_layers = layers // moe.every
         weights += moe_layers * ((moe.top_k + moe.shared_experts - 1) * 8 * width**2 + moe.experts * width)
+    return float(seq_len * (6 * weights + 12 * layers * width * seq_len))
+
+
+def llama_flops_per_sequence(layers: int, width: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
+                             seq_len: int) -> float:
+    """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/llama.py's model."""
+    weights = layers * (2 * width**2 + 2 * width * (width // heads) * kv_heads + 3 * width * ffn_hidden)
+    weights += vocab * width
     return float(seq_len * (6 * weights + 12 * layers * width * seq_len))
 
 

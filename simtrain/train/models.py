@@ -18,6 +18,8 @@ stream is left as it was.
 - `gpt`: a small decoder-only transformer for token data (train/gpt.py);
   `model.hidden` (one width), `model.layers`, `model.heads`; `model.moe`
   makes every n-th block a mixture of experts (train/moe.py).
+- `llama`: a Llama-style transformer for token data (train/llama.py): gpt's
+  fields and `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`.
 - `package.module:function`: called with `model.options` as keyword
   arguments; it returns an `nn.Module` with trainable parameters that maps a
   batch of the data's inputs to one logit per class (checked with one forward
@@ -43,6 +45,7 @@ from ..errors import ScenarioError
 from ..scenario import ModelSpec
 from .data import DatasetInfo, call_with_options, load_callable
 from .gpt import build_gpt
+from .llama import build_llama
 from .moe import moe_block
 
 
@@ -67,9 +70,15 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
             raise ScenarioError("model.name: gpt needs token sequences (data.name: tokens)")
         block = moe_block(spec.moe) if spec.moe is not None else None
         return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads, block)
+    if spec.name == "llama":
+        if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
+            raise ScenarioError("model.name: llama needs token sequences (data.name: tokens)")
+        return partial(build_llama, info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads,
+                       spec.ffn_width, spec.rotary_base)
     if ":" in spec.name:
         return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name, info)
-    raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, or package.module:function)")
+    raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, llama, or "
+                          "package.module:function)")
 
 
 def _mlp(info: DatasetInfo, hidden: list[int], batchnorm: bool) -> nn.Sequential:

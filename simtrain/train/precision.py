@@ -1,4 +1,4 @@
-"""Numeric precision of a replica: fp32, or mixed fp16/bf16 with fp32 master weights.
+"""Numeric precision of a replica: fp32, or mixed fp16/bf16 (or fp8) with fp32 master weights.
 
 Mixed precision as in Micikevicius et al., "Mixed Precision Training" (ICLR
 2018): the model the replica runs forward and backward on holds fp16 (or bf16)
@@ -19,6 +19,11 @@ a dynamic loss scale before backward, so small gradients do not flush to zero.
 hold a share of one model (pipeline and tensor parallelism), each finds its
 own overflow, they vote, and each settles the vote, so that they all skip the
 same steps and keep the same loss scale (schemes/model_parallel.py).
+
+fp8 is bf16 mixed precision whose nn.Linear layers compute their matrix
+multiplies in float8 (train/fp8.py, torchao's tensorwise recipe): the model
+holds bf16 weights, its compute is charged at the device's fp8 rate, and
+`finish` turns the Linears back into plain ones.
 
 Only the loss is computed in fp32 (the logits are upcast before
 cross-entropy), as torch.autocast does for cross_entropy / log_softmax: the
@@ -66,10 +71,12 @@ from torch import nn
 
 from ..report.sections import ReportSection, register_section
 from ..scenario import AmpSpec, OptimizerSpec
+from .fp8 import convert_to_float8_, restore_linears_
 from .grad_bucket import flat_grad_buffer
 from .optim import optimizer_state_bytes, optimizer_step_bytes
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The dtype each precision keeps its model in (fp8: bf16 weights, float8 GEMM inputs).
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 _FP32_BYTES = 4
 
 
@@ -120,6 +127,8 @@ class MixedPrecision:
             self.master_params = [p.detach().clone().float().requires_grad_() for p in params]
             self.master_grads = flat_grad_buffer(self.master_params)
             model.to(self.dtype)
+            if name == "fp8":
+                convert_to_float8_(model)
         else:
             self.master_params = params
         self.model_params = params
@@ -174,6 +183,7 @@ class MixedPrecision:
     def finish(self, model: nn.Module) -> None:
         """Turn the model back into fp32 holding the master weights: the trained model, as saved."""
         if self.mixed:
+            restore_linears_(model)
             model.float()
             for param, master in zip(self.model_params, self.master_params):
                 param.copy_(master)
@@ -228,7 +238,7 @@ def _sizes(params: Iterable[torch.Tensor], precision: str) -> tuple[int, int]:
 
 
 class AmpSection(ReportSection):
-    precision: str = Field(description="the compute dtype: fp32, fp16 or bf16")
+    precision: str = Field(description="the compute dtype: fp32, fp16, bf16 or fp8")
     loss_scale_final: float | None = Field(description="the fp16 loss scale at the end; null: no loss scaling")
     skipped_steps: int = Field(description="optimizer steps skipped because a gradient overflowed")
     overflow_steps: int = Field(description="steps on which a gradient held an inf or NaN")

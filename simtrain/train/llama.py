@@ -1,0 +1,226 @@
+"""A Llama-style decoder-only transformer, written from torch.nn, ready for pipeline and tensor parallelism.
+
+`build_llama(vocab, hidden, layers, heads, kv_heads, ffn_hidden, rope_theta)`
+is an nn.Sequential of `LlamaEmbedding`, `layers` pre-norm `LlamaBlock`s and
+`LlamaHead`, the architecture of Llama 2 and 3 (Touvron et al. 2023; Grattafiori
+et al. 2024, "The Llama 3 Herd of Models", table 3):
+
+- RMSNorm (Zhang and Sennrich 2019) before attention, before the MLP and
+  before the head: x / sqrt(mean(x²) + 1e-5) · weight, computed in fp32 and
+  rounded back to the stream's dtype, as Meta's reference does;
+- rotary position embeddings (Su et al. 2021, "RoFormer"), no learned
+  positions: in every head, features (2i, 2i+1) of the query and the key at
+  position m are turned by the angle m · θ^(-2i/d) (d the head width, θ
+  `rope_theta`), the complex multiplication (x_2i + j·x_2i+1) · e^(j·angle) of
+  Meta's reference, in fp32;
+- grouped-query attention (Ainslie et al. 2023): `heads` query heads share
+  `kv_heads` key/value heads, query head i reading key/value head
+  i // (heads / kv_heads);
+- a SwiGLU MLP (Shazeer 2020): w2(silu(w1 h) · w3 h), of `ffn_hidden` features;
+- untied token embedding and output Linear; no bias anywhere.
+
+It maps tokens (batch, seq_len) to logits (batch, seq_len, vocab). With width
+h, L layers, H heads, G key/value heads, F ffn features and vocabulary V its
+parameters number
+
+    N = 2·V·h + L·(2·h² + 2·h·(h/H)·G + 3·h·F + 2·h) + h
+
+(embedding and head; per block wq and wo, wk and wv, w1 w2 w3, two norms; the
+final norm): `parameter_count`.
+
+Tensor parallelism splits a block as Megatron-LM and torchtitan do: wq by
+query heads and wk, wv by key/value heads (rank r keeps query heads
+[r·H/tp, (r+1)·H/tp) and the key/value heads they read, [r·G/tp, (r+1)·G/tp)),
+wo by its input features; w1 and w3 by output features and w2 by input
+features. Each half is one "f" and one "g" all-reduce (train/tensor_parallel.py);
+the norms stay whole and get the same gradient on every tp rank. The
+vocabulary is split as gpt's (train/vocab_parallel.py): the token table by
+rows, its partial lookups summed; the head's output Linear by vocabulary, its
+loss the vocabulary-parallel cross entropy.
+
+Attention is written out (matmul, causal mask, softmax, matmul) so torch's
+FLOP counter sees it on every device, meta included.
+
+    model = build_llama(vocab=64, hidden=64, layers=2, heads=4, kv_heads=2, ffn_hidden=192, rope_theta=1e4)
+    logits = model(tokens)                      # (batch, seq_len, 64)
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, Slice, shard_parameter_
+from .vocab_parallel import cross_entropy_from_terms, cross_entropy_terms, local_lookup
+
+NORM_EPS = 1e-5  # Llama 2 and 3's RMSNorm epsilon
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) · weight over the last dimension, in fp32, returned in x's dtype."""
+
+    def __init__(self, hidden: int, eps: float = NORM_EPS):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x (batch, heads, length, head width): features (2i, 2i+1) at position m turned by
+    m · theta^(-2i/width), in fp32; returned in x's dtype."""
+    length, width = x.shape[-2], x.shape[-1]
+    inverse_frequencies = theta ** -(torch.arange(0, width, 2, device=x.device, dtype=torch.float32) / width)
+    angles = torch.outer(torch.arange(length, device=x.device, dtype=torch.float32), inverse_frequencies)
+    cos, sin = angles.cos(), angles.sin()
+    pairs = x.float().unflatten(-1, (width // 2, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return turned.flatten(-2).type_as(x)
+
+
+class LlamaEmbedding(nn.Module):
+    """The token table (no positions: they enter as rotations); tensor-parallel by vocabulary rows."""
+
+    def __init__(self, vocab: int, hidden: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, hidden)
+        self.vocab_start = 0  # the first token of this rank's rows
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tokens(tokens)
+
+    def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
+        """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
+        _check_vocab(self.tokens.num_embeddings, tp)
+        where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
+        self.vocab_start = where.start
+        return {"tokens.weight": where}
+
+    def parallel_ops(self) -> list:
+        """Partial lookups summed across the tp group."""
+        return [Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),)), AllReduceForward(0)]
+
+
+class LlamaBlock(nn.Module):
+    """x + attention(norm(x)), then x + swiglu(norm(x)); tensor-parallel by heads and MLP features."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, rope_theta: float):
+        super().__init__()
+        head_width = hidden // heads
+        self.heads, self.kv_heads = heads, kv_heads  # on this rank: all of them, or its share under tp
+        self.rope_theta = rope_theta
+        self.attention_norm = RMSNorm(hidden)
+        self.wq = nn.Linear(hidden, heads * head_width, bias=False)
+        self.wk = nn.Linear(hidden, kv_heads * head_width, bias=False)
+        self.wv = nn.Linear(hidden, kv_heads * head_width, bias=False)
+        self.wo = nn.Linear(heads * head_width, hidden, bias=False)
+        self.ffn_norm = RMSNorm(hidden)
+        self.w1 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w3 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self._attention(self.attention_norm(x))
+        return x + self._mlp(self.ffn_norm(x))
+
+    def _attention(self, h: torch.Tensor) -> torch.Tensor:
+        """This rank's heads' attention, through its part of the output projection."""
+        batch, length, _ = h.shape
+
+        def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+            return t.view(batch, length, heads, -1).transpose(1, 2)
+
+        q = rotate(split_heads(self.wq(h), self.heads), self.rope_theta)
+        k = rotate(split_heads(self.wk(h), self.kv_heads), self.rope_theta)
+        v = split_heads(self.wv(h), self.kv_heads)
+        group = self.heads // self.kv_heads  # query heads per key/value head
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        causal = torch.ones(length, length, dtype=torch.bool, device=h.device).triu(1)
+        weights = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        return self.wo((weights @ v).transpose(1, 2).reshape(batch, length, -1))
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
+        """Keep tp rank `tp_rank`'s query heads, the key/value heads they read and its MLP features; where each
+        slice sits in the whole parameter."""
+        if self.heads % tp:
+            raise ValueError(f"model.heads {self.heads} do not divide into {tp} equal groups")
+        if self.kv_heads % tp:
+            raise ValueError(f"model.kv_heads {self.kv_heads} do not divide into {tp} equal groups")
+        if self.w1.out_features % tp:
+            raise ValueError(f"model.ffn_hidden {self.w1.out_features} does not divide into {tp} equal slices")
+        slices = {f"{name}.weight": shard_parameter_(getattr(self, name), "weight", 0, tp_rank, tp)
+                  for name in ("wq", "wk", "wv", "w1", "w3")}
+        for name in ("wo", "w2"):
+            slices[f"{name}.weight"] = shard_parameter_(getattr(self, name), "weight", 1, tp_rank, tp)
+        self.heads //= tp
+        self.kv_heads //= tp
+        return slices
+
+    def parallel_ops(self) -> list:
+        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces."""
+        return [
+            Apply(lambda x: (x, self.attention_norm(x))), AllReduceBackward(1),
+            Apply(lambda x, h: (x, self._attention(h))), AllReduceForward(1),
+            Apply(self._after_attention), AllReduceBackward(1),
+            Apply(lambda x, h: (x, self._mlp(h))), AllReduceForward(1),
+            Apply(lambda x, m: (x + m,)),
+        ]
+
+    def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + attention
+        return x, self.ffn_norm(x)
+
+
+class LlamaHead(nn.Module):
+    """Final RMSNorm and the Linear to one logit per vocabulary entry; tensor-parallel by vocabulary."""
+
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__()
+        self.norm = RMSNorm(hidden)
+        self.output = nn.Linear(hidden, vocab, bias=False)
+        self.vocab_start, self.tp_rank, self.tp = 0, 0, 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.norm(x))
+
+    def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
+        """Keep tp rank `tp_rank`'s vocabulary range of the output Linear (split by output features)."""
+        _check_vocab(self.output.out_features, tp)
+        where = shard_parameter_(self.output, "weight", 0, tp_rank, tp)
+        self.vocab_start, self.tp_rank, self.tp = where.start, tp_rank, tp
+        return {"output.weight": where}
+
+    def parallel_loss_ops(self) -> list:
+        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered."""
+        return [Apply(lambda x: (self.norm(x),)), AllReduceBackward(0), Apply(lambda h: (self.output(h),)),
+                ApplyWithTarget(lambda logits, target: (cross_entropy_terms(logits, target, self.vocab_start,
+                                                                            self.tp_rank, self.tp),)),
+                AllReduceForward(0), Apply(lambda terms: (cross_entropy_from_terms(terms, self.tp),))]
+
+
+def _check_vocab(vocab: int, tp: int) -> None:
+    if vocab % tp:
+        raise ValueError(f"data.vocab {vocab} does not divide into {tp} equal vocabulary slices")
+
+
+def build_llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int,
+                rope_theta: float) -> nn.Sequential:
+    """Embedding, `layers` blocks, head (the caller seeds torch first)."""
+    return nn.Sequential(LlamaEmbedding(vocab, hidden),
+                         *(LlamaBlock(hidden, heads, kv_heads, ffn_hidden, rope_theta) for _ in range(layers)),
+                         LlamaHead(hidden, vocab))
+
+
+def parameter_count(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int) -> int:
+    """N = 2·V·h + L·(2·h² + 2·h·(h/H)·G + 3·h·F + 2·h) + h: the parameters build_llama makes."""
+    per_block = 2 * hidden**2 + 2 * hidden * (hidden // heads) * kv_heads + 3 * hidden * ffn_hidden + 2 * hidden
+    return 2 * vocab * hidden + layers * per_block + hidden
