@@ -177,3 +177,14 @@ def test_bad_llama_input_is_one_line_and_exit_2(tmp_path, capsys, model, devices
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and expected in err
+
+
+def test_selective_recomputation_is_refused_on_llama_until_its_attention_has_it(tmp_path, capsys):
+    # selective recomputation is built into the gpt's blocks (train/gpt.py); a llama says so instead of ignoring it
+    raw = {**LLAMA, "train": {**LLAMA.get("train", {}), "checkpointing": "selective"}}
+    path = tmp_path / "selective.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(path)])
+    assert exit_info.value.code == 2
+    assert "train.checkpointing: selective recomputes the attention core of gpt blocks" in capsys.readouterr().err

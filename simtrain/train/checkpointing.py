@@ -88,8 +88,8 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
 def require_attention(model: nn.Module) -> None:
     """Selective recomputation needs an attention layer (a module with `recompute_core`, train/gpt.py Block)."""
     if not any(hasattr(module, "recompute_core") for module in model.modules()):
-        raise ScenarioError(f"{_FIELD}: selective recomputes the attention core; the model has no attention "
-                            "(use full, sqrt or segments)")
+        raise ScenarioError(f"{_FIELD}: selective recomputes the attention core of gpt blocks (train/gpt.py); "
+                            "this model has none (use full, sqrt or segments)")
 
 
 def recompute_attention_cores_(model: nn.Module) -> None:
