@@ -48,9 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, ReduceScatter,
+from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter,
                               Slice, shard_parameter_)
-from .vocab_parallel import cross_entropy_from_terms, cross_entropy_terms, local_lookup
+from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
 
 
 class TokenEmbedding(nn.Module):
@@ -72,7 +72,7 @@ class TokenEmbedding(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
-        _check_vocab(self.tokens.num_embeddings, tp)
+        check_vocab(self.tokens.num_embeddings, tp)
         where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
         self.vocab_start, self.tp_rank = where.start, tp_rank
         return {"tokens.weight": where}
@@ -200,7 +200,7 @@ class LanguageHead(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary range of the logits Linear (split by output features)."""
-        _check_vocab(self.logits.out_features, tp)
+        check_vocab(self.logits.out_features, tp)
         slices = {f"logits.{part}": shard_parameter_(self.logits, part, 0, tp_rank, tp) for part in ("weight", "bias")}
         self.vocab_start, self.tp_rank, self.tp = slices["logits.weight"].start, tp_rank, tp
         return slices
@@ -208,16 +208,8 @@ class LanguageHead(nn.Module):
     def parallel_loss_ops(self) -> list:
         """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered (the
         normalized sequence is, under sequence parallelism)."""
-        f = AllGather if self.sequence_parallel else AllReduceBackward
-        return [Apply(lambda x: (self.norm(x),)), f(0), Apply(lambda h: (self.logits(h),)),
-                ApplyWithTarget(lambda logits, target: (cross_entropy_terms(logits, target, self.vocab_start,
-                                                                            self.tp_rank, self.tp),)),
-                AllReduceForward(0), Apply(lambda terms: (cross_entropy_from_terms(terms, self.tp),))]
-
-
-def _check_vocab(vocab: int, tp: int) -> None:
-    if vocab % tp:
-        raise ValueError(f"data.vocab {vocab} does not divide into {tp} equal vocabulary slices")
+        return head_loss_ops(self.norm, self.logits, self.vocab_start, self.tp_rank, self.tp,
+                             AllGather if self.sequence_parallel else AllReduceBackward)
 
 
 def build_gpt(vocab: int, seq_len: int, hidden: int, layers: int, heads: int, block=None) -> nn.Sequential:

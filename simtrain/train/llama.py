@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, ApplyWithTarget, Slice, shard_parameter_
-from .vocab_parallel import cross_entropy_from_terms, cross_entropy_terms, local_lookup
+from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, Slice, shard_parameter_
+from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
 
 NORM_EPS = 1e-5  # Llama 2 and 3's RMSNorm epsilon
 
@@ -96,7 +96,7 @@ class LlamaEmbedding(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
-        _check_vocab(self.tokens.num_embeddings, tp)
+        check_vocab(self.tokens.num_embeddings, tp)
         where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
         self.vocab_start = where.start
         return {"tokens.weight": where}
@@ -194,22 +194,14 @@ class LlamaHead(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary range of the output Linear (split by output features)."""
-        _check_vocab(self.output.out_features, tp)
+        check_vocab(self.output.out_features, tp)
         where = shard_parameter_(self.output, "weight", 0, tp_rank, tp)
         self.vocab_start, self.tp_rank, self.tp = where.start, tp_rank, tp
         return {"output.weight": where}
 
     def parallel_loss_ops(self) -> list:
         """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered."""
-        return [Apply(lambda x: (self.norm(x),)), AllReduceBackward(0), Apply(lambda h: (self.output(h),)),
-                ApplyWithTarget(lambda logits, target: (cross_entropy_terms(logits, target, self.vocab_start,
-                                                                            self.tp_rank, self.tp),)),
-                AllReduceForward(0), Apply(lambda terms: (cross_entropy_from_terms(terms, self.tp),))]
-
-
-def _check_vocab(vocab: int, tp: int) -> None:
-    if vocab % tp:
-        raise ValueError(f"data.vocab {vocab} does not divide into {tp} equal vocabulary slices")
+        return head_loss_ops(self.norm, self.output, self.vocab_start, self.tp_rank, self.tp, AllReduceBackward)
 
 
 def build_llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int,

@@ -23,9 +23,30 @@ tp contiguous vocabulary ranges; rank r holds [r V/tp, (r + 1) V/tp).
     partial = local_lookup(table, tokens, start)                     # then AllReduceForward
     terms = cross_entropy_terms(logits, target, start, tp_rank, tp)   # then AllReduceForward
     loss = cross_entropy_from_terms(terms, tp)                        # the mean over every token
+    ops = head_loss_ops(norm, linear, start, tp_rank, tp, AllReduceBackward)   # a head's work, as above
+
+`check_vocab(vocab, tp)` is the one check a split needs: tp equal ranges.
 """
 import torch
 from torch import nn
+
+from .tensor_parallel import AllReduceForward, Apply, ApplyWithTarget
+
+
+def check_vocab(vocab: int, tp: int) -> None:
+    """ValueError unless `vocab` entries divide into `tp` equal ranges."""
+    if vocab % tp:
+        raise ValueError(f"data.vocab {vocab} does not divide into {tp} equal vocabulary slices")
+
+
+def head_loss_ops(norm: nn.Module, linear: nn.Module, vocab_start: int, tp_rank: int, tp: int, gather) -> list:
+    """A language model head's work under tensor parallelism, ending with the loss: `norm`, then `gather` (the
+    op that makes the normalized activations whole on every rank: AllReduceBackward, or AllGather under sequence
+    parallelism), `linear` to this rank's vocabulary range, the vocabulary-parallel cross entropy's terms summed
+    across the group, and the loss. The logits are never gathered."""
+    return [Apply(lambda x: (norm(x),)), gather(0), Apply(lambda h: (linear(h),)),
+            ApplyWithTarget(lambda logits, target: (cross_entropy_terms(logits, target, vocab_start, tp_rank, tp),)),
+            AllReduceForward(0), Apply(lambda terms: (cross_entropy_from_terms(terms, tp),))]
 
 
 def local_lookup(table: nn.Embedding, tokens: torch.Tensor, start: int) -> torch.Tensor:
