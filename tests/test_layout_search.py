@@ -2,8 +2,9 @@
 it tried before them do not."""
 import pytest
 
+from simtrain.hw.cluster import resolve_cluster
 from simtrain.layout_search import layouts_that_fit
-from simtrain.memory_plan import plan_memory
+from simtrain.memory_plan import replay_step
 from simtrain.scenario import validate_scenario
 
 MEMORY = 40 * 10 ** 6  # bytes per device: a 3.3M-parameter gpt's fp32 Adam state (53 MB) needs a split
@@ -22,7 +23,9 @@ def scenario(dp: int = 4, pp: int = 1, tp: int = 1, batch: int = 8, checkpointin
 
 
 def peak(spec) -> int:
-    return max(device.peak_bytes for device in plan_memory(spec))
+    """The largest device's peak over one step, as `simtrain memory` replays it."""
+    job = replay_step(spec, resolve_cluster(spec.cluster, spec.base_dir), spec.data.batch_size)
+    return max(device.memory.peak_total for device in job.devices)
 
 
 @pytest.mark.slow
