@@ -25,11 +25,13 @@ BatchNorm cannot train on one sample per channel), else 1; under model
 parallelism every size tried is a multiple of its microbatches.
 
     plans = plan_memory(load_scenario("scenarios/quickstart.yaml"))
-    plans[0].peak_bytes, plans[0].by_category, plans[0].largest_batch
+    plans[0].peak_bytes, plans[0].by_category, plans[0].largest_batch   # the search runs when asked for
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import Callable
 
 from torch import nn
 
@@ -50,11 +52,17 @@ class DeviceMemory:
     capacity_bytes: int
     peak_bytes: int
     by_category: dict[str, int]  # at the moment of the peak; adds up to peak_bytes
-    largest_batch: int  # largest per-device batch size whose step fits (0: none)
+    search_largest: Callable[[], int] = field(repr=False, compare=False)
 
     @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.capacity_bytes
+
+    @cached_property
+    def largest_batch(self) -> int:
+        """The largest per-device batch size whose step fits (0: none), searched when first asked for: each
+        probe is a replay, and a caller that wants the peaks alone pays none."""
+        return self.search_largest()
 
 
 def replay_step(scenario: Scenario, resolved: ResolvedCluster, batch_size: int) -> Job:
@@ -100,7 +108,7 @@ def plan_memory(scenario: Scenario, batch_size: int | None = None) -> list[Devic
     sizes = _batch_sizes(job)
     return [DeviceMemory(rank=rank, device=device.spec.name, capacity_bytes=int(device.spec.memory_bytes),
                          peak_bytes=device.memory.peak_total, by_category=dict(device.memory.peak_breakdown),
-                         largest_batch=_largest(probe, rank, device.spec.memory_bytes, sizes))
+                         search_largest=partial(_largest, probe, rank, device.spec.memory_bytes, sizes))
             for rank, device in enumerate(job.devices)]
 
 
