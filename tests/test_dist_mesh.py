@@ -54,13 +54,15 @@ def batch(rank):
             for _ in range(STEPS)]
 
 
-def fsdp_training(rank, world):
-    """Rank's full parameters after an unmodified FSDP2 loop: `fully_shard` per Linear and on the root."""
-    mesh = init_device_mesh("cpu", (world,))
+def fsdp_training(rank, world, shape=None, **options):
+    """Rank's full parameters after an unmodified FSDP2 loop: `fully_shard` per Linear (with `options`) and on
+    the root, on a mesh of `shape` (all ranks by default; 2-D: HSDP, replicated over dim 0, sharded over dim 1)."""
+    shape = shape or (world,)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard")[-len(shape):])
     model = make_model()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
+            fully_shard(layer, mesh=mesh, **options)
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in batch(rank):
@@ -71,7 +73,11 @@ def fsdp_training(rank, world):
 
 
 def user_code(rank, world):
-    return {**meshes(rank, world), **{f"fsdp.{k}": v for k, v in fsdp_training(rank, world).items()}}
+    out = {**meshes(rank, world), **{f"fsdp.{k}": v for k, v in fsdp_training(rank, world).items()}}
+    if world == 4:
+        hsdp = fsdp_training(rank, world, (2, 2), reshard_after_forward=False)
+        out.update({f"hsdp.{k}": v for k, v in hsdp.items()})
+    return out
 
 
 def simtrain_rank(rank, world):
@@ -97,7 +103,7 @@ def test_each_mesh_dimension_has_its_ranks_and_its_sum(simulated):
                                            rtol=0, atol=1e-6)
 
 
-def test_fsdp2_on_simulated_ranks_equals_one_process_on_the_global_batch(simulated):
+def test_fsdp2_and_hsdp_on_simulated_ranks_equal_one_process_on_the_global_batch(simulated):
     world, results = simulated
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -109,7 +115,8 @@ def test_fsdp2_on_simulated_ranks_equals_one_process_on_the_global_batch(simulat
         optimizer.step()
     for out in results:
         for name, value in model.state_dict().items():
-            torch.testing.assert_close(out[f"fsdp.{name}"], value, rtol=0, atol=1e-5)
+            for kind in ("fsdp", "hsdp") if world == 4 else ("fsdp",):
+                torch.testing.assert_close(out[f"{kind}.{name}"], value, rtol=0, atol=1e-5)
 
 
 @pytest.mark.gloo
