@@ -43,6 +43,25 @@ def meshes(rank, world):
     return out
 
 
+def coalesced(rank, world):
+    """Two all-reduces, two all-gathers and two reduce-scatters, each pair coalesced into one work."""
+    sums, scattered = [seeded(rank, 3, 20), seeded(rank, 5, 21)], [torch.empty(2), torch.empty(1)]
+    gathered = [torch.empty(world * 2), torch.empty(world * 3)]
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for tensor in sums:
+            dist.all_reduce(tensor)
+    manager.wait()
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for out, salt in zip(gathered, (22, 23)):
+            dist.all_gather_single(out, seeded(rank, out.numel() // world, salt))
+    manager.wait()
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for out, salt in zip(scattered, (24, 25)):
+            dist.reduce_scatter_single(out, seeded(rank, out.numel() * world, salt))
+    manager.wait()
+    return {f"coalesced.{i}": tensor for i, tensor in enumerate(sums + gathered + scattered)}
+
+
 def make_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -73,7 +92,7 @@ def fsdp_training(rank, world, shape=None, **options):
 
 
 def user_code(rank, world):
-    out = {**meshes(rank, world), **{f"fsdp.{k}": v for k, v in fsdp_training(rank, world).items()}}
+    out = {**meshes(rank, world), **coalesced(rank, world), **{f"fsdp.{k}": v for k, v in fsdp_training(rank, world).items()}}
     if world == 4:
         hsdp = fsdp_training(rank, world, (2, 2), reshard_after_forward=False)
         out.update({f"hsdp.{k}": v for k, v in hsdp.items()})
@@ -101,6 +120,18 @@ def test_each_mesh_dimension_has_its_ranks_and_its_sum(simulated):
                 assert out[f"2d.{dim}.size"] == 2
                 torch.testing.assert_close(out[f"2d.{dim}.sum"], sum(seeded(r, 5, 2) for r in ranks),
                                            rtol=0, atol=1e-6)
+
+
+def test_coalesced_collectives_meet_their_definitions(simulated):
+    world, results = simulated
+    for rank, out in enumerate(results):
+        expected = [sum(seeded(r, 3, 20) for r in range(world)), sum(seeded(r, 5, 21) for r in range(world)),
+                    torch.cat([seeded(r, 2, 22) for r in range(world)]),
+                    torch.cat([seeded(r, 3, 23) for r in range(world)]),
+                    sum(seeded(r, 2 * world, 24) for r in range(world))[2 * rank:2 * rank + 2],
+                    sum(seeded(r, world, 25) for r in range(world))[rank:rank + 1]]
+        for i, value in enumerate(expected):
+            torch.testing.assert_close(out[f"coalesced.{i}"], value, rtol=0, atol=1e-6)
 
 
 def test_fsdp2_and_hsdp_on_simulated_ranks_equal_one_process_on_the_global_batch(simulated):

@@ -21,6 +21,11 @@ has ended (scheduler.py).
   post are charged on its device (run.py), and the rank waits for them.
 - Every member must call the group's collectives in the same order with the same
   sizes; the first difference raises `CollectiveMismatch` naming both ranks.
+- A coalesced call (`_coalescing_manager`, FSDP2, DTensor) is one collective
+  whose program runs its tensors' operations one after the other.
+- Each rank's group keeps the name torch gives it (`_set_group_name`), by which
+  DeviceMesh and functional collectives find it: torch stores it on a group's
+  C++ backends, and a Python process group has none.
 - `Work.get_future()` returns a completed future whose tensors wait for the
   collective when first read (arriving.py): torch's C++ code (DDP's reducer)
   blocks on futures where no Python runs, where a pending one could never be
@@ -320,6 +325,9 @@ class SimProcessGroup(dist.ProcessGroup):
         with self.group.run.backend():
             return self.group.point_to_point("recv", self._me, src, tag, _one(tensors, "recv"))
 
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        raise SimtrainError("allgather_coalesced: not supported by the simtrain backend")
+
     def recv_anysource(self, tensors, tag):
         raise SimtrainError("recv: the simtrain backend needs a source rank (recv from any source is not supported)")
 
@@ -327,17 +335,6 @@ class SimProcessGroup(dist.ProcessGroup):
         self.group.run.flush()
         with self.group.run.backend():
             return self.group.collective(self._me, call, program, result, exchange)
-
-
-def _unsupported(name: str):
-    def method(self, *args, **kwargs):
-        raise SimtrainError(f"{name}: not supported by the simtrain backend")
-
-    return method
-
-
-for _name in ("allgather_coalesced", "monitored_barrier"):
-    setattr(SimProcessGroup, _name, _unsupported(_name))
 
 
 def _one(tensors: list, name: str):
