@@ -275,12 +275,15 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._scatter("reduce_scatter", [output], [inputs], _reduce_op(opts))
 
     def reduce_scatter_single(self, output, input, opts=None):
-        return self.reduce_scatter_tensor_coalesced([output], [input], opts, "reduce_scatter_tensor")
+        return self._scatter_rows("reduce_scatter_tensor", [output], [input], _reduce_op(opts))
 
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None, name="reduce_scatter_tensor_coalesced"):
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._scatter_rows("reduce_scatter_tensor_coalesced", outputs, inputs, _reduce_op(opts))
+
+    def _scatter_rows(self, name, outputs, inputs, op):
+        """Each of `inputs`, split in world rows, reduce-scattered into the matching one of `outputs`."""
         world = len(self.group.ranks)
-        return self._scatter(name, outputs, [list(input.reshape(world, -1).unbind(0)) for input in inputs],
-                             _reduce_op(opts))
+        return self._scatter(name, outputs, [list(input.reshape(world, -1).unbind(0)) for input in inputs], op)
 
     def _scatter(self, name, outputs, inputs, op):
         """Each list of `inputs` (one chunk per rank) reduce-scattered into the matching output, one after the
