@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import simtrain.dist
 from gloo_processes import run_on_gloo
@@ -96,6 +96,9 @@ def user_code(rank, world):
     if world == 4:
         hsdp = fsdp_training(rank, world, (2, 2), reshard_after_forward=False)
         out.update({f"hsdp.{k}": v for k, v in hsdp.items()})
+    else:  # bf16 compute and all-gathers, fp32 reduce-scatters (checked against gloo only)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        out.update({f"bf16.{k}": v for k, v in fsdp_training(rank, world, mp_policy=policy).items()})
     return out
 
 
