@@ -21,6 +21,11 @@ has ended (scheduler.py).
   post are charged on its device (run.py), and the rank waits for them.
 - Every member must call the group's collectives in the same order with the same
   sizes; the first difference raises `CollectiveMismatch` naming both ranks.
+- A coalesced call (`_coalescing_manager`, FSDP2, DTensor) is one collective
+  whose program runs its tensors' operations one after the other.
+- Each rank's group keeps the name torch gives it (`_set_group_name`), by which
+  DeviceMesh and functional collectives find it: torch stores it on a group's
+  C++ backends, and a Python process group has none.
 - `Work.get_future()` returns a completed future whose tensors wait for the
   collective when first read (arriving.py): torch's C++ code (DDP's reducer)
   blocks on futures where no Python runs, where a pending one could never be
@@ -162,25 +167,43 @@ class SimProcessGroup(dist.ProcessGroup):
         super().__init__(rank, len(group.ranks))
         self.group = group
         self._me = rank
+        self._name = None
 
     def _get_backend_name(self) -> str:
         return "simtrain"
 
+    @property
+    def group_name(self) -> str:
+        """The name torch gave the group (`_set_group_name`): DeviceMesh and functional collectives look it up."""
+        if self._name is None:
+            raise SimtrainError("group_name: the simtrain process group has not been registered by torch yet")
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
     def allreduce(self, tensors, opts=None):
-        tensor = _one(tensors, "all_reduce")
+        tensor, op = _one(tensors, "all_reduce"), _reduce_op(opts)
+        return self._post(f"all_reduce({op}) of {_sizes(tensor)}", lambda: self._all_reduce(tensor, op), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
         op = _reduce_op(opts)
-        world = len(self.group.ranks)
 
         def program():
-            buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-            if op in ("sum", "avg"):
-                yield from self.group.all_reduce(self._me, world, buf.view(-1), average=op == "avg")
-            else:
-                yield from ring_all_reduce_with(self._me, world, buf, COMBINE[op])
-            if buf is not tensor:
-                tensor.copy_(buf)
+            for tensor in tensors:
+                yield from self._all_reduce(tensor, op)
 
-        return self._post(f"all_reduce({op}) of {_sizes(tensor)}", program, tensors)
+        return self._post(f"all_reduce_coalesced({op}) of {_sizes(*tensors)}", program, tensors)
+
+    def _all_reduce(self, tensor, op: str):
+        world = len(self.group.ranks)
+        buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if op in ("sum", "avg"):
+            yield from self.group.all_reduce(self._me, world, buf.view(-1), average=op == "avg")
+        else:
+            yield from ring_all_reduce_with(self._me, world, buf, COMBINE[op])
+        if buf is not tensor:
+            tensor.copy_(buf)
 
     def broadcast(self, tensors, opts=None):
         tensor = _one(tensors, "broadcast")
@@ -228,9 +251,20 @@ class SimProcessGroup(dist.ProcessGroup):
                           output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
-        chunks = list(output.view(len(self.group.ranks), -1).unbind(0))
-        return self._post(f"all_gather_into_tensor of {_sizes(*chunks)}",
-                          lambda: self._gather(chunks, input.reshape(-1)), [output])
+        return self._gather_into("all_gather_into_tensor", [output], [input])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._gather_into("all_gather_into_tensor_coalesced", outputs, inputs)
+
+    def _gather_into(self, name, outputs, inputs):
+        """Each of `inputs` gathered into the matching one of `outputs` (world rows), one after the other."""
+        chunks = [list(output.view(len(self.group.ranks), -1).unbind(0)) for output in outputs]
+
+        def program():
+            for parts, tensor in zip(chunks, inputs):
+                yield from self._gather(parts, tensor.reshape(-1))
+
+        return self._post(f"{name} of {'; '.join(_sizes(*parts) for parts in chunks)}", program, outputs)
 
     def _gather(self, chunks, tensor):
         chunks[self._me].copy_(tensor)
@@ -238,24 +272,33 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         output, inputs = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter")
-        return self._scatter("reduce_scatter", output, inputs, _reduce_op(opts), output_tensors)
+        return self._scatter("reduce_scatter", [output], [inputs], _reduce_op(opts))
 
     def reduce_scatter_single(self, output, input, opts=None):
-        inputs = list(input.reshape(len(self.group.ranks), -1).unbind(0))
-        return self._scatter("reduce_scatter_tensor", output, inputs, _reduce_op(opts), [output])
+        return self._scatter_rows("reduce_scatter_tensor", [output], [input], _reduce_op(opts))
 
-    def _scatter(self, name, output, inputs, op, result):
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._scatter_rows("reduce_scatter_tensor_coalesced", outputs, inputs, _reduce_op(opts))
+
+    def _scatter_rows(self, name, outputs, inputs, op):
+        """Each of `inputs`, split in world rows, reduce-scattered into the matching one of `outputs`."""
+        world = len(self.group.ranks)
+        return self._scatter(name, outputs, [list(input.reshape(world, -1).unbind(0)) for input in inputs], op)
+
+    def _scatter(self, name, outputs, inputs, op):
+        """Each list of `inputs` (one chunk per rank) reduce-scattered into the matching output, one after the
+        other."""
         world = len(self.group.ranks)
 
         def program():
-            chunks = [chunk.clone() for chunk in inputs]  # the inputs stay as the caller gave them
-            reduced = yield from reduce_scatter(self._me, world, chunks, COMBINE["sum" if op == "avg" else op])
-            output.view(-1).copy_(reduced.view(-1))
-            if op == "avg":
-                output.div_(world)
-            return output
+            for output, parts in zip(outputs, inputs):
+                chunks = [chunk.clone() for chunk in parts]  # the inputs stay as the caller gave them
+                reduced = yield from reduce_scatter(self._me, world, chunks, COMBINE["sum" if op == "avg" else op])
+                output.view(-1).copy_(reduced.view(-1))
+                if op == "avg":
+                    output.div_(world)
 
-        return self._post(f"{name}({op}) of {_sizes(*inputs)}", program, result)
+        return self._post(f"{name}({op}) of {'; '.join(_sizes(*parts) for parts in inputs)}", program, outputs)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         return self._all_to_all("all_to_all", output_tensors, input_tensors, output_tensors)
@@ -285,6 +328,9 @@ class SimProcessGroup(dist.ProcessGroup):
         with self.group.run.backend():
             return self.group.point_to_point("recv", self._me, src, tag, _one(tensors, "recv"))
 
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        raise SimtrainError("allgather_coalesced: not supported by the simtrain backend")
+
     def recv_anysource(self, tensors, tag):
         raise SimtrainError("recv: the simtrain backend needs a source rank (recv from any source is not supported)")
 
@@ -292,18 +338,6 @@ class SimProcessGroup(dist.ProcessGroup):
         self.group.run.flush()
         with self.group.run.backend():
             return self.group.collective(self._me, call, program, result, exchange)
-
-
-def _unsupported(name: str):
-    def method(self, *args, **kwargs):
-        raise SimtrainError(f"{name}: not supported by the simtrain backend")
-
-    return method
-
-
-for _name in ("allreduce_coalesced", "allgather_coalesced", "allgather_into_tensor_coalesced",
-              "reduce_scatter_tensor_coalesced", "monitored_barrier"):
-    setattr(SimProcessGroup, _name, _unsupported(_name))
 
 
 def _one(tensors: list, name: str):

@@ -16,7 +16,9 @@ TCP store. Neither suits ranks that are threads of one process. While
   it is torch's;
 - torch's registry of group names is per thread (its thread isolation mode),
   as every rank registers the same names;
-- `sys.excepthook`, which `init_process_group` wraps, is put back on exit.
+- `sys.excepthook`, which `init_process_group` wraps, is put back on exit;
+- when DTensor is loaded (DeviceMesh, FSDP2), torch._dynamo is imported first,
+  outside the ranks (below).
 
 The `simtrain` backend itself is registered once, on import
 (`dist.Backend.register_backend`); its creator makes the calling rank's
@@ -91,6 +93,10 @@ def ranks_as_threads(world: int):
     """torch.distributed set up for rank threads of a `world`-rank spawn, until the block ends."""
     if isinstance(c10d._world, _PerThread):
         raise SimtrainError("simtrain.dist.spawn: already running (a spawn cannot run inside another)")
+    if "torch.distributed.tensor" in sys.modules:
+        # DTensor and FSDP2 import torch._dynamo on first use; inside a rank, the import's frames would hold
+        # that rank's tensors in reference cycles (counted until the next collection), in the first spawn only
+        import torch._dynamo  # noqa: F401
     store = dist.HashStore()
     torch_rendezvous, torch_world, excepthook = c10d.rendezvous, c10d._world, sys.excepthook
 
