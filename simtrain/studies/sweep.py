@@ -29,6 +29,7 @@ file, a user's model module) must be at the same path on Ray's workers.
 import csv
 import itertools
 import json
+import math
 import multiprocessing
 import socket
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -253,8 +254,10 @@ def write_csv(rows: list[dict], grids: list[Grid], path: Path) -> None:
 def plot_sweep(rows: list[dict], grids: list[Grid], metric: str, path: Path) -> None:
     """`metric` against the first grid's values, one line per combination of the other grids' values."""
     first, others = grids[0], grids[1:]
-    numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in first.values)
-    positions = list(first.values) if numeric else list(range(len(first.values)))
+    # Finite numbers are placed at their value, as floats (numpy cannot take the log of an int past 2^64).
+    numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                  for value in first.values)
+    positions = [float(value) for value in first.values] if numeric else list(range(len(first.values)))
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
     unit, scale = axis_unit(metric, [row[metric] for row in rows if row[metric] is not None])
     lines: dict[tuple, list] = {}
