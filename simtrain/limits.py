@@ -32,6 +32,8 @@ MAX_WIDTH = 1_000_000  # one hidden layer's width or one convolution's channels
 MAX_LAYERS = 1_000  # entries of model.hidden or model.channels, model.layers of a gpt
 MAX_SEQ_LEN = 65_536  # data.seq_len of token data (a gpt's attention holds seq_len^2 scores per head)
 MAX_HEADS = 4_096  # model.heads of a gpt
+MAX_CAPACITY_FACTOR = float(MAX_HEADS)  # model.moe.capacity_factor: at experts / top_k (at most 4,096) an
+#   expert keeps every assignment, so a larger factor changes nothing
 MAX_MICROBATCHES = 4_096  # parallel.pipeline.microbatches
 MAX_BATCH_SIZE = 1_000_000  # data.batch_size, per device
 MAX_CHANNELS = 64  # parallel.channels, --channels: all-reduce channels (NCCL's own limit is 32 or 64 by version)

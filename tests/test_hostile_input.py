@@ -29,6 +29,7 @@ from simtrain.hw.topology_builders import load_topology_file
 from simtrain.limits import MAX_FILE_BYTES
 from simtrain.report import RunResult, build_report
 from simtrain.scenario import Scenario, validate_scenario
+from simtrain.scenario.model import MoESpec
 from simtrain.train.checkpointing import apply_checkpointing
 from simtrain.train.data import load_dataset
 from simtrain.train.models import build_model
@@ -74,13 +75,14 @@ def leaf_paths(node, prefix=()):
 
 
 PATHS = sorted(set(leaf_paths(DEFAULTS)) - {()}) + [("cluster", "devices"), ("cluster", "torus_shape"),
-                                                      ("cluster", "shared_memory"), ("data", "samples")]
+                                                      ("cluster", "shared_memory"), ("data", "samples")] + [
+    ("model", "moe", key) for key in MoESpec.model_fields]  # null by default: its leaves are not in DEFAULTS
 HOSTILE_VALUES = st.one_of(
     st.none(), st.booleans(),
     st.integers(min_value=-10**40, max_value=10**40),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0, 1, 2, 4096, 4097, 2**63, 1e-320, 1e308, -0.0, "100 GB/s", "1e-320 B/s", "inf GB/s",
-                     "1e999 GiB", "5 us", "ring", "mlp", "cnn", "sqrt", "none", "async", "sys:exit", "a\0b",
+    st.sampled_from([0, 1, 2, 4096, 4097, 2**63, 1e-320, 1e308, -0.0, "100 GB/s", "1e-320 B/s", "inf GB/s", "gpt",
+                     "1e999 GiB", "5 us", "ring", "mlp", "cnn", "llama", "sqrt", "none", "async", "sys:exit", "a\0b",
                      "~nouser/x.yaml", "/dev/zero", "", "x" * 300, {"segments": 4}, {"segments": 10**30}]),
     st.text(max_size=12),
     st.lists(st.integers(min_value=-3, max_value=10**7), max_size=4),

@@ -14,7 +14,9 @@ variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR); `join(backend)` joins it.
     values = spawn(my_function, 4, args=(scenario_path,))      # [rank 0's value, ..., rank 3's]
     if torchrun_world(): join("gloo"); ...
 """
+import gc
 import os
+import sys
 import tempfile
 from typing import NamedTuple
 
@@ -64,4 +66,11 @@ def _worker(rank: int, fn, world: int, args: tuple, backend: str, workdir: str) 
         torch.save(fn(rank, world, *args), os.path.join(workdir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
+        gc.collect()  # objects in reference cycles that hold the group (a DDP reducer) go while it is alive
         dist.destroy_process_group()
+    # Saved and torn down: the process ends here. Python's own exit would finalize what still holds the group
+    # with gloo's C++ threads running, and on a loaded host one could be destroyed still joinable:
+    # std::terminate, SIGABRT ("terminate called without an active exception", issue 31).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -44,7 +44,8 @@ def Real(**bounds):  # noqa: N802 (a type, as pydantic's confloat)
     return Annotated[float, BeforeValidator(_not_a_boolean), Field(**bounds)]
 
 
-Number = Annotated[Union[int, float], BeforeValidator(_not_a_boolean)]  # a finite int or float, as given
+NotBoolean = BeforeValidator(_not_a_boolean)  # for numbers that are no Count or Real: a Literal of integers
+Number = Annotated[Union[int, float], NotBoolean]  # a finite int or float, as given
 Bandwidth = Annotated[float, _quantity("bandwidth"), Field(gt=0)]  # bytes/s
 Duration = Annotated[float, _quantity("time")]  # seconds
 Interval = Annotated[float, _quantity("time"), Field(gt=0)]  # seconds, above 0

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from ..limits import MAX_HEADS, MAX_LAYERS, MAX_WIDTH
+from ..limits import MAX_CAPACITY_FACTOR, MAX_HEADS, MAX_LAYERS, MAX_WIDTH
 from .fields import Count, Flag, Real, Section, Width
 
 LLAMA_FFN_MULTIPLE = 256  # Llama's `multiple_of`: the SwiGLU width's default is rounded up to a multiple of it
@@ -23,7 +23,7 @@ class MoESpec(Section):
                                                                 "model.hidden, as the dense MLP.")
     top_k: Count(MAX_HEADS) = Field(2, description="Experts each token is sent to (at most `experts`); their outputs "
                                                    "are summed with the router's renormalized top-k weights.")
-    capacity_factor: Real(gt=0) | None = Field(
+    capacity_factor: Real(gt=0, le=MAX_CAPACITY_FACTOR) | None = Field(
         None, description="Tokens an expert takes per micro-batch, as a multiple of the balanced share "
                           "(tokens x top_k / experts, rounded up); assignments past it are dropped, earliest "
                           "token first kept. null: dropless, every assignment is computed.")

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from ..limits import MAX_CHANNELS, MAX_DEVICES, MAX_LAYERS, MAX_MICROBATCHES
-from .fields import Count, Flag, Real, Section
+from .fields import Count, Flag, NotBoolean, Real, Section
 
 Dimension = Literal["tp", "pp", "dp"]
 
@@ -54,7 +54,7 @@ class ShardingSpec(Section):
     1/degree shard of. The shard group is `degree` adjacent data-parallel ranks (torchtitan's dp_shard); the
     dp / degree groups replicate each other (dp_replicate: HSDP)."""
 
-    stage: Literal[0, 1, 2, 3] = Field(
+    stage: Annotated[Literal[0, 1, 2, 3], NotBoolean] = Field(
         0, description="0: plain DDP (nothing sharded); 1: optimizer state (and fp32 master weights and "
                        "gradients) sharded; 2: the gradients too; 3 (FSDP): the parameters too.")
     degree: Count(MAX_DEVICES) | None = Field(

@@ -29,7 +29,9 @@ file, a user's model module) must be at the same path on Ray's workers.
 import csv
 import itertools
 import json
+import math
 import multiprocessing
+import socket
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,7 +178,7 @@ def _run_on_ray(scenarios: list, indices: list[int], address: str, on_done):
         raise ScenarioError("--ray: Ray is not installed (pip install 'simtrain[ray]')") from None
     started = not ray.is_initialized()  # a caller's own connection is kept; one made here is closed
     if started:
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        _connect_ray(ray, address)
     try:
         task = ray.remote(run_one)
         pending = {task.remote(scenario): index for index, scenario in zip(indices, scenarios)}
@@ -191,6 +193,25 @@ def _run_on_ray(scenarios: list, indices: list[int], address: str, on_done):
     finally:
         if started:
             ray.shutdown()
+
+
+RAY_CONNECT_TIMEOUT_S = 10  # a Ray head answers a TCP connect in milliseconds, even on a loaded host
+
+
+def _connect_ray(ray, address: str) -> None:
+    """ray.init on `address`; an address Ray cannot use, or host:port where no head answers (Ray itself would
+    retry for minutes), is one line naming --ray."""
+    if address not in ("local", "auto") and not address.startswith("ray://"):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+        except (ValueError, OverflowError, OSError) as error:
+            raise ScenarioError(f"--ray {address!r}: no Ray head answers at host:port "
+                                f"({one_line(str(error)) or type(error).__name__})") from None
+    try:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    except (ValueError, ConnectionError, RuntimeError) as error:
+        raise ScenarioError(f"--ray {address!r}: {one_line(str(error))}") from None
 
 
 def run_one(scenario) -> dict:
@@ -233,8 +254,10 @@ def write_csv(rows: list[dict], grids: list[Grid], path: Path) -> None:
 def plot_sweep(rows: list[dict], grids: list[Grid], metric: str, path: Path) -> None:
     """`metric` against the first grid's values, one line per combination of the other grids' values."""
     first, others = grids[0], grids[1:]
-    numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in first.values)
-    positions = list(first.values) if numeric else list(range(len(first.values)))
+    # Finite numbers are placed at their value, as floats (numpy cannot take the log of an int past 2^64).
+    numeric = all(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                  for value in first.values)
+    positions = [float(value) for value in first.values] if numeric else list(range(len(first.values)))
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
     unit, scale = axis_unit(metric, [row[metric] for row in rows if row[metric] is not None])
     lines: dict[tuple, list] = {}

@@ -26,6 +26,7 @@ collects like any other: nothing to register. The third argument is the run
 (`bytes_sent`, `bytes_received`, `now_s`, `cluster`).
 """
 import inspect
+import numbers
 from dataclasses import dataclass
 
 from ..errors import ScenarioError
@@ -56,6 +57,8 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
           latency=None, device=None, collective: str | None = None, channels: int | None = None) -> SpawnResult:
     """Run `fn(rank, world)` as each rank of a simulated cluster; their values and the report. A keyword left
     None keeps the scenario's value (the spec's default without a scenario)."""
+    if not callable(fn):
+        raise ScenarioError(f"simtrain.dist.spawn: fn: {fn!r} is not callable; give a function of (rank, world)")
     spec = spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels)
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
@@ -90,6 +93,8 @@ def compute(flops: float, dtype: str = "fp32", name: str = "compute") -> None:
 def spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels) -> Scenario:
     """The scenario a spawn runs: the file's with `world`, `collective` and `channels` set, or the keywords given
     as a scenario's fields (every one left None keeps its spec's default)."""
+    if world is not None and (isinstance(world, bool) or not isinstance(world, numbers.Integral)):
+        raise ScenarioError(f"simtrain.dist.spawn: world: expected an integer, got {world!r}")
     overrides = [f"cluster.devices={world}"] if world is not None else []
     if collective is not None:
         overrides.append(f"parallel.all_reduce={collective}")

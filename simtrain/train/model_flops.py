@@ -55,15 +55,16 @@ class ModelFlops(NamedTuple):
 
 def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> ModelFlops:
     """Model FLOPs of a step of `samples` samples (every replica's together)."""
-    if scenario.model.name == "gpt":
-        return ModelFlops(samples * gpt_flops_per_sequence(scenario.model.layers, scenario.model.width,
-                                                           scenario.data.vocab, scenario.data.seq_len,
-                                                           scenario.model.moe), PALM)
-    if scenario.model.name == "llama":
-        model = scenario.model
+    model = scenario.model
+    # The data's own vocabulary and sequence length: the scenario's may be null (the data set's defaults).
+    vocab, seq_len = data.info.num_classes, data.info.num_features
+    if model.name == "gpt":
+        return ModelFlops(samples * gpt_flops_per_sequence(model.layers, model.width, vocab, seq_len, model.moe),
+                          PALM)
+    if model.name == "llama":
         return ModelFlops(samples * llama_flops_per_sequence(model.layers, model.width, model.heads,
-                                                             model.key_value_heads, model.ffn_width,
-                                                             scenario.data.vocab, scenario.data.seq_len), PALM)
+                                                             model.key_value_heads, model.ffn_width, vocab,
+                                                             seq_len), PALM)
     batch = scenario.data.batch_size
     return ModelFlops(samples / batch * _measured_flops(scenario, data, batch), MEASURED)
 
