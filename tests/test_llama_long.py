@@ -45,7 +45,8 @@ def flat_parameters(model) -> torch.Tensor:
     return torch.cat([p.detach().float().flatten() for p in model.parameters()])
 
 
-ids = lambda value: value if isinstance(value, str) else "-".join(f"{k}{v}" for k, v in value.items()) or "one"  # noqa: E731
+def ids(value) -> str:
+    return value if isinstance(value, str) else "-".join(f"{k}{v}" for k, v in value.items()) or "one"
 
 
 # ---------------------------------------------------------------- equivalence with one device

@@ -33,11 +33,10 @@ query heads and wk, wv by key/value heads (rank r keeps query heads
 [r·H/tp, (r+1)·H/tp) and the key/value heads they read, [r·G/tp, (r+1)·G/tp)),
 wo by its input features; w1 and w3 by output features and w2 by input
 features. Each half is one "f" and one "g" all-reduce (train/tensor_parallel.py);
-the norms stay whole and get the same gradient on every tp rank (without
-sequence parallelism). The
-vocabulary is split as gpt's (train/vocab_parallel.py): the token table by
-rows, its partial lookups summed; the head's output Linear by vocabulary, its
-loss the vocabulary-parallel cross entropy.
+the norms stay whole and, without sequence parallelism, get the same gradient
+on every tp rank. The vocabulary is split as gpt's (train/vocab_parallel.py):
+the token table by rows, its partial lookups summed; the head's output Linear
+by vocabulary, its loss the vocabulary-parallel cross entropy.
 
 Sequence parallelism (Korthikanti et al. 2022; `sequence_parallel`, set by
 parallel.sequence_parallel) is gpt's (train/gpt.py): between the
