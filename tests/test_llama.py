@@ -7,7 +7,8 @@
 - Parameters: the formula of the docs against sum(p.numel()), and Llama 3's published sizes
   (8.03B, 70.6B, 405B) from their published shapes, built on meta.
 - Model FLOPs: PaLM's closed form against the operator recorder's count of a step.
-- Parallelism: tp 2 and pp 2 x tp 2 train the same parameters as one device within 1e-5 (fp32).
+- Parallelism: tp 2 and pp 2 x tp 2 train the same parameters as one device within 1e-5 (fp32)
+  (selective recomputation and sequence parallelism: tests/test_llama_long.py).
 - Bad input: one line naming the key, exit 2.
 """
 import math
@@ -178,13 +179,3 @@ def test_bad_llama_input_is_one_line_and_exit_2(tmp_path, capsys, model, devices
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and expected in err
 
-
-def test_selective_recomputation_is_refused_on_llama_until_its_attention_has_it(tmp_path, capsys):
-    # selective recomputation is built into the gpt's blocks (train/gpt.py); a llama says so instead of ignoring it
-    raw = {**LLAMA, "train": {**LLAMA.get("train", {}), "checkpointing": "selective"}}
-    path = tmp_path / "selective.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(SystemExit) as exit_info:
-        main(["validate", str(path)])
-    assert exit_info.value.code == 2
-    assert "train.checkpointing: selective recomputes the attention core of gpt blocks" in capsys.readouterr().err

@@ -251,10 +251,11 @@ def _model_parallel_fits(scenario: Scenario) -> None:
 
 
 def _sequence_parallel_fits(scenario: Scenario) -> None:
-    """parallel.sequence_parallel cuts a gpt's sequence into tp parts, on every simulated rank (that data.seq_len
-    divides into them is checked on the data's shape: schemes/model_parts.py)."""
-    if scenario.model.name != "gpt":
-        raise ValueError(f"parallel.sequence_parallel: built for the gpt model's blocks, not {scenario.model.name}")
+    """parallel.sequence_parallel cuts a gpt's or a llama's sequence into tp parts, on every simulated rank (that
+    data.seq_len divides into them is checked on the data's shape: schemes/model_parts.py)."""
+    if scenario.model.name not in ("gpt", "llama"):
+        raise ValueError("parallel.sequence_parallel: built for the gpt and llama models' blocks, not "
+                         f"{scenario.model.name}")
     if scenario.parallel.representatives:
         raise ValueError("parallel.sequence_parallel: does not combine with parallel.representatives")
 

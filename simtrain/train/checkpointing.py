@@ -26,7 +26,8 @@ recomputes its chunks unit by unit, schemes/layer_recompute.py).
 Selective activation recomputation (Korthikanti et al. 2022), `selective`,
 cuts no segments: the model is returned as it is, each attention layer marked
 to recompute only its attention core (QKᵀ, scale, causal mask, softmax,
-attention over V) in backward (train/gpt.py `RecomputedAttention`). A model
+attention over V) in backward (train/gpt.py `RecomputedAttention`, which
+train/llama.py's blocks use too). A model
 without attention (mlp, cnn) is refused.
 Blocks are dealt out as evenly as possible, earlier segments taking the
 extra block.
@@ -86,9 +87,10 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
 
 
 def require_attention(model: nn.Module) -> None:
-    """Selective recomputation needs an attention layer (a module with `recompute_core`, train/gpt.py Block)."""
+    """Selective recomputation needs an attention layer (a module with `recompute_core`: train/gpt.py Block,
+    train/llama.py LlamaBlock)."""
     if not any(hasattr(module, "recompute_core") for module in model.modules()):
-        raise ScenarioError(f"{_FIELD}: selective recomputes the attention core of gpt blocks (train/gpt.py); "
+        raise ScenarioError(f"{_FIELD}: selective recomputes the attention core of gpt and llama blocks; "
                             "this model has none (use full, sqrt or segments)")
 
 

@@ -33,24 +33,39 @@ query heads and wk, wv by key/value heads (rank r keeps query heads
 [r·H/tp, (r+1)·H/tp) and the key/value heads they read, [r·G/tp, (r+1)·G/tp)),
 wo by its input features; w1 and w3 by output features and w2 by input
 features. Each half is one "f" and one "g" all-reduce (train/tensor_parallel.py);
-the norms stay whole and get the same gradient on every tp rank. The
-vocabulary is split as gpt's (train/vocab_parallel.py): the token table by
-rows, its partial lookups summed; the head's output Linear by vocabulary, its
-loss the vocabulary-parallel cross entropy.
+the norms stay whole and, without sequence parallelism, get the same gradient
+on every tp rank. The vocabulary is split as gpt's (train/vocab_parallel.py):
+the token table by rows, its partial lookups summed; the head's output Linear
+by vocabulary, its loss the vocabulary-parallel cross entropy.
 
-Attention is written out (matmul, causal mask, softmax, matmul) so torch's
-FLOP counter sees it on every device, meta included.
+Sequence parallelism (Korthikanti et al. 2022; `sequence_parallel`, set by
+parallel.sequence_parallel) is gpt's (train/gpt.py): between the
+tensor-parallel pairs the residual stream is cut along the sequence across
+the tp group, each "f" an all-gather and each "g" a reduce-scatter; the
+embedding's partial lookups are reduce-scattered and the head gathers its
+normalized part. The attention gathers the whole sequence before wq, wk and
+wv, so the rotations turn every query and key by its global position, as
+without the split. The RMSNorm weights, the only whole parameters, get each
+rank's share of their gradient, summed across the tp group after the
+backward (schemes/model_parallel.py).
+
+Attention is gpt's core (matmul, causal mask, softmax, matmul; train/gpt.py
+`attention_core`) on the rotated queries and the keys and values repeated
+for their query heads, written out so torch's FLOP counter sees it on every
+device, meta included. Under selective activation recomputation
+(train.checkpointing: selective, `recompute_core`) that core, and only it,
+runs again in backward (gpt's `RecomputedAttention`).
 
     model = build_llama(vocab=64, hidden=64, layers=2, heads=4, kv_heads=2, ffn_hidden=192, rope_theta=1e4)
     logits = model(tokens)                      # (batch, seq_len, 64)
 """
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, Slice, shard_parameter_
+from .gpt import RecomputedAttention, attention_core
+from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter, Slice,
+                              shard_parameter_)
 from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
 
 NORM_EPS = 1e-5  # Llama 2 and 3's RMSNorm epsilon
@@ -90,6 +105,7 @@ class LlamaEmbedding(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.vocab_start = 0  # the first token of this rank's rows
+        self.sequence_parallel = False  # parallel.sequence_parallel: hands on this tp rank's part of the sequence
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tokens(tokens)
@@ -102,8 +118,10 @@ class LlamaEmbedding(nn.Module):
         return {"tokens.weight": where}
 
     def parallel_ops(self) -> list:
-        """Partial lookups summed across the tp group."""
-        return [Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),)), AllReduceForward(0)]
+        """Partial lookups summed across the tp group (and scattered along the sequence under sequence
+        parallelism)."""
+        summed = ReduceScatter if self.sequence_parallel else AllReduceForward
+        return [Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),)), summed(0)]
 
 
 class LlamaBlock(nn.Module):
@@ -114,6 +132,8 @@ class LlamaBlock(nn.Module):
         head_width = hidden // heads
         self.heads, self.kv_heads = heads, kv_heads  # on this rank: all of them, or its share under tp
         self.rope_theta = rope_theta
+        self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
+        self.sequence_parallel = False  # parallel.sequence_parallel: the residual stream cut along the sequence
         self.attention_norm = RMSNorm(hidden)
         self.wq = nn.Linear(hidden, heads * head_width, bias=False)
         self.wk = nn.Linear(hidden, kv_heads * head_width, bias=False)
@@ -123,6 +143,9 @@ class LlamaBlock(nn.Module):
         self.w1 = nn.Linear(hidden, ffn_hidden, bias=False)
         self.w3 = nn.Linear(hidden, ffn_hidden, bias=False)
         self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def extra_repr(self) -> str:
+        return "recompute_core=True" if self.recompute_core else ""  # printed: cost.py's cache tells them apart
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self._attention(self.attention_norm(x))
@@ -140,10 +163,8 @@ class LlamaBlock(nn.Module):
         v = split_heads(self.wv(h), self.kv_heads)
         group = self.heads // self.kv_heads  # query heads per key/value head
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        causal = torch.ones(length, length, dtype=torch.bool, device=h.device).triu(1)
-        weights = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        return self.wo((weights @ v).transpose(1, 2).reshape(batch, length, -1))
+        core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
+        return self.wo(core(q, k, v).transpose(1, 2).reshape(batch, length, -1))
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(h)) * self.w3(h))
@@ -166,12 +187,15 @@ class LlamaBlock(nn.Module):
         return slices
 
     def parallel_ops(self) -> list:
-        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces."""
+        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces; under
+        sequence parallelism the stream is this rank's part of the sequence, each "f" an all-gather and
+        each "g" a reduce-scatter."""
+        f, g = (AllGather, ReduceScatter) if self.sequence_parallel else (AllReduceBackward, AllReduceForward)
         return [
-            Apply(lambda x: (x, self.attention_norm(x))), AllReduceBackward(1),
-            Apply(lambda x, h: (x, self._attention(h))), AllReduceForward(1),
-            Apply(self._after_attention), AllReduceBackward(1),
-            Apply(lambda x, h: (x, self._mlp(h))), AllReduceForward(1),
+            Apply(lambda x: (x, self.attention_norm(x))), f(1),
+            Apply(lambda x, h: (x, self._attention(h))), g(1),
+            Apply(self._after_attention), f(1),
+            Apply(lambda x, h: (x, self._mlp(h))), g(1),
             Apply(lambda x, m: (x + m,)),
         ]
 
@@ -188,6 +212,7 @@ class LlamaHead(nn.Module):
         self.norm = RMSNorm(hidden)
         self.output = nn.Linear(hidden, vocab, bias=False)
         self.vocab_start, self.tp_rank, self.tp = 0, 0, 1
+        self.sequence_parallel = False  # parallel.sequence_parallel: takes this tp rank's part of the sequence
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(self.norm(x))
@@ -200,8 +225,10 @@ class LlamaHead(nn.Module):
         return {"output.weight": where}
 
     def parallel_loss_ops(self) -> list:
-        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered."""
-        return head_loss_ops(self.norm, self.output, self.vocab_start, self.tp_rank, self.tp, AllReduceBackward)
+        """The head and the vocabulary-parallel cross entropy: the loss, with its logits never gathered (the
+        normalized sequence is, under sequence parallelism)."""
+        return head_loss_ops(self.norm, self.output, self.vocab_start, self.tp_rank, self.tp,
+                             AllGather if self.sequence_parallel else AllReduceBackward)
 
 
 def build_llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int,
