@@ -30,17 +30,15 @@ from typing import get_args
 
 import click
 import yaml
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
-from .hw.topology_builders import BUILDERS
-from .limits import MAX_COLLECTIVE_BYTES, MAX_DEVICES, MAX_PROCESSES, MAX_SEED, MAX_STEPS
+from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_SEED, MAX_STEPS
+from .cli_topology import build_cli_topology, topology_options
 from .progress import RunProgress
-from .scenario import ClusterSpec, LinkSpec, ParallelSpec, load_scenario, validate_scenario
-from .scenario.fields import first_error
-from .units import format_bytes, format_seconds, parse_quantity, parse_size
+from .scenario import ParallelSpec, load_scenario, validate_scenario
+from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
 from .views import (console, print_calibration, print_comparison, print_summary, print_sweep, ranks_header,
                     same_figures)
@@ -354,84 +352,6 @@ def validate(scenario_file, overrides):
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce})", soft_wrap=True)
 
 
-_CLUSTER = ClusterSpec()  # a scenario's cluster defaults: the one home of the topology options' defaults
-
-
-def _topology_options(f):
-    f = click.option("--topology", default=_CLUSTER.topology, show_default=True,
-                     help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
-    f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None,
-                     help="Device count (builders).")(f)
-    f = click.option("--bandwidth", default=None, help="Link bandwidth per direction [default: cluster.link's, "
-                     f"{_CLUSTER.link.bandwidth / 1e9:g} GB/s].")(f)
-    f = click.option("--latency", default=None, help="Link latency per hop [default: cluster.link's, "
-                     f"{format_seconds(_CLUSTER.link.latency)}].")(f)
-    f = click.option("--gpus-per-node", type=click.IntRange(1, MAX_DEVICES), default=None,
-                     help="hierarchical, fat_tree: GPUs per node.")(f)
-    f = click.option("--nodes-per-leaf", type=click.IntRange(1, MAX_DEVICES), default=_CLUSTER.nodes_per_leaf,
-                     show_default=True, help="fat_tree: nodes whose same-rail NICs share a leaf switch.")(f)
-    f = click.option("--oversubscription", type=click.FloatRange(1, MAX_DEVICES), default=_CLUSTER.oversubscription,
-                     show_default=True, help="fat_tree: a leaf's downlink to uplink bandwidth.")(f)
-    f = click.option("--inter-bandwidth", default=None, help="hierarchical, fat_tree: each GPU's NIC bandwidth.")(f)
-    f = click.option("--inter-latency", default=None,
-                     help="hierarchical, fat_tree: NIC hop latency [default: the --latency].")(f)
-    return f
-
-
-def _option(value, kind: str, option: str, default: float) -> float:
-    """A quantity option's value in SI units: as given, else the scenario spec's default."""
-    return default if value is None else parse_quantity(value, kind, option)
-
-
-def _link_options(bandwidth, latency, default: tuple, names: tuple[str, str]) -> LinkSpec:
-    """A link the options describe: bandwidth and latency as given, else the spec's `default` pair."""
-    rate = _option(bandwidth, "bandwidth", names[0], default[0])
-    if rate <= 0:
-        raise SimtrainError(f"{names[0]}: must be positive")
-    return LinkSpec(bandwidth=rate, latency=_option(latency, "time", names[1], default[1]))
-
-
-def _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
-                        nodes_per_leaf, oversubscription):
-    """The topology the options describe, built as a scenario's cluster section (ClusterSpec) is: an option
-    not given keeps the section's default."""
-    if devices is None and topology in BUILDERS:
-        raise SimtrainError(f"--devices: required by the {topology} builder")
-    fields = {"topology": topology, "devices": devices, "gpus_per_node": gpus_per_node,
-              "nodes_per_leaf": nodes_per_leaf, "oversubscription": oversubscription,
-              "link": _link_options(bandwidth, latency, (_CLUSTER.link.bandwidth, _CLUSTER.link.latency),
-                                    ("--bandwidth", "--latency"))}
-    if inter_bandwidth is not None:  # a NIC link is given or absent; its hop at least the in-host link's
-        fields["inter_node_link"] = _link_options(inter_bandwidth, inter_latency, (None, fields["link"].latency),
-                                                  ("--inter-bandwidth", "--inter-latency"))
-    from .hw.cluster import resolve_cluster
-
-    try:
-        spec = ClusterSpec.model_validate({key: value for key, value in fields.items() if value is not None})
-        return resolve_cluster(spec).topology()
-    except ValidationError as error:
-        raise SimtrainError(_as_options(f"cluster.{first_error(error)}")) from None
-    except SimtrainError as error:
-        raise type(error)(_as_options(str(error))) from None
-
-
-# The scenario keys the topology options set: their errors name the option.
-_OPTION_OF_KEY = {"`cluster.devices: null` takes": "leaving out --devices takes", "cluster.devices": "--devices",
-                  "cluster.topology": "--topology", "cluster.gpus_per_node": "--gpus-per-node",
-                  "cluster.nodes_per_leaf": "--nodes-per-leaf", "cluster.oversubscription": "--oversubscription",
-                  "cluster.link.bandwidth": "--bandwidth", "cluster.link.latency": "--latency",
-                  "cluster.inter_node_link.bandwidth": "--inter-bandwidth",
-                  "cluster.inter_node_link.latency": "--inter-latency", "cluster.link": "--bandwidth",
-                  "cluster.inter_node_link": "--inter-bandwidth"}
-
-
-def _as_options(message: str) -> str:
-    """A cluster section's error as `simtrain topo` and `simtrain collective` word it: options, not keys."""
-    for key, option in _OPTION_OF_KEY.items():
-        message = message.replace(key, option)
-    return message
-
-
 @cli.command()
 @click.option("--op", type=click.Choice(("all_reduce", "all_to_all")), default="all_reduce", show_default=True,
               help="The collective: all_to_all's size is each rank's send buffer, one block per rank.")
@@ -441,7 +361,7 @@ def _as_options(message: str) -> str:
 @click.option("--channels", type=int, default=None,
               help="all_reduce: buffer parts run side by side, one ring (or tree pair) each "
                    "[default: one per NIC rail across hosts, else 1].")
-@_topology_options
+@topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
@@ -454,7 +374,7 @@ def collective(op, algo, channels, topology, devices, bandwidth, latency, gpus_p
     from .host_memory import require_host_memory
     from .report import finite_or_none
 
-    topo = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+    topo = build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                                nodes_per_leaf, oversubscription)
     low, sep, high = sizes.partition(":")
     low = parse_size(low, "--sizes")
@@ -502,11 +422,11 @@ def collective(op, algo, channels, topology, devices, bandwidth, latency, gpus_p
 
 
 @cli.command()
-@_topology_options
+@topology_options
 def topo(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency, nodes_per_leaf,
          oversubscription):
     """Show a topology: its devices, switches and links."""
-    topo_ = _build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
+    topo_ = build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth, inter_latency,
                                 nodes_per_leaf, oversubscription)
     graph = topo_.graph
     switches = [n for n in graph.nodes if n not in set(topo_.devices)]
