@@ -65,7 +65,7 @@ from torch import nn
 
 from .gpt import RecomputedAttention, attention_core
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter, Slice,
-                              shard_parameter_)
+                              residual_block_ops, shard_parameter_)
 from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
 
 NORM_EPS = 1e-5  # Llama 2 and 3's RMSNorm epsilon
@@ -187,17 +187,9 @@ class LlamaBlock(nn.Module):
         return slices
 
     def parallel_ops(self) -> list:
-        """The block on a one-tensor residual stream, with its four tensor-parallel all-reduces; under
-        sequence parallelism the stream is this rank's part of the sequence, each "f" an all-gather and
-        each "g" a reduce-scatter."""
-        f, g = (AllGather, ReduceScatter) if self.sequence_parallel else (AllReduceBackward, AllReduceForward)
-        return [
-            Apply(lambda x: (x, self.attention_norm(x))), f(1),
-            Apply(lambda x, h: (x, self._attention(h))), g(1),
-            Apply(self._after_attention), f(1),
-            Apply(lambda x, h: (x, self._mlp(h))), g(1),
-            Apply(lambda x, m: (x + m,)),
-        ]
+        """The block with its four tensor-parallel collectives (tensor_parallel.residual_block_ops)."""
+        return residual_block_ops(self.attention_norm, self._attention, self._after_attention, self._mlp,
+                                  lambda x, m: (x + m,), self.sequence_parallel)
 
     def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x + attention

@@ -129,3 +129,14 @@ def column_row_ops(column: nn.Linear, middle: list[nn.Module], row: nn.Linear) -
         return (y if row.bias is None else y + row.bias,)
 
     return [AllReduceBackward(0), Apply(partial), AllReduceForward(0), Apply(add_bias)]
+
+
+def residual_block_ops(norm, attention, after_attention, mlp, finish, sequence_parallel: bool) -> list:
+    """A pre-norm transformer block (gpt's, llama's) on a one-tensor residual stream, with its four
+    tensor-parallel collectives: "f" before each column-parallel half and "g" after each row-parallel half
+    (all-reduces; under sequence parallelism the stream is this rank's part of the sequence, each "f" an
+    all-gather and each "g" a reduce-scatter). `after_attention(x, a)` gives (x, the MLP's input);
+    `finish(x, m)` adds the MLP's output to the stream."""
+    f, g = (AllGather, ReduceScatter) if sequence_parallel else (AllReduceBackward, AllReduceForward)
+    return [Apply(lambda x: (x, norm(x))), f(1), Apply(lambda x, h: (x, attention(h))), g(1),
+            Apply(after_attention), f(1), Apply(lambda x, h: (x, mlp(h))), g(1), Apply(finish)]
