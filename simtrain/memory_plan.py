@@ -39,6 +39,7 @@ from .hw.cluster import ResolvedCluster, resolve_cluster, run_to_end
 from .job import Job
 from .scenario import Scenario
 from .schemes import scheme_class
+from .user_code import user_code_errors
 
 _LARGEST_PROBE = 1 << 40  # no batch beyond this is tried
 
@@ -78,7 +79,8 @@ def replay_step(scenario: Scenario, resolved: ResolvedCluster, batch_size: int) 
     })
     job = Job(replayed, cluster, range(world), numerics=False)
     job.start()
-    run_to_end(cluster.env)
+    with user_code_errors(scenario):
+        run_to_end(cluster.env)
     return job
 
 

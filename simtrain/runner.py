@@ -46,6 +46,7 @@ from .schemes import scheme_name
 from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
 from .units import format_bytes
+from .user_code import user_code_errors
 
 
 @contextmanager
@@ -67,7 +68,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
     wall_start = time.perf_counter()
     steps = scenario.train.steps
     faulty = has_faults(scenario)
-    with single_thread():
+    with user_code_errors(scenario), single_thread():
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
         cluster = resolved.build(record=scenario.report.trace or faulty, seed=scenario.seed)
         scheduled_faults(scenario, cluster)  # checks the faults' names and the spares against the cluster

@@ -210,3 +210,54 @@ def test_hostile_spawn_arguments_are_one_line(fn, world, expected):
 def test_a_rank_function_of_the_wrong_arity_is_its_rank_s_one_line_error():
     with pytest.raises(SimtrainError, match=r"^rank 0 raised TypeError: .*takes 0 positional arguments but 2"):
         simtrain.dist.spawn(lambda: None, world=2)
+
+
+USER_MODEL = '''
+import torch
+
+
+class _FailsBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ValueError("no gradient for this layer")
+
+
+class Picky(torch.nn.Module):
+    """Takes the build check's batch of two; fails at the run's batch size, in its forward or its backward."""
+
+    def __init__(self, fail_in):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        self.fail_in = fail_in
+
+    def forward(self, x):
+        if x.shape[0] == 3 and self.fail_in == "forward":
+            raise RuntimeError("shape mismatch at batch 3")
+        out = self.linear(x)
+        return _FailsBackward.apply(out) if x.shape[0] == 3 else out
+
+
+def build(fail_in="forward"):
+    return Picky(fail_in)
+'''
+USER_SCENARIO = ("cluster: {topology: ring, devices: 2}\nmodel: {name: 'picky_user_model:build', options: "
+                 "{fail_in: %s}}\ndata: {name: synthetic, samples: 30, features: 4, classes: 2, batch_size: 3}\n"
+                 "train: {steps: 2}\nreport: {trace: false}\n")
+
+
+@pytest.mark.parametrize("fail_in,raised", [("forward", "RuntimeError: shape mismatch at batch 3"),
+                                            ("backward", "ValueError: no gradient for this layer")])
+def test_a_user_model_that_fails_only_during_training_is_one_line_naming_model_name(
+        tmp_path, capsys, monkeypatch, fail_in, raised):
+    (tmp_path / "picky_user_model.py").write_text(USER_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "s.yaml"
+    path.write_text(USER_SCENARIO % fail_in)
+    err = one_line_error(capsys, "run", path, "-q", "--out", tmp_path / "out")
+    assert f"model.name: picky_user_model:build raised {raised.split(':')[0]} during the run: " in err
+    assert err.rstrip().endswith(raised.split(": ", 1)[1])
+    assert not (tmp_path / "out").exists()

@@ -71,6 +71,7 @@ from ..scenario import Scenario
 from ..schemes import scheme_name
 from ..step_ops import Busy, Wait
 from ..train.model_flops import model_flops_per_step
+from ..user_code import user_code_errors
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed
@@ -294,7 +295,7 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
     """Train the scenario's population; on_step(step, sim_time_s, loss) after every member's every step
     (`step` counts the steps of all members)."""
     wall_start = time.perf_counter()
-    with single_thread():
+    with user_code_errors(scenario), single_thread():
         population = Population(scenario, on_step)
         population.run()
         best = population.best()
