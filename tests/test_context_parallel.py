@@ -151,13 +151,17 @@ def test_the_ring_runs_beside_the_attention():
 
 # ---------------------------------------------------------------- memory, layout, bad input
 
-@pytest.mark.parametrize("layout", [{"cp": 2}, {"cp": 2, "tp": 2, "sequence_parallel": True},
-                                    {"pp": 2, "cp": 2, "microbatches": 2}], ids=ids)
-def test_the_memory_plan_holds_what_a_run_holds(layout):
-    spec = scenario({**GPT, "train": {**GPT["train"], "steps": 1}}, **dict(layout))
-    planned = plan_memory(spec)
+@pytest.mark.parametrize("base,checkpointing,layout", [
+    (GPT, "none", {"cp": 2}), (GPT, "none", {"cp": 2, "tp": 2, "sequence_parallel": True}),
+    (GPT, "none", {"pp": 2, "cp": 2, "microbatches": 2}), (GPT, "full", {"cp": 4}), (LLAMA, "full", {"pp": 2, "cp": 2}),
+], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
+    else value if isinstance(value, str) else ids(value))
+def test_the_memory_plan_holds_what_a_run_holds(base, checkpointing, layout):
+    spec = scenario({**base, "train": {**base["train"], "steps": 1}}, checkpointing, **dict(layout))
     ran = run(spec)
-    assert [plan.peak_bytes for plan in planned] == [device["peak_memory_bytes"] for device in ran.data["devices"]]
+    for plan, device in zip(plan_memory(spec), ran.data["devices"]):
+        assert plan.peak_bytes == device["peak_memory_bytes"]
+        assert plan.by_category == device["peak_memory_bytes_by_category"]
 
 
 def test_cp_sits_between_tp_and_pp_and_leaves_3d_ranks_as_they_were():
