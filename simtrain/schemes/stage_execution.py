@@ -105,13 +105,17 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         compute = _region_compute(cost, region, "forward", dtype)
         region += 1
         values = tuple(t.detach() for t in state)
-        if op.forward is not None:  # an all-reduce sums in place a copy of what autograd may hold
-            tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
-            collective, result = communicate(op.forward, tensor)
-            yield from _compute_then(compute, collective, op.forward)
+        if op.forward in OVERLAPPED:
+            collective, result = communicate(op.forward, values[op.index])
+            yield from _beside(compute, collective)
             values = tuple(result if i == op.index else v for i, v in enumerate(values))
         else:
             yield compute
+            if op.forward is not None:  # an all-reduce sums in place a copy of what autograd may hold
+                tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
+                collective, result = communicate(op.forward, tensor)
+                yield collective
+                values = tuple(result if i == op.index else v for i, v in enumerate(values))
         reduce_grad = None if op.backward is None else (op.index, op.backward)
         # the boundary's tensors start the next region; those that depend on a parameter need a gradient
         values = tuple(v.requires_grad_(t.requires_grad) for v, t in zip(values, state))
@@ -158,10 +162,10 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) 
     return Compute(cost.backward_flops[region], dtype, name, ops=cost.backward_ops[region])
 
 
-def _compute_then(compute: Compute, collective, kind: str):
-    """Step program: a region's compute, then the collective after it; one that is OVERLAPPED is posted first
-    and awaited after the compute instead."""
-    if kind in OVERLAPPED and type(collective) is Collective:
+def _beside(compute: Compute, collective):
+    """Step program: an OVERLAPPED collective posted, a region's compute, the collective awaited (measuring,
+    where the collective is a _Reduced: the compute, then it)."""
+    if type(collective) is Collective:
         handle = yield Post(*collective)
         yield compute
         yield Await(handle)
@@ -175,10 +179,12 @@ def replay_forward(cost: ChunkCost, communicate, dtype: str):
     returns the meta tensor the chunk hands on."""
     for flops, reduced, ops in zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops):
         compute = Compute(flops, dtype, "forward", ops=ops)
-        if reduced is None:
-            yield compute
+        if reduced is not None and reduced[0] in OVERLAPPED:
+            yield from _beside(compute, communicate(*reduced)[0])
         else:
-            yield from _compute_then(compute, communicate(*reduced)[0], reduced[0])
+            yield compute
+            if reduced is not None:
+                yield communicate(*reduced)[0]
     return cost.output
 
 

@@ -76,8 +76,8 @@ class TokenEmbedding(nn.Module):
     def _add_positions(self, embedded: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
         """`embedded` (part `part` of `parts` of the rank's tokens) plus their position embeddings."""
         length = embedded.shape[1]
-        positions = context_positions(length * parts, self.context, embedded.device)
-        return embedded + self.positions(positions[part * length:(part + 1) * length])
+        return embedded + self.positions(context_positions(length * parts, self.context, embedded.device,
+                                                           part * length, length))
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
@@ -135,7 +135,7 @@ class Block(nn.Module):
 
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         """The heads' attention (batch, heads, length, head size) through this rank's part of the projection."""
-        return F.linear(out.transpose(1, 2).flatten(2), self.projection.weight)
+        return F.linear(out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1), self.projection.weight)
 
     def _attention_ops(self) -> list:
         """The attention on a (x, h) stream: one step, or ring attention's under context parallelism."""

@@ -96,8 +96,9 @@ def rotate(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None)
     m · theta^(-2i/width), in fp32; returned in x's dtype."""
     length, width = x.shape[-2], x.shape[-1]
     inverse_frequencies = theta ** -(torch.arange(0, width, 2, device=x.device, dtype=torch.float32) / width)
-    positions = torch.arange(length, device=x.device) if positions is None else positions
-    angles = torch.outer(positions.to(torch.float32), inverse_frequencies)
+    positions = (torch.arange(length, device=x.device, dtype=torch.float32) if positions is None
+                 else positions.to(torch.float32))
+    angles = torch.outer(positions, inverse_frequencies)
     cos, sin = angles.cos(), angles.sin()
     pairs = x.float().unflatten(-1, (width // 2, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
@@ -175,14 +176,14 @@ class LlamaBlock(nn.Module):
         def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
             return t.view(batch, length, heads, -1).transpose(1, 2)
 
-        positions = context_positions(length, self.context, h.device)
+        positions = context_positions(length, self.context, h.device) if self.context.size > 1 else None
         q = rotate(split_heads(self.wq(h), self.heads), self.rope_theta, positions)
         k = rotate(split_heads(self.wk(h), self.kv_heads), self.rope_theta, positions)
         return q, k, split_heads(self.wv(h), self.kv_heads)
 
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         """The heads' attention (batch, heads, length, width) through this rank's part of wo."""
-        return self.wo(out.transpose(1, 2).flatten(2))
+        return self.wo(out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1))
 
     def _attention_ops(self) -> list:
         """The attention on a (x, h) stream: one step, or ring attention's under context parallelism."""

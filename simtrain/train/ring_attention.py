@@ -56,14 +56,17 @@ def shard_sequence(tensor: torch.Tensor, shard: ContextShard, dim: int = 1) -> t
     return torch.cat((chunks[shard.rank], chunks[2 * shard.size - 1 - shard.rank]), dim)
 
 
-def context_positions(length: int, shard: ContextShard, device=None) -> torch.Tensor:
-    """The positions in the whole sequence of the `length` tokens a rank holds (its two chunks)."""
+def context_positions(length: int, shard: ContextShard, device=None, start: int = 0,
+                      count: int | None = None) -> torch.Tensor:
+    """The positions in the whole sequence of tokens start..start + count (default: all) of the `length` tokens a
+    rank holds (its two chunks)."""
+    count = length - start if count is None else count
     if shard.size == 1:
-        return torch.arange(length, device=device)
+        return torch.arange(start, start + count, device=device)
     chunk = length // 2
     first, second = shard.rank * chunk, (2 * shard.size - 1 - shard.rank) * chunk
     return torch.cat((torch.arange(first, first + chunk, device=device),
-                      torch.arange(second, second + chunk, device=device)))
+                      torch.arange(second, second + chunk, device=device)))[start:start + count]
 
 
 def attend(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int) -> tuple[torch.Tensor, torch.Tensor, int]:
