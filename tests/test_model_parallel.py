@@ -155,7 +155,7 @@ def test_pipeline_sends_one_activation_and_one_gradient_per_boundary_and_microba
     per_message = batch // m * width * 4  # fp32 activations of one microbatch
     expected = 2 * (p - 1) * m * per_message * 2  # both directions, every boundary, every microbatch, 2 steps
     assert report.data["parallel"]["bytes_by_kind"] == {"dp_allreduce": 0, "pp_p2p": expected, "tp_allreduce": 0,
-                                                        "overflow_vote": 0}
+                                                        "overflow_vote": 0, "cp_ring": 0}
     assert sum(link["bytes"] for link in report.data["links"]) == expected  # neighbours on the ring: one hop
 
 
@@ -196,7 +196,7 @@ def test_every_schedule_runs_each_microbatch_once_each_way_backward_after_forwar
 
 def test_layout_places_tp_innermost_then_pp_then_dp():
     layout = Layout(dp=2, pp=2, tp=2)
-    assert layout.coordinates(5) == {"tp": 1, "pp": 0, "dp": 1}
+    assert layout.coordinates(5) == {"tp": 1, "cp": 0, "pp": 0, "dp": 1}
     assert layout.group("tp", 5) == [4, 5] and layout.group("pp", 5) == [5, 7] and layout.group("dp", 5) == [1, 5]
     assert layout.groups("pp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     other = Layout(dp=2, pp=2, tp=2, placement=("dp", "tp", "pp"))
@@ -204,7 +204,7 @@ def test_layout_places_tp_innermost_then_pp_then_dp():
 
 
 @pytest.mark.parametrize("raw,message", [
-    ({"cluster": {"devices": 8}, "parallel": {"pp": 3}}, "parallel.dp: dp (default) x pp 3 x tp 1 must equal"),
+    ({"cluster": {"devices": 8}, "parallel": {"pp": 3}}, "parallel.dp: dp (default) x pp 3 x cp 1 x tp 1 must equal"),
     ({"cluster": {"devices": 4}, "parallel": {"pp": 4}, "model": {"hidden": [8]}},
      "parallel.pp: 4 model parts (pp x virtual_stages) but the model has only 2 splittable layers"),
     ({"cluster": {"devices": 2}, "parallel": {"tp": 2}, "model": {"hidden": [9, 9]}},

@@ -9,7 +9,8 @@ the event log (hw/eventlog.py), summed over the job's ranks:
   time (sim_time_s times the ranks);
 - `bytes_by_kind`: the bytes of the ranks' communication labelled as each
   kind moves them (`LABELS`): the data-parallel gradient all-reduce, pipeline
-  sends, tensor-parallel collectives and the fp16 overflow vote. A
+  sends, tensor-parallel collectives, the fp16 overflow vote and ring
+  attention's key/value blocks. A
   representative (schemes/representatives.py) logs the bytes of every rank it
   stands for.
 
@@ -24,7 +25,7 @@ from .sections import ReportSection, register_section
 # parallelism alone and "dp_allreduce" beside pipeline or tensor parallelism.
 LABELS = {"dp_allreduce": ("all_reduce", "dp_allreduce"), "pp_p2p": ("pp_p2p",),
           "tp_allreduce": ("tp_allreduce", "tp_allgather", "tp_reducescatter", "tp_sp_grads"),
-          "overflow_vote": ("overflow_vote",)}
+          "overflow_vote": ("overflow_vote",), "cp_ring": ("cp_kv", "cp_kv_grad")}
 
 
 class BytesByKind(ReportSection):
@@ -34,12 +35,16 @@ class BytesByKind(ReportSection):
                                           "its all-gathers and reduce-scatters, and the sums of the whole "
                                           "parameters' gradients)")
     overflow_vote: int = Field(description="bytes of the fp16 overflow vote of the model-parallel groups")
+    cp_ring: int = Field(description="bytes ring attention's key/value blocks and their gradients sent around the "
+                                     "context-parallel groups")
 
 
 class ParallelSection(ReportSection):
     dp: int = Field(description="data-parallel degree: replicas of the model")
     pp: int = Field(description="pipeline-parallel degree: stages")
     tp: int = Field(description="tensor-parallel degree: ranks a layer is split over")
+    cp: int | None = Field(None, description="context-parallel degree: ranks a sequence is split over (model "
+                                             "parallel layouts)")
     placement: list[str] | None = Field(None, description="the order of the dimensions in the ranks, innermost "
                                                           "first (model parallel layouts)")
     schedule: str | None = Field(None, description="the pipeline schedule (gpipe, 1f1b, interleaved); null: "

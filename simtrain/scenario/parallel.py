@@ -5,6 +5,7 @@
       all_reduce: ring       # naive | ring | tree | hierarchical | dbtree
       pp: 2                  # pipeline stages
       tp: 2                  # tensor-parallel ranks per stage
+      cp: 2                  # context-parallel ranks sharing each sequence (ring attention)
       sharding: {stage: 3}   # ZeRO 1 | 2 | 3 (FSDP) inside the data-parallel dimension; 0: plain DDP
 
 The scheme that runs follows from the mode and the layout: the registry in
@@ -17,7 +18,7 @@ from pydantic import ConfigDict, Field, model_validator
 from ..limits import MAX_CHANNELS, MAX_DEVICES, MAX_LAYERS, MAX_MICROBATCHES
 from .fields import Count, Flag, NotBoolean, Real, Section
 
-Dimension = Literal["tp", "pp", "dp"]
+Dimension = Literal["tp", "cp", "pp", "dp"]
 
 
 class AsyncSpec(Section):
@@ -94,20 +95,26 @@ class ParallelSpec(Section):
                                             "(train/grad_bucket.py); false: one all-reduce after the backward.")
     bucket_cap_mb: Real(gt=0, le=1 << 20) = Field(25.0, description="A bucket's size, in MiB (torch DDP's "
                                                                     "default 25).")
-    dp: Count(MAX_DEVICES) | None = Field(None, description="Data-parallel replicas; null: devices / (pp x tp). "
-                                                            "dp x pp x tp must equal the job's devices.")
+    dp: Count(MAX_DEVICES) | None = Field(None, description="Data-parallel replicas; null: devices / (pp x cp x "
+                                                            "tp). dp x pp x cp x tp must equal the job's devices.")
     pp: Count(MAX_DEVICES) = Field(1, description="Pipeline stages.")
     tp: Count(MAX_DEVICES) = Field(1, description="Tensor-parallel ranks per stage (Megatron-LM's split of "
                                                   "Linear pairs and heads).")
+    cp: Count(MAX_DEVICES) = Field(
+        1, description="Context-parallel ranks per stage: each sequence cut into 2·cp chunks, rank r holding chunks r "
+                       "and 2·cp−1−r (causal load balancing), attention by ring attention over the cp group, the "
+                       "weights' gradients averaged over dp x cp (train/ring_attention.py). data.seq_len must divide "
+                       "into 2·cp chunks (2·cp·tp with sequence_parallel); gpt and llama.")
     sequence_parallel: Flag = Field(
         False, description="Under tp: cut the LayerNorm, residual and bias regions of a gpt along the sequence "
                            "across the tp group, each tp all-reduce becoming a reduce-scatter and an all-gather "
                            "(Korthikanti et al. 2022; train/gpt.py). data.seq_len must divide by tp.")
     pipeline: PipelineSpec = Field(PipelineSpec(), description="How a pipeline runs.")
-    placement: tuple[Dimension, Dimension, Dimension] = Field(
-        ("tp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default puts "
-                                        "a stage's tp ranks on adjacent devices, then the stages, then the "
-                                        "replicas.")
+    placement: tuple[Dimension, ...] = Field(
+        ("tp", "cp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default "
+                                              "puts a stage's tp ranks on adjacent devices, then its cp ranks, then "
+                                              "the stages, then the replicas (Megatron-LM's tp, cp first). An order "
+                                              "of tp, pp and dp alone places cp next to tp.")
     sharding: ShardingSpec = Field(ShardingSpec(), description="Sharded data parallelism (ZeRO stages, FSDP, "
                                                                "HSDP).")
     representatives: Flag = Field(
@@ -130,8 +137,9 @@ class ParallelSpec(Section):
         if self.sequence_parallel and self.tp < 2:
             raise ValueError(f"parallel.sequence_parallel: cuts the sequence across the tp group; needs parallel.tp "
                              f"> 1, got {self.tp}")
-        if sorted(self.placement) != ["dp", "pp", "tp"]:
-            raise ValueError(f"parallel.placement: must order tp, pp and dp, each once, got {list(self.placement)}")
+        if sorted(self.placement) not in (["cp", "dp", "pp", "tp"], ["dp", "pp", "tp"]):
+            raise ValueError(f"parallel.placement: must order tp, cp, pp and dp (or tp, pp and dp), each once, got "
+                             f"{list(self.placement)}")
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
@@ -140,6 +148,9 @@ class ParallelSpec(Section):
             if self.mode == "async":
                 raise ValueError(f"parallel.sharding.stage: {sharding.stage} shards synchronous data parallelism; "
                                  "async keeps one shared store (set parallel.mode sync, or sharding.stage 0)")
+            if self.cp > 1:
+                raise ValueError("parallel.sharding: with parallel.cp > 1 is not built yet (set parallel.cp to 1, or "
+                                 "sharding.stage to 0)")
             if self.model_parallel:
                 raise ValueError("parallel.sharding: with pp/tp is not built yet (set parallel.pp and parallel.tp "
                                  "to 1, or sharding.stage to 0)")
@@ -157,5 +168,5 @@ class ParallelSpec(Section):
 
     @property
     def model_parallel(self) -> bool:
-        """Whether the model itself is split (pipeline or tensor parallelism)."""
-        return self.pp > 1 or self.tp > 1
+        """Whether the model or its sequence is split (pipeline, tensor or context parallelism)."""
+        return self.pp > 1 or self.tp > 1 or self.cp > 1

@@ -230,7 +230,7 @@ def _representatives_fit(scenario: Scenario) -> None:
 
 def _model_parallel_fits(scenario: Scenario) -> None:
     """What pipeline and tensor parallelism (schemes/model_parallel.py) do not combine with."""
-    field = "parallel.pp" if scenario.parallel.pp > 1 else "parallel.tp"
+    field = "parallel.pp" if scenario.parallel.pp > 1 else "parallel.tp" if scenario.parallel.tp > 1 else "parallel.cp"
     refused = {
         "parallel.mode": (scenario.parallel.mode == "async", "async"),
         "train.optimizer.name": (scenario.train.optimizer.name == "kfac", "kfac"),
@@ -245,6 +245,8 @@ def _model_parallel_fits(scenario: Scenario) -> None:
                          "all-reduces), selective or none")
     if scenario.parallel.sequence_parallel:
         _sequence_parallel_fits(scenario)
+    if scenario.parallel.cp > 1:
+        _context_parallel_fits(scenario)
     if scenario.data.batch_size % scenario.parallel.microbatches:
         raise ValueError(f"parallel.pipeline.microbatches: {scenario.parallel.microbatches} does not "
                          f"divide data.batch_size {scenario.data.batch_size}")
@@ -258,6 +260,19 @@ def _sequence_parallel_fits(scenario: Scenario) -> None:
                          f"{scenario.model.name}")
     if scenario.parallel.representatives:
         raise ValueError("parallel.sequence_parallel: does not combine with parallel.representatives")
+
+
+def _context_parallel_fits(scenario: Scenario) -> None:
+    """parallel.cp cuts a gpt's or a llama's sequence into 2·cp chunks and runs their attention as a ring (that
+    data.seq_len divides into them is checked on the data's shape: schemes/model_parts.py)."""
+    cp = scenario.parallel.cp
+    if scenario.model.name not in ("gpt", "llama"):
+        raise ValueError(f"parallel.cp: built for the gpt and llama models' attention, not {scenario.model.name}")
+    for refuse, why in ((scenario.parallel.representatives, "does not combine with parallel.representatives"),
+                        (scenario.train.checkpointing not in ("none", "full"),
+                         f"runs with train.checkpointing none or full, not {scenario.train.checkpointing}")):
+        if refuse:
+            raise ValueError(f"parallel.cp: {cp} {why}")
 
 
 def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path(".")) -> Scenario:

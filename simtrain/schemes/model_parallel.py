@@ -1,6 +1,6 @@
-"""Model parallelism mixed with data parallelism: pipeline (pp) and tensor (tp) parallel layouts, on real numerics.
+"""Model parallelism mixed with data parallelism: pipeline (pp), tensor (tp) and context (cp) parallel layouts.
 
-A job of dp x pp x tp devices (schemes/layout.py) trains one model, each rank
+A job of dp x pp x cp x tp devices (schemes/layout.py) trains one model, each rank
 its share of it (schemes/model_parts.py: pipeline parts balanced by measured
 FLOPs, cut to tensor-parallel slices):
 
@@ -14,16 +14,21 @@ FLOPs, cut to tensor-parallel slices):
   all-reduces of activations and of their gradients run by the chosen
   all-reduce algorithm on the tp group's communicator, region by region
   (schemes/stage_execution.py);
+- **context**: each rank of a cp group takes its two chunks of every
+  sequence (train/ring_attention.py), and each attention's key/value blocks
+  go around the cp group as Send/Recv programs on its communicator
+  (comm/kv_ring.py), each step's transfer beside the compute of a block;
 - **data**: after the last backward of a step, each device all-reduces (and
   averages) its gradient bucket with the devices that hold the same shard in
-  the other replicas, with `parallel.all_reduce`'s algorithm, then steps its own
+  the other replicas and the other cp ranks (Megatron-Core's dp-cp group), with `parallel.all_reduce`'s algorithm, then steps its own
   optimizer on its own parameters;
 - **fp16 loss scaling**: the ranks of a replica vote on an overflow before
   stepping (schemes/overflow_vote.py).
 
 The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
 the loss scale under fp16), so the gradients accumulated over the m
-microbatches, averaged over the dp replicas, are those of one device on the
+microbatches, averaged over the dp x cp ranks (each cp rank's tokens an equal
+share of the sequence), are those of one device on the
 whole global batch. With numerics off a chunk's work is replayed from its
 measured costs, and with `parallel.representatives` one rank per stage runs
 for all of them, on mirrored communicators (representatives.py): the scheme
@@ -33,16 +38,18 @@ Before each step every rank runs the job's `before_step` program (job.py: a
 schedule's hyperparameters, a population's exploit, which copies each rank's
 share from the donor's rank of the same coordinates).
 
-    scheme = ModelParallel(job)        # parallel.pp > 1 or parallel.tp > 1
+    scheme = ModelParallel(job)        # parallel.pp, parallel.tp or parallel.cp > 1
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
 """
 import torch
 
+from ..comm.kv_ring import RING_STEPS
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
 from ..step_ops import Alloc, Collective, Free, MemoryBound, Transfer
 from ..train.partition import assemble
 from ..train.precision import DTYPES, persistent_bytes, update_bytes
+from ..train.ring_attention import shard_sequence
 from .layer_recompute import measure_layers
 from .layout import Layout
 from .model_parts import boundary_activations
@@ -55,7 +62,8 @@ from .stage_execution import ChunkCost, measure_chunk
 
 
 class ModelParallel(RankReplicas, Scheme):
-    """dp x pp x tp training with a pipeline schedule, tensor-parallel layers and a gradient all-reduce."""
+    """dp x pp x cp x tp training with a pipeline schedule, tensor-parallel layers, ring attention and a gradient
+    all-reduce."""
 
     def __init__(self, job, on_step=None):
         self.job = job
@@ -79,14 +87,18 @@ class ModelParallel(RankReplicas, Scheme):
         if self.representatives:
             self.comms = mirrored_communicators(job)
         else:
-            self.comms = {dimension: self._communicators(self.layout.groups(dimension)) for dimension in ("dp", "tp")}
+            self.comms = {"dp": self._communicators(self.layout.groups(("dp", "cp"))),  # the ranks of a shard
+                          "tp": self._communicators(self.layout.groups("tp"))}
             if self.vote:
                 self.comms["model"] = self._communicators(self.layout.replicas())
+        if self.layout.cp > 1:  # ring attention's key/value blocks, as Send/Recv programs
+            self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
                                                     DTYPES[train.precision],
-                                                    self.layout.tp if parallel.sequence_parallel else 1)
+                                                    self.layout.cp * (self.layout.tp if parallel.sequence_parallel
+                                                                      else 1))
         self._held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
                       for r in self.replicas]
         self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
@@ -131,9 +143,14 @@ class ModelParallel(RankReplicas, Scheme):
         receives = (yield from stage.post_receives(0)) if self.steps else {}
         tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
         dp_comm, dp_index, dp_reduce = self.comms["dp"][rank]
+        cp_comm, cp_index, _ = self.comms["cp"][rank] if self.layout.cp > 1 else (None, 0, None)
 
         def tp_collective(kind: str, tensor):
-            """(the tp collective `kind` on `tensor`, its result): schemes/stage_execution.py."""
+            """(the tp collective `kind` on `tensor`, or ring attention's step on the cp group, its result):
+            schemes/stage_execution.py."""
+            if kind in RING_STEPS:
+                program, result = RING_STEPS[kind](cp_index, cp_comm.world, tensor)
+                return Collective(program, "cp_kv" if kind == "kv_ring" else "cp_kv_grad", cp_comm, cp_index), result
             if kind == "all_reduce":  # collectives cut a buffer into parts along its first dimension
                 return Collective(tp_reduce(tp_index, tp_comm.world, tensor.view(-1)), "tp_allreduce", tp_comm,
                                   tp_index), tensor
@@ -144,7 +161,7 @@ class ModelParallel(RankReplicas, Scheme):
             if not (yield from self.job.before_step(rank, step)):
                 break
             replica.grad_buffer.zero_()
-            x, y = replica.loader.next_batch()
+            x, y = (shard_sequence(t, replica.model.context) for t in replica.loader.next_batch())
             x = replica.precision.cast_input(x)
             replica.last_batch = (x, y)
             if step + 1 < self.steps:  # the next step's receives, ahead of its sends
@@ -154,7 +171,7 @@ class ModelParallel(RankReplicas, Scheme):
                                            tp_collective)
             if self.sequence_parallel:  # whole parameters saw only this rank's part of the sequence
                 yield from self._sum_sequence_parallel_grads(replica, tp_collective)
-            if self.layout.dp > 1:
+            if self.layout.dp * self.layout.cp > 1:
                 yield Collective(dp_reduce(dp_index, dp_comm.world, replica.grad_buffer, average=True), "dp_allreduce",
                                  dp_comm, dp_index)
             found_inf = replica.precision.find_overflow(replica.grad_buffer)
@@ -167,7 +184,8 @@ class ModelParallel(RankReplicas, Scheme):
     def cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
         """What model part `part` (the replica's chunk `chunk`) costs on inputs of these shapes, measured
         once: every rank holding that part (each tp slice, each data-parallel replica) has the same."""
-        key = (part, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
+        key = (part, replica.model.context, tuple(t.shape for t in inputs),
+               None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target,
                                              tp=self.layout.tp)
@@ -176,7 +194,8 @@ class ModelParallel(RankReplicas, Scheme):
     def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:
         """What each unit of model part `part` costs, recomputed layer by layer (schemes/layer_recompute.py),
         measured once."""
-        key = ("layers", part, tuple(t.shape for t in inputs), None if target is None else tuple(target.shape))
+        key = ("layers", part, replica.model.context, tuple(t.shape for t in inputs),
+               None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
                                               tp=self.layout.tp)
@@ -250,7 +269,7 @@ class ModelParallel(RankReplicas, Scheme):
     def report_sections(self) -> dict:
         """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes)."""
         return {"parallel": {
-            "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp,
+            "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp, "cp": self.layout.cp,
             "placement": list(self.layout.placement),
             "schedule": self.pipeline.schedule if self.layout.pp > 1 else None,
             "microbatches": self.microbatches,

@@ -19,7 +19,8 @@ import torch
 from ..errors import ScenarioError
 from ..train.checkpointing import require_attention
 from ..train.partition import RankModule, balanced_counts, model_units, unit_flops
-from ..train.tensor_parallel import AllGather, AllReduceBackward, AllReduceForward, ReduceScatter
+from ..train.ring_attention import ContextShard
+from ..train.tensor_parallel import TP_BOUNDARIES
 from .layout import Layout
 
 
@@ -31,6 +32,11 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     if scenario.parallel.sequence_parallel and sample_x.shape[1] % layout.tp:
         raise ScenarioError(f"parallel.sequence_parallel: data.seq_len {sample_x.shape[1]} does not divide into tp "
                             f"{layout.tp} equal parts")
+    chunks = 2 * layout.cp * (layout.tp if scenario.parallel.sequence_parallel else 1)
+    if layout.cp > 1 and sample_x.shape[1] % chunks:
+        raise ScenarioError(f"parallel.cp: data.seq_len {sample_x.shape[1]} does not divide into 2 x cp {layout.cp}"
+                            + (f" x tp {layout.tp}" if scenario.parallel.sequence_parallel else "")
+                            + f" = {chunks} equal chunks")
     try:
         units = model_units(model, tensor_parallel=layout.tp > 1)
     except ValueError as error:
@@ -79,12 +85,13 @@ def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], 
         part_ids = [chunk * layout.pp + where["pp"] for chunk in range(pipeline.virtual_stages)]
         try:
             shares.append(RankModule(model, units, counts, part_ids, where["tp"], layout.tp,
-                                     scenario.train.checkpointing, scenario.parallel.sequence_parallel))
+                                     scenario.train.checkpointing, scenario.parallel.sequence_parallel,
+                                     ContextShard(where["cp"], layout.cp)))
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
     if scenario.train.checkpointing == "selective":
         require_attention(model)
-    if layout.tp > 1 and not any(type(op) in (AllReduceForward, AllReduceBackward, AllGather, ReduceScatter)
+    if layout.tp > 1 and not any(type(op) in TP_BOUNDARIES
                                  for share in shares if share is not None for ops in share.ops for op in ops):
         raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
                             "or gpt blocks)")

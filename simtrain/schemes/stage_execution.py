@@ -26,6 +26,12 @@ the same compute spans and all-reduces from a ChunkCost alone, on meta
 buffers, without running an operator: a microbatch then costs a few step
 operations however large the model.
 
+Ring attention's key/value step (train/ring_attention.py `KeyValueRing`,
+forward "kv_ring") is posted before the compute of the region that ends at
+it and awaited after it: the next block moves while this one's attention is
+computed, as ring attention overlaps them. (Its backward, the gradient going
+back, waits for the region that computes it.)
+
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
@@ -46,7 +52,9 @@ import torch
 from ..cost import SavedTensorTracker
 from ..op_cost import OpCosts, OperatorRecorder
 from ..train.tensor_parallel import Apply, ApplyWithTarget
-from ..step_ops import Compute
+from ..step_ops import Await, Collective, Compute, Post
+
+OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
 
 
 @dataclass(frozen=True)
@@ -94,14 +102,20 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
             continue
         tape.regions.append((region_inputs, state))
         tape.reduce_grad.append(reduce_grad)
-        yield _region_compute(cost, region, "forward", dtype)
+        compute = _region_compute(cost, region, "forward", dtype)
         region += 1
         values = tuple(t.detach() for t in state)
-        if op.forward is not None:  # an all-reduce sums in place a copy of what autograd may hold
-            tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
-            collective, result = communicate(op.forward, tensor)
-            yield collective
+        if op.forward in OVERLAPPED:
+            collective, result = communicate(op.forward, values[op.index])
+            yield from _beside(compute, collective)
             values = tuple(result if i == op.index else v for i, v in enumerate(values))
+        else:
+            yield compute
+            if op.forward is not None:  # an all-reduce sums in place a copy of what autograd may hold
+                tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
+                collective, result = communicate(op.forward, tensor)
+                yield collective
+                values = tuple(result if i == op.index else v for i, v in enumerate(values))
         reduce_grad = None if op.backward is None else (op.index, op.backward)
         # the boundary's tensors start the next region; those that depend on a parameter need a gradient
         values = tuple(v.requires_grad_(t.requires_grad) for v, t in zip(values, state))
@@ -148,13 +162,29 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) 
     return Compute(cost.backward_flops[region], dtype, name, ops=cost.backward_ops[region])
 
 
+def _beside(compute: Compute, collective):
+    """Step program: an OVERLAPPED collective posted, a region's compute, the collective awaited (measuring,
+    where the collective is a _Reduced: the compute, then it)."""
+    if type(collective) is Collective:
+        handle = yield Post(*collective)
+        yield compute
+        yield Await(handle)
+    else:
+        yield compute
+        yield collective
+
+
 def replay_forward(cost: ChunkCost, communicate, dtype: str):
     """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta tensor the chunk hands on."""
     for flops, reduced, ops in zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops):
-        yield Compute(flops, dtype, "forward", ops=ops)
-        if reduced is not None:
-            yield communicate(*reduced)[0]
+        compute = Compute(flops, dtype, "forward", ops=ops)
+        if reduced is not None and reduced[0] in OVERLAPPED:
+            yield from _beside(compute, communicate(*reduced)[0])
+        else:
+            yield compute
+            if reduced is not None:
+                yield communicate(*reduced)[0]
     return cost.output
 
 
@@ -260,6 +290,8 @@ def _measuring(tp: int):
     def communicate(kind: str, tensor: torch.Tensor):
         if kind == "all_reduce":
             return _Reduced(kind, tensor), tensor
+        if kind in ("kv_ring", "kv_ring_back"):  # ring attention's step: a block like the one sent arrives
+            return _Reduced(kind, tensor), torch.empty_like(tensor)
         shape = list(tensor.shape)
         shape[1] = shape[1] * tp if kind == "all_gather" else shape[1] // tp
         return _Reduced(kind, tensor), tensor.new_empty(shape)

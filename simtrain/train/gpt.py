@@ -33,6 +33,11 @@ part, then gathers it for the vocabulary-parallel Linear. The whole
 parameters then get each rank's share of their gradient, summed across the
 tp group after the backward (schemes/model_parallel.py).
 
+Context parallelism (parallel.cp; `context`, a ContextShard set per rank):
+each rank holds two chunks of every sequence, its position embeddings those of
+their global positions, and the attention is ring attention over the cp group
+(train/ring_attention.py) between the block's "f" and "g".
+
 Attention is written out (matmul, causal mask, softmax, matmul) so torch's
 FLOP counter sees it on every device, meta included. Under selective
 activation recomputation (train.checkpointing: selective, `recompute_core`)
@@ -48,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .ring_attention import ContextShard, context_positions, ring_attention_ops
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter,
                               Slice, residual_block_ops, shard_parameter_)
 from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
@@ -60,21 +66,24 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Embedding(seq_len, hidden)
-        self.vocab_start, self.tp_rank = 0, 0  # the first token of this rank's rows; its tp rank
+        self.vocab_start, self.tp_rank, self.tp = 0, 0, 1  # the first token of this rank's rows; its tp rank, of tp
         self.sequence_parallel = False  # parallel.sequence_parallel: hands on this tp rank's part of the sequence
+        self.context = ContextShard()  # parallel.cp: which chunks of the sequence this rank holds
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._add_positions(self.tokens(tokens))
 
-    def _add_positions(self, embedded: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """`embedded` (positions start.. of the sequence) plus their position embeddings."""
-        return embedded + self.positions(torch.arange(start, start + embedded.shape[1], device=embedded.device))
+    def _add_positions(self, embedded: torch.Tensor, part: int = 0, parts: int = 1) -> torch.Tensor:
+        """`embedded` (part `part` of `parts` of the rank's tokens) plus their position embeddings."""
+        length = embedded.shape[1]
+        return embedded + self.positions(context_positions(length * parts, self.context, embedded.device,
+                                                           part * length, length))
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
         check_vocab(self.tokens.num_embeddings, tp)
         where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
-        self.vocab_start, self.tp_rank = where.start, tp_rank
+        self.vocab_start, self.tp_rank, self.tp = where.start, tp_rank, tp
         return {"tokens.weight": where}
 
     def parallel_ops(self) -> list:
@@ -83,7 +92,7 @@ class TokenEmbedding(nn.Module):
         lookup = Apply(lambda tokens: (local_lookup(self.tokens, tokens, self.vocab_start),))
         if self.sequence_parallel:
             return [lookup, ReduceScatter(0),
-                    Apply(lambda part: (self._add_positions(part, self.tp_rank * part.shape[1]),))]
+                    Apply(lambda part: (self._add_positions(part, self.tp_rank, self.tp),))]
         return [lookup, AllReduceForward(0), Apply(lambda embedded: (self._add_positions(embedded),))]
 
 
@@ -95,6 +104,7 @@ class Block(nn.Module):
         self.heads = heads  # on this rank: all of them, or its share under tensor parallelism
         self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
         self.sequence_parallel = False  # parallel.sequence_parallel: the residual stream cut along the sequence
+        self.context = ContextShard()  # parallel.cp: which chunks of the sequence this rank holds
         self.ln1 = nn.LayerNorm(hidden)
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
@@ -113,15 +123,28 @@ class Block(nn.Module):
 
     def _attention(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's heads' attention, through its part of the output projection (no bias)."""
-        batch, length, _ = h.shape
-
-        def split_heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, length, self.heads, -1).transpose(1, 2)
-
-        q, k, v = split_heads(self.query(h)), split_heads(self.key(h)), split_heads(self.value(h))
+        q, k, v = self._project(h)
         core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
-        out = core(q, k, v).transpose(1, 2).reshape(batch, length, -1)
-        return F.linear(out, self.projection.weight)
+        return self._output(core(q, k, v))
+
+    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's heads' queries, keys and values, each (batch, heads, length, head size)."""
+        batch, length, _ = h.shape
+        return tuple(linear(h).view(batch, length, self.heads, -1).transpose(1, 2)
+                     for linear in (self.query, self.key, self.value))
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        """The heads' attention (batch, heads, length, head size) through this rank's part of the projection."""
+        return F.linear(out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1), self.projection.weight)
+
+    def _attention_ops(self) -> list:
+        """The attention on a (x, h) stream: one step, or ring attention's under context parallelism."""
+        if self.context.size == 1:
+            return [Apply(lambda x, h: (x, self._attention(h)))]
+        def project(h):
+            q, k, v = self._project(h)
+            return q, torch.stack((k, v))
+        return ring_attention_ops(project, self._output, self.context)
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(F.gelu(self.expand(h)), self.contract.weight)
@@ -141,7 +164,7 @@ class Block(nn.Module):
 
     def parallel_ops(self) -> list:
         """The block with its four tensor-parallel collectives (tensor_parallel.residual_block_ops)."""
-        return residual_block_ops(self.ln1, self._attention, self._after_attention, self._mlp,
+        return residual_block_ops(self.ln1, self._attention_ops(), self._after_attention, self._mlp,
                                   lambda x, m: (x + m + self.contract.bias,), self.sequence_parallel)
 
     def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,6 +49,11 @@ without the split. The RMSNorm weights, the only whole parameters, get each
 rank's share of their gradient, summed across the tp group after the
 backward (schemes/model_parallel.py).
 
+Context parallelism (parallel.cp; `context`, set per rank) is gpt's: ring
+attention over the cp group (train/ring_attention.py), the rotations turning
+each of the rank's queries and keys by its global position; the key/value
+heads travel the ring before they are repeated for their query heads.
+
 Attention is gpt's core (matmul, causal mask, softmax, matmul; train/gpt.py
 `attention_core`) on the rotated queries and the keys and values repeated
 for their query heads, written out so torch's FLOP counter sees it on every
@@ -64,6 +69,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gpt import RecomputedAttention, attention_core
+from .ring_attention import ContextShard, context_positions, ring_attention_ops
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter, Slice,
                               residual_block_ops, shard_parameter_)
 from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
@@ -85,12 +91,14 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rotate(x: torch.Tensor, theta: float) -> torch.Tensor:
+def rotate(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary embedding of x (batch, heads, length, head width): features (2i, 2i+1) at position m turned by
     m · theta^(-2i/width), in fp32; returned in x's dtype."""
     length, width = x.shape[-2], x.shape[-1]
     inverse_frequencies = theta ** -(torch.arange(0, width, 2, device=x.device, dtype=torch.float32) / width)
-    angles = torch.outer(torch.arange(length, device=x.device, dtype=torch.float32), inverse_frequencies)
+    positions = (torch.arange(length, device=x.device, dtype=torch.float32) if positions is None
+                 else positions.to(torch.float32))
+    angles = torch.outer(positions, inverse_frequencies)
     cos, sin = angles.cos(), angles.sin()
     pairs = x.float().unflatten(-1, (width // 2, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
@@ -134,6 +142,7 @@ class LlamaBlock(nn.Module):
         self.rope_theta = rope_theta
         self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
         self.sequence_parallel = False  # parallel.sequence_parallel: the residual stream cut along the sequence
+        self.context = ContextShard()  # parallel.cp: which chunks of the sequence this rank holds
         self.attention_norm = RMSNorm(hidden)
         self.wq = nn.Linear(hidden, heads * head_width, bias=False)
         self.wk = nn.Linear(hidden, kv_heads * head_width, bias=False)
@@ -153,18 +162,37 @@ class LlamaBlock(nn.Module):
 
     def _attention(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's heads' attention, through its part of the output projection."""
+        q, k, v = self._project(h)
+        group = self.heads // self.kv_heads  # query heads per key/value head
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
+        return self._output(core(q, k, v))
+
+    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's rotated queries (batch, heads, length, width), rotated keys and values (its key/value
+        heads), each token turned by its position in the whole sequence."""
         batch, length, _ = h.shape
 
         def split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
             return t.view(batch, length, heads, -1).transpose(1, 2)
 
-        q = rotate(split_heads(self.wq(h), self.heads), self.rope_theta)
-        k = rotate(split_heads(self.wk(h), self.kv_heads), self.rope_theta)
-        v = split_heads(self.wv(h), self.kv_heads)
-        group = self.heads // self.kv_heads  # query heads per key/value head
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
-        return self.wo(core(q, k, v).transpose(1, 2).reshape(batch, length, -1))
+        positions = context_positions(length, self.context, h.device) if self.context.size > 1 else None
+        q = rotate(split_heads(self.wq(h), self.heads), self.rope_theta, positions)
+        k = rotate(split_heads(self.wk(h), self.kv_heads), self.rope_theta, positions)
+        return q, k, split_heads(self.wv(h), self.kv_heads)
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        """The heads' attention (batch, heads, length, width) through this rank's part of wo."""
+        return self.wo(out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1))
+
+    def _attention_ops(self) -> list:
+        """The attention on a (x, h) stream: one step, or ring attention's under context parallelism."""
+        if self.context.size == 1:
+            return [Apply(lambda x, h: (x, self._attention(h)))]
+        def project(h):
+            q, k, v = self._project(h)
+            return q, torch.stack((k, v))
+        return ring_attention_ops(project, self._output, self.context)
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(h)) * self.w3(h))
@@ -188,7 +216,7 @@ class LlamaBlock(nn.Module):
 
     def parallel_ops(self) -> list:
         """The block with its four tensor-parallel collectives (tensor_parallel.residual_block_ops)."""
-        return residual_block_ops(self.attention_norm, self._attention, self._after_attention, self._mlp,
+        return residual_block_ops(self.attention_norm, self._attention_ops(), self._after_attention, self._mlp,
                                   lambda x, m: (x + m,), self.sequence_parallel)
 
     def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,9 @@ from torch import nn
 from ..loss import cross_entropy
 from ..op_cost import OperatorRecorder
 from .checkpointing import apply_checkpointing, recompute_attention_cores_
-from .tensor_parallel import ELEMENTWISE, Apply, ApplyWithTarget, Slice, column_row_ops, shard_column_row_
+from .ring_attention import ContextShard
+from .tensor_parallel import (ELEMENTWISE, TP_BOUNDARIES, Apply, ApplyWithTarget, Slice, column_row_ops,
+                              shard_column_row_)
 
 LOSS = ApplyWithTarget(lambda outputs, target: (cross_entropy(outputs, target),))
 
@@ -128,7 +130,8 @@ class Source(NamedTuple):
 
 
 class RankModule(nn.Module):
-    """One rank's share of a model: its pipeline chunks, cut to its tensor-parallel slices.
+    """One rank's share of a model: its pipeline chunks, cut to its tensor-parallel slices, for its chunks of the
+    sequence (`context`, under context parallelism: train/ring_attention.py).
 
     `counts` gives the units of each model part (balanced_counts); the rank runs parts
     `part_ids`, in order (its chunks). Every entry is a copy: the model is left as it is.
@@ -137,10 +140,12 @@ class RankModule(nn.Module):
     (`layers`, schemes/layer_recompute.py)."""
 
     def __init__(self, model: nn.Sequential, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
-                 tp_rank: int = 0, tp: int = 1, checkpointing="none", sequence_parallel: bool = False):
+                 tp_rank: int = 0, tp: int = 1, checkpointing="none", sequence_parallel: bool = False,
+                 context: ContextShard = ContextShard()):
         super().__init__()
         first_unit = [sum(counts[:part]) for part in range(len(counts))]
         self.tp = tp
+        self.context = context
         self.chunks = nn.ModuleList()
         self.ops: list[list] = []
         self.layers: list[list[tuple[nn.Sequential, list]]] = []
@@ -153,9 +158,12 @@ class RankModule(nn.Module):
             for module in chunk.modules() if sequence_parallel else ():  # train/gpt.py's layers take it
                 if hasattr(module, "sequence_parallel"):
                     module.sequence_parallel = True
+            for module in chunk.modules() if context.size > 1 else ():  # gpt's and llama's layers take it
+                if hasattr(module, "context"):
+                    module.context = context
             if checkpointing == "selective":  # a chunk may hold no attention layer
                 recompute_attention_cores_(chunk)
-            elif tp == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
+            elif tp == 1 and context.size == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
             ends_model = part == len(counts) - 1
@@ -186,10 +194,10 @@ class RankModule(nn.Module):
                                                                                *self.named_buffers()]]
 
     def chunk_ops(self, chunk: nn.Sequential, ends_model: bool) -> list:
-        """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces;
-        ending with the loss if the chunk ends the model."""
-        if self.tp > 1:
-            return _parallel_ops(chunk, ends_model)
+        """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces (and
+        ring attention's steps under context parallelism); ending with the loss if the chunk ends the model."""
+        if self.tp > 1 or self.context.size > 1:
+            return _parallel_ops(chunk, ends_model, self.tp)
         return [Apply(lambda x: (chunk(x),)), *([LOSS] if ends_model else [])]
 
     @staticmethod
@@ -215,10 +223,17 @@ class RankModule(nn.Module):
         return slices
 
 
-def _parallel_ops(chunk: nn.Sequential, ends_model: bool) -> list:
+def _parallel_ops(chunk: nn.Sequential, ends_model: bool, tp: int) -> list:
     """The chunk's work under tensor parallelism: pairs and tensor-parallel modules with their
     all-reduces, every other entry applied whole; then the loss if the chunk ends the model (a last
-    entry with `parallel_loss_ops` computes its own)."""
+    entry with `parallel_loss_ops` computes its own). With one tp rank (context parallelism alone) the
+    tp collectives, each over one rank, are left out."""
+    ops = _tensor_parallel_ops(chunk, ends_model)
+    return ops if tp > 1 else [op for op in ops if type(op) not in TP_BOUNDARIES]
+
+
+def _tensor_parallel_ops(chunk: nn.Sequential, ends_model: bool) -> list:
+    """The chunk's work with its tp collectives (see _parallel_ops)."""
     entries, ops, position = list(chunk), [], 0
     while position < len(entries):
         if ends_model and position == len(entries) - 1 and hasattr(entries[position], "parallel_loss_ops"):

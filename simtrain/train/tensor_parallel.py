@@ -88,6 +88,8 @@ class ReduceScatter(NamedTuple):
     backward = "all_gather"
 
 
+TP_BOUNDARIES = (AllReduceForward, AllReduceBackward, AllGather, ReduceScatter)  # the tp collectives between steps
+
 
 class Slice(NamedTuple):
     """A rank's slice of a parameter: indices start:stop of the whole parameter along dim."""
@@ -131,12 +133,13 @@ def column_row_ops(column: nn.Linear, middle: list[nn.Module], row: nn.Linear) -
     return [AllReduceBackward(0), Apply(partial), AllReduceForward(0), Apply(add_bias)]
 
 
-def residual_block_ops(norm, attention, after_attention, mlp, finish, sequence_parallel: bool) -> list:
+def residual_block_ops(norm, attention_ops: list, after_attention, mlp, finish, sequence_parallel: bool) -> list:
     """A pre-norm transformer block (gpt's, llama's) on a one-tensor residual stream, with its four
     tensor-parallel collectives: "f" before each column-parallel half and "g" after each row-parallel half
     (all-reduces; under sequence parallelism the stream is this rank's part of the sequence, each "f" an
-    all-gather and each "g" a reduce-scatter). `after_attention(x, a)` gives (x, the MLP's input);
-    `finish(x, m)` adds the MLP's output to the stream."""
+    all-gather and each "g" a reduce-scatter). `attention_ops` take (x, the attention's input) to (x, its
+    output): one Apply, or ring attention's steps (train/ring_attention.py); `after_attention(x, a)` gives
+    (x, the MLP's input); `finish(x, m)` adds the MLP's output to the stream."""
     f, g = (AllGather, ReduceScatter) if sequence_parallel else (AllReduceBackward, AllReduceForward)
-    return [Apply(lambda x: (x, norm(x))), f(1), Apply(lambda x, h: (x, attention(h))), g(1),
+    return [Apply(lambda x: (x, norm(x))), f(1), *attention_ops, g(1),
             Apply(after_attention), f(1), Apply(lambda x, h: (x, mlp(h))), g(1), Apply(finish)]

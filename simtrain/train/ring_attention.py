@@ -1,0 +1,117 @@
+"""Context parallelism's numerics: a sequence cut across a cp group, its causal attention computed as a ring.
+
+Under context parallelism (parallel.cp = N) the ranks of a cp group share
+each sequence. With causal load balancing, as Megatron-LM and torchtitan cut
+it, the sequence is cut into 2N equal chunks and cp rank r holds chunks r and
+2N - 1 - r (`shard_sequence`), so that every rank has as much causal attention
+to compute as any other. Everything in a transformer but attention works token
+by token, on the rank's own tokens at their global positions
+(`context_positions`: a gpt's position embeddings, a llama's rotations).
+
+Attention is ring attention (Liu et al. 2023): each rank computes its queries
+against its own key/value block, then N - 1 times passes the block it holds to
+cp rank r + 1 and receives rank r - 1's (comm/kv_ring.py, a `KeyValueRing`
+boundary between two regions of the layer's work), each block's attention
+merged into the running result by its log-sum-exp (the online softmax of
+flash attention). With the load-balanced chunks, a block from a rank before r
+is seen whole by both of r's chunks but only through its first chunk, and a
+block from a rank after r only by r's second chunk: every block but the own
+(causal) one is half a block of unmasked work (`attend`). Autograd gives the
+backward; the gradient of each received block goes back around the ring
+(the boundary's backward).
+
+    shard = ContextShard(rank=1, size=4)
+    tokens = shard_sequence(tokens, shard)            # (b, s) -> (b, s/4): chunks 1 and 6 of 8
+    ops = ring_attention_ops(project, finish, shard)  # the attention of a block, in residual_block_ops
+"""
+import math
+from typing import NamedTuple
+
+import torch
+
+from .tensor_parallel import Apply
+
+
+class ContextShard(NamedTuple):
+    """Which part of each sequence a rank holds: cp rank `rank` of a cp group of `size`."""
+
+    rank: int = 0
+    size: int = 1
+
+
+class KeyValueRing(NamedTuple):
+    """Ring attention's step: the key/value block in flight (at `index`) passed to the next cp rank, the
+    previous rank's received (forward); the gradient of the received block passed back (backward)."""
+
+    index: int
+    forward = "kv_ring"
+    backward = "kv_ring_back"
+
+
+def shard_sequence(tensor: torch.Tensor, shard: ContextShard, dim: int = 1) -> torch.Tensor:
+    """Chunks r and 2N - 1 - r of `tensor`'s sequence (dimension `dim`) cut into 2N."""
+    if shard.size == 1:
+        return tensor
+    chunks = tensor.chunk(2 * shard.size, dim)
+    return torch.cat((chunks[shard.rank], chunks[2 * shard.size - 1 - shard.rank]), dim)
+
+
+def context_positions(length: int, shard: ContextShard, device=None, start: int = 0,
+                      count: int | None = None) -> torch.Tensor:
+    """The positions in the whole sequence of tokens start..start + count (default: all) of the `length` tokens a
+    rank holds (its two chunks)."""
+    count = length - start if count is None else count
+    if shard.size == 1:
+        return torch.arange(start, start + count, device=device)
+    chunk = length // 2
+    first, second = shard.rank * chunk, (2 * shard.size - 1 - shard.rank) * chunk
+    return torch.cat((torch.arange(first, first + chunk, device=device),
+                      torch.arange(second, second + chunk, device=device)))[start:start + count]
+
+
+def attend(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Attention of cp rank `rank`'s queries (batch, heads, length, width) to rank `origin`'s keys and values
+    (kv: 2, batch, kv heads, length, width): (out, its log-sum-exp, the first query row they cover)."""
+    k, v = kv[0], kv[1]
+    group = q.shape[1] // k.shape[1]  # query heads per key/value head (grouped-query attention)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    half = q.shape[-2] // 2
+    first_row = 0
+    if origin < rank:  # both of our chunks come after its first, before its second
+        k, v = k[..., :half, :], v[..., :half, :]
+    elif origin > rank:  # only our second chunk comes after its chunks
+        q, first_row = q[..., half:, :], half
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if origin == rank:  # our own chunks, in order of position: causal
+        length = q.shape[-2]
+        causal = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+    lse = scores.logsumexp(dim=-1, keepdim=True)
+    return (scores - lse).exp() @ v, lse, first_row
+
+
+def merge(out: torch.Tensor, lse: torch.Tensor, block: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running attention (out, lse) with one more block's (attend's result) merged into its rows."""
+    block_out, block_lse, first_row = block
+    kept_out, kept_lse = out[..., :first_row, :], lse[..., :first_row, :]
+    out, lse = out[..., first_row:, :], lse[..., first_row:, :]
+    merged_lse = torch.logaddexp(lse, block_lse)
+    merged = out * (lse - merged_lse).exp() + block_out * (block_lse - merged_lse).exp()
+    return torch.cat((kept_out, merged), dim=-2), torch.cat((kept_lse, merged_lse), dim=-2)
+
+
+def ring_attention_ops(project, finish, shard: ContextShard) -> list:
+    """The attention half of a block on a (x, h) stream as ring attention: `project(h)` gives the queries and
+    the stacked keys and values of this rank's tokens, `finish(out)` the attention's output from the merged
+    heads; the stream is (x, q, kv, out, lse) between the ring's steps, (x, attention) after."""
+    def own_block(x, h):
+        q, kv = project(h)
+        out, lse, _ = attend(q, kv, shard.rank, shard.rank)
+        return x, q, kv, out, lse
+
+    ops = [Apply(own_block)]
+    for step in range(1, shard.size):
+        origin = (shard.rank - step) % shard.size
+        ops += [KeyValueRing(2), Apply(lambda x, q, kv, out, lse, origin=origin:
+                                       (x, q, kv, *merge(out, lse, attend(q, kv, shard.rank, origin))))]
+    return ops + [Apply(lambda x, q, kv, out, lse: (x, finish(out)))]

@@ -1,0 +1,200 @@
+"""Context parallelism (parallel.cp, ring attention) against its references.
+
+- Ring attention's numerics: each rank's queries against every rank's key/value block, merged by
+  log-sum-exp over the load-balanced chunks, equal causal attention on the whole sequence
+  (single-process torch, train/gpt.py's attention_core).
+- Equivalence: cp = 2 and 4 alone, and with tp (and sequence parallelism), pp, dp and full
+  recomputation, gpt and llama, train the same parameters as one device on the same global batch
+  (single-process torch through simtrain's one-device run), within 1e-5 (fp32).
+- Bytes: per layer and microbatch each rank sends its key/value block cp - 1 times forward and
+  the blocks' gradients cp - 1 times backward: 2 x (cp - 1) x 2·b·(s/cp)·h_kv x bytes (closed form).
+- Time: with links that cost nothing the step is the compute alone; the ring's forward steps run
+  beside the attention's compute.
+- The memory plan (`simtrain memory`) holds what a run holds.
+- The 4D layout: cp ranks adjacent after tp by default; with cp = 1 the 3D ranks are unchanged.
+- Bad input: a sequence that 2·cp does not divide, cp with sharding or a model without attention:
+  one line naming the field, exit 2.
+"""
+import pytest
+import torch
+import yaml
+
+from simtrain import plan_memory, run
+from simtrain.cli import main
+from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.job import Job
+from simtrain.schemes.layout import Layout
+from simtrain.scenario import validate_scenario
+from simtrain.train.gpt import attention_core
+from simtrain.train.ring_attention import ContextShard, attend, merge, shard_sequence
+
+GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,
+                                                                       "heads": 4},
+       "data": {"name": "tokens", "batch_size": 8, "samples": 256, "seq_len": 16, "vocab": 16},
+       # SGD: see tests/test_model_parallel.py (Adam magnifies the rounding noise of a zero gradient)
+       "train": {"steps": 6, "optimizer": {"lr": 0.1, "momentum": 0.9}}, "report": {"trace": False, "every": 6}}
+LLAMA = {**GPT, "name": "llama", "model": {"name": "llama", "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2,
+                                           "ffn_hidden": 48}}
+
+
+def scenario(base: dict = GPT, checkpointing: str = "none", batch: int | None = None, devices=None, **parallel):
+    if devices is None:
+        devices = 1
+        for degree in ("dp", "pp", "tp", "cp"):
+            devices *= parallel.get(degree, 1)
+    if "microbatches" in parallel:
+        parallel["pipeline"] = {"microbatches": parallel.pop("microbatches")}
+    data = {**base["data"], **({"batch_size": batch} if batch else {})}
+    return validate_scenario({**base, "cluster": {**base["cluster"], "devices": devices}, "data": data,
+                              "train": {**base["train"], "checkpointing": checkpointing}, "parallel": parallel})
+
+
+def flat_parameters(model) -> torch.Tensor:
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+
+
+ids = lambda layout: "-".join(f"{k}{v}" for k, v in layout.items())  # noqa: E731
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_attention_is_causal_attention_on_the_whole_sequence(cp):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 32, 8) for _ in range(3))
+    whole = attention_core(q, k, v)
+    blocks = [torch.stack([shard_sequence(t, ContextShard(r, cp), dim=2) for t in (k, v)]) for r in range(cp)]
+    for rank in range(cp):
+        queries = shard_sequence(q, ContextShard(rank, cp), dim=2)
+        out, lse, _ = attend(queries, blocks[rank], rank, rank)
+        for step in range(1, cp):  # the blocks in the order the ring brings them
+            origin = (rank - step) % cp
+            out, lse = merge(out, lse, attend(queries, blocks[origin], rank, origin))
+        torch.testing.assert_close(out, shard_sequence(whole, ContextShard(rank, cp), dim=2), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("base,checkpointing,layout", [
+    (GPT, "none", {"cp": 2}), (GPT, "none", {"cp": 4}), (GPT, "none", {"cp": 2, "tp": 2}),
+    (GPT, "none", {"cp": 2, "tp": 2, "sequence_parallel": True}), (GPT, "none", {"cp": 2, "pp": 2}),
+    (GPT, "none", {"dp": 2, "pp": 2, "cp": 2, "tp": 2, "microbatches": 2}),
+    (GPT, "full", {"cp": 2, "tp": 2}),
+    (LLAMA, "none", {"cp": 4}), (LLAMA, "none", {"dp": 2, "cp": 2, "tp": 2}),
+    (LLAMA, "none", {"pp": 2, "cp": 2, "tp": 2, "sequence_parallel": True, "microbatches": 2}),
+], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
+    else value if isinstance(value, str) else ids(value))
+def test_context_parallelism_trains_what_one_device_trains(base, checkpointing, layout):
+    layout = dict(layout)
+    split = run(scenario(base, checkpointing, **layout))
+    alone = run(scenario(base, batch=base["data"]["batch_size"] * layout.get("dp", 1)))
+    assert split.data["status"] == "ok"
+    assert split.data["parallel"]["cp"] == layout["cp"]
+    torch.testing.assert_close(flat_parameters(split.final_models[0]), flat_parameters(alone.final_models[0]),
+                               rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- bytes and time
+
+def one_step(spec):
+    cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
+    job = Job(spec, cluster, range(cluster.size))
+    job.start()
+    run_to_end(cluster.env)
+    return job
+
+
+def bytes_by_label(job) -> dict[str, int]:
+    moved = {}
+    for rank in range(job.world):
+        for label, nbytes in job.cluster.log.bytes_by_label(rank, "communication").items():
+            moved[label] = moved.get(label, 0) + nbytes
+    return moved
+
+
+@pytest.mark.parametrize("base,cp,tp", [(GPT, 2, 1), (GPT, 4, 1), (GPT, 2, 2), (LLAMA, 4, 1), (LLAMA, 2, 2)])
+def test_the_ring_moves_each_block_cp_minus_1_times_each_way(base, cp, tp):
+    microbatches = 2
+    spec = scenario({**base, "train": {**base["train"], "steps": 1}}, cp=cp, tp=tp, microbatches=microbatches)
+    moved = bytes_by_label(one_step(spec))
+    model, data = base["model"], base["data"]
+    width = model["hidden"] // model["heads"] * model.get("kv_heads", model["heads"])  # keys' (and values') width
+    block = 2 * (data["batch_size"] // microbatches) * (data["seq_len"] // cp) * width // tp * 4  # K and V, fp32
+    per_rank = (cp - 1) * block * model["layers"] * microbatches
+    assert moved["cp_kv"] == moved["cp_kv_grad"] == cp * tp * per_rank
+
+
+def test_with_free_links_the_step_is_the_compute():
+    free = {"bandwidth": 1e18, "latency": 0}
+    spec = scenario({**GPT, "numerics": False, "train": {**GPT["train"], "steps": 1},
+                     "cluster": {"devices": 1, "link": free}}, cp=4)
+    data = run(spec).data
+    breakdown = data["breakdown_s"]
+    assert data["parallel"]["bytes_by_kind"]["cp_ring"] > 0
+    assert breakdown["communication"] < 1e-6 * data["step_time_s"]
+    assert data["step_time_s"] == pytest.approx(breakdown["compute"] + breakdown["optimizer"], rel=1e-6)
+
+
+def test_the_ring_runs_beside_the_attention():
+    """Forward, each ring step is posted before the compute of the region that ends at it: the first block
+    (K and V of 8 x 8 tokens x 32 features, fp32) has arrived max(compute, transfer) after the start, not
+    their sum."""
+    rate, bandwidth = 1e9, 2e7
+    device = {"base": "a100-40gb", "efficiency": 1.0, "peak_flops": {"fp32": rate, "tf32": rate}}
+    spec = scenario({**GPT, "numerics": False, "train": {**GPT["train"], "steps": 1},
+                     "cluster": {"devices": 1, "device": device, "link": {"bandwidth": bandwidth, "latency": 0}}},
+                    cp=2)
+    log = one_step(spec).cluster.log
+    spans = [span for span in log.spans if span.rank == 0]
+    first_compute, first_ring = spans[0], next(span for span in spans if span.name == "cp_kv")
+    transfer_s = 2 * 8 * 8 * 32 * 4 / bandwidth
+    assert first_compute.name == "forward" and first_compute.end > 0.2 * transfer_s
+    assert first_ring.end == pytest.approx(max(first_compute.end, transfer_s), rel=1e-9)
+    assert first_ring.end < first_compute.end + transfer_s
+
+
+# ---------------------------------------------------------------- memory, layout, bad input
+
+@pytest.mark.parametrize("base,checkpointing,layout", [
+    (GPT, "none", {"cp": 2}), (GPT, "none", {"cp": 2, "tp": 2, "sequence_parallel": True}),
+    (GPT, "none", {"pp": 2, "cp": 2, "microbatches": 2}), (GPT, "full", {"cp": 4}), (LLAMA, "full", {"pp": 2, "cp": 2}),
+], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
+    else value if isinstance(value, str) else ids(value))
+def test_the_memory_plan_holds_what_a_run_holds(base, checkpointing, layout):
+    spec = scenario({**base, "train": {**base["train"], "steps": 1}}, checkpointing, **dict(layout))
+    ran = run(spec)
+    for plan, device in zip(plan_memory(spec), ran.data["devices"]):
+        assert plan.peak_bytes == device["peak_memory_bytes"]
+        assert plan.by_category == device["peak_memory_bytes_by_category"]
+
+
+def test_cp_sits_between_tp_and_pp_and_leaves_3d_ranks_as_they_were():
+    layout = Layout(dp=2, pp=2, cp=2, tp=2)
+    assert layout.group("tp", 0) == [0, 1] and layout.group("cp", 0) == [0, 2]
+    assert layout.group("pp", 0) == [0, 4] and layout.group("dp", 0) == [0, 8]
+    assert layout.group(("dp", "cp"), 1) == [1, 9, 3, 11]
+    for placement in (("tp", "pp", "dp"), ("dp", "tp", "pp")):
+        flat = Layout(dp=2, pp=2, tp=2, placement=placement)
+        assert [flat.group("pp", rank) for rank in range(8)] == \
+            [Layout(dp=2, pp=2, tp=2, placement=tuple(d for d in flat.placement if d != "cp")).group("pp", rank)
+             for rank in range(8)]
+
+
+@pytest.mark.parametrize("raw,field", [
+    ({"parallel": {"cp": 3}}, "parallel.cp"),  # 16 tokens do not cut into 6 chunks
+    ({"parallel": {"cp": 2, "tp": 2, "sequence_parallel": True}, "data": {"seq_len": 4}}, "parallel.cp"),
+    ({"parallel": {"cp": 2}, "model": {"name": "mlp"}, "data": {"name": "digits"}}, "parallel.cp"),
+    ({"parallel": {"cp": 2, "sharding": {"stage": 1}}}, "parallel.sharding"),
+    ({"parallel": {"cp": 2}, "train": {"checkpointing": "selective"}}, "parallel.cp"),
+    ({"parallel": {"placement": ["tp", "cp", "dp"]}}, "parallel.placement"),
+])
+def test_bad_input_is_one_line_naming_the_field(tmp_path, capsys, raw, field):
+    spec = {**GPT, "cluster": {"devices": 2 * raw["parallel"].get("tp", 1) * raw["parallel"].get("cp", 1)}}
+    for section, values in raw.items():
+        spec[section] = {**spec.get(section, {}), **values}
+    if spec["model"]["name"] == "mlp":
+        spec["model"] = {"name": "mlp"}
+        spec["data"] = {"name": "digits", "batch_size": 8}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err, err
