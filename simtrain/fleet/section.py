@@ -30,7 +30,7 @@ from .simulation import PHASES, FleetRun
 def fleet_section(scenario, cluster, job, step_time_s: float) -> dict:
     """Run the fleet around the measured step; report.json's `fleet`."""
     fleet = scenario.fleet
-    gpus_per_host = fleet.gpus_per_host or scenario.cluster.gpus_per_node or 8
+    gpus_per_host = fleet.gpus_per_host or scenario.cluster.gpus_per_node or math.gcd(8, cluster.size)
     inventory = Inventory(cluster.topology, gpus_per_host)
     for index, failure in enumerate(fleet.failures):
         inventory.check_unit(failure.component, failure.unit, f"fleet.failures.{index}.unit")

@@ -76,6 +76,8 @@ class FleetRun:
         self.timeline = [(0.0, 0.0)]  # (time, steps the job stood at): a piecewise-linear record
         self.failure_times: list[float] = []
         self._current = None  # (phase or "training", start, pace)
+        self.last_phase = "training"  # the phase the job was in last (when a failure struck: the one it cut)
+        self.detected_at_s = 0.0  # when the job notices the failures it is down for
         self.completed_at_s = None
 
     # -- the run ---------------------------------------------------------------------------------------------
@@ -120,7 +122,7 @@ class FleetRun:
             self._open("training", pace)
             start = env.now
             finished = env.timeout((step - self.progress) * pace)
-            yield finished | self.pace_changed
+            yield finished if self.fleet.stragglers is None else finished | self.pace_changed
             self._close("training", start, pace)
             if finished.processed:
                 self.progress = float(step)  # not a rounding error short of it
@@ -149,7 +151,7 @@ class FleetRun:
             self.memory_step = step
 
     def _restart(self):
-        yield from self._phase("detection", self.fleet.recovery.detection)
+        yield from self._phase("detection", max(0.0, self.detected_at_s - self.env.now))
         while self.down:
             if self.pool is None:
                 self.hosts_replaced += len(self.down)
@@ -182,6 +184,7 @@ class FleetRun:
 
     def _open(self, phase: str, pace) -> None:
         self._current = (phase, self.env.now, pace)
+        self.last_phase = phase
         if phase == "training":
             self._mark()
 
@@ -213,9 +216,12 @@ class FleetRun:
             phase, start, pace = self._current
             if phase == "training":
                 self._close(phase, start, pace)
+        if self.cause is None or self.last_phase not in ("detection", "waiting_for_spares"):
+            self.detected_at_s = self.env.now + self.fleet.recovery.detection
+            self.cause = failure.component
+        # else: the job is down already; this failure's hosts join the restart under way
         self.generation += 1
         self.writing = None
-        self.cause = failure.component
         self.interruptions[failure.component] = self.interruptions.get(failure.component, 0) + 1
         self.failure_times.append(self.env.now)
         if len(failure.hosts) > self.fleet.checkpoint.replicas:

@@ -156,7 +156,9 @@ class FleetSpec(Section):
                                                                            "(within the horizon); null: run to it.")
     seed: Count(MAX_SEED, minimum=0) | None = Field(None, description="Seed of the draws; null: the scenario's.")
     gpus_per_host: Count(MAX_DEVICES) | None = Field(None, description="GPUs per host; null: cluster.gpus_per_node, "
-                                                                       "else 8.")
+                                                                       "else hosts of 8 (of fewer when 8 does not "
+                                                                       "divide the GPUs: their greatest common "
+                                                                       "divisor).")
     spares: Count(MAX_DEVICES, minimum=0) | None = Field(None, description="Hosts in the spare pool; null: as many "
                                                                            "as needed, at once.")
     components: ComponentsSpec = Field(ComponentsSpec(), description="Failure rates per component.")
