@@ -23,6 +23,7 @@ from ..errors import ScenarioError
 from ..limits import MAX_FLEET_EVENTS
 from ..report.sections import ReportSection, register_section
 from .costs import Costs
+from .failures import failure_rates
 from .inventory import Inventory
 from .simulation import PHASES, FleetRun
 
@@ -40,7 +41,7 @@ def fleet_section(scenario, cluster, job, step_time_s: float) -> dict:
                             for device in job.devices)
     costs = Costs.of(fleet, inventory.gpus, bytes_per_gpu)
     run = FleetRun(fleet, inventory, costs, step_time_s, scenario.seed)
-    total_rate = sum(run.rates().values())
+    total_rate = sum(failure_rates(fleet, inventory).values())
     expected = fleet.horizon * (total_rate + (inventory.gpus / fleet.stragglers.mtbf if fleet.stragglers else 0)) \
         + fleet.horizon / (run.every * step_time_s)
     if expected > MAX_FLEET_EVENTS:
@@ -79,7 +80,7 @@ def fleet_section(scenario, cluster, job, step_time_s: float) -> dict:
         "time_lost_by_phase_s": run.lost_by_phase,
         "time_lost_by_cause_s": dict(sorted(run.lost_by_cause.items())),
         "hosts_replaced": run.hosts_replaced,
-        "daily": run.daily(),
+        "daily": run.timeline.daily(run.end_s),
     }
 
 

@@ -17,30 +17,32 @@ after `repair`). Then, each a phase: `detection`, `waiting_for_spares`
 (until the pool has a host for each one lost; none with an unlimited pool),
 `relaunch`, `communicator_init`, `checkpoint_load` (from a peer's memory if
 the failure took at most `replicas` hosts and that copy is the latest, else
-from storage). A failure during a restart starts it again from detection.
+from storage). A failure during detection or while waiting for spares joins
+the restart under way (its hosts too); one during relaunch, initialisation or
+load starts the restart again from detection.
 Every second of the run is useful training or lost to one phase (blocking
 checkpoint writes: `checkpoint_writes`; a straggler's extra time:
 `stragglers`), so `elapsed = steps_done x step_time + sum(lost)` (tested).
 
     run = FleetRun(scenario.fleet, inventory, costs, step_time_s=2.1, seed=0)
     run.run()
-    run.steps_done, run.lost_by_phase, run.interruptions
+    run.progress, run.lost_by_phase, run.interruptions, run.timeline.daily(run.end_s)
 """
 import math
-from bisect import bisect_right
 
 import numpy as np
 import simpy
 
 from .costs import Costs
+from .failures import drawn, failure_rates, replayed, slowdowns
 from .inventory import Inventory
+from .timeline import Timeline
 
 PHASES = ("detection", "waiting_for_spares", "relaunch", "communicator_init", "checkpoint_load", "work_redone",
           "checkpoint_writes", "stragglers")
 _RESTART_PHASES = ("detection", "waiting_for_spares", "relaunch", "communicator_init", "checkpoint_load")
 _FAILURE_STREAM = 0x666C656574  # "fleet": apart from every other stream of the seed
 _STRAGGLER_STREAM = 0x736C6F77  # "slow"
-DAY_S = 86400.0
 
 
 class _Failure:
@@ -73,8 +75,7 @@ class FleetRun:
         self.slow = 0  # GPUs slow now
         self.pace_changed = self.env.event()
         self.repaired = self.env.event()
-        self.timeline = [(0.0, 0.0)]  # (time, steps the job stood at): a piecewise-linear record
-        self.failure_times: list[float] = []
+        self.timeline = Timeline()
         self._current = None  # (phase or "training", start, pace)
         self.last_phase = "training"  # the phase the job was in last (when a failure struck: the one it cut)
         self.detected_at_s = 0.0  # when the job notices the failures it is down for
@@ -86,9 +87,12 @@ class FleetRun:
         env = self.env
         self.done = env.event()
         self.job = env.process(self._job())
-        env.process(self._replay() if self.fleet.failures else self._draw())
+        if self.fleet.failures:
+            env.process(replayed(env, self.fleet.failures, self._strike))
+        else:
+            env.process(drawn(env, self.rng, failure_rates(self.fleet, self.inventory), self.inventory, self._strike))
         if self.fleet.stragglers is not None:
-            env.process(self._stragglers())
+            env.process(slowdowns(env, self.slow_rng, self.fleet.stragglers, self.inventory.gpus, self._set_slow))
         env.run(until=env.timeout(self.fleet.horizon) | self.done)
         self.end_s = env.now
         if self._current is not None:  # the horizon came in the middle of something
@@ -206,7 +210,7 @@ class FleetRun:
             self.lost_by_cause[self.cause] = self.lost_by_cause.get(self.cause, 0.0) + seconds
 
     def _mark(self) -> None:
-        self.timeline.append((self.env.now, self.progress))
+        self.timeline.mark(self.env.now, self.progress)
 
     # -- failures --------------------------------------------------------------------------------------------
 
@@ -223,7 +227,7 @@ class FleetRun:
         self.generation += 1
         self.writing = None
         self.interruptions[failure.component] = self.interruptions.get(failure.component, 0) + 1
-        self.failure_times.append(self.env.now)
+        self.timeline.failed(self.env.now)
         if len(failure.hosts) > self.fleet.checkpoint.replicas:
             self.memory_step = None  # a host and its peers' copies may be gone: back to storage
         self.from_memory = self.memory_step is not None and self.memory_step >= self.storage_step
@@ -249,68 +253,8 @@ class FleetRun:
         if self.job.is_alive:
             self.job.interrupt(_Failure(component, unit, self.inventory.hosts_lost(component, unit)))
 
-    def _replay(self):
-        for failure in self.fleet.failures:
-            if failure.at > self.env.now:
-                yield self.env.timeout(failure.at - self.env.now)
-            self._strike(failure.component, failure.unit)
-
-    def rates(self) -> dict[str, float]:
-        """Failures per second of the whole job, per component that fails."""
-        rates = {}
-        for component, count in self.inventory.counts().items():
-            mtbf = getattr(self.fleet.components, component).mtbf
-            if mtbf is not None and count:
-                rates[component] = count / mtbf
-        return rates
-
-    def _draw(self):
-        rates = self.rates()
-        if not rates:
-            return
-        names = list(rates)
-        total = sum(rates.values())
-        weights = np.array([rates[name] for name in names]) / total
-        while True:
-            yield self.env.timeout(self.rng.exponential(1 / total))
-            component = names[int(self.rng.choice(len(names), p=weights))]
-            self._strike(component, int(self.rng.integers(self.inventory.count(component))))
-
-    def _stragglers(self):
-        spec = self.fleet.stragglers
-        while True:
-            yield self.env.timeout(self.slow_rng.exponential(spec.mtbf / self.inventory.gpus))
-            self._set_slow(+1)
-            self.env.process(self._recover_pace(spec.duration))
-
-    def _recover_pace(self, seconds: float):
-        yield self.env.timeout(seconds)
-        self._set_slow(-1)
-
     def _set_slow(self, change: int) -> None:
         was_slow = self.slow > 0
         self.slow += change
         if was_slow != (self.slow > 0) and not self.pace_changed.triggered:
             self.pace_changed.succeed()
-
-    # -- results ---------------------------------------------------------------------------------------------
-
-    def steps_at(self, time_s: float) -> float:
-        """Steps the job stood at, at `time_s` (the timeline, linear within a stretch of training)."""
-        times = [time for time, _ in self.timeline]
-        index = bisect_right(times, time_s) - 1
-        time, steps = self.timeline[index]
-        if index + 1 < len(self.timeline):
-            next_time, next_steps = self.timeline[index + 1]
-            if next_time > time and next_steps > steps:
-                return steps + (next_steps - steps) * (time_s - time) / (next_time - time)
-        return steps
-
-    def daily(self) -> list[dict]:
-        """Per day: the steps the job stood at when it ended, and the interruptions in it."""
-        days = []
-        for day in range(1, math.ceil(self.end_s / DAY_S - 1e-9) + 1):
-            end = min(day * DAY_S, self.end_s)
-            days.append({"day": day, "steps": self.steps_at(end),
-                         "interruptions": sum(1 for time in self.failure_times if (day - 1) * DAY_S <= time < day * DAY_S)})
-        return days
