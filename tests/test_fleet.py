@@ -190,11 +190,11 @@ def test_blast_radius_on_a_superpod_scalable_unit():
 def test_run_and_sweep_report_the_fleet(tmp_path, capsys):
     fleet = "fleet={horizon: 20 d, components: {gpu: {mtbf: 300 h}}}"
     with pytest.raises(SystemExit) as exit_code:
-        main(["run", QUICKSTART, "--set", "train.steps=3", "--set", fleet, "--out", str(tmp_path / "run"), "-q"])
+        main(["run", QUICKSTART, "--set", "train.steps=3", "--set", "report.trace=false", "--set", fleet, "--out", str(tmp_path / "run"), "-q"])
     assert exit_code.value.code == 0
     assert (tmp_path / "run" / "fleet.png").stat().st_size > 0
     with pytest.raises(SystemExit) as exit_code:
-        main(["sweep", QUICKSTART, "--set", "train.steps=3", "--set", fleet, "--grid",
+        main(["sweep", QUICKSTART, "--set", "train.steps=3", "--set", "report.trace=false", "--set", fleet, "--grid",
               "fleet.checkpoint.mode=sync,async", "--metric", "effective_training_time", "--out", str(tmp_path / "s")])
     assert exit_code.value.code == 0
     rows = (tmp_path / "s" / "sweep.csv").read_text().splitlines()

@@ -19,6 +19,8 @@ k*g+g-1). Reading the topology's graph once:
     inventory = Inventory(cluster.topology, gpus_per_host=8)
     inventory.count("leaf"), inventory.hosts_lost("leaf", 0)   # 8, (0, 1, ..., 19)
 """
+import math
+
 from ..errors import ScenarioError
 from ..scenario.fleet import COMPONENTS
 
@@ -89,3 +91,15 @@ class Inventory:
     def counts(self) -> dict[str, int]:
         return {component: self.count(component) for component in COMPONENTS}
 
+
+
+def job_inventory(scenario, cluster) -> Inventory:
+    """The inventory of a scenario's fleet job on its cluster, `fleet.failures` checked against it (one-line
+    ScenarioErrors naming the field). Hosts: fleet.gpus_per_host, else cluster.gpus_per_node, else of 8 (of the
+    greatest common divisor of 8 and the GPUs when 8 does not divide them)."""
+    fleet = scenario.fleet
+    inventory = Inventory(cluster.topology, fleet.gpus_per_host or scenario.cluster.gpus_per_node
+                          or math.gcd(8, cluster.size))
+    for index, failure in enumerate(fleet.failures):
+        inventory.check_unit(failure.component, failure.unit, f"fleet.failures.{index}.unit")
+    return inventory

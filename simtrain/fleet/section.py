@@ -24,17 +24,14 @@ from ..limits import MAX_FLEET_EVENTS
 from ..report.sections import ReportSection, register_section
 from .costs import Costs
 from .failures import failure_rates
-from .inventory import Inventory
+from .inventory import job_inventory
 from .simulation import PHASES, FleetRun
 
 
 def fleet_section(scenario, cluster, job, step_time_s: float) -> dict:
     """Run the fleet around the measured step; report.json's `fleet`."""
     fleet = scenario.fleet
-    gpus_per_host = fleet.gpus_per_host or scenario.cluster.gpus_per_node or math.gcd(8, cluster.size)
-    inventory = Inventory(cluster.topology, gpus_per_host)
-    for index, failure in enumerate(fleet.failures):
-        inventory.check_unit(failure.component, failure.unit, f"fleet.failures.{index}.unit")
+    inventory = job_inventory(scenario, cluster)
     bytes_per_gpu = fleet.checkpoint.bytes_per_gpu
     if bytes_per_gpu is None:
         bytes_per_gpu = max(device.memory.peak["weights"] + device.memory.peak["optimizer_state"]
