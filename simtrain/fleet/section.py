@@ -106,7 +106,8 @@ class FleetSection(ReportSection):
                                                         "or not given")
     steps_done: float = Field(description="steps done (and kept) at the end")
     effective_training_time: float | None = Field(description="steps_done x step_time_s / elapsed_s")
-    interruptions: int = Field(description="failures that interrupted the job")
+    interruptions: int = Field(description="failures that struck the job (one during a restart's detection or "
+                                           "wait for spares joins that restart)")
     interruptions_by_cause: dict[str, int] = Field(description="those failures by component")
     time_lost_by_phase_s: dict[str, float] = Field(description=f"seconds lost, by phase: {', '.join(PHASES)}; "
                                                                "with the training they add up to elapsed_s")
