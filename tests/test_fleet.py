@@ -8,22 +8,30 @@
 - Closed forms: every second is training or lost to one phase; sync and async checkpoints' overhead; a straggler's
   share of the time (the slow GPUs are an M/G/infinity queue); the spare pool's wait; replicas in peers' memory.
 - The blast radius on a DGX SuperPOD scalable unit: a leaf takes its 20 hosts, a GPU its host.
-- Hostile input for every new key: one line naming the field, exit 2.
+- Hostile input for every new key: one line naming the field, exit 2; random mutations of the section validate
+  or are one line.
 """
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.optimize import brentq
 
 from simtrain import load_scenario, run
 from simtrain.cli import main
+from simtrain.errors import ScenarioError
 from simtrain.fleet.costs import Costs
 from simtrain.fleet.inventory import Inventory
 from simtrain.fleet.simulation import PHASES, FleetRun
 from simtrain.hw.topology_builders import build_topology, load_topology_file, parse_link
+from simtrain.scenario import validate_scenario
 from simtrain.scenario.fleet import FleetSpec
+from simtrain.user_files import parse_yaml_text
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.yaml")
@@ -256,3 +264,43 @@ def test_fleet_refuses_the_full_simulations_faults(capsys, field, value):
     err = capsys.readouterr().err.strip()
     assert exit_code.value.code == 2
     assert f"{field}: not with fleet" in err and "\n" not in err
+
+
+FLEET_DEFAULTS = FleetSpec().model_dump(mode="json")
+
+
+def leaf_paths(node, prefix=()):
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from leaf_paths(value, (*prefix, key))
+    else:
+        yield prefix
+
+
+FLEET_PATHS = sorted(leaf_paths(FLEET_DEFAULTS)) + [("stragglers", key) for key in ("mtbf", "slowdown", "duration")]
+HOSTILE_VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30),
+                           st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+                           st.sampled_from(["54 d", "-1 h", "1e400 s", "3 weeks", "0", "sync", "gpu", "1e-300"]),
+                           st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(),
+                                                                                max_size=2))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(changes=st.lists(st.tuples(st.sampled_from(FLEET_PATHS), HOSTILE_VALUES), max_size=4))
+def test_any_mutation_of_the_fleet_section_validates_or_is_one_line(changes):
+    raw = {"cluster": {"devices": 2}, "fleet": json.loads(json.dumps(FLEET_DEFAULTS))}
+    for path, value in changes:
+        node = raw["fleet"]
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+    try:
+        scenario = validate_scenario(parse_yaml_text(yaml.safe_dump(raw), "s.yaml", ScenarioError), source="s.yaml")
+    except ScenarioError as error:
+        assert "\n" not in str(error) and str(error).startswith("s.yaml: fleet"), str(error)
+        return
+    fleet = scenario.fleet  # a valid section prices its checkpoints and restarts in finite seconds
+    costs = Costs.of(fleet, 2, fleet.checkpoint.bytes_per_gpu or 1e9)
+    assert all(math.isfinite(value) and value >= 0 for value in vars(costs).values())
