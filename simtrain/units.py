@@ -58,12 +58,13 @@ def parse_quantity(value, kind: str, field: str = "") -> float:
     the range simtrain takes (limits.QUANTITY_RANGES; zero is left to the field).
     """
     prefix = f"{field}: " if field else ""
+    what = "time" if kind == "long_time" else kind  # a long time is a time to the user
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ScenarioError(f"{prefix}expected a {kind} quantity, got {value!r}")
+        raise ScenarioError(f"{prefix}expected a {what} quantity, got {value!r}")
     if isinstance(value, str):
         match = _PATTERN.match(value)
         if not match:
-            raise ScenarioError(f"{prefix}cannot read {value!r} as a {kind} quantity")
+            raise ScenarioError(f"{prefix}cannot read {value!r} as a {what} quantity")
         number, unit = float(match.group(1)), match.group(2)
         try:
             if kind in ("time", "long_time") and unit in _TIME_MULTIPLIER:
@@ -73,7 +74,7 @@ def parse_quantity(value, kind: str, field: str = "") -> float:
             else:
                 number *= _scale(unit, kind) if unit else 1.0
         except KeyError:
-            raise ScenarioError(f"{prefix}unit {unit!r} in {value!r} is not a {kind} unit") from None
+            raise ScenarioError(f"{prefix}unit {unit!r} in {value!r} is not a {what} unit") from None
     else:
         try:
             number = float(value)

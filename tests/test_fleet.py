@@ -212,7 +212,7 @@ def test_run_and_sweep_report_the_fleet(tmp_path, capsys):
 HOSTILE = [
     ("fleet.horizon=-1", "fleet.horizon: must not be negative"),
     ("fleet.horizon=0", "fleet.horizon: Input should be greater than 0"),
-    ("fleet.horizon=true", "fleet.horizon: expected a long_time quantity, got True"),
+    ("fleet.horizon=true", "fleet.horizon: expected a time quantity, got True"),
     ("fleet.horizon=.inf", "fleet.horizon: must be a finite number"),
     ("fleet.horizon=1e12", "fleet.horizon: '1e12' is outside the range simtrain takes"),
     ("fleet={horizon: 3 weeks}", "fleet.horizon: unit 'weeks'"),
