@@ -103,6 +103,10 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if scenario.pbt is not None:
         plot_population(report.data["pbt"], out / "pbt.png")
         written.append(out / "pbt.png")
+    if report.data.get("fleet") is not None:
+        from .fleet.plot import plot_fleet
+        plot_fleet(report.data["fleet"], out / "fleet.png")
+        written.append(out / "fleet.png")
     if report.data["status"] == "out_of_memory":
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:

@@ -38,7 +38,8 @@ MAX_MICROBATCHES = 4_096  # parallel.pipeline.microbatches
 MAX_BATCH_SIZE = 1_000_000  # data.batch_size, per device
 MAX_CHANNELS = 64  # parallel.channels, --channels: all-reduce channels (NCCL's own limit is 32 or 64 by version)
 MAX_SEED = 2**32 - 1  # seed: every derived torch and numpy seed stays in range
-MAX_FAULTS = 1_000  # cluster.faults entries
+MAX_FAULTS = 1_000  # cluster.faults entries, fleet.failures entries
+MAX_FLEET_EVENTS = 2_000_000  # failures, slowdowns and checkpoints a fleet run expects (about 10 us of host time each)
 
 # Quantities, in SI units (units.parse_quantity); zero passes to the field's own check.
 QUANTITY_RANGES = {
@@ -46,6 +47,7 @@ QUANTITY_RANGES = {
     "bandwidth": (1.0, 1e18),  # 1 B/s to 1 EB/s
     "time": (0.0, 1e6),  # up to about 11.6 days per hop or per access
     "flops": (1.0, 1e21),  # 1 FLOP/s to 1 ZFLOP/s
+    "long_time": (0.0, 1e11),  # a fleet's horizon, one component's mean time between failures: up to ~3,000 years
 }
 MAX_LEARNING_RATE = 1e6  # past this, every update overflows fp32 parameters
 MAX_SLOWDOWN = 1e6  # cluster.overrides.<rank>.slowdown

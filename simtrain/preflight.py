@@ -9,7 +9,8 @@ names and spares against it; then builds the job as a run would, on meta
 tensors (no arithmetic, no clock): the layout (dp x pp x tp against the
 devices), each rank's share of the model (pipeline stages, tensor-parallel
 slices, the vocabulary split), the replicas and the scheme. With a `pbt`
-section, one member's job on its share of the devices. What only the clock
+section, one member's job on its share of the devices; with a `fleet` section,
+its hosts and replayed failures against the topology. What only the clock
 can tell (running out of device memory mid-step, a fault stopping the job) it
 cannot.
 
@@ -18,6 +19,7 @@ cluster, so `simtrain validate` and `simtrain run` refuse a scenario with the
 same line.
 """
 from .errors import ScenarioError
+from .fleet.inventory import job_inventory
 from .host_memory import check_scenario_fits_host
 from .hw.catalog import require_rate
 from .hw.cluster import ResolvedCluster, resolve_cluster
@@ -42,4 +44,6 @@ def preflight(scenario: Scenario) -> ResolvedCluster:
                                 "devices into equal groups")
         world = cluster.size // population  # one member's group: every member's job is built alike
     Job(scenario, cluster, range(world), numerics=False)
+    if scenario.fleet is not None:
+        job_inventory(scenario, cluster)  # hosts and the failures' units against the topology
     return resolved

@@ -32,6 +32,7 @@ from pydantic import Field
 
 from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
+from .fleet.section import fleet_section
 from .hw.cluster import run_to_end
 from .hw.faults import FaultInjector, scheduled_faults
 from .job import Job
@@ -101,6 +102,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
             final_loss, _ = evaluate(scheme.trained_model(), job.data.train)
             _, final_accuracy = evaluate(scheme.trained_model(), job.data.test)
     sections = {"amp": job.replicas[0].precision.report()}
+    if scenario.fleet is not None and not out_of_memory:  # weeks around the measured step (simtrain/fleet/)
+        sections["fleet"] = fleet_section(scenario, cluster, job, cluster.log.last_end_s / steps)
     if faulty:
         sections["failure"] = failure
         sections["faults"] = recovery.report_section(injector, _fault_free_time_s(scenario), cluster.log.last_end_s,

@@ -14,13 +14,13 @@ from .limits import QUANTITY_RANGES
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
 _TIME_DIVISOR = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # divide: 5 us -> 5e-06 exactly
-_TIME_MULTIPLIER = {"min": 60.0, "h": 3600.0}  # a mean time between failures: "30 min", "2 h"
+_TIME_MULTIPLIER = {"min": 60.0, "h": 3600.0, "d": 86400.0}  # a mean time between failures: "30 min", "2 h", "54 d"
 
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _PATTERN = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-zµ/]*)\s*$")
 
-KINDS = ("bytes", "bandwidth", "time", "flops")
-_SI_UNIT = {"bytes": "B", "bandwidth": "B/s", "time": "s", "flops": "FLOP/s"}
+KINDS = ("bytes", "bandwidth", "time", "flops", "long_time")
+_SI_UNIT = {"bytes": "B", "bandwidth": "B/s", "time": "s", "flops": "FLOP/s", "long_time": "s"}
 
 
 def _prefix(prefix: str) -> float:
@@ -58,22 +58,23 @@ def parse_quantity(value, kind: str, field: str = "") -> float:
     the range simtrain takes (limits.QUANTITY_RANGES; zero is left to the field).
     """
     prefix = f"{field}: " if field else ""
+    what = "time" if kind == "long_time" else kind  # a long time is a time to the user
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ScenarioError(f"{prefix}expected a {kind} quantity, got {value!r}")
+        raise ScenarioError(f"{prefix}expected a {what} quantity, got {value!r}")
     if isinstance(value, str):
         match = _PATTERN.match(value)
         if not match:
-            raise ScenarioError(f"{prefix}cannot read {value!r} as a {kind} quantity")
+            raise ScenarioError(f"{prefix}cannot read {value!r} as a {what} quantity")
         number, unit = float(match.group(1)), match.group(2)
         try:
-            if kind == "time" and unit in _TIME_MULTIPLIER:
+            if kind in ("time", "long_time") and unit in _TIME_MULTIPLIER:
                 number *= _TIME_MULTIPLIER[unit]
-            elif kind == "time" and unit:
+            elif kind in ("time", "long_time") and unit:
                 number /= _TIME_DIVISOR[unit]
             else:
                 number *= _scale(unit, kind) if unit else 1.0
         except KeyError:
-            raise ScenarioError(f"{prefix}unit {unit!r} in {value!r} is not a {kind} unit") from None
+            raise ScenarioError(f"{prefix}unit {unit!r} in {value!r} is not a {what} unit") from None
     else:
         try:
             number = float(value)

@@ -63,6 +63,8 @@ def print_summary(data: dict) -> None:
         print_faults(data["faults"])
     if "pbt" in data:
         print_population(data["pbt"])
+    if "fleet" in data:
+        print_fleet(data["fleet"])
     console.print(_peak_memory_table(data["devices"]))
 
 
@@ -133,6 +135,20 @@ def print_faults(section: dict) -> None:
     console.print(f"checkpoints: {section['checkpoints_committed']} committed, "
                   f"{format_bytes(section['checkpoint_bytes_per_rank'])} per rank, "
                   f"{format_seconds(section['checkpoint_time_s'])} writing per rank")
+
+
+def print_fleet(section: dict) -> None:
+    """A fleet run: effective training time, interruptions and time lost by cause and by phase."""
+    effective = "n/a" if section["effective_training_time"] is None else f"{section['effective_training_time']:.1%}"
+    table = Table(title=f"fleet: {section['gpus']:,} GPUs for {format_seconds(section['elapsed_s'])}, effective "
+                        f"training time {effective}, {section['interruptions']} interruption(s)", show_header=True)
+    for header in ("cause or phase", "interruptions", "time lost"):
+        table.add_column(header, justify="left" if header == "cause or phase" else "right")
+    for cause, seconds in section["time_lost_by_cause_s"].items():
+        table.add_row(cause, str(section["interruptions_by_cause"].get(cause, 0)), format_seconds(seconds))
+    for phase, seconds in section["time_lost_by_phase_s"].items():
+        table.add_row(f"  {phase}", "", format_seconds(seconds))
+    console.print(table)
 
 
 def print_population(section: dict) -> None:

@@ -89,7 +89,7 @@ def test_cli_prints_a_table_and_refuses_bad_grids_with_one_line(tmp_path, capsys
     assert exit_code.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --metric: 'speed' is not one of step_time_s, " \
         "throughput_samples_per_s, scaling_efficiency, sim_time_s, compute_s, communication_s, idle_s, bubble_s, " \
-        "peak_memory_bytes, final_loss, final_accuracy"
+        "peak_memory_bytes, final_loss, final_accuracy, effective_training_time"
 
 
 @pytest.mark.parametrize("metric,values,expected", [

@@ -53,6 +53,12 @@ Bytes = Annotated[float, _quantity("bytes"), Field(gt=0)]  # bytes, above 0
 FlopRate = Annotated[float, _quantity("flops"), Field(gt=0)]  # FLOP/s, above 0
 Flag = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
 Steps = Count(MAX_STEPS)
+
+
+def long_time(positive: bool):
+    """Seconds up to days or years ("54 d", "2 h"): a fleet's horizon, one component's mean time between
+    failures; above 0 when `positive`."""
+    return Annotated[float, _quantity("long_time"), Field(gt=0) if positive else Field(ge=0)]
 Width = Count(MAX_WIDTH)
 
 

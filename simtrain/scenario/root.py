@@ -17,6 +17,7 @@ from ..limits import MAX_NAME_BYTES, MAX_SEED, MAX_STEPS
 from .cluster import ClusterSpec
 from .data import DataSpec
 from .fields import Count, Flag, Section, did_you_mean
+from .fleet import FleetSpec
 from .model import ModelSpec
 from .parallel import ParallelSpec
 from .pbt import PbtSpec
@@ -39,6 +40,8 @@ class Scenario(Section):
     report: ReportSpec = Field(ReportSpec(), description="What the run reports.")
     pbt: PbtSpec | None = Field(None, description="A population of this scenario's job (simtrain/studies/pbt.py); "
                                                   "null: one job.")
+    fleet: FleetSpec | None = Field(None, description="A long run with a fleet's failures, simulated around the "
+                                                      "measured step (simtrain/fleet/); null: the steps alone.")
     # Folder that relative paths in the scenario (topology files) are read from.
     _base_dir: Path = PrivateAttr(default=Path("."))
 
@@ -148,6 +151,21 @@ class Scenario(Section):
         if self.data.sampling != "uniform":
             raise ValueError(f"train.checkpoint: {self.data.sampling} sampling's priorities are not part of the "
                              "training state; use uniform")
+        return self
+
+    @model_validator(mode="after")
+    def _fleet_fits(self) -> "Scenario":
+        """Fleet mode measures a fault-free step of one data-parallel job: its failures are its own."""
+        if self.fleet is None:
+            return self
+        cluster = self.cluster
+        for field, used in (("pbt", self.pbt), ("cluster.faults", cluster.faults),
+                            ("cluster.random_faults", cluster.random_faults), ("cluster.spares", cluster.spares),
+                            ("train.checkpoint", self.train.checkpoint)):
+            if used:
+                raise ValueError(f"{field}: not with fleet (its failures, spares and checkpoints are fleet's)")
+        if self.parallel.mode == "async":
+            raise ValueError("fleet: for synchronous jobs (parallel.mode sync); async goes on without a lost worker")
         return self
 
     @model_validator(mode="after")

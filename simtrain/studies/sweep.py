@@ -53,7 +53,8 @@ FIGURE_LABELS = {"step_time_s": "step time", "throughput_samples_per_s": "throug
                  "scaling_efficiency": "scaling efficiency (%)", "sim_time_s": "simulated time",
                  "compute_s": "compute per step", "communication_s": "communication per step",
                  "idle_s": "idle per step", "bubble_s": "pipeline bubble per step", "peak_memory_bytes": "peak memory",
-                 "final_loss": "final loss (train set, cross entropy)", "final_accuracy": "final accuracy (%)"}
+                 "final_loss": "final loss (train set, cross entropy)", "final_accuracy": "final accuracy (%)",
+                 "effective_training_time": "effective training time (%; fleet)"}
 ROW_FIGURES = tuple(FIGURE_LABELS)
 
 
@@ -236,6 +237,8 @@ def headline_row(index: int, values: dict, outcome: dict) -> dict:
                                                     "final_accuracy")})
     row.update({f"{kind}_s": breakdown[kind] for kind in ("compute", "communication", "idle", "bubble")})
     row["peak_memory_bytes"] = max(device["peak_memory_bytes"] for device in data["devices"])
+    if data.get("fleet") is not None:
+        row["effective_training_time"] = data["fleet"]["effective_training_time"]
     error = data["out_of_memory"]["message"] if data["status"] == "out_of_memory" else None
     return {**row, "status": data["status"], "error": error}
 
@@ -293,7 +296,7 @@ def axis_unit(metric: str, values: list[float]) -> tuple[str, float]:
     if metric.endswith("_bytes"):
         return next(((unit, 1 / 1024**power) for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB"))
                      if largest >= 1024**power), ("B", 1.0))
-    return "", 100.0 if metric in ("scaling_efficiency", "final_accuracy") else 1.0
+    return "", 100.0 if metric in ("scaling_efficiency", "final_accuracy", "effective_training_time") else 1.0
 
 
 def first_text(grid: Grid, value) -> str:
