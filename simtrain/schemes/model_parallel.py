@@ -40,13 +40,13 @@ share from the donor's rank of the same coordinates).
 import torch
 
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
-from ..step_ops import Alloc, Collective, Free, MemoryBound, Transfer
+from ..step_ops import Alloc, Collective, Free, Transfer
 from ..train.partition import assemble
-from ..train.precision import DTYPES, persistent_bytes, update_bytes
+from ..train.precision import DTYPES
+from .distributed_optimizer import data_parallel_update
 from .layer_recompute import measure_layers
 from .layout import Layout
 from .model_parts import boundary_activations
-from .overflow_vote import overflow_vote
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
 from .scheme import Scheme
@@ -80,17 +80,16 @@ class ModelParallel(RankReplicas, Scheme):
             self.comms = mirrored_communicators(job)
         else:
             self.comms = {dimension: self._communicators(self.layout.groups(dimension)) for dimension in ("dp", "tp")}
-            if self.vote:
-                self.comms["model"] = self._communicators(self.layout.replicas())
+            if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
+                voters = [list(range(self.world))] if parallel.sharding.stage else self.layout.replicas()
+                self.comms["model"] = self._communicators(voters)
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
                                                     DTYPES[train.precision],
                                                     self.layout.tp if parallel.sequence_parallel else 1)
-        self._held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
-                      for r in self.replicas]
-        self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
-                            for r in self.replicas]
+        # DDP's all-reduce, or the distributed optimizer (each rank's share sharded over its dp group)
+        self.data_parallel = data_parallel_update(self)
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
@@ -124,13 +123,12 @@ class ModelParallel(RankReplicas, Scheme):
         if self._represented_by(rank) != rank:
             return  # its representative's program stands for it
         replica = self.replicas[rank]
-        for category, nbytes in self._held[rank].items():
+        for category, nbytes in self.data_parallel.held[rank].items():
             yield Alloc(category, nbytes)
         pp_comm, pp_index, _ = self.comms["pp"][rank] if self.layout.pp > 1 else (None, 0, None)
         stage = PipelineStage(self, rank, pp_comm, pp_index, self._boundaries if self.layout.pp > 1 else [])
         receives = (yield from stage.post_receives(0)) if self.steps else {}
         tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
-        dp_comm, dp_index, dp_reduce = self.comms["dp"][rank]
 
         def tp_collective(kind: str, tensor):
             """(the tp collective `kind` on `tensor`, its result): schemes/stage_execution.py."""
@@ -143,6 +141,7 @@ class ModelParallel(RankReplicas, Scheme):
         for step in range(self.steps):
             if not (yield from self.job.before_step(rank, step)):
                 break
+            yield from self.data_parallel.begin(rank)
             replica.grad_buffer.zero_()
             x, y = replica.loader.next_batch()
             x = replica.precision.cast_input(x)
@@ -154,15 +153,9 @@ class ModelParallel(RankReplicas, Scheme):
                                            tp_collective)
             if self.sequence_parallel:  # whole parameters saw only this rank's part of the sequence
                 yield from self._sum_sequence_parallel_grads(replica, tp_collective)
-            if self.layout.dp > 1:
-                yield Collective(dp_reduce(dp_index, dp_comm.world, replica.grad_buffer, average=True), "dp_allreduce",
-                                 dp_comm, dp_index)
-            found_inf = replica.precision.find_overflow(replica.grad_buffer)
-            if self.vote:
-                found_inf = yield from overflow_vote(*self.comms["model"][rank], found_inf)
-            replica.apply_update(replica.precision.settle(found_inf))
-            yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
+            yield from self.data_parallel.update(rank)
             self._step_done(rank, step, losses)
+        self.data_parallel.ended(rank)
 
     def cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
         """What model part `part` (the replica's chunk `chunk`) costs on inputs of these shapes, measured
@@ -248,7 +241,8 @@ class ModelParallel(RankReplicas, Scheme):
         return None  # the model is split because one device is not the baseline
 
     def report_sections(self) -> dict:
-        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes)."""
+        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes); sharded, its
+        `sharding` (distributed_optimizer.py)."""
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp,
             "placement": list(self.layout.placement),
@@ -257,7 +251,7 @@ class ModelParallel(RankReplicas, Scheme):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.representatives,
-        }}
+        }, **self.data_parallel.report_sections()}
 
     # --- the Scheme hooks (scheme.py) ---
 
