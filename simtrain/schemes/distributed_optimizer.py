@@ -42,7 +42,7 @@ from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
 from .shard_layout import ShardLayout
 from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
-from .sharded_update import bytes_by_kind, gather_parameters, sharded_update
+from .sharded_update import LABELS, bytes_by_kind, sharded_update
 
 _GATHER, _REDUCE = 0, 1  # the tags of a rank's all-gather and reduce-scatter on its dp communicator
 
@@ -133,7 +133,7 @@ class DistributedOptimizer:
             comm, index, _ = scheme.comms["dp"][rank]
             copy_bytes = 0 if shard.reduced is shard.grad_buffer else nbytes(shard.reduced)
             yield Alloc("comm_buffers", copy_bytes)  # the gradient's copy in the reduce dtype, while reduced
-            yield Collective(self._program("reduce_scatter", rank), "reduce_scatter", comm, index)
+            yield Collective(self._program("reduce_scatter", rank), LABELS["reduce_scatter"], comm, index)
             yield Free("comm_buffers", copy_bytes)
         if self.stage == 2:
             yield Free("comm_buffers", self._unsharded_bytes[rank])
@@ -145,7 +145,7 @@ class DistributedOptimizer:
     def _gather(self, rank: int):
         if self.dp > 1:
             comm, index, _ = self.scheme.comms["dp"][rank]
-            yield from gather_parameters([self._program("all_gather", rank)], comm, index)
+            yield Collective(self._program("all_gather", rank), LABELS["all_gather"], comm, index)
 
     def _program(self, kind: str, rank: int):
         """The rank's ring `kind` (reduce_scatter or all_gather) on its dp communicator: over the dp group's
