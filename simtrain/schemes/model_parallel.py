@@ -17,9 +17,11 @@ FLOPs, cut to tensor-parallel slices):
 - **data**: after the last backward of a step, each device all-reduces (and
   averages) its gradient bucket with the devices that hold the same shard in
   the other replicas, with `parallel.all_reduce`'s algorithm, then steps its own
-  optimizer on its own parameters;
-- **fp16 loss scaling**: the ranks of a replica vote on an overflow before
-  stepping (schemes/overflow_vote.py).
+  optimizer on its own parameters; or, with `parallel.sharding.stage` 1 or 2,
+  reduce-scatters it, steps its 1/dp chunk and all-gathers the parameters
+  (Megatron-Core's distributed optimizer: schemes/distributed_optimizer.py);
+- **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
+  an overflow before stepping (schemes/overflow_vote.py).
 
 The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
 the loss scale under fp16), so the gradients accumulated over the m
