@@ -20,10 +20,13 @@ FLOPs, cut to tensor-parallel slices):
   (comm/kv_ring.py), each step's transfer beside the compute of a block;
 - **data**: after the last backward of a step, each device all-reduces (and
   averages) its gradient bucket with the devices that hold the same shard in
-  the other replicas and the other cp ranks (Megatron-Core's dp-cp group), with `parallel.all_reduce`'s algorithm, then steps its own
-  optimizer on its own parameters;
-- **fp16 loss scaling**: the ranks of a replica vote on an overflow before
-  stepping (schemes/overflow_vote.py).
+  the other replicas and the other cp ranks (Megatron-Core's dp-cp group), with
+  `parallel.all_reduce`'s algorithm, then steps its own optimizer on its own
+  parameters; or, with `parallel.sharding.stage` 1 or 2, reduce-scatters it,
+  steps its 1/dp chunk and all-gathers the parameters (Megatron-Core's
+  distributed optimizer: schemes/distributed_optimizer.py);
+- **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
+  an overflow before stepping (schemes/overflow_vote.py).
 
 The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
 the loss scale under fp16), so the gradients accumulated over the m
@@ -46,14 +49,14 @@ import torch
 
 from ..comm.kv_ring import RING_STEPS
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
-from ..step_ops import Alloc, Collective, Free, MemoryBound, Transfer
+from ..step_ops import Alloc, Collective, Free, Transfer
 from ..train.partition import assemble
-from ..train.precision import DTYPES, persistent_bytes, update_bytes
+from ..train.precision import DTYPES
 from ..train.ring_attention import shard_sequence
+from .distributed_optimizer import data_parallel_update
 from .layer_recompute import measure_layers
 from .layout import Layout
 from .model_parts import boundary_activations
-from .overflow_vote import overflow_vote
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
 from .scheme import Scheme
@@ -89,8 +92,9 @@ class ModelParallel(RankReplicas, Scheme):
         else:
             self.comms = {"dp": self._communicators(self.layout.groups(("dp", "cp"))),  # the ranks of a shard
                           "tp": self._communicators(self.layout.groups("tp"))}
-            if self.vote:
-                self.comms["model"] = self._communicators(self.layout.replicas())
+            if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
+                voters = [list(range(self.world))] if parallel.sharding.stage else self.layout.replicas()
+                self.comms["model"] = self._communicators(voters)
         if self.layout.cp > 1:  # ring attention's key/value blocks, as Send/Recv programs
             self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
@@ -99,10 +103,8 @@ class ModelParallel(RankReplicas, Scheme):
                                                     DTYPES[train.precision],
                                                     self.layout.cp * (self.layout.tp if parallel.sequence_parallel
                                                                       else 1))
-        self._held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
-                      for r in self.replicas]
-        self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
-                            for r in self.replicas]
+        # DDP's all-reduce, or the distributed optimizer (each rank's share sharded over its dp group)
+        self.data_parallel = data_parallel_update(self)
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
@@ -136,13 +138,12 @@ class ModelParallel(RankReplicas, Scheme):
         if self._represented_by(rank) != rank:
             return  # its representative's program stands for it
         replica = self.replicas[rank]
-        for category, nbytes in self._held[rank].items():
+        for category, nbytes in self.data_parallel.held[rank].items():
             yield Alloc(category, nbytes)
         pp_comm, pp_index, _ = self.comms["pp"][rank] if self.layout.pp > 1 else (None, 0, None)
         stage = PipelineStage(self, rank, pp_comm, pp_index, self._boundaries if self.layout.pp > 1 else [])
         receives = (yield from stage.post_receives(0)) if self.steps else {}
         tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
-        dp_comm, dp_index, dp_reduce = self.comms["dp"][rank]
         cp_comm, cp_index, _ = self.comms["cp"][rank] if self.layout.cp > 1 else (None, 0, None)
 
         def tp_collective(kind: str, tensor):
@@ -160,6 +161,7 @@ class ModelParallel(RankReplicas, Scheme):
         for step in range(self.steps):
             if not (yield from self.job.before_step(rank, step)):
                 break
+            yield from self.data_parallel.begin(rank)
             replica.grad_buffer.zero_()
             x, y = (shard_sequence(t, replica.model.context) for t in replica.loader.next_batch())
             x = replica.precision.cast_input(x)
@@ -171,15 +173,9 @@ class ModelParallel(RankReplicas, Scheme):
                                            tp_collective)
             if self.sequence_parallel:  # whole parameters saw only this rank's part of the sequence
                 yield from self._sum_sequence_parallel_grads(replica, tp_collective)
-            if self.layout.dp * self.layout.cp > 1:
-                yield Collective(dp_reduce(dp_index, dp_comm.world, replica.grad_buffer, average=True), "dp_allreduce",
-                                 dp_comm, dp_index)
-            found_inf = replica.precision.find_overflow(replica.grad_buffer)
-            if self.vote:
-                found_inf = yield from overflow_vote(*self.comms["model"][rank], found_inf)
-            replica.apply_update(replica.precision.settle(found_inf))
-            yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
+            yield from self.data_parallel.update(rank)
             self._step_done(rank, step, losses)
+        self.data_parallel.ended(rank)
 
     def cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
         """What model part `part` (the replica's chunk `chunk`) costs on inputs of these shapes, measured
@@ -267,7 +263,8 @@ class ModelParallel(RankReplicas, Scheme):
         return None  # the model is split because one device is not the baseline
 
     def report_sections(self) -> dict:
-        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes)."""
+        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes); sharded, its
+        `sharding` (distributed_optimizer.py)."""
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp, "cp": self.layout.cp,
             "placement": list(self.layout.placement),
@@ -276,7 +273,7 @@ class ModelParallel(RankReplicas, Scheme):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.representatives,
-        }}
+        }, **self.data_parallel.report_sections()}
 
     # --- the Scheme hooks (scheme.py) ---
 

@@ -43,6 +43,7 @@ import simpy
 import torch
 
 from ..comm import build_all_reduce
+from ..comm.ring import ring_all_gather, ring_reduce_scatter
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
 from ..hw.device import MemoryLedger
@@ -59,15 +60,17 @@ def represented_by(layout, rank: int) -> int:
     return layout.rank(pp=layout.coordinates(rank)["pp"])
 
 
-class MirroredAllReduce(NamedTuple):
-    """A mirrored communicator's all-reduce program: what it times (the buffer's shape and dtype)."""
+class MirroredCollective(NamedTuple):
+    """A mirrored communicator's collective program: what it times (the kind: all_reduce, or the ring
+    reduce_scatter and all_gather of the distributed optimizer; the buffer's shape and dtype)."""
 
+    kind: str
     buf: torch.Tensor
 
 
-def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False) -> MirroredAllReduce:
+def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False) -> MirroredCollective:
     """comm.build_all_reduce's program signature, for a mirrored communicator."""
-    return MirroredAllReduce(buf)
+    return MirroredCollective("all_reduce", buf)
 
 
 def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
@@ -87,8 +90,10 @@ def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
                       for index in range(getattr(layout, mirrors))]
             comms[dimension][rank] = (MirroredCommunicator(job, timing, [rank], groups, len(groups)), 0,
                                       mirrored_all_reduce)
-    if job.scenario.train.precision == "fp16":
-        vote = MirroredCommunicator(job, timing, representatives, [nodes(layout.replicas()[0])], layout.dp)
+    if job.scenario.train.precision == "fp16":  # sharded: each rank saw only its shard, the whole job votes
+        voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage
+                          else (layout.replicas()[0], layout.dp))
+        vote = MirroredCommunicator(job, timing, representatives, [nodes(voters)], copies)
         comms["model"] = {rank: (vote, index, mirrored_all_reduce) for index, rank in enumerate(representatives)}
     return comms
 
@@ -106,11 +111,11 @@ class MirroredCommunicator:
         self._arrived: list[int] = []  # members at the current collective
         self._all_in = self.env.event()
 
-    def run(self, rank: int, program: MirroredAllReduce, label: str = "all_reduce"):
-        """Member `rank`'s all-reduce: once every member has posted its own (idle until then), the mirrored
+    def run(self, rank: int, program: MirroredCollective, label: str = "all_reduce"):
+        """Member `rank`'s collective: once every member has posted its own (idle until then), the mirrored
         time on its device's stream, as communication; the event fires when it has ended. The last member to
         post carries the bytes of every group it stands for on its span."""
-        seconds, nbytes, staging = self._timing.all_reduce(self._groups, program.buf)
+        seconds, nbytes, staging = self._timing.collective(self._groups, program)
         counted = nbytes * self._copies
         if self.world == 1:
             return self._charge(rank, seconds, staging, label, counted)
@@ -137,40 +142,52 @@ class MirroredCommunicator:
 
 
 class MirroredCollectives:
-    """All-reduce times of groups that run an all-reduce together, on an idle copy of a job's network."""
+    """Times of groups that run a collective together, on an idle copy of a job's network."""
 
     def __init__(self, job):
         parallel, topology = job.scenario.parallel, job.cluster.topology
         self._env = simpy.Environment()
         self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
-        self._program = lambda nodes: build_all_reduce(parallel.all_reduce, topology, nodes, parallel.channels,
-                                                       "parallel.all_reduce", "parallel.channels")
+        self._all_reduce = lambda nodes: build_all_reduce(parallel.all_reduce, topology, nodes, parallel.channels,
+                                                          "parallel.all_reduce", "parallel.channels")
         self._timed: dict[tuple, tuple[float, int, int]] = {}
 
-    def all_reduce(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int, int]:
-        """(seconds, bytes the first group sends, the largest staging buffer of its first rank) of an all-reduce
-        of `buffer`'s shape and dtype started at once by every group of `groups` (each a tuple of network
-        nodes, in group-rank order)."""
-        key = (tuple(groups), buffer.numel(), buffer.dtype)
+    def collective(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
+        """(seconds, bytes the first group sends, the largest staging buffer of its first rank) of the collective
+        `program` (its kind, on a buffer of its shape and dtype) started at once by every group of `groups`
+        (each a tuple of network nodes, in group-rank order)."""
+        key = (tuple(groups), program.kind, program.buf.numel(), program.buf.dtype)
         if key not in self._timed:
-            self._timed[key] = self._simulate(groups, buffer)
+            self._timed[key] = self._simulate(groups, program)
         return self._timed[key]
 
-    def _simulate(self, groups: list[tuple[str, ...]], buffer: torch.Tensor) -> tuple[float, int, int]:
+    def _simulate(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
         """Each group alone first; if no two of them crossed a common link, that is also their time together,
         else they run again, all at once, flow by flow."""
-        alone = [self._run([nodes], buffer, exclusive=True) for nodes in groups]
+        alone = [self._run([nodes], program, exclusive=True) for nodes in groups]
         links = [links for _, _, _, links in alone]
         _, nbytes, staging, _ = alone[0]
         if sum(len(used) for used in links) == len(set().union(*links)):
             return max(seconds for seconds, _, _, _ in alone), nbytes, staging
-        seconds, _, _, _ = self._run(groups, buffer, exclusive=False)
+        seconds, _, _, _ = self._run(groups, program, exclusive=False)
         return seconds, nbytes, staging
 
-    def _run(self, groups: list[tuple[str, ...]], buffer: torch.Tensor,
+    def _program(self, kind: str, nodes: list[str]):
+        """fn(rank, world, buf) -> the per-rank program of collective `kind` over `nodes`: the job's all-reduce,
+        or the rings the distributed optimizer runs (sharded_replica.py: the reduce-scatter the other way
+        round)."""
+        if kind == "all_reduce":
+            return self._all_reduce(nodes)
+        if kind == "reduce_scatter":
+            return lambda rank, world, buf: ring_reduce_scatter(world - 1 - rank, (rank - 1) % world,
+                                                                (rank + 1) % world, buf.tensor_split(world))
+        return lambda rank, world, buf: ring_all_gather(rank, (rank + 1) % world, (rank - 1) % world,
+                                                        buf.tensor_split(world))
+
+    def _run(self, groups: list[tuple[str, ...]], collective: MirroredCollective,
              exclusive: bool) -> tuple[float, int, int, set]:
         """(seconds, bytes the first group sent, its first rank's largest staging buffer, directed links
-        crossed) of the groups' all-reduces."""
+        crossed) of the groups' collectives."""
         env, network = self._env, self._network
         started, finished, comms = env.now, [], []
         first_record = len(network.records)
@@ -179,13 +196,14 @@ class MirroredCollectives:
             ledgers = [staging if index == rank == 0 else MemoryLedger("staging", float("inf")) for rank in
                        range(len(nodes))]
             comm = SimCommunicator(network, list(nodes), ledgers=ledgers, exclusive=exclusive)
-            program = self._program(list(nodes))
+            program, buffer = self._program(collective.kind, list(nodes)), collective.buf
             for rank in range(len(nodes)):
                 meta = torch.empty(buffer.shape, dtype=buffer.dtype, device="meta")
-                comm.run(rank, program(rank, len(nodes), meta)).callbacks.append(lambda _: finished.append(env.now))
+                comm.run(rank, program(rank, len(nodes), meta), collective.kind).callbacks.append(
+                    lambda _: finished.append(env.now))
             comms.append(comm)
         run_to_end(env)
         links = {hop for record in network.records[first_record:] for hop in zip(record.path, record.path[1:])}
         del network.records[first_record:]
-        return (max(finished) - started, comms[0].bytes_by_label.get("all_reduce", 0),
+        return (max(finished) - started, comms[0].bytes_by_label.get(collective.kind, 0),
                 staging.peak.get("comm_buffers", 0), links)

@@ -57,11 +57,13 @@ gathered units and unsharded gradients in flight are `comm_buffers`.
     parallel: {sharding: {stage: 3, degree: 4, reshard_after_forward: true}}
     scheme = ShardedDataParallel(job)
 """
+from functools import partial
+
 from pydantic import Field
 
 from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
-from ..step_ops import Alloc, Await, Free, MemoryBound, Post, Transfer
+from ..step_ops import Alloc, Await, Free, Post, Transfer
 from ..train.precision import update_bytes
 from .overflow_vote import overflow_vote
 from .rank_replicas import RankReplicas
@@ -69,9 +71,9 @@ from .scheme import Scheme
 from .shard_layout import ShardLayout
 from .shard_units import UnitCosts
 from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
+from .sharded_update import LABELS, bytes_by_kind, gather_parameters, sharded_update
 
 _GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the collectives' kinds
-LABELS = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "hsdp_all_reduce"}
 
 
 class ShardedDataParallel(RankReplicas, Scheme):
@@ -224,11 +226,8 @@ class ShardedDataParallel(RankReplicas, Scheme):
         """Step program: average and unscale the shard's gradient, step its optimizer (all ranks skip an fp16
         overflow together), round it into the owned chunks; stages 1 and 2 then gather the parameters."""
         shard = self.replicas[rank]
-        found_inf = shard.take_gradient(self.world)
-        if self.vote:
-            found_inf = yield from overflow_vote(self.job.comm, rank, self.all_reduce, found_inf)
-        shard.apply_update(shard.precision.settle(found_inf))
-        yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer")
+        vote = partial(overflow_vote, self.job.comm, rank, self.all_reduce) if self.vote else None
+        yield from sharded_update(shard, self.world, self._step_bytes, vote)
         if self.stage < 3:
             shard.reshard_all()  # the chunks it does not own are the group's to send
             yield from self._gather_parameters(rank)
@@ -236,11 +235,8 @@ class ShardedDataParallel(RankReplicas, Scheme):
     def _gather_parameters(self, rank: int):
         """Step program: every unit's parameters all-gathered over the shard group, in place, side by side."""
         group, shard = self.shard_group(rank), self.replicas[rank]
-        handles = []
-        for unit in range(len(self.layout.units)):
-            handles.append((yield Post(shard.gather(unit, group, self._tag(_GATHER, unit)), LABELS["all_gather"])))
-        for handle in handles:
-            yield Await(handle)
+        yield from gather_parameters([shard.gather(unit, group, self._tag(_GATHER, unit))
+                                      for unit in range(len(self.layout.units))])
 
     def _tag(self, kind: int, unit: int) -> int:  # each unit's collectives of each kind: their own messages
         return kind * len(self.layout.units) + unit
@@ -317,7 +313,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
                          "reduce_dtype": self.reduce_dtype,
                          "reshard_after_forward": self.reshard_after_forward, "units": len(self.layout.units),
                          "shard_elements": self.layout.shard_numel, "padded_elements": self.layout.padded_numel,
-                         "bytes_by_kind": _bytes_by_kind(self.job.cluster.log, self.devices)},
+                         "bytes_by_kind": bytes_by_kind(self.job.cluster.log, self.devices)},
         }
 
 
@@ -332,16 +328,6 @@ def _check_runs(job, degree: int) -> None:
         raise ScenarioError("parallel.sharding: does not combine with parallel.sync_batchnorm yet")
     if len(job.local_ranks) != job.world:  # a real launch: each process holds one rank
         raise ScenarioError("parallel.sharding: runs simulated; simtrain launch does not run it yet")
-
-
-def _bytes_by_kind(log, devices) -> dict[str, int]:
-    """The bytes `devices` sent in each kind of collective (their event log's communication, by label)."""
-    moved = dict.fromkeys(LABELS, 0)
-    for device in devices:
-        by_label = log.bytes_by_label(device.rank, "communication")
-        for kind, label in LABELS.items():
-            moved[kind] += int(by_label.get(label, 0))
-    return moved
 
 
 class ShardingBytes(ReportSection):
