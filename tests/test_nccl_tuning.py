@@ -160,11 +160,11 @@ def test_nvls_reduces_in_the_switch_and_multicasts():
     assert time_s(switch(world), "all_gather", "nvls", "Simple", nbytes) == pytest.approx(half, rel=1e-9)
 
 
-def test_nvls_tree_is_nvls_in_each_node_and_a_tree_between_nodes():
-    g, nbytes, nic_Bps, nic_s = 4, 4 << 20, 50e9, 1.5e-6
+def test_nvls_tree_is_nvls_in_each_node_and_an_exchange_between_nodes():
+    g, nbytes, nic_Bps, nic_s = 4, 4 << 20, 50e9, 1.5e-6  # one 1 MiB piece per shard
     rate = B * 0.85
-    intra = 2 * (2 * A + nbytes * (1 + 1 / g) / rate)  # reduce-scatter, then multicast, through each node switch
-    between = 2 * (2 * nic_s + nbytes / g / 2 / nic_Bps)  # two trees, opposite ways, half a shard each, up and down
+    intra = 4 * A + 2 * nbytes * (1 + 1 / g) / rate  # read, return, store, multicast through each node switch
+    between = 2 * nic_s + nbytes / g / nic_Bps  # the owners' node sums cross, each way, GPU -> spine -> GPU
     launch = (25 + 2 * 1 * 20.9) * US  # NCCL's NVLS-tree latency on two nodes
     expected = launch + intra + between
     assert time_s(two_nodes(g), "all_reduce", "nvls_tree", "Simple", nbytes) == pytest.approx(expected, rel=1e-9)

@@ -36,7 +36,7 @@ from .channels import channel_order, default_channels, layout_of
 from .dbtree import pieces_for
 from .nccl_tree import nccl_tree_all_reduce
 from .nccl_tuning import BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PROTOCOLS, Fabric, _latency
-from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce, nvls_tree_switch
+from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce
 from .ops import Concurrently, Recv, Send
 from .ring import ring_all_gather, ring_reduce_scatter
 
@@ -130,7 +130,7 @@ def nccl_programs(topology: Topology, collective: str, algorithm: str, buffers: 
                 programs.append(nvls_switch(accumulator, gpus=hosts[host], reduce=collective != "all_gather",
                                             gather=collective != "reduce_scatter"))
             else:
-                programs.append(nvls_tree_switch(accumulator, gpus=hosts[host]))
+                programs.append(nvls_switch(accumulator, gpus=hosts[host], across_nodes=True))
         return nodes + switches, programs
     channels = default_channels(layout, "ring")
     orders = [channel_order(layout, c) for c in range(channels)]
