@@ -33,13 +33,15 @@ import torch
 from ..hw.topology import Topology
 from .all_reduce import build_all_reduce
 from .channels import channel_order, default_channels, layout_of
-from .dbtree import pieces_for
 from .nccl_tree import nccl_tree_all_reduce
 from .nccl_tuning import BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PROTOCOLS, Fabric, _latency
 from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce
 from .ops import Concurrently, Recv, Send
 from .ring import ring_all_gather, ring_reduce_scatter
 
+# A rooted ring moves its buffer in pieces of 1 MiB, at most 1,024 (NCCL's steps are smaller still): its
+# pipeline's fill, (N - 2) pieces, stays under 1% at any size.
+CHAIN_PIECE_BYTES, CHAIN_MAX_PIECES = 1 << 20, 1024
 PROTOCOL_EFFICIENCY = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 # The algorithms with a program here, per collective (NCCL's PAT and CollNet are not among them).
 PROGRAMS = {"all_reduce": ("ring", "tree", "nvls", "nvls_tree"), "all_gather": ("ring", "nvls"),
@@ -187,7 +189,7 @@ def _chain(collective: str, rank: int, buf, order: list[int], tag: int):
     if collective == "reduce":
         chain = chain[:1] + chain[1:][::-1]  # the sum flows towards the root, which ends it
     position = chain.index(rank)
-    pieces = buf.tensor_split(pieces_for(buf.nbytes))
+    pieces = buf.tensor_split(max(1, min(CHAIN_MAX_PIECES, -(-buf.nbytes // CHAIN_PIECE_BYTES))))
     before = chain[position - 1] if position > 0 else None
     after = chain[position + 1] if position + 1 < len(chain) else None
     if collective == "reduce":
