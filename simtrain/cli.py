@@ -402,7 +402,7 @@ def collective(op, algo, protocol, channels, topology, devices, bandwidth, laten
     if nccl:
         if channels is not None:
             raise SimtrainError("--channels: NCCL's algorithms run one channel per NIC rail across hosts")
-        title, extra = f"{op.replace('_', '-')} {algo} (NCCL {protocol})", {"protocol": protocol}
+        title, extra = f"{op.replace('_', '-')} {algo}/{protocol} (NCCL's tuning)", {"protocol": protocol}
         rows = benchmark_collective(topo, op, "tree" if algo == "nccl_tree" else algo, size_list, numerics, protocol,
                                     seed=seed)
     elif op == "all_to_all":

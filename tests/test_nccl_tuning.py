@@ -10,7 +10,7 @@ import pytest
 
 from simtrain.cli import NCCL_ALGORITHMS, NCCL_COLLECTIVES, main
 from simtrain.comm.bench import benchmark_collective
-from simtrain.comm.nccl import PROGRAMS, fabric_of
+from simtrain.comm.nccl import PROGRAMS, chain_pieces, fabric_of
 from simtrain.comm.nccl_tuning import ALGORITHMS, PROTOCOLS, Fabric, tune
 from simtrain.errors import ScenarioError
 from simtrain.hw.topology import Topology
@@ -141,11 +141,25 @@ def test_ring_under_each_protocol(protocol, collective, steps, per_step):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("collective", ["broadcast", "reduce"])
 def test_rooted_ring_is_a_pipelined_chain(protocol, collective):
-    nbytes, world = 4 << 20, 4  # 4 pieces of 1 MiB down a chain of 4 (3 links): 4 + 3 - 1 steps of one piece
-    hop = A + EXTRA_HOP_S[protocol]
-    expected = BASE_S[protocol] + (4 + world - 2) * (2 * hop + (1 << 20) / (B * PROTOCOL[protocol]))
+    nbytes, world = 64 << 20, 4
+    step = 2 * A  # the protocol's extra step latency is charged once, at launch, as NCCL's model does
+    rate = B * PROTOCOL[protocol]
+    pieces = chain_pieces(world, nbytes, rate, step)
+    # P pieces down a chain of N ranks (N - 1 links): P + N - 2 steps of one piece each (pieces of unequal
+    # elements by at most one: rel 1e-6)
+    expected = BASE_S[protocol] + 2 * EXTRA_HOP_S[protocol] + (pieces + world - 2) * (step + nbytes / pieces / rate)
     assert time_s(switch(world, reducing=False), collective, "ring", protocol, nbytes) == pytest.approx(
-        expected, rel=1e-9)
+        expected, rel=1e-6)
+
+
+def test_chain_pieces_minimize_the_chain_time():
+    def chain_s(pieces, world=8, nbytes=1 << 30, rate=360e9, step=3.3e-6):
+        return (pieces + world - 2) * (step + nbytes / pieces / rate)
+
+    best = chain_pieces(8, 1 << 30, 360e9, 3.3e-6)
+    assert chain_s(best) <= min(chain_s(best - 1), chain_s(best + 1))
+    assert chain_pieces(2, 1 << 30, 360e9, 3.3e-6) == 1  # two ranks: one transfer, nothing to pipeline
+    assert chain_pieces(8, 1 << 40, 360e9, 3.3e-6) == 1024  # at most 1,024
 
 
 def test_nvls_reduces_in_the_switch_and_multicasts():

@@ -149,7 +149,7 @@ def _benchmark_collective(topology, collective, algorithm, sizes, numerics, prot
         algo, proto = _choice(tuning, collective, algorithm, protocol, nbytes)
         buffers = _buffers(world, numel, numerics, seed, dtype)
         inputs = [buffer.clone() for buffer in buffers] if numerics else None
-        view = protocol_view(topology, algo, proto, fabric.generation)
+        view = protocol_view(topology, algo, proto, fabric.generation, collective)
         nodes, programs = nccl_programs(view, collective, algo, buffers)
         elapsed_s = _time(view, programs, f"{algo} {collective}", nodes)
         elapsed_s += launch_latency_s(fabric, collective, algo, proto)

@@ -11,7 +11,8 @@
   NVLS on Hopper 0.85 of the NVLink rate, NCCL's nvlsEfficiency), and for
   ring and tree every hop slower by half the step latency the protocol adds
   over ring/LL (NCCL's hwLatencies; a GPU-to-GPU step is two hops, the
-  topology files' latencies being ring/LL's);
+  topology files' latencies being ring/LL's); not for broadcast and reduce,
+  whose pipelined chain NCCL charges that latency once;
 - `launch_latency_s(fabric, collective, algorithm, protocol)`: the fixed cost
   NCCL's model charges once per call (its base latency; for NVLS and
   NVLS-tree, whose steps NCCL does not count, its whole latency);
@@ -27,6 +28,8 @@ root 0. Ring collectives run on one channel per NIC rail across nodes
     view = protocol_view(topology, "ring", "LL")
     nodes, programs = nccl_programs(view, "all_reduce", "ring", buffers)
 """
+import math
+
 import networkx as nx
 import torch
 
@@ -39,9 +42,8 @@ from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce
 from .ops import Concurrently, Recv, Send
 from .ring import ring_all_gather, ring_reduce_scatter
 
-# A rooted ring moves its buffer in pieces of 1 MiB, at most 1,024 (NCCL's steps are smaller still): its
-# pipeline's fill, (N - 2) pieces, stays under 1% at any size.
-CHAIN_PIECE_BYTES, CHAIN_MAX_PIECES = 1 << 20, 1024
+CHAIN_MAX_PIECES = 1024  # a rooted ring's pieces (chain_pieces)
+ROOTED = ("broadcast", "reduce")
 PROTOCOL_EFFICIENCY = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 # The algorithms with a program here, per collective (NCCL's PAT and CollNet are not among them).
 PROGRAMS = {"all_reduce": ("ring", "tree", "nvls", "nvls_tree"), "all_gather": ("ring", "nvls"),
@@ -74,8 +76,9 @@ def link_kinds(topology: Topology) -> dict:
             for (a, b), rate in zip(topology.graph.edges, rates)}
 
 
-def protocol_view(topology: Topology, algorithm: str, protocol: str, generation: str | None = None) -> Topology:
-    """The topology as `protocol` moves bytes over it for `algorithm` (module docstring)."""
+def protocol_view(topology: Topology, algorithm: str, protocol: str, generation: str | None = None,
+                  collective: str = "all_reduce") -> Topology:
+    """The topology as `protocol` moves bytes over it for `algorithm` running `collective` (module docstring)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}")
     generation = fabric_of(topology, generation).generation
@@ -89,7 +92,7 @@ def protocol_view(topology: Topology, algorithm: str, protocol: str, generation:
         latency = attrs["latency"]
         if algorithm in ("nvls", "nvls_tree") and kind == "nvlink":
             efficiency *= NVLS_EFFICIENCY[generation]
-        if algorithm in ("ring", "tree"):
+        if algorithm in ("ring", "tree") and collective not in ROOTED:
             extra_us = HW_LATENCY_US[kind][algorithm][p] - HW_LATENCY_US[kind]["ring"][0]
             latency += max(0.0, extra_us) * 1e-6 / 2
         graph.add_edge(a, b, **{**attrs, "efficiency": efficiency, "latency": latency})
@@ -98,11 +101,16 @@ def protocol_view(topology: Topology, algorithm: str, protocol: str, generation:
 
 def launch_latency_s(fabric: Fabric, collective: str, algorithm: str, protocol: str) -> float:
     """Seconds NCCL's model charges once per call beyond the steps the programs time."""
+    p = PROTOCOLS.index(protocol)
+    if collective in ROOTED:  # NCCL charges a rooted ring's protocol latency once, its pipeline hiding the rest
+        kind = fabric.intra_link if fabric.nodes == 1 else "net"
+        extra_us = max(0.0, HW_LATENCY_US[kind]["ring"][p] - HW_LATENCY_US[kind]["ring"][0])
+        return (BASE_LATENCY_US[algorithm][p] + extra_us) * 1e-6
     if algorithm in ("nvls", "nvls_tree"):
         ranks = fabric.ranks
         steps = 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
         return _latency(collective, algorithm, protocol, fabric, steps, ranks / fabric.nodes) * 1e-6
-    return BASE_LATENCY_US[algorithm][PROTOCOLS.index(protocol)] * 1e-6
+    return BASE_LATENCY_US[algorithm][p] * 1e-6
 
 
 def nccl_programs(topology: Topology, collective: str, algorithm: str, buffers: list[torch.Tensor]):
@@ -146,9 +154,29 @@ def nccl_programs(topology: Topology, collective: str, algorithm: str, buffers: 
             for c in range(channels)]) for rank in range(world)]
     if collective in ("all_gather", "reduce_scatter"):
         return nodes, [_ring_shards(collective, rank, buffers[rank], orders) for rank in range(world)]
+    route = view_route(topology, nodes[orders[0][0]], nodes[orders[0][1]])
+    pieces = chain_pieces(world, buffers[0].nbytes // channels, *route)
     return nodes, [_over_channels(rank, buffers[rank], [
-        lambda part, c, rank=rank: _chain(collective, rank, part, orders[c], c) for c in range(channels)])
+        lambda part, c, rank=rank: _chain(collective, rank, part, orders[c], c, pieces) for c in range(channels)])
         for rank in range(world)]
+
+
+def chain_pieces(world: int, nbytes: int, rate_Bps: float, step_s: float) -> int:
+    """Pieces of a rooted ring (a chain of `world` ranks) that minimize its time (P + N - 2)(step + S/(P·B)):
+    P = sqrt((N-2)·S / (B·step)), between 1 and CHAIN_MAX_PIECES. Few pieces leave the chain's far end idle
+    while the pipeline fills; many pay the step latency once per piece, as NCCL's chunk size trades them."""
+    if world <= 2 or nbytes == 0:
+        return 1
+    best = math.sqrt((world - 2) * nbytes / (rate_Bps * step_s)) if step_s > 0 else CHAIN_MAX_PIECES
+    return max(1, min(CHAIN_MAX_PIECES, round(best)))
+
+
+def view_route(topology: Topology, src: str, dst: str) -> tuple[float, float]:
+    """(bottleneck rate in bytes/s, total latency in s) of the route from src to dst."""
+    path = topology.path(src, dst)
+    links = [topology.graph.edges[a, b] for a, b in zip(path, path[1:])]
+    return (min(attrs["bandwidth"] * attrs.get("efficiency", 1.0) for attrs in links),
+            sum(attrs["latency"] for attrs in links))
 
 
 def _over_channels(rank: int, buf, channel_programs):
@@ -182,14 +210,14 @@ def _ring_shards(collective: str, rank: int, buf, orders):
     return buf
 
 
-def _chain(collective: str, rank: int, buf, order: list[int], tag: int):
+def _chain(collective: str, rank: int, buf, order: list[int], tag: int, count: int):
     """NCCL's ring broadcast (root 0 sends down the ring) or reduce (the ring sums into root 0), pipelined."""
     start = order.index(0)
     chain = order[start:] + order[:start]  # root first
     if collective == "reduce":
         chain = chain[:1] + chain[1:][::-1]  # the sum flows towards the root, which ends it
     position = chain.index(rank)
-    pieces = buf.tensor_split(max(1, min(CHAIN_MAX_PIECES, -(-buf.nbytes // CHAIN_PIECE_BYTES))))
+    pieces = buf.tensor_split(count)
     before = chain[position - 1] if position > 0 else None
     after = chain[position + 1] if position + 1 < len(chain) else None
     if collective == "reduce":
