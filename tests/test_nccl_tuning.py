@@ -245,3 +245,11 @@ def test_a_reducing_switch_must_be_a_switch(tmp_path):
     with pytest.raises(Exception, match="reducing_switches\\[0\\]: 'a' is not listed under switches"):
         load_topology_file(path)
     assert nx.is_connected(switch(2).graph)
+
+
+def test_one_device_moves_nothing(capsys):
+    (row,) = benchmark_collective(switch(1), "all_reduce", "auto", [1024], numerics=True)
+    assert (row.time_s, row.wrong, row.algorithm) == (0.0, 0, "local")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["collective", "--devices", "1", "--sizes", "1K", "--json"])
+    assert exit_info.value.code == 0 and '"busbw_GBps": null' in capsys.readouterr().out

@@ -139,9 +139,14 @@ def benchmark_collective(topology: Topology, collective: str, algorithm: str, si
 
 
 def _benchmark_collective(topology, collective, algorithm, sizes, numerics, protocol, seed, dtype, generation):
-    tuning = tune(fabric := fabric_of(topology, generation))
     world = topology.num_devices
     element_size = torch.empty((), dtype=dtype).element_size()
+    if world == 1:  # nothing to move: NCCL returns at once, and so does its model (no tables for one rank)
+        for size in sizes:
+            yield _result(max(1, size // element_size) * element_size, 0.0, 1.0, 0 if numerics else None,
+                          "local", "none")
+        return
+    tuning = tune(fabric := fabric_of(topology, generation))
     for size in sizes:
         numel = max(world, size // element_size // world * world) if collective in _SHARDED else \
             max(1, size // element_size)
