@@ -37,7 +37,8 @@ from ..hw.topology import Topology
 from .all_reduce import build_all_reduce
 from .channels import channel_order, default_channels, layout_of
 from .nccl_tree import nccl_tree_all_reduce
-from .nccl_tuning import BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PROTOCOLS, Fabric, _latency
+from .nccl_tuning import (BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PROTOCOLS, Fabric,
+                          call_latency_us)
 from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce
 from .ops import Concurrently, Recv, Send
 from .ring import ring_all_gather, ring_reduce_scatter
@@ -109,7 +110,7 @@ def launch_latency_s(fabric: Fabric, collective: str, algorithm: str, protocol: 
     if algorithm in ("nvls", "nvls_tree"):
         ranks = fabric.ranks
         steps = 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
-        return _latency(collective, algorithm, protocol, fabric, steps, ranks / fabric.nodes) * 1e-6
+        return call_latency_us(collective, algorithm, protocol, fabric, steps, ranks / fabric.nodes) * 1e-6
     return BASE_LATENCY_US[algorithm][p] * 1e-6
 
 

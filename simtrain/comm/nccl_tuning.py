@@ -149,7 +149,7 @@ def tune(fabric: Fabric) -> Tuning:
                 if not (algo != "ring" and coll in ("all_gather", "reduce_scatter")):
                     bus *= ranks / steps if algo in ("ring", "nvls", "nvls_tree") else 0.5
                 bandwidth[coll, algo, proto] = bus
-                latency[coll, algo, proto] = _latency(coll, algo, proto, fabric, steps, ppn)
+                latency[coll, algo, proto] = call_latency_us(coll, algo, proto, fabric, steps, ppn)
     return Tuning(latency, bandwidth, ranks, nodes, fabric.channels)
 
 
@@ -199,8 +199,8 @@ def _bus_bandwidth(coll, algo, proto, fabric: Fabric, per_channel_intra, per_cha
     return bus
 
 
-def _latency(coll, algo, proto, fabric: Fabric, steps: int, ppn: float) -> float:
-    """NCCL's latency (us) of one call."""
+def call_latency_us(coll: str, algo: str, proto: str, fabric: Fabric, steps: int, ppn: float) -> float:
+    """NCCL's latency (us) of one call: `steps` of the collective, `ppn` ranks per node."""
     p = PROTOCOLS.index(proto)
     nodes, ranks = fabric.nodes, fabric.ranks
     intra = HW_LATENCY_US[fabric.intra_link][algo][p]
