@@ -402,6 +402,8 @@ def collective(op, algo, protocol, channels, topology, devices, bandwidth, laten
     if nccl:
         if channels is not None:
             raise SimtrainError("--channels: NCCL's algorithms run one channel per NIC rail across hosts")
+        if algo == "nccl_tree" and op != "all_reduce":
+            raise SimtrainError(f"--algo: nccl_tree runs all_reduce, not {op}")
         title, extra = f"{op.replace('_', '-')} {algo}/{protocol} (NCCL's tuning)", {"protocol": protocol}
         rows = benchmark_collective(topo, op, "tree" if algo == "nccl_tree" else algo, size_list, numerics, protocol,
                                     seed=seed)

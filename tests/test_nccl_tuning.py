@@ -224,6 +224,7 @@ def test_the_command_line_names_match_the_programs():
     (["--op", "broadcast", "--algo", "nvls"], "--algo: NCCL's broadcast runs ring or auto"),
     (["--algo", "dbtree", "--protocol", "LL"], "--protocol: dbtree is simtrain's"),
     (["--protocol", "Simple", "--channels", "2"], "--channels: NCCL's algorithms"),
+    (["--op", "reduce", "--algo", "nccl_tree"], "--algo: nccl_tree runs all_reduce, not reduce"),
 ])
 def test_bad_nccl_options_are_one_line_errors(capsys, args, expected):
     with pytest.raises(SystemExit) as exit_info:
