@@ -49,6 +49,9 @@ JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
 # the scenario schema's all-reduce names, and comm/all_to_all.py's ALL_TO_ALL keys (a test keeps them equal).
 ALL_REDUCE_ALGORITHMS = get_args(ParallelSpec.model_fields["all_reduce"].annotation)
 ALL_TO_ALL_ALGORITHMS = ("pairwise", "hierarchical")
+# NCCL's collectives and algorithms with a program (comm/nccl.py's PROGRAMS; a test keeps them equal).
+NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+NCCL_ALGORITHMS = ("nvls", "nvls_tree", "nccl_tree")
 
 
 def _errors_name_the_file(command):
@@ -357,24 +360,29 @@ def validate(scenario_file, overrides):
 
 
 @cli.command()
-@click.option("--op", type=click.Choice(("all_reduce", "all_to_all")), default="all_reduce", show_default=True,
-              help="The collective: all_to_all's size is each rank's send buffer, one block per rank.")
-@click.option("--algo", type=click.Choice(sorted({*ALL_REDUCE_ALGORITHMS, *ALL_TO_ALL_ALGORITHMS})), default=None,
-              help=f"all_reduce: {', '.join(ALL_REDUCE_ALGORITHMS)} [default: {ParallelSpec().all_reduce}]; "
-                   f"all_to_all: {', '.join(ALL_TO_ALL_ALGORITHMS)} [default: pairwise].")
+@click.option("--op", type=click.Choice(NCCL_COLLECTIVES + ("all_to_all",)), default="all_reduce", show_default=True,
+              help="The collective, sized as nccl-tests does (all_gather: the gathered buffer; reduce_scatter: the "
+                   "buffer reduced; all_to_all: each rank's send buffer, one block per rank).")
+@click.option("--algo", type=click.Choice(sorted({"auto", *NCCL_ALGORITHMS, *ALL_REDUCE_ALGORITHMS,
+                                                  *ALL_TO_ALL_ALGORITHMS})), default="auto", show_default=True,
+              help=f"auto: NCCL's tuning model chooses algorithm and protocol per size; {', '.join(NCCL_ALGORITHMS)}: "
+                   f"NCCL's, protocol chosen; all_reduce also simtrain's {', '.join(ALL_REDUCE_ALGORITHMS)}; "
+                   f"all_to_all: {', '.join(ALL_TO_ALL_ALGORITHMS)} [auto: pairwise].")
+@click.option("--protocol", type=click.Choice(("auto", "LL", "LL128", "Simple")), default="auto", show_default=True,
+              help="NCCL's protocol, with --algo auto or one of NCCL's algorithms.")
 @click.option("--channels", type=int, default=None,
-              help="all_reduce: buffer parts run side by side, one ring (or tree pair) each "
+              help="simtrain's all_reduce algorithms: buffer parts run side by side, one ring (or tree pair) each "
                    "[default: one per NIC rail across hosts, else 1].")
 @topology_options
 @click.option("--sizes", default="1K:64M", show_default=True, help="MIN:MAX bytes, doubling (K, M, G = 1024^n).")
 @click.option("--numerics/--no-numerics", default=True, show_default=True, help="Move real tensors, or meta ones.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def collective(op, algo, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
+def collective(op, algo, protocol, channels, topology, devices, bandwidth, latency, gpus_per_node, inter_bandwidth,
                inter_latency, nodes_per_leaf, oversubscription, sizes, numerics, seed, as_json):
     """Collective micro-benchmark (nccl-tests style): time, algbw, busbw per size."""
     from .comm import channel_count
-    from .comm.bench import benchmark_all_reduce, benchmark_all_to_all
+    from .comm.bench import benchmark_all_reduce, benchmark_all_to_all, benchmark_collective
     from .host_memory import require_host_memory
     from .report import finite_or_none
 
@@ -392,8 +400,19 @@ def collective(op, algo, channels, topology, devices, bandwidth, latency, gpus_p
     while low <= high:
         size_list.append(low)
         low *= 2
-    if op == "all_to_all":
-        algo = algo or "pairwise"
+    nccl = algo == "auto" and op != "all_to_all" or algo in NCCL_ALGORITHMS or op not in ("all_reduce", "all_to_all")
+    if protocol != "auto" and not nccl:
+        raise SimtrainError(f"--protocol: {algo} is simtrain's {op} algorithm, without NCCL's protocols")
+    if nccl:
+        if channels is not None:
+            raise SimtrainError("--channels: NCCL's algorithms run one channel per NIC rail across hosts")
+        if algo == "nccl_tree" and op != "all_reduce":
+            raise SimtrainError(f"--algo: nccl_tree runs all_reduce, not {op}")
+        title, extra = f"{op.replace('_', '-')} {algo}/{protocol} (NCCL's tuning)", {"protocol": protocol}
+        rows = benchmark_collective(topo, op, "tree" if algo == "nccl_tree" else algo, size_list, numerics, protocol,
+                                    seed=seed)
+    elif op == "all_to_all":
+        algo = "pairwise" if algo == "auto" else algo
         if algo not in ALL_TO_ALL_ALGORITHMS:
             raise SimtrainError(f"--algo: {algo} is not an all_to_all algorithm; known: "
                                 f"{', '.join(ALL_TO_ALL_ALGORITHMS)}")
@@ -402,27 +421,30 @@ def collective(op, algo, channels, topology, devices, bandwidth, latency, gpus_p
         title, extra = f"all-to-all {algo}", {}
         rows = benchmark_all_to_all(topo, algo, size_list, numerics, seed=seed)
     else:
-        algo = algo or ParallelSpec().all_reduce
         if algo not in ALL_REDUCE_ALGORITHMS:
-            raise SimtrainError(f"--algo: {algo} is not an all_reduce algorithm; known: "
-                                f"{', '.join(ALL_REDUCE_ALGORITHMS)}")
+            raise SimtrainError(f"--algo: {algo} is not an all_reduce algorithm; known: auto, "
+                                f"{', '.join(NCCL_ALGORITHMS + ALL_REDUCE_ALGORITHMS)}")
         channels = channel_count(algo, topo, topo.devices, channels, "--algo", "--channels")
         title, extra = f"all-reduce {algo}", {"channels": channels}
         rows = benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed, channels=channels)
     if not as_json:
         console.print(f"# {title} on {topo.name}, {topo.num_devices} devices, "
-                      + (f"{channels} channel(s), " if extra else "") + f"numerics {'on' if numerics else 'off'}")
-        console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
+                      + (f"{channels} channel(s), " if "channels" in extra else "")
+                      + f"numerics {'on' if numerics else 'off'}")
+        console.print(f"{'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}"
+                      + (f" {'algorithm':>16}" if nccl else ""))
     for row in rows:
+        chosen = {"nccl_algorithm": row.algorithm, "protocol": row.protocol} if nccl else {}
         if as_json:
             click.echo(json.dumps(finite_or_none({**({"op": op} if op != "all_reduce" else {}), "algorithm": algo,
-                                                  **extra, "bytes": row.nbytes, "time_s": row.time_s,
+                                                  **extra, **chosen, "bytes": row.nbytes, "time_s": row.time_s,
                                                   "algbw_GBps": row.algbw_GBps, "busbw_GBps": row.busbw_GBps}),
                                   allow_nan=False))
         else:
             wrong = "n/a" if row.wrong is None else str(row.wrong)
             console.print(f"{row.nbytes:>12} {row.time_s * 1e6:>12.2f} {row.algbw_GBps:>13.3f} "
-                          f"{row.busbw_GBps:>13.3f} {wrong:>7}")
+                          f"{row.busbw_GBps:>13.3f} {wrong:>7}"
+                          + (f" {row.algorithm + '/' + row.protocol:>16}" if nccl else ""))
 
 
 @cli.command()

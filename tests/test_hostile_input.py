@@ -343,7 +343,7 @@ def test_hostile_command_lines_are_one_line(capsys, args, expected):
 
 
 def test_collective_json_on_one_device_is_json(capsys):
-    assert cli("collective", "--devices", "1", "--sizes", "1K:2K", "--json") == 0
+    assert cli("collective", "--algo", "ring", "--devices", "1", "--sizes", "1K:2K", "--json") == 0
     rows = [strict_json(line) for line in capsys.readouterr().out.splitlines()]
     assert rows == [{"algorithm": "ring", "channels": 1, "bytes": 1024, "time_s": 0, "algbw_GBps": None,
                      "busbw_GBps": None},

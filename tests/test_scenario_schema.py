@@ -39,11 +39,11 @@ def collective_json(capsys, *options) -> list[dict]:
 def test_the_cli_and_spawn_take_their_defaults_from_the_specs(capsys):
     link = ClusterSpec().link
     assert link == LinkSpec(bandwidth=50e9, latency=5e-6)
-    # simtrain collective's links are cluster.link's unless given, and its algorithm parallel.all_reduce's
+    # simtrain collective's links are cluster.link's unless given; its algorithm NCCL's choice (auto)
     default = collective_json(capsys)
-    given = collective_json(capsys, "--bandwidth", "50 GB/s", "--latency", "5 us", "--algo", "ring",
+    given = collective_json(capsys, "--bandwidth", "50 GB/s", "--latency", "5 us", "--algo", "auto",
                             "--topology", "ring")
-    assert default == given and default[0]["algorithm"] == ParallelSpec().all_reduce
+    assert default == given and default[0]["algorithm"] == "auto"
     assert collective_json(capsys, "--bandwidth", "100 GB/s")[0]["time_s"] < default[0]["time_s"]
     # simtrain.dist.spawn's keywords left out are the scenario's defaults
     spec = spawn_scenario(2, None, None, None, None, None, None, None)

@@ -34,6 +34,8 @@ from ..hw.topology import Topology
 from . import build_all_reduce
 from .all_to_all import ALL_TO_ALL
 from .channels import layout_of
+from .nccl import PROGRAMS, fabric_of, launch_latency_s, nccl_programs, protocol_view
+from .nccl_tuning import PROTOCOLS, tune
 from .simulated import SimCommunicator
 
 
@@ -44,6 +46,8 @@ class CollectiveResult:
     algbw_GBps: float
     busbw_GBps: float
     wrong: int | None  # ranks whose result differs from the reference; None without numerics
+    algorithm: str | None = None  # benchmark_collective: NCCL's algorithm and protocol that ran
+    protocol: str | None = None
 
 
 def benchmark_all_reduce(topology: Topology, algorithm: str, sizes: list[int], numerics: bool,
@@ -101,10 +105,10 @@ def _buffers(world: int, numel: int, numerics: bool, seed: int, dtype: torch.dty
     return [torch.randn(numel, generator=g, dtype=dtype) for g in generators]
 
 
-def _time(topology: Topology, programs: list, name: str) -> float:
+def _time(topology: Topology, programs: list, name: str, nodes: list[str] | None = None) -> float:
     """When the last of the ranks' programs ends, all started at time zero on an idle network."""
     env = simpy.Environment()
-    comm = SimCommunicator(Network(env, topology, record=False), topology.devices, exclusive=True)
+    comm = SimCommunicator(Network(env, topology, record=False), nodes or topology.devices, exclusive=True)
     finished_s = []
     for rank, program in enumerate(programs):
         comm.run(rank, program).callbacks.append(lambda _: finished_s.append(env.now))
@@ -114,6 +118,84 @@ def _time(topology: Topology, programs: list, name: str) -> float:
     return max(finished_s)
 
 
-def _result(nbytes: int, elapsed_s: float, bus_factor: float, wrong: int | None) -> CollectiveResult:
+def _result(nbytes: int, elapsed_s: float, bus_factor: float, wrong: int | None, *choice) -> CollectiveResult:
     algbw = nbytes / elapsed_s / 1e9 if elapsed_s > 0 else float("inf")
-    return CollectiveResult(nbytes, elapsed_s, algbw, algbw * bus_factor, wrong)
+    return CollectiveResult(nbytes, elapsed_s, algbw, algbw * bus_factor, wrong, *choice)
+
+
+def benchmark_collective(topology: Topology, collective: str, algorithm: str, sizes: list[int], numerics: bool,
+                         protocol: str = "auto", seed: int = 0, dtype: torch.dtype = torch.float32,
+                         generation: str | None = None):
+    """Yield one CollectiveResult per size for a collective as NCCL runs it (comm/nccl.py): `algorithm` and
+    `protocol` NCCL's names, or "auto" for the pair (or the protocol) its tuning model chooses per size. The
+    time is the flow model's for the algorithm's program on the protocol's view of the links, plus the
+    launch latency NCCL's model charges once per call. A bad algorithm raises at the call, not the first row."""
+    if collective not in PROGRAMS or algorithm not in ("auto", *PROGRAMS[collective]):
+        raise ScenarioError(f"--algo: NCCL's {collective} runs {', '.join(PROGRAMS.get(collective, ()))} or auto, "
+                            f"got {algorithm!r}")
+    if protocol not in ("auto", *PROTOCOLS):
+        raise ScenarioError(f"--protocol: one of auto, {', '.join(PROTOCOLS)}, got {protocol!r}")
+    return _benchmark_collective(topology, collective, algorithm, sizes, numerics, protocol, seed, dtype, generation)
+
+
+def _benchmark_collective(topology, collective, algorithm, sizes, numerics, protocol, seed, dtype, generation):
+    world = topology.num_devices
+    element_size = torch.empty((), dtype=dtype).element_size()
+    if world == 1:  # nothing to move: NCCL returns at once, and so does its model (no tables for one rank)
+        for size in sizes:
+            yield _result(max(1, size // element_size) * element_size, 0.0, 1.0, 0 if numerics else None,
+                          "local", "none")
+        return
+    tuning = tune(fabric := fabric_of(topology, generation))
+    for size in sizes:
+        numel = max(world, size // element_size // world * world) if collective in _SHARDED else \
+            max(1, size // element_size)
+        nbytes = numel * element_size
+        algo, proto = _choice(tuning, collective, algorithm, protocol, nbytes)
+        buffers = _buffers(world, numel, numerics, seed, dtype)
+        inputs = [buffer.clone() for buffer in buffers] if numerics else None
+        view = protocol_view(topology, algo, proto, fabric.generation, collective)
+        nodes, programs = nccl_programs(view, collective, algo, buffers)
+        elapsed_s = _time(view, programs, f"{algo} {collective}", nodes)
+        elapsed_s += launch_latency_s(fabric, collective, algo, proto)
+        wrong = _wrong(collective, inputs, buffers) if numerics else None
+        yield _result(nbytes, elapsed_s, BUS_FACTOR[collective](world), wrong, algo, proto)
+
+
+_SHARDED = ("all_gather", "reduce_scatter")
+# nccl-tests' doc/PERFORMANCE.md: busbw = algbw * factor(N).
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+
+
+def _choice(tuning, collective: str, algorithm: str, protocol: str, nbytes: int) -> tuple[str, str]:
+    """The (algorithm, protocol) to run: as given, or the least predicted time where "auto" (among the
+    algorithms with a program: NCCL's choice but for PAT, which needs one GPU per node)."""
+    candidates = [(a, p) for a in (PROGRAMS[collective] if algorithm == "auto" else (algorithm,))
+                  for p in (PROTOCOLS if protocol == "auto" else (protocol,))]
+    times = {pair: tuning.time_us(collective, *pair, nbytes) for pair in candidates}
+    best = min(times, key=times.get)
+    if times[best] == float("inf"):
+        raise ScenarioError(f"--algo: NCCL does not run {algorithm} with protocol {protocol} for {collective} "
+                            "on this topology")
+    return best
+
+
+def _wrong(collective: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    """Ranks whose result differs from the one computed directly with torch."""
+    world = len(inputs)
+    total = torch.stack(inputs).double().sum(dim=0)
+    if collective == "all_reduce":
+        expected = [total] * world
+    elif collective == "reduce_scatter":
+        expected = list(total.tensor_split(world))
+        outputs = [output.tensor_split(world)[rank] for rank, output in enumerate(outputs)]
+    elif collective == "all_gather":
+        expected = [torch.cat([inputs[rank].tensor_split(world)[rank] for rank in range(world)])] * world
+    elif collective == "broadcast":
+        expected = [inputs[0]] * world
+    else:  # reduce: root 0
+        expected, outputs = [total], outputs[:1]
+    tolerance = 1e-5 * world
+    return sum(not torch.allclose(out.double(), ref.double(), rtol=1e-5, atol=tolerance)
+               for out, ref in zip(outputs, expected))

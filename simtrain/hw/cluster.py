@@ -123,7 +123,8 @@ class ResolvedCluster:
         cluster's graph, not this one's); a builder's, built now."""
         if self.topology_file is not None:
             loaded = self.topology_file
-            return Topology(loaded.graph.copy(), loaded.devices, loaded.name, private=loaded.private)
+            return Topology(loaded.graph.copy(), loaded.devices, loaded.name, private=loaded.private,
+                            reducing=loaded.reducing)
         spec = self.spec
         return build_topology(
             spec.topology, spec.devices, _link_class(spec.link),

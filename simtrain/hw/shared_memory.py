@@ -77,4 +77,5 @@ def attach_shared_memory(topology: Topology, spec: SharedMemorySpec) -> tuple[To
     capacity = inf if spec.capacity is None else spec.capacity
     store = SharedMemory(location=spec.location, node=STORE_NODE, bandwidth=spec.bandwidth, latency=spec.latency,
                          memory=MemoryLedger(f"shared memory ({spec.location})", capacity))
-    return Topology(graph, topology.devices, topology.name, private=topology.private | private), store
+    return Topology(graph, topology.devices, topology.name, private=topology.private | private,
+                    reducing=topology.reducing), store

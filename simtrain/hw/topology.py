@@ -3,7 +3,8 @@
 A topology is an undirected networkx graph whose edges carry `bandwidth`
 (bytes/s, per direction: links are full duplex), `latency` (seconds per hop)
 and optionally `efficiency` (the achievable fraction of `bandwidth`, default 1),
-plus the list of GPU nodes in rank order. Routing is static: a transfer takes the
+plus the list of GPU nodes in rank order, and the switches that can reduce (`reducing`: an
+NVSwitch of the H100 generation sums what GPUs send it and multicasts the result, NVLink SHARP). Routing is static: a transfer takes the
 path of least total latency, then fewest hops; ties are broken by the order in
 which nodes were added to the graph, so the same topology always routes the same
 way. A failed link leaves the graph (`remove_link`, hw/faults.py) and routes are
@@ -24,13 +25,15 @@ class Topology:
     """A validated graph of GPUs and switches with static shortest-path routing."""
 
     def __init__(self, graph: nx.Graph, devices: list[str], name: str = "custom",
-                 private: frozenset[str] = frozenset()):
+                 private: frozenset[str] = frozenset(), reducing: frozenset[str] = frozenset()):
         self.graph = graph
         self.devices = list(devices)
         self.name = name
         # Nodes that carry only traffic to or from private nodes (a shared-memory store and the
         # host bridge in front of it): GPU-to-GPU routes never cross them.
         self.private = frozenset(private)
+        # Switches that reduce what GPUs send them and multicast the result (NVLink SHARP, NCCL's NVLS).
+        self.reducing = frozenset(reducing)
         self._validate()
         self.path = lru_cache(maxsize=None)(self._route)
 
@@ -42,6 +45,9 @@ class Topology:
         for node in self.devices:
             if node not in self.graph:
                 raise TopologyError(f"topology {self.name}: unknown node {node!r}")
+        for node in sorted(self.reducing):
+            if node not in self.graph or node in self.devices:
+                raise TopologyError(f"topology {self.name}: reducing switch {node!r} is not a switch of the graph")
         for a, b, attrs in self.graph.edges(data=True):
             for key in ("bandwidth", "latency"):
                 if key not in attrs:

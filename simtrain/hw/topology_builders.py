@@ -31,6 +31,7 @@ A topology file describes any other network:
     name: dgx-a100-2node           # optional; default: the file's stem
     gpus: [n0g0, n0g1, ...]        # required, rank order
     switches: [n0-nvswitch, ...]   # optional, nodes that are not GPUs
+    reducing_switches: [n0-nvswitch]  # optional, switches that reduce and multicast (NVLS)
     link_classes:                  # optional, named link kinds for `class:`
       nvlink3: {bandwidth: "300 GB/s", latency: "0.25 us", efficiency: 0.8}
     links:                         # undirected, full duplex
@@ -63,7 +64,7 @@ from .topology import Topology
 
 BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree")
 
-_FILE_KEYS = ("name", "gpus", "switches", "link_classes", "links")
+_FILE_KEYS = ("name", "gpus", "switches", "reducing_switches", "link_classes", "links")
 _LINK_KEYS = ("between", "class", "bandwidth", "latency", "efficiency")
 
 
@@ -287,17 +288,17 @@ def load_topology_file(path) -> Topology:
     path = Path(path)
     data = load_yaml_file(path, f"topology file {path}", TopologyError)
     try:
-        name, graph, gpus = _parse_file(data, default_name=path.stem)
+        name, graph, gpus, reducing = _parse_file(data, default_name=path.stem)
     except ScenarioError as exc:
         raise TopologyError(f"topology file {path}: {exc}") from None
     # Built under the file's path so that graph errors (disconnected, ...) name the file.
-    topology = Topology(graph, gpus, name=f"file {path}")
+    topology = Topology(graph, gpus, name=f"file {path}", reducing=reducing)
     topology.name = name
     return topology
 
 
-def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str]]:
-    """(name, graph, gpus) from a loaded YAML document; ScenarioError naming the field."""
+def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str], frozenset[str]]:
+    """(name, graph, gpus, reducing switches) from a loaded YAML document; ScenarioError naming the field."""
     if not isinstance(data, Mapping):
         raise ScenarioError(f"expected a mapping with keys {', '.join(_FILE_KEYS)}, got {type(data).__name__}")
     for key in data:
@@ -315,6 +316,10 @@ def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str]]:
     if len(gpus) > MAX_DEVICES:
         raise ScenarioError(f"gpus: {len(gpus)} GPUs; at most {MAX_DEVICES} are simulated")
     switches = _node_list(data.get("switches", []), "switches", seen)
+    reducing = _node_list(data.get("reducing_switches", []), "reducing_switches", {})
+    for index, node in enumerate(reducing):
+        if node not in switches:
+            raise ScenarioError(f"reducing_switches[{index}]: {node!r} is not listed under switches")
     classes = _link_classes(data.get("link_classes", {}))
 
     graph = nx.Graph()
@@ -330,7 +335,7 @@ def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str]]:
             raise ScenarioError(f"links[{index}]: link {a}-{b} listed twice (also links[{first_listed[pair]}])")
         first_listed[pair] = index
         graph.add_edge(a, b, bandwidth=link.bandwidth, latency=link.latency, efficiency=link.efficiency)
-    return name, graph, gpus
+    return name, graph, gpus, frozenset(reducing)
 
 
 def _node_list(value, field: str, seen: dict[str, str]) -> list[str]:
