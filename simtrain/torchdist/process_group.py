@@ -145,7 +145,8 @@ class Group:
     def point_to_point(self, kind: str, me: int, peer: int, tag: int, tensor: torch.Tensor) -> SimWork:
         """Post a send to, or a recv from, group rank `peer` on the group's communicator (the one mailbox:
         matched per (src, dst, tag) in posting order); it moves once the peer posts its match."""
-        program = _send(peer, tensor, tag) if kind == "send" else _recv(peer, tensor, tag)
+        # a recv buffer may require grad (pipelining's): the transfer writes its storage, not autograd's leaf
+        program = _send(peer, tensor, tag) if kind == "send" else _recv(peer, tensor.detach(), tag)
         done = self.comm.wait(self.comm.post(me, program, kind))  # the rank's own transfer, charged from now
         what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
                 f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
