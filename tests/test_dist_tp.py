@@ -164,6 +164,7 @@ def llama(request):
     return request.param, simtrain.dist.spawn(simtrain_llama, world=request.param)
 
 
+@pytest.mark.slow
 def test_fsdp2_times_tensor_parallel_llama_equals_one_process_on_the_global_batch(llama):
     world, results = llama
     expected = single_process(world // WORLDS[world])
@@ -174,6 +175,7 @@ def test_fsdp2_times_tensor_parallel_llama_equals_one_process_on_the_global_batc
                 torch.testing.assert_close(out[f"{kind}.{name}"], value, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.gloo
 def test_fsdp2_times_tensor_parallel_llama_gives_what_gloo_gives(llama):
     world, results = llama
