@@ -38,6 +38,7 @@ def pipeline(request):
     return name, simtrain.dist.spawn(lambda rank, size: simtrain_pipeline(rank, size, name), world=world)
 
 
+@pytest.mark.slow
 def test_each_stage_s_parameters_equal_one_process_on_the_global_batch(pipeline):
     name, results = pipeline
     world, pp, tp = RUNS[name][:3]

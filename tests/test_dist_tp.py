@@ -59,10 +59,18 @@ def functional_and_dtensor(rank, world):
     return out
 
 
-def test_functional_collectives_and_redistributions_meet_their_definitions():
-    world = 4
-    results = simtrain.dist.spawn(lambda rank, size: (dist.init_process_group("simtrain"),
-                                                      functional_and_dtensor(rank, size))[1], world=world)
+def simtrain_functional_and_dtensor(rank, world):
+    dist.init_process_group("simtrain")
+    return functional_and_dtensor(rank, world)
+
+
+@pytest.fixture(scope="module")
+def functional():
+    return simtrain.dist.spawn(simtrain_functional_and_dtensor, world=4)
+
+
+def test_functional_collectives_and_redistributions_meet_their_definitions(functional):
+    world, results = 4, functional
     ranks = range(world)
     partial_sum = sum(seeded(r, 2 * world, 3, salt=7) for r in ranks)
     sharded_full = torch.cat([seeded(r, 2, 2 * world, salt=8) for r in ranks])
@@ -92,6 +100,14 @@ def test_functional_collectives_and_redistributions_meet_their_definitions():
         assert out.keys() == expected.keys()
         for name, value in expected.items():
             torch.testing.assert_close(out[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_two_runs_give_identical_results_and_reports(functional):
+    again = simtrain.dist.spawn(simtrain_functional_and_dtensor, world=4)
+    for a, b in zip(functional, again):
+        assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    assert functional.report.data == again.report.data and functional.report.trace == again.report.trace
+    assert functional.report.data["sim_time_s"] > 0
 
 
 def test_a_functional_collective_overlaps_the_compute_before_its_wait():
