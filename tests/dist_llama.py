@@ -1,16 +1,19 @@
 """A small llama-style model and its torch-native parallel training loops, run on simtrain ranks and on gloo.
 
 The model is torchtitan's shape in miniature (token embedding, RMSNorm, attention
-with rotary-free heads, a SwiGLU feed-forward, an output projection), and the
+with causal heads and no rotary embedding, a SwiGLU feed-forward, an output
+projection), and the
 loops use only torch's own APIs: `init_device_mesh`, `parallelize_module` with
 ColwiseParallel / RowwiseParallel / SequenceParallel / PrepareModuleInput,
 FSDP2's `fully_shard`, and `torch.distributed.pipelining`. Every function here is
 module-level, so the gloo reference (tests/gloo_processes.py) can pickle it.
+Called in a rank whose process group is initialized (simtrain or gloo):
 
-    params = tp_fsdp_training(rank, world, tp=2)   # {name: full tensor}, after STEPS AdamW steps
+    params = tp_fsdp_training(world, tp=2, sequence_parallel=True)   # {name: full tensor} after STEPS SGD steps
+    params = pipeline_training(world, pp=2, tp=2, schedule="1f1b")   # this rank's stages' parameters
+    expected = single_process(dp=world // 4)                         # the whole model on the global batch
 """
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -128,11 +131,17 @@ def parallelize_tp(model, tp_mesh, sequence_parallel):
         parallelize_module(block, tp_mesh, plan)
 
 
-def shard_fsdp(model, dp_mesh):
-    """FSDP2 per transformer block and on the root, over the mesh's data-parallel dimension."""
-    for block in model.layers.values():
+def shard_fsdp(model, dp_mesh, prefetch=False):
+    """FSDP2 per transformer block and on the root, over the mesh's data-parallel dimension; with `prefetch`,
+    each block's all-gather is started explicitly by the block before it (after it, in backward)."""
+    blocks = list(model.layers.values())
+    for block in blocks:
         fully_shard(block, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
+    if prefetch:
+        for before, after in zip(blocks, blocks[1:]):
+            before.set_modules_to_forward_prefetch([after])
+            after.set_modules_to_backward_prefetch([before])
 
 
 def full_parameters(model):
@@ -140,12 +149,13 @@ def full_parameters(model):
             for name, value in model.state_dict().items()}
 
 
-def tp_fsdp_training(world, tp, sequence_parallel):
-    """This rank's full parameters after STEPS of FSDP2 (over "dp") x tensor parallelism (over "tp")."""
+def tp_fsdp_training(world, tp, sequence_parallel, prefetch=False):
+    """This rank's full parameters after STEPS of FSDP2 (over "dp", `prefetch`: shard_fsdp) x tensor
+    parallelism (over "tp")."""
     mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
     model = make_model()
     parallelize_tp(model, mesh["tp"], sequence_parallel)
-    shard_fsdp(model, mesh["dp"])
+    shard_fsdp(model, mesh["dp"], prefetch)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for tokens, targets in batches(mesh["dp"].get_local_rank()):
         optimizer.zero_grad()

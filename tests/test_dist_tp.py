@@ -164,10 +164,13 @@ def test_tensor_parallel_styles_send_the_ring_s_bytes_and_compute_the_single_pro
 
 def llama_code(rank, world):
     """The llama-style model trained with FSDP2 x tensor parallelism on a ("dp", "tp") mesh, without and with
-    sequence parallel styles. Runs under gloo too."""
+    sequence parallel styles (on 4 ranks also with FSDP2's explicit prefetching). Runs under gloo too."""
     tp = WORLDS[world]
-    return {**{f"tp.{k}": v for k, v in tp_fsdp_training(world, tp, sequence_parallel=False).items()},
-            **{f"sp.{k}": v for k, v in tp_fsdp_training(world, tp, sequence_parallel=True).items()}}
+    variants = {"tp": {"sequence_parallel": False}, "sp": {"sequence_parallel": True}}
+    if world == 4:
+        variants["prefetch"] = {"sequence_parallel": True, "prefetch": True}
+    return {f"{variant}.{name}": value for variant, options in variants.items()
+            for name, value in tp_fsdp_training(world, tp, **options).items()}
 
 
 def simtrain_llama(rank, world):
@@ -184,11 +187,12 @@ def llama(request):
 def test_fsdp2_times_tensor_parallel_llama_equals_one_process_on_the_global_batch(llama):
     world, results = llama
     expected = single_process(world // WORLDS[world])
+    variants = ("tp", "sp", "prefetch") if world == 4 else ("tp", "sp")
     for out in results:
-        assert len(out) == 2 * len(expected)
+        assert len(out) == len(variants) * len(expected)
         for name, value in expected.items():
-            for kind in ("tp", "sp"):
-                torch.testing.assert_close(out[f"{kind}.{name}"], value, rtol=0, atol=1e-5)
+            for variant in variants:
+                torch.testing.assert_close(out[f"{variant}.{name}"], value, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow
