@@ -10,6 +10,6 @@ must be a module-level function (it is pickled by name).
 from simtrain.real.processes import spawn
 
 
-def run_on_gloo(fn, world: int) -> list:
-    """Every rank's `fn(rank, world)` over a gloo process group of `world` processes."""
-    return spawn(fn, world)
+def run_on_gloo(fn, world: int, args: tuple = ()) -> list:
+    """Every rank's `fn(rank, world, *args)` over a gloo process group of `world` processes."""
+    return spawn(fn, world, args)

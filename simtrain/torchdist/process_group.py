@@ -145,7 +145,8 @@ class Group:
     def point_to_point(self, kind: str, me: int, peer: int, tag: int, tensor: torch.Tensor) -> SimWork:
         """Post a send to, or a recv from, group rank `peer` on the group's communicator (the one mailbox:
         matched per (src, dst, tag) in posting order); it moves once the peer posts its match."""
-        program = _send(peer, tensor, tag) if kind == "send" else _recv(peer, tensor, tag)
+        # a recv buffer may require grad (pipelining's): the transfer writes its storage, not autograd's leaf
+        program = _send(peer, tensor, tag) if kind == "send" else _recv(peer, tensor.detach(), tag)
         done = self.comm.wait(self.comm.post(me, program, kind))  # the rank's own transfer, charged from now
         what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
                 f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
@@ -183,11 +184,11 @@ class SimProcessGroup(dist.ProcessGroup):
         self._name = name
 
     def allreduce(self, tensors, opts=None):
-        tensor, op = _one(tensors, "all_reduce"), _reduce_op(opts)
+        tensor, op = _one(tensors, "all_reduce"), _reduce_op(opts, "all_reduce")
         return self._post(f"all_reduce({op}) of {_sizes(tensor)}", lambda: self._all_reduce(tensor, op), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        op = _reduce_op(opts)
+        op = _reduce_op(opts, "all_reduce_coalesced")
 
         def program():
             for tensor in tensors:
@@ -213,7 +214,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         tensor = _one(tensors, "reduce")
-        op, root, world = _reduce_op(opts), opts.rootRank, len(self.group.ranks)
+        op, root, world = _reduce_op(opts, "reduce"), opts.rootRank, len(self.group.ranks)
 
         def program():
             buf = tensor if self._me == root else tensor.clone()  # only the root's tensor changes
@@ -272,13 +273,14 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         output, inputs = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter")
-        return self._scatter("reduce_scatter", [output], [inputs], _reduce_op(opts))
+        return self._scatter("reduce_scatter", [output], [inputs], _reduce_op(opts, "reduce_scatter"))
 
     def reduce_scatter_single(self, output, input, opts=None):
-        return self._scatter_rows("reduce_scatter_tensor", [output], [input], _reduce_op(opts))
+        return self._scatter_rows("reduce_scatter_tensor", [output], [input], _reduce_op(opts, "reduce_scatter_tensor"))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._scatter_rows("reduce_scatter_tensor_coalesced", outputs, inputs, _reduce_op(opts))
+        return self._scatter_rows("reduce_scatter_tensor_coalesced", outputs, inputs,
+                                  _reduce_op(opts, "reduce_scatter_tensor_coalesced"))
 
     def _scatter_rows(self, name, outputs, inputs, op):
         """Each of `inputs`, split in world rows, reduce-scattered into the matching one of `outputs`."""
@@ -346,11 +348,11 @@ def _one(tensors: list, name: str):
     return tensors[0]
 
 
-def _reduce_op(opts) -> str:
+def _reduce_op(opts, collective: str) -> str:
     op = REDUCE_OPS.get(opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM)
     if op is None:
-        raise SimtrainError(f"reduce op {opts.reduceOp.op.name}: the simtrain backend supports "
-                            f"{', '.join(REDUCE_OPS.values())}")
+        raise SimtrainError(f"{collective}: reduce op {opts.reduceOp.op.name} is not supported by the simtrain "
+                            f"backend (it supports {', '.join(REDUCE_OPS.values())})")
     return op
 
 
