@@ -93,7 +93,7 @@ def test_a_capacity_drops_the_tokens_one_device_drops():
 
 def one_step(spec):
     cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
-    job = Job(spec, cluster, range(cluster.size))
+    job = Job(spec, cluster, range(cluster.size), numerics=spec.numerics)
     job.start()
     run_to_end(cluster.env)
     return job
@@ -159,3 +159,31 @@ def test_moe_on_the_mlp_model_is_refused(capsys):
     assert cli("validate", str(ROOT / "scenarios" / "quickstart.yaml"), "--set", "model.moe={}", "--set",
                "parallel.ep=2") == 2
     assert "model.moe: mixture-of-experts layers are for the gpt model, not mlp" in capsys.readouterr().err
+
+
+def test_one_overloaded_expert_makes_its_rank_the_step():
+    """Numerics off, top-1, every token routed to expert 0 (on rank 0) against balanced routing, 2 ranks on a
+    switch: the other rank waits for rank 0 at every exchange, so the step takes longer by rank 0's extra expert
+    work, T more tokens through an MLP of 16 H^2 FLOPs per token forward and 32 H^2 backward, and by the four
+    exchanges carrying T tokens one way instead of T/2 each way: 4 (T/2) (4 H bytes) / B."""
+    bandwidth = 1e9
+
+    def step_s(routing):
+        spec = validate_scenario({
+            "name": "t", "seed": 1, "numerics": False,
+            "cluster": {"topology": "switch", "devices": 2, "device": "a100-40gb",
+                        "link": {"bandwidth": bandwidth, "latency": 1e-6}},
+            "model": {"name": "gpt", "hidden": HIDDEN, "layers": 1, "heads": 2,
+                      "moe": {"experts": 2, "top_k": 1, "aux_loss_coeff": 0.0, "routing": routing}},
+            "data": {"name": "tokens", "batch_size": BATCH, "seq_len": 8, "vocab": 32},
+            "train": {"steps": 1, "optimizer": {"name": "sgd", "lr": LR}},
+            "parallel": {"ep": 2}, "report": {"trace": False}})
+        job = one_step(spec)
+        return job.scheme.report_sections()["moe"]["step_time_s"][0], job.devices[0]
+
+    balanced, device = step_s({"model": "balanced"})
+    forced, _ = step_s({"model": "histogram", "histogram": [1, 0]})
+    tokens = BATCH * 8  # T, one rank's tokens
+    extra_experts = device.compute_time(48 * HIDDEN ** 2 * tokens, "fp32")
+    extra_exchanges = 4 * (tokens / 2) * HIDDEN * 4 / bandwidth
+    assert forced - balanced == pytest.approx(extra_experts + extra_exchanges, rel=1e-9)
