@@ -103,6 +103,10 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if scenario.pbt is not None:
         plot_population(report.data["pbt"], out / "pbt.png")
         written.append(out / "pbt.png")
+    if report.data.get("moe") is not None:
+        from .report.moe_plot import plot_moe
+        plot_moe(report.data["moe"], out / "moe.png")
+        written.append(out / "moe.png")
     if report.data["status"] == "out_of_memory":
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
