@@ -40,7 +40,7 @@ exchanges move meta tensors of the drawn sizes.
     yield from step.backward(loss)
     step.layers            # per MoE layer: assignments and kept tokens, [src][expert], of this rank's group
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,11 +55,13 @@ from ..train.moe_routing import draw_assignments, routing_generator
 
 @dataclass(frozen=True)
 class EpGroup:
-    """A rank's ep group: its communicator, the rank's place in it, and the job ranks in it."""
+    """A rank's ep group: its communicator, the rank's place in it, the job ranks in it, and (numerics off) the
+    routing drawn for the group, shared by its ranks: (step, layer) -> [assignments, ranks yet to read them]."""
 
     comm: object
     index: int
     ranks: tuple[int, ...]
+    draws: dict = field(default_factory=dict, compare=False)
 
     @property
     def size(self) -> int:
@@ -215,11 +217,7 @@ class ExpertParallelStep:
     def _assignments(self, tokens, chosen, experts: int, top_k: int, layer: int):
         """Step program: every group rank's assignments per expert, [src][expert], all-gathered by ring."""
         group = self.group
-        if tokens.is_meta:  # no router ran: each rank's draw from the routing model (deterministic, seeded)
-            assigned = [draw_assignments(self.routing, experts, tokens.shape[0] * top_k,
-                                         routing_generator(self.seed, self.step, layer, rank)) for rank in group.ranks]
-        else:
-            assigned = None
+        assigned = self._drawn(experts, tokens.shape[0] * top_k, layer) if tokens.is_meta else None
         chunks = [torch.zeros(experts, dtype=torch.int64, device=tokens.device) for _ in group.ranks]
         mine = (group.index + 1) % group.size  # the chunk ring_all_gather expects this position to hold
         if assigned is None:
@@ -230,6 +228,21 @@ class ExpertParallelStep:
         if assigned is None:
             assigned = [chunks[(src + 1) % group.size].tolist() for src in range(group.size)]
         return assigned
+
+
+    def _drawn(self, experts: int, assignments: int, layer: int) -> list[list[int]]:
+        """No router ran: each group rank's draw from the routing model (seeded by step, layer and rank), drawn
+        once for the group by its first rank to get there."""
+        group, key = self.group, (self.step, layer)
+        if key not in group.draws:
+            group.draws[key] = [[draw_assignments(self.routing, experts, assignments,
+                                                  routing_generator(self.seed, self.step, layer, rank))
+                                 for rank in group.ranks], group.size]
+        entry = group.draws[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del group.draws[key]
+        return entry[0]
 
 
 def _route(block: MoEBlock, stream: torch.Tensor):

@@ -65,9 +65,9 @@ class ExpertParallel(SyncDataParallel):
         self.ep_groups, self.expert_groups = {}, {}
         for first in range(0, self.world, ep):
             ranks = tuple(range(first, first + ep))
-            comm = job.communicator(list(ranks))
+            comm, draws = job.communicator(list(ranks)), {}
             for index, rank in enumerate(ranks):
-                self.ep_groups[rank] = EpGroup(comm, index, ranks)
+                self.ep_groups[rank] = EpGroup(comm, index, ranks, draws)
         for index in range(ep):
             ranks = list(range(index, self.world, ep))
             if len(ranks) > 1:
