@@ -17,7 +17,9 @@ from simtrain.job import Job
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import hold_out_validation, load_dataset
 from simtrain.train.models import build_model
+from simtrain.scenario.model import RoutingSpec
 from simtrain.train.moe import MoE
+from simtrain.train.moe_routing import draw_assignments, routing_generator
 from simtrain.train.sampling import build_loader
 
 STEPS, BATCH, HIDDEN, LR = 3, 4, 16, 0.1
@@ -187,3 +189,26 @@ def test_one_overloaded_expert_makes_its_rank_the_step():
     extra_experts = device.compute_time(48 * HIDDEN ** 2 * tokens, "fp32")
     extra_exchanges = 4 * (tokens / 2) * HIDDEN * 4 / bandwidth
     assert forced - balanced == pytest.approx(extra_experts + extra_exchanges, rel=1e-9)
+
+
+def test_routing_models_draw_their_shares():
+    """balanced: the even split; zipf and histogram: 10^6 seeded draws within 1% of their shares."""
+    assert draw_assignments(RoutingSpec(), 4, 10, routing_generator(0, 0, 0, 0)) == [3, 3, 2, 2]
+    draws = 1_000_000
+    for spec, shares in [(RoutingSpec(model="zipf", zipf_exponent=1.5), [1 / (e + 1) ** 1.5 for e in range(4)]),
+                         (RoutingSpec(model="histogram", histogram=[1, 3, 0, 4]), [1, 3, 0, 4])]:
+        counts = draw_assignments(spec, 4, draws, routing_generator(0, 1, 2, 3))
+        assert sum(counts) == draws
+        assert counts == draw_assignments(spec, 4, draws, routing_generator(0, 1, 2, 3))  # seeded
+        for count, share in zip(counts, shares):
+            assert count / draws == pytest.approx(share / sum(shares), abs=0.01)
+
+
+def test_balanced_routing_without_numerics_moves_the_closed_form_bytes():
+    """Numerics off, balanced: each rank's T top_k assignments split evenly over E experts, of which E - E/ep are
+    on other ranks: dp T top_k (1 - 1/ep) tokens of 4 H bytes per exchange and MoE block, four exchanges."""
+    ep, devices, experts = 2, 4, 4
+    report = simtrain.run(scenario(devices, ep, numerics=False, experts=experts, steps=1))
+    tokens = BATCH * 8
+    assert report.data["moe"]["all_to_all_bytes"] == [4 * 2 * devices * tokens * 2 * (1 - 1 / ep) * HIDDEN * 4]
+    assert report.data["moe"]["imbalance"] == [1.0]

@@ -56,7 +56,7 @@ class ExpertParallel(SyncDataParallel):
         spec = job.scenario.model.moe
         self.routing = spec.routing
         self.experts = spec.experts
-        self._steps_seen: list[list] = [[None] * self.world for _ in range(self.steps)]  # each rank's step record
+        self._step_works: list[list] = [[None] * self.world for _ in range(self.steps)]  # each rank's step record
         self.moe_steps: list[dict] = []
 
     def regroup(self) -> None:
@@ -74,6 +74,12 @@ class ExpertParallel(SyncDataParallel):
                 comm, all_reduce = job.communicator(ranks), job.all_reduce(ranks)
                 for position, rank in enumerate(ranks):
                     self.expert_groups[rank] = (comm, position, len(ranks), all_reduce)
+
+    def rewind(self, step: int) -> None:
+        """Forget what came after step `step`, the routing records too (a restart from a checkpoint)."""
+        super().rewind(step)
+        del self.moe_steps[step:]
+        self._step_works[step:] = [[None] * self.world for _ in range(self.steps - step)]
 
     def program(self, rank: int, first_step: int = 0):
         """Step program of job rank `rank`: hold its share, then every step's exchanges and all-reduces."""
@@ -94,7 +100,7 @@ class ExpertParallel(SyncDataParallel):
             loss = yield from work.forward(x, y, replica.loader.batch_loss)
             yield from work.backward(loss)
             self._step_losses[step][rank] = loss.detach()
-            self._steps_seen[step][rank] = work
+            self._step_works[step][rank] = work
             buffer = replica.grad_buffer
             yield Collective(self.all_reduce(rank, self.world, buffer[:dense], average=True), "all_reduce")
             if rank in self.expert_groups:
@@ -110,8 +116,8 @@ class ExpertParallel(SyncDataParallel):
 
     def _record_moe(self, step: int) -> None:
         """Step `step`'s routing over the job: every rank's record is in (the all-reduce waited for them)."""
-        works = self._steps_seen[step]
-        self._steps_seen[step] = None
+        works = self._step_works[step]
+        self._step_works[step] = None
         received, assigned_total, kept_total, moved, seconds = [], 0, 0, 0, 0.0
         share = [0] * self.experts
         token_bytes = None

@@ -35,6 +35,10 @@ are measured once per batch shape (cost.measure_step_cost's cache): dropless,
 an MoE block's FLOPs do not depend on the routing; with a capacity, every step
 is charged the drops of the first.
 
+Under expert parallelism (`parallel.ep`) each rank's copy keeps only its
+share of every layer's experts (`keep_experts_`), and the layer runs through
+schemes/expert_dispatch.py, which moves the tokens to their experts' ranks.
+
     layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
     y = layer(h)                         # (batch, positions, 64)
     layer.routing.tokens_per_expert      # [kept assignments of expert 0, 1, ...]
