@@ -110,6 +110,10 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         from .fleet.plot import plot_fleet
         plot_fleet(report.data["fleet"], out / "fleet.png")
         written.append(out / "fleet.png")
+    if report.data.get("moe") is not None:
+        from .report.moe_plot import plot_moe
+        plot_moe(report.data["moe"], out / "moe.png")
+        written.append(out / "moe.png")
     if report.data["status"] == "out_of_memory":
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:

@@ -65,6 +65,7 @@ from .train.data import MetaLoader, hold_out_validation, load_dataset
 from .train.hyperparameters import values_from
 from .train.job_checkpoint import Checkpoints
 from .train.models import build_model
+from .train.moe import keep_experts_
 from .train.replica import Replica
 from .train.sampling import build_loader
 
@@ -100,6 +101,9 @@ class Job:
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
             shares = [copy.deepcopy(self.model) if rank in held else None for rank in range(self.world)]
+            ep = scenario.parallel.ep
+            if ep > 1:  # ep rank r % ep of each group of ep adjacent ranks keeps its share of the experts
+                shares = [share and keep_experts_(share, rank % ep, ep) for rank, share in enumerate(shares)]
         self.local_ranks = held
         self.replicas = [Replica(share, self._loader(rank), scenario.train) if rank in held else None
                          for rank, share in enumerate(shares)]

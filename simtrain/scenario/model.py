@@ -4,7 +4,7 @@
     model: {name: llama, hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn_hidden: 14336, rope_theta: 500000}
 """
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -14,6 +14,20 @@ from .fields import Count, Flag, Real, Section, Width
 LLAMA_FFN_MULTIPLE = 256  # Llama's `multiple_of`: the SwiGLU width's default is rounded up to a multiple of it
 _LLAMA_ONLY = ("kv_heads", "ffn_hidden", "rope_theta")
 _TRANSFORMERS = ("gpt", "llama")
+
+
+class RoutingSpec(Section):
+    """Where a run without numerics takes its routing from (train/moe_routing.py): there is no router to run."""
+
+    model: Literal["balanced", "zipf", "histogram"] = Field(
+        "balanced", description="balanced: every expert gets its even share of a micro-batch's assignments; zipf: "
+                                "each assignment drawn (seeded) with expert e's probability proportional to "
+                                "1 / (e + 1)^zipf_exponent; histogram: drawn with the shares `histogram` gives "
+                                "(a numerics-on run's report.json moe.expert_share).")
+    zipf_exponent: Real(ge=0, le=100) = Field(1.0, description="zipf: the exponent s (0: uniform draws).")
+    histogram: Annotated[list[Real(ge=0, le=1e12)], Field(max_length=MAX_HEADS)] | None = Field(
+        None, description="histogram: one weight per expert (normalized to shares), e.g. a recorded run's "
+                          "report.json moe.expert_share.")
 
 
 class MoESpec(Section):
@@ -32,11 +46,18 @@ class MoESpec(Section):
     aux_loss_coeff: Real(ge=0, le=1e3) = Field(0.01, description="Weight of the Switch Transformer load-balancing "
                                                                  "loss added to the training loss (0: none).")
     every: Count(MAX_LAYERS) = Field(1, description="Every n-th block is MoE (blocks n, 2n, ...; 1: every block).")
+    routing: RoutingSpec = Field(RoutingSpec(), description="Numerics off: the routing model that stands for the "
+                                                            "router (train/moe_routing.py).")
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> "MoESpec":
         if self.top_k > self.experts:
             raise ValueError(f"model.moe.top_k: {self.top_k} is more than the {self.experts} experts")
+        routing = self.routing
+        if routing.model == "histogram" and (routing.histogram is None or len(routing.histogram) != self.experts
+                                             or not sum(routing.histogram) > 0):
+            raise ValueError(f"model.moe.routing.histogram: the histogram model needs {self.experts} weights (one "
+                             "per expert, not all 0)")
         return self
 
 

@@ -109,6 +109,10 @@ class ParallelSpec(Section):
         False, description="Under tp: cut the LayerNorm, residual and bias regions of a gpt along the sequence "
                            "across the tp group, each tp all-reduce becoming a reduce-scatter and an all-gather "
                            "(Korthikanti et al. 2022; train/gpt.py). data.seq_len must divide by tp.")
+    ep: Count(MAX_DEVICES) = Field(1, description="Expert-parallel ranks: model.moe's experts sharded over groups of "
+                                                  "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
+                                                  "ep inside dp; schemes/expert_parallel.py). Must divide dp and the "
+                                                  "experts.")
     pipeline: PipelineSpec = Field(PipelineSpec(), description="How a pipeline runs.")
     placement: tuple[Dimension, ...] = Field(
         ("tp", "cp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default "
@@ -143,6 +147,11 @@ class ParallelSpec(Section):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
+        if self.ep > 1 and (self.mode == "async" or self.model_parallel or self.sharding.stage > 0):
+            raise ValueError("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode "
+                             "sync, pp and tp 1, sharding.stage 0)")
+        if self.ep > 1 and self.dp is not None and self.dp % self.ep:
+            raise ValueError(f"parallel.ep: {self.ep} does not divide parallel.dp {self.dp}")
         sharding = self.sharding
         if sharding.stage > 0:
             if self.mode == "async":

@@ -99,6 +99,7 @@ class Scenario(Section):
         if self.model.moe is not None and (self.parallel.model_parallel or precision == "fp16"):
             # train/moe.py adds the balancing loss's gradient unscaled: one micro-batch, no fp16 loss scale
             raise ValueError("model.moe: runs with data parallelism (parallel.pp and parallel.tp 1) in fp32 or bf16")
+        _expert_parallel_fits(self)
         builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
         if self.model.batchnorm and self.model.name == "gpt":
             raise ValueError("model.batchnorm: a gpt normalizes with LayerNorm; batchnorm is for mlp and cnn")
@@ -232,6 +233,20 @@ class Scenario(Section):
     def to_yaml(self) -> str:
         """The scenario with every default filled in, as YAML (SI units)."""
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _expert_parallel_fits(scenario: Scenario) -> None:
+    """parallel.ep shards model.moe's experts over data-parallel ranks: in fp32, every expert count divisible."""
+    ep, moe = scenario.parallel.ep, scenario.model.moe
+    if ep == 1:
+        return
+    if moe is None:
+        raise ValueError(f"parallel.ep: {ep} shards the experts of model.moe; the model has none")
+    if moe.experts % ep:
+        raise ValueError(f"parallel.ep: {ep} does not divide model.moe.experts {moe.experts}")
+    if scenario.train.precision != "fp32" or scenario.train.optimizer.name == "kfac":
+        raise ValueError("parallel.ep: runs in train.precision fp32 with a first-order optimizer (the expert "
+                         "gradients are kept apart from the replicated ones)")
 
 
 def _representatives_fit(scenario: Scenario) -> None:

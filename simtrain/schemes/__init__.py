@@ -14,6 +14,9 @@ provides, and the hooks it may override, are scheme.py's `Scheme` protocol.
   shared-memory store (`parallel.mode: async`);
 - `sharded` (sharded.py): ZeRO stages 1-3 (FSDP) and HSDP
   (`parallel.sharding.stage` above 0);
+- `expert_parallel` (expert_parallel.py): data parallelism with model.moe's
+  experts sharded over groups of `parallel.ep` ranks, tokens moved by
+  all-to-all (`parallel.ep` above 1);
 - `data_parallel` (sync.py): a gradient all-reduce every step, with
   `parallel.all_reduce`'s algorithm (simtrain.comm.ALGORITHMS).
 
@@ -30,6 +33,7 @@ classmethod) and one line in SCHEMES, before the entries it is more specific
 than (docs/concepts/schemes.md).
 """
 from .asynchronous import AsynchronousSGD
+from .expert_parallel import ExpertParallel
 from .model_parallel import ModelParallel
 from .scheme import Scheme
 from .sharded import ShardedDataParallel
@@ -40,6 +44,7 @@ SCHEMES: dict[str, type[Scheme]] = {
     "model_parallel": ModelParallel,
     "async": AsynchronousSGD,
     "sharded": ShardedDataParallel,
+    "expert_parallel": ExpertParallel,
     "data_parallel": SyncDataParallel,
 }
 

@@ -35,6 +35,10 @@ are measured once per batch shape (cost.measure_step_cost's cache): dropless,
 an MoE block's FLOPs do not depend on the routing; with a capacity, every step
 is charged the drops of the first.
 
+Under expert parallelism (`parallel.ep`) each rank's copy keeps only its
+share of every layer's experts (`keep_experts_`), and the layer runs through
+schemes/expert_dispatch.py, which moves the tokens to their experts' ranks.
+
     layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
     y = layer(h)                         # (batch, positions, 64)
     layer.routing.tokens_per_expert      # [kept assignments of expert 0, 1, ...]
@@ -81,8 +85,11 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.experts))
         self.shared = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.shared_experts))
         self.routing: Routing | None = None
+        self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if len(self.experts) < self.spec.experts:
+            raise RuntimeError("an expert-parallel MoE layer runs through schemes/expert_dispatch.py")
         tokens = h.reshape(-1, h.shape[-1])
         if tokens.is_meta:
             out = self._balanced(tokens)
@@ -131,13 +138,16 @@ class MoE(nn.Module):
         return out
 
 
-def kept_assignments(chosen: torch.Tensor, experts: int, capacity: int | None) -> torch.Tensor:
+def kept_assignments(chosen: torch.Tensor, experts: int, capacity: int | None, ahead=None) -> torch.Tensor:
     """(T, k) booleans: which of the router's choices their expert takes. Each expert keeps its first
-    `capacity` assignments in token order, a token's choices in rank order (None: all of them)."""
+    `capacity` assignments in token order, a token's choices in rank order (None: all of them); `ahead[e]`
+    assignments of other ranks' tokens come before these in expert e's queue (expert parallelism)."""
     if capacity is None:
         return torch.ones_like(chosen, dtype=torch.bool)
     one_hot = F.one_hot(chosen.flatten(), experts)  # (T k, E), rows in (token, rank) order
     position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # the assignment's place in its expert's queue
+    if ahead is not None:
+        position = position + torch.as_tensor(ahead, dtype=position.dtype)[chosen.flatten()]
     return (position < capacity).view_as(chosen)
 
 
@@ -177,6 +187,17 @@ class MoEBlock(Block):
 
     def shard_(self, tp_rank: int, tp: int):
         raise ValueError("a mixture-of-experts block is not split by tensor parallelism")
+
+
+def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:
+    """Expert parallelism: every MoE layer of `model` keeps only ep rank `ep_rank`'s experts, the
+    `experts / ep` from `ep_rank * experts / ep` on (schemes/expert_dispatch.py runs them); returns `model`."""
+    for layer in model.modules():
+        if isinstance(layer, MoE):
+            count = layer.spec.experts // ep
+            layer.first_expert = ep_rank * count
+            layer.experts = nn.ModuleList(list(layer.experts)[layer.first_expert:layer.first_expert + count])
+    return model
 
 
 def moe_block(spec: MoESpec):

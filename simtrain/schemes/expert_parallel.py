@@ -1,0 +1,221 @@
+"""Expert parallelism: each MoE layer's experts sharded over ep data-parallel ranks, tokens moved by all-to-all.
+
+`parallel.ep` forms the ep groups inside the data-parallel ranks, as
+Megatron-Core (expert_model_parallel_size, ep inside dp) and torchtitan (ep
+borrowed from the data-parallel shard dimension) form them: the dp ranks are
+cut into dp/ep groups of ep adjacent ranks, and ep rank i of every group holds
+experts [i E/ep, (i+1) E/ep) of every MoE layer (train/moe.py's
+keep_experts_). The rest of the model (embeddings, attention, routers, shared
+experts, the head) is replicated on every rank and data parallel over all dp
+ranks; an expert's parameters are data parallel over the dp/ep ranks that hold
+it (the ranks of one ep index, one per group).
+
+Each step a rank runs its own batch forward and backward with every MoE layer's
+tokens dispatched to their experts' ranks and combined back by all-to-all
+(schemes/expert_dispatch.py), then all-reduces the replicated gradient over dp
+(`all_reduce`) and its experts' gradient over the dp/ep ranks that hold them
+(`expert_allreduce`, skipped when dp = ep), and steps. The expert gradient is
+a sum over the ep group's tokens of per-rank mean losses, so it is scaled by
+1/dp (averaged over the dp/ep holders, then divided by ep): the gradient of the
+mean loss over the global batch, as on one device.
+
+    parallel: {ep: 4}      # with model.moe, dp divisible by 4, model.moe.experts divisible by 4
+
+The `moe` report section (tokens per expert, dropped tokens, all-to-all bytes
+and time, per step) is built here.
+"""
+import copy
+
+from pydantic import Field
+
+from ..errors import ScenarioError
+from ..report.sections import ReportSection, register_section
+from ..step_ops import Alloc, Busy, Collective, MemoryBound
+from ..train.grad_bucket import flat_grad_buffer
+from ..train.moe import MoE
+from .expert_dispatch import EpGroup, ExpertParallelStep
+from .sync import SyncDataParallel
+
+
+class ExpertParallel(SyncDataParallel):
+    """Data parallelism whose MoE experts are sharded over ep groups of adjacent ranks."""
+
+    @classmethod
+    def applies(cls, parallel) -> bool:
+        return parallel.mode == "sync" and parallel.ep > 1 and not parallel.model_parallel
+
+    def __init__(self, job, on_step=None):
+        self.ep = ep = job.scenario.parallel.ep
+        if job.world % ep:
+            raise ScenarioError(f"parallel.ep: {ep} does not divide the {job.world} data-parallel ranks")
+        super().__init__(job, on_step)
+        self.overlap = False  # one all-reduce of each gradient after the backward
+        self.only_ring_all_reduces = False
+        self._dense_elements = {rank: _experts_last(replica) for rank, replica in enumerate(self.replicas)
+                                if replica is not None}
+        spec = job.scenario.model.moe
+        self.routing = spec.routing
+        self.experts = spec.experts
+        self._step_works: list[list] = [[None] * self.world for _ in range(self.steps)]  # each rank's step record
+        self.moe_steps: list[dict] = []
+
+    def regroup(self) -> None:
+        super().regroup()
+        job, ep = self.job, self.job.scenario.parallel.ep
+        self.ep_groups, self.expert_groups = {}, {}
+        for first in range(0, self.world, ep):
+            ranks = tuple(range(first, first + ep))
+            comm, draws = job.communicator(list(ranks)), {}
+            for index, rank in enumerate(ranks):
+                self.ep_groups[rank] = EpGroup(comm, index, ranks, draws)
+        for index in range(ep):
+            ranks = list(range(index, self.world, ep))
+            if len(ranks) > 1:
+                comm, all_reduce = job.communicator(ranks), job.all_reduce(ranks)
+                for position, rank in enumerate(ranks):
+                    self.expert_groups[rank] = (comm, position, len(ranks), all_reduce)
+
+    def rewind(self, step: int) -> None:
+        """Forget what came after step `step`, the routing records too (a restart from a checkpoint)."""
+        super().rewind(step)
+        del self.moe_steps[step:]
+        self._step_works[step:] = [[None] * self.world for _ in range(self.steps - step)]
+
+    def program(self, rank: int, first_step: int = 0):
+        """Step program of job rank `rank`: hold its share, then every step's exchanges and all-reduces."""
+        replica, job = self.replicas[rank], self.job
+        for category, nbytes in self._held_bytes.items():
+            yield Alloc(category, nbytes)
+        dense = self._dense_elements[rank]
+        for step in range(first_step, self.steps):
+            if not (yield from job.before_step(rank, step)):
+                break
+            if replica.loader.host_seconds > 0:
+                yield Busy(replica.loader.host_seconds, "sample batch", kind="sampling")
+            x, y = replica.loader.next_batch()
+            replica.last_batch = (x, y)
+            replica.grad_buffer.zero_()
+            work = ExpertParallelStep(replica.model, self.ep_groups[rank], replica.precision.name, self.routing,
+                                      job.scenario.seed, step)
+            loss = yield from work.forward(x, y, replica.loader.batch_loss)
+            yield from work.backward(loss)
+            self._step_losses[step][rank] = loss.detach()
+            self._step_works[step][rank] = work
+            buffer = replica.grad_buffer
+            yield Collective(self.all_reduce(rank, self.world, buffer[:dense], average=True), "all_reduce")
+            if rank in self.expert_groups:
+                comm, position, size, all_reduce = self.expert_groups[rank]
+                yield Collective(all_reduce(position, size, buffer[dense:], average=True), "expert_allreduce",
+                                 comm=comm, rank=position)
+            buffer[dense:].div_(self.ep)  # the holders' mean of ep ranks' summed gradients: the global mean
+            replica.step()
+            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels)
+            if rank == 0 and len(job.local_ranks) == self.world:
+                self._record_moe(step)
+                self._end_step(step)
+
+    def _record_moe(self, step: int) -> None:
+        """Step `step`'s routing over the job: every rank's record is in (the all-reduce waited for them)."""
+        works = self._step_works[step]
+        self._step_works[step] = None
+        received, assigned_total, kept_total, moved, seconds = [], 0, 0, 0, 0.0
+        share = [0] * self.experts
+        token_bytes = None
+        for rank, work in enumerate(works):
+            seconds += work.all_to_all_s
+            if rank % self.ep:
+                continue  # one record per ep group: its first rank's
+            for assigned, kept in work.layers:
+                received += [sum(row[e] for row in kept) for e in range(self.experts)]
+                assigned_total += sum(map(sum, assigned))
+                kept_total += sum(map(sum, kept))
+                share = [total + sum(row[e] for row in assigned) for e, total in enumerate(share)]
+                per = self.experts // self.ep
+                moved += sum(sum(row[e] for e in range(self.experts) if e // per != src)
+                             for src, row in enumerate(kept))
+            token_bytes = work.token_bytes
+        mean = sum(received) / len(received)
+        self.moe_steps.append({
+            "min": min(received), "mean": mean, "max": max(received),
+            "imbalance": max(received) / mean if mean else 1.0, "dropped": assigned_total - kept_total,
+            # every kept token crosses to another rank four times: dispatch, combine and their backwards
+            "bytes": 4 * moved * token_bytes, "seconds": seconds / self.world, "share": share})
+
+    def single_device_step_s(self) -> float | None:
+        """No one-device baseline: no rank holds the whole model."""
+        return None
+
+    def final_models(self) -> list:
+        """The whole model each ep group ends with (its ranks' experts put together), one per group."""
+        return [_whole_model([self.replicas[rank].model for rank in range(first, first + self.ep)])
+                for first in range(0, self.world, self.ep)]
+
+    def trained_model(self):
+        return _whole_model([self.replicas[rank].model for rank in range(self.ep)])
+
+    def report_sections(self) -> dict:
+        """Data parallelism's sections, and `moe`."""
+        sections = super().report_sections()
+        steps = self.moe_steps
+        times = [end - start for (start, _), (end, _) in zip([(0.0, None)] + self.loss_curve, self.loss_curve)]
+        shares = [sum(step["share"][e] for step in steps) for e in range(self.experts)]
+        sections["moe"] = {
+            "ep": self.ep, "experts": self.experts,
+            "routing": "router" if self.job.numerics else self.routing.model,
+            "tokens_per_expert_min": [step["min"] for step in steps],
+            "tokens_per_expert_mean": [step["mean"] for step in steps],
+            "tokens_per_expert_max": [step["max"] for step in steps],
+            "imbalance": [step["imbalance"] for step in steps],
+            "dropped_tokens": [step["dropped"] for step in steps],
+            "all_to_all_bytes": [step["bytes"] for step in steps],
+            "all_to_all_time_s": [step["seconds"] for step in steps],
+            "step_time_s": times,
+            "expert_share": [share / sum(shares) for share in shares] if sum(shares) else [],
+        }
+        return sections
+
+
+def _experts_last(replica) -> int:
+    """Re-point the replica's gradients into one buffer, replicated parameters first, then its experts'
+    (each part all-reduced over its own group); returns the replicated part's elements."""
+    expert_ids = {id(p) for layer in replica.model.modules() if isinstance(layer, MoE)
+                  for p in layer.experts.parameters()}
+    dense = [p for p in replica.params if id(p) not in expert_ids]
+    replica.params = dense + [p for p in replica.params if id(p) in expert_ids]
+    replica.grad_buffer = flat_grad_buffer(replica.params)
+    return sum(p.numel() for p in dense)
+
+
+def _whole_model(shares: list):
+    """One model with every expert: the first share's replicated part, each MoE layer's experts in ep order."""
+    whole = copy.deepcopy(shares[0])
+    layers = [[layer for layer in share.modules() if isinstance(layer, MoE)] for share in shares]
+    for position, layer in enumerate(layer for layer in whole.modules() if isinstance(layer, MoE)):
+        layer.experts = copy.deepcopy(type(layer.experts)(
+            expert for share in layers for expert in share[position].experts))
+        layer.first_expert = 0
+    return whole
+
+
+class MoeSection(ReportSection):
+    ep: int = Field(description="expert-parallel ranks per group (parallel.ep)")
+    experts: int = Field(description="routed experts per MoE layer")
+    routing: str = Field(description="where the routing came from: router (numerics on), or the routing model "
+                                     "(balanced, zipf, histogram)")
+    tokens_per_expert_min: list[int] = Field(description="per step: the fewest tokens an expert took (kept "
+                                                         "assignments, over every MoE layer and ep group)")
+    tokens_per_expert_mean: list[float] = Field(description="per step: the mean tokens an expert took")
+    tokens_per_expert_max: list[int] = Field(description="per step: the most tokens an expert took")
+    imbalance: list[float] = Field(description="per step: max / mean tokens per expert (1: balanced)")
+    dropped_tokens: list[int] = Field(description="per step: assignments dropped past an expert's capacity")
+    all_to_all_bytes: list[int] = Field(description="per step: bytes the MoE all-to-alls moved between ranks "
+                                                    "(dispatch, combine and their backwards)")
+    all_to_all_time_s: list[float] = Field(description="per step: a rank's mean seconds of all-to-all "
+                                                       "communication (with transfers of its own in flight)")
+    step_time_s: list[float] = Field(description="per step: its simulated seconds")
+    expert_share: list[float] = Field(description="each expert's share of the run's assignments (before drops): "
+                                                  "model.moe.routing.histogram for a run without numerics")
+
+
+register_section("moe", MoeSection, "mixture of experts under expert parallelism: routing, drops and all-to-all "
+                                    "per step (schemes/expert_parallel.py)")

@@ -1,0 +1,214 @@
+"""Expert parallelism computes what one device computes on the same global batch.
+
+References: single-process torch (the whole MoE gpt on the concatenation of
+every rank's batch, rank order, SGD) for the parameters and the dropped
+tokens; the routed token counts times the token's bytes for what the
+all-to-alls move, read back from the network's event log.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+import simtrain
+from simtrain.cli import main
+from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.job import Job
+from simtrain.scenario import validate_scenario
+from simtrain.train.data import hold_out_validation, load_dataset
+from simtrain.train.models import build_model
+from simtrain.scenario.model import RoutingSpec
+from simtrain.train.moe import MoE
+from simtrain.train.moe_routing import draw_assignments, routing_generator
+from simtrain.train.sampling import build_loader
+
+STEPS, BATCH, HIDDEN, LR = 3, 4, 16, 0.1
+ROOT = Path(__file__).resolve().parents[1]
+GPT_SMALL = ROOT / "scenarios" / "gpt_small.yaml"
+
+
+def scenario(devices, ep, capacity_factor=None, numerics=True, routing=None, experts=4, steps=STEPS):
+    moe = {"experts": experts, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0}
+    if routing is not None:
+        moe["routing"] = routing
+    return validate_scenario({
+        "name": "t", "seed": 1, "numerics": numerics,
+        "cluster": {"topology": "switch", "devices": devices},
+        "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
+        "data": {"name": "tokens", "batch_size": BATCH, "seq_len": 8, "vocab": 32},
+        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": LR}},
+        "parallel": {"ep": ep},
+        "report": {"trace": False},
+    })
+
+
+def one_device(spec, world):
+    """Plain torch: the whole model on every rank's batch at once; the router's drops per step."""
+    data = hold_out_validation(load_dataset(spec.data.name, spec.data.loader_options(), spec.seed),
+                               spec.data.validation_fraction, spec.seed)
+    model = build_model(spec.model, data.info, spec.seed)
+    loaders = [build_loader(spec, data.train, world, rank) for rank in range(world)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+    dropped = []
+    for _ in range(spec.train.steps):
+        batches = [loader.next_batch() for loader in loaders]
+        x, y = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+        model.zero_grad()
+        logits = model(x)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        optimizer.step()
+        dropped.append(sum(layer.routing.dropped for layer in model.modules() if isinstance(layer, MoE)))
+    return model, dropped
+
+
+def assert_same_parameters(model, reference):
+    expected = dict(reference.named_parameters())
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter, expected[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_trains_to_the_parameters_of_one_device(ep):
+    spec = scenario(ep, ep)
+    report = simtrain.run(spec)
+    reference, _ = one_device(spec, ep)
+    assert_same_parameters(report.final_model, reference)
+
+
+def test_experts_are_data_parallel_over_the_groups():
+    """dp 4, ep 2: two groups; each expert all-reduced over the two ranks that hold it."""
+    spec = scenario(4, 2)
+    report = simtrain.run(spec)
+    reference, _ = one_device(spec, 4)
+    for model in report.final_models:
+        assert_same_parameters(model, reference)
+
+
+def test_a_capacity_drops_the_tokens_one_device_drops():
+    spec = scenario(2, 2, capacity_factor=0.75)
+    report = simtrain.run(spec)
+    reference, dropped = one_device(spec, 2)
+    assert report.data["moe"]["dropped_tokens"] == dropped
+    assert sum(dropped) > 0
+    assert_same_parameters(report.final_model, reference)
+
+
+def one_step(spec):
+    cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
+    job = Job(spec, cluster, range(cluster.size), numerics=spec.numerics)
+    job.start()
+    run_to_end(cluster.env)
+    return job
+
+
+def test_all_to_all_bytes_are_the_routed_tokens_times_the_token_size():
+    """ep 4: each rank's batch routed by the initial model (one device, rank by rank); every assignment to an
+    expert on another rank crosses the network once in each of the four exchanges, a token's hidden vector."""
+    ep = 4
+    spec = scenario(ep, ep, steps=1)
+    job = one_step(spec)
+    data = hold_out_validation(load_dataset(spec.data.name, spec.data.loader_options(), spec.seed),
+                               spec.data.validation_fraction, spec.seed)
+    reference = build_model(spec.model, data.info, spec.seed)
+    leaving = 0
+    for rank in range(ep):
+        x, _ = build_loader(spec, data.train, ep, rank).next_batch()
+        reference(x)
+        for layer in (layer for layer in reference.modules() if isinstance(layer, MoE)):
+            leaving += sum(count for expert, count in enumerate(layer.routing.tokens_per_expert)
+                           if expert // (4 // ep) != rank)
+    token_bytes = HIDDEN * 4
+    moved = {}
+    for rank in range(ep):
+        for label, nbytes in job.cluster.log.bytes_by_label(rank, "communication").items():
+            moved[label] = moved.get(label, 0) + nbytes
+    assert leaving > 0
+    for label in ("moe dispatch", "moe combine", "moe dispatch backward", "moe combine backward"):
+        assert moved[label] == leaving * token_bytes
+    assert job.scheme.report_sections()["moe"]["all_to_all_bytes"] == [4 * leaving * token_bytes]
+
+
+def cli(*args):
+    try:
+        main(list(args))
+    except SystemExit as exit_:
+        return exit_.code
+    return 0
+
+
+@pytest.mark.parametrize("command,overrides,expected", [
+    ("validate", ["model.moe={experts: 6}", "parallel.ep=4"], "parallel.ep: 4 does not divide model.moe.experts 6"),
+    ("validate", ["parallel.ep=2"], "parallel.ep: 2 shards the experts of model.moe; the model has none"),
+    ("validate", ["model.moe={}", "parallel.ep=2", "train.precision=bf16"], "parallel.ep: runs in train.precision "
+                                                                             "fp32"),
+    ("validate", ["model.moe={}", "parallel.ep=2", "parallel.tp=2"], "parallel.ep: expert parallelism runs with "
+                                                                      "synchronous data parallelism"),
+    ("validate", ["model.moe={routing: {model: histogram, histogram: [1, 2]}}"], "model.moe.routing.histogram"),
+    ("run", ["model.moe={experts: 8}", "parallel.ep=8", "train.steps=1"], "parallel.ep: 8 does not divide the 4 "
+                                                                          "data-parallel ranks"),
+    ("validate", ["model.moe={experts: 4, top_k: 5}", "parallel.ep=2"], "model.moe.top_k: 5 is more than the 4"),
+    ("validate", ["model.moe={capacity_factor: 0}", "parallel.ep=2"], "model.moe.capacity_factor"),
+])
+def test_bad_input_is_one_line_naming_the_key(capsys, tmp_path, command, overrides, expected):
+    args = [arg for override in overrides for arg in ("--set", override)]
+    extra = ["--out", str(tmp_path)] if command == "run" else []
+    assert cli(command, str(GPT_SMALL), *args, *extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and expected in err
+
+
+def test_moe_on_the_mlp_model_is_refused(capsys):
+    assert cli("validate", str(ROOT / "scenarios" / "quickstart.yaml"), "--set", "model.moe={}", "--set",
+               "parallel.ep=2") == 2
+    assert "model.moe: mixture-of-experts layers are for the gpt model, not mlp" in capsys.readouterr().err
+
+
+def test_one_overloaded_expert_makes_its_rank_the_step():
+    """Numerics off, top-1, every token routed to expert 0 (on rank 0) against balanced routing, 2 ranks on a
+    switch: the other rank waits for rank 0 at every exchange, so the step takes longer by rank 0's extra expert
+    work, T more tokens through an MLP of 16 H^2 FLOPs per token forward and 32 H^2 backward, and by the four
+    exchanges carrying T tokens one way instead of T/2 each way: 4 (T/2) (4 H bytes) / B."""
+    bandwidth = 1e9
+
+    def step_s(routing):
+        spec = validate_scenario({
+            "name": "t", "seed": 1, "numerics": False,
+            "cluster": {"topology": "switch", "devices": 2, "device": "a100-40gb",
+                        "link": {"bandwidth": bandwidth, "latency": 1e-6}},
+            "model": {"name": "gpt", "hidden": HIDDEN, "layers": 1, "heads": 2,
+                      "moe": {"experts": 2, "top_k": 1, "aux_loss_coeff": 0.0, "routing": routing}},
+            "data": {"name": "tokens", "batch_size": BATCH, "seq_len": 8, "vocab": 32},
+            "train": {"steps": 1, "optimizer": {"name": "sgd", "lr": LR}},
+            "parallel": {"ep": 2}, "report": {"trace": False}})
+        job = one_step(spec)
+        return job.scheme.report_sections()["moe"]["step_time_s"][0], job.devices[0]
+
+    balanced, device = step_s({"model": "balanced"})
+    forced, _ = step_s({"model": "histogram", "histogram": [1, 0]})
+    tokens = BATCH * 8  # T, one rank's tokens
+    extra_experts = device.compute_time(48 * HIDDEN ** 2 * tokens, "fp32")
+    extra_exchanges = 4 * (tokens / 2) * HIDDEN * 4 / bandwidth
+    assert forced - balanced == pytest.approx(extra_experts + extra_exchanges, rel=1e-9)
+
+
+def test_routing_models_draw_their_shares():
+    """balanced: the even split; zipf and histogram: 10^6 seeded draws within 1% of their shares."""
+    assert draw_assignments(RoutingSpec(), 4, 10, routing_generator(0, 0, 0, 0)) == [3, 3, 2, 2]
+    draws = 1_000_000
+    for spec, shares in [(RoutingSpec(model="zipf", zipf_exponent=1.5), [1 / (e + 1) ** 1.5 for e in range(4)]),
+                         (RoutingSpec(model="histogram", histogram=[1, 3, 0, 4]), [1, 3, 0, 4])]:
+        counts = draw_assignments(spec, 4, draws, routing_generator(0, 1, 2, 3))
+        assert sum(counts) == draws
+        assert counts == draw_assignments(spec, 4, draws, routing_generator(0, 1, 2, 3))  # seeded
+        for count, share in zip(counts, shares):
+            assert count / draws == pytest.approx(share / sum(shares), abs=0.01)
+
+
+def test_balanced_routing_without_numerics_moves_the_closed_form_bytes():
+    """Numerics off, balanced: each rank's T top_k assignments split evenly over E experts, of which E - E/ep are
+    on other ranks: dp T top_k (1 - 1/ep) tokens of 4 H bytes per exchange and MoE block, four exchanges."""
+    ep, devices, experts = 2, 4, 4
+    report = simtrain.run(scenario(devices, ep, numerics=False, experts=experts, steps=1))
+    tokens = BATCH * 8
+    assert report.data["moe"]["all_to_all_bytes"] == [4 * 2 * devices * tokens * 2 * (1 - 1 / ep) * HIDDEN * 4]
+    assert report.data["moe"]["imbalance"] == [1.0]
