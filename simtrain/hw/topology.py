@@ -7,7 +7,11 @@ plus the list of GPU nodes in rank order. Routing is static: a transfer takes th
 path of least total latency, then fewest hops; ties are broken by the order in
 which nodes were added to the graph, so the same topology always routes the same
 way. A failed link leaves the graph (`remove_link`, hw/faults.py) and routes are
-recomputed on what remains; no route left is `NoRoute`. Builders (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
+recomputed on what remains; no route left is `NoRoute`. A builder whose
+graph is a tree above the hosts (clos3) passes `router`, the closed form of
+those same least-latency routes between two GPUs, so that a 16,384-GPU cluster
+does not run Dijkstra over its whole graph for every pair; it gives None for a
+pair it does not know, and leaves with the first failed link. Builders (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
 """
 from functools import lru_cache
 
@@ -24,13 +28,14 @@ class Topology:
     """A validated graph of GPUs and switches with static shortest-path routing."""
 
     def __init__(self, graph: nx.Graph, devices: list[str], name: str = "custom",
-                 private: frozenset[str] = frozenset()):
+                 private: frozenset[str] = frozenset(), router=None):
         self.graph = graph
         self.devices = list(devices)
         self.name = name
         # Nodes that carry only traffic to or from private nodes (a shared-memory store and the
         # host bridge in front of it): GPU-to-GPU routes never cross them.
         self.private = frozenset(private)
+        self._router = router  # (src, dst) -> the least-latency route between two GPUs, or None: Dijkstra's
         self._validate()
         self.path = lru_cache(maxsize=None)(self._route)
 
@@ -64,6 +69,8 @@ class Topology:
         for node in (src, dst):
             if node not in self.graph:
                 raise TopologyError(f"topology {self.name}: unknown node {node!r}")
+        if self._router is not None and (route := self._router(src, dst)) is not None:
+            return route
         private = self.private if src not in self.private and dst not in self.private else frozenset()
 
         def weight(a, b, attrs):
@@ -79,6 +86,7 @@ class Topology:
     def remove_link(self, a: str, b: str) -> None:
         """The link a-b fails: it leaves routing, and every route is recomputed on the remaining graph."""
         self.graph.remove_edge(a, b)
+        self._router = None
         self.path.cache_clear()
 
     def link(self, a: str, b: str) -> dict:
