@@ -61,7 +61,7 @@ def default_channels(layout: Layout, algorithm: str) -> int:
 def layout_of(topology: Topology, nodes: list[str]) -> Layout:
     """The Layout of the group whose rank r runs on network node nodes[r]."""
     graph, private = topology.graph, topology.private
-    rates = {_rate(attrs) for a, b, attrs in graph.edges(data=True) if a not in private and b not in private}
+    rates = topology.link_rates()
     slowest = min(rates) if rates else None
     hosts: dict[str, list[int]] = {}  # a node of each host (the group's first there) -> its group ranks
     host_of: dict[str, str] = {}

@@ -38,6 +38,7 @@ class Topology:
         self._router = router  # (src, dst) -> the least-latency route between two GPUs, or None: Dijkstra's
         self._validate()
         self.path = lru_cache(maxsize=None)(self._route)
+        self.link_rates = lru_cache(maxsize=None)(self._link_rates)
 
     def _validate(self) -> None:
         if not self.devices:
@@ -83,11 +84,18 @@ class Topology:
         except nx.NetworkXNoPath:
             raise NoRoute(f"no route left from {src} to {dst} (failed links)") from None
 
+    def _link_rates(self) -> frozenset[float]:
+        """The achievable bytes/s (bandwidth x efficiency) of the links between nodes that are not private."""
+        private = self.private
+        return frozenset(attrs["bandwidth"] * attrs.get("efficiency", 1.0) for a, b, attrs in
+                         self.graph.edges(data=True) if a not in private and b not in private)
+
     def remove_link(self, a: str, b: str) -> None:
         """The link a-b fails: it leaves routing, and every route is recomputed on the remaining graph."""
         self.graph.remove_edge(a, b)
         self._router = None
         self.path.cache_clear()
+        self.link_rates.cache_clear()
 
     def link(self, a: str, b: str) -> dict:
         """Attributes (bandwidth, latency) of the link between a and b."""
