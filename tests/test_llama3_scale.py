@@ -7,20 +7,26 @@
 - The closed-form routes equal Dijkstra's least-latency routes (Topology
   without a router) for every pair of GPUs, and a failed link falls back to
   Dijkstra.
+- Mirrored rings that share a rack's uplink take their time alone when the
+  uplink has the rate for all of them: equal to running them together flow by
+  flow; past its rate, they do run together, and take longer.
 - Representatives against the full simulation of a shrunken Llama 3 layout on
   a shrunken clos3 (tp 4 x pp 2 x dp 8 over two pods).
 - The shipped scenarios are Table 4's layouts: 16M tokens a step.
 """
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
 import networkx as nx
 import pytest
+import torch
 
 import simtrain
 from simtrain.hw.topology import Topology
 from simtrain.hw.topology_builders import LinkClass, build_topology
 from simtrain.scenario import load_scenario, validate_scenario
+from simtrain.schemes.representatives import MirroredCollectives
 
 ROOT = Path(__file__).resolve().parent.parent
 NVLINK, NIC = LinkClass(360e9, 0.25e-6), LinkClass(48e9, 1.35e-6)
@@ -84,6 +90,29 @@ def test_a_failed_link_routes_around_it_by_dijkstra():
     assert topology.path("gpu0", "gpu5") == ("gpu0", "rack0", "gpu5")
     topology.remove_link("gpu0", "rack0")  # gpu0's NIC: out through a host neighbour's
     assert topology.path("gpu0", "gpu5") == ("gpu0", "node0-switch", "gpu1", "rack0", "gpu5")
+
+
+def mirrored_rings(oversubscription: float):
+    """The dp rings of four tp ranks (GPUs 0-3, 4-7 ... of 4 pods of 16: each ring crosses every rack and pod),
+    timed by representatives' MirroredCollectives, and their time run together flow by flow."""
+    topology = clos3(64, gpus_per_node=4, leaves_per_pod=2, oversubscription=oversubscription)
+    job = SimpleNamespace(scenario=SimpleNamespace(parallel=SimpleNamespace(all_reduce="ring", channels=None)),
+                          cluster=SimpleNamespace(topology=topology))
+    groups = [tuple(f"gpu{8 * replica + tp}" for replica in range(8)) for tp in range(4)]
+    buffer = torch.empty(2**20, dtype=torch.bfloat16, device="meta")
+    timing = MirroredCollectives(job)
+    alone = max(timing._run([group], buffer, exclusive=True)[0] for group in groups)
+    return timing.all_reduce(groups, buffer)[0], alone, timing._run(groups, buffer, exclusive=False)[0]
+
+
+def test_mirrored_rings_within_a_shared_uplinks_rate_take_their_time_alone():
+    timed, alone, together = mirrored_rings(oversubscription=1)  # a rack's uplink: 8 NICs for 4 rings
+    assert timed == alone == pytest.approx(together, rel=1e-12)
+
+
+def test_mirrored_rings_past_an_uplinks_rate_run_together():
+    timed, alone, together = mirrored_rings(oversubscription=8)  # a pod's uplink: 2 NICs for 4 rings
+    assert timed == together > 1.3 * alone  # the cross-pod hops at half rate
 
 
 def llama3_small(representatives: bool) -> dict:
