@@ -12,7 +12,8 @@
   flow; past its rate, they do run together, and take longer.
 - Representatives against the full simulation of a shrunken Llama 3 layout on
   a shrunken clos3 (tp 4 x pp 2 x dp 8 over two pods).
-- The shipped scenarios are Table 4's layouts: 16M tokens a step.
+- The shipped scenarios are Table 4's layouts: 16M tokens a step; the 16k
+  one's host-memory lower bound counts the rings it runs.
 """
 import itertools
 from pathlib import Path
@@ -23,6 +24,8 @@ import pytest
 import torch
 
 import simtrain
+from simtrain.host_memory import scenario_host_bytes
+from simtrain.hw.cluster import resolve_cluster
 from simtrain.hw.topology import Topology
 from simtrain.hw.topology_builders import LinkClass, build_topology
 from simtrain.scenario import load_scenario, validate_scenario
@@ -151,3 +154,12 @@ def test_the_shipped_scenarios_are_table_4s_layouts(name, dp):
     assert (layout.tp, layout.pp, scenario.cluster.devices // (layout.tp * layout.pp)) == (8, 16, dp)
     assert data.batch_size * dp * data.seq_len == 16 * 2**20  # 16M tokens a step, sequences of 8,192
     assert sum(layout.pipeline.split) == scenario.model.layers + 2  # embedding and head are units of the split
+
+
+def test_the_16k_scenarios_host_memory_bound_counts_the_rings_it_runs():
+    """Ring chunks are counted per ring (dp 128, one stage's ranks in 16 with representatives), not as one ring
+    of 16,384 ranks (150 GiB, which refused the run on any laptop)."""
+    scenario = load_scenario(ROOT / "scenarios" / "llama3-405b-16k.yaml")
+    needs = scenario_host_bytes(scenario, resolve_cluster(scenario.cluster, scenario.base_dir))
+    assert needs["ring chunks"] == 600 * (16384 // 16) * 128
+    assert sum(needs.values()) < 2**30
