@@ -11,7 +11,8 @@ recomputed on what remains; no route left is `NoRoute`. A builder whose
 graph is a tree above the hosts (clos3) passes `router`, the closed form of
 those same least-latency routes between two GPUs, so that a 16,384-GPU cluster
 does not run Dijkstra over its whole graph for every pair; it gives None for a
-pair it does not know, and leaves with the first failed link. Builders (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
+pair it does not know, and leaves with the first failed link. Builders
+(`ring`, `switch`, ...) and YAML files live in topology_builders.py.
 """
 from functools import lru_cache
 
