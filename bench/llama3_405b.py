@@ -54,11 +54,13 @@ def one(gpus: int) -> dict:
     scenario = load_scenario(SCENARIOS[gpus])
     report = simtrain.run(scenario)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    step = report.data["step_time_s"]
-    tflops = model_flops(scenario) / step / gpus / 1e12
-    peak = CATALOG["h100-80gb"].peak_flops["bf16"] / 1e12
-    return {"step_time_s": step, "tflops": tflops, "mfu": tflops / peak, "wall_s": wall, "cpu_s": cpu,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    row = {"status": report.data["status"], "wall_s": wall, "cpu_s": cpu,
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if row["status"] == "ok":
+        row["step_time_s"] = report.data["step_time_s"]
+        row["tflops"] = model_flops(scenario) / row["step_time_s"] / gpus / 1e12
+        row["mfu"] = row["tflops"] / (CATALOG["h100-80gb"].peak_flops["bf16"] / 1e12)
+    return row
 
 
 def main() -> None:
@@ -75,9 +77,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for gpus in args.gpus:
         command = [sys.executable, __file__, "--one", str(gpus)]
-        row = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        row = json.loads(subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout)
         paper_tflops, paper_mfu = PAPER[gpus]
-        print(f"| {gpus:,} | {gpus // 128} | {row['step_time_s']:.2f} | {row['tflops']:.0f} | {100 * row['mfu']:.0f}% "
+        figures = (f"{row['step_time_s']:.2f} | {row['tflops']:.0f} | {100 * row['mfu']:.0f}%" if row["status"] == "ok"
+                   else f"{row['status']} | | ")
+        print(f"| {gpus:,} | {gpus // 128} | {figures} "
               f"| {paper_tflops} | {100 * paper_mfu:.0f}% | {row['wall_s']:.0f} s | {row['cpu_s']:.0f} s "
               f"| {row['peak_rss_bytes'] / 2**30:.1f} GiB |", flush=True)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
