@@ -20,9 +20,11 @@ building anything real:
 - the data set: synthetic samples x features (fp32) and labels, and every
   replica's shard of indices; a user's data set counts as nothing;
 - the network: 1 KiB per link of the topology a builder makes;
-- the ring all-reduce: every rank splits its gradient into one chunk per rank,
-  views that live through the step: 600 B per (rank, chunk) pair, measured
-  (the quickstart on 1,024 and 2,048 ring devices peaks at 1.2 and 3.3 GB).
+- the ring all-reduce: every rank splits its gradient into one chunk per rank
+  of its ring (the data-parallel group, or the tp group if larger), views that
+  live through the step: 600 B per (rank, chunk) pair, measured (the
+  quickstart on 1,024 and 2,048 ring devices peaks at 1.2 and 3.3 GB); with
+  representatives, only one rank in pp runs a ring.
 
 It raises a SimtrainError saying how much the run needs and how much the host
 has available (MemAvailable in /proc/meminfo, or the cgroup's limit if lower;
@@ -113,7 +115,7 @@ def scenario_host_bytes(scenario: Scenario, cluster: ResolvedCluster) -> dict[st
         "activations": 2 * 4 * activations_per_sample * scenario.data.batch_size,
         "data": data_bytes,
         "links": _LINK_BYTES * _link_count(scenario.cluster.topology, replicas),
-        "ring chunks": _RING_CHUNK_BYTES * replicas**2 if ring else 0,
+        "ring chunks": _RING_CHUNK_BYTES * _ring_chunks(parallel, replicas) if ring else 0,
     }
 
 
@@ -134,6 +136,13 @@ def _model_size(scenario: Scenario, info) -> tuple[int, int]:
         for hook in hooks:
             hook.remove()
     return parameters, sum(values) // 2
+
+
+def _ring_chunks(parallel, devices: int) -> int:
+    """(rank, chunk) pairs of the ring all-reduces: every ring rank holds one chunk per member of its ring."""
+    dp = parallel.dp or devices // (parallel.pp * parallel.tp)
+    ring_ranks = devices // parallel.pp if parallel.representatives else devices
+    return ring_ranks * max(dp, parallel.tp)
 
 
 def _link_count(topology: str, devices: int) -> int:

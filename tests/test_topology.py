@@ -209,7 +209,7 @@ def test_every_name_an_unknown_topology_is_offered_builds_its_own_network():
         assert topology.num_devices == 8
         assert all(len(topology.path(a, b)) >= 2 for a, b in itertools.permutations(topology.devices, 2))
         graphs.append(topology.graph)
-    assert len(offered) == 6 and not any(nx.is_isomorphic(a, b) for a, b in itertools.combinations(graphs, 2))
+    assert len(offered) == 7 and not any(nx.is_isomorphic(a, b) for a, b in itertools.combinations(graphs, 2))
 
 
 def test_parse_link():

@@ -60,28 +60,37 @@ def default_channels(layout: Layout, algorithm: str) -> int:
 
 def layout_of(topology: Topology, nodes: list[str]) -> Layout:
     """The Layout of the group whose rank r runs on network node nodes[r]."""
-    graph = topology.graph.subgraph(n for n in topology.graph if n not in topology.private)
-    rates = {_rate(attrs) for _, _, attrs in graph.edges(data=True)}
+    graph, private = topology.graph, topology.private
+    rates = topology.link_rates()
     slowest = min(rates) if rates else None
-    host_of = dict.fromkeys(graph, 0)
-    if len(rates) > 1:
-        fast = nx.Graph()
-        fast.add_nodes_from(graph)
-        fast.add_edges_from((a, b) for a, b, attrs in graph.edges(data=True) if _rate(attrs) != slowest)
-        for index, component in enumerate(nx.connected_components(fast)):
-            for node in component:
-                host_of[node] = index
-    hosts: dict[int, list[int]] = {}
+    hosts: dict[str, list[int]] = {}  # a node of each host (the group's first there) -> its group ranks
+    host_of: dict[str, str] = {}
     for rank, node in enumerate(nodes):
+        if node not in host_of:
+            host = _host(graph, node, slowest, private) if len(rates) > 1 else graph.nodes
+            host_of.update(dict.fromkeys(host, node))
         hosts.setdefault(host_of[node], []).append(rank)
     if len(hosts) == 1:
         return Layout(hosts=(tuple(range(len(nodes))),), rails=((),))
     groups = sorted(hosts.values())
     rails = tuple(
         tuple(rank for rank in ranks
-              if any(_rate(attrs) == slowest for _, _, attrs in graph.edges(nodes[rank], data=True)))
+              if any(_rate(attrs) == slowest for _, other, attrs in graph.edges(nodes[rank], data=True)
+                     if other not in private))
         for ranks in groups)
     return Layout(hosts=tuple(tuple(ranks) for ranks in groups), rails=rails)
+
+
+def _host(graph: nx.Graph, node: str, slowest: float, private: frozenset[str]) -> set[str]:
+    """The nodes `node` reaches over links faster than the slowest (its host), private nodes left out."""
+    host, frontier = {node}, [node]
+    while frontier:
+        here = frontier.pop()
+        for other, attrs in graph[here].items():
+            if other not in host and other not in private and _rate(attrs) != slowest:
+                host.add(other)
+                frontier.append(other)
+    return host
 
 
 def _rate(attrs: dict) -> float:

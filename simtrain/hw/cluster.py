@@ -130,7 +130,7 @@ class ResolvedCluster:
             spec.topology, spec.devices, _link_class(spec.link),
             inter_link=_link_class(spec.inter_node_link), gpus_per_node=spec.gpus_per_node,
             torus_shape=spec.torus_shape, nodes_per_leaf=spec.nodes_per_leaf, oversubscription=spec.oversubscription,
-            base_dir=self.base_dir)
+            leaves_per_pod=spec.leaves_per_pod, base_dir=self.base_dir)
 
     def build(self, record: bool = True, seed: int = 0, enforce_capacity: bool = True) -> Cluster:
         """The cluster; `seed` seeds the compute jitter."""

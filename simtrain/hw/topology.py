@@ -8,7 +8,12 @@ NVSwitch of the H100 generation sums what GPUs send it and multicasts the result
 path of least total latency, then fewest hops; ties are broken by the order in
 which nodes were added to the graph, so the same topology always routes the same
 way. A failed link leaves the graph (`remove_link`, hw/faults.py) and routes are
-recomputed on what remains; no route left is `NoRoute`. Builders (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
+recomputed on what remains; no route left is `NoRoute`. A builder whose
+graph is a tree above the hosts (clos3) passes `router`, the closed form of
+those same least-latency routes between two GPUs, so that a 16,384-GPU cluster
+does not run Dijkstra over its whole graph for every pair; it gives None for a
+pair it does not know, and leaves with the first failed link. Builders
+(`ring`, `switch`, ...) and YAML files live in topology_builders.py.
 """
 from functools import lru_cache
 
@@ -25,7 +30,7 @@ class Topology:
     """A validated graph of GPUs and switches with static shortest-path routing."""
 
     def __init__(self, graph: nx.Graph, devices: list[str], name: str = "custom",
-                 private: frozenset[str] = frozenset(), reducing: frozenset[str] = frozenset()):
+                 private: frozenset[str] = frozenset(), reducing: frozenset[str] = frozenset(), router=None):
         self.graph = graph
         self.devices = list(devices)
         self.name = name
@@ -34,8 +39,10 @@ class Topology:
         self.private = frozenset(private)
         # Switches that reduce what GPUs send them and multicast the result (NVLink SHARP, NCCL's NVLS).
         self.reducing = frozenset(reducing)
+        self._router = router  # (src, dst) -> the least-latency route between two GPUs, or None: Dijkstra's
         self._validate()
         self.path = lru_cache(maxsize=None)(self._route)
+        self.link_rates = lru_cache(maxsize=None)(self._link_rates)
 
     def _validate(self) -> None:
         if not self.devices:
@@ -70,6 +77,8 @@ class Topology:
         for node in (src, dst):
             if node not in self.graph:
                 raise TopologyError(f"topology {self.name}: unknown node {node!r}")
+        if self._router is not None and (route := self._router(src, dst)) is not None:
+            return route
         private = self.private if src not in self.private and dst not in self.private else frozenset()
 
         def weight(a, b, attrs):
@@ -82,10 +91,18 @@ class Topology:
         except nx.NetworkXNoPath:
             raise NoRoute(f"no route left from {src} to {dst} (failed links)") from None
 
+    def _link_rates(self) -> frozenset[float]:
+        """The achievable bytes/s (bandwidth x efficiency) of the links between nodes that are not private."""
+        private = self.private
+        return frozenset(attrs["bandwidth"] * attrs.get("efficiency", 1.0) for a, b, attrs in
+                         self.graph.edges(data=True) if a not in private and b not in private)
+
     def remove_link(self, a: str, b: str) -> None:
         """The link a-b fails: it leaves routing, and every route is recomputed on the remaining graph."""
         self.graph.remove_edge(a, b)
+        self._router = None
         self.path.cache_clear()
+        self.link_rates.cache_clear()
 
     def link(self, a: str, b: str) -> dict:
         """Attributes (bandwidth, latency) of the link between a and b."""

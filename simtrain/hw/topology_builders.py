@@ -62,7 +62,7 @@ from ..units import parse_quantity
 from ..user_files import load_yaml_file, user_path
 from .topology import Topology
 
-BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree")
+BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree", "clos3")
 
 _FILE_KEYS = ("name", "gpus", "switches", "reducing_switches", "link_classes", "links")
 _LINK_KEYS = ("between", "class", "bandwidth", "latency", "efficiency")
@@ -116,6 +116,7 @@ def build_topology(
     torus_shape: tuple[int, int] | None = None,
     nodes_per_leaf: int = 20,
     oversubscription: float = 1.0,
+    leaves_per_pod: int = 192,
     base_dir: str | Path | None = None,
 ) -> Topology:
     """A builder's topology, or a file's (links then come from the file, not `link`).
@@ -136,6 +137,8 @@ def build_topology(
             return _torus2d(devices, link, torus_shape)
         if topology == "hierarchical":
             return _hierarchical(devices, link, inter_link, gpus_per_node)
+        if topology == "clos3":
+            return _clos3(devices, link, inter_link, gpus_per_node, nodes_per_leaf, leaves_per_pod, oversubscription)
         return _fat_tree(devices, link, inter_link, gpus_per_node, nodes_per_leaf, oversubscription)
     result = load_topology_file(_find_file(topology, base_dir))
     if devices is not None and devices != result.num_devices:
@@ -281,6 +284,54 @@ def _fat_tree(devices: int, link: LinkClass, inter_link, gpus_per_node, nodes_pe
     nodes = devices // gpus_per_node
     return Topology(graph, gpus, name=f"fat_tree-{nodes}x{gpus_per_node}-{nodes_per_leaf}per-leaf"
                                       f"-{oversubscription:g}to1")
+
+
+def _clos3(devices: int, link: LinkClass, inter_link, gpus_per_node, nodes_per_leaf: int, leaves_per_pod: int,
+           oversubscription: float) -> Topology:
+    graph, gpus = _nodes(devices, link, inter_link, gpus_per_node, "clos3")
+    rack_gpus = gpus_per_node * nodes_per_leaf
+    pod_gpus = rack_gpus * leaves_per_pod
+    if oversubscription > pod_gpus:
+        raise TopologyError(f"cluster.oversubscription: {oversubscription:g} leaves a pod's uplink below one NIC's "
+                            f"bandwidth ({pod_gpus} GPUs a pod)")
+    racks = -(-devices // rack_gpus)
+    nic = {"latency": inter_link.latency, "efficiency": inter_link.efficiency}
+    graph.add_edges_from(((gpu, f"rack{rank // rack_gpus}") for rank, gpu in enumerate(gpus)),
+                         bandwidth=inter_link.bandwidth, **nic)
+    graph.add_edges_from(((f"rack{rack}", f"pod{rack // leaves_per_pod}") for rack in range(racks)),
+                         bandwidth=rack_gpus * inter_link.bandwidth, **nic)
+    pods = -(-racks // leaves_per_pod)
+    if pods > 1:
+        graph.add_edges_from(((f"pod{pod}", "aggregation") for pod in range(pods)),
+                             bandwidth=pod_gpus * inter_link.bandwidth / oversubscription, **nic)
+    return Topology(graph, gpus, router=_Clos3Routes(gpus, gpus_per_node, nodes_per_leaf, leaves_per_pod),
+                    name=f"clos3-{devices // gpus_per_node}x{gpus_per_node}-{nodes_per_leaf}per-rack-"
+                                      f"{leaves_per_pod}racks-per-pod-{oversubscription:g}to1")
+
+
+class _Clos3Routes:
+    """clos3's least-latency route between two GPUs, in closed form: through their host's switch, their rack's,
+    their pod's or the aggregation, whichever is the lowest they share (a detour through a node switch only adds
+    hops of at least the same latency)."""
+
+    def __init__(self, gpus: list[str], gpus_per_node: int, nodes_per_leaf: int, leaves_per_pod: int):
+        self._rank = {gpu: rank for rank, gpu in enumerate(gpus)}
+        self._per_node, self._per_rack = gpus_per_node, gpus_per_node * nodes_per_leaf
+        self._per_pod = self._per_rack * leaves_per_pod
+
+    def __call__(self, src: str, dst: str) -> tuple[str, ...] | None:
+        a, b = self._rank.get(src), self._rank.get(dst)
+        if a is None or b is None or a == b:
+            return None
+        if a // self._per_node == b // self._per_node:
+            return src, f"node{a // self._per_node}-switch", dst
+        rack_a, rack_b = f"rack{a // self._per_rack}", f"rack{b // self._per_rack}"
+        if rack_a == rack_b:
+            return src, rack_a, dst
+        pod_a, pod_b = f"pod{a // self._per_pod}", f"pod{b // self._per_pod}"
+        if pod_a == pod_b:
+            return src, rack_a, pod_a, rack_b, dst
+        return src, rack_a, pod_a, "aggregation", pod_b, rack_b, dst
 
 
 def load_topology_file(path) -> Topology:

@@ -193,12 +193,15 @@ class ClusterSpec(Section):
     link: LinkSpec = Field(LinkSpec(bandwidth=50e9, latency=5e-6), description="The links a builder makes (each "
                                                                                "GPU's links within a host).")
     inter_node_link: LinkSpec | None = Field(None, description="hierarchical: each GPU's NIC to the spine.")
-    gpus_per_node: Count(MAX_DEVICES) | None = Field(None, description="hierarchical, fat_tree: GPUs per host.")
+    gpus_per_node: Count(MAX_DEVICES) | None = Field(None, description="hierarchical, fat_tree, clos3: GPUs a host.")
     nodes_per_leaf: Count(MAX_DEVICES) = Field(
         20, description="fat_tree: nodes whose same-rail NICs share a leaf switch (a DGX SuperPOD scalable unit: "
-                        "20 nodes, NVIDIA DGX SuperPOD reference architecture).")
+                        "20 nodes, NVIDIA DGX SuperPOD reference architecture); clos3: hosts a rack (Meta: 2).")
     oversubscription: Real(ge=1, le=MAX_DEVICES) = Field(
-        1.0, description="fat_tree: a leaf's downlink to uplink bandwidth (1: non-blocking).")
+        1.0, description="fat_tree: a leaf's downlink to uplink bandwidth (1: non-blocking); clos3: a pod's.")
+    leaves_per_pod: Count(MAX_DEVICES) = Field(
+        192, description="clos3: racks (leaf switches) per pod under one non-blocking layer of cluster switches "
+                         "(Llama 3's cluster: 192 racks of 16 GPUs, Grattafiori et al. 2024, section 3.3.1).")
     torus_shape: tuple[Count(MAX_DEVICES), Count(MAX_DEVICES)] | None = Field(
         None, description="torus2d: rows and columns.")
     overrides: dict[Count(MAX_DEVICES - 1, minimum=0), DeviceOverride] = Field(

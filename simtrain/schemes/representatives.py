@@ -13,8 +13,10 @@ replicas; the dp groups of the stage's other tp ranks) run it at the same
 moment alone on an idle copy of the cluster's network, with the job's
 algorithm and channels: the flow model's own time, cached by groups and size.
 Each group is first timed alone (as a group-timed ring, Network.time_ring,
-where it is one); when no two of them crossed a common link, that is their
-time together too, else they run again all at once, flow by flow.
+where it is one); when on every link they share their flows together stay
+within its rate (a top-of-rack uplink that carries the rings of a stage's
+tp ranks, each at its NIC's rate), that is their time together too, else
+they run again all at once, flow by flow.
 Every other rank reports its representative's figures.
 
 To the scheme, the representatives' groups are communicators like any other,
@@ -37,6 +39,7 @@ It is what lets a 3,072-GPU Megatron step be simulated in minutes.
     comm, index, all_reduce = comms["tp"][rank]
     yield Collective(all_reduce(index, comm.world, buffer), "tp_allreduce", comm, index)
 """
+import heapq
 from typing import NamedTuple
 
 import simpy
@@ -147,6 +150,7 @@ class MirroredCollectives:
     def __init__(self, job):
         parallel, topology = job.scenario.parallel, job.cluster.topology
         self._env = simpy.Environment()
+        self._topology = topology
         self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
         self._all_reduce = lambda nodes: build_all_reduce(parallel.all_reduce, topology, nodes, parallel.channels,
                                                           "parallel.all_reduce", "parallel.channels")
@@ -162,12 +166,11 @@ class MirroredCollectives:
         return self._timed[key]
 
     def _simulate(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
-        """Each group alone first; if no two of them crossed a common link, that is also their time together,
-        else they run again, all at once, flow by flow."""
+        """Each group alone first; if on every link the groups' flows together stay within its rate, that is
+        also their time together, else they run again, all at once, flow by flow."""
         alone = [self._run([nodes], program, exclusive=True) for nodes in groups]
-        links = [links for _, _, _, links in alone]
         _, nbytes, staging, _ = alone[0]
-        if sum(len(used) for used in links) == len(set().union(*links)):
+        if self._within_rates([load for _, _, _, load in alone]):
             return max(seconds for seconds, _, _, _ in alone), nbytes, staging
         seconds, _, _, _ = self._run(groups, program, exclusive=False)
         return seconds, nbytes, staging
@@ -184,10 +187,26 @@ class MirroredCollectives:
         return lambda rank, world, buf: ring_all_gather(rank, (rank + 1) % world, (rank - 1) % world,
                                                         buf.tensor_split(world))
 
+    def _within_rates(self, loads: list[dict]) -> bool:
+        """Whether every directed link crossed by several groups has the rate for all their flows at once:
+        the sum of the groups' loads (each an upper bound of what its flows push through the link at any
+        moment) within the link's rate. Then no group's bottleneck is another's link, each flow keeps the rate
+        max-min sharing gave it alone, and the groups together take the time the slowest takes alone."""
+        crossing: dict[tuple[str, str], list[float]] = {}
+        for load in loads:
+            for hop, rate in load.items():
+                crossing.setdefault(hop, []).append(rate)
+        return all(sum(rates) <= self._rate(hop) for hop, rates in crossing.items() if len(rates) > 1)
+
+    def _rate(self, hop: tuple[str, str]) -> float:
+        attrs = self._topology.link(*hop)
+        return attrs["bandwidth"] * attrs.get("efficiency", 1.0)
+
     def _run(self, groups: list[tuple[str, ...]], collective: MirroredCollective,
-             exclusive: bool) -> tuple[float, int, int, set]:
-        """(seconds, bytes the first group sent, its first rank's largest staging buffer, directed links
-        crossed) of the groups' collectives."""
+             exclusive: bool) -> tuple[float, int, int, dict]:
+        """(seconds, bytes the first group sent, its first rank's largest staging buffer, load) of the groups'
+        collectives; load: directed link -> an upper bound of the bytes/s their flows pushed through it at any
+        moment (per route, the most flows it carried at once times its slowest link's rate, summed)."""
         env, network = self._env, self._network
         started, finished, comms = env.now, [], []
         first_record = len(network.records)
@@ -203,7 +222,27 @@ class MirroredCollectives:
                     lambda _: finished.append(env.now))
             comms.append(comm)
         run_to_end(env)
-        links = {hop for record in network.records[first_record:] for hop in zip(record.path, record.path[1:])}
+        spans: dict[tuple[str, ...], list[tuple[float, float]]] = {}  # a ring's few routes, each many times
+        for record in network.records[first_record:]:
+            spans.setdefault(record.path, []).append((record.start, record.end))
         del network.records[first_record:]
+        load: dict[tuple[str, str], float] = {}
+        for path, intervals in spans.items():
+            hops = list(zip(path, path[1:]))
+            rate = _most_at_once(intervals) * min(self._rate(hop) for hop in hops)
+            for hop in hops:
+                load[hop] = load.get(hop, 0.0) + rate
         return (max(finished) - started, comms[0].bytes_by_label.get(collective.kind, 0),
-                staging.peak.get("comm_buffers", 0), links)
+                staging.peak.get("comm_buffers", 0), load)
+
+
+def _most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most of the [start, end) intervals that overlap at one moment."""
+    ends: list[float] = []
+    most = 0
+    for start, end in sorted(intervals):
+        while ends and ends[0] <= start:
+            heapq.heappop(ends)
+        heapq.heappush(ends, end)
+        most = max(most, len(ends))
+    return most
