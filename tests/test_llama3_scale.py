@@ -29,7 +29,7 @@ from simtrain.hw.cluster import resolve_cluster
 from simtrain.hw.topology import Topology
 from simtrain.hw.topology_builders import LinkClass, build_topology
 from simtrain.scenario import load_scenario, validate_scenario
-from simtrain.schemes.representatives import MirroredCollectives
+from simtrain.schemes.representatives import MirroredCollective, MirroredCollectives
 
 ROOT = Path(__file__).resolve().parent.parent
 NVLINK, NIC = LinkClass(360e9, 0.25e-6), LinkClass(48e9, 1.35e-6)
@@ -102,10 +102,10 @@ def mirrored_rings(oversubscription: float):
     job = SimpleNamespace(scenario=SimpleNamespace(parallel=SimpleNamespace(all_reduce="ring", channels=None)),
                           cluster=SimpleNamespace(topology=topology))
     groups = [tuple(f"gpu{8 * replica + tp}" for replica in range(8)) for tp in range(4)]
-    buffer = torch.empty(2**20, dtype=torch.bfloat16, device="meta")
+    all_reduce = MirroredCollective("all_reduce", torch.empty(2**20, dtype=torch.bfloat16, device="meta"))
     timing = MirroredCollectives(job)
-    alone = max(timing._run([group], buffer, exclusive=True)[0] for group in groups)
-    return timing.all_reduce(groups, buffer)[0], alone, timing._run(groups, buffer, exclusive=False)[0]
+    alone = max(timing._run([group], all_reduce, exclusive=True)[0] for group in groups)
+    return timing.collective(groups, all_reduce)[0], alone, timing._run(groups, all_reduce, exclusive=False)[0]
 
 
 def test_mirrored_rings_within_a_shared_uplinks_rate_take_their_time_alone():
