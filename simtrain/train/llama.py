@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gpt import RecomputedAttention, attention_core
-from .ring_attention import ContextShard, context_positions, ring_attention_ops
+from .ring_attention import ContextShard, attention_ops, context_positions
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter, Slice,
                               residual_block_ops, shard_parameter_)
 from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
@@ -185,15 +185,6 @@ class LlamaBlock(nn.Module):
         """The heads' attention (batch, heads, length, width) through this rank's part of wo."""
         return self.wo(out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1))
 
-    def _attention_ops(self) -> list:
-        """The attention on a (x, h) stream: one step, or ring attention's under context parallelism."""
-        if self.context.size == 1:
-            return [Apply(lambda x, h: (x, self._attention(h)))]
-        def project(h):
-            q, k, v = self._project(h)
-            return q, torch.stack((k, v))
-        return ring_attention_ops(project, self._output, self.context)
-
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(h)) * self.w3(h))
 
@@ -216,7 +207,7 @@ class LlamaBlock(nn.Module):
 
     def parallel_ops(self) -> list:
         """The block with its four tensor-parallel collectives (tensor_parallel.residual_block_ops)."""
-        return residual_block_ops(self.attention_norm, self._attention_ops(), self._after_attention, self._mlp,
+        return residual_block_ops(self.attention_norm, attention_ops(self), self._after_attention, self._mlp,
                                   lambda x, m: (x + m,), self.sequence_parallel)
 
     def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

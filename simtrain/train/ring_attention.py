@@ -22,7 +22,7 @@ backward; the gradient of each received block goes back around the ring
 
     shard = ContextShard(rank=1, size=4)
     tokens = shard_sequence(tokens, shard)            # (b, s) -> (b, s/4): chunks 1 and 6 of 8
-    ops = ring_attention_ops(project, finish, shard)  # the attention of a block, in residual_block_ops
+    ops = attention_ops(block)                        # a gpt or llama block's attention, in residual_block_ops
 """
 import math
 from typing import NamedTuple
@@ -98,6 +98,19 @@ def merge(out: torch.Tensor, lse: torch.Tensor, block: tuple) -> tuple[torch.Ten
     merged_lse = torch.logaddexp(lse, block_lse)
     merged = out * (lse - merged_lse).exp() + block_out * (block_lse - merged_lse).exp()
     return torch.cat((kept_out, merged), dim=-2), torch.cat((kept_lse, merged_lse), dim=-2)
+
+
+def attention_ops(block) -> list:
+    """A transformer block's attention on a (x, h) stream: one step (`block._attention`), or under context
+    parallelism (`block.context` of more than one rank) ring attention's steps over `block._project`'s queries,
+    keys and values, finished by `block._output` (train/gpt.py, train/llama.py)."""
+    if block.context.size == 1:
+        return [Apply(lambda x, h: (x, block._attention(h)))]
+
+    def project(h):
+        q, k, v = block._project(h)
+        return q, torch.stack((k, v))
+    return ring_attention_ops(project, block._output, block.context)
 
 
 def ring_attention_ops(project, finish, shard: ContextShard) -> list:
