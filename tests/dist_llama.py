@@ -9,9 +9,9 @@ FSDP2's `fully_shard`, and `torch.distributed.pipelining`. Every function here i
 module-level, so the gloo reference (tests/gloo_processes.py) can pickle it.
 Called in a rank whose process group is initialized (simtrain or gloo):
 
-    params = tp_fsdp_training(world, tp=2, sequence_parallel=True)   # {name: full tensor} after STEPS SGD steps
-    params = pipeline_training(world, pp=2, tp=2, schedule="1f1b")   # this rank's stages' parameters
-    expected = single_process(dp=world // 4)                         # the whole model on the global batch
+    params = tp_fsdp_training(world, tp=2, sequence_parallel=True, layers=2)  # {name: full tensor} after STEPS
+    params = pipeline_training(world, pp=2, tp=2, schedule="1f1b")            # this rank's stages' parameters
+    expected = single_process(dp=world // 4, layers=2)                        # the whole model, the global batch
 """
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH, STEPS, LR = 64, 32, 4, 4, 8, 4, 3, 0.1
+VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH, STEPS, LR = 64, 32, 4, 4, 8, 4, 2, 0.1  # the second step: on updated weights
 MICROBATCHES = 2
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -64,10 +64,10 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """The whole model, or (torchtitan's way of cutting pipeline stages) a part with the others set to None."""
 
-    def __init__(self):
+    def __init__(self, layers: int):
         super().__init__()
         self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleDict({str(i): Block() for i in range(LAYERS)})
+        self.layers = nn.ModuleDict({str(i): Block() for i in range(layers)})
         self.norm = nn.RMSNorm(DIM)
         self.output = nn.Linear(DIM, VOCAB, bias=False)
 
@@ -78,9 +78,9 @@ class Llama(nn.Module):
         return self.output(self.norm(x)) if self.output is not None else x
 
 
-def make_model():
+def make_model(layers=LAYERS):
     torch.manual_seed(0)
-    return Llama()
+    return Llama(layers)
 
 
 def batches(dp_rank):
@@ -94,9 +94,10 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def single_process(dp):
-    """The reference: one process training the whole model on the `dp` data-parallel ranks' batches together."""
-    model = make_model()
+def single_process(dp, layers=LAYERS):
+    """The reference: one process training the whole model (of `layers` blocks) on the `dp` data-parallel ranks'
+    batches together."""
+    model = make_model(layers)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     data = [batches(rank) for rank in range(dp)]
     for step in range(STEPS):
@@ -149,11 +150,11 @@ def full_parameters(model):
             for name, value in model.state_dict().items()}
 
 
-def tp_fsdp_training(world, tp, sequence_parallel, prefetch=False):
+def tp_fsdp_training(world, tp, sequence_parallel, prefetch=False, layers=LAYERS):
     """This rank's full parameters after STEPS of FSDP2 (over "dp", `prefetch`: shard_fsdp) x tensor
-    parallelism (over "tp")."""
+    parallelism (over "tp") of the model of `layers` blocks."""
     mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    model = make_model()
+    model = make_model(layers)
     parallelize_tp(model, mesh["tp"], sequence_parallel)
     shard_fsdp(model, mesh["dp"], prefetch)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)

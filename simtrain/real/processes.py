@@ -1,7 +1,9 @@
 """Start one process per rank of a torch.distributed group and call a function in each.
 
-`spawn(fn, world, args)` starts `world` CPU processes (the spawn start method,
-so each imports simtrain afresh from the same PYTHONPATH) that rendezvous through
+`spawn(fn, world, args)` starts `world` CPU processes (the forkserver start
+method: each is forked from one server process, started on the first spawn with
+torch and its distributed APIs imported, so a rank does not import torch afresh;
+it imports `fn`'s module from the same PYTHONPATH) that rendezvous through
 a file in a temporary folder (no network port), initialize `backend`, call
 `fn(rank, world, *args)` with torch on one host thread, meet at a barrier (so
 no rank tears the group down while a peer still talks to it) and return; the
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+SERVER_IMPORTS = ["torch", "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.tensor"]
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 
 
@@ -52,9 +55,10 @@ def spawn(fn, world: int, args: tuple = (), backend: str = "gloo") -> list:
     """Every rank's `fn(rank, world, *args)` over a `backend` group of `world` spawned processes.
 
     `fn` must be a module-level function (it is pickled by name)."""
+    mp.set_forkserver_preload(SERVER_IMPORTS)  # imported once, by the server, not once per rank
     with tempfile.TemporaryDirectory(prefix="simtrain_ranks_") as workdir:
         mp.start_processes(_worker, args=(fn, world, args, backend, workdir), nprocs=world, join=True,
-                           start_method="spawn")
+                           start_method="forkserver")
         return [torch.load(os.path.join(workdir, f"rank{rank}.pt"), weights_only=False) for rank in range(world)]
 
 
