@@ -21,12 +21,11 @@ import yaml
 
 from simtrain import plan_memory, run
 from simtrain.cli import main
-from simtrain.hw.cluster import build_cluster, run_to_end
-from simtrain.job import Job
 from simtrain.schemes.layout import Layout
 from simtrain.scenario import validate_scenario
 from simtrain.train.gpt import attention_core
 from simtrain.train.ring_attention import ContextShard, attend, merge, shard_sequence
+from simulated_steps import bytes_by_label, one_step
 
 GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,
                                                                        "heads": 4},
@@ -91,22 +90,6 @@ def test_context_parallelism_trains_what_one_device_trains(base, checkpointing, 
 
 
 # ---------------------------------------------------------------- bytes and time
-
-def one_step(spec):
-    cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
-    job = Job(spec, cluster, range(cluster.size))
-    job.start()
-    run_to_end(cluster.env)
-    return job
-
-
-def bytes_by_label(job) -> dict[str, int]:
-    moved = {}
-    for rank in range(job.world):
-        for label, nbytes in job.cluster.log.bytes_by_label(rank, "communication").items():
-            moved[label] = moved.get(label, 0) + nbytes
-    return moved
-
 
 @pytest.mark.parametrize("base,cp,tp", [(GPT, 2, 1), (GPT, 4, 1), (GPT, 2, 2), (LLAMA, 4, 1), (LLAMA, 2, 2)])
 def test_the_ring_moves_each_block_cp_minus_1_times_each_way(base, cp, tp):

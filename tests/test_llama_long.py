@@ -18,10 +18,9 @@ import torch
 
 from simtrain import plan_memory, run
 from simtrain.cost import measure_step_cost
-from simtrain.hw.cluster import build_cluster, run_to_end
-from simtrain.job import Job
 from simtrain.scenario import validate_scenario
 from simtrain.train.llama import build_llama
+from simulated_steps import bytes_by_label, one_step
 
 HIDDEN, LAYERS, HEADS, SEQ = 32, 2, 4, 8
 LLAMA = {"name": "llama-long", "seed": 2, "cluster": {"devices": 1},
@@ -88,22 +87,6 @@ def test_selective_drops_exactly_the_softmax_output_and_the_causal_mask():
 
 
 # ---------------------------------------------------------------- bytes on the links
-
-def one_step(spec):
-    cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
-    job = Job(spec, cluster, range(cluster.size))
-    job.start()
-    run_to_end(cluster.env)
-    return job
-
-
-def bytes_by_label(job) -> dict[str, int]:
-    moved = {}
-    for rank in range(job.world):
-        for label, nbytes in job.cluster.log.bytes_by_label(rank, "communication").items():
-            moved[label] = moved.get(label, 0) + nbytes
-    return moved
-
 
 def test_reduce_scatters_and_all_gathers_move_what_the_all_reduces_moved():
     base = {**LLAMA, "train": {**LLAMA["train"], "steps": 1}}

@@ -21,10 +21,10 @@ import torch
 
 from simtrain import plan_memory, run
 from simtrain.cli import main
-from simtrain.hw.cluster import build_cluster, resolve_cluster, run_to_end
-from simtrain.job import Job
+from simtrain.hw.cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.scenario import validate_scenario
+from simulated_steps import bytes_by_label, one_step
 
 GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,
                                                                        "heads": 4},
@@ -108,22 +108,6 @@ def test_activation_bytes_per_layer_are_table_2_with_simtrains_layer(tp, sp, che
 
 
 # ---------------------------------------------------------------- bytes on the links
-
-def one_step(spec):
-    cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
-    job = Job(spec, cluster, range(cluster.size))
-    job.start()
-    run_to_end(cluster.env)
-    return job
-
-
-def bytes_by_label(job) -> dict[str, int]:
-    moved = {}
-    for rank in range(job.world):
-        for label, nbytes in job.cluster.log.bytes_by_label(rank, "communication").items():
-            moved[label] = moved.get(label, 0) + nbytes
-    return moved
-
 
 def test_reduce_scatters_and_all_gathers_move_what_the_all_reduces_moved():
     base = {**GPT, "train": {**GPT["train"], "steps": 1}}
