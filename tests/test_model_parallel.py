@@ -225,6 +225,33 @@ def test_layouts_that_do_not_fit_are_one_line_errors(raw, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_units_built_alike_are_measured_once_and_as_each_alone():
+    """unit_flops runs a block like one before it once; every unit's FLOPs and output equal running it alone."""
+    import copy
+
+    from simtrain.op_cost import OperatorRecorder
+    from simtrain.train.data import load_dataset
+    from simtrain.train.models import build_model
+    from simtrain.train.partition import model_units, unit_passes
+
+    spec = scenario({**GPT, "model": {**GPT["model"], "layers": 4, "moe": {"experts": 2, "top_k": 1, "every": 2}}})
+    data = load_dataset("tokens", spec.data.loader_options(), 0)
+    model = build_model(spec.model, data.info, 0)
+    units = model_units(model, tensor_parallel=False)
+    x = torch.stack([data.train[i][0] for i in range(4)])
+    meta, h, alone = copy.deepcopy(model).to("meta"), torch.empty(x.shape, dtype=x.dtype, device="meta"), []
+    with torch.no_grad():
+        for unit in units:
+            with OperatorRecorder() as recorder:
+                for index in unit:
+                    h = meta[index](h)
+            alone.append((float(recorder.flops), tuple(h.shape)))
+    passes = unit_passes(model, units, x)
+    assert [(flops, tuple(out.shape)) for flops, out in passes] == alone
+    assert len({id(out) for _, out in passes}) < len(units)  # the dense blocks were run once, the MoE blocks once
+    assert len({flops for flops, _ in passes[1:5]}) == 2  # a dense and an MoE block differ
+
+
 @pytest.mark.slow
 def test_the_shipped_scenarios_run():
     report = run(load_scenario("scenarios/pipeline.yaml", ["train.steps=2"]))

@@ -29,18 +29,26 @@ the very tensor the recomputed unit saves.
 import torch
 
 from ..step_ops import Alloc, Free
+from ..train.partition import module_structure
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk, replay_backward, replay_forward
 
 
-def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | None, tp: int = 1) -> list[ChunkCost]:
+def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | None, tp: int = 1,
+                   measured: dict | None = None) -> list[ChunkCost]:
     """Each unit's ChunkCost, its activations without its input, on the shapes the units before it hand on;
-    the last unit ends with the loss against `target` (when given)."""
+    the last unit ends with the loss against `target` (when given). A unit built as one measured before on
+    inputs of the same shapes (a transformer's blocks; `measured` keeps them from call to call) is measured once."""
+    measured = {} if measured is None else measured
     costs = []
     for number, (module, _) in enumerate(layers):
-        last = number == len(layers) - 1
-        cost = measure_chunk(module, ops_of, inputs, target if last else None, inputs_kept=True, tp=tp)
-        costs.append(cost)
-        inputs = (torch.empty(cost.output.shape, dtype=cost.output.dtype, device="meta").requires_grad_(),)
+        ends = target if number == len(layers) - 1 else None
+        key = ("unit", module_structure(module), tuple((t.shape, t.dtype, t.requires_grad) for t in inputs),
+               None if ends is None else (ends.shape, ends.dtype), tp)
+        if key not in measured:
+            measured[key] = measure_chunk(module, ops_of, inputs, ends, inputs_kept=True, tp=tp)
+        costs.append(measured[key])
+        output = costs[-1].output
+        inputs = (torch.empty(output.shape, dtype=output.dtype, device="meta").requires_grad_(),)
     return costs
 
 

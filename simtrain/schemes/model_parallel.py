@@ -194,7 +194,7 @@ class ModelParallel(RankReplicas, Scheme):
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
-                                              tp=self.layout.tp)
+                                              tp=self.layout.tp, measured=self._costs)
         return self._costs[key]
 
     @staticmethod

@@ -12,13 +12,13 @@ meta forward of the model: the size of a pipeline stage's receive buffers
     shares = rank_shares(model, layout, scenario, parts)
     boundaries = boundary_activations(model, units, counts, sample_x, torch.float16)
 """
-import copy
+import itertools
 
 import torch
 
 from ..errors import ScenarioError
 from ..train.checkpointing import require_attention
-from ..train.partition import RankModule, balanced_counts, model_units, unit_flops
+from ..train.partition import RankModule, balanced_counts, model_units, unit_flops, unit_passes
 from ..train.ring_attention import ContextShard
 from ..train.tensor_parallel import TP_BOUNDARIES
 from .layout import Layout
@@ -58,16 +58,8 @@ def boundary_activations(model, units: list, counts: list[int], sample_x: torch.
     (its activation, and the gradient that comes back), the model in compute dtype `dtype`: the receive
     buffers of a pipeline's messages, whose sizes a stage must know before they arrive. Under sequence
     parallelism a tp rank hands on its part of the sequence (dimension 1), one of `sequence_shards`."""
-    meta = copy.deepcopy(model).to("meta").to(dtype)
-    h = torch.empty(sample_x.shape, dtype=dtype if sample_x.is_floating_point() else sample_x.dtype, device="meta")
-    boundaries, first = [], 0
-    with torch.no_grad():
-        for count in counts[:-1]:
-            for unit in units[first:first + count]:
-                for index in unit:
-                    h = meta[index](h)
-            first += count
-            boundaries.append(h)
+    passes = unit_passes(model, units, sample_x, dtype)
+    boundaries = [passes[end - 1][1] for end in itertools.accumulate(counts[:-1])]
     return [h.narrow(1, 0, h.shape[1] // sequence_shards) if sequence_shards > 1 else h for h in boundaries]
 
 

@@ -75,17 +75,49 @@ def _pair_end(entries: list[nn.Module], start: int) -> int | None:
 
 
 def unit_flops(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor) -> list[float]:
-    """Forward FLOPs of each unit on the batch shape of `x`, measured on a meta copy of the model."""
+    """Forward FLOPs of each unit on the batch shape of `x`."""
+    return [flops for flops, _ in unit_passes(model, units, x)]
+
+
+def unit_passes(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor,
+                dtype: torch.dtype | None = None) -> list[tuple[float, torch.Tensor]]:
+    """Each unit's forward FLOPs and output (a meta tensor) on batches shaped like `x`, run in order on a meta copy
+    of the model (in `dtype`, when given). A unit built as one run before, on an input of the same shape (a
+    transformer's blocks), is run once."""
     meta = copy.deepcopy(model).to("meta")
-    flops = []
-    h = torch.empty(x.shape, dtype=x.dtype, device="meta")
+    if dtype is not None:
+        meta = meta.to(dtype)
+    passes, measured = [], {}
+    h = torch.empty(x.shape, dtype=dtype if dtype is not None and x.is_floating_point() else x.dtype, device="meta")
     with torch.no_grad():
         for unit in units:
-            with OperatorRecorder() as recorder:
-                for index in unit:
-                    h = meta[index](h)
-            flops.append(float(recorder.flops))
-    return flops
+            key = (tuple(h.shape), h.dtype, *(module_structure(meta[index]) for index in unit))
+            if key not in measured:
+                with OperatorRecorder() as recorder:
+                    for index in unit:
+                        h = meta[index](h)
+                measured[key] = float(recorder.flops), h
+            passes.append(measured[key])
+            h = passes[-1][1]
+    return passes
+
+
+def module_structure(module: nn.Module) -> tuple:
+    """What a module computes, as far as its FLOPs go: each submodule's type, its parameters' and buffers'
+    names, shapes and dtypes, and its public attributes (by value where hashable, else by identity)."""
+    def attribute(value):
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape), value.dtype
+        try:
+            hash(value)
+        except TypeError:
+            return id(value)
+        return value
+
+    return tuple((name, type(sub), tuple((key, tuple(tensor.shape), tensor.dtype) for key, tensor in
+                                         [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]),
+                  tuple((key, attribute(value)) for key, value in sorted(vars(sub).items()) if not key.startswith("_")))
+                 for name, sub in module.named_modules())
 
 
 def balanced_counts(weights: list[float], parts: int) -> list[int]:
