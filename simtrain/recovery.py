@@ -97,7 +97,7 @@ class Recovery:
             if job.processes[rank].is_alive:
                 job.processes[rank].interrupt()
             job.devices[rank].abort()
-            job.comm.abandon(rank)
+            job.abandon(rank)
         job.cluster.network.cancel_flows([job.devices[rank].node for rank in ranks])
 
     def _detected(self, _event) -> None:
@@ -128,7 +128,7 @@ class Recovery:
             rank, event = lost[0]
             raise JobFailed(f"device {job.ranks[rank]} ({event['node']}) lost at {event['at_s']:.6g} s: {reason}")
         step, done = checkpoints.saved.step, len(job.scheme.loss_curve)
-        reload_s = checkpoints.read_seconds()
+        reload_s = max(checkpoints.read_seconds(rank) for rank in range(job.world))  # the job's last rank to read
         # 0 for a loss while the checkpoint was being read back after an earlier one
         redone_s = max(0.0, lost[0][1]["at_s"] - max(self.resumed_at_s, checkpoints.saved.committed_at_s))
         for index, (rank, event) in enumerate(lost):
@@ -136,14 +136,15 @@ class Recovery:
             job.replace(rank, spare)
             event.update(effect="restarted on a spare", spare=spare, checkpoint_step=step,
                          steps_redone=done - step if index == 0 else 0, reload_s=reload_s if index == 0 else 0.0,
-                         redone_s=redone_s if index == 0 else 0.0)
+                         resume_s=0.0, redone_s=redone_s if index == 0 else 0.0)
             event["time_lost_s"] = event["detection_s"] + event["reload_s"] + event["redone_s"]
         self._down = []
         self.restarts += 1
         self._rewind(step)
         self.resumed_at_s = now + reload_s
-        job.scheme.regroup()
-        job.restart(step, lambda: self._reload(reload_s, step))
+        resumed = [self.env.event() for _ in range(job.world)]
+        self.env.all_of(resumed).callbacks.append(lambda _: self._resumed(lost[0][1], now + reload_s))
+        job.restart(step, lambda rank: self._reload(rank, step, resumed[rank]))
 
     def _rewind(self, step: int) -> None:
         """Every rank's replica, loader and hyperparameters back to the checkpoint of step `step`."""
@@ -182,9 +183,20 @@ class Recovery:
             "goodput": fault_free_time_s / sim_time_s if sim_time_s > 0 and not failed else None,
         }
 
-    @staticmethod
-    def _reload(seconds: float, step: int):
-        yield Busy(seconds, f"restart (read checkpoint of step {step})", kind="restart")
+    def _reload(self, rank: int, step: int, resumed):
+        """Step program of job rank `rank` before it trains again: read its part of the checkpoint of step `step`,
+        fetch what that leaves out (the scheme's `resume`), then fire `resumed`."""
+        job = self.job
+        yield Busy(job.checkpoints.read_seconds(rank), f"restart (read checkpoint of step {step})", kind="restart")
+        yield from job.scheme.resume(rank)
+        resumed.succeed()
+
+    def _resumed(self, event: dict, read_at_s: float) -> None:
+        """Every rank has read the checkpoint and fetched what it leaves out: the restart's `resume_s`, from the
+        last read to the last rank ready, is time lost too."""
+        self.resumed_at_s = self.env.now
+        event["resume_s"] = self.env.now - read_at_s
+        event["time_lost_s"] += event["resume_s"]
 
 
 def _field(scenario, path: str):

@@ -137,12 +137,12 @@ class Scenario(Section):
         if cluster.devices is not None and cluster.spares >= cluster.devices:
             raise ValueError(f"cluster.spares: {cluster.spares} leaves no device for the job "
                              f"(cluster.devices {cluster.devices} counts the spares)")
-        if self.parallel.model_parallel:
+        if self.parallel.representatives:
             for field, used in (("cluster.faults", device_faults), ("cluster.random_faults", device_faults),
                                 ("train.checkpoint", checkpoint is not None)):
                 if used:
-                    raise ValueError(f"{field}: lost devices and checkpoints run with data parallelism only, not "
-                                     "with parallel.pp or parallel.tp > 1 (link faults do)")
+                    raise ValueError(f"{field}: lost devices and checkpoints need every rank's own state, not "
+                                     "parallel.representatives (link faults run)")
         if checkpoint is None:
             return self
         if self.parallel.mode == "async":
