@@ -45,9 +45,10 @@ programs run with shapes, bytes and FLOPs and no arithmetic. The memory plan
 
 With `train.checkpoint` the job writes checkpoints in `before_step`
 (train/job_checkpoint.py). A restart after a lost device (recovery.py) puts a
-spare in the lost rank's place (`replace`), builds a new communicator over the
-devices as they are then, and starts every rank again from the checkpoint's
-step; `finished` fires when the programs of the latest start have all ended.
+spare in the lost rank's place (`replace`), builds new communicators over the
+devices as they are then (the job's, and the scheme's sub-groups' through its
+`regroup`), and starts every rank again from the checkpoint's step;
+`finished` fires when the programs of the latest start have all ended.
 """
 import copy
 

@@ -20,8 +20,12 @@ restarts:
   memory freed). Without `train.checkpoint` the job fails. With it, a spare
   (`cluster.spares`, the cluster's last devices, idle until then) takes the
   lost rank's place, with its rank, replica and data shard, and every rank
-  reads the latest checkpoint back (`restart` span: train/job_checkpoint.py's
-  read time) and trains again from its step: the steps after it are
+  reads its own part of the latest checkpoint back (`restart` span:
+  train/job_checkpoint.py's read time), runs the scheme's `resume` (a
+  sharded rank gathers the parameters its shard leaves out) and trains
+  again from its step on communicators rebuilt over the devices as they are
+  (Job.restart, the scheme's `regroup`). Every layout (pp, tp, cp, ep,
+  sharded) restarts this one way: the steps after it are
   re-simulated for real, with the same batches, so the final model is the
   fault-free run's bit for bit (tested). With no spare left the job fails:
   shrinking to the survivors is not modelled (it would change the global
@@ -29,8 +33,9 @@ restarts:
   fault-free run's).
 
 Each loss's event in report.json says what happened and what it cost:
-`detection_s` (fault to detection), `reload_s` (reading the checkpoint),
-`redone_s` (the simulated time between the moment training last went on from
+`detection_s` (fault to detection), `reload_s` (reading the checkpoint: the
+slowest rank's part), `resume_s` (from then until every rank has fetched
+what its part leaves out), `redone_s` (the simulated time between the moment training last went on from
 that checkpoint, when it committed or after an earlier restart, and the
 fault: work lost, redone after the restart), `steps_redone`, and
 `time_lost_s`, their sum. A restarted job's time is then the fault-free
@@ -212,13 +217,15 @@ class FaultsSection(ReportSection):
         description="every fault in the order it struck: at_s, source (scenario or random), kind (link_failed, "
                     "link_degraded, link_healed, device_lost), link [u, v] or device, and what it did: effect, "
                     "bandwidth_factor, flows_crossing, flows_rerouted, bytes_rerouted, links_failed, node, "
-                    "detected_at_s, detection_s, steps_redone, time_lost_s (those that apply)")
+                    "detected_at_s, detection_s, reload_s, resume_s, redone_s, steps_redone, time_lost_s (those that "
+                    "apply)")
     spares_left: list[int] = Field(description="spare devices not used at the end")
     restarts: int = Field(description="restarts from a checkpoint")
     steps_redone: int = Field(description="steps run again after restarts")
     pushes_lost: int = Field(description="asynchronous updates lost with their worker")
     flows_rerouted: int = Field(description="transfers moved to another route by a link's failure")
-    time_lost_s: float = Field(description="seconds lost to faults: detection, restart and steps redone")
+    time_lost_s: float = Field(description="seconds lost to faults: detection, reading the checkpoint, resuming "
+                                          "and steps redone")
     checkpoints_committed: int = Field(description="checkpoints written in full")
     checkpoint_bytes_per_rank: int = Field(description="bytes of one rank's checkpoint")
     checkpoint_time_s: float = Field(description="seconds a rank of the job spent writing checkpoints, on average")
