@@ -1,7 +1,7 @@
 """Hostile input for the keys added since tests/test_hostile_surfaces.py's pass (issue 31): context and expert
 parallelism (parallel.cp, parallel.ep), the fleet section (fleet.*), the topology builders' keys
 (cluster.leaves_per_pod, nodes_per_leaf, oversubscription; a topology file's reducing_switches), lost devices
-and checkpoints under the layouts they are not built for, and `simtrain collective`'s --op/--algo/--protocol.
+and checkpoints where no rank holds its own state (representatives), and `simtrain collective`'s --op/--algo/--protocol.
 
 Each is validation only, no run: one line naming its key or option, exit code 2, nothing written (the contract
 of simtrain/errors.py, as in test_hostile_input.py).
@@ -70,9 +70,9 @@ HOSTILE_SCENARIOS = [
     *[(clos3(f"oversubscription: {v}"), "cluster.oversubscription") for v in ("0", "0.5", ".nan", "x", HUGE)],
     # lost devices and checkpoints where a rank's own state is not simulated
     (LOST + "model: {hidden: [8, 8]}\ntrain: {steps: 1}\nnumerics: false\nparallel: {pp: 2, representatives: true}\n",
-     "cluster.faults: lost devices and checkpoints need every rank's own state, not parallel.representatives"),
+     "parallel.representatives: does not run with faults"),
     ("cluster: {devices: 4}\nmodel: {hidden: [8, 8]}\ntrain: {steps: 1, checkpoint: {every: 1}}\nnumerics: false\n"
-     "parallel: {pp: 2, representatives: true}\n", "train.checkpoint: lost devices and checkpoints need every"),
+     "parallel: {pp: 2, representatives: true}\n", "parallel.representatives: does not run with train.checkpoint"),
 ]
 
 
