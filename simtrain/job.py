@@ -45,9 +45,10 @@ programs run with shapes, bytes and FLOPs and no arithmetic. The memory plan
 
 With `train.checkpoint` the job writes checkpoints in `before_step`
 (train/job_checkpoint.py). A restart after a lost device (recovery.py) puts a
-spare in the lost rank's place (`replace`), builds a new communicator over the
-devices as they are then, and starts every rank again from the checkpoint's
-step; `finished` fires when the programs of the latest start have all ended.
+spare in the lost rank's place (`replace`), builds new communicators over the
+devices as they are then (the job's, and the scheme's sub-groups' through its
+`regroup`), and starts every rank again from the checkpoint's step;
+`finished` fires when the programs of the latest start have all ended.
 """
 import copy
 
@@ -105,6 +106,7 @@ class Job:
             if ep > 1:  # ep rank r % ep of each group of ep adjacent ranks keeps its share of the experts
                 shares = [share and keep_experts_(share, rank % ep, ep) for rank, share in enumerate(shares)]
         self.local_ranks = held
+        self._groups = []  # (communicator, its job ranks): every sub-group's, as the scheme asked for them
         self.replicas = [Replica(share, self._loader(rank), scenario.train) if rank in held else None
                          for rank, share in enumerate(shares)]
         self.scheme = build_scheme(self, on_step)
@@ -126,7 +128,17 @@ class Job:
     def communicator(self, ranks: list[int], copies: int = 1):
         """A communicator of job ranks `ranks` (a sub-group: a pipeline, a tensor-parallel group), each rank
         standing for `copies` ranks under representatives."""
-        return self.backend.communicator(self, list(ranks), copies=copies)
+        comm = self.backend.communicator(self, list(ranks), copies=copies)
+        self._groups.append((comm, list(ranks)))
+        return comm
+
+    def abandon(self, rank: int) -> None:
+        """Job rank `rank` is gone: its posted operations that no peer has matched are dropped from every
+        communicator it belongs to, so none of them ever starts a transfer."""
+        self.comm.abandon(rank)
+        for comm, ranks in self._groups:
+            if rank in ranks:
+                comm.abandon(ranks.index(rank))
 
     def all_reduce(self, ranks: list[int]):
         """fn(rank, world, buf, average=False) -> the scenario's all-reduce program for job ranks `ranks`."""
@@ -149,10 +161,12 @@ class Job:
         self._launch([self.scheme.program(rank) for rank in range(self.world)])
 
     def restart(self, first_step: int, prologue) -> None:
-        """Start every rank again at step `first_step` on a new communicator, after `prologue()` (a step
-        program: reading the checkpoint)."""
+        """Start every rank again at step `first_step` on new communicators over the devices as they are now
+        (the scheme's too: `regroup`), after `prologue(rank)` (a step program: reading its checkpoint)."""
         self.comm = self._communicator()
-        self._launch([self._then(prologue(), self.scheme.program(rank, first_step)) for rank in range(self.world)])
+        self._groups = []
+        self.scheme.regroup()
+        self._launch([self._then(prologue(rank), self.scheme.program(rank, first_step)) for rank in range(self.world)])
 
     @staticmethod
     def _then(first, second):

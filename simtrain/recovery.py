@@ -20,8 +20,12 @@ restarts:
   memory freed). Without `train.checkpoint` the job fails. With it, a spare
   (`cluster.spares`, the cluster's last devices, idle until then) takes the
   lost rank's place, with its rank, replica and data shard, and every rank
-  reads the latest checkpoint back (`restart` span: train/job_checkpoint.py's
-  read time) and trains again from its step: the steps after it are
+  reads its own part of the latest checkpoint back (`restart` span:
+  train/job_checkpoint.py's read time), runs the scheme's `resume` (a
+  sharded rank gathers the parameters its shard leaves out) and trains
+  again from its step on communicators rebuilt over the devices as they are
+  (Job.restart, the scheme's `regroup`). Every layout (pp, tp, cp, ep,
+  sharded) restarts this one way: the steps after it are
   re-simulated for real, with the same batches, so the final model is the
   fault-free run's bit for bit (tested). With no spare left the job fails:
   shrinking to the survivors is not modelled (it would change the global
@@ -29,8 +33,9 @@ restarts:
   fault-free run's).
 
 Each loss's event in report.json says what happened and what it cost:
-`detection_s` (fault to detection), `reload_s` (reading the checkpoint),
-`redone_s` (the simulated time between the moment training last went on from
+`detection_s` (fault to detection), `reload_s` (reading the checkpoint: the
+slowest rank's part), `resume_s` (from then until every rank has fetched
+what its part leaves out), `redone_s` (the simulated time between the moment training last went on from
 that checkpoint, when it committed or after an earlier restart, and the
 fault: work lost, redone after the restart), `steps_redone`, and
 `time_lost_s`, their sum. A restarted job's time is then the fault-free
@@ -97,7 +102,7 @@ class Recovery:
             if job.processes[rank].is_alive:
                 job.processes[rank].interrupt()
             job.devices[rank].abort()
-            job.comm.abandon(rank)
+            job.abandon(rank)
         job.cluster.network.cancel_flows([job.devices[rank].node for rank in ranks])
 
     def _detected(self, _event) -> None:
@@ -128,7 +133,7 @@ class Recovery:
             rank, event = lost[0]
             raise JobFailed(f"device {job.ranks[rank]} ({event['node']}) lost at {event['at_s']:.6g} s: {reason}")
         step, done = checkpoints.saved.step, len(job.scheme.loss_curve)
-        reload_s = checkpoints.read_seconds()
+        reload_s = max(checkpoints.read_seconds(rank) for rank in range(job.world))  # the job's last rank to read
         # 0 for a loss while the checkpoint was being read back after an earlier one
         redone_s = max(0.0, lost[0][1]["at_s"] - max(self.resumed_at_s, checkpoints.saved.committed_at_s))
         for index, (rank, event) in enumerate(lost):
@@ -136,14 +141,15 @@ class Recovery:
             job.replace(rank, spare)
             event.update(effect="restarted on a spare", spare=spare, checkpoint_step=step,
                          steps_redone=done - step if index == 0 else 0, reload_s=reload_s if index == 0 else 0.0,
-                         redone_s=redone_s if index == 0 else 0.0)
+                         resume_s=0.0, redone_s=redone_s if index == 0 else 0.0)
             event["time_lost_s"] = event["detection_s"] + event["reload_s"] + event["redone_s"]
         self._down = []
         self.restarts += 1
         self._rewind(step)
         self.resumed_at_s = now + reload_s
-        job.scheme.regroup()
-        job.restart(step, lambda: self._reload(reload_s, step))
+        resumed = [self.env.event() for _ in range(job.world)]
+        self.env.all_of(resumed).callbacks.append(lambda _: self._resumed(lost[0][1], now + reload_s))
+        job.restart(step, lambda rank: self._reload(rank, step, resumed[rank]))
 
     def _rewind(self, step: int) -> None:
         """Every rank's replica, loader and hyperparameters back to the checkpoint of step `step`."""
@@ -182,9 +188,20 @@ class Recovery:
             "goodput": fault_free_time_s / sim_time_s if sim_time_s > 0 and not failed else None,
         }
 
-    @staticmethod
-    def _reload(seconds: float, step: int):
-        yield Busy(seconds, f"restart (read checkpoint of step {step})", kind="restart")
+    def _reload(self, rank: int, step: int, resumed):
+        """Step program of job rank `rank` before it trains again: read its part of the checkpoint of step `step`,
+        fetch what that leaves out (the scheme's `resume`), then fire `resumed`."""
+        job = self.job
+        yield Busy(job.checkpoints.read_seconds(rank), f"restart (read checkpoint of step {step})", kind="restart")
+        yield from job.scheme.resume(rank)
+        resumed.succeed()
+
+    def _resumed(self, event: dict, read_at_s: float) -> None:
+        """Every rank has read the checkpoint and fetched what it leaves out: the restart's `resume_s`, from the
+        last read to the last rank ready, is time lost too."""
+        self.resumed_at_s = self.env.now
+        event["resume_s"] = self.env.now - read_at_s
+        event["time_lost_s"] += event["resume_s"]
 
 
 def _field(scenario, path: str):
@@ -200,13 +217,15 @@ class FaultsSection(ReportSection):
         description="every fault in the order it struck: at_s, source (scenario or random), kind (link_failed, "
                     "link_degraded, link_healed, device_lost), link [u, v] or device, and what it did: effect, "
                     "bandwidth_factor, flows_crossing, flows_rerouted, bytes_rerouted, links_failed, node, "
-                    "detected_at_s, detection_s, steps_redone, time_lost_s (those that apply)")
+                    "detected_at_s, detection_s, reload_s, resume_s, redone_s, steps_redone, time_lost_s (those that "
+                    "apply)")
     spares_left: list[int] = Field(description="spare devices not used at the end")
     restarts: int = Field(description="restarts from a checkpoint")
     steps_redone: int = Field(description="steps run again after restarts")
     pushes_lost: int = Field(description="asynchronous updates lost with their worker")
     flows_rerouted: int = Field(description="transfers moved to another route by a link's failure")
-    time_lost_s: float = Field(description="seconds lost to faults: detection, restart and steps redone")
+    time_lost_s: float = Field(description="seconds lost to faults: detection, reading the checkpoint, resuming "
+                                          "and steps redone")
     checkpoints_committed: int = Field(description="checkpoints written in full")
     checkpoint_bytes_per_rank: int = Field(description="bytes of one rank's checkpoint")
     checkpoint_time_s: float = Field(description="seconds a rank of the job spent writing checkpoints, on average")

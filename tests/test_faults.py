@@ -374,8 +374,6 @@ def test_random_faults_are_drawn_from_the_seed():
     ({"spares": 4}, {}, {}, "cluster.spares: 4 leaves no device"),
     ({}, {"checkpoint": {"every": 5, "to": "storage"}}, {}, "train.checkpoint.bandwidth: give the storage's"),
     ({}, {"checkpoint": {"every": 5}}, {"mode": "async"}, "train.checkpoint: for synchronous schemes"),
-    ({"faults": [{"at": "1 ms", "device": 1, "fail": True}]}, {}, {"pp": 2},
-     "cluster.faults: lost devices and checkpoints run with data parallelism only"),
 ])
 def test_fault_mistakes_are_one_line_errors(cluster, train, parallel, expected):
     raw = {"cluster": {"topology": "ring", "devices": 4, **cluster}, "train": {"steps": 2, **train},

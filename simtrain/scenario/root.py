@@ -127,8 +127,6 @@ class Scenario(Section):
     def _faults_fit(self) -> "Scenario":
         """Faults, spares and checkpoints where recovery.py handles them: one-line errors naming the field."""
         cluster, checkpoint = self.cluster, self.train.checkpoint
-        device_faults = any(fault.device is not None for fault in cluster.faults) or (
-            cluster.random_faults is not None and cluster.random_faults.device_mtbf is not None)
         if self.pbt is not None:
             for field, used in (("cluster.faults", cluster.faults), ("cluster.random_faults", cluster.random_faults),
                                 ("cluster.spares", cluster.spares), ("train.checkpoint", checkpoint)):
@@ -137,12 +135,6 @@ class Scenario(Section):
         if cluster.devices is not None and cluster.spares >= cluster.devices:
             raise ValueError(f"cluster.spares: {cluster.spares} leaves no device for the job "
                              f"(cluster.devices {cluster.devices} counts the spares)")
-        if self.parallel.model_parallel:
-            for field, used in (("cluster.faults", device_faults), ("cluster.random_faults", device_faults),
-                                ("train.checkpoint", checkpoint is not None)):
-                if used:
-                    raise ValueError(f"{field}: lost devices and checkpoints run with data parallelism only, not "
-                                     "with parallel.pp or parallel.tp > 1 (link faults do)")
         if checkpoint is None:
             return self
         if self.parallel.mode == "async":
@@ -256,7 +248,9 @@ def _representatives_fit(scenario: Scenario) -> None:
                         (scenario.numerics, "needs numerics false (the mirrored ranks compute nothing)"),
                         (cluster.overrides, "needs identical devices (no cluster.overrides)"),
                         (cluster.compute_jitter > 0, "needs identical devices (no cluster.compute_jitter)"),
-                        (cluster.faults or cluster.random_faults, "does not run with faults")):
+                        (cluster.faults or cluster.random_faults, "does not run with faults"),
+                        (scenario.train.checkpoint, "does not run with train.checkpoint (the mirrored ranks hold no "
+                                                    "state of their own)")):
         if refuse:
             raise ValueError(f"parallel.representatives: {why}")
 

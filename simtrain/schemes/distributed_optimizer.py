@@ -70,6 +70,10 @@ class ReplicatedUpdate:
         """Step program: nothing before a step's microbatches."""
         yield from ()
 
+    def resume(self, rank: int):
+        """Step program: nothing to fetch after a load (each rank holds its whole share)."""
+        yield from ()
+
     def update(self, rank: int):
         """Step program: all-reduce and average the gradient over the dp (x cp) group, vote on an fp16 overflow, step."""
         scheme = self.scheme
@@ -119,12 +123,16 @@ class DistributedOptimizer:
     def begin(self, rank: int):
         """Step program: a loaded shard (a PBT exploit) gathers the chunks it does not own; stage 2 holds the whole
         gradient the microbatches accumulate into."""
+        yield from self.resume(rank)
+        if self.stage == 2:
+            yield Alloc("comm_buffers", self._unsharded_bytes[rank])
+
+    def resume(self, rank: int):
+        """Step program: a loaded shard (a restart, a PBT exploit) gathers the chunks it does not own."""
         shard = self.scheme.replicas[rank]
         if shard.stale:
             yield from self._gather(rank)
             shard.stale = False
-        if self.stage == 2:
-            yield Alloc("comm_buffers", self._unsharded_bytes[rank])
 
     def update(self, rank: int):
         """Step program: reduce-scatter the gradient over the dp group, step the rank's chunk, all-gather."""

@@ -87,18 +87,8 @@ class ModelParallel(RankReplicas, Scheme):
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
         self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
-        if self.representatives:
-            self.comms = mirrored_communicators(job)
-        else:
-            self.comms = {"dp": self._communicators(self.layout.groups(("dp", "cp"))),  # the ranks of a shard
-                          "tp": self._communicators(self.layout.groups("tp"))}
-            if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
-                voters = [list(range(self.world))] if parallel.sharding.stage else self.layout.replicas()
-                self.comms["model"] = self._communicators(voters)
-        if self.layout.cp > 1:  # ring attention's key/value blocks, as Send/Recv programs
-            self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
+        self.regroup()
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
-            self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
                                                     DTYPES[train.precision],
                                                     self.layout.cp * (self.layout.tp if parallel.sequence_parallel
@@ -110,6 +100,35 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done = [0] * self.steps
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
         self.loss_curve: list[tuple[float, float | None]] = []
+
+    def regroup(self) -> None:
+        """Every group's communicator over the job's devices as they are now (built once; again after a spare
+        took a lost device's place)."""
+        sharded = self.job.scenario.parallel.sharding.stage
+        if self.representatives:
+            self.comms = mirrored_communicators(self.job)
+        else:
+            self.comms = {"dp": self._communicators(self.layout.groups(("dp", "cp"))),  # the ranks of a shard
+                          "tp": self._communicators(self.layout.groups("tp"))}
+            if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
+                voters = [list(range(self.world))] if sharded else self.layout.replicas()
+                self.comms["model"] = self._communicators(voters)
+        if self.layout.cp > 1:  # ring attention's key/value blocks, as Send/Recv programs
+            self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
+        if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
+            self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
+
+    def resume(self, rank: int):
+        """Step program after a load: a sharded share gathers the chunks it does not own (distributed_optimizer.py)."""
+        yield from self.data_parallel.resume(rank)
+
+    def rewind(self, step: int) -> None:
+        """Forget what came after step `step`: the job restarts there from a checkpoint (recovery.py)."""
+        super().rewind(step)
+        self._losses[step:] = [[] for _ in range(self.steps - step)]
+        self._ranks_done[step:] = [0] * (self.steps - step)
+        for losses in self._rank_losses.values():
+            del losses[step:]
 
     def _communicators(self, groups: list[list[int]], all_reduce: bool = True) -> dict[int, tuple]:
         """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce, or None
@@ -134,7 +153,8 @@ class ModelParallel(RankReplicas, Scheme):
 
     # --- the program of one rank ---
 
-    def program(self, rank: int):
+    def program(self, rank: int, first_step: int = 0):
+        """Step program of job rank `rank`: hold its share's state, then every step from `first_step`."""
         if self._represented_by(rank) != rank:
             return  # its representative's program stands for it
         replica = self.replicas[rank]
@@ -142,7 +162,7 @@ class ModelParallel(RankReplicas, Scheme):
             yield Alloc(category, nbytes)
         pp_comm, pp_index, _ = self.comms["pp"][rank] if self.layout.pp > 1 else (None, 0, None)
         stage = PipelineStage(self, rank, pp_comm, pp_index, self._boundaries if self.layout.pp > 1 else [])
-        receives = (yield from stage.post_receives(0)) if self.steps else {}
+        receives = (yield from stage.post_receives(first_step)) if first_step < self.steps else {}
         tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
         cp_comm, cp_index, _ = self.comms["cp"][rank] if self.layout.cp > 1 else (None, 0, None)
 
@@ -158,7 +178,7 @@ class ModelParallel(RankReplicas, Scheme):
             program, result = SEQUENCE_COLLECTIVES[kind](tp_index, tp_comm.world, tensor)
             return Collective(program, f"tp_{kind.replace('_', '')}", tp_comm, tp_index), result
 
-        for step in range(self.steps):
+        for step in range(first_step, self.steps):
             if not (yield from self.job.before_step(rank, step)):
                 break
             yield from self.data_parallel.begin(rank)

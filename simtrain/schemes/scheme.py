@@ -10,8 +10,9 @@ no default; it overrides a hook where its behaviour differs:
 - `device_lost(rank)`: default None, the job restarts every rank from its
   checkpoint (recovery.py); a scheme that goes on without the device says
   what it did about it (asynchronous.py);
-- `rewind(step)` and `regroup()`: what a restart needs (default: forget the
-  loss curve after `step`; nothing to rebuild);
+- `rewind(step)`, `regroup()` and `resume(rank)`: what a restart needs
+  (default: forget the loss curve after `step`; nothing to rebuild; nothing
+  to fetch after a rank has read its checkpoint);
 - `state_source(rank)` and `state_receivers()`: where the training state
   lives. By default rank 0 holds the whole state (replicated) and every rank
   receives a copy; model parallelism has each rank take its own share, async
@@ -126,6 +127,12 @@ class Scheme(Protocol):
 
     def regroup(self) -> None:
         """Rebuild what depends on the job's devices (a spare took a lost device's place): nothing by default."""
+
+    def resume(self, rank: int):
+        """Step program of job rank `rank` after it loaded a training state (a checkpoint, a PBT exploit), before
+        its next step: what the state leaves out, fetched from its peers. Nothing by default (a rank's state is
+        all it holds); a sharded rank gathers the parameters it does not own."""
+        yield from ()
 
     def state_source(self, rank: int) -> int:
         """The rank whose training state job rank `rank` takes in a copy: rank 0's, the whole state, by

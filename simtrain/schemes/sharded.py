@@ -139,16 +139,20 @@ class ShardedDataParallel(RankReplicas, Scheme):
         for step in range(first_step, self.steps):
             if not (yield from self.job.before_step(rank, step)):
                 break
-            shard = self.replicas[rank]
-            if shard.stale:  # a loaded shard (a restart, an exploit): the other chunks come from the group
-                yield from self._gather_parameters(rank)
-                shard.stale = False
+            yield from self.resume(rank)
             loss = yield from self._forward_backward(rank)
             yield from self._update(rank)
             self._step_done(rank, step, loss)
         self._ended += 1
         if self._ended % len(self.job.local_ranks) == 0:  # the last rank's program to end
             self._publish()
+
+    def resume(self, rank: int):
+        """Step program: a loaded shard (a restart, an exploit) gathers the chunks it does not own."""
+        shard = self.replicas[rank]
+        if shard.stale:
+            yield from self._gather_parameters(rank)
+            shard.stale = False
 
     def _unit_bytes(self, unit: int, element: int | None = None) -> int:
         """Bytes of a unit's padded parameters (or gradient) in the compute dtype (or of `element` bytes)."""

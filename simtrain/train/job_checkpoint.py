@@ -86,6 +86,6 @@ class Checkpoints:
             replica.load_training_state(state, state.flat.clone())
             replica.loader.seek(position)
 
-    def read_seconds(self) -> float:
-        """A rank's read of the latest checkpoint, every rank reading its own at once."""
-        return self.seconds(self.saved.states[0].nbytes)
+    def read_seconds(self, rank: int) -> float:
+        """Rank `rank`'s read of its part of the latest checkpoint, every rank reading its own at once."""
+        return self.seconds(self.saved.states[rank].nbytes)
