@@ -27,17 +27,18 @@ ROOT = Path(__file__).resolve().parents[1]
 GPT_SMALL = ROOT / "scenarios" / "gpt_small.yaml"
 
 
-def scenario(devices, ep, capacity_factor=None, numerics=True, routing=None, experts=4, steps=STEPS):
+def scenario(devices, ep, capacity_factor=None, numerics=True, routing=None, experts=4, steps=STEPS,
+             cluster=None, parallel=None, precision="fp32"):
     moe = {"experts": experts, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0}
     if routing is not None:
         moe["routing"] = routing
     return validate_scenario({
         "name": "t", "seed": 1, "numerics": numerics,
-        "cluster": {"topology": "switch", "devices": devices},
+        "cluster": {"topology": "switch", "devices": devices, **(cluster or {})},
         "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
         "data": {"name": "tokens", "batch_size": BATCH, "seq_len": 8, "vocab": 32},
-        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": LR}},
-        "parallel": {"ep": ep},
+        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": LR}, "precision": precision},
+        "parallel": {"ep": ep, **(parallel or {})},
         "report": {"trace": False},
     })
 
@@ -75,6 +76,40 @@ def test_trains_to_the_parameters_of_one_device(ep):
     assert_same_parameters(report.final_model, reference)
 
 
+TWO_HOSTS = {"topology": "hierarchical", "gpus_per_node": 2, "device": "a100-40gb",
+             "link": {"bandwidth": 1e9, "latency": 1e-6}, "inter_node_link": {"bandwidth": 2.5e8, "latency": 5e-6}}
+
+
+def test_hierarchical_dispatch_trains_to_the_parameters_of_one_device():
+    """ep 4 on two hosts of two GPUs: the tokens go through the host peer on their rail, and land as pairwise."""
+    spec = scenario(4, 4, cluster=TWO_HOSTS, parallel={"moe_dispatch": "hierarchical"}, steps=1)
+    report = simtrain.run(spec)
+    reference, _ = one_device(spec, 4)
+    assert_same_parameters(report.final_model, reference)
+
+
+def test_hierarchical_dispatch_costs_its_closed_form_more_than_pairwise():
+    """Numerics off, balanced top-1 routing over 4 experts, ep 4 on n = 2 hosts of g = 2 GPUs (N = 4): each of
+    the four exchanges is a balanced all-to-all of S = T (4 H) bytes a rank (T its tokens), every rank starting
+    at once. Pairwise overlaps the node switch and the NICs, T_p = max(2 a_in + (g-1)/N S/B_in,
+    2 a_out + (N-g)/N S/B_out); hierarchical runs them one after the other, T_h = 2 a_in + (g-1)/g S/B_in
+    + 2 a_out + (n-1)/n S/B_out. The step differs by exactly 4 (T_h - T_p)."""
+    def moe_section(dispatch):
+        spec = scenario(4, 4, numerics=False, routing={"model": "balanced"}, steps=1, cluster=TWO_HOSTS,
+                        parallel={"moe_dispatch": dispatch})
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={
+            "layers": 1, "moe": spec.model.moe.model_copy(update={"top_k": 1})})})
+        return one_step(spec).scheme.report_sections()["moe"]
+
+    pairwise, hierarchical = moe_section("pairwise"), moe_section("hierarchical")
+    size = BATCH * 8 * HIDDEN * 4
+    b_in, a_in, b_out, a_out, g, n = 1e9, 1e-6, 2.5e8, 5e-6, 2, 2
+    t_p = max(2 * a_in + (g - 1) / (g * n) * size / b_in, 2 * a_out + (g * n - g) / (g * n) * size / b_out)
+    t_h = 2 * a_in + (g - 1) / g * size / b_in + 2 * a_out + (n - 1) / n * size / b_out
+    assert hierarchical["all_to_all_bytes"] == pairwise["all_to_all_bytes"]
+    assert hierarchical["step_time_s"][0] - pairwise["step_time_s"][0] == pytest.approx(4 * (t_h - t_p), rel=1e-6)
+
+
 def test_experts_are_data_parallel_over_the_groups():
     """dp 4, ep 2: two groups; each expert all-reduced over the two ranks that hold it."""
     spec = scenario(4, 2)
@@ -82,6 +117,34 @@ def test_experts_are_data_parallel_over_the_groups():
     reference, _ = one_device(spec, 4)
     for model in report.final_models:
         assert_same_parameters(model, reference)
+
+
+def test_bf16_equals_plain_ddp_but_for_the_experts_one_rounding():
+    """dp = ep = 2, one SGD step in bf16, against plain DDP's bf16 run (ep 1) on the same two ranks. The replicated
+    gradients are the same two bf16 gradients all-reduced (a sum of two does not depend on its order): their
+    parameters are bit-identical. An expert's gradient differs: DDP rounds each rank's to bf16 and adds the two,
+    where its ep holder computes the sum over both ranks' tokens in one bf16 GEMM (fp32 accumulation, rounded
+    once): within two bf16 ulps (2 * 2^-7 relative) of the largest gradient element, taken from one fp32 device.
+    (With dp > 2 the replicated sums are also ordered differently: ep's all-reduce cuts a shorter buffer, the
+    experts left out, into its ring's chunks, so the replicated parameters differ by bf16 ulps too.)"""
+    expert_parallel = simtrain.run(scenario(2, 2, precision="bf16", steps=1)).final_model
+    data_parallel = simtrain.run(scenario(2, 1, precision="bf16", steps=1)).final_model
+    spec = scenario(2, 2, steps=1)
+    reference, _ = one_device(spec, 2)
+    data = hold_out_validation(load_dataset(spec.data.name, spec.data.loader_options(), spec.seed),
+                               spec.data.validation_fraction, spec.seed)
+    initial, after = dict(build_model(spec.model, data.info, spec.seed).named_parameters()), \
+        dict(reference.named_parameters())
+    ddp = dict(data_parallel.named_parameters())
+    experts = 0
+    for name, parameter in expert_parallel.named_parameters():
+        if ".experts." not in name:
+            assert torch.equal(parameter, ddp[name]), name
+            continue
+        experts += 1
+        largest_gradient = ((initial[name] - after[name]) / LR).abs().max()
+        assert (parameter - ddp[name]).abs().max() <= LR * 2 * 2**-7 * largest_gradient, name
+    assert experts == 2 * 4 * 4  # two MoE layers of four experts of four tensors
 
 
 def test_a_capacity_drops_the_tokens_one_device_drops():
@@ -139,8 +202,15 @@ def cli(*args):
 @pytest.mark.parametrize("command,overrides,expected", [
     ("validate", ["model.moe={experts: 6}", "parallel.ep=4"], "parallel.ep: 4 does not divide model.moe.experts 6"),
     ("validate", ["parallel.ep=2"], "parallel.ep: 2 shards the experts of model.moe; the model has none"),
-    ("validate", ["model.moe={}", "parallel.ep=2", "train.precision=bf16"], "parallel.ep: runs in train.precision "
-                                                                             "fp32"),
+    ("validate", ["model.moe={}", "parallel.ep=2", "train.precision=fp8"], "parallel.ep: runs in train.precision "
+                                                                            "fp32 or bf16"),
+    ("validate", ["model.moe={}", "parallel.moe_dispatch=hierarchical"], "parallel.moe_dispatch: hierarchical "
+                                                                         "moves tokens between the ranks of "
+                                                                         "parallel.ep, which is 1"),
+    ("run", ["model.moe={experts: 6}", "parallel.ep=3", "parallel.moe_dispatch=hierarchical", "cluster.devices=6",
+             "cluster.topology=hierarchical", "cluster.gpus_per_node=2",
+             "cluster.inter_node_link={bandwidth: 1e9, latency: 1e-5}", "train.steps=1"],
+     "parallel.moe_dispatch: hierarchical needs the ep group's ranks [0, 1, 2] spread evenly over hosts"),
     ("validate", ["model.moe={}", "parallel.ep=2", "parallel.tp=2"], "parallel.ep: expert parallelism runs with "
                                                                       "synchronous data parallelism"),
     ("validate", ["model.moe={routing: {model: histogram, histogram: [1, 2]}}"], "model.moe.routing.histogram"),

@@ -113,6 +113,11 @@ class ParallelSpec(Section):
                                                   "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
                                                   "ep inside dp; schemes/expert_parallel.py). Must divide dp and the "
                                                   "experts.")
+    moe_dispatch: Literal["pairwise", "hierarchical"] = Field(
+        "pairwise", description="The all-to-all that moves tokens to their experts and back under parallel.ep "
+                                "(comm/all_to_all.py): pairwise, every rank to every peer at once (NCCL's "
+                                "all-to-all); hierarchical, inside each host first, then between hosts along "
+                                "the rails (PXN's order; the ep group's hosts must hold equal shares of it).")
     pipeline: PipelineSpec = Field(PipelineSpec(), description="How a pipeline runs.")
     placement: tuple[Dimension, ...] = Field(
         ("tp", "cp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default "
@@ -150,6 +155,9 @@ class ParallelSpec(Section):
         if self.ep > 1 and (self.mode == "async" or self.model_parallel or self.sharding.stage > 0):
             raise ValueError("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode "
                              "sync, pp and tp 1, sharding.stage 0)")
+        if self.ep == 1 and self.moe_dispatch != "pairwise":
+            raise ValueError(f"parallel.moe_dispatch: {self.moe_dispatch} moves tokens between the ranks of "
+                             "parallel.ep, which is 1")
         if self.ep > 1 and self.dp is not None and self.dp % self.ep:
             raise ValueError(f"parallel.ep: {self.ep} does not divide parallel.dp {self.dp}")
         sharding = self.sharding

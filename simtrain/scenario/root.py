@@ -228,7 +228,8 @@ class Scenario(Section):
 
 
 def _expert_parallel_fits(scenario: Scenario) -> None:
-    """parallel.ep shards model.moe's experts over data-parallel ranks: in fp32, every expert count divisible."""
+    """parallel.ep shards model.moe's experts over data-parallel ranks: in fp32 or bf16, every expert count
+    divisible."""
     ep, moe = scenario.parallel.ep, scenario.model.moe
     if ep == 1:
         return
@@ -236,9 +237,9 @@ def _expert_parallel_fits(scenario: Scenario) -> None:
         raise ValueError(f"parallel.ep: {ep} shards the experts of model.moe; the model has none")
     if moe.experts % ep:
         raise ValueError(f"parallel.ep: {ep} does not divide model.moe.experts {moe.experts}")
-    if scenario.train.precision != "fp32" or scenario.train.optimizer.name == "kfac":
-        raise ValueError("parallel.ep: runs in train.precision fp32 with a first-order optimizer (the expert "
-                         "gradients are kept apart from the replicated ones)")
+    if scenario.train.precision not in ("fp32", "bf16") or scenario.train.optimizer.name == "kfac":
+        raise ValueError("parallel.ep: runs in train.precision fp32 or bf16 with a first-order optimizer (the "
+                         "expert gradients are kept apart from the replicated ones)")
 
 
 def _representatives_fit(scenario: Scenario) -> None:

@@ -15,7 +15,7 @@ all-to-all token dispatcher does, with the real tensors:
    C = ceil(c * T_group * top_k / experts) assignments, T_group the group's
    tokens, in rank order then token order; the rest are dropped before they
    travel;
-3. `moe dispatch`: an all-to-all (comm/all_to_all.py, pairwise) sends every
+3. `moe dispatch`: an all-to-all (comm/all_to_all.py, `parallel.moe_dispatch`) sends every
    kept assignment's token to its expert's rank: block (src, dst) is exactly
    the tokens src's router sent to dst's experts, so sizes are uneven;
 4. each rank runs its experts on the tokens they received, charged per the
@@ -41,6 +41,7 @@ exchanges move meta tensors of the drawn sizes.
     step.layers            # per MoE layer: assignments and kept tokens, [src][expert], of this rank's group
 """
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -55,12 +56,14 @@ from ..train.moe_routing import draw_assignments, routing_generator
 
 @dataclass(frozen=True)
 class EpGroup:
-    """A rank's ep group: its communicator, the rank's place in it, the job ranks in it, and (numerics off) the
-    routing drawn for the group, shared by its ranks: (step, layer) -> [assignments, ranks yet to read them]."""
+    """A rank's ep group: its communicator, the rank's place in it, the job ranks in it, its all-to-all
+    (comm/all_to_all.py: fn(rank, world, send, recv, counts) -> program), and (numerics off) the routing drawn
+    for the group, shared by its ranks: (step, layer) -> [assignments, ranks yet to read them]."""
 
     comm: object
     index: int
     ranks: tuple[int, ...]
+    all_to_all: Callable = pairwise_all_to_all
     draws: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -124,10 +127,10 @@ class ExpertParallelStep:
         return value, Compute(float(recorder.flops), self.dtype, name, kernels=recorder.kernels, ops=recorder.take())
 
     def _exchange(self, send: torch.Tensor, rows: int, counts, label: str):
-        """Step program: the pairwise all-to-all of `send` over the ep group; returns what arrived."""
+        """Step program: the ep group's all-to-all of `send`; returns what arrived."""
         group = self.group
         recv = send.new_empty((rows, *send.shape[1:]))
-        program = pairwise_all_to_all(group.index, group.size, send.detach(), recv, counts)
+        program = group.all_to_all(group.index, group.size, send.detach(), recv, counts)
         self.all_to_all_s += yield Collective(program, label, comm=group.comm, rank=group.index)
         return recv
 

@@ -12,7 +12,8 @@ it (the ranks of one ep index, one per group).
 
 Each step a rank runs its own batch forward and backward with every MoE layer's
 tokens dispatched to their experts' ranks and combined back by all-to-all
-(schemes/expert_dispatch.py), then all-reduces the replicated gradient over dp
+(schemes/expert_dispatch.py; `parallel.moe_dispatch`: pairwise, or hierarchical
+over the hosts the group's ranks sit on), then all-reduces the replicated gradient over dp
 (`all_reduce`) and its experts' gradient over the dp/ep ranks that hold them
 (`expert_allreduce`, skipped when dp = ep), and steps. The expert gradient is
 a sum over the ep group's tokens of per-rank mean losses, so it is scaled by
@@ -25,9 +26,12 @@ The `moe` report section (tokens per expert, dropped tokens, all-to-all bytes
 and time, per step) is built here.
 """
 import copy
+import functools
 
 from pydantic import Field
 
+from ..comm.all_to_all import hierarchical_all_to_all, pairwise_all_to_all
+from ..comm.channels import layout_of
 from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
 from ..step_ops import Alloc, Busy, Collective, MemoryBound
@@ -65,15 +69,28 @@ class ExpertParallel(SyncDataParallel):
         self.ep_groups, self.expert_groups = {}, {}
         for first in range(0, self.world, ep):
             ranks = tuple(range(first, first + ep))
-            comm, draws = job.communicator(list(ranks)), {}
+            comm, draws, all_to_all = job.communicator(list(ranks)), {}, self._all_to_all(ranks)
             for index, rank in enumerate(ranks):
-                self.ep_groups[rank] = EpGroup(comm, index, ranks, draws)
+                self.ep_groups[rank] = EpGroup(comm, index, ranks, all_to_all, draws)
         for index in range(ep):
             ranks = list(range(index, self.world, ep))
             if len(ranks) > 1:
                 comm, all_reduce = job.communicator(ranks), job.all_reduce(ranks)
                 for position, rank in enumerate(ranks):
                     self.expert_groups[rank] = (comm, position, len(ranks), all_reduce)
+
+    def _all_to_all(self, ranks: tuple[int, ...]):
+        """The all-to-all program of the ep group of job ranks `ranks`: `parallel.moe_dispatch`'s, the
+        hierarchical one over the hosts the topology puts them on."""
+        if self.job.scenario.parallel.moe_dispatch == "pairwise":
+            return pairwise_all_to_all
+        hosts = [list(host) for host in layout_of(self.job.cluster.topology,
+                                                  [self.job.devices[rank].node for rank in ranks]).hosts]
+        if len({len(host) for host in hosts}) > 1:
+            raise ScenarioError(f"parallel.moe_dispatch: hierarchical needs the ep group's ranks {list(ranks)} "
+                                f"spread evenly over hosts, got {', '.join(str(len(host)) for host in hosts)} "
+                                f"a host")
+        return functools.partial(hierarchical_all_to_all, hosts=hosts)
 
     def rewind(self, step: int) -> None:
         """Forget what came after step `step`, the routing records too (a restart from a checkpoint)."""
@@ -177,13 +194,19 @@ class ExpertParallel(SyncDataParallel):
 
 def _experts_last(replica) -> int:
     """Re-point the replica's gradients into one buffer, replicated parameters first, then its experts'
-    (each part all-reduced over its own group); returns the replicated part's elements."""
+    (each part all-reduced over its own group), the fp32 masters' in the same order (mixed precision: the
+    averaged buffer is copied onto them); returns the replicated part's elements."""
     expert_ids = {id(p) for layer in replica.model.modules() if isinstance(layer, MoE)
                   for p in layer.experts.parameters()}
-    dense = [p for p in replica.params if id(p) not in expert_ids]
-    replica.params = dense + [p for p in replica.params if id(p) in expert_ids]
+    order = sorted(range(len(replica.params)), key=lambda i: id(replica.params[i]) in expert_ids)  # stable
+    replica.params = [replica.params[i] for i in order]
     replica.grad_buffer = flat_grad_buffer(replica.params)
-    return sum(p.numel() for p in dense)
+    precision = replica.precision
+    if precision.mixed:
+        precision.model_params = [precision.model_params[i] for i in order]
+        precision.master_params = [precision.master_params[i] for i in order]
+        precision.master_grads = flat_grad_buffer(precision.master_params)
+    return sum(p.numel() for p in replica.params if id(p) not in expert_ids)
 
 
 def _whole_model(shares: list):
