@@ -60,7 +60,7 @@ from .model_parts import boundary_activations
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
 from .scheme import Scheme
-from .representatives import mirrored_communicators, represented_by
+from .representatives import MirroredCollective, mirrored_communicators, represented_by
 from .stage_execution import ChunkCost, measure_chunk
 
 
@@ -95,7 +95,7 @@ class ModelParallel(RankReplicas, Scheme):
             if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
                 voters = [list(range(self.world))] if parallel.sharding.stage else self.layout.replicas()
                 self.comms["model"] = self._communicators(voters)
-        if self.layout.cp > 1:  # ring attention's key/value blocks, as Send/Recv programs
+        if self.layout.cp > 1 and not self.representatives:  # ring attention's key/value blocks, Send/Recv programs
             self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
@@ -149,8 +149,9 @@ class ModelParallel(RankReplicas, Scheme):
         def tp_collective(kind: str, tensor):
             """(the tp collective `kind` on `tensor`, or ring attention's step on the cp group, its result):
             schemes/stage_execution.py."""
-            if kind in RING_STEPS:
-                program, result = RING_STEPS[kind](cp_index, cp_comm.world, tensor)
+            if kind in RING_STEPS:  # with representatives, timed with the mirrored cp groups' (numerics off)
+                program, result = ((MirroredCollective(kind, tensor), tensor) if self.representatives
+                                   else RING_STEPS[kind](cp_index, cp_comm.world, tensor))
                 return Collective(program, "cp_kv" if kind == "kv_ring" else "cp_kv_grad", cp_comm, cp_index), result
             if kind == "all_reduce":  # collectives cut a buffer into parts along its first dimension
                 return Collective(tp_reduce(tp_index, tp_comm.world, tensor.view(-1)), "tp_allreduce", tp_comm,

@@ -46,6 +46,7 @@ import simpy
 import torch
 
 from ..comm import build_all_reduce
+from ..comm.kv_ring import RING_STEPS
 from ..comm.ring import ring_all_gather, ring_reduce_scatter
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
@@ -85,14 +86,17 @@ def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
     layout, timing = job.layout, MirroredCollectives(job)
     nodes = lambda ranks: tuple(job.devices[rank].node for rank in ranks)  # noqa: E731
     representatives = representative_ranks(layout)
-    comms = {"tp": {}, "dp": {}}
+    comms = {"tp": {}, "dp": {}, **({"cp": {}} if layout.cp > 1 else {})}
+    # a dimension's group (the dp-cp group for dp), and the dimensions whose other ranks hold its mirrors
+    mirroring = (("tp", "tp", ("dp", "cp")), ("dp", ("dp", "cp"), ("tp",)), ("cp", "cp", ("tp", "dp")))
     for rank in representatives:
         stage = layout.coordinates(rank)["pp"]
-        for dimension, mirrors in (("tp", "dp"), ("dp", "tp")):
-            groups = [nodes(layout.group(dimension, layout.rank(pp=stage, **{mirrors: index})))
-                      for index in range(getattr(layout, mirrors))]
-            comms[dimension][rank] = (MirroredCommunicator(job, timing, [rank], groups, len(groups)), 0,
-                                      mirrored_all_reduce)
+        for name, dimensions, mirrors in mirroring:
+            if name not in comms:
+                continue
+            groups = [nodes(layout.group(dimensions, first)) for first in layout.group(mirrors, rank)]
+            comms[name][rank] = (MirroredCommunicator(job, timing, [rank], groups, len(groups)), 0,
+                                 mirrored_all_reduce)
     if job.scenario.train.precision == "fp16":  # sharded: each rank saw only its shard, the whole job votes
         voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage
                           else (layout.replicas()[0], layout.dp))
@@ -139,9 +143,38 @@ class MirroredCommunicator:
             device.memory.free("comm_buffers", staging)
         return device.run_for(seconds, label, kind="communication", nbytes=nbytes)
 
+    def post(self, rank: int, program: MirroredCollective, label: str) -> "MirroredPost":
+        """Member `rank`'s collective started beside its program (a ring attention step: a one-member
+        communicator): it ends the mirrored time from now; its time is the rank's only from `wait` on."""
+        seconds, nbytes, staging = self._timing.collective(self._groups, program)
+        device = self.devices[rank]
+        if staging:
+            device.memory.alloc("comm_buffers", staging)
+            device.memory.free("comm_buffers", staging)
+        return MirroredPost(self, device, self.env.now + seconds, label, nbytes * self._copies)
+
+    def wait(self, handle: "MirroredPost", idle: str | None = None):
+        """From now the rank waits for a posted collective: what is left of it is its communication (the bytes
+        counted on that span, of no length if it has ended)."""
+        now = self.env.now
+        start = min(now, handle.end)
+        handle.device.log.span(handle.device.rank, "communication", handle.label, start, handle.end,
+                               nbytes=handle.nbytes)
+        return self.env.timeout(max(0.0, handle.end - now))
+
     def stuck(self) -> list[int]:
         """Members waiting for the others to post (a deadlock once the clock has stopped)."""
         return sorted(self._arrived)
+
+
+class MirroredPost(NamedTuple):
+    """A mirrored collective posted: its communicator, device, end time, label and bytes."""
+
+    comm: MirroredCommunicator
+    device: object
+    end: float
+    label: str
+    nbytes: int
 
 
 class MirroredCollectives:
@@ -181,6 +214,8 @@ class MirroredCollectives:
         round)."""
         if kind == "all_reduce":
             return self._all_reduce(nodes)
+        if kind in RING_STEPS:  # one step of ring attention's key/value ring, or of its gradients' way back
+            return lambda rank, world, buf: RING_STEPS[kind](rank, world, buf)[0]
         if kind == "reduce_scatter":
             return lambda rank, world, buf: ring_reduce_scatter(world - 1 - rank, (rank - 1) % world,
                                                                 (rank + 1) % world, buf.tensor_split(world))

@@ -29,8 +29,12 @@ operations however large the model.
 Ring attention's key/value step (train/ring_attention.py `KeyValueRing`,
 forward "kv_ring") is posted before the compute of the region that ends at
 it and awaited after it: the next block moves while this one's attention is
-computed, as ring attention overlaps them. (Its backward, the gradient going
-back, waits for the region that computes it.)
+computed, as ring attention overlaps them. Its backward ("kv_ring_back", the
+gradient of the received block going back) is posted once the region after
+it has computed that gradient, and awaited after the backward of the region
+before it: that region passes the block through unchanged, so it runs
+without the arriving gradient, which is then added to its input's (the sum
+autograd would have made).
 
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
@@ -55,6 +59,7 @@ from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Await, Collective, Compute, Post
 
 OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
+OVERLAPPED_BACK = ("kv_ring_back",)  # backward collectives that run beside the compute of the region after them
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
 def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: ChunkCost | None, dtype: str):
     """Step program: backward through a microbatch's tape; `output_grads` None when its output is the loss.
     Returns the gradients of the chunk's inputs (None for inputs that need none)."""
-    grads = output_grads
+    grads, arriving = output_grads, None
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
         inputs, outputs = tape.regions[index]
         if grads is None:
@@ -144,10 +149,21 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = tuple(t.grad if t.requires_grad else None for t in inputs)
         yield _region_compute(cost, step, "backward", dtype)
+        if arriving is not None:  # the gradient of the block this region passed through unchanged
+            handle, at, arrived = arriving
+            if handle is not None:
+                yield Await(handle)
+            grads = tuple(g + arrived if i == at else g for i, g in enumerate(grads))
+            arriving = None
         boundary = tape.reduce_grad[index]
         if boundary is not None and grads[boundary[0]] is not None:  # the data's own input needs no gradient
             at, kind = boundary
             collective, result = communicate(kind, grads[at])
+            if kind in OVERLAPPED_BACK:
+                handle = (yield Post(*collective)) if type(collective) is Collective else (yield collective)
+                arriving = (handle, at, result)
+                grads = tuple(None if i == at else g for i, g in enumerate(grads))
+                continue
             yield collective
             grads = tuple(result if i == at else g for i, g in enumerate(grads))
     return grads
@@ -191,9 +207,15 @@ def replay_forward(cost: ChunkCost, communicate, dtype: str):
 def replay_backward(cost: ChunkCost, communicate, dtype: str):
     """Step program: chunk_backward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta gradient of the chunk's first input (None if it needs none)."""
+    arriving = None
     for flops, reduced, ops in zip(cost.backward_flops, cost.backward_reduced, cost.backward_ops):
         yield Compute(flops, dtype, "backward", ops=ops)
-        if reduced is not None:
+        if arriving is not None:
+            yield Await(arriving)
+            arriving = None
+        if reduced is not None and reduced[0] in OVERLAPPED_BACK:
+            arriving = yield Post(*communicate(*reduced)[0])
+        elif reduced is not None:
             yield communicate(*reduced)[0]
     return cost.input_grad
 
