@@ -12,6 +12,8 @@
   the blocks' gradients cp - 1 times backward: 2 x (cp - 1) x 2·b·(s/cp)·h_kv x bytes (closed form).
 - Time: with links that cost nothing the step is the compute alone; the ring's forward steps run
   beside the attention's compute.
+- Representatives (one rank per stage standing for its tp and cp groups and replicas) give the full
+  simulation's bytes and step time.
 - The memory plan (`simtrain memory`) holds what a run holds.
 - The 4D layout: cp ranks adjacent after tp by default; with cp = 1 the 3D ranks are unchanged.
 - Bad input: a sequence that 2·cp does not divide or a model without attention:
@@ -193,6 +195,34 @@ def test_selective_recomputation_keeps_no_ring_steps_scores():
     assert layer_bytes("selective", 64) * 2 == layer_bytes("selective", 128)
     assert layer_bytes("none", 64) * 2 < layer_bytes("none", 128)
     assert layer_bytes("selective", 128) < layer_bytes("none", 128)
+
+
+def at_scale(representatives: bool) -> dict:
+    return validate_scenario({
+        "name": "cp-representatives", "seed": 2, "numerics": False,
+        "cluster": {"topology": "fat_tree", "devices": 8, "gpus_per_node": 2, "nodes_per_leaf": 2,
+                    "device": "h100-80gb", "link": {"bandwidth": "450 GB/s", "latency": "0.25 us"},
+                    "inter_node_link": {"bandwidth": "50 GB/s", "latency": "1.35 us"}},
+        "model": {"name": "llama", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn_hidden": 128},
+        "data": {"name": "tokens", "batch_size": 4, "samples": 64, "seq_len": 64, "vocab": 64},
+        "train": {"steps": 1, "precision": "bf16", "checkpointing": "selective"},
+        "parallel": {"tp": 2, "cp": 2, "pp": 2, "pipeline": {"schedule": "1f1b", "microbatches": 2},
+                     "sharding": {"stage": 1}, "representatives": representatives},
+        "report": {"trace": False}})
+
+
+def test_representatives_give_the_full_simulations_figures():
+    """One rank per stage (tp 0, cp 0, replica 0) stands for its cp group too: with the load-balanced chunks
+    every cp rank computes as much, and its ring steps are timed with every mirrored cp group's at once. The
+    bytes are the full simulation's and the step within 1%; the memory of the other cp ranks within 2% (their
+    ring steps keep the other half: a received block's first chunk rather than the queries' second)."""
+    full, represented = run(at_scale(False)).data, run(at_scale(True)).data
+    assert represented["parallel"]["representatives"]
+    assert represented["parallel"]["bytes_by_kind"] == full["parallel"]["bytes_by_kind"]
+    assert represented["sharding"]["bytes_by_kind"] == full["sharding"]["bytes_by_kind"]
+    assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+    for alone, mirrored in zip(full["devices"], represented["devices"]):
+        assert mirrored["peak_memory_bytes"] == pytest.approx(alone["peak_memory_bytes"], rel=0.02)
 
 
 # ---------------------------------------------------------------- memory, layout, bad input
