@@ -106,6 +106,7 @@ class ModelParallel(RankReplicas, Scheme):
         # DDP's all-reduce, or the distributed optimizer (each rank's share sharded over its dp group)
         self.data_parallel = data_parallel_update(self)
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
+        self._signatures: dict[tuple, str] = {}  # (id of a replica's model, chunk) -> the chunk as printed
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
@@ -180,8 +181,9 @@ class ModelParallel(RankReplicas, Scheme):
 
     def cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
         """What model part `part` (the replica's chunk `chunk`) costs on inputs of these shapes, measured
-        once: every rank holding that part (each tp slice, each data-parallel replica) has the same."""
-        key = (part, replica.model.context, tuple(t.shape for t in inputs),
+        once: every rank holding that part (each tp slice, each data-parallel replica), and every part alike
+        (a pipeline's middle stages), has the same."""
+        key = (self._signature(replica, chunk), replica.model.context, tuple(t.shape for t in inputs),
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target,
@@ -191,12 +193,20 @@ class ModelParallel(RankReplicas, Scheme):
     def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:
         """What each unit of model part `part` costs, recomputed layer by layer (schemes/layer_recompute.py),
         measured once."""
-        key = ("layers", part, replica.model.context, tuple(t.shape for t in inputs),
+        key = ("layers", self._signature(replica, chunk), replica.model.context, tuple(t.shape for t in inputs),
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
                                               tp=self.layout.tp)
         return self._costs[key]
+
+    def _signature(self, replica, chunk: int) -> str:
+        """The replica's chunk `chunk` as printed (its layers' types, shapes and extra_repr flags): chunks alike
+        cost alike."""
+        key = (id(replica.model), chunk)
+        if key not in self._signatures:
+            self._signatures[key] = repr(replica.model.chunks[chunk])
+        return self._signatures[key]
 
     @staticmethod
     def _sum_sequence_parallel_grads(replica, tp_collective):

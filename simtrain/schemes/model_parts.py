@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ScenarioError
 from ..train.checkpointing import require_attention
-from ..train.partition import RankModule, balanced_counts, model_units, unit_flops
+from ..train.partition import RankModule, balanced_counts, model_units, unit_flops, unit_signature
 from ..train.ring_attention import ContextShard
 from ..train.tensor_parallel import TP_BOUNDARIES
 from .layout import Layout
@@ -60,12 +60,16 @@ def boundary_activations(model, units: list, counts: list[int], sample_x: torch.
     parallelism a tp rank hands on its part of the sequence (dimension 1), one of `sequence_shards`."""
     meta = copy.deepcopy(model).to("meta").to(dtype)
     h = torch.empty(sample_x.shape, dtype=dtype if sample_x.is_floating_point() else sample_x.dtype, device="meta")
-    boundaries, first = [], 0
+    boundaries, first, outputs = [], 0, {}  # outputs: by unit_signature, each kind of unit run once
     with torch.no_grad():
         for count in counts[:-1]:
             for unit in units[first:first + count]:
-                for index in unit:
-                    h = meta[index](h)
+                key = unit_signature(meta, unit, h)
+                if key not in outputs:
+                    for index in unit:
+                        h = meta[index](h)
+                    outputs[key] = h
+                h = outputs[key]
             first += count
             boundaries.append(h)
     return [h.narrow(1, 0, h.shape[1] // sequence_shards) if sequence_shards > 1 else h for h in boundaries]

@@ -229,9 +229,8 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     `target`); `inputs` and `target` give shapes and dtypes; `tp` the tp group's size (what a sequence
     shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
     caller holds them: a recomputed unit's kept input)."""
-    forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target, tp)
-    return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward),
-                     _activation_peak(chunk, ops_of, inputs, target, inputs_kept, tp),
+    forward, backward, output, input_grad, peak = _regions(chunk, ops_of, inputs, target, inputs_kept, tp)
+    return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _ in forward), tuple(reduced for _, reduced, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
                      tuple(ops for _, _, ops in forward), tuple(ops for _, _, ops in backward))
@@ -269,34 +268,26 @@ def _drive(program, recorder: OperatorRecorder | None = None) -> tuple[object, l
         return stop.value, regions
 
 
-def _regions(chunk, ops_of, inputs, target, tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None]:
+def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
+             tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int]:
     """(FLOPs, (collective, its input) or None, OpCosts) per region forward and backward, the chunk's first
-    output and its first input's gradient."""
-    meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
-    measuring = _measuring(tp)
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with OperatorRecorder() as recorder:
-            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring, None, "",
-                                                               meta_target), recorder)
-        grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-        with OperatorRecorder() as recorder:
-            input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder)
-    return forward, backward, outputs[0], input_grads[0]
-
-
-def _activation_peak(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int) -> int:
+    output, its first input's gradient and the activation peak: one forward and backward on a meta copy, the
+    operator recorder counting and the saved-tensor hooks measuring."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
     tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
+    measuring = _measuring(tp)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            measuring = _measuring(tp)
-            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, measuring, None, "", meta_target))
+            with OperatorRecorder() as recorder:
+                (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring, None, "",
+                                                                   meta_target), recorder)
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-            _drive(chunk_backward(tape, grads, measuring, None, ""))
-            del tape, outputs
-    return tracker.peak_bytes
+            with OperatorRecorder() as recorder:
+                input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder)
+            del tape
+    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes
 
 
 class _Reduced(NamedTuple):
