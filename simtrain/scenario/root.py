@@ -291,8 +291,6 @@ def _sequence_parallel_fits(scenario: Scenario) -> None:
     if scenario.model.name not in ("gpt", "llama"):
         raise ValueError("parallel.sequence_parallel: built for the gpt and llama models' blocks, not "
                          f"{scenario.model.name}")
-    if scenario.parallel.representatives:
-        raise ValueError("parallel.sequence_parallel: does not combine with parallel.representatives")
 
 
 def _context_parallel_fits(scenario: Scenario) -> None:

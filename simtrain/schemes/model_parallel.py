@@ -157,6 +157,8 @@ class ModelParallel(RankReplicas, Scheme):
             if kind == "all_reduce":  # collectives cut a buffer into parts along its first dimension
                 return Collective(tp_reduce(tp_index, tp_comm.world, tensor.view(-1)), "tp_allreduce", tp_comm,
                                   tp_index), tensor
+            if self.representatives:  # a sequence shard gathered whole, or a whole scattered: timed mirrored
+                return self._mirrored_sequence_collective(kind, tensor, tp_comm, tp_index)
             program, result = SEQUENCE_COLLECTIVES[kind](tp_index, tp_comm.world, tensor)
             return Collective(program, f"tp_{kind.replace('_', '')}", tp_comm, tp_index), result
 
@@ -199,6 +201,15 @@ class ModelParallel(RankReplicas, Scheme):
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
                                               tp=self.layout.tp)
         return self._costs[key]
+
+    def _mirrored_sequence_collective(self, kind: str, tensor, tp_comm, tp_index):
+        """(the Collective, its result) of a representative's sequence-parallel all-gather or reduce-scatter of
+        (batch, sequence, hidden) `tensor` (numerics off): a ring over the whole tensor, timed mirrored."""
+        shape = list(tensor.shape)
+        shape[1] = shape[1] * self.layout.tp if kind == "all_gather" else shape[1] // self.layout.tp
+        result = tensor.new_empty(shape)
+        whole = result if kind == "all_gather" else tensor
+        return Collective(MirroredCollective(kind, whole), f"tp_{kind.replace('_', '')}", tp_comm, tp_index), result
 
     def _signature(self, replica, chunk: int) -> str:
         """The replica's chunk `chunk` as printed (its layers' types, shapes and extra_repr flags): chunks alike
