@@ -81,7 +81,8 @@ def test_ring_attention_is_causal_attention_on_the_whole_sequence(cp):
     (GPT, "none", {"cp": 2, "tp": 2, "sequence_parallel": True}), (GPT, "none", {"cp": 2, "pp": 2}),
     (GPT, "none", {"dp": 2, "pp": 2, "cp": 2, "tp": 2, "microbatches": 2}),
     (GPT, "full", {"cp": 2, "tp": 2}), (GPT, "selective", {"cp": 2, "tp": 2}),
-    (LLAMA, "none", {"cp": 4}), (LLAMA, "selective", {"pp": 2, "cp": 2, "microbatches": 2}), (LLAMA, "none", {"dp": 2, "cp": 2, "tp": 2}),
+    (LLAMA, "none", {"cp": 4}), (LLAMA, "selective", {"pp": 2, "cp": 2, "microbatches": 2}),
+    (LLAMA, "none", {"dp": 2, "cp": 2, "tp": 2}),
     (LLAMA, "none", {"pp": 2, "cp": 2, "tp": 2, "sequence_parallel": True, "microbatches": 2}),
 ], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
     else value if isinstance(value, str) else ids(value))

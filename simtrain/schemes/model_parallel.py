@@ -60,7 +60,8 @@ from .model_parts import boundary_activations
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
 from .scheme import Scheme
-from .representatives import MirroredCollective, mirrored_communicators, represented_by
+from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
+                              represented_by)
 from .stage_execution import ChunkCost, measure_chunk
 
 
@@ -158,8 +159,9 @@ class ModelParallel(RankReplicas, Scheme):
                 return Collective(tp_reduce(tp_index, tp_comm.world, tensor.view(-1)), "tp_allreduce", tp_comm,
                                   tp_index), tensor
             if self.representatives:  # a sequence shard gathered whole, or a whole scattered: timed mirrored
-                return self._mirrored_sequence_collective(kind, tensor, tp_comm, tp_index)
-            program, result = SEQUENCE_COLLECTIVES[kind](tp_index, tp_comm.world, tensor)
+                program, result = mirrored_sequence_collective(kind, tensor, self.layout.tp)
+            else:
+                program, result = SEQUENCE_COLLECTIVES[kind](tp_index, tp_comm.world, tensor)
             return Collective(program, f"tp_{kind.replace('_', '')}", tp_comm, tp_index), result
 
         for step in range(self.steps):
@@ -201,15 +203,6 @@ class ModelParallel(RankReplicas, Scheme):
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
                                               tp=self.layout.tp)
         return self._costs[key]
-
-    def _mirrored_sequence_collective(self, kind: str, tensor, tp_comm, tp_index):
-        """(the Collective, its result) of a representative's sequence-parallel all-gather or reduce-scatter of
-        (batch, sequence, hidden) `tensor` (numerics off): a ring over the whole tensor, timed mirrored."""
-        shape = list(tensor.shape)
-        shape[1] = shape[1] * self.layout.tp if kind == "all_gather" else shape[1] // self.layout.tp
-        result = tensor.new_empty(shape)
-        whole = result if kind == "all_gather" else tensor
-        return Collective(MirroredCollective(kind, whole), f"tp_{kind.replace('_', '')}", tp_comm, tp_index), result
 
     def _signature(self, replica, chunk: int) -> str:
         """The replica's chunk `chunk` as printed (its layers' types, shapes and extra_repr flags): chunks alike

@@ -4,7 +4,9 @@ On identical devices, every data-parallel replica of a model-parallel job runs
 the same schedule at the same times, and the tp ranks of a stage run the same
 program in lockstep. With `parallel.representatives: true` (numerics off, no
 faults, no per-device differences) only the ranks with tp = 0 in replica 0
-run their step programs: one rank per pipeline stage. Their pipeline sends
+run their step programs: one rank per pipeline stage (under context
+parallelism cp 0's: with the load-balanced chunks every cp rank computes as
+much, tests/test_context_parallel.py). Their pipeline sends
 cross the simulated network as flows, as before. Their collectives are timed
 at the collective level: a tp all-reduce, or the dp all-reduce of a stage's
 gradients, takes the time that all-reduce takes when the representative's
@@ -20,10 +22,13 @@ they run again all at once, flow by flow.
 Every other rank reports its representative's figures.
 
 To the scheme, the representatives' groups are communicators like any other,
-with the same `run(rank, program, label)`: `mirrored_communicators(job)`
-gives, for each representative and each dimension (tp, dp, and the fp16
-overflow vote's model-parallel group), a `MirroredCommunicator` and an
-all-reduce whose programs it times as above. A group with several running
+with the same `run(rank, program, label)` (and `post` and `wait`, for ring
+attention's steps beside the compute): `mirrored_communicators(job)`
+gives, for each representative and each dimension (tp, dp (the dp-cp group),
+cp, and the fp16 overflow vote's model-parallel group), a
+`MirroredCommunicator` and an all-reduce whose programs it times as above;
+sequence parallelism's all-gathers and reduce-scatters and ring attention's
+key/value steps are timed the same way (`MirroredCollective` of their kind). A group with several running
 representatives (the vote: one per stage) waits for all of them, then each
 takes the group's time. A representative's collective counts the bytes of
 its group and every group it stands for.
@@ -75,6 +80,16 @@ class MirroredCollective(NamedTuple):
 def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False) -> MirroredCollective:
     """comm.build_all_reduce's program signature, for a mirrored communicator."""
     return MirroredCollective("all_reduce", buf)
+
+
+def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tuple[MirroredCollective, torch.Tensor]:
+    """(program, result) of a representative's sequence-parallel all-gather or reduce-scatter of (batch, sequence,
+    hidden) `tensor` over a tp group of `tp` (numerics off): a ring over the whole tensor, and a tensor shaped as
+    what comes back."""
+    shape = list(tensor.shape)
+    shape[1] = shape[1] * tp if kind == "all_gather" else shape[1] // tp
+    result = tensor.new_empty(shape)
+    return MirroredCollective(kind, result if kind == "all_gather" else tensor), result
 
 
 def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
