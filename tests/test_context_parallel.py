@@ -6,15 +6,21 @@
 - Equivalence: cp = 2 and 4 alone, and with tp (and sequence parallelism), pp, dp and full
   recomputation, gpt and llama, train the same parameters as one device on the same global batch
   (single-process torch through simtrain's one-device run), within 1e-5 (fp32).
+- The distributed optimizer (sharding stages 1, 2) shards over the dp-cp group, as Megatron-Core's does:
+  one device's parameters, and the ring reduce-scatter's and all-gather's closed-form bytes.
 - Bytes: per layer and microbatch each rank sends its key/value block cp - 1 times forward and
   the blocks' gradients cp - 1 times backward: 2 x (cp - 1) x 2·b·(s/cp)·h_kv x bytes (closed form).
 - Time: with links that cost nothing the step is the compute alone; the ring's forward steps run
   beside the attention's compute.
+- Representatives (one rank per stage standing for its tp and cp groups and replicas) give the full
+  simulation's bytes and step time.
 - The memory plan (`simtrain memory`) holds what a run holds.
 - The 4D layout: cp ranks adjacent after tp by default; with cp = 1 the 3D ranks are unchanged.
-- Bad input: a sequence that 2·cp does not divide, cp with sharding or a model without attention:
+- Bad input: a sequence that 2·cp does not divide or a model without attention:
   one line naming the field, exit 2.
 """
+import functools
+
 import pytest
 import torch
 import yaml
@@ -74,8 +80,9 @@ def test_ring_attention_is_causal_attention_on_the_whole_sequence(cp):
     (GPT, "none", {"cp": 2}), (GPT, "none", {"cp": 4}), (GPT, "none", {"cp": 2, "tp": 2}),
     (GPT, "none", {"cp": 2, "tp": 2, "sequence_parallel": True}), (GPT, "none", {"cp": 2, "pp": 2}),
     (GPT, "none", {"dp": 2, "pp": 2, "cp": 2, "tp": 2, "microbatches": 2}),
-    (GPT, "full", {"cp": 2, "tp": 2}),
-    (LLAMA, "none", {"cp": 4}), (LLAMA, "none", {"dp": 2, "cp": 2, "tp": 2}),
+    (GPT, "full", {"cp": 2, "tp": 2}), (GPT, "selective", {"cp": 2, "tp": 2}),
+    (LLAMA, "none", {"cp": 4}), (LLAMA, "selective", {"pp": 2, "cp": 2, "microbatches": 2}),
+    (LLAMA, "none", {"dp": 2, "cp": 2, "tp": 2}),
     (LLAMA, "none", {"pp": 2, "cp": 2, "tp": 2, "sequence_parallel": True, "microbatches": 2}),
 ], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
     else value if isinstance(value, str) else ids(value))
@@ -87,6 +94,30 @@ def test_context_parallelism_trains_what_one_device_trains(base, checkpointing, 
     assert split.data["parallel"]["cp"] == layout["cp"]
     torch.testing.assert_close(flat_parameters(split.final_models[0]), flat_parameters(alone.final_models[0]),
                                rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("base,stage,layout", [
+    (GPT, 1, {"dp": 2, "cp": 2}), (LLAMA, 2, {"cp": 2, "tp": 2, "pp": 2, "microbatches": 2}),
+], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
+    else f"stage{value}" if isinstance(value, int) else ids(value))
+def test_the_distributed_optimizer_shards_over_dp_x_cp_and_trains_what_one_device_trains(base, stage, layout):
+    """Megatron-Core's distributed optimizer shards the gradient and the optimizer state over the dp-cp group
+    (its DistributedDataParallel reduce-scatters over get_data_parallel_group(with_context_parallel=True)): each
+    rank of N = dp x cp sends (N - 1)/N of its share's padded gradient in the reduce-scatter, as much of the
+    parameters in the all-gather (the ring's closed form), and the model is one device's."""
+    base = {**base, "train": {**base["train"], "steps": 2}}
+    split = run(scenario(base, sharding={"stage": stage}, **dict(layout)))
+    alone = run(scenario(base, batch=base["data"]["batch_size"] * layout.get("dp", 1)))
+    torch.testing.assert_close(flat_parameters(split.final_models[0]), flat_parameters(alone.final_models[0]),
+                               rtol=0, atol=1e-5)
+    sharding, n = split.data["sharding"], layout.get("dp", 1) * layout["cp"]
+    assert sharding["degree"] == n and sharding["stage"] == stage
+    shares = one_step(scenario({**base, "train": {**base["train"], "steps": 1}}, sharding={"stage": stage},
+                               **dict(layout)))
+    padded = [shares.replicas[rank].layout.padded_numel for rank in range(shares.world)]
+    per_step = sum((n - 1) * elements // n * 4 for elements in padded)  # fp32
+    assert sharding["bytes_by_kind"] == {"reduce_scatter": 2 * per_step, "all_gather": 2 * per_step,
+                                         "all_reduce": 0}
 
 
 # ---------------------------------------------------------------- bytes and time
@@ -114,22 +145,90 @@ def test_with_free_links_the_step_is_the_compute():
     assert data["step_time_s"] == pytest.approx(breakdown["compute"] + breakdown["optimizer"], rel=1e-6)
 
 
-def test_the_ring_runs_beside_the_attention():
-    """Forward, each ring step is posted before the compute of the region that ends at it: the first block
-    (K and V of 8 x 8 tokens x 32 features, fp32) has arrived max(compute, transfer) after the start, not
-    their sum."""
-    rate, bandwidth = 1e9, 2e7
+@pytest.mark.parametrize("numerics", [False, True])
+def test_the_ring_runs_beside_the_attention_both_ways(numerics):
+    """With links slow enough that each ring step outlasts the compute beside it (closed form: K and V of 8 x 8
+    tokens x 32 features in fp32 over the link, T = bytes / bandwidth), each forward step is posted when the
+    projection has made the block and ends T later, the own block's attention computed meanwhile; each
+    backward step is posted when the ring step's backward has made the block's gradient and ends T later, the
+    own block's attention differentiated meanwhile. The step is its compute plus, per ring step, T less the
+    compute beside it. Numerics on and off give the same times."""
+    rate, bandwidth = 1e9, 2e6
     device = {"base": "a100-40gb", "efficiency": 1.0, "peak_flops": {"fp32": rate, "tf32": rate}}
-    spec = scenario({**GPT, "numerics": False, "train": {**GPT["train"], "steps": 1},
+    spec = scenario({**GPT, "numerics": numerics, "train": {**GPT["train"], "steps": 1},
                      "cluster": {"devices": 1, "device": device, "link": {"bandwidth": bandwidth, "latency": 0}}},
                     cp=2)
-    log = one_step(spec).cluster.log
-    spans = [span for span in log.spans if span.rank == 0]
-    first_compute, first_ring = spans[0], next(span for span in spans if span.name == "cp_kv")
+    spans = [span for span in one_step(spec).cluster.log.spans if span.rank == 0]
     transfer_s = 2 * 8 * 8 * 32 * 4 / bandwidth
-    assert first_compute.name == "forward" and first_compute.end > 0.2 * transfer_s
-    assert first_ring.end == pytest.approx(max(first_compute.end, transfer_s), rel=1e-9)
-    assert first_ring.end < first_compute.end + transfer_s
+    ring = [i for i, span in enumerate(spans) if span.name in ("cp_kv", "cp_kv_grad")]
+    assert [spans[i].name for i in ring] == ["cp_kv"] * 2 + ["cp_kv_grad"] * 2  # 2 layers, each way
+    exposed = 0.0
+    for i in ring:
+        made, beside, waited = spans[i - 2], spans[i - 1], spans[i]
+        assert made.kind == beside.kind == "compute" and beside.name == made.name
+        assert beside.start == made.end and waited.start == beside.end
+        assert waited.end == pytest.approx(made.end + transfer_s, rel=1e-12)
+        exposed += transfer_s - (beside.end - beside.start)
+    compute = sum(span.end - span.start for span in spans if span.kind == "compute")
+    others = sum(span.end - span.start for span in spans if span.kind != "compute" and span.name not in
+                 ("cp_kv", "cp_kv_grad"))
+    assert max(span.end for span in spans) == pytest.approx(compute + exposed + others, rel=1e-12)
+    if numerics:
+        off = [span for span in one_step(spec.model_copy(update={"numerics": False})).cluster.log.spans
+               if span.rank == 0]
+        assert [(span.name, span.start, span.end) for span in off] == \
+            [(span.name, span.start, span.end) for span in spans]
+
+
+@functools.cache
+def layer_bytes(checkpointing: str, seq_len: int, cp: int = 2) -> int:
+    """Activation bytes one more gpt layer holds on a cp rank (numerics off, bf16): the peak with 3 layers less
+    that with 2."""
+    def peak(layers: int) -> int:
+        spec = scenario({**GPT, "numerics": False, "model": {**GPT["model"], "layers": layers},
+                         "data": {**GPT["data"], "seq_len": seq_len, "batch_size": 2},
+                         "train": {**GPT["train"], "steps": 1, "precision": "bf16"}}, checkpointing, cp=cp)
+        return plan_memory(spec)[0].by_category.get("activations", 0)
+    return peak(3) - peak(2)
+
+
+def test_selective_recomputation_keeps_no_ring_steps_scores():
+    """Selective recomputation under cp recomputes each ring step's attention in its backward: what a layer
+    keeps is then linear in the sequence (doubling it doubles the bytes exactly); without it each step's
+    (s/cp)-square scores make it grow faster."""
+    assert layer_bytes("selective", 64) * 2 == layer_bytes("selective", 128)
+    assert layer_bytes("none", 64) * 2 < layer_bytes("none", 128)
+    assert layer_bytes("selective", 128) < layer_bytes("none", 128)
+
+
+def at_scale(representatives: bool) -> dict:
+    return validate_scenario({
+        "name": "cp-representatives", "seed": 2, "numerics": False,
+        "cluster": {"topology": "fat_tree", "devices": 8, "gpus_per_node": 2, "nodes_per_leaf": 2,
+                    "device": "h100-80gb", "link": {"bandwidth": "450 GB/s", "latency": "0.25 us"},
+                    "inter_node_link": {"bandwidth": "50 GB/s", "latency": "1.35 us"}},
+        "model": {"name": "llama", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn_hidden": 128},
+        "data": {"name": "tokens", "batch_size": 4, "samples": 64, "seq_len": 64, "vocab": 64},
+        "train": {"steps": 1, "precision": "bf16", "checkpointing": "selective"},
+        "parallel": {"tp": 2, "cp": 2, "pp": 2, "sequence_parallel": True,
+                     "pipeline": {"schedule": "1f1b", "microbatches": 2},
+                     "sharding": {"stage": 1}, "representatives": representatives},
+        "report": {"trace": False}})
+
+
+def test_representatives_give_the_full_simulations_figures():
+    """One rank per stage (tp 0, cp 0, replica 0) stands for its cp group too (sequence parallelism on: its
+    all-gathers and reduce-scatters timed mirrored like the all-reduces): with the load-balanced chunks
+    every cp rank computes as much, and its ring steps are timed with every mirrored cp group's at once. The
+    bytes are the full simulation's and the step within 1%; the memory of the other cp ranks within 2% (their
+    ring steps keep the other half: a received block's first chunk rather than the queries' second)."""
+    full, represented = run(at_scale(False)).data, run(at_scale(True)).data
+    assert represented["parallel"]["representatives"]
+    assert represented["parallel"]["bytes_by_kind"] == full["parallel"]["bytes_by_kind"]
+    assert represented["sharding"]["bytes_by_kind"] == full["sharding"]["bytes_by_kind"]
+    assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+    for alone, mirrored in zip(full["devices"], represented["devices"]):
+        assert mirrored["peak_memory_bytes"] == pytest.approx(alone["peak_memory_bytes"], rel=0.02)
 
 
 # ---------------------------------------------------------------- memory, layout, bad input
@@ -137,6 +236,7 @@ def test_the_ring_runs_beside_the_attention():
 @pytest.mark.parametrize("base,checkpointing,layout", [
     (GPT, "none", {"cp": 2}), (GPT, "none", {"cp": 2, "tp": 2, "sequence_parallel": True}),
     (GPT, "none", {"pp": 2, "cp": 2, "microbatches": 2}), (GPT, "full", {"cp": 4}), (LLAMA, "full", {"pp": 2, "cp": 2}),
+    (GPT, "selective", {"cp": 2, "tp": 2}),
 ], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
     else value if isinstance(value, str) else ids(value))
 def test_the_memory_plan_holds_what_a_run_holds(base, checkpointing, layout):
@@ -163,8 +263,7 @@ def test_cp_sits_between_tp_and_pp_and_leaves_3d_ranks_as_they_were():
     ({"parallel": {"cp": 3}}, "parallel.cp"),  # 16 tokens do not cut into 6 chunks
     ({"parallel": {"cp": 2, "tp": 2, "sequence_parallel": True}, "data": {"seq_len": 4}}, "parallel.cp"),
     ({"parallel": {"cp": 2}, "model": {"name": "mlp"}, "data": {"name": "digits"}}, "parallel.cp"),
-    ({"parallel": {"cp": 2, "sharding": {"stage": 1}}}, "parallel.sharding"),
-    ({"parallel": {"cp": 2}, "train": {"checkpointing": "selective"}}, "parallel.cp"),
+    ({"parallel": {"cp": 2}, "train": {"checkpointing": "sqrt"}}, "parallel.cp"),
     ({"parallel": {"placement": ["tp", "cp", "dp"]}}, "parallel.placement"),
 ])
 def test_bad_input_is_one_line_naming_the_field(tmp_path, capsys, raw, field):

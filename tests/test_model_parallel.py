@@ -141,8 +141,8 @@ def test_a_stage_holds_the_activations_its_schedule_keeps(schedule):
     p, m = 4, 8
     job = one_step(scenario(EQUAL, p, pp=p, schedule=schedule, microbatches=m))
     for rank, device in enumerate(job.devices):
-        per_microbatch = next(cost.activation_bytes for key, cost in job.scheme._costs.items()
-                              if key[0] == rank)  # rank s holds model part s
+        chunk = job.scheme._signature(job.replicas[rank], 0, rank)  # rank s holds model part s
+        per_microbatch = next(cost.activation_bytes for key, cost in job.scheme._costs.items() if key[0] == chunk)
         held = m if schedule == "gpipe" else min(p - rank, m)
         assert device.memory.peak_breakdown["activations"] == held * per_microbatch
 

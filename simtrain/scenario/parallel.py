@@ -165,9 +165,6 @@ class ParallelSpec(Section):
             if self.mode == "async":
                 raise ValueError(f"parallel.sharding.stage: {sharding.stage} shards synchronous data parallelism; "
                                  "async keeps one shared store (set parallel.mode sync, or sharding.stage 0)")
-            if self.cp > 1:
-                raise ValueError("parallel.sharding: with parallel.cp > 1 is not built yet (set parallel.cp to 1, or "
-                                 "sharding.stage to 0)")
             if self.model_parallel:  # Megatron-Core's distributed optimizer (schemes/distributed_optimizer.py)
                 if sharding.stage == 3:
                     raise ValueError("parallel.sharding.stage: 3 (FSDP) with pp/tp is not built yet; with "

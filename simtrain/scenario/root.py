@@ -286,8 +286,6 @@ def _sequence_parallel_fits(scenario: Scenario) -> None:
     if scenario.model.name not in ("gpt", "llama"):
         raise ValueError("parallel.sequence_parallel: built for the gpt and llama models' blocks, not "
                          f"{scenario.model.name}")
-    if scenario.parallel.representatives:
-        raise ValueError("parallel.sequence_parallel: does not combine with parallel.representatives")
 
 
 def _context_parallel_fits(scenario: Scenario) -> None:
@@ -296,11 +294,9 @@ def _context_parallel_fits(scenario: Scenario) -> None:
     cp = scenario.parallel.cp
     if scenario.model.name not in ("gpt", "llama"):
         raise ValueError(f"parallel.cp: built for the gpt and llama models' attention, not {scenario.model.name}")
-    for refuse, why in ((scenario.parallel.representatives, "does not combine with parallel.representatives"),
-                        (scenario.train.checkpointing not in ("none", "full"),
-                         f"runs with train.checkpointing none or full, not {scenario.train.checkpointing}")):
-        if refuse:
-            raise ValueError(f"parallel.cp: {cp} {why}")
+    if scenario.train.checkpointing not in ("none", "full", "selective"):
+        raise ValueError(f"parallel.cp: {cp} runs with train.checkpointing none, full or selective, not "
+                         f"{scenario.train.checkpointing}")
 
 
 def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path(".")) -> Scenario:

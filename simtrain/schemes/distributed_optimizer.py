@@ -105,7 +105,8 @@ class DistributedOptimizer:
         if sharding.degree is not None and sharding.degree != layout.dp:
             raise ScenarioError(f"parallel.sharding.degree: with pp/tp the shard group is the whole dp group of "
                                 f"{layout.dp} ranks (HSDP with pp/tp is not built yet), got {sharding.degree}")
-        self.stage, self.dp = sharding.stage, layout.dp
+        # The shard group is the dp-cp group, as Megatron-Core's (get_data_parallel_group(with_context_parallel=True))
+        self.stage, self.dp = sharding.stage, layout.dp * layout.cp
         self.reduce_dtype = sharding.reduce_dtype or train.precision
         self.held, self._step_bytes, self._unsharded_bytes = {}, {}, {}
         replicas = scheme.replicas
@@ -177,7 +178,7 @@ class DistributedOptimizer:
             if scheme.representatives:
                 group = [rank] * self.dp
             else:
-                group = scheme.layout.group("dp", rank)
+                group = scheme.layout.group(("dp", "cp"), rank)
             scheme.replicas[rank].publish([scheme.replicas[member] for member in group])
 
     def report_sections(self) -> dict:

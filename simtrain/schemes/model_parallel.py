@@ -50,7 +50,7 @@ import torch
 from ..comm.kv_ring import RING_STEPS
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
 from ..step_ops import Alloc, Collective, Free, Transfer
-from ..train.partition import assemble
+from ..train.partition import assemble, module_structure
 from ..train.precision import DTYPES
 from ..train.ring_attention import shard_sequence
 from .distributed_optimizer import data_parallel_update
@@ -60,7 +60,8 @@ from .model_parts import boundary_activations
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
 from .scheme import Scheme
-from .representatives import mirrored_communicators, represented_by
+from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
+                              represented_by)
 from .stage_execution import ChunkCost, measure_chunk
 
 
@@ -96,6 +97,7 @@ class ModelParallel(RankReplicas, Scheme):
         # DDP's all-reduce, or the distributed optimizer (each rank's share sharded over its dp group)
         self.data_parallel = data_parallel_update(self)
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
+        self._signatures: dict[int, tuple] = {}  # model part -> what it computes
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
@@ -113,7 +115,7 @@ class ModelParallel(RankReplicas, Scheme):
             if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
                 voters = [list(range(self.world))] if sharded else self.layout.replicas()
                 self.comms["model"] = self._communicators(voters)
-        if self.layout.cp > 1:  # ring attention's key/value blocks, as Send/Recv programs
+        if self.layout.cp > 1 and not self.representatives:  # ring attention's key/value blocks, Send/Recv programs
             self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
@@ -169,13 +171,17 @@ class ModelParallel(RankReplicas, Scheme):
         def tp_collective(kind: str, tensor):
             """(the tp collective `kind` on `tensor`, or ring attention's step on the cp group, its result):
             schemes/stage_execution.py."""
-            if kind in RING_STEPS:
-                program, result = RING_STEPS[kind](cp_index, cp_comm.world, tensor)
+            if kind in RING_STEPS:  # with representatives, timed with the mirrored cp groups' (numerics off)
+                program, result = ((MirroredCollective(kind, tensor), tensor) if self.representatives
+                                   else RING_STEPS[kind](cp_index, cp_comm.world, tensor))
                 return Collective(program, "cp_kv" if kind == "kv_ring" else "cp_kv_grad", cp_comm, cp_index), result
             if kind == "all_reduce":  # collectives cut a buffer into parts along its first dimension
                 return Collective(tp_reduce(tp_index, tp_comm.world, tensor.view(-1)), "tp_allreduce", tp_comm,
                                   tp_index), tensor
-            program, result = SEQUENCE_COLLECTIVES[kind](tp_index, tp_comm.world, tensor)
+            if self.representatives:  # a sequence shard gathered whole, or a whole scattered: timed mirrored
+                program, result = mirrored_sequence_collective(kind, tensor, self.layout.tp)
+            else:
+                program, result = SEQUENCE_COLLECTIVES[kind](tp_index, tp_comm.world, tensor)
             return Collective(program, f"tp_{kind.replace('_', '')}", tp_comm, tp_index), result
 
         for step in range(first_step, self.steps):
@@ -199,8 +205,9 @@ class ModelParallel(RankReplicas, Scheme):
 
     def cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
         """What model part `part` (the replica's chunk `chunk`) costs on inputs of these shapes, measured
-        once: every rank holding that part (each tp slice, each data-parallel replica) has the same."""
-        key = (part, replica.model.context, tuple(t.shape for t in inputs),
+        once: every rank holding that part (each tp slice, each data-parallel replica), and every part alike
+        (a pipeline's middle stages), has the same."""
+        key = (self._signature(replica, chunk, part), replica.model.context, tuple(t.shape for t in inputs),
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target,
@@ -210,12 +217,20 @@ class ModelParallel(RankReplicas, Scheme):
     def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:
         """What each unit of model part `part` costs, recomputed layer by layer (schemes/layer_recompute.py),
         measured once."""
-        key = ("layers", part, replica.model.context, tuple(t.shape for t in inputs),
+        key = ("layers", self._signature(replica, chunk, part), replica.model.context, tuple(t.shape for t in inputs),
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
                                               tp=self.layout.tp, measured=self._costs)
         return self._costs[key]
+
+    def _signature(self, replica, chunk: int, part: int) -> tuple:
+        """What model part `part` (the replica's chunk `chunk`) computes (train/partition.py `module_structure`),
+        read off the first rank asked about it: every rank holding the part computes the same, and parts alike
+        cost alike."""
+        if part not in self._signatures:
+            self._signatures[part] = module_structure(replica.model.chunks[chunk])
+        return self._signatures[part]
 
     @staticmethod
     def _sum_sequence_parallel_grads(replica, tp_collective):

@@ -4,7 +4,9 @@ On identical devices, every data-parallel replica of a model-parallel job runs
 the same schedule at the same times, and the tp ranks of a stage run the same
 program in lockstep. With `parallel.representatives: true` (numerics off, no
 faults, no per-device differences) only the ranks with tp = 0 in replica 0
-run their step programs: one rank per pipeline stage. Their pipeline sends
+run their step programs: one rank per pipeline stage (under context
+parallelism cp 0's: with the load-balanced chunks every cp rank computes as
+much, tests/test_context_parallel.py). Their pipeline sends
 cross the simulated network as flows, as before. Their collectives are timed
 at the collective level: a tp all-reduce, or the dp all-reduce of a stage's
 gradients, takes the time that all-reduce takes when the representative's
@@ -20,10 +22,13 @@ they run again all at once, flow by flow.
 Every other rank reports its representative's figures.
 
 To the scheme, the representatives' groups are communicators like any other,
-with the same `run(rank, program, label)`: `mirrored_communicators(job)`
-gives, for each representative and each dimension (tp, dp, and the fp16
-overflow vote's model-parallel group), a `MirroredCommunicator` and an
-all-reduce whose programs it times as above. A group with several running
+with the same `run(rank, program, label)` (and `post` and `wait`, for ring
+attention's steps beside the compute): `mirrored_communicators(job)`
+gives, for each representative and each dimension (tp, dp (the dp-cp group),
+cp, and the fp16 overflow vote's model-parallel group), a
+`MirroredCommunicator` and an all-reduce whose programs it times as above;
+sequence parallelism's all-gathers and reduce-scatters and ring attention's
+key/value steps are timed the same way (`MirroredCollective` of their kind). A group with several running
 representatives (the vote: one per stage) waits for all of them, then each
 takes the group's time. A representative's collective counts the bytes of
 its group and every group it stands for.
@@ -46,6 +51,7 @@ import simpy
 import torch
 
 from ..comm import build_all_reduce
+from ..comm.kv_ring import RING_STEPS
 from ..comm.ring import ring_all_gather, ring_reduce_scatter
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
@@ -76,6 +82,16 @@ def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool 
     return MirroredCollective("all_reduce", buf)
 
 
+def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tuple[MirroredCollective, torch.Tensor]:
+    """(program, result) of a representative's sequence-parallel all-gather or reduce-scatter of (batch, sequence,
+    hidden) `tensor` over a tp group of `tp` (numerics off): a ring over the whole tensor, and a tensor shaped as
+    what comes back."""
+    shape = list(tensor.shape)
+    shape[1] = shape[1] * tp if kind == "all_gather" else shape[1] // tp
+    result = tensor.new_empty(shape)
+    return MirroredCollective(kind, result if kind == "all_gather" else tensor), result
+
+
 def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
     """dimension -> representative -> (its MirroredCommunicator, its rank there, mirrored_all_reduce): tp
     (timed with the same stage's tp groups of the other replicas), dp (with the dp groups of the stage's
@@ -85,14 +101,17 @@ def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
     layout, timing = job.layout, MirroredCollectives(job)
     nodes = lambda ranks: tuple(job.devices[rank].node for rank in ranks)  # noqa: E731
     representatives = representative_ranks(layout)
-    comms = {"tp": {}, "dp": {}}
+    comms = {"tp": {}, "dp": {}, **({"cp": {}} if layout.cp > 1 else {})}
+    # a dimension's group (the dp-cp group for dp), and the dimensions whose other ranks hold its mirrors
+    mirroring = (("tp", "tp", ("dp", "cp")), ("dp", ("dp", "cp"), ("tp",)), ("cp", "cp", ("tp", "dp")))
     for rank in representatives:
         stage = layout.coordinates(rank)["pp"]
-        for dimension, mirrors in (("tp", "dp"), ("dp", "tp")):
-            groups = [nodes(layout.group(dimension, layout.rank(pp=stage, **{mirrors: index})))
-                      for index in range(getattr(layout, mirrors))]
-            comms[dimension][rank] = (MirroredCommunicator(job, timing, [rank], groups, len(groups)), 0,
-                                      mirrored_all_reduce)
+        for name, dimensions, mirrors in mirroring:
+            if name not in comms:
+                continue
+            groups = [nodes(layout.group(dimensions, first)) for first in layout.group(mirrors, rank)]
+            comms[name][rank] = (MirroredCommunicator(job, timing, [rank], groups, len(groups)), 0,
+                                 mirrored_all_reduce)
     if job.scenario.train.precision == "fp16":  # sharded: each rank saw only its shard, the whole job votes
         voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage
                           else (layout.replicas()[0], layout.dp))
@@ -139,9 +158,38 @@ class MirroredCommunicator:
             device.memory.free("comm_buffers", staging)
         return device.run_for(seconds, label, kind="communication", nbytes=nbytes)
 
+    def post(self, rank: int, program: MirroredCollective, label: str) -> "MirroredPost":
+        """Member `rank`'s collective started beside its program (a ring attention step: a one-member
+        communicator): it ends the mirrored time from now; its time is the rank's only from `wait` on."""
+        seconds, nbytes, staging = self._timing.collective(self._groups, program)
+        device = self.devices[rank]
+        if staging:
+            device.memory.alloc("comm_buffers", staging)
+            device.memory.free("comm_buffers", staging)
+        return MirroredPost(self, device, self.env.now + seconds, label, nbytes * self._copies)
+
+    def wait(self, handle: "MirroredPost", idle: str | None = None):
+        """From now the rank waits for a posted collective: what is left of it is its communication (the bytes
+        counted on that span, of no length if it has ended)."""
+        now = self.env.now
+        start = min(now, handle.end)
+        handle.device.log.span(handle.device.rank, "communication", handle.label, start, handle.end,
+                               nbytes=handle.nbytes)
+        return self.env.timeout(max(0.0, handle.end - now))
+
     def stuck(self) -> list[int]:
         """Members waiting for the others to post (a deadlock once the clock has stopped)."""
         return sorted(self._arrived)
+
+
+class MirroredPost(NamedTuple):
+    """A mirrored collective posted: its communicator, device, end time, label and bytes."""
+
+    comm: MirroredCommunicator
+    device: object
+    end: float
+    label: str
+    nbytes: int
 
 
 class MirroredCollectives:
@@ -181,6 +229,8 @@ class MirroredCollectives:
         round)."""
         if kind == "all_reduce":
             return self._all_reduce(nodes)
+        if kind in RING_STEPS:  # one step of ring attention's key/value ring, or of its gradients' way back
+            return lambda rank, world, buf: RING_STEPS[kind](rank, world, buf)[0]
         if kind == "reduce_scatter":
             return lambda rank, world, buf: ring_reduce_scatter(world - 1 - rank, (rank - 1) % world,
                                                                 (rank + 1) % world, buf.tensor_split(world))

@@ -29,8 +29,12 @@ operations however large the model.
 Ring attention's key/value step (train/ring_attention.py `KeyValueRing`,
 forward "kv_ring") is posted before the compute of the region that ends at
 it and awaited after it: the next block moves while this one's attention is
-computed, as ring attention overlaps them. (Its backward, the gradient going
-back, waits for the region that computes it.)
+computed, as ring attention overlaps them. Its backward ("kv_ring_back", the
+gradient of the received block going back) is posted once the region after
+it has computed that gradient, and awaited after the backward of the region
+before it: that region passes the block through unchanged, so it runs
+without the arriving gradient, which is then added to its input's (the sum
+autograd would have made).
 
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
@@ -55,6 +59,7 @@ from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Await, Collective, Compute, Post
 
 OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
+OVERLAPPED_BACK = ("kv_ring_back",)  # backward collectives that run beside the compute of the region after them
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
 def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: ChunkCost | None, dtype: str):
     """Step program: backward through a microbatch's tape; `output_grads` None when its output is the loss.
     Returns the gradients of the chunk's inputs (None for inputs that need none)."""
-    grads = output_grads
+    grads, arriving = output_grads, None
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
         inputs, outputs = tape.regions[index]
         if grads is None:
@@ -144,10 +149,21 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = tuple(t.grad if t.requires_grad else None for t in inputs)
         yield _region_compute(cost, step, "backward", dtype)
+        if arriving is not None:  # the gradient of the block this region passed through unchanged
+            handle, at, arrived = arriving
+            if handle is not None:
+                yield Await(handle)
+            grads = tuple(g + arrived if i == at else g for i, g in enumerate(grads))
+            arriving = None
         boundary = tape.reduce_grad[index]
         if boundary is not None and grads[boundary[0]] is not None:  # the data's own input needs no gradient
             at, kind = boundary
             collective, result = communicate(kind, grads[at])
+            if kind in OVERLAPPED_BACK:
+                handle = (yield Post(*collective)) if type(collective) is Collective else (yield collective)
+                arriving = (handle, at, result)
+                grads = tuple(None if i == at else g for i, g in enumerate(grads))
+                continue
             yield collective
             grads = tuple(result if i == at else g for i, g in enumerate(grads))
     return grads
@@ -191,9 +207,15 @@ def replay_forward(cost: ChunkCost, communicate, dtype: str):
 def replay_backward(cost: ChunkCost, communicate, dtype: str):
     """Step program: chunk_backward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta gradient of the chunk's first input (None if it needs none)."""
+    arriving = None
     for flops, reduced, ops in zip(cost.backward_flops, cost.backward_reduced, cost.backward_ops):
         yield Compute(flops, dtype, "backward", ops=ops)
-        if reduced is not None:
+        if arriving is not None:
+            yield Await(arriving)
+            arriving = None
+        if reduced is not None and reduced[0] in OVERLAPPED_BACK:
+            arriving = yield Post(*communicate(*reduced)[0])
+        elif reduced is not None:
             yield communicate(*reduced)[0]
     return cost.input_grad
 
@@ -207,9 +229,8 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     `target`); `inputs` and `target` give shapes and dtypes; `tp` the tp group's size (what a sequence
     shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
     caller holds them: a recomputed unit's kept input)."""
-    forward, backward, output, input_grad = _regions(chunk, ops_of, inputs, target, tp)
-    return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward),
-                     _activation_peak(chunk, ops_of, inputs, target, inputs_kept, tp),
+    forward, backward, output, input_grad, peak = _regions(chunk, ops_of, inputs, target, inputs_kept, tp)
+    return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _ in forward), tuple(reduced for _, reduced, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
                      tuple(ops for _, _, ops in forward), tuple(ops for _, _, ops in backward))
@@ -247,34 +268,26 @@ def _drive(program, recorder: OperatorRecorder | None = None) -> tuple[object, l
         return stop.value, regions
 
 
-def _regions(chunk, ops_of, inputs, target, tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None]:
+def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
+             tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int]:
     """(FLOPs, (collective, its input) or None, OpCosts) per region forward and backward, the chunk's first
-    output and its first input's gradient."""
-    meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
-    measuring = _measuring(tp)
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with OperatorRecorder() as recorder:
-            (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring, None, "",
-                                                               meta_target), recorder)
-        grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-        with OperatorRecorder() as recorder:
-            input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder)
-    return forward, backward, outputs[0], input_grads[0]
-
-
-def _activation_peak(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int) -> int:
+    output, its first input's gradient and the activation peak: one forward and backward on a meta copy, the
+    operator recorder counting and the saved-tensor hooks measuring."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
     tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
+    measuring = _measuring(tp)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            measuring = _measuring(tp)
-            (outputs, tape, _), _ = _drive(chunk_forward(ops, meta_inputs, measuring, None, "", meta_target))
+            with OperatorRecorder() as recorder:
+                (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring, None, "",
+                                                                   meta_target), recorder)
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-            _drive(chunk_backward(tape, grads, measuring, None, ""))
-            del tape, outputs
-    return tracker.peak_bytes
+            with OperatorRecorder() as recorder:
+                input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder)
+            del tape
+    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes
 
 
 class _Reduced(NamedTuple):

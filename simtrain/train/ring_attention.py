@@ -18,11 +18,24 @@ is seen whole by both of r's chunks but only through its first chunk, and a
 block from a rank after r only by r's second chunk: every block but the own
 (causal) one is half a block of unmasked work (`attend`). Autograd gives the
 backward; the gradient of each received block goes back around the ring
-(the boundary's backward).
+(the boundary's backward), travelling while the attention of the block
+before it is differentiated (schemes/stage_execution.py): a ring step's
+block passes through its region unchanged, so the gradient that arrives for
+it is only added to what that region's backward gave it. A `Projected`
+boundary (no collective) ends the projection before the own block's
+attention, so the first block leaves once it exists and its gradient comes
+home while the own block's attention is differentiated.
+
+Selective activation recomputation (train.checkpointing: selective) cuts at
+each ring step: every block's attention (`RecomputedBlock`) keeps only the
+queries and the block, and recomputes its scores and softmax in its
+backward, so no step's (s/N)²-sized scores outlive the step's backward, as
+Korthikanti et al.'s attention core does on one device.
 
     shard = ContextShard(rank=1, size=4)
     tokens = shard_sequence(tokens, shard)            # (b, s) -> (b, s/4): chunks 1 and 6 of 8
     ops = attention_ops(block)                        # a gpt or llama block's attention, in residual_block_ops
+    out, lse, first_row = block_attention(q, kv, rank=1, origin=0, recompute=True)
 """
 import math
 from typing import NamedTuple
@@ -46,6 +59,15 @@ class KeyValueRing(NamedTuple):
     index: int
     forward = "kv_ring"
     backward = "kv_ring_back"
+
+
+class Projected(NamedTuple):
+    """The end of a block's projection to queries, keys and values, before its own block's attention: no
+    collective, a region boundary (so the ring's first step starts once the keys and values exist)."""
+
+    index: int = 0
+    forward = None
+    backward = None
 
 
 def shard_sequence(tensor: torch.Tensor, shard: ContextShard, dim: int = 1) -> torch.Tensor:
@@ -90,6 +112,32 @@ def attend(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int) -> tuple[t
     return (scores - lse).exp() @ v, lse, first_row
 
 
+class RecomputedBlock(torch.autograd.Function):
+    """`attend` keeping only its queries and key/value block, its scores and softmax recomputed in backward
+    (selective activation recomputation, one ring step at a time): (out, lse)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int):
+        ctx.save_for_backward(q, kv)
+        ctx.ranks = (rank, origin)
+        out, lse, _ = attend(q, kv, rank, origin)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor, grad_lse: torch.Tensor):
+        inputs = tuple(t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out, lse, _ = attend(*inputs, *ctx.ranks)
+        return (*torch.autograd.grad((out, lse), inputs, (grad_out, grad_lse)), None, None)
+
+
+def block_attention(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int, recompute: bool):
+    """`attend`, or with `recompute` (and autograd on) its selectively recomputed form."""
+    if not (recompute and torch.is_grad_enabled()):
+        return attend(q, kv, rank, origin)
+    return *RecomputedBlock.apply(q, kv, rank, origin), q.shape[-2] // 2 if origin > rank else 0
+
+
 def merge(out: torch.Tensor, lse: torch.Tensor, block: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """The running attention (out, lse) with one more block's (attend's result) merged into its rows."""
     block_out, block_lse, first_row = block
@@ -107,24 +155,25 @@ def attention_ops(block) -> list:
     if block.context.size == 1:
         return [Apply(lambda x, h: (x, block._attention(h)))]
 
-    def project(h):
+    def project(x, h):
         q, k, v = block._project(h)
-        return q, torch.stack((k, v))
-    return ring_attention_ops(project, block._output, block.context)
+        return x, q, torch.stack((k, v))
+    return ring_attention_ops(project, block._output, block.context, block.recompute_core)
 
 
-def ring_attention_ops(project, finish, shard: ContextShard) -> list:
-    """The attention half of a block on a (x, h) stream as ring attention: `project(h)` gives the queries and
-    the stacked keys and values of this rank's tokens, `finish(out)` the attention's output from the merged
-    heads; the stream is (x, q, kv, out, lse) between the ring's steps, (x, attention) after."""
-    def own_block(x, h):
-        q, kv = project(h)
-        out, lse, _ = attend(q, kv, shard.rank, shard.rank)
+def ring_attention_ops(project, finish, shard: ContextShard, recompute: bool = False) -> list:
+    """The attention half of a block on a (x, h) stream as ring attention: `project(x, h)` gives x, the
+    queries and the stacked keys and values of this rank's tokens, `finish(out)` the attention's output from
+    the merged heads; the stream is (x, q, kv) after the projection, (x, q, kv, out, lse) between the ring's
+    steps, (x, attention) after. With `recompute`, each step's attention is recomputed in backward."""
+    def own_block(x, q, kv):
+        out, lse, _ = block_attention(q, kv, shard.rank, shard.rank, recompute)
         return x, q, kv, out, lse
 
-    ops = [Apply(own_block)]
+    ops = [Apply(project), Projected(), Apply(own_block)]
     for step in range(1, shard.size):
         origin = (shard.rank - step) % shard.size
         ops += [KeyValueRing(2), Apply(lambda x, q, kv, out, lse, origin=origin:
-                                       (x, q, kv, *merge(out, lse, attend(q, kv, shard.rank, origin))))]
+                                       (x, q, kv, *merge(out, lse, block_attention(q, kv, shard.rank, origin,
+                                                                                  recompute))))]
     return ops + [Apply(lambda x, q, kv, out, lse: (x, finish(out)))]
