@@ -1,36 +1,56 @@
-"""The data-parallel half of a model-parallel step: DDP's gradient all-reduce, or Megatron-Core's distributed
-optimizer (ZeRO stages 1 and 2 under pipeline and tensor parallelism).
+"""The data-parallel half of a model-parallel step: DDP's gradient all-reduce, Megatron-Core's distributed
+optimizer (ZeRO stages 1 and 2), or FSDP (stage 3, torchtitan's FSDP x TP), each optionally as HSDP, under
+pipeline and tensor parallelism.
 
 Under pp x tp (model_parallel.py) each rank holds a share of the model; the
-ranks holding the same share in the other replicas form its dp group. After
-the last microbatch's backward of a step, what the rank does with its
-gradient is one of:
+ranks holding the same share in the other replicas form its dp group. The
+shard group is `parallel.sharding.degree` adjacent ranks of it (all of it by
+default); with a degree below dp the shard groups replicate each other
+(HSDP). What the rank does with its share is one of:
 
-- `ReplicatedUpdate` (`parallel.sharding.stage: 0`, plain DDP): all-reduce
-  (and average) the gradient over the dp group with `parallel.all_reduce`'s
-  algorithm, then step the rank's own optimizer on its whole share;
-- `DistributedOptimizer` (stage 1 or 2): the rank's share becomes a
-  ShardedReplica (sharded_replica.py) of one unit cut into dp chunks, as
-  Megatron-Core's distributed optimizer cuts its gradient buffer: the
-  gradient is reduce-scattered over the dp group (a ring, in the reduce
-  dtype), each rank steps the fp32 master weights and optimizer state of
-  its 1/dp chunk alone (sharded_update.py, the step sharded data
-  parallelism runs too), and the updated parameters are all-gathered.
+- `ReplicatedUpdate` (`parallel.sharding.stage: 0`, plain DDP): after the
+  last microbatch's backward, all-reduce (and average) the gradient over the
+  dp group with `parallel.all_reduce`'s algorithm, then step the rank's own
+  optimizer on its whole share;
+- `DistributedOptimizer`, stage 1 or 2: the rank's share becomes a
+  ShardedReplica (sharded_replica.py) of one unit cut into chunks, as
+  Megatron-Core's distributed optimizer cuts its gradient buffer: after the
+  last backward the gradient is reduce-scattered over the shard group (a
+  ring, in the reduce dtype; under HSDP each chunk is then all-reduced
+  across the replicate group), each rank steps the fp32 master weights and
+  optimizer state of its chunk alone (sharded_update.py, the step sharded
+  data parallelism runs too), and the updated parameters are all-gathered.
   Stage 1 keeps the whole gradient in the compute dtype for the run; stage 2
   holds it (as `comm_buffers`) only from the step's start, where the
   microbatches begin accumulating into it, to the end of its
   reduce-scatter: what stays is the fp32 gradient of the chunk. With
   gradient accumulation over microbatches that is all stage 2 can save,
-  which is why DeepSpeed runs only stage 1 beside a pipeline.
+  which is why DeepSpeed runs only stage 1 beside a pipeline;
+- `DistributedOptimizer`, stage 3: each tp shard is sharded again over the
+  shard group, its parameters too. The units are the rank's model chunks
+  (its pipeline stage's part; each virtual stage's). The pipeline walk
+  (pipeline.py) calls `before` each schedule action, ahead of awaiting its
+  input (so the gather hides behind the wait for the previous stage), and
+  `after` it: the chunk is gathered unless still whole, resharded after a
+  forward if `reshard_after_forward` and after its last backward of the step
+  always; then its gradient, accumulated over the microbatches as under
+  stage 2, is reduce-scattered (and under HSDP its chunk's all-reduce
+  posted). No all-gather follows the optimizer step: the next step's
+  gathers bring the parameters.
 
-Both move the same bytes: a ring all-reduce sends 2(N-1)/N of the buffer per
-rank, a ring reduce-scatter and all-gather (N-1)/N each (the ZeRO paper's
-2 Psi for stages 0, 1 and 2). With representatives (representatives.py) the
-representative's reduce-scatter and all-gather are timed as mirrored
-collectives, with the dp groups of its stage's other tp ranks.
+The bytes per rank per step: DDP's ring all-reduce sends 2(N-1)/N of the
+buffer, a ring reduce-scatter and all-gather (N-1)/N each (the ZeRO paper's
+2 Psi for stages 0, 1 and 2); stage 3 gathers before the forward and again
+before the backward (3 Psi with one microbatch; 2 Psi with
+`reshard_after_forward: false`). With representatives (representatives.py)
+the representative's reduce-scatters and all-gathers are timed as mirrored
+collectives, with the dp groups of its stage's other tp ranks (not under
+HSDP).
 
     update = data_parallel_update(scheme)        # the ModelParallel scheme
     yield from update.begin(rank)                # before the step's first microbatch
+    yield from update.before(rank, action)       # before each schedule action (pipeline.py), and after it:
+    yield from update.after(rank, action)
     yield from update.update(rank)               # after its last backward
 """
 from functools import partial
