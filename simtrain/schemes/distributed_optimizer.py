@@ -145,7 +145,7 @@ class DistributedOptimizer:
         self.held, self._step_bytes = {}, {}
         self._gathered = {rank: set() for rank in scheme.running}  # stage 3: the units whose parameters are whole
         self._backwards = {rank: {} for rank in scheme.running}  # stage 3: unit -> backwards run this step
-        self._replicating = {rank: [] for rank in scheme.running}  # stage 3, HSDP: the units' posted all-reduces
+        self._replicating = {rank: [] for rank in scheme.running}  # HSDP: the units' posted all-reduces
         replicas = scheme.replicas
         for rank in scheme.running:
             params = replicas[rank].params
@@ -172,7 +172,7 @@ class DistributedOptimizer:
 
     def before(self, rank: int, action):
         """Step program, before a schedule action's input is awaited (stage 3): its chunk's parameters gathered,
-        unless still whole (`reshard_after_forward: false`, or after a forward of the same chunk)."""
+        unless still whole (kept since a forward: `reshard_after_forward: false`)."""
         if self.stage == 3 and action.chunk not in self._gathered[rank]:
             yield Alloc("comm_buffers", self._unit_bytes(rank, action.chunk))
             yield self._collective("all_gather", rank, action.chunk)
@@ -295,11 +295,10 @@ def _units(replica, stage: int) -> list[list[int]]:
     """The units a rank's share is cut into: one (stages 1 and 2, as Megatron-Core's gradient buffer), or under
     stage 3 each of its model chunks (its pipeline stage's part; each virtual stage's), as trainable parameter
     indices."""
-    chunks = replica.model.chunks
     if stage < 3:
         return [list(range(len(replica.params)))]
     units, start = [], 0
-    for chunk in chunks:
+    for chunk in replica.model.chunks:
         count = sum(1 for p in chunk.parameters() if p.requires_grad)
         units.append(list(range(start, start + count)))
         start += count
