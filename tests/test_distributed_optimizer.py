@@ -166,11 +166,14 @@ def test_fsdp_under_tp_moves_3_psi_kept_parameters_2_psi_and_hsdp_all_reduces_ea
     steps, e = 2, 4
     shares = one_step(scenario(dp=2, tp=2, steps=1))
     psi = [share(shares, rank) for rank in range(shares.world)]
+    per_pass = sum(p * e // 2 for p in psi)  # every rank's (N - 1) / N of Psi e, N = 2
     for reshard, gathers in ((True, 2), (False, 1)):
         moved = run(scenario(dp=2, tp=2, stage=3, steps=steps, sharding={"reshard_after_forward": reshard}))
-        per_pass = sum(p * e // 2 for p in psi)  # every rank's (N - 1) / N of Psi e, N = 2
         assert moved.data["sharding"]["bytes_by_kind"] == {
             "all_gather": gathers * per_pass * steps, "reduce_scatter": per_pass * steps, "all_reduce": 0}
+    # kept parameters: on the links, the bytes of plain DDP's ring all-reduce (2 Psi)
+    ddp = run(scenario(dp=2, tp=2, steps=steps))
+    assert sum(link["bytes"] for link in moved.data["links"]) == sum(link["bytes"] for link in ddp.data["links"])
     hsdp = run(scenario(dp=4, tp=2, stage=3, steps=steps, sharding={"degree": 2}))
     per_pass = sum(p * e // 2 for p in psi) * 2  # twice the replicas
     assert hsdp.data["sharding"]["bytes_by_kind"] == {

@@ -24,7 +24,9 @@ FLOPs, cut to tensor-parallel slices):
   `parallel.all_reduce`'s algorithm, then steps its own optimizer on its own
   parameters; or, with `parallel.sharding.stage` 1 or 2, reduce-scatters it,
   steps its 1/dp chunk and all-gathers the parameters (Megatron-Core's
-  distributed optimizer: schemes/distributed_optimizer.py);
+  distributed optimizer), with stage 3 holds only its chunk of the parameters,
+  gathered around each use of a model chunk (FSDP x TP), with a `degree` below
+  dp as HSDP: schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
   an overflow before stepping (schemes/overflow_vote.py).
 
