@@ -1,15 +1,20 @@
-"""ZeRO stages 1 and 2 under pipeline and tensor parallelism (schemes/distributed_optimizer.py: Megatron-Core's
-distributed optimizer) against their references.
+"""ZeRO stages 1, 2 and 3 (FSDP) and HSDP under pipeline and tensor parallelism (schemes/distributed_optimizer.py:
+Megatron-Core's distributed optimizer, torchtitan's FSDP x TP) against their references.
 
-- Numerics: ZeRO-1 x pp x tp and stage 2 x tp train the parameters one device trains on the same global batch
-  (single-process torch through simtrain's one-device run) within 1e-5 in fp32, and plain DDP's (stage 0 on the
-  same dp x pp x tp layout) within the same bound; in bf16 on two replicas, plain DDP's bit for bit (a sum of two
-  is the same either way round).
+- Numerics: ZeRO-1 x pp x tp, stage 2 x tp, FSDP x TP, FSDP x TP x PP (interleaved, parameters kept from forward
+  to backward) and HSDP x TP train the parameters one device trains on the same global batch (single-process
+  torch through simtrain's one-device run) within 1e-5 in fp32, and plain DDP's (stage 0 on the same dp x pp x tp
+  layout) within the same bound; in bf16 on two replicas, plain DDP's bit for bit (a sum of two is the same
+  either way round).
 - Memory: each category of a rank's ledger is the ZeRO paper's closed form (Rajbhandari et al. 2020,
   mixed-precision Adam, K = 12) with Psi the rank's share of the model and N = dp, plus simtrain's fp32 master
   gradient, exactly in bytes; `simtrain memory` plans what a run holds.
 - Traffic: each rank's reduce-scatter and all-gather each send (N - 1) / N of Psi e per step (the paper's 2 Psi),
-  the bytes plain DDP's ring all-reduce sends, on the report's counters and on the links.
+  the bytes plain DDP's ring all-reduce sends, on the report's counters and on the links; under stage 3 the
+  gather runs before the forward and again before the backward (3 Psi), once with `reshard_after_forward:
+  false` (2 Psi); under HSDP each rank's chunk is all-reduced across the replicas besides.
+- Checkpoints: every rank's shard saved after some steps and loaded into a new job goes on to the uninterrupted
+  run's parameters, bit for bit.
 - Representatives (one rank per stage, its reduce-scatter and all-gather timed with their mirrors') against the
   full simulation: the same bytes and peaks, the step time within 1%.
 - Bad input: one line naming the key.
@@ -33,14 +38,15 @@ ADAM = {"name": "adam", "lr": 1e-3}
 
 
 def scenario(dp: int = 1, pp: int = 1, tp: int = 1, stage: int = 0, precision: str = "fp32", batch_size: int = 8,
-             steps: int | None = None, optimizer: dict | None = None, numerics: bool = True, **parallel):
+             steps: int | None = None, optimizer: dict | None = None, numerics: bool = True,
+             sharding: dict | None = None, **parallel):
     train = {**GPT["train"], "precision": precision, **({"steps": steps} if steps else {}),
              **({"optimizer": optimizer} if optimizer else {})}
     pipeline = {"microbatches": 2} if pp > 1 else {}
     return validate_scenario({**GPT, "numerics": numerics, "cluster": {"devices": dp * pp * tp},
                               "data": {**GPT["data"], "batch_size": batch_size}, "train": train,
                               "parallel": {"dp": dp, "pp": pp, "tp": tp, "pipeline": pipeline,
-                                           "sharding": {"stage": stage}, **parallel}})
+                                           "sharding": {"stage": stage, **(sharding or {})}, **parallel}})
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
@@ -58,17 +64,23 @@ def one_step(scenario_) -> Job:
 
 # ---------------------------------------------------------------- numerics
 
-LAYOUTS = [dict(dp=2, pp=2, tp=2, stage=1), dict(dp=2, tp=2, stage=2), dict(dp=4, pp=2, stage=1),
-           dict(dp=2, pp=2, stage=2)]
+INTERLEAVED = {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 2}
+LAYOUTS = {"zero1-pp-tp": dict(dp=2, pp=2, tp=2, stage=1), "zero2-tp": dict(dp=2, tp=2, stage=2),
+           "zero1-pp": dict(dp=4, pp=2, stage=1), "zero2-pp": dict(dp=2, pp=2, stage=2),
+           "fsdp-tp": dict(dp=2, tp=2, stage=3),
+           "fsdp-tp-pp": dict(dp=2, pp=2, tp=2, stage=3, pipeline=INTERLEAVED,
+                              sharding={"reshard_after_forward": False}),
+           "hsdp-tp": dict(dp=4, tp=2, stage=3, sharding={"degree": 2})}
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "-".join(f"{k}{v}" for k, v in layout.items()))
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_zero_under_pp_and_tp_trains_what_one_device_and_plain_ddp_train(layout):
     dp = layout["dp"]
     sharded = run(scenario(**layout))
-    ddp = run(scenario(**{**layout, "stage": 0}))
+    ddp = run(scenario(**{**layout, "stage": 0, "sharding": None}))
     alone = run(scenario(batch_size=dp * GPT["data"]["batch_size"]))
     assert sharded.data["scheme"] == "model_parallel" and sharded.data["sharding"]["stage"] == layout["stage"]
+    assert sharded.data["sharding"]["replicate"] == dp // layout.get("sharding", {}).get("degree", dp)
     trained = flat_parameters(sharded.final_model)
     torch.testing.assert_close(trained, flat_parameters(alone.final_model), rtol=0, atol=1e-5)
     torch.testing.assert_close(trained, flat_parameters(ddp.final_model), rtol=0, atol=1e-5)
@@ -92,7 +104,7 @@ def share(job: Job, rank: int) -> int:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_memory_per_category_is_the_papers_closed_form_of_the_ranks_share(stage, precision):
     n, e = 2, 2 if precision == "bf16" else 4
     settings = dict(dp=n, pp=2, tp=2, precision=precision, steps=1, optimizer=ADAM)
@@ -100,23 +112,27 @@ def test_memory_per_category_is_the_papers_closed_form_of_the_ranks_share(stage,
     for rank, device in enumerate(sharded.devices):
         psi = share(ddp, rank)
         assert psi % n == 0 and psi > 0  # no padding: the closed forms exactly
-        held = {"weights": e * psi, "gradients": (e * psi if stage == 1 else 0) + (4 * psi // n if stage == 2 or
-                                                                                   e == 2 else 0),
+        held = {"weights": e * psi // (n if stage == 3 else 1),
+                "gradients": (e * psi if stage == 1 else 0) + (4 * psi // n if stage >= 2 or e == 2 else 0),
                 "optimizer_state": 8 * psi // n, **({"master_weights": 4 * psi // n} if e == 2 else {})}
         if precision == "bf16":  # (2 + 2 + K) Psi / N terms, K = 12, and simtrain's fp32 master gradient 4 Psi / N
             assert sum(held.values()) == {1: 4 * psi + 12 * psi // n + 4 * psi // n,
-                                          2: 2 * psi + 14 * psi // n + 2 * psi // n}[stage]
+                                          2: 2 * psi + 14 * psi // n + 2 * psi // n,
+                                          3: 16 * psi // n + 2 * psi // n}[stage]
         peak = device.memory.peak
         assert {category: peak[category] for category in held} == held
-        if stage == 2:  # the whole gradient the microbatches accumulate into, held until its reduce-scatter
-            assert peak["comm_buffers"] >= e * psi
+        if stage >= 2:  # the whole gradient the microbatches accumulate into, held until its reduce-scatter
+            assert peak["comm_buffers"] >= e * psi * (2 if stage == 3 else 1)  # stage 3: and the gathered share
         # activations as plain DDP's: the step's compute is the same
         assert peak["activations"] == ddp.devices[rank].memory.peak["activations"]
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_the_memory_plan_is_what_a_run_holds(stage):
-    scenario_ = scenario(dp=2, pp=2, tp=2, stage=stage, precision="bf16", steps=2, optimizer=ADAM)
+@pytest.mark.parametrize("stage, sharding", [(1, {}), (2, {}), (3, {}), (3, {"degree": 2})],
+                         ids=["zero1", "zero2", "fsdp", "hsdp"])
+def test_the_memory_plan_is_what_a_run_holds(stage, sharding):
+    dp = 4 if sharding else 2
+    scenario_ = scenario(dp=dp, pp=2, tp=2 if dp == 2 else 1, stage=stage, precision="bf16", steps=2,
+                         optimizer=ADAM, sharding=sharding)
     report = run(scenario_)
     for device, plan in zip(report.data["devices"], plan_memory(scenario_)):
         assert plan.by_category == device["peak_memory_bytes_by_category"]
@@ -142,6 +158,51 @@ def test_bytes_per_step_are_the_papers_volumes_and_plain_ddps(stage, precision):
             == sum(link["bytes"] for link in ddp.data["links"]))
 
 
+def test_fsdp_under_tp_moves_3_psi_kept_parameters_2_psi_and_hsdp_all_reduces_each_chunk():
+    """Stage 3 on dp x tp, one microbatch: the share gathered before the forward and again before the backward,
+    its gradient reduce-scattered: (N - 1) / N of Psi e three times per rank per step; with the parameters kept
+    from forward to backward, twice. HSDP (N = 2 of dp 4): a ring all-reduce of each rank's reduced chunk
+    Psi e / N across the R = 2 replicas sends 2 (R - 1) / R of it."""
+    steps, e = 2, 4
+    shares = one_step(scenario(dp=2, tp=2, steps=1))
+    psi = [share(shares, rank) for rank in range(shares.world)]
+    per_pass = sum(p * e // 2 for p in psi)  # every rank's (N - 1) / N of Psi e, N = 2
+    for reshard, gathers in ((True, 2), (False, 1)):
+        moved = run(scenario(dp=2, tp=2, stage=3, steps=steps, sharding={"reshard_after_forward": reshard}))
+        assert moved.data["sharding"]["bytes_by_kind"] == {
+            "all_gather": gathers * per_pass * steps, "reduce_scatter": per_pass * steps, "all_reduce": 0}
+    # kept parameters: on the links, the bytes of plain DDP's ring all-reduce (2 Psi)
+    ddp = run(scenario(dp=2, tp=2, steps=steps))
+    assert sum(link["bytes"] for link in moved.data["links"]) == sum(link["bytes"] for link in ddp.data["links"])
+    hsdp = run(scenario(dp=4, tp=2, stage=3, steps=steps, sharding={"degree": 2}))
+    per_pass = sum(p * e // 2 for p in psi) * 2  # twice the replicas
+    assert hsdp.data["sharding"]["bytes_by_kind"] == {
+        "all_gather": 2 * per_pass * steps, "reduce_scatter": per_pass * steps, "all_reduce": per_pass * steps}
+
+
+# ---------------------------------------------------------------- checkpoints
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_restart_from_every_ranks_shard_goes_on_bit_for_bit(stage):
+    """Each rank's training state is its shard (fp32 master chunk, Adam's moments of it): saved after 2 steps,
+    loaded into a new job of 2 steps, it trains the uninterrupted 4-step run's parameters bit for bit."""
+    settings = dict(dp=2, pp=2, tp=2, stage=stage, precision="bf16", optimizer=ADAM)
+    whole = run(scenario(steps=4, **settings))
+    first = one_step(scenario(steps=2, **settings))
+    saved = [(replica.training_state(), replica.loader.position()) for replica in first.replicas]
+    assert [state.layout[0] for state, _ in saved] == [("master", torch.float32, (share(first, rank) // 2,))
+                                                       for rank in range(first.world)]
+    cluster = build_cluster(scenario(steps=2, **settings).cluster, record=True, seed=GPT["seed"])
+    second = Job(scenario(steps=2, **settings), cluster, range(cluster.size))
+    for replica, (state, position) in zip(second.replicas, saved):
+        replica.load_training_state(state, state.flat.clone())
+        replica.loader.seek(position)
+    second.start()
+    run_to_end(cluster.env)
+    second.finish()
+    assert torch.equal(flat_parameters(second.scheme.trained_model()), flat_parameters(whole.final_model))
+
+
 # ---------------------------------------------------------------- representatives
 
 def at_scale(representatives: bool, stage: int) -> dict:
@@ -159,7 +220,7 @@ def at_scale(representatives: bool, stage: int) -> dict:
     })
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_representatives_give_the_full_simulations_figures(stage):
     full, represented = run(at_scale(False, stage)).data, run(at_scale(True, stage)).data
     assert represented["parallel"]["representatives"]
@@ -173,15 +234,22 @@ def test_representatives_give_the_full_simulations_figures(stage):
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("parallel, message", [
-    ({"tp": 2, "sharding": {"stage": 3}}, "parallel.sharding.stage: 3 .FSDP. with pp/tp is not built yet"),
-    ({"tp": 2, "dp": 2, "sharding": {"stage": 1, "degree": 1}}, "parallel.sharding.degree: with pp/tp"),
+    ({"tp": 2, "dp": 4, "sharding": {"stage": 3, "degree": 3}}, "parallel.sharding.degree: 3 does not divide "
+                                                                "parallel.dp 4"),
+    ({"tp": 2, "dp": 2, "sharding": {"stage": 1, "degree": 0}}, "parallel.sharding.degree"),
 ])
-def test_what_is_not_built_is_one_line_naming_the_key(parallel, message):
+def test_bad_input_is_one_line_naming_the_key(parallel, message):
     with pytest.raises(ScenarioError, match=message):
-        validate_scenario({**GPT, "cluster": {"devices": 4}, "parallel": parallel})
+        validate_scenario({**GPT, "cluster": {"devices": 2 * parallel["dp"]}, "parallel": parallel})
 
 
-def test_a_degree_other_than_the_resolved_dp_is_refused_when_the_job_is_built():
-    with pytest.raises(ScenarioError, match="parallel.sharding.degree: with pp/tp the shard group is the whole dp"):
-        run(validate_scenario({**GPT, "cluster": {"devices": 8}, "parallel": {"tp": 2, "sharding": {"stage": 1,
-                                                                                                   "degree": 2}}}))
+@pytest.mark.parametrize("parallel, message", [
+    ({"tp": 2, "sharding": {"stage": 1, "degree": 3}}, "parallel.sharding.degree: 3 does not divide the 4"),
+    ({"tp": 2, "pp": 2, "numerics": False, "representatives": True, "sharding": {"stage": 3, "degree": 2}},
+     "parallel.representatives: .* HSDP"),
+])
+def test_what_the_job_cannot_run_is_refused_when_it_is_built(parallel, message):
+    numerics = parallel.pop("numerics", True)
+    with pytest.raises(ScenarioError, match=message):
+        run(validate_scenario({**GPT, "numerics": numerics, "cluster": {"devices": 8 * parallel.get("pp", 1)},
+                               "parallel": parallel}))

@@ -165,14 +165,6 @@ class ParallelSpec(Section):
             if self.mode == "async":
                 raise ValueError(f"parallel.sharding.stage: {sharding.stage} shards synchronous data parallelism; "
                                  "async keeps one shared store (set parallel.mode sync, or sharding.stage 0)")
-            if self.model_parallel:  # Megatron-Core's distributed optimizer (schemes/distributed_optimizer.py)
-                if sharding.stage == 3:
-                    raise ValueError("parallel.sharding.stage: 3 (FSDP) with pp/tp is not built yet; with "
-                                     "parallel.pp or parallel.tp above 1 shard stage 1 or 2")
-                if sharding.degree is not None and self.dp is not None and sharding.degree != self.dp:
-                    raise ValueError(f"parallel.sharding.degree: with pp/tp the shard group is the whole dp group "
-                                     f"(HSDP with pp/tp is not built yet): set it to parallel.dp {self.dp} or null, "
-                                     f"got {sharding.degree}")
             if sharding.degree is not None and self.dp is not None and self.dp % sharding.degree:
                 raise ValueError(f"parallel.sharding.degree: {sharding.degree} does not divide parallel.dp "
                                  f"{self.dp}")

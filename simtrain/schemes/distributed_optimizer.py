@@ -1,42 +1,62 @@
-"""The data-parallel half of a model-parallel step: DDP's gradient all-reduce, or Megatron-Core's distributed
-optimizer (ZeRO stages 1 and 2 under pipeline and tensor parallelism).
+"""The data-parallel half of a model-parallel step: DDP's gradient all-reduce, Megatron-Core's distributed
+optimizer (ZeRO stages 1 and 2), or FSDP (stage 3, torchtitan's FSDP x TP), each optionally as HSDP, under
+pipeline and tensor parallelism.
 
 Under pp x tp (model_parallel.py) each rank holds a share of the model; the
-ranks holding the same share in the other replicas form its dp group. After
-the last microbatch's backward of a step, what the rank does with its
-gradient is one of:
+ranks holding the same share in the other replicas form its dp group. The
+shard group is `parallel.sharding.degree` adjacent ranks of it (all of it by
+default); with a degree below dp the shard groups replicate each other
+(HSDP). What the rank does with its share is one of:
 
-- `ReplicatedUpdate` (`parallel.sharding.stage: 0`, plain DDP): all-reduce
-  (and average) the gradient over the dp group with `parallel.all_reduce`'s
-  algorithm, then step the rank's own optimizer on its whole share;
-- `DistributedOptimizer` (stage 1 or 2): the rank's share becomes a
-  ShardedReplica (sharded_replica.py) of one unit cut into dp chunks, as
-  Megatron-Core's distributed optimizer cuts its gradient buffer: the
-  gradient is reduce-scattered over the dp group (a ring, in the reduce
-  dtype), each rank steps the fp32 master weights and optimizer state of
-  its 1/dp chunk alone (sharded_update.py, the step sharded data
-  parallelism runs too), and the updated parameters are all-gathered.
+- `ReplicatedUpdate` (`parallel.sharding.stage: 0`, plain DDP): after the
+  last microbatch's backward, all-reduce (and average) the gradient over the
+  dp group with `parallel.all_reduce`'s algorithm, then step the rank's own
+  optimizer on its whole share;
+- `DistributedOptimizer`, stage 1 or 2: the rank's share becomes a
+  ShardedReplica (sharded_replica.py) of one unit cut into chunks, as
+  Megatron-Core's distributed optimizer cuts its gradient buffer: after the
+  last backward the gradient is reduce-scattered over the shard group (a
+  ring, in the reduce dtype; under HSDP each chunk is then all-reduced
+  across the replicate group), each rank steps the fp32 master weights and
+  optimizer state of its chunk alone (sharded_update.py, the step sharded
+  data parallelism runs too), and the updated parameters are all-gathered.
   Stage 1 keeps the whole gradient in the compute dtype for the run; stage 2
   holds it (as `comm_buffers`) only from the step's start, where the
   microbatches begin accumulating into it, to the end of its
   reduce-scatter: what stays is the fp32 gradient of the chunk. With
   gradient accumulation over microbatches that is all stage 2 can save,
-  which is why DeepSpeed runs only stage 1 beside a pipeline.
+  which is why DeepSpeed runs only stage 1 beside a pipeline;
+- `DistributedOptimizer`, stage 3: each tp shard is sharded again over the
+  shard group, its parameters too. The units are the rank's model chunks
+  (its pipeline stage's part; each virtual stage's). The pipeline walk
+  (pipeline.py) calls `before` each schedule action, ahead of awaiting its
+  input (so the gather hides behind the wait for the previous stage), and
+  `after` it: the chunk is gathered unless still whole, resharded after a
+  forward if `reshard_after_forward` and after its last backward of the step
+  always; then its gradient, accumulated over the microbatches as under
+  stage 2, is reduce-scattered (and under HSDP its chunk's all-reduce
+  posted). No all-gather follows the optimizer step: the next step's
+  gathers bring the parameters.
 
-Both move the same bytes: a ring all-reduce sends 2(N-1)/N of the buffer per
-rank, a ring reduce-scatter and all-gather (N-1)/N each (the ZeRO paper's
-2 Psi for stages 0, 1 and 2). With representatives (representatives.py) the
-representative's reduce-scatter and all-gather are timed as mirrored
-collectives, with the dp groups of its stage's other tp ranks.
+The bytes per rank per step: DDP's ring all-reduce sends 2(N-1)/N of the
+buffer, a ring reduce-scatter and all-gather (N-1)/N each (the ZeRO paper's
+2 Psi for stages 0, 1 and 2); stage 3 gathers before the forward and again
+before the backward (3 Psi with one microbatch; 2 Psi with
+`reshard_after_forward: false`). With representatives (representatives.py)
+the representative's reduce-scatters and all-gathers are timed as mirrored
+collectives, with the dp groups of its stage's other tp ranks (not under
+HSDP).
 
     update = data_parallel_update(scheme)        # the ModelParallel scheme
     yield from update.begin(rank)                # before the step's first microbatch
+    yield from update.before(rank, action)       # before each schedule action (pipeline.py), and after it:
+    yield from update.after(rank, action)
     yield from update.update(rank)               # after its last backward
 """
 from functools import partial
 
 from ..errors import ScenarioError
-from ..step_ops import Alloc, Collective, Free, MemoryBound
+from ..step_ops import Alloc, Await, Collective, Free, MemoryBound, Post
 from ..train.precision import persistent_bytes, update_bytes
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
@@ -44,7 +64,7 @@ from .shard_layout import ShardLayout
 from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
 from .sharded_update import LABELS, bytes_by_kind, sharded_update
 
-_GATHER, _REDUCE = 0, 1  # the tags of a rank's all-gather and reduce-scatter on its dp communicator
+_GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the kinds of a unit's collectives, for their tags
 
 
 def data_parallel_update(scheme):
@@ -74,6 +94,14 @@ class ReplicatedUpdate:
         """Step program: nothing to fetch after a load (each rank holds its whole share)."""
         yield from ()
 
+    def before(self, rank: int, action):
+        """Step program: nothing before a schedule action."""
+        yield from ()
+
+    def after(self, rank: int, action):
+        """Step program: nothing after a schedule action."""
+        yield from ()
+
     def update(self, rank: int):
         """Step program: all-reduce and average the gradient over the dp (x cp) group, vote on an fp16 overflow, step."""
         scheme = self.scheme
@@ -96,78 +124,158 @@ class ReplicatedUpdate:
 
 
 class DistributedOptimizer:
-    """ZeRO stage 1 or 2 over each dp group of a pp x tp job: every running rank's share becomes a ShardedReplica."""
+    """ZeRO stage 1, 2 or 3 (FSDP) over each dp group of a pp x tp job, or HSDP (a shard degree below dp): every
+    running rank's share becomes a ShardedReplica."""
 
     def __init__(self, scheme):
         self.scheme = scheme
         job, layout = scheme.job, scheme.layout
         train, sharding = job.scenario.train, job.scenario.parallel.sharding
-        if sharding.degree is not None and sharding.degree != layout.dp:
-            raise ScenarioError(f"parallel.sharding.degree: with pp/tp the shard group is the whole dp group of "
-                                f"{layout.dp} ranks (HSDP with pp/tp is not built yet), got {sharding.degree}")
-        # The shard group is the dp-cp group, as Megatron-Core's (get_data_parallel_group(with_context_parallel=True))
+        # The dp-cp group is the distributed optimizer's (Megatron-Core: get_data_parallel_group(
+        # with_context_parallel=True)); the shard group is `degree` adjacent ranks of it (all of it by default)
         self.stage, self.dp = sharding.stage, layout.dp * layout.cp
+        self.degree = sharding.degree if sharding.degree is not None else self.dp
+        self.replicate = self.dp // self.degree
+        _check_runs(self.dp, self.degree, scheme.representatives)
+        self.reshard_after_forward = sharding.reshard_after_forward
+        self.microbatches = scheme.microbatches
         self.reduce_dtype = sharding.reduce_dtype or train.precision
-        self.held, self._step_bytes, self._unsharded_bytes = {}, {}, {}
+        self.held, self._step_bytes = {}, {}
+        self._gathered = {rank: set() for rank in scheme.running}  # stage 3: the units whose parameters are whole
+        self._backwards = {rank: {} for rank in scheme.running}  # stage 3: unit -> backwards run this step
+        self._replicating = {rank: [] for rank in scheme.running}  # HSDP: the units' posted all-reduces
         replicas = scheme.replicas
         for rank in scheme.running:
             params = replicas[rank].params
-            shard_layout = ShardLayout([p.numel() for p in params], [range(len(params))], self.dp)
-            shard = ShardedReplica(replicas[rank], shard_layout, scheme.comms["dp"][rank][1], self.stage,
+            shard_layout = ShardLayout([p.numel() for p in params], _units(replicas[rank], self.stage), self.degree)
+            shard = ShardedReplica(replicas[rank], shard_layout, self.shard_comms[rank][1], self.stage,
                                    train.optimizer, self.reduce_dtype)
             replicas[rank] = shard
             self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer)
             self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer)
-            self._unsharded_bytes[rank] = nbytes(shard.grad_buffer)
         self._ended = 0
 
+    @property
+    def shard_comms(self) -> dict:
+        """rank -> its shard group's (communicator, rank there, all-reduce): the dp-cp group's, or HSDP's
+        (ModelParallel.regroup builds both, again after a restart)."""
+        return self.scheme.comms["dp" if self.replicate == 1 else "shard"]
+
+    @property
+    def replicate_comms(self) -> dict:
+        """HSDP: rank -> the communicator of the ranks at its position in the other shard groups."""
+        return self.scheme.comms["replicate"]
+
+    # ---- the step program's hooks ----
+
     def begin(self, rank: int):
-        """Step program: a loaded shard (a PBT exploit) gathers the chunks it does not own; stage 2 holds the whole
-        gradient the microbatches accumulate into."""
+        """Step program: a loaded shard (a PBT exploit) gathers the chunks it does not own; stages 2 and 3 hold the
+        whole gradient the microbatches accumulate into."""
         yield from self.resume(rank)
-        if self.stage == 2:
-            yield Alloc("comm_buffers", self._unsharded_bytes[rank])
+        if self.stage >= 2:
+            yield Alloc("comm_buffers", nbytes(self.scheme.replicas[rank].grad_buffer))
+        self._backwards[rank] = {}
 
     def resume(self, rank: int):
         """Step program: a loaded shard (a restart, a PBT exploit) gathers the chunks it does not own."""
         shard = self.scheme.replicas[rank]
         if shard.stale:
-            yield from self._gather(rank)
+            yield from self._gather_all(rank)
             shard.stale = False
 
+    def before(self, rank: int, action):
+        """Step program, before a schedule action's input is awaited (stage 3): its chunk's parameters gathered,
+        unless still whole (kept since a forward: `reshard_after_forward: false`)."""
+        if self.stage == 3 and action.chunk not in self._gathered[rank]:
+            yield Alloc("comm_buffers", self._unit_bytes(rank, action.chunk))
+            yield self._collective("all_gather", rank, action.chunk)
+            self._gathered[rank].add(action.chunk)
+
+    def after(self, rank: int, action):
+        """Step program, after a schedule action (stage 3): a forward's chunk resharded if `reshard_after_forward`,
+        a backward's always; after the chunk's last backward of the step, its gradient reduce-scattered over the
+        shard group (the HSDP all-reduce of its chunk posted across the replicas)."""
+        if self.stage < 3:
+            return
+        unit, last = action.chunk, False
+        if action.kind == "forward":
+            if not self.reshard_after_forward:
+                return
+        else:
+            backwards = self._backwards[rank]
+            backwards[unit] = backwards.get(unit, 0) + 1
+            last = backwards[unit] == self.microbatches
+            if not (last or self.reshard_after_forward):
+                return
+        self.scheme.replicas[rank].reshard(unit)
+        self._gathered[rank].discard(unit)
+        yield Free("comm_buffers", self._unit_bytes(rank, unit))
+        if last:
+            yield from self._reduce(rank, unit)
+
     def update(self, rank: int):
-        """Step program: reduce-scatter the gradient over the dp group, step the rank's chunk, all-gather."""
+        """Step program: reduce-scatter the gradient over the shard group (stage 3: done unit by unit), all-reduce
+        the chunk across the replicas (HSDP), step the rank's chunk, all-gather (stages 1 and 2)."""
         scheme, shard = self.scheme, self.scheme.replicas[rank]
-        if self.dp > 1:
-            comm, index, _ = scheme.comms["dp"][rank]
-            copy_bytes = 0 if shard.reduced is shard.grad_buffer else nbytes(shard.reduced)
-            yield Alloc("comm_buffers", copy_bytes)  # the gradient's copy in the reduce dtype, while reduced
-            yield Collective(self._program("reduce_scatter", rank), LABELS["reduce_scatter"], comm, index)
-            yield Free("comm_buffers", copy_bytes)
-        if self.stage == 2:
-            yield Free("comm_buffers", self._unsharded_bytes[rank])
+        if self.stage < 3:
+            yield from self._reduce(rank, 0)
+        for handle in self._replicating[rank]:
+            yield Await(handle)
+        self._replicating[rank] = []
         vote = partial(overflow_vote, *scheme.comms["model"][rank]) if scheme.vote else None
         yield from sharded_update(shard, self.dp, self._step_bytes[rank], vote)
-        shard.reshard_all()  # the chunks it does not own are the dp group's to send
-        yield from self._gather(rank)
+        if self.stage < 3:
+            shard.reshard_all()  # the chunks it does not own are the shard group's to send
+            yield from self._gather_all(rank)
 
-    def _gather(self, rank: int):
-        if self.dp > 1:
-            comm, index, _ = self.scheme.comms["dp"][rank]
-            yield Collective(self._program("all_gather", rank), LABELS["all_gather"], comm, index)
+    def _reduce(self, rank: int, unit: int):
+        """Step program: unit `unit`'s gradient reduce-scattered over the shard group (in a copy in the reduce
+        dtype, held while it runs); stages 2 and 3 then free its unsharded gradient; HSDP posts the all-reduce
+        of its chunk across the replicas (awaited before the optimizer step)."""
+        shard = self.scheme.replicas[rank]
+        if self.degree > 1:
+            copy_bytes = 0 if shard.reduced is shard.grad_buffer else self._unit_bytes(rank, unit, shard.reduced)
+            yield Alloc("comm_buffers", copy_bytes)
+            yield self._collective("reduce_scatter", rank, unit)
+            yield Free("comm_buffers", copy_bytes)
+        if self.stage >= 2:
+            yield Free("comm_buffers", self._unit_bytes(rank, unit, shard.grad_buffer))
+        if self.replicate > 1:
+            comm, index, _ = self.replicate_comms[rank]
+            program = shard.all_reduce(unit, index, list(range(self.replicate)), self._tag(_REPLICATE, rank, unit))
+            self._replicating[rank].append((yield Post(program, LABELS["all_reduce"], comm, index)))
 
-    def _program(self, kind: str, rank: int):
-        """The rank's ring `kind` (reduce_scatter or all_gather) on its dp communicator: over the dp group's
-        ranks, or under representatives mirrored, timed with the mirror groups'."""
-        shard, group = self.scheme.replicas[rank], list(range(self.dp))
+    def _gather_all(self, rank: int):
+        """Step program: every unit's parameters all-gathered over the shard group, one after another."""
+        for unit in range(len(self.scheme.replicas[rank].layout.units)):
+            if self.degree > 1:
+                yield self._collective("all_gather", rank, unit)
+
+    def _collective(self, kind: str, rank: int, unit: int) -> Collective:
+        """The rank's ring `kind` (reduce_scatter or all_gather) of unit `unit` on its shard group's communicator,
+        or under representatives mirrored, timed with the mirror groups'."""
+        shard, group = self.scheme.replicas[rank], list(range(self.degree))
+        comm, index, _ = self.shard_comms[rank]
         if self.scheme.representatives:
-            return MirroredCollective(kind, shard.reduced if kind == "reduce_scatter" else shard.param_flat)
-        if kind == "reduce_scatter":
-            return shard.reduce_scatter(0, group, _REDUCE)
-        return shard.gather(0, group, _GATHER)
+            buffer = shard.reduced if kind == "reduce_scatter" else shard.param_flat
+            program = MirroredCollective(kind, buffer[shard.layout.unit_slice(unit)])
+        elif kind == "reduce_scatter":
+            program = shard.reduce_scatter(unit, group, self._tag(_REDUCE, rank, unit))
+        else:
+            program = shard.gather(unit, group, self._tag(_GATHER, rank, unit))
+        return Collective(program, LABELS[kind], comm, index)
+
+    def _tag(self, kind: int, rank: int, unit: int) -> int:  # each unit's collectives of each kind: their own
+        return kind * len(self.scheme.replicas[rank].layout.units) + unit
+
+    def _unit_bytes(self, rank: int, unit: int, buffer=None) -> int:
+        """Bytes of unit `unit`'s padded region of `buffer` (the parameters' by default)."""
+        shard = self.scheme.replicas[rank]
+        buffer = shard.param_flat if buffer is None else buffer
+        return shard.layout.chunk_numel(unit) * self.degree * buffer.element_size()
 
     def ended(self, rank: int) -> None:
-        """A rank's program has ended; after the last, every rank's share takes the fp32 master weights its dp
+        """A rank's program has ended; after the last, every rank's share takes the fp32 master weights its shard
         group's chunks hold (what Job.finish turns the model into). Representatives compute nothing: each
         representative publishes its own (meta) chunk as every position's."""
         self._ended += 1
@@ -176,20 +284,48 @@ class DistributedOptimizer:
             return
         for rank in scheme.running:
             if scheme.representatives:
-                group = [rank] * self.dp
+                group = [rank] * self.degree
             else:
-                group = scheme.layout.group(("dp", "cp"), rank)
+                dp_group = scheme.layout.group(("dp", "cp"), rank)
+                first = dp_group.index(rank) // self.degree * self.degree
+                group = dp_group[first:first + self.degree]
             scheme.replicas[rank].publish([scheme.replicas[member] for member in group])
 
     def report_sections(self) -> dict:
-        """report.json's `sharding`: the stage, the dp group as the shard group, job rank 0's shard and the bytes
-        the reduce-scatters and all-gathers sent."""
+        """report.json's `sharding`: the stage, the shard and replicate degrees, job rank 0's shard and the bytes
+        the collectives sent."""
         scheme = self.scheme
         shard = scheme.replicas[scheme.running[0]]
-        return {"sharding": {"stage": self.stage, "degree": self.dp, "replicate": 1, "reduce_dtype": self.reduce_dtype,
-                             "reshard_after_forward": False, "units": 1, "shard_elements": shard.layout.shard_numel,
+        return {"sharding": {"stage": self.stage, "degree": self.degree, "replicate": self.replicate,
+                             "reduce_dtype": self.reduce_dtype,
+                             "reshard_after_forward": self.stage == 3 and self.reshard_after_forward,
+                             "units": len(shard.layout.units), "shard_elements": shard.layout.shard_numel,
                              "padded_elements": shard.layout.padded_numel,
                              "bytes_by_kind": bytes_by_kind(scheme.job.cluster.log, scheme.job.devices)}}
+
+
+def _units(replica, stage: int) -> list[list[int]]:
+    """The units a rank's share is cut into: one (stages 1 and 2, as Megatron-Core's gradient buffer), or under
+    stage 3 each of its model chunks (its pipeline stage's part; each virtual stage's), as trainable parameter
+    indices."""
+    if stage < 3:
+        return [list(range(len(replica.params)))]
+    units, start = [], 0
+    for chunk in replica.model.chunks:
+        count = sum(1 for p in chunk.parameters() if p.requires_grad)
+        units.append(list(range(start, start + count)))
+        start += count
+    return units
+
+
+def _check_runs(dp: int, degree: int, representatives: bool) -> None:
+    """What the distributed optimizer cannot run (`dp` ranks in a dp-cp group): one line naming the key."""
+    if degree < 1 or dp % degree:
+        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {dp} data-parallel (x cp) ranks "
+                            "of the pp/tp layout")
+    if representatives and degree != dp:
+        raise ScenarioError("parallel.representatives: time the whole dp group's collectives; with HSDP "
+                            "(parallel.sharding.degree below dp) set it false")
 
 
 def nbytes(tensor) -> int:

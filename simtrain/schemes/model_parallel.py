@@ -24,7 +24,9 @@ FLOPs, cut to tensor-parallel slices):
   `parallel.all_reduce`'s algorithm, then steps its own optimizer on its own
   parameters; or, with `parallel.sharding.stage` 1 or 2, reduce-scatters it,
   steps its 1/dp chunk and all-gathers the parameters (Megatron-Core's
-  distributed optimizer: schemes/distributed_optimizer.py);
+  distributed optimizer), with stage 3 holds only its chunk of the parameters,
+  gathered around each use of a model chunk (FSDP x TP), with a `degree` below
+  dp as HSDP: schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
   an overflow before stepping (schemes/overflow_vote.py).
 
@@ -115,6 +117,12 @@ class ModelParallel(RankReplicas, Scheme):
             if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
                 voters = [list(range(self.world))] if sharded else self.layout.replicas()
                 self.comms["model"] = self._communicators(voters)
+            degree, dp_groups = self.job.scenario.parallel.sharding.degree, self.layout.groups(("dp", "cp"))
+            if sharded and degree is not None and degree < len(dp_groups[0]):  # HSDP (distributed_optimizer.py)
+                self.comms["shard"] = self._communicators([group[first:first + degree] for group in dp_groups
+                                                           for first in range(0, len(group), degree)])
+                self.comms["replicate"] = self._communicators([group[position::degree] for group in dp_groups
+                                                               for position in range(degree)])
         if self.layout.cp > 1 and not self.representatives:  # ring attention's key/value blocks, Send/Recv programs
             self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs

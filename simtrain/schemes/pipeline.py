@@ -47,7 +47,7 @@ class PipelineStage:
     """Job rank `rank`'s stage of its pipeline (group rank `index` of the pipeline's communicator `comm`)."""
 
     def __init__(self, scheme, rank: int, comm, index: int, boundaries: list):
-        self.scheme = scheme
+        self.scheme, self.rank = scheme, rank
         self.replica = scheme.replicas[rank]
         layout = scheme.layout
         self.pp, self.stage = layout.pp, layout.coordinates(rank)["pp"]
@@ -65,9 +65,11 @@ class PipelineStage:
         schedule order; returns the losses this stage computed (the last stage's, one per microbatch)."""
         replica, dtype = self.replica, self.replica.precision.name
         pending, losses = {}, []
+        sharded = self.scheme.data_parallel  # its hooks: a sharded chunk's parameters gathered and resharded
         for action in self.schedule:
             part = action.chunk * self.pp + self.stage
             ops = replica.model.ops[action.chunk]
+            yield from sharded.before(self.rank, action)
             if action.kind == "forward":
                 last = part == self.parts - 1
                 if part == 0:
@@ -116,6 +118,7 @@ class PipelineStage:
                     yield Free("activations", held)
                 if part > 0:
                     yield self.send(step, 1, action.microbatch, part - 1, input_grad)
+            yield from sharded.after(self.rank, action)
         return losses
 
     def tag(self, step: int, direction: int, microbatch: int, part: int) -> int:
