@@ -21,18 +21,18 @@ peak; no efficiency is fitted (a CPU Adam reaches a large fraction of it
 only with all cores and pinned memory, as DeepSpeed's does): the figure is a
 lower bound on the host step.
 
-`HOSTS` holds two hosts with their public figures; `cluster.shared_memory`
-(hw/shared_memory.py) is the host memory that offload keeps its state in: its
-`bandwidth` is the DRAM bandwidth the step runs at, its `host_link` each
-GPU's PCIe link. Its default is one DGX A100 socket's; the catalog gives the
-whole hosts:
+`HOSTS` holds two hosts with their public figures. `cluster.shared_memory`
+(hw/shared_memory.py) is the host memory that offload keeps its state in and
+copies to and from over each GPU's `host_link`; `cluster.shared_memory.host`
+names the server whose CPUs step the optimizer, at its DRAM bandwidth (none
+named: at the store's own `bandwidth`, one DGX A100 socket's by default):
 
-    host = HOSTS["dgx-h100"]
-    shared_memory = {"bandwidth": host.memory_bandwidth_Bps,
-                     "host_link": {"bandwidth": host.pcie_bandwidth_Bps, "latency": 1e-6}}
-    host_step_s(bytes_, ranks=8, memory_bandwidth_Bps=host.memory_bandwidth_Bps)
+    cluster: {shared_memory: {host: dgx-h100, host_link: {bandwidth: 63 GB/s}}}
+    host_step_s(nbytes, ranks=8, memory_bandwidth_Bps=host_memory_bandwidth(scenario.cluster.shared_memory))
 """
 from dataclasses import dataclass
+
+from ..errors import ScenarioError
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,17 @@ HOSTS: dict[str, HostSpec] = {
     "dgx-h100": HostSpec(name="dgx-h100", cpus="2x Intel Xeon Platinum 8480C (56 cores)",
                          memory_bandwidth_Bps=614.4e9, pcie_bandwidth_Bps=63.0e9),
 }
+
+
+def host_memory_bandwidth(spec) -> float:
+    """Bytes/s the host's CPUs step an offloaded optimizer at: `cluster.shared_memory.host`'s DRAM bandwidth, or
+    the store's own bandwidth when no host is named (`spec`: the scenario's SharedMemorySpec)."""
+    if spec.host is None:
+        return spec.bandwidth
+    name = spec.host.strip().lower()
+    if name not in HOSTS:
+        raise ScenarioError(f"cluster.shared_memory.host: unknown host {spec.host!r}; known: {', '.join(HOSTS)}")
+    return HOSTS[name].memory_bandwidth_Bps
 
 
 def host_step_s(nbytes: float, ranks: int, memory_bandwidth_Bps: float) -> float:

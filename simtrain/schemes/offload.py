@@ -30,7 +30,8 @@ its host link (a `network.transfer` from the device to the store: the
 device's own host link, then the store's link that every rank shares),
 overlapped with the rest of the backward. The optimizer step waits for the
 last copy, then runs on the host unit by unit (hw/host_compute.py: its DRAM
-traffic at the store's bandwidth, shared by the ranks stepping at once); as
+traffic at the DRAM bandwidth of `cluster.shared_memory.host`, or the store's,
+shared by the ranks stepping at once); as
 each unit's step ends, its updated 16-bit chunk is copied back to the device
 while the host steps the next unit, and the step ends when the last copy
 has landed (then stages 1 and 2 all-gather the parameters as without
@@ -52,7 +53,7 @@ with the same optimizer, so the trained parameters are the same bit for bit.
 from pydantic import Field
 
 from ..errors import ScenarioError
-from ..hw.host_compute import host_step_s
+from ..hw.host_compute import host_memory_bandwidth, host_step_s
 from ..report.sections import ReportSection
 from ..step_ops import Busy, Transfer, Wait
 from ..train.optim import optimizer_state_bytes
@@ -78,6 +79,7 @@ class HostOffload:
         self.element, self.reduce_element = element, reduce_element
         train = job.scenario.train
         self.ranks = job.world  # the ranks that step together on the one host
+        self.host_bandwidth = host_memory_bandwidth(job.scenario.cluster.shared_memory)
         self._step_bytes = [chunk_update_bytes(layout.chunk_numel(unit), train.precision, train.optimizer)
                             for unit in range(len(layout.units))]
         self._to_host: dict[int, list] = {}  # rank -> the gradient copies posted this step
@@ -123,7 +125,7 @@ class HostOffload:
         ends when the last copy has landed."""
         copies = []
         for unit, nbytes in enumerate(self._step_bytes):
-            yield Busy(host_step_s(nbytes, self.ranks, self.store.bandwidth), "host optimizer step",
+            yield Busy(host_step_s(nbytes, self.ranks, self.host_bandwidth), "host optimizer step",
                        kind="optimizer", nbytes=nbytes)
             if not self.parameters:
                 copies.append(self._post(rank, to_host=False, nbytes=self.layout.chunk_numel(unit) * self.element))
