@@ -370,7 +370,8 @@ class ShardingSection(ReportSection):
     padded_elements: int = Field(description="parameters of the model, each unit padded to a multiple of the "
                                              "degree")
     bytes_by_kind: ShardingBytes = Field(description="bytes each kind of collective sent")
-    offload: OffloadSection = Field(description="ZeRO-Offload: what lives in host memory, the bytes copied each way")
+    offload: OffloadSection = Field(OffloadSection(**NO_OFFLOAD), description="ZeRO-Offload: what lives in host "
+                                                                            "memory, the bytes copied each way")
 
 
 register_section("sharding", ShardingSection, "sharded data parallelism: the stage, the groups and the bytes "
