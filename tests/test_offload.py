@@ -121,8 +121,8 @@ def test_with_a_free_host_link_a_step_is_the_unoffloaded_step_with_the_hosts_upd
     assert len(device_update) == 1 and len(host_steps) == BLOCKS
     chunk = PSI // BLOCKS // 2
     assert sum(host_steps) == pytest.approx(BLOCKS * 2 * 28 * chunk / 409.6e9, rel=1e-12)  # Adam: 28 B a parameter
-    assert offloaded.cluster.log.last_end_s == pytest.approx(sharded.cluster.log.last_end_s - device_update[0] + sum(host_steps),
-                                                      rel=1e-9)
+    expected = sharded.cluster.log.last_end_s - device_update[0] + sum(host_steps)
+    assert offloaded.cluster.log.last_end_s == pytest.approx(expected, rel=1e-9)
 
 
 # ---------------------------------------------------------------- bad input

@@ -53,6 +53,10 @@ rounding) and plain DDP's (bf16, two ranks: bit for bit). fp16's overflow is
 voted across the job (schemes/overflow_vote.py), as every rank sees only its
 shard. What a rank's ledger holds is `held_bytes` (sharded_replica.py); the
 gathered units and unsharded gradients in flight are `comm_buffers`.
+`offload` (ZeRO-Offload, schemes/offload.py) moves the fp32 shard, its
+gradient and its optimizer state (and under stage 3 optionally the parameter
+chunks) to the host's memory: each reduced chunk is copied there as its
+reduce-scatter ends, and the host steps the shard.
 
     parallel: {sharding: {stage: 3, degree: 4, reshard_after_forward: true}}
     scheme = ShardedDataParallel(job)
