@@ -134,6 +134,8 @@ def test_with_a_free_host_link_a_step_is_the_unoffloaded_step_with_the_hosts_upd
      "cluster.shared_memory.location: offload keeps the state in the host's memory"),
     ({"shared_memory": {"host": "dgx-z"}}, {"sharding": {"stage": 2, "offload": "optimizer"}},
      "cluster.shared_memory.host: unknown host 'dgx-z'; known: dgx-a100, dgx-h100"),
+    ({"shared_memory": {"location": "gpu0", "host": "dgx-a100"}}, {"sharding": {"stage": 2, "offload": "optimizer"}},
+     "cluster.shared_memory.host: only for location host, not 'gpu0'"),
     (HOST, {"sharding": {"stage": 0, "offload": "optimizer"}},
      "parallel.sharding.offload: optimizer offloads a rank's shard of the training state; needs sharding.stage"),
     (HOST, {"sharding": {"stage": 2, "offload": "optimizer_and_parameters"}},

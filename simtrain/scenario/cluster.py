@@ -137,6 +137,8 @@ class SharedMemorySpec(Section):
         default = type(self).model_fields["host_link"].default
         if self.location != "host" and self.host_link != default:
             raise ValueError(f"cluster.shared_memory.host_link: only for location host, not {self.location!r}")
+        if self.location != "host" and self.host is not None:
+            raise ValueError(f"cluster.shared_memory.host: only for location host, not {self.location!r}")
         return self
 
 
