@@ -6,10 +6,10 @@ DRAM (hw/shared_memory.py), as DeepSpeed's ZeRO-Offload does (Ren et al.
 2021; DeepSpeed's `offload_optimizer` and, under stage 3, `offload_param`):
 
 - `optimizer`: the fp32 master shard, its fp32 gradient and the optimizer's
-  state of it live on the host; the device keeps its 16-bit parameters (all
-  of them under stages 1 and 2, its chunks under stage 3) and, under stage
-  1, its whole 16-bit gradient;
-- `optimizer_and_parameters` (stage 3): the rank's 16-bit parameter chunks
+  state of it live on the host; the device keeps its parameters in the
+  compute dtype (all of them under stages 1 and 2, its chunks under stage 3)
+  and, under stage 1, its whole gradient;
+- `optimizer_and_parameters` (stage 3): the rank's parameter chunks
   live on the host too; the device holds a unit's parameters only while they
   are gathered.
 
@@ -30,11 +30,10 @@ its host link (a `network.transfer` from the device to the store: the
 device's own host link, then the store's link that every rank shares),
 overlapped with the rest of the backward. The optimizer step waits for the
 last copy, then runs on the host unit by unit (hw/host_compute.py: its DRAM
-traffic at the DRAM bandwidth of `cluster.shared_memory.host`, or the store's,
-shared by the ranks stepping at once); as
-each unit's step ends, its updated 16-bit chunk is copied back to the device
-while the host steps the next unit, and the step ends when the last copy
-has landed (then stages 1 and 2 all-gather the parameters as without
+traffic at the DRAM bandwidth of `cluster.shared_memory.host`, or at the
+store's, shared by the ranks stepping at once); as each unit's step ends, its
+updated chunk (in the compute dtype) is copied back to the device while the
+host steps the next unit, and the step ends when the last copy has landed (then stages 1 and 2 all-gather the parameters as without
 offload). Under `optimizer_and_parameters` nothing is copied back after the
 step: the rank's chunk of a unit is copied from the host before each of its
 gathers (not prefetched: the copy is exposed). With a rank's U units of
@@ -46,7 +45,7 @@ copies c_u = S_u e / host link, host steps h_u and exposed waits:
 The numerics are the unoffloaded run's: the host steps the same fp32 shard
 with the same optimizer, so the trained parameters are the same bit for bit.
 
-    offload = HostOffload(job, layout, stage, what="optimizer")
+    offload = HostOffload(job, layout, stage, "optimizer", element=2, reduce_element=2)
     offload.post_gradient(rank, unit)            # in the backward, as a unit's reduce-scatter ends
     yield from offload.gradients_on_host(rank)   # then the update, charged by offload.host_step(rank)
 """
@@ -121,7 +120,7 @@ class HostOffload:
 
     def host_step(self, rank: int):
         """Step program: the host's optimizer step of rank `rank`'s shard, unit by unit, each unit's updated
-        16-bit chunk copied back to the device as the next unit steps (unless the parameters live on the host);
+        chunk copied back to the device as the next unit steps (unless the parameters live on the host);
         ends when the last copy has landed."""
         copies = []
         for unit, nbytes in enumerate(self._step_bytes):
