@@ -307,15 +307,19 @@ def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir
 @_errors_name_the_file
 def memory(scenario_file, overrides, as_json):
     """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
-    from .memory_plan import plan_memory
+    from .memory_plan import plan_host_memory, plan_memory
 
     scenario = load_scenario(scenario_file, overrides)
     plans = plan_memory(scenario)
+    host = plan_host_memory(scenario) if scenario.parallel.sharding.offload != "none" else None
     if as_json:
         for plan in plans:
             click.echo(json.dumps({"rank": plan.rank, "device": plan.device, "capacity_bytes": plan.capacity_bytes,
                                    "peak_bytes": plan.peak_bytes, "bytes_by_category": plan.by_category,
                                    "fits": plan.fits, "largest_batch_size": plan.largest_batch}))
+        if host is not None:  # ZeRO-Offload: the host's share, every rank's together
+            click.echo(json.dumps({"host": host.location, "capacity_bytes": host.capacity_bytes,
+                                   "peak_bytes": host.peak_bytes, "bytes_by_category": host.by_category}))
         return
     train = scenario.train
     checkpointing = train.checkpointing if isinstance(train.checkpointing, str) else \
@@ -336,6 +340,11 @@ def memory(scenario_file, overrides, as_json):
                             for plan in columns))
     table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
     console.print(table)
+    if host is not None:
+        console.print(f"host memory (cluster.shared_memory), every rank's offloaded state: peak "
+                      f"{format_bytes(host.peak_bytes)} = " + ", ".join(
+                          f"{category} {format_bytes(nbytes)}" for category, nbytes in host.by_category.items()
+                          if nbytes), soft_wrap=True)
     if not all(plan.fits for plan in plans):
         from .layout_search import layouts_that_fit
 

@@ -15,6 +15,9 @@ async).
 
 The result per device is the ledger's peak and its split by category at the
 moment of the peak, what report.json's `devices` shows after a run.
+`plan_host_memory` replays the same step for the ledger of the cluster's
+shared memory (the host's DRAM: what ZeRO-Offload keeps there,
+schemes/offload.py), report.json's `shared_memory`.
 
 `largest_batch` finds the largest per-device batch size whose step fits a
 device: doubling until a batch does not fit, then bisection between the last
@@ -26,6 +29,7 @@ parallelism every size tried is a multiple of its microbatches.
 
     plans = plan_memory(load_scenario("scenarios/quickstart.yaml"))
     plans[0].peak_bytes, plans[0].by_category, plans[0].largest_batch   # the search runs when asked for
+    host = plan_host_memory(scenario)        # None without cluster.shared_memory
 """
 from __future__ import annotations
 
@@ -64,6 +68,16 @@ class DeviceMemory:
         """The largest per-device batch size whose step fits (0: none), searched when first asked for: each
         probe is a replay, and a caller that wants the peaks alone pays none."""
         return self.search_largest()
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The shared memory's (the host's) peak over a training step."""
+
+    location: str
+    capacity_bytes: int | None  # None: unbounded
+    peak_bytes: int
+    by_category: dict[str, int]  # at the moment of the peak; adds up to peak_bytes
 
 
 def replay_step(scenario: Scenario, resolved: ResolvedCluster, batch_size: int) -> Job:
@@ -112,6 +126,17 @@ def plan_memory(scenario: Scenario, batch_size: int | None = None) -> list[Devic
                          peak_bytes=device.memory.peak_total, by_category=dict(device.memory.peak_breakdown),
                          search_largest=partial(_largest, probe, rank, device.spec.memory_bytes, sizes))
             for rank, device in enumerate(job.devices)]
+
+
+def plan_host_memory(scenario: Scenario, batch_size: int | None = None) -> HostMemory | None:
+    """The peak of the cluster's shared memory over one training step, by category; None without one."""
+    if scenario.cluster.shared_memory is None:
+        return None
+    job = _Probe(scenario).replay(scenario.data.batch_size if batch_size is None else batch_size)
+    store = job.cluster.shared_memory
+    return HostMemory(location=store.location,
+                      capacity_bytes=None if store.capacity_bytes is None else int(store.capacity_bytes),
+                      peak_bytes=store.memory.peak_total, by_category=dict(store.memory.peak_breakdown))
 
 
 def largest_batch(scenario: Scenario, rank: int) -> int:

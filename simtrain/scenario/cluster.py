@@ -127,12 +127,18 @@ class SharedMemorySpec(Section):
     host_link: LinkSpec = Field(LinkSpec(bandwidth=31.5e9, latency=1e-6),
                                 description="Location host: each device's link to the store.")
     capacity: Bytes | None = Field(None, description="Bytes the store holds; null: unlimited (bytes).")
+    host: str | None = Field(None, description="Location host: the server whose CPUs step an offloaded optimizer "
+                                               "(parallel.sharding.offload) at their DRAM bandwidth, a name of "
+                                               "hw/host_compute.py's catalog (dgx-a100, dgx-h100); null: at the "
+                                               "store's bandwidth.")
 
     @model_validator(mode="after")
     def _host_link_only_for_the_host(self) -> "SharedMemorySpec":
         default = type(self).model_fields["host_link"].default
         if self.location != "host" and self.host_link != default:
             raise ValueError(f"cluster.shared_memory.host_link: only for location host, not {self.location!r}")
+        if self.location != "host" and self.host is not None:
+            raise ValueError(f"cluster.shared_memory.host: only for location host, not {self.location!r}")
         return self
 
 

@@ -68,6 +68,11 @@ class ShardingSpec(Section):
         None, description="The dtype gradients are reduce-scattered (and HSDP all-reduced) in, as FSDP2's "
                           "MixedPrecisionPolicy.reduce_dtype; null: the compute dtype (train.precision, which is "
                           "FSDP2's param_dtype).")
+    offload: Literal["none", "optimizer", "optimizer_and_parameters"] = Field(
+        "none", description="ZeRO-Offload (schemes/offload.py): optimizer: each rank's fp32 master shard, its "
+                            "gradient and its optimizer state live in cluster.shared_memory (the host's DRAM) and "
+                            "the optimizer steps there, on the host CPU; optimizer_and_parameters (stage 3): the "
+                            "16-bit parameter shard too, copied to the device before each gather.")
 
 
 class ParallelSpec(Section):
@@ -161,10 +166,19 @@ class ParallelSpec(Section):
         if self.ep > 1 and self.dp is not None and self.dp % self.ep:
             raise ValueError(f"parallel.ep: {self.ep} does not divide parallel.dp {self.dp}")
         sharding = self.sharding
+        if sharding.offload != "none" and sharding.stage == 0:
+            raise ValueError(f"parallel.sharding.offload: {sharding.offload} offloads a rank's shard of the "
+                             "training state; needs sharding.stage 1, 2 or 3")
         if sharding.stage > 0:
             if self.mode == "async":
                 raise ValueError(f"parallel.sharding.stage: {sharding.stage} shards synchronous data parallelism; "
                                  "async keeps one shared store (set parallel.mode sync, or sharding.stage 0)")
+            if sharding.offload != "none" and self.model_parallel:
+                raise ValueError("parallel.sharding.offload: with parallel.pp or parallel.tp above 1 is not built "
+                                 "yet (set offload to none)")
+            if sharding.offload == "optimizer_and_parameters" and sharding.stage != 3:
+                raise ValueError(f"parallel.sharding.offload: optimizer_and_parameters offloads the parameters' "
+                                 f"shards, which needs sharding.stage 3, got {sharding.stage}")
             if sharding.degree is not None and self.dp is not None and self.dp % sharding.degree:
                 raise ValueError(f"parallel.sharding.degree: {sharding.degree} does not divide parallel.dp "
                                  f"{self.dp}")

@@ -53,6 +53,10 @@ rounding) and plain DDP's (bf16, two ranks: bit for bit). fp16's overflow is
 voted across the job (schemes/overflow_vote.py), as every rank sees only its
 shard. What a rank's ledger holds is `held_bytes` (sharded_replica.py); the
 gathered units and unsharded gradients in flight are `comm_buffers`.
+`offload` (ZeRO-Offload, schemes/offload.py) moves the fp32 shard, its
+gradient and its optimizer state (and under stage 3 optionally the parameter
+chunks) to the host's memory: each reduced chunk is copied there as its
+reduce-scatter ends, and the host steps the shard.
 
     parallel: {sharding: {stage: 3, degree: 4, reshard_after_forward: true}}
     scheme = ShardedDataParallel(job)
@@ -67,6 +71,7 @@ from ..step_ops import Alloc, Await, Free, Post, Transfer
 from ..train.precision import update_bytes
 from .overflow_vote import overflow_vote
 from .rank_replicas import RankReplicas
+from .offload import NO_OFFLOAD, HostOffload, OffloadSection
 from .scheme import Scheme
 from .shard_layout import ShardLayout
 from .shard_units import UnitCosts
@@ -106,6 +111,11 @@ class ShardedDataParallel(RankReplicas, Scheme):
         self._element = shard.param_flat.element_size()
         # bytes per element of a unit's copy in the reduce dtype, held while it is reduce-scattered (0: in place)
         self._reduce_element = 0 if shard.reduced is shard.grad_buffer else shard.reduced.element_size()
+        self.offload_what, self.offload, self._host_held = sharding.offload, None, {}
+        if sharding.offload != "none":  # ZeRO-Offload: the host keeps part of the held bytes (schemes/offload.py)
+            self.offload = HostOffload(job, self.layout, self.stage, sharding.offload, self._element,
+                                       shard.reduced.element_size())
+            self._held, self._host_held = self.offload.split(self._held)
         self.vote = self.precision == "fp16"
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
@@ -133,7 +143,12 @@ class ShardedDataParallel(RankReplicas, Scheme):
     # ---- the program of one rank ----
 
     def program(self, rank: int, first_step: int = 0):
-        """Step program of job rank `rank`: hold its shard, then every step from `first_step`."""
+        """Step program of job rank `rank`: hold its shard, then every step from `first_step` (offloading: with
+        its host share held on the host)."""
+        program = self._steps(rank, first_step)
+        return program if self.offload is None else self.offload.holding(rank, self._host_held, program)
+
+    def _steps(self, rank: int, first_step: int):
         for category, nbytes in self._held.items():
             yield Alloc(category, nbytes)
         for step in range(first_step, self.steps):
@@ -212,6 +227,8 @@ class ShardedDataParallel(RankReplicas, Scheme):
     def _post_gather(self, rank: int, unit: int, group: list[int]):
         """Step program: post the gather of unit `unit`'s parameters into a unit-sized buffer; returns its handle."""
         yield Alloc("comm_buffers", self._unit_bytes(unit))
+        if self.offload is not None:  # the rank's chunk, from the host (optimizer_and_parameters)
+            yield from self.offload.parameters_to_device(rank, unit)
         return (yield Post(self.replicas[rank].gather(unit, group, self._tag(_GATHER, unit)), LABELS["all_gather"]))
 
     def _reduced(self, rank: int, unit: int, posted):
@@ -221,6 +238,8 @@ class ShardedDataParallel(RankReplicas, Scheme):
         yield Free("comm_buffers", self._unit_bytes(unit, self._reduce_element))
         if self.stage >= 2:
             yield Free("comm_buffers", self._unit_bytes(unit))
+        if self.offload is not None:  # the reduced chunk, copied to the host beside the backward
+            self.offload.post_gradient(rank, unit)
         if self.replicate == 1:
             return []
         program = self.replicas[rank].all_reduce(unit, rank, self.replicate_group(rank), self._tag(_REPLICATE, unit))
@@ -231,7 +250,11 @@ class ShardedDataParallel(RankReplicas, Scheme):
         overflow together), round it into the owned chunks; stages 1 and 2 then gather the parameters."""
         shard = self.replicas[rank]
         vote = partial(overflow_vote, self.job.comm, rank, self.all_reduce) if self.vote else None
-        yield from sharded_update(shard, self.world, self._step_bytes, vote)
+        charge = None
+        if self.offload is not None:  # the step runs on the host, once the gradient has landed there
+            yield from self.offload.gradients_on_host(rank)
+            charge = self.offload.host_step(rank)
+        yield from sharded_update(shard, self.world, self._step_bytes, vote, charge)
         if self.stage < 3:
             shard.reshard_all()  # the chunks it does not own are the group's to send
             yield from self._gather_parameters(rank)
@@ -317,7 +340,8 @@ class ShardedDataParallel(RankReplicas, Scheme):
                          "reduce_dtype": self.reduce_dtype,
                          "reshard_after_forward": self.reshard_after_forward, "units": len(self.layout.units),
                          "shard_elements": self.layout.shard_numel, "padded_elements": self.layout.padded_numel,
-                         "bytes_by_kind": bytes_by_kind(self.job.cluster.log, self.devices)},
+                         "bytes_by_kind": bytes_by_kind(self.job.cluster.log, self.devices),
+                         "offload": NO_OFFLOAD if self.offload is None else self.offload.report(self.offload_what)},
         }
 
 
@@ -330,6 +354,9 @@ def _check_runs(job, degree: int) -> None:
         raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
     if job.scenario.parallel.sync_batchnorm:
         raise ScenarioError("parallel.sharding: does not combine with parallel.sync_batchnorm yet")
+    if job.scenario.parallel.sharding.offload != "none" and degree != job.world:
+        raise ScenarioError(f"parallel.sharding.offload: with HSDP (degree {degree} below the {job.world} "
+                            "data-parallel ranks) is not built yet")
     if len(job.local_ranks) != job.world:  # a real launch: each process holds one rank
         raise ScenarioError("parallel.sharding: runs simulated; simtrain launch does not run it yet")
 
@@ -351,6 +378,8 @@ class ShardingSection(ReportSection):
     padded_elements: int = Field(description="parameters of the model, each unit padded to a multiple of the "
                                              "degree")
     bytes_by_kind: ShardingBytes = Field(description="bytes each kind of collective sent")
+    offload: OffloadSection = Field(OffloadSection(**NO_OFFLOAD), description="ZeRO-Offload: what lives in host "
+                                                                            "memory, the bytes copied each way")
 
 
 register_section("sharding", ShardingSection, "sharded data parallelism: the stage, the groups and the bytes "

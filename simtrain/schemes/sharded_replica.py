@@ -256,9 +256,13 @@ def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: Optim
 def shard_update_bytes(layout: ShardLayout, precision: str, optimizer: OptimizerSpec) -> int:
     """HBM bytes read and written by one update of a shard: the optimizer's on the fp32 shard, and under mixed
     precision unscaling the reduced chunks into it and rounding it back into the owned chunks."""
+    return chunk_update_bytes(layout.shard_numel, precision, optimizer)
+
+
+def chunk_update_bytes(numel: int, precision: str, optimizer: OptimizerSpec) -> int:
+    """Bytes read and written by the update of `numel` elements of a shard (shard_update_bytes' terms)."""
     element = torch.empty((), dtype=DTYPES[precision]).element_size()
-    shard = layout.shard_numel
-    touched = optimizer_step_bytes(optimizer, shard * _FP32_BYTES)
+    touched = optimizer_step_bytes(optimizer, numel * _FP32_BYTES)
     if precision != "fp32":
-        touched += 2 * (shard * element + shard * _FP32_BYTES)
+        touched += 2 * (numel * element + numel * _FP32_BYTES)
     return touched
