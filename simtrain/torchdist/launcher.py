@@ -33,6 +33,7 @@ from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
 from ..report import build_trace
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
+from .memory_categories import categorized
 from .run import SimRun
 from .world import ranks_as_threads
 
@@ -54,7 +55,8 @@ class SpawnResult(list):
 
 
 def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None = None, bandwidth=None,
-          latency=None, device=None, collective: str | None = None, channels: int | None = None) -> SpawnResult:
+          latency=None, device=None, collective: str | None = None, channels: int | None = None,
+          numerics: bool = True) -> SpawnResult:
     """Run `fn(rank, world)` as each rank of a simulated cluster; their values and the report. A keyword left
     None keeps the scenario's value (the spec's default without a scenario)."""
     if not callable(fn):
@@ -63,8 +65,8 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
-    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels)
-    with ranks_as_threads(world):
+    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics)
+    with ranks_as_threads(world), categorized(run):
         for rank in range(world):
             run.start(rank, lambda rank=rank: fn(rank, world))
         values = run.finish()
@@ -131,6 +133,7 @@ def _report(run: SimRun) -> DistReport:
             "bytes_sent": run.bytes_sent(device.rank),
             "peak_memory_bytes": device.memory.peak_total,
             "peak_memory_bytes_by_category": dict(device.memory.peak_breakdown),
+            "peak_memory_bytes_per_category": dict(device.memory.peak),
         })
     data = {"sim_time_s": log.last_end_s, "devices": devices, "links": cluster.network.link_stats()}
     return DistReport(data, build_trace(cluster))
