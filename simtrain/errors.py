@@ -63,3 +63,7 @@ class NoRoute(JobFailed):
 
 class NumericsOffUnsupported(SimtrainError):
     """With numerics off (simtrain.dist.spawn numerics=False), a rank ran an op that needs tensor values."""
+
+
+class RankBlocked(SimtrainError):
+    """A rank of simtrain.dist.spawn blocked outside its scheduler (a lock, time.sleep, a queue) past the watchdog."""

@@ -31,14 +31,15 @@ class SimRun:
 
     _active: "SimRun | None" = None
 
-    def __init__(self, cluster: Cluster, world: int, algorithm: str, channels: int | None, numerics: bool = True):
+    def __init__(self, cluster: Cluster, world: int, algorithm: str, channels: int | None, numerics: bool = True,
+                 timeout_s: float | None = None):
         self.cluster = cluster
         self.fake_floats = None if numerics else FakeFloats()  # numerics off: shared by the ranks
         self.world = world
         self.algorithm = algorithm
         self.channels = channels
         self.env: simpy.Environment = cluster.env
-        self.turns = Turns(self.env)
+        self.turns = Turns(self.env, timeout_s)
         self.groups: dict[str, Group] = {}
         self.meters = [OpMeter(device.memory) for device in cluster.devices]
         self.end_s = [None] * world  # simulated time each rank's function returned
