@@ -125,8 +125,10 @@ class OpMeter(OperatorRecorder):
 
 
 def _is_dense(value) -> bool:
-    """A plain tensor (or parameter) with a storage of its own: not meta, sparse or a wrapper subclass."""
-    return type(value) in (torch.Tensor, torch.nn.Parameter, FakeTensor) and value.layout == torch.strided and not value.is_meta
+    """A plain tensor (or parameter, or a fake one: numerics off) with a storage of its own: not meta, sparse or a
+    wrapper subclass."""
+    return (type(value) in (torch.Tensor, torch.nn.Parameter, FakeTensor) and value.layout == torch.strided
+            and not value.is_meta)
 
 
 def _storage_id(tensor: torch.Tensor) -> int:
