@@ -31,6 +31,8 @@ the op.
         model = nn.Linear(4, 4)              # fake weight and bias
         model(torch.randn(2, 4)).sum()       # a fake result; the meter counts its FLOPs
 """
+import threading
+
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode, UnsupportedOperatorException)
@@ -74,8 +76,20 @@ class _CollectivesOnTheGroup(FakeTensorMode):
     op that needs values is one line naming it. Reached from any depth: FakeTensor's dispatch enters its mode."""
 
     def __init__(self, **options):
+        self._entered = threading.local()  # torch keeps one stack of entries per mode; the ranks enter it apart
         super().__init__(**options)
         self.works = {}  # a posted functional collective's work by its output's storage, until waited on
+
+    @property
+    def enter_stack(self) -> list:
+        """The calling thread's entries (a rank may wait, and others run, while it is entered)."""
+        if not hasattr(self._entered, "stack"):
+            self._entered.stack = []
+        return self._entered.stack
+
+    @enter_stack.setter
+    def enter_stack(self, value: list) -> None:
+        self._entered.stack = value
 
     def dispatch(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
