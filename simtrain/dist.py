@@ -12,7 +12,8 @@ The short import name users type; the package folder is not named `dist/`,
 which the standard Python .gitignore treats as build output at any depth.
 Importing it registers the `simtrain` torch.distributed backend.
 """
-from .torchdist import CollectiveMismatch, Deadlock, DistReport, RankFailed, SpawnResult, compute, distributed, spawn
+from .torchdist import (CollectiveMismatch, Deadlock, DistReport, NumericsOffUnsupported, RankBlocked, RankFailed,
+                        SpawnResult, compute, distributed, spawn)
 
 __all__ = ["spawn", "distributed", "compute", "SpawnResult", "DistReport", "RankFailed", "Deadlock",
-           "CollectiveMismatch"]
+           "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported"]

@@ -59,3 +59,11 @@ class JobFailed(Exception):
 
 class NoRoute(JobFailed):
     """Failed links left no route between two nodes that must exchange bytes."""
+
+
+class NumericsOffUnsupported(SimtrainError):
+    """With numerics off (simtrain.dist.spawn numerics=False), a rank ran an op that needs tensor values."""
+
+
+class RankBlocked(SimtrainError):
+    """A rank of simtrain.dist.spawn blocked outside its scheduler (a lock, time.sleep, a queue) past the watchdog."""

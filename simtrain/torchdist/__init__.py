@@ -15,10 +15,14 @@ decorator, the report), run.py (one spawn's shared state), scheduler.py (rank
 threads taking turns on the clock), world.py (torch.distributed's global state
 per rank thread), process_group.py (the backend), programs.py (its collective
 programs), arriving.py (a collective's output that waits when first read),
-op_meter.py (the FLOPs and memory of the rank's torch ops).
+op_meter.py (the FLOPs and memory of the rank's torch ops), memory_categories.py
+(weights, gradients, optimizer state and activations told apart from hooks),
+numerics_off.py (fake floating-point tensors: `spawn(..., numerics=False)`) and
+fake_collectives.py (torch's functional collectives on fake tensors, posted on
+the group).
 """
-from ..errors import CollectiveMismatch, Deadlock, RankFailed
+from ..errors import CollectiveMismatch, Deadlock, NumericsOffUnsupported, RankBlocked, RankFailed
 from .launcher import DistReport, SpawnResult, compute, distributed, spawn
 
 __all__ = ["spawn", "distributed", "compute", "SpawnResult", "DistReport", "RankFailed", "Deadlock",
-           "CollectiveMismatch"]
+           "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported"]

@@ -21,6 +21,15 @@ over its `parallel.channels`, or the `collective` given.
         ...
         assert cluster.bytes_sent(rank) <= 2 * (world - 1) / world * nbytes
 
+`numerics=False` runs the ranks on fake tensors (numerics_off.py): the same
+simulated time, bytes and memory as with numerics on, without the arithmetic,
+so hundreds of ranks of a large model run in one process. The report gives each
+rank's memory by category (memory_categories.py): `weights`, `gradients`,
+`optimizer_state`, `activations`, `tensors` (the rest), `comm_buffers`, at the
+peak (`peak_memory_bytes_by_category`) and each at its own peak
+(`peak_memory_bytes_per_category`). A rank that blocks outside the scheduler (a
+lock, `time.sleep`) for `timeout_s` seconds of wall time is `RankBlocked`.
+
 `distributed` turns the function into a test without arguments, which pytest
 collects like any other: nothing to register. The third argument is the run
 (`bytes_sent`, `bytes_received`, `now_s`, `cluster`).
@@ -33,7 +42,10 @@ from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
 from ..report import build_trace
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
+from .memory_categories import categorized
 from .run import SimRun
+
+DEFAULT_TIMEOUT_S = 5.0  # the watchdog: wall time a rank may block outside the scheduler (scheduler.py)
 from .world import ranks_as_threads
 
 
@@ -54,17 +66,26 @@ class SpawnResult(list):
 
 
 def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None = None, bandwidth=None,
-          latency=None, device=None, collective: str | None = None, channels: int | None = None) -> SpawnResult:
+          latency=None, device=None, collective: str | None = None, channels: int | None = None,
+          numerics: bool = True, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> SpawnResult:
     """Run `fn(rank, world)` as each rank of a simulated cluster; their values and the report. A keyword left
-    None keeps the scenario's value (the spec's default without a scenario)."""
+    None keeps the scenario's value (the spec's default without a scenario). `numerics=False`: the ranks'
+    floating-point tensors are fake (numerics_off.py). `timeout_s`: the watchdog's seconds of wall time for a rank
+    blocked outside the scheduler (scheduler.py; None: no watchdog)."""
     if not callable(fn):
         raise ScenarioError(f"simtrain.dist.spawn: fn: {fn!r} is not callable; give a function of (rank, world)")
+    if not isinstance(numerics, bool):
+        raise ScenarioError(f"simtrain.dist.spawn: numerics: expected True or False, got {numerics!r}")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real)
+                                  or not timeout_s > 0):
+        raise ScenarioError(f"simtrain.dist.spawn: timeout_s: expected a positive number of seconds or None, "
+                            f"got {timeout_s!r}")
     spec = spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels)
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
-    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels)
-    with ranks_as_threads(world):
+    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s)
+    with ranks_as_threads(world), categorized(run):
         for rank in range(world):
             run.start(rank, lambda rank=rank: fn(rank, world))
         values = run.finish()
@@ -131,6 +152,7 @@ def _report(run: SimRun) -> DistReport:
             "bytes_sent": run.bytes_sent(device.rank),
             "peak_memory_bytes": device.memory.peak_total,
             "peak_memory_bytes_by_category": dict(device.memory.peak_breakdown),
+            "peak_memory_bytes_per_category": dict(device.memory.peak),
         })
     data = {"sim_time_s": log.last_end_s, "devices": devices, "links": cluster.network.link_stats()}
     return DistReport(data, build_trace(cluster))

@@ -10,24 +10,30 @@ backward runs in the calling thread).
   until the rank posts a communication or ends (`take_flops`), and are then
   charged as one compute span per dtype (run.py).
 - **Memory.** A storage that an op returns and none of its inputs had is held on
-  the device's memory ledger under `tensors` from that op until the last tensor
-  the rank was given on it is freed (each storage counted once, however many
-  views). The ledger cannot tell weights from activations: all of them are
-  `tensors`. Not counted: tensors made outside the rank (passed in by closure),
-  storages torch keeps without returning them (allocator caches, autograd's
-  internal buffers), and the backend's own buffers (the meter is `paused` while
-  the backend works; a reducing receive's staging is `comm_buffers`).
+  the device's memory ledger from that op until the last tensor the rank was
+  given on it is freed (each storage counted once, however many views), under
+  a category (memory_categories.py tells them apart from module and optimizer
+  hooks): `weights` (a module's parameters, from their registration; held from
+  there if their storage was made outside an op, as `nn.Parameter` does),
+  `gradients` (their `.grad`), `optimizer_state` (an optimizer's state after
+  its step), `activations` (the rest made during a module's forward) and
+  `tensors` (the rest). Not counted: tensors made outside the rank (passed in
+  by closure), storages torch keeps without returning them (allocator caches,
+  autograd's internal buffers), and the backend's own buffers (the meter is
+  `paused` while the backend works; a reducing receive's staging is
+  `comm_buffers`).
 
     meter = OpMeter(device.memory)
     with meter:
         model(x).sum().backward()
     meter.take_flops()           # {torch.float32: 2.1e6}
-    device.memory.peak["tensors"]
+    device.memory.peak["activations"]
 """
 import weakref
 from contextlib import contextmanager
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
 from ..hw.device import MemoryLedger
@@ -44,7 +50,8 @@ class OpMeter(OperatorRecorder):
         super().__init__()
         self.ledger = ledger
         self.is_paused = False
-        self._live: dict[int, list] = {}  # storage id -> [tensors the rank holds on it, bytes]
+        self.forward_depth = 0  # modules whose forward is running (memory_categories.py)
+        self._live: dict[int, list] = {}  # storage id -> [tensors the rank holds on it, bytes, category]
         self._held: set[int] = set()  # id() of those tensors (an in-place op returns one again)
 
     @classmethod
@@ -80,7 +87,19 @@ class OpMeter(OperatorRecorder):
         finally:
             self.is_paused = was
 
-    def _hold(self, tensor: torch.Tensor, inputs: set) -> None:
+    def categorize(self, tensor, category: str) -> None:
+        """`tensor`'s storage is held under `category` from now (held from now if it was not)."""
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor: this rank's shard
+        if not _is_dense(tensor):
+            return
+        held = self._live.get(_storage_id(tensor))
+        if held is not None and held[2] != category:
+            self.ledger.free(held[2], held[1])
+            held[2] = category
+            self.ledger.alloc(category, held[1])
+        self._hold(tensor, set(), category)
+
+    def _hold(self, tensor: torch.Tensor, inputs: set, category: str | None = None) -> None:
         if id(tensor) in self._held:
             return
         storage = _storage_id(tensor)
@@ -89,8 +108,9 @@ class OpMeter(OperatorRecorder):
             if storage in inputs:  # a view of a storage made outside the rank
                 return
             nbytes = tensor.untyped_storage().nbytes()
-            held = self._live[storage] = [0, nbytes]
-            self.ledger.alloc("tensors", nbytes)
+            category = category or ("activations" if self.forward_depth else "tensors")
+            held = self._live[storage] = [0, nbytes, category]
+            self.ledger.alloc(category, nbytes)
         held[0] += 1
         self._held.add(id(tensor))
         weakref.finalize(tensor, self._release, id(tensor), storage)
@@ -101,12 +121,14 @@ class OpMeter(OperatorRecorder):
         held[0] -= 1
         if held[0] == 0:
             del self._live[storage]
-            self.ledger.free("tensors", held[1])
+            self.ledger.free(held[2], held[1])
 
 
 def _is_dense(value) -> bool:
-    """A plain tensor (or parameter) with a storage of its own: not meta, sparse or a wrapper subclass."""
-    return type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided and not value.is_meta
+    """A plain tensor (or parameter, or a fake one: numerics off) with a storage of its own: not meta, sparse or a
+    wrapper subclass."""
+    return (type(value) in (torch.Tensor, torch.nn.Parameter, FakeTensor) and value.layout == torch.strided
+            and not value.is_meta)
 
 
 def _storage_id(tensor: torch.Tensor) -> int:

@@ -14,10 +14,13 @@ charged on the rank's device whenever the rank posts a communication
 Inside a rank, `SimRun.active(caller)` is the run and `run.bytes_sent(rank)` what a
 rank has sent so far (completed transfers, all groups and point-to-point).
 """
+from contextlib import nullcontext
+
 import simpy
 
 from ..errors import SimtrainError
 from ..hw.cluster import Cluster, run_to_end
+from .numerics_off import FakeFloats
 from .op_meter import DEVICE_DTYPE, OpMeter
 from .process_group import Group
 from .scheduler import Turns, current_rank
@@ -28,13 +31,15 @@ class SimRun:
 
     _active: "SimRun | None" = None
 
-    def __init__(self, cluster: Cluster, world: int, algorithm: str, channels: int | None):
+    def __init__(self, cluster: Cluster, world: int, algorithm: str, channels: int | None, numerics: bool = True,
+                 timeout_s: float | None = None):
         self.cluster = cluster
+        self.fake_floats = None if numerics else FakeFloats()  # numerics off: shared by the ranks
         self.world = world
         self.algorithm = algorithm
         self.channels = channels
         self.env: simpy.Environment = cluster.env
-        self.turns = Turns(self.env)
+        self.turns = Turns(self.env, timeout_s)
         self.groups: dict[str, Group] = {}
         self.meters = [OpMeter(device.memory) for device in cluster.devices]
         self.end_s = [None] * world  # simulated time each rank's function returned
@@ -56,7 +61,7 @@ class SimRun:
     def start(self, rank: int, body) -> None:
         """Run `body()` as rank `rank`, its torch ops counted; its end time is recorded."""
         def counted():
-            with self.meters[rank]:
+            with self.fake_floats or nullcontext(), self.meters[rank]:
                 value = body()
                 self.flush()
             self.end_s[rank] = self.env.now

@@ -20,12 +20,25 @@ If a rank raises, the run stops there (`RankFailed`). If the clock runs dry whil
 ranks still wait, nothing can ever wake them (`Deadlock`, naming what each waits
 on). Either way every waiting thread is then resumed with `Aborted` raised at its
 wait, so no thread is left behind.
+
+A watchdog guards the host, not the simulation (the one use of wall time): a
+rank that holds its turn for `timeout_s` seconds of wall time while its thread
+uses almost no CPU (under 1% of that time) blocks on something outside the
+scheduler, which no simulated event can release (a Python lock, `time.sleep`,
+a blocking queue): the run stops with `RankBlocked`, naming the rank and the
+line it blocks on, instead of hanging. That thread is left behind (a daemon: it
+cannot be interrupted). A rank that computes for long is not stopped.
 """
+import sys
+import sysconfig
 import threading
+import time
 
 import simpy
 
-from ..errors import Deadlock, RankFailed
+from ..errors import Deadlock, RankBlocked, RankFailed
+
+BLOCKED_CPU_FRACTION = 0.01  # a thread that used less CPU than this share of the watchdog's time is blocked
 
 
 class Aborted(BaseException):
@@ -42,7 +55,8 @@ def current_rank() -> int | None:
 
 
 class _Rank:
-    __slots__ = ("rank", "thread", "resume", "event", "value", "waiting_on", "ended", "result", "error", "abort")
+    __slots__ = ("rank", "thread", "resume", "event", "value", "waiting_on", "ended", "result", "error", "abort",
+                 "blocked")
 
     def __init__(self, rank: int):
         self.rank = rank
@@ -55,13 +69,15 @@ class _Rank:
         self.result = None
         self.error = None
         self.abort = False
+        self.blocked = False  # the watchdog found it blocked outside the scheduler: left behind
 
 
 class Turns:
     """Rank threads that run one at a time, each as a simpy process of `env`."""
 
-    def __init__(self, env: simpy.Environment):
+    def __init__(self, env: simpy.Environment, timeout_s: float | None = None):
         self.env = env
+        self.timeout_s = timeout_s  # the watchdog's wall time (None: no watchdog)
         self._ranks: dict[int, _Rank] = {}
         self._clock = threading.Semaphore(0)  # released when the running rank hands control back
         self._clock_error = None
@@ -106,12 +122,13 @@ class Turns:
         failed = [s for s in self._ranks.values() if s.error is not None]
         waiting = self.waiting()
         for state in self._ranks.values():
-            if not state.ended:
+            if not state.ended and not state.blocked:
                 state.abort = True
                 state.resume.release()
                 self._clock.acquire()
         for state in self._ranks.values():  # each has handed control back for the last time; let it exit
-            state.thread.join()
+            if not state.blocked:
+                state.thread.join()
         if self._clock_error is not None:
             raise self._clock_error
         if failed:
@@ -141,12 +158,41 @@ class Turns:
     def _process(self, state: _Rank):
         while True:
             state.resume.release()
-            self._clock.acquire()
+            self._await(state)
             if state.ended:
                 if state.error is not None:
                     raise _Stop()
                 return
             state.value = yield state.event
+
+
+    def _await(self, state: _Rank) -> None:
+        """Wait until the running rank hands control back; RankBlocked if the watchdog finds it blocked."""
+        if self.timeout_s is None:
+            self._clock.acquire()
+            return
+        cpu_s = _cpu_seconds(state.thread)
+        while not self._clock.acquire(timeout=self.timeout_s):
+            now_s = _cpu_seconds(state.thread)
+            if now_s - cpu_s < BLOCKED_CPU_FRACTION * self.timeout_s:
+                state.blocked = True
+                raise RankBlocked(f"rank {state.rank} blocked outside simtrain for {self.timeout_s:g} s of wall time "
+                                  f"(spawn timeout_s){_blocked_at(state.thread)}: a lock, time.sleep or a queue "
+                                  f"that no simulated event releases")
+            cpu_s = now_s
+
+
+def _cpu_seconds(thread: threading.Thread) -> float:
+    """CPU time `thread` has used so far."""
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def _blocked_at(thread: threading.Thread) -> str:
+    """' at file:line in function': the innermost frame of `thread` outside Python's standard library."""
+    frame, stdlib = sys._current_frames().get(thread.ident), sysconfig.get_paths()["stdlib"]
+    while frame is not None and frame.f_code.co_filename.startswith(stdlib):
+        frame = frame.f_back
+    return "" if frame is None else f" at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 class _Stop(Exception):
