@@ -36,7 +36,7 @@ def model_flops(scenario) -> float:
 
 
 def with_efficiency(scenario, efficiency: float):
-    device = {**scenario.cluster.device, "efficiency": efficiency}
+    device = scenario.cluster.device.model_copy(update={"efficiency": efficiency})
     return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"device": device})})
 
 
