@@ -1,7 +1,7 @@
 """Fused attention (model.attention: fused; train/fused_attention.py) against its references.
 
-- Numerics: outputs and gradients of q, k and v equal single-process torch's causal
-  F.scaled_dot_product_attention (grouped-query heads included), within 1e-12 in fp64.
+- Numerics: outputs and gradients of q, k and v equal single-process torch's
+  F.scaled_dot_product_attention, causal and not (grouped-query heads included), within 1e-12 in fp64.
 - Charge: one operator forward and one backward; FLOPs 4·b·h·s²·d / 2 (causal) forward and 2.5 times
   that backward, FlashAttention-2's count (Dao 2023, section 4.1); bytes Q, K, V, O and the fp32
   log-sum-exp forward, and dO, Q, K, V, O, log-sum-exp, dQ, dK, dV backward: the closed forms, exactly.
@@ -21,18 +21,19 @@ from simtrain.hw.cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.op_cost import OperatorRecorder
 from simtrain.scenario import validate_scenario
-from simtrain.train.fused_attention import flash_attention
+from simtrain.train.fused_attention import flash_attention, flash_attention_with_lse
 
 B, HEADS, KV_HEADS, S, D = 2, 4, 2, 16, 8
 
 
-def test_numerics_are_torchs_causal_attention_with_grouped_heads():
+@pytest.mark.parametrize("causal", [True, False])
+def test_numerics_are_torchs_attention_with_grouped_heads(causal):
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, heads, S, D, dtype=torch.float64, generator=generator, requires_grad=True)
                for heads in (HEADS, KV_HEADS, KV_HEADS))
     grad = torch.randn(B, HEADS, S, D, dtype=torch.float64, generator=generator)
-    ours = flash_attention(q, k, v)
-    reference = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ours = flash_attention_with_lse(q, k, v, causal)[0]
+    reference = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-12)
     for mine, theirs in zip(torch.autograd.grad(ours, (q, k, v), grad), torch.autograd.grad(reference, (q, k, v), grad)):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)

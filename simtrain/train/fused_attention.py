@@ -27,6 +27,7 @@ inputs' dtype, with the log-sum-exp in fp32), and the backward its closed form; 
 operators give shapes only.
 
     out = flash_attention(q, k, v)      # q (b, h, s, d); k, v (b, h_kv, s, d); out (b, h, s, d), stored (b, s, h, d)
+    out, lse = flash_attention_with_lse(q, k, v, causal=False)   # a block of ring attention (its merge weights)
     use_fused_attention_(model)         # every gpt/llama block of `model` calls it
 """
 import math
@@ -41,7 +42,14 @@ BACKWARD_OVER_FORWARD = 2.5
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal softmax(QKᵀ/√d)·V of (batch, heads, length, head size) queries and (batch, kv heads, length,
     head size) keys and values (kv heads dividing heads), as one fused operator forward and one backward."""
-    return torch.ops.simtrain.flash_attention(q, k, v)[0]
+    return torch.ops.simtrain.flash_attention(q, k, v, True)[0]
+
+
+def flash_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention's output and its log-sum-exp (b, h, s_q), causal (s_q = s_k) or over every key: what a
+    blockwise (ring) attention merges its blocks by. Non-causal FLOPs are the whole 4·b·h·s_q·s_k·d."""
+    return torch.ops.simtrain.flash_attention(q, k, v, causal)
 
 
 def use_fused_attention_(model: torch.nn.Module) -> None:
@@ -52,33 +60,34 @@ def use_fused_attention_(model: torch.nn.Module) -> None:
             module.fused_attention = True
 
 
-def causal_forward_flops(q_shape, k_shape) -> int:
-    """FLOPs the fused forward is charged: 4·b·h·s²·d (QKᵀ and PV, 2 per multiply-add) over 2 (causal)."""
+def forward_flops(q_shape, k_shape, causal: bool) -> int:
+    """FLOPs the fused forward is charged: 4·b·h·s_q·s_k·d (QKᵀ and PV, 2 per multiply-add), over 2 if causal."""
     batch, heads, length, width = q_shape
-    return 4 * batch * heads * length * k_shape[-2] * width // 2
+    return 4 * batch * heads * length * k_shape[-2] * width // (2 if causal else 1)
 
 
 @torch.library.custom_op("simtrain::flash_attention", mutates_args=())
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = _scores(q, k).to(_accumulated(q))
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = _scores(q, k, causal).to(_accumulated(q))
     lse = scores.logsumexp(dim=-1)  # (b, h, s): the softmax's normalizer, kept for backward
     probs = (scores - lse.unsqueeze(-1)).exp().to(q.dtype)
     return _sequence_major(_grouped(probs, v, lambda p, vg: p @ vg)), lse
 
 
 @_forward.register_fake
-def _(q, k, v):
+def _(q, k, v, causal):
     return _sequence_major(torch.empty_like(q)), q.new_empty(q.shape[:-1], dtype=_accumulated(q))
 
 
 @torch.library.custom_op("simtrain::flash_attention_backward", mutates_args=())
 def _backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-              lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              lse: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # The probabilities recomputed from Q, K and the log-sum-exp; then the softmax's closed-form backward:
     # dV = Pᵀ dO, dP = dO Vᵀ, dS = P (dP - rowsum(dO O)), dQ = dS K / √d, dK = dSᵀ Q / √d.
     dtype = _accumulated(q)
     grad, q_, k_, v_, out = (t.to(dtype) for t in (grad, q, k, v, out))
-    probs = (_scores(q_, k_) - lse.to(dtype).unsqueeze(-1)).exp()
+    probs = (_scores(q_, k_, causal) - lse.to(dtype).unsqueeze(-1)).exp()
     grad_probs = _grouped(grad, v_, lambda g, vg: g @ vg.transpose(-2, -1))
     grad_scores = probs * (grad_probs - (grad * out).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
     grad_q = _grouped(grad_scores, k_, lambda s, kg: s @ kg)
@@ -88,29 +97,33 @@ def _backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 @_backward.register_fake
-def _(grad, q, k, v, out, lse):
+def _(grad, q, k, v, out, lse, causal):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, *output)
+    ctx.save_for_backward(*inputs[:3], *output)
+    ctx.causal = inputs[3]
 
 
 def _autograd_backward(ctx, grad_out, grad_lse):
-    return torch.ops.simtrain.flash_attention_backward(grad_out, *ctx.saved_tensors)
+    # The log-sum-exp's own gradient (a ring's merge weights) is not propagated: blockwise callers merge
+    # outputs under no_grad or recompute them, as FlashAttention's kernels do.
+    return (*torch.ops.simtrain.flash_attention_backward(grad_out, *ctx.saved_tensors, ctx.causal), None)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
 @register_flop_formula(torch.ops.simtrain.flash_attention)
-def _forward_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
-    return causal_forward_flops(q_shape, k_shape)
+def _forward_flops(q_shape, k_shape, v_shape, causal, *args, **kwargs) -> int:
+    return forward_flops(q_shape, k_shape, causal)
 
 
 @register_flop_formula(torch.ops.simtrain.flash_attention_backward)
-def _backward_flops(grad_shape, q_shape, k_shape, *args, **kwargs) -> int:
-    return int(BACKWARD_OVER_FORWARD * causal_forward_flops(q_shape, k_shape))
+def _backward_flops(grad_shape, q_shape, k_shape, v_shape, kept_out_shape, lse_shape, causal, *args,
+                    **kwargs) -> int:
+    return int(BACKWARD_OVER_FORWARD * forward_flops(q_shape, k_shape, causal))
 
 
 def _sequence_major(out: torch.Tensor) -> torch.Tensor:
@@ -124,9 +137,11 @@ def _accumulated(q: torch.Tensor) -> torch.dtype:
     return torch.promote_types(q.dtype, torch.float32)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """QKᵀ/√d of every query head against its key head, the causal future at -inf: (b, h, s, s)."""
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """QKᵀ/√d of every query head against its key head, if causal the future at -inf: (b, h, s_q, s_k)."""
     scores = _grouped(q, k, lambda qg, kg: qg @ kg.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if not causal:
+        return scores
     length = q.shape[-2]
     causal = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
     return scores.masked_fill(causal, float("-inf"))
