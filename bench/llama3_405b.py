@@ -37,11 +37,11 @@ def model_flops(scenario) -> float:
     from simtrain.train.llama import parameter_count
 
     model, data, layout = scenario.model, scenario.data, scenario.parallel
-    parameters = parameter_count(data.vocab, model.hidden, model.layers, model.heads, model.kv_heads,
-                                 model.ffn_hidden) - data.vocab * model.hidden
+    parameters = parameter_count(data.vocab, model.width, model.layers, model.heads, model.key_value_heads,
+                                 model.ffn_width) - data.vocab * model.width
     replicas = scenario.cluster.devices // (layout.pp * layout.tp)
     tokens = data.batch_size * replicas * data.seq_len
-    return tokens * (6 * parameters + 12 * model.layers * model.hidden * data.seq_len)
+    return tokens * (6 * parameters + 12 * model.layers * model.width * data.seq_len)
 
 
 def one(gpus: int) -> dict:

@@ -2,6 +2,7 @@
 
     model: {name: gpt, hidden: 768, layers: 12, heads: 12}
     model: {name: llama, hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn_hidden: 14336, rope_theta: 500000}
+    model: {name: gpt, hidden: 4096, layers: 32, heads: 32, attention: fused}
 """
 import math
 from typing import Annotated, Any, Literal
@@ -79,6 +80,13 @@ class ModelSpec(Section):
     rope_theta: Real(gt=1, le=1e12) | None = Field(
         None, description="llama: the rotary embeddings' base (10000 in Llama 1 and 2, 500000 in Llama 3); null: "
                           "10000.")
+    attention: Literal["eager", "fused"] = Field(
+        "eager", description="gpt, llama: how the causal attention core runs and is charged. eager: written out "
+                             "(QKᵀ, mask, softmax, AV as separate kernels, the s x s scores through memory and "
+                             "kept for backward), as the Megatron-LM papers' runs; fused: one FlashAttention-2 "
+                             "kernel (train/fused_attention.py: causal FLOPs halved, backward 2.5 x forward, only "
+                             "Q, K, V, O and the log-sum-exp through memory and kept), as every framework runs "
+                             "today. The numerics are the same attention either way.")
     channels: Annotated[list[Width], Field(min_length=1, max_length=MAX_LAYERS)] = Field(
         [16, 32], description="cnn: the convolutions' output channels.")
     batchnorm: Flag = Field(False, description="mlp, cnn: BatchNorm after each hidden Linear or Conv2d.")
@@ -101,6 +109,8 @@ class ModelSpec(Section):
             raise ValueError(f"model.moe: mixture-of-experts layers are for the gpt model, not {self.name}")
         if self.moe is not None and self.moe.every > self.layers:
             raise ValueError(f"model.moe.every: {self.moe.every} is past the gpt's {self.layers} model.layers")
+        if self.attention == "fused" and self.name not in _TRANSFORMERS:
+            raise ValueError(f"model.attention: fused is an option of gpt and llama, not of {self.name}")
         if self.name in _TRANSFORMERS:
             if len(self.hidden) != 1:
                 raise ValueError(f"model.hidden: a {self.name}'s width is one number")

@@ -42,6 +42,8 @@ Attention is written out (matmul, causal mask, softmax, matmul) so torch's
 FLOP counter sees it on every device, meta included. Under selective
 activation recomputation (train.checkpointing: selective, `recompute_core`)
 that core, and only it, runs again in backward (`RecomputedAttention`).
+Under model.attention: fused (`fused_attention`) the core is one
+FlashAttention kernel instead (train/fused_attention.py).
 
     model = build_gpt(vocab=64, seq_len=32, hidden=64, layers=2, heads=4)
     logits = model(tokens)                      # (batch, 32, 64)
@@ -53,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused_attention import flash_attention
 from .ring_attention import ContextShard, attention_ops, context_positions
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter,
                               Slice, residual_block_ops, shard_parameter_)
@@ -103,6 +106,7 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads  # on this rank: all of them, or its share under tensor parallelism
         self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
+        self.fused_attention = False  # model.attention: fused (one FlashAttention kernel: train/fused_attention.py)
         self.sequence_parallel = False  # parallel.sequence_parallel: the residual stream cut along the sequence
         self.context = ContextShard()  # parallel.cp: which chunks of the sequence this rank holds
         self.ln1 = nn.LayerNorm(hidden)
@@ -114,8 +118,8 @@ class Block(nn.Module):
         self.expand = nn.Linear(hidden, 4 * hidden)
         self.contract = nn.Linear(4 * hidden, hidden)
 
-    def extra_repr(self) -> str:
-        return "recompute_core=True" if self.recompute_core else ""  # printed: cost.py's cache tells them apart
+    def extra_repr(self) -> str:  # printed: cost.py's cache tells them apart
+        return ", ".join(f"{flag}=True" for flag in ("recompute_core", "fused_attention") if getattr(self, flag))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self._attention(self.ln1(x)) + self.projection.bias
@@ -124,8 +128,7 @@ class Block(nn.Module):
     def _attention(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's heads' attention, through its part of the output projection (no bias)."""
         q, k, v = self._project(h)
-        core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
-        return self._output(core(q, k, v))
+        return self._output(attention_kernel(self)(q, k, v))
 
     def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's heads' queries, keys and values, each (batch, heads, length, head size)."""
@@ -169,6 +172,15 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     causal = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
     return scores.masked_fill(causal, float("-inf")).softmax(dim=-1) @ v
+
+
+def attention_kernel(block: nn.Module):
+    """What computes `block`'s causal attention core from its q, k and v: one FlashAttention kernel under
+    model.attention: fused (it keeps no scores, so selective recomputation has nothing to add), else the
+    written-out core, recomputed in backward under selective recomputation."""
+    if block.fused_attention:
+        return flash_attention
+    return RecomputedAttention.apply if block.recompute_core and torch.is_grad_enabled() else attention_core
 
 
 class RecomputedAttention(torch.autograd.Function):

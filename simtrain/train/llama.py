@@ -59,7 +59,9 @@ Attention is gpt's core (matmul, causal mask, softmax, matmul; train/gpt.py
 for their query heads, written out so torch's FLOP counter sees it on every
 device, meta included. Under selective activation recomputation
 (train.checkpointing: selective, `recompute_core`) that core, and only it,
-runs again in backward (gpt's `RecomputedAttention`).
+runs again in backward (gpt's `RecomputedAttention`). Under model.attention:
+fused (`fused_attention`) it is one FlashAttention kernel, reading the key/value
+heads unrepeated (train/fused_attention.py).
 
     model = build_llama(vocab=64, hidden=64, layers=2, heads=4, kv_heads=2, ffn_hidden=192, rope_theta=1e4)
     logits = model(tokens)                      # (batch, seq_len, 64)
@@ -68,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gpt import RecomputedAttention, attention_core
+from .gpt import attention_kernel
 from .ring_attention import ContextShard, attention_ops, context_positions
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter, Slice,
                               residual_block_ops, shard_parameter_)
@@ -141,6 +143,7 @@ class LlamaBlock(nn.Module):
         self.heads, self.kv_heads = heads, kv_heads  # on this rank: all of them, or its share under tp
         self.rope_theta = rope_theta
         self.recompute_core = False  # train.checkpointing: selective (the attention core recomputed in backward)
+        self.fused_attention = False  # model.attention: fused (one FlashAttention kernel: train/fused_attention.py)
         self.sequence_parallel = False  # parallel.sequence_parallel: the residual stream cut along the sequence
         self.context = ContextShard()  # parallel.cp: which chunks of the sequence this rank holds
         self.attention_norm = RMSNorm(hidden)
@@ -153,8 +156,8 @@ class LlamaBlock(nn.Module):
         self.w3 = nn.Linear(hidden, ffn_hidden, bias=False)
         self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
 
-    def extra_repr(self) -> str:
-        return "recompute_core=True" if self.recompute_core else ""  # printed: cost.py's cache tells them apart
+    def extra_repr(self) -> str:  # printed: cost.py's cache tells them apart
+        return ", ".join(f"{flag}=True" for flag in ("recompute_core", "fused_attention") if getattr(self, flag))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self._attention(self.attention_norm(x))
@@ -163,10 +166,10 @@ class LlamaBlock(nn.Module):
     def _attention(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's heads' attention, through its part of the output projection."""
         q, k, v = self._project(h)
-        group = self.heads // self.kv_heads  # query heads per key/value head
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        core = RecomputedAttention.apply if self.recompute_core and torch.is_grad_enabled() else attention_core
-        return self._output(core(q, k, v))
+        if not self.fused_attention:  # the fused kernel reads each key/value head for its group of query heads
+            group = self.heads // self.kv_heads  # query heads per key/value head
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return self._output(attention_kernel(self)(q, k, v))
 
     def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's rotated queries (batch, heads, length, width), rotated keys and values (its key/value

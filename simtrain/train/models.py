@@ -20,6 +20,8 @@ stream is left as it was.
   makes every n-th block a mixture of experts (train/moe.py).
 - `llama`: a Llama-style transformer for token data (train/llama.py): gpt's
   fields and `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`.
+- `model.attention: fused` (gpt, llama): every block's attention core is one
+  FlashAttention kernel (train/fused_attention.py).
 - `package.module:function`: called with `model.options` as keyword
   arguments; it returns an `nn.Module` with trainable parameters that maps a
   batch of the data's inputs to one logit per class (checked with one forward
@@ -44,6 +46,7 @@ from torch import nn
 from ..errors import ScenarioError
 from ..scenario import ModelSpec
 from .data import DatasetInfo, call_with_options, load_callable
+from .fused_attention import use_fused_attention_
 from .gpt import build_gpt
 from .llama import build_llama
 from .moe import moe_block
@@ -54,7 +57,10 @@ def build_model(spec: ModelSpec, info: DatasetInfo, seed: int) -> nn.Module:
     construct = _constructor(spec, info)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return construct()
+        model = construct()
+    if spec.attention == "fused":
+        use_fused_attention_(model)
+    return model
 
 
 def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
