@@ -17,11 +17,9 @@ the simulated TFLOP/s, which rises with the efficiency); the scenarios carry
 the value it gave.
 """
 import argparse
-import sys
-import time
 from pathlib import Path
 
-import simtrain
+from published_rows import Table
 from simtrain.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,31 +38,7 @@ def model_flops(scenario) -> float:
     return 96 * batch * s * layers * hidden**2 * (1 + s / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
-def simulate(name: str, efficiency: float | None = None) -> tuple[float, float]:
-    """(TFLOP/s per GPU, wall seconds) of one row, at its scenario's efficiency or the one given."""
-    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
-    if efficiency is not None:
-        device = {**scenario.cluster.device, "efficiency": efficiency}
-        scenario = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"device": device})})
-    started = time.perf_counter()
-    report = simtrain.run(scenario)
-    wall = time.perf_counter() - started
-    return model_flops(scenario) / report.data["step_time_s"] / scenario.cluster.devices / 1e12, wall
-
-
-def calibrate(name: str) -> float:
-    """The efficiency at which row `name` reaches the paper's TFLOP/s (to 0.1%)."""
-    target = PAPER_TFLOPS[name]
-    low, high = 0.5, 0.7
-    f_low, f_high = simulate(name, low)[0] - target, simulate(name, high)[0] - target
-    for _ in range(8):
-        guess = high - f_high * (high - low) / (f_high - f_low)
-        f_guess = simulate(name, guess)[0] - target
-        print(f"efficiency {guess:.4f}: {f_guess + target:.1f} TFLOP/s", file=sys.stderr)
-        if abs(f_guess) < 1e-3 * target:
-            return guess
-        low, f_low, high, f_high = high, f_high, guess, f_guess
-    return guess
+TABLE = Table(SCENARIOS, PAPER_TFLOPS, model_flops)
 
 
 def main() -> None:
@@ -73,12 +47,12 @@ def main() -> None:
     parser.add_argument("--calibrate", metavar="ROW")
     args = parser.parse_args()
     if args.calibrate:
-        print(f"{args.calibrate}: efficiency {calibrate(args.calibrate):.4f}")
+        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate):.4f}")
         return
     print("| model | GPUs | paper TFLOP/s per GPU | simtrain | error | simulated in |")
     print("|---|---|---|---|---|---|")
     for name in args.rows:
-        tflops, wall = simulate(name)
+        tflops, wall = TABLE.simulate(name)
         paper = PAPER_TFLOPS[name]
         devices = load_scenario(SCENARIOS / f"{name}.yaml").cluster.devices
         print(f"| {name} | {devices:,} | {paper} | {tflops:.1f} | {100 * (tflops - paper) / paper:+.1f}% | "

@@ -12,11 +12,9 @@ GPU count, and prints each row beside the README's, with the simulation's own wa
     python bench/megatron_core_h100.py --calibrate gpt-1.7b    # the H100 efficiency that matches that row
 """
 import argparse
-import sys
-import time
 from pathlib import Path
 
-import simtrain
+from published_rows import Table
 from simtrain.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,35 +33,7 @@ def model_flops(scenario) -> float:
     return 72 * batch * s * layers * hidden**2 * (1 + s / (6 * hidden) + vocab / (12 * layers * hidden))
 
 
-def with_efficiency(scenario, efficiency: float):
-    device = scenario.cluster.device.model_copy(update={"efficiency": efficiency})
-    return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"device": device})})
-
-
-def simulate(name: str, efficiency: float | None = None) -> tuple[float, float]:
-    """(TFLOP/s per GPU, wall seconds) of one row, at its scenario's efficiency or the one given."""
-    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
-    if efficiency is not None:
-        scenario = with_efficiency(scenario, efficiency)
-    started = time.perf_counter()
-    report = simtrain.run(scenario)
-    wall = time.perf_counter() - started
-    return model_flops(scenario) / report.data["step_time_s"] / scenario.cluster.devices / 1e12, wall
-
-
-def calibrate(name: str) -> float:
-    """The efficiency at which row `name` reaches the README's TFLOP/s (to 0.01%), by the secant method."""
-    target = README_TFLOPS[name]
-    low, high = 0.5, 0.7
-    f_low, f_high = simulate(name, low)[0] - target, simulate(name, high)[0] - target
-    for _ in range(10):
-        guess = high - f_high * (high - low) / (f_high - f_low)
-        f_guess = simulate(name, guess)[0] - target
-        print(f"efficiency {guess:.6f}: {f_guess + target:.2f} TFLOP/s", file=sys.stderr)
-        if abs(f_guess) < 1e-4 * target:
-            return guess
-        low, f_low, high, f_high = high, f_high, guess, f_guess
-    return guess
+TABLE = Table(SCENARIOS, README_TFLOPS, model_flops)
 
 
 def main() -> None:
@@ -72,12 +42,12 @@ def main() -> None:
     parser.add_argument("--calibrate", metavar="ROW")
     args = parser.parse_args()
     if args.calibrate:
-        print(f"{args.calibrate}: efficiency {calibrate(args.calibrate):.4f}")
+        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate):.4f}")
         return
     print("| model | tp x pp x dp | GPUs | README TFLOP/s per GPU | simtrain | error | simulated in |")
     print("|---|---|---|---|---|---|---|")
     for name in args.rows:
-        tflops, wall = simulate(name)
+        tflops, wall = TABLE.simulate(name)
         published = README_TFLOPS[name]
         scenario = load_scenario(SCENARIOS / f"{name}.yaml")
         layout, devices = scenario.parallel, scenario.cluster.devices

@@ -70,7 +70,7 @@ def test_tflops_per_gpu_agrees_with_bench_megatron(row):
     are the paper's plus the language head's recomputed forward, 2·B·s·h·V (simtrain recomputes whole
     chunks, the head's included)."""
     scenario = load_scenario(bench.SCENARIOS / f"{row}.yaml")
-    bench_tflops, _ = bench.simulate(row)
+    bench_tflops, _ = bench.TABLE.simulate(row)
     data = simtrain.run(scenario).data
     flops = data["flops"]
     layout = scenario.parallel

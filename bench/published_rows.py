@@ -1,0 +1,54 @@
+"""A published table of TFLOP/s per GPU beside simtrain's: each row a scenario, simulated with numerics off.
+
+bench/megatron.py (Narayanan et al. 2021, Table 1, A100s) and bench/megatron_core_h100.py (Megatron-Core's H100
+weak-scaling table) each give their table: the scenarios' folder, the published TFLOP/s per GPU by scenario name,
+and the paper's count of a step's model FLOPs. A row's TFLOP/s is those FLOPs over the simulated step time and the
+GPU count; `calibrate` solves for the device efficiency at which one row matches its published figure (secant on
+the simulated TFLOP/s, which rises with the efficiency).
+
+    table = Table(ROOT / "scenarios" / "megatron", {"gpt-1.7b": 137, ...}, model_flops)
+    tflops, wall_s = table.simulate("gpt-1.7b")
+    efficiency = table.calibrate("gpt-1008b")
+"""
+import sys
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import simtrain
+from simtrain.scenario import load_scenario
+
+
+class Table(NamedTuple):
+    folder: Path
+    published: dict[str, float]  # TFLOP/s per GPU, by scenario name
+    model_flops: Callable  # scenario -> the paper's FLOPs of one step
+
+    def scenario(self, name: str, efficiency: float | None = None):
+        """Row `name`'s scenario, at its own device efficiency or the one given."""
+        scenario = load_scenario(self.folder / f"{name}.yaml")
+        if efficiency is None:
+            return scenario
+        device = scenario.cluster.device.model_copy(update={"efficiency": efficiency})
+        return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"device": device})})
+
+    def simulate(self, name: str, efficiency: float | None = None) -> tuple[float, float]:
+        """(TFLOP/s per GPU, wall seconds of the simulation) of row `name`."""
+        scenario = self.scenario(name, efficiency)
+        started = time.perf_counter()
+        report = simtrain.run(scenario)
+        wall = time.perf_counter() - started
+        return self.model_flops(scenario) / report.data["step_time_s"] / scenario.cluster.devices / 1e12, wall
+
+    def calibrate(self, name: str, low: float = 0.5, high: float = 0.7) -> float:
+        """The efficiency at which row `name` reaches its published TFLOP/s, to 0.01%."""
+        target = self.published[name]
+        f_low, f_high = self.simulate(name, low)[0] - target, self.simulate(name, high)[0] - target
+        for _ in range(10):
+            guess = high - f_high * (high - low) / (f_high - f_low)
+            f_guess = self.simulate(name, guess)[0] - target
+            print(f"efficiency {guess:.6f}: {f_guess + target:.2f} TFLOP/s", file=sys.stderr)
+            if abs(f_guess) < 1e-4 * target:
+                return guess
+            low, f_low, high, f_high = high, f_high, guess, f_guess
+        return guess
