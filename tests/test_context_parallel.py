@@ -24,11 +24,13 @@ import functools
 import pytest
 import torch
 import yaml
+from torch.utils.flop_counter import FlopCounterMode
 
 from simtrain import plan_memory, run
 from simtrain.cli import main
 from simtrain.schemes.layout import Layout
 from simtrain.scenario import validate_scenario
+from simtrain.train.fused_attention import flash_attention
 from simtrain.train.gpt import attention_core
 from simtrain.train.ring_attention import ContextShard, attend, merge, shard_sequence
 from simulated_steps import bytes_by_label, one_step
@@ -40,6 +42,10 @@ GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "g
        "train": {"steps": 6, "optimizer": {"lr": 0.1, "momentum": 0.9}}, "report": {"trace": False, "every": 6}}
 LLAMA = {**GPT, "name": "llama", "model": {"name": "llama", "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2,
                                            "ffn_hidden": 48}}
+
+
+GPT_FUSED = {**GPT, "name": "gpt-fused", "model": {**GPT["model"], "attention": "fused"}}
+LLAMA_FUSED = {**LLAMA, "name": "llama-fused", "model": {**LLAMA["model"], "attention": "fused"}}
 
 
 def scenario(base: dict = GPT, checkpointing: str = "none", batch: int | None = None, devices=None, **parallel):
@@ -61,19 +67,28 @@ def flat_parameters(model) -> torch.Tensor:
 ids = lambda layout: "-".join(f"{k}{v}" for k, v in layout.items())  # noqa: E731
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
 @pytest.mark.parametrize("cp", [2, 4])
-def test_ring_attention_is_causal_attention_on_the_whole_sequence(cp):
+def test_ring_attention_is_causal_attention_on_the_whole_sequence(cp, fused):
+    """Eager or as FlashAttention kernels (model.attention: fused): the ring's blocks merged are the whole
+    sequence's causal attention, and the fused blocks' FLOPs add up to one causal kernel's on the whole."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 32, 8) for _ in range(3))
     whole = attention_core(q, k, v)
     blocks = [torch.stack([shard_sequence(t, ContextShard(r, cp), dim=2) for t in (k, v)]) for r in range(cp)]
-    for rank in range(cp):
-        queries = shard_sequence(q, ContextShard(rank, cp), dim=2)
-        out, lse, _ = attend(queries, blocks[rank], rank, rank)
-        for step in range(1, cp):  # the blocks in the order the ring brings them
-            origin = (rank - step) % cp
-            out, lse = merge(out, lse, attend(queries, blocks[origin], rank, origin))
-        torch.testing.assert_close(out, shard_sequence(whole, ContextShard(rank, cp), dim=2), rtol=0, atol=1e-6)
+    with FlopCounterMode(display=False) as ring_flops:
+        for rank in range(cp):
+            queries = shard_sequence(q, ContextShard(rank, cp), dim=2)
+            out, lse, _ = attend(queries, blocks[rank], rank, rank, fused)
+            for step in range(1, cp):  # the blocks in the order the ring brings them
+                origin = (rank - step) % cp
+                out, lse = merge(out, lse, attend(queries, blocks[origin], rank, origin, fused))
+            torch.testing.assert_close(out, shard_sequence(whole, ContextShard(rank, cp), dim=2), rtol=0,
+                                       atol=1e-6)
+    if fused:
+        with FlopCounterMode(display=False) as one_kernel:
+            flash_attention(q, k, v)
+        assert ring_flops.get_total_flops() == one_kernel.get_total_flops()
 
 
 @pytest.mark.parametrize("base,checkpointing,layout", [
@@ -84,6 +99,7 @@ def test_ring_attention_is_causal_attention_on_the_whole_sequence(cp):
     (LLAMA, "none", {"cp": 4}), (LLAMA, "selective", {"pp": 2, "cp": 2, "microbatches": 2}),
     (LLAMA, "none", {"dp": 2, "cp": 2, "tp": 2}),
     (LLAMA, "none", {"pp": 2, "cp": 2, "tp": 2, "sequence_parallel": True, "microbatches": 2}),
+    (GPT_FUSED, "none", {"cp": 2, "tp": 2}), (LLAMA_FUSED, "none", {"cp": 4}),
 ], ids=lambda value: value["name"] if isinstance(value, dict) and "seed" in value
     else value if isinstance(value, str) else ids(value))
 def test_context_parallelism_trains_what_one_device_trains(base, checkpointing, layout):

@@ -4,7 +4,8 @@
   F.scaled_dot_product_attention, causal and not (grouped-query heads included), within 1e-12 in fp64.
 - Charge: one operator forward and one backward; FLOPs 4·b·h·s²·d / 2 (causal) forward and 2.5 times
   that backward, FlashAttention-2's count (Dao 2023, section 4.1); bytes Q, K, V, O and the fp32
-  log-sum-exp forward, and dO, Q, K, V, O, log-sum-exp, dQ, dK, dV backward: the closed forms, exactly.
+  log-sum-exp forward, and dO, the log-sum-exp's gradient, Q, K, V, O, log-sum-exp, dQ, dK, dV backward: the
+  closed forms, exactly.
 - Activation bytes per layer: Korthikanti et al. 2022's Table 2 as simtrain's layer keeps it
   (tests/test_sequence_parallel.py `simtrain_layer`) without the attention core's 5as²b term (and the
   causal mask's s²), plus the log-sum-exp (4·a·s·b/t), exactly.
@@ -39,6 +40,25 @@ def test_numerics_are_torchs_attention_with_grouped_heads(causal):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
 
 
+def test_the_log_sum_exps_gradient_is_the_written_out_softmaxs():
+    """A ring attention merges blocks by their log-sum-exp, so its gradient must reach q and k: against the
+    log-sum-exp of the written-out scores, differentiated by autograd, in fp64."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, heads, S, D, dtype=torch.float64, generator=generator, requires_grad=True)
+               for heads in (HEADS, KV_HEADS, KV_HEADS))
+    grad_out, grad_lse = torch.randn(B, HEADS, S, D, dtype=torch.float64, generator=generator), \
+        torch.randn(B, HEADS, S, dtype=torch.float64, generator=generator)
+    out, lse = flash_attention_with_lse(q, k, v, causal=False)
+    scores = q @ k.repeat_interleave(HEADS // KV_HEADS, 1).transpose(-2, -1) / D ** 0.5
+    reference_lse = scores.logsumexp(-1)
+    reference_out = scores.softmax(-1) @ v.repeat_interleave(HEADS // KV_HEADS, 1)
+    torch.testing.assert_close(lse, reference_lse, rtol=0, atol=1e-12)
+    ours = torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))
+    theirs = torch.autograd.grad((reference_out, reference_lse), (q, k, v), (grad_out, grad_lse))
+    for mine, reference in zip(ours, theirs):
+        torch.testing.assert_close(mine, reference, rtol=0, atol=1e-12)
+
+
 def test_flops_and_bytes_are_flashattention_2s_closed_forms():
     q, k, v = (torch.empty(B, heads, S, D, dtype=torch.bfloat16, device="meta", requires_grad=True)
                for heads in (HEADS, KV_HEADS, KV_HEADS))
@@ -51,8 +71,8 @@ def test_flops_and_bytes_are_flashattention_2s_closed_forms():
     with OperatorRecorder() as backward:
         torch.autograd.grad(out, (q, k, v), grad)
     charged = [entry for entry in backward.take() if entry[0]]
-    # reads dO, Q, K, V, O, the log-sum-exp; writes dQ, dK, dV
-    assert charged == [(2.5 * forward_flops, 3 * q_bytes + 2 * kv_bytes + lse_bytes + q_bytes + 2 * kv_bytes, 1)]
+    # reads dO, the log-sum-exp's gradient, Q, K, V, O, the log-sum-exp; writes dQ, dK, dV
+    assert charged == [(2.5 * forward_flops, 3 * q_bytes + 2 * kv_bytes + 2 * lse_bytes + q_bytes + 2 * kv_bytes, 1)]
 
 
 SEQ, BATCH, HIDDEN, A = 64, 2, 64, 4  # as tests/test_sequence_parallel.py's Table 2 check

@@ -14,7 +14,8 @@ train/gpt.py `attention_core`). What changes is what a device is charged and wha
   registered as the operators' FLOP formulas (torch.utils.flop_counter), so torch's own FlopCounterMode
   counts them too; they run at the matrix-multiply rate of the result's dtype;
 - **bytes**: Q, K, V read and O and the log-sum-exp (fp32, one per query row and head) written forward (the log-sum-exp in fp32, or fp64 for fp64 inputs);
-  dO, Q, K, V, O and the log-sum-exp read and dQ, dK, dV written backward; nothing of size s² (the
+  dO, the log-sum-exp's gradient, Q, K, V, O and the log-sum-exp read and dQ, dK, dV written backward;
+  nothing of size s² (the
   recorder counts each operator's tensors: these are all there are);
 - **activations**: autograd saves Q, K, V, O and the log-sum-exp only, so the 5·a·s²·b bytes Korthikanti
   et al. (2022, section 4.1) count for the scores, softmax and its dropout are gone, as Megatron-Core's docs
@@ -81,15 +82,18 @@ def _(q, k, v, causal):
 
 
 @torch.library.custom_op("simtrain::flash_attention_backward", mutates_args=())
-def _backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-              lse: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(grad: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # The probabilities recomputed from Q, K and the log-sum-exp; then the softmax's closed-form backward:
-    # dV = Pᵀ dO, dP = dO Vᵀ, dS = P (dP - rowsum(dO O)), dQ = dS K / √d, dK = dSᵀ Q / √d.
+    # dV = Pᵀ dO, dP = dO Vᵀ, dS = P (dP - D), dQ = dS K / √d, dK = dSᵀ Q / √d, with D = rowsum(dO O) - dlse
+    # (FlashAttention-2 computes D first; the log-sum-exp's own gradient, what a ring attention's merge of
+    # blocks gives it, joins there, since d lse / dS = P).
     dtype = _accumulated(q)
     grad, q_, k_, v_, out = (t.to(dtype) for t in (grad, q, k, v, out))
     probs = (_scores(q_, k_, causal) - lse.to(dtype).unsqueeze(-1)).exp()
     grad_probs = _grouped(grad, v_, lambda g, vg: g @ vg.transpose(-2, -1))
-    grad_scores = probs * (grad_probs - (grad * out).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
+    rows = (grad * out).sum(-1, keepdim=True) - grad_lse.to(dtype).unsqueeze(-1)
+    grad_scores = probs * (grad_probs - rows) / math.sqrt(q.shape[-1])
     grad_q = _grouped(grad_scores, k_, lambda s, kg: s @ kg)
     grad_k = _summed_over_group(grad_scores.transpose(-2, -1) @ q_, k.shape[1])
     grad_v = _summed_over_group(probs.transpose(-2, -1) @ grad, v.shape[1])
@@ -97,7 +101,7 @@ def _backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 @_backward.register_fake
-def _(grad, q, k, v, out, lse, causal):
+def _(grad, grad_lse, q, k, v, out, lse, causal):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -107,9 +111,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, grad_out, grad_lse):
-    # The log-sum-exp's own gradient (a ring's merge weights) is not propagated: blockwise callers merge
-    # outputs under no_grad or recompute them, as FlashAttention's kernels do.
-    return (*torch.ops.simtrain.flash_attention_backward(grad_out, *ctx.saved_tensors, ctx.causal), None)
+    return (*torch.ops.simtrain.flash_attention_backward(grad_out, grad_lse, *ctx.saved_tensors, ctx.causal), None)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -121,7 +123,7 @@ def _forward_flops(q_shape, k_shape, v_shape, causal, *args, **kwargs) -> int:
 
 
 @register_flop_formula(torch.ops.simtrain.flash_attention_backward)
-def _backward_flops(grad_shape, q_shape, k_shape, v_shape, kept_out_shape, lse_shape, causal, *args,
+def _backward_flops(grad_shape, grad_lse_shape, q_shape, k_shape, v_shape, kept_out_shape, lse_shape, causal, *args,
                     **kwargs) -> int:
     return int(BACKWARD_OVER_FORWARD * forward_flops(q_shape, k_shape, causal))
 

@@ -30,18 +30,23 @@ Selective activation recomputation (train.checkpointing: selective) cuts at
 each ring step: every block's attention (`RecomputedBlock`) keeps only the
 queries and the block, and recomputes its scores and softmax in its
 backward, so no step's (s/N)²-sized scores outlive the step's backward, as
-Korthikanti et al.'s attention core does on one device.
+Korthikanti et al.'s attention core does on one device. Under
+`model.attention: fused` each block is one FlashAttention kernel
+(train/fused_attention.py: causal for the own block, whole for another's),
+which keeps no scores to recompute; its log-sum-exp's gradient, which the
+merge gives it, joins the kernel's backward.
 
     shard = ContextShard(rank=1, size=4)
     tokens = shard_sequence(tokens, shard)            # (b, s) -> (b, s/4): chunks 1 and 6 of 8
     ops = attention_ops(block)                        # a gpt or llama block's attention, in residual_block_ops
-    out, lse, first_row = block_attention(q, kv, rank=1, origin=0, recompute=True)
+    out, lse, first_row = block_attention(q, kv, rank=1, origin=0, recompute=True, fused=False)
 """
 import math
 from typing import NamedTuple
 
 import torch
 
+from .fused_attention import flash_attention_with_lse
 from .tensor_parallel import Apply
 
 
@@ -91,18 +96,23 @@ def context_positions(length: int, shard: ContextShard, device=None, start: int 
                       torch.arange(second, second + chunk, device=device)))[start:start + count]
 
 
-def attend(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def attend(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int,
+           fused: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Attention of cp rank `rank`'s queries (batch, heads, length, width) to rank `origin`'s keys and values
-    (kv: 2, batch, kv heads, length, width): (out, its log-sum-exp, the first query row they cover)."""
+    (kv: 2, batch, kv heads, length, width): (out, its log-sum-exp, the first query row they cover). `fused`:
+    as one FlashAttention kernel (train/fused_attention.py), else written out."""
     k, v = kv[0], kv[1]
-    group = q.shape[1] // k.shape[1]  # query heads per key/value head (grouped-query attention)
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     half = q.shape[-2] // 2
     first_row = 0
     if origin < rank:  # both of our chunks come after its first, before its second
         k, v = k[..., :half, :], v[..., :half, :]
     elif origin > rank:  # only our second chunk comes after its chunks
         q, first_row = q[..., half:, :], half
+    if fused:  # our own chunks, in order of position, are causal; another rank's block is seen whole
+        out, lse = flash_attention_with_lse(q, k, v, causal=origin == rank)
+        return out, lse.unsqueeze(-1).to(out.dtype), first_row
+    group = q.shape[1] // k.shape[1]  # query heads per key/value head (grouped-query attention)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if origin == rank:  # our own chunks, in order of position: causal
         length = q.shape[-2]
@@ -131,10 +141,11 @@ class RecomputedBlock(torch.autograd.Function):
         return (*torch.autograd.grad((out, lse), inputs, (grad_out, grad_lse)), None, None)
 
 
-def block_attention(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int, recompute: bool):
-    """`attend`, or with `recompute` (and autograd on) its selectively recomputed form."""
-    if not (recompute and torch.is_grad_enabled()):
-        return attend(q, kv, rank, origin)
+def block_attention(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int, recompute: bool, fused: bool):
+    """`attend`, fused (which keeps no scores: nothing to recompute), or with `recompute` (and autograd on) its
+    selectively recomputed form."""
+    if fused or not (recompute and torch.is_grad_enabled()):
+        return attend(q, kv, rank, origin, fused)
     return *RecomputedBlock.apply(q, kv, rank, origin), q.shape[-2] // 2 if origin > rank else 0
 
 
@@ -158,16 +169,17 @@ def attention_ops(block) -> list:
     def project(x, h):
         q, k, v = block._project(h)
         return x, q, torch.stack((k, v))
-    return ring_attention_ops(project, block._output, block.context, block.recompute_core)
+    return ring_attention_ops(project, block._output, block.context, block.recompute_core, block.fused_attention)
 
 
-def ring_attention_ops(project, finish, shard: ContextShard, recompute: bool = False) -> list:
+def ring_attention_ops(project, finish, shard: ContextShard, recompute: bool = False, fused: bool = False) -> list:
     """The attention half of a block on a (x, h) stream as ring attention: `project(x, h)` gives x, the
     queries and the stacked keys and values of this rank's tokens, `finish(out)` the attention's output from
     the merged heads; the stream is (x, q, kv) after the projection, (x, q, kv, out, lse) between the ring's
-    steps, (x, attention) after. With `recompute`, each step's attention is recomputed in backward."""
+    steps, (x, attention) after. With `recompute`, each step's attention is recomputed in backward; with `fused`,
+    each step is one FlashAttention kernel."""
     def own_block(x, q, kv):
-        out, lse, _ = block_attention(q, kv, shard.rank, shard.rank, recompute)
+        out, lse, _ = block_attention(q, kv, shard.rank, shard.rank, recompute, fused)
         return x, q, kv, out, lse
 
     ops = [Apply(project), Projected(), Apply(own_block)]
@@ -175,5 +187,5 @@ def ring_attention_ops(project, finish, shard: ContextShard, recompute: bool = F
         origin = (shard.rank - step) % shard.size
         ops += [KeyValueRing(2), Apply(lambda x, q, kv, out, lse, origin=origin:
                                        (x, q, kv, *merge(out, lse, block_attention(q, kv, shard.rank, origin,
-                                                                                  recompute))))]
+                                                                                  recompute, fused))))]
     return ops + [Apply(lambda x, q, kv, out, lse: (x, finish(out)))]
