@@ -36,9 +36,8 @@ HOSTILE_SCENARIOS = [
     *[(sharding(f"stage: 3, reshard_after_forward: {v}"), "parallel.sharding.reshard_after_forward")
       for v in ("1", "'yes'", "null")],
     *[(sharding(f"stage: 3, reduce_dtype: {v}"), "parallel.sharding.reduce_dtype") for v in ("fp8", "1", "true")],
-    (MLP + "model: {hidden: [8, 8]}\nparallel: {pp: 2, sharding: {stage: 3}}\n",
-     "parallel.sharding.stage: 3 (FSDP) with pp/tp is not built yet"),
-    (MLP + "parallel: {dp: 2, tp: 2, sharding: {stage: 2, degree: 1}}\n", "parallel.sharding.degree: with pp/tp"),
+    (MLP + "model: {hidden: [8, 8]}\nparallel: {pp: 2, sharding: {stage: 3, offload: optimizer}}\n",
+     "parallel.sharding.offload: with parallel.pp or parallel.tp above 1 is not built yet"),
     (MLP + "parallel: {sharding: 3}\n", "parallel.sharding"),
     # model.moe
     *[(GPT + GPT_MODEL % f"experts: {v}", "model.moe.experts") for v in ("0", "1", "-1", "1.0e30", ".inf", "x", HUGE)],
