@@ -60,7 +60,7 @@ class Recovery:
     def __init__(self, job, spares: list[int], on_rewind=None):
         self.job = job
         self.env = job.cluster.env
-        self.spares = list(spares)  # global ranks of idle devices, taken in this order
+        self.spares = spares  # global ranks of idle devices, taken in this order (a population's members share it)
         self.on_rewind = on_rewind  # (step) -> None: forget records after step (the training-loss monitor)
         self.detection_s = job.scenario.cluster.fault_detection
         self.resumed_at_s = 0.0  # when training last went on from the latest checkpoint

@@ -60,6 +60,7 @@ import simpy
 import torch
 from pydantic import Field
 
+from ..errors import JobFailed, ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
 from ..hw.cluster import run_to_end
 from ..job import Job
@@ -72,6 +73,7 @@ from ..schemes import scheme_name
 from ..step_ops import Busy, Wait
 from ..train.model_flops import model_flops_per_step
 from ..user_code import user_code_errors
+from .pbt_faults import PopulationFaults
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed
@@ -83,6 +85,7 @@ class _Decision:
 
     go_on: bool
     donor: "Member | None" = None
+    state: dict | None = None  # what it goes on from: holder rank -> TrainingState (the donor's, with a donor)
     values: dict | None = None  # the explored hyperparameters, with a donor
     event: dict | None = None  # the event's report entry, completed when the copy ends
     copied: simpy.Event | None = None  # with a donor: fires once every rank that receives the state holds it
@@ -102,6 +105,9 @@ class Member:
     checkpoint: dict = field(default_factory=dict)  # holding job rank -> its TrainingState at its last round
     checkpoint_step: int = 0
     arrived: int = 0  # ranks paused at the current round
+    in_round: int | None = None  # the step of the round it is in (measured, until every rank went on from it)
+    went_on: int = 0  # ranks that went on from the current round
+    recovery: Any = None  # with cluster.faults: its job's recovery.py Recovery (pbt_faults.py)
     gate: simpy.Event | None = None  # fires with the round's _Decision
 
     @property
@@ -116,7 +122,8 @@ class Population:
         self.spec = spec = scenario.pbt
         self.scenario = scenario
         resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
-        self.cluster = resolved.build(record=scenario.report.trace, seed=scenario.seed)
+        # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
+        self.cluster = resolved.build(record=scenario.report.trace or bool(scenario.cluster.faults), seed=scenario.seed)
         self.env = self.cluster.env
         size = self.cluster.size
         self.rng = random.Random(int(np.random.SeedSequence([scenario.seed, _STREAM]).generate_state(1)[0]))
@@ -126,7 +133,7 @@ class Population:
         self.waiting: list[Member] = []  # synch: members ready at the current round
         self.events: list[dict] = []
         self.checkpoint_write_s = 0.0  # member time spent writing checkpoints to storage
-        group = size // spec.population
+        group = (size - scenario.cluster.spares) // spec.population  # the spares stay idle until a loss
         self.members = []
         for index in range(spec.population):
             values = initial_hyperparameters(spec.hyperparam_mutations, self.rng)
@@ -141,6 +148,7 @@ class Population:
             member = Member(index, job, values, monitor)
             member.schedule.append([0, 0.0, dict(values)])
             self.members.append(member)
+        self.faults = PopulationFaults(self) if scenario.cluster.faults else None
 
     def _count_step(self, step: int, sim_time_s: float, loss) -> None:
         self.steps_done += 1
@@ -151,7 +159,8 @@ class Population:
 
     def _between_steps(self, member: Member, rank: int, step: int):
         """Step program of a member's rank before its step `step`: at a round, pause, then copy if told to."""
-        if step == 0 or step % self.spec.perturbation_interval:
+        restarted_at = member.job.checkpoints.first_step if self.faults is not None else 0
+        if step == restarted_at or step % self.spec.perturbation_interval:  # a restart's round was taken before
             return True
         if member.arrived == 0:
             member.gate = self.env.event()
@@ -163,11 +172,19 @@ class Population:
         decision = yield Wait(gate)
         if decision.donor is not None:
             yield from self._copy(member, rank, decision)
+        member.went_on += 1
+        if self.faults is not None:
+            self.faults.went_on(member, rank)
+        if member.went_on == member.job.world:
+            member.went_on, member.in_round = 0, None
+            if self.faults is not None:
+                self.faults.round_done(member, step, decision.state, self.env.now)
         return decision.go_on
 
     def _ready(self, member: Member, step: int) -> None:
         """Every rank of `member` paused before `step`: measure it, take its checkpoint (write it to storage, with
         `checkpoint`), then it takes part in the round."""
+        member.in_round = step
         point = [step, self.env.now, self._metric(member)]
         scheme = member.job.scheme
         checkpoint = {rank: scheme.training_state(rank) for rank in scheme.state_holders()}
@@ -202,10 +219,10 @@ class Population:
         donors = choose_donors(scores, [m.id for m in ready], self.spec.exploit, self.spec.metric.mode,
                                self.spec.quantile_fraction, self.rng)
         for member in ready:
-            decision = _Decision(go_on=not self.stopping)
+            decision = _Decision(go_on=not self.stopping, state=member.checkpoint)
             if member.id in donors and decision.go_on:
                 donor = self.members[donors[member.id]]
-                decision.donor = donor
+                decision.donor, decision.state = donor, donor.checkpoint
                 decision.values = explore(donor.values, self.spec.hyperparam_mutations,
                                           self.spec.resample_probability, self.spec.perturbation_factors,
                                           self.rng)
@@ -237,7 +254,7 @@ class Population:
         hyperparameters."""
         job, scheme, started = member.job, member.job.scheme, self.env.now
         if rank in scheme.state_receivers():
-            state = decision.donor.checkpoint[scheme.state_source(rank)]
+            state = decision.state[scheme.state_source(rank)]
             if self.spec.checkpoint is not None:
                 yield from self._read_from_storage(job, rank, state)
             else:
@@ -262,7 +279,10 @@ class Population:
     def run(self) -> None:
         for member in self.members:
             member.job.start()
-        run_to_end(self.env)
+        try:
+            run_to_end(self.env)
+        except JobFailed as error:  # a member that cannot restart: the others do not go on without it
+            raise ScenarioError(f"cluster.faults: {error} (a population does not go on without a member)") from None
         for member in self.members:
             stuck = member.job.scheme.stuck()
             if stuck:
@@ -318,12 +338,22 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
         single_device_step_s=None,  # one device alone is no baseline for a population
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
-        extra={"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section()},
+        extra={"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section(),
+               **({"faults": population.faults.section(_fault_free_time_s(scenario), population.cluster.log.last_end_s)}
+                  if population.faults is not None else {})},
         section_ranks=list(job.ranks),  # the best member's
         model_flops_per_step=model_flops.per_step,
         model_flops_formula=model_flops.formula,
     )
     return build_report(scenario, population.cluster, result)
+
+
+def _fault_free_time_s(scenario: Scenario) -> float:
+    """Simulated seconds the population takes without its faults: goodput's numerator."""
+    fault_free = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"faults": []}),
+                                             "report": scenario.report.model_copy(update={"trace": False})})
+    fault_free._base_dir = scenario.base_dir
+    return run_population(fault_free).data["sim_time_s"]
 
 
 class PbtMember(ReportSection):
