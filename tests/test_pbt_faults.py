@@ -12,7 +12,9 @@ round 8, after its copy, to the fault).
 """
 import pytest
 import torch
+import yaml
 
+from simtrain.cli import main
 from simtrain.errors import ScenarioError
 from simtrain.scenario import validate_scenario
 from simtrain.studies.pbt import run_population
@@ -74,16 +76,29 @@ def test_a_lost_device_restarts_its_member_from_its_round_and_the_population_end
     assert faults["restarts"] == 1 and faults["spares_left"] == []
 
 
-@pytest.mark.parametrize("change,expected", [
-    ({"random_faults": {"device_mtbf": 1.0}}, "cluster.random_faults: not with a population"),
-    ({"faults": [{"at": 1e-3, "device": 0, "fail": True}], "pbt_checkpoint": None},
-     "cluster.faults: a lost device's member restarts from its round's checkpoint in storage; give pbt.checkpoint"),
-])
-def test_what_a_population_still_refuses_is_one_line_naming_the_key(change, expected):
-    raw = population().model_dump(mode="json", by_alias=True)
-    if "pbt_checkpoint" in change:
-        raw["pbt"]["checkpoint"] = change.pop("pbt_checkpoint")
-    raw["cluster"].update(change)
+def test_a_device_lost_while_its_member_is_in_a_round_fails_the_run_with_one_line():
+    at = 1.5e-3  # member 0 reads member 1's round-4 checkpoint from storage (1.09 ms to 2.10 ms)
     with pytest.raises(ScenarioError) as error:
-        validate_scenario(raw)
-    assert expected in str(error.value) and "\n" not in str(error.value)
+        run_population(population([{"at": at, "device": 1, "fail": True}]))
+    assert str(error.value) == ("cluster.faults: device 1 lost at 0.0015 s while member 0 was in its round at step "
+                                "4: a restart would take part in it again (not modelled) (a population does not "
+                                "go on without a member)")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--set", "cluster.random_faults={device_mtbf: 1.0}"], "cluster.random_faults: not with a population"),
+    (["--set", "cluster.faults=[{at: 0.001, device: 0, fail: true}]", "--set", "pbt.checkpoint=null"],
+     "cluster.faults: a lost device's member restarts from its round's checkpoint in storage; give pbt.checkpoint"),
+    (["--set", "train.checkpoint={every: 4}"], "train.checkpoint: not with a population"),
+    (["--set", "pbt.population=3"], "pbt.population: 3 members do not split the cluster's 4 devices besides its "
+                                    "spares"),
+])
+def test_what_a_population_still_refuses_is_one_line_naming_the_key_exit_2(tmp_path, capsys, args, expected):
+    scenario_file = tmp_path / "pbt.yaml"
+    scenario_file.write_text(yaml.safe_dump(population().model_dump(mode="json", by_alias=True)))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(scenario_file), *args, "--out", str(tmp_path / "out"), "-q"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and expected in err
+    assert not (tmp_path / "out").exists()
