@@ -42,6 +42,10 @@ their state (latency + bytes / bandwidth, "checkpoint write" spans; the round
 waits for them), and a recipient's ranks read the donor's ("checkpoint
 read"); accesses do not slow one another.
 
+A lost device (`cluster.faults`, with `cluster.spares` and `checkpoint`)
+restarts only its member, from the round it last went on from
+(pbt_faults.py).
+
 `stop: {metric: m}`: once a member's metric reaches m at a round, every member
 stops at its next round (at once with synch). The report is the cluster's
 (report.py), with the best member's model, curves and final figures, and a
