@@ -90,6 +90,8 @@ def test_a_device_lost_while_its_member_is_in_a_round_fails_the_run_with_one_lin
     (["--set", "cluster.faults=[{at: 0.001, device: 0, fail: true}]", "--set", "pbt.checkpoint=null"],
      "cluster.faults: a lost device's member restarts from its round's checkpoint in storage; give pbt.checkpoint"),
     (["--set", "train.checkpoint={every: 4}"], "train.checkpoint: not with a population"),
+    (["--set", "cluster.faults=[{at: 0.001, device: 0, fail: true}]", "--set", "parallel.mode=async"],
+     "cluster.faults: a lost device in an async population"),
     (["--set", "pbt.population=3"], "pbt.population: 3 members do not split the cluster's 4 devices besides its "
                                     "spares"),
 ])

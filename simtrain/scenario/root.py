@@ -129,13 +129,18 @@ class Scenario(Section):
         cluster, checkpoint = self.cluster, self.train.checkpoint
         if self.pbt is not None:
             if cluster.random_faults is not None:
-                raise ValueError("cluster.random_faults: not with a population (pbt); give its faults in cluster.faults")
+                raise ValueError("cluster.random_faults: not with a population (pbt); give its faults in "
+                                 "cluster.faults")
             if checkpoint is not None:
                 raise ValueError("train.checkpoint: not with a population (pbt); a member restarts from its round's "
                                  "checkpoint (pbt.checkpoint)")
-            if any(fault.device is not None for fault in cluster.faults) and self.pbt.checkpoint is None:
-                raise ValueError("cluster.faults: a lost device's member restarts from its round's checkpoint in "
-                                 "storage; give pbt.checkpoint")
+            if any(fault.device is not None for fault in cluster.faults):
+                if self.pbt.checkpoint is None:
+                    raise ValueError("cluster.faults: a lost device's member restarts from its round's checkpoint in "
+                                     "storage; give pbt.checkpoint")
+                if self.parallel.mode == "async":
+                    raise ValueError("cluster.faults: a lost device in an async population (a member goes on without "
+                                     "the worker, which never reaches its next round); use parallel.mode sync")
         if cluster.devices is not None and cluster.spares >= cluster.devices:
             raise ValueError(f"cluster.spares: {cluster.spares} leaves no device for the job "
                              f"(cluster.devices {cluster.devices} counts the spares)")

@@ -109,7 +109,7 @@ class Member:
     checkpoint: dict = field(default_factory=dict)  # holding job rank -> its TrainingState at its last round
     checkpoint_step: int = 0
     arrived: int = 0  # ranks paused at the current round
-    in_round: int | None = None  # the step of the round it is in (measured, until every rank went on from it)
+    in_round: int | None = None  # the step of the round it is in (from its first rank's pause to its last going on)
     went_on: int = 0  # ranks that went on from the current round
     recovery: Any = None  # with cluster.faults: its job's recovery.py Recovery (pbt_faults.py)
     gate: simpy.Event | None = None  # fires with the round's _Decision
@@ -167,7 +167,7 @@ class Population:
         if step == restarted_at or step % self.spec.perturbation_interval:  # a restart's round was taken before
             return True
         if member.arrived == 0:
-            member.gate = self.env.event()
+            member.gate, member.in_round = self.env.event(), step
         member.arrived += 1
         gate = member.gate
         if member.arrived == member.job.world:
@@ -188,7 +188,6 @@ class Population:
     def _ready(self, member: Member, step: int) -> None:
         """Every rank of `member` paused before `step`: measure it, take its checkpoint (write it to storage, with
         `checkpoint`), then it takes part in the round."""
-        member.in_round = step
         point = [step, self.env.now, self._metric(member)]
         scheme = member.job.scheme
         checkpoint = {rank: scheme.training_state(rank) for rank in scheme.state_holders()}

@@ -22,10 +22,12 @@ reads a job's checkpoints:
 - **rounds**: a restarted member does not take part again in the round it
   restarts from (it took part once: its metric, checkpoint and decision
   stand); it meets the next round as it would have. A device lost while its
-  member is in a round (every rank paused there, until the member goes on)
-  fails the run with one line: going back to the round before would make the
-  member take part in this one twice, and the right restart point (this
-  round's outcome) may not be decided yet.
+  member is in a round (from its first rank pausing there to its last going
+  on, copy included) fails the run with one line: going back to the round
+  before would make the member take part in this one twice, and the right
+  restart point (this round's outcome) may not be decided yet. Async
+  members are refused: a member goes on without a lost worker, which would
+  never reach its next round.
 
 With `synch: true` a round waits for every member and decides in member
 order, so a restart changes no decision: the population ends bit for bit as
@@ -123,7 +125,7 @@ class PopulationFaults:
     @staticmethod
     def _rewound(member, step: int) -> None:
         member.monitor.rewind(step)
-        member.arrived = 0  # ranks that had paused at the next round before the loss start again
+        member.arrived, member.in_round = 0, None  # ranks that paused at the next round after the loss start again
 
     @staticmethod
     def went_on(member, rank: int) -> None:
