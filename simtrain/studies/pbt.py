@@ -329,6 +329,9 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
     steps = scenario.train.steps
     target = scenario.train.target_loss
     model_flops = model_flops_per_step(scenario, job.data, samples / steps)  # every member's samples
+    sections = {"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section()}
+    if population.faults is not None:
+        sections["faults"] = population.faults.section(_fault_free_time_s(scenario), population.cluster.log.last_end_s)
     result = RunResult(
         scheme=scheme_name(scenario.parallel),
         steps=steps,
@@ -341,9 +344,7 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
         single_device_step_s=None,  # one device alone is no baseline for a population
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
-        extra={"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section(),
-               **({"faults": population.faults.section(_fault_free_time_s(scenario), population.cluster.log.last_end_s)}
-                  if population.faults is not None else {})},
+        extra=sections,
         section_ranks=list(job.ranks),  # the best member's
         model_flops_per_step=model_flops.per_step,
         model_flops_formula=model_flops.formula,
