@@ -39,10 +39,11 @@ def preflight(scenario: Scenario) -> ResolvedCluster:
     world = cluster.size - scenario.cluster.spares
     if scenario.pbt is not None:
         population = scenario.pbt.population
-        if cluster.size % population:
-            raise ScenarioError(f"pbt.population: {population} members do not split the cluster's {cluster.size} "
-                                "devices into equal groups")
-        world = cluster.size // population  # one member's group: every member's job is built alike
+        if world % population:
+            besides = " besides its spares" if scenario.cluster.spares else ""
+            raise ScenarioError(f"pbt.population: {population} members do not split the cluster's {world} "
+                                f"devices{besides} into equal groups")
+        world //= population  # one member's group: every member's job is built alike
     Job(scenario, cluster, range(world), numerics=False)
     if scenario.fleet is not None:
         job_inventory(scenario, cluster)  # hosts and the failures' units against the topology

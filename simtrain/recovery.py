@@ -60,7 +60,7 @@ class Recovery:
     def __init__(self, job, spares: list[int], on_rewind=None):
         self.job = job
         self.env = job.cluster.env
-        self.spares = list(spares)  # global ranks of idle devices, taken in this order
+        self.spares = spares  # global ranks of idle devices, taken in this order (a population's members share it)
         self.on_rewind = on_rewind  # (step) -> None: forget records after step (the training-loss monitor)
         self.detection_s = job.scenario.cluster.fault_detection
         self.resumed_at_s = 0.0  # when training last went on from the latest checkpoint
@@ -215,9 +215,9 @@ def _field(scenario, path: str):
 class FaultsSection(ReportSection):
     events: list[dict[str, Any]] = Field(
         description="every fault in the order it struck: at_s, source (scenario or random), kind (link_failed, "
-                    "link_degraded, link_healed, device_lost), link [u, v] or device, and what it did: effect, "
-                    "bandwidth_factor, flows_crossing, flows_rerouted, bytes_rerouted, links_failed, node, "
-                    "detected_at_s, detection_s, reload_s, resume_s, redone_s, steps_redone, time_lost_s (those that "
+                    "link_degraded, link_healed, device_lost), link [u, v] or device, member (in a population), and "
+                    "what it did: effect, bandwidth_factor, flows_crossing, flows_rerouted, bytes_rerouted, "
+                    "links_failed, node, detected_at_s, detection_s, reload_s, resume_s, redone_s, steps_redone, time_lost_s (those that "
                     "apply)")
     spares_left: list[int] = Field(description="spare devices not used at the end")
     restarts: int = Field(description="restarts from a checkpoint")

@@ -383,12 +383,6 @@ def test_fault_mistakes_are_one_line_errors(cluster, train, parallel, expected):
     assert expected in str(error.value) and "\n" not in str(error.value)
 
 
-def test_faults_are_refused_in_a_population():
-    with pytest.raises(ScenarioError, match="cluster.faults: not with a population"):
-        validate_scenario({"cluster": {"devices": 4, "faults": [{"at": 0, "device": 1, "fail": True}]},
-                           "pbt": {"population": 2, "hyperparam_mutations": {"train.optimizer.lr": [0.1, 0.2]}}})
-
-
 def test_link_faults_run_under_model_parallelism():
     raw = {"cluster": {"topology": "switch", "devices": 4, "link": {"bandwidth": B, "latency": ALPHA}},
            "model": {"name": "mlp", "hidden": [32, 32]}, "data": {"batch_size": 16}, "train": {"steps": 10},

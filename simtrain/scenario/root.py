@@ -128,10 +128,19 @@ class Scenario(Section):
         """Faults, spares and checkpoints where recovery.py handles them: one-line errors naming the field."""
         cluster, checkpoint = self.cluster, self.train.checkpoint
         if self.pbt is not None:
-            for field, used in (("cluster.faults", cluster.faults), ("cluster.random_faults", cluster.random_faults),
-                                ("cluster.spares", cluster.spares), ("train.checkpoint", checkpoint)):
-                if used:
-                    raise ValueError(f"{field}: not with a population (pbt); its members share the cluster")
+            if cluster.random_faults is not None:
+                raise ValueError("cluster.random_faults: not with a population (pbt); give its faults in "
+                                 "cluster.faults")
+            if checkpoint is not None:
+                raise ValueError("train.checkpoint: not with a population (pbt); a member restarts from its round's "
+                                 "checkpoint (pbt.checkpoint)")
+            if any(fault.device is not None for fault in cluster.faults):
+                if self.pbt.checkpoint is None:
+                    raise ValueError("cluster.faults: a lost device's member restarts from its round's checkpoint in "
+                                     "storage; give pbt.checkpoint")
+                if self.parallel.mode == "async":
+                    raise ValueError("cluster.faults: a lost device in an async population (a member goes on without "
+                                     "the worker, which never reaches its next round); use parallel.mode sync")
         if cluster.devices is not None and cluster.spares >= cluster.devices:
             raise ValueError(f"cluster.spares: {cluster.spares} leaves no device for the job "
                              f"(cluster.devices {cluster.devices} counts the spares)")

@@ -42,6 +42,10 @@ their state (latency + bytes / bandwidth, "checkpoint write" spans; the round
 waits for them), and a recipient's ranks read the donor's ("checkpoint
 read"); accesses do not slow one another.
 
+A lost device (`cluster.faults`, with `cluster.spares` and `checkpoint`)
+restarts only its member, from the round it last went on from
+(pbt_faults.py).
+
 `stop: {metric: m}`: once a member's metric reaches m at a round, every member
 stops at its next round (at once with synch). The report is the cluster's
 (report.py), with the best member's model, curves and final figures, and a
@@ -60,6 +64,7 @@ import simpy
 import torch
 from pydantic import Field
 
+from ..errors import JobFailed, ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
 from ..hw.cluster import run_to_end
 from ..job import Job
@@ -72,6 +77,7 @@ from ..schemes import scheme_name
 from ..step_ops import Busy, Wait
 from ..train.model_flops import model_flops_per_step
 from ..user_code import user_code_errors
+from .pbt_faults import PopulationFaults
 from .pbt_strategy import choose_donors, explore, initial_hyperparameters
 
 _STREAM = 0x5042  # separates the population's draws from the other streams of the seed
@@ -83,6 +89,7 @@ class _Decision:
 
     go_on: bool
     donor: "Member | None" = None
+    state: dict | None = None  # what it goes on from: holder rank -> TrainingState (the donor's, with a donor)
     values: dict | None = None  # the explored hyperparameters, with a donor
     event: dict | None = None  # the event's report entry, completed when the copy ends
     copied: simpy.Event | None = None  # with a donor: fires once every rank that receives the state holds it
@@ -102,6 +109,9 @@ class Member:
     checkpoint: dict = field(default_factory=dict)  # holding job rank -> its TrainingState at its last round
     checkpoint_step: int = 0
     arrived: int = 0  # ranks paused at the current round
+    in_round: int | None = None  # the step of the round it is in (from its first rank's pause to its last going on)
+    went_on: int = 0  # ranks that went on from the current round
+    recovery: Any = None  # with cluster.faults: its job's recovery.py Recovery (pbt_faults.py)
     gate: simpy.Event | None = None  # fires with the round's _Decision
 
     @property
@@ -116,7 +126,8 @@ class Population:
         self.spec = spec = scenario.pbt
         self.scenario = scenario
         resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
-        self.cluster = resolved.build(record=scenario.report.trace, seed=scenario.seed)
+        # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
+        self.cluster = resolved.build(record=scenario.report.trace or bool(scenario.cluster.faults), seed=scenario.seed)
         self.env = self.cluster.env
         size = self.cluster.size
         self.rng = random.Random(int(np.random.SeedSequence([scenario.seed, _STREAM]).generate_state(1)[0]))
@@ -126,7 +137,7 @@ class Population:
         self.waiting: list[Member] = []  # synch: members ready at the current round
         self.events: list[dict] = []
         self.checkpoint_write_s = 0.0  # member time spent writing checkpoints to storage
-        group = size // spec.population
+        group = (size - scenario.cluster.spares) // spec.population  # the spares stay idle until a loss
         self.members = []
         for index in range(spec.population):
             values = initial_hyperparameters(spec.hyperparam_mutations, self.rng)
@@ -141,6 +152,7 @@ class Population:
             member = Member(index, job, values, monitor)
             member.schedule.append([0, 0.0, dict(values)])
             self.members.append(member)
+        self.faults = PopulationFaults(self) if scenario.cluster.faults else None
 
     def _count_step(self, step: int, sim_time_s: float, loss) -> None:
         self.steps_done += 1
@@ -151,10 +163,11 @@ class Population:
 
     def _between_steps(self, member: Member, rank: int, step: int):
         """Step program of a member's rank before its step `step`: at a round, pause, then copy if told to."""
-        if step == 0 or step % self.spec.perturbation_interval:
+        restarted_at = member.job.checkpoints.first_step if self.faults is not None else 0
+        if step == restarted_at or step % self.spec.perturbation_interval:  # a restart's round was taken before
             return True
         if member.arrived == 0:
-            member.gate = self.env.event()
+            member.gate, member.in_round = self.env.event(), step
         member.arrived += 1
         gate = member.gate
         if member.arrived == member.job.world:
@@ -163,6 +176,13 @@ class Population:
         decision = yield Wait(gate)
         if decision.donor is not None:
             yield from self._copy(member, rank, decision)
+        member.went_on += 1
+        if self.faults is not None:
+            self.faults.went_on(member, rank)
+        if member.went_on == member.job.world:
+            member.went_on, member.in_round = 0, None
+            if self.faults is not None:
+                self.faults.round_done(member, step, decision.state, self.env.now)
         return decision.go_on
 
     def _ready(self, member: Member, step: int) -> None:
@@ -202,10 +222,10 @@ class Population:
         donors = choose_donors(scores, [m.id for m in ready], self.spec.exploit, self.spec.metric.mode,
                                self.spec.quantile_fraction, self.rng)
         for member in ready:
-            decision = _Decision(go_on=not self.stopping)
+            decision = _Decision(go_on=not self.stopping, state=member.checkpoint)
             if member.id in donors and decision.go_on:
                 donor = self.members[donors[member.id]]
-                decision.donor = donor
+                decision.donor, decision.state = donor, donor.checkpoint
                 decision.values = explore(donor.values, self.spec.hyperparam_mutations,
                                           self.spec.resample_probability, self.spec.perturbation_factors,
                                           self.rng)
@@ -237,7 +257,7 @@ class Population:
         hyperparameters."""
         job, scheme, started = member.job, member.job.scheme, self.env.now
         if rank in scheme.state_receivers():
-            state = decision.donor.checkpoint[scheme.state_source(rank)]
+            state = decision.state[scheme.state_source(rank)]
             if self.spec.checkpoint is not None:
                 yield from self._read_from_storage(job, rank, state)
             else:
@@ -262,7 +282,10 @@ class Population:
     def run(self) -> None:
         for member in self.members:
             member.job.start()
-        run_to_end(self.env)
+        try:
+            run_to_end(self.env)
+        except JobFailed as error:  # a member that cannot restart: the others do not go on without it
+            raise ScenarioError(f"cluster.faults: {error} (a population does not go on without a member)") from None
         for member in self.members:
             stuck = member.job.scheme.stuck()
             if stuck:
@@ -306,6 +329,9 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
     steps = scenario.train.steps
     target = scenario.train.target_loss
     model_flops = model_flops_per_step(scenario, job.data, samples / steps)  # every member's samples
+    sections = {"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section()}
+    if population.faults is not None:
+        sections["faults"] = population.faults.section(_fault_free_time_s(scenario), population.cluster.log.last_end_s)
     result = RunResult(
         scheme=scheme_name(scenario.parallel),
         steps=steps,
@@ -318,12 +344,20 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
         single_device_step_s=None,  # one device alone is no baseline for a population
         final_models=scheme.final_models(),
         wall_time_s=time.perf_counter() - wall_start,
-        extra={"amp": job.replicas[0].precision.report(), **scheme.report_sections(), "pbt": population.section()},
+        extra=sections,
         section_ranks=list(job.ranks),  # the best member's
         model_flops_per_step=model_flops.per_step,
         model_flops_formula=model_flops.formula,
     )
     return build_report(scenario, population.cluster, result)
+
+
+def _fault_free_time_s(scenario: Scenario) -> float:
+    """Simulated seconds the population takes without its faults: goodput's numerator."""
+    fault_free = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"faults": []}),
+                                             "report": scenario.report.model_copy(update={"trace": False})})
+    fault_free._base_dir = scenario.base_dir
+    return run_population(fault_free).data["sim_time_s"]
 
 
 class PbtMember(ReportSection):
