@@ -1,16 +1,25 @@
-"""Shared by the tests of sequence, context and llama parallelism: a job run to its end, and the bytes each
-label of communication moved over all its ranks (hw/eventlog.py)."""
+"""Shared by the tests of the parallel schemes: a job run to its end, the bytes each label of communication
+moved over all its ranks (hw/eventlog.py), and a model's parameters in one flat fp32 vector."""
+import torch
+
 from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
 
 
 def one_step(spec):
-    """The scenario's job on all of its cluster's devices, run to its end, with its event log recorded."""
+    """The scenario's job on all of its cluster's devices, run to its end (no rank left waiting), with its event
+    log recorded."""
     cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
     job = Job(spec, cluster, range(cluster.size))
     job.start()
     run_to_end(cluster.env)
+    assert not job.scheme.stuck()
     return job
+
+
+def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter of `model`, flattened in order, in fp32."""
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
 
 
 def bytes_by_label(job) -> dict[str, int]:

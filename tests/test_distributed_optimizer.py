@@ -21,13 +21,13 @@ Megatron-Core's distributed optimizer, torchtitan's FSDP x TP) against their ref
 """
 import pytest
 import torch
-from torch import nn
 
 from simtrain import plan_memory, run
 from simtrain.errors import ScenarioError
 from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
 from simtrain.scenario import validate_scenario
+from simulated_steps import flat_parameters, one_step
 
 GPT = {"name": "zero-mp", "seed": 1, "cluster": {"devices": 1},
        "model": {"name": "gpt", "hidden": 32, "layers": 2, "heads": 4},
@@ -49,17 +49,6 @@ def scenario(dp: int = 1, pp: int = 1, tp: int = 1, stage: int = 0, precision: s
                                            "sharding": {"stage": stage, **(sharding or {})}, **parallel}})
 
 
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
-
-
-def one_step(scenario_) -> Job:
-    cluster = build_cluster(scenario_.cluster, record=True, seed=scenario_.seed)
-    job = Job(scenario_, cluster, range(cluster.size))
-    job.start()
-    run_to_end(cluster.env)
-    assert not job.scheme.stuck()
-    return job
 
 
 # ---------------------------------------------------------------- numerics

@@ -24,6 +24,7 @@ from simtrain.cost import measure_step_cost
 from simtrain.scenario import ModelSpec, validate_scenario
 from simtrain.train.llama import LlamaBlock, RMSNorm, build_llama, parameter_count, rotate
 from simtrain.train.model_flops import llama_flops_per_sequence
+from simulated_steps import flat_parameters
 
 LLAMA = {"name": "llama", "seed": 2, "cluster": {"devices": 1},
          "model": {"name": "llama", "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "ffn_hidden": 48},
@@ -36,9 +37,6 @@ def scenario(devices: int = 1, **parallel):
     return validate_scenario({**LLAMA, "cluster": {"devices": devices},
                               "parallel": {**parallel, **({"pipeline": pipeline} if pipeline else {})}})
 
-
-def flat_parameters(model) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
 
 
 # ---------------------------------------------------------------- layers against their formulas

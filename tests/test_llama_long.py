@@ -20,7 +20,7 @@ from simtrain import plan_memory, run
 from simtrain.cost import measure_step_cost
 from simtrain.scenario import validate_scenario
 from simtrain.train.llama import build_llama
-from simulated_steps import bytes_by_label, one_step
+from simulated_steps import bytes_by_label, flat_parameters, one_step
 
 HIDDEN, LAYERS, HEADS, SEQ = 32, 2, 4, 8
 LLAMA = {"name": "llama-long", "seed": 2, "cluster": {"devices": 1},
@@ -39,9 +39,6 @@ def scenario(base: dict = LLAMA, checkpointing: str = "none", batch: int | None 
     return validate_scenario({**base, "cluster": {"devices": devices}, "data": data,
                               "train": {**base["train"], "checkpointing": checkpointing}, "parallel": parallel})
 
-
-def flat_parameters(model) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
 
 
 def ids(value) -> str:

@@ -14,11 +14,10 @@ from torch import nn
 
 from simtrain import load_scenario, plan_memory, run
 from simtrain.errors import ScenarioError
-from simtrain.hw.cluster import build_cluster, run_to_end
-from simtrain.job import Job
 from simtrain.scenario import validate_scenario
 from simtrain.schemes.layout import Layout
 from simtrain.schemes.pipeline_schedule import pipeline_schedule
+from simulated_steps import flat_parameters, one_step
 
 MLP = {"name": "mp", "seed": 3, "cluster": {"devices": 1}, "model": {"hidden": [32, 32, 32]},
        "data": {"name": "digits", "batch_size": 24}, "train": {"steps": 20, "optimizer": {"momentum": 0.9}},
@@ -38,9 +37,6 @@ def scenario(base: dict, devices: int = 1, **parallel):
            "parallel": {**parallel, **({"pipeline": pipeline} if pipeline else {})}}
     return validate_scenario(raw)
 
-
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
 
 
 LAYOUTS = [
@@ -110,15 +106,6 @@ EQUAL = {"name": "equal", "cluster": {"devices": 1, "link": FREE_LINKS},
          "data": {"name": "synthetic", "samples": 512, "features": 32, "classes": 32, "batch_size": 32},
          "train": {"steps": 1}, "report": {"every": 1}}
 
-
-def one_step(scenario_):
-    """Run one step on a fresh cluster; the job, for its spans and ledgers."""
-    cluster = build_cluster(scenario_.cluster, record=True, seed=scenario_.seed)
-    job = Job(scenario_, cluster, range(cluster.size))
-    job.start()
-    run_to_end(cluster.env)
-    assert not job.scheme.stuck()
-    return job
 
 
 @pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 2, 4, 1),

@@ -22,6 +22,7 @@ from simtrain.hw.cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.scenario import validate_scenario
 from simtrain.schemes.stage_execution import measure_chunk
+from simulated_steps import flat_parameters
 
 GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,
                                                                        "heads": 4},
@@ -41,9 +42,6 @@ def scenario(base: dict, checkpointing: str = "none", batch: int | None = None, 
     return validate_scenario({**base, "cluster": {**base["cluster"], "devices": devices}, "data": data,
                               "train": {**base["train"], "checkpointing": checkpointing}, "parallel": parallel})
 
-
-def flat_parameters(model) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
 
 
 def assert_trains_what_one_device_trains(base: dict, checkpointing: str, layout: dict) -> None:

@@ -24,7 +24,7 @@ from simtrain.cli import main
 from simtrain.hw.cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.scenario import validate_scenario
-from simulated_steps import bytes_by_label, one_step
+from simulated_steps import bytes_by_label, flat_parameters, one_step
 
 GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,
                                                                        "heads": 4},
@@ -41,9 +41,6 @@ def scenario(base: dict = GPT, checkpointing: str = "none", batch: int | None = 
     return validate_scenario({**base, "cluster": {**base["cluster"], "devices": devices}, "data": data,
                               "train": {**base["train"], "checkpointing": checkpointing}, "parallel": parallel})
 
-
-def flat_parameters(model) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
 
 
 ids = lambda layout: "-".join(f"{k}{v}" for k, v in layout.items())  # noqa: E731

@@ -25,6 +25,7 @@ from simtrain.scenario import ModelSpec, validate_scenario
 from simtrain.schemes.shard_layout import ShardLayout
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
+from simulated_steps import flat_parameters, one_step
 
 MLP = {"name": "zero", "seed": 3, "cluster": {"devices": 1, "topology": "ring"},
        "model": {"name": "mlp", "hidden": [33, 32]},  # units of 2145, 1088 and 330 parameters: padded for N = 4
@@ -62,17 +63,6 @@ def scenario(base: dict, devices: int, batch_size: int | None = None, precision:
                               "parallel": {"sharding": sharding}})
 
 
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
-
-
-def one_step(scenario_) -> Job:
-    cluster = build_cluster(scenario_.cluster, record=True, seed=scenario_.seed)
-    job = Job(scenario_, cluster, range(cluster.size))
-    job.start()
-    run_to_end(cluster.env)
-    assert not job.scheme.stuck()
-    return job
 
 
 # ---------------------------------------------------------------- numerics
