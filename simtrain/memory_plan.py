@@ -20,10 +20,14 @@ shared memory (the host's DRAM: what ZeRO-Offload keeps there,
 schemes/offload.py), report.json's `shared_memory`.
 
 `largest_batch` finds the largest per-device batch size whose step fits a
-device: doubling until a batch does not fit, then bisection between the last
-that fits and the first that does not. Each probe is a replay, not an
-extrapolation: the activation peak is not linear in the batch size for every
-model. The smallest batch tried is 2 for a model with BatchNorm (torch's
+device. A step's peak usually grows linearly with the batch (activations
+scale with it; weights, gradients and optimizer state do not), so the line
+through the last two replays predicts the boundary, and replays at the
+prediction and one size above it confirm it (two or three rounds of that
+secant at most); where they do not, doubling until a batch does not fit and
+bisection between the last that fits and the first that does not finish the
+search. Every answer is confirmed by replays, never extrapolated: the
+activation peak is not linear in the batch size for every model. The smallest batch tried is 2 for a model with BatchNorm (torch's
 BatchNorm cannot train on one sample per channel), else 1; under model
 parallelism every size tried is a multiple of its microbatches.
 
@@ -46,6 +50,7 @@ from .schemes import scheme_class
 from .user_code import user_code_errors
 
 _LARGEST_PROBE = 1 << 40  # no batch beyond this is tried
+_SECANT_ROUNDS = 3  # predictions from the peaks' line before doubling and bisection take over
 
 
 @dataclass(frozen=True)
@@ -111,10 +116,13 @@ class _Probe:
         self._peaks[batch_size] = [device.memory.peak_total for device in job.devices]
         return job
 
-    def fits(self, rank: int, batch_size: int, capacity_bytes: float) -> bool:
+    def peak(self, rank: int, batch_size: int) -> int:
         if batch_size not in self._peaks:
             self.replay(batch_size)
-        return self._peaks[batch_size][rank] <= capacity_bytes
+        return self._peaks[batch_size][rank]
+
+    def fits(self, rank: int, batch_size: int, capacity_bytes: float) -> bool:
+        return self.peak(rank, batch_size) <= capacity_bytes
 
 
 def plan_memory(scenario: Scenario, batch_size: int | None = None) -> list[DeviceMemory]:
@@ -158,11 +166,24 @@ def _batch_sizes(job: Job) -> tuple[int, int]:
 
 def _largest(probe: _Probe, rank: int, capacity_bytes: float, sizes: tuple[int, int]) -> int:
     """The largest batch size (a multiple of step, from smallest) whose step fits; 0 if none does.
-    Doubling from the smallest, then bisection."""
+    Secant predictions confirmed by replays, then doubling and bisection between the sizes known to fit and not."""
     smallest, step = sizes
     if not probe.fits(rank, smallest, capacity_bytes):
         return 0
     fits, too_big = smallest, None
+    line = [smallest, min(2 * smallest, _LARGEST_PROBE)]
+    for _ in range(_SECANT_ROUNDS):
+        guess = _on_the_line(probe, rank, capacity_bytes, line, step)
+        if guess is None:
+            break
+        for candidate in (guess, min(guess + step, _LARGEST_PROBE)):
+            if probe.fits(rank, candidate, capacity_bytes):
+                fits = max(fits, candidate)
+            else:
+                too_big = candidate if too_big is None else min(too_big, candidate)
+        if too_big is not None and too_big - fits <= step:
+            return fits
+        line = [line[-1], guess]
     while too_big is None:
         candidate = fits * 2
         if candidate > _LARGEST_PROBE:
@@ -178,3 +199,16 @@ def _largest(probe: _Probe, rank: int, capacity_bytes: float, sizes: tuple[int, 
         else:
             too_big = middle
     return fits
+
+
+def _on_the_line(probe: _Probe, rank: int, capacity_bytes: float, line: list[int], step: int) -> int | None:
+    """The batch size (a multiple of step) where the line through the peaks replayed at `line`'s two sizes meets
+    the capacity; None where the peak does not grow between them or the line meets it outside the sizes tried."""
+    (a, b) = line
+    if a == b:
+        return None
+    peak_a, peak_b = (probe.peak(rank, size) for size in line)
+    if peak_b <= peak_a:
+        return None
+    guess = int(a + (capacity_bytes - peak_a) * (b - a) // (peak_b - peak_a)) // step * step
+    return guess if step <= guess < _LARGEST_PROBE else None

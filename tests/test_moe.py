@@ -126,7 +126,7 @@ def test_every_nth_block_is_moe():
 
 
 def moe_scenario(**moe):
-    return load_scenario(GPT_SMALL, [f"model.moe={moe}", "train.steps=30", "cluster.devices=2",
+    return load_scenario(GPT_SMALL, [f"model.moe={moe}", "train.steps=20", "model.layers=2", "cluster.devices=2",
                                      "report.every=10"])
 
 
