@@ -19,12 +19,14 @@ install: $(STAMP)
 run: install
 	$(BIN)/simtrain run scenarios/quickstart.yaml
 
+# Both cores (pytest-xdist), each test file on one worker: a file's module fixtures (gloo process groups) are built once.
+TEST_WORKERS ?= auto
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 # The suite without its slow tests, real gloo processes and the docs' pages (pytest markers, pyproject.toml).
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow and not gloo and not docs"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow and not gloo and not docs"
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
