@@ -145,6 +145,8 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
     scenario = load_scenario(scenario_file, overrides)
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / f"{scenario.name}-real", "name")
     data = launch_real(scenario_file, overrides, nproc, out, backend=backend, collective=collective, warmup=warmup)
+    if data is not None and data["measurement"]["warning"]:
+        err_console.print(data["measurement"]["warning"], markup=False, highlight=False, soft_wrap=True)
     if data is not None and not quiet:
         print_summary(data)
         # launch trains for real (numerics on): final_model.pt always; trace.json as report.trace asks

@@ -22,6 +22,22 @@ The same for compute: a forward or backward of F FLOPs in k kernels takes
 t = c k + F / R, a fixed cost per kernel c (on a host, Python's and torch's
 dispatch of each operator) and a rate R: `fit_overhead_rate(kernels, flops,
 times)`, weighted least squares of relative errors.
+
+A ring all-reduce of n bytes over N ranks is 2(N - 1) exchanges of n/N bytes
+(every rank sends a chunk to its right and receives one from its left, then
+waits for both): `fit_ring_all_reduce(N, sizes, times)` fits α and β to one
+exchange, t(n) / 2(N - 1) = α + (n/N) / β, so that a topology whose links
+give that α and β times the ring as it was measured. Its residuals are the
+all-reduce's own.
+
+How much repeated timings of one thing vary: `log_spread(samples)`, the
+standard deviation of log(time), each group of repeats against its own
+median, estimated robustly (1.4826 x the median absolute deviation: one
+round held up by the scheduler does not count): the sigma of a lognormal
+noise on every span (the simulator's `cluster.compute_jitter`).
+
+    fit = fit_ring_all_reduce(2, [1024, 1 << 20], [400e-6, 1.4e-3])
+    sigma = log_spread([[1.0e-3, 1.1e-3, 0.95e-3], [2.0e-3, 2.3e-3, 2.1e-3]])
 """
 from typing import NamedTuple
 
@@ -109,3 +125,25 @@ def fit_overhead_rate(kernels, flops, times_s) -> OverheadRate:
         inverse_rate = float(np.sum(f * t * w**2) / np.sum((f * w) ** 2))
     fitted = overhead * k + f * inverse_rate
     return OverheadRate(float(overhead), float(1.0 / inverse_rate), [float(r) for r in (t - fitted) / t])
+
+
+def fit_ring_all_reduce(world: int, sizes_bytes, times_s) -> AlphaBeta:
+    """The α and β of one exchange of a ring all-reduce over `world` ranks, fitted to its times per size:
+    t(n) = 2(world - 1) (α + (n / world) / β)."""
+    exchanges = 2 * (world - 1)
+    return fit_alpha_beta([n / world for n in sizes_bytes], [t / exchanges for t in times_s])
+
+
+def log_spread(groups_s) -> float:
+    """The standard deviation of log(time) over groups of repeated timings (each group one thing timed again
+    and again, compared with its own median), estimated from the median absolute deviation (x 1.4826, the
+    factor that makes it the standard deviation of a normal distribution)."""
+    deviations = []
+    for samples in groups_s:
+        logs = np.log(np.asarray(samples, dtype=np.float64))
+        if np.any(~np.isfinite(logs)):
+            raise ValueError("times must be positive")
+        deviations.extend(np.abs(logs - np.median(logs)))
+    if len(deviations) < 2:
+        raise ValueError("a spread needs at least two times")
+    return float(1.4826 * np.median(deviations))
