@@ -40,7 +40,7 @@ from ..train.models import build_model
 from ..train.precision import update_bytes
 from ..train.replica import Replica
 
-GEMM_SIZES = (128, 256, 512)  # without a scenario: a square Linear layer of each width, on a batch as wide
+GEMM_SIZES = (64, 128, 256)  # without a scenario: a square Linear layer of each width, on a batch as wide
 PARTS = ("draw", "forward", "backward", "optimizer")  # timed per case; the all-reduce per size
 
 
