@@ -6,7 +6,7 @@ scenario naming them run by `simtrain.run`; training steps recorded on this
 machine (tests/fixtures/calibration_steps.json: real/step_timing.py's samples
 of 2 gloo ranks), whose fits are checked against medians and least squares
 computed here and against the simulator's ring on the topology they give; a
-seeded lognormal for the jitter; quartiles by hand for the load check.
+the jitter's model drawn with a seeded Generator; quartiles by hand for the load check.
 """
 import json
 import statistics
@@ -27,7 +27,7 @@ from simtrain.hw.catalog import resolve_device
 from simtrain.hw.topology_builders import load_topology_file
 from simtrain.comm.bench import benchmark_all_reduce
 from simtrain.real.calibrate import _topology, calibrate
-from simtrain.real.fit import AlphaBeta, fit_alpha_beta, fit_overhead_rate, log_spread
+from simtrain.real.fit import AlphaBeta, fit_alpha_beta, fit_compute_jitter, fit_overhead_rate
 from simtrain.real.machine_load import load_warning, relative_spread
 from simtrain.real.step_fit import exchange_software_cost, fit_step_timings
 
@@ -178,6 +178,11 @@ def test_the_ring_is_fitted_to_the_last_arrival_of_each_all_reduce():
     fits = fit_step_timings(ranks, world, sizes)
     for s, row in enumerate(fits["all_reduce"]):
         assert row["time_s"] == statistics.median(map(min, zip(*(rank["all_reduce"][s] for rank in ranks))))
+    # the first case's wait: each size's first `repeats` iterations, what each rank spent beyond the least
+    repeats = len(ranks[0]["all_reduce"][0]) // len(ranks[0]["cases"])
+    waits = [abs(a - b) / 2 for s in range(len(sizes))
+             for a, b in zip(ranks[0]["all_reduce"][s][:repeats], ranks[1]["all_reduce"][s][:repeats])]
+    assert fits["idle_s"][ranks[0]["cases"][0]["label"]] == pytest.approx(statistics.mean(waits))
     exchange, exchanges = fits["all_reduce_fit"], 2 * (world - 1)
     n = [row["bytes"] / world for row in fits["all_reduce"]]
     t = [row["time_s"] / exchanges for row in fits["all_reduce"]]
@@ -235,11 +240,19 @@ def test_the_topology_gives_the_simulated_ring_its_fitted_time(tmp_path):
         "wire": "intra_host", "software_latency_s": 0.0, "software_s_per_byte": 0.0}
 
 
-def test_the_jitter_is_the_sigma_of_a_lognormal():
+def test_the_jitter_is_the_sigma_under_which_ranks_wait_as_measured():
+    """Reference: the model itself, drawn (seeded): two ranks' forward and backward times, each times its own
+    lognormal factor of mean 1 and σ 0.3; each waits for the slower. The fit gives σ back from the mean wait."""
     generator = np.random.default_rng(29)
-    groups = [median * np.exp(0.2 * generator.standard_normal(2000)) for median in (1e-4, 1e-3, 5e-3)]
-    groups[0][:40] *= 30  # rounds the scheduler held up: the median absolute deviation does not see them
-    assert log_spread(groups) == pytest.approx(0.2, rel=0.05)
+    sigma, forward, backward = 0.3, np.array([0.4e-3, 0.8e-3, 1.6e-3]), np.array([0.5e-3, 1.1e-3, 2.0e-3])
+
+    def step(shape):
+        return (forward[:, None] * np.exp(sigma * generator.standard_normal(shape) - sigma**2 / 2)
+                + backward[:, None] * np.exp(sigma * generator.standard_normal(shape) - sigma**2 / 2))
+    a, b = step((3, 20000)), step((3, 20000))
+    idle = (np.abs(a - b) / 2).mean(axis=1)  # each rank's mean wait for the other
+    assert fit_compute_jitter(idle, forward, backward) == pytest.approx(sigma, rel=0.05)
+    assert fit_compute_jitter([0.0, 0.0], [1e-3, 2e-3], [1e-3, 2e-3]) == 0.0
 
 
 def test_a_loaded_machine_is_said_in_one_line():

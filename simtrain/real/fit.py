@@ -30,18 +30,23 @@ exchange, t(n) / 2(N - 1) = α + (n/N) / β, so that a topology whose links
 give that α and β times the ring as it was measured. Its residuals are the
 all-reduce's own.
 
-How much repeated timings of one thing vary: `log_spread(samples)`, the
-standard deviation of log(time), each group of repeats against its own
-median, estimated robustly (1.4826 x the median absolute deviation: one
-round held up by the scheduler does not count): the sigma of a lognormal
-noise on every span (the simulator's `cluster.compute_jitter`).
+Ranks whose compute varies from step to step wait for each other at the
+all-reduce: the simulator draws each compute span's time from a lognormal of
+mean 1 and sigma σ (`cluster.compute_jitter`), so a rank whose forward F and
+backward B vary so waits, on average, half the mean |T_a - T_b| of two ranks'
+T = F X + B Y; taking T_a - T_b as normal (variance 2 (F² + B²)(e^σ² - 1)),
+that is sqrt((F² + B²)(e^σ² - 1) / π). `fit_compute_jitter(idle, forward,
+backward)` solves it for σ over the cases measured (least squares in
+e^σ² - 1), from the waiting calibration measured at each all-reduce.
 
     fit = fit_ring_all_reduce(2, [1024, 1 << 20], [400e-6, 1.4e-3])
-    sigma = log_spread([[1.0e-3, 1.1e-3, 0.95e-3], [2.0e-3, 2.3e-3, 2.1e-3]])
+    sigma = fit_compute_jitter([0.1e-3, 0.2e-3], [0.4e-3, 0.8e-3], [0.5e-3, 1.0e-3])
 """
 from typing import NamedTuple
 
 import numpy as np
+
+from ..limits import MAX_COMPUTE_JITTER
 
 
 class AlphaBeta(NamedTuple):
@@ -134,16 +139,11 @@ def fit_ring_all_reduce(world: int, sizes_bytes, times_s) -> AlphaBeta:
     return fit_alpha_beta([n / world for n in sizes_bytes], [t / exchanges for t in times_s])
 
 
-def log_spread(groups_s) -> float:
-    """The standard deviation of log(time) over groups of repeated timings (each group one thing timed again
-    and again, compared with its own median), estimated from the median absolute deviation (x 1.4826, the
-    factor that makes it the standard deviation of a normal distribution)."""
-    deviations = []
-    for samples in groups_s:
-        logs = np.log(np.asarray(samples, dtype=np.float64))
-        if np.any(~np.isfinite(logs)):
-            raise ValueError("times must be positive")
-        deviations.extend(np.abs(logs - np.median(logs)))
-    if len(deviations) < 2:
-        raise ValueError("a spread needs at least two times")
-    return float(1.4826 * np.median(deviations))
+def fit_compute_jitter(idle_s, forward_s, backward_s) -> float:
+    """The σ of lognormal compute noise under which two ranks whose forward and backward take forward_s and
+    backward_s on average wait idle_s for each other, per case, at most MAX_COMPUTE_JITTER."""
+    idle, square = np.asarray(idle_s, dtype=np.float64), np.asarray(forward_s) ** 2 + np.asarray(backward_s) ** 2
+    if np.any(square <= 0) or np.any(idle < 0):
+        raise ValueError("compute times must be positive and waits not negative")
+    variance = float(np.sum(np.pi * idle**2 * square) / np.sum(square**2))  # e^σ² - 1, least squares
+    return min(float(np.sqrt(np.log1p(variance))), MAX_COMPUTE_JITTER)

@@ -17,10 +17,11 @@ and backward, bytes and operators of the optimizer step), and gives:
   the median over iterations; `all_reduce_fit`, α and β of one exchange of the
   ring (fit.py fit_ring_all_reduce);
 - `draw_s`: the median draw per case (inside the forward's fit; shown apart);
-- `compute_jitter`: the spread of log(time) of forward and backward spans,
-  each (rank, case) against its own median (fit.py log_spread): the sigma of
-  the simulator's lognormal compute noise, from which waiting for the slower
-  rank, idle, follows;
+- `compute_jitter`: the σ of the simulator's lognormal compute noise under
+  which ranks wait for each other at the all-reduce as long as they did here
+  (fit.py fit_compute_jitter): per case, the mean over iterations of what each
+  rank spent in the all-reduce beyond the rank that arrived last, against the
+  median forward span and backward;
 - `spreads`: (third - first quartile) / median of each repeated timing, for
   machine_load.py's check.
 
@@ -37,7 +38,7 @@ import statistics
 
 import numpy as np
 
-from .fit import AlphaBeta, fit_overhead_rate, fit_ring_all_reduce, log_spread
+from .fit import AlphaBeta, fit_compute_jitter, fit_overhead_rate, fit_ring_all_reduce
 from .machine_load import relative_spread
 
 
@@ -64,7 +65,12 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
         last_arrival = [min(times) for times in zip(*(rank["all_reduce"][size_index] for rank in ranks))]
         all_reduce.append({"bytes": max(world, size // 4) * 4, "time_s": statistics.median(last_arrival)})
     exchange = fit_ring_all_reduce(world, [row["bytes"] for row in all_reduce], [row["time_s"] for row in all_reduce])
-    spans = [span for rank_index, rank in enumerate(ranks) for span in (*forward_spans[rank_index], *rank["backward"])]
+    repeats = len(ranks[0]["all_reduce"][0]) // len(cases)  # each size's samples: every case's iterations in turn
+    idle = [statistics.mean(statistics.mean(times) - min(times) for s in range(len(sizes))
+                            for times in zip(*(rank["all_reduce"][s][c * repeats:(c + 1) * repeats] for rank in ranks)))
+            for c in range(len(cases))]
+    forward = [statistics.median([t for spans in forward_spans for t in spans[c]]) for c in range(len(cases))]
+    backward = [statistics.median([t for rank in ranks for t in rank["backward"][c]]) for c in range(len(cases))]
     spreads = {f"{label} ({case['label']})": max(relative_spread(rank[part][c]) for rank in ranks)
                for c, case in enumerate(cases) for part, label in (("forward", "forward"), ("backward", "backward"))}
     spreads.update({f"all-reduce of {size} B": max(relative_spread(rank["all_reduce"][s]) for rank in ranks)
@@ -72,7 +78,8 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     return {"compute": compute, "optimizer": optimizer, "all_reduce": all_reduce, "all_reduce_fit": exchange,
             "draw_s": {case["label"]: statistics.median([t for rank in ranks for t in rank["draw"][c]])
                        for c, case in enumerate(cases)},
-            "compute_jitter": log_spread(spans), "spreads": spreads}
+            "idle_s": dict(zip((case["label"] for case in cases), idle)),
+            "compute_jitter": fit_compute_jitter(idle, forward, backward), "spreads": spreads}
 
 
 def _fit_optimizer(ranks: list[dict], cases: list[dict], overhead_s: float) -> dict:
