@@ -205,7 +205,9 @@ def print_calibration(summary: dict) -> None:
     console.print(f"optimizer step: memory bandwidth {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s (largest |residual| "
                   f"{optimizer['max_abs_residual']:.1%}); batch draw "
                   + ", ".join(f"{format_seconds(seconds)} ({label})" for label, seconds in summary["draw_s"].items())
-                  + f" (in the forward); compute jitter σ {summary['compute_jitter']:.3f}")
+                  + " (in the forward); waiting at the all-reduce "
+                  + ", ".join(format_seconds(seconds) for seconds in summary["idle_s"].values())
+                  + f": compute jitter σ {summary['compute_jitter']:.3f}")
     if summary["load"]["warning"]:
         console.print(summary["load"]["warning"], markup=False, highlight=False, soft_wrap=True)
 

@@ -26,7 +26,8 @@ measuring at once where training runs at once:
   train/precision.py update_bytes charges them); one exchange of the ring to
   the all-reduce's times as launch counts them (the rank that arrived last),
   and from it the exchange's software cost beyond the ping-pong's wire; the
-  spread of compute times (`compute_jitter`);
+  compute jitter under which ranks wait at the all-reduce as they did
+  (`compute_jitter`);
 - **half precision**: forward and backward in bf16 and fp16 back to back on
   the same models and batches, the same fit (their rates go into device.yaml).
 
@@ -270,6 +271,7 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
         "compute": compute,
         "draw_s": steps["draw_s"],
         "optimizer": steps["optimizer"],
+        "idle_s": steps["idle_s"],
         "compute_jitter": steps["compute_jitter"],
         "device": device,
         "step_samples": [rank["steps"] for rank in measured],  # every rank's seconds (real/step_timing.py)
