@@ -95,8 +95,10 @@ def main() -> None:
           f"(largest residual {wire['max_abs_residual']:.0%}); ring exchange in training steps α "
           f"{exchange['latency_s'] * 1e6:.1f} us, β {exchange['bandwidth_Bps'] / 1e9:.2f} GB/s (largest residual "
           f"{exchange['max_abs_residual']:.0%}); fp32 {compute['flops_per_s'] / 1e9:.1f} GFLOP/s and "
-          f"{compute['kernel_overhead_s'] * 1e6:.1f} us per kernel (largest residual {compute['max_abs_residual']:.0%});"
-          f" optimizer {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s (largest residual {optimizer['max_abs_residual']:.0%});"
+          f"{compute['kernel_overhead_s'] * 1e6:.1f} us per kernel (largest residual "
+          f"{compute['max_abs_residual']:.0%}); optimizer {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s "
+          f"(largest residual "
+          f"{optimizer['max_abs_residual']:.0%});"
           f" draw {', '.join(f'{s * 1e6:.0f} us' for s in calibration['draw_s'].values())}; compute jitter "
           f"{calibration['compute_jitter']:.3f}; {calibration['load']['warning'] or 'machine quiet'}")
     rows = []
@@ -120,9 +122,9 @@ def main() -> None:
                "measured_unattributed_s": measured["measurement"]["unattributed_s"],
                "launch_warning": measured["measurement"]["warning"]}
         rows.append(row)
+        warning = f"; {row['launch_warning']}" if row["launch_warning"] else ""
         print(f"{label}: predicted {row['predicted_step_s'] * 1e3:.3f} ms, measured {row['measured_step_s'] * 1e3:.3f} ms,"
-              f" error {row['error']:+.1%} (load before {before}){'; ' + row['launch_warning'] if row['launch_warning'] else ''}",
-              flush=True)
+              f" error {row['error']:+.1%} (load before {before}){warning}", flush=True)
     print("\n| configuration | predicted step | measured step | error | predicted compute / comm / optimizer | "
           "measured compute / comm / optimizer / idle |")
     print("|---|---|---|---|---|---|")

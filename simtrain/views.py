@@ -199,7 +199,8 @@ def print_calibration(summary: dict) -> None:
     console.print(compute)
     exchange, optimizer = summary["all_reduce_exchange"], summary["optimizer"]
     console.print(f"ring exchange in training steps: α {format_seconds(exchange['latency_s'])}, β "
-                  f"{exchange['bandwidth_Bps'] / 1e9:.3f} GB/s (largest |residual| {exchange['max_abs_residual']:.1%}); "
+                  f"{exchange['bandwidth_Bps'] / 1e9:.3f} GB/s (largest |residual| "
+                  f"{exchange['max_abs_residual']:.1%}); "
                   f"beyond the {exchange['wire']} wire {format_seconds(exchange['software_latency_s'])} a message, "
                   f"{exchange['software_s_per_byte'] * 1e9:.3f} ns a byte")
     console.print(f"optimizer step: memory bandwidth {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s (largest |residual| "

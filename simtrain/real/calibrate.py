@@ -115,8 +115,9 @@ def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, 
     cases = step_cases(model_of, rank, world, device)
     steps = time_steps(rank, world, cases, sizes, repeats, device)
     costs = [case.replica.step_cost() for case in cases]
-    steps["cases"] = [{"label": case.label, "forward_flops": cost.forward_flops, "forward_kernels": cost.forward_kernels,
-                       "backward_flops": cost.backward_flops, "backward_kernels": cost.backward_kernels,
+    steps["cases"] = [{"label": case.label, "forward_flops": cost.forward_flops,
+                       "forward_kernels": cost.forward_kernels, "backward_flops": cost.backward_flops,
+                       "backward_kernels": cost.backward_kernels,
                        "update_bytes": case.update_bytes, "update_kernels": case.update_kernels}
                       for case, cost in zip(cases, costs)]
     half = _half_precision_rates(cases, repeats, device)
@@ -281,8 +282,9 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
 
 
 def _alpha_beta_json(fit) -> dict:
-    return {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
-            "residuals": fit.residuals, "max_abs_residual": fit.max_residual}
+    return {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps,
+            "bandwidth_resolved": fit.bandwidth_resolved, "residuals": fit.residuals,
+            "max_abs_residual": fit.max_residual}
 
 
 def _topology(name: str, hosts: list[str], host_names: list[str], classes: dict, software: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The α-β model of a transfer and the overhead-rate model of compute, fitted to measurements: pure functions.
+"""Measurements fitted to what the simulator charges: α-β, overhead and rate, the ring exchange, jitter.
 
 A message of n bytes takes t(n) = α + n / β: a fixed latency α and a
 bandwidth β (Hockney's model, the one the simulator's links follow: a hop's
