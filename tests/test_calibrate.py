@@ -183,6 +183,14 @@ def test_the_ring_is_fitted_to_the_last_arrival_of_each_all_reduce():
     waits = [abs(a - b) / 2 for s in range(len(sizes))
              for a, b in zip(ranks[0]["all_reduce"][s][:repeats], ranks[1]["all_reduce"][s][:repeats])]
     assert fits["idle_s"][ranks[0]["cases"][0]["label"]] == pytest.approx(statistics.mean(waits))
+    # and the waiting the fitted jitter gives back, sqrt((F² + B²)(e^σ² - 1) / π) per case, against it
+    sigma, cases = fits["compute_jitter"], ranks[0]["cases"]
+    for c, residual in enumerate(fits["idle_residuals"]):
+        forward = statistics.median(d + f for rank in ranks for d, f in zip(rank["draw"][c], rank["forward"][c]))
+        backward = statistics.median(t for rank in ranks for t in rank["backward"][c])
+        modelled = ((forward**2 + backward**2) * (np.exp(sigma**2) - 1) / np.pi) ** 0.5
+        idle = fits["idle_s"][cases[c]["label"]]
+        assert residual == pytest.approx((idle - modelled) / idle)
     exchange, exchanges = fits["all_reduce_fit"], 2 * (world - 1)
     n = [row["bytes"] / world for row in fits["all_reduce"]]
     t = [row["time_s"] / exchanges for row in fits["all_reduce"]]

@@ -274,6 +274,7 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
         "optimizer": steps["optimizer"],
         "idle_s": steps["idle_s"],
         "compute_jitter": steps["compute_jitter"],
+        "idle_residuals": steps["idle_residuals"],
         "device": device,
         "step_samples": [rank["steps"] for rank in measured],  # every rank's seconds (real/step_timing.py)
     }

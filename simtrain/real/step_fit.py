@@ -21,7 +21,8 @@ and backward, bytes and operators of the optimizer step), and gives:
   which ranks wait for each other at the all-reduce as long as they did here
   (fit.py fit_compute_jitter): per case, the mean over iterations of what each
   rank spent in the all-reduce beyond the rank that arrived last, against the
-  median forward span and backward;
+  median forward span and backward, with its residuals per case
+  (`idle_residuals`);
 - `spreads`: (third - first quartile) / median of each repeated timing, for
   machine_load.py's check.
 
@@ -71,6 +72,7 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
             for c in range(len(cases))]
     forward = [statistics.median([t for spans in forward_spans for t in spans[c]]) for c in range(len(cases))]
     backward = [statistics.median([t for rank in ranks for t in rank["backward"][c]]) for c in range(len(cases))]
+    jitter = fit_compute_jitter(idle, forward, backward)
     spreads = {f"{label} ({case['label']})": max(relative_spread(rank[part][c]) for rank in ranks)
                for c, case in enumerate(cases) for part, label in (("forward", "forward"), ("backward", "backward"))}
     spreads.update({f"all-reduce of {size} B": max(relative_spread(rank["all_reduce"][s]) for rank in ranks)
@@ -79,7 +81,14 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
             "draw_s": {case["label"]: statistics.median([t for rank in ranks for t in rank["draw"][c]])
                        for c, case in enumerate(cases)},
             "idle_s": dict(zip((case["label"] for case in cases), idle)),
-            "compute_jitter": fit_compute_jitter(idle, forward, backward), "spreads": spreads}
+            "compute_jitter": jitter, "idle_residuals": _idle_residuals(idle, forward, backward, jitter),
+            "spreads": spreads}
+
+
+def _idle_residuals(idle_s, forward_s, backward_s, sigma: float) -> list[float]:
+    """(measured - modelled) / measured waiting per case, the model sqrt((F² + B²)(e^σ² - 1) / π) (fit.py)."""
+    modelled = [np.sqrt((f**2 + b**2) * np.expm1(sigma**2) / np.pi) for f, b in zip(forward_s, backward_s)]
+    return [float((i - m) / i) if i > 0 else 0.0 for i, m in zip(idle_s, modelled)]
 
 
 def _fit_optimizer(ranks: list[dict], cases: list[dict], overhead_s: float) -> dict:
