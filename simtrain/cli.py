@@ -145,6 +145,8 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
     scenario = load_scenario(scenario_file, overrides)
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / f"{scenario.name}-real", "name")
     data = launch_real(scenario_file, overrides, nproc, out, backend=backend, collective=collective, warmup=warmup)
+    if data is not None and data["measurement"]["warning"]:
+        err_console.print(data["measurement"]["warning"], markup=False, highlight=False, soft_wrap=True)
     if data is not None and not quiet:
         print_summary(data)
         # launch trains for real (numerics on): final_model.pt always; trace.json as report.trace asks
@@ -160,8 +162,8 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
               help="Folder for device.yaml, topology.yaml and calibration.json.")
 @click.option("--backend", type=click.Choice(("gloo", "nccl")), default="gloo", show_default=True)
 @click.option("--model-of", "model_of", default=None, metavar="SCENARIO",
-              help="Measure FLOP/s on this scenario's model and batch, and its optimizer step (default: Linear layers "
-                   "and a buffer copy).")
+              help="Time training steps of this scenario's model, batch and optimizer (default: square Linear "
+                   "layers trained with SGD).")
 @click.option("--sizes", default="4:4M", show_default=True, help="MIN:MAX message bytes, x4 apart (K, M = 1024^n).")
 @click.option("--repeats", type=click.IntRange(1, 100_000), default=20, show_default=True,
               help="Timed repetitions of each measurement.")

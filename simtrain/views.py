@@ -197,7 +197,21 @@ def print_calibration(summary: dict) -> None:
         compute.add_row(dtype, f"{fit['flops_per_s'] / 1e9:.2f} GFLOP/s", format_seconds(fit["kernel_overhead_s"]),
                         f"{fit['max_abs_residual']:.1%}")
     console.print(compute)
-    console.print(f"memory bandwidth: {summary['memory_bandwidth_Bps'] / 1e9:.2f} GB/s ({summary['memory_bandwidth_what']})")
+    exchange, optimizer = summary["all_reduce_exchange"], summary["optimizer"]
+    console.print(f"ring exchange in training steps: α {format_seconds(exchange['latency_s'])}, β "
+                  f"{exchange['bandwidth_Bps'] / 1e9:.3f} GB/s (largest |residual| "
+                  f"{exchange['max_abs_residual']:.1%}); "
+                  f"beyond the {exchange['wire']} wire {format_seconds(exchange['software_latency_s'])} a message, "
+                  f"{exchange['software_s_per_byte'] * 1e9:.3f} ns a byte")
+    console.print(f"optimizer step: memory bandwidth {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s (largest |residual| "
+                  f"{optimizer['max_abs_residual']:.1%}); batch draw "
+                  + ", ".join(f"{format_seconds(seconds)} ({label})" for label, seconds in summary["draw_s"].items())
+                  + " (in the forward); waiting at the all-reduce "
+                  + ", ".join(format_seconds(seconds) for seconds in summary["idle_s"].values())
+                  + f": compute jitter σ {summary['compute_jitter']:.3f} (largest |residual| "
+                  + f"{max(map(abs, summary['idle_residuals'])):.1%})")
+    if summary["load"]["warning"]:
+        console.print(summary["load"]["warning"], markup=False, highlight=False, soft_wrap=True)
 
 
 def print_comparison(rows: list[dict]) -> None:

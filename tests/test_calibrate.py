@@ -2,10 +2,17 @@
 
 References: exact α + n/β data (the fit must give α and β back); the written
 device and topology files loaded by the catalog and the topology loader, and a
-scenario naming them run by `simtrain.run`.
+scenario naming them run by `simtrain.run`; training steps recorded on this
+machine (tests/fixtures/calibration_steps.json: real/step_timing.py's samples
+of 2 gloo ranks), whose fits are checked against medians and least squares
+computed here and against the simulator's ring on the topology they give; a
+the jitter's model drawn with a seeded Generator; quartiles by hand for the load check.
 """
 import json
+import statistics
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -18,8 +25,11 @@ from simtrain.train.precision import update_bytes
 from simtrain.cli import main
 from simtrain.hw.catalog import resolve_device
 from simtrain.hw.topology_builders import load_topology_file
-from simtrain.real.calibrate import calibrate
-from simtrain.real.fit import fit_alpha_beta, fit_overhead_rate
+from simtrain.comm.bench import benchmark_all_reduce
+from simtrain.real.calibrate import _topology, calibrate
+from simtrain.real.fit import AlphaBeta, fit_alpha_beta, fit_compute_jitter, fit_overhead_rate
+from simtrain.real.machine_load import load_warning, relative_spread
+from simtrain.real.step_fit import exchange_software_cost, fit_step_timings
 
 SIZES = [4, 64, 1024, 16384]
 
@@ -90,10 +100,12 @@ def test_calibrate_writes_files_run_takes(tmp_path, with_model):
     assert device.efficiency == 1.0
     topology = load_topology_file(out / "topology.yaml")
     assert topology.devices == ["rank0", "rank1"]
-    # a transfer between the two ranks takes the fitted α + n/β
+    # a transfer between the two ranks takes the fitted α, and the ring exchange's software cost beyond it
     path = topology.path("rank0", "rank1")
     latency = sum(topology.link(a, b)["latency"] for a, b in zip(path, path[1:]))
-    assert latency == pytest.approx(written["link_classes"]["intra_host"]["latency_s"])
+    assert latency == pytest.approx(written["link_classes"]["intra_host"]["latency_s"]
+                                    + written["all_reduce_exchange"]["software_latency_s"])
+    assert len(written["step_samples"]) == 2 and written["load"]["cores"] >= 1
     scenario = scenario_file(tmp_path, cluster={"device": "calibration/device.yaml",
                                                 "topology": "calibration/topology.yaml"})
     report = simtrain.run(simtrain.load_scenario(scenario))
@@ -154,3 +166,110 @@ def test_a_kernel_overhead_is_charged_per_operator():
     kernels = (spent["optimizer"] / steps - update_bytes(list(job_model.parameters()), "fp32",
                                                          scenario.train.optimizer) / 20e9) / 5e-6
     assert kernels == pytest.approx(round(kernels), abs=1e-6) and round(kernels) >= 1
+
+
+RECORDED = json.loads((Path(__file__).parent / "fixtures" / "calibration_steps.json").read_text())
+
+
+def test_the_ring_is_fitted_to_the_last_arrival_of_each_all_reduce():
+    """Per size: the median over iterations of the least time a rank spent (what launch counts as communication),
+    and the exchange's α-β the least-squares line through those medians over 2(N-1) exchanges of n/N bytes."""
+    ranks, world, sizes = RECORDED["ranks"], RECORDED["world"], RECORDED["sizes_bytes"]
+    fits = fit_step_timings(ranks, world, sizes)
+    for s, row in enumerate(fits["all_reduce"]):
+        assert row["time_s"] == statistics.median(map(min, zip(*(rank["all_reduce"][s] for rank in ranks))))
+    # the first case's wait: each size's first `repeats` iterations, what each rank spent beyond the least
+    repeats = len(ranks[0]["all_reduce"][0]) // len(ranks[0]["cases"])
+    waits = [abs(a - b) / 2 for s in range(len(sizes))
+             for a, b in zip(ranks[0]["all_reduce"][s][:repeats], ranks[1]["all_reduce"][s][:repeats])]
+    assert fits["idle_s"][ranks[0]["cases"][0]["label"]] == pytest.approx(statistics.mean(waits))
+    # and the waiting the fitted jitter gives back, sqrt((F² + B²)(e^σ² - 1) / π) per case, against it
+    sigma, cases = fits["compute_jitter"], ranks[0]["cases"]
+    for c, residual in enumerate(fits["idle_residuals"]):
+        forward = statistics.median(d + f for rank in ranks for d, f in zip(rank["draw"][c], rank["forward"][c]))
+        backward = statistics.median(t for rank in ranks for t in rank["backward"][c])
+        modelled = ((forward**2 + backward**2) * (np.exp(sigma**2) - 1) / np.pi) ** 0.5
+        idle = fits["idle_s"][cases[c]["label"]]
+        assert residual == pytest.approx((idle - modelled) / idle)
+    exchange, exchanges = fits["all_reduce_fit"], 2 * (world - 1)
+    n = [row["bytes"] / world for row in fits["all_reduce"]]
+    t = [row["time_s"] / exchanges for row in fits["all_reduce"]]
+    assert exchange.residuals == pytest.approx([(ti - exchange.time_s(ni)) / ti for ni, ti in zip(n, t)])
+
+    def relative_squares(alpha, bandwidth):
+        return sum(((ti - alpha - ni / bandwidth) / exchange.time_s(ni)) ** 2 for ni, ti in zip(n, t))
+    best = relative_squares(exchange.latency_s, exchange.bandwidth_Bps)
+    for alpha, bandwidth in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
+        assert relative_squares(exchange.latency_s * alpha, exchange.bandwidth_Bps * bandwidth) > best
+
+
+def test_compute_and_optimizer_are_fitted_to_the_spans_a_launched_step_has():
+    """The forward span holds the draw (as launch's does); the optimizer's bandwidth is the least-squares one
+    with the compute fit's overhead per operator."""
+    ranks, cases = RECORDED["ranks"], RECORDED["ranks"][0]["cases"]
+    fits = fit_step_timings(ranks, RECORDED["world"], RECORDED["sizes_bytes"])
+    kernels, flops, seconds = [], [], []
+    for rank in ranks:
+        for c, case in enumerate(cases):
+            kernels += [case["forward_kernels"], case["backward_kernels"]]
+            flops += [case["forward_flops"], case["backward_flops"]]
+            seconds += [statistics.median(d + f for d, f in zip(rank["draw"][c], rank["forward"][c])),
+                        statistics.median(rank["backward"][c])]
+    reference = fit_overhead_rate(kernels, flops, seconds)
+    assert fits["compute"]["flops_per_s"] == pytest.approx(reference.flops_per_s)
+    assert fits["compute"]["kernel_overhead_s"] == pytest.approx(reference.overhead_s)
+    assert fits["draw_s"][cases[0]["label"]] == statistics.median(t for rank in ranks for t in rank["draw"][0])
+    overhead, optimizer = reference.overhead_s, fits["optimizer"]
+    points = [(case["update_bytes"], case["update_kernels"], statistics.median(rank["optimizer"][c]))
+              for rank in ranks for c, case in enumerate(cases)]
+
+    def relative_squares(bandwidth):
+        return sum(((t - overhead * k - b / bandwidth) / t) ** 2 for b, k, t in points)
+    assert optimizer["residuals"] == pytest.approx([(t - overhead * k - b / optimizer["bandwidth_Bps"]) / t
+                                                    for b, k, t in points])
+    for factor in (1.01, 0.99):
+        assert relative_squares(optimizer["bandwidth_Bps"] * factor) > relative_squares(optimizer["bandwidth_Bps"])
+
+
+def test_the_topology_gives_the_simulated_ring_its_fitted_time(tmp_path):
+    """Closed form: on the written topology the simulator's ring all-reduce of n bytes over 2 ranks takes
+    2 (α_x + (n/2)/β_x), the exchange's fit, once the wire and the software cost are added back together."""
+    exchange = AlphaBeta(300e-6, 0.8e9, [0.0])
+    wire = {"intra_host": AlphaBeta(40e-6, 4e9, [0.0])}
+    software = exchange_software_cost(exchange, wire)
+    assert software["software_latency_s"] == pytest.approx(260e-6)
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(_topology("t", ["h", "h"], ["h"], wire, software)))
+    sizes = [8, 1 << 16, 1 << 22]
+    simulated = benchmark_all_reduce(load_topology_file(tmp_path / "topology.yaml"), "ring", sizes, False)
+    for size, row in zip(sizes, simulated):
+        assert row.time_s == pytest.approx(2 * exchange.time_s(size / 2), rel=1e-9)
+    # a ring measured cheaper than the wire: noise, no software cost, the wire alone
+    assert exchange_software_cost(AlphaBeta(10e-6, 8e9, [0.0]), wire) == {
+        "wire": "intra_host", "software_latency_s": 0.0, "software_s_per_byte": 0.0}
+
+
+def test_the_jitter_is_the_sigma_under_which_ranks_wait_as_measured():
+    """Reference: the model itself, drawn (seeded): two ranks' forward and backward times, each times its own
+    lognormal factor of mean 1 and σ 0.3; each waits for the slower. The fit gives σ back from the mean wait."""
+    generator = np.random.default_rng(29)
+    sigma, forward, backward = 0.3, np.array([0.4e-3, 0.8e-3, 1.6e-3]), np.array([0.5e-3, 1.1e-3, 2.0e-3])
+
+    def step(shape):
+        return (forward[:, None] * np.exp(sigma * generator.standard_normal(shape) - sigma**2 / 2)
+                + backward[:, None] * np.exp(sigma * generator.standard_normal(shape) - sigma**2 / 2))
+    a, b = step((3, 20000)), step((3, 20000))
+    idle = (np.abs(a - b) / 2).mean(axis=1)  # each rank's mean wait for the other
+    assert fit_compute_jitter(idle, forward, backward) == pytest.approx(sigma, rel=0.05)
+    assert fit_compute_jitter([0.0, 0.0], [1e-3, 2e-3], [1e-3, 2e-3]) == 0.0
+
+
+def test_a_loaded_machine_is_said_in_one_line():
+    assert relative_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4 - 2) / 3)
+    assert load_warning(0.7, {"forward": 0.1, "all-reduce": 0.3}, cores=2) is None
+    loaded = load_warning(3.5, {"forward": 0.1}, cores=2)
+    assert "load average 3.50 above its 2 cores" in loaded and "\n" not in loaded
+    spread = load_warning(0.7, {"forward": 0.6, "all-reduce": 0.9}, cores=2)
+    assert "all-reduce spread over 90%" in spread and "load average" not in spread
+    # the recorded steps were timed at load 8 on 2 cores: their all-reduces spread past what is trusted
+    fits = fit_step_timings(RECORDED["ranks"], RECORDED["world"], RECORDED["sizes_bytes"])
+    assert "spread over" in load_warning(0.0, fits["spreads"], cores=2)

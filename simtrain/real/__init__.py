@@ -7,5 +7,8 @@
 - launch.py: `simtrain launch`, one process per rank of a scenario's job, and its
   measured report.json;
 - calibrate.py and fit.py: `simtrain calibrate`, point-to-point, all-reduce and compute measurements
-  fitted into a device file and a topology file that `simtrain run` takes.
+  fitted into a device file and a topology file that `simtrain run` takes;
+- step_timing.py and step_fit.py: a data-parallel step's parts timed as a launched run runs them, and
+  their fits (compute, optimizer, the ring exchange, jitter);
+- machine_load.py: whether the machine was quiet enough for host-clock timings to be trusted.
 """

@@ -12,30 +12,38 @@ measuring at once where training runs at once:
   median round trip is the one-way time, fitted to t(n) = α + n/β
   (real/fit.py). The pairs of ranks on one host are fitted together, and so
   are the pairs across hosts;
-- **all-reduce**: simtrain's ring program (what `simtrain launch` runs) over
-  sizes, every rank at once, the median of `repeats` (the slowest rank's);
-  busbw = size / time x 2(N-1)/N as nccl-tests reports it, next to what the
-  fitted topology predicts for it;
-- **compute**: forward and backward times per dtype (fp32, bf16, fp16; tf32
-  is fp32 on a CPU) of the scenario's model on batches of half, one and two
-  times its batch size (`--model-of`), or of square Linear layers, every rank
-  at once, fitted to t = c x kernels + FLOPs / R (real/fit.py; FLOPs and
-  kernels counted as the simulator counts them, cost.py): each dtype's rate
-  R, and the overhead per kernel c (fp32's goes into device.yaml);
-- **memory bandwidth**: the scenario's optimizer step (the bytes the simulator
-  charges for it, train/precision.py update_bytes, over its time less the
-  fitted overhead of each operator it dispatches), or a copy of a large buffer.
+- **training steps** (real/step_timing.py): the loop a launched step runs
+  (draw the batch, forward, backward, simtrain's ring all-reduce, optimizer
+  step) on a replica of the scenario's model (`--model-of`) at half, one and
+  two times its batch size, or of square Linear layers, with the all-reduce of
+  a buffer of each size in turn, every rank at once; each all-reduce follows
+  compute, as in training, where gloo's threads have gone idle. Fitted
+  (real/step_fit.py): fp32's rate R and overhead per kernel c to
+  t = c x kernels + FLOPs / R over the forward spans (the batch draw included,
+  as a launched run's forward span holds it) and backwards, FLOPs and kernels
+  counted as the simulator counts them (cost.py); the memory bandwidth to the
+  optimizer steps (t = c x operators + bytes / bandwidth, bytes as
+  train/precision.py update_bytes charges them); one exchange of the ring to
+  the all-reduce's times as launch counts them (the rank that arrived last),
+  and from it the exchange's software cost beyond the ping-pong's wire; the
+  compute jitter under which ranks wait at the all-reduce as they did
+  (`compute_jitter`);
+- **half precision**: forward and backward in bf16 and fp16 back to back on
+  the same models and batches, the same fit (their rates go into device.yaml).
 
 Written to the output folder: `device.yaml` (a device file: the achieved
-rates as peak FLOP/s with efficiency 1, the memory bandwidth, the host's
-memory shared among its ranks), `topology.yaml` (each rank linked to its
-host's switch with latency α/2 and bandwidth β, so a transfer between two
-ranks of a host takes α + n/β; across hosts each rank also has a link to one
-spine with the cross-host fit) and `calibration.json` (every measurement,
-the fits and their residuals).
+rates as peak FLOP/s with efficiency 1, the kernel overhead, the memory
+bandwidth, the host's memory shared among its ranks), `topology.yaml` (each
+rank linked to its host's switch with latency (α + δ)/2 and bandwidth
+1/(1/β + 1/γ), so a transfer between two ranks of a host takes what an
+exchange of training's ring took; across hosts each rank also has a link to
+one spine with the cross-host fit) and `calibration.json` (every measurement,
+every fit with its residuals, `compute_jitter` for `cluster.compute_jitter`,
+and the machine's load: a `warning` when it was loaded, machine_load.py).
 
     summary = calibrate(2, Path("calibration"))
 """
+import copy
 import json
 import os
 import socket
@@ -47,25 +55,21 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from ..comm import ALL_REDUCE
 from ..comm.bench import benchmark_all_reduce
-from ..comm.gloo import run_program
 from ..cost import measure_step_cost
-from ..op_cost import OperatorRecorder
 from ..errors import SimtrainError
 from ..hw.topology_builders import load_topology_file
 from ..loss import cross_entropy
 from ..scenario import load_scenario
-from ..train.data import ShardLoader, load_dataset
-from ..train.models import build_model
-from ..train.optim import build_optimizer
-from ..train.precision import DTYPES, update_bytes
+from ..train.precision import DTYPES
 from .fit import fit_alpha_beta, fit_overhead_rate
+from .machine_load import load_average, load_warning
 from .processes import join, spawn, torchrun_world
+from .step_fit import exchange_software_cost, fit_step_timings
+from .step_timing import GEMM_SIZES, step_cases, time_steps
 
 SIZES = tuple(4 ** k for k in range(1, 12))  # 4 B to 4 MiB
-GEMM_SIZES = (128, 256, 512)
-COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
+HALF_DTYPES = ("bf16", "fp16")  # timed back to back; fp32, training's, in its step loop
 
 
 def calibrate(nproc: int | None, out: Path, backend: str = "gloo", model_of=None, sizes=SIZES,
@@ -98,7 +102,9 @@ def calibrate(nproc: int | None, out: Path, backend: str = "gloo", model_of=None
 
 
 def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, backend: str):
-    """This rank's measurements; rank 0 returns (every rank's, their hosts, the pairs), the others None."""
+    """This rank's measurements; rank 0 returns (every rank's, their hosts, the pairs, the load average before
+    measuring), the others None."""
+    load = load_average()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if backend == "nccl" else "cpu"
     if backend == "nccl":
         torch.cuda.set_device(device)
@@ -106,13 +112,18 @@ def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, 
     dist.all_gather_object(hosts, socket.gethostname())
     pairs = [(a, b) for a in range(world) for b in range(a + 1, world)]
     pingpong = {f"{a}-{b}": _ping_pong(rank, a, b, sizes, repeats, device) for a, b in pairs}
-    all_reduce = _all_reduce_times(rank, world, sizes, repeats, device)
-    compute = _compute_rates(model_of, repeats, device)
-    bandwidth = _memory_bandwidth(model_of, repeats, device)
+    cases = step_cases(model_of, rank, world, device)
+    steps = time_steps(rank, world, cases, sizes, repeats, device)
+    costs = [case.replica.step_cost() for case in cases]
+    steps["cases"] = [{"label": case.label, "forward_flops": cost.forward_flops,
+                       "forward_kernels": cost.forward_kernels, "backward_flops": cost.backward_flops,
+                       "backward_kernels": cost.backward_kernels,
+                       "update_bytes": case.update_bytes, "update_kernels": case.update_kernels}
+                      for case, cost in zip(cases, costs)]
+    half = _half_precision_rates(cases, repeats, device)
     measured = [None] * world if rank == 0 else None
-    dist.gather_object({"pingpong": pingpong, "all_reduce": all_reduce, "compute": compute,
-                        "memory_bandwidth": bandwidth}, measured, dst=0)
-    return None if rank != 0 else (measured, hosts, pairs)
+    dist.gather_object({"pingpong": pingpong, "steps": steps, "half_precision": half}, measured, dst=0)
+    return None if rank != 0 else (measured, hosts, pairs, load)
 
 
 def _sync(device) -> None:
@@ -147,16 +158,6 @@ def _ping_pong(rank: int, a: int, b: int, sizes, repeats: int, device) -> list[f
     return times if rank == a else None
 
 
-def _all_reduce_times(rank: int, world: int, sizes, repeats: int, device) -> list[float]:
-    """This rank's median seconds per ring all-reduce (simtrain's program over point-to-point calls), per size."""
-    times = []
-    for size in sizes:
-        buffer = torch.ones(max(world, size // 4), dtype=torch.float32, device=device)
-        dist.barrier()
-        times.append(_timed(lambda: run_program(ALL_REDUCE["ring"](rank, world, buffer)), repeats, device))
-    return times
-
-
 def _timed(fn, repeats: int, device) -> float:
     """Median seconds of fn() over `repeats` calls, after two."""
     fn(), fn()
@@ -169,30 +170,16 @@ def _timed(fn, repeats: int, device) -> float:
     return statistics.median(samples)
 
 
-def _compute_rates(model_of, repeats: int, device) -> dict:
-    """{dtype: [{pass, flops, kernels, seconds}, ...]}: forward and backward of the model on batches of half,
-    one and two times its batch size, or of square Linear layers."""
-    if model_of is not None:
-        scenario = load_scenario(model_of)
-        data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
-        batch = scenario.data.batch_size
-        cases = []
-        for size in sorted({max(1, batch // 2), batch, 2 * batch}):
-            x, y = ShardLoader(data.train, 1, 0, size, scenario.seed).next_batch()
-            cases.append((build_model(scenario.model, data.info, scenario.seed), x, y))
-    else:
-        cases = []
-        for n in GEMM_SIZES:
-            torch.manual_seed(n)
-            cases.append((torch.nn.Sequential(torch.nn.Linear(n, n)), torch.randn(n, n), torch.randint(0, n, (n,))))
+def _half_precision_rates(cases, repeats: int, device) -> dict:
+    """{dtype: [{pass, flops, kernels, seconds}, ...]} for bf16 and fp16: forward and backward of a copy of each
+    case's model in the dtype on one batch, back to back (training's own dtype is timed in its step loop)."""
     points = {}
-    for dtype in COMPUTE_DTYPES:
+    for dtype in HALF_DTYPES:
         points[dtype] = []
-        for model, x, y in cases:
-            model = model.to(device=device, dtype=DTYPES[dtype])
+        for case in cases:
+            model = copy.deepcopy(case.replica.model).to(device=device, dtype=DTYPES[dtype])
+            x, y = case.replica.last_batch
             x = (x.to(DTYPES[dtype]) if x.is_floating_point() else x).to(device)
-            x.requires_grad_(model_of is None)  # a lone Linear: the input's gradient too, as inside a model
-            y = y.to(device)
             cost = measure_step_cost(model, x, y)
             forward_s = _timed(lambda: cross_entropy(model(x), y), repeats, device)
 
@@ -206,40 +193,19 @@ def _compute_rates(model_of, repeats: int, device) -> dict:
     return points
 
 
-def _memory_bandwidth(model_of, repeats: int, device) -> dict:
-    """Bytes, operators and seconds of the scenario's optimizer step (bytes as the simulator counts them), or
-    of a copy of a large buffer."""
-    if model_of is None:
-        source = torch.ones(1 << 23, device=device)  # 32 MiB
-        target = torch.empty_like(source)
-        return {"what": "copy of 32 MiB", "bytes": 2 * source.nbytes, "kernels": 1,
-                "seconds": _timed(lambda: target.copy_(source), repeats, device)}
-    scenario = load_scenario(model_of)
-    data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
-    model = build_model(scenario.model, data.info, scenario.seed).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    optimizer = build_optimizer(params, scenario.train.optimizer)
-    seconds = _timed(optimizer.step, repeats, device)
-    with OperatorRecorder() as recorder:
-        optimizer.step()
-    return {"what": f"{scenario.train.optimizer.name} step of {model_of}'s model", "seconds": seconds,
-            "bytes": update_bytes(params, "fp32", scenario.train.optimizer), "kernels": recorder.kernels}
-
-
-def _fit_and_write(measured: list[dict], hosts: list[str], pairs, sizes, model_of, backend: str, out: Path) -> dict:
+def _fit_and_write(measured: list[dict], hosts: list[str], pairs, load: float, sizes, model_of, backend: str,
+                   out: Path) -> dict:
     """Fit the measurements of every rank, write device.yaml, topology.yaml and calibration.json; a fit the
     measurements do not allow is a one-line SimtrainError."""
     try:
-        return _fit_and_write_checked(measured, hosts, pairs, sizes, model_of, backend, out)
+        return _fit_and_write_checked(measured, hosts, pairs, load, sizes, model_of, backend, out)
     except ValueError as error:
         raise SimtrainError(f"--sizes: {error} (on this host now; measure larger sizes, more --repeats, or "
                             "on a quieter host)") from None
 
 
-def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes, model_of, backend: str,
-                           out: Path) -> dict:
+def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: float, sizes, model_of,
+                           backend: str, out: Path) -> dict:
     world = len(measured)
     host_names = list(dict.fromkeys(hosts))
     one_way = {pair: measured[int(pair.split("-")[0])]["pingpong"][pair] for pair in measured[0]["pingpong"]}
@@ -250,17 +216,14 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
         if chosen:
             classes[kind] = fit_alpha_beta([s for _ in chosen for s in sizes],
                                            [t for pair in chosen for t in one_way[pair]])
-    compute = {}
-    for dtype in COMPUTE_DTYPES:
-        pooled = [point for rank in measured for point in rank["compute"][dtype]]
+    steps = fit_step_timings([rank["steps"] for rank in measured], world, sizes)
+    compute = {"fp32": steps["compute"]}
+    for dtype in HALF_DTYPES:
+        pooled = [point for rank in measured for point in rank["half_precision"][dtype]]
         fit = fit_overhead_rate([p["kernels"] for p in pooled], [p["flops"] for p in pooled],
                                 [p["seconds"] for p in pooled])
         compute[dtype] = {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.overhead_s,
                           "max_abs_residual": fit.max_residual, "points": pooled, "residuals": fit.residuals}
-    overhead = compute["fp32"]["kernel_overhead_s"]  # the step's fixed cost per operator, the rest is bytes
-    bandwidth = statistics.mean(
-        work["bytes"] / (work["seconds"] - overhead * work["kernels"] if work["seconds"] > overhead * work["kernels"]
-                         else work["seconds"]) for work in (rank["memory_bandwidth"] for rank in measured))
     ranks_per_host = max(hosts.count(host) for host in host_names)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_host
     name = f"calibrated-{host_names[0]}" if len(host_names) == 1 else f"calibrated-{len(host_names)}-hosts"
@@ -269,33 +232,34 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
     device = {"name": name,
               "peak_flops": {"fp32": compute["fp32"]["flops_per_s"], "tf32": compute["fp32"]["flops_per_s"],
                              "fp16": compute["fp16"]["flops_per_s"], "bf16": compute["bf16"]["flops_per_s"]},
-              "memory": int(memory), "memory_bandwidth": bandwidth, "efficiency": 1.0,
+              "memory": int(memory), "memory_bandwidth": steps["optimizer"]["bandwidth_Bps"], "efficiency": 1.0,
               "kernel_overhead": compute["fp32"]["kernel_overhead_s"]}
-    what = f"the model of {model_of}" if model_of else f"square Linear layers of {', '.join(map(str, GEMM_SIZES))}"
+    what = f"the model of {model_of}" if model_of else "square Linear layers of " + ", ".join(map(str, GEMM_SIZES))
     _write_yaml(out / "device.yaml", device, [
         f"Measured by simtrain calibrate, {when}, {world} ranks ({backend}) on {', '.join(host_names)}.",
-        "t = overhead x kernels + FLOPs / rate fitted to forwards and backwards per dtype, every rank at once,",
-        f"of {what}: peak_flops the rates (tf32: fp32's; a CPU has no TF32), so efficiency is 1;",
-        "kernel_overhead fp32's overhead.",
-        "memory: the host's RAM over its ranks.",
-        f"memory_bandwidth: {measured[0]['memory_bandwidth']['what']}: bytes over its time less kernel_overhead"
-        " per operator."])
-    topology = _topology(name, hosts, host_names, classes)
+        f"Training steps of {what} (real/step_timing.py), every rank at once: fp32's rate and kernel_overhead",
+        "fitted to t = overhead x kernels + FLOPs / rate over the forwards (the batch draw included) and",
+        "backwards; memory_bandwidth: the optimizer step's bytes over its time less kernel_overhead per operator.",
+        "fp16, bf16: the same fit to forwards and backwards back to back; tf32 is fp32's (a CPU has no TF32),",
+        "so efficiency is 1. memory: the host's RAM over its ranks."])
+    software = exchange_software_cost(steps["all_reduce_fit"], classes)
+    topology = _topology(name, hosts, host_names, classes, software)
     _write_yaml(out / "topology.yaml", topology, [
-        f"Measured by simtrain calibrate, {when}: ping-pong between every pair of ranks, α-β fit",
-        "(t = α + n/β); each rank's link to its host switch has latency α/2, bandwidth β."])
+        f"Measured by simtrain calibrate, {when}: each link class's ping-pong α-β fit (t = α + n/β) plus the",
+        "software cost of an exchange of simtrain's ring all-reduce, timed in training steps (δ per message,",
+        "1/γ per byte); each rank's link to its host switch has latency (α + δ)/2 and bandwidth 1/(1/β + 1/γ)."])
     predicted = list(benchmark_all_reduce(load_topology_file(out / "topology.yaml"), "ring", list(sizes), False))
     all_reduce = []
-    for index, size in enumerate(sizes):
-        seconds = max(rank["all_reduce"][index] for rank in measured)
-        nbytes = max(world, size // 4) * 4
-        busbw = nbytes / seconds * 2 * (world - 1) / world / 1e9
-        all_reduce.append({"bytes": nbytes, "time_s": seconds, "busbw_GBps": busbw,
-                           "predicted_time_s": predicted[index].time_s,
-                           "error": (predicted[index].time_s - seconds) / seconds})
+    for row, prediction in zip(steps["all_reduce"], predicted):
+        all_reduce.append({**row, "busbw_GBps": row["bytes"] / row["time_s"] * 2 * (world - 1) / world / 1e9,
+                           "predicted_time_s": prediction.time_s,
+                           "error": (prediction.time_s - row["time_s"]) / row["time_s"]})
+    warning = load_warning(load, steps["spreads"])
     summary = {
         "date": when, "ranks": world, "backend": backend, "hosts": hosts, "model_of": model_of,
         "sizes_bytes": list(sizes),
+        "load": {"load_average_before": load, "cores": os.cpu_count(), "spreads": steps["spreads"],
+                 "warning": warning},
         "pingpong": {pair: {"one_way_s": one_way[pair], "latency_s": fit.latency_s,
                             "bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
                             "residuals": fit.residuals}
@@ -303,30 +267,45 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, sizes,
         "link_classes": {kind: {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps,
                                 "bandwidth_resolved": fit.bandwidth_resolved, "max_abs_residual": fit.max_residual}
                          for kind, fit in classes.items()},
+        "all_reduce_exchange": {**_alpha_beta_json(steps["all_reduce_fit"]), **software},
         "all_reduce": all_reduce,
         "compute": compute,
-        "memory_bandwidth_Bps": bandwidth,
-        "memory_bandwidth_what": measured[0]["memory_bandwidth"]["what"],
+        "draw_s": steps["draw_s"],
+        "optimizer": steps["optimizer"],
+        "idle_s": steps["idle_s"],
+        "compute_jitter": steps["compute_jitter"],
+        "idle_residuals": steps["idle_residuals"],
         "device": device,
+        "step_samples": [rank["steps"] for rank in measured],  # every rank's seconds (real/step_timing.py)
     }
     (out / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _topology(name: str, hosts: list[str], host_names: list[str], classes: dict) -> dict:
-    """A switch per host (and a spine across hosts) whose links reproduce the fitted α and β."""
+def _alpha_beta_json(fit) -> dict:
+    return {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps,
+            "bandwidth_resolved": fit.bandwidth_resolved, "residuals": fit.residuals,
+            "max_abs_residual": fit.max_residual}
+
+
+def _topology(name: str, hosts: list[str], host_names: list[str], classes: dict, software: dict) -> dict:
+    """A switch per host (and a spine across hosts) whose links give each class's ping-pong α and β plus the
+    ring exchange's software cost."""
     switches = [f"host{k}-switch" for k in range(len(host_names))] + (["spine"] if len(host_names) > 1 else [])
+
+    def link(rank: int, switch: str, fit, latency_s: float) -> dict:
+        return {"between": [f"rank{rank}", switch],
+                "bandwidth": 1 / (1 / fit.bandwidth_Bps + software["software_s_per_byte"]),
+                "latency": (latency_s + software["software_latency_s"]) / 2}
     links = []
     intra = classes.get("intra_host")
-    for rank, host in enumerate(hosts):
-        if intra is not None:
-            links.append({"between": [f"rank{rank}", f"host{host_names.index(host)}-switch"],
-                          "bandwidth": intra.bandwidth_Bps, "latency": intra.latency_s / 2})
-    for rank in range(len(hosts)):
-        if "inter_host" in classes:
-            inter = classes["inter_host"]
-            links.append({"between": [f"rank{rank}", "spine"], "bandwidth": inter.bandwidth_Bps,
-                          "latency": max(inter.latency_s, intra.latency_s if intra else 0.0) / 2})
+    if intra is not None:
+        links += [link(rank, f"host{host_names.index(host)}-switch", intra, intra.latency_s)
+                  for rank, host in enumerate(hosts)]
+    inter = classes.get("inter_host")
+    if inter is not None:
+        links += [link(rank, "spine", inter, max(inter.latency_s, intra.latency_s if intra else 0.0))
+                  for rank in range(len(hosts))]
     used = {node for link in links for node in link["between"]}
     return {"name": name, "gpus": [f"rank{rank}" for rank in range(len(hosts))],
             "switches": [switch for switch in switches if switch in used], "links": links}

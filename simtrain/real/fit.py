@@ -1,4 +1,4 @@
-"""The α-β model of a transfer and the overhead-rate model of compute, fitted to measurements: pure functions.
+"""Measurements fitted to what the simulator charges: α-β, overhead and rate, the ring exchange, jitter.
 
 A message of n bytes takes t(n) = α + n / β: a fixed latency α and a
 bandwidth β (Hockney's model, the one the simulator's links follow: a hop's
@@ -22,10 +22,31 @@ The same for compute: a forward or backward of F FLOPs in k kernels takes
 t = c k + F / R, a fixed cost per kernel c (on a host, Python's and torch's
 dispatch of each operator) and a rate R: `fit_overhead_rate(kernels, flops,
 times)`, weighted least squares of relative errors.
+
+A ring all-reduce of n bytes over N ranks is 2(N - 1) exchanges of n/N bytes
+(every rank sends a chunk to its right and receives one from its left, then
+waits for both): `fit_ring_all_reduce(N, sizes, times)` fits α and β to one
+exchange, t(n) / 2(N - 1) = α + (n/N) / β, so that a topology whose links
+give that α and β times the ring as it was measured. Its residuals are the
+all-reduce's own.
+
+Ranks whose compute varies from step to step wait for each other at the
+all-reduce: the simulator draws each compute span's time from a lognormal of
+mean 1 and sigma σ (`cluster.compute_jitter`), so a rank whose forward F and
+backward B vary so waits, on average, half the mean |T_a - T_b| of two ranks'
+T = F X + B Y; taking T_a - T_b as normal (variance 2 (F² + B²)(e^σ² - 1)),
+that is sqrt((F² + B²)(e^σ² - 1) / π). `fit_compute_jitter(idle, forward,
+backward)` solves it for σ over the cases measured (least squares in
+e^σ² - 1), from the waiting calibration measured at each all-reduce.
+
+    fit = fit_ring_all_reduce(2, [1024, 1 << 20], [400e-6, 1.4e-3])
+    sigma = fit_compute_jitter([0.1e-3, 0.2e-3], [0.4e-3, 0.8e-3], [0.5e-3, 1.0e-3])
 """
 from typing import NamedTuple
 
 import numpy as np
+
+from ..limits import MAX_COMPUTE_JITTER
 
 
 class AlphaBeta(NamedTuple):
@@ -109,3 +130,20 @@ def fit_overhead_rate(kernels, flops, times_s) -> OverheadRate:
         inverse_rate = float(np.sum(f * t * w**2) / np.sum((f * w) ** 2))
     fitted = overhead * k + f * inverse_rate
     return OverheadRate(float(overhead), float(1.0 / inverse_rate), [float(r) for r in (t - fitted) / t])
+
+
+def fit_ring_all_reduce(world: int, sizes_bytes, times_s) -> AlphaBeta:
+    """The α and β of one exchange of a ring all-reduce over `world` ranks, fitted to its times per size:
+    t(n) = 2(world - 1) (α + (n / world) / β)."""
+    exchanges = 2 * (world - 1)
+    return fit_alpha_beta([n / world for n in sizes_bytes], [t / exchanges for t in times_s])
+
+
+def fit_compute_jitter(idle_s, forward_s, backward_s) -> float:
+    """The σ of lognormal compute noise under which two ranks whose forward and backward take forward_s and
+    backward_s on average wait idle_s for each other, per case, at most MAX_COMPUTE_JITTER."""
+    idle, square = np.asarray(idle_s, dtype=np.float64), np.asarray(forward_s) ** 2 + np.asarray(backward_s) ** 2
+    if np.any(square <= 0) or np.any(idle < 0):
+        raise ValueError("compute times must be positive and waits not negative")
+    variance = float(np.sum(np.pi * idle**2 * square) / np.sum(square**2))  # e^σ² - 1, least squares
+    return min(float(np.sqrt(np.log1p(variance))), MAX_COMPUTE_JITTER)

@@ -26,6 +26,9 @@ spent in it; a pipeline's messages are left whole), and
 logs them on the same kind of event log a simulation fills: report.json
 (report/build.py build_report: the same schema, with `"measured": true` and a
 `measurement` section), trace.json and final_model.pt come out of the same code.
+The measurement section also says (`warning`, one line, printed by the CLI)
+when the timings cannot be trusted: the load average above the cores when the
+ranks started, or the measured steps spread too widely (real/machine_load.py).
 
 Refused, one line each: async (its step programs move bytes through a
 simulated shared-memory store), populations, numerics off, and the nccl
@@ -50,6 +53,7 @@ from ..schemes import scheme_name
 from ..train.model_flops import model_flops_per_step
 from .backend import RealBackend
 from .interpreter import Meter
+from .machine_load import load_average, load_warning, relative_spread
 from .processes import join, spawn, torchrun_world
 
 BACKENDS = ("gloo", "nccl")
@@ -112,6 +116,7 @@ def _rank_main(rank: int, world: int, scenario_file: str, overrides: list, colle
                out: str, backend: str) -> dict | None:
     """One rank's training, measured; rank 0 gathers every rank's spans and writes the report."""
     wall_start = time.perf_counter()
+    load = load_average()
     scenario = scenario_for(scenario_file, overrides, world)
     cluster = build_cluster(scenario.cluster, scenario.base_dir, record=True, seed=scenario.seed,
                             enforce_capacity=False)
@@ -140,13 +145,13 @@ def _rank_main(rank: int, world: int, scenario_file: str, overrides: list, colle
     dist.gather_object(mine, gathered, dst=0)
     if rank != 0:
         return None
-    report = _measured_report(scenario, cluster, job, gathered, warmup, backend, collective, wall_start)
+    report = _measured_report(scenario, cluster, job, gathered, warmup, backend, collective, wall_start, load)
     report.write(Path(out))
     return report.data
 
 
 def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], warmup: int, backend: str,
-                     collective: str, wall_start: float):
+                     collective: str, wall_start: float, load: float):
     """report.json of the measured run, from every rank's spans, through report.py like a simulation's."""
     steps = scenario.train.steps
     measured_steps = steps - warmup
@@ -169,6 +174,7 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
     final_loss, _ = evaluate(model, job.data.train)
     _, final_accuracy = evaluate(model, job.data.test)
     step_ends = [*ranks[0]["step_starts_s"][1:], ranks[0]["end_s"]]
+    measured_step_s = [end - start for start, end in zip(ranks[0]["step_starts_s"][warmup:], step_ends[warmup:])]
     losses = [[loss for r in ranks for loss in r["losses"][step]] for step in range(steps)]
     loss_curve = [(t, sum(values) / len(values)) for t, values in zip(step_ends, losses)]
     per_step = {name: sum(span.end - span.start for r in ranks for span in r["spans"] if span.name == name)
@@ -183,6 +189,8 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
         "unattributed_s": unattributed / len(ranks) / measured_steps,
         "clock": "time.perf_counter of each rank, from a barrier before the first measured step",
         "memory": "the step program's ledger (what it holds), not measured",
+        "load_average_before": load,
+        "warning": load_warning(load, {"step time": relative_spread(measured_step_s)}),
     }
     model_flops = model_flops_per_step(scenario, job.data, job.scheme.samples_per_step())
     result = RunResult(
@@ -233,6 +241,9 @@ class MeasurementSection(ReportSection):
     unattributed_s: float = Field(description="host seconds per step in no span (Python between operations)")
     clock: str = Field(description="the clock the spans were measured with")
     memory: str = Field(description="where the memory figures come from")
+    load_average_before: float = Field(description="the host's 1-minute load average when the ranks started")
+    warning: str | None = Field(description="why the timings cannot be trusted (the load average above the cores, "
+                                            "or measured steps spread too widely: real/machine_load.py), or null")
 
 
 register_section("measured", bool, "true: the figures were measured on real torch.distributed (simtrain launch)")

@@ -1,0 +1,53 @@
+"""Whether a host-clock measurement can be trusted: the machine's load and the spread of repeated timings.
+
+A measured time is the program's own only when nothing else wants the cores:
+when more threads are runnable than there are cores, a rank that blocks (on a
+peer, on gloo's threads) loses its core for a scheduling slice, and its timings
+grow and scatter. Two signs, either enough:
+
+- the load average (1 minute, /proc/loadavg) above the number of cores, read
+  before the measurement started (the measuring processes are not counted);
+- the spread of repeated timings of one thing, (third quartile - first
+  quartile) / median, above `MAX_SPREAD`.
+
+`load_warning(load, spreads)` says so in one line, naming the largest spread,
+or returns None; calibrate.py keeps it in calibration.json and launch.py in
+report.json's `measurement`, and the CLI prints it.
+
+    load = load_average()
+    ... measure ...
+    warning = load_warning(load, {"all-reduce": relative_spread(times)})
+"""
+import os
+import statistics
+
+MAX_SPREAD = 0.5  # interquartile range over median above which repeated timings are not one figure
+
+
+def load_average() -> float:
+    """The 1-minute load average: processes runnable or waiting on disk, averaged."""
+    return os.getloadavg()[0]
+
+
+def relative_spread(samples_s) -> float:
+    """(third quartile - first quartile) / median of repeated timings."""
+    if len(samples_s) < 2:
+        return 0.0
+    first, median, third = statistics.quantiles(samples_s, n=4, method="inclusive")
+    return (third - first) / median
+
+
+def load_warning(load: float, spreads: dict[str, float], cores: int | None = None) -> str | None:
+    """One line when the load average `load` exceeds the cores or a spread exceeds MAX_SPREAD; else None."""
+    cores = cores or os.cpu_count()
+    reasons = []
+    if load > cores:
+        reasons.append(f"load average {load:.2f} above its {cores} cores")
+    if spreads:
+        widest = max(spreads, key=spreads.get)
+        if spreads[widest] > MAX_SPREAD:
+            reasons.append(f"repeated timings of {widest} spread over {spreads[widest]:.0%} of their median "
+                           f"(interquartile range; at most {MAX_SPREAD:.0%} trusted)")
+    if not reasons:
+        return None
+    return f"machine loaded: {'; '.join(reasons)}: these timings, and a fit to them, cannot be trusted"
