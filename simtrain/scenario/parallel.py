@@ -157,9 +157,9 @@ class ParallelSpec(Section):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
-        if self.ep > 1 and (self.mode == "async" or self.model_parallel or self.sharding.stage > 0):
+        if self.ep > 1 and (self.mode == "async" or self.cp > 1 or self.sharding.stage > 0):
             raise ValueError("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode "
-                             "sync, pp and tp 1, sharding.stage 0)")
+                             "sync, sharding.stage 0), beside pp and tp but not cp")
         if self.ep == 1 and self.moe_dispatch != "pairwise":
             raise ValueError(f"parallel.moe_dispatch: {self.moe_dispatch} moves tokens between the ranks of "
                              "parallel.ep, which is 1")

@@ -52,6 +52,8 @@ from torch import nn
 
 from ..scenario.model import MoESpec
 from .gpt import Block
+from .ring_attention import attention_ops
+from .tensor_parallel import attention_half_ops
 
 
 class ExpertMLP(nn.Module):
@@ -86,6 +88,9 @@ class MoE(nn.Module):
         self.shared = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.shared_experts))
         self.routing: Routing | None = None
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
+        self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
+        self.aux_loss_scale = 1.0  # the balancing loss's share of the loss (pp / tp: 1 / (microbatches x tp))
+        self.routings: list = []  # under pp / tp: each forward's (assigned, kept) of the ep group (moe_exchange.py)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if len(self.experts) < self.spec.experts:
@@ -185,19 +190,36 @@ class MoEBlock(Block):
         x, h = self._after_attention(x, self._attention(self.ln1(x)))
         return x + self.moe(h)
 
-    def shard_(self, tp_rank: int, tp: int):
-        raise ValueError("a mixture-of-experts block is not split by tensor parallelism")
+    column_split, row_split = ("query", "key", "value"), ("projection",)  # the experts stay whole on every tp rank
+
+    def parallel_ops(self) -> list:
+        """The attention with its tensor-parallel collectives, then the mixture of experts with its ep group's
+        exchanges (train/moe_exchange.py) on this rank's tokens: its part of the sequence under sequence
+        parallelism, which tensor parallelism needs here (scenario/root.py), so no tp collective is needed."""
+        from .moe_exchange import exchange_ops  # it builds on this module's routing pieces
+        return attention_half_ops(self.ln1, attention_ops(self), self._after_attention,
+                                  self.sequence_parallel) + exchange_ops(self.moe)
 
 
 def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:
     """Expert parallelism: every MoE layer of `model` keeps only ep rank `ep_rank`'s experts, the
     `experts / ep` from `ep_rank * experts / ep` on (schemes/expert_dispatch.py runs them); returns `model`."""
-    for layer in model.modules():
+    for layer in model.modules() if ep > 1 else ():
         if isinstance(layer, MoE):
             count = layer.spec.experts // ep
-            layer.first_expert = ep_rank * count
+            layer.first_expert, layer.ep = ep_rank * count, ep
             layer.experts = nn.ModuleList(list(layer.experts)[layer.first_expert:layer.first_expert + count])
     return model
+
+
+def whole_model_name(module: nn.Module, name: str) -> str:
+    """`name`, a parameter's or buffer's name in `module` after keep_experts_, as the whole model names it: an
+    expert's index counted from its layer's first expert."""
+    layer_name, found, rest = name.partition(".experts.")
+    if not found:
+        return name
+    index, _, tail = rest.partition(".")
+    return f"{layer_name}.experts.{module.get_submodule(layer_name).first_expert + int(index)}.{tail}"
 
 
 def moe_block(spec: MoESpec):
