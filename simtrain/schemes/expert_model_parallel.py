@@ -90,7 +90,9 @@ class ExpertLayers:
                 for source, tensor in pieces[rank] if ".experts." in source.name]
 
     def step_done(self, step: int) -> None:
-        """Step `step` has ended on every rank: its routing, every ep group's once (read off its ep rank 0)."""
+        """Step `step` has ended on every rank: its routing, every ep group's once (read off its ep rank 0). A layer
+        runs once a microbatch, and a rank may have run the next step's first ones already: each layer's oldest
+        records are this step's."""
         layout, token_bytes = self.scheme.layout, None
         received, assigned_total, kept_total, moved = [], 0, 0, 0
         share = [0] * self.experts
@@ -98,7 +100,8 @@ class ExpertLayers:
         for rank, replica in enumerate(self.scheme.replicas):
             layers = _layers(replica)
             for layer in layers:
-                routings, layer.routings = layer.routings, []
+                m = self.scheme.microbatches
+                routings, layer.routings = layer.routings[:m], layer.routings[m:]
                 if layout.coordinates(rank)["dp"] % self.ep:
                     continue
                 token_bytes = layer.router.weight.shape[1] * layer.router.weight.element_size()
