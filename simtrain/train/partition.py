@@ -204,9 +204,9 @@ class RankModule(nn.Module):
             self.ops.append(self.chunk_ops(chunk, ends_model))
             self.layers.append(self._layers(chunk, [len(unit) for unit in chunk_units], ends_model))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
-                position, _, rest = local.partition(".")
-                self.sources[f"chunks.{chunk_index}.{local}"] = Source(
-                    f"{entries[int(position)]}.{whole_model_name(chunk[int(position)], rest)}", slices.get(local))
+                position, _, rest = whole_model_name(chunk, local).partition(".")
+                self.sources[f"chunks.{chunk_index}.{local}"] = Source(f"{entries[int(position)]}.{rest}",
+                                                                       slices.get(local))
 
     def _layers(self, chunk: nn.Sequential, sizes: list[int], ends_model: bool) -> list[tuple[nn.Sequential, list]]:
         """Each unit of `chunk` (`sizes` entries each) as a module of its own entries and its work, the last
