@@ -40,12 +40,11 @@ exchanges move meta tensors of the drawn sizes.
     yield from step.backward(loss)
     step.layers            # per MoE layer: assignments and kept tokens, [src][expert], of this rank's group
 """
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-
-import functools
 
 from ..comm.all_to_all import hierarchical_all_to_all, pairwise_all_to_all
 from ..comm.channels import layout_of
@@ -55,8 +54,9 @@ from ..errors import ScenarioError
 from ..op_cost import OperatorRecorder
 from ..step_ops import Alloc, Collective, Compute, Free
 from ..train.moe import MoEBlock
-from ..train.moe_exchange import (ExpertExchange, combine, kept_matrix, kept_positions, rank_counts, route_tokens,
+from ..train.moe_exchange import (ExpertExchange, combine, kept_matrix, kept_positions, rank_counts,
                                   run_experts, transposed)
+from ..train.moe_router import route_tokens
 from ..train.moe_routing import draw_assignments, routing_generator
 
 

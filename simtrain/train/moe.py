@@ -23,9 +23,10 @@ and P_e the mean of p_t,e over the tokens: coeff when routing is balanced.
 It joins the training loss as Megatron-Core's MoEAuxLossAutoScaler adds it:
 the layer's output carries it through autograd, and the backward adds its
 gradient (times 1) to the router's, so the loss a run reports stays the
-language-model loss. Scaling it by micro-batches or an fp16 loss scale is not
-done: a scenario with MoE runs with one micro-batch and fp32 or bf16
-(scenario/root.py says so).
+language-model loss. Under pp / tp its gradient is `aux_loss_scale`,
+1 / (micro-batches x tp) (train/moe_exchange.py); an fp16 loss scale is not
+applied to it, so MoE runs in fp32 or bf16 (scenario/root.py says so). The
+router's pieces are in train/moe_router.py.
 
 After each forward, `routing` holds what the router did: tokens per expert
 (kept), assignments dropped, and the auxiliary loss. With numerics off (meta
@@ -37,7 +38,9 @@ is charged the drops of the first.
 
 Under expert parallelism (`parallel.ep`) each rank's copy keeps only its
 share of every layer's experts (`keep_experts_`), and the layer runs through
-schemes/expert_dispatch.py, which moves the tokens to their experts' ranks.
+schemes/expert_dispatch.py, which moves the tokens to their experts' ranks;
+under pp / tp the block's `parallel_ops` run it as the regions of
+train/moe_exchange.py, between its ep group's exchanges.
 
     layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
     y = layer(h)                         # (batch, positions, 64)
@@ -52,6 +55,8 @@ from torch import nn
 
 from ..scenario.model import MoESpec
 from .gpt import Block
+from .moe_exchange import exchange_ops
+from .moe_router import AuxLossGradient, balancing_loss, kept_assignments
 from .ring_attention import attention_ops
 from .tensor_parallel import attention_half_ops
 
@@ -143,41 +148,6 @@ class MoE(nn.Module):
         return out
 
 
-def kept_assignments(chosen: torch.Tensor, experts: int, capacity: int | None, ahead=None) -> torch.Tensor:
-    """(T, k) booleans: which of the router's choices their expert takes. Each expert keeps its first
-    `capacity` assignments in token order, a token's choices in rank order (None: all of them); `ahead[e]`
-    assignments of other ranks' tokens come before these in expert e's queue (expert parallelism)."""
-    if capacity is None:
-        return torch.ones_like(chosen, dtype=torch.bool)
-    one_hot = F.one_hot(chosen.flatten(), experts)  # (T k, E), rows in (token, rank) order
-    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # the assignment's place in its expert's queue
-    if ahead is not None:
-        position = position + torch.as_tensor(ahead, dtype=position.dtype)[chosen.flatten()]
-    return (position < capacity).view_as(chosen)
-
-
-def balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, experts: int) -> torch.Tensor:
-    """Switch Transformer's load-balancing loss for top-k (without the coefficient): E * sum_e f_e P_e."""
-    tokens, top_k = chosen.shape
-    share = torch.bincount(chosen.flatten(), minlength=experts).float() / (tokens * top_k)
-    return experts * (share * probs.mean(dim=0)).sum()
-
-
-class AuxLossGradient(torch.autograd.Function):
-    """Identity on the layer's output in the forward; in the backward, the auxiliary loss gets gradient 1,
-    as if it had been added to the training loss (Megatron-Core's MoEAuxLossAutoScaler, scale 1)."""
-
-    @staticmethod
-    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(aux_loss)
-        return output.view_as(output)
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        (aux_loss,) = ctx.saved_tensors
-        return grad_output, torch.ones_like(aux_loss)
-
-
 class MoEBlock(Block):
     """A gpt Block whose MLP is a mixture of experts: x + attention(ln1(x)), then x + moe(ln2(x))."""
 
@@ -196,7 +166,6 @@ class MoEBlock(Block):
         """The attention with its tensor-parallel collectives, then the mixture of experts with its ep group's
         exchanges (train/moe_exchange.py) on this rank's tokens: its part of the sequence under sequence
         parallelism, which tensor parallelism needs here (scenario/root.py), so no tp collective is needed."""
-        from .moe_exchange import exchange_ops  # it builds on this module's routing pieces
         return attention_half_ops(self.ln1, attention_ops(self), self._after_attention,
                                   self.sequence_parallel) + exchange_ops(self.moe)
 

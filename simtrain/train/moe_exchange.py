@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from .moe import AuxLossGradient, balancing_loss, kept_assignments
+from .moe_router import kept_assignments, route_tokens
 from .moe_routing import balanced_assignments
 from .tensor_parallel import Apply
 
@@ -76,18 +76,6 @@ def rank_counts(kept: list[list[int]]) -> list[list[int]]:
 
 def transposed(counts) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(column) for column in zip(*counts))
-
-
-def route_tokens(moe, tokens: torch.Tensor):
-    """The router on `tokens` (T, hidden): (probabilities, top-k choices, their renormalized weights); the weights
-    carry the rank's balancing loss's gradient (times `moe.aux_loss_scale`), as Megatron-Core attaches it."""
-    probs = moe.router(tokens).float().softmax(dim=-1)
-    top_probs, chosen = probs.topk(moe.spec.top_k, dim=-1)
-    weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
-    if moe.spec.aux_loss_coeff > 0 and not tokens.is_meta:
-        weights = AuxLossGradient.apply(weights, balancing_loss(probs, chosen, moe.spec.experts)
-                                        * (moe.spec.aux_loss_coeff * moe.aux_loss_scale))
-    return probs, chosen, weights
 
 
 def kept_positions(chosen, experts: int, capacity, ahead, kept_row):
