@@ -8,7 +8,9 @@ experts [i E/ep, (i+1) E/ep) of every MoE layer (train/moe.py's
 keep_experts_). The rest of the model (embeddings, attention, routers, shared
 experts, the head) is replicated on every rank and data parallel over all dp
 ranks; an expert's parameters are data parallel over the dp/ep ranks that hold
-it (the ranks of one ep index, one per group).
+it (the ranks of one ep index, one per group). This scheme is ep with data
+parallelism alone; under pp / tp the model-parallel step runs the MoE layers
+(schemes/expert_model_parallel.py).
 
 Each step a rank runs its own batch forward and backward with every MoE layer's
 tokens dispatched to their experts' ranks and combined back by all-to-all

@@ -13,7 +13,7 @@ boundaries between regions, as tensor parallelism's collectives are
 
 One layer, on the (x, h) of a block (its residual stream and the MoE's input):
 
-1. `route_tokens`: router, softmax in fp32, top-k, renormalized weights (the
+1. `route_tokens` (train/moe_router.py): router, softmax in fp32, top-k, renormalized weights (the
    balancing loss's gradient attached, times `moe.aux_loss_scale`); the
    rank's assignments per expert are all-gathered over the ep group
    (`ExpertExchange` "moe counts");
