@@ -22,17 +22,18 @@ from test_expert_parallel import assert_same_parameters, one_device
 HIDDEN, EXPERTS = 32, 4
 
 
-def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True, **parallel):
+def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True,
+             schedule="1f1b", virtual_stages=1, checkpointing="none", **parallel):
     moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0}
     parallel = {"ep": ep, "tp": tp, "pp": pp, "sequence_parallel": tp > 1, **parallel}
-    if microbatches is not None:
-        parallel["pipeline"] = {"microbatches": microbatches}
+    parallel["pipeline"] = {"microbatches": microbatches, "schedule": schedule, "virtual_stages": virtual_stages}
     return validate_scenario({
         "name": "t", "seed": 1, "numerics": numerics,
         "cluster": {"topology": "switch", "devices": devices},
         "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
         "data": {"name": "tokens", "batch_size": 4, "seq_len": 8, "vocab": 32},
-        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": "fp32"},
+        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": "fp32",
+                  "checkpointing": checkpointing},
         "parallel": parallel, "report": {"trace": False},
     })
 
@@ -77,6 +78,14 @@ def test_ep4_tp2_trains_as_one_device():
     assert_same_parameters(job.scheme.trained_model(), reference)
 
 
+def test_an_interleaved_pipeline_trains_as_one_device():
+    """ep 2 x pp 2 with two virtual stages a rank (embedding and a block, a block and the head), 2 microbatches."""
+    spec = scenario(4, ep=2, pp=2, microbatches=2, schedule="interleaved", virtual_stages=2)
+    job = one_step(spec)
+    reference, _ = one_device(spec, 2)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+
+
 def test_a_capacity_under_pp_drops_the_tokens_one_device_drops():
     """ep 2 x pp 2, one microbatch: the ep group decides capacity over its ranks' tokens in rank order, as one
     device over the global batch; two steps, the same drops and parameters."""
@@ -94,6 +103,7 @@ def test_a_capacity_under_pp_drops_the_tokens_one_device_drops():
     (dict(ep=1, cp=2), "parallel.cp: model.moe with context parallelism is not built yet"),
     (dict(numerics=False), "numerics: model.moe under parallel.pp or parallel.tp runs with numerics on"),
     (dict(sharding={"stage": 1}), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
+    (dict(checkpointing="sqrt"), "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):
     with pytest.raises(ScenarioError, match=expected):
