@@ -211,8 +211,9 @@ def cli(*args):
              "cluster.topology=hierarchical", "cluster.gpus_per_node=2",
              "cluster.inter_node_link={bandwidth: 1e9, latency: 1e-5}", "train.steps=1"],
      "parallel.moe_dispatch: hierarchical needs the ep group's ranks [0, 1, 2] spread evenly over hosts"),
-    ("validate", ["model.moe={}", "parallel.ep=2", "parallel.tp=2"], "parallel.ep: expert parallelism runs with "
-                                                                      "synchronous data parallelism"),
+    ("validate", ["model.moe={}", "parallel.ep=2", "parallel.sharding.stage=1"], "parallel.ep: expert parallelism "
+                                                                                  "runs with synchronous data "
+                                                                                  "parallelism"),
     ("validate", ["model.moe={routing: {model: histogram, histogram: [1, 2]}}"], "model.moe.routing.histogram"),
     ("run", ["model.moe={experts: 8}", "parallel.ep=8", "train.steps=1"], "parallel.ep: 8 does not divide the 4 "
                                                                           "data-parallel ranks"),

@@ -116,8 +116,9 @@ class ParallelSpec(Section):
                            "(Korthikanti et al. 2022; train/gpt.py). data.seq_len must divide by tp.")
     ep: Count(MAX_DEVICES) = Field(1, description="Expert-parallel ranks: model.moe's experts sharded over groups of "
                                                   "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
-                                                  "ep inside dp; schemes/expert_parallel.py). Must divide dp and the "
-                                                  "experts.")
+                                                  "ep inside dp; schemes/expert_parallel.py; under pp / tp, "
+                                                  "per stage and tp index: schemes/expert_model_parallel.py). Must "
+                                                  "divide dp and the experts.")
     moe_dispatch: Literal["pairwise", "hierarchical"] = Field(
         "pairwise", description="The all-to-all that moves tokens to their experts and back under parallel.ep "
                                 "(comm/all_to_all.py): pairwise, every rank to every peer at once (NCCL's "
@@ -157,9 +158,9 @@ class ParallelSpec(Section):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
-        if self.ep > 1 and (self.mode == "async" or self.model_parallel or self.sharding.stage > 0):
+        if self.ep > 1 and (self.mode == "async" or self.cp > 1 or self.sharding.stage > 0):
             raise ValueError("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode "
-                             "sync, pp and tp 1, sharding.stage 0)")
+                             "sync, sharding.stage 0), beside pp and tp but not cp")
         if self.ep == 1 and self.moe_dispatch != "pairwise":
             raise ValueError(f"parallel.moe_dispatch: {self.moe_dispatch} moves tokens between the ranks of "
                              "parallel.ep, which is 1")

@@ -96,10 +96,10 @@ class Scenario(Section):
                              "(train.precision fp32 or bf16)")
         if self.parallel.sync_batchnorm and precision != "fp32":
             raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
-        if self.model.moe is not None and (self.parallel.model_parallel or precision == "fp16"):
-            # train/moe.py adds the balancing loss's gradient unscaled: one micro-batch, no fp16 loss scale
-            raise ValueError("model.moe: runs with data parallelism (parallel.pp and parallel.tp 1) in fp32 or bf16")
-        _expert_parallel_fits(self)
+        if self.model.moe is not None and precision == "fp16":
+            # train/moe.py adds the balancing loss's gradient without the fp16 loss scale
+            raise ValueError("model.moe: runs in train.precision fp32 or bf16")
+        _experts_fit(self)
         builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
         if self.model.batchnorm and self.model.name == "gpt":
             raise ValueError("model.batchnorm: a gpt normalizes with LayerNorm; batchnorm is for mlp and cnn")
@@ -236,10 +236,23 @@ class Scenario(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _expert_parallel_fits(scenario: Scenario) -> None:
-    """parallel.ep shards model.moe's experts over data-parallel ranks: in fp32 or bf16, every expert count
+def _experts_fit(scenario: Scenario) -> None:
+    """model.moe under pp / tp (schemes/expert_model_parallel.py): tp with sequence parallelism, no cp, numerics
+    on. parallel.ep shards model.moe's experts over data-parallel ranks: in fp32 or bf16, every expert count
     divisible."""
-    ep, moe = scenario.parallel.ep, scenario.model.moe
+    ep, moe, parallel = scenario.parallel.ep, scenario.model.moe, scenario.parallel
+    if moe is not None and parallel.model_parallel:
+        if parallel.tp > 1 and not parallel.sequence_parallel:
+            raise ValueError("parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it (each tp rank "
+                             "routes its part of the sequence to experts it holds whole, as Megatron-Core)")
+        if parallel.cp > 1:
+            raise ValueError("parallel.cp: model.moe with context parallelism is not built yet")
+        if not scenario.numerics:
+            raise ValueError("numerics: model.moe under parallel.pp or parallel.tp runs with numerics on (the "
+                             "routing models of numerics off run with data parallelism only)")
+        if scenario.train.checkpointing not in ("none", "selective"):
+            raise ValueError("train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none or "
+                             "selective (the others are not built yet)")
     if ep == 1:
         return
     if moe is None:

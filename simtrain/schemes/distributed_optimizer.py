@@ -103,18 +103,24 @@ class ReplicatedUpdate:
         yield from ()
 
     def update(self, rank: int):
-        """Step program: all-reduce and average the gradient over the dp (x cp) group, vote on an fp16 overflow, step."""
+        """Step program: all-reduce and average the gradient (`reduce`), vote on an fp16 overflow, step."""
         scheme = self.scheme
         replica = scheme.replicas[rank]
-        if scheme.layout.dp * scheme.layout.cp > 1:  # the dp-cp group (context parallelism: cp > 1)
-            dp_comm, dp_index, dp_reduce = scheme.comms["dp"][rank]
-            yield Collective(dp_reduce(dp_index, dp_comm.world, replica.grad_buffer, average=True), "dp_allreduce",
-                             dp_comm, dp_index)
+        yield from self.reduce(rank)
         found_inf = replica.precision.find_overflow(replica.grad_buffer)
         if scheme.vote:
             found_inf = yield from overflow_vote(*scheme.comms["model"][rank], found_inf)
         replica.apply_update(replica.precision.settle(found_inf))
         yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer")
+
+    def reduce(self, rank: int):
+        """Step program: all-reduce and average the gradient over the dp (x cp) group (expert_model_parallel.py's
+        ExpertUpdate: the experts' over their holders)."""
+        scheme = self.scheme
+        if scheme.layout.dp * scheme.layout.cp > 1:  # the dp-cp group (context parallelism: cp > 1)
+            dp_comm, dp_index, dp_reduce = scheme.comms["dp"][rank]
+            yield Collective(dp_reduce(dp_index, dp_comm.world, scheme.replicas[rank].grad_buffer, average=True),
+                             "dp_allreduce", dp_comm, dp_index)
 
     def ended(self, rank: int) -> None:
         """A rank's program has ended: nothing to gather."""

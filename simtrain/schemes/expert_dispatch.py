@@ -40,17 +40,23 @@ exchanges move meta tensors of the drawn sizes.
     yield from step.backward(loss)
     step.layers            # per MoE layer: assignments and kept tokens, [src][expert], of this rank's group
 """
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ..comm.all_to_all import pairwise_all_to_all
+from ..comm.all_to_all import hierarchical_all_to_all, pairwise_all_to_all
+from ..comm.channels import layout_of
 from ..comm.ring import ring_all_gather
 from ..cost import SavedTensorTracker
+from ..errors import ScenarioError
 from ..op_cost import OperatorRecorder
 from ..step_ops import Alloc, Collective, Compute, Free
-from ..train.moe import AuxLossGradient, MoEBlock, balancing_loss, kept_assignments
+from ..train.moe import MoEBlock
+from ..train.moe_exchange import (ExpertExchange, combine, kept_matrix, kept_positions, rank_counts,
+                                  run_experts, transposed)
+from ..train.moe_router import route_tokens
 from ..train.moe_routing import draw_assignments, routing_generator
 
 
@@ -70,28 +76,32 @@ class EpGroup:
     def size(self) -> int:
         return len(self.ranks)
 
-
-def kept_matrix(assigned: list[list[int]], capacity: int | None) -> list[list[int]]:
-    """kept[s][e] of assigned[s][e] (ep rank s's assignments to expert e) when every expert keeps its first
-    `capacity` assignments, ranks in order (None: dropless, all of them)."""
-    if capacity is None:
-        return [list(row) for row in assigned]
-    kept, ahead = [], [0] * len(assigned[0])
-    for row in assigned:
-        kept.append([min(n, max(0, capacity - before)) for n, before in zip(row, ahead)])
-        ahead = [before + n for before, n in zip(ahead, row)]
-    return kept
-
-
-def rank_counts(kept: list[list[int]]) -> list[list[int]]:
-    """Rows rank src sends rank dst in a dispatch: src's kept tokens for dst's experts (experts in runs)."""
-    ep = len(kept)
-    per = len(kept[0]) // ep
-    return [[sum(row[dst * per:(dst + 1) * per]) for dst in range(ep)] for row in kept]
+    def exchange(self, kind: ExpertExchange, tensor: torch.Tensor):
+        """(the Collective of exchange `kind` of `tensor` over the group, the tensor that holds what arrives once
+        it has run): "moe counts" all-gathers each rank's (1, experts) counts into (ranks, experts), rank order;
+        an all-to-all sends `kind.counts[index]` rows to each rank."""
+        if kind.label == "moe counts":
+            gathered = tensor.new_zeros((self.size, tensor.shape[1]))
+            gathered[self.index].copy_(tensor[0])
+            # the ring starts with rank r's counts at position r + 1: chunk p is row p - 1
+            program = ring_all_gather(self.index, (self.index + 1) % self.size, (self.index - 1) % self.size,
+                                      [gathered[(position - 1) % self.size] for position in range(self.size)])
+        else:
+            gathered = kind.result_like(tensor)
+            program = self.all_to_all(self.index, self.size, tensor, gathered, kind.counts)
+        return Collective(program, kind.label, comm=self.comm, rank=self.index), gathered
 
 
-def transposed(counts: list[list[int]]) -> list[list[int]]:
-    return [list(column) for column in zip(*counts)]
+def group_all_to_all(job, ranks) -> Callable:
+    """The all-to-all program of the ep group of job ranks `ranks`: `parallel.moe_dispatch`'s, the hierarchical one
+    over the hosts the topology puts them on."""
+    if job.scenario.parallel.moe_dispatch == "pairwise":
+        return pairwise_all_to_all
+    hosts = [list(host) for host in layout_of(job.cluster.topology, [job.devices[rank].node for rank in ranks]).hosts]
+    if len({len(host) for host in hosts}) > 1:
+        raise ScenarioError(f"parallel.moe_dispatch: hierarchical needs the ep group's ranks {list(ranks)} spread "
+                            f"evenly over hosts, got {', '.join(str(len(host)) for host in hosts)} a host")
+    return functools.partial(hierarchical_all_to_all, hosts=hosts)
 
 
 @dataclass
@@ -128,10 +138,8 @@ class ExpertParallelStep:
 
     def _exchange(self, send: torch.Tensor, rows: int, counts, label: str):
         """Step program: the ep group's all-to-all of `send`; returns what arrived."""
-        group = self.group
-        recv = send.new_empty((rows, *send.shape[1:]))
-        program = group.all_to_all(group.index, group.size, send.detach(), recv, counts)
-        self.all_to_all_s += yield Collective(program, label, comm=group.comm, rank=group.index)
+        collective, recv = self.group.exchange(ExpertExchange(label, counts, rows), send.detach())
+        self.all_to_all_s += yield collective
         return recv
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, batch_loss):
@@ -147,7 +155,9 @@ class ExpertParallelStep:
                 stream = before()
                 for dense in pending:
                     stream = dense(stream)
-                return _route(block, stream)
+                x_mid, h = block._after_attention(stream, block._attention(block.ln1(stream)))
+                tokens = h.reshape(-1, h.shape[-1])
+                return x_mid, tokens, *route_tokens(block.moe, tokens)
             routed, compute = self._charged("forward", up_to_router)
             yield compute
             resume = yield from self._moe_layer(module.moe, *routed)
@@ -190,8 +200,8 @@ class ExpertParallelStep:
         ahead = [sum(assigned[src][e] for src in range(me)) for e in range(experts)]
 
         def gather():
-            index, slot = _kept_positions(chosen, experts, moe.capacity(tokens.shape[0] * group.size), ahead,
-                                          kept[me])
+            index, slot = kept_positions(chosen, experts, moe.capacity(tokens.shape[0] * group.size), ahead,
+                                         kept[me])
             return index, slot, tokens[index]
         (token_index, slot, dispatched), compute = self._charged("forward", gather)
         yield compute
@@ -199,7 +209,7 @@ class ExpertParallelStep:
 
         expert_in = received.requires_grad_()
         layout = [[kept[src][moe.first_expert + j] for j in range(per)] for src in range(group.size)]
-        expert_out, compute = self._charged("experts", lambda: _run_experts(moe.experts, expert_in, layout))
+        expert_out, compute = self._charged("experts", lambda: run_experts(moe.experts, expert_in, layout))
         yield compute
         combined = yield from self._exchange(expert_out, dispatched.shape[0], transposed(counts), "moe combine")
         combined.requires_grad_()
@@ -210,28 +220,18 @@ class ExpertParallelStep:
 
         def after_combine():
             x_cut, tokens_cut, weights_cut = leaves
-            weight = weights_cut[token_index, slot].unsqueeze(-1).to(tokens_cut.dtype)
-            out = torch.zeros_like(tokens_cut).index_add(0, token_index, weight * combined)
-            for expert in moe.shared:
-                out = out + expert(tokens_cut)
-            return x_cut + out.view_as(x_cut)
+            return x_cut + combine(moe, tokens_cut, weights_cut, token_index, slot, combined).view_as(x_cut)
         return after_combine
 
     def _assignments(self, tokens, chosen, experts: int, top_k: int, layer: int):
         """Step program: every group rank's assignments per expert, [src][expert], all-gathered by ring."""
         group = self.group
         assigned = self._drawn(experts, tokens.shape[0] * top_k, layer) if tokens.is_meta else None
-        chunks = [torch.zeros(experts, dtype=torch.int64, device=tokens.device) for _ in group.ranks]
-        mine = (group.index + 1) % group.size  # the chunk ring_all_gather expects this position to hold
-        if assigned is None:
-            chunks[mine].copy_(torch.bincount(chosen.flatten(), minlength=experts))
-        program = ring_all_gather(group.index, (group.index + 1) % group.size, (group.index - 1) % group.size,
-                                  chunks)
-        yield Collective(program, "moe counts", comm=group.comm, rank=group.index)
-        if assigned is None:
-            assigned = [chunks[(src + 1) % group.size].tolist() for src in range(group.size)]
-        return assigned
-
+        mine = (torch.zeros((1, experts), dtype=torch.int64, device=tokens.device) if assigned is not None
+                else torch.bincount(chosen.flatten(), minlength=experts).unsqueeze(0))
+        collective, gathered = group.exchange(ExpertExchange("moe counts", (), group.size), mine)
+        yield collective
+        return assigned if assigned is not None else gathered.tolist()
 
     def _drawn(self, experts: int, assignments: int, layer: int) -> list[list[int]]:
         """No router ran: each group rank's draw from the routing model (seeded by step, layer and rank), drawn
@@ -246,46 +246,6 @@ class ExpertParallelStep:
         if entry[1] == 0:
             del group.draws[key]
         return entry[0]
-
-
-def _route(block: MoEBlock, stream: torch.Tensor):
-    """The block's attention and the router: (residual stream, tokens, probabilities, choices, weights)."""
-    x_mid, h = block._after_attention(stream, block._attention(block.ln1(stream)))
-    moe = block.moe
-    tokens = h.reshape(-1, h.shape[-1])
-    probs = moe.router(tokens).float().softmax(dim=-1)
-    top_probs, chosen = probs.topk(moe.spec.top_k, dim=-1)
-    weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
-    if moe.spec.aux_loss_coeff > 0 and not tokens.is_meta:  # this rank's tokens' balancing loss, as Megatron-Core
-        weights = AuxLossGradient.apply(weights, balancing_loss(probs, chosen, moe.spec.experts)
-                                        * moe.spec.aux_loss_coeff)
-    return x_mid, tokens, probs, chosen, weights
-
-
-def _kept_positions(chosen, experts: int, capacity, ahead, kept_row):
-    """(token index, choice rank) of every kept assignment, experts in order, each expert's in token order."""
-    if chosen.is_meta:  # drawn counts: the positions are shapes only
-        total = sum(kept_row)
-        return (torch.zeros(total, dtype=torch.long, device="meta"),) * 2
-    keep = kept_assignments(chosen, experts, capacity, ahead)
-    pairs = [((chosen == e) & keep).nonzero(as_tuple=True) for e in range(experts)]
-    return torch.cat([index for index, _ in pairs]), torch.cat([slot for _, slot in pairs])
-
-
-def _run_experts(experts, received: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
-    """The outputs of this rank's experts for `received` (blocks by source, each by expert), in its layout."""
-    per = len(experts)
-    starts, position = [[0] * per for _ in layout], 0
-    for src, row in enumerate(layout):
-        for j, rows in enumerate(row):
-            starts[src][j] = position
-            position += rows
-    device = received.device
-    order = torch.cat([torch.arange(starts[src][j], starts[src][j] + layout[src][j], device=device)
-                       for j in range(per) for src in range(len(layout))])
-    by_expert = received[order].split([sum(row[j] for row in layout) for j in range(per)])
-    outputs = torch.cat([expert(tokens) for expert, tokens in zip(experts, by_expert)])
-    return torch.empty_like(outputs).index_copy(0, order, outputs) if not received.is_meta else outputs
 
 
 def _run(stream, modules, finish):

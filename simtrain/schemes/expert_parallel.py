@@ -8,7 +8,9 @@ experts [i E/ep, (i+1) E/ep) of every MoE layer (train/moe.py's
 keep_experts_). The rest of the model (embeddings, attention, routers, shared
 experts, the head) is replicated on every rank and data parallel over all dp
 ranks; an expert's parameters are data parallel over the dp/ep ranks that hold
-it (the ranks of one ep index, one per group).
+it (the ranks of one ep index, one per group). This scheme is ep with data
+parallelism alone; under pp / tp the model-parallel step runs the MoE layers
+(schemes/expert_model_parallel.py).
 
 Each step a rank runs its own batch forward and backward with every MoE layer's
 tokens dispatched to their experts' ranks and combined back by all-to-all
@@ -26,18 +28,15 @@ The `moe` report section (tokens per expert, dropped tokens, all-to-all bytes
 and time, per step) is built here.
 """
 import copy
-import functools
 
 from pydantic import Field
 
-from ..comm.all_to_all import hierarchical_all_to_all, pairwise_all_to_all
-from ..comm.channels import layout_of
 from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
 from ..step_ops import Alloc, Busy, Collective, MemoryBound
 from ..train.grad_bucket import flat_grad_buffer
 from ..train.moe import MoE
-from .expert_dispatch import EpGroup, ExpertParallelStep
+from .expert_dispatch import EpGroup, ExpertParallelStep, group_all_to_all
 from .sync import SyncDataParallel
 
 
@@ -55,7 +54,7 @@ class ExpertParallel(SyncDataParallel):
         super().__init__(job, on_step)
         self.overlap = False  # one all-reduce of each gradient after the backward
         self.only_ring_all_reduces = False
-        self._dense_elements = {rank: _experts_last(replica) for rank, replica in enumerate(self.replicas)
+        self._dense_elements = {rank: experts_last(replica) for rank, replica in enumerate(self.replicas)
                                 if replica is not None}
         spec = job.scenario.model.moe
         self.routing = spec.routing
@@ -69,7 +68,7 @@ class ExpertParallel(SyncDataParallel):
         self.ep_groups, self.expert_groups = {}, {}
         for first in range(0, self.world, ep):
             ranks = tuple(range(first, first + ep))
-            comm, draws, all_to_all = job.communicator(list(ranks)), {}, self._all_to_all(ranks)
+            comm, draws, all_to_all = job.communicator(list(ranks)), {}, group_all_to_all(job, ranks)
             for index, rank in enumerate(ranks):
                 self.ep_groups[rank] = EpGroup(comm, index, ranks, all_to_all, draws)
         for index in range(ep):
@@ -78,19 +77,6 @@ class ExpertParallel(SyncDataParallel):
                 comm, all_reduce = job.communicator(ranks), job.all_reduce(ranks)
                 for position, rank in enumerate(ranks):
                     self.expert_groups[rank] = (comm, position, len(ranks), all_reduce)
-
-    def _all_to_all(self, ranks: tuple[int, ...]):
-        """The all-to-all program of the ep group of job ranks `ranks`: `parallel.moe_dispatch`'s, the
-        hierarchical one over the hosts the topology puts them on."""
-        if self.job.scenario.parallel.moe_dispatch == "pairwise":
-            return pairwise_all_to_all
-        hosts = [list(host) for host in layout_of(self.job.cluster.topology,
-                                                  [self.job.devices[rank].node for rank in ranks]).hosts]
-        if len({len(host) for host in hosts}) > 1:
-            raise ScenarioError(f"parallel.moe_dispatch: hierarchical needs the ep group's ranks {list(ranks)} "
-                                f"spread evenly over hosts, got {', '.join(str(len(host)) for host in hosts)} "
-                                f"a host")
-        return functools.partial(hierarchical_all_to_all, hosts=hosts)
 
     def rewind(self, step: int) -> None:
         """Forget what came after step `step`, the routing records too (a restart from a checkpoint)."""
@@ -192,7 +178,7 @@ class ExpertParallel(SyncDataParallel):
         return sections
 
 
-def _experts_last(replica) -> int:
+def experts_last(replica) -> int:
     """Re-point the replica's gradients into one buffer, replicated parameters first, then its experts'
     (each part all-reduced over its own group), the fp32 masters' in the same order (mixed precision: the
     averaged buffer is copied onto them); returns the replicated part's elements."""
@@ -233,8 +219,9 @@ class MoeSection(ReportSection):
     dropped_tokens: list[int] = Field(description="per step: assignments dropped past an expert's capacity")
     all_to_all_bytes: list[int] = Field(description="per step: bytes the MoE all-to-alls moved between ranks "
                                                     "(dispatch, combine and their backwards)")
-    all_to_all_time_s: list[float] = Field(description="per step: a rank's mean seconds of all-to-all "
-                                                       "communication (with transfers of its own in flight)")
+    all_to_all_time_s: list[float] | None = Field(description="per step: a rank's mean seconds of all-to-all "
+                                                              "communication (with transfers of its own in flight); "
+                                                              "null under pp / tp (in the trace there)")
     step_time_s: list[float] = Field(description="per step: its simulated seconds")
     expert_share: list[float] = Field(description="each expert's share of the run's assignments (before drops): "
                                                   "model.moe.routing.histogram for a run without numerics")

@@ -53,9 +53,11 @@ from ..comm.kv_ring import RING_STEPS
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
 from ..step_ops import Alloc, Collective, Free, Transfer
 from ..train.partition import assemble, module_structure
+from ..train.moe_exchange import ExpertExchange
 from ..train.precision import DTYPES
 from ..train.ring_attention import shard_sequence
 from .distributed_optimizer import data_parallel_update
+from .expert_model_parallel import ExpertLayers, ExpertUpdate
 from .layer_recompute import measure_layers
 from .layout import Layout
 from .model_parts import boundary_activations
@@ -90,6 +92,7 @@ class ModelParallel(RankReplicas, Scheme):
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
         self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
+        self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
         self.regroup()
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
@@ -97,7 +100,7 @@ class ModelParallel(RankReplicas, Scheme):
                                                     self.layout.cp * (self.layout.tp if parallel.sequence_parallel
                                                                       else 1))
         # DDP's all-reduce, or the distributed optimizer (each rank's share sharded over its dp group)
-        self.data_parallel = data_parallel_update(self)
+        self.data_parallel = ExpertUpdate(self) if parallel.ep > 1 else data_parallel_update(self)
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._signatures: dict[int, tuple] = {}  # model part -> what it computes
         self._losses = [[] for _ in range(self.steps)]
@@ -127,6 +130,8 @@ class ModelParallel(RankReplicas, Scheme):
             self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
+        if self.experts is not None:  # the ep groups' exchanges, the experts' gradient all-reduce
+            self.comms.update(self.experts.communicators())
 
     def resume(self, rank: int):
         """Step program after a load: a sharded share gathers the chunks it does not own (distributed_optimizer.py)."""
@@ -179,6 +184,8 @@ class ModelParallel(RankReplicas, Scheme):
         def tp_collective(kind: str, tensor):
             """(the tp collective `kind` on `tensor`, or ring attention's step on the cp group, its result):
             schemes/stage_execution.py."""
+            if isinstance(kind, ExpertExchange):  # an MoE layer's exchange in the ep group
+                return self.experts.exchange(rank, kind, tensor)
             if kind in RING_STEPS:  # with representatives, timed with the mirrored cp groups' (numerics off)
                 program, result = ((MirroredCollective(kind, tensor), tensor) if self.representatives
                                    else RING_STEPS[kind](cp_index, cp_comm.world, tensor))
@@ -272,6 +279,8 @@ class ModelParallel(RankReplicas, Scheme):
         mean = float(sum(loss.item() for loss in losses)) / len(losses) if self.job.numerics else None
         now = self.job.cluster.env.now
         self.loss_curve.append((now, mean))
+        if self.experts is not None:
+            self.experts.step_done(step)
         if self.on_step is not None:
             self.on_step(step, now, mean)
 
@@ -294,7 +303,8 @@ class ModelParallel(RankReplicas, Scheme):
 
     def assemble(self, pieces: dict) -> "torch.nn.Module":
         """The whole model from ranks' pieces (rank -> RankModule.pieces()): those of data-parallel replica 0."""
-        return assemble(self.job.model, [piece for rank in self.layout.replicas()[0] for piece in pieces[rank]])
+        return assemble(self.job.model, [piece for rank in self.layout.replicas()[0] for piece in pieces[rank]]
+                        + (self.experts.other_experts(pieces) if self.experts is not None else []))
 
     def final_models(self) -> list:
         return [self.trained_model()]
@@ -316,7 +326,8 @@ class ModelParallel(RankReplicas, Scheme):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.representatives,
-        }, **self.data_parallel.report_sections()}
+        }, **self.data_parallel.report_sections(),
+            **(self.experts.report_sections(self.loss_curve) if self.experts is not None else {})}
 
     # --- the Scheme hooks (scheme.py) ---
 

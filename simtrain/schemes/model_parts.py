@@ -78,7 +78,8 @@ def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], 
         try:
             shares.append(RankModule(model, units, counts, part_ids, where["tp"], layout.tp,
                                      scenario.train.checkpointing, scenario.parallel.sequence_parallel,
-                                     ContextShard(where["cp"], layout.cp)))
+                                     ContextShard(where["cp"], layout.cp),
+                                     (where["dp"] % scenario.parallel.ep, scenario.parallel.ep)))
         except ValueError as error:
             raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
     if scenario.train.checkpointing == "selective":

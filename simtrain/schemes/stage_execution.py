@@ -300,7 +300,9 @@ class _Reduced(NamedTuple):
 def _measuring(tp: int):
     """A `communicate` for measuring on meta tensors: yields a _Reduced, its result shaped as the
     collective's would be (a sequence shard gathers to tp times its length, a whole scatters to 1/tp)."""
-    def communicate(kind: str, tensor: torch.Tensor):
+    def communicate(kind, tensor: torch.Tensor):
+        if not isinstance(kind, str):  # an exchange that says what it receives (train/moe_exchange.py)
+            return _Reduced(kind, tensor), kind.result_like(tensor)
         if kind == "all_reduce":
             return _Reduced(kind, tensor), tensor
         if kind in ("kv_ring", "kv_ring_back"):  # ring attention's step: a block like the one sent arrives

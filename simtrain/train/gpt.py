@@ -143,15 +143,17 @@ class Block(nn.Module):
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(F.gelu(self.expand(h)), self.contract.weight)
 
+    column_split, row_split = ("query", "key", "value", "expand"), ("projection", "contract")  # Linears split by tp
+
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s heads and MLP features; where each slice sits in the whole parameter."""
         if self.heads % tp:
             raise ValueError(f"{self.heads} heads do not divide into {tp} equal groups")
         slices = {}
-        for name in ("query", "key", "value", "expand"):
+        for name in self.column_split:
             for part in ("weight", "bias"):
                 slices[f"{name}.{part}"] = shard_parameter_(getattr(self, name), part, 0, tp_rank, tp)
-        for name in ("projection", "contract"):
+        for name in self.row_split:
             slices[f"{name}.weight"] = shard_parameter_(getattr(self, name), "weight", 1, tp_rank, tp)
         self.heads //= tp
         return slices

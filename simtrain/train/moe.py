@@ -23,9 +23,10 @@ and P_e the mean of p_t,e over the tokens: coeff when routing is balanced.
 It joins the training loss as Megatron-Core's MoEAuxLossAutoScaler adds it:
 the layer's output carries it through autograd, and the backward adds its
 gradient (times 1) to the router's, so the loss a run reports stays the
-language-model loss. Scaling it by micro-batches or an fp16 loss scale is not
-done: a scenario with MoE runs with one micro-batch and fp32 or bf16
-(scenario/root.py says so).
+language-model loss. Under pp / tp its gradient is `aux_loss_scale`,
+1 / (micro-batches x tp) (train/moe_exchange.py); an fp16 loss scale is not
+applied to it, so MoE runs in fp32 or bf16 (scenario/root.py says so). The
+router's pieces are in train/moe_router.py.
 
 After each forward, `routing` holds what the router did: tokens per expert
 (kept), assignments dropped, and the auxiliary loss. With numerics off (meta
@@ -37,7 +38,9 @@ is charged the drops of the first.
 
 Under expert parallelism (`parallel.ep`) each rank's copy keeps only its
 share of every layer's experts (`keep_experts_`), and the layer runs through
-schemes/expert_dispatch.py, which moves the tokens to their experts' ranks.
+schemes/expert_dispatch.py, which moves the tokens to their experts' ranks;
+under pp / tp the block's `parallel_ops` run it as the regions of
+train/moe_exchange.py, between its ep group's exchanges.
 
     layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
     y = layer(h)                         # (batch, positions, 64)
@@ -52,6 +55,10 @@ from torch import nn
 
 from ..scenario.model import MoESpec
 from .gpt import Block
+from .moe_exchange import exchange_ops
+from .moe_router import AuxLossGradient, balancing_loss, kept_assignments
+from .ring_attention import attention_ops
+from .tensor_parallel import attention_half_ops
 
 
 class ExpertMLP(nn.Module):
@@ -86,6 +93,9 @@ class MoE(nn.Module):
         self.shared = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.shared_experts))
         self.routing: Routing | None = None
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
+        self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
+        self.aux_loss_scale = 1.0  # the balancing loss's share of the loss (pp / tp: 1 / (microbatches x tp))
+        self.routings: list = []  # under pp / tp: each forward's (assigned, kept) of the ep group (moe_exchange.py)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if len(self.experts) < self.spec.experts:
@@ -138,41 +148,6 @@ class MoE(nn.Module):
         return out
 
 
-def kept_assignments(chosen: torch.Tensor, experts: int, capacity: int | None, ahead=None) -> torch.Tensor:
-    """(T, k) booleans: which of the router's choices their expert takes. Each expert keeps its first
-    `capacity` assignments in token order, a token's choices in rank order (None: all of them); `ahead[e]`
-    assignments of other ranks' tokens come before these in expert e's queue (expert parallelism)."""
-    if capacity is None:
-        return torch.ones_like(chosen, dtype=torch.bool)
-    one_hot = F.one_hot(chosen.flatten(), experts)  # (T k, E), rows in (token, rank) order
-    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # the assignment's place in its expert's queue
-    if ahead is not None:
-        position = position + torch.as_tensor(ahead, dtype=position.dtype)[chosen.flatten()]
-    return (position < capacity).view_as(chosen)
-
-
-def balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, experts: int) -> torch.Tensor:
-    """Switch Transformer's load-balancing loss for top-k (without the coefficient): E * sum_e f_e P_e."""
-    tokens, top_k = chosen.shape
-    share = torch.bincount(chosen.flatten(), minlength=experts).float() / (tokens * top_k)
-    return experts * (share * probs.mean(dim=0)).sum()
-
-
-class AuxLossGradient(torch.autograd.Function):
-    """Identity on the layer's output in the forward; in the backward, the auxiliary loss gets gradient 1,
-    as if it had been added to the training loss (Megatron-Core's MoEAuxLossAutoScaler, scale 1)."""
-
-    @staticmethod
-    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(aux_loss)
-        return output.view_as(output)
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        (aux_loss,) = ctx.saved_tensors
-        return grad_output, torch.ones_like(aux_loss)
-
-
 class MoEBlock(Block):
     """A gpt Block whose MLP is a mixture of experts: x + attention(ln1(x)), then x + moe(ln2(x))."""
 
@@ -185,19 +160,35 @@ class MoEBlock(Block):
         x, h = self._after_attention(x, self._attention(self.ln1(x)))
         return x + self.moe(h)
 
-    def shard_(self, tp_rank: int, tp: int):
-        raise ValueError("a mixture-of-experts block is not split by tensor parallelism")
+    column_split, row_split = ("query", "key", "value"), ("projection",)  # the experts stay whole on every tp rank
+
+    def parallel_ops(self) -> list:
+        """The attention with its tensor-parallel collectives, then the mixture of experts with its ep group's
+        exchanges (train/moe_exchange.py) on this rank's tokens: its part of the sequence under sequence
+        parallelism, which tensor parallelism needs here (scenario/root.py), so no tp collective is needed."""
+        return attention_half_ops(self.ln1, attention_ops(self), self._after_attention,
+                                  self.sequence_parallel) + exchange_ops(self.moe)
 
 
 def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:
     """Expert parallelism: every MoE layer of `model` keeps only ep rank `ep_rank`'s experts, the
     `experts / ep` from `ep_rank * experts / ep` on (schemes/expert_dispatch.py runs them); returns `model`."""
-    for layer in model.modules():
+    for layer in model.modules() if ep > 1 else ():
         if isinstance(layer, MoE):
             count = layer.spec.experts // ep
-            layer.first_expert = ep_rank * count
+            layer.first_expert, layer.ep = ep_rank * count, ep
             layer.experts = nn.ModuleList(list(layer.experts)[layer.first_expert:layer.first_expert + count])
     return model
+
+
+def whole_model_name(module: nn.Module, name: str) -> str:
+    """`name`, a parameter's or buffer's name in `module` after keep_experts_, as the whole model names it: an
+    expert's index counted from its layer's first expert."""
+    layer_name, found, rest = name.partition(".experts.")
+    if not found:
+        return name
+    index, _, tail = rest.partition(".")
+    return f"{layer_name}.experts.{module.get_submodule(layer_name).first_expert + int(index)}.{tail}"
 
 
 def moe_block(spec: MoESpec):

@@ -36,10 +36,15 @@ def expert_probabilities(routing: RoutingSpec, experts: int) -> torch.Tensor:
 def draw_assignments(routing: RoutingSpec, experts: int, assignments: int, generator: torch.Generator) -> list[int]:
     """How many of `assignments` go to each expert (their sum is `assignments`)."""
     if routing.model == "balanced":
-        return [assignments // experts + (e < assignments % experts) for e in range(experts)]
+        return balanced_assignments(experts, assignments)
     draws = torch.multinomial(expert_probabilities(routing, experts), assignments, replacement=True,
                               generator=generator)
     return torch.bincount(draws, minlength=experts).tolist()
+
+
+def balanced_assignments(experts: int, assignments: int) -> list[int]:
+    """The even share: assignments // experts each, the remainder one more each to the first experts."""
+    return [assignments // experts + (e < assignments % experts) for e in range(experts)]
 
 
 def routing_generator(seed: int, step: int, layer: int, rank: int) -> torch.Generator:

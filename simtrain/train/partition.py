@@ -33,6 +33,7 @@ from torch import nn
 from ..loss import cross_entropy
 from ..op_cost import OperatorRecorder
 from .checkpointing import apply_checkpointing, recompute_attention_cores_
+from .moe import MoE, keep_experts_, whole_model_name
 from .ring_attention import ContextShard
 from .tensor_parallel import (ELEMENTWISE, TP_BOUNDARIES, Apply, ApplyWithTarget, Slice, column_row_ops,
                               shard_column_row_)
@@ -173,7 +174,7 @@ class RankModule(nn.Module):
 
     def __init__(self, model: nn.Sequential, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
                  tp_rank: int = 0, tp: int = 1, checkpointing="none", sequence_parallel: bool = False,
-                 context: ContextShard = ContextShard()):
+                 context: ContextShard = ContextShard(), experts: tuple[int, int] = (0, 1)):
         super().__init__()
         first_unit = [sum(counts[:part]) for part in range(len(counts))]
         self.tp = tp
@@ -187,6 +188,7 @@ class RankModule(nn.Module):
             entries = [index for unit in chunk_units for index in unit]
             chunk = nn.Sequential(*(copy.deepcopy(model[index]) for index in entries))
             slices = self._shard(chunk, tp_rank, tp) if tp > 1 else {}
+            keep_experts_(chunk, *experts)  # ep rank experts[0] of experts[1]: its share of every MoE layer's experts
             for module in chunk.modules() if sequence_parallel else ():  # train/gpt.py's layers take it
                 if hasattr(module, "sequence_parallel"):
                     module.sequence_parallel = True
@@ -202,7 +204,7 @@ class RankModule(nn.Module):
             self.ops.append(self.chunk_ops(chunk, ends_model))
             self.layers.append(self._layers(chunk, [len(unit) for unit in chunk_units], ends_model))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
-                position, _, rest = local.partition(".")
+                position, _, rest = whole_model_name(chunk, local).partition(".")
                 self.sources[f"chunks.{chunk_index}.{local}"] = Source(f"{entries[int(position)]}.{rest}",
                                                                        slices.get(local))
 
@@ -228,8 +230,8 @@ class RankModule(nn.Module):
     def chunk_ops(self, chunk: nn.Sequential, ends_model: bool) -> list:
         """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces (and
         ring attention's steps under context parallelism); ending with the loss if the chunk ends the model."""
-        if self.tp > 1 or self.context.size > 1:
-            return _parallel_ops(chunk, ends_model, self.tp)
+        if self.tp > 1 or self.context.size > 1 or any(isinstance(module, MoE) for module in chunk.modules()):
+            return _parallel_ops(chunk, ends_model, self.tp)  # a mixture of experts: its exchanges (moe_exchange.py)
         return [Apply(lambda x: (chunk(x),)), *([LOSS] if ends_model else [])]
 
     @staticmethod

@@ -141,5 +141,12 @@ def residual_block_ops(norm, attention_ops: list, after_attention, mlp, finish, 
     output): one Apply, or ring attention's steps (train/ring_attention.py); `after_attention(x, a)` gives
     (x, the MLP's input); `finish(x, m)` adds the MLP's output to the stream."""
     f, g = (AllGather, ReduceScatter) if sequence_parallel else (AllReduceBackward, AllReduceForward)
-    return [Apply(lambda x: (x, norm(x))), f(1), *attention_ops, g(1),
-            Apply(after_attention), f(1), Apply(lambda x, h: (x, mlp(h))), g(1), Apply(finish)]
+    return [*attention_half_ops(norm, attention_ops, after_attention, sequence_parallel),
+            f(1), Apply(lambda x, h: (x, mlp(h))), g(1), Apply(finish)]
+
+
+def attention_half_ops(norm, attention_ops: list, after_attention, sequence_parallel: bool) -> list:
+    """The first half of residual_block_ops: x to (x, the MLP's input) through the attention and its "f" and
+    "g" (a mixture of experts takes it on from there: train/moe.py)."""
+    f, g = (AllGather, ReduceScatter) if sequence_parallel else (AllReduceBackward, AllReduceForward)
+    return [Apply(lambda x: (x, norm(x))), f(1), *attention_ops, g(1), Apply(after_attention)]

@@ -1,0 +1,216 @@
+"""An expert-parallel MoE layer's work cut at its ep group's exchanges: route, count, dispatch, experts, combine.
+
+Under expert parallelism (`parallel.ep`) ep rank i of an ep group holds the
+i-th run of experts/ep of every MoE layer (train/moe.py keep_experts_), and
+the layer's tokens go to their experts' ranks and back by all-to-all. The
+pieces here are what every rank computes between those exchanges, on real
+tensors (or meta ones), shared by the two schemes that run them:
+schemes/expert_dispatch.py (ep inside data parallelism) and the
+model-parallel step under pp / tp (schemes/expert_model_parallel.py), where
+`exchange_ops` gives the layer as Apply steps with the exchanges as
+boundaries between regions, as tensor parallelism's collectives are
+(train/tensor_parallel.py, schemes/stage_execution.py).
+
+One layer, on the (x, h) of a block (its residual stream and the MoE's input):
+
+1. `route_tokens` (train/moe_router.py): router, softmax in fp32, top-k, renormalized weights (the
+   balancing loss's gradient attached, times `moe.aux_loss_scale`); the
+   rank's assignments per expert are all-gathered over the ep group
+   (`ExpertExchange` "moe counts");
+2. `kept_matrix`: capacity decided from the group's counts as one device
+   decides it for the group's tokens (ranks in order); `kept_positions` picks
+   this rank's kept assignments, experts in order; "moe dispatch" sends them
+   (block (src, dst): the tokens src's router sent to dst's experts);
+3. `run_experts` runs the rank's experts on what arrived; "moe combine" sends
+   the outputs back, where they are weighted by the router and summed (plus
+   shared experts) onto the residual stream.
+
+Every boundary's backward is the reverse exchange ("moe dispatch backward",
+"moe combine backward"). Without a router's output (meta tensors: a cost
+measured before any routing) every rank's assignments are balanced.
+
+    ops = exchange_ops(block.moe)      # (x, h) -> (x + moe(h),), after a block's attention ops
+    block.moe.routings                 # per forward: (assigned, kept), [ep rank][expert], of its ep group
+"""
+from typing import NamedTuple
+
+import torch
+
+from .moe_router import kept_assignments, route_tokens
+from .moe_routing import balanced_assignments
+from .tensor_parallel import Apply
+
+
+class ExpertExchange(NamedTuple):
+    """A collective of the ep group between two regions of an MoE layer: "moe counts" (every rank's assignments
+    per expert, all-gathered: `rows` = ep), or an all-to-all ("moe dispatch", "moe combine" and their backwards)
+    of `counts[src][dst]` rows; `rows`: how many this rank receives."""
+
+    label: str
+    counts: tuple
+    rows: int
+
+    def result_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        """An empty tensor shaped as what this rank receives when it sends `tensor`."""
+        return tensor.new_empty((self.rows, *tensor.shape[1:]))
+
+
+def kept_matrix(assigned: list[list[int]], capacity: int | None) -> list[list[int]]:
+    """kept[s][e] of assigned[s][e] (ep rank s's assignments to expert e) when every expert keeps its first
+    `capacity` assignments, ranks in order (None: dropless, all of them)."""
+    if capacity is None:
+        return [list(row) for row in assigned]
+    kept, ahead = [], [0] * len(assigned[0])
+    for row in assigned:
+        kept.append([min(n, max(0, capacity - before)) for n, before in zip(row, ahead)])
+        ahead = [before + n for before, n in zip(ahead, row)]
+    return kept
+
+
+def rank_counts(kept: list[list[int]]) -> list[list[int]]:
+    """Rows rank src sends rank dst in a dispatch: src's kept tokens for dst's experts (experts in runs)."""
+    ep = len(kept)
+    per = len(kept[0]) // ep
+    return [[sum(row[dst * per:(dst + 1) * per]) for dst in range(ep)] for row in kept]
+
+
+def transposed(counts) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(column) for column in zip(*counts))
+
+
+def kept_positions(chosen, experts: int, capacity, ahead, kept_row):
+    """(token index, choice rank) of every kept assignment, experts in order, each expert's in token order."""
+    if chosen.is_meta:  # no router output: the positions are shapes only
+        total = sum(kept_row)
+        return (torch.zeros(total, dtype=torch.long, device="meta"),) * 2
+    keep = kept_assignments(chosen, experts, capacity, ahead)
+    pairs = [((chosen == e) & keep).nonzero(as_tuple=True) for e in range(experts)]
+    return torch.cat([index for index, _ in pairs]), torch.cat([slot for _, slot in pairs])
+
+
+def run_experts(experts, received: torch.Tensor, layout: list[list[int]]) -> torch.Tensor:
+    """The outputs of this rank's experts for `received` (blocks by source, each by expert), in its layout."""
+    per = len(experts)
+    starts, position = [[0] * per for _ in layout], 0
+    for src, row in enumerate(layout):
+        for j, rows in enumerate(row):
+            starts[src][j] = position
+            position += rows
+    device = received.device
+    order = torch.cat([torch.arange(starts[src][j], starts[src][j] + layout[src][j], device=device)
+                       for j in range(per) for src in range(len(layout))])
+    by_expert = received[order].split([sum(row[j] for row in layout) for j in range(per)])
+    outputs = torch.cat([expert(tokens) for expert, tokens in zip(experts, by_expert)])
+    return torch.empty_like(outputs).index_copy(0, order, outputs) if not received.is_meta else outputs
+
+
+def combine(moe, tokens, weights, token_index, slot, combined) -> torch.Tensor:
+    """The layer's output for `tokens`: the experts' outputs that came back, weighted by the router and summed per
+    token, plus the shared experts'."""
+    weight = weights[token_index, slot].unsqueeze(-1).to(tokens.dtype)
+    out = torch.zeros_like(tokens).index_add(0, token_index, weight * combined)
+    for expert in moe.shared:
+        out = out + expert(tokens)
+    return out
+
+
+class _Exchanging:
+    """One rank's MoE layer as exchange_ops runs it; holds the forward's routing for its boundaries."""
+
+    def __init__(self, moe):
+        self.moe = moe
+        self.kept: list[list[int]] = []
+        self.counts: tuple = ()
+
+    @property
+    def ep_rank(self) -> int:
+        return self.moe.first_expert // len(self.moe.experts)
+
+    def route(self, x, h):
+        tokens = h.reshape(-1, h.shape[-1])
+        _, chosen, weights = route_tokens(self.moe, tokens)
+        experts = self.moe.spec.experts
+        counts = (torch.zeros((1, experts), dtype=torch.int64, device="meta") if tokens.is_meta
+                  else torch.bincount(chosen.flatten(), minlength=experts).unsqueeze(0))
+        return x, tokens, chosen, weights, counts
+
+    def select(self, x, tokens, chosen, weights, gathered):
+        moe, me = self.moe, self.ep_rank
+        experts, ep = moe.spec.experts, moe.ep
+        if gathered.is_meta:
+            assigned = [balanced_assignments(experts, tokens.shape[0] * moe.spec.top_k)] * ep
+        else:
+            assigned = gathered.tolist()
+        capacity = moe.capacity(tokens.shape[0] * ep)
+        self.kept = kept_matrix(assigned, capacity)
+        self.counts = tuple(map(tuple, rank_counts(self.kept)))
+        if not gathered.is_meta:
+            moe.routings.append((assigned, self.kept))
+        ahead = [sum(assigned[src][e] for src in range(me)) for e in range(experts)]
+        token_index, slot = kept_positions(chosen, experts, capacity, ahead, self.kept[me])
+        return x, tokens, weights, token_index, slot, tokens[token_index]
+
+    def run(self, x, tokens, weights, token_index, slot, received):
+        per, first = len(self.moe.experts), self.moe.first_expert
+        layout = [[row[first + j] for j in range(per)] for row in self.kept]
+        return x, tokens, weights, token_index, slot, run_experts(self.moe.experts, received, layout)
+
+    def finish(self, x, tokens, weights, token_index, slot, combined):
+        return (x + combine(self.moe, tokens, weights, token_index, slot, combined).view_as(x),)
+
+    def exchange(self, label: str, reverse: bool) -> ExpertExchange:
+        """The all-to-all `label` of this forward's routing (`reverse`: tokens going back to their ranks)."""
+        counts = transposed(self.counts) if reverse else self.counts
+        return ExpertExchange(label, counts, sum(row[self.ep_rank] for row in counts))
+
+
+class _Counts(NamedTuple):
+    """The boundary after the router: its counts all-gathered over the ep group (no gradient goes back)."""
+
+    index: int
+    layer: _Exchanging
+
+    @property
+    def forward(self) -> ExpertExchange:
+        return ExpertExchange("moe counts", (), self.layer.moe.ep)
+
+    backward = None
+
+
+class _Dispatch(NamedTuple):
+    """The boundary before the experts: tokens to their experts' ranks; their gradients back."""
+
+    index: int
+    layer: _Exchanging
+
+    @property
+    def forward(self) -> ExpertExchange:
+        return self.layer.exchange("moe dispatch", reverse=False)
+
+    @property
+    def backward(self) -> ExpertExchange:
+        return self.layer.exchange("moe dispatch backward", reverse=True)
+
+
+class _Combine(NamedTuple):
+    """The boundary after the experts: their outputs back to the tokens' ranks; the outputs' gradients out."""
+
+    index: int
+    layer: _Exchanging
+
+    @property
+    def forward(self) -> ExpertExchange:
+        return self.layer.exchange("moe combine", reverse=True)
+
+    @property
+    def backward(self) -> ExpertExchange:
+        return self.layer.exchange("moe combine backward", reverse=False)
+
+
+def exchange_ops(moe) -> list:
+    """The MoE layer `moe` as steps on (x, h), the residual stream and the layer's input, to (x + moe(h),), with
+    its ep group's exchanges as boundaries (each boundary's `forward` and `backward` are the ExpertExchange of
+    the forward just run)."""
+    layer = _Exchanging(moe)
+    return [Apply(layer.route), _Counts(4, layer), Apply(layer.select), _Dispatch(5, layer), Apply(layer.run),
+            _Combine(5, layer), Apply(layer.finish)]

@@ -1,0 +1,115 @@
+"""Expert parallelism under pipeline and tensor parallelism computes what one device computes on the global batch.
+
+References: single-process torch (the whole MoE gpt on the concatenation of
+every data-parallel rank's batch, rank order, SGD: test_expert_parallel's
+one_device) for the parameters and the dropped tokens; the routed token
+counts of that model, rank by rank, times a token's bytes for what the
+all-to-alls move, read back from the network's event log. With tp the
+tokens are split over the tp ranks (sequence parallelism), never sent twice.
+"""
+import pytest
+import torch
+
+from simtrain.errors import ScenarioError
+from simtrain.scenario import validate_scenario
+from simtrain.train.data import hold_out_validation, load_dataset
+from simtrain.train.models import build_model
+from simtrain.train.moe import MoE
+from simtrain.train.sampling import build_loader
+from simulated_steps import bytes_by_label, one_step
+from test_expert_parallel import assert_same_parameters, one_device
+
+HIDDEN, EXPERTS = 32, 4
+
+
+def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True,
+             schedule="1f1b", virtual_stages=1, checkpointing="none", **parallel):
+    moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0}
+    parallel = {"ep": ep, "tp": tp, "pp": pp, "sequence_parallel": tp > 1, **parallel}
+    parallel["pipeline"] = {"microbatches": microbatches, "schedule": schedule, "virtual_stages": virtual_stages}
+    return validate_scenario({
+        "name": "t", "seed": 1, "numerics": numerics,
+        "cluster": {"topology": "switch", "devices": devices},
+        "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
+        "data": {"name": "tokens", "batch_size": 4, "seq_len": 8, "vocab": 32},
+        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": "fp32",
+                  "checkpointing": checkpointing},
+        "parallel": parallel, "report": {"trace": False},
+    })
+
+
+def leaving_assignments(spec, dp: int, ep: int) -> int:
+    """Assignments the initial model routes, rank by rank, to experts held by another ep rank of the rank's group."""
+    data = hold_out_validation(load_dataset(spec.data.name, spec.data.loader_options(), spec.seed),
+                               spec.data.validation_fraction, spec.seed)
+    reference = build_model(spec.model, data.info, spec.seed)
+    per, leaving = EXPERTS // ep, 0
+    for rank in range(dp):
+        x, _ = build_loader(spec, data.train, dp, rank).next_batch()
+        reference(x)
+        for layer in (layer for layer in reference.modules() if isinstance(layer, MoE)):
+            leaving += sum(count for expert, count in enumerate(layer.routing.tokens_per_expert)
+                           if expert // per != rank % ep)
+    return leaving
+
+
+def test_ep2_tp2_pp2_trains_as_one_device_and_moves_each_routed_token_once():
+    """8 devices (dp 2 = ep 2, tp 2 with sequence parallelism, pp 2 of 4 microbatches): the parameters of one
+    device after a step; each exchange moves every assignment to another rank's expert once, a token's fp32
+    hidden vector: each tp rank dispatches only its part of the sequence."""
+    spec = scenario(8, ep=2, tp=2, pp=2)
+    job = one_step(spec)
+    reference, dropped = one_device(spec, 2)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+    leaving = leaving_assignments(spec, dp=2, ep=2)
+    moved = bytes_by_label(job)
+    assert leaving > 0
+    for label in ("moe dispatch", "moe combine", "moe dispatch backward", "moe combine backward"):
+        assert moved[label] == leaving * HIDDEN * 4
+    moe = job.scheme.report_sections()["moe"]
+    assert moe["all_to_all_bytes"] == [4 * leaving * HIDDEN * 4] and moe["dropped_tokens"] == dropped == [0]
+
+
+def test_ep4_tp2_trains_as_one_device():
+    """8 devices, dp 4 = ep 4 (one expert a rank), tp 2: two steps, the parameters of one device."""
+    spec = scenario(8, ep=4, tp=2, steps=2)
+    job = one_step(spec)
+    reference, _ = one_device(spec, 4)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+
+
+def test_an_interleaved_pipeline_trains_as_one_device():
+    """ep 2 x pp 2 with two virtual stages a rank (embedding and a block, a block and the head), 2 microbatches."""
+    spec = scenario(4, ep=2, pp=2, microbatches=2, schedule="interleaved", virtual_stages=2)
+    job = one_step(spec)
+    reference, _ = one_device(spec, 2)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+
+
+def test_a_capacity_under_pp_drops_the_tokens_one_device_drops():
+    """ep 2 x pp 2, one microbatch: the ep group decides capacity over its ranks' tokens in rank order, as one
+    device over the global batch; two steps, the same drops and parameters."""
+    spec = scenario(4, ep=2, pp=2, steps=2, capacity_factor=0.75, microbatches=1)
+    job = one_step(spec)
+    reference, dropped = one_device(spec, 2)
+    assert job.scheme.report_sections()["moe"]["dropped_tokens"] == dropped
+    assert sum(dropped) > 0
+    assert_same_parameters(job.scheme.trained_model(), reference)
+
+
+@pytest.mark.parametrize("arguments,expected", [
+    (dict(tp=2, sequence_parallel=False), "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it"),
+    (dict(cp=2), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
+    (dict(ep=1, cp=2), "parallel.cp: model.moe with context parallelism is not built yet"),
+    (dict(numerics=False), "numerics: model.moe under parallel.pp or parallel.tp runs with numerics on"),
+    (dict(sharding={"stage": 1}), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
+    (dict(checkpointing="sqrt"), "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none"),
+])
+def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):
+    with pytest.raises(ScenarioError, match=expected):
+        scenario(8, **{"ep": 2, "pp": 2, **arguments})
+
+
+def test_an_ep_that_does_not_divide_the_jobs_dp_is_refused_when_the_job_is_built():
+    with pytest.raises(ScenarioError, match="parallel.ep: 2 does not divide the job's dp 1"):
+        one_step(scenario(4, ep=2, tp=2, pp=2))
