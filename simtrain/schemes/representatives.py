@@ -131,6 +131,7 @@ class MirroredCommunicator:
         self.env = job.cluster.env
         self._timing, self._groups, self._copies = timing, groups, copies  # copies: groups its bytes count
         self._arrived: list[int] = []  # members at the current collective
+        self._posted_until = [0.0] * self.world  # member -> when the collectives it posted will have ended
         self._all_in = self.env.event()
 
     def run(self, rank: int, program: MirroredCollective, label: str = "all_reduce"):
@@ -159,14 +160,18 @@ class MirroredCommunicator:
         return device.run_for(seconds, label, kind="communication", nbytes=nbytes)
 
     def post(self, rank: int, program: MirroredCollective, label: str) -> "MirroredPost":
-        """Member `rank`'s collective started beside its program (a ring attention step: a one-member
-        communicator): it ends the mirrored time from now; its time is the rank's only from `wait` on."""
+        """Member `rank`'s collective started beside its program (a ring attention step, a bucket's
+        reduce-scatter: a one-member communicator): it ends the mirrored time after the collectives the member
+        posted before it have ended (one stream, as NCCL's), or from now; its time is the rank's only from
+        `wait` on."""
         seconds, nbytes, staging = self._timing.collective(self._groups, program)
         device = self.devices[rank]
         if staging:
             device.memory.alloc("comm_buffers", staging)
             device.memory.free("comm_buffers", staging)
-        return MirroredPost(self, device, self.env.now + seconds, label, nbytes * self._copies)
+        end = max(self.env.now, self._posted_until[rank]) + seconds
+        self._posted_until[rank] = end
+        return MirroredPost(self, device, end, label, nbytes * self._copies)
 
     def wait(self, handle: "MirroredPost", idle: str | None = None):
         """From now the rank waits for a posted collective: what is left of it is its communication (the bytes
