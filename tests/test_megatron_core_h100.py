@@ -3,7 +3,8 @@
 - The one fitted figure: at the scenarios' H100 efficiency, the row it was fitted on (GPT 1.7B on 48 H100s,
   Megatron-LM's README: 408.8 TFLOP/s per GPU) comes out at the README's figure to 0.05%.
 - Every row's scenario carries that same efficiency and the README's settings (heads, hidden, layers, tp, pp,
-  GPUs, global batch, s = 4096, V = 131,072), and validates.
+  GPUs, global batch, s = 4096, V = 131,072; under tp the distributed optimizer's overlap and sequence
+  parallelism), and validates.
 """
 import sys
 from pathlib import Path
@@ -33,6 +34,11 @@ def test_each_row_is_the_readmes_settings_at_the_one_fitted_efficiency(name):
     assert (scenario.data.seq_len, scenario.data.vocab, model.attention) == (4096, 131072, "fused")
     fitted = load_scenario(bench.SCENARIOS / f"{bench.FITTED_ROW}.yaml").cluster.device.efficiency
     assert (scenario.cluster.device.base, scenario.cluster.device.efficiency) == ("h100-80gb", fitted)
+    if tp > 1:  # the README's runs: --overlap-grad-reduce --overlap-param-gather, sequence parallelism, and
+        # Megatron-LM's fp32 gradient reduction under bf16; two steps, the second the bench times
+        sharding = layout.sharding
+        assert (sharding.stage, sharding.overlap_grad_reduce, sharding.overlap_param_gather, sharding.reduce_dtype,
+                layout.sequence_parallel, scenario.train.steps) == (1, True, True, "fp32", True, 2)
 
 
 @pytest.mark.slow
