@@ -84,12 +84,13 @@ def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool 
 
 def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tuple[MirroredCollective, torch.Tensor]:
     """(program, result) of a representative's sequence-parallel all-gather or reduce-scatter of (batch, sequence,
-    hidden) `tensor` over a tp group of `tp` (numerics off): a ring over the whole tensor, and a tensor shaped as
-    what comes back."""
+    hidden) `tensor` over a tp group of `tp` (numerics off): a ring over the whole tensor, flat (a ring cuts its
+    buffer along the first dimension, which a microbatch smaller than tp cannot be cut along), and a tensor
+    shaped as what comes back."""
     shape = list(tensor.shape)
     shape[1] = shape[1] * tp if kind == "all_gather" else shape[1] // tp
     result = tensor.new_empty(shape)
-    return MirroredCollective(kind, result if kind == "all_gather" else tensor), result
+    return MirroredCollective(kind, (result if kind == "all_gather" else tensor).reshape(-1)), result
 
 
 def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
