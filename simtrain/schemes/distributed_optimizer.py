@@ -25,7 +25,11 @@ default); with a degree below dp the shard groups replicate each other
   microbatches begin accumulating into it, to the end of its
   reduce-scatter: what stays is the fp32 gradient of the chunk. With
   gradient accumulation over microbatches that is all stage 2 can save,
-  which is why DeepSpeed runs only stage 1 beside a pipeline;
+  which is why DeepSpeed runs only stage 1 beside a pipeline. With
+  `overlap_grad_reduce` the units are Megatron-Core's buckets, each
+  reduce-scattered beside the last microbatch's backward as soon as it is
+  complete, and with `overlap_param_gather` all-gathered in the next step's
+  forward (bucket_overlap.py, woven into the walk by `during`);
 - `DistributedOptimizer`, stage 3: each tp shard is sharded again over the
   shard group, its parameters too. The units are the rank's model chunks
   (its pipeline stage's part; each virtual stage's). The pipeline walk
@@ -50,6 +54,7 @@ HSDP).
     update = data_parallel_update(scheme)        # the ModelParallel scheme
     yield from update.begin(rank)                # before the step's first microbatch
     yield from update.before(rank, action)       # before each schedule action (pipeline.py), and after it:
+    output = yield from update.during(rank, action, cost, program)    # the action's forward or backward
     yield from update.after(rank, action)
     yield from update.update(rank)               # after its last backward
 """
