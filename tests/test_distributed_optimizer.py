@@ -117,10 +117,12 @@ def test_memory_per_category_is_the_papers_closed_form_of_the_ranks_share(stage,
         assert peak["activations"] == ddp.devices[rank].memory.peak["activations"]
 
 
-@pytest.mark.parametrize("stage, sharding", [(1, {}), (2, {}), (3, {}), (3, {"degree": 2})],
-                         ids=["zero1", "zero2", "fsdp", "hsdp"])
+@pytest.mark.parametrize("stage, sharding", [(1, {}), (2, {}), (3, {}), (3, {"degree": 2}),
+                                             (2, {"overlap_grad_reduce": True, "overlap_param_gather": True,
+                                                  "bucket_size": 300, "reduce_dtype": "fp32"})],
+                         ids=["zero1", "zero2", "fsdp", "hsdp", "zero2-overlapped-buckets"])
 def test_the_memory_plan_is_what_a_run_holds(stage, sharding):
-    dp = 4 if sharding else 2
+    dp = 4 if "degree" in sharding else 2
     scenario_ = scenario(dp=dp, pp=2, tp=2 if dp == 2 else 1, stage=stage, precision="bf16", steps=2,
                          optimizer=ADAM, sharding=sharding)
     report = run(scenario_)
