@@ -3,7 +3,8 @@
 bench/megatron.py (Narayanan et al. 2021, Table 1, A100s) and bench/megatron_core_h100.py (Megatron-Core's H100
 weak-scaling table) each give their table: the scenarios' folder, the published TFLOP/s per GPU by scenario name,
 and the paper's count of a step's model FLOPs. A row's TFLOP/s is those FLOPs over the simulated step time and the
-GPU count; `calibrate` solves for the device efficiency at which one row matches its published figure (secant on
+GPU count (a scenario of several steps: its last step's time, the steady state, where the collectives a step
+leaves to the next one (Megatron-Core's overlapped all-gather) are part of it); `calibrate` solves for the device efficiency at which one row matches its published figure (secant on
 the simulated TFLOP/s, which rises with the efficiency).
 
     table = Table(ROOT / "scenarios" / "megatron", {"gpt-1.7b": 137, ...}, model_flops)
@@ -38,7 +39,9 @@ class Table(NamedTuple):
         started = time.perf_counter()
         report = simtrain.run(scenario)
         wall = time.perf_counter() - started
-        return self.model_flops(scenario) / report.data["step_time_s"] / scenario.cluster.devices / 1e12, wall
+        ends = [end for end, _ in report.data["loss_curve"]]
+        step_s = ends[-1] - ends[-2] if len(ends) > 1 else ends[-1]
+        return self.model_flops(scenario) / step_s / scenario.cluster.devices / 1e12, wall
 
     def calibrate(self, name: str, low: float = 0.5, high: float = 0.7) -> float:
         """The efficiency at which row `name` reaches its published TFLOP/s, to 0.01%."""

@@ -2,7 +2,8 @@
 
 Every row's scenario carries the one fitted H100 efficiency (fitted on GPT 1.7B by `python
 bench/megatron_core_h100.py --calibrate gpt-1.7b`, which simulates the row: too long for the suite) and the
-README's settings (heads, hidden, layers, tp, pp, GPUs, global batch, s = 4096, V = 131,072), and validates.
+README's settings (heads, hidden, layers, tp, pp, GPUs, global batch, s = 4096, V = 131,072; under tp the
+distributed optimizer's overlap and sequence parallelism), and validates.
 """
 import sys
 from pathlib import Path
@@ -32,4 +33,9 @@ def test_each_row_is_the_readmes_settings_at_the_one_fitted_efficiency(name):
     assert (scenario.data.seq_len, scenario.data.vocab, model.attention) == (4096, 131072, "fused")
     fitted = load_scenario(bench.SCENARIOS / f"{bench.FITTED_ROW}.yaml").cluster.device.efficiency
     assert (scenario.cluster.device.base, scenario.cluster.device.efficiency) == ("h100-80gb", fitted)
+    if tp > 1:  # the README's runs: --overlap-grad-reduce --overlap-param-gather, sequence parallelism, and
+        # Megatron-LM's fp32 gradient reduction under bf16; two steps, the second the bench times
+        sharding = layout.sharding
+        assert (sharding.stage, sharding.overlap_grad_reduce, sharding.overlap_param_gather, sharding.reduce_dtype,
+                layout.sequence_parallel, scenario.train.steps) == (1, True, True, "fp32", True, 2)
 

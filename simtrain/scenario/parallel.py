@@ -73,6 +73,19 @@ class ShardingSpec(Section):
                             "gradient and its optimizer state live in cluster.shared_memory (the host's DRAM) and "
                             "the optimizer steps there, on the host CPU; optimizer_and_parameters (stage 3): the "
                             "16-bit parameter shard too, copied to the device before each gather.")
+    overlap_grad_reduce: Flag = Field(
+        False, description="Stages 1 and 2 under pp/tp (Megatron-Core's --overlap-grad-reduce): the gradient "
+                           "buffer cut into buckets, each reduce-scattered as soon as the last microbatch's "
+                           "backward has completed it, beside the rest of the backward "
+                           "(schemes/grad_buckets.py); false: one reduce-scatter after the last backward.")
+    overlap_param_gather: Flag = Field(
+        False, description="Stages 1 and 2 under pp/tp, with overlap_grad_reduce (Megatron-Core's "
+                           "--overlap-param-gather): each bucket's updated parameters all-gathered in the next "
+                           "step's forward, awaited before the first region that uses them, the next bucket's "
+                           "posted then; false: all-gathered right after the optimizer step.")
+    bucket_size: Count(1 << 40) | None = Field(
+        None, description="Parameters (elements) per bucket under overlap_grad_reduce; null: Megatron-Core's "
+                          "default, max(40,000,000, 1,000,000 x the dp x cp ranks).")
 
 
 class ParallelSpec(Section):
@@ -167,6 +180,11 @@ class ParallelSpec(Section):
         if self.ep > 1 and self.dp is not None and self.dp % self.ep:
             raise ValueError(f"parallel.ep: {self.ep} does not divide parallel.dp {self.dp}")
         sharding = self.sharding
+        if (sharding.overlap_grad_reduce or sharding.overlap_param_gather) and not (sharding.stage and
+                                                                                  self.model_parallel):
+            raise ValueError("parallel.sharding.overlap_grad_reduce: overlaps the distributed optimizer's "
+                             "collectives under pp/tp (sharding.stage 1 or 2, parallel.pp or parallel.tp above 1); "
+                             "plain data parallelism overlaps with parallel.overlap")
         if sharding.offload != "none" and sharding.stage == 0:
             raise ValueError(f"parallel.sharding.offload: {sharding.offload} offloads a rank's shard of the "
                              "training state; needs sharding.stage 1, 2 or 3")
@@ -180,6 +198,12 @@ class ParallelSpec(Section):
             if sharding.offload == "optimizer_and_parameters" and sharding.stage != 3:
                 raise ValueError(f"parallel.sharding.offload: optimizer_and_parameters offloads the parameters' "
                                  f"shards, which needs sharding.stage 3, got {sharding.stage}")
+            if (sharding.overlap_grad_reduce or sharding.overlap_param_gather) and sharding.stage == 3:
+                raise ValueError("parallel.sharding.overlap_grad_reduce: stage 3 already reduce-scatters and "
+                                 "gathers unit by unit beside the compute; the overlap flags are for stages 1 and 2")
+            if sharding.overlap_param_gather and not sharding.overlap_grad_reduce:
+                raise ValueError("parallel.sharding.overlap_param_gather: needs overlap_grad_reduce (its buckets), "
+                                 "as in Megatron-Core")
             if sharding.degree is not None and self.dp is not None and self.dp % sharding.degree:
                 raise ValueError(f"parallel.sharding.degree: {sharding.degree} does not divide parallel.dp "
                                  f"{self.dp}")

@@ -25,7 +25,11 @@ default); with a degree below dp the shard groups replicate each other
   microbatches begin accumulating into it, to the end of its
   reduce-scatter: what stays is the fp32 gradient of the chunk. With
   gradient accumulation over microbatches that is all stage 2 can save,
-  which is why DeepSpeed runs only stage 1 beside a pipeline;
+  which is why DeepSpeed runs only stage 1 beside a pipeline. With
+  `overlap_grad_reduce` the units are Megatron-Core's buckets, each
+  reduce-scattered beside the last microbatch's backward as soon as it is
+  complete, and with `overlap_param_gather` all-gathered in the next step's
+  forward (bucket_overlap.py, woven into the walk by `during`);
 - `DistributedOptimizer`, stage 3: each tp shard is sharded again over the
   shard group, its parameters too. The units are the rank's model chunks
   (its pipeline stage's part; each virtual stage's). The pipeline walk
@@ -50,6 +54,7 @@ HSDP).
     update = data_parallel_update(scheme)        # the ModelParallel scheme
     yield from update.begin(rank)                # before the step's first microbatch
     yield from update.before(rank, action)       # before each schedule action (pipeline.py), and after it:
+    output = yield from update.during(rank, action, cost, program)    # the action's forward or backward
     yield from update.after(rank, action)
     yield from update.update(rank)               # after its last backward
 """
@@ -58,6 +63,7 @@ from functools import partial
 from ..errors import ScenarioError
 from ..step_ops import Alloc, Await, Collective, Free, MemoryBound, Post
 from ..train.precision import persistent_bytes, update_bytes
+from .bucket_overlap import BucketOverlap, megatron_buckets
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
 from .shard_layout import ShardLayout
@@ -102,6 +108,12 @@ class ReplicatedUpdate:
         """Step program: nothing after a schedule action."""
         yield from ()
 
+    sums_sequence_parallel_grads = False  # ModelParallel sums them after the walk
+
+    def during(self, rank: int, action, cost, program):
+        """Step program: a schedule action's forward or backward `program`, as it is."""
+        return (yield from program)
+
     def update(self, rank: int):
         """Step program: all-reduce and average the gradient (`reduce`), vote on an fp16 overflow, step."""
         scheme = self.scheme
@@ -125,6 +137,10 @@ class ReplicatedUpdate:
     def ended(self, rank: int) -> None:
         """A rank's program has ended: nothing to gather."""
 
+    def whole_model(self, rank: int):
+        """The rank's share of the model, whole (what ModelParallel.trained_model assembles)."""
+        return self.scheme.replicas[rank].model
+
     def report_sections(self) -> dict:
         return {}
 
@@ -146,6 +162,12 @@ class DistributedOptimizer:
         self.reshard_after_forward = sharding.reshard_after_forward
         self.microbatches = scheme.microbatches
         self.reduce_dtype = sharding.reduce_dtype or train.precision
+        # Megatron-Core's overlap of the reduce-scatters with the backward, the all-gathers with the next forward
+        overlapping = sharding.overlap_grad_reduce and self.degree > 1  # a shard group of one reduces nothing
+        self.overlap_param_gather = sharding.overlap_param_gather
+        bucket_size = sharding.bucket_size or max(40_000_000, 1_000_000 * self.dp)
+        self.buckets: dict[int, BucketOverlap] = {}  # rank -> its buckets, under overlap_grad_reduce
+        self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
         self.held, self._step_bytes = {}, {}
         self._gathered = {rank: set() for rank in scheme.running}  # stage 3: the units whose parameters are whole
         self._backwards = {rank: {} for rank in scheme.running}  # stage 3: unit -> backwards run this step
@@ -153,12 +175,27 @@ class DistributedOptimizer:
         replicas = scheme.replicas
         for rank in scheme.running:
             params = replicas[rank].params
-            shard_layout = ShardLayout([p.numel() for p in params], _units(replicas[rank], self.stage), self.degree)
+            starts = _chunk_starts(replicas[rank])
+            if overlapping:  # Megatron-Core buckets only the first stage's first chunk
+                stage = layout.coordinates(rank)["pp"]
+                units = megatron_buckets([[p.numel() for p in params[start:end]]
+                                          for start, end in zip(starts, starts[1:])],
+                                         [stage == 0 and chunk == 0 for chunk in range(len(starts) - 1)],
+                                         bucket_size)
+            else:
+                units = _units(replicas[rank], self.stage)
+            shard_layout = ShardLayout([p.numel() for p in params], units, self.degree)
             shard = ShardedReplica(replicas[rank], shard_layout, self.shard_comms[rank][1], self.stage,
                                    train.optimizer, self.reduce_dtype)
             replicas[rank] = shard
+            if overlapping:
+                self.buckets[rank] = BucketOverlap(self, rank, shard_layout, starts)
+                model = shard.model
+                self._whole[rank] = {id(p) for name, p in model.named_parameters()
+                                     if p.requires_grad and model.sources[name].slice is None}
             self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer)
             self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer)
+        self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
         self._ended = 0
 
     @property
@@ -181,11 +218,15 @@ class DistributedOptimizer:
         if self.stage >= 2:
             yield Alloc("comm_buffers", nbytes(self.scheme.replicas[rank].grad_buffer))
         self._backwards[rank] = {}
+        if rank in self.buckets:
+            yield from self.buckets[rank].begin()
 
     def resume(self, rank: int):
         """Step program: a loaded shard (a restart, a PBT exploit) gathers the chunks it does not own."""
         shard = self.scheme.replicas[rank]
         if shard.stale:
+            if rank in self.buckets:
+                yield from self.buckets[rank].gather_pending()
             yield from self._gather_all(rank)
             shard.stale = False
 
@@ -194,8 +235,15 @@ class DistributedOptimizer:
         unless still whole (kept since a forward: `reshard_after_forward: false`)."""
         if self.stage == 3 and action.chunk not in self._gathered[rank]:
             yield Alloc("comm_buffers", self._unit_bytes(rank, action.chunk))
-            yield self._collective("all_gather", rank, action.chunk)
+            yield self.collective("all_gather", rank, action.chunk)
             self._gathered[rank].add(action.chunk)
+
+    def during(self, rank: int, action, cost, program):
+        """Step program: a schedule action's forward or backward `program` (its chunk's measured `cost`), with
+        the buckets' reduce-scatters and all-gathers woven in under overlap_grad_reduce (bucket_overlap.py)."""
+        if rank in self.buckets:
+            return (yield from self.buckets[rank].during(action, cost, program))
+        return (yield from program)
 
     def after(self, rank: int, action):
         """Step program, after a schedule action (stage 3): a forward's chunk resharded if `reshard_after_forward`,
@@ -223,7 +271,12 @@ class DistributedOptimizer:
         """Step program: reduce-scatter the gradient over the shard group (stage 3: done unit by unit), all-reduce
         the chunk across the replicas (HSDP), step the rank's chunk, all-gather (stages 1 and 2)."""
         scheme, shard = self.scheme, self.scheme.replicas[rank]
-        if self.stage < 3:
+        if rank in self.buckets:  # Megatron-Core's finish_grad_sync: the posted reduce-scatters awaited
+            for unit, handle in self.buckets[rank].reducing:
+                yield Await(handle)
+                yield from self._reduced(rank, unit)
+            self.buckets[rank].reducing = []
+        elif self.stage < 3:
             yield from self._reduce(rank, 0)
         for handle in self._replicating[rank]:
             yield Await(handle)
@@ -232,18 +285,51 @@ class DistributedOptimizer:
         yield from sharded_update(shard, self.dp, self._step_bytes[rank], vote)
         if self.stage < 3:
             shard.reshard_all()  # the chunks it does not own are the shard group's to send
-            yield from self._gather_all(rank)
+            if rank in self.buckets and self.overlap_param_gather:
+                self.buckets[rank].defer_gathers()
+            else:
+                yield from self._gather_all(rank)
 
     def _reduce(self, rank: int, unit: int):
         """Step program: unit `unit`'s gradient reduce-scattered over the shard group (in a copy in the reduce
         dtype, held while it runs); stages 2 and 3 then free its unsharded gradient; HSDP posts the all-reduce
         of its chunk across the replicas (awaited before the optimizer step)."""
-        shard = self.scheme.replicas[rank]
         if self.degree > 1:
-            copy_bytes = 0 if shard.reduced is shard.grad_buffer else self._unit_bytes(rank, unit, shard.reduced)
+            copy_bytes = self._copy_bytes(rank, unit)
             yield Alloc("comm_buffers", copy_bytes)
-            yield self._collective("reduce_scatter", rank, unit)
+            yield self.collective("reduce_scatter", rank, unit)
             yield Free("comm_buffers", copy_bytes)
+        yield from self._reduced(rank, unit)
+
+    def post_reduce(self, rank: int, unit: int):
+        """Step program: unit `unit`'s reduce-scatter posted (its reduce-dtype copy held until `_reduced`);
+        returns the handle."""
+        yield Alloc("comm_buffers", self._copy_bytes(rank, unit))
+        return (yield Post(*self.collective("reduce_scatter", rank, unit)))
+
+    def sum_sequence_parallel_grads(self, rank: int, unit: int):
+        """Step program, under sequence parallelism with overlap_grad_reduce: the gradients of unit `unit`'s
+        parameters that every tp rank holds whole summed across the tp group (model_parallel.py sums them all
+        at once without overlap), before the unit's reduce-scatter."""
+        if not self.sums_sequence_parallel_grads:
+            return
+        shard, whole = self.scheme.replicas[rank], self._whole[rank]
+        grads = [shard.params[index].grad for index in shard.layout.units[unit] if id(shard.params[index]) in whole]
+        if grads:
+            yield from self.scheme.sum_tp_grads(rank, grads)
+
+    def _copy_bytes(self, rank: int, unit: int) -> int:
+        """The reduce-dtype copy of unit `unit`'s gradient a reduce-scatter holds (0 in the compute dtype)."""
+        shard = self.scheme.replicas[rank]
+        return 0 if shard.reduced is shard.grad_buffer or self.degree == 1 else self._unit_bytes(rank, unit,
+                                                                                                  shard.reduced)
+
+    def _reduced(self, rank: int, unit: int):
+        """Step program, once unit `unit`'s reduce-scatter has ended: its copy freed; stages 2 and 3 free its
+        unsharded gradient; HSDP posts the all-reduce of its chunk across the replicas."""
+        shard = self.scheme.replicas[rank]
+        if rank in self.buckets:
+            yield Free("comm_buffers", self._copy_bytes(rank, unit))
         if self.stage >= 2:
             yield Free("comm_buffers", self._unit_bytes(rank, unit, shard.grad_buffer))
         if self.replicate > 1:
@@ -255,9 +341,9 @@ class DistributedOptimizer:
         """Step program: every unit's parameters all-gathered over the shard group, one after another."""
         for unit in range(len(self.scheme.replicas[rank].layout.units)):
             if self.degree > 1:
-                yield self._collective("all_gather", rank, unit)
+                yield self.collective("all_gather", rank, unit)
 
-    def _collective(self, kind: str, rank: int, unit: int) -> Collective:
+    def collective(self, kind: str, rank: int, unit: int) -> Collective:
         """The rank's ring `kind` (reduce_scatter or all_gather) of unit `unit` on its shard group's communicator,
         or under representatives mirrored, timed with the mirror groups'."""
         shard, group = self.scheme.replicas[rank], list(range(self.degree))
@@ -289,13 +375,29 @@ class DistributedOptimizer:
         if self._ended < len(scheme.running):
             return
         for rank in scheme.running:
-            if scheme.representatives:
-                group = [rank] * self.degree
-            else:
-                dp_group = scheme.layout.group(("dp", "cp"), rank)
-                first = dp_group.index(rank) // self.degree * self.degree
-                group = dp_group[first:first + self.degree]
-            scheme.replicas[rank].publish([scheme.replicas[member] for member in group])
+            scheme.replicas[rank].publish(self._shard_group(rank))
+            if rank in self.buckets:
+                self.buckets[rank].defer_gathers(none=True)  # the published model is whole
+
+    def _shard_group(self, rank: int) -> list:
+        """The shards of rank `rank`'s shard group, by position (representatives: its own, for every position)."""
+        scheme = self.scheme
+        if scheme.representatives:
+            group = [rank] * self.degree
+        else:
+            dp_group = scheme.layout.group(("dp", "cp"), rank)
+            first = dp_group.index(rank) // self.degree * self.degree
+            group = dp_group[first:first + self.degree]
+        return [scheme.replicas[member] for member in group]
+
+    def whole_model(self, rank: int):
+        """The rank's share of the model, whole (what ModelParallel.trained_model assembles): while the
+        all-gathers wait for the next forward (overlap_param_gather), a copy assembled from the chunks its shard
+        group owns."""
+        shard = self.scheme.replicas[rank]
+        if rank in self.buckets and self.buckets[rank].deferred:
+            return shard.assembled(self._shard_group(rank))
+        return shard.model
 
     def report_sections(self) -> dict:
         """report.json's `sharding`: the stage, the shard and replicate degrees, job rank 0's shard and the bytes
@@ -322,6 +424,14 @@ def _units(replica, stage: int) -> list[list[int]]:
         units.append(list(range(start, start + count)))
         start += count
     return units
+
+
+def _chunk_starts(replica) -> list[int]:
+    """Where each of the rank's model chunks' trainable parameters start among its parameters, and their end."""
+    starts = [0]
+    for chunk in replica.model.chunks:
+        starts.append(starts[-1] + sum(1 for p in chunk.parameters() if p.requires_grad))
+    return starts
 
 
 def _check_runs(dp: int, degree: int, representatives: bool) -> None:

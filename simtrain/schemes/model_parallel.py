@@ -212,8 +212,8 @@ class ModelParallel(RankReplicas, Scheme):
             losses = yield from stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
                                            replica.precision.loss_weight(1.0 / self.microbatches), receives,
                                            tp_collective)
-            if self.sequence_parallel:  # whole parameters saw only this rank's part of the sequence
-                yield from self._sum_sequence_parallel_grads(replica, tp_collective)
+            if self.sequence_parallel and not self.data_parallel.sums_sequence_parallel_grads:
+                yield from self.sum_tp_grads(rank, replica.model.whole_parameter_grads())
             yield from self.data_parallel.update(rank)
             self._step_done(rank, step, losses)
         self.data_parallel.ended(rank)
@@ -247,15 +247,15 @@ class ModelParallel(RankReplicas, Scheme):
             self._signatures[part] = module_structure(replica.model.chunks[chunk])
         return self._signatures[part]
 
-    @staticmethod
-    def _sum_sequence_parallel_grads(replica, tp_collective):
+    def sum_tp_grads(self, rank: int, grads: list):
         """Step program: under sequence parallelism the parameters every tp rank holds whole (LayerNorms,
         the row-split Linears' biases, position embeddings) get each rank's share of their gradient: sum
-        them across the tp group, as Megatron-LM does, in one all-reduce labelled tp_sp_grads."""
-        grads = replica.model.whole_parameter_grads()
+        `grads` (of such parameters) across the tp group, as Megatron-LM does, in one all-reduce labelled
+        tp_sp_grads (all of them after the walk; under overlap_grad_reduce each bucket's before its
+        reduce-scatter: distributed_optimizer.py)."""
         flat = torch.cat([grad.reshape(-1) for grad in grads])
-        collective, _ = tp_collective("all_reduce", flat)
-        yield collective._replace(label="tp_sp_grads")
+        tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
+        yield Collective(tp_reduce(tp_index, tp_comm.world, flat), "tp_sp_grads", tp_comm, tp_index)
         offset = 0
         for grad in grads:
             grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
@@ -299,7 +299,7 @@ class ModelParallel(RankReplicas, Scheme):
         compute nothing, the initial meta model)."""
         if self.representatives:
             return self.job.model
-        return self.assemble({rank: self.replicas[rank].model.pieces() for rank in range(self.world)})
+        return self.assemble({rank: self.data_parallel.whole_model(rank).pieces() for rank in range(self.world)})
 
     def assemble(self, pieces: dict) -> "torch.nn.Module":
         """The whole model from ranks' pieces (rank -> RankModule.pieces()): those of data-parallel replica 0."""

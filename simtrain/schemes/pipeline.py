@@ -65,7 +65,7 @@ class PipelineStage:
         schedule order; returns the losses this stage computed (the last stage's, one per microbatch)."""
         replica, dtype = self.replica, self.replica.precision.name
         pending, losses = {}, []
-        sharded = self.scheme.data_parallel  # its hooks: a sharded chunk's parameters gathered and resharded
+        sharded = self.scheme.data_parallel  # its hooks: parameters gathered, gradients reduced, around the work
         for action in self.schedule:
             part = action.chunk * self.pp + self.stage
             ops = replica.model.ops[action.chunk]
@@ -82,20 +82,21 @@ class PipelineStage:
                     cost = self.scheme.layer_costs(replica, action.chunk, part, inputs, target)
                     held = kept_bytes(cost, inputs)
                     yield Alloc("activations", sum(held))
-                    tape, output, loss = yield from layers_forward(replica.model.layers[action.chunk], cost, inputs,
-                                                                   tp_collective, dtype, target, loss_weight,
-                                                                   self.numerics)
+                    tape, output, loss = yield from sharded.during(self.rank, action, cost, layers_forward(
+                        replica.model.layers[action.chunk], cost, inputs, tp_collective, dtype, target, loss_weight,
+                        self.numerics))
                 else:
                     cost = self.scheme.cost(replica, action.chunk, part, inputs, target)
                     held = cost.activation_bytes
                     yield Alloc("activations", held)
                     if self.numerics:
-                        outputs, tape, loss = yield from chunk_forward(ops, inputs, tp_collective, cost, dtype,
-                                                                       target, loss_weight)
+                        outputs, tape, loss = yield from sharded.during(self.rank, action, cost, chunk_forward(
+                            ops, inputs, tp_collective, cost, dtype, target, loss_weight))
                         output = outputs[0].detach()
                     else:
                         tape, loss = None, None
-                        output = yield from replay_forward(cost, tp_collective, dtype)
+                        output = yield from sharded.during(self.rank, action, cost,
+                                                           replay_forward(cost, tp_collective, dtype))
                 pending[action.microbatch, action.chunk] = (target, tape, cost, held)
                 if last:
                     losses.append(loss)
@@ -107,14 +108,16 @@ class PipelineStage:
                 if part < self.parts - 1:
                     grads = ((yield Await(receives.pop((step, 1, action.microbatch, part)), idle="bubble")),)
                 if self.recompute:
-                    input_grad = yield from layers_backward(replica.model.layers[action.chunk], cost, tape, grads,
-                                                            tp_collective, dtype, target, loss_weight,
-                                                            self.numerics, held)
+                    input_grad = yield from sharded.during(self.rank, action, cost, layers_backward(
+                        replica.model.layers[action.chunk], cost, tape, grads, tp_collective, dtype, target,
+                        loss_weight, self.numerics, held))
                 else:
                     if self.numerics:
-                        input_grad = (yield from chunk_backward(tape, grads, tp_collective, cost, dtype))[0]
+                        input_grad = (yield from sharded.during(self.rank, action, cost, chunk_backward(
+                            tape, grads, tp_collective, cost, dtype)))[0]
                     else:
-                        input_grad = yield from replay_backward(cost, tp_collective, dtype)
+                        input_grad = yield from sharded.during(self.rank, action, cost,
+                                                               replay_backward(cost, tp_collective, dtype))
                     yield Free("activations", held)
                 if part > 0:
                     yield self.send(step, 1, action.microbatch, part - 1, input_grad)

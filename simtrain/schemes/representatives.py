@@ -84,12 +84,13 @@ def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool 
 
 def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tuple[MirroredCollective, torch.Tensor]:
     """(program, result) of a representative's sequence-parallel all-gather or reduce-scatter of (batch, sequence,
-    hidden) `tensor` over a tp group of `tp` (numerics off): a ring over the whole tensor, and a tensor shaped as
-    what comes back."""
+    hidden) `tensor` over a tp group of `tp` (numerics off): a ring over the whole tensor, flat (a ring cuts its
+    buffer along the first dimension, which a microbatch smaller than tp cannot be cut along), and a tensor
+    shaped as what comes back."""
     shape = list(tensor.shape)
     shape[1] = shape[1] * tp if kind == "all_gather" else shape[1] // tp
     result = tensor.new_empty(shape)
-    return MirroredCollective(kind, result if kind == "all_gather" else tensor), result
+    return MirroredCollective(kind, (result if kind == "all_gather" else tensor).reshape(-1)), result
 
 
 def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
@@ -131,6 +132,7 @@ class MirroredCommunicator:
         self.env = job.cluster.env
         self._timing, self._groups, self._copies = timing, groups, copies  # copies: groups its bytes count
         self._arrived: list[int] = []  # members at the current collective
+        self._posted_until = [0.0] * self.world  # member -> when the collectives it posted will have ended
         self._all_in = self.env.event()
 
     def run(self, rank: int, program: MirroredCollective, label: str = "all_reduce"):
@@ -159,14 +161,18 @@ class MirroredCommunicator:
         return device.run_for(seconds, label, kind="communication", nbytes=nbytes)
 
     def post(self, rank: int, program: MirroredCollective, label: str) -> "MirroredPost":
-        """Member `rank`'s collective started beside its program (a ring attention step: a one-member
-        communicator): it ends the mirrored time from now; its time is the rank's only from `wait` on."""
+        """Member `rank`'s collective started beside its program (a ring attention step, a bucket's
+        reduce-scatter: a one-member communicator): it ends the mirrored time after the collectives the member
+        posted before it have ended (one stream, as NCCL's), or from now; its time is the rank's only from
+        `wait` on."""
         seconds, nbytes, staging = self._timing.collective(self._groups, program)
         device = self.devices[rank]
         if staging:
             device.memory.alloc("comm_buffers", staging)
             device.memory.free("comm_buffers", staging)
-        return MirroredPost(self, device, self.env.now + seconds, label, nbytes * self._copies)
+        end = max(self.env.now, self._posted_until[rank]) + seconds
+        self._posted_until[rank] = end
+        return MirroredPost(self, device, end, label, nbytes * self._copies)
 
     def wait(self, handle: "MirroredPost", idle: str | None = None):
         """From now the rank waits for a posted collective: what is left of it is its communication (the bytes

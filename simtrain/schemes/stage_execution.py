@@ -75,6 +75,9 @@ class ChunkCost:
     input_grad: torch.Tensor | None = None
     forward_ops: tuple[OpCosts, ...] = ()  # per region, in forward order: its operators (op_cost.py)
     backward_ops: tuple[OpCosts, ...] = ()  # per region, in backward order
+    # per region, in backward order: the chunk's trainable parameters (indices, chunk.parameters() order) whose
+    # gradient it adds to, the ones the forward region it reverses uses (bucket_overlap.py)
+    backward_params: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -230,10 +233,11 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
     caller holds them: a recomputed unit's kept input)."""
     forward, backward, output, input_grad, peak = _regions(chunk, ops_of, inputs, target, inputs_kept, tp)
-    return ChunkCost(tuple(flops for flops, _, _ in forward), tuple(flops for flops, _, _ in backward), peak,
-                     tuple(reduced for _, reduced, _ in forward), tuple(reduced for _, reduced, _ in backward),
+    return ChunkCost(tuple(flops for flops, _, _, _ in forward), tuple(flops for flops, _, _, _ in backward), peak,
+                     tuple(reduced for _, reduced, _, _ in forward), tuple(reduced for _, reduced, _, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
-                     tuple(ops for _, _, ops in forward), tuple(ops for _, _, ops in backward))
+                     tuple(ops for _, _, ops, _ in forward), tuple(ops for _, _, ops, _ in backward),
+                     tuple(params for _, _, _, params in backward))
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -248,21 +252,24 @@ def _meta_run(chunk, ops_of, inputs, target):
     return meta, ops_of(meta, target is not None), meta_inputs, meta_target
 
 
-def _drive(program, recorder: OperatorRecorder | None = None) -> tuple[object, list]:
+def _drive(program, recorder: OperatorRecorder | None = None, touched: list | None = None) -> tuple[object, list]:
     """Run a step program without a clock (collectives skipped); with an operator recorder, per region
     (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after it, if any,
-    and its operators' costs."""
+    its operators' costs and the parameters whose gradients it touched (what `touched` collected meanwhile)."""
     regions, before = [], 0.0
     try:
         op = next(program)
         while True:
             if type(op) is Compute:
                 total = float(recorder.flops) if recorder is not None else 0.0
-                regions.append((total - before, None, recorder.take() if recorder is not None else ()))
+                params = () if touched is None else tuple(sorted(set(touched)))
+                regions.append((total - before, None, recorder.take() if recorder is not None else (), params))
                 before = total
+                if touched is not None:
+                    touched.clear()
             elif isinstance(op, _Reduced):
-                flops, _, ops = regions[-1]
-                regions[-1] = (flops, (op.kind, _meta_like(op.buffer)), ops)
+                flops, _, ops, params = regions[-1]
+                regions[-1] = (flops, (op.kind, _meta_like(op.buffer)), ops, params)
             op = program.send(None)
     except StopIteration as stop:
         return stop.value, regions
@@ -270,10 +277,14 @@ def _drive(program, recorder: OperatorRecorder | None = None) -> tuple[object, l
 
 def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
              tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int]:
-    """(FLOPs, (collective, its input) or None, OpCosts) per region forward and backward, the chunk's first
-    output, its first input's gradient and the activation peak: one forward and backward on a meta copy, the
-    operator recorder counting and the saved-tensor hooks measuring."""
+    """(FLOPs, (collective, its input) or None, OpCosts, parameters touched) per region forward and backward,
+    the chunk's first output, its first input's gradient and the activation peak: one forward and backward on
+    a meta copy, the operator recorder counting, the saved-tensor hooks measuring and a hook on each trainable
+    parameter noting the backward regions that add to its gradient."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
+    touched = []
+    for index, param in enumerate(p for p in meta.parameters() if p.requires_grad):
+        param.register_hook(lambda grad, index=index: touched.append(index))
     held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
     tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
@@ -285,7 +296,7 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
                                                                    meta_target), recorder)
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
             with OperatorRecorder() as recorder:
-                input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder)
+                input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder, touched)
             del tape
     return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes
 

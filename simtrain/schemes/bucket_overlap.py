@@ -1,0 +1,210 @@
+"""Megatron-Core's overlap of the distributed optimizer's collectives with the compute, bucket by bucket.
+
+With `parallel.sharding.overlap_grad_reduce` (stages 1 and 2 under pp/tp,
+schemes/distributed_optimizer.py) a rank's gradient buffer is cut as
+Megatron-Core's DistributedDataParallel cuts it
+(megatron/core/distributed/param_and_grad_buffer.py): each model chunk (the
+rank's pipeline stage's part; each virtual stage's) has its own buffer, and
+the first stage's first chunk is cut into **buckets**, its parameters taken
+in reverse order (the order the backward completes them), a bucket closed
+once it holds `bucket_size` elements (default max(40,000,000, 1,000,000 x
+dp x cp)); every other chunk is one bucket (Megatron-Core turns bucketing
+off there: their reduction is off the critical path). Each bucket is a unit
+of the rank's ShardLayout: padded to the shard degree and cut into chunks,
+one owned by each rank of the shard group.
+
+- **Gradient reduce-scatter**: in the last microbatch's backward of a chunk,
+  once a backward region has run, every bucket of that chunk whose
+  parameters no later region adds to is reduce-scattered, posted beside the
+  rest of the backward (and under a pipeline beside its cool-down and the
+  other chunks' work); the optimizer step first awaits them all
+  (`finish_grad_sync`). The regions are the chunk's tensor-parallel regions
+  (schemes/stage_execution.py); which parameters each region's backward adds
+  to is measured on the meta copy (`ChunkCost.backward_params`). Under
+  sequence parallelism the parameters every tp rank holds whole are summed
+  across the tp group bucket by bucket, just before the bucket's
+  reduce-scatter, instead of all at once after the walk.
+- **Parameter all-gather** (`overlap_param_gather`): after the optimizer
+  step nothing is gathered; in the next step's first forward of each chunk,
+  before a region runs, each bucket holding a parameter it uses is awaited
+  (posted then if it was not yet: exposed), and awaiting a bucket posts the
+  next one's (Megatron-Core's forward pre-hooks, `finish_param_sync`
+  dispatching the next bucket group). The step's first bucket is posted as
+  the step begins.
+
+Posted collectives on one communicator run one after another, as NCCL runs
+them on one stream (representatives: MirroredCommunicator.post; the flow
+model shares the links among them fairly, which ends the last at the same
+time). Under full recomputation the regions are not measured per chunk:
+a chunk's buckets are reduced once its last backward has ended and
+gathered before its first forward. The units change where each element's
+sum starts on the ring, so the reduction is the same sum in another order:
+with two ranks, bit for bit (tests/test_bucket_overlap.py).
+
+    units = megatron_buckets([[p.numel() for p in params_of_chunk] ...], bucketed, bucket_size)
+    overlap = BucketOverlap(optimizer, rank, layout, chunk_starts)
+    program = overlap.during(action, cost, program)      # the chunk's forward or backward, buckets woven in
+"""
+from ..step_ops import Await, Collective, Compute, Post
+from .shard_layout import ShardLayout
+
+
+def megatron_buckets(chunk_numels: list[list[int]], bucketed: list[bool], bucket_size: int) -> list[list[int]]:
+    """Units of a rank's trainable parameters (indices over all its chunks, in order): each chunk one unit, or,
+    where `bucketed`, cut in reverse parameter order into buckets closed at `bucket_size` elements or more."""
+    units, start = [], 0
+    for numels, cut in zip(chunk_numels, bucketed):
+        indices = list(range(start, start + len(numels)))
+        start += len(numels)
+        if not indices:
+            continue
+        if not cut:
+            units.append(indices)
+            continue
+        buckets, current, size = [], [], 0
+        for index in reversed(indices):
+            current.insert(0, index)
+            size += numels[index - indices[0]]
+            if size >= bucket_size:
+                buckets.insert(0, current)
+                current, size = [], 0
+        if current:
+            buckets.insert(0, current)
+        units.extend(buckets)
+    return units
+
+
+class BucketOverlap:
+    """One rank's buckets: the reduce-scatters woven into its backward, the all-gathers into its forward."""
+
+    def __init__(self, optimizer, rank: int, layout: ShardLayout, chunk_starts: list[int]):
+        self.optimizer, self.rank = optimizer, rank
+        self.units = len(layout.units)
+        self.unit_of = {param: unit for unit, params in enumerate(layout.units) for param in params}
+        self.chunk_starts = chunk_starts  # chunk -> its first parameter's index
+        self.units_of_chunk = [sorted({self.unit_of[p] for p in range(start, end)})
+                               for start, end in zip(chunk_starts, chunk_starts[1:])]
+        self.microbatches = optimizer.microbatches
+        self.gather_deferred = optimizer.overlap_param_gather
+        self._backwards: dict[int, int] = {}  # chunk -> its backwards run this step
+        self.reducing: list[tuple[int, object]] = []  # (unit, handle): the reduce-scatters posted this step
+        self._pending: list[int] = []  # units whose parameters the next forward must gather, in order
+        self._gathers: dict[int, object] = {}  # unit -> its posted all-gather
+
+    def begin(self):
+        """Step program: a new step; the first deferred all-gather posted."""
+        self._backwards = {}
+        if self._pending:
+            yield from self._post_gather(self._pending[0])
+
+    def defer_gathers(self, none: bool = False) -> None:
+        """After the optimizer step: every bucket's parameters gathered in the next forward (`none`: after the
+        run, whose model is published whole, none)."""
+        self._pending = [] if none else list(range(self.units))
+
+    @property
+    def deferred(self) -> bool:
+        """Whether some bucket's parameters wait for the next forward's all-gather."""
+        return bool(self._pending)
+
+    def gather_pending(self):
+        """Step program: every deferred all-gather run now, one after another (a load that needs them whole)."""
+        while self._pending:
+            yield from self._await_gather(self._pending[0])
+
+    def during(self, action, cost, program):
+        """Step program: `program`, the forward or backward of schedule action `action` (its chunk's measured
+        `cost`: a ChunkCost, or under recomputation a list of them), with the buckets' collectives woven in."""
+        units = self.units_of_chunk[action.chunk]
+        if action.kind == "forward":
+            if not any(unit in self._pending for unit in units):
+                return (yield from program)
+            regions = self._forward_units(action.chunk, cost)
+            if regions is None:  # unmeasured regions: the chunk's buckets gathered before it starts
+                for unit in units:
+                    yield from self._await_gather(unit)
+                return (yield from program)
+            for unit in regions[0]:
+                yield from self._await_gather(unit)
+            value = yield from _weave(program, "forward", lambda region: self._gather_for(regions, region + 1))
+            for unit in units:  # buckets no region used
+                yield from self._await_gather(unit)
+            return value
+        count = self._backwards.get(action.chunk, 0) + 1
+        self._backwards[action.chunk] = count
+        if count < self.microbatches:
+            return (yield from program)
+        ready = self._ready_after(action.chunk, cost)
+        value = yield from _weave(program, "backward", lambda region: self._reduce_ready(ready, region))
+        yield from self._reduce_ready(ready, None)
+        return value
+
+    # ---- the gradients ----
+
+    def _ready_after(self, chunk: int, cost) -> dict[int, int]:
+        """unit -> the backward region after which its gradient is complete (its chunk's last region that adds
+        to one of its parameters); unmeasured (recomputation): the end of the backward."""
+        units = self.units_of_chunk[chunk]
+        if isinstance(cost, list) or not cost.backward_params:
+            return {unit: None for unit in units}
+        start, last = self.chunk_starts[chunk], {}
+        for region, params in enumerate(cost.backward_params):
+            for param in params:
+                last[self.unit_of[start + param]] = region
+        return {unit: last.get(unit, len(cost.backward_params) - 1) for unit in units}
+
+    def _reduce_ready(self, ready: dict[int, int], region: int | None):
+        """Step program: post the reduce-scatter of every bucket complete after backward region `region`
+        (None: the backward has ended, all that are left), latest parameters first."""
+        for unit in sorted(ready, reverse=True):
+            if region is None or ready[unit] is not None and ready[unit] <= region:
+                del ready[unit]
+                yield from self.optimizer.sum_sequence_parallel_grads(self.rank, unit)
+                self.reducing.append((unit, (yield from self.optimizer.post_reduce(self.rank, unit))))
+
+    # ---- the parameters ----
+
+    def _forward_units(self, chunk: int, cost) -> list[list[int]] | None:
+        """Per forward region, the deferred buckets holding a parameter it uses (the parameters the backward
+        region that reverses it adds to); None where the regions are not measured (recomputation)."""
+        if isinstance(cost, list) or not cost.backward_params:
+            return None
+        start = self.chunk_starts[chunk]
+        return [sorted({self.unit_of[start + param] for param in params})
+                for params in reversed(cost.backward_params)]
+
+    def _gather_for(self, regions: list[list[int]], region: int):
+        """Step program: before forward region `region` runs, its buckets' parameters gathered."""
+        for unit in regions[region] if region < len(regions) else ():
+            yield from self._await_gather(unit)
+
+    def _await_gather(self, unit: int):
+        """Step program: bucket `unit`'s all-gather awaited (posted first if it was not yet), the next deferred
+        bucket's then posted."""
+        if unit not in self._pending:
+            return
+        if unit not in self._gathers:
+            yield from self._post_gather(unit)
+        yield Await(self._gathers.pop(unit))
+        self._pending.remove(unit)
+        if self._pending and self._pending[0] not in self._gathers:
+            yield from self._post_gather(self._pending[0])
+
+    def _post_gather(self, unit: int):
+        collective: Collective = self.optimizer.collective("all_gather", self.rank, unit)
+        self._gathers[unit] = yield Post(*collective)
+
+
+def _weave(program, kind: str, between):
+    """Step program: `program` as it is, with `between(region)` (a step program) run once its `region`-th
+    Compute named `kind` has been charged; returns `program`'s value."""
+    region, value = 0, None
+    while True:
+        try:
+            op = program.send(value)
+        except StopIteration as stop:
+            return stop.value
+        value = yield op
+        if type(op) is Compute and op.name == kind:
+            yield from between(region)
+            region += 1
