@@ -1,0 +1,166 @@
+"""Ranks that run alike, run once: one representative per class, the others stood in for on the network.
+
+With numerics off (numerics_off.py) a data-parallel rank of FSDP2 x tensor
+parallelism runs the same operators on tensors of the same shapes, and issues
+the same collectives, as every other data-parallel rank with its tensor-parallel
+coordinate: only their token ids differ, and with fake tensors no value reaches
+the control flow. The user declares which ranks those are, as a mesh shape laid
+out row-major (as `init_device_mesh` lays it out) and the dimension along which
+ranks run alike:
+
+    spawn(train, world=256, numerics=False, representatives=Representatives(mesh_shape=(32, 8), alike_dim=0))
+
+A class is the ranks that differ only in their coordinate along `alike_dim`;
+its member at coordinate 0 is its representative and the only one whose
+function runs. Whenever a representative posts a collective (or a send or a
+recv), each member it represents posts its own part of it at that instant, on
+the network, with a payload of the same shape (process_group.py):
+
+- in the group itself when the group holds every member of each of its ranks'
+  classes (it spans the dimension: a "dp" group, the world);
+- otherwise in the group's mirror, the same ranks moved to the member's
+  coordinate (a "tp" group of another data-parallel replica), when no two of
+  the group's ranks differ along the dimension.
+
+A group that spans the dimension in part is refused (`RepresentativesUnsupported`),
+as are an all-to-all and a send or recv across it. So the network carries every
+flow of the full run, at the times the full run starts them, as long as every
+member ends each collective when its representative does: on identical devices
+and a topology that treats the mirrored groups alike (a switch, nodes of the
+same shape). A represented rank reports its representative's end time, compute
+time and memory; its bytes and communication time are its own flows'. Its
+return value is its representative's.
+
+One more member is a witness: the rank `stride` (class member 1 of rank 0's
+class) runs its function too, detached: its collectives complete at once and
+move nothing, and what it does (each collective's group, kind and sizes, each
+span of FLOPs) is recorded beside rank 0's. A rank whose control flow or shapes
+depend on its coordinate along the dimension (`if dp_rank == 0: ...`) makes the
+two records differ: `RepresentativesDiverge`, naming the first difference.
+
+    classes = Classes(Representatives((2, 4), 0), world=8)
+    classes.runs(5)                        # False: represented by rank 1
+    classes.stand_ins([0, 1, 2, 3], 0)     # [(4, [4, 5, 6, 7], 0)]: member 4 posts in the mirror at index 0
+"""
+import math
+from dataclasses import dataclass
+
+from ..errors import RepresentativesDiverge, RepresentativesUnsupported, ScenarioError
+
+
+@dataclass(frozen=True)
+class Representatives:
+    """Ranks of a `mesh_shape` mesh (row-major, as init_device_mesh lays it out) that differ only in their
+    coordinate along dimension `alike_dim` run alike: one of them runs for all."""
+
+    mesh_shape: tuple[int, ...]
+    alike_dim: int = 0
+
+
+class Classes:
+    """The classes of ranks alike along one dimension of a mesh, and what their members post in a group."""
+
+    def __init__(self, spec: Representatives, world: int):
+        field = "simtrain.dist.spawn: representatives"
+        if not isinstance(spec, Representatives):
+            raise ScenarioError(f"{field}: expected simtrain.dist.Representatives(mesh_shape, alike_dim), "
+                                f"got {spec!r}")
+        shape = tuple(spec.mesh_shape)
+        if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+            raise ScenarioError(f"{field}.mesh_shape: expected positive integers, got {spec.mesh_shape!r}")
+        if math.prod(shape) != world:
+            raise ScenarioError(f"{field}.mesh_shape: {shape} holds {math.prod(shape)} ranks, the world is {world}")
+        if isinstance(spec.alike_dim, bool) or spec.alike_dim not in range(len(shape)):
+            raise ScenarioError(f"{field}.alike_dim: expected a dimension of {shape} (0 to {len(shape) - 1}), "
+                                f"got {spec.alike_dim!r}")
+        self.count = shape[spec.alike_dim]  # members per class
+        self.stride = math.prod(shape[spec.alike_dim + 1:])  # rank distance between neighbouring members
+        self.witness = self.stride if self.count > 1 else None  # rank 0's class member 1, run detached
+
+    def coordinate(self, rank: int) -> int:
+        """The rank's coordinate along the alike dimension: its index in its class."""
+        return rank // self.stride % self.count
+
+    def moved(self, rank: int, by: int) -> int:
+        """The member of `rank`'s class `by` coordinates further along (cyclically)."""
+        coordinate = self.coordinate(rank)
+        return rank + ((coordinate + by) % self.count - coordinate) * self.stride
+
+    def representative(self, rank: int) -> int:
+        return self.moved(rank, -self.coordinate(rank))
+
+    def runs(self, rank: int) -> bool:
+        """Whether the rank's function runs: a representative or the witness."""
+        return self.coordinate(rank) == 0 or rank == self.witness
+
+    def stand_ins(self, ranks: list[int], me: int, call: str = "") -> list[tuple[int, list[int], int]]:
+        """For group `ranks` in which representative `ranks[me]` posts `call`: (member, the group it posts in,
+        its index there) for each member the representative stands for."""
+        coordinates = {self.coordinate(rank) for rank in ranks}
+        spans = set(ranks) == {self.moved(rank, by) for rank in ranks for by in range(self.count)}
+        if len(coordinates) > 1 and not spans:
+            raise RepresentativesUnsupported(
+                f"representatives: group {ranks} spans part of the alike mesh dimension ({self.count} ranks per "
+                f"class, {self.stride} apart): its ranks' classes cannot be represented")
+        if spans and len(coordinates) > 1 and call.startswith(("all_to_all", "send", "recv")):
+            raise RepresentativesUnsupported(f"representatives: {call.partition(' ')[0]} across the alike mesh "
+                                             f"dimension (group {ranks}) is not supported")
+        stand_ins = []
+        for by in range(1, self.count):
+            member = self.moved(ranks[me], by)
+            if len(coordinates) > 1:
+                stand_ins.append((member, list(ranks), ranks.index(member)))
+            else:
+                stand_ins.append((member, [self.moved(rank, by) for rank in ranks], me))
+        return stand_ins
+
+
+class Witness:
+    """What rank 0 and the witness did, in order, compared once both have ended: each call with its group, and
+    the FLOPs (by dtype) computed between two calls."""
+
+    def __init__(self, classes: Classes):
+        self.classes = classes
+        self.records: dict[int, list[tuple]] = {0: [], classes.witness: []}
+        self._flops: dict[int, dict] = {0: {}, classes.witness: {}}  # computed since the rank's last call
+
+    def watches(self, rank: int) -> bool:
+        return rank in self.records
+
+    def computed(self, rank: int, flops: dict) -> None:
+        for dtype, count in flops.items():
+            self._flops[rank][dtype] = self._flops[rank].get(dtype, 0) + count
+
+    def called(self, rank: int, ranks: list[int], call: str) -> None:
+        """Rank `rank` called `call` in group `ranks` (the witness's moved back to rank 0's coordinate)."""
+        self.ended(rank)
+        back = -self.classes.coordinate(rank)
+        self.records[rank].append(("call", sorted(self.classes.moved(r, back) for r in ranks), call))
+
+    def ended(self, rank: int) -> None:
+        if self._flops[rank]:
+            self.records[rank].append(("compute", None, self._flops[rank]))
+            self._flops[rank] = {}
+
+    def check(self) -> None:
+        """RepresentativesDiverge at the first difference between the two records."""
+        witness = self.classes.witness
+        mine, theirs = self.records[0], self.records[witness]
+        for index in range(max(len(mine), len(theirs))):
+            ours = mine[index] if index < len(mine) else None
+            its = theirs[index] if index < len(theirs) else None
+            if ours != its:
+                raise RepresentativesDiverge(
+                    f"representatives: rank {witness}, which rank 0 represents, diverges from it at its operation "
+                    f"#{index}: rank 0 {_said(ours)}, rank {witness} {_said(its)} (ranks alike along the mesh "
+                    f"dimension must run the same operations on the same shapes)")
+
+
+def _said(entry) -> str:
+    if entry is None:
+        return "had ended"
+    kind, ranks, what = entry
+    if kind == "compute":
+        return "computed " + ", ".join(f"{flops:.6g} FLOP of {str(dtype).removeprefix('torch.')}"
+                                       for dtype, flops in what.items())
+    return f"called {what} on group {ranks}"
