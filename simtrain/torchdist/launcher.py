@@ -154,7 +154,7 @@ def _report(run: SimRun) -> DistReport:
         devices.append({
             "rank": device.rank,
             "node": device.node,
-            "end_s": run.end_s[source.rank],
+            "end_s": run.rank_end_s(device.rank),
             "compute_s": log.total(source.rank, "compute"),
             "communication_s": log.total(device.rank, "communication"),
             "bytes_sent": run.bytes_sent(device.rank),

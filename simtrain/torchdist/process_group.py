@@ -131,7 +131,11 @@ class Group:
         label = call.partition("(")[0]
 
         def start(_=None):
-            self.comm.run(me, program(), label).callbacks.append(lambda _: done.succeed(result))
+            self.comm.run(me, program(), label).callbacks.append(ended)
+
+        def ended(_):
+            self.run.collective_end_s[self.ranks[me]] = env.now
+            done.succeed(result)
 
         previous = self._last[me]
         if previous is None or previous.processed:

@@ -49,6 +49,7 @@ class SimRun:
         self.groups: dict[str, Group] = {}
         self.meters = [OpMeter(device.memory) for device in cluster.devices]
         self.end_s = [None] * world  # simulated time each rank's function returned
+        self.collective_end_s = [None] * world  # when each rank's latest collective ended
         self.classes = None if representatives is None else Classes(representatives, world)
         self.witness = None if self.classes is None or self.classes.witness is None else Witness(self.classes)
 
@@ -71,8 +72,16 @@ class SimRun:
         return self.classes is None or self.classes.runs(rank)
 
     def reported_as(self, rank: int) -> int:
-        """The rank whose end time, compute and memory rank `rank` reports: its representative, or itself."""
+        """The rank whose compute and memory rank `rank` reports: its representative, or itself."""
         return rank if self.classes is None else self.classes.representative(rank)
+
+    def rank_end_s(self, rank: int) -> float:
+        """When rank `rank`'s function returned. A represented rank's: its representative's, or, if that one
+        returned as its last collective ended, when the rank's own part of that collective ended."""
+        source = self.reported_as(rank)
+        if source != rank and self.end_s[source] == self.collective_end_s[source]:
+            return self.collective_end_s[rank]
+        return self.end_s[source]
 
     def start(self, rank: int, body) -> None:
         """Run `body()` as rank `rank`, its torch ops counted; its end time is recorded."""
