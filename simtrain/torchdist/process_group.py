@@ -110,7 +110,7 @@ class Group:
 
         `exchange` (all-to-alls, whose sizes differ by rank): the elements this rank sends to and
         receives from each group rank, checked against what every other rank posted."""
-        work = self._collective(me, call, lambda: program(me, _payload), result, exchange)
+        work = self._collective(me, call, lambda: program(me, _own), result, exchange)
         for group, member in self.run.stand_ins(self, me, call):
             group._collective(member, call, lambda member=member: program(member, _stand_in_payload), None, exchange)
         return work
@@ -164,7 +164,7 @@ class Group:
         for group, member in self.run.stand_ins(self, me, call):
             group.comm.post(member, _point_to_point(kind, peer, _stand_in_payload(tensor), tag), kind)
         # the rank's own transfer, charged from now
-        done = self.comm.wait(self.comm.post(me, _point_to_point(kind, peer, _payload(tensor), tag), kind))
+        done = self.comm.wait(self.comm.post(me, _point_to_point(kind, peer, tensor, tag), kind))
         what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
                 f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
         return SimWork(self.run, done, what, [tensor])
@@ -175,21 +175,18 @@ def _point_to_point(kind: str, peer: int, tensor, tag: int):
     yield Send(peer, tensor, tag) if kind == "send" else Recv(peer, tensor.detach(), tag=tag)
 
 
-def _payload(tensor: torch.Tensor) -> torch.Tensor:
-    """What a collective moves for a rank's `tensor`: a fake tensor's twin on the meta device (the same bytes,
-    no values and no fake dispatch on the way: numerics off), else the tensor itself."""
-    if isinstance(tensor, FakeTensor):
-        with torch._C._DisableTorchDispatch():
-            return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
+def _own(tensor: torch.Tensor) -> torch.Tensor:
+    """What a collective moves for a rank's own `tensor`: the tensor."""
     return tensor
 
 
 def _stand_in_payload(tensor: torch.Tensor) -> torch.Tensor:
-    """What a rank stood in for moves (representatives.py): a meta twin, or a copy of its representative's real
-    tensor (an integer tensor of numerics off: its part is its representative's)."""
-    if isinstance(tensor, FakeTensor):
-        return _payload(tensor)
+    """What a rank stood in for moves (representatives.py): for a fake tensor its twin on the meta device (the
+    same bytes, no values and no fake dispatch on the way), for a real one (an integer tensor of numerics off)
+    a copy of its representative's: its part is its representative's."""
     with torch._C._DisableTorchDispatch():
+        if isinstance(tensor, FakeTensor):
+            return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
         return tensor.detach().clone()
 
 
