@@ -36,7 +36,7 @@ collects like any other: nothing to register. The third argument is the run
 """
 import inspect
 import numbers
-from dataclasses import dataclass
+from functools import cached_property
 
 from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
@@ -50,12 +50,17 @@ DEFAULT_TIMEOUT_S = 5.0  # the watchdog: wall time a rank may block outside the 
 from .world import ranks_as_threads
 
 
-@dataclass
 class DistReport:
-    """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format)."""
+    """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format, built from the
+    cluster's event log when first read: for hundreds of ranks it takes seconds)."""
 
-    data: dict
-    trace: dict
+    def __init__(self, data: dict, cluster):
+        self.data = data
+        self._cluster = cluster
+
+    @cached_property
+    def trace(self) -> dict:
+        return build_trace(self._cluster)
 
 
 class SpawnResult(list):
@@ -148,7 +153,7 @@ def spawn_scenario(world, scenario, topology, bandwidth, latency, device, collec
 def _report(run: SimRun) -> DistReport:
     cluster = run.cluster
     log = cluster.log
-    devices = []
+    devices, bytes_sent = [], run.bytes_sent_by_rank()
     for device in cluster.devices:
         source = cluster.devices[run.reported_as(device.rank)]  # a represented rank: its representative
         devices.append({
@@ -157,10 +162,10 @@ def _report(run: SimRun) -> DistReport:
             "end_s": run.rank_end_s(device.rank),
             "compute_s": log.total(source.rank, "compute"),
             "communication_s": log.total(device.rank, "communication"),
-            "bytes_sent": run.bytes_sent(device.rank),
+            "bytes_sent": bytes_sent[device.rank],
             "peak_memory_bytes": source.memory.peak_total,
             "peak_memory_bytes_by_category": dict(source.memory.peak_breakdown),
             "peak_memory_bytes_per_category": dict(source.memory.peak),
         })
     data = {"sim_time_s": log.last_end_s, "devices": devices, "links": cluster.network.link_stats()}
-    return DistReport(data, build_trace(cluster))
+    return DistReport(data, cluster)

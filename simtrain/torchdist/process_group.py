@@ -371,18 +371,18 @@ class SimProcessGroup(dist.ProcessGroup):
         run = self.group.run
         run.flush()
         if run.detached(self.group.ranks, call):  # the witness (representatives.py): recorded, not run
-            return run.ended(call, result)
+            return run.witness_work(call, result)
         with run.backend():
-            return self.group.collective(self._me, call, program, result, exchange)
+            return run.posted(self.group.collective(self._me, call, program, result, exchange))
 
     def _point_to_point(self, kind: str, peer: int, tag: int, tensor) -> SimWork:
         run = self.group.run
         run.flush()
         call = f"{kind} with group rank {peer} (tag {tag}) of {_sizes(tensor)}"
         if run.detached(self.group.ranks, call):
-            return run.ended(call, [tensor])
+            return run.witness_work(call, [tensor])
         with run.backend():
-            return self.group.point_to_point(kind, self._me, peer, tag, tensor)
+            return run.posted(self.group.point_to_point(kind, self._me, peer, tag, tensor))
 
 
 def _gather(me: int, chunks: list, tensor):

@@ -45,6 +45,10 @@ two records differ: `RepresentativesDiverge`, naming the first difference.
 import math
 from dataclasses import dataclass
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_leaves
+
 from ..errors import RepresentativesDiverge, RepresentativesUnsupported, ScenarioError
 
 
@@ -123,6 +127,9 @@ class Witness:
         self.classes = classes
         self.records: dict[int, list[tuple]] = {0: [], classes.witness: []}
         self._flops: dict[int, dict] = {0: {}, classes.witness: {}}  # computed since the rank's last call
+        self._results: list[_Values] = []  # the values of rank 0's calls' real tensors, in order
+        self._follow: dict[int, object] = {}  # the witness's call # -> what to do once rank 0 posts it
+        self._calls = 0  # calls the witness has made
 
     def watches(self, rank: int) -> bool:
         return rank in self.records
@@ -136,6 +143,48 @@ class Witness:
         self.ended(rank)
         back = -self.classes.coordinate(rank)
         self.records[rank].append(("call", sorted(self.classes.moved(r, back) for r in ranks), call))
+
+    def posted(self, done, result) -> None:
+        """Rank 0 posted a call: `done` fires when its `result` is in. Its real tensors' values are copied then,
+        for the witness (holding the tensors themselves would keep them on rank 0's memory ledger)."""
+        values = _Values()
+        if any(_is_real(leaf) for leaf in tree_leaves(result)):
+            def copy(_=None):
+                with torch._C._DisableTorchDispatch():
+                    values.set([leaf.clone() if _is_real(leaf) else None for leaf in tree_leaves(result)])
+
+            if done.callbacks is None:  # processed already
+                copy()
+            else:
+                done.callbacks.append(copy)
+        else:
+            values.set([])
+        self._results.append(values)
+        follow = self._follow.pop(len(self._results) - 1, None)
+        if follow is not None:
+            values.then(follow)
+
+    def witness_done(self, env, result):
+        """The witness's call: an event that has fired, moving nothing; where its result holds real tensors
+        (integers of numerics off), one that fires once rank 0's call of the same number has ended, with rank 0's
+        values copied in (the witness's, as an alike rank's, are rank 0's)."""
+        done, index = env.event(), self._calls
+        self._calls += 1
+        if not any(_is_real(leaf) for leaf in tree_leaves(result)):
+            return done.succeed(result)
+
+        def copied(values: list) -> None:
+            with torch._C._DisableTorchDispatch():
+                for mine, theirs in zip(tree_leaves(result), values):
+                    if _is_real(mine) and theirs is not None:
+                        mine.copy_(theirs)
+            done.succeed(result)
+
+        if index < len(self._results):
+            self._results[index].then(copied)
+        else:
+            self._follow[index] = copied
+        return done
 
     def ended(self, rank: int) -> None:
         if self._flops[rank]:
@@ -154,6 +203,29 @@ class Witness:
                     f"representatives: rank {witness}, which rank 0 represents, diverges from it at its operation "
                     f"#{index}: rank 0 {_said(ours)}, rank {witness} {_said(its)} (ranks alike along the mesh "
                     f"dimension must run the same operations on the same shapes)")
+
+
+class _Values:
+    """The values of a call's real tensors, once they are in; what to do with them then."""
+
+    def __init__(self):
+        self.values, self._then = None, []
+
+    def set(self, values: list) -> None:
+        self.values = values
+        for then in self._then:
+            then(values)
+        self._then = []
+
+    def then(self, action) -> None:
+        if self.values is None:
+            self._then.append(action)
+        else:
+            action(self.values)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)
 
 
 def _said(entry) -> str:

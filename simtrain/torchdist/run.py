@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 import simpy
 
-from ..errors import SimtrainError
+from ..errors import Deadlock, SimtrainError
 from ..hw.cluster import Cluster, run_to_end
 from .numerics_off import FakeFloats
 from .op_meter import DEVICE_DTYPE, OpMeter
@@ -104,7 +104,12 @@ class SimRun:
             self.turns.run(run_to_end)
         finally:
             SimRun._active = None
-        values = dict(zip([rank for rank in range(self.world) if self.runs(rank)], self.turns.close()))
+        try:
+            values = dict(zip([rank for rank in range(self.world) if self.runs(rank)], self.turns.close()))
+        except Deadlock:
+            if self.witness is not None:  # the witness waits on a call rank 0 never made
+                self.witness.check()
+            raise
         if self.witness is not None:
             self.witness.check()
         return [values[rank] if rank in values else values[self.reported_as(rank)] for rank in range(self.world)]
@@ -131,9 +136,15 @@ class SimRun:
         self.witness.called(rank, ranks, call)
         return rank != 0
 
-    def ended(self, call: str, result) -> SimWork:
-        """The witness's work: ended already, having moved nothing."""
-        return SimWork(self, self.env.event().succeed(result), call, result)
+    def witness_work(self, call: str, result) -> SimWork:
+        """The witness's work: it moves nothing (Witness.witness_done)."""
+        return SimWork(self, self.witness.witness_done(self.env, result), call, result)
+
+    def posted(self, work: SimWork) -> SimWork:
+        """The calling rank posted `work`: kept for the witness if the rank is 0."""
+        if self.witness is not None and current_rank() == 0:
+            self.witness.posted(work._done, work._result)
+        return work
 
     def flush(self) -> None:
         """Charge the calling rank's counted FLOPs on its device, and wait until they have run (the witness's are
@@ -173,6 +184,13 @@ class SimRun:
         """Bytes of the transfers rank `rank` sent that have completed so far."""
         node = self.cluster.devices[rank].node
         return sum(record.nbytes for record in self.cluster.network.records if record.src == node)
+
+    def bytes_sent_by_rank(self) -> list[int]:
+        """Bytes of the transfers each rank sent that have completed so far, in rank order."""
+        by_node = {}
+        for record in self.cluster.network.records:
+            by_node[record.src] = by_node.get(record.src, 0) + record.nbytes
+        return [by_node.get(device.node, 0) for device in self.cluster.devices]
 
     def bytes_received(self, rank: int) -> int:
         """Bytes of the transfers rank `rank` received that have completed so far."""
