@@ -8,7 +8,7 @@ ColwiseParallel / RowwiseParallel / SequenceParallel per block, `fully_shard` pe
 one step of a batch of 1 sequence of 2,048 tokens per data-parallel rank. Numerics off: weights, activations,
 gradients and optimizer state are fake tensors; the collectives and the operator recorder time them on the
 simulated cluster. The data-parallel ranks run alike, so the function runs once per tensor-parallel rank
-(`representatives=Representatives((dp, tp), alike_dim=0)`), and once more for the witness that checks it; the
+(`representatives=Representatives((dp, tp), alike_dims=(0,))`), and once more for the witness that checks it; the
 others post their parts of its collectives on the network. Printed: the wall and CPU time of the spawn (model
 construction, sharding and the step), the simulated step time and rank 0's memory by category.
 
@@ -116,7 +116,7 @@ def main():
     LAYERS = args.layers
     with torch.device("meta"):
         parameters = sum(p.numel() for p in Llama().parameters())
-    representatives = None if args.every_rank else Representatives((args.world // TP, TP), alike_dim=0)
+    representatives = None if args.every_rank else Representatives((args.world // TP, TP), alike_dims=(0,))
     load_before = os.getloadavg()[0]
     start, cpu_start = time.perf_counter(), time.process_time()
     result = simtrain.dist.spawn(train_step, world=args.world, device="h100-80gb", topology="switch",

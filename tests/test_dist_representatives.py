@@ -41,7 +41,7 @@ def fsdp_tp_adam(rank, world):
 def test_representatives_give_the_report_of_every_rank_run(world, topology):
     every = simtrain.dist.spawn(fsdp_tp_adam, world=world, topology=topology, numerics=False)
     alike = simtrain.dist.spawn(fsdp_tp_adam, world=world, topology=topology, numerics=False,
-                                representatives=Representatives((world // TP, TP), alike_dim=0))
+                                representatives=Representatives((world // TP, TP), alike_dims=(0,)))
     assert alike.report.data == every.report.data
     assert every.report.data["sim_time_s"] > 0 and all(d["bytes_sent"] > 0 for d in every.report.data["devices"])
     # only the representatives (tp ranks of dp rank 0) and the witness (rank TP) ran; the others report theirs
@@ -69,23 +69,23 @@ def extra_collective_on_dp_rank_1(rank, world):
 ], ids=["shapes", "control_flow"])
 def test_a_rank_that_diverges_along_the_alike_dimension_is_caught(script, first_difference):
     with pytest.raises(RepresentativesDiverge, match=f"rank 2, which rank 0 represents, diverges .*{first_difference}"):
-        simtrain.dist.spawn(script, world=4, numerics=False, representatives=Representatives((2, 2), 0))
+        simtrain.dist.spawn(script, world=4, numerics=False, representatives=Representatives((2, 2)))
 
 
 def test_what_cannot_be_represented_is_one_line():
-    with pytest.raises(RankFailed, match="group \\[0, 1\\] spans part of the alike mesh dimension") as caught:
-        simtrain.dist.spawn(shapes_by_dp_rank, world=4, numerics=False, representatives=Representatives((4,), 0))
+    with pytest.raises(RankFailed, match="group \\[0, 1\\] spans part of an alike mesh dimension") as caught:
+        simtrain.dist.spawn(shapes_by_dp_rank, world=4, numerics=False, representatives=Representatives((4,)))
     assert isinstance(caught.value.__cause__, RepresentativesUnsupported)
     for options, field in [(dict(numerics=True, representatives=Representatives((2, 2))), "needs numerics=False"),
                            (dict(numerics=False, representatives=Representatives((2, 4))), "mesh_shape: .* 8 ranks"),
-                           (dict(numerics=False, representatives=Representatives((2, 2), 2)), "alike_dim"),
+                           (dict(numerics=False, representatives=Representatives((2, 2), (2,))), "alike_dims"),
                            (dict(numerics=False, representatives=(2, 2)), "representatives: expected")]:
         with pytest.raises(ScenarioError, match=field):
             simtrain.dist.spawn(shapes_by_dp_rank, world=4, **options)
 
 
 def test_a_representative_stands_for_its_class_in_the_group_or_its_mirror():
-    classes = Classes(Representatives((2, 3, 2), alike_dim=1), world=12)  # ranks pp * 6 + dp * 2 + tp
+    classes = Classes(Representatives((2, 3, 2), alike_dims=(1,)), world=12)  # ranks pp * 6 + dp * 2 + tp
     assert [rank for rank in range(12) if classes.runs(rank)] == [0, 1, 2, 6, 7]  # rank 2: the witness
     assert [classes.representative(rank) for rank in (4, 5, 10)] == [0, 1, 6]
     assert classes.stand_ins([6, 7], 1) == [(9, [8, 9], 1), (11, [10, 11], 1)]  # a tp group: its mirrors
@@ -93,5 +93,8 @@ def test_a_representative_stands_for_its_class_in_the_group_or_its_mirror():
     assert classes.stand_ins([1, 7], 0) == [(3, [3, 9], 0), (5, [5, 11], 0)]  # a pp group: its mirrors
     with pytest.raises(RepresentativesUnsupported, match="spans part"):
         classes.stand_ins([0, 2], 0)
-    with pytest.raises(RepresentativesUnsupported, match="send across the alike mesh dimension"):
+    with pytest.raises(RepresentativesUnsupported, match="send across an alike mesh dimension"):
         classes.stand_ins([1, 3, 5], 0, "send of 4 float32")
+    both = Classes(Representatives((2, 3, 2), alike_dims=(1, 2)), world=12)  # dp and tp alike: one rank per pp
+    assert [rank for rank in range(12) if both.runs(rank)] == [0, 3, 6]  # rank 3 (dp 1, tp 1): the witness
+    assert both.stand_ins([0, 1], 0)[:2] == [(1, [0, 1], 1), (2, [2, 3], 0)]  # tp group: itself, then dp 1's

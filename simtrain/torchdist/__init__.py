@@ -20,7 +20,7 @@ op_meter.py (the FLOPs and memory of the rank's torch ops), memory_categories.py
 numerics_off.py (fake floating-point tensors: `spawn(..., numerics=False)`),
 fake_collectives.py (torch's functional collectives on fake tensors, posted on
 the group) and representatives.py (ranks alike along a mesh dimension run once:
-`spawn(..., representatives=Representatives(mesh_shape, alike_dim))`).
+`spawn(..., representatives=Representatives(mesh_shape, alike_dims))`).
 """
 from ..errors import (CollectiveMismatch, Deadlock, NumericsOffUnsupported, RankBlocked, RankFailed,
                       RepresentativesDiverge, RepresentativesUnsupported)

@@ -42,6 +42,7 @@ two records differ: `RepresentativesDiverge`, naming the first difference.
     classes.runs(5)                        # False: represented by rank 1
     classes.stand_ins([0, 1, 2, 3], 0)     # [(4, [4, 5, 6, 7], 0)]: member 4 posts in the mirror at index 0
 """
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -55,73 +56,82 @@ from ..errors import RepresentativesDiverge, RepresentativesUnsupported, Scenari
 @dataclass(frozen=True)
 class Representatives:
     """Ranks of a `mesh_shape` mesh (row-major, as init_device_mesh lays it out) that differ only in their
-    coordinate along dimension `alike_dim` run alike: one of them runs for all."""
+    coordinates along the dimensions `alike_dims` run alike: one of them runs for all."""
 
     mesh_shape: tuple[int, ...]
-    alike_dim: int = 0
+    alike_dims: tuple[int, ...] = (0,)
 
 
 class Classes:
-    """The classes of ranks alike along one dimension of a mesh, and what their members post in a group."""
+    """The classes of ranks alike along some dimensions of a mesh, and what their members post in a group."""
 
     def __init__(self, spec: Representatives, world: int):
         field = "simtrain.dist.spawn: representatives"
         if not isinstance(spec, Representatives):
-            raise ScenarioError(f"{field}: expected simtrain.dist.Representatives(mesh_shape, alike_dim), "
+            raise ScenarioError(f"{field}: expected simtrain.dist.Representatives(mesh_shape, alike_dims), "
                                 f"got {spec!r}")
         shape = tuple(spec.mesh_shape)
         if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
             raise ScenarioError(f"{field}.mesh_shape: expected positive integers, got {spec.mesh_shape!r}")
         if math.prod(shape) != world:
             raise ScenarioError(f"{field}.mesh_shape: {shape} holds {math.prod(shape)} ranks, the world is {world}")
-        if isinstance(spec.alike_dim, bool) or spec.alike_dim not in range(len(shape)):
-            raise ScenarioError(f"{field}.alike_dim: expected a dimension of {shape} (0 to {len(shape) - 1}), "
-                                f"got {spec.alike_dim!r}")
-        self.count = shape[spec.alike_dim]  # members per class
-        self.stride = math.prod(shape[spec.alike_dim + 1:])  # rank distance between neighbouring members
-        self.witness = self.stride if self.count > 1 else None  # rank 0's class member 1, run detached
+        dims = tuple(spec.alike_dims) if isinstance(spec.alike_dims, (tuple, list)) else None
+        if (not dims or len(set(dims)) != len(dims)
+                or any(isinstance(d, bool) or d not in range(len(shape)) for d in dims)):
+            raise ScenarioError(f"{field}.alike_dims: expected distinct dimensions of {shape} (0 to "
+                                f"{len(shape) - 1}), got {spec.alike_dims!r}")
+        dims = sorted(dims)
+        self.counts = [shape[d] for d in dims]  # members per class along each alike dimension
+        self.strides = [math.prod(shape[d + 1:]) for d in dims]  # rank distance between neighbours along it
+        self.offsets = list(itertools.product(*(range(count) for count in self.counts)))[1:]  # but (0, ..., 0)
+        # rank 0's class member one further along every alike dimension: run detached
+        self.witness = self.moved(0, tuple(min(1, count - 1) for count in self.counts)) if self.offsets else None
 
-    def coordinate(self, rank: int) -> int:
-        """The rank's coordinate along the alike dimension: its index in its class."""
-        return rank // self.stride % self.count
+    def coordinates(self, rank: int) -> tuple[int, ...]:
+        """The rank's coordinates along the alike dimensions: its place in its class."""
+        return tuple(rank // stride % count for stride, count in zip(self.strides, self.counts))
 
-    def moved(self, rank: int, by: int) -> int:
-        """The member of `rank`'s class `by` coordinates further along (cyclically)."""
-        coordinate = self.coordinate(rank)
-        return rank + ((coordinate + by) % self.count - coordinate) * self.stride
+    def moved(self, rank: int, by: tuple[int, ...]) -> int:
+        """The member of `rank`'s class `by` coordinates further along each alike dimension (cyclically)."""
+        for coordinate, step, stride, count in zip(self.coordinates(rank), by, self.strides, self.counts):
+            rank += ((coordinate + step) % count - coordinate) * stride
+        return rank
 
     def representative(self, rank: int) -> int:
-        return self.moved(rank, -self.coordinate(rank))
+        return self.moved(rank, tuple(-c for c in self.coordinates(rank)))
 
     def runs(self, rank: int) -> bool:
         """Whether the rank's function runs: a representative or the witness."""
-        return self.coordinate(rank) == 0 or rank == self.witness
+        return not any(self.coordinates(rank)) or rank == self.witness
 
     def stand_ins(self, ranks: list[int], me: int, call: str = "") -> list[tuple[int, list[int], int]]:
         """For group `ranks` in which representative `ranks[me]` posts `call`: (member, the group it posts in,
         its index there) for each member the representative stands for."""
-        coordinates = {self.coordinate(rank) for rank in ranks}
-        spans = set(ranks) == {self.moved(rank, by) for rank in ranks for by in range(self.count)}
-        if len(coordinates) > 1 and not spans:
-            raise RepresentativesUnsupported(
-                f"representatives: group {ranks} spans part of the alike mesh dimension ({self.count} ranks per "
-                f"class, {self.stride} apart): its ranks' classes cannot be represented")
-        if spans and len(coordinates) > 1 and call.startswith(("all_to_all", "send", "recv")):
-            raise RepresentativesUnsupported(f"representatives: {call.partition(' ')[0]} across the alike mesh "
+        members = set(ranks)
+        spanned = []  # per alike dimension: whether the group holds whole classes along it
+        for axis in range(len(self.counts)):
+            step = tuple(int(a == axis) for a in range(len(self.counts)))
+            varies = len({self.coordinates(rank)[axis] for rank in ranks}) > 1
+            if varies and members != {self.moved(rank, step) for rank in ranks}:
+                raise RepresentativesUnsupported(
+                    f"representatives: group {ranks} spans part of an alike mesh dimension ({self.counts[axis]} "
+                    f"ranks along it, {self.strides[axis]} apart): its ranks' classes cannot be represented")
+            spanned.append(varies)
+        if any(spanned) and call.startswith(("all_to_all", "send", "recv")):
+            raise RepresentativesUnsupported(f"representatives: {call.partition(' ')[0]} across an alike mesh "
                                              f"dimension (group {ranks}) is not supported")
         stand_ins = []
-        for by in range(1, self.count):
-            member = self.moved(ranks[me], by)
-            if len(coordinates) > 1:
-                stand_ins.append((member, list(ranks), ranks.index(member)))
-            else:
-                stand_ins.append((member, [self.moved(rank, by) for rank in ranks], me))
+        for offset in self.offsets:
+            member = self.moved(ranks[me], offset)
+            along = tuple(0 if span else step for span, step in zip(spanned, offset))  # to the group's mirror
+            mirror = [self.moved(rank, along) for rank in ranks] if any(along) else list(ranks)
+            stand_ins.append((member, mirror, mirror.index(member)))
         return stand_ins
 
 
 class Witness:
-    """What rank 0 and the witness did, in order, compared once both have ended: each call with its group, and
-    the FLOPs (by dtype) computed between two calls."""
+    """What rank 0 and the witness did, in order, compared once both have ended: each call with its group and
+    the bytes the rank has allocated by then, and the FLOPs (by dtype) computed between two calls."""
 
     def __init__(self, classes: Classes):
         self.classes = classes
@@ -138,11 +148,13 @@ class Witness:
         for dtype, count in flops.items():
             self._flops[rank][dtype] = self._flops[rank].get(dtype, 0) + count
 
-    def called(self, rank: int, ranks: list[int], call: str) -> None:
-        """Rank `rank` called `call` in group `ranks` (the witness's moved back to rank 0's coordinate)."""
+    def called(self, rank: int, ranks: list[int], call: str, allocated_bytes: int) -> None:
+        """Rank `rank` called `call` in group `ranks` (the witness's moved back to rank 0's coordinate), having
+        allocated `allocated_bytes` of tensors so far (freed or not: the same whenever its collectives end)."""
         self.ended(rank)
-        back = -self.classes.coordinate(rank)
-        self.records[rank].append(("call", sorted(self.classes.moved(r, back) for r in ranks), call))
+        back = tuple(-c for c in self.classes.coordinates(rank))
+        self.records[rank].append(("call", sorted(self.classes.moved(r, back) for r in ranks),
+                                   f"{call}, having allocated {allocated_bytes} B"))
 
     def posted(self, done, result) -> None:
         """Rank 0 posted a call: `done` fires when its `result` is in. Its real tensors' values are copied then,

@@ -133,7 +133,7 @@ class SimRun:
         rank = current_rank()
         if self.witness is None or not self.witness.watches(rank):
             return False
-        self.witness.called(rank, ranks, call)
+        self.witness.called(rank, ranks, call, self.meters[rank].allocated_bytes)
         return rank != 0
 
     def witness_work(self, call: str, result) -> SimWork:
