@@ -5,40 +5,42 @@ parallelism runs the same operators on tensors of the same shapes, and issues
 the same collectives, as every other data-parallel rank with its tensor-parallel
 coordinate: only their token ids differ, and with fake tensors no value reaches
 the control flow. The user declares which ranks those are, as a mesh shape laid
-out row-major (as `init_device_mesh` lays it out) and the dimension along which
+out row-major (as `init_device_mesh` lays it out) and the dimensions along which
 ranks run alike:
 
-    spawn(train, world=256, numerics=False, representatives=Representatives(mesh_shape=(32, 8), alike_dim=0))
+    spawn(train, world=256, numerics=False, representatives=Representatives(mesh_shape=(32, 8), alike_dims=(0,)))
 
-A class is the ranks that differ only in their coordinate along `alike_dim`;
+A class is the ranks that differ only in their coordinates along `alike_dims`;
 its member at coordinate 0 is its representative and the only one whose
 function runs. Whenever a representative posts a collective (or a send or a
 recv), each member it represents posts its own part of it at that instant, on
-the network, with a payload of the same shape (process_group.py):
+the network, with a payload of the same shape (process_group.py), in the group
+moved to the member's coordinates along the alike dimensions the group does not
+span: the group itself where it spans them all (a "dp" group, the world), a
+mirror of it elsewhere (the "tp" group of another data-parallel replica). A
+group that spans an alike dimension in part is refused
+(`RepresentativesUnsupported`), as are an all-to-all and a send or recv across
+one. So the network carries every flow of the full run, at the times the full
+run starts them, as long as every member ends each collective when its
+representative does: on identical devices and a topology that treats mirrored
+groups alike (a switch, nodes of one shape). A represented rank reports its
+representative's compute time and memory, and its end time (or, if the
+representative ended with its last collective, when its own part of that
+ended); its bytes and communication time are its own flows'. Its return value
+is its representative's.
 
-- in the group itself when the group holds every member of each of its ranks'
-  classes (it spans the dimension: a "dp" group, the world);
-- otherwise in the group's mirror, the same ranks moved to the member's
-  coordinate (a "tp" group of another data-parallel replica), when no two of
-  the group's ranks differ along the dimension.
+One more member is a witness: rank 0's class member one further along every
+alike dimension runs its function too, detached: its collectives complete at
+once and move nothing (their real-tensor results are rank 0's values), and what
+it does (each call with its group, kind, sizes and the bytes the rank has
+allocated by then, the FLOPs between calls) is recorded beside rank 0's. A rank
+whose control flow or shapes depend on its coordinate (`if dp_rank == 0: ...`)
+makes the two records differ: `RepresentativesDiverge`, naming the first
+difference. What it cannot see: a difference in another class only, or a rank
+that holds the same allocations for longer (a view that keeps a larger tensor
+alive, as `distribute_tensor`'s source rank along "tp" does).
 
-A group that spans the dimension in part is refused (`RepresentativesUnsupported`),
-as are an all-to-all and a send or recv across it. So the network carries every
-flow of the full run, at the times the full run starts them, as long as every
-member ends each collective when its representative does: on identical devices
-and a topology that treats the mirrored groups alike (a switch, nodes of the
-same shape). A represented rank reports its representative's end time, compute
-time and memory; its bytes and communication time are its own flows'. Its
-return value is its representative's.
-
-One more member is a witness: the rank `stride` (class member 1 of rank 0's
-class) runs its function too, detached: its collectives complete at once and
-move nothing, and what it does (each collective's group, kind and sizes, each
-span of FLOPs) is recorded beside rank 0's. A rank whose control flow or shapes
-depend on its coordinate along the dimension (`if dp_rank == 0: ...`) makes the
-two records differ: `RepresentativesDiverge`, naming the first difference.
-
-    classes = Classes(Representatives((2, 4), 0), world=8)
+    classes = Classes(Representatives((2, 4), alike_dims=(0,)), world=8)
     classes.runs(5)                        # False: represented by rank 1
     classes.stand_ins([0, 1, 2, 3], 0)     # [(4, [4, 5, 6, 7], 0)]: member 4 posts in the mirror at index 0
 """
