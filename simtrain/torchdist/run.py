@@ -129,7 +129,7 @@ class SimRun:
 
     def detached(self, ranks: list[int], call: str) -> bool:
         """The calling rank calls `call` in group `ranks`: recorded if the witness watches it; whether it is the
-        witness, whose calls are not run (`ended`)."""
+        witness, whose calls are not run (`witness_work`)."""
         rank = current_rank()
         if self.witness is None or not self.witness.watches(rank):
             return False
