@@ -48,6 +48,25 @@ def test_representatives_give_the_report_of_every_rank_run(world, topology):
     assert list(alike) == [*range(TP), TP, *[rank % TP for rank in range(TP + 1, world)]]
 
 
+def stages(rank, world):
+    """Stage 0 sends its activation to stage 1 over "pp", as a pipeline does; then an all-reduce over "dp"."""
+    dist.init_process_group("simtrain")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    activation = torch.randn(256, 64) @ torch.randn(64, 64)
+    if mesh["pp"].get_local_rank() == 0:
+        dist.send(activation, group_dst=1, group=mesh["pp"].get_group())
+    else:
+        dist.recv(activation, group_src=0, group=mesh["pp"].get_group())
+    dist.all_reduce(activation, group=mesh["dp"].get_group())
+
+
+def test_represented_ranks_send_and_receive_in_the_mirrors_of_their_stage_groups():
+    every = simtrain.dist.spawn(stages, world=4, numerics=False)
+    alike = simtrain.dist.spawn(stages, world=4, numerics=False, representatives=Representatives((2, 2), (1,)))
+    assert alike.report.data == every.report.data
+    assert all(device["communication_s"] > 0 for device in every.report.data["devices"])
+
+
 def shapes_by_dp_rank(rank, world):
     dist.init_process_group("simtrain")
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))

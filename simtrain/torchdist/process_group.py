@@ -161,9 +161,8 @@ class Group:
         matched per (src, dst, tag) in posting order), and for each rank it stands for (in the group's mirrors);
         it moves once the peer posts its match."""
         call = f"{kind} of {_sizes(tensor)}"
-        for group, member in self.run.stand_ins(self, me, call):
-            group.comm.post(member, _point_to_point(kind, peer, _stand_in_payload(tensor), tag), kind)
-        # the rank's own transfer, charged from now
+        for group, member in self.run.stand_ins(self, me, call):  # each rank's own transfer, charged from now
+            group.comm.wait(group.comm.post(member, _point_to_point(kind, peer, _stand_in_payload(tensor), tag), kind))
         done = self.comm.wait(self.comm.post(me, _point_to_point(kind, peer, tensor, tag), kind))
         what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
                 f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
