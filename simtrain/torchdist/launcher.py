@@ -29,6 +29,9 @@ rank's memory by category (memory_categories.py): `weights`, `gradients`,
 peak (`peak_memory_bytes_by_category`) and each at its own peak
 (`peak_memory_bytes_per_category`). A rank that blocks outside the scheduler (a
 lock, `time.sleep`) for `timeout_s` seconds of wall time is `RankBlocked`.
+With numerics off, `representatives=Representatives(mesh_shape, alike_dims)`
+runs one rank per class of ranks alike along those mesh dimensions; the others
+post their parts of its collectives (representatives.py).
 
 `distributed` turns the function into a test without arguments, which pytest
 collects like any other: nothing to register. The third argument is the run
