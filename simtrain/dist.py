@@ -13,7 +13,9 @@ which the standard Python .gitignore treats as build output at any depth.
 Importing it registers the `simtrain` torch.distributed backend.
 """
 from .torchdist import (CollectiveMismatch, Deadlock, DistReport, NumericsOffUnsupported, RankBlocked, RankFailed,
-                        SpawnResult, compute, distributed, spawn)
+                        Representatives, RepresentativesDiverge, RepresentativesUnsupported, SpawnResult, compute,
+                        distributed, spawn)
 
-__all__ = ["spawn", "distributed", "compute", "SpawnResult", "DistReport", "RankFailed", "Deadlock",
-           "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported"]
+__all__ = ["spawn", "distributed", "compute", "Representatives", "SpawnResult", "DistReport", "RankFailed",
+           "Deadlock", "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported", "RepresentativesDiverge",
+           "RepresentativesUnsupported"]

@@ -67,3 +67,11 @@ class NumericsOffUnsupported(SimtrainError):
 
 class RankBlocked(SimtrainError):
     """A rank of simtrain.dist.spawn blocked outside its scheduler (a lock, time.sleep, a queue) past the watchdog."""
+
+
+class RepresentativesUnsupported(SimtrainError):
+    """simtrain.dist.spawn representatives: a group or an operation that ranks standing in for others cannot post."""
+
+
+class RepresentativesDiverge(SimtrainError):
+    """simtrain.dist.spawn representatives: a represented rank (the witness) did not run as its representative."""

@@ -17,12 +17,16 @@ per rank thread), process_group.py (the backend), programs.py (its collective
 programs), arriving.py (a collective's output that waits when first read),
 op_meter.py (the FLOPs and memory of the rank's torch ops), memory_categories.py
 (weights, gradients, optimizer state and activations told apart from hooks),
-numerics_off.py (fake floating-point tensors: `spawn(..., numerics=False)`) and
+numerics_off.py (fake floating-point tensors: `spawn(..., numerics=False)`),
 fake_collectives.py (torch's functional collectives on fake tensors, posted on
-the group).
+the group) and representatives.py (ranks alike along a mesh dimension run once:
+`spawn(..., representatives=Representatives(mesh_shape, alike_dims))`).
 """
-from ..errors import CollectiveMismatch, Deadlock, NumericsOffUnsupported, RankBlocked, RankFailed
+from ..errors import (CollectiveMismatch, Deadlock, NumericsOffUnsupported, RankBlocked, RankFailed,
+                      RepresentativesDiverge, RepresentativesUnsupported)
 from .launcher import DistReport, SpawnResult, compute, distributed, spawn
+from .representatives import Representatives
 
-__all__ = ["spawn", "distributed", "compute", "SpawnResult", "DistReport", "RankFailed", "Deadlock",
-           "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported"]
+__all__ = ["spawn", "distributed", "compute", "Representatives", "SpawnResult", "DistReport", "RankFailed",
+           "Deadlock", "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported", "RepresentativesDiverge",
+           "RepresentativesUnsupported"]

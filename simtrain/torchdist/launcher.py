@@ -29,6 +29,9 @@ rank's memory by category (memory_categories.py): `weights`, `gradients`,
 peak (`peak_memory_bytes_by_category`) and each at its own peak
 (`peak_memory_bytes_per_category`). A rank that blocks outside the scheduler (a
 lock, `time.sleep`) for `timeout_s` seconds of wall time is `RankBlocked`.
+With numerics off, `representatives=Representatives(mesh_shape, alike_dims)`
+runs one rank per class of ranks alike along those mesh dimensions; the others
+post their parts of its collectives (representatives.py).
 
 `distributed` turns the function into a test without arguments, which pytest
 collects like any other: nothing to register. The third argument is the run
@@ -36,25 +39,31 @@ collects like any other: nothing to register. The third argument is the run
 """
 import inspect
 import numbers
-from dataclasses import dataclass
+from functools import cached_property
 
 from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
 from ..report import build_trace
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
+from .representatives import Representatives
 from .run import SimRun
 
 DEFAULT_TIMEOUT_S = 5.0  # the watchdog: wall time a rank may block outside the scheduler (scheduler.py)
 from .world import ranks_as_threads
 
 
-@dataclass
 class DistReport:
-    """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format)."""
+    """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format, built from the
+    cluster's event log when first read: for hundreds of ranks it takes seconds)."""
 
-    data: dict
-    trace: dict
+    def __init__(self, data: dict, cluster):
+        self.data = data
+        self._cluster = cluster
+
+    @cached_property
+    def trace(self) -> dict:
+        return build_trace(self._cluster)
 
 
 class SpawnResult(list):
@@ -67,11 +76,13 @@ class SpawnResult(list):
 
 def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None = None, bandwidth=None,
           latency=None, device=None, collective: str | None = None, channels: int | None = None,
-          numerics: bool = True, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> SpawnResult:
+          numerics: bool = True, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+          representatives: Representatives | None = None) -> SpawnResult:
     """Run `fn(rank, world)` as each rank of a simulated cluster; their values and the report. A keyword left
     None keeps the scenario's value (the spec's default without a scenario). `numerics=False`: the ranks'
     floating-point tensors are fake (numerics_off.py). `timeout_s`: the watchdog's seconds of wall time for a rank
-    blocked outside the scheduler (scheduler.py; None: no watchdog)."""
+    blocked outside the scheduler (scheduler.py; None: no watchdog). `representatives` (numerics off): the ranks
+    that run alike along a mesh dimension run once (representatives.py)."""
     if not callable(fn):
         raise ScenarioError(f"simtrain.dist.spawn: fn: {fn!r} is not callable; give a function of (rank, world)")
     if not isinstance(numerics, bool):
@@ -80,13 +91,17 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
                                   or not timeout_s > 0):
         raise ScenarioError(f"simtrain.dist.spawn: timeout_s: expected a positive number of seconds or None, "
                             f"got {timeout_s!r}")
+    if representatives is not None and numerics:
+        raise ScenarioError("simtrain.dist.spawn: representatives: needs numerics=False (ranks alike run alike only "
+                            "without values)")
     spec = spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels)
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
-    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s)
+    run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s,
+                 representatives)
     with ranks_as_threads(world), categorized(run):
-        for rank in range(world):
+        for rank in filter(run.runs, range(world)):
             run.start(rank, lambda rank=rank: fn(rank, world))
         values = run.finish()
     return SpawnResult(values, _report(run))
@@ -141,18 +156,19 @@ def spawn_scenario(world, scenario, topology, bandwidth, latency, device, collec
 def _report(run: SimRun) -> DistReport:
     cluster = run.cluster
     log = cluster.log
-    devices = []
+    devices, bytes_sent = [], run.bytes_sent_by_rank()
     for device in cluster.devices:
+        source = cluster.devices[run.reported_as(device.rank)]  # a represented rank: its representative
         devices.append({
             "rank": device.rank,
             "node": device.node,
-            "end_s": run.end_s[device.rank],
-            "compute_s": log.total(device.rank, "compute"),
+            "end_s": run.rank_end_s(device.rank),
+            "compute_s": log.total(source.rank, "compute"),
             "communication_s": log.total(device.rank, "communication"),
-            "bytes_sent": run.bytes_sent(device.rank),
-            "peak_memory_bytes": device.memory.peak_total,
-            "peak_memory_bytes_by_category": dict(device.memory.peak_breakdown),
-            "peak_memory_bytes_per_category": dict(device.memory.peak),
+            "bytes_sent": bytes_sent[device.rank],
+            "peak_memory_bytes": source.memory.peak_total,
+            "peak_memory_bytes_by_category": dict(source.memory.peak_breakdown),
+            "peak_memory_bytes_per_category": dict(source.memory.peak),
         })
     data = {"sim_time_s": log.last_end_s, "devices": devices, "links": cluster.network.link_stats()}
-    return DistReport(data, build_trace(cluster))
+    return DistReport(data, cluster)

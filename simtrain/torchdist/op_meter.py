@@ -51,6 +51,7 @@ class OpMeter(OperatorRecorder):
         self.ledger = ledger
         self.is_paused = False
         self.forward_depth = 0  # modules whose forward is running (memory_categories.py)
+        self.allocated_bytes = 0  # of every storage held so far, freed or not
         self._live: dict[int, list] = {}  # storage id -> [tensors the rank holds on it, bytes, category]
         self._held: set[int] = set()  # id() of those tensors (an in-place op returns one again)
 
@@ -111,6 +112,7 @@ class OpMeter(OperatorRecorder):
             category = category or ("activations" if self.forward_depth else "tensors")
             held = self._live[storage] = [0, nbytes, category]
             self.ledger.alloc(category, nbytes)
+            self.allocated_bytes += nbytes
         held[0] += 1
         self._held.add(id(tensor))
         weakref.finalize(tensor, self._release, id(tensor), storage)

@@ -33,6 +33,7 @@ has ended (scheduler.py).
 """
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..comm import build_all_reduce
 from ..comm.broadcast import broadcast
@@ -96,16 +97,25 @@ class Group:
                                     [cluster.devices[rank].memory for rank in self.ranks], self.ranks)
         self.all_reduce = build_all_reduce(run.algorithm, cluster.topology, self.nodes, run.channels,
                                            "parallel.all_reduce", "parallel.channels")
+        self.mirrors: dict[tuple, Group] = {}  # this group's ranks moved along the alike dimension, by ranks
         self.issued = [0] * len(self.ranks)  # collectives each member has called
         self._last = [None] * len(self.ranks)  # each member's latest collective's end event
         self._calls: dict[int, tuple[int, str]] = {}  # collective # -> (first caller, its call)
         self._exchanges: dict[int, dict] = {}  # collective # -> {group rank: its all-to-all sizes}
 
     def collective(self, me: int, call: str, program, result, exchange=None) -> SimWork:
-        """Post collective `call` (its kind and sizes) for group rank `me`; `program()` makes its program.
+        """Post collective `call` (its kind and sizes) for group rank `me`, and for each rank it stands for
+        (representatives.py); `program(member, payload)` makes a member's program, `payload(tensor)` what it moves
+        for `tensor`.
 
         `exchange` (all-to-alls, whose sizes differ by rank): the elements this rank sends to and
         receives from each group rank, checked against what every other rank posted."""
+        work = self._collective(me, call, lambda: program(me, _own), result, exchange)
+        for group, member in self.run.stand_ins(self, me, call):
+            group._collective(member, call, lambda member=member: program(member, _stand_in_payload), None, exchange)
+        return work
+
+    def _collective(self, me: int, call: str, program, result, exchange) -> SimWork:
         seq = self.issued[me]
         self.issued[me] += 1
         first, exchanges = self._calls.setdefault(seq, (me, call)), self._exchanges.setdefault(seq, {})
@@ -121,7 +131,11 @@ class Group:
         label = call.partition("(")[0]
 
         def start(_=None):
-            self.comm.run(me, program(), label).callbacks.append(lambda _: done.succeed(result))
+            self.comm.run(me, program(), label).callbacks.append(ended)
+
+        def ended(_):
+            self.run.collective_end_s[self.ranks[me]] = env.now
+            done.succeed(result)
 
         previous = self._last[me]
         if previous is None or previous.processed:
@@ -144,21 +158,35 @@ class Group:
 
     def point_to_point(self, kind: str, me: int, peer: int, tag: int, tensor: torch.Tensor) -> SimWork:
         """Post a send to, or a recv from, group rank `peer` on the group's communicator (the one mailbox:
-        matched per (src, dst, tag) in posting order); it moves once the peer posts its match."""
-        # a recv buffer may require grad (pipelining's): the transfer writes its storage, not autograd's leaf
-        program = _send(peer, tensor, tag) if kind == "send" else _recv(peer, tensor.detach(), tag)
-        done = self.comm.wait(self.comm.post(me, program, kind))  # the rank's own transfer, charged from now
+        matched per (src, dst, tag) in posting order), and for each rank it stands for (in the group's mirrors);
+        it moves once the peer posts its match."""
+        call = f"{kind} of {_sizes(tensor)}"
+        for group, member in self.run.stand_ins(self, me, call):  # each rank's own transfer, charged from now
+            group.comm.wait(group.comm.post(member, _point_to_point(kind, peer, _stand_in_payload(tensor), tag), kind))
+        done = self.comm.wait(self.comm.post(me, _point_to_point(kind, peer, tensor, tag), kind))
         what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
                 f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
         return SimWork(self.run, done, what, [tensor])
 
 
-def _send(peer: int, tensor, tag: int):
-    yield Send(peer, tensor, tag)
+def _point_to_point(kind: str, peer: int, tensor, tag: int):
+    # a recv buffer may require grad (pipelining's): the transfer writes its storage, not autograd's leaf
+    yield Send(peer, tensor, tag) if kind == "send" else Recv(peer, tensor.detach(), tag=tag)
 
 
-def _recv(peer: int, out, tag: int):
-    yield Recv(peer, out, tag=tag)
+def _own(tensor: torch.Tensor) -> torch.Tensor:
+    """What a collective moves for a rank's own `tensor`: the tensor."""
+    return tensor
+
+
+def _stand_in_payload(tensor: torch.Tensor) -> torch.Tensor:
+    """What a rank stood in for moves (representatives.py): for a fake tensor its twin on the meta device (the
+    same bytes, no values and no fake dispatch on the way), for a real one (an integer tensor of numerics off)
+    a copy of its representative's: its part is its representative's."""
+    with torch._C._DisableTorchDispatch():
+        if isinstance(tensor, FakeTensor):
+            return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
+        return tensor.detach().clone()
 
 
 class SimProcessGroup(dist.ProcessGroup):
@@ -185,24 +213,25 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         tensor, op = _one(tensors, "all_reduce"), _reduce_op(opts, "all_reduce")
-        return self._post(f"all_reduce({op}) of {_sizes(tensor)}", lambda: self._all_reduce(tensor, op), tensors)
+        return self._post(f"all_reduce({op}) of {_sizes(tensor)}",
+                          lambda me, payload: self._all_reduce(me, payload(tensor), op), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _reduce_op(opts, "all_reduce_coalesced")
 
-        def program():
+        def program(me, payload):
             for tensor in tensors:
-                yield from self._all_reduce(tensor, op)
+                yield from self._all_reduce(me, payload(tensor), op)
 
         return self._post(f"all_reduce_coalesced({op}) of {_sizes(*tensors)}", program, tensors)
 
-    def _all_reduce(self, tensor, op: str):
+    def _all_reduce(self, me: int, tensor, op: str):
         world = len(self.group.ranks)
         buf = tensor if tensor.is_contiguous() else tensor.contiguous()
         if op in ("sum", "avg"):
-            yield from self.group.all_reduce(self._me, world, buf.view(-1), average=op == "avg")
+            yield from self.group.all_reduce(me, world, buf.view(-1), average=op == "avg")
         else:
-            yield from ring_all_reduce_with(self._me, world, buf, COMBINE[op])
+            yield from ring_all_reduce_with(me, world, buf, COMBINE[op])
         if buf is not tensor:
             tensor.copy_(buf)
 
@@ -210,45 +239,49 @@ class SimProcessGroup(dist.ProcessGroup):
         tensor = _one(tensors, "broadcast")
         root = opts.rootRank
         return self._post(f"broadcast(root {root}) of {_sizes(tensor)}",
-                          lambda: broadcast(self._me, len(self.group.ranks), {root: tensor}), tensors)
+                          lambda me, payload: broadcast(me, len(self.group.ranks), {root: payload(tensor)}), tensors)
 
     def reduce(self, tensors, opts=None):
         tensor = _one(tensors, "reduce")
         op, root, world = _reduce_op(opts, "reduce"), opts.rootRank, len(self.group.ranks)
 
-        def program():
-            buf = tensor if self._me == root else tensor.clone()  # only the root's tensor changes
-            yield from reduce(self._me, world, buf, root, COMBINE["sum" if op == "avg" else op])
-            if op == "avg" and self._me == root:
-                tensor.div_(world)
+        def program(me, payload):
+            buf = payload(tensor)
+            buf = buf if me == root else buf.clone()  # only the root's tensor changes
+            yield from reduce(me, world, buf, root, COMBINE["sum" if op == "avg" else op])
+            if op == "avg" and me == root:
+                buf.div_(world)
 
         return self._post(f"reduce({op}, root {root}) of {_sizes(tensor)}", program, tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         tensor, root, world = _one(input_tensors, "gather"), opts.rootRank, len(self.group.ranks)
 
-        def program():
-            if self._me != root:
-                return gather(self._me, world, root, [tensor] * world)  # it sends its own entry only
-            output_tensors[0][root].copy_(tensor)
-            return gather(self._me, world, root, output_tensors[0])
+        def program(me, payload):
+            if me != root:
+                return gather(me, world, root, [payload(tensor)] * world)  # it sends its own entry only
+            outputs = [payload(output) for output in output_tensors[0]]
+            outputs[root].copy_(payload(tensor))
+            return gather(me, world, root, outputs)
 
         return self._post(f"gather(root {root}) of {_sizes(tensor)}", program, output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         tensor, root, world = _one(output_tensors, "scatter"), opts.rootRank, len(self.group.ranks)
 
-        def program():
-            if self._me != root:
-                return scatter(self._me, world, root, [tensor] * world)  # it receives its own entry only
-            tensor.copy_(input_tensors[0][root])
-            return scatter(self._me, world, root, input_tensors[0])
+        def program(me, payload):
+            if me != root:
+                return scatter(me, world, root, [payload(tensor)] * world)  # it receives its own entry only
+            inputs = [payload(input) for input in input_tensors[0]]
+            payload(tensor).copy_(inputs[root])
+            return scatter(me, world, root, inputs)
 
         return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs, tensor = _one(output_tensors, "all_gather"), _one(input_tensors, "all_gather")
-        return self._post(f"all_gather of {_sizes(*outputs)}", lambda: self._gather(outputs, tensor),
+        return self._post(f"all_gather of {_sizes(*outputs)}",
+                          lambda me, payload: _gather(me, [payload(output) for output in outputs], payload(tensor)),
                           output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
@@ -259,17 +292,14 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _gather_into(self, name, outputs, inputs):
         """Each of `inputs` gathered into the matching one of `outputs` (world rows), one after the other."""
-        chunks = [list(output.view(len(self.group.ranks), -1).unbind(0)) for output in outputs]
+        world = len(self.group.ranks)
 
-        def program():
-            for parts, tensor in zip(chunks, inputs):
-                yield from self._gather(parts, tensor.reshape(-1))
+        def program(me, payload):
+            for output, tensor in zip(outputs, inputs):
+                yield from _gather(me, list(payload(output).view(world, -1).unbind(0)), payload(tensor).reshape(-1))
 
-        return self._post(f"{name} of {'; '.join(_sizes(*parts) for parts in chunks)}", program, outputs)
-
-    def _gather(self, chunks, tensor):
-        chunks[self._me].copy_(tensor)
-        return all_gather(self._me, len(chunks), chunks)
+        sizes = '; '.join(_sizes(*output.view(world, -1).unbind(0)) for output in outputs)
+        return self._post(f"{name} of {sizes}", program, outputs)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         output, inputs = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter")
@@ -292,10 +322,11 @@ class SimProcessGroup(dist.ProcessGroup):
         other."""
         world = len(self.group.ranks)
 
-        def program():
+        def program(me, payload):
             for output, parts in zip(outputs, inputs):
-                chunks = [chunk.clone() for chunk in parts]  # the inputs stay as the caller gave them
-                reduced = yield from reduce_scatter(self._me, world, chunks, COMBINE["sum" if op == "avg" else op])
+                chunks = [payload(chunk).clone() for chunk in parts]  # the inputs stay as the caller gave them
+                reduced = yield from reduce_scatter(me, world, chunks, COMBINE["sum" if op == "avg" else op])
+                output = payload(output)
                 output.view(-1).copy_(reduced.view(-1))
                 if op == "avg":
                     output.div_(world)
@@ -313,22 +344,21 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _all_to_all(self, name, outputs, inputs, result):
         exchange = ([t.numel() for t in inputs], [t.numel() for t in outputs])
-        program = lambda: all_to_all(self._me, len(outputs), outputs, inputs)  # noqa: E731
+
+        def program(me, payload):
+            return all_to_all(me, len(outputs), [payload(t) for t in outputs], [payload(t) for t in inputs])
+
         return self._post(f"{name} of {_dtype(inputs[0])}", program, result, exchange)
 
     def barrier(self, opts=None):
-        return self._post("barrier", lambda: self.group.all_reduce(self._me, len(self.group.ranks), torch.zeros(1)),
-                          [])
+        return self._post("barrier", lambda me, payload: self.group.all_reduce(me, len(self.group.ranks),
+                                                                               payload(torch.zeros(1))), [])
 
     def send(self, tensors, dst, tag):
-        self.group.run.flush()
-        with self.group.run.backend():
-            return self.group.point_to_point("send", self._me, dst, tag, _one(tensors, "send"))
+        return self._point_to_point("send", dst, tag, _one(tensors, "send"))
 
     def recv(self, tensors, src, tag):
-        self.group.run.flush()
-        with self.group.run.backend():
-            return self.group.point_to_point("recv", self._me, src, tag, _one(tensors, "recv"))
+        return self._point_to_point("recv", src, tag, _one(tensors, "recv"))
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         raise SimtrainError("allgather_coalesced: not supported by the simtrain backend")
@@ -337,9 +367,26 @@ class SimProcessGroup(dist.ProcessGroup):
         raise SimtrainError("recv: the simtrain backend needs a source rank (recv from any source is not supported)")
 
     def _post(self, call: str, program, result, exchange=None) -> SimWork:
-        self.group.run.flush()
-        with self.group.run.backend():
-            return self.group.collective(self._me, call, program, result, exchange)
+        run = self.group.run
+        run.flush()
+        if run.detached(self.group.ranks, call):  # the witness (representatives.py): recorded, not run
+            return run.witness_work(call, result)
+        with run.backend():
+            return run.posted(self.group.collective(self._me, call, program, result, exchange))
+
+    def _point_to_point(self, kind: str, peer: int, tag: int, tensor) -> SimWork:
+        run = self.group.run
+        run.flush()
+        call = f"{kind} with group rank {peer} (tag {tag}) of {_sizes(tensor)}"
+        if run.detached(self.group.ranks, call):
+            return run.witness_work(call, [tensor])
+        with run.backend():
+            return run.posted(self.group.point_to_point(kind, self._me, peer, tag, tensor))
+
+
+def _gather(me: int, chunks: list, tensor):
+    chunks[me].copy_(tensor)
+    return all_gather(me, len(chunks), chunks)
 
 
 def _one(tensors: list, name: str):

@@ -42,7 +42,7 @@ def ring_reduce_scatter(rank: int, world: int, chunks: list, combine):
     right, left = (rank + 1) % world, (rank - 1) % world
     for step in range(world - 1):
         into = chunks[(rank - step - 1) % world]
-        landing = torch.empty_like(into)
+        landing = into if into.is_meta else torch.empty_like(into)  # on meta nothing lands
         yield [Send(right, chunks[(rank - step) % world]), Recv(left, landing)]
         if not into.is_meta:
             combine(into, landing)
@@ -86,7 +86,7 @@ def reduce(rank: int, world: int, buf: torch.Tensor, root: int, combine):
             yield Send((rank - mask) % world, buf)
             return buf
         if relative + mask < world:
-            landing = torch.empty_like(buf)
+            landing = buf if buf.is_meta else torch.empty_like(buf)
             yield Recv((rank + mask) % world, landing)
             if not buf.is_meta:
                 combine(buf, landing)
