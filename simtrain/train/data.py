@@ -5,7 +5,7 @@ classification dataset plus a `DatasetInfo` (input size, classes, image shape):
 
 - `digits`: scikit-learn's bundled 8x8 digits (no download). Pixels / 16 as
   float32 of shape (n, 64); the first 1,437 samples in scikit-learn's order
-  train, the last 360 test.
+  train, the last 360 test. Read once a process, shared by its runs.
 - `synthetic`: standard-normal class centroids plus standard-normal noise
   per sample (a linear model learns it), drawn from a
   `torch.Generator` seeded with `seed`. Options: samples (2048), features (32),
