@@ -145,8 +145,8 @@ def ring_times_in_scalars(posts: np.ndarray, latency: np.ndarray, rate: np.ndarr
         busy = [before + (end - active) if nbytes > 0 else before
                 for before, end, active, nbytes in zip(busy, ends, actives, sizes)]
         sent = list(map(add, sent, sizes))
-        received_starts, received_ends, received_sizes = starts[-1:] + starts[:-1], ends[-1:] + ends[:-1], \
-            sizes[-1:] + sizes[:-1]
+        received_starts, received_ends = starts[-1:] + starts[:-1], ends[-1:] + ends[:-1]  # from the left
+        received_sizes = sizes[-1:] + sizes[:-1]
         if step < world - 1:  # reduce-scatter: the chunk from the left lands in a staging buffer
             for position, (landing, size) in enumerate(zip(received_starts, received_sizes)):
                 first = first_landing.get(size)
