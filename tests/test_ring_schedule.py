@@ -177,3 +177,30 @@ def test_a_ring_of_alike_positions_is_timed_in_lockstep_to_the_bit(world, chunk)
         assert np.array_equal(getattr(same, field), getattr(every, field)), field
     for field in ("spans", "staging", "transfers"):
         assert getattr(same, field) == getattr(every, field), field
+
+
+def test_a_small_ring_timed_in_python_floats_equals_numpy_to_the_bit():
+    """ring_times_in_scalars (small rings) against ring_times_by_position (numpy) on random rings: uneven
+    chunks, empty ones, ranks posting apart (spans that close at gaps), links busy before, transfers kept."""
+    from simtrain.hw.ring_timing import ring_times_by_position, ring_times_in_scalars
+
+    for seed in range(300):
+        rng = random.Random(seed)
+        world = rng.randint(2, 12)
+        posts = np.array([rng.choice([0.0, rng.uniform(0, 1e-4), 1.0 / 3]) for _ in range(world)])
+        latency = np.array([rng.choice([0.0, 5e-6, rng.uniform(0, 1e-5)]) for _ in range(world)])
+        rate = np.array([rng.choice([50e9, 1e9 / 3, rng.uniform(1e8, 1e11)]) for _ in range(world)])
+        numel = rng.choice([0, 1, world - 1, rng.randint(1, 10**6)])
+        chunk = np.full(world, numel // world, dtype=np.int64)
+        chunk[:numel % world] += 1
+        chunk *= rng.choice([1, 2, 4])
+        busy = np.array([rng.choice([0.0, rng.uniform(0, 1)]) for _ in range(world)])
+        keep = rng.random() < 0.5
+        scalars = ring_times_in_scalars(posts, latency, rate, chunk, busy, keep)
+        vectors = ring_times_by_position(posts, latency, rate, chunk, busy, keep)
+        for field in ("end", "link_busy_s", "sent_bytes"):
+            assert np.array_equal(getattr(scalars, field), getattr(vectors, field)), (seed, field)
+        for field in ("spans", "staging", "transfers"):  # in the same order, with the same Python types
+            assert getattr(scalars, field) == getattr(vectors, field), (seed, field)
+            assert [list(map(type, row)) for row in getattr(scalars, field)] == [
+                list(map(type, row)) for row in getattr(vectors, field)], (seed, field)

@@ -104,6 +104,18 @@ def test_digits_splits_are_sklearn_order_scaled_to_unit():
                                        input_shape=(64,))
 
 
+def test_digits_are_read_once_and_a_run_that_changes_them_does_not_reach_the_next(monkeypatch):
+    import simtrain.train.data as data
+
+    monkeypatch.setattr(data, "_digits_read", [])  # tensors of this test's own, not the ones DIGITS shares
+    first, again = load_dataset("digits", {}, seed=0), load_dataset("digits", {}, seed=0)
+    assert again.train.tensors[0].data_ptr() == first.train.tensors[0].data_ptr()  # read once a process
+    first.test.tensors[0].add_(1.0)  # a run writing into its data in place
+    fresh = load_dataset("digits", {}, seed=0)
+    assert fresh.test.tensors[0].data_ptr() != first.test.tensors[0].data_ptr()
+    assert torch.equal(fresh.test.tensors[0], DIGITS.test.tensors[0])
+
+
 def test_synthetic_is_seeded_sized_and_learnable():
     from sklearn.linear_model import LogisticRegression
 

@@ -65,8 +65,9 @@ def _kernels_until(cost, flops: float) -> int:
 
 
 def _share(cost, flops: float) -> tuple:
-    """The backward's operators, each scaled to the share `flops` is of the backward's FLOPs."""
-    return scaled(cost.backward_ops, flops / cost.backward_flops)
+    """The backward's operators, each scaled to the share `flops` is of the backward's FLOPs (all of them, as
+    they are, for the whole backward: the same numbers, without a new tuple every step)."""
+    return cost.backward_ops if flops == cost.backward_flops else scaled(cost.backward_ops, flops / cost.backward_flops)
 
 
 def _exchanging(forward_backward_program, statistics_all_reduce):

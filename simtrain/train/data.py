@@ -5,7 +5,7 @@ classification dataset plus a `DatasetInfo` (input size, classes, image shape):
 
 - `digits`: scikit-learn's bundled 8x8 digits (no download). Pixels / 16 as
   float32 of shape (n, 64); the first 1,437 samples in scikit-learn's order
-  train, the last 360 test.
+  train, the last 360 test. Read once a process, shared by its runs.
 - `synthetic`: standard-normal class centroids plus standard-normal noise
   per sample (a linear model learns it), drawn from a
   `torch.Generator` seeded with `seed`. Options: samples (2048), features (32),
@@ -193,11 +193,7 @@ def _reject_unknown_options(options: dict, allowed, field: str) -> None:
 
 def _digits(values: bool) -> DataSplits:
     if values:
-        from sklearn.datasets import load_digits
-
-        pixels, labels = load_digits(return_X_y=True)
-        x = torch.from_numpy(pixels / 16.0).to(torch.float32)
-        y = torch.from_numpy(labels).to(torch.int64)
+        x, y = _digits_tensors()
     else:
         x = torch.empty((_DIGITS_SAMPLES, _DIGITS_INFO.num_features), device="meta")
         y = torch.empty(_DIGITS_SAMPLES, dtype=torch.int64, device="meta")
@@ -207,6 +203,23 @@ def _digits(values: bool) -> DataSplits:
         test=TensorDataset(x[n:], y[n:]),
         info=_DIGITS_INFO,
     )
+
+
+_digits_read: list[tuple[torch.Tensor, torch.Tensor]] = []  # the digits as read, while no run changed them
+
+
+def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits as (pixels / 16 in float32, labels in int64), read once a process: parsing its
+    compressed CSV costs tens of milliseconds, which a small run, or a sweep of them, would pay every time.
+    Runs share the tensors; should one change them in place (their version counter moves), the next reads
+    them again, so nothing one run does reaches another."""
+    if not _digits_read or any(tensor._version for tensor in _digits_read[0]):
+        from sklearn.datasets import load_digits
+
+        pixels, labels = load_digits(return_X_y=True)
+        _digits_read[:] = [(torch.from_numpy(pixels / 16.0).to(torch.float32),
+                            torch.from_numpy(labels).to(torch.int64))]
+    return _digits_read[0]
 
 
 def _synthetic(options: dict, seed: int) -> DataSplits:
