@@ -103,6 +103,8 @@ def _laid_out(scenario: Scenario, dp: int, pp: int, tp: int, batch_size: int, ch
     """The scenario with this layout, device batch and recomputation; None if it is not a valid scenario."""
     raw = scenario.model_dump(mode="json", by_alias=True)
     raw["parallel"].update(dp=dp, pp=pp, tp=tp)
+    if pp == 1:  # no pipeline to interleave
+        raw["parallel"]["pipeline"]["virtual_stages"] = 1
     raw["data"]["batch_size"] = batch_size
     if checkpointing == "full":
         raw["train"]["checkpointing"] = "full"

@@ -5,6 +5,7 @@ import pytest
 from simtrain.hw.cluster import resolve_cluster
 from simtrain.layout_search import layouts_that_fit
 from simtrain.memory_plan import replay_step
+from simtrain.errors import ScenarioError
 from simtrain.scenario import validate_scenario
 
 MEMORY = 40 * 10 ** 6  # bytes per device: a 3.3M-parameter gpt's fp32 Adam state (53 MB) needs a split
@@ -42,3 +43,16 @@ def test_the_layouts_offered_fit_and_the_ones_tried_before_them_do_not():
                                              (2, 2, 1, 16, "none")):
         assert peak(scenario(dp, pp, tp, batch, checkpointing)) > MEMORY
     assert fits[0].describe() == "pp 2 x dp 2, batch 16 per replica, train.checkpointing full"
+
+
+def test_an_interleaved_pipeline_is_offered_layouts_without_one():
+    """A layout without a pipeline has nothing to interleave: pp 1 candidates run with one chunk per device, and
+    a scenario asking for chunks at pp 1 is refused on the key."""
+    interleaved = scenario(dp=2, pp=2).model_dump(mode="json", by_alias=True)
+    interleaved["parallel"]["pipeline"] = {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 2}
+    fits = layouts_that_fit(validate_scenario(interleaved), limit=1)
+    assert [fit.describe() for fit in fits] == ["tp 2 x dp 2, batch 8 per replica"]  # crashed at pp 1 before
+    interleaved["parallel"].update(dp=4, pp=1)
+    with pytest.raises(ScenarioError, match=r"parallel.pipeline.virtual_stages: 2 chunks per device interleave a "
+                                            r"pipeline; needs parallel.pp > 1, got 1$"):
+        validate_scenario(interleaved)

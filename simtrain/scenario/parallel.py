@@ -168,6 +168,9 @@ class ParallelSpec(Section):
         if sorted(self.placement) not in (["cp", "dp", "pp", "tp"], ["dp", "pp", "tp"]):
             raise ValueError(f"parallel.placement: must order tp, cp, pp and dp (or tp, pp and dp), each once, got "
                              f"{list(self.placement)}")
+        if self.pipeline.virtual_stages > 1 and self.pp < 2:
+            raise ValueError(f"parallel.pipeline.virtual_stages: {self.pipeline.virtual_stages} chunks per device "
+                             f"interleave a pipeline; needs parallel.pp > 1, got {self.pp}")
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
