@@ -40,7 +40,7 @@ from ..step_ops import Collective
 from ..train.moe import MoE
 from .distributed_optimizer import ReplicatedUpdate
 from .expert_dispatch import EpGroup, group_all_to_all
-from .expert_parallel import experts_last
+from .expert_parallel import experts_last, moe_section
 
 EXCHANGE_LABELS = ("moe dispatch", "moe combine", "moe dispatch backward", "moe combine backward")
 
@@ -123,21 +123,7 @@ class ExpertLayers:
 
     def report_sections(self, loss_curve) -> dict:
         """The `moe` section (schemes/expert_parallel.py's), its all-to-all time left out (null)."""
-        steps = self.moe_steps
-        times = [end - start for (start, _), (end, _) in zip([(0.0, None)] + loss_curve, loss_curve)]
-        shares = [sum(step["share"][e] for step in steps) for e in range(self.experts)]
-        return {"moe": {
-            "ep": self.ep, "experts": self.experts, "routing": "router",
-            "tokens_per_expert_min": [step["min"] for step in steps],
-            "tokens_per_expert_mean": [step["mean"] for step in steps],
-            "tokens_per_expert_max": [step["max"] for step in steps],
-            "imbalance": [step["imbalance"] for step in steps],
-            "dropped_tokens": [step["dropped"] for step in steps],
-            "all_to_all_bytes": [step["bytes"] for step in steps],
-            "all_to_all_time_s": None,
-            "step_time_s": times,
-            "expert_share": [share / sum(shares) for share in shares] if sum(shares) else [],
-        }}
+        return {"moe": moe_section(self.ep, self.experts, "router", self.moe_steps, loss_curve, None)}
 
 
 class ExpertUpdate(ReplicatedUpdate):

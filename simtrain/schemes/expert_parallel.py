@@ -159,23 +159,29 @@ class ExpertParallel(SyncDataParallel):
     def report_sections(self) -> dict:
         """Data parallelism's sections, and `moe`."""
         sections = super().report_sections()
-        steps = self.moe_steps
-        times = [end - start for (start, _), (end, _) in zip([(0.0, None)] + self.loss_curve, self.loss_curve)]
-        shares = [sum(step["share"][e] for step in steps) for e in range(self.experts)]
-        sections["moe"] = {
-            "ep": self.ep, "experts": self.experts,
-            "routing": "router" if self.job.numerics else self.routing.model,
-            "tokens_per_expert_min": [step["min"] for step in steps],
-            "tokens_per_expert_mean": [step["mean"] for step in steps],
-            "tokens_per_expert_max": [step["max"] for step in steps],
-            "imbalance": [step["imbalance"] for step in steps],
-            "dropped_tokens": [step["dropped"] for step in steps],
-            "all_to_all_bytes": [step["bytes"] for step in steps],
-            "all_to_all_time_s": [step["seconds"] for step in steps],
-            "step_time_s": times,
-            "expert_share": [share / sum(shares) for share in shares] if sum(shares) else [],
-        }
+        sections["moe"] = moe_section(self.ep, self.experts, "router" if self.job.numerics else self.routing.model,
+                                      self.moe_steps, self.loss_curve,
+                                      [step["seconds"] for step in self.moe_steps])
         return sections
+
+
+def moe_section(ep: int, experts: int, routing: str, steps: list[dict], loss_curve, all_to_all_time_s) -> dict:
+    """report.json's `moe` section from each step's routing figures (`steps`: min, mean, max, imbalance,
+    dropped, bytes, share) and the loss curve's step ends; `all_to_all_time_s` a list per step, or None."""
+    times = [end - start for (start, _), (end, _) in zip([(0.0, None)] + loss_curve, loss_curve)]
+    shares = [sum(step["share"][e] for step in steps) for e in range(experts)]
+    return {
+        "ep": ep, "experts": experts, "routing": routing,
+        "tokens_per_expert_min": [step["min"] for step in steps],
+        "tokens_per_expert_mean": [step["mean"] for step in steps],
+        "tokens_per_expert_max": [step["max"] for step in steps],
+        "imbalance": [step["imbalance"] for step in steps],
+        "dropped_tokens": [step["dropped"] for step in steps],
+        "all_to_all_bytes": [step["bytes"] for step in steps],
+        "all_to_all_time_s": all_to_all_time_s,
+        "step_time_s": times,
+        "expert_share": [share / sum(shares) for share in shares] if sum(shares) else [],
+    }
 
 
 def experts_last(replica) -> int:
