@@ -13,13 +13,13 @@ host memory, against its references.
 """
 import pytest
 import torch
-import yaml
 
 from simtrain import plan_memory, run
-from simtrain.cli import main
 from simtrain.hw.host_compute import host_step_s
 from simtrain.memory_plan import plan_host_memory
 from simtrain.schemes.sharded_replica import chunk_update_bytes
+
+from refusals import refusal
 from test_sharded import BLOCKS, BLOCKS_MODEL, FREE_LINKS, MLP, PSI, flat_parameters, one_step, scenario
 
 HOST = {"shared_memory": {}}  # a DGX A100 socket's DRAM behind each GPU's PCIe 4.0 x16 link
@@ -147,10 +147,4 @@ def test_with_a_free_host_link_a_step_is_the_unoffloaded_step_with_the_hosts_upd
 ])
 def test_offload_that_cannot_run_is_one_line_and_exit_2(tmp_path, capsys, cluster, parallel, expected):
     raw = {**MLP, "cluster": {"devices": 4, **cluster}, "parallel": parallel}
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(SystemExit) as exit_info:
-        main(["validate", str(path)])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and expected in err
+    assert expected in refusal(tmp_path, capsys, raw)
