@@ -16,9 +16,11 @@ paper's, with the simulation's own wall time.
 the simulated TFLOP/s, which rises with the efficiency); the scenarios carry
 the value it gave.
 """
+import argparse
 from pathlib import Path
 
 from published_rows import Table
+from simtrain.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios" / "megatron"
@@ -39,5 +41,23 @@ def model_flops(scenario) -> float:
 TABLE = Table(SCENARIOS, PAPER_TFLOPS, model_flops)
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="*", default=list(PAPER_TFLOPS))
+    parser.add_argument("--calibrate", metavar="ROW")
+    args = parser.parse_args()
+    if args.calibrate:
+        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate):.4f}")
+        return
+    print("| model | GPUs | paper TFLOP/s per GPU | simtrain | error | simulated in |")
+    print("|---|---|---|---|---|---|")
+    for name in args.rows:
+        tflops, wall = TABLE.simulate(name)
+        paper = PAPER_TFLOPS[name]
+        devices = load_scenario(SCENARIOS / f"{name}.yaml").cluster.devices
+        print(f"| {name} | {devices:,} | {paper} | {tflops:.1f} | {100 * (tflops - paper) / paper:+.1f}% | "
+              f"{wall:.1f} s |", flush=True)
+
+
 if __name__ == "__main__":
-    TABLE.main(__doc__.splitlines()[0], "paper")
+    main()

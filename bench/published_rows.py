@@ -10,9 +10,7 @@ the simulated TFLOP/s, which rises with the efficiency).
     table = Table(ROOT / "scenarios" / "megatron", {"gpt-1.7b": 137, ...}, model_flops)
     tflops, wall_s = table.simulate("gpt-1.7b")
     efficiency = table.calibrate("gpt-1008b")
-    table.main(description, "paper")                 # a bench's command line: --rows, --calibrate ROW
 """
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -57,24 +55,3 @@ class Table(NamedTuple):
                 return guess
             low, f_low, high, f_high = high, f_high, guess, f_guess
         return guess
-
-    def main(self, description: str, source: str) -> None:
-        """The bench's command line: the rows of `--rows` (default all) as a Markdown table beside the published
-        figures (`source`: the column's name), or `--calibrate ROW`'s efficiency."""
-        parser = argparse.ArgumentParser(description=description)
-        parser.add_argument("--rows", nargs="*", default=list(self.published))
-        parser.add_argument("--calibrate", metavar="ROW")
-        args = parser.parse_args()
-        if args.calibrate:
-            print(f"{args.calibrate}: efficiency {self.calibrate(args.calibrate):.4f}")
-            return
-        print(f"| model | tp x pp x dp | GPUs | {source} TFLOP/s per GPU | simtrain | error | simulated in |")
-        print("|---|---|---|---|---|---|---|")
-        for name in args.rows:
-            tflops, wall = self.simulate(name)
-            published = self.published[name]
-            scenario = self.scenario(name)
-            layout, devices = scenario.parallel, scenario.cluster.devices
-            print(f"| {name} | {layout.tp} x {layout.pp} x {devices // (layout.tp * layout.pp)} | {devices:,} | "
-                  f"{published} | {tflops:.1f} | {100 * (tflops - published) / published:+.1f}% | {wall:.1f} s |",
-                  flush=True)
