@@ -7,8 +7,9 @@
   minus one layer less), are Korthikanti et al. 2022's Table 2 formulas adjusted term by term for
   what simtrain's layer saves (docs/guides/long-sequences.md): no dropout (the paper's two sbh
   masks, the attention's as²b mask and its 2as²b output), fp32 LayerNorm statistics (16bs, /t
-  under sp), the causal mask (s² bytes, recomputed under selective), and under sp the gathered
-  inputs of the column-parallel Linears kept whole (4sbh where the paper keeps 4sbh/t). Exactly.
+  under sp) and the causal mask (s² bytes, recomputed under selective). Under sp the inputs of the
+  column-parallel Linears are kept as the rank's shard (4sbh/t, the paper's) and gathered again in the
+  backward, as Megatron-Core keeps them. Exactly.
 - Bytes: a reduce-scatter and an all-gather move what an all-reduce moves, so the tp
   collectives of a step move the bytes of the all-reduces they replace; the sums of the whole
   parameters' gradients are one ring all-reduce more; a pipeline boundary carries 1/tp.
@@ -66,30 +67,30 @@ def test_sequence_parallelism_trains_what_one_device_trains(checkpointing, layou
 S, B, H, A = 64, 2, 64, 4  # sequence, micro-batch, hidden, heads
 
 
-def layer_bytes(tp: int, sp: bool, checkpointing: str) -> int:
-    """Activation bytes one more transformer layer holds, from the memory ledger of a step (fp16, numerics
-    off): the activation peak with 3 layers minus that with 2."""
+def layer_bytes(tp: int, sp: bool, checkpointing: str, numerics: bool = False) -> int:
+    """Activation bytes one more transformer layer holds, from the memory ledger of a step (fp16; numerics off:
+    the memory plan's replay, on: a run): the activation peak with 3 layers minus that with 2."""
     def peak(layers: int) -> int:
         spec = validate_scenario({
-            "name": "table2", "numerics": False, "cluster": {"devices": tp, "device": {"base": "a100-80gb"}},
+            "name": "table2", "numerics": numerics, "cluster": {"devices": tp, "device": {"base": "a100-80gb"}},
             "model": {"name": "gpt", "hidden": H, "layers": layers, "heads": A},
             "data": {"name": "tokens", "batch_size": B, "seq_len": S, "vocab": 64, "samples": 64},
             "train": {"steps": 1, "precision": "fp16", "checkpointing": checkpointing},
             "parallel": {"tp": tp, "sequence_parallel": sp}, "report": {"trace": False}})
-        return replay_step(spec, resolve_cluster(spec.cluster), B).devices[0].memory.peak["activations"]
+        job = one_step(spec) if numerics else replay_step(spec, resolve_cluster(spec.cluster), B)
+        return job.devices[0].memory.peak["activations"]
     return peak(3) - peak(2)
 
 
 def simtrain_layer(t: int, sp: bool, selective: bool) -> float:
     """Table 2 with simtrain's layer: no dropout (-2sbh, or -2sbh/t under sp, of masks; -3as²b/t of the
     attention's mask and output: the softmax's output is what attention over V saves), LayerNorm
-    statistics in fp32 (+16bs, /t under sp), the causal mask (+s², recomputed under selective), and under sp
-    the gathered inputs of the QKV and first MLP Linears kept whole (+4sbh - 4sbh/t)."""
+    statistics in fp32 (+16bs, /t under sp) and the causal mask (+s², recomputed under selective)."""
     sbh = S * B * H
     stats = 16 * B * S / (t if sp else 1)
     core = 0 if selective else sbh * 2 * A * S / (H * t) + S * S
     if sp:
-        return sbh * (4 + 28 / t) + stats + core
+        return sbh * 32 / t + stats + core
     return sbh * (8 + 24 / t) + stats + core
 
 
@@ -102,6 +103,22 @@ def test_activation_bytes_per_layer_are_table_2_with_simtrains_layer(tp, sp, che
     selective = checkpointing == "selective"
     measured = layer_bytes(tp, sp, checkpointing)
     assert measured == simtrain_layer(tp, sp, selective)
+
+
+def test_a_run_with_numerics_holds_the_layer_megatron_core_keeps_under_sp():
+    assert layer_bytes(2, True, "none", numerics=True) == simtrain_layer(2, True, selective=False)
+
+
+def test_the_backward_gathers_each_column_parallel_input_again():
+    """Under sp each column-parallel region's input (the QKV and first MLP Linears' of every layer, the vocabulary
+    head's) is all-gathered again in the backward: per microbatch, each of the t ranks sends (t - 1)/t of the
+    whole b s h activation (fp32 here), with numerics on and off alike."""
+    base = {**GPT, "train": {**GPT["train"], "steps": 1}}
+    t, layers = 4, GPT["model"]["layers"]
+    b, s, h = GPT["data"]["batch_size"], GPT["data"]["seq_len"], GPT["model"]["hidden"]
+    for numerics in (True, False):
+        moved = bytes_by_label(one_step(scenario({**base, "numerics": numerics}, tp=t, sequence_parallel=True)))
+        assert moved["tp_regather"] == (2 * layers + 1) * (t - 1) * b * s * h * 4
 
 
 # ---------------------------------------------------------------- bytes on the links

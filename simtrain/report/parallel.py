@@ -24,7 +24,7 @@ from .sections import ReportSection, register_section
 # Each kind's labels on communication spans: the data-parallel all-reduce is "all_reduce" under data
 # parallelism alone and "dp_allreduce" beside pipeline or tensor parallelism.
 LABELS = {"dp_allreduce": ("all_reduce", "dp_allreduce"), "pp_p2p": ("pp_p2p",),
-          "tp_allreduce": ("tp_allreduce", "tp_allgather", "tp_reducescatter", "tp_sp_grads"),
+          "tp_allreduce": ("tp_allreduce", "tp_allgather", "tp_reducescatter", "tp_sp_grads", "tp_regather"),
           "overflow_vote": ("overflow_vote",), "cp_ring": ("cp_kv", "cp_kv_grad")}
 
 

@@ -47,6 +47,7 @@ collective `kind` on `tensor` across the tp group, the tensor that holds its res
 has run): "all_reduce" sums `tensor` in place; "all_gather" and "reduce_scatter" gather or
 scatter it along the sequence (comm/sequence_shards.py).
 """
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -54,9 +55,10 @@ from typing import NamedTuple
 import torch
 
 from ..cost import SavedTensorTracker
-from ..op_cost import OpCosts, OperatorRecorder
+from ..op_cost import OpCosts, OperatorRecorder, scaled
 from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Await, Collective, Compute, Post
+from .saved_shards import RegionSplit, SavedShard
 
 OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
 OVERLAPPED_BACK = ("kv_ring_back",)  # backward collectives that run beside the compute of the region after them
@@ -78,6 +80,9 @@ class ChunkCost:
     # per region, in backward order: the chunk's trainable parameters (indices, chunk.parameters() order) whose
     # gradient it adds to, the ones the forward region it reverses uses (bucket_overlap.py)
     backward_params: tuple[tuple[int, ...], ...] = ()
+    # per region, in backward order: a RegionSplit where the region's gathered input was kept as its sequence
+    # shard and is gathered again (schemes/saved_shards.py), else None
+    backward_regather: tuple[RegionSplit | None, ...] = ()
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Tape:
     regions: list = field(default_factory=list)  # (inputs, outputs) per region
     # per region: (index of an input, the collective on its gradient), or None
     reduce_grad: list = field(default_factory=list)
+    shards: list = field(default_factory=list)  # per region: the SavedShard of its gathered input, or None
 
 
 def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype: str,
@@ -99,17 +105,17 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
     loss scale: a float or a 0-dim tensor). Returns (outputs, tape, loss)."""
     tape = Tape()
     region_inputs = state = inputs
-    reduce_grad = None
+    reduce_grad = shard = None
     region = 0
     for op in ops:
-        if type(op) is Apply:
-            state = op.function(*state)
-            continue
-        if type(op) is ApplyWithTarget:
-            state = op.function(*state, target)
+        if type(op) in (Apply, ApplyWithTarget):
+            with shard.hooks() if shard is not None else contextlib.nullcontext():
+                state = op.function(*state) if type(op) is Apply else op.function(*state, target)
             continue
         tape.regions.append((region_inputs, state))
         tape.reduce_grad.append(reduce_grad)
+        tape.shards.append(shard)
+        shard = None
         compute = _region_compute(cost, region, "forward", dtype)
         region += 1
         values = tuple(t.detach() for t in state)
@@ -123,6 +129,9 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
                 tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
                 collective, result = communicate(op.forward, tensor)
                 yield collective
+                if op.forward == "all_gather":  # the next region keeps the shard, not what it gathers to
+                    result = result.contiguous()
+                    shard = SavedShard(tensor, result)
                 values = tuple(result if i == op.index else v for i, v in enumerate(values))
         reduce_grad = None if op.backward is None else (op.index, op.backward)
         # the boundary's tensors start the next region; those that depend on a parameter need a gradient
@@ -134,6 +143,7 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         state = (loss * loss_weight,)
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
+    tape.shards.append(shard)
     yield _region_compute(cost, region, "forward", dtype)
     return state, tape, None if loss is None else loss.detach()
 
@@ -143,15 +153,8 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
     Returns the gradients of the chunk's inputs (None for inputs that need none)."""
     grads, arriving = output_grads, None
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
-        inputs, outputs = tape.regions[index]
-        if grads is None:
-            outputs[0].backward()
-        else:
-            pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad and g is not None]
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        grads = tuple(t.grad if t.requires_grad else None for t in inputs)
-        yield _region_compute(cost, step, "backward", dtype)
+        grads = yield from _backward_compute(cost, step, dtype, communicate, tape.shards[index],
+                                             lambda region=tape.regions[index], grads=grads: _autograd(*region, grads))
         if arriving is not None:  # the gradient of the block this region passed through unchanged
             handle, at, arrived = arriving
             if handle is not None:
@@ -170,6 +173,42 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
             yield collective
             grads = tuple(result if i == at else g for i, g in enumerate(grads))
     return grads
+
+
+def _autograd(inputs: tuple, outputs: tuple, grads: tuple | None) -> tuple:
+    """Backward through one region from its outputs' gradients (None: its output is the loss); returns its
+    inputs' gradients."""
+    if grads is None:
+        outputs[0].backward()
+    else:
+        pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad and g is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return tuple(t.grad if t.requires_grad else None for t in inputs)
+
+
+def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate, shard: SavedShard | None = None,
+                      run=lambda: None):
+    """Step program: backward region `step`'s numerics (`run()`, whose value it returns) and its compute; where
+    the region's gathered input was kept as its shard, the shard gathered again beside the first half of its
+    column-parallel Linears' backward (their input gradient) and awaited before the second (their weight
+    gradient): schemes/saved_shards.py."""
+    split = cost.backward_regather[step] if cost is not None and cost.backward_regather else None
+    if split is None:
+        value = run()
+        yield _region_compute(cost, step, "backward", dtype)
+        return value
+    yield Compute(split.before_flops, dtype, "backward_part", ops=split.before_ops)
+    collective, regathered = communicate("all_gather", split.shard if shard is None else shard.shard)
+    handle = yield Post(*collective._replace(label="tp_regather"))
+    half = Compute(split.after_flops / 2, dtype, "backward_part", ops=scaled(split.after_ops, 0.5))
+    yield half
+    yield Await(handle)
+    if shard is not None:
+        shard.regathered = regathered.contiguous()
+    value = run()
+    yield half._replace(name="backward")
+    return value
 
 
 def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) -> Compute:
@@ -211,8 +250,8 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str):
     """Step program: chunk_backward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta gradient of the chunk's first input (None if it needs none)."""
     arriving = None
-    for flops, reduced, ops in zip(cost.backward_flops, cost.backward_reduced, cost.backward_ops):
-        yield Compute(flops, dtype, "backward", ops=ops)
+    for step, reduced in enumerate(cost.backward_reduced):
+        yield from _backward_compute(cost, step, dtype, communicate)
         if arriving is not None:
             yield Await(arriving)
             arriving = None
@@ -232,12 +271,13 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     `target`); `inputs` and `target` give shapes and dtypes; `tp` the tp group's size (what a sequence
     shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
     caller holds them: a recomputed unit's kept input)."""
-    forward, backward, output, input_grad, peak = _regions(chunk, ops_of, inputs, target, inputs_kept, tp)
+    forward, backward, output, input_grad, peak, splits = _regions(chunk, ops_of, inputs, target, inputs_kept, tp)
     return ChunkCost(tuple(flops for flops, _, _, _ in forward), tuple(flops for flops, _, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _, _ in forward), tuple(reduced for _, reduced, _, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
                      tuple(ops for _, _, ops, _ in forward), tuple(ops for _, _, ops, _ in backward),
-                     tuple(params for _, _, _, params in backward))
+                     tuple(params for _, _, _, params in backward),
+                     splits if any(split is not None for split in splits) else ())
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -276,11 +316,12 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
 
 
 def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
-             tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int]:
+             tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple]:
     """(FLOPs, (collective, its input) or None, OpCosts, parameters touched) per region forward and backward,
-    the chunk's first output, its first input's gradient and the activation peak: one forward and backward on
-    a meta copy, the operator recorder counting, the saved-tensor hooks measuring and a hook on each trainable
-    parameter noting the backward regions that add to its gradient."""
+    the chunk's first output, its first input's gradient, the activation peak and each backward region's
+    RegionSplit or None: one forward and backward on a meta copy, the operator recorder counting, the
+    saved-tensor hooks measuring and a hook on each trainable parameter noting the backward regions that add
+    to its gradient."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     touched = []
     for index, param in enumerate(p for p in meta.parameters() if p.requires_grad):
@@ -295,10 +336,47 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
                 (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring, None, "",
                                                                    meta_target), recorder)
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
+            shards = tape.shards[::-1]  # backward order
             with OperatorRecorder() as recorder:
+                marks = _mark_regathers(shards, recorder)
                 input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder, touched)
             del tape
-    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes
+    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, _splits(backward, shards, marks)
+
+
+def _mark_regathers(shards: list, recorder: OperatorRecorder) -> dict:
+    """Measuring: for each backward region whose input was kept as its shard, (the backward's FLOPs, the
+    operators since the last take) noted at the first use of the shard gathered again (which stands in for it,
+    as a meta tensor like it)."""
+    marks = {}
+    for step, shard in enumerate(shards):
+        if shard is not None and shard.packed:
+            shard.regathered = torch.empty(shard.gathered_shape, dtype=shard.shard.dtype, device="meta")
+            shard.at_unpack = lambda step=step: marks.setdefault(step, (float(recorder.flops), recorder.take()))
+    return marks
+
+
+def _splits(backward: list, shards: list, marks: dict) -> tuple:
+    """Each backward region's RegionSplit (its regions' operators: what `marks` took before the first use of the
+    gathered shard, the rest after), or None; the regions' own entries get their whole operators back."""
+    splits, start = [], 0.0
+    for step, (flops, reduced, ops, params) in enumerate(backward):
+        if step in marks:
+            at, before = marks[step]
+            splits.append(RegionSplit(_meta_like(shards[step].shard), at - start, before, flops - (at - start), ops))
+            backward[step] = (flops, reduced, _merged(before, ops), params)
+        else:
+            splits.append(None)
+        start += flops
+    return tuple(splits)
+
+
+def _merged(first: OpCosts, second: OpCosts) -> OpCosts:
+    """Two OpCosts as one (equal operator costs' counts added)."""
+    counts = {}
+    for flops, nbytes, count in (*first, *second):
+        counts[flops, nbytes] = counts.get((flops, nbytes), 0) + count
+    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items()))
 
 
 class _Reduced(NamedTuple):
