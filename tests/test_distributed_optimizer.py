@@ -221,14 +221,11 @@ def test_representatives_give_the_full_simulations_figures(stage, overlap):
     assert represented["parallel"]["representatives"]
     assert represented["sharding"]["bytes_by_kind"] == full["sharding"]["bytes_by_kind"]
     assert represented["parallel"]["bytes_by_kind"] == full["parallel"]["bytes_by_kind"]
-    # posted mid-backward, a ring step's staged receive lands beside whatever the flow model's timing puts there
-    # (on one replica of the pair, not the other): the representatives' comm_buffers peak is not compared then;
-    # nor, under sequence parallelism, the activations, which the full simulation holds twice of (not known why)
-    left_out = {"comm_buffers", "activations"} if overlap else set()
-    assert ([{k: v for k, v in device["peak_memory_bytes_by_category"].items() if k not in left_out}
-             for device in represented["devices"]]
-            == [{k: v for k, v in device["peak_memory_bytes_by_category"].items() if k not in left_out}
-                for device in full["devices"]])
+    # each category at the device's peak: with the overlap, the buckets the end of the backward completes are
+    # posted once its activations are let go, so that whether a ring step's staged receive lands beside them does
+    # not hang on which of two ring partners posts first at the same instant
+    assert ([device["peak_memory_bytes_by_category"] for device in represented["devices"]]
+            == [device["peak_memory_bytes_by_category"] for device in full["devices"]])
     # with the overlap (sequence parallelism's rings timed on the flat buffer) no contention is left out here
     assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9 if overlap else 0.01)
 

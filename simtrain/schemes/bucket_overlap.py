@@ -88,6 +88,7 @@ class BucketOverlap:
         self.gather_deferred = optimizer.overlap_param_gather
         self._backwards: dict[int, int] = {}  # chunk -> its backwards run this step
         self.reducing: list[tuple[int, object]] = []  # (unit, handle): the reduce-scatters posted this step
+        self._left: dict[int, dict] = {}  # chunk -> its buckets left to reduce once its last backward has ended
         self._pending: list[int] = []  # units whose parameters the next forward must gather, in order
         self._gathers: dict[int, object] = {}  # unit -> its posted all-gather
 
@@ -97,10 +98,9 @@ class BucketOverlap:
         if self._pending:
             yield from self._post_gather(self._pending[0])
 
-    def defer_gathers(self, none: bool = False) -> None:
-        """After the optimizer step: every bucket's parameters gathered in the next forward (`none`: after the
-        run, whose model is published whole, none)."""
-        self._pending = [] if none else list(range(self.units))
+    def defer_gathers(self) -> None:
+        """After the optimizer step: every bucket's parameters gathered in the next forward."""
+        self._pending = list(range(self.units))
 
     @property
     def deferred(self) -> bool:
@@ -108,7 +108,8 @@ class BucketOverlap:
         return bool(self._pending)
 
     def gather_pending(self):
-        """Step program: every deferred all-gather run now, one after another (a load that needs them whole)."""
+        """Step program: every deferred all-gather run now, one after another (a load that needs them whole, the
+        end of the run)."""
         while self._pending:
             yield from self._await_gather(self._pending[0])
 
@@ -135,9 +136,17 @@ class BucketOverlap:
         if count < self.microbatches:
             return (yield from program)
         ready = self._ready_after(action.chunk, cost)
-        value = yield from _weave(program, "backward", lambda region: self._reduce_ready(ready, region))
-        yield from self._reduce_ready(ready, None)
+        last = len(cost.backward_params) - 1 if not isinstance(cost, list) else -1
+        value = yield from _weave(program, "backward",
+                                  lambda region: self._reduce_ready(ready, region) if region < last else iter(()))
+        self._left[action.chunk] = ready
         return value
+
+    def after(self, action):
+        """Step program, after a schedule action: once the chunk's last backward has ended and its activations are
+        let go, the reduce-scatters of its buckets that only the backward's end completed."""
+        if action.kind == "backward" and action.chunk in self._left:
+            yield from self._reduce_ready(self._left.pop(action.chunk), None)
 
     # ---- the gradients ----
 

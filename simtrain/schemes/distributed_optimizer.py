@@ -134,6 +134,10 @@ class ReplicatedUpdate:
             yield Collective(dp_reduce(dp_index, dp_comm.world, scheme.replicas[rank].grad_buffer, average=True),
                              "dp_allreduce", dp_comm, dp_index)
 
+    def finish(self, rank: int):
+        """Step program, after a rank's last step: nothing left to gather."""
+        yield from ()
+
     def ended(self, rank: int) -> None:
         """A rank's program has ended: nothing to gather."""
 
@@ -248,7 +252,10 @@ class DistributedOptimizer:
     def after(self, rank: int, action):
         """Step program, after a schedule action (stage 3): a forward's chunk resharded if `reshard_after_forward`,
         a backward's always; after the chunk's last backward of the step, its gradient reduce-scattered over the
-        shard group (the HSDP all-reduce of its chunk posted across the replicas)."""
+        shard group (the HSDP all-reduce of its chunk posted across the replicas). Stages 1 and 2 under
+        overlap_grad_reduce: the buckets the backward's end completed, posted (bucket_overlap.py)."""
+        if rank in self.buckets:
+            yield from self.buckets[rank].after(action)
         if self.stage < 3:
             return
         unit, last = action.chunk, False
@@ -366,6 +373,13 @@ class DistributedOptimizer:
         buffer = shard.param_flat if buffer is None else buffer
         return shard.layout.chunk_numel(unit) * self.degree * buffer.element_size()
 
+    def finish(self, rank: int):
+        """Step program, after a rank's last step: the all-gathers its last optimizer step left to a next forward
+        (overlap_param_gather) run now, as Megatron-Core syncs the parameters at the end of training, so that a run
+        of N steps moves N steps' bytes."""
+        if rank in self.buckets:
+            yield from self.buckets[rank].gather_pending()
+
     def ended(self, rank: int) -> None:
         """A rank's program has ended; after the last, every rank's share takes the fp32 master weights its shard
         group's chunks hold (what Job.finish turns the model into). Representatives compute nothing: each
@@ -376,8 +390,6 @@ class DistributedOptimizer:
             return
         for rank in scheme.running:
             scheme.replicas[rank].publish(self._shard_group(rank))
-            if rank in self.buckets:
-                self.buckets[rank].defer_gathers(none=True)  # the published model is whole
 
     def _shard_group(self, rank: int) -> list:
         """The shards of rank `rank`'s shard group, by position (representatives: its own, for every position)."""

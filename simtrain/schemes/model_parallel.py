@@ -216,6 +216,7 @@ class ModelParallel(RankReplicas, Scheme):
                 yield from self.sum_tp_grads(rank, replica.model.whole_parameter_grads())
             yield from self.data_parallel.update(rank)
             self._step_done(rank, step, losses)
+        yield from self.data_parallel.finish(rank)
         self.data_parallel.ended(rank)
 
     def cost(self, replica, chunk: int, part: int, inputs: tuple, target) -> ChunkCost:
