@@ -145,6 +145,29 @@ def test_a_pipeline_boundary_carries_a_tp_th_of_the_sequence():
     assert split["pp_p2p"] * 2 == plain["pp_p2p"] > 0
 
 
+def test_the_gather_again_runs_beside_the_input_gradient():
+    """With links slow enough that the gather outlasts the compute beside it (closed form: tp 2, one ring step
+    of half the b s h activation in fp32, T = bytes / bandwidth), each column-parallel region's backward posts
+    the gather when its Linears' backward starts, runs the first half of it (the input gradient) meanwhile,
+    awaits the gather T after the post, then runs the second half (the weight gradient)."""
+    rate, bandwidth = 1e9, 2e6
+    device = {"base": "a100-40gb", "efficiency": 1.0, "peak_flops": {"fp32": rate, "tf32": rate}}
+    spec = scenario({**GPT, "numerics": False, "train": {**GPT["train"], "steps": 1},
+                     "cluster": {"devices": 1, "device": device, "link": {"bandwidth": bandwidth, "latency": 0}}},
+                    tp=2, sequence_parallel=True)
+    spans = [span for span in one_step(spec).cluster.log.spans if span.rank == 0]
+    b, s, h = GPT["data"]["batch_size"], GPT["data"]["seq_len"], GPT["model"]["hidden"]
+    transfer_s = b * s * h * 4 / 2 / bandwidth
+    regathers = [i for i, span in enumerate(spans) if span.name == "tp_regather"]
+    assert len(regathers) == 2 * GPT["model"]["layers"] + 1  # the QKV and first MLP Linears', the head's
+    for i in regathers:
+        beside, waited, after = spans[i - 1], spans[i], spans[i + 1]
+        assert (beside.kind, beside.name, after.kind, after.name) == ("compute", "backward_part", "compute", "backward")
+        assert waited.start == beside.end and after.start == waited.end
+        assert waited.end == pytest.approx(beside.start + transfer_s, rel=1e-12)
+        assert after.end - after.start == pytest.approx(beside.end - beside.start, rel=1e-12)
+
+
 # ---------------------------------------------------------------- the memory plan, bad input
 
 @pytest.mark.slow
