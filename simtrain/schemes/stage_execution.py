@@ -36,6 +36,11 @@ before it: that region passes the block through unchanged, so it runs
 without the arriving gradient, which is then added to its input's (the sum
 autograd would have made).
 
+Under sequence parallelism the region after an all-gather keeps the rank's
+part of the sequence in place of the gathered input and its backward gathers
+it again, beside the first half of its Linears' backward
+(schemes/saved_shards.py; `ChunkCost.backward_regather`).
+
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
