@@ -127,25 +127,25 @@ def model_size(model, info) -> tuple[int, int]:
         return 0, 0
     norm = 2 if model.batchnorm else 0  # BatchNorm's weight and bias; its running statistics are buffers
     if model.name == "mlp":  # Flatten, then per width: Linear [BatchNorm1d] ReLU; a Linear head
-        width = math.prod(info.input_shape)
-        parameters, values = 0, width
-        for next_width in model.hidden:
-            parameters += (width + 1 + norm) * next_width
-            values += (2 + (norm > 0)) * next_width
-            width = next_width
+        head_inputs = math.prod(info.input_shape)
+        parameters, values = 0, head_inputs
+        for hidden in model.hidden:
+            parameters += (head_inputs + 1 + norm) * hidden
+            values += (2 + (norm > 0)) * hidden
+            head_inputs = hidden
     else:  # Unflatten, then per entry: Conv2d 3x3 [BatchNorm2d] ReLU [MaxPool2d(2)]; Flatten, a Linear head
-        channels, height, width_ = info.image_shape
-        parameters, values = 0, channels * height * width_
+        channels, height, width = info.image_shape
+        parameters, values = 0, channels * height * width
         for out_channels in model.channels:
             parameters += (9 * channels + 1 + norm) * out_channels
-            values += (2 + (norm > 0)) * out_channels * height * width_
-            if height >= 2 and width_ >= 2:
-                height, width_ = height // 2, width_ // 2
-                values += out_channels * height * width_
+            values += (2 + (norm > 0)) * out_channels * height * width
+            if height >= 2 and width >= 2:
+                height, width = height // 2, width // 2
+                values += out_channels * height * width
             channels = out_channels
-        width = channels * height * width_
-        values += width  # Flatten
-    parameters += (width + 1) * info.num_classes
+        head_inputs = channels * height * width
+        values += head_inputs  # Flatten
+    parameters += (head_inputs + 1) * info.num_classes
     return parameters, values + info.num_classes
 
 
