@@ -12,11 +12,13 @@ building anything real:
 
 - replicas x parameters x bytes per parameter: the model (fp32, plus the
   compute-dtype copy under fp16/bf16), its gradient bucket and the optimizer's
-  state (momentum, Adam's two moments). The built-in models are counted by
-  building them on torch's `meta` device; a user's model (package.module:
-  function) is not called here and counts as nothing;
+  state (momentum, Adam's two moments). The mlp and the cnn (train/models.py)
+  are counted in closed form from their widths, without torch (`model_size`,
+  tested equal to the built model's parameters and a forward's outputs at
+  several sizes); the transformers and a user's model (package.module:
+  function, not called here) count as nothing;
 - one replica's activations at a time (replicas compute one after another):
-  the outputs of every layer for one batch, counted with a meta forward;
+  the outputs of every layer for one batch;
 - the data set: synthetic samples x features (fp32) and labels, and every
   replica's shard of indices; a user's data set counts as nothing;
 - the network: 1 KiB per link of the topology a builder makes;
@@ -38,17 +40,15 @@ runs.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-
-import torch
 
 from .errors import SimtrainError
 from .hw.cluster import ResolvedCluster
 from .hw.topology_builders import BUILDERS
 from .scenario import Scenario
 from .train.data import builtin_shape
-from .train.models import build_model
 from .units import format_bytes
 
 _RING_CHUNK_BYTES = 600  # one chunk view of one rank's bucket in the ring all-reduce (measured, see above)
@@ -105,7 +105,7 @@ def scenario_host_bytes(scenario: Scenario, cluster: ResolvedCluster) -> dict[st
     replicas = cluster.devices
     info, samples = builtin_shape(scenario.data.name, scenario.data.loader_options()) or (None, 0)
     # Numerics off: parameters and activations are meta tensors, shapes without storage.
-    parameters, activations_per_sample = _model_size(scenario, info) if scenario.numerics else (0, 0)
+    parameters, activations_per_sample = model_size(scenario.model, info) if scenario.numerics else (0, 0)
     train, parallel = scenario.train, scenario.parallel
     ring = parallel.mode == "sync" and parallel.all_reduce == "ring"  # a ring all-reduce's chunk per peer pair
     bytes_per_parameter = 4 * (2 + _STATE_COPIES[train.optimizer.name]) + (2 if train.precision != "fp32" else 0)
@@ -119,23 +119,34 @@ def scenario_host_bytes(scenario: Scenario, cluster: ResolvedCluster) -> dict[st
     }
 
 
-def _model_size(scenario: Scenario, info) -> tuple[int, int]:
-    """(parameters, activation values per sample) of a built-in model, built and run on `meta`."""
-    model = scenario.model
-    if info is None or model.name not in ("mlp", "cnn"):
+def model_size(model, info) -> tuple[int, int]:
+    """(parameters, output values of its layers per sample) of the built-in mlp or cnn `model` (a ModelSpec) on
+    data of shape `info` (DatasetInfo), as train/models.py builds them; (0, 0) for any other model, or a cnn on
+    data without images (which the job's build refuses)."""
+    if info is None or model.name not in ("mlp", "cnn") or (model.name == "cnn" and info.image_shape is None):
         return 0, 0
-    with torch.device("meta"):
-        net = build_model(model, info, scenario.seed)
-    parameters = sum(p.numel() for p in net.parameters())
-    values = [0]
-    hooks = [layer.register_forward_hook(lambda _m, _i, out: values.append(out.numel()))
-             for layer in net.modules() if not list(layer.children())]
-    try:
-        net(torch.empty((2, *info.input_shape), device="meta"))  # two samples: BatchNorm refuses one
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return parameters, sum(values) // 2
+    norm = 2 if model.batchnorm else 0  # BatchNorm's weight and bias; its running statistics are buffers
+    if model.name == "mlp":  # Flatten, then per width: Linear [BatchNorm1d] ReLU; a Linear head
+        head_inputs = math.prod(info.input_shape)
+        parameters, values = 0, head_inputs
+        for hidden in model.hidden:
+            parameters += (head_inputs + 1 + norm) * hidden
+            values += (2 + (norm > 0)) * hidden
+            head_inputs = hidden
+    else:  # Unflatten, then per entry: Conv2d 3x3 [BatchNorm2d] ReLU [MaxPool2d(2)]; Flatten, a Linear head
+        channels, height, width = info.image_shape
+        parameters, values = 0, channels * height * width
+        for out_channels in model.channels:
+            parameters += (9 * channels + 1 + norm) * out_channels
+            values += (2 + (norm > 0)) * out_channels * height * width
+            if height >= 2 and width >= 2:
+                height, width = height // 2, width // 2
+                values += out_channels * height * width
+            channels = out_channels
+        head_inputs = channels * height * width
+        values += head_inputs  # Flatten
+    parameters += (head_inputs + 1) * info.num_classes
+    return parameters, values + info.num_classes
 
 
 def _ring_chunks(parallel, devices: int) -> int:
