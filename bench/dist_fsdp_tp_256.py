@@ -127,7 +127,7 @@ def main():
     LAYERS = args.layers
     with torch.device("meta"):
         parameters = sum(p.numel() for p in Llama().parameters())
-    representatives = None if args.every_rank else Representatives((args.world // TP, TP), alike_dims=(0,))
+    representatives = None if args.every_rank else Representatives((args.world // TP, TP), alike_dims=(0, 1))
     load_before = os.getloadavg()[0]
     start, cpu_start = time.perf_counter(), time.process_time()
     result = simtrain.dist.spawn(train_step, world=args.world, device="h100-80gb", topology="switch",
