@@ -281,11 +281,7 @@ class SimProcessGroup(dist.ProcessGroup):
             if me != root:
                 return scatter(me, world, root, [payload(tensor)] * world)  # it receives its own entry only
             inputs = [payload(input) for input in input_tensors[0]]
-            output = payload(tensor)
-            output.copy_(inputs[root])
-            # its own entry: the output, not a view of the caller's (its program's value outlives the call until
-            # the cycle collector runs, paused while the clock runs: it would hold the whole tensor the list views)
-            inputs[root] = output
+            payload(tensor).copy_(inputs[root])
             return scatter(me, world, root, inputs)
 
         return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors)
