@@ -136,11 +136,13 @@ def main():
     result = run(args.world, representatives)
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     data = result.report.data
+    per_rank = ", ".join(f"rank {rank} {cpu:.1f} s" for rank, cpu in sorted(RANK_CPU_S.items())[:3])
     print(f"{parameters / 1e9:.2f}e9 parameters, {args.world} ranks (dp {args.world // TP} x tp {TP}), "
           f"numerics off, {'every rank run' if args.every_rank else 'representatives'}: {wall_s:.1f} s of wall time, "
           f"{cpu_s:.1f} s of CPU time on {os.cpu_count()} CPUs (load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} at the end); of the CPU time, {sum(RANK_CPU_S.values()):.1f} s in the "
-          f"threads of the {len(RANK_CPU_S)} ranks that ran (their code and its posts), the rest in the clock's "
+          f"threads of the {len(RANK_CPU_S)} ranks that ran (their code and its posts; "
+          f"{per_rank}), the rest in the clock's "
           f"(the network, the collective programs) and the report")
     print(f"simulated step: {data['sim_time_s'] * 1e3:.1f} ms; rank 0 memory at its peak (GB): " +
           ", ".join(f"{k} {v / 1e9:.2f}" for k, v in data["devices"][0]["peak_memory_bytes_by_category"].items() if v))
