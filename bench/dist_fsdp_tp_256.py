@@ -7,14 +7,15 @@ torch's own APIs, as torchtitan does: `init_device_mesh` over ("dp", "tp"), `par
 ColwiseParallel / RowwiseParallel / SequenceParallel per block, `fully_shard` per block and on the root, AdamW,
 one step of a batch of 1 sequence of 2,048 tokens per data-parallel rank. Numerics off: weights, activations,
 gradients and optimizer state are fake tensors; the collectives and the operator recorder time them on the
-simulated cluster. The data-parallel ranks run alike, so the function runs once per tensor-parallel rank
-(`representatives=Representatives((dp, tp), alike_dims=(0,))`), and once more for the witness that checks it; the
-others post their parts of its collectives on the network. Printed: the wall and CPU time of the spawn (model
+simulated cluster. The data-parallel and the tensor-parallel ranks run alike, so the function runs once
+(`representatives=Representatives((dp, tp), alike_dims=(0, 1))`), and once more for the witness that checks it;
+the others post their parts of its collectives on the network. Printed: the wall and CPU time of the spawn (model
 construction, sharding and the step), the simulated step time and rank 0's memory by category.
 
     PYTHONPATH=. .venv/bin/python bench/dist_fsdp_tp_256.py                  # 256 ranks: dp 32 x tp 8
     PYTHONPATH=. .venv/bin/python bench/dist_fsdp_tp_256.py --world 16       # a quick look: dp 2 x tp 8
     PYTHONPATH=. .venv/bin/python bench/dist_fsdp_tp_256.py --every-rank     # without representatives
+    PYTHONPATH=. .venv/bin/python bench/dist_fsdp_tp_256.py --world 16 --layers 2 --check   # both: reports equal?
 """
 import argparse
 import os
@@ -123,25 +124,38 @@ def main():
     parser.add_argument("--world", type=int, default=256)
     parser.add_argument("--every-rank", action="store_true", help="run every rank's function (no representatives)")
     parser.add_argument("--layers", type=int, default=LAYERS, help="transformer blocks (a quick look: fewer)")
+    parser.add_argument("--check", action="store_true",
+                        help="then run every rank's function too, and compare the two reports")
     args = parser.parse_args()
     LAYERS = args.layers
     with torch.device("meta"):
         parameters = sum(p.numel() for p in Llama().parameters())
-    representatives = None if args.every_rank else Representatives((args.world // TP, TP), alike_dims=(0,))
+    representatives = None if args.every_rank else Representatives((args.world // TP, TP), alike_dims=(0, 1))
     load_before = os.getloadavg()[0]
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = simtrain.dist.spawn(train_step, world=args.world, device="h100-80gb", topology="switch",
-                                 numerics=False, timeout_s=60, representatives=representatives)
+    result = run(args.world, representatives)
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     data = result.report.data
+    per_rank = ", ".join(f"rank {rank} {cpu:.1f} s" for rank, cpu in sorted(RANK_CPU_S.items())[:3])
     print(f"{parameters / 1e9:.2f}e9 parameters, {args.world} ranks (dp {args.world // TP} x tp {TP}), "
           f"numerics off, {'every rank run' if args.every_rank else 'representatives'}: {wall_s:.1f} s of wall time, "
           f"{cpu_s:.1f} s of CPU time on {os.cpu_count()} CPUs (load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} at the end); of the CPU time, {sum(RANK_CPU_S.values()):.1f} s in the "
-          f"threads of the {len(RANK_CPU_S)} ranks that ran (their code and its posts), the rest in the clock's "
+          f"threads of the {len(RANK_CPU_S)} ranks that ran (their code and its posts; "
+          f"{per_rank}), the rest in the clock's "
           f"(the network, the collective programs) and the report")
     print(f"simulated step: {data['sim_time_s'] * 1e3:.1f} ms; rank 0 memory at its peak (GB): " +
           ", ".join(f"{k} {v / 1e9:.2f}" for k, v in data["devices"][0]["peak_memory_bytes_by_category"].items() if v))
+    if args.check and representatives is not None:
+        start = time.process_time()
+        every = run(args.world, None).report.data
+        print(f"every rank run: {time.process_time() - start:.1f} s of CPU time; the two reports (time, bytes and "
+              f"memory of every rank and link) are {'equal' if every == data else 'DIFFERENT'}")
+
+
+def run(world, representatives):
+    return simtrain.dist.spawn(train_step, world=world, device="h100-80gb", topology="switch", numerics=False,
+                               timeout_s=60, representatives=representatives)
 
 
 if __name__ == "__main__":

@@ -37,15 +37,20 @@ def fsdp_tp_adam(rank, world):
     return rank
 
 
-@pytest.mark.parametrize("world, topology", [(8, "ring"), (16, "switch")])
-def test_representatives_give_the_report_of_every_rank_run(world, topology):
+@pytest.mark.parametrize("world, topology, alike_dims, ran", [
+    (8, "ring", (0,), [0, 1, 2, 3, TP]),  # the tp ranks of dp rank 0, and the witness (dp 1, tp 0)
+    (8, "switch", (0, 1), [0, TP + 1]),  # tp alike too (distribute_tensor's source rank among them); the witness
+    (16, "switch", (0, 1), [0, TP + 1]),  # is one further along both dimensions (dp 1, tp 1)
+])
+def test_representatives_give_the_report_of_every_rank_run(world, topology, alike_dims, ran):
     every = simtrain.dist.spawn(fsdp_tp_adam, world=world, topology=topology, numerics=False)
     alike = simtrain.dist.spawn(fsdp_tp_adam, world=world, topology=topology, numerics=False,
-                                representatives=Representatives((world // TP, TP), alike_dims=(0,)))
+                                representatives=Representatives((world // TP, TP), alike_dims))
     assert alike.report.data == every.report.data
     assert every.report.data["sim_time_s"] > 0 and all(d["bytes_sent"] > 0 for d in every.report.data["devices"])
-    # only the representatives (tp ranks of dp rank 0) and the witness (rank TP) ran; the others report theirs
-    assert list(alike) == [*range(TP), TP, *[rank % TP for rank in range(TP + 1, world)]]
+    # only the representatives and the witness ran; the others report their representative's value
+    represented_by = (lambda rank: rank % TP) if alike_dims == (0,) else (lambda rank: 0)
+    assert list(alike) == [rank if rank in ran else represented_by(rank) for rank in range(world)]
 
 
 def stages(rank, world):
@@ -74,6 +79,13 @@ def shapes_by_dp_rank(rank, world):
     dist.all_reduce(torch.randn(64, 64) @ torch.randn(64, columns), group=mesh["tp"].get_group())
 
 
+def shapes_by_tp_rank(rank, world):
+    dist.init_process_group("simtrain")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    columns = 64 if mesh["tp"].get_local_rank() == 0 else 32
+    dist.all_reduce(torch.randn(64, 64) @ torch.randn(64, columns), group=mesh["dp"].get_group())
+
+
 def extra_collective_on_dp_rank_1(rank, world):
     dist.init_process_group("simtrain")
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
@@ -82,13 +94,15 @@ def extra_collective_on_dp_rank_1(rank, world):
         dist.all_reduce(torch.ones(4), group=mesh["tp"].get_group())
 
 
-@pytest.mark.parametrize("script, first_difference", [
-    (shapes_by_dp_rank, "operation #0: rank 0 computed 524288 FLOP of float32, rank 2 computed 262144 FLOP"),
-    (extra_collective_on_dp_rank_1, "operation #1: rank 0 had ended, rank 2 called all_reduce"),
-], ids=["shapes", "control_flow"])
-def test_a_rank_that_diverges_along_the_alike_dimension_is_caught(script, first_difference):
-    with pytest.raises(RepresentativesDiverge, match=f"rank 2, which rank 0 represents, diverges .*{first_difference}"):
-        simtrain.dist.spawn(script, world=4, numerics=False, representatives=Representatives((2, 2)))
+@pytest.mark.parametrize("script, alike_dims, witness, first_difference", [
+    (shapes_by_dp_rank, (0,), 2, "operation #0: rank 0 computed 524288 FLOP of float32, rank 2 computed 262144 FLOP"),
+    (extra_collective_on_dp_rank_1, (0,), 2, "operation #1: rank 0 had ended, rank 2 called all_reduce"),
+    (shapes_by_tp_rank, (0, 1), 3, "operation #0: rank 0 computed 524288 FLOP of float32, rank 3 computed 262144 FLOP"),
+], ids=["shapes", "control_flow", "shapes_by_tp_rank"])
+def test_a_rank_that_diverges_along_the_alike_dimension_is_caught(script, alike_dims, witness, first_difference):
+    with pytest.raises(RepresentativesDiverge, match=f"rank {witness}, which rank 0 represents, diverges .*"
+                                                     f"{first_difference}"):
+        simtrain.dist.spawn(script, world=4, numerics=False, representatives=Representatives((2, 2), alike_dims))
 
 
 def test_what_cannot_be_represented_is_one_line():

@@ -243,6 +243,7 @@ class SimCommunicator:
                 else:
                     del self._running[state.rank]
                 state.done.succeed(stop.value)
+                state.owner = state.results = None  # no cycle holds its buffers until the next collection
             else:
                 parent.results[state.index] = stop.value
                 parent.outstanding -= 1

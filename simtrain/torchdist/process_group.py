@@ -163,7 +163,7 @@ class Group:
         call = f"{kind} of {_sizes(tensor)}"
         for group, member in self.run.stand_ins(self, me, call):  # each rank's own transfer, charged from now
             group.comm.wait(group.comm.post(member, _point_to_point(kind, peer, _stand_in_payload(tensor), tag), kind))
-        done = self.comm.wait(self.comm.post(me, _point_to_point(kind, peer, tensor, tag), kind))
+        done = self.comm.wait(self.comm.post(me, _point_to_point(kind, peer, _own(tensor), tag), kind))
         what = (f"send to rank {self.ranks[peer]} (tag {tag}), no matching recv posted" if kind == "send" else
                 f"recv from rank {self.ranks[peer]} (tag {tag}), no matching send posted")
         return SimWork(self.run, done, what, [tensor])
@@ -175,18 +175,26 @@ def _point_to_point(kind: str, peer: int, tensor, tag: int):
 
 
 def _own(tensor: torch.Tensor) -> torch.Tensor:
-    """What a collective moves for a rank's own `tensor`: the tensor."""
-    return tensor
+    """What a collective moves for a rank's own `tensor`: the tensor, or for a fake one (numerics off) its twin on
+    the meta device: the same bytes, and no copy through torch's fake dispatch as each transfer lands (a fake
+    tensor has no values to copy)."""
+    return _meta_twin(tensor) if isinstance(tensor, FakeTensor) else tensor
 
 
 def _stand_in_payload(tensor: torch.Tensor) -> torch.Tensor:
-    """What a rank stood in for moves (representatives.py): for a fake tensor its twin on the meta device (the
-    same bytes, no values and no fake dispatch on the way), for a real one (an integer tensor of numerics off)
-    a copy of its representative's: its part is its representative's."""
+    """What a rank stood in for moves (representatives.py): for a fake tensor its twin on the meta device, for a
+    real one (an integer tensor of numerics off) a copy of its representative's: its part is its
+    representative's."""
+    if isinstance(tensor, FakeTensor):
+        return _meta_twin(tensor)
     with torch._C._DisableTorchDispatch():
-        if isinstance(tensor, FakeTensor):
-            return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
         return tensor.detach().clone()
+
+
+def _meta_twin(tensor: FakeTensor) -> torch.Tensor:
+    """A tensor of `tensor`'s size, strides and dtype on the meta device: bytes without values."""
+    with torch._C._DisableTorchDispatch():
+        return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
 
 
 class SimProcessGroup(dist.ProcessGroup):

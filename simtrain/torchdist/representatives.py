@@ -4,11 +4,13 @@ With numerics off (numerics_off.py) a data-parallel rank of FSDP2 x tensor
 parallelism runs the same operators on tensors of the same shapes, and issues
 the same collectives, as every other data-parallel rank with its tensor-parallel
 coordinate: only their token ids differ, and with fake tensors no value reaches
-the control flow. The user declares which ranks those are, as a mesh shape laid
-out row-major (as `init_device_mesh` lays it out) and the dimensions along which
-ranks run alike:
+the control flow. So do the tensor-parallel ranks of one replica (the first is
+`distribute_tensor`'s source: its scatters send what the others receive, the
+same bytes and memory on each). The user declares which ranks those are, as a
+mesh shape laid out row-major (as `init_device_mesh` lays it out) and the
+dimensions along which ranks run alike:
 
-    spawn(train, world=256, numerics=False, representatives=Representatives(mesh_shape=(32, 8), alike_dims=(0,)))
+    spawn(train, world=256, numerics=False, representatives=Representatives(mesh_shape=(32, 8), alike_dims=(0, 1)))
 
 A class is the ranks that differ only in their coordinates along `alike_dims`;
 its member at coordinate 0 is its representative and the only one whose
@@ -36,9 +38,9 @@ it does (each call with its group, kind, sizes and the bytes the rank has
 allocated by then, the FLOPs between calls) is recorded beside rank 0's. A rank
 whose control flow or shapes depend on its coordinate (`if dp_rank == 0: ...`)
 makes the two records differ: `RepresentativesDiverge`, naming the first
-difference. What it cannot see: a difference in another class only, or a rank
-that holds the same allocations for longer (a view that keeps a larger tensor
-alive, as `distribute_tensor`'s source rank along "tp" does).
+difference. What it cannot see: a difference in another class only, one at
+coordinates other than rank 0's and the witness's, or a rank that holds the same
+allocations for longer (a view that keeps a larger tensor alive).
 
     classes = Classes(Representatives((2, 4), alike_dims=(0,)), world=8)
     classes.runs(5)                        # False: represented by rank 1
