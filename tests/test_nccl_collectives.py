@@ -198,7 +198,7 @@ def test_every_algorithm_and_channel_count_sums_like_torch(algorithm, case, nume
     world = topology.num_devices
     inputs = seeded_inputs(world, numel)
     expected = torch.stack(inputs).double().sum(dim=0)
-    for channels in channel_counts if algorithm not in ("naive", "tree") else [1]:
+    for channels in [None] if algorithm == "nccl" else channel_counts if algorithm not in ("naive", "tree") else [1]:
         all_reduce = build_all_reduce(algorithm, topology, topology.devices, channels)
         buffers = [t.clone() for t in inputs]
         env = simpy.Environment()

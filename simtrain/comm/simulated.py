@@ -41,6 +41,15 @@ the same times, spans, bytes, link figures, staging peaks and sums as flow by
 flow, with no per-transfer Python.
 On real tensors that holds for chunks up to GROUP_MAX_CHUNK elements, past
 which moving them one by one is the quicker way to the same sums.
+
+An `NcclCall` (nccl.py: a rank's part of a collective as NCCL runs it) starts
+after its launch latency, a span of the rank's communication named by NCCL's
+choice ("nccl ring/LL 4096 B"); its transfers move on its protocol's wire (a
+flow of its bytes divided by the protocol's fraction of the route's rate,
+after the route's latency plus the protocol's), and where its algorithm
+reduces in a switch, the switch's program runs as one more rank of the
+communicator (a helper: no device, no span, no ledger), started by the first
+rank that posts the call, once the previous call's switch programs ended.
 """
 from collections import deque
 
@@ -50,6 +59,7 @@ from ..errors import CollectiveMismatch
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
 from ..hw.network import Network, Route
+from .nccl import NcclCall
 from .ops import Concurrently, Send
 from .ring_schedule import RingAllReduce, reduce_as_ring
 
@@ -68,7 +78,7 @@ class _RankProgram:
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
                  "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown", "comm", "posted",
-                 "charged", "idle", "idle_from")
+                 "charged", "idle", "idle_from", "wire")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -91,6 +101,7 @@ class _RankProgram:
         self.charged = True  # its time is the rank's: a `run`, or a posted program being awaited
         self.idle = None  # an awaited program's span kind for waiting on a peer (None: not logged)
         self.idle_from = None  # since when an awaited program waits with nothing in flight
+        self.wire = None  # an NcclCall's protocol (nccl.Wire), on the top-level program; None: the links as they are
 
 
 class _Mailbox:
@@ -113,6 +124,7 @@ class SimCommunicator:
         self.env: simpy.Environment = network.env
         self.nodes = list(nodes)
         self.world = len(self.nodes)
+        self._stride = self.world  # ranks in the mailbox keys: the world, and the helpers (switches) once added
         self.log = log
         self.ledgers = ledgers
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
@@ -127,6 +139,10 @@ class SimCommunicator:
         self._scheduled_posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
         self._scheduled_count = [0] * self.world  # ring all-reduces each rank posted to be timed as a group
         self._rings: dict[tuple, tuple[Route, ...] | None] = {}  # RingAllReduce.group() -> Network.ring()
+        self._helper_calls = [0] * self.world  # NcclCalls with helpers each rank posted
+        self._helpers_due = deque()  # NcclCalls whose helpers wait for the previous call's to end
+        self._helpers_started = 0  # calls whose helpers have started
+        self._helpers_running = 0  # helper programs of the current call not ended yet
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
         """Start `program` for group rank `rank` now; the event fires with its return value."""
@@ -134,7 +150,9 @@ class SimCommunicator:
             raise RuntimeError(f"rank {rank} is already running a collective in this group")
         state = _RankProgram(rank, program, self.env.event(), label)
         self._running[rank] = state
-        if self.exclusive and type(program) is RingAllReduce and self._timed_as_group(program):
+        if type(program) is NcclCall:
+            self._call(state, program)
+        elif self.exclusive and type(program) is RingAllReduce and self._timed_as_group(program):
             self._post_ring(state)
         else:
             self._advance(state, None)
@@ -145,7 +163,10 @@ class SimCommunicator:
         state = _RankProgram(rank, program, self.env.event(), label)
         state.comm, state.posted, state.charged = self, True, False
         self._posted.setdefault(rank, []).append(state)
-        self._advance(state, None)
+        if type(program) is NcclCall:
+            self._call(state, program)
+        else:
+            self._advance(state, None)
         return state
 
     def wait(self, handle: _RankProgram, idle: str | None = None) -> simpy.Event:
@@ -157,6 +178,56 @@ class SimCommunicator:
             else:
                 handle.idle_from = self.network.now
         return handle.done
+
+    def _call(self, state: _RankProgram, call: NcclCall) -> None:
+        """Start an NcclCall: its launch latency (a span named by NCCL's choice), then its program on its wire;
+        its switches' programs once per call (the module docstring)."""
+        state.program, state.wire = call.program, call.wire
+        now = self.network.now
+        end = now + call.launch_s
+        if self.log is not None:
+            if state.charged:
+                self.log.count(self.global_ranks[state.rank], "communication", now, end)
+            self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end)
+        if call.helpers is not None:
+            self._helper_calls[state.rank] += 1
+            if self._helper_calls[state.rank] > self._helpers_started + len(self._helpers_due):
+                self._helpers_due.append(call)
+                if self._helpers_running == 0 and len(self._helpers_due) == 1:
+                    self.network.at(end, self._start_helpers)
+        self.network.at(end, lambda: self._advance(state, None))
+
+    def _start_helpers(self) -> None:
+        """The next call's switch programs, each as a helper rank after the communicator's ranks."""
+        call = self._helpers_due.popleft()
+        self._helpers_started += 1
+        nodes, programs = call.helpers()
+        if self.nodes[self.world:] != nodes:
+            self._add_helpers(nodes)
+        self._helpers_running = len(programs)
+        for index, program in enumerate(programs):
+            state = _RankProgram(self.world + index, program, self.env.event(), "helper")
+            state.charged, state.wire = False, call.wire
+            self._advance(state, None)
+
+    def _helper_ended(self) -> None:
+        self._helpers_running -= 1
+        if self._helpers_running == 0 and self._helpers_due:
+            self._start_helpers()
+
+    def _add_helpers(self, nodes: list[str]) -> None:
+        """Network nodes `nodes` become ranks world, world + 1, ...: the mailboxes' keys are renumbered."""
+        if len(self.nodes) > self.world:
+            raise RuntimeError(f"helpers {nodes} differ from this communicator's {self.nodes[self.world:]}")
+        old = self._stride
+        self.nodes.extend(nodes)
+        new = self._stride = len(self.nodes)
+        renumbered = {}
+        for key, mailbox in self._mailboxes.items():
+            tag, pair = divmod(key, old * old)
+            src, dst = divmod(pair, old)
+            renumbered[(tag * new + src) * new + dst] = mailbox
+        self._mailboxes = renumbered
 
     def _timed_as_group(self, program: RingAllReduce) -> bool:
         """Whether the network times it as a group: ring routes that share no directed link, and meta tensors
@@ -238,7 +309,9 @@ class SimCommunicator:
             if parent is None:
                 self._close_span(state)
                 self._show(state)
-                if state.posted:
+                if state.rank >= self.world:
+                    self._helper_ended()
+                elif state.posted:
                     self._posted[state.rank].remove(state)
                 else:
                     del self._running[state.rank]
@@ -257,7 +330,7 @@ class SimCommunicator:
             ops = (ops,)
         state.results = [None] * len(ops)
         state.outstanding = len(ops)
-        rank, world, mailboxes = state.rank, self.world, self._mailboxes
+        rank, world, mailboxes = state.rank, self._stride, self._mailboxes
         for index, op in enumerate(ops):
             # The mailbox of (src, dst, tag), looked up inline: this loop runs once per operation.
             if type(op) is Send:
@@ -310,7 +383,8 @@ class SimCommunicator:
                                      nbytes * self.copies)
         else:
             owner.span_bytes += nbytes
-        staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
+        staging = (self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None
+                   and receiver.rank < self.world else None)
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
 
@@ -327,8 +401,17 @@ class SimCommunicator:
             self._transfer_ends(sender, now)
             self._transfer_ends(receiver, now)
 
-        self.network.start_flow(self.nodes[sender.rank], self.nodes[receiver.rank], nbytes,
-                                on_done=delivered, label=sender.label)
+        src, dst, wire = self.nodes[sender.rank], self.nodes[receiver.rank], owner.wire
+        if wire is None:
+            self.network.start_flow(src, dst, nbytes, on_done=delivered, label=sender.label)
+            return
+        fraction, extra_s = wire.of(self.network.route(src, dst).path)
+        flow_bytes = nbytes if fraction == 1.0 else nbytes / fraction
+        if extra_s:
+            self.network.at(now + extra_s, lambda: self.network.start_flow(src, dst, flow_bytes, on_done=delivered,
+                                                                           label=sender.label))
+        else:
+            self.network.start_flow(src, dst, flow_bytes, on_done=delivered, label=sender.label)
 
     def _transfer_begins(self, state: _RankProgram, now: float) -> None:
         if state.idle_from is not None:  # an awaited program's wait for its peer ends
