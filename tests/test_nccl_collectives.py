@@ -290,7 +290,7 @@ def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
                "cluster.gpus_per_node=4", "--set", 'cluster.inter_node_link={bandwidth: "25 GB/s", latency: "5 us"}',
                "--set", "train.steps=5", "--set", "report.trace=false"]
     losses = {}
-    for algorithm, channels in [("ring", "null"), ("hierarchical", "null"), ("dbtree", "2")]:
+    for algorithm, channels in [("ring", "null"), ("hierarchical", "null"), ("dbtree", "2"), ("nccl", "null")]:
         out = tmp_path / algorithm
         assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", f"parallel.all_reduce={algorithm}",
                    "--set", f"parallel.channels={channels}", "--out", str(out), "-q") == 0
@@ -299,6 +299,7 @@ def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
         losses[algorithm] = report["final_loss"]
     assert losses["hierarchical"] == pytest.approx(losses["ring"], rel=1e-5)
     assert losses["dbtree"] == pytest.approx(losses["ring"], rel=1e-5)
+    assert losses["nccl"] == pytest.approx(losses["ring"], rel=1e-5)  # NCCL's ring and tree, its protocols
     assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", "parallel.all_reduce=tree",
                "--set", "parallel.channels=2", "--out", str(tmp_path / "bad"), "-q") == 2
     assert capsys.readouterr().err.strip() == ("error: scenarios/quickstart.yaml: parallel.channels: tree runs on "

@@ -22,7 +22,7 @@ A protocol is a view of the links (`Wire`): every link's rate times the
 protocol's efficiency (LL carries 8 bytes of data per 16-byte line: 1/2;
 LL128 120 of 128 bytes; Simple all; NVLS on Hopper 0.85 of the NVLink rate,
 NCCL's nvlsEfficiency), so a transfer's flow carries its bytes divided by that
-fraction; and for ring and tree every hop slower by half the step latency the
+fraction (rounded up to a whole byte: the bytes on the wire); and for ring and tree every hop slower by half the step latency the
 protocol adds over ring/LL (NCCL's hwLatencies; a GPU-to-GPU step is two hops,
 the topology files' latencies being ring/LL's), not for broadcast and reduce,
 whose pipelined chain NCCL charges that latency once, at launch.

@@ -46,11 +46,13 @@ An `NcclCall` (nccl.py: a rank's part of a collective as NCCL runs it) starts
 after its launch latency, a span of the rank's communication named by NCCL's
 choice ("nccl ring/LL 4096 B"); its transfers move on its protocol's wire (a
 flow of its bytes divided by the protocol's fraction of the route's rate,
-after the route's latency plus the protocol's), and where its algorithm
+rounded up to a whole byte: what the links count; after the route's latency
+plus the protocol's), and where its algorithm
 reduces in a switch, the switch's program runs as one more rank of the
 communicator (a helper: no device, no span, no ledger), started by the first
 rank that posts the call, once the previous call's switch programs ended.
 """
+import math
 from collections import deque
 
 import simpy
@@ -406,7 +408,7 @@ class SimCommunicator:
             self.network.start_flow(src, dst, nbytes, on_done=delivered, label=sender.label)
             return
         fraction, extra_s = wire.of(self.network.route(src, dst).path)
-        flow_bytes = nbytes if fraction == 1.0 else nbytes / fraction
+        flow_bytes = nbytes if fraction == 1.0 else math.ceil(nbytes / fraction)  # the bytes on the wire
         if extra_s:
             self.network.at(now + extra_s, lambda: self.network.start_flow(src, dst, flow_bytes, on_done=delivered,
                                                                            label=sender.label))
