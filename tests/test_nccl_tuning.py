@@ -41,6 +41,12 @@ def two_nodes(g: int, nic_Bps: float = 50e9, nic_s: float = 1.5e-6) -> Topology:
     return Topology(built.graph, built.devices, built.name, reducing=frozenset({"node0-switch", "node1-switch"}))
 
 
+def one_gpu_per_node(n: int, nic_Bps: float = 50e9, nic_s: float = 1.5e-6) -> Topology:
+    """n nodes of one GPU each, every GPU's NIC on one switch (a route: GPU -> switch -> GPU)."""
+    return build_topology("hierarchical", n, LinkClass(bandwidth=B, latency=A),
+                          inter_link=LinkClass(bandwidth=nic_Bps, latency=nic_s), gpus_per_node=1)
+
+
 def time_s(topology, collective, algorithm, protocol, nbytes):
     (row,) = benchmark_collective(topology, collective, algorithm, [nbytes], numerics=False, protocol=protocol)
     assert (row.algorithm, row.protocol) == (algorithm, protocol)
@@ -192,6 +198,27 @@ def test_nvls_tree_is_nvls_in_each_node_and_an_exchange_between_nodes():
     assert time_s(two_nodes(g), "all_reduce", "nvls_tree", "Simple", nbytes) == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("world, steps", [(8, 3), (6, 3), (2, 1)])
+def test_pat_takes_log2_steps_and_sends_n_minus_1_blocks(collective, world, steps):
+    nbytes, nic_Bps, nic_s = world * (1 << 20), 50e9, 1.5e-6  # blocks of 1 MiB
+    # NCCL's PAT launch (8 us), then log2 steps of one network hop each way, each rank's NIC sending N - 1
+    # blocks in all (6 ranks: 1, 1 and 3 blocks at distances 4, 2, 1)
+    expected = 8 * US + steps * 2 * nic_s + (world - 1) * (1 << 20) / nic_Bps
+    assert time_s(one_gpu_per_node(world, nic_Bps, nic_s), collective, "pat", "Simple", nbytes) == pytest.approx(
+        expected, rel=1e-9)
+
+
+def test_the_tuner_chooses_pat_on_the_64_node_fat_tree():
+    topology = load_topology_file("topologies/fat-tree-64x1.yaml")
+    assert fabric_of(topology).nodes == fabric_of(topology).ranks == 64
+    for collective in ("all_gather", "reduce_scatter"):
+        (row,) = benchmark_collective(topology, collective, "auto", [1 << 20], numerics=False)
+        assert (row.algorithm, row.protocol) == ("pat", "Simple")
+        (ring,) = benchmark_collective(topology, collective, "ring", [1 << 20], numerics=False)
+        assert ring.busbw_GBps < row.busbw_GBps / 4  # 63 steps of latency against 6
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_nccl_tree_on_one_node_is_a_pipelined_chain(protocol):
     world, nbytes = 4, 4 << 20  # two halves of 2 MiB, 2 pieces each, both down the same chain of depth 3
@@ -211,7 +238,8 @@ CASES = [(collective, algorithm) for collective, algorithms in PROGRAMS.items() 
 @pytest.mark.parametrize("collective, algorithm", CASES)
 @pytest.mark.parametrize("numel", [1 << 10, 37 * 24 + 8])
 def test_every_program_computes_what_torch_computes(collective, algorithm, numel):
-    topology = two_nodes(4) if algorithm in ("nvls_tree", "tree") else switch(8)
+    topology = (two_nodes(4) if algorithm in ("nvls_tree", "tree") else one_gpu_per_node(6) if algorithm == "pat"
+                else switch(8))
     rows = list(benchmark_collective(topology, collective, algorithm, [numel * 4], numerics=True))
     assert rows[0].wrong == 0 and rows[0].algorithm == algorithm
 

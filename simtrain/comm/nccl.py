@@ -50,6 +50,7 @@ from .nccl_tree import nccl_tree_all_reduce
 from .nccl_tuning import BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PROTOCOLS, Fabric, call_latency_us, tune
 from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce
 from .ops import Concurrently, Recv, Send
+from .pat import pat_all_gather, pat_reduce_scatter
 from .ring import ring_all_gather, ring_reduce_scatter
 from .ring_schedule import RingAllReduce
 
@@ -57,8 +58,8 @@ CHAIN_MAX_PIECES = 1024  # a rooted ring's pieces (chain_pieces)
 ROOTED = ("broadcast", "reduce")
 PROTOCOL_EFFICIENCY = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 # The algorithms with a program here, per collective (NCCL's CollNet is not among them).
-PROGRAMS = {"all_reduce": ("ring", "tree", "nvls", "nvls_tree"), "all_gather": ("ring", "nvls"),
-            "reduce_scatter": ("ring", "nvls"), "broadcast": ("ring",), "reduce": ("ring",)}
+PROGRAMS = {"all_reduce": ("ring", "tree", "nvls", "nvls_tree"), "all_gather": ("ring", "nvls", "pat"),
+            "reduce_scatter": ("ring", "nvls", "pat"), "broadcast": ("ring",), "reduce": ("ring",)}
 
 
 def fabric_of(topology: Topology, generation: str | None = None, nodes: list[str] | None = None) -> Fabric:
@@ -209,6 +210,8 @@ class NcclGroup:
                 return nvls_all_reduce(rank, buf, gpus=hosts[host], switch=world + host,
                                        reduce=collective != "all_gather", gather=collective != "reduce_scatter")
             return nvls_tree_all_reduce(rank, world, buf, hosts=hosts, switch=world + host)
+        if algorithm == "pat":  # one GPU per node: one NIC, one channel
+            return (pat_all_gather if collective == "all_gather" else pat_reduce_scatter)(rank, world, buf)
         if collective == "all_reduce" and algorithm == "ring":
             if self.channels == 1:
                 return RingAllReduce(rank, world, buf, ring=self._rings[0])
