@@ -203,10 +203,10 @@ def test_nvls_tree_is_nvls_in_each_node_and_an_exchange_between_nodes():
 def test_pat_takes_log2_steps_and_sends_n_minus_1_blocks(collective, world, steps):
     nbytes, nic_Bps, nic_s = world * (1 << 20), 50e9, 1.5e-6  # blocks of 1 MiB
     # NCCL's PAT launch (8 us), then log2 steps of one network hop each way, each rank's NIC sending N - 1
-    # blocks in all (6 ranks: 1, 1 and 3 blocks at distances 4, 2, 1)
-    expected = 8 * US + steps * 2 * nic_s + (world - 1) * (1 << 20) / nic_Bps
+    # blocks in all (6 ranks: 1, 1 and 3 blocks at distances 4, 2, 1) at NCCL's 0.75 of its rate for PAT
+    expected = 8 * US + steps * 2 * nic_s + (world - 1) * (1 << 20) / (nic_Bps * 0.75)
     assert time_s(one_gpu_per_node(world, nic_Bps, nic_s), collective, "pat", "Simple", nbytes) == pytest.approx(
-        expected, rel=1e-9)
+        expected, rel=1e-6)  # flows carry whole bytes
 
 
 def test_the_tuner_chooses_pat_on_the_64_node_fat_tree():

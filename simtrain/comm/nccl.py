@@ -21,7 +21,9 @@ some nodes of a topology) an `NcclGroup` gives
 A protocol is a view of the links (`Wire`): every link's rate times the
 protocol's efficiency (LL carries 8 bytes of data per 16-byte line: 1/2;
 LL128 120 of 128 bytes; Simple all; NVLS on Hopper 0.85 of the NVLink rate,
-NCCL's nvlsEfficiency), so a transfer's flow carries its bytes divided by that
+NCCL's nvlsEfficiency; PAT 0.75 of every link's, the part of the bandwidth
+NCCL's model gives it, standing for the steps it adds when it aggregates less
+than pat.py's schedule), so a transfer's flow carries its bytes divided by that
 fraction (rounded up to a whole byte: the bytes on the wire); and for ring and tree every hop slower by half the step latency the
 protocol adds over ring/LL (NCCL's hwLatencies; a GPU-to-GPU step is two hops,
 the topology files' latencies being ring/LL's), not for broadcast and reduce,
@@ -47,7 +49,8 @@ from ..errors import ScenarioError
 from ..hw.topology import Topology
 from .channels import channel_order, default_channels, layout_of
 from .nccl_tree import nccl_tree_all_reduce
-from .nccl_tuning import BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PROTOCOLS, Fabric, call_latency_us, tune
+from .nccl_tuning import (BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PAT_EFFICIENCY, PROTOCOLS, Fabric,
+                          call_latency_us, tune)
 from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce
 from .ops import Concurrently, Recv, Send
 from .pat import pat_all_gather, pat_reduce_scatter
@@ -180,6 +183,8 @@ class NcclGroup:
                 efficiency[kind] = PROTOCOL_EFFICIENCY[protocol]
                 if algorithm in ("nvls", "nvls_tree") and kind == "nvlink":
                     efficiency[kind] *= NVLS_EFFICIENCY[self.fabric.generation]
+                if algorithm == "pat":
+                    efficiency[kind] *= PAT_EFFICIENCY
                 extra_us = HW_LATENCY_US[kind][algorithm][p] - HW_LATENCY_US[kind]["ring"][0]
                 extra_hop_s[kind] = (max(0.0, extra_us) * 1e-6 / 2
                                      if algorithm in ("ring", "tree") and collective not in ROOTED else 0.0)
