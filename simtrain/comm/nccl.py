@@ -24,10 +24,11 @@ LL128 120 of 128 bytes; Simple all; NVLS on Hopper 0.85 of the NVLink rate,
 NCCL's nvlsEfficiency; PAT 0.75 of every link's, the part of the bandwidth
 NCCL's model gives it, standing for the steps it adds when it aggregates less
 than pat.py's schedule), so a transfer's flow carries its bytes divided by that
-fraction (rounded up to a whole byte: the bytes on the wire); and for ring and tree every hop slower by half the step latency the
-protocol adds over ring/LL (NCCL's hwLatencies; a GPU-to-GPU step is two hops,
-the topology files' latencies being ring/LL's), not for broadcast and reduce,
-whose pipelined chain NCCL charges that latency once, at launch.
+fraction (rounded up to a whole byte: the bytes on the wire); and for ring and
+tree every hop slower by half the step latency the protocol adds over ring/LL
+(NCCL's hwLatencies; a GPU-to-GPU step is two hops, the topology files'
+latencies being ring/LL's), not for broadcast and reduce, whose pipelined
+chain NCCL charges that latency once, at launch.
 
 Buffers follow nccl-tests: all-gather's and reduce-scatter's are the whole
 N-shard buffer on every rank (rank r's own shard r); broadcast and reduce have
