@@ -283,6 +283,9 @@ def test_hierarchical_needs_hosts_of_equal_size():
     with pytest.raises(ScenarioError, match="^parallel.all_reduce: hierarchical needs the same number of ranks on "
                                             "every host, got 2, 1$"):
         build_all_reduce("hierarchical", dgx, ["n0g0", "n0g1", "n1g0"], None, "parallel.all_reduce")
+    with pytest.raises(ScenarioError, match="^parallel.channels: nccl opens NCCL's own channels; leave it null, "
+                                            "got 2$"):
+        build_all_reduce("nccl", dgx, dgx.devices, 2, "parallel.all_reduce", "parallel.channels")
 
 
 def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
