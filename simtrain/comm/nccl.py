@@ -158,8 +158,7 @@ class NcclGroup:
         self._wires: dict[tuple, Wire] = {}
         self._choices: dict[tuple, tuple[str, str]] = {}
 
-    def choose(self, collective: str, nbytes: int, algorithm: str = "auto", protocol: str = "auto",
-               algorithm_field: str = "--algo") -> tuple[str, str]:
+    def choose(self, collective: str, nbytes: int, algorithm: str = "auto", protocol: str = "auto") -> tuple[str, str]:
         """The (algorithm, protocol) to run: as given, or where "auto" the least predicted time among the
         algorithms with a program (NCCL's choice where it has them all)."""
         key = (collective, nbytes, algorithm, protocol)
@@ -169,8 +168,8 @@ class NcclGroup:
             times = {pair: self.tuning.time_us(collective, *pair, nbytes) for pair in candidates}
             best = min(times, key=times.get)
             if times[best] == math.inf:
-                raise ScenarioError(f"{algorithm_field}: NCCL does not run {algorithm} with protocol {protocol} "
-                                    f"for {collective} on this topology")
+                raise ScenarioError(f"--algo: NCCL does not run {algorithm} with protocol {protocol} for {collective} "
+                                    "on this topology")
             self._choices[key] = best
         return self._choices[key]
 
