@@ -51,7 +51,7 @@ ALL_REDUCE_ALGORITHMS = get_args(ParallelSpec.model_fields["all_reduce"].annotat
 ALL_TO_ALL_ALGORITHMS = ("pairwise", "hierarchical")
 # NCCL's collectives and algorithms with a program (comm/nccl.py's PROGRAMS; a test keeps them equal).
 NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
-NCCL_ALGORITHMS = ("nvls", "nvls_tree", "nccl_tree")
+NCCL_ALGORITHMS = ("nvls", "nvls_tree", "nccl_tree", "pat")
 
 
 def _errors_name_the_file(command):

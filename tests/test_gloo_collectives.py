@@ -1,6 +1,6 @@
 """The simulated collectives are real algorithms: the same programs over real gloo equal the simulation
 and dist.all_reduce, for every algorithm and with several channels, with 2 and 4 processes (2 hosts of
-1 and of 2 GPUs)."""
+1 and of 2 GPUs); NCCL's PAT all-gather and reduce-scatter equal torch's, computed directly."""
 import pytest
 import simpy
 import torch
@@ -9,6 +9,7 @@ import torch.distributed as dist
 from gloo_processes import run_on_gloo
 from simtrain.comm import ALGORITHMS, build_all_reduce
 from simtrain.comm.gloo import run_program
+from simtrain.comm.pat import pat_all_gather, pat_reduce_scatter
 from simtrain.comm.simulated import SimCommunicator
 from simtrain.hw.network import Network
 from simtrain.hw.topology_builders import LinkClass, build_topology
@@ -37,6 +38,8 @@ def programs_and_all_reduce(rank, world):
         buf = seeded_input(rank)
         all_reduce = build_all_reduce(algorithm, topo, topo.devices, channels)
         results[algorithm, channels] = run_program(all_reduce(rank, world, buf, average=True)).clone()
+    for collective, program in (("all_gather", pat_all_gather), ("reduce_scatter", pat_reduce_scatter)):
+        results["pat", collective] = run_program(program(rank, world, seeded_input(rank))).clone()
     reference = seeded_input(rank)
     dist.all_reduce(reference)
     results["torch.distributed"] = reference / world
@@ -69,3 +72,17 @@ def test_program_over_gloo_equals_simulation_and_torch_all_reduce(gloo_results, 
         torch.testing.assert_close(results[rank][algorithm, channels], sim[rank], rtol=0, atol=1e-6)
         torch.testing.assert_close(results[rank][algorithm, channels], results[rank]["torch.distributed"],
                                    rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+def test_pat_over_gloo_computes_what_torch_computes(gloo_results, collective):
+    world, results = gloo_results
+    blocks = [seeded_input(rank).tensor_split(world) for rank in range(world)]  # rank r's own: block r
+    gathered = torch.cat([blocks[owner][owner] for owner in range(world)])
+    for rank in range(world):
+        out = results[rank]["pat", collective]
+        if collective == "all_gather":
+            assert torch.equal(out, gathered)
+        else:
+            expected = torch.stack([blocks[source][rank] for source in range(world)]).double().sum(dim=0)
+            torch.testing.assert_close(out.tensor_split(world)[rank].double(), expected, rtol=0, atol=1e-5)

@@ -198,7 +198,7 @@ def test_every_algorithm_and_channel_count_sums_like_torch(algorithm, case, nume
     world = topology.num_devices
     inputs = seeded_inputs(world, numel)
     expected = torch.stack(inputs).double().sum(dim=0)
-    for channels in channel_counts if algorithm not in ("naive", "tree") else [1]:
+    for channels in [None] if algorithm == "nccl" else channel_counts if algorithm not in ("naive", "tree") else [1]:
         all_reduce = build_all_reduce(algorithm, topology, topology.devices, channels)
         buffers = [t.clone() for t in inputs]
         env = simpy.Environment()
@@ -283,6 +283,9 @@ def test_hierarchical_needs_hosts_of_equal_size():
     with pytest.raises(ScenarioError, match="^parallel.all_reduce: hierarchical needs the same number of ranks on "
                                             "every host, got 2, 1$"):
         build_all_reduce("hierarchical", dgx, ["n0g0", "n0g1", "n1g0"], None, "parallel.all_reduce")
+    with pytest.raises(ScenarioError, match="^parallel.channels: nccl opens NCCL's own channels; leave it null, "
+                                            "got 2$"):
+        build_all_reduce("nccl", dgx, dgx.devices, 2, "parallel.all_reduce", "parallel.channels")
 
 
 def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
@@ -290,7 +293,7 @@ def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
                "cluster.gpus_per_node=4", "--set", 'cluster.inter_node_link={bandwidth: "25 GB/s", latency: "5 us"}',
                "--set", "train.steps=5", "--set", "report.trace=false"]
     losses = {}
-    for algorithm, channels in [("ring", "null"), ("hierarchical", "null"), ("dbtree", "2")]:
+    for algorithm, channels in [("ring", "null"), ("hierarchical", "null"), ("dbtree", "2"), ("nccl", "null")]:
         out = tmp_path / algorithm
         assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", f"parallel.all_reduce={algorithm}",
                    "--set", f"parallel.channels={channels}", "--out", str(out), "-q") == 0
@@ -299,6 +302,7 @@ def test_scenarios_train_alike_with_every_algorithm(tmp_path, capsys):
         losses[algorithm] = report["final_loss"]
     assert losses["hierarchical"] == pytest.approx(losses["ring"], rel=1e-5)
     assert losses["dbtree"] == pytest.approx(losses["ring"], rel=1e-5)
+    assert losses["nccl"] == pytest.approx(losses["ring"], rel=1e-5)  # NCCL's ring and tree, its protocols
     assert cli("run", "scenarios/quickstart.yaml", *cluster, "--set", "parallel.all_reduce=tree",
                "--set", "parallel.channels=2", "--out", str(tmp_path / "bad"), "-q") == 2
     assert capsys.readouterr().err.strip() == ("error: scenarios/quickstart.yaml: parallel.channels: tree runs on "

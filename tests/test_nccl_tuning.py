@@ -3,10 +3,15 @@
 References: NCCL 2.30.7's src/graph/tuning.cc, its figures worked by hand for
 DGX H100 and A100 (comm/nccl_tuning.py); closed forms of each program's time on
 a switch under each protocol's view of the links; the collective computed
-directly with torch.
+directly with torch; inside training (`parallel.all_reduce: nccl`), the
+tuner's choice at each call's size, the chosen program's closed form, and the
+ring's training (itself checked against torch in test_sync_training.py).
 """
+from functools import cache
+
 import networkx as nx
 import pytest
+import torch
 
 from simtrain.cli import NCCL_ALGORITHMS, NCCL_COLLECTIVES, main
 from simtrain.comm.bench import benchmark_collective
@@ -15,6 +20,8 @@ from simtrain.comm.nccl_tuning import ALGORITHMS, PROTOCOLS, Fabric, tune
 from simtrain.errors import ScenarioError
 from simtrain.hw.topology import Topology
 from simtrain.hw.topology_builders import LinkClass, build_topology, load_topology_file
+from simtrain.runner import run
+from simtrain.scenario import validate_scenario
 
 H100 = Fabric(ranks=8, nodes=1, generation="hopper", intra_GBps=360.0, inter_GBps=360.0, nvls=True)
 A = 0.25e-6  # s per NVLink hop
@@ -32,6 +39,12 @@ def two_nodes(g: int, nic_Bps: float = 50e9, nic_s: float = 1.5e-6) -> Topology:
     built = build_topology("hierarchical", 2 * g, LinkClass(bandwidth=B, latency=A),
                            inter_link=LinkClass(bandwidth=nic_Bps, latency=nic_s), gpus_per_node=g)
     return Topology(built.graph, built.devices, built.name, reducing=frozenset({"node0-switch", "node1-switch"}))
+
+
+def one_gpu_per_node(n: int, nic_Bps: float = 50e9, nic_s: float = 1.5e-6) -> Topology:
+    """n nodes of one GPU each, every GPU's NIC on one switch (a route: GPU -> switch -> GPU)."""
+    return build_topology("hierarchical", n, LinkClass(bandwidth=B, latency=A),
+                          inter_link=LinkClass(bandwidth=nic_Bps, latency=nic_s), gpus_per_node=1)
 
 
 def time_s(topology, collective, algorithm, protocol, nbytes):
@@ -134,8 +147,9 @@ def test_ring_under_each_protocol(protocol, collective, steps, per_step):
     nbytes = 8 << 20
     hop = A + EXTRA_HOP_S[protocol]
     expected = BASE_S[protocol] + steps * (2 * hop + nbytes * per_step / (B * PROTOCOL[protocol]))
+    # rel 1e-6: a flow carries whole bytes on the wire (LL128's 128/120 of a chunk, rounded up)
     assert time_s(switch(8, reducing=False), collective, "ring", protocol, nbytes) == pytest.approx(expected,
-                                                                                                   rel=1e-9)
+                                                                                                   rel=1e-6)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -163,15 +177,15 @@ def test_chain_pieces_minimize_the_chain_time():
 
 
 def test_nvls_reduces_in_the_switch_and_multicasts():
-    world, nbytes = 8, 8 << 20  # one 1 MiB piece per shard
+    world, nbytes = 8, 8 << 20  # one 1 MiB piece per shard; rel 1e-6: flows carry whole bytes (wire bytes, rounded up)
     rate = B * 0.85  # NCCL's NVLS efficiency on Hopper
     # up S (every shard read), down S/N (its sum to the owner), up S/N (the owner's store), down S (multicast)
     expected = 25 * US + 4 * A + 2 * nbytes * (1 + 1 / world) / rate
-    assert time_s(switch(world), "all_reduce", "nvls", "Simple", nbytes) == pytest.approx(expected, rel=1e-9)
+    assert time_s(switch(world), "all_reduce", "nvls", "Simple", nbytes) == pytest.approx(expected, rel=1e-6)
     # reduce-scatter alone: up S, down S/N; all-gather alone: up S/N, down S (launch: NCCL's 25 us)
     half = 25 * US + 2 * A + nbytes * (1 + 1 / world) / rate
-    assert time_s(switch(world), "reduce_scatter", "nvls", "Simple", nbytes) == pytest.approx(half, rel=1e-9)
-    assert time_s(switch(world), "all_gather", "nvls", "Simple", nbytes) == pytest.approx(half, rel=1e-9)
+    assert time_s(switch(world), "reduce_scatter", "nvls", "Simple", nbytes) == pytest.approx(half, rel=1e-6)
+    assert time_s(switch(world), "all_gather", "nvls", "Simple", nbytes) == pytest.approx(half, rel=1e-6)
 
 
 def test_nvls_tree_is_nvls_in_each_node_and_an_exchange_between_nodes():
@@ -181,7 +195,28 @@ def test_nvls_tree_is_nvls_in_each_node_and_an_exchange_between_nodes():
     between = 2 * nic_s + nbytes / g / nic_Bps  # the owners' node sums cross, each way, GPU -> spine -> GPU
     launch = (25 + 2 * 1 * 20.9) * US  # NCCL's NVLS-tree latency on two nodes
     expected = launch + intra + between
-    assert time_s(two_nodes(g), "all_reduce", "nvls_tree", "Simple", nbytes) == pytest.approx(expected, rel=1e-9)
+    assert time_s(two_nodes(g), "all_reduce", "nvls_tree", "Simple", nbytes) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("world, steps", [(8, 3), (6, 3), (2, 1)])
+def test_pat_takes_log2_steps_and_sends_n_minus_1_blocks(collective, world, steps):
+    nbytes, nic_Bps, nic_s = world * (1 << 20), 50e9, 1.5e-6  # blocks of 1 MiB
+    # NCCL's PAT launch (8 us), then log2 steps of one network hop each way, each rank's NIC sending N - 1
+    # blocks in all (6 ranks: 1, 1 and 3 blocks at distances 4, 2, 1) at NCCL's 0.75 of its rate for PAT
+    expected = 8 * US + steps * 2 * nic_s + (world - 1) * (1 << 20) / (nic_Bps * 0.75)
+    assert time_s(one_gpu_per_node(world, nic_Bps, nic_s), collective, "pat", "Simple", nbytes) == pytest.approx(
+        expected, rel=1e-6)  # flows carry whole bytes
+
+
+def test_the_tuner_chooses_pat_on_the_64_node_fat_tree():
+    topology = load_topology_file("topologies/fat-tree-64x1.yaml")
+    assert fabric_of(topology).nodes == fabric_of(topology).ranks == 64
+    for collective in ("all_gather", "reduce_scatter"):
+        (row,) = benchmark_collective(topology, collective, "auto", [1 << 20], numerics=False)
+        assert (row.algorithm, row.protocol) == ("pat", "Simple")
+        (ring,) = benchmark_collective(topology, collective, "ring", [1 << 20], numerics=False)
+        assert ring.busbw_GBps < row.busbw_GBps / 4  # 63 steps of latency against 6
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -192,7 +227,7 @@ def test_nccl_tree_on_one_node_is_a_pipelined_chain(protocol):
     base = {"LL": 6.8, "LL128": 14.0, "Simple": 8.4}[protocol] * US
     expected = base + 2 * (2 + 3 - 1) * piece_s  # 2(P + D - 1) steps, up and down (dbtree.py)
     assert time_s(switch(world, reducing=False), "all_reduce", "tree", protocol, nbytes) == pytest.approx(
-        expected, rel=1e-9)
+        expected, rel=1e-6)
 
 
 # ---- numerics: the reduced values are torch's ----
@@ -203,7 +238,8 @@ CASES = [(collective, algorithm) for collective, algorithms in PROGRAMS.items() 
 @pytest.mark.parametrize("collective, algorithm", CASES)
 @pytest.mark.parametrize("numel", [1 << 10, 37 * 24 + 8])
 def test_every_program_computes_what_torch_computes(collective, algorithm, numel):
-    topology = two_nodes(4) if algorithm in ("nvls_tree", "tree") else switch(8)
+    topology = (two_nodes(4) if algorithm in ("nvls_tree", "tree") else one_gpu_per_node(6) if algorithm == "pat"
+                else switch(8))
     rows = list(benchmark_collective(topology, collective, algorithm, [numel * 4], numerics=True))
     assert rows[0].wrong == 0 and rows[0].algorithm == algorithm
 
@@ -254,3 +290,63 @@ def test_one_device_moves_nothing(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["collective", "--devices", "1", "--sizes", "1K", "--json"])
     assert exit_info.value.code == 0 and '"busbw_GBps": null' in capsys.readouterr().out
+
+
+# ---- inside training: parallel.all_reduce: nccl ----
+
+H100_NODE = "topologies/dgx-h100-1node.yaml"  # 8 GPUs on a reducing NVSwitch, links of 450 GB/s x 0.8, 0.25 us
+
+
+@cache
+def train_mlp(all_reduce: str, hidden: tuple[int, ...]):
+    """Two steps of an mlp on 8 x H100, one all-reduce of the whole gradient after the backward (no overlap)."""
+    return run(validate_scenario({
+        "name": "t", "seed": 3, "cluster": {"topology": H100_NODE, "devices": 8},
+        "model": {"name": "mlp", "hidden": list(hidden)}, "data": {"name": "digits", "batch_size": 16},
+        "train": {"steps": 2, "optimizer": {"name": "sgd", "lr": 0.1}},
+        "parallel": {"all_reduce": all_reduce, "overlap": False}, "report": {"trace": True}}))
+
+
+def ring_ll_s(nbytes: int, world: int = 8, link_Bps: float = 450e9 * 0.8, hop_s: float = 0.25e-6) -> float:
+    """NCCL's ring/LL all-reduce on one switch: its base latency, then 2(N-1) steps of two hops and a chunk at
+    half the link's rate."""
+    return 6.6 * US + 2 * (world - 1) * (2 * hop_s + nbytes / world / (link_Bps * 0.5))
+
+
+def nvls_s(nbytes: int, world: int = 8, link_Bps: float = 450e9 * 0.8, hop_s: float = 0.25e-6) -> float:
+    """NVLS/Simple, every shard one piece: NCCL's 25 us, then up S, down S/N, up S/N, down S at 0.85 of the rate."""
+    return 25 * US + 4 * hop_s + 2 * nbytes * (1 + 1 / world) / (link_Bps * 0.85)
+
+
+@pytest.mark.parametrize("hidden, choice, closed_form", [((128, 128), ("ring", "LL"), ring_ll_s),
+                                                          ((1024, 1024), ("nvls", "Simple"), nvls_s)])
+def test_training_runs_the_tuners_choice_for_each_call(hidden, choice, closed_form):
+    report = train_mlp("nccl", hidden)
+    tuning = tune(fabric_of(load_topology_file(H100_NODE)))
+    spans = [event for event in report.trace["traceEvents"] if event.get("ph") == "X"]
+    calls = [event for event in spans if event["name"].startswith("nccl ")]
+    assert len(calls) == 8 * 2  # every rank, every step: one call, named by NCCL's choice
+    for call in calls:
+        _, pair, nbytes, _ = call["name"].split()
+        assert tuple(pair.split("/")) == tuning.choose("all_reduce", int(nbytes)) == choice
+    nbytes = int(calls[0]["name"].split()[2])
+    gradient = 4 * sum(a * b + b for a, b in zip([64, *hidden], [*hidden, 10]))  # the mlp's fp32 gradient
+    assert nbytes == gradient
+    # rank 0's second step: the call from its launch to its last transfer is the chosen program's closed form
+    launch = [event for event in calls if event["tid"] == 0][1]
+    (collective,) = [event for event in spans if event["tid"] == 0 and event["name"] == "all_reduce"
+                     and event["ts"] > launch["ts"]]
+    expected_s = closed_form(nbytes)  # shards differ by one element: rel 1e-4
+    assert (collective["ts"] + collective["dur"] - launch["ts"]) * 1e-6 == pytest.approx(expected_s, rel=1e-4)
+    # nothing overlaps it: a step is its compute, the call and the optimizer
+    breakdown = report.data["breakdown_s"]
+    assert breakdown["communication"] == pytest.approx(expected_s, rel=1e-4)
+    assert report.data["step_time_s"] == pytest.approx(breakdown["compute"] + expected_s + breakdown["optimizer"],
+                                                       rel=1e-4)
+
+
+def test_training_with_nvls_computes_what_the_ring_computes():
+    nccl, ring = train_mlp("nccl", (1024, 1024)), train_mlp("ring", (1024, 1024))
+    assert nccl.data["final_loss"] == pytest.approx(ring.data["final_loss"], rel=1e-6)
+    for ours, theirs in zip(nccl.final_models[0].parameters(), ring.final_models[0].parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

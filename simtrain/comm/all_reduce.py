@@ -16,6 +16,8 @@ its own tags, all K side by side (`Concurrently`): a channel slowed by a busy
 link never holds the others back. One channel runs the program directly, so
 on a single host or a single-path topology `ring` is exactly `ALL_REDUCE["ring"]`.
 `hierarchical` needs hosts of equal size; `naive` and `tree` run on one channel.
+`nccl` is NCCL's own choice per call (comm/nccl.py: the algorithm and protocol
+its tuning model picks for the buffer's size, on its own channels).
 """
 from ..errors import ScenarioError
 from ..hw.topology import Topology
@@ -24,6 +26,7 @@ from .channels import channel_order, default_channels, layout_of
 from .dbtree import dbtree_all_reduce
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_all_reduce
+from .nccl import nccl_all_reduce
 from .ops import Concurrently
 from .ring import ring_all_reduce
 from .ring_schedule import RingAllReduce
@@ -31,7 +34,7 @@ from .tree import tree_all_reduce
 
 ALL_REDUCE = {"naive": naive_all_reduce, "ring": ring_all_reduce, "tree": tree_all_reduce,
               "dbtree": dbtree_all_reduce}
-ALGORITHMS = ("naive", "ring", "tree", "hierarchical", "dbtree")
+ALGORITHMS = ("naive", "ring", "tree", "hierarchical", "dbtree", "nccl")
 _ONE_CHANNEL = ("naive", "tree")
 
 
@@ -50,6 +53,8 @@ def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], chann
                             f"got {sizes}")
     if algorithm in _ONE_CHANNEL:
         return ALL_REDUCE[algorithm]
+    if algorithm == "nccl":
+        return nccl_all_reduce(topology, nodes)
     world = len(nodes)
     orders = [channel_order(layout, c) for c in range(channels)]
     hosts_per_channel = []
@@ -99,6 +104,8 @@ def _channel_count(algorithm: str, layout, channels, algorithm_field: str, chann
                             f"known: {', '.join(ALGORITHMS)}")
     if channels is None:
         return 1 if algorithm in _ONE_CHANNEL else default_channels(layout, algorithm)
+    if algorithm == "nccl":
+        raise ScenarioError(f"{channels_field}: nccl opens NCCL's own channels; leave it null, got {channels!r}")
     if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= MAX_CHANNELS:
         raise ScenarioError(f"{channels_field}: must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
     if channels > 1 and algorithm in _ONE_CHANNEL:

@@ -34,8 +34,8 @@ from ..hw.topology import Topology
 from . import build_all_reduce
 from .all_to_all import ALL_TO_ALL
 from .channels import layout_of
-from .nccl import PROGRAMS, fabric_of, launch_latency_s, nccl_programs, protocol_view
-from .nccl_tuning import PROTOCOLS, tune
+from .nccl import PROGRAMS, NcclGroup
+from .nccl_tuning import PROTOCOLS
 from .simulated import SimCommunicator
 
 
@@ -105,10 +105,10 @@ def _buffers(world: int, numel: int, numerics: bool, seed: int, dtype: torch.dty
     return [torch.randn(numel, generator=g, dtype=dtype) for g in generators]
 
 
-def _time(topology: Topology, programs: list, name: str, nodes: list[str] | None = None) -> float:
+def _time(topology: Topology, programs: list, name: str) -> float:
     """When the last of the ranks' programs ends, all started at time zero on an idle network."""
     env = simpy.Environment()
-    comm = SimCommunicator(Network(env, topology, record=False), nodes or topology.devices, exclusive=True)
+    comm = SimCommunicator(Network(env, topology, record=False), topology.devices, exclusive=True)
     finished_s = []
     for rank, program in enumerate(programs):
         comm.run(rank, program).callbacks.append(lambda _: finished_s.append(env.now))
@@ -128,8 +128,8 @@ def benchmark_collective(topology: Topology, collective: str, algorithm: str, si
                          generation: str | None = None):
     """Yield one CollectiveResult per size for a collective as NCCL runs it (comm/nccl.py): `algorithm` and
     `protocol` NCCL's names, or "auto" for the pair (or the protocol) its tuning model chooses per size. The
-    time is the flow model's for the algorithm's program on the protocol's view of the links, plus the
-    launch latency NCCL's model charges once per call. A bad algorithm raises at the call, not the first row."""
+    time is the flow model's for NCCL's call (nccl.NcclGroup.call: its launch latency, then the algorithm's
+    program on the protocol's view of the links). A bad algorithm raises at the call, not the first row."""
     if collective not in PROGRAMS or algorithm not in ("auto", *PROGRAMS[collective]):
         raise ScenarioError(f"--algo: NCCL's {collective} runs {', '.join(PROGRAMS.get(collective, ()))} or auto, "
                             f"got {algorithm!r}")
@@ -146,18 +146,16 @@ def _benchmark_collective(topology, collective, algorithm, sizes, numerics, prot
             yield _result(max(1, size // element_size) * element_size, 0.0, 1.0, 0 if numerics else None,
                           "local", "none")
         return
-    tuning = tune(fabric := fabric_of(topology, generation))
+    group = NcclGroup(topology, topology.devices, generation)
     for size in sizes:
         numel = max(world, size // element_size // world * world) if collective in _SHARDED else \
             max(1, size // element_size)
         nbytes = numel * element_size
-        algo, proto = _choice(tuning, collective, algorithm, protocol, nbytes)
+        algo, proto = group.choose(collective, nbytes, algorithm, protocol)
         buffers = _buffers(world, numel, numerics, seed, dtype)
         inputs = [buffer.clone() for buffer in buffers] if numerics else None
-        view = protocol_view(topology, algo, proto, fabric.generation, collective)
-        nodes, programs = nccl_programs(view, collective, algo, buffers)
-        elapsed_s = _time(view, programs, f"{algo} {collective}", nodes)
-        elapsed_s += launch_latency_s(fabric, collective, algo, proto)
+        programs = [group.call(collective, rank, buffers[rank], algo, proto) for rank in range(world)]
+        elapsed_s = _time(topology, programs, f"{algo} {collective}")
         wrong = _wrong(collective, inputs, buffers) if numerics else None
         yield _result(nbytes, elapsed_s, BUS_FACTOR[collective](world), wrong, algo, proto)
 
@@ -166,19 +164,6 @@ _SHARDED = ("all_gather", "reduce_scatter")
 # nccl-tests' doc/PERFORMANCE.md: busbw = algbw * factor(N).
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
               "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
-
-
-def _choice(tuning, collective: str, algorithm: str, protocol: str, nbytes: int) -> tuple[str, str]:
-    """The (algorithm, protocol) to run: as given, or the least predicted time where "auto" (among the
-    algorithms with a program: NCCL's choice but for PAT, which needs one GPU per node)."""
-    candidates = [(a, p) for a in (PROGRAMS[collective] if algorithm == "auto" else (algorithm,))
-                  for p in (PROTOCOLS if protocol == "auto" else (protocol,))]
-    times = {pair: tuning.time_us(collective, *pair, nbytes) for pair in candidates}
-    best = min(times, key=times.get)
-    if times[best] == float("inf"):
-        raise ScenarioError(f"--algo: NCCL does not run {algorithm} with protocol {protocol} for {collective} "
-                            "on this topology")
-    return best
 
 
 def _wrong(collective: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:

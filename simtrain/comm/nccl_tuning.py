@@ -27,7 +27,8 @@ reduce-scatter, one GPU per node only). Protocols: `LL` (8 bytes of data and
 a flag per 16-byte store: half the bandwidth, the least latency), `LL128` (120
 of every 128 bytes) and `Simple` (bulk copies with fences: full bandwidth,
 the most latency). CollNet (in-network reduction by InfiniBand SHARP switches)
-is left out: no shipped topology has such switches.
+is left out: no shipped topology has such switches. Each algorithm NCCL may
+choose here has a program (nccl.py; `pat` in pat.py).
 
 Simplifications, each a fact NCCL's search would supply: the channel count
 (16, NCCL's usual figure on NVSwitch systems; it only caps LL128 and tree
@@ -68,6 +69,7 @@ TREE_PER_CHANNEL_GBPS = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.
 NVLS_TREE_PER_CHANNEL_GBPS = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (0.0, 57.7, 45.5),
                               "blackwell": (0.0, 96.0, 80.0)}
 NVLS_EFFICIENCY = {"volta": 0.0, "ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}
+PAT_EFFICIENCY = 0.75  # NCCL's figure for the part of the bandwidth PAT achieves
 NET_OVERHEAD_US = 1.0  # per network step, Intel CPUs; three times that for Simple
 # Tree all-reduce's correction of its bandwidth for medium sizes, by protocol, sizes 64 B * 2^i.
 TREE_CORRECTION = {
@@ -195,7 +197,7 @@ def _bus_bandwidth(coll, algo, proto, fabric: Fabric, per_channel_intra, per_cha
         bus = min(bus * (7.0 / 9.0 if fabric.nodes == 1 else 120.0 / 128.0),
                   channels * TREE_LL128_PER_CHANNEL_GBPS[gen][index])
     if algo == "pat":
-        bus *= 0.75
+        bus *= PAT_EFFICIENCY
     return bus
 
 

@@ -41,7 +41,18 @@ the same times, spans, bytes, link figures, staging peaks and sums as flow by
 flow, with no per-transfer Python.
 On real tensors that holds for chunks up to GROUP_MAX_CHUNK elements, past
 which moving them one by one is the quicker way to the same sums.
+
+An `NcclCall` (nccl.py: a rank's part of a collective as NCCL runs it) starts
+after its launch latency, a span of the rank's communication named by NCCL's
+choice ("nccl ring/LL 4096 B"); its transfers move on its protocol's wire (a
+flow of its bytes divided by the protocol's fraction of the route's rate,
+rounded up to a whole byte: what the links count; after the route's latency
+plus the protocol's), and where its algorithm
+reduces in a switch, the switch's program runs as one more rank of the
+communicator (a helper: no device, no span, no ledger), started by the first
+rank that posts the call, once the previous call's switch programs ended.
 """
+import math
 from collections import deque
 
 import simpy
@@ -50,6 +61,7 @@ from ..errors import CollectiveMismatch
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
 from ..hw.network import Network, Route
+from .nccl import NcclCall
 from .ops import Concurrently, Send
 from .ring_schedule import RingAllReduce, reduce_as_ring
 
@@ -68,7 +80,7 @@ class _RankProgram:
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
                  "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown", "comm", "posted",
-                 "charged", "idle", "idle_from")
+                 "charged", "idle", "idle_from", "wire")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -91,6 +103,7 @@ class _RankProgram:
         self.charged = True  # its time is the rank's: a `run`, or a posted program being awaited
         self.idle = None  # an awaited program's span kind for waiting on a peer (None: not logged)
         self.idle_from = None  # since when an awaited program waits with nothing in flight
+        self.wire = None  # an NcclCall's protocol (nccl.Wire), on the top-level program; None: the links as they are
 
 
 class _Mailbox:
@@ -103,6 +116,132 @@ class _Mailbox:
         self.recvs = deque()  # (program, index in its yield, Recv)
 
 
+class _Helpers:
+    """The switches' programs of a communicator's NcclCalls, as ranks after its own (the module docstring): one
+    call's at a time, in the order the calls were posted, each started by the call's first rank to post it."""
+
+    __slots__ = ("comm", "calls", "due", "started", "running")
+
+    def __init__(self, comm: "SimCommunicator"):
+        self.comm = comm
+        self.calls = [0] * comm.world  # calls with helpers each rank posted
+        self.due = deque()  # calls whose helpers wait for the previous call's to end
+        self.started = 0  # calls whose helpers have started
+        self.running = 0  # helper programs of the current call not ended yet
+
+    def posted(self, rank: int, call: NcclCall, at: float) -> None:
+        """Rank `rank` posted `call`, whose program starts at `at`."""
+        self.calls[rank] += 1
+        if self.calls[rank] > self.started + len(self.due):  # the first rank to post it
+            self.due.append(call)
+            if self.running == 0 and len(self.due) == 1:
+                self.comm.network.at(at, self._start)
+
+    def ended(self) -> None:
+        """A helper program ended: once all of the call's have, the next call's start."""
+        self.running -= 1
+        if self.running == 0 and self.due:
+            self._start()
+
+    def _start(self) -> None:
+        comm = self.comm
+        call = self.due.popleft()
+        self.started += 1
+        nodes, programs = call.helpers()
+        if comm.nodes[comm.world:] != nodes:
+            self._add(nodes)
+        self.running = len(programs)
+        for index, program in enumerate(programs):
+            state = _RankProgram(comm.world + index, program, comm.env.event(), "helper")
+            state.charged, state.wire = False, call.wire
+            comm._advance(state, None)
+
+    def _add(self, nodes: list[str]) -> None:
+        """Network nodes `nodes` become ranks world, world + 1, ...: the mailboxes' keys are renumbered."""
+        comm = self.comm
+        if len(comm.nodes) > comm.world:
+            raise RuntimeError(f"helpers {nodes} differ from this communicator's {comm.nodes[comm.world:]}")
+        old = comm._stride
+        comm.nodes.extend(nodes)
+        new = comm._stride = len(comm.nodes)
+        renumbered = {}
+        for key, mailbox in comm._mailboxes.items():
+            tag, pair = divmod(key, old * old)
+            src, dst = divmod(pair, old)
+            renumbered[(tag * new + src) * new + dst] = mailbox
+        comm._mailboxes = renumbered
+
+
+class _GroupRings:
+    """A communicator's ring all-reduces timed for the whole group at once (the module docstring): each held
+    until every rank has posted it, then timed by the network, its sums done by ring_schedule.py."""
+
+    __slots__ = ("comm", "posts", "count", "rings")
+
+    def __init__(self, comm: "SimCommunicator"):
+        self.comm = comm
+        self.posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
+        self.count = [0] * comm.world  # ring all-reduces each rank posted to be timed as a group
+        self.rings: dict[tuple, tuple[Route, ...] | None] = {}  # RingAllReduce.group() -> Network.ring()
+
+    def timed_as_group(self, program: RingAllReduce) -> bool:
+        """Whether the network times it as a group: ring routes that share no directed link, and meta tensors
+        or chunks small enough that a transfer's Python costs more than copying its chunk once more."""
+        if program.world < 2 or not program.buf.is_meta and program.buf.numel() > GROUP_MAX_CHUNK * program.world:
+            return False
+        group = program.group()  # cheap for every rank; the order is spelled out once per ring
+        if group not in self.rings:
+            comm = self.comm
+            self.rings[group] = comm.network.ring([comm.nodes[rank] for rank in program.order()])
+        return self.rings[group] is not None
+
+    def post(self, state: _RankProgram) -> None:
+        """Hold the rank's ring all-reduce until every rank has posted its own; then time them all."""
+        number = self.count[state.rank]
+        self.count[state.rank] += 1
+        posts = self.posts.setdefault(number, {})
+        posts[state.rank] = (self.comm.network.now, state)
+        if len(posts) == self.comm.world:
+            del self.posts[number]
+            self._time(posts)
+
+    def _time(self, posts: dict[int, tuple[float, _RankProgram]]) -> None:
+        first = posts[0][1].program
+        shape = (first.group(), first.buf.numel(), first.buf.element_size())
+        for _, state in posts.values():
+            program = state.program
+            if (program.group(), program.buf.numel(), program.buf.element_size()) != shape:
+                raise RuntimeError(f"rank {state.rank} posts a ring all-reduce that does not match rank 0's")
+        comm = self.comm
+        order, network = first.order(), comm.network
+        states = [posts[rank][1] for rank in order]
+        times = network.time_ring(self.rings[shape[0]], [posts[rank][0] for rank in order], first.chunk_bytes(),
+                                  [state.label for state in states])
+        if not first.buf.is_meta:
+            reduce_as_ring([state.program.buf for state in states], first.average)
+        if comm.ledgers is not None:
+            for position, landing, nbytes in times.staging:
+                # A landing before now (ranks that posted before the last) is counted now, when the rank's
+                # other memory may have shrunk already: the one figure not the flow path's in that case.
+                network.at(max(landing, network.now), lambda ledger=comm.ledgers[order[position]], nbytes=nbytes: (
+                    ledger.alloc("comm_buffers", nbytes), ledger.free("comm_buffers", nbytes)))
+        for position, start, end, nbytes in times.spans:
+            state = states[position]
+            comm.bytes_by_label[state.label] = comm.bytes_by_label.get(state.label, 0) + nbytes
+            if comm.log is not None:
+                comm.log.count(comm.global_ranks[state.rank], "communication", start, end)
+            comm._shown_grows(state, start, end, nbytes)
+        for state in states:
+            comm._show(state)
+        for state, end in zip(states, times.end.tolist()):
+            network.at(end, lambda state=state: self._end(state))
+
+    def _end(self, state: _RankProgram) -> None:
+        del self.comm._running[state.rank]
+        state.program.close()  # never stepped: its work was timed as a whole
+        state.done.succeed(state.program.buf)
+
+
 class SimCommunicator:
     """A group of ranks on network nodes that run collective programs together."""
 
@@ -113,6 +252,7 @@ class SimCommunicator:
         self.env: simpy.Environment = network.env
         self.nodes = list(nodes)
         self.world = len(self.nodes)
+        self._stride = self.world  # ranks in the mailbox keys: the world, and the helpers (switches) once added
         self.log = log
         self.ledgers = ledgers
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
@@ -124,9 +264,8 @@ class SimCommunicator:
         # Each of its ranks stands for `copies` ranks (schemes/representatives.py): the bytes it logs count
         # that many times.
         self.copies = copies
-        self._scheduled_posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
-        self._scheduled_count = [0] * self.world  # ring all-reduces each rank posted to be timed as a group
-        self._rings: dict[tuple, tuple[Route, ...] | None] = {}  # RingAllReduce.group() -> Network.ring()
+        self._group_rings = _GroupRings(self)  # its ring all-reduces timed as a group, when exclusive
+        self._helpers = _Helpers(self)  # the switches' programs of its NcclCalls
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
         """Start `program` for group rank `rank` now; the event fires with its return value."""
@@ -134,8 +273,10 @@ class SimCommunicator:
             raise RuntimeError(f"rank {rank} is already running a collective in this group")
         state = _RankProgram(rank, program, self.env.event(), label)
         self._running[rank] = state
-        if self.exclusive and type(program) is RingAllReduce and self._timed_as_group(program):
-            self._post_ring(state)
+        if type(program) is NcclCall:
+            self._call(state, program)
+        elif self.exclusive and type(program) is RingAllReduce and self._group_rings.timed_as_group(program):
+            self._group_rings.post(state)
         else:
             self._advance(state, None)
         return state.done
@@ -145,7 +286,10 @@ class SimCommunicator:
         state = _RankProgram(rank, program, self.env.event(), label)
         state.comm, state.posted, state.charged = self, True, False
         self._posted.setdefault(rank, []).append(state)
-        self._advance(state, None)
+        if type(program) is NcclCall:
+            self._call(state, program)
+        else:
+            self._advance(state, None)
         return state
 
     def wait(self, handle: _RankProgram, idle: str | None = None) -> simpy.Event:
@@ -158,60 +302,19 @@ class SimCommunicator:
                 handle.idle_from = self.network.now
         return handle.done
 
-    def _timed_as_group(self, program: RingAllReduce) -> bool:
-        """Whether the network times it as a group: ring routes that share no directed link, and meta tensors
-        or chunks small enough that a transfer's Python costs more than copying its chunk once more."""
-        if program.world < 2 or not program.buf.is_meta and program.buf.numel() > GROUP_MAX_CHUNK * program.world:
-            return False
-        group = program.group()  # cheap for every rank; the order is spelled out once per ring
-        if group not in self._rings:
-            self._rings[group] = self.network.ring([self.nodes[rank] for rank in program.order()])
-        return self._rings[group] is not None
-
-    def _post_ring(self, state: _RankProgram) -> None:
-        """Hold the rank's ring all-reduce until every rank has posted its own; then time them all."""
-        number = self._scheduled_count[state.rank]
-        self._scheduled_count[state.rank] += 1
-        posts = self._scheduled_posts.setdefault(number, {})
-        posts[state.rank] = (self.network.now, state)
-        if len(posts) == self.world:
-            del self._scheduled_posts[number]
-            self._time_ring(posts)
-
-    def _time_ring(self, posts: dict[int, tuple[float, _RankProgram]]) -> None:
-        first = posts[0][1].program
-        shape = (first.group(), first.buf.numel(), first.buf.element_size())
-        for _, state in posts.values():
-            program = state.program
-            if (program.group(), program.buf.numel(), program.buf.element_size()) != shape:
-                raise RuntimeError(f"rank {state.rank} posts a ring all-reduce that does not match rank 0's")
-        order, network = first.order(), self.network
-        states = [posts[rank][1] for rank in order]
-        times = network.time_ring(self._rings[shape[0]], [posts[rank][0] for rank in order], first.chunk_bytes(),
-                                  [state.label for state in states])
-        if not first.buf.is_meta:
-            reduce_as_ring([state.program.buf for state in states], first.average)
-        if self.ledgers is not None:
-            for position, landing, nbytes in times.staging:
-                # A landing before now (ranks that posted before the last) is counted now, when the rank's
-                # other memory may have shrunk already: the one figure not the flow path's in that case.
-                network.at(max(landing, network.now), lambda ledger=self.ledgers[order[position]], nbytes=nbytes: (
-                    ledger.alloc("comm_buffers", nbytes), ledger.free("comm_buffers", nbytes)))
-        for position, start, end, nbytes in times.spans:
-            state = states[position]
-            self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + nbytes
-            if self.log is not None:
-                self.log.count(self.global_ranks[state.rank], "communication", start, end)
-            self._shown_grows(state, start, end, nbytes)
-        for state in states:
-            self._show(state)
-        for state, end in zip(states, times.end.tolist()):
-            network.at(end, lambda state=state: self._end_scheduled(state))
-
-    def _end_scheduled(self, state: _RankProgram) -> None:
-        del self._running[state.rank]
-        state.program.close()  # never stepped: its work was timed as a whole
-        state.done.succeed(state.program.buf)
+    def _call(self, state: _RankProgram, call: NcclCall) -> None:
+        """Start an NcclCall: its launch latency (a span named by NCCL's choice), then its program on its wire;
+        its switches' programs once per call (the module docstring)."""
+        state.program, state.wire = call.program, call.wire
+        now = self.network.now
+        end = now + call.launch_s
+        if self.log is not None:
+            if state.charged:
+                self.log.count(self.global_ranks[state.rank], "communication", now, end)
+            self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end)
+        if call.helpers is not None:
+            self._helpers.posted(state.rank, call, end)
+        self.network.at(end, lambda: self._advance(state, None))
 
     def abandon(self, rank: int) -> None:
         """Rank `rank` is gone (its device was lost): its posted operations that no peer has matched are
@@ -238,7 +341,9 @@ class SimCommunicator:
             if parent is None:
                 self._close_span(state)
                 self._show(state)
-                if state.posted:
+                if state.rank >= self.world:
+                    self._helpers.ended()
+                elif state.posted:
                     self._posted[state.rank].remove(state)
                 else:
                     del self._running[state.rank]
@@ -258,7 +363,7 @@ class SimCommunicator:
             ops = (ops,)
         state.results = [None] * len(ops)
         state.outstanding = len(ops)
-        rank, world, mailboxes = state.rank, self.world, self._mailboxes
+        rank, world, mailboxes = state.rank, self._stride, self._mailboxes
         for index, op in enumerate(ops):
             # The mailbox of (src, dst, tag), looked up inline: this loop runs once per operation.
             if type(op) is Send:
@@ -311,7 +416,8 @@ class SimCommunicator:
                                      nbytes * self.copies)
         else:
             owner.span_bytes += nbytes
-        staging = self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None else None
+        staging = (self.ledgers[receiver.rank] if recv.reduce and self.ledgers is not None
+                   and receiver.rank < self.world else None)
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
 
@@ -328,8 +434,17 @@ class SimCommunicator:
             self._transfer_ends(sender, now)
             self._transfer_ends(receiver, now)
 
-        self.network.start_flow(self.nodes[sender.rank], self.nodes[receiver.rank], nbytes,
-                                on_done=delivered, label=sender.label)
+        src, dst, wire = self.nodes[sender.rank], self.nodes[receiver.rank], owner.wire
+        if wire is None:
+            self.network.start_flow(src, dst, nbytes, on_done=delivered, label=sender.label)
+            return
+        fraction, extra_s = wire.of(self.network.route(src, dst).path)
+        flow_bytes = nbytes if fraction == 1.0 else math.ceil(nbytes / fraction)  # the bytes on the wire
+        if extra_s:
+            self.network.at(now + extra_s, lambda: self.network.start_flow(src, dst, flow_bytes, on_done=delivered,
+                                                                           label=sender.label))
+        else:
+            self.network.start_flow(src, dst, flow_bytes, on_done=delivered, label=sender.label)
 
     def _transfer_begins(self, state: _RankProgram, now: float) -> None:
         if state.idle_from is not None:  # an awaited program's wait for its peer ends

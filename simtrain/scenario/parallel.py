@@ -2,7 +2,7 @@
 
     parallel:
       mode: sync             # sync | async
-      all_reduce: ring       # naive | ring | tree | hierarchical | dbtree
+      all_reduce: ring       # naive | ring | tree | hierarchical | dbtree | nccl
       pp: 2                  # pipeline stages
       tp: 2                  # tensor-parallel ranks per stage
       cp: 2                  # context-parallel ranks sharing each sequence (ring attention)
@@ -96,11 +96,12 @@ class ParallelSpec(Section):
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: every step waits for the gradient all-reduce; async: asynchronous SGD on a "
                             "shared store (schemes/asynchronous.py).")
-    all_reduce: Literal["naive", "ring", "tree", "hierarchical", "dbtree"] = Field(
+    all_reduce: Literal["naive", "ring", "tree", "hierarchical", "dbtree", "nccl"] = Field(
         "ring", description="The all-reduce algorithm of the data-parallel gradient and of the tp all-reduces "
                             "(simtrain/comm/): naive | ring | tree (FireCaffe) | hierarchical (in-host "
                             "reduce-scatter, cross-host all-reduce per rail, in-host all-gather) | dbtree (NCCL's "
-                            "double binary tree).")
+                            "double binary tree) | nccl (per call, the algorithm and protocol NCCL's tuning "
+                            "model chooses for its size: comm/nccl.py).")
     channels: Count(MAX_CHANNELS) | None = Field(
         None, description="All-reduce channels (buffer parts run side by side, each crossing hosts on its own "
                           "rail); null: the topology's default, one per NIC rail across hosts, else 1 "
