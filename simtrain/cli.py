@@ -48,6 +48,7 @@ JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
 # The algorithms `simtrain collective --algo` offers, named without importing the collectives (torch):
 # the scenario schema's all-reduce names, and comm/all_to_all.py's ALL_TO_ALL keys (a test keeps them equal).
 ALL_REDUCE_ALGORITHMS = get_args(ParallelSpec.model_fields["all_reduce"].annotation)
+SIMTRAIN_ALL_REDUCE_ALGORITHMS = tuple(name for name in ALL_REDUCE_ALGORITHMS if name != "nccl")  # nccl: --algo auto
 ALL_TO_ALL_ALGORITHMS = ("pairwise", "hierarchical")
 # NCCL's collectives and algorithms with a program (comm/nccl.py's PROGRAMS; a test keeps them equal).
 NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
@@ -378,10 +379,11 @@ def validate(scenario_file, overrides):
 @click.option("--op", type=click.Choice(NCCL_COLLECTIVES + ("all_to_all",)), default="all_reduce", show_default=True,
               help="The collective, sized as nccl-tests does (all_gather: the gathered buffer; reduce_scatter: the "
                    "buffer reduced; all_to_all: each rank's send buffer, one block per rank).")
-@click.option("--algo", type=click.Choice(sorted({"auto", *NCCL_ALGORITHMS, *ALL_REDUCE_ALGORITHMS,
+@click.option("--algo", type=click.Choice(sorted({"auto", *NCCL_ALGORITHMS, *SIMTRAIN_ALL_REDUCE_ALGORITHMS,
                                                   *ALL_TO_ALL_ALGORITHMS})), default="auto", show_default=True,
-              help=f"auto: NCCL's tuning model chooses algorithm and protocol per size; {', '.join(NCCL_ALGORITHMS)}: "
-                   f"NCCL's, protocol chosen; all_reduce also simtrain's {', '.join(ALL_REDUCE_ALGORITHMS)}; "
+              help=f"auto: NCCL's tuning model chooses algorithm and protocol per size (a scenario's "
+                   f"parallel.all_reduce: nccl); {', '.join(NCCL_ALGORITHMS)}: NCCL's, protocol chosen; all_reduce "
+                   f"also simtrain's {', '.join(SIMTRAIN_ALL_REDUCE_ALGORITHMS)}; "
                    f"all_to_all: {', '.join(ALL_TO_ALL_ALGORITHMS)} [auto: pairwise].")
 @click.option("--protocol", type=click.Choice(("auto", "LL", "LL128", "Simple")), default="auto", show_default=True,
               help="NCCL's protocol, with --algo auto or one of NCCL's algorithms.")
@@ -436,9 +438,9 @@ def collective(op, algo, protocol, channels, topology, devices, bandwidth, laten
         title, extra = f"all-to-all {algo}", {}
         rows = benchmark_all_to_all(topo, algo, size_list, numerics, seed=seed)
     else:
-        if algo not in ALL_REDUCE_ALGORITHMS:
+        if algo not in SIMTRAIN_ALL_REDUCE_ALGORITHMS:
             raise SimtrainError(f"--algo: {algo} is not an all_reduce algorithm; known: auto, "
-                                f"{', '.join(NCCL_ALGORITHMS + ALL_REDUCE_ALGORITHMS)}")
+                                f"{', '.join(NCCL_ALGORITHMS + SIMTRAIN_ALL_REDUCE_ALGORITHMS)}")
         channels = channel_count(algo, topo, topo.devices, channels, "--algo", "--channels")
         title, extra = f"all-reduce {algo}", {"channels": channels}
         rows = benchmark_all_reduce(topo, algo, size_list, numerics, seed=seed, channels=channels)

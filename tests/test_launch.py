@@ -202,3 +202,15 @@ def test_what_launch_does_not_run_is_one_line(tmp_path, capsys, overrides, optio
     error = capsys.readouterr().err.strip()
     assert message in error and "\n" not in error and "Traceback" not in error
     assert not (tmp_path / "out").exists()
+
+
+def test_launch_refuses_nccl_where_it_may_reduce_in_a_switch(tmp_path, capsys):
+    """NVLS runs on the NVSwitch itself: no process of the group can stand for it (before any process starts)."""
+    topology = str(Path(simtrain.__file__).parents[1] / "topologies" / "dgx-h100-1node.yaml")
+    path = write_scenario(tmp_path, all_reduce="nccl", cluster={"topology": topology, "devices": 8})
+    with pytest.raises(SystemExit) as exit_info:
+        main(["launch", str(path), "--nproc", "8", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert "parallel.all_reduce: nccl may reduce in the switches ['n0-nvswitch']" in error and "\n" not in error
+    assert not (tmp_path / "out").exists()

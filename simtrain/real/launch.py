@@ -83,6 +83,14 @@ def check_options(scenario: Scenario, backend: str, warmup: int) -> None:
                             "to measure")
 
 
+def check_switches(scenario: Scenario, topology, collective: str) -> None:
+    """NCCL's choice may run on a switch that reduces (NVLS), which no process of the group stands for;
+    ScenarioError naming the field."""
+    if scenario.parallel.all_reduce == "nccl" and collective == "programs" and topology.reducing:
+        raise ScenarioError(f"parallel.all_reduce: nccl may reduce in the switches {sorted(topology.reducing)} of "
+                            f"topology {topology.name}, which launch's processes cannot stand for; use ring")
+
+
 def launch(scenario_file, overrides, nproc: int | None, out: Path, backend: str = "gloo",
            collective: str = "programs", warmup: int = 3) -> dict | None:
     """Train for real and write out/ (report.json, trace.json, final_model.pt, scenario.resolved.yaml).
@@ -98,10 +106,12 @@ def launch(scenario_file, overrides, nproc: int | None, out: Path, backend: str 
     scenario = scenario_for(scenario_file, overrides, world)
     check_options(scenario, backend, warmup)
     args = (str(scenario_file), list(overrides), collective, warmup, str(out), backend)
+    cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False)
+    check_switches(scenario, cluster.topology, collective)
     if group is None:
         # Rank 0's job, built here first: a mistake in the cluster, model or data is one line before any
         # process starts (a rank's error would come back as its traceback).
-        Job(scenario, build_cluster(scenario.cluster, scenario.base_dir, record=False), range(world))
+        Job(scenario, cluster, range(world))
         return spawn(_rank_main, world, args=args, backend=backend)[0]
     join(backend)
     try:
