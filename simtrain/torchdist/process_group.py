@@ -24,10 +24,12 @@ has ended (scheduler.py).
 - `ReduceOp.PREMUL_SUM(factor)` (NCCL's; FSDP2 posts it for a gradient divide
   factor other than the group's size, as torchtitan sets): each rank's input
   multiplied by the factor, then summed.
-- A collective's writes into its outputs leave their autograd version
-  counters as they were, as a C++ backend's do (gloo's, NCCL's): selective
-  activation checkpointing keeps a functional collective's output and checks
-  that nothing has written it since.
+- A collective's writes into its tensors run below autograd, as a C++
+  backend's do (gloo's, NCCL's): they leave the tensors' version counters as
+  they were (selective activation checkpointing keeps a functional
+  collective's output and checks that nothing has written it since). The
+  programs' first steps run here, under `BELOW_AUTOGRAD`; the rest in the
+  clock's thread, which runs under it too (run.py).
 - A coalesced call (`_coalescing_manager`, FSDP2, DTensor) is one collective
   whose program runs its tensors' operations one after the other.
 - Each rank's group keeps the name torch gives it (`_set_group_name`), by which
@@ -41,7 +43,6 @@ has ended (scheduler.py).
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_leaves
 
 from ..comm import build_all_reduce
 from ..comm.broadcast import broadcast
@@ -53,6 +54,10 @@ from .programs import COMBINE, all_gather, all_to_all, gather, reduce, reduce_sc
 
 REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
               dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min", dist.ReduceOp.PREMUL_SUM: "premul_sum"}
+
+
+# Ops under it skip autograd and its version counters, as a C++ kernel's inner ops do.
+BELOW_AUTOGRAD = torch._C._AutoDispatchBelowADInplaceOrView
 
 
 class SimWork(dist.Work):
@@ -137,14 +142,11 @@ class Group:
         env = self.run.cluster.env
         done = env.event()
         label = call.partition("(")[0]
-        versions = _versions(result)
 
         def start(_=None):
             self.comm.run(me, program(), label).callbacks.append(ended)
 
         def ended(_):
-            for tensor, version in versions:  # the program's writes, as a C++ backend's, unseen by autograd
-                torch._C._autograd._unsafe_set_version_counter((tensor,), (version,))
             self.run.collective_end_s[self.ranks[me]] = env.now
             done.succeed(result)
 
@@ -393,7 +395,7 @@ class SimProcessGroup(dist.ProcessGroup):
         run.flush()
         if run.detached(self.group.ranks, call):  # the witness (representatives.py): recorded, not run
             return run.witness_work(call, result)
-        with run.backend():
+        with run.backend(), BELOW_AUTOGRAD():
             return run.posted(self.group.collective(self._me, call, program, result, exchange))
 
     def _point_to_point(self, kind: str, peer: int, tag: int, tensor) -> SimWork:
@@ -402,7 +404,7 @@ class SimProcessGroup(dist.ProcessGroup):
         call = f"{kind} with group rank {peer} (tag {tag}) of {_sizes(tensor)}"
         if run.detached(self.group.ranks, call):
             return run.witness_work(call, [tensor])
-        with run.backend():
+        with run.backend(), BELOW_AUTOGRAD():
             return run.posted(self.group.point_to_point(kind, self._me, peer, tag, tensor))
 
 
@@ -423,12 +425,6 @@ def _reduce_op(opts, collective: str) -> str:
         raise SimtrainError(f"{collective}: reduce op {opts.reduceOp.op.name} is not supported by the simtrain "
                             f"backend (it supports {', '.join(REDUCE_OPS.values())})")
     return op
-
-
-def _versions(result) -> list:
-    """Each tensor of a collective's `result` (None for a rank stood in for) with its autograd version now."""
-    return [(tensor, tensor._version) for tensor in tree_leaves(result)
-            if isinstance(tensor, torch.Tensor) and not tensor.is_inference()]
 
 
 def _premul_factor(opts) -> float | None:
