@@ -1,46 +1,87 @@
 """torchtitan's own Llama 3 and its own parallelize function on simulated H100s, numerics off: the tokens per second
 per GPU simtrain predicts beside the figure torchtitan published for the same configuration.
 
-The published figure: pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (last changed in commit
-820504e20d1149fbf0b98c567af24c4b0433b22d; read at b5bcd76c66d0acb1a08b176d9639425bc55e0b2a), Table 1: Llama 3.1 8B,
-8 H100s of a Grand Teton host (NVLink, 96 GB HBM2e, 500 W), FSDP 8, local batch 2 of 8,192 tokens, selective
-activation checkpointing, bf16 parameters and fp32 reductions, no torch.compile, no Float8: 5,762 tokens/s/GPU
-and 82.4 GiB of memory.
+The published figures (pytorch/torchtitan, read at commit b5bcd76c66d0acb1a08b176d9639425bc55e0b2a; each page last
+changed in 820504e20d1149fbf0b98c567af24c4b0433b22d), both on Grand Teton hosts (8 H100s with 96 GB of HBM2e on
+NVLink, 500 W, 400 Gb/s RDMA per GPU), Llama 3.1 8B, sequences of 8,192 tokens, bf16 parameters, fp32 reductions:
+
+- `--run fsdp8`: benchmarks/llama3_h100_202412_torchtitan.md, Table 1: 8 GPUs, FSDP 8, local batch 2, selective
+  activation checkpointing, no torch.compile, no Float8: 5,762 tokens/s/GPU and 82.4 GiB;
+- `--run fsdp8-tp8`: benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md: 64 GPUs, FSDP 8 x TP 8, local batch
+  12, per-op selective checkpointing, torch.compile, vanilla TP, bfloat16: 4,378 tokens/s/GPU.
 
 What runs is torchtitan 0.3.0's code (`pip install -e ".[titan]"`): its `ParallelDims` builds the device mesh,
-its Llama 3 8B config (`model_registry("8B")`) is built on the meta device, its `parallelize_llama` applies
-its activation checkpointing (`SelectiveAC`) and FSDP2 (`apply_fsdp_to_decoder`, which sets FSDP's gradient divide
-factor to 1: reduce-scatters with `ReduceOp.PREMUL_SUM`), its tensor-parallel sharding when `--tp` is above 1,
-and its `CrossEntropyLoss` (summed, divided by the global token count, as its trainer does). Then AdamW with its
-default settings, two steps; the second step's simulated time is the step time. The ranks of the FSDP dimension run
-alike, so one runs per tensor-parallel rank, plus the witness (`Representatives`). What differs from the trainer:
+its Llama 3 8B config (`model_registry("8B")`) is built on the meta device, its `parallelize_llama` applies its
+tensor-parallel sharding (`Module.parallelize`, sequence parallel), its activation checkpointing (`SelectiveAC`)
+and FSDP2 (`apply_fsdp_to_decoder`, which sets FSDP's gradient divide factor to 1: reduce-scatters with
+`ReduceOp.PREMUL_SUM`), and its `CrossEntropyLoss` (summed, divided by the global token count, as its trainer does;
+loss-parallel under TP). Then AdamW with its default settings, two steps; the second step's simulated time
+(`simtrain.dist.now_s()`) is the step time. The ranks of the data-parallel dimension run alike, so one runs per
+tensor-parallel rank, plus the witness (`Representatives`). What differs from torchtitan's trainer:
 
-- attention is its `ScaledDotProductAttention` (causal), the published run's; 0.3.0's language models take only
-  FlexAttention (torch.compile'd, which does not run on fake tensors) or varlen attention;
-- `spmd_backend="partial_dtensor"` (DTensor for the model-parallel dimensions, as in the published run); 0.3.0's
-  default `spmd_types` refuses FSDP2 of a parameter it left a plain tensor (see docs/guides/torchtitan.md);
+- attention is its `ScaledDotProductAttention` (causal), the published runs'; 0.3.0's language models take only
+  FlexAttention (always torch.compile'd, which does not run on fake tensors) or varlen attention;
+- `spmd_backend="partial_dtensor"` (DTensor for the model-parallel dimensions, as the published runs had); 0.3.0's
+  default `spmd_types` stops in FSDP2 on a parameter it left a plain tensor (docs/guides/torchtitan.md);
 - weights are not initialised (`init_weights` draws a truncated normal until no value falls outside its bounds, a
   loop on values that fake tensors do not have), and the sharding configs are set by
-  `set_llama3_sharding_config`, which `update_from_config` calls (it imports the trainer and its data loaders);
-- torchtitan picks "cuda" without a GPU; here its device type is set to "cpu".
+  `set_llama3_sharding_config` directly (`update_from_config` calls it, after importing the trainer and its data
+  loaders); AdamW is torch's default implementation (torchtitan asks for the fused one, CUDA's);
+- torchtitan picks the device type "cuda" without a GPU; here it is set to "cpu".
 
-    PYTHONPATH=. .venv/bin/python bench/torchtitan_llama3.py                 # Table 1: 8 ranks, FSDP 8
-    PYTHONPATH=. .venv/bin/python bench/torchtitan_llama3.py --layers 2      # a quick look (not the published model)
+    PYTHONPATH=. .venv/bin/python bench/torchtitan_llama3.py                      # fsdp8: 8 ranks
+    PYTHONPATH=. .venv/bin/python bench/torchtitan_llama3.py --run fsdp8-tp8      # 64 ranks
+    PYTHONPATH=. .venv/bin/python bench/torchtitan_llama3.py --layers 2           # a quick look (not the model)
 """
 import argparse
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import yaml
 
 import simtrain.dist
 
-PUBLISHED = {"tokens_per_s_per_gpu": 5762, "memory_GiB": 82.4}
-# Grand Teton's H100: the H100 SXM's FLOP/s (the published page: its peak is between SXM and NVL), 96 GiB of HBM2e at
-# 2.4 TB/s; 8 of them on one NVLink switch.
+# The published runs (tokens/s/GPU as torchtitan logs it: a rank's tokens over the step time and the
+# non-data-parallel degree), each with what differs from the run here.
+PUBLISHED = {
+    "fsdp8": dict(flavor="8B", world=8, tp=1, batch=2, seq=8192, tokens_per_s_per_gpu=5762, memory_GiB=82.4,
+                  source="benchmarks/llama3_h100_202412_torchtitan.md, Table 1, FSDP (torchtitan 9dec370)",
+                  differs="none beyond those of the module docstring"),
+    "fsdp8-tp8": dict(flavor="8B", world=64, tp=8, batch=12, seq=8192, tokens_per_s_per_gpu=4378, memory_GiB=None,
+                      source="benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, Llama3 8b on 64 H100s, FSDP 8, "
+                             "TP 8, vanilla TP, bfloat16 (torchtitan 820504e)",
+                      differs="the published run used torch.compile"),
+}
+# Grand Teton's H100 (both pages): the H100 SXM's FLOP/s (the 2024 page: its peak is between SXM and NVL), 96 GiB of
+# HBM2e at 2.4 TB/s; 8 to a host on NVLink (as dgx-h100-1node.yaml), hosts on a 400 Gb/s RDMA NIC per GPU
+# (as dgx-h100-2node.yaml's InfiniBand NDR, to one spine).
 GRAND_TETON_H100 = {"base": "h100-80gb", "name": "h100-96gb-hbm2e", "memory": "96 GiB", "memory_bandwidth": "2.4 TB/s"}
-TOPOLOGY = os.path.join(os.path.dirname(__file__), "..", "topologies", "dgx-h100-1node.yaml")
+# Link classes as topologies/dgx-h100-2node.yaml gives them (the NVSwitch modelled as one switch per host).
+LINK_CLASSES = {"nvlink4-nvswitch": {"bandwidth": "450 GB/s", "latency": "0.25 us", "efficiency": 0.8},
+                "rdma-400g": {"bandwidth": "400 Gb/s", "latency": "1.35 us", "efficiency": 0.96}}
+
+
+def grand_teton_scenario(world: int, folder: str) -> str:
+    """A scenario file of `world` Grand Teton H100s: hosts of 8 on an NVLink switch each, every GPU's 400 Gb/s NIC
+    to one spine (a host alone: as topologies/dgx-h100-1node.yaml)."""
+    hosts = range(world // 8)
+    gpus = [f"n{host}g{gpu}" for host in hosts for gpu in range(8)]
+    links = [{"between": [gpu, f"{gpu.partition('g')[0]}-nvswitch"], "class": "nvlink4-nvswitch"} for gpu in gpus]
+    if len(hosts) > 1:
+        links += [{"between": [gpu, "spine"], "class": "rdma-400g"} for gpu in gpus]
+    switches = [f"n{host}-nvswitch" for host in hosts]
+    topology = {"name": f"grand-teton-{len(hosts)}host", "gpus": gpus,
+                "switches": switches + ["spine"] * (len(hosts) > 1), "reducing_switches": switches,
+                "link_classes": LINK_CLASSES, "links": links}
+    folder = Path(folder)
+    (folder / "topology.yaml").write_text(yaml.safe_dump(topology))
+    (folder / "scenario.yaml").write_text(yaml.safe_dump({"cluster": {"device": GRAND_TETON_H100,
+                                                                      "topology": "topology.yaml"}}))
+    return str(folder / "scenario.yaml")
 
 
 def titan_on_cpu():
@@ -107,25 +148,24 @@ def train_step(args, step_s: dict):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flavor", default="8B", help="torchtitan's Llama 3 flavor")
-    parser.add_argument("--world", type=int, default=8)
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (the rest is FSDP)")
-    parser.add_argument("--batch", type=int, default=2, help="local batch (sequences per rank)")
-    parser.add_argument("--seq", type=int, default=8192, help="sequence length (tokens)")
+    parser.add_argument("--run", choices=sorted(PUBLISHED), default="fsdp8", help="the published run to predict")
     parser.add_argument("--layers", type=int, default=None, help="the first N blocks only (a quick look)")
     args = parser.parse_args()
+    published = PUBLISHED[args.run]
+    for key in ("flavor", "world", "tp", "batch", "seq"):
+        setattr(args, key, published[key])
     titan_on_cpu()
     step_s = {}
     representatives = simtrain.dist.Representatives((args.world // args.tp, args.tp), alike_dims=(0,))
     load_before = os.getloadavg()[0]
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = simtrain.dist.spawn(train_step(args, step_s), world=args.world, topology=TOPOLOGY,
-                                 device=GRAND_TETON_H100, numerics=False, timeout_s=None,
-                                 representatives=representatives)
+    with tempfile.TemporaryDirectory() as folder:
+        result = simtrain.dist.spawn(train_step(args, step_s), scenario=grand_teton_scenario(args.world, folder),
+                                     numerics=False, timeout_s=None, representatives=representatives)
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     with torch.device("meta"):
         parameters = sum(p.numel() for p in llama3_config(args.flavor, args.layers).build().parameters())
-    tokens_per_s = args.batch * args.seq / step_s[0]
+    tokens_per_s = args.batch * args.seq / step_s[0] / args.tp
     device = result.report.data["devices"][0]
     print(f"torchtitan Llama 3 {args.flavor} ({parameters / 1e9:.2f}e9 parameters"
           f"{f', first {args.layers} blocks' if args.layers else ''}), {args.world} simulated H100s, "
@@ -135,8 +175,11 @@ def main():
           f"{device['peak_memory_bytes'] / 2 ** 30:.1f} GiB (each category at its own peak: "
           + ", ".join(f"{k} {v / 2 ** 30:.1f}" for k, v in device["peak_memory_bytes_per_category"].items() if v)
           + ")")
-    print(f"published (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 1, FSDP): "
-          f"{PUBLISHED['tokens_per_s_per_gpu']:,} tokens/s/GPU, {PUBLISHED['memory_GiB']} GiB")
+    print(f"rank 0 over the run (model built and sharded, two steps): {device['compute_s']:.3f} s of compute, "
+          f"{device['communication_s']:.3f} s of communication (the part not overlapped is in the step)")
+    memory = f", {published['memory_GiB']} GiB" if published["memory_GiB"] else ""
+    print(f"published (pytorch/torchtitan {published['source']}): {published['tokens_per_s_per_gpu']:,} "
+          f"tokens/s/GPU{memory}; what differs: {published['differs']}")
     print(f"{wall_s:.1f} s of wall time, {cpu_s:.1f} s of CPU time on {os.cpu_count()} CPUs (load average "
           f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} at the end)")
 
