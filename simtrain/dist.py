@@ -14,8 +14,8 @@ Importing it registers the `simtrain` torch.distributed backend.
 """
 from .torchdist import (CollectiveMismatch, Deadlock, DistReport, NumericsOffUnsupported, RankBlocked, RankFailed,
                         Representatives, RepresentativesDiverge, RepresentativesUnsupported, SpawnResult, compute,
-                        distributed, spawn)
+                        distributed, now_s, spawn)
 
 __all__ = ["spawn", "distributed", "compute", "Representatives", "SpawnResult", "DistReport", "RankFailed",
            "Deadlock", "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported", "RepresentativesDiverge",
-           "RepresentativesUnsupported"]
+           "RepresentativesUnsupported", "now_s"]

@@ -50,6 +50,10 @@ def collectives(rank, world):
         tensor = seeded(rank, NUMEL)
         dist.all_reduce(tensor, op=op)
         out[f"all_reduce_{name}"] = tensor
+    tensor = seeded(rank, NUMEL)
+    version = tensor._version
+    dist.all_reduce(tensor)  # written by the backend below autograd: its version counter stays
+    out["all_reduce_version"] = torch.tensor(float(tensor._version - version))
     tensor = seeded(rank, NUMEL, 1)
     dist.broadcast(tensor, src=world - 1)
     out["broadcast"] = tensor

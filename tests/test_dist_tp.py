@@ -245,4 +245,5 @@ def test_an_unsupported_reduce_op_of_a_functional_collective_is_one_line_naming_
         funcol.all_reduce(torch.ones(3, dtype=torch.int32), "band", dist.group.WORLD) * 1
 
     assert _error(rank_code, world=2) == ("rank 0 raised SimtrainError: all_reduce: reduce op BAND is not supported "
-                                          "by the simtrain backend (it supports sum, avg, product, max, min)")
+                                          "by the simtrain backend (it supports sum, avg, product, max, min, "
+                                          "premul_sum)")

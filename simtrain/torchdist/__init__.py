@@ -24,9 +24,9 @@ the group) and representatives.py (ranks alike along a mesh dimension run once:
 """
 from ..errors import (CollectiveMismatch, Deadlock, NumericsOffUnsupported, RankBlocked, RankFailed,
                       RepresentativesDiverge, RepresentativesUnsupported)
-from .launcher import DistReport, SpawnResult, compute, distributed, spawn
+from .launcher import DistReport, SpawnResult, compute, distributed, now_s, spawn
 from .representatives import Representatives
 
 __all__ = ["spawn", "distributed", "compute", "Representatives", "SpawnResult", "DistReport", "RankFailed",
            "Deadlock", "CollectiveMismatch", "RankBlocked", "NumericsOffUnsupported", "RepresentativesDiverge",
-           "RepresentativesUnsupported"]
+           "RepresentativesUnsupported", "now_s"]

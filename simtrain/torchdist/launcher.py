@@ -33,6 +33,8 @@ With numerics off, `representatives=Representatives(mesh_shape, alike_dims)`
 runs one rank per class of ranks alike along those mesh dimensions; the others
 post their parts of its collectives (representatives.py).
 
+`now_s()` in a rank reads the simulated clock, after the rank's counted ops.
+
 `distributed` turns the function into a test without arguments, which pytest
 collects like any other: nothing to register. The third argument is the run
 (`bytes_sent`, `bytes_received`, `now_s`, `cluster`).
@@ -124,6 +126,14 @@ def distributed(world: int, scenario=None, **options):
 def compute(flops: float, dtype: str = "fp32", name: str = "compute") -> None:
     """In a rank: `flops` of `dtype` arithmetic on its device, after its counted torch ops."""
     SimRun.active("simtrain.dist.compute").compute(flops, dtype, name)
+
+
+def now_s() -> float:
+    """In a rank: the simulated time once its counted torch ops have run (as `torch.cuda.synchronize()` then a
+    clock: a step's time is the difference of two readings)."""
+    run = SimRun.active("simtrain.dist.now_s")
+    run.flush()
+    return run.now_s
 
 
 def spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels) -> Scenario:

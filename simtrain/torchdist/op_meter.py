@@ -6,7 +6,9 @@ backward runs in the calling thread).
 
 - **FLOPs.** The recorder's, by the dtype of each op's result: the same
   operators and formulas as simtrain's step costs (cost.py), so a model costs
-  the same under `simtrain run` and under `simtrain.dist`. The counts wait
+  the same under `simtrain run` and under `simtrain.dist`; and torch's CPU
+  fused attention (`F.scaled_dot_product_attention` here), which torch gives
+  no formula, charged as `model.attention: fused` is (FlashAttention-2's count). The counts wait
   until the rank posts a communication or ends (`take_flops`), and are then
   charged as one compute span per dtype (run.py).
 - **Memory.** A storage that an op returns and none of its inputs had is held on
@@ -36,11 +38,27 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_leaves
 
+from torch.utils.flop_counter import register_flop_formula
+
 from ..hw.device import MemoryLedger
 from ..op_cost import OperatorRecorder
+from ..train.fused_attention import BACKWARD_OVER_FORWARD, forward_flops
 
 # The catalog's dtype name for a result's torch dtype; any other dtype is charged at the fp32 rate.
 DEVICE_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@register_flop_formula(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu)
+def _cpu_attention_flops(q_shape, k_shape, v_shape, dropout_p=0.0, is_causal=False, *args, **kwargs) -> int:
+    """torch's fused attention on CPU (what `F.scaled_dot_product_attention` runs on CPU and fake tensors) has no
+    formula of torch's: charged as a GPU's fused attention is (train/fused_attention.py)."""
+    return forward_flops(q_shape, k_shape, is_causal)
+
+
+@register_flop_formula(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward)
+def _cpu_attention_backward_flops(grad_shape, q_shape, k_shape, v_shape, kept_out_shape, lse_shape, dropout_p,
+                                  is_causal, *args, **kwargs) -> int:
+    return int(BACKWARD_OVER_FORWARD * forward_flops(q_shape, k_shape, is_causal))
 
 
 class OpMeter(OperatorRecorder):

@@ -21,6 +21,15 @@ has ended (scheduler.py).
   post are charged on its device (run.py), and the rank waits for them.
 - Every member must call the group's collectives in the same order with the same
   sizes; the first difference raises `CollectiveMismatch` naming both ranks.
+- `ReduceOp.PREMUL_SUM(factor)` (NCCL's; FSDP2 posts it for a gradient divide
+  factor other than the group's size, as torchtitan sets): each rank's input
+  multiplied by the factor, then summed.
+- A collective's writes into its tensors run below autograd, as a C++
+  backend's do (gloo's, NCCL's): they leave the tensors' version counters as
+  they were (selective activation checkpointing keeps a functional
+  collective's output and checks that nothing has written it since). The
+  programs' first steps run here, under `BELOW_AUTOGRAD`; the rest in the
+  clock's thread, which runs under it too (run.py).
 - A coalesced call (`_coalescing_manager`, FSDP2, DTensor) is one collective
   whose program runs its tensors' operations one after the other.
 - Each rank's group keeps the name torch gives it (`_set_group_name`), by which
@@ -44,7 +53,11 @@ from .arriving import ArrivingTensor
 from .programs import COMBINE, all_gather, all_to_all, gather, reduce, reduce_scatter, ring_all_reduce_with, scatter
 
 REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
-              dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
+              dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min", dist.ReduceOp.PREMUL_SUM: "premul_sum"}
+
+
+# Ops under it skip autograd and its version counters, as a C++ kernel's inner ops do.
+BELOW_AUTOGRAD = torch._C._AutoDispatchBelowADInplaceOrView
 
 
 class SimWork(dist.Work):
@@ -221,22 +234,25 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         tensor, op = _one(tensors, "all_reduce"), _reduce_op(opts, "all_reduce")
+        factor = _premul_factor(opts)
         return self._post(f"all_reduce({op}) of {_sizes(tensor)}",
-                          lambda me, payload: self._all_reduce(me, payload(tensor), op), tensors)
+                          lambda me, payload: self._all_reduce(me, payload(tensor), op, factor), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        op = _reduce_op(opts, "all_reduce_coalesced")
+        op, factor = _reduce_op(opts, "all_reduce_coalesced"), _premul_factor(opts)
 
         def program(me, payload):
             for tensor in tensors:
-                yield from self._all_reduce(me, payload(tensor), op)
+                yield from self._all_reduce(me, payload(tensor), op, factor)
 
         return self._post(f"all_reduce_coalesced({op}) of {_sizes(*tensors)}", program, tensors)
 
-    def _all_reduce(self, me: int, tensor, op: str):
+    def _all_reduce(self, me: int, tensor, op: str, factor: float):
         world = len(self.group.ranks)
         buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-        if op in ("sum", "avg"):
+        if op == "premul_sum":
+            buf.mul_(factor)  # in place: the all-reduce overwrites it
+        if op in ("sum", "avg", "premul_sum"):
             yield from self.group.all_reduce(me, world, buf.view(-1), average=op == "avg")
         else:
             yield from ring_all_reduce_with(me, world, buf, COMBINE[op])
@@ -252,11 +268,14 @@ class SimProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         tensor = _one(tensors, "reduce")
         op, root, world = _reduce_op(opts, "reduce"), opts.rootRank, len(self.group.ranks)
+        factor = _premul_factor(opts)
 
         def program(me, payload):
             buf = payload(tensor)
             buf = buf if me == root else buf.clone()  # only the root's tensor changes
-            yield from reduce(me, world, buf, root, COMBINE["sum" if op == "avg" else op])
+            if op == "premul_sum":
+                buf.mul_(factor)
+            yield from reduce(me, world, buf, root, COMBINE[_combined(op)])
             if op == "avg" and me == root:
                 buf.div_(world)
 
@@ -311,21 +330,23 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         output, inputs = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter")
-        return self._scatter("reduce_scatter", [output], [inputs], _reduce_op(opts, "reduce_scatter"))
+        return self._scatter("reduce_scatter", [output], [inputs], _reduce_op(opts, "reduce_scatter"),
+                             _premul_factor(opts))
 
     def reduce_scatter_single(self, output, input, opts=None):
-        return self._scatter_rows("reduce_scatter_tensor", [output], [input], _reduce_op(opts, "reduce_scatter_tensor"))
+        return self._scatter_rows("reduce_scatter_tensor", [output], [input], _reduce_op(opts, "reduce_scatter_tensor"),
+                                  _premul_factor(opts))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._scatter_rows("reduce_scatter_tensor_coalesced", outputs, inputs,
-                                  _reduce_op(opts, "reduce_scatter_tensor_coalesced"))
+                                  _reduce_op(opts, "reduce_scatter_tensor_coalesced"), _premul_factor(opts))
 
-    def _scatter_rows(self, name, outputs, inputs, op):
+    def _scatter_rows(self, name, outputs, inputs, op, factor):
         """Each of `inputs`, split in world rows, reduce-scattered into the matching one of `outputs`."""
         world = len(self.group.ranks)
-        return self._scatter(name, outputs, [list(input.reshape(world, -1).unbind(0)) for input in inputs], op)
+        return self._scatter(name, outputs, [list(input.reshape(world, -1).unbind(0)) for input in inputs], op, factor)
 
-    def _scatter(self, name, outputs, inputs, op):
+    def _scatter(self, name, outputs, inputs, op, factor):
         """Each list of `inputs` (one chunk per rank) reduce-scattered into the matching output, one after the
         other."""
         world = len(self.group.ranks)
@@ -333,7 +354,10 @@ class SimProcessGroup(dist.ProcessGroup):
         def program(me, payload):
             for output, parts in zip(outputs, inputs):
                 chunks = [payload(chunk).clone() for chunk in parts]  # the inputs stay as the caller gave them
-                reduced = yield from reduce_scatter(me, world, chunks, COMBINE["sum" if op == "avg" else op])
+                if op == "premul_sum":
+                    for chunk in chunks:
+                        chunk.mul_(factor)
+                reduced = yield from reduce_scatter(me, world, chunks, COMBINE[_combined(op)])
                 output = payload(output)
                 output.view(-1).copy_(reduced.view(-1))
                 if op == "avg":
@@ -379,7 +403,7 @@ class SimProcessGroup(dist.ProcessGroup):
         run.flush()
         if run.detached(self.group.ranks, call):  # the witness (representatives.py): recorded, not run
             return run.witness_work(call, result)
-        with run.backend():
+        with run.backend(), BELOW_AUTOGRAD():
             return run.posted(self.group.collective(self._me, call, program, result, exchange))
 
     def _point_to_point(self, kind: str, peer: int, tag: int, tensor) -> SimWork:
@@ -388,7 +412,7 @@ class SimProcessGroup(dist.ProcessGroup):
         call = f"{kind} with group rank {peer} (tag {tag}) of {_sizes(tensor)}"
         if run.detached(self.group.ranks, call):
             return run.witness_work(call, [tensor])
-        with run.backend():
+        with run.backend(), BELOW_AUTOGRAD():
             return run.posted(self.group.point_to_point(kind, self._me, peer, tag, tensor))
 
 
@@ -409,6 +433,22 @@ def _reduce_op(opts, collective: str) -> str:
         raise SimtrainError(f"{collective}: reduce op {opts.reduceOp.op.name} is not supported by the simtrain "
                             f"backend (it supports {', '.join(REDUCE_OPS.values())})")
     return op
+
+
+def _premul_factor(opts) -> float | None:
+    """The factor of a `ReduceOp.PREMUL_SUM(factor)` (a number; NCCL's factor given as a tensor is refused)."""
+    if opts is None or opts.reduceOp.op != dist.ReduceOp.PREMUL_SUM:
+        return None
+    factor = opts.reduceOp.factor
+    if not isinstance(factor, float):
+        raise SimtrainError(f"reduce op PREMUL_SUM: a factor given as {type(factor).__name__} is not supported by "
+                            f"the simtrain backend (it takes a number)")
+    return factor
+
+
+def _combined(op: str) -> str:
+    """How received chunks combine under `op`: the sums (avg and premul_sum scale before or after) by adding."""
+    return "sum" if op in ("avg", "premul_sum") else op
 
 
 def _split(tensor, sizes, world: int, field: str) -> list:

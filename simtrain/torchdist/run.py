@@ -27,7 +27,7 @@ from ..errors import Deadlock, SimtrainError
 from ..hw.cluster import Cluster, run_to_end
 from .numerics_off import FakeFloats
 from .op_meter import DEVICE_DTYPE, OpMeter
-from .process_group import Group, SimWork
+from .process_group import BELOW_AUTOGRAD, Group, SimWork
 from .representatives import Classes, Representatives, Witness
 from .scheduler import Turns, current_rank
 
@@ -101,7 +101,8 @@ class SimRun:
         not all end alike). A represented rank's value is its representative's."""
         SimRun._active = self
         try:
-            self.turns.run(run_to_end)
+            with BELOW_AUTOGRAD():  # the collectives' writes, run by the clock (process_group.py)
+                self.turns.run(run_to_end)
         finally:
             SimRun._active = None
         try:
