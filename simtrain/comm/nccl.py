@@ -53,7 +53,7 @@ from .nccl_tree import nccl_tree_all_reduce
 from .nccl_tuning import (BASE_LATENCY_US, HW_LATENCY_US, NVLS_EFFICIENCY, PAT_EFFICIENCY, PROTOCOLS, Fabric,
                           call_latency_us, tune)
 from .nvls import nvls_all_reduce, nvls_switch, nvls_tree_all_reduce
-from .ops import Concurrently, Recv, Send
+from .ops import Concurrently, Recv, Send, WrappedProgram
 from .pat import pat_all_gather, pat_reduce_scatter
 from .ring import ring_all_gather, ring_reduce_scatter
 from .ring_schedule import RingAllReduce
@@ -113,32 +113,17 @@ class Wire:
         return cost
 
 
-class NcclCall:
+class NcclCall(WrappedProgram):
     """One rank's part of one NCCL call: its program, and how a communicator runs it (the module docstring).
 
     `helpers()`, for an algorithm with reducing switches, gives (their nodes, their programs), started once
-    per call by the communicator. It runs as the program it wraps: `send`, `throw`, `close` and iteration are
-    the program's (over gloo, the program alone)."""
+    per call by the communicator. It runs as the program it wraps (ops.WrappedProgram; over gloo, the program
+    alone)."""
 
-    __slots__ = ("program", "name", "launch_s", "wire", "helpers")
+    __slots__ = ("name", "launch_s", "wire", "helpers")
 
     def __init__(self, program, name: str, launch_s: float, wire: Wire, helpers=None):
         self.program, self.name, self.launch_s, self.wire, self.helpers = program, name, launch_s, wire, helpers
-
-    def send(self, value):
-        return self.program.send(value)
-
-    def throw(self, *args):
-        return self.program.throw(*args)
-
-    def close(self):
-        return self.program.close()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.program.send(None)
 
 
 class NcclGroup:

@@ -23,6 +23,10 @@ Semantics, the same for every interpreter:
   rank side by side, each advancing as its own operations complete (a slow one
   never holds a fast one back), and returns their return values in order once
   all have ended. Sub-programs that talk to the same peer must use different tags.
+
+A program with something to tell its interpreter (`RingAllReduce`'s group
+schedule, `NcclCall`'s choice) is a `WrappedProgram`: an object that runs as
+the generator it holds.
 """
 from typing import NamedTuple
 
@@ -44,3 +48,25 @@ class Recv(NamedTuple):
 
 class Concurrently(NamedTuple):
     programs: tuple  # generators of the same rank, run side by side
+
+
+class WrappedProgram:
+    """A collective program with attributes of its own: it runs as the generator `self.program` (`send`,
+    `throw`, `close` and iteration are the generator's)."""
+
+    __slots__ = ("program",)
+
+    def send(self, value):
+        return self.program.send(value)
+
+    def throw(self, *args):
+        return self.program.throw(*args)
+
+    def close(self):
+        return self.program.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.program.send(None)

@@ -20,34 +20,20 @@ has posted it.
 import numpy as np
 import torch
 
+from .ops import WrappedProgram
 from .ring import ring_all_reduce
 
 
-class RingAllReduce:
+class RingAllReduce(WrappedProgram):
     """One rank's ring all-reduce program (ring.py), and the group schedule it belongs to.
 
-    It runs as the generator it wraps: `send`, `throw`, `close` and iteration are the generator's."""
+    It runs as the generator it wraps (ops.WrappedProgram)."""
 
-    __slots__ = ("program", "rank", "world", "buf", "average", "ring", "tag")
+    __slots__ = ("rank", "world", "buf", "average", "ring", "tag")
 
     def __init__(self, rank: int, world: int, buf, average: bool = False, *, ring=None, tag: int = 0):
         self.program = ring_all_reduce(rank, world, buf, average, ring=ring, tag=tag)
         self.rank, self.world, self.buf, self.average, self.ring, self.tag = rank, world, buf, average, ring, tag
-
-    def send(self, value):
-        return self.program.send(value)
-
-    def throw(self, *args):
-        return self.program.throw(*args)
-
-    def close(self):
-        return self.program.close()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.program.send(None)
 
     def group(self) -> tuple:
         """What every rank of one all-reduce shares: the group size and ring order (None: rank order)."""
