@@ -106,7 +106,20 @@ class OperatorRecorder(TorchDispatchMode):
     def take(self) -> OpCosts:
         """The operators recorded since the last take, grouped by equal (FLOPs, bytes)."""
         counts, self._counts = self._counts, {}
-        return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items()))
+        return _grouped(counts)
+
+
+def merged(first: OpCosts, second: OpCosts) -> OpCosts:
+    """Two OpCosts as one (equal operators' counts added)."""
+    counts = {}
+    for flops, nbytes, count in (*first, *second):
+        counts[flops, nbytes] = counts.get((flops, nbytes), 0) + count
+    return _grouped(counts)
+
+
+def _grouped(counts: dict[tuple[float, float], int]) -> OpCosts:
+    """OpCosts from counts of operators by (FLOPs, bytes), in sorted order."""
+    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items()))
 
 
 def _distinct_bytes(tensor: torch.Tensor) -> int:

@@ -54,6 +54,7 @@ rank that posts the call, once the previous call's switch programs ended.
 """
 import math
 from collections import deque
+from functools import partial
 
 import simpy
 
@@ -440,11 +441,11 @@ class SimCommunicator:
             return
         fraction, extra_s = wire.of(self.network.route(src, dst).path)
         flow_bytes = nbytes if fraction == 1.0 else math.ceil(nbytes / fraction)  # the bytes on the wire
+        start = partial(self.network.start_flow, src, dst, flow_bytes, on_done=delivered, label=sender.label)
         if extra_s:
-            self.network.at(now + extra_s, lambda: self.network.start_flow(src, dst, flow_bytes, on_done=delivered,
-                                                                           label=sender.label))
+            self.network.at(now + extra_s, start)
         else:
-            self.network.start_flow(src, dst, flow_bytes, on_done=delivered, label=sender.label)
+            start()
 
     def _transfer_begins(self, state: _RankProgram, now: float) -> None:
         if state.idle_from is not None:  # an awaited program's wait for its peer ends

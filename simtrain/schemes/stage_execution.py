@@ -60,7 +60,7 @@ from typing import NamedTuple
 import torch
 
 from ..cost import SavedTensorTracker
-from ..op_cost import OpCosts, OperatorRecorder, scaled
+from ..op_cost import OpCosts, OperatorRecorder, merged, scaled
 from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Await, Collective, Compute, Post
 from .saved_shards import RegionSplit, SavedShard
@@ -369,19 +369,11 @@ def _splits(backward: list, shards: list, marks: dict) -> tuple:
         if step in marks:
             at, before = marks[step]
             splits.append(RegionSplit(_meta_like(shards[step].shard), at - start, before, flops - (at - start), ops))
-            backward[step] = (flops, reduced, _merged(before, ops), params)
+            backward[step] = (flops, reduced, merged(before, ops), params)
         else:
             splits.append(None)
         start += flops
     return tuple(splits)
-
-
-def _merged(first: OpCosts, second: OpCosts) -> OpCosts:
-    """Two OpCosts as one (equal operator costs' counts added)."""
-    counts = {}
-    for flops, nbytes, count in (*first, *second):
-        counts[flops, nbytes] = counts.get((flops, nbytes), 0) + count
-    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items()))
 
 
 class _Reduced(NamedTuple):
