@@ -19,6 +19,11 @@ dispatched inside it and records, per operator:
   (empty, empty_like, empty_strided) move none;
 - its **dtype**: the FLOPs are also summed by the dtype of the operator's result.
 
+An operator on a wrapper tensor subclass (a DTensor) is handed back to the
+subclass, and the operators it runs on its local tensors are the ones
+recorded: a rank is charged for its shard's arithmetic, not the global
+tensor's (torch's FlopCounterMode counts the global one).
+
 Its readers: step costs (cost.py), the costs of model chunks under pipeline
 and tensor parallelism (schemes/stage_execution.py), the roofline compute
 model below, and the meter of a user's ranks under `simtrain.dist`
@@ -48,7 +53,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
@@ -72,6 +77,8 @@ class OperatorRecorder(TorchDispatchMode):
         self._decomposing = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented  # the subclass runs it on its local tensors, which come back here
         kwargs = kwargs or {}
         if not self._decomposing:
             self.kernels += 1

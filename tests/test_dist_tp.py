@@ -163,6 +163,33 @@ def test_tensor_parallel_styles_send_the_ring_s_bytes_and_compute_the_single_pro
     forward()
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_tensor_parallel_rank_is_charged_its_shard_s_flops(sequence_parallel):
+    """Column- then row-wise Linears on 2 ranks, forward and backward: each rank computes with its half of the
+    weights, so its compute is half the whole model's FLOPs (torch's FlopCounterMode on one process) at the
+    device's rate (DTensor's operators are charged as the local ones it runs, not at the global shapes)."""
+    rows, width, a100_fp32 = 8, 16, 19.5e12 * 0.5  # catalog peak x default efficiency
+
+    def mlp():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(), torch.nn.Linear(64, width))
+
+    x = seeded(0, rows, width)
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        mlp()(x).sum().backward()
+
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        model, mesh, layout = mlp(), init_device_mesh("cpu", (world,)), Shard(0) if sequence_parallel else Replicate()
+        parallelize_module(model, mesh, {"0": ColwiseParallel(input_layouts=layout),
+                                         "2": RowwiseParallel(output_layouts=layout)})
+        model(x.chunk(world)[rank] if sequence_parallel else x).sum().backward()
+
+    devices = simtrain.dist.spawn(rank_code, world=2, bandwidth="50 GB/s", latency="5 us").report.data["devices"]
+    assert [device["compute_s"] for device in devices] == pytest.approx([counter.get_total_flops() / 2 / a100_fp32] * 2,
+                                                                        rel=1e-12)
+
+
 def llama_code(rank, world):
     """The llama-style model trained with FSDP2 x tensor parallelism on a ("dp", "tp") mesh, without and with
     sequence parallel styles (on 4 ranks also with FSDP2's explicit prefetching). Runs under gloo too."""

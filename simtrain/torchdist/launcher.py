@@ -48,6 +48,7 @@ from ..hw.cluster import build_cluster
 from ..report import build_trace
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
+from .op_meter import sharding_propagation_unmetered
 from .representatives import Representatives
 from .run import SimRun
 
@@ -102,7 +103,7 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
     cluster.add_job("spawn", list(range(world)))
     run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s,
                  representatives)
-    with ranks_as_threads(world), categorized(run):
+    with ranks_as_threads(world), categorized(run), sharding_propagation_unmetered():
         for rank in filter(run.runs, range(world)):
             run.start(rank, lambda rank=rank: fn(rank, world))
         values = run.finish()

@@ -24,6 +24,11 @@ backward runs in the calling thread).
   autograd's internal buffers), and the backend's own buffers (the meter is
   `paused` while the backend works; a reducing receive's staging is
   `comm_buffers`).
+- **DTensor.** A DTensor's operator is charged as the operators it runs on the
+  rank's local tensors (op_cost.py), and the operator it runs on fake tensors of
+  the global shapes to work out the result's shape (torch's
+  `ShardingPropagator`, once per operator schema in a process) is not the
+  rank's: `sharding_propagation_unmetered` runs it outside the rank's modes.
 
     meter = OpMeter(device.memory)
     with meter:
@@ -36,6 +41,8 @@ from contextlib import contextmanager
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 from torch.utils.flop_counter import register_flop_formula
@@ -142,6 +149,26 @@ class OpMeter(OperatorRecorder):
         if held[0] == 0:
             del self._live[storage]
             self.ledger.free(held[2], held[1])
+
+
+@contextmanager
+def sharding_propagation_unmetered():
+    """While it is entered, DTensor's shape propagation runs outside the rank's modes (its meter, and numerics
+    off's fake floats): through the lock torch takes around it (`ShardingPropagator._fake_mode_lock`, a no-op by
+    default), which then takes the modes off the stack and puts them back."""
+    class Lock:
+        def __enter__(self):
+            self.block = _disable_current_modes()
+            self.block.__enter__()
+
+        def __exit__(self, *exc):
+            return self.block.__exit__(*exc)
+
+    was, ShardingPropagator._fake_mode_lock = ShardingPropagator._fake_mode_lock, Lock()
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = was
 
 
 def _is_dense(value) -> bool:
