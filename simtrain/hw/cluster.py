@@ -13,7 +13,8 @@ changed device fields, or a `slowdown`; `cluster.compute_jitter` gives every
 compute kernel a lognormal time factor drawn from the rank's own Generator,
 seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
 shared_memory.py to the network. `cluster.compute_model` (flops or roofline)
-is every device's compute model (device.py).
+is every device's compute model (device.py). `cluster.host_cores` makes the
+devices processes of one host whose CPU cores they share (hw/host_compute.py).
 """
 import gc
 import math
@@ -28,6 +29,7 @@ from ..scenario import ClusterSpec
 from .catalog import DeviceSpec, override_device, resolve_device
 from .device import Device
 from .eventlog import EventLog
+from .host_compute import HostCores, HostDevice
 from .network import Network
 from .shared_memory import SharedMemory, attach_shared_memory
 from .topology import Topology
@@ -40,7 +42,7 @@ class Cluster:
     def __init__(self, topology: Topology, specs: list[DeviceSpec], record: bool = True,
                  slowdowns: list[float] | None = None, compute_jitter: float = 0.0, seed: int = 0,
                  shared_memory: SharedMemory | None = None, enforce_capacity: bool = True,
-                 compute_model: str = "flops"):
+                 compute_model: str = "flops", host_cores: int | None = None):
         if len(specs) != topology.num_devices:
             raise ValueError(f"{len(specs)} device specs for {topology.num_devices} devices")
         slowdowns = slowdowns or [1.0] * len(specs)
@@ -49,9 +51,12 @@ class Cluster:
         self.log = EventLog(record)
         self.network = Network(self.env, topology, record=record)
         self.shared_memory = shared_memory
+        cores = {} if host_cores is None else {"cores": HostCores(self.env, host_cores)}
         self.devices = [
-            Device(self.env, rank, node, spec, self.log, slowdown=slowdowns[rank], jitter=compute_jitter,
-                   rng=np.random.default_rng([seed, rank]) if compute_jitter else None, compute_model=compute_model)
+            (HostDevice if cores else Device)(
+                self.env, rank, node, spec, self.log, slowdown=slowdowns[rank], jitter=compute_jitter,
+                rng=np.random.default_rng([seed, rank]) if compute_jitter else None, compute_model=compute_model,
+                **cores)
             for rank, (node, spec) in enumerate(zip(topology.devices, specs))
         ]
         if not enforce_capacity:
@@ -139,7 +144,8 @@ class ResolvedCluster:
             topology, store = attach_shared_memory(topology, spec.shared_memory)
         return Cluster(topology, self.device_specs, record=record, slowdowns=self.slowdowns,
                        compute_jitter=spec.compute_jitter, seed=seed, shared_memory=store,
-                       enforce_capacity=enforce_capacity, compute_model=spec.compute_model)
+                       enforce_capacity=enforce_capacity, compute_model=spec.compute_model,
+                       host_cores=spec.host_cores)
 
 
 def resolve_cluster(spec: ClusterSpec, base_dir: Path = Path(".")) -> ResolvedCluster:

@@ -231,3 +231,14 @@ class ClusterSpec(Section):
         0.1, description="Seconds from a device's loss until its job notices: torchrun's elastic agent polls its "
                          "workers every --monitor-interval (default 0.1 s in torch 2.13, torch/distributed/run.py) "
                          "(s).")
+    host_cores: Count(MAX_DEVICES) | None = Field(
+        None, description="The CPU cores of the one host whose processes the ranks are (a calibrated run, "
+                          "real/calibrate.py): compute and memory-bound work takes a core while it runs, the cores "
+                          "shared by processor sharing when the ranks outnumber them (hw/host_compute.py); null: "
+                          "devices that each compute on their own.")
+
+    @model_validator(mode="after")
+    def _host_cores_without_faults(self) -> "ClusterSpec":
+        if self.host_cores is not None and (self.faults or self.random_faults):
+            raise ValueError("host_cores: does not run with faults (a lost process's core time is not modelled)")
+        return self
