@@ -48,6 +48,16 @@ their work has had its core time:
 
     cores = HostCores(env, cores=2)
     done = cores.run(1e-3)      # fires once 1 ms of one core's time has been given to it
+
+The ranks' messages take the same cores (`cluster.host_message_work`): gloo's
+software work of each message a rank sends (posting it, waking its threads,
+the reduction's add: what calibration's exchange costs beyond the ping-pong's
+wire, δ per message and 1/γ per byte) runs on a core before its bytes move on
+the links, so that communication and compute threads contend as they do.
+`HostMessages.send(nbytes, then)` runs it and then calls `then()`:
+
+    messages = HostMessages(cores, latency_s=1.4e-3, s_per_byte=0.0)
+    messages.send(4096, start_the_flow)
 """
 from dataclasses import dataclass
 
@@ -177,3 +187,17 @@ class HostDevice(Device):
         start = self.env.now
         yield self.cores.run(seconds)
         self.log.span(self.rank, kind, name, start, self.env.now, nbytes=nbytes, flops=flops)
+
+
+class HostMessages:
+    """The software work of each message a rank sends, on the host's cores: `latency_s` + bytes x `s_per_byte`
+    of one core's time before the message moves (the module docstring)."""
+
+    def __init__(self, cores: HostCores, latency_s: float, s_per_byte: float):
+        self.cores = cores
+        self.latency_s = latency_s
+        self.s_per_byte = s_per_byte
+
+    def send(self, nbytes: int, then) -> None:
+        """Run the work of a message of `nbytes` on the cores; `then()` when it has run."""
+        self.cores.run(self.latency_s + nbytes * self.s_per_byte).callbacks.append(lambda _: then())
