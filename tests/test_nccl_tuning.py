@@ -179,6 +179,19 @@ def test_ring_under_each_protocol(protocol, collective, steps, per_step):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ring_across_nodes_under_each_protocol(protocol):
+    """Two nodes of one GPU, every hop a network one: NCCL's base latency, then 2(N - 1) steps of two hops, each
+    slower by half what the protocol's network step adds over ring/LL (hwLatencies[NET][RING]: 2.7, 4.0, 14.0
+    us), and a chunk of n/N bytes at the protocol's share of the NIC's rate."""
+    world, nbytes, nic_Bps, nic_s = 2, 8 << 20, 50e9, 1.5e-6
+    extra_hop_s = {"LL": 0.0, "LL128": (4.0 - 2.7) / 2 * US, "Simple": (14.0 - 2.7) / 2 * US}[protocol]
+    expected = BASE_S[protocol] + 2 * (world - 1) * (2 * (nic_s + extra_hop_s)
+                                                     + nbytes / world / (nic_Bps * PROTOCOL[protocol]))
+    assert time_s(one_gpu_per_node(world, nic_Bps, nic_s), "all_reduce", "ring", protocol, nbytes) == pytest.approx(
+        expected, rel=1e-6)  # flows carry whole bytes
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("collective", ["broadcast", "reduce"])
 def test_rooted_ring_is_a_pipelined_chain(protocol, collective):
     nbytes, world = 64 << 20, 4
