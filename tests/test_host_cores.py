@@ -100,6 +100,8 @@ def test_each_message_takes_a_core_before_it_moves(cores):
     (["cluster.host_message_work.latency=1ms"], "host_message_work: needs host_cores"),
     (["cluster.host_cores=2", "cluster.faults=[{at: 1, device: 0, fail: true}]"], "host_cores: does not run with "
                                                                                    "faults"),
+    (["cluster.host_cores=2", "parallel.tp=2", "parallel.representatives=true", "numerics=false"],
+     "parallel.representatives: needs devices that compute on their own"),
 ])
 def test_bad_host_keys_are_one_line_errors(tmp_path, capsys, overrides, message):
     path = tmp_path / "scenario.yaml"

@@ -161,7 +161,7 @@ class HostCores:
         self._settle()
         least = min(work[0] for work in self._running)
         ending = [work for work in self._running if work[0] <= least + _TIE_S]
-        self._running = [work for work in self._running if work not in ending]
+        self._running = [work for work in self._running if work[0] > least + _TIE_S]
         self._schedule()
         for _, done in ending:
             done.succeed()
