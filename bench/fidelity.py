@@ -11,7 +11,16 @@
    `simtrain launch --nproc 2` measures it (warm-up steps not measured);
 3. a table of predicted against measured step time (and compute, communication,
    optimizer, idle) with the error (predicted - measured) / measured, and
-   fidelity.json.
+   fidelity.json;
+4. held-out rank counts (`--ranks`, default 3 and 4): BASE on more processes
+   than calibration ran, on the same cores: predicted on a switch of that many
+   ranks with the calibrated device, three ways: each rank computing as if it
+   had a core of its own, on the calibrated links (`own_cores`); the ranks'
+   compute sharing the calibrated host's cores (`cluster.host_cores`,
+   hw/host_compute.py), on the same links (`shared_compute`); and their messages'
+   software work on those cores too (`cluster.host_message_work`: δ per
+   message and 1/γ per byte, the links then the ping-pong's wire:
+   `shared_cores`); and measured with `simtrain launch --nproc N`.
 
 The machine's load is printed first (a busy machine slows the real run and not
 the prediction).
@@ -82,6 +91,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="calibrate's timed repetitions")
     parser.add_argument("--no-jitter", dest="jitter", action="store_false",
                         help="predict without the calibrated compute jitter (no idle predicted)")
+    parser.add_argument("--ranks", type=int, nargs="*", default=[3, 4],
+                        help="held-out rank counts: BASE launched on this many processes")
     args = parser.parse_args()
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -148,9 +159,62 @@ def main() -> None:
     geomean = statistics.geometric_mean(unseen)
     print(f"\ngeometric mean of |error| over the unseen configurations: {geomean:.1%} (largest {max(unseen):.1%}); "
           f"machine load after: {load()}")
+    ranks_rows = [held_out_ranks(world, out, calibration, args) for world in args.ranks]
+    if ranks_rows:
+        print(f"\nheld-out rank counts on {calibration['host']['cores']} cores (calibrated at {WORLD} ranks):")
+        print("| ranks | measured step | own cores | shared compute | shared cores (compute and messages) | "
+              "measured compute / comm / optimizer / idle | shared cores: predicted compute / comm / optimizer / "
+              "idle |")
+        print("|---|---|---|---|---|---|---|")
+        for row in ranks_rows:
+            m, p = row["measured_breakdown_s"], row["predicted_breakdown_s"]["shared_cores"]
+            predictions = " | ".join(f"{row['predicted_step_s'][model] * 1e3:.3f} ms ({row['error'][model]:+.1%})"
+                                     for model in ("own_cores", "shared_compute", "shared_cores"))
+            parts = ("compute", "communication", "optimizer", "idle")
+            print(f"| {row['ranks']} | {row['measured_step_s'] * 1e3:.3f} ms | {predictions} | "
+                  f"{' / '.join(f'{m[part] * 1e3:.3f}' for part in parts)} ms | "
+                  f"{' / '.join(f'{p[part] * 1e3:.3f}' for part in parts)} ms |")
     (out / "fidelity.json").write_text(json.dumps({"calibration": calibration, "rows": rows,
-                                                   "geomean_abs_error": geomean, "max_abs_error": max(unseen)},
-                                                  indent=2) + "\n")
+                                                   "geomean_abs_error": geomean, "max_abs_error": max(unseen),
+                                                   "ranks_rows": ranks_rows}, indent=2) + "\n")
+
+
+def held_out_ranks(world: int, out: Path, calibration: dict, args) -> dict:
+    """BASE on `world` processes: predicted with and without the host's cores shared, and measured."""
+    folder = out / f"ranks_{world}"
+    folder.mkdir(exist_ok=True)
+    link = yaml.safe_load((out / "calibration" / "topology.yaml").read_text())["links"][0]
+    calibrated = {"bandwidth": link["bandwidth"], "latency": link["latency"]}  # the wire and the software
+    wire, software = calibration["link_classes"]["intra_host"], calibration["all_reduce_exchange"]
+    per_byte = software["software_s_per_byte"]
+    message_work = {"latency": software["software_latency_s"], "bandwidth": 1 / per_byte if per_byte else None}
+    cores = calibration["host"]["cores"]
+    models = {"own_cores": (None, calibrated, None), "shared_compute": (cores, calibrated, None),
+              "shared_cores": (cores, {"bandwidth": wire["bandwidth_Bps"], "latency": wire["latency_s"] / 2},
+                               message_work)}
+    predicted = {}
+    for model, (host_cores, links, work) in models.items():
+        cluster = {"topology": "switch", "devices": world, "device": str(out / "calibration" / "device.yaml"),
+                   "link": links, "host_cores": host_cores, "host_message_work": work,
+                   "compute_jitter": calibration["compute_jitter"] if args.jitter else 0.0}
+        scenario_file = folder / f"scenario_{model}.yaml"
+        scenario_file.write_text(yaml.safe_dump(scenario_dict({"cluster.devices": world}, cluster)))
+        predicted[model] = simtrain.run(simtrain.load_scenario(scenario_file)).data
+    launch_file = folder / "launch.yaml"
+    launch_file.write_text(yaml.safe_dump(scenario_dict({"cluster.devices": world})))
+    before = load()
+    measured = launch(launch_file, [], world, folder / "real", warmup=args.warmup)
+    step = measured["step_time_s"]
+    row = {"ranks": world, "load_before": before, "measured_step_s": step,
+           "measured_breakdown_s": measured["breakdown_s"], "launch_warning": measured["measurement"]["warning"],
+           "predicted_step_s": {model: data["step_time_s"] for model, data in predicted.items()},
+           "predicted_breakdown_s": {model: data["breakdown_s"] for model, data in predicted.items()},
+           "error": {model: (data["step_time_s"] - step) / step for model, data in predicted.items()}}
+    warning = f"; {row['launch_warning']}" if row["launch_warning"] else ""
+    print(f"{world} ranks: measured {step * 1e3:.3f} ms; predicted " + ", ".join(
+        f"{model} {row['predicted_step_s'][model] * 1e3:.3f} ms ({row['error'][model]:+.1%})" for model in models)
+        + f" (load before {before}){warning}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ class SimulatedBackend:
         return SimCommunicator(job.cluster.network, [device.node for device in devices], log=job.cluster.log,
                                ledgers=[device.memory for device in devices],
                                global_ranks=[device.rank for device in devices], exclusive=exclusive,
-                               copies=copies)
+                               copies=copies, host=job.cluster.host_messages)
 
     def all_reduce(self, job, ranks: list[int]):
         """fn(rank, world, buf, average=False) -> the all-reduce program of the group of job ranks `ranks`."""

@@ -9,6 +9,7 @@ computed here and against the simulator's ring on the topology they give; a
 the jitter's model drawn with a seeded Generator; quartiles by hand for the load check.
 """
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def test_calibrate_writes_files_run_takes(tmp_path, with_model):
     assert latency == pytest.approx(written["link_classes"]["intra_host"]["latency_s"]
                                     + written["all_reduce_exchange"]["software_latency_s"])
     assert len(written["step_samples"]) == 2 and written["load"]["cores"] >= 1
+    cores = len(os.sched_getaffinity(0))  # the cores the ranks could run on, for cluster.host_cores
+    assert written["host"] == {"cores": cores, "ranks": 2, "rates_per_core": 2 <= cores}
     scenario = scenario_file(tmp_path, cluster={"device": "calibration/device.yaml",
                                                 "topology": "calibration/topology.yaml"})
     report = simtrain.run(simtrain.load_scenario(scenario))

@@ -97,6 +97,32 @@ def test_the_tree_correction_and_the_ring_plateau_enter_the_time():
     assert tuning.time_us("all_reduce", "ring", "Simple", nbytes) == pytest.approx(ring)
 
 
+def test_nvls_tree_latency_is_nccls_and_blackwell_corrects_its_bandwidth():
+    """NCCL 2.30.7's tuning.cc by hand. NVLS-tree's latency: baseLatencies 0, plus hwLatencies[NVLINK][NVLS_TREE]
+    [Simple] = 25 us inside the node, plus 2 log2i(nodes) network steps of hwLatencies[NET][NVLS_TREE][Simple] =
+    20.9 us each (plus 2 latencyInter, 0 on InfiniBand): 25 + 2 x 1 x 20.9 = 66.8 us on 2 and on 3 nodes,
+    25 + 2 x 2 x 20.9 = 108.6 us on 4, on Hopper as on Blackwell. ncclTopoGetAlgoTime then multiplies a Blackwell
+    NVLS-tree all-reduce's bandwidth (minCompCap >= 100, x86) by the tree's correction: Simple at 1 MiB
+    (64 B x 2^14) by 0.5, at 1 GiB (2^24, past the table) by nothing; Hopper's never. And the ring's plateau
+    multiplies its Simple latency across nodes by 1.9 before Ampere (Volta), 1.4 from Ampere on."""
+    for nodes, latency_us in ((2, 66.8), (3, 66.8), (4, 108.6)):
+        for generation in ("hopper", "blackwell"):
+            fabric = Fabric(ranks=8 * nodes, nodes=nodes, generation=generation, intra_GBps=360.0,
+                            inter_GBps=400.0, nvls=True)
+            assert tune(fabric).latency_us["all_reduce", "nvls_tree", "Simple"] == pytest.approx(latency_us)
+    for generation, factor_1mib in (("blackwell", 0.5), ("hopper", 1.0)):
+        tuning = tune(Fabric(ranks=16, nodes=2, generation=generation, intra_GBps=360.0, inter_GBps=400.0,
+                             nvls=True))
+        key = ("all_reduce", "nvls_tree", "Simple")
+        latency, bandwidth = tuning.latency_us[key], tuning.bandwidth_GBps[key]
+        assert tuning.time_us(*key, 1 << 20) == pytest.approx(latency + (1 << 20) / (1000 * factor_1mib * bandwidth))
+        assert tuning.time_us(*key, 1 << 30) == pytest.approx(latency + (1 << 30) / (1000 * bandwidth))
+    volta = tune(Fabric(ranks=16, nodes=2, generation="volta", intra_GBps=130.0, inter_GBps=100.0))
+    key = ("all_reduce", "ring", "Simple")
+    assert volta.time_us(*key, 1 << 20) == pytest.approx(1.9 * volta.latency_us[key]
+                                                         + (1 << 20) / (1000 * volta.bandwidth_GBps[key]))
+
+
 def test_the_choice_is_the_least_predicted_time_and_crosses_over_where_the_lines_meet():
     tuning = tune(H100)
     assert tuning.choose("all_reduce", 8) == ("ring", "LL")
@@ -150,6 +176,19 @@ def test_ring_under_each_protocol(protocol, collective, steps, per_step):
     # rel 1e-6: a flow carries whole bytes on the wire (LL128's 128/120 of a chunk, rounded up)
     assert time_s(switch(8, reducing=False), collective, "ring", protocol, nbytes) == pytest.approx(expected,
                                                                                                    rel=1e-6)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ring_across_nodes_under_each_protocol(protocol):
+    """Two nodes of one GPU, every hop a network one: NCCL's base latency, then 2(N - 1) steps of two hops, each
+    slower by half what the protocol's network step adds over ring/LL (hwLatencies[NET][RING]: 2.7, 4.0, 14.0
+    us), and a chunk of n/N bytes at the protocol's share of the NIC's rate."""
+    world, nbytes, nic_Bps, nic_s = 2, 8 << 20, 50e9, 1.5e-6
+    extra_hop_s = {"LL": 0.0, "LL128": (4.0 - 2.7) / 2 * US, "Simple": (14.0 - 2.7) / 2 * US}[protocol]
+    expected = BASE_S[protocol] + 2 * (world - 1) * (2 * (nic_s + extra_hop_s)
+                                                     + nbytes / world / (nic_Bps * PROTOCOL[protocol]))
+    assert time_s(one_gpu_per_node(world, nic_Bps, nic_s), "all_reduce", "ring", protocol, nbytes) == pytest.approx(
+        expected, rel=1e-6)  # flows carry whole bytes
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

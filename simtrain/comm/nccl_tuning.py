@@ -33,8 +33,14 @@ choose here has a program (nccl.py; `pat` in pat.py).
 Simplifications, each a fact NCCL's search would supply: the channel count
 (16, NCCL's usual figure on NVSwitch systems; it only caps LL128 and tree
 bandwidth per channel, far above these systems' links), the CPU (Intel: 1 us
-network overhead per step), the tree pattern (balanced, no 0.85), and
-`latencyInter` 0 (no extra network latency from the search).
+network overhead per step; x86, so Blackwell's NVLS-tree all-reduce takes the
+tree's correction of its bandwidth, as NCCL's ncclTopoGetAlgoTime does for
+minCompCap >= 100 on x86), the tree pattern (balanced, no 0.85), and
+`latencyInter` 0: NCCL adds the network plugin's reported latency to each
+network step (twice for Simple), and its InfiniBand and socket transports
+report 0 ("Not set", src/transport/net_ib/init.cc, net_socket.cc). So
+NVLS-tree's latency is NCCL's: its intra-node NVLink figure, then two network
+steps per tree level, 25 + 2 x log2(nodes) x 20.9 us (66.8 us on two nodes).
 """
 import math
 from dataclasses import dataclass
@@ -103,6 +109,7 @@ class Tuning:
     ranks: int
     nodes: int
     channels: int
+    generation: str  # the GPUs' (minCompCap): Blackwell's NVLS-tree and Volta's ring plateau differ
 
     def time_us(self, collective: str, algorithm: str, protocol: str, nbytes: int) -> float:
         """Predicted time of one call; inf where NCCL would not run the pair."""
@@ -113,10 +120,13 @@ class Tuning:
         log_size = _log2i(nbytes >> 6)
         if algorithm == "tree" and collective == "all_reduce" and 0 <= log_size < 23:
             bandwidth *= TREE_CORRECTION[protocol][log_size]
+        if algorithm == "nvls_tree" and collective == "all_reduce" and self.generation == "blackwell" and \
+                0 <= log_size < 24:  # NCCL: minCompCap >= 100 on an x86 CPU (Intel's, here)
+            bandwidth *= TREE_CORRECTION[protocol][log_size]
         latency = self.latency_us[key]
         if algorithm == "ring" and protocol == "Simple" and self.nodes > 1 and collective == "all_reduce" and \
                 nbytes / (self.channels * self.ranks) >= 64:
-            latency *= 1.4  # "plateau effect of ring", Ampere and later
+            latency *= 1.9 if self.generation == "volta" else 1.4  # "plateau effect of ring": 1.4 from Ampere
         return latency + nbytes / (1000 * bandwidth)
 
     def choose(self, collective: str, nbytes: int) -> tuple[str, str]:
@@ -152,7 +162,7 @@ def tune(fabric: Fabric) -> Tuning:
                     bus *= ranks / steps if algo in ("ring", "nvls", "nvls_tree") else 0.5
                 bandwidth[coll, algo, proto] = bus
                 latency[coll, algo, proto] = call_latency_us(coll, algo, proto, fabric, steps, ppn)
-    return Tuning(latency, bandwidth, ranks, nodes, fabric.channels)
+    return Tuning(latency, bandwidth, ranks, nodes, fabric.channels, fabric.generation)
 
 
 def _runs(coll: str, algo: str, fabric: Fabric) -> bool:

@@ -51,6 +51,10 @@ plus the protocol's), and where its algorithm
 reduces in a switch, the switch's program runs as one more rank of the
 communicator (a helper: no device, no span, no ledger), started by the first
 rank that posts the call, once the previous call's switch programs ended.
+
+On a host whose ranks share its CPU cores (`host`: hw/host_compute.py's
+HostMessages, `cluster.host_message_work`), each message's software work runs
+on a core before its flow starts.
 """
 import math
 from collections import deque
@@ -248,7 +252,7 @@ class SimCommunicator:
 
     def __init__(self, network: Network, nodes: list[str], log: EventLog | None = None,
                  ledgers: list[MemoryLedger] | None = None, global_ranks: list[int] | None = None,
-                 exclusive: bool = False, copies: int = 1):
+                 exclusive: bool = False, copies: int = 1, host=None):
         self.network = network
         self.env: simpy.Environment = network.env
         self.nodes = list(nodes)
@@ -261,7 +265,10 @@ class SimCommunicator:
         self._running: dict[int, _RankProgram] = {}
         self._posted: dict[int, list[_RankProgram]] = {}  # rank -> its posted programs not ended yet
         self.bytes_by_label: dict[str, int] = {}  # bytes sent by the group's programs, by their label
-        self.exclusive = exclusive
+        # The host's messages (hw/host_compute.py HostMessages): each Send's software work on the host's cores
+        # before its flow; None: none. Then nothing is timed as a group.
+        self.host = host
+        self.exclusive = exclusive and host is None
         # Each of its ranks stands for `copies` ranks (schemes/representatives.py): the bytes it logs count
         # that many times.
         self.copies = copies
@@ -437,6 +444,10 @@ class SimCommunicator:
 
         src, dst, wire = self.nodes[sender.rank], self.nodes[receiver.rank], owner.wire
         if wire is None:
+            if self.host is not None:  # the sender's CPU does the message's software work first
+                self.host.send(nbytes, partial(self.network.start_flow, src, dst, nbytes, on_done=delivered,
+                                               label=sender.label))
+                return
             self.network.start_flow(src, dst, nbytes, on_done=delivered, label=sender.label)
             return
         fraction, extra_s = wire.of(self.network.route(src, dst).path)

@@ -13,7 +13,10 @@ changed device fields, or a `slowdown`; `cluster.compute_jitter` gives every
 compute kernel a lognormal time factor drawn from the rank's own Generator,
 seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
 shared_memory.py to the network. `cluster.compute_model` (flops or roofline)
-is every device's compute model (device.py).
+is every device's compute model (device.py). `cluster.host_cores` makes the
+devices processes of one host whose CPU cores they share (hw/host_compute.py),
+and `cluster.host_message_work` each message's software work on those cores
+(`host_messages`, which the simulated backend's communicators take).
 """
 import gc
 import math
@@ -28,6 +31,7 @@ from ..scenario import ClusterSpec
 from .catalog import DeviceSpec, override_device, resolve_device
 from .device import Device
 from .eventlog import EventLog
+from .host_compute import HostCores, HostDevice, HostMessages
 from .network import Network
 from .shared_memory import SharedMemory, attach_shared_memory
 from .topology import Topology
@@ -40,7 +44,8 @@ class Cluster:
     def __init__(self, topology: Topology, specs: list[DeviceSpec], record: bool = True,
                  slowdowns: list[float] | None = None, compute_jitter: float = 0.0, seed: int = 0,
                  shared_memory: SharedMemory | None = None, enforce_capacity: bool = True,
-                 compute_model: str = "flops"):
+                 compute_model: str = "flops", host_cores: int | None = None,
+                 host_message_work: tuple[float, float] | None = None):
         if len(specs) != topology.num_devices:
             raise ValueError(f"{len(specs)} device specs for {topology.num_devices} devices")
         slowdowns = slowdowns or [1.0] * len(specs)
@@ -49,9 +54,15 @@ class Cluster:
         self.log = EventLog(record)
         self.network = Network(self.env, topology, record=record)
         self.shared_memory = shared_memory
+        cores = {} if host_cores is None else {"cores": HostCores(self.env, host_cores)}
+        # (latency_s, s_per_byte) of each message a rank sends, on the cores; None: the links alone
+        self.host_messages = (HostMessages(cores["cores"], *host_message_work) if host_message_work is not None
+                              else None)
         self.devices = [
-            Device(self.env, rank, node, spec, self.log, slowdown=slowdowns[rank], jitter=compute_jitter,
-                   rng=np.random.default_rng([seed, rank]) if compute_jitter else None, compute_model=compute_model)
+            (HostDevice if cores else Device)(
+                self.env, rank, node, spec, self.log, slowdown=slowdowns[rank], jitter=compute_jitter,
+                rng=np.random.default_rng([seed, rank]) if compute_jitter else None, compute_model=compute_model,
+                **cores)
             for rank, (node, spec) in enumerate(zip(topology.devices, specs))
         ]
         if not enforce_capacity:
@@ -94,6 +105,13 @@ def run_to_end(env: simpy.Environment) -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+def _message_work(spec) -> tuple[float, float] | None:
+    """(seconds per message, seconds per byte) of `cluster.host_message_work`, or None."""
+    if spec is None:
+        return None
+    return spec.latency, 0.0 if spec.bandwidth is None else 1.0 / spec.bandwidth
 
 
 def _link_class(spec) -> LinkClass | None:
@@ -139,7 +157,8 @@ class ResolvedCluster:
             topology, store = attach_shared_memory(topology, spec.shared_memory)
         return Cluster(topology, self.device_specs, record=record, slowdowns=self.slowdowns,
                        compute_jitter=spec.compute_jitter, seed=seed, shared_memory=store,
-                       enforce_capacity=enforce_capacity, compute_model=spec.compute_model)
+                       enforce_capacity=enforce_capacity, compute_model=spec.compute_model,
+                       host_cores=spec.host_cores, host_message_work=_message_work(spec.host_message_work))
 
 
 def resolve_cluster(spec: ClusterSpec, base_dir: Path = Path(".")) -> ResolvedCluster:

@@ -39,7 +39,12 @@ rank linked to its host's switch with latency (α + δ)/2 and bandwidth
 exchange of training's ring took; across hosts each rank also has a link to
 one spine with the cross-host fit) and `calibration.json` (every measurement,
 every fit with its residuals, `compute_jitter` for `cluster.compute_jitter`,
-and the machine's load: a `warning` when it was loaded, machine_load.py).
+and the machine's load: a `warning` when it was loaded, machine_load.py), and
+`host`: the cores the ranks ran on (`cores`, for `cluster.host_cores`: a run of
+more ranks than cores shares them, hw/host_compute.py) and the ranks a host ran.
+The fitted rates are one core's when every rank had a core to itself
+(`rates_per_core`); calibrating more ranks than cores fits shared ones, and
+says so in the warning.
 
     summary = calibrate(2, Path("calibration"))
 """
@@ -63,7 +68,7 @@ from ..loss import cross_entropy
 from ..scenario import load_scenario
 from ..train.precision import DTYPES
 from .fit import fit_alpha_beta, fit_overhead_rate
-from .machine_load import load_average, load_warning
+from .machine_load import host_cores, load_average, load_warning
 from .processes import join, spawn, torchrun_world
 from .step_fit import exchange_software_cost, fit_step_timings
 from .step_timing import GEMM_SIZES, step_cases, time_steps
@@ -255,11 +260,17 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
                            "predicted_time_s": prediction.time_s,
                            "error": (prediction.time_s - row["time_s"]) / row["time_s"]})
     warning = load_warning(load, steps["spreads"])
+    cores = host_cores()
+    if ranks_per_host > cores:
+        shared = (f"{ranks_per_host} ranks on {cores} cores: the fitted rates are shared, not one core's; "
+                  f"calibrate with --nproc {cores} to predict other rank counts with cluster.host_cores")
+        warning = shared if warning is None else f"{warning}; {shared}"
     summary = {
         "date": when, "ranks": world, "backend": backend, "hosts": hosts, "model_of": model_of,
         "sizes_bytes": list(sizes),
         "load": {"load_average_before": load, "cores": os.cpu_count(), "spreads": steps["spreads"],
                  "warning": warning},
+        "host": {"cores": cores, "ranks": ranks_per_host, "rates_per_core": ranks_per_host <= cores},
         "pingpong": {pair: {"one_way_s": one_way[pair], "latency_s": fit.latency_s,
                             "bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
                             "residuals": fit.residuals}

@@ -29,6 +29,11 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def host_cores() -> int:
+    """The CPU cores this process may run on (its affinity; the host's cores when nothing restricts it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def relative_spread(samples_s) -> float:
     """(third quartile - first quartile) / median of repeated timings."""
     if len(samples_s) < 2:

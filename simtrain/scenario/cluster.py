@@ -187,6 +187,15 @@ class RandomFaultsSpec(Section):
         return self
 
 
+class MessageWorkSpec(Section):
+    """The CPU work of each message a rank sends over gloo, beyond the wire: posting it, waking gloo's threads,
+    the reduction's add (real/calibrate.py fits it from training's ring: the exchange less the ping-pong)."""
+
+    latency: Duration = Field(description="Seconds of one core's time per message (s).")
+    bandwidth: Bandwidth | None = Field(None, description="Bytes per second of one core's time (bytes/s); null: no "
+                                                          "work per byte.")
+
+
 class ClusterSpec(Section):
     """The simulated cluster: its topology, devices and links (hw/cluster.py builds it)."""
 
@@ -231,3 +240,19 @@ class ClusterSpec(Section):
         0.1, description="Seconds from a device's loss until its job notices: torchrun's elastic agent polls its "
                          "workers every --monitor-interval (default 0.1 s in torch 2.13, torch/distributed/run.py) "
                          "(s).")
+    host_cores: Count(MAX_DEVICES) | None = Field(
+        None, description="The CPU cores of the one host whose processes the ranks are (a calibrated run, "
+                          "real/calibrate.py): compute and memory-bound work takes a core while it runs, the cores "
+                          "shared by processor sharing when the ranks outnumber them (hw/host_compute.py); null: "
+                          "devices that each compute on their own.")
+    host_message_work: MessageWorkSpec | None = Field(
+        None, description="With host_cores: each message a rank sends first takes this work of a core "
+                          "(hw/host_compute.py), the links then being the wire alone; null: none.")
+
+    @model_validator(mode="after")
+    def _host_cores_without_faults(self) -> "ClusterSpec":
+        if self.host_cores is not None and (self.faults or self.random_faults):
+            raise ValueError("host_cores: does not run with faults (a lost process's core time is not modelled)")
+        if self.host_message_work is not None and self.host_cores is None:
+            raise ValueError("host_message_work: needs host_cores (the cores the work runs on)")
+        return self

@@ -271,6 +271,8 @@ def _representatives_fit(scenario: Scenario) -> None:
                         (scenario.numerics, "needs numerics false (the mirrored ranks compute nothing)"),
                         (cluster.overrides, "needs identical devices (no cluster.overrides)"),
                         (cluster.compute_jitter > 0, "needs identical devices (no cluster.compute_jitter)"),
+                        (cluster.host_cores is not None, "needs devices that compute on their own (no "
+                                                         "cluster.host_cores: the mirrored ranks take no core)"),
                         (cluster.faults or cluster.random_faults, "does not run with faults"),
                         (scenario.train.checkpoint, "does not run with train.checkpoint (the mirrored ranks hold no "
                                                     "state of their own)")):
