@@ -133,15 +133,16 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
             yield from _beside(compute, collective)
             values = tuple(result if i == op.index else v for i, v in enumerate(values))
         else:
-            yield compute
+            beside = forward_beside(cost.tp_overlap if cost is not None else None, region - 1, op.forward)
+            if beside is None:
+                yield compute
             if op.forward is not None:  # an all-reduce sums in place a copy of what autograd may hold
                 tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
-                beside = forward_beside(cost.tp_overlap if cost is not None else None, region - 1, op.forward)
                 if beside is None:
                     collective, result = communicate(op.forward, tensor)
                     yield collective
                 else:
-                    result = yield from beside(communicate, tensor, dtype)
+                    result = yield from beside(compute, communicate, tensor)
                 if op.forward == "all_gather":  # the next region keeps the shard, not what it gathers to
                     result = result.contiguous()
                     shard = SavedShard(tensor, result)
@@ -277,12 +278,13 @@ def replay_forward(cost: ChunkCost, communicate, dtype: str):
         if reduced is not None and reduced[0] in OVERLAPPED:
             yield from _beside(compute, communicate(*reduced)[0])
         else:
-            yield compute
             beside = None if reduced is None else forward_beside(cost.tp_overlap, region, reduced[0])
             if beside is not None:
-                yield from beside(communicate, reduced[1], dtype)
-            elif reduced is not None:
-                yield communicate(*reduced)[0]
+                yield from beside(compute, communicate, reduced[1])
+            else:
+                yield compute
+                if reduced is not None:
+                    yield communicate(*reduced)[0]
     return cost.output
 
 

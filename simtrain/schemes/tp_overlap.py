@@ -214,10 +214,12 @@ def _without(ops: OpCosts, part: OpCosts) -> OpCosts:
 
 def ring_exchange(communicate, shard: torch.Tensor, gemm: Gemm, dtype: str, name: str):
     """Step program: the all-gather of `shard` in its ring steps, each posted beside a 1/tp slice of `gemm` and
-    awaited after it, the last slice after the last step; returns the gathered tensor."""
+    awaited after it, the last slice after the last step; returns the gathered tensor. The slices are the start
+    of the next region's compute, Computes named `name` + "_part" (a region's compute ends with one named
+    `name`: schemes/bucket_overlap.py counts regions by it)."""
     steps, result = communicate("all_gather_steps", shard)
     slices = len(steps) + 1
-    piece = Compute(gemm.flops / slices, dtype, name, ops=scaled(gemm.ops, 1 / slices))
+    piece = Compute(gemm.flops / slices, dtype, f"{name}_part", ops=scaled(gemm.ops, 1 / slices))
     for collective, _ in steps:
         handle = yield Post(*collective)
         yield piece
@@ -228,11 +230,13 @@ def ring_exchange(communicate, shard: torch.Tensor, gemm: Gemm, dtype: str, name
 
 def pipelined_scatter(communicate, whole: torch.Tensor, gemm: Gemm, dtype: str, name: str):
     """Step program: `gemm` in slices, each slice's reduce-scatter posted once the slice and the one before it
-    are done (one communication stream) and running beside the next slices; returns the rank's shard."""
+    are done (one communication stream) and running beside the next slices; returns the rank's shard. The last
+    slice ends its region's compute (named `name`, the others `name` + "_part")."""
     splits, result = communicate("reduce_scatter_splits", whole)
     handle = None
-    for collective, fraction in splits:
-        yield Compute(gemm.flops * fraction, dtype, name, ops=scaled(gemm.ops, fraction))
+    for number, (collective, fraction) in enumerate(splits):
+        yield Compute(gemm.flops * fraction, dtype, name if number == len(splits) - 1 else f"{name}_part",
+                      ops=scaled(gemm.ops, fraction))
         if handle is not None:
             yield Await(handle)
         handle = yield Post(*collective)
@@ -241,16 +245,23 @@ def pipelined_scatter(communicate, whole: torch.Tensor, gemm: Gemm, dtype: str, 
 
 
 def forward_beside(overlap: TpOverlap | None, region: int, kind: str):
-    """The step program that runs the collective `kind` after forward region `region` beside a GEMM
-    (fn(communicate, tensor, dtype) -> its result), or None where it runs alone."""
+    """The step program that runs forward region `region`'s compute (less its GEMMs beside collectives) and the
+    collective `kind` after it beside a GEMM (fn(compute, communicate, tensor) -> the collective's result), or
+    None where the collective runs alone."""
     if overlap is None:
         return None
     if kind == "all_gather" and overlap.gather_beside[region + 1] is not None:
-        return lambda communicate, tensor, dtype: ring_exchange(communicate, tensor,
-                                                                overlap.gather_beside[region + 1], dtype, "forward")
+        def gather(compute: Compute, communicate, tensor):
+            yield compute
+            return (yield from ring_exchange(communicate, tensor, overlap.gather_beside[region + 1], compute.dtype,
+                                             "forward"))
+        return gather
     if kind == "reduce_scatter" and overlap.scatter_beside[region] is not None:
-        return lambda communicate, tensor, dtype: pipelined_scatter(communicate, tensor, overlap.scatter_beside[region],
-                                                                    dtype, "forward")
+        def scatter(compute: Compute, communicate, tensor):
+            yield compute._replace(name="forward_part")
+            return (yield from pipelined_scatter(communicate, tensor, overlap.scatter_beside[region], compute.dtype,
+                                                 "forward"))
+        return scatter
     return None
 
 
