@@ -110,12 +110,14 @@ class GemmWatch(TorchDispatchMode):
         self.regions: list[list[_Operator]] = []
         self.scattered: dict[int, int] = {}  # region -> storage of what the reduce-scatter after it scattered
         self._current: list[_Operator] = []
-        self._gathered: dict[int, torch.Tensor] = {}  # storage -> the gathered tensor or a copy (kept alive)
+        # storages of the gathered tensor and its copies (ids only: a reference kept here would keep autograd from
+        # taking a gradient over without a copy, and change what is measured)
+        self._gathered: set[int] = set()
 
     def cut(self) -> None:
         """The current region has ended."""
         self.regions.append(self._current)
-        self._current, self._gathered = [], {}
+        self._current, self._gathered = [], set()
 
     def communicating(self, communicate):
         """`communicate` noting, for each all-gather, what it gives the next region and, for each
@@ -123,7 +125,7 @@ class GemmWatch(TorchDispatchMode):
         def noting(kind, tensor):
             reduced, result = communicate(kind, tensor)
             if kind == "all_gather":
-                self._gathered = {_storage_id(result): result}
+                self._gathered = {_storage_id(result)}
             elif kind == "reduce_scatter":
                 self.scattered[len(self.regions) - 1] = _storage_id(tensor)
             return reduced, result
@@ -138,12 +140,12 @@ class GemmWatch(TorchDispatchMode):
         ops = self._probe.take()
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         reads = {_storage_id(t) for t in inputs}
-        gathered = bool(reads & self._gathered.keys())
+        gathered = bool(reads & self._gathered)
         if self._probe.flops > before:
             self._current.append(_Operator(gathered, bool(reads & self._parameters),
                                            frozenset(_storage_id(t) for t in outputs), self._probe.flops - before, ops))
         elif gathered:  # a copy or view of the gathered tensor: GEMMs reading it read the gathered tensor
-            self._gathered.update((_storage_id(t), t) for t in outputs)
+            self._gathered.update(_storage_id(t) for t in outputs)
         return out
 
 
