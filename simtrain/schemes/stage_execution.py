@@ -170,7 +170,8 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
         if gathering is not None:  # tp_comm_overlap: the output gradient gathered beside the input-gradient GEMM
             at, tensor = gathering
-            gathered = yield from ring_exchange(communicate, tensor, overlap.grad_gather_beside[step], dtype, "backward")
+            gathered = yield from ring_exchange(communicate, tensor, overlap.grad_gather_beside[step], dtype,
+                                                "backward")
             grads, gathering = tuple(gathered if i == at else g for i, g in enumerate(grads)), None
         boundary = tape.reduce_grad[index]
         scatter = None

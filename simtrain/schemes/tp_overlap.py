@@ -171,7 +171,7 @@ def carve(forward_watch: GemmWatch, backward_watch: GemmWatch, boundaries: list,
                 if after(n - 1 - s, ReduceScatter) else None)
         split = splits[s]
         if gemm is not None and split is not None:
-            if split.before_flops < gemm.flops:  # the input-gradient GEMM is not where it was looked for: not overlapped
+            if split.before_flops < gemm.flops:  # the input-gradient GEMM is not where it was looked for: alone
                 gemm = None
             else:
                 splits[s] = split._replace(before_flops=split.before_flops - gemm.flops,
