@@ -9,7 +9,9 @@
     (c = 3 x 2 b s h (h/t) / t / R), the last slice after the last step: c + (t - 1) max(c, S);
   - pipeline: the output projection's GEMM (2 b s (h/t) h FLOPs) in n = 4 slices of g = that / n / R,
     each slice's reduce-scatter (t - 1 ring steps of b (s/t/n) h x 4 bytes: r = (t - 1) x that / B) started
-    once the slice and the reduce-scatter before it are done: g + r + (n - 1) max(g, r).
+    once the slice and the reduce-scatter before it are done: g + r + (n - 1) max(g, r);
+  - backward: the second MLP Linear's output gradient all-gathered in ring steps beside its input-gradient
+    GEMM (2 b s (4h/t) h FLOPs, in t slices), as in forward.
   With links that cost nothing the step is its compute, which is the compute without the overlap.
 - Representatives time it as the full simulation does (tests/test_representatives.py, a case with the key on).
 - Bad input: the key without parallel.sequence_parallel is one line naming parallel.tp_comm_overlap, exit 2.
@@ -67,6 +69,14 @@ def test_ring_exchange_and_pipeline_take_their_closed_forms_on_slow_links():
                                                 "tp_reducescatter"]
     assert all(span.end - span.start == pytest.approx(g, rel=1e-12) for span in pipeline if span.kind == "compute")
     assert pipeline[-1].end - pipeline[0].start == pytest.approx(g + r + (n - 1) * max(g, r), rel=1e-12)
+
+    # backward: the second MLP Linear's output gradient gathered beside its input-gradient GEMM, as in forward
+    c = 2 * B_SEQ * S * (4 * H // t) * H / t / rate
+    first = names.index("tp_allgather", names.index("backward")) - 1
+    exchange = spans[first:first + 2 * t - 1]
+    assert [span.name for span in exchange] == ["backward_part", "tp_allgather"] * (t - 1) + ["backward_part"]
+    assert all(span.end - span.start == pytest.approx(c, rel=1e-12) for span in exchange[::2])
+    assert exchange[-1].end - exchange[0].start == pytest.approx(c + (t - 1) * max(c, step_s), rel=1e-12)
 
 
 def test_with_free_links_the_step_is_the_compute():
