@@ -41,6 +41,14 @@ part of the sequence in place of the gathered input and its backward gathers
 it again, beside the first half of its Linears' backward
 (schemes/saved_shards.py; `ChunkCost.backward_regather`).
 
+With parallel.tp_comm_overlap (schemes/tp_overlap.py, Transformer Engine's
+userbuffers) a layer's all-gather runs as ring steps beside slices of the
+GEMMs at the start of the region after it, its reduce-scatter in splits
+beside slices of the GEMM that ends the region before it; in the backward the
+output gradient's all-gather runs beside the input-gradient GEMM of the
+region after it and the input gradient's reduce-scatter beside the weight
+gradient (`ChunkCost.tp_overlap`: those GEMMs, measured apart).
+
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
@@ -191,7 +199,8 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
             grads = tuple(scattered if i == boundary[0] else g for i, g in enumerate(grads))
         elif boundary is not None and grads[boundary[0]] is not None:  # the data's own input needs no gradient
             at, kind = boundary
-            if overlap is not None and step + 1 < len(tape.regions) and overlap.grad_gather_beside[step + 1]:
+            if overlap is not None and step + 1 < len(tape.regions) and \
+                    overlap.grad_gather_beside[step + 1] is not None:
                 gathering = (at, grads[at])
                 continue
             collective, result = communicate(kind, grads[at])
@@ -307,7 +316,8 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str):
             arriving = None
         if reduced is None or scattered is not None:
             continue
-        if overlap is not None and step + 1 < len(cost.backward_reduced) and overlap.grad_gather_beside[step + 1]:
+        if overlap is not None and step + 1 < len(cost.backward_reduced) and \
+                overlap.grad_gather_beside[step + 1] is not None:
             gathering = reduced[1]
         elif reduced[0] in OVERLAPPED_BACK:
             arriving = yield Post(*communicate(*reduced)[0])
