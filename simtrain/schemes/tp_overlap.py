@@ -50,8 +50,8 @@ output layer and embedding are not Transformer Engine modules). `carve` takes
 those GEMMs out of the regions' costs into a `TpOverlap`, which the step
 programs of stage_execution.py run beside the collectives:
 
-    watch = GemmWatch(parameters)       # measuring, inside the operator recorder, cut at each region
-    overlap, forward, backward, splits = carve(watch, boundaries, forward, backward, splits, forward_regions)
+    watches = GemmWatch(parameters), GemmWatch(parameters)   # measuring the forward, the backward: cut at each region
+    overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
     result = yield from ring_exchange(communicate, shard, overlap.gather_beside[region], dtype, "forward")
 """
 from typing import NamedTuple
@@ -66,7 +66,6 @@ from ..op_cost import OpCosts, OperatorRecorder, merged, scaled
 from ..step_ops import Await, Compute, Post
 from ..train.tensor_parallel import AllGather, ReduceScatter
 from .representatives import MirroredCollective
-from .saved_shards import RegionSplit
 
 PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits of a "pipeline" overlap
 STEPWISE = ("all_gather_steps", "reduce_scatter_splits")  # the kinds a `communicate` gives in pieces
