@@ -4,6 +4,7 @@
   step time, breakdown, memory peaks and bytes (relative 1e-9): the tp ranks
   of a stage run in lockstep, and a collective timed with its mirrors on an
   idle network is the one the full simulation runs.
+  Also with parallel.tp_comm_overlap (its ring steps and pipelined splits).
 - With several replicas the dp all-reduce meets pipeline sends on the NICs
   in the full simulation and not in the representatives': within 1%.
 - Full activation recomputation (train.checkpointing: full) under tp: the
@@ -56,7 +57,8 @@ def assert_close(a, b, rel: float):
         assert a == pytest.approx(b, rel=rel, abs=1e-15)
 
 
-@pytest.mark.parametrize("devices, layout", [(8, dict(tp=4, pp=2)), (4, dict(tp=4, pp=1, pipeline={}))])
+@pytest.mark.parametrize("devices, layout", [(8, dict(tp=4, pp=2)), (4, dict(tp=4, pp=1, pipeline={})),
+                                             (8, dict(tp=4, pp=2, sequence_parallel=True, tp_comm_overlap=True))])
 def test_one_replica_with_a_node_per_stage_equals_the_full_simulation(devices, layout):
     full = simtrain.run(scenario(devices, 4, checkpointing="full", **layout)).data
     represented = simtrain.run(scenario(devices, 4, checkpointing="full", representatives=True, **layout)).data

@@ -50,3 +50,33 @@ def _gather(rank: int, world: int, parts):
 
 def _scatter(rank: int, world: int, parts):
     yield from ring_reduce_scatter(rank, *_rotated(rank, world, parts))
+
+
+def gather_steps(rank: int, world: int, shard: torch.Tensor):
+    """(programs, whole): gather_program's ring as its world - 1 steps, each a program of its own (a step sends
+    one shard on to the next rank and receives one from the previous: parallel.tp_comm_overlap's ring exchange,
+    schemes/tp_overlap.py)."""
+    program, whole = gather_program(rank, world, shard)
+    return _one_program_a_step(program), whole
+
+
+def scatter_splits(rank: int, world: int, whole: torch.Tensor, splits: int):
+    """(programs, fractions, shard): scatter_program's reduce-scatter as `splits` reduce-scatters one after
+    another, split k of every rank's part of the sequence (at most one position each) in the k-th; each
+    element is summed in the same ring order as by scatter_program, so the sum is the same bit for bit.
+    `fractions`: each split's share of the tensor (parallel.tp_comm_overlap's pipelined GEMM + reduce-scatter,
+    schemes/tp_overlap.py)."""
+    buffer = whole.transpose(0, 1).contiguous()
+    parts = buffer.tensor_split(world)
+    cuts = [part.tensor_split(min(splits, len(part))) for part in parts]
+    programs = [_scatter(rank, world, [cut[k] for cut in cuts]) for k in range(len(cuts[0]))]
+    return programs, [len(piece) / len(parts[0]) for piece in cuts[0]], parts[rank].transpose(0, 1)
+
+
+def _one_program_a_step(program) -> list:
+    """Each yield of a ring program whose steps do not depend on what the earlier ones returned, as a program."""
+    return [_step(operations) for operations in program]
+
+
+def _step(operations):
+    yield operations

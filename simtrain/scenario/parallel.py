@@ -128,6 +128,11 @@ class ParallelSpec(Section):
         False, description="Under tp: cut the LayerNorm, residual and bias regions of a gpt along the sequence "
                            "across the tp group, each tp all-reduce becoming a reduce-scatter and an all-gather "
                            "(Korthikanti et al. 2022; train/gpt.py). data.seq_len must divide by tp.")
+    tp_comm_overlap: Flag = Field(
+        False, description="Under sequence_parallel: each layer's tp all-gather and reduce-scatter cut into ring "
+                           "steps or splits pipelined with slices of the GEMM next to it, as Megatron-Core's "
+                           "--tp-comm-overlap (Transformer Engine's userbuffers, its default methods: "
+                           "schemes/tp_overlap.py). Needs parallel.sequence_parallel.")
     ep: Count(MAX_DEVICES) = Field(1, description="Expert-parallel ranks: model.moe's experts sharded over groups of "
                                                   "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
                                                   "ep inside dp; schemes/expert_parallel.py; under pp / tp, "
@@ -166,6 +171,10 @@ class ParallelSpec(Section):
         if self.sequence_parallel and self.tp < 2:
             raise ValueError(f"parallel.sequence_parallel: cuts the sequence across the tp group; needs parallel.tp "
                              f"> 1, got {self.tp}")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ValueError("parallel.tp_comm_overlap: overlaps the all-gathers and reduce-scatters of sequence "
+                             "parallelism with the GEMMs next to them; needs parallel.sequence_parallel: true "
+                             "(as Megatron-Core's --tp-comm-overlap does)")
         if sorted(self.placement) not in (["cp", "dp", "pp", "tp"], ["dp", "pp", "tp"]):
             raise ValueError(f"parallel.placement: must order tp, cp, pp and dp (or tp, pp and dp), each once, got "
                              f"{list(self.placement)}")

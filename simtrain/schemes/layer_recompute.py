@@ -34,7 +34,7 @@ from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_c
 
 
 def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | None, tp: int = 1,
-                   measured: dict | None = None) -> list[ChunkCost]:
+                   measured: dict | None = None, tp_overlap: bool = False) -> list[ChunkCost]:
     """Each unit's ChunkCost, its activations without its input, on the shapes the units before it hand on;
     the last unit ends with the loss against `target` (when given). A unit built as one measured before on
     inputs of the same shapes (a transformer's blocks; `measured` keeps them from call to call) is measured once."""
@@ -43,9 +43,9 @@ def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | N
     for number, (module, _) in enumerate(layers):
         ends = target if number == len(layers) - 1 else None
         key = ("unit", module_structure(module), tuple((t.shape, t.dtype, t.requires_grad) for t in inputs),
-               None if ends is None else (ends.shape, ends.dtype), tp)
+               None if ends is None else (ends.shape, ends.dtype), tp, tp_overlap)
         if key not in measured:
-            measured[key] = measure_chunk(module, ops_of, inputs, ends, inputs_kept=True, tp=tp)
+            measured[key] = measure_chunk(module, ops_of, inputs, ends, inputs_kept=True, tp=tp, tp_overlap=tp_overlap)
         costs.append(measured[key])
         output = costs[-1].output
         inputs = (torch.empty(output.shape, dtype=output.dtype, device="meta").requires_grad_(),)

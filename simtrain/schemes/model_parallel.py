@@ -67,6 +67,7 @@ from .scheme import Scheme
 from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
                               represented_by)
 from .stage_execution import ChunkCost, measure_chunk
+from .tp_overlap import STEPWISE, mirrored_stepwise, stepwise
 
 
 class ModelParallel(RankReplicas, Scheme):
@@ -84,6 +85,7 @@ class ModelParallel(RankReplicas, Scheme):
         self.microbatches = parallel.microbatches
         self.recompute = train.checkpointing == "full"  # each unit's forward runs again before its backward
         self.sequence_parallel = parallel.sequence_parallel
+        self.tp_overlap = parallel.tp_comm_overlap  # the layers' tp collectives beside their GEMMs (tp_overlap.py)
         self.steps = train.steps
         self.on_step = on_step
         # Every rank runs its program, or one per stage does for all (schemes/representatives.py)
@@ -193,6 +195,11 @@ class ModelParallel(RankReplicas, Scheme):
             if kind == "all_reduce":  # collectives cut a buffer into parts along its first dimension
                 return Collective(tp_reduce(tp_index, tp_comm.world, tensor.view(-1)), "tp_allreduce", tp_comm,
                                   tp_index), tensor
+            if kind in STEPWISE:  # tp_comm_overlap's pieces of a collective, each with its share of a GEMM
+                pieces, result = (mirrored_stepwise(kind, tensor, self.layout.tp) if self.representatives
+                                  else stepwise(kind, tp_index, tp_comm.world, tensor))
+                label = "tp_allgather" if kind == "all_gather_steps" else "tp_reducescatter"
+                return [(Collective(program, label, tp_comm, tp_index), share) for program, share in pieces], result
             if self.representatives:  # a sequence shard gathered whole, or a whole scattered: timed mirrored
                 program, result = mirrored_sequence_collective(kind, tensor, self.layout.tp)
             else:
@@ -227,7 +234,7 @@ class ModelParallel(RankReplicas, Scheme):
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target,
-                                             tp=self.layout.tp)
+                                             tp=self.layout.tp, tp_overlap=self.tp_overlap)
         return self._costs[key]
 
     def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:
@@ -237,7 +244,7 @@ class ModelParallel(RankReplicas, Scheme):
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
-                                              tp=self.layout.tp, measured=self._costs)
+                                              tp=self.layout.tp, measured=self._costs, tp_overlap=self.tp_overlap)
         return self._costs[key]
 
     def _signature(self, replica, chunk: int, part: int) -> tuple:

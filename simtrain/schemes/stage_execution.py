@@ -41,6 +41,14 @@ part of the sequence in place of the gathered input and its backward gathers
 it again, beside the first half of its Linears' backward
 (schemes/saved_shards.py; `ChunkCost.backward_regather`).
 
+With parallel.tp_comm_overlap (schemes/tp_overlap.py, Transformer Engine's
+userbuffers) a layer's all-gather runs as ring steps beside slices of the
+GEMMs at the start of the region after it, its reduce-scatter in splits
+beside slices of the GEMM that ends the region before it; in the backward the
+output gradient's all-gather runs beside the input-gradient GEMM of the
+region after it and the input gradient's reduce-scatter beside the weight
+gradient (`ChunkCost.tp_overlap`: those GEMMs, measured apart).
+
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
@@ -64,6 +72,7 @@ from ..op_cost import OpCosts, OperatorRecorder, merged, scaled
 from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Await, Collective, Compute, Post
 from .saved_shards import RegionSplit, SavedShard
+from .tp_overlap import GemmWatch, TpOverlap, carve, forward_beside, ring_exchange
 
 OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
 OVERLAPPED_BACK = ("kv_ring_back",)  # backward collectives that run beside the compute of the region after them
@@ -88,6 +97,9 @@ class ChunkCost:
     # per region, in backward order: a RegionSplit where the region's gathered input was kept as its sequence
     # shard and is gathered again (schemes/saved_shards.py), else None
     backward_regather: tuple[RegionSplit | None, ...] = ()
+    # parallel.tp_comm_overlap: the GEMMs run beside the layers' tp collectives (schemes/tp_overlap.py), which the
+    # regions' FLOPs, operators and RegionSplits above then leave out; None: no overlap
+    tp_overlap: TpOverlap | None = None
 
 
 @dataclass
@@ -129,11 +141,16 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
             yield from _beside(compute, collective)
             values = tuple(result if i == op.index else v for i, v in enumerate(values))
         else:
-            yield compute
+            beside = forward_beside(cost.tp_overlap if cost is not None else None, region - 1, op.forward)
+            if beside is None:
+                yield compute
             if op.forward is not None:  # an all-reduce sums in place a copy of what autograd may hold
                 tensor = values[op.index].clone() if op.forward == "all_reduce" else values[op.index]
-                collective, result = communicate(op.forward, tensor)
-                yield collective
+                if beside is None:
+                    collective, result = communicate(op.forward, tensor)
+                    yield collective
+                else:
+                    result = yield from beside(compute, communicate, tensor)
                 if op.forward == "all_gather":  # the next region keeps the shard, not what it gathers to
                     result = result.contiguous()
                     shard = SavedShard(tensor, result)
@@ -156,19 +173,36 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
 def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: ChunkCost | None, dtype: str):
     """Step program: backward through a microbatch's tape; `output_grads` None when its output is the loss.
     Returns the gradients of the chunk's inputs (None for inputs that need none)."""
-    grads, arriving = output_grads, None
+    grads, arriving, gathering = output_grads, None, None
+    overlap = cost.tp_overlap if cost is not None else None
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
-        grads = yield from _backward_compute(cost, step, dtype, communicate, tape.shards[index],
-                                             lambda region=tape.regions[index], grads=grads: _autograd(*region, grads))
+        if gathering is not None:  # tp_comm_overlap: the output gradient gathered beside the input-gradient GEMM
+            at, tensor = gathering
+            gathered = yield from ring_exchange(communicate, tensor, overlap.grad_gather_beside[step], dtype,
+                                                "backward")
+            grads, gathering = tuple(gathered if i == at else g for i, g in enumerate(grads)), None
+        boundary = tape.reduce_grad[index]
+        scatter = None
+        if overlap is not None and overlap.grad_scatter_beside[step]:
+            scatter = lambda grads, at=boundary[0], kind=boundary[1]: (None if grads[at] is None  # noqa: E731
+                                                                       else communicate(kind, grads[at]))
+        grads, scattered = yield from _backward_compute(cost, step, dtype, communicate, tape.shards[index],
+                                                        lambda region=tape.regions[index], grads=grads:
+                                                        _autograd(*region, grads), scatter)
         if arriving is not None:  # the gradient of the block this region passed through unchanged
             handle, at, arrived = arriving
             if handle is not None:
                 yield Await(handle)
             grads = tuple(g + arrived if i == at else g for i, g in enumerate(grads))
             arriving = None
-        boundary = tape.reduce_grad[index]
-        if boundary is not None and grads[boundary[0]] is not None:  # the data's own input needs no gradient
+        if scattered is not None:  # reduce-scattered beside the weight gradient
+            grads = tuple(scattered if i == boundary[0] else g for i, g in enumerate(grads))
+        elif boundary is not None and grads[boundary[0]] is not None:  # the data's own input needs no gradient
             at, kind = boundary
+            if overlap is not None and step + 1 < len(tape.regions) and \
+                    overlap.grad_gather_beside[step + 1] is not None:
+                gathering = (at, grads[at])
+                continue
             collective, result = communicate(kind, grads[at])
             if kind in OVERLAPPED_BACK:
                 handle = (yield Post(*collective)) if type(collective) is Collective else (yield collective)
@@ -193,16 +227,18 @@ def _autograd(inputs: tuple, outputs: tuple, grads: tuple | None) -> tuple:
 
 
 def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate, shard: SavedShard | None = None,
-                      run=lambda: None):
-    """Step program: backward region `step`'s numerics (`run()`, whose value it returns) and its compute; where
-    the region's gathered input was kept as its shard, the shard gathered again beside the first half of its
-    column-parallel Linears' backward (their input gradient) and awaited before the second (their weight
-    gradient): schemes/saved_shards.py."""
+                      run=lambda: None, scatter=None):
+    """Step program: backward region `step`'s numerics (`run()`) and its compute; where the region's gathered
+    input was kept as its shard, the shard gathered again beside the first half of its column-parallel Linears'
+    backward (their input gradient) and awaited before the second (their weight gradient):
+    schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the
+    input gradient and its result, posted beside the weight gradient (or None: no collective).
+    Returns (run()'s value, that result or None)."""
     split = cost.backward_regather[step] if cost is not None and cost.backward_regather else None
     if split is None:
         value = run()
         yield _region_compute(cost, step, "backward", dtype)
-        return value
+        return value, None
     yield Compute(split.before_flops, dtype, "backward_part", ops=split.before_ops)
     collective, regathered = communicate("all_gather", split.shard if shard is None else shard.shard)
     handle = yield Post(*collective._replace(label="tp_regather"))
@@ -212,8 +248,15 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
     if shard is not None:
         shard.regathered = regathered.contiguous()
     value = run()
+    posted = scatter(value) if scatter is not None else None
+    if posted is None:
+        yield half._replace(name="backward")
+        return value, None
+    collective, scattered = posted
+    handle = yield Post(*collective)
     yield half._replace(name="backward")
-    return value
+    yield Await(handle)
+    return value, scattered
 
 
 def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) -> Compute:
@@ -240,49 +283,67 @@ def _beside(compute: Compute, collective):
 def replay_forward(cost: ChunkCost, communicate, dtype: str):
     """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta tensor the chunk hands on."""
-    for flops, reduced, ops in zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops):
+    for region, (flops, reduced, ops) in enumerate(zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops)):
         compute = Compute(flops, dtype, "forward", ops=ops)
         if reduced is not None and reduced[0] in OVERLAPPED:
             yield from _beside(compute, communicate(*reduced)[0])
         else:
-            yield compute
-            if reduced is not None:
-                yield communicate(*reduced)[0]
+            beside = None if reduced is None else forward_beside(cost.tp_overlap, region, reduced[0])
+            if beside is not None:
+                yield from beside(compute, communicate, reduced[1])
+            else:
+                yield compute
+                if reduced is not None:
+                    yield communicate(*reduced)[0]
     return cost.output
 
 
 def replay_backward(cost: ChunkCost, communicate, dtype: str):
     """Step program: chunk_backward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta gradient of the chunk's first input (None if it needs none)."""
-    arriving = None
+    arriving = gathering = None
+    overlap = cost.tp_overlap
     for step, reduced in enumerate(cost.backward_reduced):
-        yield from _backward_compute(cost, step, dtype, communicate)
+        if gathering is not None:  # tp_comm_overlap: the output gradient gathered beside the input-gradient GEMM
+            yield from ring_exchange(communicate, gathering, overlap.grad_gather_beside[step], dtype, "backward")
+            gathering = None
+        scatter = None
+        if overlap is not None and overlap.grad_scatter_beside[step] and reduced is not None:
+            scatter = lambda _, reduced=reduced: communicate(*reduced)  # noqa: E731
+        _, scattered = yield from _backward_compute(cost, step, dtype, communicate, scatter=scatter)
         if arriving is not None:
             yield Await(arriving)
             arriving = None
-        if reduced is not None and reduced[0] in OVERLAPPED_BACK:
+        if reduced is None or scattered is not None:
+            continue
+        if overlap is not None and step + 1 < len(cost.backward_reduced) and \
+                overlap.grad_gather_beside[step + 1] is not None:
+            gathering = reduced[1]
+        elif reduced[0] in OVERLAPPED_BACK:
             arriving = yield Post(*communicate(*reduced)[0])
-        elif reduced is not None:
+        else:
             yield communicate(*reduced)[0]
     return cost.input_grad
 
 
 def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None,
-                  inputs_kept: bool = False, tp: int = 1) -> ChunkCost:
+                  inputs_kept: bool = False, tp: int = 1, tp_overlap: bool = False) -> ChunkCost:
     """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
     meta copy.
 
     `ops_of(module, ends_model)` gives a chunk module's ops (ending with the loss when there is a
     `target`); `inputs` and `target` give shapes and dtypes; `tp` the tp group's size (what a sequence
     shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
-    caller holds them: a recomputed unit's kept input)."""
-    forward, backward, output, input_grad, peak, splits = _regions(chunk, ops_of, inputs, target, inputs_kept, tp)
+    caller holds them: a recomputed unit's kept input). With `tp_overlap` (parallel.tp_comm_overlap) the GEMMs
+    beside the layers' tp collectives are told apart (schemes/tp_overlap.py)."""
+    forward, backward, output, input_grad, peak, splits, overlap = _regions(chunk, ops_of, inputs, target,
+                                                                            inputs_kept, tp, tp_overlap)
     return ChunkCost(tuple(flops for flops, _, _, _ in forward), tuple(flops for flops, _, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _, _ in forward), tuple(reduced for _, reduced, _, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
                      tuple(ops for _, _, ops, _ in forward), tuple(ops for _, _, ops, _ in backward),
                      tuple(params for _, _, _, params in backward),
-                     splits if any(split is not None for split in splits) else ())
+                     splits if any(split is not None for split in splits) else (), overlap)
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -297,10 +358,12 @@ def _meta_run(chunk, ops_of, inputs, target):
     return meta, ops_of(meta, target is not None), meta_inputs, meta_target
 
 
-def _drive(program, recorder: OperatorRecorder | None = None, touched: list | None = None) -> tuple[object, list]:
+def _drive(program, recorder: OperatorRecorder | None = None, touched: list | None = None,
+           watch: GemmWatch | None = None) -> tuple[object, list]:
     """Run a step program without a clock (collectives skipped); with an operator recorder, per region
     (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after it, if any,
-    its operators' costs and the parameters whose gradients it touched (what `touched` collected meanwhile)."""
+    its operators' costs and the parameters whose gradients it touched (what `touched` collected meanwhile);
+    `watch` is cut at each region's end."""
     regions, before = [], 0.0
     try:
         op = next(program)
@@ -312,6 +375,8 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
                 before = total
                 if touched is not None:
                     touched.clear()
+                if watch is not None:
+                    watch.cut()
             elif isinstance(op, _Reduced):
                 flops, _, ops, params = regions[-1]
                 regions[-1] = (flops, (op.kind, _meta_like(op.buffer)), ops, params)
@@ -320,13 +385,14 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
         return stop.value, regions
 
 
-def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
-             tp: int) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple]:
+def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int,
+             tp_overlap: bool) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple, TpOverlap | None]:
     """(FLOPs, (collective, its input) or None, OpCosts, parameters touched) per region forward and backward,
     the chunk's first output, its first input's gradient, the activation peak and each backward region's
-    RegionSplit or None: one forward and backward on a meta copy, the operator recorder counting, the
-    saved-tensor hooks measuring and a hook on each trainable parameter noting the backward regions that add
-    to its gradient."""
+    RegionSplit or None, and with `tp_overlap` the TpOverlap (those less the GEMMs it runs beside collectives):
+    one forward and backward on a meta copy, the operator recorder counting, the saved-tensor hooks measuring, a
+    hook on each trainable parameter noting the backward regions that add to its gradient and, with
+    `tp_overlap`, a GemmWatch on each pass."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     touched = []
     for index, param in enumerate(p for p in meta.parameters() if p.requires_grad):
@@ -334,19 +400,26 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool,
     held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
     tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
-    measuring = _measuring(tp)
+    watches = [GemmWatch(meta.parameters()) for _ in range(2)] if tp_overlap else [None, None]
+    watching = [contextlib.nullcontext() if watch is None else watch for watch in watches]
+    measuring = [_measuring(tp) if watch is None else watch.communicating(_measuring(tp)) for watch in watches]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            with OperatorRecorder() as recorder:
-                (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring, None, "",
-                                                                   meta_target), recorder)
+            with OperatorRecorder() as recorder, watching[0]:
+                (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring[0], None, "",
+                                                                   meta_target), recorder, watch=watches[0])
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
             shards = tape.shards[::-1]  # backward order
-            with OperatorRecorder() as recorder:
+            with OperatorRecorder() as recorder, watching[1]:
                 marks = _mark_regathers(shards, recorder)
-                input_grads, backward = _drive(chunk_backward(tape, grads, measuring, None, ""), recorder, touched)
+                input_grads, backward = _drive(chunk_backward(tape, grads, measuring[1], None, ""), recorder, touched,
+                                               watches[1])
             del tape
-    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, _splits(backward, shards, marks)
+    splits, overlap = _splits(backward, shards, marks), None
+    if tp_overlap:
+        boundaries = [op for op in ops if type(op) not in (Apply, ApplyWithTarget)]
+        overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
+    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, splits, overlap
 
 
 def _mark_regathers(shards: list, recorder: OperatorRecorder) -> dict:

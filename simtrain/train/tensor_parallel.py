@@ -75,6 +75,7 @@ class AllGather(NamedTuple):
     reduce-scattered back to them (backward)."""
 
     index: int
+    beside_gemm: bool = False  # a layer's, before its column-parallel Linears (parallel.tp_comm_overlap overlaps it)
     forward = "all_gather"
     backward = "reduce_scatter"
 
@@ -84,6 +85,7 @@ class ReduceScatter(NamedTuple):
     gradient's shards all-gathered (backward)."""
 
     index: int
+    beside_gemm: bool = False  # a layer's, after its row-parallel Linears (parallel.tp_comm_overlap overlaps it)
     forward = "reduce_scatter"
     backward = "all_gather"
 
@@ -140,13 +142,22 @@ def residual_block_ops(norm, attention_ops: list, after_attention, mlp, finish, 
     all-gather and each "g" a reduce-scatter). `attention_ops` take (x, the attention's input) to (x, its
     output): one Apply, or ring attention's steps (train/ring_attention.py); `after_attention(x, a)` gives
     (x, the MLP's input); `finish(x, m)` adds the MLP's output to the stream."""
-    f, g = (AllGather, ReduceScatter) if sequence_parallel else (AllReduceBackward, AllReduceForward)
+    f, g = _layer_collectives(sequence_parallel)
     return [*attention_half_ops(norm, attention_ops, after_attention, sequence_parallel),
-            f(1), Apply(lambda x, h: (x, mlp(h))), g(1), Apply(finish)]
+            f, Apply(lambda x, h: (x, mlp(h))), g, Apply(finish)]
 
 
 def attention_half_ops(norm, attention_ops: list, after_attention, sequence_parallel: bool) -> list:
     """The first half of residual_block_ops: x to (x, the MLP's input) through the attention and its "f" and
     "g" (a mixture of experts takes it on from there: train/moe.py)."""
-    f, g = (AllGather, ReduceScatter) if sequence_parallel else (AllReduceBackward, AllReduceForward)
-    return [Apply(lambda x: (x, norm(x))), f(1), *attention_ops, g(1), Apply(after_attention)]
+    f, g = _layer_collectives(sequence_parallel)
+    return [Apply(lambda x: (x, norm(x))), f, *attention_ops, g, Apply(after_attention)]
+
+
+def _layer_collectives(sequence_parallel: bool) -> tuple:
+    """A transformer layer's "f" and "g" on the second tensor in flight: under sequence parallelism an all-gather
+    and a reduce-scatter beside the layer's GEMMs (which Transformer Engine overlaps with them:
+    schemes/tp_overlap.py), else the all-reduce pair."""
+    if sequence_parallel:
+        return AllGather(1, beside_gemm=True), ReduceScatter(1, beside_gemm=True)
+    return AllReduceBackward(1), AllReduceForward(1)

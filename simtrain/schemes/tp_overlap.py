@@ -1,0 +1,295 @@
+"""Tensor-parallel communication overlapped with the GEMMs next to it: Megatron-Core's `--tp-comm-overlap`.
+
+Under sequence parallelism every transformer layer all-gathers its input's
+sequence shards before its column-parallel Linears (the QKV projection, the
+first MLP Linear) and reduce-scatters the partial outputs of its row-parallel
+Linears (the output projection, the second MLP Linear); in the backward the
+all-gather's reduce-scatter and the reduce-scatter's all-gather come back on
+the gradients. Transformer Engine's userbuffers (what `--tp-comm-overlap`
+turns on) cut each of them into pieces pipelined with slices of the GEMM next
+to it. Its default configuration (`initialize_ub` in Transformer Engine's
+`transformer_engine/pytorch/module/base.py`: `methods`) is what
+`parallel.tp_comm_overlap: true` models:
+
+- **ring exchange** (`qkv_fprop`, `fc1_fprop`, `proj_dgrad`, `fc2_dgrad`): the
+  all-gather runs as its tp - 1 ring steps; at each, the block already here
+  goes on to the next tp rank while the GEMM computes on it, one 1/tp slice a
+  step, the last slice after the last step:
+  `c + (tp - 1) max(c, s)` for a slice's compute c and a step's transfer s.
+  Forward: the all-gather before the QKV and first MLP Linears beside those
+  GEMMs. Backward: the all-gather of the output gradient beside the output
+  projection's and the second MLP Linear's input-gradient GEMMs (their weight
+  gradient follows, with the gradient gathered);
+- **pipeline** (`proj_fprop`, `fc2_fprop`, `num_splits` 4): the GEMM whose
+  output is reduce-scattered runs in 4 slices, each a quarter of every rank's
+  part of the sequence; each slice's reduce-scatter starts once that slice and
+  the previous reduce-scatter are done (one communication stream), beside the
+  next slices: `g + r + (n - 1) max(g, r)` for n slices of compute g and
+  reduce-scatters of r;
+- **bulk** (`qkv_dgrad`, `fc1_dgrad`, `qkv_wgrad`, `fc1_wgrad`): the re-gather of
+  the saved sequence shard beside the QKV and first MLP Linears' input
+  gradient (schemes/saved_shards.py, there without the overlap too), and the
+  reduce-scatter of that input gradient beside their weight gradient.
+
+Every step moves real tensors on the tp group's links (comm/sequence_shards.py
+`gather_steps`, `scatter_splits`: the same bytes as the whole collective, and
+the same sums, so the numerics are those without the overlap, bit for bit).
+Not modelled: the streaming multiprocessors the userbuffers kernels take from
+the GEMM (Transformer Engine's `num_sm`, `set_sm_margin`); the GEMMs run at
+their full rate beside the communication.
+
+Which GEMMs those are is measured, not assumed: `GemmWatch` watches the
+operators of a chunk's measurement on its meta copy (schemes/stage_execution.py
+`measure_chunk`) and costs each operator with FLOPs by an operator recorder of
+its own (op_cost.py); the GEMMs that read the gathered input (or a copy of it)
+are the ones beside an all-gather, the one that writes what is
+reduce-scattered the one beside a reduce-scatter. Only the layers' collectives
+are overlapped (train/tensor_parallel.py `beside_gemm`): a vocabulary-parallel
+head's all-gather and an embedding's reduce-scatter are not (Megatron-Core's
+output layer and embedding are not Transformer Engine modules). `carve` takes
+those GEMMs out of the regions' costs into a `TpOverlap`, which the step
+programs of stage_execution.py run beside the collectives:
+
+    watches = GemmWatch(parameters), GemmWatch(parameters)   # measuring the forward, the backward: cut at each region
+    overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
+    result = yield from ring_exchange(communicate, shard, overlap.gather_beside[region], dtype, "forward")
+"""
+from typing import NamedTuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..comm.sequence_shards import gather_steps, scatter_splits
+from ..cost import _storage_id
+from ..op_cost import OpCosts, OperatorRecorder, merged, scaled
+from ..step_ops import Await, Compute, Post
+from ..train.tensor_parallel import AllGather, ReduceScatter
+from .representatives import MirroredCollective
+
+PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits of a "pipeline" overlap
+STEPWISE = ("all_gather_steps", "reduce_scatter_splits")  # the kinds a `communicate` gives in pieces
+
+
+class Gemm(NamedTuple):
+    """GEMMs run beside a tp collective: their FLOPs and operators."""
+
+    flops: float
+    ops: OpCosts
+
+
+class TpOverlap(NamedTuple):
+    """What a chunk runs beside its tp collectives, region by region."""
+
+    gather_beside: tuple  # per forward region: the Gemm ring-exchanged with the all-gather before it, or None
+    scatter_beside: tuple  # per forward region: the Gemm pipelined with the reduce-scatter after it, or None
+    # per backward region: its input-gradient Gemm, ring-exchanged with the all-gather of its output gradient
+    grad_gather_beside: tuple
+    grad_scatter_beside: tuple  # per backward region: its input gradient reduce-scattered beside its weight gradient
+
+
+class _Operator(NamedTuple):
+    """An operator with FLOPs seen by GemmWatch."""
+
+    reads_gathered: bool  # it reads the gathered tensor of its region, or a copy of it
+    reads_parameter: bool
+    writes: frozenset  # storages of its outputs
+    flops: float
+    ops: OpCosts
+
+
+class GemmWatch(TorchDispatchMode):
+    """Measuring: each region's operators with FLOPs (in regions cut by `cut`), which of them read the tensor the
+    all-gather before the region gave (`communicating` notes it), and what each reduce-scatter scattered."""
+
+    def __init__(self, parameters):
+        super().__init__()
+        self._parameters = {_storage_id(p) for p in parameters}
+        self._probe = OperatorRecorder()
+        self.regions: list[list[_Operator]] = []
+        self.scattered: dict[int, int] = {}  # region -> storage of what the reduce-scatter after it scattered
+        self._current: list[_Operator] = []
+        # storages of the gathered tensor and its copies (ids only: a reference kept here would keep autograd from
+        # taking a gradient over without a copy, and change what is measured)
+        self._gathered: set[int] = set()
+
+    def cut(self) -> None:
+        """The current region has ended."""
+        self.regions.append(self._current)
+        self._current, self._gathered = [], set()
+
+    def communicating(self, communicate):
+        """`communicate` noting, for each all-gather, what it gives the next region and, for each
+        reduce-scatter, what it scatters."""
+        def noting(kind, tensor):
+            reduced, result = communicate(kind, tensor)
+            if kind == "all_gather":
+                self._gathered = {_storage_id(result)}
+            elif kind == "reduce_scatter":
+                self.scattered[len(self.regions) - 1] = _storage_id(tensor)
+            return reduced, result
+        return noting
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        before = self._probe.flops
+        with self._probe:
+            out = func(*args, **kwargs)
+        ops = self._probe.take()
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        reads = {_storage_id(t) for t in inputs}
+        gathered = bool(reads & self._gathered)
+        if self._probe.flops > before:
+            self._current.append(_Operator(gathered, bool(reads & self._parameters),
+                                           frozenset(_storage_id(t) for t in outputs), self._probe.flops - before, ops))
+        elif gathered:  # a copy or view of the gathered tensor: GEMMs reading it read the gathered tensor
+            self._gathered.update(_storage_id(t) for t in outputs)
+        return out
+
+
+def carve(forward_watch: GemmWatch, backward_watch: GemmWatch, boundaries: list, forward: list, backward: list,
+          splits: tuple) -> tuple[TpOverlap, list, list, tuple]:
+    """(TpOverlap, and the regions' (FLOPs, collective, OpCosts, parameters) forward and backward and the backward's
+    RegionSplits without the GEMMs it runs beside collectives). `boundaries`: the chunk's tp boundary ops in
+    forward order, boundary b after forward region b; backward region s is forward region n - 1 - s."""
+    n = len(forward)
+    assert len(forward_watch.regions) == len(backward_watch.regions) == n, "GemmWatch cut the regions apart"
+    marked = [getattr(op, "beside_gemm", False) for op in boundaries]
+
+    def after(b, kind):  # whether forward boundary b is one of a layer's collectives of this type
+        return 0 <= b < n - 1 and marked[b] and type(boundaries[b]) is kind
+    gather = [_gemm([o for o in forward_watch.regions[r] if o.reads_gathered]) if after(r - 1, AllGather) else None
+              for r in range(n)]
+    scatter = [_gemm([o for o in forward_watch.regions[r] if forward_watch.scattered.get(r) in o.writes][-1:])
+               if after(r, ReduceScatter) else None for r in range(n)]
+    forward = [_less(region, gather[r], scatter[r]) for r, region in enumerate(forward)]
+    grad_gather, splits = [None] * n, list(splits or [None] * n)
+    for s in range(n):
+        gemm = (_gemm([o for o in backward_watch.regions[s] if o.reads_gathered and o.reads_parameter])
+                if after(n - 1 - s, ReduceScatter) else None)
+        split = splits[s]
+        if gemm is not None and split is not None:
+            if split.before_flops < gemm.flops:  # the input-gradient GEMM is not where it was looked for: alone
+                gemm = None
+            else:
+                splits[s] = split._replace(before_flops=split.before_flops - gemm.flops,
+                                           before_ops=_without(split.before_ops, gemm.ops))
+        grad_gather[s] = gemm
+        backward[s] = _less(backward[s], gemm)
+    scatter_bulk = tuple(after(n - 2 - s, AllGather) and splits[s] is not None for s in range(n))
+    has_split = any(split is not None for split in splits)
+    return (TpOverlap(tuple(gather), tuple(scatter), tuple(grad_gather), scatter_bulk), forward, backward,
+            tuple(splits) if has_split else ())
+
+
+def _gemm(operators: list[_Operator]) -> Gemm | None:
+    if not operators:
+        return None
+    ops = ()
+    for operator in operators:
+        ops = merged(ops, operator.ops)
+    return Gemm(sum(operator.flops for operator in operators), ops)
+
+
+def _less(region: tuple, *gemms) -> tuple:
+    """A region's (FLOPs, collective, OpCosts, parameters) without `gemms` (None: none)."""
+    flops, reduced, ops, params = region
+    for gemm in gemms:
+        if gemm is not None:
+            flops, ops = flops - gemm.flops, _without(ops, gemm.ops)
+    return flops, reduced, ops, params
+
+
+def _without(ops: OpCosts, part: OpCosts) -> OpCosts:
+    """`ops` less the operators of `part` (a part of them)."""
+    counts = {(flops, nbytes): count for flops, nbytes, count in ops}
+    for flops, nbytes, count in part:
+        counts[flops, nbytes] -= count
+        if counts[flops, nbytes] < 0:
+            raise ValueError("a GEMM beside a tp collective is not among its region's operators")
+    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items() if count))
+
+
+# --- the step programs ---
+
+def ring_exchange(communicate, shard: torch.Tensor, gemm: Gemm, dtype: str, name: str):
+    """Step program: the all-gather of `shard` in its ring steps, each posted beside a 1/tp slice of `gemm` and
+    awaited after it, the last slice after the last step; returns the gathered tensor. The slices are the start
+    of the next region's compute, Computes named `name` + "_part" (a region's compute ends with one named
+    `name`: schemes/bucket_overlap.py counts regions by it)."""
+    steps, result = communicate("all_gather_steps", shard)
+    slices = len(steps) + 1
+    piece = Compute(gemm.flops / slices, dtype, f"{name}_part", ops=scaled(gemm.ops, 1 / slices))
+    for collective, _ in steps:
+        handle = yield Post(*collective)
+        yield piece
+        yield Await(handle)
+    yield piece
+    return result
+
+
+def pipelined_scatter(communicate, whole: torch.Tensor, gemm: Gemm, dtype: str, name: str):
+    """Step program: `gemm` in slices, each slice's reduce-scatter posted once the slice and the one before it
+    are done (one communication stream) and running beside the next slices; returns the rank's shard. The last
+    slice ends its region's compute (named `name`, the others `name` + "_part")."""
+    splits, result = communicate("reduce_scatter_splits", whole)
+    handle = None
+    for number, (collective, fraction) in enumerate(splits):
+        yield Compute(gemm.flops * fraction, dtype, name if number == len(splits) - 1 else f"{name}_part",
+                      ops=scaled(gemm.ops, fraction))
+        if handle is not None:
+            yield Await(handle)
+        handle = yield Post(*collective)
+    yield Await(handle)
+    return result
+
+
+def forward_beside(overlap: TpOverlap | None, region: int, kind: str):
+    """The step program that runs forward region `region`'s compute (less its GEMMs beside collectives) and the
+    collective `kind` after it beside a GEMM (fn(compute, communicate, tensor) -> the collective's result), or
+    None where the collective runs alone."""
+    if overlap is None:
+        return None
+    if kind == "all_gather" and overlap.gather_beside[region + 1] is not None:
+        def gather(compute: Compute, communicate, tensor):
+            yield compute
+            return (yield from ring_exchange(communicate, tensor, overlap.gather_beside[region + 1], compute.dtype,
+                                             "forward"))
+        return gather
+    if kind == "reduce_scatter" and overlap.scatter_beside[region] is not None:
+        def scatter(compute: Compute, communicate, tensor):
+            yield compute._replace(name="forward_part")
+            return (yield from pipelined_scatter(communicate, tensor, overlap.scatter_beside[region], compute.dtype,
+                                                 "forward"))
+        return scatter
+    return None
+
+
+# --- the pieces of a collective, for a rank's `communicate` (schemes/model_parallel.py) ---
+
+def stepwise(kind: str, rank: int, world: int, tensor: torch.Tensor):
+    """([(program, fraction of the GEMM beside it)], result) of `kind` (STEPWISE) on `tensor` across a tp group
+    of `world`: the ring steps of a sequence all-gather, or the pipelined splits of a reduce-scatter
+    (comm/sequence_shards.py)."""
+    if kind == "all_gather_steps":
+        programs, whole = gather_steps(rank, world, tensor)
+        return [(program, 1 / world) for program in programs], whole
+    programs, fractions, shard = scatter_splits(rank, world, tensor, PIPELINE_SPLITS)
+    return list(zip(programs, fractions)), shard
+
+
+def mirrored_stepwise(kind: str, tensor: torch.Tensor, world: int):
+    """stepwise's pieces for a representative (numerics off, schemes/representatives.py): a ring step is timed as
+    a block sent on to the next rank (ring attention's step, the same concurrency), a split as the ring
+    reduce-scatter of its parts."""
+    shape = list(tensor.shape)
+    if kind == "all_gather_steps":
+        shape[1] *= world
+        step = MirroredCollective("kv_ring", tensor.reshape(-1))
+        return [(step, 1 / world)] * (world - 1), tensor.new_empty(shape)
+    shape[1] //= world
+    rows, rest = shape[1], tensor[:, :1].numel()  # a part's positions; the elements of one position
+    cuts = torch.empty(rows, device="meta").tensor_split(min(PIPELINE_SPLITS, rows))
+    return ([(MirroredCollective("reduce_scatter", tensor.new_empty(world * len(cut) * rest)), len(cut) / rows)
+             for cut in cuts], tensor.new_empty(shape))

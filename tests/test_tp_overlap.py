@@ -1,0 +1,99 @@
+"""parallel.tp_comm_overlap (schemes/tp_overlap.py, Transformer Engine's userbuffers overlap) against its references.
+
+- Numerics: a gpt under tp 2 with sequence parallelism trains the parameters it trains without the overlap,
+  bit for bit (only time moves), and its collectives move the same bytes on the links, label by label.
+- Time, closed forms (links of bandwidth B and no latency, a device of R FLOP/s; b sequences of s
+  positions, hidden h, tp t, fp32):
+  - ring exchange: the all-gather before the QKV Linears runs as t - 1 ring steps, each one shard of
+    b (s/t) h x 4 bytes to the next rank (S = that / B), beside a 1/t slice of the QKV GEMMs
+    (c = 3 x 2 b s h (h/t) / t / R), the last slice after the last step: c + (t - 1) max(c, S);
+  - pipeline: the output projection's GEMM (2 b s (h/t) h FLOPs) in n = 4 slices of g = that / n / R,
+    each slice's reduce-scatter (t - 1 ring steps of b (s/t/n) h x 4 bytes: r = (t - 1) x that / B) started
+    once the slice and the reduce-scatter before it are done: g + r + (n - 1) max(g, r);
+  - backward: the second MLP Linear's output gradient all-gathered in ring steps beside its input-gradient
+    GEMM (2 b s (4h/t) h FLOPs, in t slices), as in forward.
+  With links that cost nothing the step is its compute, which is the compute without the overlap.
+- Representatives time it as the full simulation does (tests/test_representatives.py, a case with the key on).
+- Bad input: the key without parallel.sequence_parallel is one line naming parallel.tp_comm_overlap, exit 2.
+"""
+import pytest
+import torch
+
+from simtrain import run
+from simtrain.cli import main
+from simtrain.scenario import validate_scenario
+from simulated_steps import bytes_by_label, flat_parameters, one_step
+
+B_SEQ, S, H, HEADS = 2, 16, 32, 4  # sequences, positions, hidden, heads
+
+
+def scenario(tp: int, overlap: bool = True, numerics: bool = False, link: dict | None = None, steps: int = 1):
+    rate = 1e9
+    device = {"base": "a100-40gb", "efficiency": 1.0, "peak_flops": {"fp32": rate, "tf32": rate}}
+    return validate_scenario({
+        "name": "tp-overlap", "seed": 1, "numerics": numerics,
+        "cluster": {"devices": tp, "device": device, "link": link or {"bandwidth": 1e7, "latency": 0}},
+        "model": {"name": "gpt", "hidden": H, "layers": 1, "heads": HEADS},
+        "data": {"name": "tokens", "batch_size": B_SEQ, "samples": 64, "seq_len": S, "vocab": 16},
+        "train": {"steps": steps, "optimizer": {"lr": 0.1, "momentum": 0.9}},
+        "parallel": {"tp": tp, "sequence_parallel": True, "tp_comm_overlap": overlap},
+        "report": {"trace": False}})
+
+
+def test_the_overlap_trains_the_same_parameters_and_moves_the_same_bytes():
+    overlapped, alone = (one_step(scenario(2, overlap, numerics=True)) for overlap in (True, False))
+    trained = [flat_parameters(job.scheme.trained_model()) for job in (overlapped, alone)]
+    assert torch.equal(*trained)
+    assert bytes_by_label(overlapped) == bytes_by_label(alone)
+    assert bytes_by_label(overlapped)["tp_allgather"] > 0
+
+
+def test_ring_exchange_and_pipeline_take_their_closed_forms_on_slow_links():
+    t, n, rate, bandwidth = 4, 4, 1e9, 1e7
+    spans = [span for span in one_step(scenario(t)).cluster.log.spans if span.rank == 0]
+    names = [span.name for span in spans]
+    c = 3 * 2 * B_SEQ * S * H * (H // t) / t / rate
+    step_s = B_SEQ * (S // t) * H * 4 / bandwidth
+    first = names.index("tp_allgather") - 1  # the first slice of the QKV GEMMs, beside the first ring step
+    exchange = spans[first:first + 2 * t - 1]
+    assert [span.name for span in exchange] == ["forward_part", "tp_allgather"] * (t - 1) + ["forward_part"]
+    assert all(span.end - span.start == pytest.approx(c, rel=1e-12) for span in exchange[::2])
+    assert exchange[-1].end - exchange[0].start == pytest.approx(c + (t - 1) * max(c, step_s), rel=1e-12)
+
+    g = 2 * B_SEQ * S * (H // t) * H / n / rate
+    r = (t - 1) * B_SEQ * (S // t // n) * H * 4 / bandwidth
+    wait = names.index("tp_reducescatter", first + 2 * t)  # the first split's reduce-scatter, awaited
+    pipeline = spans[wait - 2:wait + 6]
+    assert [span.name for span in pipeline] == ["forward_part", "forward_part", "tp_reducescatter", "forward_part",
+                                                "tp_reducescatter", "forward", "tp_reducescatter",
+                                                "tp_reducescatter"]
+    assert all(span.end - span.start == pytest.approx(g, rel=1e-12) for span in pipeline if span.kind == "compute")
+    assert pipeline[-1].end - pipeline[0].start == pytest.approx(g + r + (n - 1) * max(g, r), rel=1e-12)
+
+    # backward: the second MLP Linear's output gradient gathered beside its input-gradient GEMM, as in forward
+    c = 2 * B_SEQ * S * (4 * H // t) * H / t / rate
+    first = names.index("tp_allgather", names.index("backward")) - 1
+    exchange = spans[first:first + 2 * t - 1]
+    assert [span.name for span in exchange] == ["backward_part", "tp_allgather"] * (t - 1) + ["backward_part"]
+    assert all(span.end - span.start == pytest.approx(c, rel=1e-12) for span in exchange[::2])
+    assert exchange[-1].end - exchange[0].start == pytest.approx(c + (t - 1) * max(c, step_s), rel=1e-12)
+
+
+def test_with_free_links_the_step_is_the_compute():
+    free = {"bandwidth": 1e18, "latency": 0}
+    overlapped, alone = (run(scenario(2, overlap, link=free)).data for overlap in (True, False))
+    breakdown = overlapped["breakdown_s"]
+    assert breakdown["communication"] < 1e-6 * overlapped["step_time_s"]
+    assert overlapped["step_time_s"] == pytest.approx(breakdown["compute"] + breakdown["optimizer"], rel=1e-6)
+    assert breakdown["compute"] == pytest.approx(alone["breakdown_s"]["compute"], rel=1e-12)
+
+
+def test_the_overlap_without_sequence_parallelism_prints_one_line_and_exits_2(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text("train: {steps: 1}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(path), "--set", "parallel.tp_comm_overlap=true", "--set", "parallel.tp=2",
+              "--set", "cluster.devices=2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "parallel.tp_comm_overlap" in err and "sequence_parallel" in err and "\n" not in err
