@@ -99,9 +99,10 @@ def _after(env: simpy.Environment, previous: simpy.Event | None, comm, rank: int
     """The communication stream: `op`'s collective starts once the one posted before it (`previous`, the event
     this returned for it) has ended; the event returned fires once `op`'s has ended.
 
-    It is what a simpy process `yield previous; yield comm.run(...)` does, in plain callbacks (a process
-    per collective per rank was a tenth of a small run's events and generators): the same events, scheduled
-    at the same moments, so the clock's order is the same to the event. A process starts in an urgent event
+    It is what a simpy process `yield previous; yield comm.run(...)` does, in plain callbacks (without the
+    process, its generator and its two resumptions per collective per rank): the same events, scheduled at
+    the same moments, so the clock's order is the same to the event (tests/test_overlap.py replays it
+    against the process). A process starts in an urgent event
     now; it resumes when the event it waits on is processed; its own event fires (normal priority, now)
     once the collective's has been processed."""
     ended = simpy.Event(env)
