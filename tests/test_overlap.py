@@ -110,3 +110,59 @@ def test_buckets_follow_ddp():
     assert overlap_buckets(params, ready, 4, 1000) == [(310, 620, 30.0), (0, 310, 50.0)]
     # a bucket is never posted before the one before it
     assert overlap_buckets(params, (50.0, 50.0, 1.0, 1.0, 10.0), 4, 1000) == [(310, 620, 10.0), (0, 310, 50.0)]
+
+
+def test_the_communication_stream_keeps_a_process_order_to_the_event():
+    """schemes/program.py runs each rank's posted collectives one after another in callbacks; the reference
+    is what it replaced, a simpy process per collective (`yield previous; yield comm.run(...)`). Random posts,
+    durations (zero among them) and waits, with other processes acting at the same instants: the same log of
+    (time, what) in the same order."""
+    import random
+
+    import simpy
+
+    from simtrain.schemes.program import _after
+    from simtrain.step_ops import PostCollective
+
+    def process_stream(env, previous, comm, rank, op):
+        def stream():
+            if previous is not None:
+                yield previous
+            yield comm.run(rank, op.program, label=op.label)
+        return env.process(stream())
+
+    def simulate(stream, seed):
+        rng, env, log = random.Random(seed), simpy.Environment(), []
+
+        class Comm:  # a collective of `program` seconds that logs when it starts and ends
+            def run(self, rank, program, label):
+                log.append((env.now, "start", rank, label))
+                done = env.timeout(program)
+                done.callbacks.append(lambda _: log.append((env.now, "end", rank, label)))
+                return done
+
+        def rank_program(rank):
+            posted = None
+            for step in range(rng.randint(1, 6)):
+                yield env.timeout(rng.choice([0.0, 1.0, 2.0]))
+                log.append((env.now, "resumed", rank, step))
+                for bucket in range(rng.randint(0, 3)):
+                    op = PostCollective(rng.choice([0.0, 1.0, 3.0]), f"s{step}b{bucket}")
+                    posted = stream(env, posted, Comm(), rank, op)
+                if posted is not None and rng.random() < 0.7:
+                    yield posted
+                    log.append((env.now, "waited", rank, step))
+
+        def bystander():  # acts at the same instants as the collectives
+            for _ in range(20):
+                yield env.timeout(1.0)
+                log.append((env.now, "bystander"))
+
+        for rank in range(5):
+            env.process(rank_program(rank))
+        env.process(bystander())
+        env.run()
+        return log
+
+    for seed in range(100):
+        assert simulate(_after, seed) == simulate(process_stream, seed), seed

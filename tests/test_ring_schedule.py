@@ -8,7 +8,6 @@ transfer records and the staging peaks on the ledgers.
 """
 import random
 
-import numpy as np
 import pytest
 import simpy
 import torch
@@ -167,16 +166,14 @@ def test_a_job_alone_times_its_ring_all_reduces_as_a_group(numerics, monkeypatch
 @pytest.mark.parametrize("chunk", [0, 1, 4096, 12345])
 def test_a_ring_of_alike_positions_is_timed_in_lockstep_to_the_bit(world, chunk):
     """One position's scalar recurrence (O(N) work) gives what every position's does (O(N^2)): the same numbers."""
-    from simtrain.hw.ring_timing import lockstep_ring_times, ring_times_by_position
+    from simtrain.hw.ring_timing import RingTimes, lockstep_ring_times, ring_times_by_position
 
     post, latency, rate, busy = 1.0 / 3, 5e-6 / 7, 50e9 / 3, 2.0 / 7
     same = lockstep_ring_times(world, post, latency, rate, chunk, busy)
-    every = ring_times_by_position(np.full(world, post), np.full(world, latency), np.full(world, rate),
-                                   np.full(world, chunk, dtype=np.int64), np.full(world, busy))
-    for field in ("end", "link_busy_s", "sent_bytes"):
-        assert np.array_equal(getattr(same, field), getattr(every, field)), field
-    for field in ("spans", "staging", "transfers"):
+    every = ring_times_by_position([post] * world, [latency] * world, [rate] * world, [chunk] * world, [busy] * world)
+    for field in RingTimes._fields:  # the same numbers, of the same Python types
         assert getattr(same, field) == getattr(every, field), field
+        assert list(map(type, getattr(same, field))) == list(map(type, getattr(every, field))), field
 
 
 def test_a_small_ring_timed_in_python_floats_equals_numpy_to_the_bit():
@@ -187,19 +184,18 @@ def test_a_small_ring_timed_in_python_floats_equals_numpy_to_the_bit():
     for seed in range(300):
         rng = random.Random(seed)
         world = rng.randint(2, 12)
-        posts = np.array([rng.choice([0.0, rng.uniform(0, 1e-4), 1.0 / 3]) for _ in range(world)])
-        latency = np.array([rng.choice([0.0, 5e-6, rng.uniform(0, 1e-5)]) for _ in range(world)])
-        rate = np.array([rng.choice([50e9, 1e9 / 3, rng.uniform(1e8, 1e11)]) for _ in range(world)])
-        numel = rng.choice([0, 1, world - 1, rng.randint(1, 10**6)])
-        chunk = np.full(world, numel // world, dtype=np.int64)
-        chunk[:numel % world] += 1
-        chunk *= rng.choice([1, 2, 4])
-        busy = np.array([rng.choice([0.0, rng.uniform(0, 1)]) for _ in range(world)])
+        posts = [rng.choice([0.0, rng.uniform(0, 1e-4), 1.0 / 3]) for _ in range(world)]
+        latency = [rng.choice([0.0, 5e-6, rng.uniform(0, 1e-5)]) for _ in range(world)]
+        rate = [rng.choice([50e9, 1e9 / 3, rng.uniform(1e8, 1e11)]) for _ in range(world)]
+        numel, element = rng.choice([0, 1, world - 1, rng.randint(1, 10**6)]), rng.choice([1, 2, 4])
+        chunk = [(numel // world + (position < numel % world)) * element for position in range(world)]
+        busy = [rng.choice([0.0, rng.uniform(0, 1)]) for _ in range(world)]
         keep = rng.random() < 0.5
         scalars = ring_times_in_scalars(posts, latency, rate, chunk, busy, keep)
         vectors = ring_times_by_position(posts, latency, rate, chunk, busy, keep)
-        for field in ("end", "link_busy_s", "sent_bytes"):
-            assert np.array_equal(getattr(scalars, field), getattr(vectors, field)), (seed, field)
+        for field in ("end", "link_busy_s", "sent_bytes"):  # the same numbers, of the same Python types
+            assert getattr(scalars, field) == getattr(vectors, field), (seed, field)
+            assert list(map(type, getattr(scalars, field))) == list(map(type, getattr(vectors, field))), (seed, field)
         for field in ("spans", "staging", "transfers"):  # in the same order, with the same Python types
             assert getattr(scalars, field) == getattr(vectors, field), (seed, field)
             assert [list(map(type, row)) for row in getattr(scalars, field)] == [

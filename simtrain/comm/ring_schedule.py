@@ -17,7 +17,6 @@ has posted it.
 
     reduce_as_ring([buffers[rank] for rank in order], average=True)
 """
-import numpy as np
 import torch
 
 from .ops import WrappedProgram
@@ -43,12 +42,12 @@ class RingAllReduce(WrappedProgram):
         """The group ranks in ring order."""
         return tuple(self.ring) if self.ring is not None else tuple(range(self.world))
 
-    def chunk_bytes(self) -> np.ndarray:
-        """Bytes of each of the N chunks the buffer is cut into (tensor_split: sizes differ by one element)."""
-        numel, world = self.buf.numel(), self.world
-        sizes = np.full(world, numel // world, dtype=np.int64)
-        sizes[:numel % world] += 1
-        return sizes * self.buf.element_size()
+    def chunk_bytes(self) -> list[int]:
+        """Bytes of each of the N chunks the buffer is cut into (tensor_split: the first numel % N chunks
+        hold one element more)."""
+        narrow, wide = divmod(self.buf.numel(), self.world)
+        element = self.buf.element_size()
+        return [(narrow + 1) * element] * wide + [narrow * element] * (self.world - wide)
 
 
 def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:

@@ -238,7 +238,7 @@ class _GroupRings:
             comm._shown_grows(state, start, end, nbytes)
         for state in states:
             comm._show(state)
-        for state, end in zip(states, times.end.tolist()):
+        for state, end in zip(states, times.end):
             network.at(end, lambda state=state: self._end(state))
 
     def _end(self, state: _RankProgram) -> None:

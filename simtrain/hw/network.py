@@ -49,7 +49,6 @@ from heapq import heappush
 from math import inf
 from typing import Callable, NamedTuple
 
-import numpy as np
 import simpy
 
 from .max_min import max_min_rates
@@ -212,15 +211,14 @@ class Network:
         links = [link for route in routes for link in route.links]
         return routes if len(set(links)) == len(links) and all(route.links for route in routes) else None
 
-    def time_ring(self, routes: tuple[Route, ...], posts: list[float], chunk_bytes: np.ndarray,
+    def time_ring(self, routes: tuple[Route, ...], posts: list[float], chunk_bytes: list[int],
                   labels: list[str]) -> RingTimes:
         """A ring all-reduce over `routes` (from `ring`) whose links carry nothing else while it runs:
         position p posts it at posts[p] and sends chunks of `chunk_bytes`, labelled labels[p]. Its links'
         bytes, busy time and transfer records are counted as its flows would have been; returns the
         ring's times (its ends, the ranks' spans, the staging buffers' landings)."""
-        times = ring_times(np.array(posts), np.array([route.latency_s for route in routes]),
-                           np.array([route.bandwidth_Bps for route in routes]), chunk_bytes,
-                           np.array([route.links[0].busy_s for route in routes]), keep_transfers=self.record)
+        times = ring_times(posts, [route.latency_s for route in routes], [route.bandwidth_Bps for route in routes],
+                           chunk_bytes, [route.links[0].busy_s for route in routes], keep_transfers=self.record)
         if self.record:
             new_record = tuple.__new__  # TransferRecord without its Python-level __new__
             by_sender = [[] for _ in routes]
@@ -229,8 +227,7 @@ class Network:
                 by_sender[position].append(new_record(TransferRecord, (
                     path[0], path[-1], labels[position], start, end, nbytes, path)))
             self.records.extend(record for records in by_sender for record in records)
-        for position, route in enumerate(routes):
-            nbytes, busy_s = int(times.sent_bytes[position]), float(times.link_busy_s[position])
+        for route, nbytes, busy_s in zip(routes, times.sent_bytes, times.link_busy_s):
             for link in route.links:  # crossed alone, one flow after another
                 link.bytes += nbytes
                 link.busy_s = busy_s

@@ -31,8 +31,13 @@ transfer records when the network keeps them.
 
 `Network.time_ring` is the way in; it feeds this module the ring's routes:
 
-    times = ring_times(posts, latency, rate, chunk_bytes, busy_before)   # numpy arrays, by ring position
+    times = ring_times(posts, latency, rate, chunk_bytes, busy_before)   # lists, by ring position
+
+Inputs and results are plain lists of Python numbers: a job of a few devices times a ring every step,
+and there numpy's cost per call (the more so with the caches cold from the step's own arithmetic) was
+most of the work; numpy runs only the recurrence of a large ring.
 """
+from math import inf
 from operator import add
 from typing import NamedTuple
 
@@ -45,28 +50,28 @@ SCALAR_MAX_WORLD = 16
 
 
 class RingTimes(NamedTuple):
-    """Everything a ring all-reduce did, by ring position p (arrays of length N unless said)."""
+    """Everything a ring all-reduce did, by ring position p (lists of length N unless said)."""
 
-    end: np.ndarray  # when position p's program ends
+    end: list[float]  # when position p's program ends
     spans: list[tuple[int, float, float, int]]  # (position, start, end, bytes sent): communication spans
-    link_busy_s: np.ndarray  # busy time of position p's path's links after its transfers
-    sent_bytes: np.ndarray  # bytes position p sent (over each link of its path)
+    link_busy_s: list[float]  # busy time of position p's path's links after its transfers
+    sent_bytes: list[int]  # bytes position p sent (over each link of its path)
     # (position, time, bytes): when each size of chunk position p receives to reduce first lands in its
     # staging buffer (the buffer's largest moments: its other memory only shrinks while it waits)
     staging: list[tuple[int, float, int]]
     transfers: list[tuple[int, float, float, int]]  # (sender position, start, end, bytes); only if asked
 
 
-def ring_times(posts: np.ndarray, latency: np.ndarray, rate: np.ndarray, chunk_bytes: np.ndarray,
-               busy_before: np.ndarray, keep_transfers: bool = False) -> RingTimes:
+def ring_times(posts: list[float], latency: list[float], rate: list[float], chunk_bytes: list[int],
+               busy_before: list[float], keep_transfers: bool = False) -> RingTimes:
     """The ring all-reduce's timing when position p posts it at posts[p], over a path of total
     latency latency[p] and bottleneck rate rate[p] to position p+1, alone on its links, which
     were busy busy_before[p] seconds before."""
-    if not keep_transfers and len(posts) > 1 and all(
-            (np.asarray(values) == values[0]).all() for values in (posts, latency, rate, chunk_bytes, busy_before)):
-        return lockstep_ring_times(len(posts), float(posts[0]), float(latency[0]), float(rate[0]),
-                                   int(chunk_bytes[0]), float(busy_before[0]))
-    if len(posts) <= SCALAR_MAX_WORLD:
+    world = len(posts)
+    if not keep_transfers and world > 1 and all(
+            values.count(values[0]) == world for values in (posts, latency, rate, chunk_bytes, busy_before)):
+        return lockstep_ring_times(world, posts[0], latency[0], rate[0], chunk_bytes[0], busy_before[0])
+    if world <= SCALAR_MAX_WORLD:
         return ring_times_in_scalars(posts, latency, rate, chunk_bytes, busy_before, keep_transfers)
     return ring_times_by_position(posts, latency, rate, chunk_bytes, busy_before, keep_transfers)
 
@@ -88,17 +93,18 @@ def lockstep_ring_times(world: int, post: float, latency: float, rate: float, ch
     staging = [(position, post, chunk) for position in range(world)] if chunk > 0 else []
     # One span each, from the first step's start to the end: each step starts as the one before ends.
     spans = [(position, post, posted, sent) for position in range(world)]
-    return RingTimes(np.full(world, posted), spans, np.full(world, busy), np.full(world, sent, dtype=np.int64),
-                     staging, [])
+    return RingTimes([posted] * world, spans, [busy] * world, [sent] * world, staging, [])
 
 
-def ring_times_by_position(posts: np.ndarray, latency: np.ndarray, rate: np.ndarray, chunk_bytes: np.ndarray,
-                           busy_before: np.ndarray, keep_transfers: bool = False) -> RingTimes:
-    """`ring_times` for any ring: every position's recurrence, step by step (O(N) work per step)."""
+def ring_times_by_position(posts: list[float], latency: list[float], rate: list[float], chunk_bytes: list[int],
+                           busy_before: list[float], keep_transfers: bool = False) -> RingTimes:
+    """`ring_times` for any ring: every position's recurrence, step by step, in numpy (O(N) work per step)."""
     world = len(posts)
     positions = np.arange(world)
     right, left = (positions + 1) % world, (positions - 1) % world
-    posted = np.asarray(posts, dtype=np.float64)
+    posted = np.array(posts, dtype=np.float64)
+    latency, rate = np.array(latency, dtype=np.float64), np.array(rate, dtype=np.float64)
+    chunk_bytes = np.array(chunk_bytes, dtype=np.int64)
     busy = np.array(busy_before, dtype=np.float64)
     sent = np.zeros(world, dtype=np.int64)
     sizes = sorted({int(size) for size in chunk_bytes if size > 0})  # at most two: tensor_split's
@@ -120,21 +126,20 @@ def ring_times_by_position(posts: np.ndarray, latency: np.ndarray, rate: np.ndar
         spans.add(start, end, start[left], end[left], nbytes)
         posted = np.maximum(end, end[left])
     staging = [(position, time, size) for size, first in first_landing.items()
-               for position, time in enumerate(first.tolist()) if time != np.inf]
-    return RingTimes(posted, spans.close(), busy, sent, staging, transfers)
+               for position, time in enumerate(first.tolist()) if time != inf]
+    return RingTimes(posted.tolist(), spans.close(), busy.tolist(), sent.tolist(), staging, transfers)
 
 
-def ring_times_in_scalars(posts: np.ndarray, latency: np.ndarray, rate: np.ndarray, chunk_bytes: np.ndarray,
-                          busy_before: np.ndarray, keep_transfers: bool = False) -> RingTimes:
+def ring_times_in_scalars(posts: list[float], latency: list[float], rate: list[float], chunk_bytes: list[int],
+                          busy_before: list[float], keep_transfers: bool = False) -> RingTimes:
     """`ring_times_by_position` in Python floats, for small rings: the same operations on the same doubles
     (max, +, int / float), so the same numbers to the bit, in the same order, without numpy's cost per call,
     which for a few positions is most of the work."""
     world = len(posts)
-    posted, latency, rate = [float(time) for time in posts], latency.tolist(), rate.tolist()
-    chunks, busy = [int(size) for size in chunk_bytes], [float(time) for time in busy_before]
+    posted, chunks, busy = list(posts), list(chunk_bytes), list(busy_before)
     sent = [0] * world
-    first_landing = {size: [np.inf] * world for size in sorted({size for size in chunks if size > 0})}
-    span_start, span_end, span_bytes = [None] * world, [-np.inf] * world, [0] * world
+    first_landing = {size: [inf] * world for size in sorted({size for size in chunks if size > 0})}
+    span_start, span_end, span_bytes = [None] * world, [-inf] * world, [0] * world
     closed, transfers = [], []
     for step in range(2 * (world - 1)):
         turn = world - step % world
@@ -180,10 +185,10 @@ def ring_times_in_scalars(posts: np.ndarray, latency: np.ndarray, rate: np.ndarr
         closed.extend(closed_second)
         posted = list(map(max, ends, received_ends))  # its send and its receive are done
     staging = [(position, time, size) for size, first in first_landing.items()
-               for position, time in enumerate(first) if time != np.inf]
+               for position, time in enumerate(first) if time != inf]
     spans = closed + [(position, start, end, count) for position, (start, end, count) in
                       enumerate(zip(span_start, span_end, span_bytes))]
-    return RingTimes(np.array(posted), spans, np.array(busy), np.array(sent, dtype=np.int64), staging, transfers)
+    return RingTimes(posted, spans, busy, sent, staging, transfers)
 
 
 class _Spans:

@@ -14,6 +14,7 @@ capacity limit) both run through it, so a step is described once.
     job.cluster.env.process(run_program(job, rank, scheme.program(rank)))
 """
 import simpy
+from simpy.core import URGENT
 
 from ..step_ops import (Alloc, Await, Busy, Collective, Compute, Free, MemoryBound, Post, PostCollective, Transfer,
                         Wait, WaitCollectives, drive, immediate)
@@ -61,7 +62,7 @@ class _Simulated:
     def post_collective(self, op: PostCollective):
         if self.posted is None:
             self.log.track_overlap(self.device.rank)
-        self.posted = self.env.process(_after(self.posted, self.job.comm, self.rank, op))
+        self.posted = _after(self.env, self.posted, self.job.comm, self.rank, op)
 
     def wait_collectives(self, op: WaitCollectives):
         if self.posted is not None:
@@ -94,8 +95,29 @@ def run_program(job, rank: int, program):
         program.close()
 
 
-def _after(previous, comm, rank: int, op: PostCollective):
-    """The communication stream: `op`'s collective starts once the one posted before it has ended."""
-    if previous is not None:
-        yield previous
-    yield comm.run(rank, op.program, label=op.label)
+def _after(env: simpy.Environment, previous: simpy.Event | None, comm, rank: int, op: PostCollective) -> simpy.Event:
+    """The communication stream: `op`'s collective starts once the one posted before it (`previous`, the event
+    this returned for it) has ended; the event returned fires once `op`'s has ended.
+
+    It is what a simpy process `yield previous; yield comm.run(...)` does, in plain callbacks (without the
+    process, its generator and its two resumptions per collective per rank): the same events, scheduled at
+    the same moments, so the clock's order is the same to the event (tests/test_overlap.py replays it
+    against the process). A process starts in an urgent event
+    now; it resumes when the event it waits on is processed; its own event fires (normal priority, now)
+    once the collective's has been processed."""
+    ended = simpy.Event(env)
+
+    def start(_=None):
+        comm.run(rank, op.program, label=op.label).callbacks.append(lambda _: ended.succeed())
+
+    def begin(_):
+        if previous is None or previous.callbacks is None:  # none posted before, or it has ended
+            start()
+        else:
+            previous.callbacks.append(start)
+
+    initialize = simpy.Event(env)
+    initialize._ok, initialize._value = True, None
+    initialize.callbacks.append(begin)
+    env.schedule(initialize, URGENT)
+    return ended
