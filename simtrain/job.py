@@ -148,7 +148,7 @@ class Job:
         """A meta microbatch of the data's inputs: what pipeline stages are balanced on."""
         info, parallel = self.data.info, self.scenario.parallel
         samples = self.scenario.data.batch_size // parallel.microbatches
-        return torch.empty((samples, *info.input_shape), dtype=info.input_dtype, device="meta")
+        return torch.empty((samples, *info.input_shape), dtype=getattr(torch, info.input_dtype), device="meta")
 
     def _loader(self, rank: int):
         """Rank `rank`'s batches: its data-parallel replica's shard (every rank of a replica sees the same)."""

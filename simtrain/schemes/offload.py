@@ -51,11 +51,11 @@ with the same optimizer, so the trained parameters are the same bit for bit.
 """
 from pydantic import Field
 
-from ..errors import ScenarioError
 from ..hw.host_compute import host_memory_bandwidth, host_step_s
 from ..report.sections import ReportSection
 from ..step_ops import Busy, Transfer, Wait
 from ..train.optim import optimizer_state_bytes
+from .scheme_checks import check_offload
 from .sharded_replica import chunk_update_bytes
 
 TO_HOST, FROM_HOST = "offload_gradients", "offload_parameters"  # the copies' labels
@@ -67,12 +67,7 @@ class HostOffload:
 
     def __init__(self, job, layout, stage: int, what: str, element: int, reduce_element: int):
         store = job.cluster.shared_memory
-        if store is None:
-            raise ScenarioError(f"parallel.sharding.offload: {what} keeps the state in host memory; give "
-                                "cluster.shared_memory (e.g. {} for a DGX A100 socket's)")
-        if store.location != "host":
-            raise ScenarioError(f"cluster.shared_memory.location: offload keeps the state in the host's memory; "
-                                f"set it to host, got {store.location!r}")
+        check_offload(store, what)
         self.job, self.store, self.layout, self.stage = job, store, layout, stage
         self.parameters = what == "optimizer_and_parameters"
         self.element, self.reduce_element = element, reduce_element
