@@ -34,8 +34,8 @@ from .hw.cluster import Cluster
 from .scenario import CheckpointSegments, Scenario
 from .schemes.layout import Layout
 from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_ep_divides,
-                                    check_ep_divides_dp, check_offload, check_pipeline_units, check_sequence,
-                                    check_sharding)
+                                    check_ep_divides_dp, check_pipeline_units, check_sequence,
+                                    check_sharding, offload_host_bandwidth)
 from .comm.channels import check_channels
 from .errors import ScenarioError
 from .train.architecture import (Entry, architecture, check_tensor_cut, checkpoint_blocks, checkpoint_segments,
@@ -116,7 +116,7 @@ def _check_scheme(scenario: Scenario, cluster: Cluster, layout: Layout) -> None:
         check_sharding(parallel, scenario.train, world, sharding.degree if sharding.degree is not None else world,
                        simulated=True)
         if sharding.offload != "none":
-            check_offload(cluster.shared_memory, sharding.offload)
+            offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, sharding.offload)
         _check_all_reduce(parallel)
     else:
         if parallel.ep > 1:

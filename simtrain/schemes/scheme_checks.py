@@ -7,12 +7,13 @@ refuses with the scheme's own line without importing torch. Each raises a
 ScenarioError naming the key at fault.
 
     check_sharding(scenario.parallel, scenario.train, world=8, degree=4, simulated=True)
-    check_offload(cluster.shared_memory, "optimizer")
+    offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, "optimizer")
     check_ep_divides(ep=4, world=8)
     check_sequence(scenario.parallel, layout, seq_len=32)   # the model-parallel cuts (model_parts.py)
     check_pipeline_units(scenario.parallel.pipeline, parts=4, units=10)
 """
 from ..errors import ScenarioError
+from ..hw.host_compute import host_memory_bandwidth
 
 
 TP_CUT = "parallel.tp: the model cannot be split {tp} ways: {error}"
@@ -70,15 +71,17 @@ def check_distributed_optimizer(dp: int, degree: int, representatives: bool) -> 
                             "(parallel.sharding.degree below dp) set it false")
 
 
-def check_offload(shared_memory, what: str) -> None:
-    """Offloading `what` (parallel.sharding.offload) to the host's memory, the cluster's `shared_memory` store
-    (offload.py)."""
+def offload_host_bandwidth(shared_memory, spec, what: str) -> float:
+    """Bytes/s the host steps an offloaded optimizer at (hw/host_compute.py), offloading `what`
+    (parallel.sharding.offload) to the cluster's `shared_memory` store, the scenario's `spec`
+    (cluster.shared_memory); refused unless the store is the host's memory (offload.py)."""
     if shared_memory is None:
         raise ScenarioError(f"parallel.sharding.offload: {what} keeps the state in host memory; give "
                             "cluster.shared_memory (e.g. {} for a DGX A100 socket's)")
     if shared_memory.location != "host":
         raise ScenarioError(f"cluster.shared_memory.location: offload keeps the state in the host's memory; "
                             f"set it to host, got {shared_memory.location!r}")
+    return host_memory_bandwidth(spec)
 
 
 def check_ep_divides(ep: int, world: int) -> None:
