@@ -83,10 +83,17 @@ def scheme_class(parallel) -> type:
     return scheme.load() if isinstance(scheme, Registered) else scheme
 
 
+def load_schemes() -> list[type]:
+    """Every built-in scheme's class, imported: each registers the report sections it writes (a job, which
+    imports torch anyway, loads them all, so that every report and its schema know them)."""
+    return [scheme.load() for scheme in SCHEMES.values() if isinstance(scheme, Registered)]
+
+
 def build_scheme(job, on_step=None):
     """The scheme `job.scenario.parallel` asks for, built for this job."""
     return scheme_class(job.scenario.parallel)(job, on_step)
 
 
 __all__ = ["SCHEMES", "AsynchronousSGD", "ExpertParallel", "ModelParallel", "Registered", "Scheme",
-           "ShardedDataParallel", "SyncDataParallel", "build_scheme", "scheme_class", "scheme_name"]
+           "ShardedDataParallel", "SyncDataParallel", "build_scheme", "load_schemes", "scheme_class",
+           "scheme_name"]
