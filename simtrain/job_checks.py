@@ -30,14 +30,14 @@ torch), nor where a refusal depends on something only the built job knows:
     if covered(scenario):
         check_job(scenario, cluster, world)
 """
+from .comm.channels import check_channels
+from .errors import ScenarioError
 from .hw.cluster import Cluster
 from .scenario import CheckpointSegments, Scenario
 from .schemes.layout import Layout
 from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_ep_divides,
                                     check_ep_divides_dp, check_pipeline_units, check_sequence,
                                     check_sharding, offload_host_bandwidth)
-from .comm.channels import check_channels
-from .errors import ScenarioError
 from .train.architecture import (Entry, architecture, check_tensor_cut, checkpoint_blocks, checkpoint_segments,
                                  units_of)
 from .train.data_shape import BUILTIN, builtin_splits, check_validation_split
@@ -88,8 +88,13 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
         if not splits:
             raise ScenarioError(NOTHING_TO_SPLIT)
     spec = scenario.train.checkpointing
-    if isinstance(spec, CheckpointSegments) and layout.tp == 1 and layout.cp == 1:
-        counts = list(parallel.pipeline.split) if parallel.pipeline.split is not None else [len(units)]
+    if isinstance(spec, CheckpointSegments) and layout.tp == 1 and layout.cp == 1:  # each chunk checkpoints itself
+        if parallel.pipeline.split is not None:
+            counts = list(parallel.pipeline.split)
+        elif parts == 1:
+            counts = [len(units)]
+        else:  # stages balanced on FLOPs: `covered` leaves them to the build, but for one segment, which fits any
+            return
         starts = [sum(counts[:part]) for part in range(len(counts))]
         for stage in range(layout.pp):  # rank order: stage 0's rank first, its chunks in order
             for part in range(stage, len(counts), layout.pp):
