@@ -368,8 +368,7 @@ def validate(scenario_file, overrides):
     from .schemes import scheme_name
 
     scenario = load_scenario(scenario_file, overrides)
-    cluster = preflight(scenario).build(record=False, seed=scenario.seed)
-    counts = Counter(device.spec.name for device in cluster.devices)
+    counts = Counter(spec.name for spec in preflight(scenario).device_specs)  # one per device, in rank order
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce})", soft_wrap=True)

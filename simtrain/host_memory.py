@@ -48,7 +48,7 @@ from .errors import SimtrainError
 from .hw.cluster import ResolvedCluster
 from .hw.topology_builders import BUILDERS
 from .scenario import Scenario
-from .train.data import builtin_shape
+from .train.data_shape import BUILTIN, builtin_splits
 from .units import format_bytes
 
 _RING_CHUNK_BYTES = 600  # one chunk view of one rank's bucket in the ring all-reduce (measured, see above)
@@ -103,7 +103,10 @@ def check_scenario_fits_host(scenario: Scenario, cluster: ResolvedCluster) -> No
 def scenario_host_bytes(scenario: Scenario, cluster: ResolvedCluster) -> dict[str, int]:
     """A lower bound of the host memory a run of the scenario (its cluster section resolved) takes, by part."""
     replicas = cluster.devices
-    info, samples = builtin_shape(scenario.data.name, scenario.data.loader_options()) or (None, 0)
+    info, samples = None, 0
+    if scenario.data.name in BUILTIN:
+        info, train_samples, test_samples = builtin_splits(scenario.data.name, scenario.data.loader_options())
+        samples = train_samples + test_samples
     # Numerics off: parameters and activations are meta tensors, shapes without storage.
     parameters, activations_per_sample = model_size(scenario.model, info) if scenario.numerics else (0, 0)
     train, parallel = scenario.train, scenario.parallel

@@ -57,7 +57,7 @@ import torch
 from .backend import SimulatedBackend
 from .hw.cluster import Cluster
 from .scenario import Scenario
-from .schemes import build_scheme
+from .schemes import build_scheme, load_schemes
 from .schemes.layout import Layout
 from .schemes.representatives import representative_ranks
 from .schemes.model_parts import part_counts, rank_shares
@@ -69,6 +69,8 @@ from .train.models import build_model
 from .train.moe import keep_experts_
 from .train.replica import Replica
 from .train.sampling import build_loader
+
+load_schemes()  # every scheme registers its report sections (report/sections.py) when imported
 
 
 class Job:
@@ -148,7 +150,7 @@ class Job:
         """A meta microbatch of the data's inputs: what pipeline stages are balanced on."""
         info, parallel = self.data.info, self.scenario.parallel
         samples = self.scenario.data.batch_size // parallel.microbatches
-        return torch.empty((samples, *info.input_shape), dtype=info.input_dtype, device="meta")
+        return torch.empty((samples, *info.input_shape), dtype=getattr(torch, info.input_dtype), device="meta")
 
     def _loader(self, rank: int):
         """Rank `rank`'s batches: its data-parallel replica's shard (every rank of a replica sees the same)."""

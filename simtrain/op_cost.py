@@ -38,15 +38,15 @@ kernel is bound either by its arithmetic or by its memory traffic, so it takes
 and a sequence of kernels takes the sum of theirs. Operators with equal
 (FLOPs, bytes) are grouped: a cost is `OpCosts`, a sorted tuple of (FLOPs,
 bytes, count), a few dozen entries for a transformer region however many
-layers it has. A device evaluates it for its own rates (`roofline_seconds`;
-Device.compute_time).
+layers it has. A device evaluates it for its own rates (hw/device.py's
+`roofline_seconds`, in Device.compute_time).
 
     layer, x = nn.Linear(64, 64), torch.empty(64, 64)
     with OperatorRecorder() as recorder:
         layer(x)
     recorder.flops, recorder.kernels          # 524288, 2 (a t view and one addmm)
     ops = recorder.take()                     # ((524288.0, 49408.0, 1),)
-    roofline_seconds(ops, flops_rate=156e12, bytes_rate=0.8e12)     # 6.2e-08 s: memory-bound
+    hw.device.roofline_seconds(ops, flops_rate=156e12, bytes_rate=0.8e12)     # 6.2e-08 s: memory-bound
 """
 from __future__ import annotations
 
@@ -132,12 +132,6 @@ def _grouped(counts: dict[tuple[float, float], int]) -> OpCosts:
 def _distinct_bytes(tensor: torch.Tensor) -> int:
     """Bytes of the distinct elements `tensor` spans: dimensions of stride 0 (broadcast) count once."""
     return tensor.element_size() * math.prod(size for size, stride in zip(tensor.shape, tensor.stride()) if stride)
-
-
-def roofline_seconds(ops: OpCosts, flops_rate: float, bytes_rate: float) -> float:
-    """Seconds `ops` take, each operator bound by its arithmetic at `flops_rate` FLOP/s or its bytes at
-    `bytes_rate` B/s, whichever is slower."""
-    return sum(count * max(flops / flops_rate, nbytes / bytes_rate) for flops, nbytes, count in ops)
 
 
 def scaled(ops: OpCosts, fraction: float) -> OpCosts:

@@ -5,10 +5,14 @@
 
 It resolves the cluster (topology, devices, shared memory) and checks that the
 host has the memory a run needs; builds the cluster and checks the faults'
-names and spares against it; then builds the job as a run would, on meta
-tensors (no arithmetic, no clock): the layout (dp x pp x tp against the
-devices), each rank's share of the model (pipeline stages, tensor-parallel
-slices, the vocabulary split), the replicas and the scheme. With a `pbt`
+names and spares against it; then makes every check the job's build makes:
+the layout (dp x pp x tp against the devices), the data, each rank's share of
+the model (pipeline stages, tensor-parallel slices, the vocabulary split),
+the replicas and the scheme. For the built-in models and data sets these are
+checks on the scenario's numbers (job_checks.py: the model's architecture as
+data), so validation imports no torch; for a user's model or data set, and
+the few checks job_checks.covered names, it builds the job as a run would, on
+meta tensors (no arithmetic, no clock), which imports torch. With a `pbt`
 section, one member's job on its share of the devices; with a `fleet` section,
 its hosts and replayed failures against the topology. What only the clock
 can tell (running out of device memory mid-step, a fault stopping the job) it
@@ -24,7 +28,7 @@ from .host_memory import check_scenario_fits_host
 from .hw.catalog import require_rate
 from .hw.cluster import ResolvedCluster, resolve_cluster
 from .hw.faults import scheduled_faults
-from .job import Job
+from .job_checks import check_job, covered
 from .scenario import Scenario
 
 
@@ -44,7 +48,12 @@ def preflight(scenario: Scenario) -> ResolvedCluster:
             raise ScenarioError(f"pbt.population: {population} members do not split the cluster's {world} "
                                 f"devices{besides} into equal groups")
         world //= population  # one member's group: every member's job is built alike
-    Job(scenario, cluster, range(world), numerics=False)
+    if covered(scenario):
+        check_job(scenario, cluster, world)
+    else:
+        from .job import Job  # torch: the user's model or data, or a check only the built job can make
+
+        Job(scenario, cluster, range(world), numerics=False)
     if scenario.fleet is not None:
         job_inventory(scenario, cluster)  # hosts and the failures' units against the topology
     return resolved

@@ -5,10 +5,9 @@ import torch
 
 from simtrain.host_memory import model_size
 from simtrain.scenario import ModelSpec
-from simtrain.train.data import DatasetInfo, builtin_shape
+from simtrain.train.data_shape import DIGITS_INFO as DIGITS, DatasetInfo
 from simtrain.train.models import build_model
 
-DIGITS, _ = builtin_shape("digits", {})
 FEATURES_7 = DatasetInfo(num_features=7, num_classes=3, image_shape=None, input_shape=(7,))
 IMAGES_3x7x5 = DatasetInfo(num_features=105, num_classes=4, image_shape=(3, 7, 5), input_shape=(105,))
 IMAGES_1x1x9 = DatasetInfo(num_features=9, num_classes=2, image_shape=(1, 1, 9), input_shape=(9,))

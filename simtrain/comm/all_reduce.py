@@ -21,8 +21,7 @@ its tuning model picks for the buffer's size, on its own channels).
 """
 from ..errors import ScenarioError
 from ..hw.topology import Topology
-from ..limits import MAX_CHANNELS
-from .channels import channel_order, default_channels, layout_of
+from .channels import ONE_CHANNEL, channel_order, check_channels, default_channels, layout_of
 from .dbtree import dbtree_all_reduce
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_all_reduce
@@ -35,7 +34,6 @@ from .tree import tree_all_reduce
 ALL_REDUCE = {"naive": naive_all_reduce, "ring": ring_all_reduce, "tree": tree_all_reduce,
               "dbtree": dbtree_all_reduce}
 ALGORITHMS = ("naive", "ring", "tree", "hierarchical", "dbtree", "nccl")
-_ONE_CHANNEL = ("naive", "tree")
 
 
 def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], channels: int | None = None,
@@ -51,7 +49,7 @@ def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], chann
         sizes = ", ".join(str(len(ranks)) for ranks in layout.hosts)
         raise ScenarioError(f"{algorithm_field}: hierarchical needs the same number of ranks on every host, "
                             f"got {sizes}")
-    if algorithm in _ONE_CHANNEL:
+    if algorithm in ONE_CHANNEL:
         return ALL_REDUCE[algorithm]
     if algorithm == "nccl":
         return nccl_all_reduce(topology, nodes)
@@ -103,11 +101,6 @@ def _channel_count(algorithm: str, layout, channels, algorithm_field: str, chann
         raise ScenarioError(f"{algorithm_field}: unknown all-reduce algorithm {algorithm!r}; "
                             f"known: {', '.join(ALGORITHMS)}")
     if channels is None:
-        return 1 if algorithm in _ONE_CHANNEL else default_channels(layout, algorithm)
-    if algorithm == "nccl":
-        raise ScenarioError(f"{channels_field}: nccl opens NCCL's own channels; leave it null, got {channels!r}")
-    if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= MAX_CHANNELS:
-        raise ScenarioError(f"{channels_field}: must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
-    if channels > 1 and algorithm in _ONE_CHANNEL:
-        raise ScenarioError(f"{channels_field}: {algorithm} runs on one channel, got {channels}")
+        return 1 if algorithm in ONE_CHANNEL else default_channels(layout, algorithm)
+    check_channels(algorithm, channels, channels_field)
     return channels

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from ..errors import ScenarioError
 from ..hw.topology import Topology
+from ..limits import MAX_CHANNELS
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,20 @@ class Layout:
 
     hosts: tuple[tuple[int, ...], ...]
     rails: tuple[tuple[int, ...], ...]
+
+
+ONE_CHANNEL = ("naive", "tree")  # all-reduce algorithms that run on one channel
+
+
+def check_channels(algorithm: str, channels: int, channels_field: str = "channels") -> None:
+    """A one-line error naming `channels_field` unless all-reduce `algorithm` can run on `channels` channels (given,
+    not the topology's default)."""
+    if algorithm == "nccl":
+        raise ScenarioError(f"{channels_field}: nccl opens NCCL's own channels; leave it null, got {channels!r}")
+    if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= MAX_CHANNELS:
+        raise ScenarioError(f"{channels_field}: must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
+    if channels > 1 and algorithm in ONE_CHANNEL:
+        raise ScenarioError(f"{channels_field}: {algorithm} runs on one channel, got {channels}")
 
 
 def channel_order(layout: Layout, channel: int) -> list[int]:

@@ -22,16 +22,21 @@ its own lognormal factor exp(sigma * z - sigma^2 / 2), z ~ N(0, 1) drawn from
 the device's own seeded numpy Generator: mean 1, so the device's average
 speed is unchanged; sigma is the standard deviation of log(factor).
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from ..errors import OutOfMemory
-from ..op_cost import OpCosts, roofline_seconds
 from ..units import format_bytes
 from .catalog import DeviceSpec
 from .eventlog import EventLog
+
+if TYPE_CHECKING:  # the operator recorder's (torch); building a cluster needs no torch
+    from ..op_cost import OpCosts
 
 
 class MemoryLedger:
@@ -159,3 +164,9 @@ class Device:
         self._stream_free_at = end
         self.log.span(self.rank, kind, name, start, end, nbytes=nbytes, flops=flops)
         return self.env.timeout(end - self.env.now)
+
+
+def roofline_seconds(ops: OpCosts, flops_rate: float, bytes_rate: float) -> float:
+    """Seconds operators `ops` (op_cost.py's OpCosts) take, each bound by its arithmetic at `flops_rate` FLOP/s or
+    its bytes at `bytes_rate` B/s, whichever is slower."""
+    return sum(count * max(flops / flops_rate, nbytes / bytes_rate) for flops, nbytes, count in ops)

@@ -2,7 +2,10 @@
 
 A scenario's scheme follows from its layout and mode (`parallel.pp`,
 `parallel.tp`, `parallel.mode`): the first entry of SCHEMES whose `applies`
-accepts the scenario's `parallel` section. `scheme_name(parallel)` names it
+accepts the scenario's `parallel` section. A built-in entry is `Registered`:
+its predicate (selection.py, which its class's `applies` is too) and where its
+class is, imported only when a job builds it, so naming the scheme imports no
+torch (`simtrain validate`). `scheme_name(parallel)` names it
 (report.json's `scheme`), `scheme_class(parallel)` is its class and
 `build_scheme(job)` builds it for a job; the runner, the memory plan, recovery
 and population-based training all find their scheme this way. What a scheme
@@ -29,24 +32,44 @@ and ends there if it returns False: the one place a job changes hyperparameters
 or pauses a rank between steps (job.py).
 
 A new scheme is one file (a class subclassing `Scheme`, with an `applies`
-classmethod) and one line in SCHEMES, before the entries it is more specific
-than (docs/concepts/schemes.md).
+classmethod) and one line in SCHEMES naming the class, before the entries it
+is more specific than (docs/concepts/schemes.md).
 """
-from .asynchronous import AsynchronousSGD
-from .expert_parallel import ExpertParallel
-from .model_parallel import ModelParallel
-from .scheme import Scheme
-from .sharded import ShardedDataParallel
-from .sync import SyncDataParallel
+import importlib
+from typing import Callable, NamedTuple
 
-# Scheme name -> class, most specific first: the first whose `applies(parallel)` holds runs the scenario.
-SCHEMES: dict[str, type[Scheme]] = {
-    "model_parallel": ModelParallel,
-    "async": AsynchronousSGD,
-    "sharded": ShardedDataParallel,
-    "expert_parallel": ExpertParallel,
-    "data_parallel": SyncDataParallel,
+from . import selection
+
+
+class Registered(NamedTuple):
+    """A built-in scheme in the registry: when it applies (selection.py, on the `parallel` section alone) and
+    where its class is, imported when a job builds it (the schemes import torch; naming one does not)."""
+
+    module: str  # the module of simtrain.schemes that defines it
+    name: str  # its class
+    applies: Callable  # (parallel) -> bool: the class's own `applies`
+
+    def load(self) -> type:
+        return getattr(importlib.import_module(f"{__name__}.{self.module}"), self.name)
+
+
+# Scheme name -> scheme, most specific first: the first whose `applies(parallel)` holds runs the scenario. A scheme
+# is Registered (built in) or its class.
+SCHEMES: dict = {
+    "model_parallel": Registered("model_parallel", "ModelParallel", selection.model_parallel),
+    "async": Registered("asynchronous", "AsynchronousSGD", selection.asynchronous),
+    "sharded": Registered("sharded", "ShardedDataParallel", selection.sharded),
+    "expert_parallel": Registered("expert_parallel", "ExpertParallel", selection.expert_parallel),
+    "data_parallel": Registered("sync", "SyncDataParallel", selection.data_parallel),
 }
+_CLASSES = {"Scheme": "scheme", **{entry.name: entry.module for entry in SCHEMES.values()}}
+
+
+def __getattr__(name: str):
+    """The scheme classes, imported on first use (PEP 562): `from simtrain.schemes import ModelParallel`."""
+    if name in _CLASSES:
+        return getattr(importlib.import_module(f"{__name__}.{_CLASSES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def scheme_name(parallel) -> str:
@@ -54,14 +77,23 @@ def scheme_name(parallel) -> str:
     return next(name for name, scheme in SCHEMES.items() if scheme.applies(parallel))
 
 
-def scheme_class(parallel) -> type[Scheme]:
+def scheme_class(parallel) -> type:
     """The class of the scheme a scenario's `parallel` section asks for."""
-    return SCHEMES[scheme_name(parallel)]
+    scheme = SCHEMES[scheme_name(parallel)]
+    return scheme.load() if isinstance(scheme, Registered) else scheme
 
 
-def build_scheme(job, on_step=None) -> Scheme:
+def load_schemes() -> list[type]:
+    """Every built-in scheme's class, imported: each registers the report sections it writes (a job, which
+    imports torch anyway, loads them all, so that every report and its schema know them)."""
+    return [scheme.load() for scheme in SCHEMES.values() if isinstance(scheme, Registered)]
+
+
+def build_scheme(job, on_step=None):
     """The scheme `job.scenario.parallel` asks for, built for this job."""
     return scheme_class(job.scenario.parallel)(job, on_step)
 
 
-__all__ = ["SCHEMES", "Scheme", "ShardedDataParallel", "build_scheme", "scheme_class", "scheme_name"]
+__all__ = ["SCHEMES", "AsynchronousSGD", "ExpertParallel", "ModelParallel", "Registered", "Scheme",
+           "ShardedDataParallel", "SyncDataParallel", "build_scheme", "load_schemes", "scheme_class",
+           "scheme_name"]

@@ -75,6 +75,7 @@ from ..train.grad_bucket import flat_grad_buffer
 from ..train.hyperparameters import set_live
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
 from ..train.training_state import TrainingState, capture, restore
+from . import selection
 from .local_work import forward_backward
 from ..step_ops import Alloc, Busy, Transfer, Wait
 from .scheme import Scheme
@@ -83,9 +84,7 @@ from .scheme import Scheme
 class AsynchronousSGD(Scheme):
     """Workers that pull the shared parameters, compute a gradient and push it, each on its own clock."""
 
-    @classmethod
-    def applies(cls, parallel) -> bool:
-        return parallel.mode == "async"
+    applies = staticmethod(selection.asynchronous)  # the registry's predicate (selection.py)
 
     def __init__(self, job, on_step=None):
         self.job = job

@@ -60,12 +60,12 @@ HSDP).
 """
 from functools import partial
 
-from ..errors import ScenarioError
 from ..step_ops import Alloc, Await, Collective, Free, MemoryBound, Post
 from ..train.precision import persistent_bytes, update_bytes
 from .bucket_overlap import BucketOverlap, megatron_buckets
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
+from .scheme_checks import check_distributed_optimizer
 from .shard_layout import ShardLayout
 from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
 from .sharded_update import LABELS, bytes_by_kind, sharded_update
@@ -162,7 +162,7 @@ class DistributedOptimizer:
         self.stage, self.dp = sharding.stage, layout.dp * layout.cp
         self.degree = sharding.degree if sharding.degree is not None else self.dp
         self.replicate = self.dp // self.degree
-        _check_runs(self.dp, self.degree, scheme.representatives)
+        check_distributed_optimizer(self.dp, self.degree, scheme.representatives)
         self.reshard_after_forward = sharding.reshard_after_forward
         self.microbatches = scheme.microbatches
         self.reduce_dtype = sharding.reduce_dtype or train.precision
@@ -444,16 +444,6 @@ def _chunk_starts(replica) -> list[int]:
     for chunk in replica.model.chunks:
         starts.append(starts[-1] + sum(1 for p in chunk.parameters() if p.requires_grad))
     return starts
-
-
-def _check_runs(dp: int, degree: int, representatives: bool) -> None:
-    """What the distributed optimizer cannot run (`dp` ranks in a dp-cp group): one line naming the key."""
-    if degree < 1 or dp % degree:
-        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {dp} data-parallel (x cp) ranks "
-                            "of the pp/tp layout")
-    if representatives and degree != dp:
-        raise ScenarioError("parallel.representatives: time the whole dp group's collectives; with HSDP "
-                            "(parallel.sharding.degree below dp) set it false")
 
 
 def nbytes(tensor) -> int:

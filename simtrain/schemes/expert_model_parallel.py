@@ -35,12 +35,12 @@ trace and the parallel section, not split out here).
     scheme.comms.update(experts.communicators())
     collective, result = experts.exchange(rank, kind, tensor)   # kind: a train/moe_exchange.py ExpertExchange
 """
-from ..errors import ScenarioError
 from ..step_ops import Collective
 from ..train.moe import MoE
 from .distributed_optimizer import ReplicatedUpdate
 from .expert_dispatch import EpGroup, group_all_to_all
 from .expert_parallel import experts_last, moe_section
+from .scheme_checks import check_ep_divides_dp
 
 EXCHANGE_LABELS = ("moe dispatch", "moe combine", "moe dispatch backward", "moe combine backward")
 
@@ -52,8 +52,7 @@ class ExpertLayers:
         self.scheme, self.job = scheme, scheme.job
         layout, parallel = scheme.layout, scheme.job.scenario.parallel
         self.ep, self.experts = parallel.ep, scheme.job.scenario.model.moe.experts
-        if layout.dp % self.ep:
-            raise ScenarioError(f"parallel.ep: {self.ep} does not divide the job's dp {layout.dp}")
+        check_ep_divides_dp(self.ep, layout.dp)
         self.moe_steps: list[dict] = []
         for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
             for layer in _layers(replica):

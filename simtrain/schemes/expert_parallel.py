@@ -31,26 +31,24 @@ import copy
 
 from pydantic import Field
 
-from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
 from ..step_ops import Alloc, Busy, Collective, MemoryBound
 from ..train.grad_bucket import flat_grad_buffer
 from ..train.moe import MoE
+from . import selection
 from .expert_dispatch import EpGroup, ExpertParallelStep, group_all_to_all
+from .scheme_checks import check_ep_divides
 from .sync import SyncDataParallel
 
 
 class ExpertParallel(SyncDataParallel):
     """Data parallelism whose MoE experts are sharded over ep groups of adjacent ranks."""
 
-    @classmethod
-    def applies(cls, parallel) -> bool:
-        return parallel.mode == "sync" and parallel.ep > 1 and not parallel.model_parallel
+    applies = staticmethod(selection.expert_parallel)  # the registry's predicate (selection.py)
 
     def __init__(self, job, on_step=None):
         self.ep = ep = job.scenario.parallel.ep
-        if job.world % ep:
-            raise ScenarioError(f"parallel.ep: {ep} does not divide the {job.world} data-parallel ranks")
+        check_ep_divides(ep, job.world)
         super().__init__(job, on_step)
         self.overlap = False  # one all-reduce of each gradient after the backward
         self.only_ring_all_reduces = False

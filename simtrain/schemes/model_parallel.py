@@ -56,6 +56,7 @@ from ..train.partition import assemble, module_structure
 from ..train.moe_exchange import ExpertExchange
 from ..train.precision import DTYPES
 from ..train.ring_attention import shard_sequence
+from . import selection
 from .distributed_optimizer import data_parallel_update
 from .expert_model_parallel import ExpertLayers, ExpertUpdate
 from .layer_recompute import measure_layers
@@ -339,9 +340,7 @@ class ModelParallel(RankReplicas, Scheme):
 
     # --- the Scheme hooks (scheme.py) ---
 
-    @classmethod
-    def applies(cls, parallel) -> bool:
-        return parallel.model_parallel  # the model itself is split: pp or tp above 1
+    applies = staticmethod(selection.model_parallel)  # the registry's predicate (selection.py)
 
     def state_source(self, rank: int) -> int:
         return rank  # each rank holds its own share of the model and its optimizer state

@@ -22,6 +22,7 @@ from ..train.partition import RankModule, balanced_counts, model_units, unit_flo
 from ..train.ring_attention import ContextShard
 from ..train.tensor_parallel import TP_BOUNDARIES
 from .layout import Layout
+from .scheme_checks import NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence
 
 
 def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tuple[list, list[int]]:
@@ -29,26 +30,14 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     like `sample_x` (one-line errors name the field at fault)."""
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
-    if scenario.parallel.sequence_parallel and sample_x.shape[1] % layout.tp:
-        raise ScenarioError(f"parallel.sequence_parallel: data.seq_len {sample_x.shape[1]} does not divide into tp "
-                            f"{layout.tp} equal parts")
-    chunks = 2 * layout.cp * (layout.tp if scenario.parallel.sequence_parallel else 1)
-    if layout.cp > 1 and sample_x.shape[1] % chunks:
-        raise ScenarioError(f"parallel.cp: data.seq_len {sample_x.shape[1]} does not divide into 2 x cp {layout.cp}"
-                            + (f" x tp {layout.tp}" if scenario.parallel.sequence_parallel else "")
-                            + f" = {chunks} equal chunks")
+    check_sequence(scenario.parallel, layout, sample_x.shape[1])
     try:
         units = model_units(model, tensor_parallel=layout.tp > 1)
     except ValueError as error:
         raise ScenarioError(f"parallel.pp: {error}") from None
+    check_pipeline_units(pipeline, parts, len(units))
     if pipeline.split is not None:
-        if len(pipeline.split) != parts or sum(pipeline.split) != len(units):
-            raise ScenarioError(f"parallel.pipeline.split: needs {parts} counts (pp x virtual_stages) that add up to "
-                                f"the model's {len(units)} splittable layers, got {list(pipeline.split)}")
         return units, list(pipeline.split)
-    if parts > len(units):
-        raise ScenarioError(f"parallel.pp: {parts} model parts (pp x virtual_stages) but the model has only "
-                            f"{len(units)} splittable layers")
     return units, balanced_counts(unit_flops(model, units, sample_x), parts)
 
 
@@ -81,11 +70,10 @@ def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], 
                                      ContextShard(where["cp"], layout.cp),
                                      (where["dp"] % scenario.parallel.ep, scenario.parallel.ep)))
         except ValueError as error:
-            raise ScenarioError(f"parallel.tp: the model cannot be split {layout.tp} ways: {error}") from None
+            raise ScenarioError(TP_CUT.format(tp=layout.tp, error=error)) from None
     if scenario.train.checkpointing == "selective":
         require_attention(model)
     if layout.tp > 1 and not any(type(op) in TP_BOUNDARIES
                                  for share in shares if share is not None for ops in share.ops for op in ops):
-        raise ScenarioError("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, "
-                            "or gpt blocks)")
+        raise ScenarioError(NOTHING_TO_SPLIT)
     return shares

@@ -51,11 +51,11 @@ with the same optimizer, so the trained parameters are the same bit for bit.
 """
 from pydantic import Field
 
-from ..errors import ScenarioError
-from ..hw.host_compute import host_memory_bandwidth, host_step_s
+from ..hw.host_compute import host_step_s
 from ..report.sections import ReportSection
 from ..step_ops import Busy, Transfer, Wait
 from ..train.optim import optimizer_state_bytes
+from .scheme_checks import offload_host_bandwidth
 from .sharded_replica import chunk_update_bytes
 
 TO_HOST, FROM_HOST = "offload_gradients", "offload_parameters"  # the copies' labels
@@ -67,18 +67,12 @@ class HostOffload:
 
     def __init__(self, job, layout, stage: int, what: str, element: int, reduce_element: int):
         store = job.cluster.shared_memory
-        if store is None:
-            raise ScenarioError(f"parallel.sharding.offload: {what} keeps the state in host memory; give "
-                                "cluster.shared_memory (e.g. {} for a DGX A100 socket's)")
-        if store.location != "host":
-            raise ScenarioError(f"cluster.shared_memory.location: offload keeps the state in the host's memory; "
-                                f"set it to host, got {store.location!r}")
         self.job, self.store, self.layout, self.stage = job, store, layout, stage
         self.parameters = what == "optimizer_and_parameters"
         self.element, self.reduce_element = element, reduce_element
         train = job.scenario.train
         self.ranks = job.world  # the ranks that step together on the one host
-        self.host_bandwidth = host_memory_bandwidth(job.scenario.cluster.shared_memory)
+        self.host_bandwidth = offload_host_bandwidth(store, job.scenario.cluster.shared_memory, what)
         self._step_bytes = [chunk_update_bytes(layout.chunk_numel(unit), train.precision, train.optimizer)
                             for unit in range(len(layout.units))]
         self._to_host: dict[int, list] = {}  # rank -> the gradient copies posted this step

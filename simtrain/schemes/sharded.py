@@ -65,14 +65,15 @@ from functools import partial
 
 from pydantic import Field
 
-from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
 from ..step_ops import Alloc, Await, Free, Post, Transfer
 from ..train.precision import update_bytes
+from . import selection
 from .overflow_vote import overflow_vote
 from .rank_replicas import RankReplicas
 from .offload import NO_OFFLOAD, HostOffload, OffloadSection
 from .scheme import Scheme
+from .scheme_checks import check_sharding
 from .shard_layout import ShardLayout
 from .shard_units import UnitCosts
 from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
@@ -84,16 +85,15 @@ _GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the collectives' kinds
 class ShardedDataParallel(RankReplicas, Scheme):
     """ZeRO 1/2/3 (FSDP) and HSDP: each rank holds a shard of the training state and trains on its own batch."""
 
-    @classmethod
-    def applies(cls, parallel) -> bool:
-        return parallel.mode == "sync" and parallel.sharding.stage > 0 and not parallel.model_parallel
+    applies = staticmethod(selection.sharded)  # the registry's predicate (selection.py)
 
     def __init__(self, job, on_step=None):
         self.job, self.world, self.on_step = job, job.world, on_step
         train, sharding = job.scenario.train, job.scenario.parallel.sharding
         self.stage, self.reshard_after_forward = sharding.stage, sharding.reshard_after_forward
         self.degree = sharding.degree if sharding.degree is not None else self.world
-        _check_runs(job, self.degree)
+        check_sharding(job.scenario.parallel, train, self.world, self.degree,
+                       simulated=len(job.local_ranks) == job.world)
         self.replicate = self.world // self.degree
         self.steps, self.precision = train.steps, train.precision
         self.reduce_dtype = sharding.reduce_dtype or train.precision
@@ -343,22 +343,6 @@ class ShardedDataParallel(RankReplicas, Scheme):
                          "bytes_by_kind": bytes_by_kind(self.job.cluster.log, self.devices),
                          "offload": NO_OFFLOAD if self.offload is None else self.offload.report(self.offload_what)},
         }
-
-
-def _check_runs(job, degree: int) -> None:
-    """What the scheme cannot run: one line naming the key."""
-    if job.world % degree:
-        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {job.world} data-parallel "
-                            "ranks")
-    if job.scenario.train.optimizer.name == "kfac":
-        raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
-    if job.scenario.parallel.sync_batchnorm:
-        raise ScenarioError("parallel.sharding: does not combine with parallel.sync_batchnorm yet")
-    if job.scenario.parallel.sharding.offload != "none" and degree != job.world:
-        raise ScenarioError(f"parallel.sharding.offload: with HSDP (degree {degree} below the {job.world} "
-                            "data-parallel ranks) is not built yet")
-    if len(job.local_ranks) != job.world:  # a real launch: each process holds one rank
-        raise ScenarioError("parallel.sharding: runs simulated; simtrain launch does not run it yet")
 
 
 class ShardingBytes(ReportSection):

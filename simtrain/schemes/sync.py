@@ -41,6 +41,7 @@ from ..train.grad_bucket import overlap_buckets
 from ..train.models import layers_before_batchnorm, weight_norms
 from ..train.precision import persistent_bytes, update_bytes
 from ..train.syncbn import synced_batchnorms
+from . import selection
 from .kfac_sync import DistributedKfac
 from .local_work import forward_backward
 from ..step_ops import Alloc, Collective, MemoryBound, PostCollective, WaitCollectives
@@ -51,9 +52,7 @@ from .scheme import Scheme
 class SyncDataParallel(RankReplicas, Scheme):
     """Data-parallel training with a synchronous gradient all-reduce every step."""
 
-    @classmethod
-    def applies(cls, parallel) -> bool:
-        return parallel.mode == "sync"  # the registry's last entry: every layout the others do not take
+    applies = staticmethod(selection.data_parallel)  # the registry's predicate (selection.py)
 
     def __init__(self, job, on_step=None):
         self.job = job

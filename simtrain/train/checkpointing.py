@@ -51,13 +51,13 @@ long as torch keeps the recomputed tensor.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ScenarioError
+from .architecture import checkpoint_blocks, checkpoint_segments
 from ..scenario import CheckpointSegments
 
 _FIELD = "train.checkpointing"
@@ -75,15 +75,7 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
     if not isinstance(model, nn.Sequential):
         raise ScenarioError(f"{_FIELD}: needs a model that is an nn.Sequential, got {type(model).__name__}")
     blocks = split_blocks(list(model))
-    if spec == "sqrt":
-        segments = max(1, round(math.sqrt(len(blocks))))
-    elif spec == "full":
-        segments = len(blocks)
-    else:
-        segments = spec.segments
-        if segments > len(blocks):
-            raise ScenarioError(f"{_FIELD}.segments: {segments} is more than the model's {len(blocks)} blocks")
-    return CheckpointedSequential(model, _deal(blocks, segments))
+    return CheckpointedSequential(model, _deal(blocks, checkpoint_segments(spec, len(blocks))))
 
 
 def require_attention(model: nn.Module) -> None:
@@ -103,16 +95,7 @@ def recompute_attention_cores_(model: nn.Module) -> None:
 
 def split_blocks(layers: list[nn.Module]) -> list[list[int]]:
     """Layer indices grouped into blocks, each starting at a layer with a weight matrix or kernel."""
-    blocks: list[list[int]] = []
-    for index, layer in enumerate(layers):
-        starts_block = any(p.dim() >= 2 for p in layer.parameters())
-        if blocks and not starts_block:
-            blocks[-1].append(index)
-        elif blocks and not any(any(p.dim() >= 2 for p in layers[i].parameters()) for i in blocks[-1]):
-            blocks[-1].append(index)  # the layers so far had no weight matrix: this one joins them
-        else:
-            blocks.append([index])
-    return blocks
+    return checkpoint_blocks([any(p.dim() >= 2 for p in layer.parameters()) for layer in layers])
 
 
 def _deal(blocks: list[list[int]], segments: int) -> list[tuple[int, int]]:

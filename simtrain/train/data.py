@@ -52,25 +52,11 @@ from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset,
 
 from ..errors import ScenarioError
 from ..loss import cross_entropy
+from .data_shape import BUILTIN, DatasetInfo, builtin_splits, check_validation_split
 from .tokens import markov_sequences
 
-DIGITS_TRAIN_SAMPLES = 1437
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_SYNTHETIC_DEFAULTS = {"samples": 2048, "features": 32, "classes": 10, "test_fraction": 0.2}
-_TOKENS_DEFAULTS = {"samples": 2048, "seq_len": 32, "vocab": 64, "test_fraction": 0.2}
-_DIGITS_SAMPLES = 1797
 _VALIDATION_STREAM = 0x5641  # separates the validation draw from the other streams of the seed
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """Shape of a classification dataset's inputs and labels."""
-
-    num_features: int
-    num_classes: int
-    image_shape: tuple[int, ...] | None
-    input_shape: tuple[int, ...]  # one sample's x, as the dataset holds it
-    input_dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -83,24 +69,16 @@ class DataSplits:
     validation: Dataset | None = None  # held out of the training split (hold_out_validation)
 
 
-_DIGITS_INFO = DatasetInfo(num_features=64, num_classes=10, image_shape=(1, 8, 8), input_shape=(64,))
-
-
 def load_dataset(name: str, options: dict, seed: int, values: bool = True) -> DataSplits:
     """The named dataset's splits; `seed` drives any generated data. With `values` False (numerics off)
     generated token sequences are meta tensors: their shapes without drawing them (a vocabulary of
     51,200 would need a 21 GB successor table), and so are the digits: their shapes without reading them
     (and without importing scikit-learn, seconds of a `simtrain validate`)."""
-    options = dict(options or {})
-    if name == "digits":
-        _reject_unknown_options(options, allowed=(), field="data")
-        return _digits(values)
-    if name == "synthetic":
-        return _synthetic(options, seed)
-    if name == "tokens":
-        return _tokens(options, seed, values)
+    if name in BUILTIN:
+        info, train, test = builtin_splits(name, options)
+        return {"digits": _digits, "synthetic": _synthetic, "tokens": _tokens}[name](info, train, test, seed, values)
     if isinstance(name, str) and ":" in name:
-        return _from_function(name, options)
+        return _from_function(name, dict(options or {}))
     raise ScenarioError(
         f"data.name: unknown dataset {name!r} (known: digits, synthetic, tokens, or package.module:function)"
     )
@@ -109,13 +87,10 @@ def load_dataset(name: str, options: dict, seed: int, values: bool = True) -> Da
 def hold_out_validation(splits: DataSplits, fraction: float, seed: int) -> DataSplits:
     """`splits` with round(fraction * N) training samples, drawn by a permutation seeded with `seed`,
     moved to a validation split (both keep the training split's order); unchanged for fraction 0."""
-    if fraction == 0:
-        return splits
     size = len(splits.train)
-    count = round(fraction * size)
-    if not 1 <= count < size:
-        raise ScenarioError(f"data.validation_fraction: {fraction} of {size} training samples leaves an empty "
-                            "training or validation split")
+    count = check_validation_split(fraction, size)
+    if count == 0:
+        return splits
     generator = torch.Generator().manual_seed(seed + _VALIDATION_STREAM)
     held = torch.zeros(size, dtype=torch.bool)
     held[torch.randperm(size, generator=generator)[:count]] = True
@@ -127,20 +102,6 @@ def _rows_of(dataset: Dataset, indices: torch.Tensor) -> Dataset:
     if isinstance(dataset, TensorDataset):
         return TensorDataset(*(tensor[indices] for tensor in dataset.tensors))
     return Subset(dataset, indices.tolist())
-
-
-def builtin_shape(name: str, options: dict) -> tuple[DatasetInfo, int] | None:
-    """(info, samples) of a built-in dataset, without loading it; None for a user's."""
-    if name == "digits":
-        return _DIGITS_INFO, _DIGITS_SAMPLES
-    if name == "synthetic":
-        opts = {**_SYNTHETIC_DEFAULTS, **options}
-        return DatasetInfo(num_features=opts["features"], num_classes=opts["classes"], image_shape=None,
-                           input_shape=(opts["features"],)), opts["samples"]
-    if name == "tokens":
-        opts = {**_TOKENS_DEFAULTS, **options}
-        return _tokens_info(opts["seq_len"], opts["vocab"]), opts["samples"]
-    return None
 
 
 def load_callable(path: str, field: str) -> Callable:
@@ -184,25 +145,13 @@ def _one_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _reject_unknown_options(options: dict, allowed, field: str) -> None:
-    for key in options:
-        if key not in allowed:
-            known = ", ".join(allowed) if allowed else "none"
-            raise ScenarioError(f"{field}.{key}: unknown option (known: {known})")
-
-
-def _digits(values: bool) -> DataSplits:
+def _digits(info: DatasetInfo, train: int, test: int, seed: int, values: bool) -> DataSplits:
     if values:
         x, y = _digits_tensors()
     else:
-        x = torch.empty((_DIGITS_SAMPLES, _DIGITS_INFO.num_features), device="meta")
-        y = torch.empty(_DIGITS_SAMPLES, dtype=torch.int64, device="meta")
-    n = DIGITS_TRAIN_SAMPLES
-    return DataSplits(
-        train=TensorDataset(x[:n], y[:n]),
-        test=TensorDataset(x[n:], y[n:]),
-        info=_DIGITS_INFO,
-    )
+        x = torch.empty((train + test, info.num_features), device="meta")
+        y = torch.empty(train + test, dtype=torch.int64, device="meta")
+    return DataSplits(train=TensorDataset(x[:train], y[:train]), test=TensorDataset(x[train:], y[train:]), info=info)
 
 
 _digits_read: list[tuple[torch.Tensor, torch.Tensor]] = []  # the digits as read, while no run changed them
@@ -222,57 +171,23 @@ def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     return _digits_read[0]
 
 
-def _synthetic(options: dict, seed: int) -> DataSplits:
-    _reject_unknown_options(options, allowed=tuple(_SYNTHETIC_DEFAULTS), field="data")
-    opts = {**_SYNTHETIC_DEFAULTS, **options}
-    for key in ("samples", "features", "classes"):
-        value = opts[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ScenarioError(f"data.{key}: must be a positive integer, got {value!r}")
-    if opts["classes"] < 2:
-        raise ScenarioError(f"data.classes: needs at least 2 classes, got {opts['classes']}")
-    fraction = opts["test_fraction"]
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        raise ScenarioError(f"data.test_fraction: must be between 0 and 1, got {fraction!r}")
-    samples, features, classes = opts["samples"], opts["features"], opts["classes"]
-    num_test = round(samples * fraction)
-    if num_test < 1 or num_test >= samples:
-        raise ScenarioError(
-            f"data.test_fraction: {fraction} of {samples} samples leaves an empty train or test split"
-        )
-
+def _synthetic(info: DatasetInfo, train: int, test: int, seed: int, values: bool) -> DataSplits:
+    """Standard-normal class centroids plus standard-normal noise per sample (drawn with numerics off too)."""
+    samples, features, classes = train + test, info.num_features, info.num_classes
     generator = torch.Generator().manual_seed(seed)
     centroids = torch.randn(classes, features, generator=generator)
     y = torch.randint(0, classes, (samples,), generator=generator, dtype=torch.int64)
     x = centroids[y] + torch.randn(samples, features, generator=generator)
-    num_train = samples - num_test
-    return DataSplits(
-        train=TensorDataset(x[:num_train], y[:num_train]),
-        test=TensorDataset(x[num_train:], y[num_train:]),
-        info=DatasetInfo(num_features=features, num_classes=classes, image_shape=None, input_shape=(features,)),
-    )
+    return DataSplits(train=TensorDataset(x[:train], y[:train]), test=TensorDataset(x[train:], y[train:]), info=info)
 
 
-def _tokens(options: dict, seed: int, values: bool) -> DataSplits:
+def _tokens(info: DatasetInfo, train: int, test: int, seed: int, values: bool) -> DataSplits:
     """Next-token prediction on markov_sequences: x the first seq_len tokens, y the next seq_len."""
-    _reject_unknown_options(options, allowed=tuple(_TOKENS_DEFAULTS), field="data")
-    opts = {**_TOKENS_DEFAULTS, **options}
-    samples, seq_len, vocab = opts["samples"], opts["seq_len"], opts["vocab"]
-    num_test = round(samples * opts["test_fraction"])
-    if num_test < 1 or num_test >= samples:
-        raise ScenarioError(f"data.test_fraction: {opts['test_fraction']} of {samples} samples leaves an empty "
-                            "train or test split")
+    samples, (seq_len,), vocab = train + test, info.input_shape, info.num_classes
     sequences = (markov_sequences(samples, seq_len + 1, vocab, seed) if values
                  else torch.empty(samples, seq_len + 1, dtype=torch.int64, device="meta"))
     x, y = sequences[:, :-1], sequences[:, 1:]
-    num_train = samples - num_test
-    return DataSplits(train=TensorDataset(x[:num_train], y[:num_train]),
-                      test=TensorDataset(x[num_train:], y[num_train:]), info=_tokens_info(seq_len, vocab))
-
-
-def _tokens_info(seq_len: int, vocab: int) -> DatasetInfo:
-    return DatasetInfo(num_features=seq_len, num_classes=vocab, image_shape=None, input_shape=(seq_len,),
-                       input_dtype=torch.int64)
+    return DataSplits(train=TensorDataset(x[:train], y[:train]), test=TensorDataset(x[train:], y[train:]), info=info)
 
 
 def _from_function(name: str, options: dict) -> DataSplits:
@@ -305,7 +220,7 @@ def _infer_info(train: Dataset, name: str) -> DatasetInfo:
             raise ScenarioError(f"data.name: {name} returned labels that are not integers ({_one_line(exc)})") from None
     image_shape = tuple(x.shape) if x.dim() == 3 else None
     return DatasetInfo(num_features=x.numel(), num_classes=int(labels.max()) + 1, image_shape=image_shape,
-                       input_shape=tuple(x.shape), input_dtype=x.dtype)
+                       input_shape=tuple(x.shape), input_dtype=str(x.dtype).removeprefix("torch."))
 
 
 class ShardLoader:

@@ -59,7 +59,8 @@ from .fused_attention import flash_attention
 from .ring_attention import ContextShard, attention_ops, context_positions
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter,
                               Slice, residual_block_ops, shard_parameter_)
-from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
+from .architecture import GPT_HEADS, VOCAB, require_divides
+from .vocab_parallel import head_loss_ops, local_lookup
 
 
 class TokenEmbedding(nn.Module):
@@ -84,7 +85,7 @@ class TokenEmbedding(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
-        check_vocab(self.tokens.num_embeddings, tp)
+        require_divides(self.tokens.num_embeddings, tp, VOCAB)
         where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
         self.vocab_start, self.tp_rank, self.tp = where.start, tp_rank, tp
         return {"tokens.weight": where}
@@ -147,8 +148,7 @@ class Block(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s heads and MLP features; where each slice sits in the whole parameter."""
-        if self.heads % tp:
-            raise ValueError(f"{self.heads} heads do not divide into {tp} equal groups")
+        require_divides(self.heads, tp, GPT_HEADS)
         slices = {}
         for name in self.column_split:
             for part in ("weight", "bias"):
@@ -220,7 +220,7 @@ class LanguageHead(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary range of the logits Linear (split by output features)."""
-        check_vocab(self.logits.out_features, tp)
+        require_divides(self.logits.out_features, tp, VOCAB)
         slices = {f"logits.{part}": shard_parameter_(self.logits, part, 0, tp_rank, tp) for part in ("weight", "bias")}
         self.vocab_start, self.tp_rank, self.tp = slices["logits.weight"].start, tp_rank, tp
         return slices

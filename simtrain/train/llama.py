@@ -74,7 +74,8 @@ from .gpt import attention_kernel
 from .ring_attention import ContextShard, attention_ops, context_positions
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter, Slice,
                               residual_block_ops, shard_parameter_)
-from .vocab_parallel import check_vocab, head_loss_ops, local_lookup
+from .architecture import FFN_HIDDEN, HEADS, KV_HEADS, VOCAB, require_divides
+from .vocab_parallel import head_loss_ops, local_lookup
 
 NORM_EPS = 1e-5  # Llama 2 and 3's RMSNorm epsilon
 
@@ -122,7 +123,7 @@ class LlamaEmbedding(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary rows of the token table."""
-        check_vocab(self.tokens.num_embeddings, tp)
+        require_divides(self.tokens.num_embeddings, tp, VOCAB)
         where = shard_parameter_(self.tokens, "weight", 0, tp_rank, tp)
         self.vocab_start = where.start
         return {"tokens.weight": where}
@@ -194,12 +195,8 @@ class LlamaBlock(nn.Module):
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s query heads, the key/value heads they read and its MLP features; where each
         slice sits in the whole parameter."""
-        if self.heads % tp:
-            raise ValueError(f"model.heads {self.heads} do not divide into {tp} equal groups")
-        if self.kv_heads % tp:
-            raise ValueError(f"model.kv_heads {self.kv_heads} do not divide into {tp} equal groups")
-        if self.w1.out_features % tp:
-            raise ValueError(f"model.ffn_hidden {self.w1.out_features} does not divide into {tp} equal slices")
+        for count, line in ((self.heads, HEADS), (self.kv_heads, KV_HEADS), (self.w1.out_features, FFN_HIDDEN)):
+            require_divides(count, tp, line)
         slices = {f"{name}.weight": shard_parameter_(getattr(self, name), "weight", 0, tp_rank, tp)
                   for name in ("wq", "wk", "wv", "w1", "w3")}
         for name in ("wo", "w2"):
@@ -233,7 +230,7 @@ class LlamaHead(nn.Module):
 
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s vocabulary range of the output Linear (split by output features)."""
-        check_vocab(self.output.out_features, tp)
+        require_divides(self.output.out_features, tp, VOCAB)
         where = shard_parameter_(self.output, "weight", 0, tp_rank, tp)
         self.vocab_start, self.tp_rank, self.tp = where.start, tp_rank, tp
         return {"output.weight": where}

@@ -45,6 +45,7 @@ from torch import nn
 
 from ..errors import ScenarioError
 from ..scenario import ModelSpec
+from .architecture import check_model_fits_data
 from .data import DatasetInfo, call_with_options, load_callable
 from .fused_attention import use_fused_attention_
 from .gpt import build_gpt
@@ -67,18 +68,14 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
     """What builds the model `spec` names (after seeding); the spec's fields are validated already."""
     if spec.name == "mlp":
         return partial(_mlp, info, list(spec.hidden), spec.batchnorm)
+    if spec.name in ("mlp", "cnn", "gpt", "llama"):
+        check_model_fits_data(spec, info)
     if spec.name == "cnn":
-        if info.image_shape is None or len(info.image_shape) != 3:
-            raise ScenarioError("model.name: cnn needs image inputs (C, H, W), and this dataset has none")
         return partial(_cnn, info, list(spec.channels), spec.batchnorm)
     if spec.name == "gpt":
-        if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
-            raise ScenarioError("model.name: gpt needs token sequences (data.name: tokens)")
         block = moe_block(spec.moe) if spec.moe is not None else None
         return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads, block)
     if spec.name == "llama":
-        if info.input_dtype != torch.int64 or len(info.input_shape) != 1:
-            raise ScenarioError("model.name: llama needs token sequences (data.name: tokens)")
         return partial(build_llama, info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads,
                        spec.ffn_width, spec.rotary_base)
     if ":" in spec.name:
@@ -129,7 +126,7 @@ def _check_fits_the_data(model: nn.Module, info: DatasetInfo, name: str) -> None
     model.eval()
     try:
         with torch.no_grad():
-            logits = model(torch.zeros(shape, dtype=info.input_dtype))
+            logits = model(torch.zeros(shape, dtype=getattr(torch, info.input_dtype)))
     except Exception as exc:
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         raise ScenarioError(f"model.name: {name} does not take the data's inputs: a batch of shape {list(shape)} "

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..loss import cross_entropy
 from ..op_cost import OperatorRecorder
+from .architecture import group_units, pair_end
 from .checkpointing import apply_checkpointing, recompute_attention_cores_
 from .moe import MoE, keep_experts_, whole_model_name
 from .ring_attention import ContextShard
@@ -46,33 +47,14 @@ def model_units(model: nn.Module, tensor_parallel: bool) -> list[tuple[int, ...]
     if not isinstance(model, nn.Sequential):
         raise ValueError(f"the model is a {type(model).__name__}; only an nn.Sequential can be cut into stages")
     entries = list(model)
-    units: list[list[int]] = []
-    index = 0
-    while index < len(entries):
-        end = _pair_end(entries, index) if tensor_parallel else None
-        if end is not None or _has_parameters(entries[index]) or not units:
-            if units and not any(_has_parameters(entries[i]) for i in units[-1]):  # leading parameterless
-                units[-1].extend(range(index, (end or index) + 1))
-            else:
-                units.append(list(range(index, (end or index) + 1)))
-        else:
-            units[-1].append(index)
-        index = (end or index) + 1
-    return [tuple(unit) for unit in units]
-
-
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
+    ends = [_pair_end(entries, index) if tensor_parallel else None for index in range(len(entries))]
+    return group_units([next(entry.parameters(), None) is not None for entry in entries], ends)
 
 
 def _pair_end(entries: list[nn.Module], start: int) -> int | None:
     """The index of the row Linear of a Linear, element-wise..., Linear run starting at `start`."""
-    if not isinstance(entries[start], nn.Linear):
-        return None
-    index = start + 1
-    while index < len(entries) and isinstance(entries[index], ELEMENTWISE):
-        index += 1
-    return index if index < len(entries) and isinstance(entries[index], nn.Linear) else None
+    return pair_end([isinstance(entry, nn.Linear) for entry in entries],
+                    [isinstance(entry, ELEMENTWISE) for entry in entries], start)
 
 
 def unit_flops(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor) -> list[float]:

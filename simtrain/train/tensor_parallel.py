@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .architecture import FEATURES, require_divides
+
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU, nn.Sigmoid, nn.LeakyReLU)
 
 
@@ -104,8 +106,7 @@ class Slice(NamedTuple):
 def shard_parameter_(module: nn.Module, name: str, dim: int, tp_rank: int, tp: int) -> Slice:
     """Keep only tp rank `tp_rank`'s slice of `module.name` along `dim` (equal, contiguous slices)."""
     parameter = getattr(module, name)
-    if parameter.shape[dim] % tp:
-        raise ValueError(f"{parameter.shape[dim]} features do not divide into {tp} equal slices")
+    require_divides(parameter.shape[dim], tp, FEATURES)
     size = parameter.shape[dim] // tp
     start = tp_rank * size
     setattr(module, name, nn.Parameter(parameter.detach().narrow(dim, start, size).clone()))

@@ -25,18 +25,12 @@ tp contiguous vocabulary ranges; rank r holds [r V/tp, (r + 1) V/tp).
     loss = cross_entropy_from_terms(terms, tp)                        # the mean over every token
     ops = head_loss_ops(norm, linear, start, tp_rank, tp, AllReduceBackward)   # a head's work, as above
 
-`check_vocab(vocab, tp)` is the one check a split needs: tp equal ranges.
+The one check a split needs, tp equal ranges, is train/architecture.py's `require_divides(vocab, tp, VOCAB)`.
 """
 import torch
 from torch import nn
 
 from .tensor_parallel import AllReduceForward, Apply, ApplyWithTarget
-
-
-def check_vocab(vocab: int, tp: int) -> None:
-    """ValueError unless `vocab` entries divide into `tp` equal ranges."""
-    if vocab % tp:
-        raise ValueError(f"data.vocab {vocab} does not divide into {tp} equal vocabulary slices")
 
 
 def head_loss_ops(norm: nn.Module, linear: nn.Module, vocab_start: int, tp_rank: int, tp: int, gather) -> list:

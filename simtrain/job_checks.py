@@ -1,0 +1,142 @@
+"""Every refusal a job's build makes, checked on the scenario alone for the built-in models and data: no torch.
+
+A job (job.py) builds its data, its model and every rank's share of it, its
+replicas and its scheme; each step of that build refuses what it cannot run,
+with one line naming the key. For a scenario whose model and data are built in
+(mlp, cnn, gpt, llama with or without model.moe; digits, synthetic, tokens),
+`check_job(scenario, cluster, world)` makes the same checks, in the same order,
+with the same lines, on plain numbers: the layout (schemes/layout.py), the data
+set's options and splits (train/data_shape.py), the model's entries as data
+(train/architecture.py: the pipeline's units, the tensor-parallel cut,
+gradient checkpointing's blocks), and what the scheme refuses
+(schemes/scheme_checks.py, comm/channels.py). The build itself calls the same
+functions, so each check is written once. `simtrain validate` (preflight.py)
+then imports no torch and builds nothing for these scenarios.
+
+`covered(scenario)` says whether check_job makes every check the build would.
+It does not for a user's model or data set (the user's code is what says
+whether it fits: preflight builds the job on meta tensors, which imports
+torch), nor where a refusal depends on something only the built job knows:
+
+- `parallel.all_reduce: hierarchical` and `parallel.moe_dispatch: hierarchical`
+  refuse groups spread unevenly over hosts, and which groups a scheme builds
+  is its own business;
+- gradient checkpointing in segments under pipeline parallelism without
+  `parallel.pipeline.split` checks each stage's blocks, and the stages are
+  balanced on FLOPs measured in a meta forward;
+- an mlp cut by tp under virtual stages: which of its widths the line names
+  depends on that same balance.
+
+    if covered(scenario):
+        check_job(scenario, cluster, world)
+"""
+from .comm.channels import check_channels
+from .errors import ScenarioError
+from .hw.cluster import Cluster
+from .scenario import CheckpointSegments, Scenario
+from .schemes.layout import Layout
+from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_ep_divides,
+                                    check_ep_divides_dp, check_pipeline_units, check_sequence,
+                                    check_sharding, offload_host_bandwidth)
+from .train.architecture import (Entry, architecture, check_tensor_cut, checkpoint_blocks, checkpoint_segments,
+                                 units_of)
+from .train.data_shape import BUILTIN, builtin_splits, check_validation_split
+
+BUILT_IN_MODELS = ("mlp", "cnn", "gpt", "llama")
+
+
+def covered(scenario: Scenario) -> bool:
+    """Whether check_job makes every check the job's build would make for `scenario`."""
+    parallel = scenario.parallel
+    segments = scenario.train.checkpointing
+    parts = parallel.pp * parallel.pipeline.virtual_stages
+    return (scenario.model.name in BUILT_IN_MODELS and scenario.data.name in BUILTIN
+            and parallel.all_reduce != "hierarchical"
+            and not (parallel.ep > 1 and parallel.moe_dispatch == "hierarchical")
+            and not (parallel.model_parallel and parts > 1 and parallel.pipeline.split is None
+                     and isinstance(segments, CheckpointSegments) and segments.segments > 1)
+            and not (scenario.model.name == "mlp" and parallel.tp > 1 and parallel.pipeline.virtual_stages > 1))
+
+
+def check_job(scenario: Scenario, cluster: Cluster, world: int) -> None:
+    """Refuse, as Job(scenario, cluster, range(world)) would, a scenario that `covered` accepts."""
+    parallel = scenario.parallel
+    layout = Layout.of(parallel, world)
+    info, train_samples, _ = builtin_splits(scenario.data.name, scenario.data.loader_options())
+    check_validation_split(scenario.data.validation_fraction, train_samples)
+    entries = architecture(scenario.model, info)
+    if parallel.model_parallel:
+        _check_model_parts(scenario, layout, entries, info.input_shape[0])
+    elif scenario.train.checkpointing not in ("none", "selective"):  # gpt's and llama's blocks hold attention
+        checkpoint_segments(scenario.train.checkpointing, len(checkpoint_blocks([e.matrix for e in entries])))
+    _check_scheme(scenario, cluster, layout)
+
+
+def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry], seq_len: int) -> None:
+    """schemes/model_parts.py's part_counts and rank_shares: the sequence cuts, the pipeline's units, the
+    tensor-parallel cut, each stage's checkpointing blocks."""
+    parallel = scenario.parallel
+    parts = layout.pp * parallel.pipeline.virtual_stages
+    check_sequence(parallel, layout, seq_len)
+    units = units_of(entries, tensor_parallel=layout.tp > 1)
+    check_pipeline_units(parallel.pipeline, parts, len(units))
+    if layout.tp > 1:
+        try:
+            splits = check_tensor_cut(entries, layout.tp)
+        except ValueError as error:
+            raise ScenarioError(TP_CUT.format(tp=layout.tp, error=error)) from None
+        if not splits:
+            raise ScenarioError(NOTHING_TO_SPLIT)
+    spec = scenario.train.checkpointing
+    if isinstance(spec, CheckpointSegments) and layout.tp == 1 and layout.cp == 1:  # each chunk checkpoints itself
+        if parallel.pipeline.split is not None:
+            counts = list(parallel.pipeline.split)
+        elif parts == 1:
+            counts = [len(units)]
+        else:  # stages balanced on FLOPs: `covered` leaves them to the build, but for one segment, which fits any
+            return
+        starts = [sum(counts[:part]) for part in range(len(counts))]
+        for stage in range(layout.pp):  # rank order: stage 0's rank first, its chunks in order
+            for part in range(stage, len(counts), layout.pp):
+                chunk = [entries[i] for unit in units[starts[part]:starts[part] + counts[part]] for i in unit]
+                checkpoint_segments(spec, len(checkpoint_blocks([e.matrix for e in chunk])))
+
+
+def _check_scheme(scenario: Scenario, cluster: Cluster, layout: Layout) -> None:
+    """What the scheme the registry picks refuses when it is built (schemes/__init__.py's order)."""
+    parallel, world = scenario.parallel, layout.world
+    sharding = parallel.sharding
+    if parallel.model_parallel:
+        if scenario.model.moe is not None:
+            check_ep_divides_dp(parallel.ep, layout.dp)
+        if _model_parallel_all_reduces(scenario, layout):
+            _check_all_reduce(parallel)
+        if sharding.stage > 0:
+            dp = layout.dp * layout.cp
+            check_distributed_optimizer(dp, sharding.degree if sharding.degree is not None else dp,
+                                        parallel.representatives)
+    elif parallel.mode == "async":
+        return
+    elif sharding.stage > 0:
+        check_sharding(parallel, scenario.train, world, sharding.degree if sharding.degree is not None else world,
+                       simulated=True)
+        if sharding.offload != "none":
+            offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, sharding.offload)
+        _check_all_reduce(parallel)
+    else:
+        if parallel.ep > 1:
+            check_ep_divides(parallel.ep, world)
+        _check_all_reduce(parallel)
+
+
+def _model_parallel_all_reduces(scenario: Scenario, layout: Layout) -> bool:
+    """Whether a model-parallel job builds an all-reduce when it is built (schemes/model_parallel.py regroup: its
+    dp-cp and tp groups of more than one rank, its overflow vote under fp16; representatives time theirs later)."""
+    if scenario.parallel.representatives:
+        return False
+    return layout.dp * layout.cp > 1 or layout.tp > 1 or scenario.train.precision == "fp16"
+
+
+def _check_all_reduce(parallel) -> None:
+    if parallel.channels is not None:
+        check_channels(parallel.all_reduce, parallel.channels, "parallel.channels")

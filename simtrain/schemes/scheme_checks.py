@@ -1,0 +1,96 @@
+"""What the schemes refuse to run, as checks on the scenario's numbers alone: no torch, no job.
+
+Each scheme calls its check when it is built (sharded.py, distributed_optimizer.py,
+offload.py, expert_parallel.py, expert_model_parallel.py), and simtrain/job_checks.py
+calls the same ones on the scenario before anything is built, so `simtrain validate`
+refuses with the scheme's own line without importing torch. Each raises a
+ScenarioError naming the key at fault.
+
+    check_sharding(scenario.parallel, scenario.train, world=8, degree=4, simulated=True)
+    offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, "optimizer")
+    check_ep_divides(ep=4, world=8)
+    check_sequence(scenario.parallel, layout, seq_len=32)   # the model-parallel cuts (model_parts.py)
+    check_pipeline_units(scenario.parallel.pipeline, parts=4, units=10)
+"""
+from ..errors import ScenarioError
+from ..hw.host_compute import host_memory_bandwidth
+
+
+TP_CUT = "parallel.tp: the model cannot be split {tp} ways: {error}"
+NOTHING_TO_SPLIT = ("parallel.tp: the model has no layers to split (a Linear, element-wise, Linear run, or gpt "
+                    "blocks)")
+
+
+def check_sequence(parallel, layout, seq_len: int) -> None:
+    """The sequence (`seq_len` long) cut by sequence parallelism over tp and by context parallelism into 2 x cp
+    chunks (x tp with sequence parallelism)."""
+    if parallel.sequence_parallel and seq_len % layout.tp:
+        raise ScenarioError(f"parallel.sequence_parallel: data.seq_len {seq_len} does not divide into tp "
+                            f"{layout.tp} equal parts")
+    chunks = 2 * layout.cp * (layout.tp if parallel.sequence_parallel else 1)
+    if layout.cp > 1 and seq_len % chunks:
+        raise ScenarioError(f"parallel.cp: data.seq_len {seq_len} does not divide into 2 x cp {layout.cp}"
+                            + (f" x tp {layout.tp}" if parallel.sequence_parallel else "")
+                            + f" = {chunks} equal chunks")
+
+
+def check_pipeline_units(pipeline, parts: int, units: int) -> None:
+    """A model of `units` splittable units cut into `parts` pipeline parts (pp x virtual_stages), as
+    `parallel.pipeline.split` says or balanced."""
+    if pipeline.split is not None:
+        if len(pipeline.split) != parts or sum(pipeline.split) != units:
+            raise ScenarioError(f"parallel.pipeline.split: needs {parts} counts (pp x virtual_stages) that add up to "
+                                f"the model's {units} splittable layers, got {list(pipeline.split)}")
+    elif parts > units:
+        raise ScenarioError(f"parallel.pp: {parts} model parts (pp x virtual_stages) but the model has only "
+                            f"{units} splittable layers")
+
+
+def check_sharding(parallel, train, world: int, degree: int, simulated: bool) -> None:
+    """ZeRO / FSDP / HSDP over `world` data-parallel ranks, shards of `degree` (schemes/sharded.py)."""
+    if world % degree:
+        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {world} data-parallel ranks")
+    if train.optimizer.name == "kfac":
+        raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
+    if parallel.sync_batchnorm:
+        raise ScenarioError("parallel.sharding: does not combine with parallel.sync_batchnorm yet")
+    if parallel.sharding.offload != "none" and degree != world:
+        raise ScenarioError(f"parallel.sharding.offload: with HSDP (degree {degree} below the {world} "
+                            "data-parallel ranks) is not built yet")
+    if not simulated:  # a real launch: each process holds one rank
+        raise ScenarioError("parallel.sharding: runs simulated; simtrain launch does not run it yet")
+
+
+def check_distributed_optimizer(dp: int, degree: int, representatives: bool) -> None:
+    """The distributed optimizer of a pp/tp job over `dp` ranks of a dp-cp group (distributed_optimizer.py)."""
+    if degree < 1 or dp % degree:
+        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {dp} data-parallel (x cp) ranks "
+                            "of the pp/tp layout")
+    if representatives and degree != dp:
+        raise ScenarioError("parallel.representatives: time the whole dp group's collectives; with HSDP "
+                            "(parallel.sharding.degree below dp) set it false")
+
+
+def offload_host_bandwidth(shared_memory, spec, what: str) -> float:
+    """Bytes/s the host steps an offloaded optimizer at (hw/host_compute.py), offloading `what`
+    (parallel.sharding.offload) to the cluster's `shared_memory` store, the scenario's `spec`
+    (cluster.shared_memory); refused unless the store is the host's memory (offload.py)."""
+    if shared_memory is None:
+        raise ScenarioError(f"parallel.sharding.offload: {what} keeps the state in host memory; give "
+                            "cluster.shared_memory (e.g. {} for a DGX A100 socket's)")
+    if shared_memory.location != "host":
+        raise ScenarioError(f"cluster.shared_memory.location: offload keeps the state in the host's memory; "
+                            f"set it to host, got {shared_memory.location!r}")
+    return host_memory_bandwidth(spec)
+
+
+def check_ep_divides(ep: int, world: int) -> None:
+    """Expert parallelism over groups of `ep` of a data-parallel job's `world` ranks (expert_parallel.py)."""
+    if world % ep:
+        raise ScenarioError(f"parallel.ep: {ep} does not divide the {world} data-parallel ranks")
+
+
+def check_ep_divides_dp(ep: int, dp: int) -> None:
+    """Expert parallelism over groups of `ep` of a pp/tp job's `dp` replicas (expert_model_parallel.py)."""
+    if dp % ep:
+        raise ScenarioError(f"parallel.ep: {ep} does not divide the job's dp {dp}")
