@@ -4,7 +4,7 @@ A job (job.py) builds its data, its model and every rank's share of it, its
 replicas and its scheme; each step of that build refuses what it cannot run,
 with one line naming the key. For a scenario whose model and data are built in
 (mlp, cnn, gpt, llama with or without model.moe; digits, synthetic, tokens),
-`check_job(scenario, cluster, world)` makes the same checks, in the same order,
+`check_job(scenario, shared_memory, world)` makes the same checks, in the same order,
 with the same lines, on plain numbers: the layout (schemes/layout.py), the data
 set's options and splits (train/data_shape.py), the model's entries as data
 (train/architecture.py: the pipeline's units, the tensor-parallel cut,
@@ -28,11 +28,11 @@ torch), nor where a refusal depends on something only the built job knows:
   depends on that same balance.
 
     if covered(scenario):
-        check_job(scenario, cluster, world)
+        check_job(scenario, shared_memory, world)
 """
 from .comm.channels import check_channels
 from .errors import ScenarioError
-from .hw.cluster import Cluster
+from .hw.shared_memory import SharedMemory
 from .scenario import CheckpointSegments, Scenario
 from .schemes.layout import Layout
 from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_ep_divides,
@@ -58,8 +58,9 @@ def covered(scenario: Scenario) -> bool:
             and not (scenario.model.name == "mlp" and parallel.tp > 1 and parallel.pipeline.virtual_stages > 1))
 
 
-def check_job(scenario: Scenario, cluster: Cluster, world: int) -> None:
-    """Refuse, as Job(scenario, cluster, range(world)) would, a scenario that `covered` accepts."""
+def check_job(scenario: Scenario, shared_memory: SharedMemory | None, world: int) -> None:
+    """Refuse, as Job(scenario, cluster, range(world)) would on a cluster whose store is `shared_memory`
+    (`cluster.shared_memory`'s, None without one), a scenario that `covered` accepts."""
     parallel = scenario.parallel
     layout = Layout.of(parallel, world)
     info, train_samples, _ = builtin_splits(scenario.data.name, scenario.data.loader_options())
@@ -69,7 +70,7 @@ def check_job(scenario: Scenario, cluster: Cluster, world: int) -> None:
         _check_model_parts(scenario, layout, entries, info.input_shape[0])
     elif scenario.train.checkpointing not in ("none", "selective"):  # gpt's and llama's blocks hold attention
         checkpoint_segments(scenario.train.checkpointing, len(checkpoint_blocks([e.matrix for e in entries])))
-    _check_scheme(scenario, cluster, layout)
+    _check_scheme(scenario, shared_memory, layout)
 
 
 def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry], seq_len: int) -> None:
@@ -102,7 +103,7 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
                 checkpoint_segments(spec, len(checkpoint_blocks([e.matrix for e in chunk])))
 
 
-def _check_scheme(scenario: Scenario, cluster: Cluster, layout: Layout) -> None:
+def _check_scheme(scenario: Scenario, shared_memory: SharedMemory | None, layout: Layout) -> None:
     """What the scheme the registry picks refuses when it is built (schemes/__init__.py's order)."""
     parallel, world = scenario.parallel, layout.world
     sharding = parallel.sharding
@@ -121,7 +122,7 @@ def _check_scheme(scenario: Scenario, cluster: Cluster, layout: Layout) -> None:
         check_sharding(parallel, scenario.train, world, sharding.degree if sharding.degree is not None else world,
                        simulated=True)
         if sharding.offload != "none":
-            offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, sharding.offload)
+            offload_host_bandwidth(shared_memory, scenario.cluster.shared_memory, sharding.offload)
         _check_all_reduce(parallel)
     else:
         if parallel.ep > 1:

@@ -4,15 +4,18 @@
     cluster = resolved.build(record=False, seed=scenario.seed)
 
 It resolves the cluster (topology, devices, shared memory) and checks that the
-host has the memory a run needs; builds the cluster and checks the faults'
-names and spares against it; then makes every check the job's build makes:
+host has the memory a run needs; builds its topology (a builder's refusals)
+and checks the faults' names and spares against it, without building the
+network and the devices on it (a 16,384-GPU cluster's take 0.3-0.5 s); then
+makes every check the job's build makes:
 the layout (dp x pp x tp against the devices), the data, each rank's share of
 the model (pipeline stages, tensor-parallel slices, the vocabulary split),
 the replicas and the scheme. For the built-in models and data sets these are
 checks on the scenario's numbers (job_checks.py: the model's architecture as
 data), so validation imports no torch; for a user's model or data set, and
 the few checks job_checks.covered names, it builds the job as a run would, on
-meta tensors (no arithmetic, no clock), which imports torch. With a `pbt`
+meta tensors (no arithmetic, no clock) on the cluster built then, which imports
+torch. With a `pbt`
 section, one member's job on its share of the devices; with a `fleet` section,
 its hosts and replayed failures against the topology. What only the clock
 can tell (running out of device memory mid-step, a fault stopping the job) it
@@ -38,9 +41,9 @@ def preflight(scenario: Scenario) -> ResolvedCluster:
     if scenario.train.precision == "fp8":  # its GEMMs are charged at the fp8 rate
         require_rate(resolved.device_specs, "fp8", "train.precision")
     check_scenario_fits_host(scenario, resolved)
-    cluster = resolved.build(record=False, seed=scenario.seed, enforce_capacity=False)
-    scheduled_faults(scenario, cluster)  # the faults' names and the spares against the cluster
-    world = cluster.size - scenario.cluster.spares
+    parts = topology, shared_memory = resolved.network_parts()  # a builder's refusals; no network, no devices
+    scheduled_faults(scenario, topology)  # the faults' names and the spares against the topology
+    world = topology.num_devices - scenario.cluster.spares
     if scenario.pbt is not None:
         population = scenario.pbt.population
         if world % population:
@@ -49,11 +52,12 @@ def preflight(scenario: Scenario) -> ResolvedCluster:
                                 f"devices{besides} into equal groups")
         world //= population  # one member's group: every member's job is built alike
     if covered(scenario):
-        check_job(scenario, cluster, world)
+        check_job(scenario, shared_memory, world)
     else:
         from .job import Job  # torch: the user's model or data, or a check only the built job can make
 
+        cluster = resolved.build(record=False, seed=scenario.seed, enforce_capacity=False, parts=parts)
         Job(scenario, cluster, range(world), numerics=False)
     if scenario.fleet is not None:
-        job_inventory(scenario, cluster)  # hosts and the failures' units against the topology
+        job_inventory(scenario, topology)  # hosts and the failures' units against the topology
     return resolved

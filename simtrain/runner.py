@@ -72,7 +72,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
     with user_code_errors(scenario), single_thread():
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
         cluster = resolved.build(record=scenario.report.trace or faulty, seed=scenario.seed)
-        scheduled_faults(scenario, cluster)  # checks the faults' names and the spares against the cluster
+        scheduled_faults(scenario, cluster.topology)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
         # Faults change links under the collectives: no group timing of a ring's transfers
         # (Network.time_ring, hw/ring_timing.py).

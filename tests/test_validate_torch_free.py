@@ -136,5 +136,5 @@ def test_check_job_refuses_as_the_build_does(raw):
     assert covered(scenario)
     cluster = build_cluster(scenario.cluster, scenario.base_dir, record=False, seed=scenario.seed)
     built = _refusal(lambda: Job(scenario, cluster, range(cluster.size), numerics=False))
-    checked = _refusal(lambda: check_job(scenario, cluster, cluster.size))
+    checked = _refusal(lambda: check_job(scenario, cluster.shared_memory, cluster.size))
     assert built is not None and checked == built

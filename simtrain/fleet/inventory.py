@@ -93,13 +93,13 @@ class Inventory:
 
 
 
-def job_inventory(scenario, cluster) -> Inventory:
-    """The inventory of a scenario's fleet job on its cluster, `fleet.failures` checked against it (one-line
+def job_inventory(scenario, topology) -> Inventory:
+    """The inventory of a scenario's fleet job on its cluster's topology, `fleet.failures` checked against it (one-line
     ScenarioErrors naming the field). Hosts: fleet.gpus_per_host, else cluster.gpus_per_node, else of 8 (of the
     greatest common divisor of 8 and the GPUs when 8 does not divide them)."""
     fleet = scenario.fleet
-    inventory = Inventory(cluster.topology, fleet.gpus_per_host or scenario.cluster.gpus_per_node
-                          or math.gcd(8, cluster.size))
+    inventory = Inventory(topology, fleet.gpus_per_host or scenario.cluster.gpus_per_node
+                          or math.gcd(8, topology.num_devices))
     for index, failure in enumerate(fleet.failures):
         inventory.check_unit(failure.component, failure.unit, f"fleet.failures.{index}.unit")
     return inventory

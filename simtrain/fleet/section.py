@@ -31,7 +31,7 @@ from .simulation import PHASES, FleetRun
 def fleet_section(scenario, cluster, job, step_time_s: float) -> dict:
     """Run the fleet around the measured step; report.json's `fleet`."""
     fleet = scenario.fleet
-    inventory = job_inventory(scenario, cluster)
+    inventory = job_inventory(scenario, cluster.topology)
     bytes_per_gpu = fleet.checkpoint.bytes_per_gpu
     if bytes_per_gpu is None:
         bytes_per_gpu = max(device.memory.peak["weights"] + device.memory.peak["optimizer_state"]

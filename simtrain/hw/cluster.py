@@ -150,11 +150,19 @@ class ResolvedCluster:
             torus_shape=spec.torus_shape, nodes_per_leaf=spec.nodes_per_leaf, oversubscription=spec.oversubscription,
             leaves_per_pod=spec.leaves_per_pod, base_dir=self.base_dir)
 
-    def build(self, record: bool = True, seed: int = 0, enforce_capacity: bool = True) -> Cluster:
-        """The cluster; `seed` seeds the compute jitter."""
-        spec, topology, store = self.spec, self.topology(), None
-        if spec.shared_memory is not None:
-            topology, store = attach_shared_memory(topology, spec.shared_memory)
+    def network_parts(self) -> tuple[Topology, SharedMemory | None]:
+        """The topology with `cluster.shared_memory`'s store attached, and the store (None without one): what
+        the cluster's network is built on, and what the checks before a run read."""
+        topology = self.topology()
+        if self.spec.shared_memory is None:
+            return topology, None
+        return attach_shared_memory(topology, self.spec.shared_memory)
+
+    def build(self, record: bool = True, seed: int = 0, enforce_capacity: bool = True,
+              parts: tuple[Topology, SharedMemory | None] | None = None) -> Cluster:
+        """The cluster (on `parts`, network_parts() made before, if given); `seed` seeds the compute jitter."""
+        spec = self.spec
+        topology, store = parts if parts is not None else self.network_parts()
         return Cluster(topology, self.device_specs, record=record, slowdowns=self.slowdowns,
                        compute_jitter=spec.compute_jitter, seed=seed, shared_memory=store,
                        enforce_capacity=enforce_capacity, compute_model=spec.compute_model,

@@ -48,24 +48,25 @@ import numpy as np
 from ..errors import ScenarioError
 from ..scenario import Scenario
 from .cluster import Cluster
+from .topology import Topology
 
 _RANDOM_STREAM = 0x6661756C74  # "fault": keeps the draws apart from every other stream of the seed
 
 
-def scheduled_faults(scenario: Scenario, cluster: Cluster) -> list[tuple[float, dict]]:
+def scheduled_faults(scenario: Scenario, topology: Topology) -> list[tuple[float, dict]]:
     """`cluster.faults` as (time, event) pairs, a healed link's `until` its own event; their links and
-    devices checked against the cluster (ScenarioErrors naming the field), as is `cluster.spares`."""
-    spares = scenario.cluster.spares
-    if spares >= cluster.size:
+    devices checked against the cluster's topology (ScenarioErrors naming the field), as is `cluster.spares`."""
+    spares, size = scenario.cluster.spares, topology.num_devices
+    if spares >= size:
         raise ScenarioError(f"cluster.spares: {spares} leaves no device for the job (the topology has "
-                            f"{cluster.size})")
-    graph, events = cluster.topology.graph, []
+                            f"{size})")
+    graph, events = topology.graph, []
     for index, fault in enumerate(scenario.cluster.faults):
         field = f"cluster.faults.{index}"
         if fault.link is not None:
             u, v = fault.link
             if not graph.has_edge(u, v):
-                raise ScenarioError(f"{field}.link: no link {u}-{v} in the topology {cluster.topology.name}")
+                raise ScenarioError(f"{field}.link: no link {u}-{v} in the topology {topology.name}")
             if fault.fail:
                 events.append((fault.at, {"kind": "link_failed", "link": [u, v]}))
             else:
@@ -73,9 +74,9 @@ def scheduled_faults(scenario: Scenario, cluster: Cluster) -> list[tuple[float, 
                                           "bandwidth_factor": fault.bandwidth_factor}))
                 if fault.until is not None:
                     events.append((fault.until, {"kind": "link_healed", "link": [u, v]}))
-        elif fault.device >= cluster.size:
-            raise ScenarioError(f"{field}.device: no device {fault.device} (the cluster has {cluster.size}, "
-                                f"0 to {cluster.size - 1})")
+        elif fault.device >= size:
+            raise ScenarioError(f"{field}.device: no device {fault.device} (the cluster has {size}, "
+                                f"0 to {size - 1})")
         else:
             events.append((fault.at, {"kind": "device_lost", "device": fault.device}))
     return events
@@ -94,7 +95,7 @@ class FaultInjector:
         self._pending = []  # heap of (at_s, order, event dict)
         self._order = 0
         self._failed_links: list[tuple[str, str]] = []
-        for at_s, event in scheduled_faults(scenario, cluster):
+        for at_s, event in scheduled_faults(scenario, cluster.topology):
             self._add(at_s, event)
         random = scenario.cluster.random_faults
         self.random = random
