@@ -221,9 +221,10 @@ def _without(ops: OpCosts, part: OpCosts) -> OpCosts:
 
 def ring_exchange(communicate, shard: torch.Tensor, gemm: Gemm, dtype: str, name: str):
     """Step program: the all-gather of `shard` in its ring steps, each posted beside a 1/tp slice of `gemm` and
-    awaited after it, the last slice after the last step; returns the gathered tensor. The slices are the start
-    of the next region's compute, Computes named `name` + "_part" (a region's compute ends with one named
-    `name`: schemes/bucket_overlap.py counts regions by it)."""
+    awaited after it, the last slice after the last step, on all of the device's SMs (the steps are copies, which
+    take none); returns the gathered tensor. The slices are the start of the next region's compute, Computes
+    named `name` + "_part" (a region's compute ends with one named `name`: schemes/bucket_overlap.py counts
+    regions by it)."""
     steps, result = communicate("all_gather_steps", shard)
     slices = len(steps) + 1
     piece = Compute(gemm.flops / slices, dtype, f"{name}_part", ops=scaled(gemm.ops, 1 / slices))
