@@ -6,9 +6,11 @@ yields the operations below and does its own torch numerics in between
 against a device and a process group. The operations are the only way a
 step touches time, memory or another rank:
 
-- `Compute(flops, dtype, name, kind, kernels, ops)`: work of `kernels` kernels on the
+- `Compute(flops, dtype, name, kind, kernels, ops, sm_margin)`: work of `kernels` kernels on the
   device's compute stream; `ops`, its operators' (FLOPs, bytes, count) groups
   (op_cost.py), is what a device under `compute_model: roofline` charges;
+  `sm_margin`, the streaming multiprocessors a communication kernel beside it
+  holds (the work runs on the device's others: hw/device.py);
 - `MemoryBound(nbytes, name, kind, kernels)`: work bound by HBM bandwidth (an update);
 - `Busy(seconds, name, kind, nbytes)`: the device waits a fixed time on its
   stream (a sampler's host bookkeeping, the store applying an update);
@@ -61,6 +63,9 @@ class Compute(NamedTuple):
     kind: str = "compute"
     kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
     ops: tuple | None = None  # its operators' OpCosts (op_cost.py); None: unmeasured, charged by FLOPs alone
+    # streaming multiprocessors a communication kernel holds while it runs (Transformer Engine's num_sm with
+    # set_sm_margin): the work runs on the device's others; 0: on all of them
+    sm_margin: int = 0
 
 
 class MemoryBound(NamedTuple):

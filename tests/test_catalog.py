@@ -34,6 +34,17 @@ def test_catalog_matches_datasheets(name):
     assert spec.efficiency == 0.5
 
 
+def test_streaming_multiprocessors_are_the_whitepapers_and_a_custom_device_has_none():
+    # Volta, Ampere and Hopper whitepapers (V100 80, A100 108, H100 SXM5 132; the H200 the same GH100 part);
+    # B200: 2 dies of 74 enabled SMs
+    assert {name: spec.streaming_multiprocessors for name, spec in CATALOG.items()} == {
+        "v100-16gb": 80, "a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "b200-180gb": 148}
+    assert resolve_device({"base": "h100-80gb", "efficiency": 0.4}).streaming_multiprocessors == 132
+    custom = {"name": "mygpu", "memory": "40 GiB", "memory_bandwidth": "1.5 TB/s",
+              "peak_flops": {dtype: "20 TFLOP/s" for dtype in DTYPES}}
+    assert resolve_device(custom).streaming_multiprocessors is None
+
+
 def test_catalog_has_every_required_part():
     assert set(DATASHEETS) <= set(CATALOG)
     for spec in CATALOG.values():

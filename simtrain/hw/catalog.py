@@ -7,6 +7,11 @@ directions together: what to divide by two for `cluster.link`, which is per
 direction), the fraction of peak a training kernel reaches (`efficiency`) and
 a fixed cost per kernel (`kernel_overhead`, default 0). The compute model
 charges `flops / spec.flops_rate(dtype) + kernels x kernel_overhead` seconds.
+The catalog's parts also give their streaming multiprocessors (SMs): work that
+runs while a communication kernel holds some of them (Transformer Engine's
+`num_sm` with `set_sm_margin`, schemes/tp_overlap.py) runs on the others, at
+that share of the rate (hw/device.py); a device described without them (None)
+runs every kernel on all of its compute.
 
 `CATALOG` holds public datasheet figures for common SXM parts; a scenario names
 one, tweaks one, or describes its own GPU (`cluster.device`, typed and
@@ -62,6 +67,8 @@ class DeviceSpec:
     # The datasheet's NVLink bandwidth per GPU, both directions together (bytes/s); None: not given. What a
     # scenario's cluster.link describes (per direction: half of it); the catalog's figure is for reference.
     nvlink_bandwidth: float | None = None
+    # Streaming multiprocessors the part has enabled; None: not given (then no kernel takes any from another)
+    streaming_multiprocessors: int | None = None
 
     def __post_init__(self):
         keys = [dtype for dtype in (*DTYPES, *OPTIONAL_DTYPES) if dtype in self.peak_flops]
@@ -90,6 +97,7 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bytes=16 * _GIB,
         memory_bandwidth=900e9,
         nvlink_bandwidth=300e9,  # the whitepaper's six NVLink 2.0 links, 300 GB/s
+        streaming_multiprocessors=80,  # the whitepaper: Tesla V100 has 80 of the full GV100's 84 SMs
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (1758950-r4, 2021), A100 40GB SXM, dense figures
     # (the starred ones are with sparsity, twice these): FP32 19.5 TFLOP/s, TF32 tensor 156,
@@ -100,6 +108,9 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bytes=40 * _GIB,
         memory_bandwidth=1555e9,
         nvlink_bandwidth=600e9,  # the datasheet's NVLink 600 GB/s
+        # NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), Figure 6: "GA100 Full GPU with 128 SMs
+        # (A100 Tensor Core GPU has 108 SMs)"
+        streaming_multiprocessors=108,
     ),
     # Same datasheet, A100 80GB SXM: same FLOP/s as the 40GB part; 80 GB HBM2e at 2,039 GB/s.
     "a100-80gb": DeviceSpec(
@@ -108,6 +119,7 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bytes=80 * _GIB,
         memory_bandwidth=2039e9,
         nvlink_bandwidth=600e9,
+        streaming_multiprocessors=108,  # the same GA100 part (the whitepaper's 108 SMs)
     ),
     # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: FP32 67 TFLOP/s; TF32 989, BF16 1,979,
     # FP16 1,979 and FP8 3,958 TFLOP/s are listed "with sparsity", dense is half of each: 494.5, 989.5,
@@ -119,6 +131,9 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bytes=80 * _GIB,
         memory_bandwidth=3.35e12,
         nvlink_bandwidth=900e9,
+        # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): the H100 SXM5 has 132 SMs (of the full
+        # GH100's 144)
+        streaming_multiprocessors=132,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM: the H100's compute (the same GH100 die: FP32
     # 67, and with sparsity TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOP/s; dense half of each); 141 GB HBM3e
@@ -130,6 +145,9 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bytes=141 * _GIB,
         memory_bandwidth=4.8e12,
         nvlink_bandwidth=900e9,
+        # the H100 SXM5's GH100 configuration (its whitepaper's 132 SMs); the H200 datasheet lists no SM count
+        # and gives the H100 SXM's compute figures, which 132 SMs at the same clocks make
+        streaming_multiprocessors=132,
     ),
     # NVIDIA HGX B200 specifications (nvidia.com's HGX platform page, "Individual Blackwell GPU
     # Specifications", HGX B200 column; the DGX B200 datasheet gives the same per-GPU figures times 8):
@@ -142,6 +160,9 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bytes=180 * _GIB,
         memory_bandwidth=7.7e12,
         nvlink_bandwidth=1.8e12,
+        # two dies of 80 SMs, 74 of each enabled: 148 (NVIDIA's Blackwell datasheets give none; the count the
+        # CUDA runtime reports, as Chips and Cheese's "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025)
+        streaming_multiprocessors=148,
     ),
 }
 

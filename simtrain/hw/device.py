@@ -16,6 +16,12 @@ operators were measured (op_cost.py) as the sum over them of
 max(F / (peak[d] * efficiency), B / (HBM bandwidth * efficiency)), and
 unmeasured work by its FLOPs.
 
+Work that runs while a communication kernel holds `sm_margin` of the device's
+M streaming multiprocessors (Transformer Engine's `set_sm_margin`,
+schemes/tp_overlap.py) runs on the other M - sm_margin: either model's time
+times M / (M - sm_margin). Its FLOPs are its FLOPs. A device without an SM
+count (`DeviceSpec.streaming_multiprocessors` None) has no margin taken.
+
 Heterogeneous and noisy devices: a `slowdown` multiplies every span on the
 stream (a straggler), and a `jitter` sigma multiplies each compute kernel by
 its own lognormal factor exp(sigma * z - sigma^2 / 2), z ~ N(0, 1) drawn from
@@ -122,13 +128,25 @@ class Device:
             self._stream_free_at = now
         self.memory.release_all()
 
-    def compute_time(self, flops: float, dtype: str, ops: OpCosts | None = None) -> float:
+    def compute_time(self, flops: float, dtype: str, ops: OpCosts | None = None, sm_margin: int = 0) -> float:
         """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter); under the roofline
-        compute model, for the operators `ops` when they are given."""
+        compute model, for the operators `ops` when they are given; on the SMs that `sm_margin` leaves."""
         if ops is not None and self.compute_model == "roofline":
             bytes_rate = self.spec.memory_bandwidth * self.spec.efficiency
-            return roofline_seconds(ops, self.spec.flops_rate(dtype), bytes_rate) * self.slowdown
-        return flops / self.spec.flops_rate(dtype) * self.slowdown
+            seconds = roofline_seconds(ops, self.spec.flops_rate(dtype), bytes_rate) * self.slowdown
+        else:
+            seconds = flops / self.spec.flops_rate(dtype) * self.slowdown
+        return seconds / self.sm_share(sm_margin) if sm_margin else seconds
+
+    def sm_share(self, sm_margin: int) -> float:
+        """The share of the device's streaming multiprocessors work runs on while a communication kernel holds
+        `sm_margin` of them (1 on a device without an SM count)."""
+        sms = self.spec.streaming_multiprocessors
+        if sms is None:
+            return 1.0
+        if not 0 <= sm_margin < sms:
+            raise ValueError(f"rank {self.rank}: a margin of {sm_margin} of {self.spec.name}'s {sms} SMs")
+        return (sms - sm_margin) / sms
 
     def memory_bound_time(self, nbytes: float) -> float:
         """Seconds the stream needs to read and write `nbytes` of HBM."""
@@ -139,10 +157,10 @@ class Device:
         return kernels * self.spec.kernel_overhead_s * self.slowdown if kernels and self.spec.kernel_overhead_s else 0.0
 
     def compute(self, flops: float, dtype: str, name: str, kind: str = "compute", kernels: int = 0,
-                ops: OpCosts | None = None) -> simpy.Event:
-        """Queue `kernels` kernels of `flops` in all, in `dtype` (operators `ops`, when measured); the event
-        fires when they have run."""
-        seconds = self.compute_time(flops, dtype, ops)
+                ops: OpCosts | None = None, sm_margin: int = 0) -> simpy.Event:
+        """Queue `kernels` kernels of `flops` in all, in `dtype` (operators `ops`, when measured), on the SMs
+        a communication kernel holding `sm_margin` of them leaves; the event fires when they have run."""
+        seconds = self.compute_time(flops, dtype, ops, sm_margin)
         if kernels and self.spec.kernel_overhead_s:
             seconds += self.kernel_time(kernels)
         if self.jitter:

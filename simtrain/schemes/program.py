@@ -34,7 +34,8 @@ class _Simulated:
                          MemoryBound: self.memory_bound, Busy: self.busy, Transfer: self.transfer, Wait: self.wait}
 
     def compute(self, op: Compute):
-        yield self.device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels, ops=op.ops)
+        yield self.device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels, ops=op.ops,
+                                  sm_margin=op.sm_margin)
 
     def alloc(self, op: Alloc):
         self.device.memory.alloc(op.category, op.nbytes)

@@ -72,7 +72,7 @@ from ..op_cost import OpCosts, OperatorRecorder, merged, scaled
 from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Await, Collective, Compute, Post
 from .saved_shards import RegionSplit, SavedShard
-from .tp_overlap import GemmWatch, TpOverlap, carve, forward_beside, ring_exchange
+from .tp_overlap import COMM_SMS, GemmWatch, TpOverlap, carve, forward_beside, ring_exchange
 
 OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
 OVERLAPPED_BACK = ("kv_ring_back",)  # backward collectives that run beside the compute of the region after them
@@ -232,7 +232,8 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
     input was kept as its shard, the shard gathered again beside the first half of its column-parallel Linears'
     backward (their input gradient) and awaited before the second (their weight gradient):
     schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the
-    input gradient and its result, posted beside the weight gradient (or None: no collective).
+    input gradient and its result, posted beside the weight gradient (or None: no collective); the halves
+    beside a collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS).
     Returns (run()'s value, that result or None)."""
     split = cost.backward_regather[step] if cost is not None and cost.backward_regather else None
     if split is None:
@@ -242,7 +243,8 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
     yield Compute(split.before_flops, dtype, "backward_part", ops=split.before_ops)
     collective, regathered = communicate("all_gather", split.shard if shard is None else shard.shard)
     handle = yield Post(*collective._replace(label="tp_regather"))
-    half = Compute(split.after_flops / 2, dtype, "backward_part", ops=scaled(split.after_ops, 0.5))
+    half = Compute(split.after_flops / 2, dtype, "backward_part", ops=scaled(split.after_ops, 0.5),
+                   sm_margin=COMM_SMS if scatter is not None else 0)  # tp_comm_overlap's bulk overlaps take SMs
     yield half
     yield Await(handle)
     if shard is not None:
@@ -250,7 +252,7 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
     value = run()
     posted = scatter(value) if scatter is not None else None
     if posted is None:
-        yield half._replace(name="backward")
+        yield half._replace(name="backward", sm_margin=0)
         return value, None
     collective, scattered = posted
     handle = yield Post(*collective)

@@ -34,9 +34,14 @@ to it. Its default configuration (`initialize_ub` in Transformer Engine's
 Every step moves real tensors on the tp group's links (comm/sequence_shards.py
 `gather_steps`, `scatter_splits`: the same bytes as the whole collective, and
 the same sums, so the numerics are those without the overlap, bit for bit).
-Not modelled: the streaming multiprocessors the userbuffers kernels take from
-the GEMM (Transformer Engine's `num_sm`, `set_sm_margin`); the GEMMs run at
-their full rate beside the communication.
+The SMs the userbuffers kernels take are the default configuration's too
+(`num_sm`, `set_sm_margin`: 1 SM and no margin for a ring exchange, whose
+steps are copies; `COMM_SMS` = 16 for a pipeline or bulk overlap, taken from
+the GEMM): the pipeline's slices and the bulk overlaps' GEMMs run on the
+device's other SMs (`Compute.sm_margin`: on an H100's 132, 116 of them, the
+time x 132/116; hw/device.py), the ring exchange's slices on all of them; a
+device without an SM count (a custom one) gives none. Not modelled: a GEMM
+cut in slices running below the whole GEMM's efficiency.
 
 Which GEMMs those are is measured, not assumed: `GemmWatch` watches the
 operators of a chunk's measurement on its meta copy (schemes/stage_execution.py
@@ -68,6 +73,7 @@ from ..train.tensor_parallel import AllGather, ReduceScatter
 from .representatives import MirroredCollective
 
 PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits of a "pipeline" overlap
+COMM_SMS = 16  # Transformer Engine's default num_sm of a "pipeline" or "bulk" overlap, taken from its GEMM
 STEPWISE = ("all_gather_steps", "reduce_scatter_splits")  # the kinds a `communicate` gives in pieces
 
 
@@ -215,9 +221,10 @@ def _without(ops: OpCosts, part: OpCosts) -> OpCosts:
 
 def ring_exchange(communicate, shard: torch.Tensor, gemm: Gemm, dtype: str, name: str):
     """Step program: the all-gather of `shard` in its ring steps, each posted beside a 1/tp slice of `gemm` and
-    awaited after it, the last slice after the last step; returns the gathered tensor. The slices are the start
-    of the next region's compute, Computes named `name` + "_part" (a region's compute ends with one named
-    `name`: schemes/bucket_overlap.py counts regions by it)."""
+    awaited after it, the last slice after the last step, on all of the device's SMs (the steps are copies, which
+    take none); returns the gathered tensor. The slices are the start of the next region's compute, Computes
+    named `name` + "_part" (a region's compute ends with one named `name`: schemes/bucket_overlap.py counts
+    regions by it)."""
     steps, result = communicate("all_gather_steps", shard)
     slices = len(steps) + 1
     piece = Compute(gemm.flops / slices, dtype, f"{name}_part", ops=scaled(gemm.ops, 1 / slices))
@@ -231,13 +238,14 @@ def ring_exchange(communicate, shard: torch.Tensor, gemm: Gemm, dtype: str, name
 
 def pipelined_scatter(communicate, whole: torch.Tensor, gemm: Gemm, dtype: str, name: str):
     """Step program: `gemm` in slices, each slice's reduce-scatter posted once the slice and the one before it
-    are done (one communication stream) and running beside the next slices; returns the rank's shard. The last
-    slice ends its region's compute (named `name`, the others `name` + "_part")."""
+    are done (one communication stream) and running beside the next slices, every slice on the SMs the
+    reduce-scatter's COMM_SMS leave; returns the rank's shard. The last slice ends its region's compute (named
+    `name`, the others `name` + "_part")."""
     splits, result = communicate("reduce_scatter_splits", whole)
     handle = None
     for number, (collective, fraction) in enumerate(splits):
         yield Compute(gemm.flops * fraction, dtype, name if number == len(splits) - 1 else f"{name}_part",
-                      ops=scaled(gemm.ops, fraction))
+                      ops=scaled(gemm.ops, fraction), sm_margin=COMM_SMS)
         if handle is not None:
             yield Await(handle)
         handle = yield Post(*collective)
