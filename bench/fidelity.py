@@ -17,7 +17,7 @@
    ranks with the calibrated device, three ways: each rank computing as if it
    had a core of its own, on the calibrated links (`own_cores`); the ranks'
    compute sharing the calibrated host's cores (`cluster.host_cores`,
-   hw/host_compute.py), on the same links (`shared_compute`); and their messages'
+   hw/host_cores.py), on the same links (`shared_compute`); and their messages'
    software work on those cores too (`cluster.host_message_work`: δ per
    message and 1/γ per byte, the links then the ping-pong's wire:
    `shared_cores`); and measured with `simtrain launch --nproc N`.

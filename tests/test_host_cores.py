@@ -17,7 +17,7 @@ import simtrain
 from simtrain.cli import main
 from simtrain.comm import build_all_reduce
 from simtrain.comm.simulated import SimCommunicator
-from simtrain.hw.host_compute import HostCores, HostMessages
+from simtrain.hw.host_cores import HostCores, HostMessages
 from simtrain.hw.network import Network
 from simtrain.hw.topology_builders import LinkClass, build_topology
 

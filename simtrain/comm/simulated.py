@@ -52,7 +52,7 @@ reduces in a switch, the switch's program runs as one more rank of the
 communicator (a helper: no device, no span, no ledger), started by the first
 rank that posts the call, once the previous call's switch programs ended.
 
-On a host whose ranks share its CPU cores (`host`: hw/host_compute.py's
+On a host whose ranks share its CPU cores (`host`: hw/host_cores.py's
 HostMessages, `cluster.host_message_work`), each message's software work runs
 on a core before its flow starts.
 """
@@ -265,7 +265,7 @@ class SimCommunicator:
         self._running: dict[int, _RankProgram] = {}
         self._posted: dict[int, list[_RankProgram]] = {}  # rank -> its posted programs not ended yet
         self.bytes_by_label: dict[str, int] = {}  # bytes sent by the group's programs, by their label
-        # The host's messages (hw/host_compute.py HostMessages): each Send's software work on the host's cores
+        # The host's messages (hw/host_cores.py HostMessages): each Send's software work on the host's cores
         # before its flow; None: none. Then nothing is timed as a group.
         self.host = host
         self.exclusive = exclusive and host is None

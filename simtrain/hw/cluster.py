@@ -14,7 +14,7 @@ compute kernel a lognormal time factor drawn from the rank's own Generator,
 seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
 shared_memory.py to the network. `cluster.compute_model` (flops or roofline)
 is every device's compute model (device.py). `cluster.host_cores` makes the
-devices processes of one host whose CPU cores they share (hw/host_compute.py),
+devices processes of one host whose CPU cores they share (hw/host_cores.py),
 and `cluster.host_message_work` each message's software work on those cores
 (`host_messages`, which the simulated backend's communicators take).
 """
@@ -31,7 +31,7 @@ from ..scenario import ClusterSpec
 from .catalog import DeviceSpec, override_device, resolve_device
 from .device import Device
 from .eventlog import EventLog
-from .host_compute import HostCores, HostDevice, HostMessages
+from .host_cores import HostCores, HostDevice, HostMessages
 from .network import Network
 from .shared_memory import SharedMemory, attach_shared_memory
 from .topology import Topology

@@ -41,7 +41,7 @@ one spine with the cross-host fit) and `calibration.json` (every measurement,
 every fit with its residuals, `compute_jitter` for `cluster.compute_jitter`,
 and the machine's load: a `warning` when it was loaded, machine_load.py), and
 `host`: the cores the ranks ran on (`cores`, for `cluster.host_cores`: a run of
-more ranks than cores shares them, hw/host_compute.py) and the ranks a host ran.
+more ranks than cores shares them, hw/host_cores.py) and the ranks a host ran.
 The fitted rates are one core's when every rank had a core to itself
 (`rates_per_core`); calibrating more ranks than cores fits shared ones, and
 says so in the warning.

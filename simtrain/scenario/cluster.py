@@ -243,11 +243,11 @@ class ClusterSpec(Section):
     host_cores: Count(MAX_DEVICES) | None = Field(
         None, description="The CPU cores of the one host whose processes the ranks are (a calibrated run, "
                           "real/calibrate.py): compute and memory-bound work takes a core while it runs, the cores "
-                          "shared by processor sharing when the ranks outnumber them (hw/host_compute.py); null: "
+                          "shared by processor sharing when the ranks outnumber them (hw/host_cores.py); null: "
                           "devices that each compute on their own.")
     host_message_work: MessageWorkSpec | None = Field(
         None, description="With host_cores: each message a rank sends first takes this work of a core "
-                          "(hw/host_compute.py), the links then being the wire alone; null: none.")
+                          "(hw/host_cores.py), the links then being the wire alone; null: none.")
 
     @model_validator(mode="after")
     def _host_cores_without_faults(self) -> "ClusterSpec":
