@@ -8,7 +8,9 @@
 2. for each configuration (BASE with other batch sizes, widths, depths, step
    counts): `simtrain run` on the calibration files (and `cluster.compute_jitter`
    from calibration.json, unless --no-jitter) predicts the step time,
-   `simtrain launch --nproc 2` measures it (warm-up steps not measured);
+   `simtrain launch --nproc 2` measures it (warm-up steps not measured), `--launches`
+   times, the configurations in turn (a change of the machine's speed falls on all of
+   them), the measured step the median launch's;
 3. a table of predicted against measured step time (and compute, communication,
    optimizer, idle) with the error (predicted - measured) / measured, and
    fidelity.json;
@@ -20,7 +22,7 @@
    hw/host_cores.py), on the same links (`shared_compute`); and their messages'
    software work on those cores too (`cluster.host_message_work`: δ per
    message and 1/γ per byte, the links then the ping-pong's wire:
-   `shared_cores`); and measured with `simtrain launch --nproc N`.
+   `shared_cores`); and measured with `simtrain launch --nproc N`, as often.
 
 The machine's load is printed first (a busy machine slows the real run and not
 the prediction).
@@ -93,6 +95,8 @@ def main() -> None:
                         help="predict without the calibrated compute jitter (no idle predicted)")
     parser.add_argument("--ranks", type=int, nargs="*", default=[3, 4],
                         help="held-out rank counts: BASE launched on this many processes")
+    parser.add_argument("--launches", type=int, default=3,
+                        help="launches of each configuration, in turn; the median launch's step is the measured one")
     args = parser.parse_args()
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +116,7 @@ def main() -> None:
           f"{optimizer['max_abs_residual']:.0%});"
           f" draw {', '.join(f'{s * 1e6:.0f} us' for s in calibration['draw_s'].values())}; compute jitter "
           f"{calibration['compute_jitter']:.3f}; {calibration['load']['warning'] or 'machine quiet'}")
-    rows = []
+    predictions, launches = {}, {label: [] for label, _ in CONFIGURATIONS}
     for label, overrides in CONFIGURATIONS:
         folder = out / label.replace(" ", "_").replace(",", "")
         folder.mkdir(exist_ok=True)
@@ -121,12 +125,21 @@ def main() -> None:
                       "compute_jitter": calibration["compute_jitter"] if args.jitter else 0.0}
         scenario_file = folder / "scenario.yaml"
         scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides, calibrated)))
-        predicted = simtrain.run(simtrain.load_scenario(scenario_file)).data
-        launch_file = folder / "launch.yaml"
-        launch_file.write_text(yaml.safe_dump(scenario_dict(overrides)))
-        before = load()
-        measured = launch(launch_file, [], WORLD, folder / "real", warmup=args.warmup)
-        row = {"configuration": label, "load_before": before,
+        predictions[label] = simtrain.run(simtrain.load_scenario(scenario_file)).data
+        (folder / "launch.yaml").write_text(yaml.safe_dump(scenario_dict(overrides)))
+    for turn in range(args.launches):  # every configuration once, then again: the machine's drift falls on all
+        for label, _ in CONFIGURATIONS:
+            folder = out / label.replace(" ", "_").replace(",", "")
+            before = load()
+            measured = launch(folder / "launch.yaml", [], WORLD, folder / f"real_{turn}", warmup=args.warmup)
+            launches[label].append((measured, before))
+            print(f"{label}, launch {turn + 1}: measured {measured['step_time_s'] * 1e3:.3f} ms "
+                  f"(load before {before})", flush=True)
+    rows = []
+    for label, _ in CONFIGURATIONS:
+        predicted = predictions[label]
+        (measured, before), steps = median_launch(launches[label])
+        row = {"configuration": label, "load_before": before, "launched_steps_s": steps,
                "predicted_step_s": predicted["step_time_s"], "measured_step_s": measured["step_time_s"],
                "error": (predicted["step_time_s"] - measured["step_time_s"]) / measured["step_time_s"],
                "predicted_breakdown_s": predicted["breakdown_s"], "measured_breakdown_s": measured["breakdown_s"],
@@ -134,8 +147,9 @@ def main() -> None:
                "launch_warning": measured["measurement"]["warning"]}
         rows.append(row)
         warning = f"; {row['launch_warning']}" if row["launch_warning"] else ""
-        print(f"{label}: predicted {row['predicted_step_s'] * 1e3:.3f} ms, measured {row['measured_step_s'] * 1e3:.3f} ms,"
-              f" error {row['error']:+.1%} (load before {before}){warning}", flush=True)
+        print(f"{label}: predicted {row['predicted_step_s'] * 1e3:.3f} ms, measured {row['measured_step_s'] * 1e3:.3f} ms"
+              f" (median of {', '.join(f'{step * 1e3:.3f}' for step in steps)}), error {row['error']:+.1%}{warning}",
+              flush=True)
     print("\n| configuration | predicted step | measured step | error | predicted compute / comm / optimizer | "
           "measured compute / comm / optimizer / idle |")
     print("|---|---|---|---|---|---|")
@@ -179,6 +193,13 @@ def main() -> None:
                                                    "ranks_rows": ranks_rows}, indent=2) + "\n")
 
 
+def median_launch(runs: list[tuple[dict, str]]) -> tuple[tuple[dict, str], list[float]]:
+    """The launch (its report and the load before it) whose step time is the median of `runs` (the lower
+    middle one of an even count), and every launch's step time in the order they ran."""
+    ordered = sorted(runs, key=lambda run: run[0]["step_time_s"])
+    return ordered[(len(ordered) - 1) // 2], [run[0]["step_time_s"] for run in runs]
+
+
 def held_out_ranks(world: int, out: Path, calibration: dict, args) -> dict:
     """BASE on `world` processes: predicted with and without the host's cores shared, and measured."""
     folder = out / f"ranks_{world}"
@@ -202,10 +223,13 @@ def held_out_ranks(world: int, out: Path, calibration: dict, args) -> dict:
         predicted[model] = simtrain.run(simtrain.load_scenario(scenario_file)).data
     launch_file = folder / "launch.yaml"
     launch_file.write_text(yaml.safe_dump(scenario_dict({"cluster.devices": world})))
-    before = load()
-    measured = launch(launch_file, [], world, folder / "real", warmup=args.warmup)
+    runs = []
+    for turn in range(args.launches):
+        before = load()
+        runs.append((launch(launch_file, [], world, folder / f"real_{turn}", warmup=args.warmup), before))
+    (measured, before), steps = median_launch(runs)
     step = measured["step_time_s"]
-    row = {"ranks": world, "load_before": before, "measured_step_s": step,
+    row = {"ranks": world, "load_before": before, "measured_step_s": step, "launched_steps_s": steps,
            "measured_breakdown_s": measured["breakdown_s"], "launch_warning": measured["measurement"]["warning"],
            "predicted_step_s": {model: data["step_time_s"] for model, data in predicted.items()},
            "predicted_breakdown_s": {model: data["breakdown_s"] for model, data in predicted.items()},

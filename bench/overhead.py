@@ -12,11 +12,16 @@ and the test accuracy. Both run on one torch thread. Target: ratio <= 1.15.
 
 Each is timed by the wall clock and by the process's CPU time (`time.process_time`),
 which a machine shared with other work disturbs less; the load average is printed.
+The three run in turn, `ROUNDS` times: a round's ratios divide its simtrain runs by
+its own bare loop, seconds apart, and the median round's ratio is the figure (with
+the lowest and highest), so that the machine's speed, which can drift by a fifth
+over a minute even with nothing else running, falls on both sides of each ratio.
 
     .venv/bin/python bench/overhead.py
 """
 import copy
 import os
+import statistics
 import time
 
 import torch
@@ -31,7 +36,7 @@ from simtrain.train.models import build_model, weight_norms
 
 DEVICES, STEPS, BATCH, HIDDEN, LR, SEED = 8, 200, 32, [128, 128], 0.1, 0
 EVERY = 10  # the scenario's report.every (its default)
-REPEATS = 3
+ROUNDS = 7
 
 
 def bare_loop() -> tuple[float, float, tuple[float, float]]:
@@ -88,23 +93,33 @@ def simulated(trace: bool) -> tuple[float, float, tuple[float, float]]:
 
 def main() -> None:
     bare_loop(), simulated(False)  # warm up imports, allocator and caches
-    runs = {"bare": [], "sim": [], "sim_trace": []}
-    for _ in range(REPEATS):  # alternated, so that a change of the machine's load falls on all three
-        runs["bare"].append(bare_loop())
-        runs["sim"].append(simulated(False))
-        runs["sim_trace"].append(simulated(True))
-    (bare, bare_cpu), (sim, sim_cpu), (trace, trace_cpu) = (
-        (min(wall for wall, _, _ in times), min(cpu for _, cpu, _ in times)) for times in runs.values())
-    print(f"best of {REPEATS}, load average {os.getloadavg()[0]:.1f}      wall          CPU")
-    print(f"bare torch loop            {bare:7.3f} s      {bare_cpu:7.3f} s")
-    print(f"simtrain (no trace)        {sim:7.3f} s {sim / bare:4.2f}x {sim_cpu:7.3f} s {sim_cpu / bare_cpu:4.2f}x")
-    print(f"simtrain (trace recorded)  {trace:7.3f} s {trace / bare:4.2f}x {trace_cpu:7.3f} s "
-          f"{trace_cpu / bare_cpu:4.2f}x")
-    (bare_loss, bare_accuracy), (sim_loss, sim_accuracy) = runs["bare"][0][2], runs["sim"][0][2]
+    rounds = []
+    for _ in range(ROUNDS):  # bare, then simtrain without and with a trace, seconds apart
+        rounds.append((bare_loop(), simulated(False), simulated(True)))
+    print(f"{ROUNDS} rounds, load average {os.getloadavg()[0]:.1f}   median (lowest-highest) of each round's ratio")
+    print(f"{'':28}{'wall':>24}{'CPU':>24}")
+    print(f"bare torch loop           {_median_time(rounds, 0, 0)}{_median_time(rounds, 0, 1)}")
+    ratios = {}
+    for index, label in ((1, "simtrain (no trace)"), (2, "simtrain (trace recorded)")):
+        ratios[label] = [_ratios(rounds, index, clock) for clock in (0, 1)]
+        print(f"{label:26}" + "".join(f"{statistics.median(r):14.2f}x ({min(r):.2f}-{max(r):.2f})"
+                                      for r in ratios[label]))
+    (bare_loss, bare_accuracy), (sim_loss, sim_accuracy) = rounds[0][0][2], rounds[0][1][2]
     print(f"the same training: final loss {bare_loss:.6f} (bare) {sim_loss:.6f} (simtrain), test accuracy "
           f"{bare_accuracy:.4f} {sim_accuracy:.4f}")
-    print(f"target: ratio <= 1.15 -> {'met' if sim / bare <= 1.15 else 'NOT met'} (wall), "
-          f"{'met' if sim_cpu / bare_cpu <= 1.15 else 'NOT met'} (CPU)")
+    wall, cpu = (statistics.median(r) for r in ratios["simtrain (no trace)"])
+    print(f"target: ratio <= 1.15 -> {'met' if wall <= 1.15 else 'NOT met'} (wall), "
+          f"{'met' if cpu <= 1.15 else 'NOT met'} (CPU)")
+
+
+def _ratios(rounds, index: int, clock: int) -> list[float]:
+    """Each round's run `index` (1: simtrain, 2: with a trace) over its bare loop, by clock (0 wall, 1 CPU)."""
+    return [run[index][clock] / run[0][clock] for run in rounds]
+
+
+def _median_time(rounds, index: int, clock: int) -> str:
+    times = [run[index][clock] for run in rounds]
+    return f"{statistics.median(times):14.3f} s ({min(times):.2f}-{max(times):.2f})"
 
 
 if __name__ == "__main__":
