@@ -109,7 +109,8 @@ class Job:
                 shares = [share and keep_experts_(share, rank % ep, ep) for rank, share in enumerate(shares)]
         self.local_ranks = held
         self._groups = []  # (communicator, its job ranks): every sub-group's, as the scheme asked for them
-        self.replicas = [Replica(share, self._loader(rank), scenario.train) if rank in held else None
+        meta_losses = {}  # numerics off: one forward and backward per batch shape for all the replicas (Replica)
+        self.replicas = [Replica(share, self._loader(rank), scenario.train, meta_losses) if rank in held else None
                          for rank, share in enumerate(shares)]
         self.scheme = build_scheme(self, on_step)
         # Alone on the cluster's network (`alone`: nothing else will run on it), a job whose collectives are

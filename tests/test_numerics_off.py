@@ -22,6 +22,8 @@ TECHNIQUES = {
     "kfac": {"train": {"optimizer": {"name": "kfac", "lr": 0.1, "inv_update_steps": 2}}},
     "sync batchnorm": {"model": {"batchnorm": True}, "parallel": {"sync_batchnorm": True}},
     "async locked": {"parallel": {"mode": "async", "async": {"consistency": "locked"}}},
+    "zero 2, adam": {"parallel": {"sharding": {"stage": 2}}, "train": {"optimizer": {"name": "adam", "lr": 1e-3}}},
+    "zero 3, bf16": {"parallel": {"sharding": {"stage": 3}}, "train": {"precision": "bf16"}},
     "straggler and jitter": {"cluster": {"overrides": {1: {"slowdown": 1.7}}, "compute_jitter": 0.3}},
     "pipeline 1f1b, bf16, checkpointing": {"parallel": {"pp": 3, "pipeline": {"microbatches": 4}},
                                            "train": {"precision": "bf16", "checkpointing": "sqrt"}},
@@ -59,6 +61,37 @@ def test_numerics_off_gives_the_same_times_bytes_and_memory(name):
     assert all(loss is None for _, loss in off["loss_curve"])
     same = {key: value for key, value in on.items() if key not in NEEDS_VALUES}
     assert json.dumps({key: off[key] for key in same}, sort_keys=True) == json.dumps(same, sort_keys=True)
+
+
+@pytest.mark.parametrize("name", ["ring", "zero 3, bf16"])
+def test_numerics_off_runs_a_replica_once_per_batch_shape(name, monkeypatch):
+    """On meta tensors a forward and backward computes shapes alone, the same each step: the job's replicas run
+    their model for training once in all (`run_forward`), each its optimizer once, and the report is the one of
+    running them every step."""
+    from simtrain.train.replica import Replica
+
+    forwards, optimizer_steps = [], []
+    run_forward, built = Replica.run_forward, Replica.__init__
+    monkeypatch.setattr(Replica, "run_forward", lambda self, x, y: forwards.append(1) or run_forward(self, x, y))
+
+    def counted(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        self.optimizer.register_step_post_hook(lambda *_: optimizer_steps.append(1))
+
+    monkeypatch.setattr(Replica, "__init__", counted)
+    replayed = simtrain.run(scenario(TECHNIQUES[name], numerics=False)).data
+    assert len(forwards) == 1
+    assert len(optimizer_steps) == (3 if name == "ring" else 0)  # ZeRO steps an optimizer of its own shard
+
+    def every_step(self, *args, **kwargs):
+        counted(self, *args, **kwargs)
+        self.run_every_step()
+
+    forwards.clear()
+    monkeypatch.setattr(Replica, "__init__", every_step)
+    assert simtrain.run(scenario(TECHNIQUES[name], numerics=False)).data | {"wall_time_s": 0} == (
+        replayed | {"wall_time_s": 0})
+    assert len(forwards) == 3 * 6
 
 
 def test_run_no_numerics_writes_no_model(tmp_path):

@@ -164,6 +164,8 @@ def test_a_shard_layout_pads_each_unit_to_the_degree_and_cuts_it_into_chunks():
     assert [layout.param_slice(index) for index in range(3)] == [slice(0, 5), slice(5, 8), slice(9, 17)]
     flat = torch.arange(18)
     assert [chunk.tolist() for chunk in layout.chunks(flat, 1)] == [[9, 10, 11], [12, 13, 14], [15, 16, 17]]
+    assert [layout.chunk(flat, unit, index).tolist() for unit in (0, 1) for index in range(3)] == [
+        [0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 13, 14], [15, 16, 17]]
     assert [layout.owned(position) for position in range(3)] == [1, 2, 0]  # what a ring reduce-scatter leaves
     assert layout.shard_slice(1) == slice(3, 6)
     with pytest.raises(ValueError, match="units must cover"):

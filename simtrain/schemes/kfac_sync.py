@@ -65,6 +65,9 @@ class DistributedKfac:
     def __init__(self, replicas: list[Replica], devices: list[Device], all_reduce, options: OptimizerSpec):
         # One K-FAC state per replica this process holds (a real run holds one: the others are None).
         self.kfacs = [None if replica is None else Kfac(replica.model, options) for replica in replicas]
+        for replica in replicas:
+            if replica is not None:
+                replica.run_every_step()  # the hooks capture every forward and backward, numerics off too
         self.devices = devices
         self.all_reduce = all_reduce
         self.world = len(replicas)

@@ -20,6 +20,7 @@ by N, else sum over units of ceil(Psi_u / N).
     layout = ShardLayout([p.numel() for p in params], units=[[0, 1], [2, 3]], shards=4)
     layout.padded_numel, layout.shard_numel, layout.owned(position=1)
     chunks = layout.chunks(flat_buffer, unit=0)        # N views of unit 0's region
+    owned = layout.chunk(flat_buffer, unit=0, index=layout.owned(position=1))
     flat_buffer[layout.param_slice(2)]                 # parameter 2's elements
 """
 from dataclasses import dataclass
@@ -40,6 +41,11 @@ class ShardLayout:
         flat = [index for unit in self.units for index in unit]
         if flat != list(range(len(self.numels))):
             raise ValueError(f"units must cover parameters 0..{len(self.numels) - 1} in order, got {self.units}")
+        # each unit's chunk size and where its padded region starts: read per unit and rank every step
+        sizes = tuple(-(-sum(self.numels[index] for index in unit) // shards) for unit in self.units)
+        starts = tuple(sum(size * shards for size in sizes[:unit]) for unit in range(len(sizes)))
+        object.__setattr__(self, "_chunk_numels", sizes)
+        object.__setattr__(self, "_unit_starts", starts)
 
     def unit_numel(self, unit: int) -> int:
         """Elements of unit `unit`'s parameters, unpadded."""
@@ -47,11 +53,11 @@ class ShardLayout:
 
     def chunk_numel(self, unit: int) -> int:
         """Elements of one chunk of unit `unit`: ceil(unit numel / N)."""
-        return -(-self.unit_numel(unit) // self.shards)
+        return self._chunk_numels[unit]
 
     def unit_start(self, unit: int) -> int:
         """Where unit `unit`'s padded region starts in the flat buffer."""
-        return sum(self.chunk_numel(before) * self.shards for before in range(unit))
+        return self._unit_starts[unit]
 
     def unit_slice(self, unit: int) -> slice:
         start = self.unit_start(unit)
@@ -82,6 +88,12 @@ class ShardLayout:
         region = buffer[self.unit_slice(unit)]
         size = self.chunk_numel(unit)
         return [region[index * size:(index + 1) * size] for index in range(self.shards)]
+
+    def chunk(self, buffer, unit: int, index: int):
+        """Chunk `index` of unit `unit`'s region of a flat `buffer` (a view): `chunks(buffer, unit)[index]`."""
+        size = self.chunk_numel(unit)
+        start = self.unit_start(unit) + index * size
+        return buffer[start:start + size]
 
     def shard_slice(self, unit: int) -> slice:
         """Where unit `unit`'s chunk sits in a rank's shard."""

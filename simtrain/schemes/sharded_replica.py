@@ -73,7 +73,7 @@ class ShardedReplica(Replica):
                 view.copy_(param)
                 param.data = view
                 param.grad = self.grad_buffer[where].view_as(param)
-        self.master = torch.cat([layout.chunks(full, unit)[self.owned] for unit in range(len(layout.units))])
+        self.master = torch.cat([layout.chunk(full, unit, self.owned) for unit in range(len(layout.units))])
         self.master.requires_grad_()
         self.master.grad = torch.zeros_like(self.master)
         if self.precision.mixed:  # the whole fp32 copies are gone: the shard is all the rank keeps
@@ -104,7 +104,7 @@ class ShardedReplica(Replica):
 
     def all_reduce(self, unit: int, rank: int, replicas: list[int], tag: int):
         """HSDP: ring all-reduce (sum) of the reduced chunk of unit `unit` across `replicas` (job ranks)."""
-        chunk = self.layout.chunks(self.reduced, unit)[self.owned]
+        chunk = self.layout.chunk(self.reduced, unit, self.owned)
         return ring_all_reduce(rank, len(replicas), chunk, ring=replicas, tag=tag)
 
     # ---- the numerics of a step ----
@@ -119,14 +119,15 @@ class ShardedReplica(Replica):
         """Forward and backward of the last batch on the parameters as they stand; returns the loss."""
         x, y = self.last_batch
         self.grad_buffer.zero_()
-        return self.backward(self.loader.batch_loss(self.model(x), y))
+        replayed = self.replayed_loss()  # numerics off: run once per batch shape (Replica)
+        return self.backward(replayed if replayed is not None else self.run_forward(x, y))
 
     def take_gradient(self, replicas: int) -> bool:
         """The reduced chunks, averaged over the `replicas` data-parallel ranks, unscaled into master.grad;
         True iff they hold an inf or NaN."""
         with torch.no_grad():
             for unit in range(len(self.layout.units)):
-                chunk = self.layout.chunks(self.reduced, unit)[self.owned]
+                chunk = self.layout.chunk(self.reduced, unit, self.owned)
                 chunk.div_(replicas)
                 self.master.grad[self.layout.shard_slice(unit)].copy_(chunk)
         scaler = self.precision.scaler
@@ -136,18 +137,21 @@ class ShardedReplica(Replica):
 
     @torch.no_grad()
     def apply_update(self, update: bool) -> None:
-        """Step the shard's optimizer if `update`, then round the master shard into the owned chunks."""
-        if update:
+        """Step the shard's optimizer if `update` (on meta tensors the first time only: Replica), then round
+        the master shard into the owned chunks."""
+        if update and not self._meta_stepped:
             self.optimizer.step()
+            self._meta_stepped = self._meta_losses is not None
         for unit in range(len(self.layout.units)):
-            self.layout.chunks(self.param_flat, unit)[self.owned].copy_(self.master[self.layout.shard_slice(unit)])
+            self.layout.chunk(self.param_flat, unit, self.owned).copy_(self.master[self.layout.shard_slice(unit)])
 
     @torch.no_grad()
     def reshard(self, unit: int) -> None:
-        """Drop the chunks of unit `unit` this rank does not own (NaN until gathered again)."""
-        for index, chunk in enumerate(self.layout.chunks(self.param_flat, unit)):
-            if index != self.owned:
-                chunk.fill_(float("nan"))
+        """Drop the chunks of unit `unit` this rank does not own (NaN until gathered again): the unit's region
+        before its owned chunk and after it, two fills however many chunks."""
+        region, owned = self.param_flat[self.layout.unit_slice(unit)], self.layout.chunk_numel(unit) * self.owned
+        region[:owned].fill_(float("nan"))
+        region[owned + self.layout.chunk_numel(unit):].fill_(float("nan"))
 
     def reshard_all(self) -> None:
         for unit in range(len(self.layout.units)):
@@ -207,7 +211,7 @@ class ShardedReplica(Replica):
         layout, whole = self.layout, torch.empty_like(self.param_flat)
         for shard in shards:
             for unit in range(len(layout.units)):
-                layout.chunks(whole, unit)[shard.owned].copy_(layout.chunks(shard.param_flat, unit)[shard.owned])
+                layout.chunk(whole, unit, shard.owned).copy_(layout.chunk(shard.param_flat, unit, shard.owned))
         trainable = [param for param in self._assembled.parameters() if param.requires_grad]
         for index, param in enumerate(trainable):
             param.copy_(whole[layout.param_slice(index)].view_as(param))
@@ -220,7 +224,7 @@ class ShardedReplica(Replica):
         full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=self.master.device)
         for shard in shards:
             for unit in range(len(layout.units)):
-                layout.chunks(full, unit)[shard.owned].copy_(shard.master.detach()[layout.shard_slice(unit)])
+                layout.chunk(full, unit, shard.owned).copy_(shard.master.detach()[layout.shard_slice(unit)])
         views = [full[layout.param_slice(index)].view_as(param) for index, param in enumerate(self.params)]
         if self.precision.mixed:
             self.precision.master_params = views  # Job.finish copies them into the fp32 model

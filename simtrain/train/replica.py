@@ -16,6 +16,17 @@ population-based training copies a member into another.
 Mixed precision (`precision="fp16" | "bf16"`, simtrain/train/precision.py):
 the model and the gradient bucket are in the compute dtype, the optimizer
 steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
+
+With numerics off the replica is on meta tensors: a forward and backward
+computes no values, only shapes, and the same ones every step on a batch of
+one shape, on every replica of one model. It runs once per batch shape (by
+the first replica that meets it, when the job's replicas share
+`meta_losses`), and a later forward on that shape returns the first one's
+loss, detached, without running (`backward` then runs nothing); each replica's
+optimizer steps once (creating its state) and not again. Run every step,
+a small model's forward and backward on meta tensors took some 20 ms of
+torch's Python meta kernels per replica: most of a numerics-off
+data-parallel run's time (bench/data_parallel_meta.py).
 """
 import copy
 
@@ -35,7 +46,8 @@ from .training_state import TrainingState, capture, restore
 class Replica:
     """A model replica that trains on its own shard with a flat gradient buffer."""
 
-    def __init__(self, model: torch.nn.Module, loader: ShardLoader, train: TrainSpec):
+    def __init__(self, model: torch.nn.Module, loader: ShardLoader, train: TrainSpec,
+                 meta_losses: dict[tuple, torch.Tensor] | None = None):
         self.model = model
         self.loader = loader
         self.precision = MixedPrecision(model, train.precision, train.amp)  # casts the model to the compute dtype
@@ -44,6 +56,12 @@ class Replica:
         self.optimizer = build_optimizer(self.precision.master_params, train.optimizer)
         self.last_batch = None
         self._costs: dict[tuple, StepCost] = {}  # by input shape
+        # numerics off: the (detached, meta) loss of the forward and backward run once per input shape, by the
+        # replicas of one model together (`meta_losses`, a job's; else this one's own)
+        self._meta_losses = None
+        if self.grad_buffer.is_meta:
+            self._meta_losses = {} if meta_losses is None else meta_losses
+        self._meta_stepped = False  # numerics off: the optimizer has stepped once (its state exists)
 
     @property
     def param_bytes(self) -> int:
@@ -65,12 +83,36 @@ class Replica:
         x = self.precision.cast_input(x)
         self.last_batch = (x, y)
         self.grad_buffer.zero_()
-        return self.loader.batch_loss(self.model(x), y)
+        replayed = self.replayed_loss()
+        return replayed if replayed is not None else self.run_forward(x, y)
+
+    def run_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loader's loss of the model on (x, y), with its graph; numerics off, its detached copy is what
+        later forwards on this shape replay."""
+        loss = self.loader.batch_loss(self.model(x), y)
+        if self._meta_losses is not None:
+            self._meta_losses[tuple(x.shape)] = loss.detach()
+        return loss
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backward of `forward`'s loss: its gradient lands in grad_buffer; returns the loss, detached."""
+        """Backward of `forward`'s loss: its gradient lands in grad_buffer; returns the loss, detached.
+        A replayed loss (numerics off) runs nothing."""
+        if loss is self.replayed_loss():
+            return loss
         self.precision.backward(loss)
         return loss.detach()
+
+    def run_every_step(self) -> None:
+        """Run the forward, backward and update every step even with numerics off: hooks on the model read
+        each one (K-FAC's, schemes/kfac_sync.py)."""
+        self._meta_losses = None
+
+    def replayed_loss(self) -> torch.Tensor | None:
+        """Numerics off: the loss of a forward already run on a batch of the last batch's shape (run again,
+        it and its backward would compute the same shapes and no values); else None."""
+        if self._meta_losses is None:
+            return None
+        return self._meta_losses.get(tuple(self.last_batch[0].shape))
 
     def sync_batchnorm_forward_backward(self):
         """forward_backward with BatchNorm statistics summed across ranks (fp32 only): a generator
@@ -111,7 +153,10 @@ class Replica:
         self.apply_update(self.precision.unscale(self.grad_buffer))
 
     def apply_update(self, update: bool) -> None:
-        """The optimizer's update from the unscaled master gradients if `update`; else the step is skipped."""
-        if update:
+        """The optimizer's update from the unscaled master gradients if `update`; else the step is skipped.
+        On meta tensors only the first update runs (it creates the optimizer's state; the others would
+        compute nothing)."""
+        if update and not self._meta_stepped:
             self.optimizer.step()
             self.precision.copy_master_to_model()
+            self._meta_stepped = self._meta_losses is not None
