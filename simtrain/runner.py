@@ -96,6 +96,8 @@ def run(scenario: Scenario, on_step=None) -> Report:
         stuck = [] if out_of_memory or failure else scheme.stuck()
         if stuck:
             raise RuntimeError(f"collective deadlock: ranks {stuck} wait for peers that never posted")
+        if out_of_memory or failure:
+            scheme.stopped()
         job.finish()
         final_loss = final_accuracy = None  # numerics off: nothing was computed
         if scenario.numerics:

@@ -230,6 +230,29 @@ def test_representatives_give_the_full_simulations_figures(stage, overlap):
     assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9 if overlap else 0.01)
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_the_memory_plan_under_representatives_is_the_full_simulations(stage):
+    """A mirrored rank holds what its representative holds (the run's report says so too), not nothing."""
+    full, represented = plan_memory(at_scale(False, stage)), plan_memory(at_scale(True, stage))
+    assert [(device.peak_bytes, device.by_category) for device in represented] == [
+        (device.peak_bytes, device.by_category) for device in full]
+
+
+@pytest.mark.parametrize("layout", [dict(dp=2, stage=3), dict(dp=2, pp=2, stage=1), dict(dp=2, pp=2, stage=3)],
+                         ids=["fsdp", "zero1-pp", "fsdp-pp"])
+def test_a_sharded_run_out_of_memory_reports_the_model_its_shards_hold(layout):
+    """Out of memory in the first step, before any update: the trained model is the initial one, put together
+    from the fp32 master shards as the end of the run would have (the same loss as plain DDP's stopped run)."""
+    def stopped(**layout):
+        raw = scenario(precision="bf16", **layout).model_dump(mode="json")
+        raw["cluster"]["device"] = {"base": "a100-40gb", "memory": "200 KiB"}
+        return run(validate_scenario(raw)).data
+
+    sharded, plain = stopped(**layout), stopped(dp=layout["dp"] * layout.get("pp", 1))
+    assert (sharded["status"], sharded["steps"]) == (plain["status"], plain["steps"]) == ("out_of_memory", 0)
+    assert sharded["final_loss"] == plain["final_loss"]
+
+
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("parallel, message", [

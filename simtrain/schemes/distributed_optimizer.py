@@ -141,6 +141,9 @@ class ReplicatedUpdate:
     def ended(self, rank: int) -> None:
         """A rank's program has ended: nothing to gather."""
 
+    def publish(self) -> None:
+        """The clock stopped before the programs ended: every rank holds its share whole already."""
+
     def whole_model(self, rank: int):
         """The rank's share of the model, whole (what ModelParallel.trained_model assembles)."""
         return self.scheme.replicas[rank].model
@@ -385,9 +388,13 @@ class DistributedOptimizer:
         group's chunks hold (what Job.finish turns the model into). Representatives compute nothing: each
         representative publishes its own (meta) chunk as every position's."""
         self._ended += 1
+        if self._ended == len(self.scheme.running):
+            self.publish()
+
+    def publish(self) -> None:
+        """Every running rank's share takes the fp32 master weights its shard group's chunks hold: at the end,
+        or where the clock stopped before it (ModelParallel.stopped)."""
         scheme = self.scheme
-        if self._ended < len(scheme.running):
-            return
         for rank in scheme.running:
             scheme.replicas[rank].publish(self._shard_group(rank))
 

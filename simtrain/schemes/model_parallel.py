@@ -111,6 +111,9 @@ class ModelParallel(RankReplicas, Scheme):
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
         self.loss_curve: list[tuple[float, float | None]] = []
 
+    def stopped(self) -> None:
+        self.data_parallel.publish()  # a distributed optimizer's shards make the trained model
+
     def regroup(self) -> None:
         """Every group's communicator over the job's devices as they are now (built once; again after a spare
         took a lost device's place)."""

@@ -128,6 +128,11 @@ class Scheme(Protocol):
     def regroup(self) -> None:
         """Rebuild what depends on the job's devices (a spare took a lost device's place): nothing by default."""
 
+    def stopped(self) -> None:
+        """The clock stopped before every program ended (out of memory, a fault that ended the job): put the
+        trained models together from what the ranks hold, as the programs' end would have. Nothing by default
+        (every rank holds its model whole); sharded schemes publish their shards."""
+
     def resume(self, rank: int):
         """Step program of job rank `rank` after it loaded a training state (a checkpoint, a PBT exploit), before
         its next step: what the state leaves out, fetched from its peers. Nothing by default (a rank's state is

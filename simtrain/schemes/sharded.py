@@ -289,6 +289,9 @@ class ShardedDataParallel(RankReplicas, Scheme):
 
     # ---- what the runner reads, and the Scheme hooks ----
 
+    def stopped(self) -> None:
+        self._publish()
+
     def rewind(self, step: int) -> None:
         super().rewind(step)
         self._losses[step:] = [[] for _ in range(self.steps - step)]
