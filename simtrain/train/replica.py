@@ -56,7 +56,7 @@ class Replica:
         self.optimizer = build_optimizer(self.precision.master_params, train.optimizer)
         self.last_batch = None
         self._costs: dict[tuple, StepCost] = {}  # by input shape
-        # numerics off: the (detached, meta) loss of the forward and backward run once per input shape, by the
+        # numerics off: the (detached, meta) loss of the forward run once per input shape, by the
         # replicas of one model together (`meta_losses`, a job's; else this one's own)
         self._meta_losses = None
         if self.grad_buffer.is_meta:
