@@ -118,7 +118,7 @@ def main() -> None:
           f"{calibration['compute_jitter']:.3f}; {calibration['load']['warning'] or 'machine quiet'}")
     predictions, launches = {}, {label: [] for label, _ in CONFIGURATIONS}
     for label, overrides in CONFIGURATIONS:
-        folder = out / label.replace(" ", "_").replace(",", "")
+        folder = configuration_folder(out, label)
         folder.mkdir(exist_ok=True)
         calibrated = {"device": str(out / "calibration" / "device.yaml"),
                       "topology": str(out / "calibration" / "topology.yaml"), "devices": None,
@@ -129,7 +129,7 @@ def main() -> None:
         (folder / "launch.yaml").write_text(yaml.safe_dump(scenario_dict(overrides)))
     for turn in range(args.launches):  # every configuration once, then again: the machine's drift falls on all
         for label, _ in CONFIGURATIONS:
-            folder = out / label.replace(" ", "_").replace(",", "")
+            folder = configuration_folder(out, label)
             before = load()
             measured = launch(folder / "launch.yaml", [], WORLD, folder / f"real_{turn}", warmup=args.warmup)
             launches[label].append((measured, before))
@@ -191,6 +191,11 @@ def main() -> None:
     (out / "fidelity.json").write_text(json.dumps({"calibration": calibration, "rows": rows,
                                                    "geomean_abs_error": geomean, "max_abs_error": max(unseen),
                                                    "ranks_rows": ranks_rows}, indent=2) + "\n")
+
+
+def configuration_folder(out: Path, label: str) -> Path:
+    """Where a configuration's scenario files and launches go."""
+    return out / label.replace(" ", "_").replace(",", "")
 
 
 def median_launch(runs: list[tuple[dict, str]]) -> tuple[tuple[dict, str], list[float]]:

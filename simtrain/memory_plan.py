@@ -113,7 +113,7 @@ class _Probe:
 
     def replay(self, batch_size: int) -> Job:
         job = replay_step(self.scenario, self.resolved, batch_size)
-        self._peaks[batch_size] = [ledger.peak_total for ledger in ledgers(job)]
+        self._peaks[batch_size] = [ledger.peak_total for ledger in _ledgers(job)]
         return job
 
     def peak(self, rank: int, batch_size: int) -> int:
@@ -133,10 +133,10 @@ def plan_memory(scenario: Scenario, batch_size: int | None = None) -> list[Devic
     return [DeviceMemory(rank=rank, device=device.spec.name, capacity_bytes=int(device.spec.memory_bytes),
                          peak_bytes=ledger.peak_total, by_category=dict(ledger.peak_breakdown),
                          search_largest=partial(_largest, probe, rank, device.spec.memory_bytes, sizes))
-            for rank, (device, ledger) in enumerate(zip(job.devices, ledgers(job)))]
+            for rank, (device, ledger) in enumerate(zip(job.devices, _ledgers(job)))]
 
 
-def ledgers(job: Job) -> list:
+def _ledgers(job: Job) -> list:
     """Each job rank's memory ledger: a rank that representatives mirror (schemes/representatives.py) holds
     what its representative holds, as the run's report says."""
     mirror_of, devices = job.scheme.mirror_of, job.cluster.devices

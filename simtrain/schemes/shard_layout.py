@@ -42,7 +42,7 @@ class ShardLayout:
         if flat != list(range(len(self.numels))):
             raise ValueError(f"units must cover parameters 0..{len(self.numels) - 1} in order, got {self.units}")
         # each unit's chunk size and where its padded region starts: read per unit and rank every step
-        sizes = tuple(-(-sum(self.numels[index] for index in unit) // shards) for unit in self.units)
+        sizes = tuple(-(-self.unit_numel(unit) // shards) for unit in range(len(self.units)))
         starts = tuple(sum(size * shards for size in sizes[:unit]) for unit in range(len(sizes)))
         object.__setattr__(self, "_chunk_numels", sizes)
         object.__setattr__(self, "_unit_starts", starts)
@@ -85,9 +85,7 @@ class ShardLayout:
 
     def chunks(self, buffer, unit: int) -> list:
         """Unit `unit`'s region of a flat `buffer`, as its N chunks (views)."""
-        region = buffer[self.unit_slice(unit)]
-        size = self.chunk_numel(unit)
-        return [region[index * size:(index + 1) * size] for index in range(self.shards)]
+        return [self.chunk(buffer, unit, index) for index in range(self.shards)]
 
     def chunk(self, buffer, unit: int, index: int):
         """Chunk `index` of unit `unit`'s region of a flat `buffer` (a view): `chunks(buffer, unit)[index]`."""
@@ -96,6 +94,6 @@ class ShardLayout:
         return buffer[start:start + size]
 
     def shard_slice(self, unit: int) -> slice:
-        """Where unit `unit`'s chunk sits in a rank's shard."""
-        start = sum(self.chunk_numel(before) for before in range(unit))
+        """Where unit `unit`'s chunk sits in a rank's shard: a chunk of each unit before it."""
+        start = self.unit_start(unit) // self.shards
         return slice(start, start + self.chunk_numel(unit))

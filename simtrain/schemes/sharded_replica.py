@@ -149,9 +149,10 @@ class ShardedReplica(Replica):
     def reshard(self, unit: int) -> None:
         """Drop the chunks of unit `unit` this rank does not own (NaN until gathered again): the unit's region
         before its owned chunk and after it, two fills however many chunks."""
-        region, owned = self.param_flat[self.layout.unit_slice(unit)], self.layout.chunk_numel(unit) * self.owned
-        region[:owned].fill_(float("nan"))
-        region[owned + self.layout.chunk_numel(unit):].fill_(float("nan"))
+        size = self.layout.chunk_numel(unit)
+        region = self.param_flat[self.layout.unit_slice(unit)]
+        region[:size * self.owned].fill_(float("nan"))
+        region[size * (self.owned + 1):].fill_(float("nan"))
 
     def reshard_all(self) -> None:
         for unit in range(len(self.layout.units)):
