@@ -13,9 +13,8 @@ import click
 from pydantic import ValidationError
 
 from .errors import SimtrainError
-from .hw.topology_builders import BUILDERS
 from .limits import MAX_DEVICES
-from .scenario import ClusterSpec, LinkSpec
+from .scenario import TOPOLOGY_BUILDERS, ClusterSpec, LinkSpec
 from .scenario.fields import first_error
 from .units import format_seconds, parse_quantity
 
@@ -25,7 +24,7 @@ _CLUSTER = ClusterSpec()  # a scenario's cluster defaults: the one home of the t
 
 def topology_options(f):
     f = click.option("--topology", default=_CLUSTER.topology, show_default=True,
-                     help=f"Builder ({', '.join(BUILDERS)}) or YAML file.")(f)
+                     help=f"Builder ({', '.join(TOPOLOGY_BUILDERS)}) or YAML file.")(f)
     f = click.option("--devices", type=click.IntRange(1, MAX_DEVICES), default=None,
                      help="Device count (builders).")(f)
     f = click.option("--bandwidth", default=None, help="Link bandwidth per direction [default: cluster.link's, "
@@ -61,7 +60,7 @@ def build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, int
                         nodes_per_leaf, oversubscription):
     """The topology the options describe, built as a scenario's cluster section (ClusterSpec) is: an option
     not given keeps the section's default."""
-    if devices is None and topology in BUILDERS:
+    if devices is None and topology in TOPOLOGY_BUILDERS:
         raise SimtrainError(f"--devices: required by the {topology} builder")
     fields = {"topology": topology, "devices": devices, "gpus_per_node": gpus_per_node,
               "nodes_per_leaf": nodes_per_leaf, "oversubscription": oversubscription,
@@ -70,7 +69,7 @@ def build_cli_topology(topology, devices, bandwidth, latency, gpus_per_node, int
     if inter_bandwidth is not None:  # a NIC link is given or absent; its hop at least the in-host link's
         fields["inter_node_link"] = _link_options(inter_bandwidth, inter_latency, (None, fields["link"].latency),
                                                   ("--inter-bandwidth", "--inter-latency"))
-    from .hw.cluster import resolve_cluster
+    from .hw.resolved_cluster import resolve_cluster
 
     try:
         spec = ClusterSpec.model_validate({key: value for key, value in fields.items() if value is not None})

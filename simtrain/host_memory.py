@@ -6,8 +6,8 @@ too. A scenario within every bound of limits.py can still ask for more than
 the host has (4,096 replicas of a model with two hidden layers of a million
 units), and would end in MemoryError or the host's OOM killer far into the run.
 `check_scenario_fits_host(scenario, cluster)` estimates a lower bound of what
-the run needs from the scenario and its resolved cluster section (hw/cluster.py
-ResolvedCluster: the device count, a topology file as loaded once), without
+the run needs from the scenario and its resolved cluster section
+(hw/resolved_cluster.py: the device count, a topology file as loaded once), without
 building anything real:
 
 - replicas x parameters x bytes per parameter: the model (fp32, plus the
@@ -45,9 +45,8 @@ import os
 from pathlib import Path
 
 from .errors import SimtrainError
-from .hw.cluster import ResolvedCluster
-from .hw.topology_builders import BUILDERS
-from .scenario import Scenario
+from .hw.resolved_cluster import ResolvedCluster
+from .scenario import TOPOLOGY_BUILDERS, Scenario
 from .train.data_shape import BUILTIN, builtin_splits
 from .units import format_bytes
 
@@ -162,4 +161,4 @@ def _ring_chunks(parallel, devices: int) -> int:
 def _link_count(topology: str, devices: int) -> int:
     if topology == "fully_connected":
         return devices * (devices - 1) // 2
-    return 2 * devices if topology in BUILDERS else 0  # a file's links are bounded by its size
+    return 2 * devices if topology in TOPOLOGY_BUILDERS else 0  # a file's links are bounded by its size

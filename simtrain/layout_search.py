@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ScenarioError
-from .hw.cluster import resolve_cluster
+from .hw.resolved_cluster import resolve_cluster
 from .memory_plan import replay_step
 from .scenario import Scenario, validate_scenario
 from .schemes.layout import Layout

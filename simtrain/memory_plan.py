@@ -43,7 +43,8 @@ from typing import Callable
 
 from torch import nn
 
-from .hw.cluster import ResolvedCluster, resolve_cluster, run_to_end
+from .hw.cluster import Cluster, run_to_end
+from .hw.resolved_cluster import ResolvedCluster, resolve_cluster
 from .job import Job
 from .scenario import Scenario
 from .schemes import scheme_class
@@ -89,7 +90,7 @@ def replay_step(scenario: Scenario, resolved: ResolvedCluster, batch_size: int) 
     """The scenario's job (its cluster section resolved as `resolved`) after one step of its programs at
     `batch_size`, numerics off: its devices' ledgers hold that step's peaks (past capacity too)."""
     scheme = scheme_class(scenario.parallel)
-    cluster = resolved.build(record=False, seed=scenario.seed, enforce_capacity=False)
+    cluster = Cluster.from_resolved(resolved, record=False, seed=scenario.seed, enforce_capacity=False)
     world = cluster.size - scenario.cluster.spares  # the job's devices; spares stay idle
     steps = scheme.steps_until_every_rank_stepped(world)
     replayed = scenario.model_copy(update={

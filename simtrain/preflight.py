@@ -1,7 +1,7 @@
 """Every check a run makes before its clock starts, without simulating: `simtrain validate` is this.
 
     resolved = preflight(scenario)   # a ScenarioError (one line naming the field), or the checked cluster
-    cluster = resolved.build(record=False, seed=scenario.seed)
+    cluster = Cluster.from_resolved(resolved, record=False, seed=scenario.seed)
 
 It resolves the cluster (topology, devices, shared memory) and checks that the
 host has the memory a run needs; builds its topology (a builder's refusals)
@@ -29,8 +29,8 @@ from .errors import ScenarioError
 from .fleet.inventory import job_inventory
 from .host_memory import check_scenario_fits_host
 from .hw.catalog import require_rate
-from .hw.cluster import ResolvedCluster, resolve_cluster
-from .hw.faults import scheduled_faults
+from .hw.resolved_cluster import ResolvedCluster, resolve_cluster
+from .hw.fault_schedule import scheduled_faults
 from .job_checks import check_job, covered
 from .scenario import Scenario
 
@@ -54,9 +54,12 @@ def preflight(scenario: Scenario) -> ResolvedCluster:
     if covered(scenario):
         check_job(scenario, shared_memory, world)
     else:
-        from .job import Job  # torch: the user's model or data, or a check only the built job can make
+        # the simulator and torch: the user's model or data, or a check only the built job can make
+        from .hw.cluster import Cluster
+        from .job import Job
 
-        cluster = resolved.build(record=False, seed=scenario.seed, enforce_capacity=False, parts=parts)
+        cluster = Cluster.from_resolved(resolved, record=False, seed=scenario.seed, enforce_capacity=False,
+                                        parts=parts)
         Job(scenario, cluster, range(world), numerics=False)
     if scenario.fleet is not None:
         job_inventory(scenario, topology)  # hosts and the failures' units against the topology

@@ -33,8 +33,9 @@ from pydantic import Field
 from .errors import JobFailed, OutOfMemory, ScenarioError
 from .evaluation import TrainLossMonitor, evaluate
 from .fleet.section import fleet_section
-from .hw.cluster import run_to_end
-from .hw.faults import FaultInjector, scheduled_faults
+from .hw.cluster import Cluster, run_to_end
+from .hw.fault_schedule import scheduled_faults
+from .hw.faults import FaultInjector
 from .job import Job
 from .layout_search import layouts_that_fit
 from .memory_plan import largest_batch
@@ -71,7 +72,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
     faulty = has_faults(scenario)
     with user_code_errors(scenario), single_thread():
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        cluster = resolved.build(record=scenario.report.trace or faulty, seed=scenario.seed)
+        cluster = Cluster.from_resolved(resolved, record=scenario.report.trace or faulty, seed=scenario.seed)
         scheduled_faults(scenario, cluster.topology)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
         # Faults change links under the collectives: no group timing of a ring's transfers

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from simtrain import run
 from simtrain.cli import main
-from simtrain.hw.cluster import resolve_cluster
+from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.op_cost import OperatorRecorder
 from simtrain.scenario import validate_scenario

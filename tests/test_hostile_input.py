@@ -24,7 +24,8 @@ from torch import nn
 from simtrain import host_memory
 from simtrain.cli import main, print_summary
 from simtrain.errors import ScenarioError, SimtrainError, TopologyError
-from simtrain.hw.cluster import build_cluster, resolve_cluster
+from simtrain.hw.cluster import build_cluster
+from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.hw.topology_builders import load_topology_file
 from simtrain.limits import MAX_FILE_BYTES
 from simtrain.report import RunResult, build_report

@@ -14,7 +14,8 @@ import torch
 import simtrain
 from simtrain import schemes
 from simtrain.errors import ScenarioError
-from simtrain.hw.cluster import build_cluster, resolve_cluster, run_to_end
+from simtrain.hw.cluster import build_cluster, run_to_end
+from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.job import Job
 from simtrain.memory_plan import plan_memory, replay_step
 from simtrain.report import build_trace

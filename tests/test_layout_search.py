@@ -2,7 +2,7 @@
 it tried before them do not."""
 import pytest
 
-from simtrain.hw.cluster import resolve_cluster
+from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.layout_search import layouts_that_fit
 from simtrain.memory_plan import replay_step
 from simtrain.errors import ScenarioError

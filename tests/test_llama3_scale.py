@@ -25,7 +25,7 @@ import torch
 
 import simtrain
 from simtrain.host_memory import scenario_host_bytes
-from simtrain.hw.cluster import resolve_cluster
+from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.hw.topology import Topology
 from simtrain.hw.topology_builders import LinkClass, build_topology
 from simtrain.scenario import load_scenario, validate_scenario

@@ -18,7 +18,7 @@ from torch import nn
 from simtrain import plan_memory, run
 from simtrain.cli import main
 from simtrain.errors import ScenarioError
-from simtrain.hw.cluster import resolve_cluster
+from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.scenario import validate_scenario
 from simtrain.schemes.stage_execution import measure_chunk

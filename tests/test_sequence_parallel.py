@@ -22,7 +22,7 @@ import torch
 
 from simtrain import plan_memory, run
 from simtrain.cli import main
-from simtrain.hw.cluster import resolve_cluster
+from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.scenario import validate_scenario
 from simulated_steps import bytes_by_label, flat_parameters, one_step

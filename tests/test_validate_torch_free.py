@@ -1,7 +1,8 @@
 """`simtrain validate` without torch for the built-in models and data (issue 30), and the checks that make it so.
 
 - A fresh process validates shipped scenarios (data parallel, a gpt under tp x pp with sequence parallelism, a
-  llama with the distributed optimizer, experts) and never imports torch.
+  llama with the distributed optimizer, experts) and never imports torch or numpy; `--help` imports neither, nor
+  networkx or simpy (issue 30's start-up).
 - The built-in models' architecture as data (train/architecture.py) against the models train/models.py builds:
   parameters, the pipeline's units with and without tensor parallelism, checkpointing's blocks, at a few sizes.
 - job_checks.check_job against the job's build on meta tensors (what preflight ran before): each bad scenario is
@@ -37,6 +38,18 @@ for args in {runs!r}:
     except SystemExit as exit:
         assert exit.code in (0, None), (args, exit.code)
 assert "torch" not in sys.modules, "validate imported torch"
+assert "numpy" not in sys.modules, "validate imported numpy (the simulator's; hw/resolved_cluster.py needs none)"
+"""
+
+HELP_WITHOUT_GRAPHS = """
+import sys
+from simtrain.cli import main
+try:
+    main(["--help"])
+except SystemExit as exit:
+    assert exit.code in (0, None), exit.code
+heavy = sorted(name for name in ("torch", "numpy", "networkx", "simpy") if name in sys.modules)
+assert not heavy, f"--help imported {heavy}"
 """
 
 
@@ -50,6 +63,13 @@ def test_validate_of_built_in_models_imports_no_torch():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(": ok (") == len(runs)
+
+
+def test_help_imports_no_simulator():
+    done = subprocess.run([sys.executable, "-c", HELP_WITHOUT_GRAPHS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Usage:" in done.stdout
 
 
 IMAGES_3x7x5 = DatasetInfo(num_features=105, num_classes=4, image_shape=(3, 7, 5), input_shape=(105,))

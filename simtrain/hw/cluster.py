@@ -3,6 +3,10 @@
     cluster = build_cluster(scenario.cluster, base_dir=scenario.base_dir)
     cluster.devices[0].compute(...); cluster.network.transfer(...); cluster.env.run()
 
+What a scenario's cluster section resolves to before anything is built (the
+typed device specs, the topology file) is resolved_cluster.py's, which
+validation reads without this module's simulator.
+
 Several jobs may share one cluster (its links and clock); each takes a group of
 its devices (`add_job`), and the event log tags their spans with the job's index.
 With `enforce_capacity=False` the ledgers record peaks past a device's
@@ -20,22 +24,20 @@ and `cluster.host_message_work` each message's software work on those cores
 """
 import gc
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import simpy
 
-from ..errors import ScenarioError, TopologyError
 from ..scenario import ClusterSpec
-from .catalog import DeviceSpec, override_device, resolve_device
+from .catalog import DeviceSpec
 from .device import Device
 from .eventlog import EventLog
 from .host_cores import HostCores, HostDevice, HostMessages
 from .network import Network
-from .shared_memory import SharedMemory, attach_shared_memory
+from .resolved_cluster import ResolvedCluster, resolve_cluster
+from .shared_memory import SharedMemory
 from .topology import Topology
-from .topology_builders import BUILDERS, LinkClass, build_topology
 
 
 class Cluster:
@@ -69,6 +71,19 @@ class Cluster:
             for device in self.devices:
                 device.memory.capacity_bytes = math.inf
         self.jobs: list[tuple[str, list[int]]] = []  # (name, global ranks) of each job, by index
+
+    @classmethod
+    def from_resolved(cls, resolved: ResolvedCluster, record: bool = True, seed: int = 0,
+                      enforce_capacity: bool = True,
+                      parts: tuple[Topology, SharedMemory | None] | None = None) -> "Cluster":
+        """The cluster a resolved section describes (on `parts`, its network_parts() made before, if given);
+        `seed` seeds the compute jitter."""
+        spec = resolved.spec
+        topology, store = parts if parts is not None else resolved.network_parts()
+        return cls(topology, resolved.device_specs, record=record, slowdowns=resolved.slowdowns,
+                   compute_jitter=spec.compute_jitter, seed=seed, shared_memory=store,
+                   enforce_capacity=enforce_capacity, compute_model=spec.compute_model,
+                   host_cores=spec.host_cores, host_message_work=_message_work(spec.host_message_work))
 
     def add_job(self, name: str, ranks: list[int]) -> int:
         """A job takes devices `ranks`: its index, which the event log puts on their spans."""
@@ -114,97 +129,8 @@ def _message_work(spec) -> tuple[float, float] | None:
     return spec.latency, 0.0 if spec.bandwidth is None else 1.0 / spec.bandwidth
 
 
-def _link_class(spec) -> LinkClass | None:
-    return None if spec is None else LinkClass(bandwidth=spec.bandwidth, latency=spec.latency)
-
-
-@dataclass(frozen=True)
-class ResolvedCluster:
-    """A scenario's cluster section resolved once, before anything is built: the topology file loaded and
-    validated (None for a builder, whose graph `build` makes), the device count, and every rank's typed
-    DeviceSpec and slowdown. The host-memory check and the cluster read the same objects.
-
-        resolved = resolve_cluster(scenario.cluster, scenario.base_dir)
-        check_scenario_fits_host(scenario, resolved)
-        cluster = resolved.build(seed=scenario.seed)
-    """
-
-    spec: ClusterSpec
-    base_dir: Path
-    topology_file: Topology | None  # the file's topology; None: a builder's, made by `build`
-    devices: int  # spares included
-    device_specs: list[DeviceSpec]
-    slowdowns: list[float]
-
-    def topology(self) -> Topology:
-        """The topology the section describes: a copy of the file's, as loaded once (a failed link leaves a
-        cluster's graph, not this one's); a builder's, built now."""
-        if self.topology_file is not None:
-            loaded = self.topology_file
-            return Topology(loaded.graph.copy(), loaded.devices, loaded.name, private=loaded.private,
-                            reducing=loaded.reducing)
-        spec = self.spec
-        return build_topology(
-            spec.topology, spec.devices, _link_class(spec.link),
-            inter_link=_link_class(spec.inter_node_link), gpus_per_node=spec.gpus_per_node,
-            torus_shape=spec.torus_shape, nodes_per_leaf=spec.nodes_per_leaf, oversubscription=spec.oversubscription,
-            leaves_per_pod=spec.leaves_per_pod, base_dir=self.base_dir)
-
-    def network_parts(self) -> tuple[Topology, SharedMemory | None]:
-        """The topology with `cluster.shared_memory`'s store attached, and the store (None without one): what
-        the cluster's network is built on, and what the checks before a run read."""
-        topology = self.topology()
-        if self.spec.shared_memory is None:
-            return topology, None
-        return attach_shared_memory(topology, self.spec.shared_memory)
-
-    def build(self, record: bool = True, seed: int = 0, enforce_capacity: bool = True,
-              parts: tuple[Topology, SharedMemory | None] | None = None) -> Cluster:
-        """The cluster (on `parts`, network_parts() made before, if given); `seed` seeds the compute jitter."""
-        spec = self.spec
-        topology, store = parts if parts is not None else self.network_parts()
-        return Cluster(topology, self.device_specs, record=record, slowdowns=self.slowdowns,
-                       compute_jitter=spec.compute_jitter, seed=seed, shared_memory=store,
-                       enforce_capacity=enforce_capacity, compute_model=spec.compute_model,
-                       host_cores=spec.host_cores, host_message_work=_message_work(spec.host_message_work))
-
-
-def resolve_cluster(spec: ClusterSpec, base_dir: Path = Path(".")) -> ResolvedCluster:
-    """The cluster section resolved: a topology file read and validated once, device specs typed."""
-    topology_file = None
-    if spec.topology in BUILDERS:
-        if spec.devices is None:
-            raise TopologyError(f"cluster.devices: required by the {spec.topology} builder")
-        count = spec.devices
-    else:
-        topology_file = build_topology(spec.topology, spec.devices, None, base_dir=base_dir)
-        count = topology_file.num_devices
-    specs, slowdowns = device_specs(spec, count, base_dir)
-    return ResolvedCluster(spec, Path(base_dir), topology_file, count, specs, slowdowns)
-
-
 def build_cluster(spec: ClusterSpec, base_dir: Path = Path("."), record: bool = True, seed: int = 0,
                   enforce_capacity: bool = True) -> Cluster:
     """The cluster a scenario's cluster section describes; `seed` seeds the compute jitter."""
-    return resolve_cluster(spec, base_dir).build(record=record, seed=seed, enforce_capacity=enforce_capacity)
-
-
-def device_specs(spec: ClusterSpec, count: int, base_dir: Path = Path(".")) -> tuple[list[DeviceSpec], list[float]]:
-    """Each rank's DeviceSpec and slowdown: `cluster.device` with `cluster.overrides` applied."""
-    for rank in spec.overrides:
-        if rank >= count:
-            raise ScenarioError(f"cluster.overrides.{rank}: no such rank (the cluster has {count} devices)")
-    base = resolve_device(spec.device, base_dir=base_dir)
-    specs, slowdowns = [], []
-    for rank in range(count):
-        override = spec.overrides.get(rank)
-        if override is None:
-            specs.append(base)
-            slowdowns.append(1.0)
-            continue
-        field = f"cluster.overrides.{rank}"
-        device = base if override.device is None else resolve_device(override.device, f"{field}.device", base_dir)
-        changes = override.device_fields()
-        specs.append(override_device(device, changes) if changes else device)
-        slowdowns.append(override.slowdown)
-    return specs, slowdowns
+    return Cluster.from_resolved(resolve_cluster(spec, base_dir), record=record, seed=seed,
+                                 enforce_capacity=enforce_capacity)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import numpy as np
 import simpy
 
 from ..errors import OutOfMemory
@@ -41,7 +40,9 @@ from ..units import format_bytes
 from .catalog import DeviceSpec
 from .eventlog import EventLog
 
-if TYPE_CHECKING:  # the operator recorder's (torch); building a cluster needs no torch
+if TYPE_CHECKING:  # the operator recorder's (torch), and the jitter's generator: no import at run time
+    import numpy as np
+
     from ..op_cost import OpCosts
 
 

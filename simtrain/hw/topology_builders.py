@@ -58,11 +58,11 @@ import networkx as nx
 
 from ..errors import ScenarioError, TopologyError
 from ..limits import MAX_DEVICES, MAX_LINKS
+from ..scenario import TOPOLOGY_BUILDERS
 from ..units import parse_quantity
 from ..user_files import load_yaml_file, user_path
 from .topology import Topology
 
-BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree", "clos3")
 
 _FILE_KEYS = ("name", "gpus", "switches", "reducing_switches", "link_classes", "links")
 _LINK_KEYS = ("between", "class", "bandwidth", "latency", "efficiency")
@@ -123,7 +123,7 @@ def build_topology(
 
     For a file, `devices` None means the file's GPU count; any other count must match it.
     """
-    if isinstance(topology, str) and topology in BUILDERS:
+    if isinstance(topology, str) and topology in TOPOLOGY_BUILDERS:
         devices = _device_count(devices, topology)
         if link is None:
             raise TopologyError(f"cluster.link: required by the {topology} builder")
@@ -165,7 +165,8 @@ def _find_file(topology: str | Path, base_dir: str | Path | None) -> Path:
     if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
         raise TopologyError(f"topology file {topology}: not found")
     raise TopologyError(
-        f"cluster.topology: unknown topology {str(topology)!r}; expected one of {', '.join(BUILDERS)} or a YAML file"
+        f"cluster.topology: unknown topology {str(topology)!r}; expected one of {', '.join(TOPOLOGY_BUILDERS)} "
+        "or a YAML file"
     )
 
 

@@ -15,7 +15,7 @@ are generated from, and the CLI's options and `simtrain.dist.spawn`'s keywords
 take their defaults from these specs.
 """
 from .cluster import (DTYPES, OPTIONAL_DTYPES, ClusterSpec, DeviceFields, DeviceOverride, FaultSpec, LinkSpec,
-                      PeakFlops, RandomFaultsSpec, SharedMemorySpec)
+                      PeakFlops, RandomFaultsSpec, SharedMemorySpec, TOPOLOGY_BUILDERS)
 from .data import DataSpec, MHSpec
 from .loading import apply_override, load_scenario
 from .model import ModelSpec
@@ -30,6 +30,7 @@ __all__ = [
     "DTYPES", "OPTIONAL_DTYPES", "LIVE_HYPERPARAMETERS", "AmpSpec", "AsyncSpec", "CheckpointSegments",
     "CheckpointStorageSpec", "ClusterSpec", "DataSpec", "DeviceFields", "DeviceOverride", "FaultSpec", "LinkSpec", "MHSpec", "MetricSpec",
     "ModelSpec", "OptimizerSpec", "ParallelSpec", "PbtSpec", "PbtStopSpec", "PeakFlops", "PipelineSpec",
-    "RandomFaultsSpec", "RangeSpec", "ReportSpec", "Scenario", "SharedMemorySpec", "TrainCheckpointSpec",
+    "RandomFaultsSpec", "RangeSpec", "ReportSpec", "Scenario", "SharedMemorySpec", "TOPOLOGY_BUILDERS",
+    "TrainCheckpointSpec",
     "TrainSpec", "apply_override", "load_scenario", "validate_scenario",
 ]

@@ -196,11 +196,16 @@ class MessageWorkSpec(Section):
                                                           "work per byte.")
 
 
+# The topology builders' names (hw/topology_builders.py builds each); any other `cluster.topology` is a YAML file.
+TOPOLOGY_BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "torus2d", "hierarchical", "fat_tree",
+                                      "clos3")
+
+
 class ClusterSpec(Section):
     """The simulated cluster: its topology, devices and links (hw/cluster.py builds it)."""
 
-    topology: str = Field("ring", description="A topology builder's name (ring, switch, torus2d, hierarchical, "
-                                              "fat_tree, ...) or the path of a topology YAML file.")
+    topology: str = Field("ring", description=f"A topology builder's name ({', '.join(TOPOLOGY_BUILDERS)}) or the "
+                                              "path of a topology YAML file.")
     devices: Count(MAX_DEVICES) | None = Field(None, description="Number of devices (spares included); null: "
                                                                  "the count a topology file gives.")
     device: Device = Field("a100-40gb", description="Every device's model: a catalog name, a device file (.yaml, "

@@ -66,7 +66,7 @@ from pydantic import Field
 
 from ..errors import JobFailed, ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
-from ..hw.cluster import run_to_end
+from ..hw.cluster import Cluster, run_to_end
 from ..job import Job
 from ..preflight import preflight
 from ..report import Report, RunResult, build_report
@@ -127,7 +127,8 @@ class Population:
         self.scenario = scenario
         resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        self.cluster = resolved.build(record=scenario.report.trace or bool(scenario.cluster.faults), seed=scenario.seed)
+        self.cluster = Cluster.from_resolved(resolved, record=scenario.report.trace or bool(scenario.cluster.faults),
+                                             seed=scenario.seed)
         self.env = self.cluster.env
         size = self.cluster.size
         self.rng = random.Random(int(np.random.SeedSequence([scenario.seed, _STREAM]).generate_state(1)[0]))
