@@ -4,9 +4,10 @@
     cluster = Cluster.from_resolved(resolved, record=False, seed=scenario.seed)
 
 It resolves the cluster (topology, devices, shared memory) and checks that the
-host has the memory a run needs; builds its topology (a builder's refusals)
-and checks the faults' names and spares against it, without building the
-network and the devices on it (a 16,384-GPU cluster's take 0.3-0.5 s); then
+host has the memory a run needs; builds its topology (a builder's refusals;
+a builder's graph is made only if a check reads it: a link's fault, a fleet's
+hosts, a shared-memory store) and checks the faults' names and spares against
+it, without building the network and the devices on it; then
 makes every check the job's build makes:
 the layout (dp x pp x tp against the devices), the data, each rank's share of
 the model (pipeline stages, tensor-parallel slices, the vocabulary split),

@@ -1,8 +1,8 @@
 """`simtrain validate` without torch for the built-in models and data (issue 30), and the checks that make it so.
 
 - A fresh process validates shipped scenarios (data parallel, a gpt under tp x pp with sequence parallelism, a
-  llama with the distributed optimizer, experts) and never imports torch or numpy; `--help` imports neither, nor
-  networkx or simpy (issue 30's start-up).
+  llama with the distributed optimizer, experts) and never imports torch, numpy or networkx (their builders'
+  graphs are made when first read); `--help` imports none of them, nor simpy (issue 30's start-up).
 - The built-in models' architecture as data (train/architecture.py) against the models train/models.py builds:
   parameters, the pipeline's units with and without tensor parallelism, checkpointing's blocks, at a few sizes.
 - job_checks.check_job against the job's build on meta tensors (what preflight ran before): each bad scenario is
@@ -39,6 +39,7 @@ for args in {runs!r}:
         assert exit.code in (0, None), (args, exit.code)
 assert "torch" not in sys.modules, "validate imported torch"
 assert "numpy" not in sys.modules, "validate imported numpy (the simulator's; hw/resolved_cluster.py needs none)"
+assert "networkx" not in sys.modules, "validate imported networkx (a builder's graph is made when first read)"
 """
 
 HELP_WITHOUT_GRAPHS = """

@@ -26,13 +26,17 @@ of its own owns a rail. A topology whose links are all alike is one host.
     layout = layout_of(topology, topology.devices)
     rings = [channel_order(layout, c) for c in range(default_channels(layout, "ring"))]
 """
-from dataclasses import dataclass
+from __future__ import annotations
 
-import networkx as nx
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ScenarioError
 from ..hw.topology import Topology
 from ..limits import MAX_CHANNELS
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 @dataclass(frozen=True)

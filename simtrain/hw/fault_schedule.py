@@ -14,12 +14,12 @@ def scheduled_faults(scenario: Scenario, topology: Topology) -> list[tuple[float
     if spares >= size:
         raise ScenarioError(f"cluster.spares: {spares} leaves no device for the job (the topology has "
                             f"{size})")
-    graph, events = topology.graph, []
+    events = []
     for index, fault in enumerate(scenario.cluster.faults):
         field = f"cluster.faults.{index}"
         if fault.link is not None:
             u, v = fault.link
-            if not graph.has_edge(u, v):
+            if not topology.graph.has_edge(u, v):
                 raise ScenarioError(f"{field}.link: no link {u}-{v} in the topology {topology.name}")
             if fault.fail:
                 events.append((fault.at, {"kind": "link_failed", "link": [u, v]}))

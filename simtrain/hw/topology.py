@@ -14,12 +14,21 @@ those same least-latency routes between two GPUs, so that a 16,384-GPU cluster
 does not run Dijkstra over its whole graph for every pair; it gives None for a
 pair it does not know, and leaves with the first failed link. Builders
 (`ring`, `switch`, ...) and YAML files live in topology_builders.py.
-"""
-from functools import lru_cache
 
-import networkx as nx
+A builder passes the function that makes its graph rather than the graph: the
+graph is made, and checked, when it is first read (to route, to build the
+network), so that what needs only the devices (`simtrain validate` of a
+builder's cluster) does not import networkx.
+"""
+from __future__ import annotations
+
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import NoRoute, TopologyError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 # Added to every hop's latency when routing, so that among paths of equal
 # latency the one with fewest hops wins (and zero-latency links still route).
@@ -29,9 +38,8 @@ _HOP_TIEBREAK_S = 1e-15
 class Topology:
     """A validated graph of GPUs and switches with static shortest-path routing."""
 
-    def __init__(self, graph: nx.Graph, devices: list[str], name: str = "custom",
+    def __init__(self, graph: nx.Graph | Callable[[], nx.Graph], devices: list[str], name: str = "custom",
                  private: frozenset[str] = frozenset(), reducing: frozenset[str] = frozenset(), router=None):
-        self.graph = graph
         self.devices = list(devices)
         self.name = name
         # Nodes that carry only traffic to or from private nodes (a shared-memory store and the
@@ -40,22 +48,39 @@ class Topology:
         # Switches that reduce what GPUs send them and multicast the result (NVLink SHARP, NCCL's NVLS).
         self.reducing = frozenset(reducing)
         self._router = router  # (src, dst) -> the least-latency route between two GPUs, or None: Dijkstra's
-        self._validate()
+        self._check_devices()
+        if callable(graph):
+            self._make_graph = graph  # a builder's: `graph` makes and checks it when first read
+        else:
+            self._check_graph(graph)
+            self.graph = graph  # in the cached property's place
         self.path = lru_cache(maxsize=None)(self._route)
         self.link_rates = lru_cache(maxsize=None)(self._link_rates)
 
-    def _validate(self) -> None:
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """The networkx graph of GPUs and switches; a builder's is made (and checked) here, when first read."""
+        make, self._make_graph = self._make_graph, None  # the builder's edge lists go with it
+        graph = make()
+        self._check_graph(graph)
+        return graph
+
+    def _check_devices(self) -> None:
         if not self.devices:
             raise TopologyError(f"topology {self.name}: has no devices")
         if len(set(self.devices)) != len(self.devices):
             raise TopologyError(f"topology {self.name}: a device is listed twice")
+
+    def _check_graph(self, graph: nx.Graph) -> None:
+        import networkx as nx
+
         for node in self.devices:
-            if node not in self.graph:
+            if node not in graph:
                 raise TopologyError(f"topology {self.name}: unknown node {node!r}")
         for node in sorted(self.reducing):
-            if node not in self.graph or node in self.devices:
+            if node not in graph or node in self.devices:
                 raise TopologyError(f"topology {self.name}: reducing switch {node!r} is not a switch of the graph")
-        for a, b, attrs in self.graph.edges(data=True):
+        for a, b, attrs in graph.edges(data=True):
             for key in ("bandwidth", "latency"):
                 if key not in attrs:
                     raise TopologyError(f"topology {self.name}: link {a}-{b} has no {key}")
@@ -65,8 +90,8 @@ class Topology:
                 raise TopologyError(f"topology {self.name}: link {a}-{b} latency must not be negative")
             if not 0 < attrs.get("efficiency", 1.0) <= 1:
                 raise TopologyError(f"topology {self.name}: link {a}-{b} efficiency must be in (0, 1]")
-        if not nx.is_connected(self.graph):
-            parts = sorted(sorted(c)[0] for c in nx.connected_components(self.graph))
+        if not nx.is_connected(graph):
+            parts = sorted(sorted(c)[0] for c in nx.connected_components(graph))
             raise TopologyError(
                 f"topology {self.name}: disconnected ({len(parts)} parts, e.g. around {parts[0]!r} and {parts[1]!r})"
             )
@@ -85,6 +110,8 @@ class Topology:
             if a in private or b in private:
                 return None  # networkx: edge hidden
             return attrs["latency"] + _HOP_TIEBREAK_S
+
+        import networkx as nx
 
         try:
             return tuple(nx.dijkstra_path(self.graph, src, dst, weight=weight))

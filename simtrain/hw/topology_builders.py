@@ -47,14 +47,15 @@ with units (units.py) or plain SI numbers. Every mistake raises TopologyError
 naming the file and the field: unknown keys, unknown or repeated nodes, a link
 listed twice, a missing or negative bandwidth, a disconnected graph.
 """
+from __future__ import annotations
+
 import itertools
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from ..errors import ScenarioError, TopologyError
 from ..limits import MAX_DEVICES, MAX_LINKS
@@ -62,6 +63,9 @@ from ..scenario import TOPOLOGY_BUILDERS
 from ..units import parse_quantity
 from ..user_files import load_yaml_file, user_path
 from .topology import Topology
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 _FILE_KEYS = ("name", "gpus", "switches", "reducing_switches", "link_classes", "links")
@@ -175,6 +179,9 @@ def _gpus(devices: int) -> list[str]:
 
 
 def _graph(nodes: list[str], edges, link: LinkClass) -> nx.Graph:
+    """The graph of `nodes` joined by `edges` of one link class (a builder's graph, made when first read)."""
+    import networkx as nx
+
     graph = nx.Graph()
     graph.add_nodes_from(nodes)
     graph.add_edges_from(edges, bandwidth=link.bandwidth, latency=link.latency, efficiency=link.efficiency)
@@ -185,7 +192,7 @@ def _ring(devices: int, link: LinkClass) -> Topology:
     gpus = _gpus(devices)
     count = devices if devices > 2 else devices - 1
     edges = [(gpus[i], gpus[(i + 1) % devices]) for i in range(count)]
-    return Topology(_graph(gpus, edges, link), gpus, name=f"ring-{devices}")
+    return Topology(lambda: _graph(gpus, edges, link), gpus, name=f"ring-{devices}")
 
 
 def _fully_connected(devices: int, link: LinkClass) -> Topology:
@@ -194,14 +201,14 @@ def _fully_connected(devices: int, link: LinkClass) -> Topology:
         raise TopologyError(f"cluster.devices: fully_connected on {devices} GPUs has {links:,} links; at most "
                             f"{MAX_LINKS:,} are simulated (switch or hierarchical scale further)")
     gpus = _gpus(devices)
-    graph = _graph(gpus, itertools.combinations(gpus, 2), link)
-    return Topology(graph, gpus, name=f"fully_connected-{devices}")
+    return Topology(lambda: _graph(gpus, itertools.combinations(gpus, 2), link), gpus,
+                    name=f"fully_connected-{devices}")
 
 
 def _switch(devices: int, link: LinkClass) -> Topology:
     gpus = _gpus(devices)
-    graph = _graph(gpus + ["switch"], [(gpu, "switch") for gpu in gpus], link)
-    return Topology(graph, gpus, name=f"switch-{devices}")
+    return Topology(lambda: _graph(gpus + ["switch"], [(gpu, "switch") for gpu in gpus], link), gpus,
+                    name=f"switch-{devices}")
 
 
 def _torus2d(devices: int, link: LinkClass, torus_shape) -> Topology:
@@ -215,7 +222,7 @@ def _torus2d(devices: int, link: LinkClass, torus_shape) -> Topology:
                 edges.append((here, gpus[r * cols + (c + 1) % cols]))
             if rows > 1:
                 edges.append((here, gpus[((r + 1) % rows) * cols + c]))
-    return Topology(_graph(gpus, edges, link), gpus, name=f"torus2d-{rows}x{cols}")
+    return Topology(lambda: _graph(gpus, edges, link), gpus, name=f"torus2d-{rows}x{cols}")
 
 
 def _torus_shape(devices: int, torus_shape) -> tuple[int, int]:
@@ -236,8 +243,8 @@ def _torus_shape(devices: int, torus_shape) -> tuple[int, int]:
     return rows, cols
 
 
-def _nodes(devices: int, link: LinkClass, inter_link, gpus_per_node, builder: str) -> tuple[nx.Graph, list[str]]:
-    """The GPUs of nodes of `gpus_per_node`, each node's joined by its switch `node{k}-switch`."""
+def _check_nodes(devices: int, link: LinkClass, inter_link, gpus_per_node, builder: str) -> None:
+    """The refusals of a builder of nodes of `gpus_per_node` GPUs."""
     if gpus_per_node is None:
         raise TopologyError(f"cluster.gpus_per_node: required by the {builder} builder")
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
@@ -251,7 +258,12 @@ def _nodes(devices: int, link: LinkClass, inter_link, gpus_per_node, builder: st
             f"cluster.inter_node_link: latency {inter_link.latency * 1e6:g} us is below the intra-node "
             f"link's {link.latency * 1e6:g} us; intra-node traffic would route through the network"
         )
-    gpus = _gpus(devices)
+
+
+def _node_graph(gpus: list[str], link: LinkClass, gpus_per_node: int) -> nx.Graph:
+    """The GPUs of nodes of `gpus_per_node`, each node's joined by its switch `node{k}-switch`."""
+    import networkx as nx
+
     graph = nx.Graph()
     graph.add_nodes_from(gpus)
     # Intra-node edges first: at equal latency, routing prefers the earlier-added neighbour.
@@ -259,53 +271,71 @@ def _nodes(devices: int, link: LinkClass, inter_link, gpus_per_node, builder: st
         ((gpu, f"node{rank // gpus_per_node}-switch") for rank, gpu in enumerate(gpus)),
         bandwidth=link.bandwidth, latency=link.latency, efficiency=link.efficiency,
     )
-    return graph, gpus
+    return graph
 
 
 def _hierarchical(devices: int, link: LinkClass, inter_link, gpus_per_node) -> Topology:
-    graph, gpus = _nodes(devices, link, inter_link, gpus_per_node, "hierarchical")
-    graph.add_edges_from(((gpu, "spine") for gpu in gpus), bandwidth=inter_link.bandwidth,
-                         latency=inter_link.latency, efficiency=inter_link.efficiency)
-    return Topology(graph, gpus, name=f"hierarchical-{devices // gpus_per_node}x{gpus_per_node}")
+    _check_nodes(devices, link, inter_link, gpus_per_node, "hierarchical")
+    gpus = _gpus(devices)
+
+    def make_graph() -> nx.Graph:
+        graph = _node_graph(gpus, link, gpus_per_node)
+        graph.add_edges_from(((gpu, "spine") for gpu in gpus), bandwidth=inter_link.bandwidth,
+                             latency=inter_link.latency, efficiency=inter_link.efficiency)
+        return graph
+
+    return Topology(make_graph, gpus, name=f"hierarchical-{devices // gpus_per_node}x{gpus_per_node}")
 
 
 def _fat_tree(devices: int, link: LinkClass, inter_link, gpus_per_node, nodes_per_leaf: int,
               oversubscription: float) -> Topology:
-    graph, gpus = _nodes(devices, link, inter_link, gpus_per_node, "fat_tree")
+    _check_nodes(devices, link, inter_link, gpus_per_node, "fat_tree")
     if oversubscription > nodes_per_leaf:
         raise TopologyError(f"cluster.oversubscription: {oversubscription:g} leaves a leaf's uplink below one NIC's "
                             f"bandwidth (nodes_per_leaf {nodes_per_leaf})")
-    leaf_of = [f"leaf{rank // (gpus_per_node * nodes_per_leaf)}-rail{rank % gpus_per_node}"
-               for rank in range(devices)]
-    graph.add_edges_from(zip(gpus, leaf_of), bandwidth=inter_link.bandwidth, latency=inter_link.latency,
-                         efficiency=inter_link.efficiency)
-    graph.add_edges_from(((leaf, "core") for leaf in dict.fromkeys(leaf_of)),
-                         bandwidth=nodes_per_leaf * inter_link.bandwidth / oversubscription,
-                         latency=inter_link.latency, efficiency=inter_link.efficiency)
+    gpus = _gpus(devices)
+
+    def make_graph() -> nx.Graph:
+        graph = _node_graph(gpus, link, gpus_per_node)
+        leaf_of = [f"leaf{rank // (gpus_per_node * nodes_per_leaf)}-rail{rank % gpus_per_node}"
+                   for rank in range(devices)]
+        graph.add_edges_from(zip(gpus, leaf_of), bandwidth=inter_link.bandwidth, latency=inter_link.latency,
+                             efficiency=inter_link.efficiency)
+        graph.add_edges_from(((leaf, "core") for leaf in dict.fromkeys(leaf_of)),
+                             bandwidth=nodes_per_leaf * inter_link.bandwidth / oversubscription,
+                             latency=inter_link.latency, efficiency=inter_link.efficiency)
+        return graph
+
     nodes = devices // gpus_per_node
-    return Topology(graph, gpus, name=f"fat_tree-{nodes}x{gpus_per_node}-{nodes_per_leaf}per-leaf"
+    return Topology(make_graph, gpus, name=f"fat_tree-{nodes}x{gpus_per_node}-{nodes_per_leaf}per-leaf"
                                       f"-{oversubscription:g}to1")
 
 
 def _clos3(devices: int, link: LinkClass, inter_link, gpus_per_node, nodes_per_leaf: int, leaves_per_pod: int,
            oversubscription: float) -> Topology:
-    graph, gpus = _nodes(devices, link, inter_link, gpus_per_node, "clos3")
+    _check_nodes(devices, link, inter_link, gpus_per_node, "clos3")
     rack_gpus = gpus_per_node * nodes_per_leaf
     pod_gpus = rack_gpus * leaves_per_pod
     if oversubscription > pod_gpus:
         raise TopologyError(f"cluster.oversubscription: {oversubscription:g} leaves a pod's uplink below one NIC's "
                             f"bandwidth ({pod_gpus} GPUs a pod)")
-    racks = -(-devices // rack_gpus)
-    nic = {"latency": inter_link.latency, "efficiency": inter_link.efficiency}
-    graph.add_edges_from(((gpu, f"rack{rank // rack_gpus}") for rank, gpu in enumerate(gpus)),
-                         bandwidth=inter_link.bandwidth, **nic)
-    graph.add_edges_from(((f"rack{rack}", f"pod{rack // leaves_per_pod}") for rack in range(racks)),
-                         bandwidth=rack_gpus * inter_link.bandwidth, **nic)
-    pods = -(-racks // leaves_per_pod)
-    if pods > 1:
-        graph.add_edges_from(((f"pod{pod}", "aggregation") for pod in range(pods)),
-                             bandwidth=pod_gpus * inter_link.bandwidth / oversubscription, **nic)
-    return Topology(graph, gpus, router=_Clos3Routes(gpus, gpus_per_node, nodes_per_leaf, leaves_per_pod),
+    gpus = _gpus(devices)
+
+    def make_graph() -> nx.Graph:
+        graph = _node_graph(gpus, link, gpus_per_node)
+        racks = -(-devices // rack_gpus)
+        nic = {"latency": inter_link.latency, "efficiency": inter_link.efficiency}
+        graph.add_edges_from(((gpu, f"rack{rank // rack_gpus}") for rank, gpu in enumerate(gpus)),
+                             bandwidth=inter_link.bandwidth, **nic)
+        graph.add_edges_from(((f"rack{rack}", f"pod{rack // leaves_per_pod}") for rack in range(racks)),
+                             bandwidth=rack_gpus * inter_link.bandwidth, **nic)
+        pods = -(-racks // leaves_per_pod)
+        if pods > 1:
+            graph.add_edges_from(((f"pod{pod}", "aggregation") for pod in range(pods)),
+                                 bandwidth=pod_gpus * inter_link.bandwidth / oversubscription, **nic)
+        return graph
+
+    return Topology(make_graph, gpus, router=_Clos3Routes(gpus, gpus_per_node, nodes_per_leaf, leaves_per_pod),
                     name=f"clos3-{devices // gpus_per_node}x{gpus_per_node}-{nodes_per_leaf}per-rack-"
                                       f"{leaves_per_pod}racks-per-pod-{oversubscription:g}to1")
 
@@ -373,6 +403,8 @@ def _parse_file(data, default_name: str) -> tuple[str, nx.Graph, list[str], froz
         if node not in switches:
             raise ScenarioError(f"reducing_switches[{index}]: {node!r} is not listed under switches")
     classes = _link_classes(data.get("link_classes", {}))
+
+    import networkx as nx  # a file's graph is made at once: its checks (connected, links) are validation's
 
     graph = nx.Graph()
     graph.add_nodes_from(gpus + switches)
