@@ -5,7 +5,7 @@
 
 What a scenario's cluster section resolves to before anything is built (the
 typed device specs, the topology file) is resolved_cluster.py's, which
-validation reads without this module's simulator.
+validation reads without building a cluster; `Cluster.from_resolved` builds it.
 
 Several jobs may share one cluster (its links and clock); each takes a group of
 its devices (`add_job`), and the event log tags their spans with the job's index.

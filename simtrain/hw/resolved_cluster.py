@@ -5,8 +5,9 @@
     cluster = Cluster.from_resolved(resolved, seed=scenario.seed)   # cluster.py
 
 Validation (preflight.py) reads a resolved cluster and its topology without
-building the simulated cluster: this module does not load the simulator (simpy's
-devices and network, numpy's generators), which cluster.py builds from it.
+building the simulated cluster: this module imports neither the network
+(network.py, with its ring timing's numpy) nor the cluster, which cluster.py
+builds from it.
 """
 from dataclasses import dataclass
 from pathlib import Path
