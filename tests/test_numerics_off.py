@@ -24,6 +24,12 @@ TECHNIQUES = {
     "async locked": {"parallel": {"mode": "async", "async": {"consistency": "locked"}}},
     "zero 2, adam": {"parallel": {"sharding": {"stage": 2}}, "train": {"optimizer": {"name": "adam", "lr": 1e-3}}},
     "zero 3, bf16": {"parallel": {"sharding": {"stage": 3}}, "train": {"precision": "bf16"}},
+    "zero 2, optimizer offloaded": {"cluster": {"shared_memory": {"host": "dgx-a100"}},
+                                    "parallel": {"sharding": {"stage": 2, "offload": "optimizer"}}},
+    "zero 3, optimizer and parameters offloaded": {
+        "cluster": {"shared_memory": {"host": "dgx-a100"}},
+        "parallel": {"sharding": {"stage": 3, "offload": "optimizer_and_parameters"}},
+        "train": {"optimizer": {"name": "adam", "lr": 1e-3}}},
     "straggler and jitter": {"cluster": {"overrides": {1: {"slowdown": 1.7}}, "compute_jitter": 0.3}},
     "pipeline 1f1b, bf16, checkpointing": {"parallel": {"pp": 3, "pipeline": {"microbatches": 4}},
                                            "train": {"precision": "bf16", "checkpointing": "sqrt"}},
