@@ -30,8 +30,8 @@ from .errors import ScenarioError
 from .fleet.inventory import job_inventory
 from .host_memory import check_scenario_fits_host
 from .hw.catalog import require_rate
-from .hw.resolved_cluster import ResolvedCluster, resolve_cluster
 from .hw.fault_schedule import scheduled_faults
+from .hw.resolved_cluster import ResolvedCluster, resolve_cluster
 from .job_checks import check_job, covered
 from .scenario import Scenario
 

@@ -59,6 +59,7 @@ class ResolvedCluster:
             return topology, None
         return attach_shared_memory(topology, self.spec.shared_memory)
 
+
 def resolve_cluster(spec: ClusterSpec, base_dir: Path = Path(".")) -> ResolvedCluster:
     """The cluster section resolved: a topology file read and validated once, device specs typed."""
     topology_file = None
