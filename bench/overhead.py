@@ -16,10 +16,14 @@ The three run in turn, `ROUNDS` times: a round's ratios divide its simtrain runs
 its own bare loop, seconds apart, and the median round's ratio is the figure (with
 the lowest and highest), so that the machine's speed, which can drift by a fifth
 over a minute even with nothing else running, falls on both sides of each ratio.
+Each run starts with a full garbage collection: a run with a trace leaves some
+half a million objects that a later run would otherwise pay to collect (a full
+collection of the process's objects took 0.24 s, a fifth of a bare loop).
 
     .venv/bin/python bench/overhead.py
 """
 import copy
+import gc
 import os
 import statistics
 import time
@@ -44,6 +48,7 @@ def bare_loop() -> tuple[float, float, tuple[float, float]]:
     torch.set_num_threads(1)
     data = load_dataset("digits", {}, SEED)
     model = build_model(ModelSpec(name="mlp", hidden=HIDDEN), data.info, SEED)
+    gc.collect()  # the garbage of the runs before is not this run's to collect
     start, cpu_start = time.perf_counter(), time.process_time()
     models = [copy.deepcopy(model) for _ in range(DEVICES)]
     loaders = [ShardLoader(data.train, DEVICES, rank, BATCH, SEED) for rank in range(DEVICES)]
@@ -83,6 +88,7 @@ def simulated(trace: bool) -> tuple[float, float, tuple[float, float]]:
         "parallel": {"all_reduce": "ring"},
         "report": {"trace": trace},
     })
+    gc.collect()
     start, cpu_start = time.perf_counter(), time.process_time()
     report = simtrain.run(scenario)
     if trace:

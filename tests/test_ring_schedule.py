@@ -1,4 +1,5 @@
-"""The ring all-reduce timed as a group (comm/ring_schedule.py) against the flow-by-flow path.
+"""The ring all-reduce, and a ring reduce-scatter or all-gather alone, timed as a group (comm/ring_schedule.py)
+against the flow-by-flow path.
 
 Many small random cases: ring orders, topologies, link figures, buffer sizes (fewer elements
 than ranks too), ranks posting at different times and two all-reduces back to back. The
@@ -16,7 +17,7 @@ import simtrain
 from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
 from simtrain.runner import single_thread
-from simtrain.comm.ring_schedule import RingAllReduce
+from simtrain.comm.ring_schedule import RingAllReduce, RingPhase
 from simtrain.comm.simulated import GROUP_MAX_CHUNK, SimCommunicator
 from simtrain.hw.device import MemoryLedger
 from simtrain.hw.eventlog import EventLog
@@ -43,7 +44,7 @@ def random_case(rng: random.Random):
     return built, order, collectives, sizes, dtype
 
 
-def simulate(topology, order, collectives, sizes, dtype, exclusive: bool):
+def simulate(topology, order, collectives, sizes, dtype, exclusive: bool, kind: str = "all_reduce"):
     env = simpy.Environment()
     network = Network(env, topology, record=True)
     log = EventLog()
@@ -61,7 +62,9 @@ def simulate(topology, order, collectives, sizes, dtype, exclusive: bool):
                 generator = torch.Generator().manual_seed(1000 * index + rank)
                 buffer = torch.randn(numel, generator=generator).to(dtype)
             ring = None if order == sorted(order) else order
-            yield comm.run(rank, RingAllReduce(rank, world, buffer, index == 0, ring=ring), label="all_reduce")
+            program = (RingAllReduce(rank, world, buffer, index == 0, ring=ring) if kind == "all_reduce"
+                       else RingPhase(kind, rank, tuple(order), buffer))
+            yield comm.run(rank, program, label=kind)
             ends.append((rank, env.now))
             results.append((rank, index, buffer))
 
@@ -106,6 +109,35 @@ def test_group_timing_equals_flow_by_flow(seed):
         assert all(torch.equal(a, b) for a, b in zip(grouped["sums"], flows["sums"]))
     for key in ("ends", "totals", "links"):  # the same floating-point operations: exact, checked to 1e-9
         assert flat(grouped[key]) == pytest.approx(flat(flows[key]), rel=1e-9, abs=0), key
+
+
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("seed", range(30))
+def test_a_reduce_scatter_or_all_gather_alone_timed_as_a_group_equals_flow_by_flow(kind, seed):
+    """Their N-1 steps of the ring's schedule, the all-gather's chunks one further round, staging only where
+    the reduce-scatter sums: the same as flow by flow, on meta tensors (numerics off)."""
+    topology, order, collectives, sizes, _ = random_case(random.Random(seed))
+    case = (topology, order, collectives, sizes, None)
+    flows = simulate(*case, exclusive=False, kind=kind)
+    grouped = simulate(*case, exclusive=True, kind=kind)
+    if order == sorted(order) and not topology.name.startswith("hierarchical"):
+        assert len(grouped["timed_as_group"]) == 2
+    for key in ("spans", "bytes_by_label", "records", "staging"):
+        assert grouped[key] == flows[key], key
+    for key in ("ends", "totals", "links"):
+        assert flat(grouped[key]) == pytest.approx(flat(flows[key]), rel=1e-9, abs=0), key
+
+
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
+def test_a_reduce_scatter_or_all_gather_of_numbers_moves_flow_by_flow(kind):
+    """On real tensors only an all-reduce's sums are done for the group: a reduce-scatter's or all-gather's
+    numbers move chunk by chunk, and come out as they do alone."""
+    topology, order = build_topology("ring", 4, LinkClass(50e9, 1e-6)), [0, 1, 2, 3]
+    case = (topology, order, [[0.0] * 4, [0.0] * 4], [4096, 1000], torch.float32)
+    grouped = simulate(*case, exclusive=True, kind=kind)
+    flows = simulate(*case, exclusive=False, kind=kind)
+    assert grouped["timed_as_group"] == []
+    assert all(torch.equal(a, b) for a, b in zip(grouped["sums"], flows["sums"]))
 
 
 def flat(value) -> list:
@@ -169,11 +201,13 @@ def test_a_ring_of_alike_positions_is_timed_in_lockstep_to_the_bit(world, chunk)
     from simtrain.hw.ring_timing import RingTimes, lockstep_ring_times, ring_times_by_position
 
     post, latency, rate, busy = 1.0 / 3, 5e-6 / 7, 50e9 / 3, 2.0 / 7
-    same = lockstep_ring_times(world, post, latency, rate, chunk, busy)
-    every = ring_times_by_position([post] * world, [latency] * world, [rate] * world, [chunk] * world, [busy] * world)
-    for field in RingTimes._fields:  # the same numbers, of the same Python types
-        assert getattr(same, field) == getattr(every, field), field
-        assert list(map(type, getattr(same, field))) == list(map(type, getattr(every, field))), field
+    for steps, reducing in ((None, None), (world - 1, world - 1), (world - 1, 0)):  # all-reduce, its phases alone
+        same = lockstep_ring_times(world, post, latency, rate, chunk, busy, steps, reducing)
+        every = ring_times_by_position([post] * world, [latency] * world, [rate] * world, [chunk] * world,
+                                       [busy] * world, False, steps, reducing)
+        for field in RingTimes._fields:  # the same numbers, of the same Python types
+            assert getattr(same, field) == getattr(every, field), field
+            assert list(map(type, getattr(same, field))) == list(map(type, getattr(every, field))), field
 
 
 def test_a_small_ring_timed_in_python_floats_equals_numpy_to_the_bit():
@@ -191,8 +225,9 @@ def test_a_small_ring_timed_in_python_floats_equals_numpy_to_the_bit():
         chunk = [(numel // world + (position < numel % world)) * element for position in range(world)]
         busy = [rng.choice([0.0, rng.uniform(0, 1)]) for _ in range(world)]
         keep = rng.random() < 0.5
-        scalars = ring_times_in_scalars(posts, latency, rate, chunk, busy, keep)
-        vectors = ring_times_by_position(posts, latency, rate, chunk, busy, keep)
+        steps, reducing = rng.choice([(None, None), (world - 1, world - 1), (world - 1, 0)])  # or a phase alone
+        scalars = ring_times_in_scalars(posts, latency, rate, chunk, busy, keep, steps, reducing)
+        vectors = ring_times_by_position(posts, latency, rate, chunk, busy, keep, steps, reducing)
         for field in ("end", "link_busy_s", "sent_bytes"):  # the same numbers, of the same Python types
             assert getattr(scalars, field) == getattr(vectors, field), (seed, field)
             assert list(map(type, getattr(scalars, field))) == list(map(type, getattr(vectors, field))), (seed, field)

@@ -13,14 +13,18 @@ the last bit; every rank then gets all of them (the all-gather).
 
 `RingAllReduce` is ring.py's program with what the group schedule needs
 attached; `SimCommunicator(exclusive=True)` times it this way when every rank
-has posted it.
+has posted it. `RingPhase` is the same for a ring reduce-scatter or all-gather
+alone (ZeRO's and the distributed optimizer's), timed as a group on meta
+tensors (numerics off), where nothing is summed: its first N-1 steps, or its
+last.
 
     reduce_as_ring([buffers[rank] for rank in order], average=True)
+    RingPhase("reduce_scatter", rank, order, buf)        # order: the group's ranks in ring order
 """
 import torch
 
 from .ops import WrappedProgram
-from .ring import ring_all_reduce
+from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 
 class RingAllReduce(WrappedProgram):
@@ -45,9 +49,67 @@ class RingAllReduce(WrappedProgram):
     def chunk_bytes(self) -> list[int]:
         """Bytes of each of the N chunks the buffer is cut into (tensor_split: the first numel % N chunks
         hold one element more)."""
-        narrow, wide = divmod(self.buf.numel(), self.world)
-        element = self.buf.element_size()
-        return [(narrow + 1) * element] * wide + [narrow * element] * (self.world - wide)
+        return _chunk_bytes(self.buf, self.world)
+
+    @property
+    def steps(self) -> int:
+        """Steps of the ring's schedule: N-1 reduce-scatter steps, then N-1 all-gather steps."""
+        return 2 * (self.world - 1)
+
+    @property
+    def reducing(self) -> int:
+        """Its first steps, whose received chunk is summed (held in a staging buffer meanwhile)."""
+        return self.world - 1
+
+
+class RingPhase(WrappedProgram):
+    """One rank's ring reduce-scatter or all-gather alone (ring.py) over the group ranks `order` in ring order,
+    and the group schedule it belongs to. It runs as the generator it wraps (ops.WrappedProgram)."""
+
+    __slots__ = ("kind", "world", "buf", "ring", "position")
+
+    def __init__(self, kind: str, rank: int, order: tuple[int, ...], buf):
+        self.kind, self.world, self.buf, self.ring = kind, len(order), buf, tuple(order)
+        self.position = position = self.ring.index(rank)
+        right, left = self.ring[(position + 1) % self.world], self.ring[position - 1]
+        self.program = _phase(kind, position, right, left, buf, self.world)
+
+    def group(self) -> tuple:
+        """What every rank of one collective shares: its kind, the group size and ring order."""
+        return self.kind, self.world, self.ring
+
+    def order(self) -> tuple[int, ...]:
+        return self.ring
+
+    def chunk_bytes(self) -> list[int]:
+        """Bytes of the chunk position p sends first, by p (a reduce-scatter sends chunk p first, an all-gather
+        the chunk p+1 it holds summed): the recurrence's chunk sizes (hw/ring_timing.py)."""
+        sizes = _chunk_bytes(self.buf, self.world)
+        return sizes if self.kind == "reduce_scatter" else sizes[1:] + sizes[:1]
+
+    @property
+    def steps(self) -> int:
+        return self.world - 1
+
+    @property
+    def reducing(self) -> int:
+        """Steps whose received chunk is summed: a reduce-scatter's all, an all-gather's none."""
+        return self.world - 1 if self.kind == "reduce_scatter" else 0
+
+
+def _phase(kind: str, position: int, right: int, left: int, buf, world: int):
+    """The phase's program (ring.py), its buffer cut into chunks when it first runs: a phase timed as a group
+    never does (on meta tensors, 128 chunks cost a millisecond)."""
+    phase = ring_reduce_scatter if kind == "reduce_scatter" else ring_all_gather
+    return (yield from phase(position, right, left, buf.tensor_split(world)))
+
+
+def _chunk_bytes(buf, world: int) -> list[int]:
+    """Bytes of each of the `world` chunks `buf` is cut into (tensor_split: the first numel % world chunks hold
+    one element more)."""
+    narrow, wide = divmod(buf.numel(), world)
+    element = buf.element_size()
+    return [(narrow + 1) * element] * wide + [narrow * element] * (world - wide)
 
 
 def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:

@@ -40,7 +40,9 @@ directed link is timed by the network (`Network.time_ring`), and its sums done
 the same times, spans, bytes, link figures, staging peaks and sums as flow by
 flow, with no per-transfer Python.
 On real tensors that holds for chunks up to GROUP_MAX_CHUNK elements, past
-which moving them one by one is the quicker way to the same sums.
+which moving them one by one is the quicker way to the same sums. A ring
+reduce-scatter or all-gather alone (ring_schedule.py's `RingPhase`) is timed
+the same way on meta tensors.
 
 An `NcclCall` (nccl.py: a rank's part of a collective as NCCL runs it) starts
 after its launch latency, a span of the rank's communication named by NCCL's
@@ -68,7 +70,7 @@ from ..hw.eventlog import EventLog
 from ..hw.network import Network, Route
 from .nccl import NcclCall
 from .ops import Concurrently, Send
-from .ring_schedule import RingAllReduce, reduce_as_ring
+from .ring_schedule import RingAllReduce, RingPhase, reduce_as_ring
 
 
 # Chunks (elements) up to which a ring all-reduce on real tensors is done as a group: its arithmetic stacks
@@ -76,6 +78,7 @@ from .ring_schedule import RingAllReduce, reduce_as_ring
 # 2-core machine (2026-11-30): 8 ranks, 26 k floats 0.62 ms against 0.84 ms flow by flow; 1 M floats 13.4 ms
 # against 8.4 ms.
 GROUP_MAX_CHUNK = 16384
+_GROUP_TIMED = (RingAllReduce, RingPhase)  # the programs a group's ring schedule can time at once
 
 
 class _RankProgram:
@@ -186,13 +189,15 @@ class _GroupRings:
     def __init__(self, comm: "SimCommunicator"):
         self.comm = comm
         self.posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
-        self.count = [0] * comm.world  # ring all-reduces each rank posted to be timed as a group
-        self.rings: dict[tuple, tuple[Route, ...] | None] = {}  # RingAllReduce.group() -> Network.ring()
+        self.count = [0] * comm.world  # ring collectives each rank posted to be timed as a group
+        self.rings: dict[tuple, tuple[Route, ...] | None] = {}  # the program's group() -> Network.ring()
 
-    def timed_as_group(self, program: RingAllReduce) -> bool:
+    def timed_as_group(self, program: RingAllReduce | RingPhase) -> bool:
         """Whether the network times it as a group: ring routes that share no directed link, and meta tensors
-        or chunks small enough that a transfer's Python costs more than copying its chunk once more."""
-        if program.world < 2 or not program.buf.is_meta and program.buf.numel() > GROUP_MAX_CHUNK * program.world:
+        or an all-reduce's chunks small enough that a transfer's Python costs more than copying its chunk once
+        more (a reduce-scatter's or all-gather's numbers move flow by flow)."""
+        if program.world < 2 or not program.buf.is_meta and (
+                type(program) is RingPhase or program.buf.numel() > GROUP_MAX_CHUNK * program.world):
             return False
         group = program.group()  # cheap for every rank; the order is spelled out once per ring
         if group not in self.rings:
@@ -216,12 +221,12 @@ class _GroupRings:
         for _, state in posts.values():
             program = state.program
             if (program.group(), program.buf.numel(), program.buf.element_size()) != shape:
-                raise RuntimeError(f"rank {state.rank} posts a ring all-reduce that does not match rank 0's")
+                raise RuntimeError(f"rank {state.rank} posts a ring collective that does not match rank 0's")
         comm = self.comm
         order, network = first.order(), comm.network
         states = [posts[rank][1] for rank in order]
         times = network.time_ring(self.rings[shape[0]], [posts[rank][0] for rank in order], first.chunk_bytes(),
-                                  [state.label for state in states])
+                                  [state.label for state in states], first.steps, first.reducing)
         if not first.buf.is_meta:
             reduce_as_ring([state.program.buf for state in states], first.average)
         if comm.ledgers is not None:
@@ -283,7 +288,7 @@ class SimCommunicator:
         self._running[rank] = state
         if type(program) is NcclCall:
             self._call(state, program)
-        elif self.exclusive and type(program) is RingAllReduce and self._group_rings.timed_as_group(program):
+        elif self.exclusive and type(program) in _GROUP_TIMED and self._group_rings.timed_as_group(program):
             self._group_rings.post(state)
         else:
             self._advance(state, None)

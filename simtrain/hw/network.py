@@ -212,13 +212,15 @@ class Network:
         return routes if len(set(links)) == len(links) and all(route.links for route in routes) else None
 
     def time_ring(self, routes: tuple[Route, ...], posts: list[float], chunk_bytes: list[int],
-                  labels: list[str]) -> RingTimes:
+                  labels: list[str], steps: int | None = None, reducing: int | None = None) -> RingTimes:
         """A ring all-reduce over `routes` (from `ring`) whose links carry nothing else while it runs:
-        position p posts it at posts[p] and sends chunks of `chunk_bytes`, labelled labels[p]. Its links'
+        position p posts it at posts[p] and sends chunks of `chunk_bytes`, labelled labels[p] (`steps` and
+        `reducing`: a reduce-scatter or all-gather alone, as ring_timing.ring_times takes them). Its links'
         bytes, busy time and transfer records are counted as its flows would have been; returns the
         ring's times (its ends, the ranks' spans, the staging buffers' landings)."""
         times = ring_times(posts, [route.latency_s for route in routes], [route.bandwidth_Bps for route in routes],
-                           chunk_bytes, [route.links[0].busy_s for route in routes], keep_transfers=self.record)
+                           chunk_bytes, [route.links[0].busy_s for route in routes], keep_transfers=self.record,
+                           steps=steps, reducing=reducing)
         if self.record:
             new_record = tuple.__new__  # TransferRecord without its Python-level __new__
             by_sender = [[] for _ in routes]

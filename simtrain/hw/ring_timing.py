@@ -23,6 +23,12 @@ chunk size and busy time: a homogeneous ring whose buffer splits evenly), all
 compute the same numbers, and one position's recurrence, in scalars, is all
 of theirs (`lockstep_ring_times`): O(N) work in all.
 
+A ring reduce-scatter or all-gather alone is the same schedule cut short:
+its N-1 steps (`steps`), the chunk sizes rotated to what each position sends
+first (comm/ring_schedule.py's `RingPhase`), a staging buffer only for the
+steps that reduce what they receive (`reducing`: N-1 for an all-reduce's or a
+reduce-scatter's first phase, none for an all-gather).
+
 The floating-point operations are the network's own, in its order, so the
 times are the flow model's to the last bit. What the flow model leaves behind
 is derived from the same arrays: each rank's communication spans (time with a
@@ -32,6 +38,7 @@ transfer records when the network keeps them.
 `Network.time_ring` is the way in; it feeds this module the ring's routes:
 
     times = ring_times(posts, latency, rate, chunk_bytes, busy_before)   # lists, by ring position
+    times = ring_times(posts, latency, rate, chunk_bytes, busy_before, steps=N - 1, reducing=0)  # an all-gather
 
 Inputs and results are plain lists of Python numbers: a job of a few devices times a ring every step,
 and there numpy's cost per call (the more so with the caches cold from the step's own arithmetic) was
@@ -63,43 +70,52 @@ class RingTimes(NamedTuple):
 
 
 def ring_times(posts: list[float], latency: list[float], rate: list[float], chunk_bytes: list[int],
-               busy_before: list[float], keep_transfers: bool = False) -> RingTimes:
+               busy_before: list[float], keep_transfers: bool = False, steps: int | None = None,
+               reducing: int | None = None) -> RingTimes:
     """The ring all-reduce's timing when position p posts it at posts[p], over a path of total
     latency latency[p] and bottleneck rate rate[p] to position p+1, alone on its links, which
-    were busy busy_before[p] seconds before."""
+    were busy busy_before[p] seconds before. With `steps` (default 2(N-1)) only that many steps of its
+    schedule, the first `reducing` of them (default N-1) staging what they receive: a reduce-scatter or
+    an all-gather alone."""
     world = len(posts)
     if not keep_transfers and world > 1 and all(
             values.count(values[0]) == world for values in (posts, latency, rate, chunk_bytes, busy_before)):
-        return lockstep_ring_times(world, posts[0], latency[0], rate[0], chunk_bytes[0], busy_before[0])
+        return lockstep_ring_times(world, posts[0], latency[0], rate[0], chunk_bytes[0], busy_before[0], steps,
+                                   reducing)
     if world <= SCALAR_MAX_WORLD:
-        return ring_times_in_scalars(posts, latency, rate, chunk_bytes, busy_before, keep_transfers)
-    return ring_times_by_position(posts, latency, rate, chunk_bytes, busy_before, keep_transfers)
+        return ring_times_in_scalars(posts, latency, rate, chunk_bytes, busy_before, keep_transfers, steps, reducing)
+    return ring_times_by_position(posts, latency, rate, chunk_bytes, busy_before, keep_transfers, steps, reducing)
 
 
-def lockstep_ring_times(world: int, post: float, latency: float, rate: float, chunk: int, busy_before: float
-                        ) -> RingTimes:
+def lockstep_ring_times(world: int, post: float, latency: float, rate: float, chunk: int, busy_before: float,
+                        steps: int | None = None, reducing: int | None = None) -> RingTimes:
     """`ring_times` of a ring whose positions are all alike (the same post time, route latency and rate,
     chunk size and busy time before): every position then computes the same numbers with the same
     operations at every step, so one position's, in scalars, are all of theirs, to the bit. O(N) work
     instead of O(N^2): what times a 131,072-rank ring in seconds."""
+    steps = 2 * (world - 1) if steps is None else steps
+    reducing = world - 1 if reducing is None else reducing
     posted, busy, sent = post, busy_before, 0
-    for _ in range(2 * (world - 1)):
+    for _ in range(steps):
         active = posted + latency  # start = max(posted, the right neighbour's posted) = posted
         end = active + chunk / rate
         if chunk > 0:
             busy = busy + (end - active)
         sent += chunk
         posted = end  # max(its send's end, its receive's end), both `end`
-    staging = [(position, post, chunk) for position in range(world)] if chunk > 0 else []
+    staging = [(position, post, chunk) for position in range(world)] if chunk > 0 and reducing and steps else []
     # One span each, from the first step's start to the end: each step starts as the one before ends.
     spans = [(position, post, posted, sent) for position in range(world)]
     return RingTimes([posted] * world, spans, [busy] * world, [sent] * world, staging, [])
 
 
 def ring_times_by_position(posts: list[float], latency: list[float], rate: list[float], chunk_bytes: list[int],
-                           busy_before: list[float], keep_transfers: bool = False) -> RingTimes:
+                           busy_before: list[float], keep_transfers: bool = False, steps: int | None = None,
+                           reducing: int | None = None) -> RingTimes:
     """`ring_times` for any ring: every position's recurrence, step by step, in numpy (O(N) work per step)."""
     world = len(posts)
+    steps = 2 * (world - 1) if steps is None else steps
+    reducing = world - 1 if reducing is None else reducing
     positions = np.arange(world)
     right, left = (positions + 1) % world, (positions - 1) % world
     posted = np.array(posts, dtype=np.float64)
@@ -111,14 +127,14 @@ def ring_times_by_position(posts: list[float], latency: list[float], rate: list[
     first_landing = {size: np.full(world, np.inf) for size in sizes}
     spans = _Spans(world)
     transfers = []
-    for step in range(2 * (world - 1)):
+    for step in range(steps):
         nbytes = chunk_bytes[(positions - step) % world]
         start = np.maximum(posted, posted[right])
         active = start + latency
         end = active + nbytes / rate  # an empty transfer ends when it activates (+ 0.0)
         busy = np.where(nbytes > 0, busy + (end - active), busy)
         sent += nbytes
-        if step < world - 1:  # reduce-scatter: the chunk from the left lands in a staging buffer
+        if step < reducing:  # reduce-scatter: the chunk from the left lands in a staging buffer
             for size, first in first_landing.items():
                 np.minimum(first, np.where(nbytes[left] == size, start[left], np.inf), out=first)
         if keep_transfers:
@@ -131,17 +147,20 @@ def ring_times_by_position(posts: list[float], latency: list[float], rate: list[
 
 
 def ring_times_in_scalars(posts: list[float], latency: list[float], rate: list[float], chunk_bytes: list[int],
-                          busy_before: list[float], keep_transfers: bool = False) -> RingTimes:
+                          busy_before: list[float], keep_transfers: bool = False, steps: int | None = None,
+                          reducing: int | None = None) -> RingTimes:
     """`ring_times_by_position` in Python floats, for small rings: the same operations on the same doubles
     (max, +, int / float), so the same numbers to the bit, in the same order, without numpy's cost per call,
     which for a few positions is most of the work."""
     world = len(posts)
+    steps = 2 * (world - 1) if steps is None else steps
+    reducing = world - 1 if reducing is None else reducing
     posted, chunks, busy = list(posts), list(chunk_bytes), list(busy_before)
     sent = [0] * world
     first_landing = {size: [inf] * world for size in sorted({size for size in chunks if size > 0})}
     span_start, span_end, span_bytes = [None] * world, [-inf] * world, [0] * world
     closed, transfers = [], []
-    for step in range(2 * (world - 1)):
+    for step in range(steps):
         turn = world - step % world
         sizes = chunks[turn:] + chunks[:turn]  # position p sends chunk (p - step) mod N
         starts = list(map(max, posted, posted[1:] + posted[:1]))  # the Send meets its Recv
@@ -152,7 +171,7 @@ def ring_times_in_scalars(posts: list[float], latency: list[float], rate: list[f
         sent = list(map(add, sent, sizes))
         received_starts, received_ends = starts[-1:] + starts[:-1], ends[-1:] + ends[:-1]  # from the left
         received_sizes = sizes[-1:] + sizes[:-1]
-        if step < world - 1:  # reduce-scatter: the chunk from the left lands in a staging buffer
+        if step < reducing:  # reduce-scatter: the chunk from the left lands in a staging buffer
             for position, (landing, size) in enumerate(zip(received_starts, received_sizes)):
                 first = first_landing.get(size)
                 if first is not None and landing < first[position]:

@@ -52,7 +52,7 @@ import torch
 
 from ..comm import build_all_reduce
 from ..comm.kv_ring import RING_STEPS
-from ..comm.ring import ring_all_gather, ring_reduce_scatter
+from ..comm.ring_schedule import RingPhase
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
 from ..hw.device import MemoryLedger
@@ -237,11 +237,10 @@ class MirroredCollectives:
             return self._all_reduce(nodes)
         if kind in RING_STEPS:  # one step of ring attention's key/value ring, or of its gradients' way back
             return lambda rank, world, buf: RING_STEPS[kind](rank, world, buf)[0]
-        if kind == "reduce_scatter":
-            return lambda rank, world, buf: ring_reduce_scatter(world - 1 - rank, (rank - 1) % world,
-                                                                (rank + 1) % world, buf.tensor_split(world))
-        return lambda rank, world, buf: ring_all_gather(rank, (rank + 1) % world, (rank - 1) % world,
-                                                        buf.tensor_split(world))
+        # a ring (timed as a group where it is one, comm/ring_schedule.py), the reduce-scatter's in reverse rank order
+        order = tuple(range(len(nodes)))
+        order = order[::-1] if kind == "reduce_scatter" else order
+        return lambda rank, world, buf: RingPhase(kind, rank, order, buf)
 
     def _within_rates(self, loads: list[dict]) -> bool:
         """Whether every directed link crossed by several groups has the rate for all their flows at once:
