@@ -66,11 +66,11 @@ class RingPhase(WrappedProgram):
     """One rank's ring reduce-scatter or all-gather alone (ring.py) over the group ranks `order` in ring order,
     and the group schedule it belongs to. It runs as the generator it wraps (ops.WrappedProgram)."""
 
-    __slots__ = ("kind", "world", "buf", "ring", "position")
+    __slots__ = ("kind", "world", "buf", "ring")
 
     def __init__(self, kind: str, rank: int, order: tuple[int, ...], buf):
         self.kind, self.world, self.buf, self.ring = kind, len(order), buf, tuple(order)
-        self.position = position = self.ring.index(rank)
+        position = self.ring.index(rank)
         right, left = self.ring[(position + 1) % self.world], self.ring[position - 1]
         self.program = _phase(kind, position, right, left, buf, self.world)
 
@@ -79,6 +79,7 @@ class RingPhase(WrappedProgram):
         return self.kind, self.world, self.ring
 
     def order(self) -> tuple[int, ...]:
+        """The group ranks in ring order."""
         return self.ring
 
     def chunk_bytes(self) -> list[int]:

@@ -103,7 +103,7 @@ def lockstep_ring_times(world: int, post: float, latency: float, rate: float, ch
             busy = busy + (end - active)
         sent += chunk
         posted = end  # max(its send's end, its receive's end), both `end`
-    staging = [(position, post, chunk) for position in range(world)] if chunk > 0 and reducing and steps else []
+    staging = [(position, post, chunk) for position in range(world)] if chunk > 0 and reducing else []
     # One span each, from the first step's start to the end: each step starts as the one before ends.
     spans = [(position, post, posted, sent) for position in range(world)]
     return RingTimes([posted] * world, spans, [busy] * world, [sent] * world, staging, [])
