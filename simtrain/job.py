@@ -95,8 +95,8 @@ class Job:
             model = build_model(scenario.model, self.data.info, scenario.seed)
         # Job ranks whose replicas this process holds: the backend's (every rank in a simulation, its own in a
         # real run), of those whose programs run (with representatives, one per stage: representatives.py)
-        held = [rank for rank in self.backend.local_ranks(self.world)
-                if not scenario.parallel.representatives or rank in representative_ranks(self.layout)]
+        running = set(representative_ranks(self.layout)) if scenario.parallel.representatives else None
+        held = [rank for rank in self.backend.local_ranks(self.world) if running is None or rank in running]
         if scenario.parallel.model_parallel:
             self.model = model  # the initial model; each rank holds its share of it
             self.parts = part_counts(model, self.layout, scenario, self.sample_microbatch())

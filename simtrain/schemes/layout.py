@@ -82,10 +82,10 @@ class Layout:
 
     def groups(self, dimensions: str | tuple[str, ...]) -> list[list[int]]:
         """Every group along `dimensions`, each once, ordered by their first rank."""
-        seen, groups = set(), []
+        covered, groups = set(), []
         for rank in range(self.world):
-            group = self.group(dimensions, rank)
-            if group[0] not in seen:
-                seen.add(group[0])
+            if rank not in covered:  # the first rank of a group not seen yet: its smallest
+                group = self.group(dimensions, rank)
+                covered.update(group)
                 groups.append(group)
         return groups
