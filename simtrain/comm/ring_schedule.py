@@ -14,9 +14,9 @@ the last bit; every rank then gets all of them (the all-gather).
 `RingAllReduce` is ring.py's program with what the group schedule needs
 attached; `SimCommunicator(exclusive=True)` times it this way when every rank
 has posted it. `RingPhase` is the same for a ring reduce-scatter or all-gather
-alone (ZeRO's and the distributed optimizer's), timed as a group on meta
-tensors (numerics off), where nothing is summed: its first N-1 steps, or its
-last.
+alone (the distributed optimizer's, as representatives time it), timed as a
+group on meta tensors (numerics off), where nothing is summed: its first N-1
+steps, or its last.
 
     reduce_as_ring([buffers[rank] for rank in order], average=True)
     RingPhase("reduce_scatter", rank, order, buf)        # order: the group's ranks in ring order
