@@ -20,12 +20,20 @@ Each run starts with a full garbage collection: a run with a trace leaves some
 half a million objects that a later run would otherwise pay to collect (a full
 collection of the process's objects took 0.24 s, a fifth of a bare loop).
 
+`--instructions` counts instead the instructions each executes (valgrind's
+callgrind, switched on around a second run in one process, after a warm-up):
+a measure the machine's changing speed does not move (about 20 minutes under valgrind).
+
     .venv/bin/python bench/overhead.py
+    .venv/bin/python bench/overhead.py --instructions
 """
 import copy
 import gc
 import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -128,5 +136,37 @@ def _median_time(rounds, index: int, clock: int) -> str:
     return f"{statistics.median(times):14.3f} s ({min(times):.2f}-{max(times):.2f})"
 
 
+RUNS = {"bare": bare_loop, "simtrain": lambda: simulated(False)}
+
+
+def count_instructions() -> None:
+    """Each run's instructions, each in a process of its own under callgrind; their ratio."""
+    counts = {}
+    for name in RUNS:
+        counted = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+                                  sys.executable, __file__, "--counted", name], capture_output=True, text=True)
+        found = re.search(r"Collected : (\d+)", counted.stderr)
+        if counted.returncode != 0 or found is None:
+            raise SystemExit(f"valgrind: {name} not counted: {counted.stderr.strip()[-500:]}")
+        counts[name] = int(found.group(1))
+        print(f"{name:10} {counts[name] / 1e6:10,.0f} M instructions")
+    print(f"ratio {counts['simtrain'] / counts['bare']:.3f}x (target <= 1.15)")
+
+
+def counted_run(name: str) -> None:
+    """Inside callgrind: run `name` once to warm up, then again with the counting on."""
+    RUNS[name]()
+    gc.collect()
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+    RUNS[name]()
+    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--instructions"]:
+        count_instructions()
+    elif sys.argv[1:2] == ["--counted"]:
+        counted_run(sys.argv[2])
+    else:
+        main()
