@@ -5,7 +5,8 @@ and its children: robust to a loaded machine) and the median wall time are print
 torch"` is the floor of any command that builds a model: `simtrain validate` builds one on meta tensors.
 With `--all`, `simtrain validate` of every shipped scenario (scenarios/**/*.yaml), each `--repeats` times,
 and the largest and the median of their medians (with the scenario that takes longest).
-Target (issue 30): `simtrain --help` and `simtrain validate` under 1 s.
+`simtrain run` of the quickstart (200 steps on the digits, into runs/startup-bench) is the whole of the smallest
+run: start-up, simulation and report. Target (issue 30): `simtrain --help` and `simtrain validate` under 1 s.
 
     .venv/bin/python bench/startup.py --repeats 5
     .venv/bin/python bench/startup.py --repeats 3 --all
@@ -25,6 +26,8 @@ COMMANDS = {
     "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     "simtrain --help": [*SIMTRAIN, "--help"],
     "simtrain validate quickstart": [*SIMTRAIN, "validate", "scenarios/quickstart.yaml"],
+    # the whole of the smallest run: 200 steps of 4 replicas on the digits, its report written
+    "simtrain run quickstart": [*SIMTRAIN, "run", "scenarios/quickstart.yaml", "--out", "runs/startup-bench"],
 }
 
 

@@ -67,7 +67,7 @@ from .train.hyperparameters import values_from
 from .train.job_checkpoint import Checkpoints
 from .train.models import build_model
 from .train.moe import keep_experts_
-from .train.replica import Replica
+from .train.replica import Replica, share_gradient_rows
 from .train.sampling import build_loader
 
 load_schemes()  # every scheme registers its report sections (report/sections.py) when imported
@@ -112,6 +112,7 @@ class Job:
         meta_losses = {}  # numerics off: one forward and backward per batch shape for all the replicas (Replica)
         self.replicas = [Replica(share, self._loader(rank), scenario.train, meta_losses) if rank in held else None
                          for rank, share in enumerate(shares)]
+        share_gradient_rows([replica for replica in self.replicas if replica is not None])
         self.scheme = build_scheme(self, on_step)
         # Alone on the cluster's network (`alone`: nothing else will run on it), a job whose collectives are
         # all ring all-reduces has them timed as a group when numerics are off (Network.time_ring,

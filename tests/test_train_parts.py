@@ -104,6 +104,24 @@ def test_digits_splits_are_sklearn_order_scaled_to_unit():
                                        input_shape=(64,))
 
 
+def test_digits_are_read_without_importing_scikit_learn_as_its_load_digits_gives_them(monkeypatch):
+    import importlib.util
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    import simtrain.train.data as data
+
+    pixels, labels = load_digits(return_X_y=True)
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "sklearn.datasets", None)  # importing it fails now
+        table = data._digits_table()
+    assert np.array_equal(table[:, :-1], pixels) and np.array_equal(table[:, -1], labels)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # a scikit-learn that keeps it elsewhere
+    assert np.array_equal(data._digits_table(), table)
+
+
 def test_digits_are_read_once_and_a_run_that_changes_them_does_not_reach_the_next(monkeypatch):
     import simtrain.train.data as data
 

@@ -9,7 +9,10 @@ On real tensors the arithmetic is done for the whole group at once too
 (`reduce_as_ring`): chunk c is summed in the ring's order, x[c] then x[c+1]
 and on round the ring, one vectorized addition per step for all chunks
 together instead of one per chunk per rank, so the sums are the ring's to
-the last bit; every rank then gets all of them (the all-gather).
+the last bit; every rank then gets all of them (the all-gather). The ranks'
+buffers are read where they lie when they are the rows of one tensor, as a
+job's replicas keep their gradients (train/replica.py), and stacked first
+otherwise.
 
 `RingAllReduce` is ring.py's program with what the group schedule needs
 attached; `SimCommunicator(exclusive=True)` times it this way when every rank
@@ -117,13 +120,16 @@ def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:
     """The ring all-reduce's arithmetic on the buffers of ring positions 0..N-1, in place: bit for bit
     what ring.py's reduce-scatter and all-gather leave in each (then / N if `average`)."""
     world, numel = len(buffers), buffers[0].numel()
-    stacked = torch.stack([buffer.reshape(-1) for buffer in buffers])  # positions x elements
+    rows = _as_rows(buffers)  # positions x elements
+    stacked = rows if rows is not None else torch.stack([buffer.reshape(-1) for buffer in buffers])
+    row_stride, origin = stacked.stride(0), stacked.storage_offset()
     # tensor_split: the first `wide` chunks have `width` elements, the others one fewer
     width, wide = -(-numel // world), numel % world or world
     totals = [stacked.new_empty(wide, width), stacked.new_empty(world - wide, width - 1)]
     for step in range(world):  # chunk c gathers position c's, then c+1's, ... round the ring
-        for region, first, chunks, size, offset in _runs(step, world, numel, width, wide):
-            terms = stacked.as_strided((chunks, size), (numel + size, 1), offset)  # position c+step, chunk c
+        for region, first, chunks, size, offset in _runs(step, world, width, wide, row_stride):
+            # position c+step's chunk c, for each c of the run
+            terms = stacked.as_strided((chunks, size), (row_stride + size, 1), origin + offset)
             if step == 0:
                 totals[region][first:first + chunks] = terms
             else:  # the receiver's own chunk plus the partial sum: addition commutes exactly
@@ -131,16 +137,36 @@ def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:
     result = torch.cat([total.reshape(-1) for total in totals])
     if average:
         result = result.div_(world)
-    for buffer in buffers:
-        buffer.copy_(result.view_as(buffer))
+    if rows is not None:
+        rows.copy_(result.expand(world, numel))
+    else:
+        for buffer in buffers:
+            buffer.copy_(result.view_as(buffer))
 
 
-def _runs(step: int, world: int, numel: int, width: int, wide: int):
-    """(region, first chunk in it, chunks, chunk size, storage offset of the first term) for each run of
-    chunks whose terms at `step` lie on one diagonal of the stacked buffers: same size, no wrap."""
+def _as_rows(buffers: list[torch.Tensor]) -> torch.Tensor | None:
+    """The buffers as the rows of one (positions x elements) view when they lie in one storage, flat, of one
+    dtype, equally spaced in position order without overlapping (a job's gradient rows: train/replica.py's
+    share_gradient_rows, or the same bucket of each); else None."""
+    first = buffers[0]
+    numel, origin = first.numel(), first.storage_offset()
+    spacing = buffers[1].storage_offset() - origin if len(buffers) > 1 else numel
+    storage = first.untyped_storage().data_ptr()
+    if spacing < numel or any(
+            buffer.dim() != 1 or buffer.stride(0) != 1 or buffer.dtype != first.dtype
+            or buffer.untyped_storage().data_ptr() != storage or buffer.storage_offset() != origin + position * spacing
+            for position, buffer in enumerate(buffers)):
+        return None
+    return first.as_strided((len(buffers), numel), (spacing, 1), origin)
+
+
+def _runs(step: int, world: int, width: int, wide: int, row_stride: int):
+    """(region, first chunk in it, chunks, chunk size, offset of the first term from the first position's
+    start) for each run of chunks whose terms at `step` lie on one diagonal of the positions' rows (`row_stride`
+    elements apart): same size, no wrap."""
     for region, (begin, end, size) in enumerate(((0, wide, width), (wide, world, width - 1))):
         for low, high in ((begin, min(end, world - step)), (max(begin, world - step), end)):
             if low < high:
                 position = (low + step) % world
                 start = low * width if region == 0 else wide * width + (low - wide) * size
-                yield region, low - begin, high - low, size, position * numel + start
+                yield region, low - begin, high - low, size, position * row_stride + start

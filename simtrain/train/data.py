@@ -42,11 +42,14 @@ for it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset, default_collate
 
@@ -163,12 +166,24 @@ def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     Runs share the tensors; should one change them in place (their version counter moves), the next reads
     them again, so nothing one run does reaches another."""
     if not _digits_read or any(tensor._version for tensor in _digits_read[0]):
-        from sklearn.datasets import load_digits
-
-        pixels, labels = load_digits(return_X_y=True)
-        _digits_read[:] = [(torch.from_numpy(pixels / 16.0).to(torch.float32),
-                            torch.from_numpy(labels).to(torch.int64))]
+        table = _digits_table()
+        _digits_read[:] = [(torch.from_numpy(table[:, :-1] / 16.0).to(torch.float32),
+                            torch.from_numpy(table[:, -1]).to(torch.int64))]
     return _digits_read[0]
+
+
+def _digits_table() -> np.ndarray:
+    """scikit-learn's digits as its CSV holds them: a row a sample, its 64 pixels then its label. The file is
+    read where scikit-learn keeps it, without importing scikit-learn (a second of imports, most of a small
+    run's start); a release that keeps it elsewhere is asked through its load_digits."""
+    package = importlib.util.find_spec("sklearn")
+    path = Path(package.origin).parent / "datasets" / "data" / "digits.csv.gz" if package is not None else None
+    if path is not None and path.is_file():
+        return np.loadtxt(path, delimiter=",")
+    from sklearn.datasets import load_digits
+
+    pixels, labels = load_digits(return_X_y=True)
+    return np.column_stack([pixels, labels])
 
 
 def _synthetic(info: DatasetInfo, train: int, test: int, seed: int, values: bool) -> DataSplits:

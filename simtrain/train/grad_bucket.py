@@ -21,10 +21,14 @@ from typing import NamedTuple
 import torch
 
 
-def flat_grad_buffer(params: list[torch.Tensor]) -> torch.Tensor:
+def flat_grad_buffer(params: list[torch.Tensor], buffer: torch.Tensor | None = None) -> torch.Tensor:
     """One zeroed buffer (the parameters' dtype and device) holding every parameter's gradient;
-    each .grad becomes a view into it."""
-    buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    each .grad becomes a view into it. `buffer`: the flat tensor to use, zeroed here (a row of a
+    tensor the job's replicas share: train/replica.py's share_gradient_rows)."""
+    if buffer is None:
+        buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    else:
+        buffer.zero_()
     offset = 0
     for p in params:
         p.grad = buffer[offset:offset + p.numel()].view_as(p)

@@ -138,7 +138,7 @@ class MixedPrecision:
 
     def cast_input(self, x: torch.Tensor) -> torch.Tensor:
         """A floating-point batch in the compute dtype (integer inputs, e.g. token ids, as they are)."""
-        return x.to(self.dtype) if x.is_floating_point() else x
+        return x.to(self.dtype) if x.dtype is not self.dtype and x.is_floating_point() else x
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of the (scaled) loss into the model's gradients."""

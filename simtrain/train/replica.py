@@ -2,7 +2,10 @@
 
 Gradients live in one flat buffer per replica (every parameter's .grad is a
 view into it, as in DDP's gradient_as_bucket_view), so a collective reduces
-the whole gradient in place with no copies.
+the whole gradient in place with no copies. The replicas of one model that a
+process holds keep those buffers as the rows of one tensor
+(`share_gradient_rows`): the ring all-reduce timed as a group sums the rows
+where they lie (comm/ring_schedule.py) instead of stacking copies of them.
 
     replica = Replica(model, loader, scenario.train)
     loss = replica.backward(replica.forward())      # real torch, on this replica's next batch
@@ -152,6 +155,10 @@ class Replica:
         """Update from the (averaged) gradient bucket: skipped if the loss scaler found an overflow."""
         self.apply_update(self.precision.unscale(self.grad_buffer))
 
+    def use_grad_buffer(self, buffer: torch.Tensor) -> None:
+        """Keep the gradient in `buffer` (flat, of grad_buffer's size and dtype), zeroed, from now on."""
+        self.grad_buffer = flat_grad_buffer(self.params, buffer)
+
     def apply_update(self, update: bool) -> None:
         """The optimizer's update from the unscaled master gradients if `update`; else the step is skipped.
         On meta tensors only the first update runs (it creates the optimizer's state; the others would
@@ -160,3 +167,17 @@ class Replica:
             self.optimizer.step()
             self.precision.copy_master_to_model()
             self._meta_stepped = self._meta_losses is not None
+
+
+def share_gradient_rows(replicas: list[Replica]) -> None:
+    """Give replicas whose gradient buffers are alike (size, dtype, a real device: numerics on) the rows of one
+    tensor as their buffers, in the list's order: a data-parallel group's gradients then lie side by side, as
+    the group-timed ring all-reduce reads them (comm/ring_schedule.reduce_as_ring). Replicas that differ
+    (model-parallel shares, expert shards) keep their own."""
+    buffers = [replica.grad_buffer for replica in replicas]
+    if len(buffers) < 2 or buffers[0].is_meta or any(
+            (buffer.numel(), buffer.dtype) != (buffers[0].numel(), buffers[0].dtype) for buffer in buffers):
+        return
+    rows = buffers[0].new_zeros(len(buffers), buffers[0].numel())
+    for replica, row in zip(replicas, rows):
+        replica.use_grad_buffer(row)
