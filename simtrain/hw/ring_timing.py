@@ -184,6 +184,10 @@ def ring_times_in_scalars(posts: list[float], latency: list[float], rate: list[f
         for position, (send_start, send_end, receive_start, receive_end, nbytes) in enumerate(
                 zip(starts, ends, received_starts, received_ends, sizes)):
             end = span_end[position]
+            if send_start <= end and receive_start <= end:  # both go on the open span (the usual case)
+                span_bytes[position] += nbytes
+                span_end[position] = max(end, send_end, receive_end)
+                continue
             if send_start <= receive_start:
                 begin, finish, begin_next, finish_next, first_bytes, next_bytes = (
                     send_start, send_end, receive_start, receive_end, nbytes, 0)
