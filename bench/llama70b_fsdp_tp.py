@@ -41,6 +41,7 @@ def scenario():
         "model": {"name": "llama", "hidden": 8192, "layers": 80, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672,
                   "rope_theta": 500000},
         "data": {"name": "tokens", "batch_size": 16, "seq_len": 8192, "vocab": 128256},
+        "train": {**base["train"], "steps": 1},
         "parallel": {"all_reduce": "ring", "tp": TP, "dp": GPUS // TP, "pipeline": {"microbatches": 16},
                      "sharding": {"stage": 3, "reshard_after_forward": False}, "representatives": True},
     })
