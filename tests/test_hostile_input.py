@@ -170,6 +170,7 @@ HOSTILE_SCENARIOS = [
     ("cluster: {devices: 2, shared_memory: {bandwidth: 1 GB/s, capacity: .inf}}\n", "cluster.shared_memory.capacity"),
     ("cluster: {devices: 1000000000000000000000000000000}\n",
      "cluster.devices: Input should be less than or equal to 131072"),
+    ("cluster: {devices: 262144}\n", "cluster.devices: Input should be less than or equal to 131072, got 262144"),
     ("cluster: {devices: 2, overrides: {1000000000000000000000000000000: {slowdown: 2}}}\n", "cluster.overrides"),
     ("cluster: {devices: 2, compute_jitter: 1.0e300}\n", "cluster.compute_jitter"),
     ("cluster: {devices: 2, torus_shape: [1000000000000000000000000000000, 1]}\n", "cluster.torus_shape"),
@@ -207,6 +208,17 @@ HOSTILE_SCENARIOS = [
     ('cluster: {topology: "t\\0.yaml"}\n', "cluster.topology: a path cannot hold a NUL byte"),
     ("cluster: {topology: " + "t" * 300 + ".yaml}\n", "cluster.topology: the name"),
 ]
+
+
+@pytest.mark.parametrize("devices, shown", [
+    (262144, "got 262144"),
+    (10**60, "got " + "1" + "0" * 36 + "..."),  # cut to 40 characters
+    (10**5000, "got a number of thousands of digits"),  # past what Python writes as a string
+], ids=["in a line", "cut", "thousands of digits"])
+def test_a_value_out_of_its_bounds_is_shown_in_the_error_line(devices, shown):
+    with pytest.raises(ScenarioError) as error:
+        validate_scenario({"name": "x", "cluster": {"devices": devices}})
+    assert str(error.value) == f"scenario: cluster.devices: Input should be less than or equal to 131072, {shown}"
 
 
 @pytest.mark.parametrize("text,expected", HOSTILE_SCENARIOS, ids=range(len(HOSTILE_SCENARIOS)))

@@ -73,11 +73,31 @@ def first_error(error: ValidationError, model: type[BaseModel] | None = None) ->
     the `model` validated, an unknown field gets the nearest known one as a hint."""
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
+    return (f"{where}: " if where else "") + error_message(first, model)
+
+
+_GIVEN_VALUE_SHOWN = ("literal_error", "less_than", "less_than_equal", "greater_than", "greater_than_equal")
+
+
+def error_message(first: dict, model: type[BaseModel] | None = None) -> str:
+    """What one pydantic error says, without its field: an unknown field with the nearest known one (when the
+    `model` is given), a value out of its choices or bounds with the value given ("Input should be less than or
+    equal to 131072, got 262144")."""
     if first["type"] == "extra_forbidden":
-        message = "unknown field" + (did_you_mean(model, first["loc"]) if model is not None else "")
-    else:
-        message = first["msg"].removeprefix("Value error, ")
-    return (f"{where}: " if where else "") + message
+        return "unknown field" + (did_you_mean(model, first["loc"]) if model is not None else "")
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] in _GIVEN_VALUE_SHOWN:
+        message += f", got {_shown(first['input'])}"
+    return message
+
+
+def _shown(value, limit: int = 40) -> str:
+    """A value given in a scenario as an error line shows it: its repr, cut to `limit` characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return "a number of thousands of digits"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def did_you_mean(model: type[BaseModel], loc: tuple, prefix: str = "") -> str:

@@ -16,7 +16,7 @@ from ..errors import ScenarioError, one_line
 from ..limits import MAX_NAME_BYTES, MAX_SEED, MAX_STEPS
 from .cluster import ClusterSpec
 from .data import DataSpec
-from .fields import Count, Flag, Section, did_you_mean
+from .fields import Count, Flag, Section, error_message
 from .fleet import FleetSpec
 from .model import ModelSpec
 from .parallel import ParallelSpec
@@ -332,11 +332,7 @@ def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path
     except ValidationError as error:
         first = error.errors()[0]
         field = one_line(".".join(str(part) for part in first["loc"]))
-        message = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            message = "unknown field" + did_you_mean(Scenario, first["loc"])
-        elif first["type"] == "literal_error":
-            message = f"{message}, got {first['input']!r}"
+        message = error_message(first, Scenario)
         if message.startswith("."):  # a nested model's problem continues the field's path: ".memory: ..."
             raise ScenarioError(f"{source}: {field}{message}") from None
         # A check across fields names its field at the start of its message.
