@@ -92,7 +92,7 @@ def error_message(first: dict, model: type[BaseModel] | None = None) -> str:
 
 
 def _shown(value, limit: int = 40) -> str:
-    """A value given in a scenario as an error line shows it: its repr, cut to `limit` characters."""
+    """How an error line shows a value given in a scenario: its repr, cut to `limit` characters."""
     try:
         text = repr(value)
     except ValueError:  # an int past Python's digit limit for str()
