@@ -6,8 +6,8 @@
    kernel, the optimizer's memory bandwidth, the ring exchange and the compute
    jitter -> calibration/device.yaml, topology.yaml, calibration.json;
 2. for each configuration (BASE with other batch sizes, widths, depths, step
-   counts): `simtrain run` on the calibration files (and `cluster.compute_jitter`
-   from calibration.json, unless --no-jitter) predicts the step time,
+   counts): `simtrain run` on the calibration files (and `cluster.compute_jitter` and
+   `compute_jitter_fixed` from calibration.json, unless --no-jitter) predicts the step time,
    `simtrain launch --nproc 2` measures it (warm-up steps not measured), `--launches`
    times, the configurations in turn (a change of the machine's speed falls on all of
    them), the measured step the median launch's;
@@ -81,6 +81,12 @@ def scenario_dict(overrides: dict, cluster: dict | None = None) -> dict:
     return scenario
 
 
+def calibrated_jitter(calibration: dict, jitter: bool) -> dict:
+    """The cluster's compute noise as calibration fitted it (none with --no-jitter)."""
+    return {"compute_jitter": calibration["compute_jitter"] if jitter else 0.0,
+            "compute_jitter_fixed": calibration["compute_jitter_fixed_s"] if jitter else 0.0}
+
+
 def load() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -115,14 +121,15 @@ def main() -> None:
           f"(largest residual "
           f"{optimizer['max_abs_residual']:.0%});"
           f" draw {', '.join(f'{s * 1e6:.0f} us' for s in calibration['draw_s'].values())}; compute jitter "
-          f"{calibration['compute_jitter']:.3f}; {calibration['load']['warning'] or 'machine quiet'}")
+          f"σ {calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms; "
+          f"{calibration['load']['warning'] or 'machine quiet'}")
     predictions, launches = {}, {label: [] for label, _ in CONFIGURATIONS}
     for label, overrides in CONFIGURATIONS:
         folder = configuration_folder(out, label)
         folder.mkdir(exist_ok=True)
         calibrated = {"device": str(out / "calibration" / "device.yaml"),
                       "topology": str(out / "calibration" / "topology.yaml"), "devices": None,
-                      "compute_jitter": calibration["compute_jitter"] if args.jitter else 0.0}
+                      **calibrated_jitter(calibration, args.jitter)}
         scenario_file = folder / "scenario.yaml"
         scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides, calibrated)))
         predictions[label] = simtrain.run(simtrain.load_scenario(scenario_file)).data
@@ -222,7 +229,7 @@ def held_out_ranks(world: int, out: Path, calibration: dict, args) -> dict:
     for model, (host_cores, links, work) in models.items():
         cluster = {"topology": "switch", "devices": world, "device": str(out / "calibration" / "device.yaml"),
                    "link": links, "host_cores": host_cores, "host_message_work": work,
-                   "compute_jitter": calibration["compute_jitter"] if args.jitter else 0.0}
+                   **calibrated_jitter(calibration, args.jitter)}
         scenario_file = folder / f"scenario_{model}.yaml"
         scenario_file.write_text(yaml.safe_dump(scenario_dict({"cluster.devices": world}, cluster)))
         predicted[model] = simtrain.run(simtrain.load_scenario(scenario_file)).data

@@ -208,7 +208,8 @@ def print_calibration(summary: dict) -> None:
                   + ", ".join(f"{format_seconds(seconds)} ({label})" for label, seconds in summary["draw_s"].items())
                   + " (in the forward); waiting at the all-reduce "
                   + ", ".join(format_seconds(seconds) for seconds in summary["idle_s"].values())
-                  + f": compute jitter σ {summary['compute_jitter']:.3f} (largest |residual| "
+                  + f": compute jitter σ {summary['compute_jitter']:.3f} and "
+                  + f"{format_seconds(summary['compute_jitter_fixed_s'])} fixed (largest |residual| "
                   + f"{max(map(abs, summary['idle_residuals'])):.1%})")
     if summary["load"]["warning"]:
         console.print(summary["load"]["warning"], markup=False, highlight=False, soft_wrap=True)

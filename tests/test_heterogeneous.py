@@ -8,11 +8,15 @@ import math
 
 import numpy as np
 import pytest
+import simpy
 
 import simtrain
 from simtrain.scenario import ModelSpec, OptimizerSpec
 from simtrain.cost import measure_step_cost
 from simtrain.hw.catalog import CATALOG
+from simtrain.hw.device import Device, span_sigma
+from simtrain.hw.eventlog import EventLog
+from simtrain.real.fit import ComputeJitter, modelled_wait
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
@@ -129,3 +133,44 @@ def test_compute_jitter_is_lognormal_with_mean_one_per_rank_and_seeded():
     assert factors[0] != factors[1]  # each rank has its own stream
     again = simtrain.run(scenario(2, steps, "sync", trace=True, compute_jitter=sigma))
     assert again.data["sim_time_s"] == report.data["sim_time_s"]
+
+
+def test_fixed_compute_jitter_adds_a_variance_that_does_not_grow_with_the_span():
+    """Reference: the closed form of the noise. A span of mean t is lognormal with mean t and variance
+    v = t² (e^σ² - 1) + s², so log(time) is normal with variance log(1 + v / t²) and mean log t less half of
+    it. Drawn 20,000 times by a device, for a span shorter than s and one longer, within 4 standard errors."""
+    sigma, fixed, draws = 0.1, 1e-3, 20_000
+    env, log = simpy.Environment(), EventLog()
+    spec = CATALOG["a100-40gb"]
+    device = Device(env, 0, "gpu0", spec, log, jitter=sigma, jitter_fixed=fixed, rng=np.random.default_rng(7))
+    rate = spec.peak_flops["fp32"] * spec.efficiency
+    for nominal in (0.5e-3, 8e-3):
+        start = len(log.spans)
+        for _ in range(draws):
+            device.compute(nominal * rate, "fp32", "span")
+        logs = np.log([span.end - span.start for span in log.spans[start:]])
+        log_variance = math.log1p((nominal**2 * math.expm1(sigma**2) + fixed**2) / nominal**2)
+        error = math.sqrt(log_variance / draws)
+        assert logs.mean() == pytest.approx(math.log(nominal) - log_variance / 2, abs=4 * error)
+        assert logs.std() == pytest.approx(math.sqrt(log_variance), abs=4 * error / math.sqrt(2))
+    assert span_sigma(0.5e-3, sigma, 0.0) == sigma  # without the fixed part, σ itself: the draws of before
+
+
+def test_ranks_wait_for_each_other_as_calibration_models_it():
+    """Reference: the wait calibration fits the noise to (real/fit.py modelled_wait, its own draws of the
+    model). Two ranks of a sync run without overlap (a forward and a backward span a step), 400 steps: each
+    waits at the all-reduce for the other, on average, what the model gives for their nominal spans (within
+    8%: the standard error of 800 heavy-tailed waits is about 3%)."""
+    steps, jitter = 400, ComputeJitter(0.2, 8e-6)  # spans of about 4 us: the fixed part twice them
+    report = simtrain.run(validate_scenario({
+        "name": "t", "seed": SEED,
+        "cluster": {"topology": "ring", "devices": 2, "device": {"base": "a100-40gb", "efficiency": EFFICIENCY},
+                    "compute_jitter": jitter.sigma, "compute_jitter_fixed": jitter.fixed_s},
+        "model": {"name": "mlp", "hidden": HIDDEN}, "data": {"name": "digits", "batch_size": BATCH},
+        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}},
+        "parallel": {"mode": "sync", "overlap": False}}))
+    forward, backward, _ = step_costs()
+    rate = CATALOG["a100-40gb"].peak_flops["fp32"] * EFFICIENCY
+    waits = [device["breakdown_s"]["idle"] / steps for device in report.data["devices"]]
+    modelled = modelled_wait(jitter, [forward / rate], [backward / rate])[0]
+    assert np.mean(waits) == pytest.approx(modelled, rel=0.08)

@@ -13,9 +13,9 @@ With `enforce_capacity=False` the ledgers record peaks past a device's
 capacity instead of raising OutOfMemory (the memory plan measures that way).
 
 Devices need not be alike: `cluster.overrides` gives a rank another device, some
-changed device fields, or a `slowdown`; `cluster.compute_jitter` gives every
-compute kernel a lognormal time factor drawn from the rank's own Generator,
-seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
+changed device fields, or a `slowdown`; `cluster.compute_jitter` (and
+`compute_jitter_fixed`) gives every compute span a lognormal time factor drawn
+from the rank's own Generator, seeded with (scenario seed, rank). `cluster.shared_memory` adds the store of
 shared_memory.py to the network. `cluster.compute_model` (flops or roofline)
 is every device's compute model (device.py). `cluster.host_cores` makes the
 devices processes of one host whose CPU cores they share (hw/host_cores.py),
@@ -44,7 +44,8 @@ class Cluster:
     """Simulated GPUs joined by a network, sharing one virtual clock."""
 
     def __init__(self, topology: Topology, specs: list[DeviceSpec], record: bool = True,
-                 slowdowns: list[float] | None = None, compute_jitter: float = 0.0, seed: int = 0,
+                 slowdowns: list[float] | None = None, compute_jitter: float = 0.0, compute_jitter_fixed: float = 0.0,
+                 seed: int = 0,
                  shared_memory: SharedMemory | None = None, enforce_capacity: bool = True,
                  compute_model: str = "flops", host_cores: int | None = None,
                  host_message_work: tuple[float, float] | None = None):
@@ -63,8 +64,9 @@ class Cluster:
         self.devices = [
             (HostDevice if cores else Device)(
                 self.env, rank, node, spec, self.log, slowdown=slowdowns[rank], jitter=compute_jitter,
-                rng=np.random.default_rng([seed, rank]) if compute_jitter else None, compute_model=compute_model,
-                **cores)
+                jitter_fixed=compute_jitter_fixed,
+                rng=np.random.default_rng([seed, rank]) if compute_jitter or compute_jitter_fixed else None,
+                compute_model=compute_model, **cores)
             for rank, (node, spec) in enumerate(zip(topology.devices, specs))
         ]
         if not enforce_capacity:
@@ -81,7 +83,8 @@ class Cluster:
         spec = resolved.spec
         topology, store = parts if parts is not None else resolved.network_parts()
         return cls(topology, resolved.device_specs, record=record, slowdowns=resolved.slowdowns,
-                   compute_jitter=spec.compute_jitter, seed=seed, shared_memory=store,
+                   compute_jitter=spec.compute_jitter, compute_jitter_fixed=spec.compute_jitter_fixed, seed=seed,
+                   shared_memory=store,
                    enforce_capacity=enforce_capacity, compute_model=spec.compute_model,
                    host_cores=spec.host_cores, host_message_work=_message_work(spec.host_message_work))
 

@@ -23,10 +23,15 @@ times M / (M - sm_margin). Its FLOPs are its FLOPs. A device without an SM
 count (`DeviceSpec.streaming_multiprocessors` None) has no margin taken.
 
 Heterogeneous and noisy devices: a `slowdown` multiplies every span on the
-stream (a straggler), and a `jitter` sigma multiplies each compute kernel by
+stream (a straggler), and a `jitter` sigma multiplies each compute span by
 its own lognormal factor exp(sigma * z - sigma^2 / 2), z ~ N(0, 1) drawn from
 the device's own seeded numpy Generator: mean 1, so the device's average
-speed is unchanged; sigma is the standard deviation of log(factor).
+speed is unchanged; sigma is the standard deviation of log(factor). Its
+spread grows with the span. A host adds noise that does not (its scheduler
+waking a rank late, whatever the rank computed before): `jitter_fixed`, s
+seconds, gives a span of mean t the variance t^2 (e^(sigma^2) - 1) + s^2,
+still lognormal with mean t, so its log's standard deviation is
+`span_sigma(t, sigma, s)` = sqrt(log(e^(sigma^2) + (s / t)^2)).
 """
 from __future__ import annotations
 
@@ -105,7 +110,7 @@ class Device:
 
     def __init__(self, env: simpy.Environment, rank: int, node: str, spec: DeviceSpec, log: EventLog,
                  slowdown: float = 1.0, jitter: float = 0.0, rng: np.random.Generator | None = None,
-                 compute_model: str = "flops"):
+                 compute_model: str = "flops", jitter_fixed: float = 0.0):
         self.env = env
         self.rank = rank
         self.node = node
@@ -113,8 +118,9 @@ class Device:
         self.log = log
         self.slowdown = slowdown
         self.jitter = jitter
+        self.jitter_fixed = jitter_fixed
         self.compute_model = compute_model
-        if jitter and rng is None:
+        if (jitter or jitter_fixed) and rng is None:
             raise ValueError(f"rank {rank}: compute jitter needs a seeded Generator")
         self._rng = rng
         self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
@@ -164,8 +170,8 @@ class Device:
         seconds = self.compute_time(flops, dtype, ops, sm_margin)
         if kernels and self.spec.kernel_overhead_s:
             seconds += self.kernel_time(kernels)
-        if self.jitter:
-            sigma = self.jitter
+        if self.jitter or self.jitter_fixed:
+            sigma = span_sigma(seconds, self.jitter, self.jitter_fixed)
             seconds *= math.exp(sigma * self._rng.standard_normal() - sigma * sigma / 2)
         return self.run_for(seconds, name, kind, flops=flops)
 
@@ -183,6 +189,15 @@ class Device:
         self._stream_free_at = end
         self.log.span(self.rank, kind, name, start, end, nbytes=nbytes, flops=flops)
         return self.env.timeout(end - self.env.now)
+
+
+def span_sigma(seconds: float, sigma: float, fixed_s: float) -> float:
+    """The standard deviation of log(time) of a compute span of mean `seconds` under lognormal noise whose
+    variance is seconds^2 (e^(sigma^2) - 1) + fixed_s^2 (sigma itself where fixed_s is 0, and for an empty span,
+    which stays empty)."""
+    if not fixed_s or seconds <= 0:
+        return sigma
+    return math.sqrt(math.log(math.exp(sigma * sigma) + (fixed_s / seconds) ** 2))
 
 
 def roofline_seconds(ops: OpCosts, flops_rate: float, bytes_rate: float) -> float:

@@ -27,7 +27,8 @@ measuring at once where training runs at once:
   the all-reduce's times as launch counts them (the rank that arrived last),
   and from it the exchange's software cost beyond the ping-pong's wire; the
   compute jitter under which ranks wait at the all-reduce as they did
-  (`compute_jitter`);
+  (`compute_jitter`, the part that grows with a span, and
+  `compute_jitter_fixed_s`, the part that does not);
 - **half precision**: forward and backward in bf16 and fp16 back to back on
   the same models and batches, the same fit (their rates go into device.yaml).
 
@@ -38,7 +39,8 @@ rank linked to its host's switch with latency (α + δ)/2 and bandwidth
 1/(1/β + 1/γ), so a transfer between two ranks of a host takes what an
 exchange of training's ring took; across hosts each rank also has a link to
 one spine with the cross-host fit) and `calibration.json` (every measurement,
-every fit with its residuals, `compute_jitter` for `cluster.compute_jitter`,
+every fit with its residuals, `compute_jitter` and `compute_jitter_fixed_s` for
+`cluster.compute_jitter` and `compute_jitter_fixed`,
 and the machine's load: a `warning` when it was loaded, machine_load.py), and
 `host`: the cores the ranks ran on (`cores`, for `cluster.host_cores`: a run of
 more ranks than cores shares them, hw/host_cores.py) and the ranks a host ran.
@@ -285,6 +287,7 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
         "optimizer": steps["optimizer"],
         "idle_s": steps["idle_s"],
         "compute_jitter": steps["compute_jitter"],
+        "compute_jitter_fixed_s": steps["compute_jitter_fixed_s"],
         "idle_residuals": steps["idle_residuals"],
         "device": device,
         "step_samples": [rank["steps"] for rank in measured],  # every rank's seconds (real/step_timing.py)

@@ -17,12 +17,12 @@ and backward, bytes and operators of the optimizer step), and gives:
   the median over iterations; `all_reduce_fit`, α and β of one exchange of the
   ring (fit.py fit_ring_all_reduce);
 - `draw_s`: the median draw per case (inside the forward's fit; shown apart);
-- `compute_jitter`: the σ of the simulator's lognormal compute noise under
-  which ranks wait for each other at the all-reduce as long as they did here
-  (fit.py fit_compute_jitter): per case, the mean over iterations of what each
-  rank spent in the all-reduce beyond the rank that arrived last, against the
-  median forward span and backward, with its residuals per case
-  (`idle_residuals`);
+- `compute_jitter` and `compute_jitter_fixed_s`: the σ and s of the
+  simulator's lognormal compute noise under which ranks wait for each other
+  at the all-reduce as long as they did here (fit.py fit_compute_jitter): per
+  case, the mean over iterations of what each rank spent in the all-reduce
+  beyond the rank that arrived last, against the median forward span and
+  backward, with its residuals per case (`idle_residuals`);
 - `spreads`: (third - first quartile) / median of each repeated timing, for
   machine_load.py's check.
 
@@ -39,7 +39,7 @@ import statistics
 
 import numpy as np
 
-from .fit import AlphaBeta, fit_compute_jitter, fit_overhead_rate, fit_ring_all_reduce
+from .fit import AlphaBeta, fit_compute_jitter, fit_overhead_rate, fit_ring_all_reduce, modelled_wait
 from .machine_load import relative_spread
 
 
@@ -72,7 +72,7 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
             for c in range(len(cases))]
     forward = [statistics.median([t for spans in forward_spans for t in spans[c]]) for c in range(len(cases))]
     backward = [statistics.median([t for rank in ranks for t in rank["backward"][c]]) for c in range(len(cases))]
-    jitter = fit_compute_jitter(idle, forward, backward)
+    jitter = fit_compute_jitter(idle, forward, backward, world)
     spreads = {f"{label} ({case['label']})": max(relative_spread(rank[part][c]) for rank in ranks)
                for c, case in enumerate(cases) for part, label in (("forward", "forward"), ("backward", "backward"))}
     spreads.update({f"all-reduce of {size} B": max(relative_spread(rank["all_reduce"][s]) for rank in ranks)
@@ -81,14 +81,14 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
             "draw_s": {case["label"]: statistics.median([t for rank in ranks for t in rank["draw"][c]])
                        for c, case in enumerate(cases)},
             "idle_s": dict(zip((case["label"] for case in cases), idle)),
-            "compute_jitter": jitter, "idle_residuals": _idle_residuals(idle, forward, backward, jitter),
+            "compute_jitter": jitter.sigma, "compute_jitter_fixed_s": jitter.fixed_s,
+            "idle_residuals": _idle_residuals(idle, modelled_wait(jitter, forward, backward, world)),
             "spreads": spreads}
 
 
-def _idle_residuals(idle_s, forward_s, backward_s, sigma: float) -> list[float]:
-    """(measured - modelled) / measured waiting per case, the model sqrt((F² + B²)(e^σ² - 1) / π) (fit.py)."""
-    modelled = [np.sqrt((f**2 + b**2) * np.expm1(sigma**2) / np.pi) for f, b in zip(forward_s, backward_s)]
-    return [float((i - m) / i) if i > 0 else 0.0 for i, m in zip(idle_s, modelled)]
+def _idle_residuals(idle_s, modelled_s) -> list[float]:
+    """(measured - modelled) / measured waiting per case."""
+    return [float((i - m) / i) if i > 0 else 0.0 for i, m in zip(idle_s, modelled_s)]
 
 
 def _fit_optimizer(ranks: list[dict], cases: list[dict], overhead_s: float) -> dict:

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
-from ..limits import MAX_COMPUTE_JITTER, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN, MIN_EFFICIENCY
+from ..limits import MAX_COMPUTE_JITTER, MAX_COMPUTE_JITTER_FIXED, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN, MIN_EFFICIENCY
 from .fields import Bandwidth, Bytes, Count, Duration, Flag, FlopRate, Interval, Real, Section, first_error
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")  # the dtypes every device has a peak FLOP/s for
@@ -229,6 +229,10 @@ class ClusterSpec(Section):
     compute_jitter: Real(ge=0, le=MAX_COMPUTE_JITTER) = Field(
         0.0, description="Standard deviation of log(time factor) of every compute span: lognormal noise drawn "
                          "from the rank's own seeded Generator.")
+    compute_jitter_fixed: Annotated[Duration, Field(ge=0, le=MAX_COMPUTE_JITTER_FIXED)] = Field(
+        0.0, description="Noise of every compute span that does not grow with it (a host's scheduler waking a "
+                         "rank late), s: a span of mean t then has variance t² (e^σ² - 1) + s², lognormal, σ "
+                         "the compute_jitter (hw/device.py; `simtrain calibrate` fits both) (s).")
     compute_model: Literal["flops", "roofline"] = Field(
         "flops", description="What a forward or backward costs (hw/device.py): its FLOPs at peak x efficiency "
                              "(flops), or per operator the slower of its FLOPs and its HBM bytes at bandwidth x "

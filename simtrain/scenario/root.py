@@ -270,7 +270,8 @@ def _representatives_fit(scenario: Scenario) -> None:
     for refuse, why in ((not scenario.parallel.model_parallel, "needs parallel.pp or parallel.tp > 1"),
                         (scenario.numerics, "needs numerics false (the mirrored ranks compute nothing)"),
                         (cluster.overrides, "needs identical devices (no cluster.overrides)"),
-                        (cluster.compute_jitter > 0, "needs identical devices (no cluster.compute_jitter)"),
+                        (cluster.compute_jitter > 0 or cluster.compute_jitter_fixed > 0,
+                         "needs identical devices (no cluster.compute_jitter or compute_jitter_fixed)"),
                         (cluster.host_cores is not None, "needs devices that compute on their own (no "
                                                          "cluster.host_cores: the mirrored ranks take no core)"),
                         (cluster.faults or cluster.random_faults, "does not run with faults"),
