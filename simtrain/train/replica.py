@@ -141,6 +141,11 @@ class Replica:
         """Torch operators one update (`step`) dispatches, counted on copies of the optimizer and precision
         state: the second of two steps (the first creates the optimizer's state)."""
         precision, optimizer, grads = copy.deepcopy((self.precision, self.optimizer, self.grad_buffer))
+        originals = [p for group in self.optimizer.param_groups for p in group["params"]]
+        copies = [p for group in optimizer.param_groups for p in group["params"]]
+        for original, copied in zip(originals, copies):  # a Parameter's deepcopy leaves its .grad behind:
+            if original.grad is not None:  # without it the optimizer would skip the parameter
+                copied.grad = original.grad.clone()
 
         def step():
             if precision.unscale(grads):
