@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 import simtrain
-from simtrain.real.calibrate import calibrate
+from simtrain.real.calibrate import calibrate, refit
 from simtrain.real.launch import launch
 
 WORLD = 2
@@ -103,7 +103,14 @@ def main() -> None:
                         help="held-out rank counts: BASE launched on this many processes")
     parser.add_argument("--launches", type=int, default=3,
                         help="launches of each configuration, in turn; the median launch's step is the measured one")
+    parser.add_argument("--again", nargs="+", metavar="RUN", default=[],
+                        help="measure nothing: refit each earlier run's calibration with this code and predict its "
+                             "configurations again, against the steps it measured")
     args = parser.parse_args()
+    if args.again:
+        for run in args.again:
+            predict_again(Path(run).absolute(), args.jitter)
+        return
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load average {load()}")
@@ -198,6 +205,34 @@ def main() -> None:
     (out / "fidelity.json").write_text(json.dumps({"calibration": calibration, "rows": rows,
                                                    "geomean_abs_error": geomean, "max_abs_error": max(unseen),
                                                    "ranks_rows": ranks_rows}, indent=2) + "\n")
+
+
+def predict_again(run: Path, jitter: bool) -> None:
+    """An earlier run of this benchmark (its --out) predicted again: its calibration refitted with this code
+    (`simtrain calibrate --refit`, into RUN/refitted), its configurations predicted on the refitted files, against
+    the steps it measured then."""
+    recorded = json.loads((run / "fidelity.json").read_text())
+    calibration = refit(run / "calibration" / "calibration.json", run / "refitted")
+    print(f"{run} (measured {calibration['date']}), refitted: optimizer "
+          f"{calibration['optimizer']['bandwidth_Bps'] / 1e9:.2f} GB/s, compute jitter σ "
+          f"{calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms")
+    print("| configuration | measured step | predicted then | predicted by this code |\n|---|---|---|---|")
+    overrides, unseen = dict(CONFIGURATIONS), []
+    for row in recorded["rows"]:
+        label = row["configuration"]
+        cluster = {"device": str(run / "refitted" / "device.yaml"), "topology": str(run / "refitted" / "topology.yaml"),
+                   "devices": None, **calibrated_jitter(calibration, jitter)}
+        scenario_file = run / "refitted" / f"{configuration_folder(run, label).name}.yaml"
+        scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides[label], cluster)))
+        predicted = simtrain.run(simtrain.load_scenario(scenario_file)).data["step_time_s"]
+        error = (predicted - row["measured_step_s"]) / row["measured_step_s"]
+        if label != SEEN:
+            unseen.append(abs(error))
+        print(f"| {label} | {row['measured_step_s'] * 1e3:.3f} ms | {row['predicted_step_s'] * 1e3:.3f} ms "
+              f"({row['error']:+.1%}) | {predicted * 1e3:.3f} ms ({error:+.1%}) |")
+    print(f"geometric mean of |error| over the unseen configurations: then {recorded['geomean_abs_error']:.1%} "
+          f"(largest {recorded['max_abs_error']:.1%}), now {statistics.geometric_mean(unseen):.1%} (largest "
+          f"{max(unseen):.1%})\n")
 
 
 def configuration_folder(out: Path, label: str) -> Path:

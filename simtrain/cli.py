@@ -168,11 +168,26 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
 @click.option("--sizes", default="4:4M", show_default=True, help="MIN:MAX message bytes, x4 apart (K, M = 1024^n).")
 @click.option("--repeats", type=click.IntRange(1, 100_000), default=20, show_default=True,
               help="Timed repetitions of each measurement.")
-def calibrate(nproc, out_dir, backend, model_of, sizes, repeats):
+@click.option("--refit", "recorded", default=None, metavar="CALIBRATION_JSON",
+              help="Measure nothing: fit again what this earlier calibration.json measured, with this version's "
+                   "models.")
+@click.pass_context
+def calibrate(context, nproc, out_dir, backend, model_of, sizes, repeats, recorded):
     """Measure point-to-point, all-reduce and compute on real processes; write a device and a topology file."""
     from .real.calibrate import calibrate as calibrate_real
+    from .real.calibrate import refit
 
     out = output_folder(out_dir, "--out")
+    if recorded is not None:
+        given = [f"--{name.replace('_', '-')}" for name in ("nproc", "backend", "model_of", "sizes", "repeats")
+                 if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise SimtrainError(f"--refit: measures nothing, so {given[0]} has no use (the recorded one is kept)")
+        if (out / "calibration.json").absolute() == Path(user_path(recorded, "--refit")).absolute():
+            raise SimtrainError(f"--out: would write over {recorded}, the calibration to refit; give another folder")
+        print_calibration(refit(Path(recorded), out))
+        console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json (refitted from {recorded})")
+        return
     low, sep, high = sizes.partition(":")
     low = parse_size(low, "--sizes")
     high = parse_size(high, "--sizes") if sep else low

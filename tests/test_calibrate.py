@@ -118,6 +118,33 @@ def test_calibrate_writes_files_run_takes(tmp_path, with_model):
     report = simtrain.run(simtrain.load_scenario(scenario))
     assert report.data["devices_count"] == 2 and report.data["devices"][0]["device"] == device.name
     assert report.data["step_time_s"] > 0
+    # fitted again by this same code, the recorded measurements give back every file as written
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--refit", str(out / "calibration.json"), "--out", str(tmp_path / "refitted")])
+    assert exit_info.value.code == 0
+    for name in ("calibration.json", "device.yaml", "topology.yaml"):
+        assert (tmp_path / "refitted" / name).read_text() == (out / name).read_text()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--refit", "missing.json"], "--refit: cannot read missing.json: No such file or directory"),
+    (["--refit", "scenario.yaml"], "--refit: scenario.yaml is no JSON file"),
+    (["--refit", "other.json"], "--refit: other.json is no calibration.json of simtrain calibrate (no 'date')"),
+    (["--refit", "other.json", "--nproc", "2"], "--refit: measures nothing, so --nproc has no use"),
+    (["--refit", "c/calibration.json", "--out", "c"], "--out: would write over c/calibration.json"),
+])
+def test_a_refit_of_something_else_is_one_line(tmp_path, monkeypatch, capsys, arguments, message):
+    monkeypatch.chdir(tmp_path)
+    scenario_file(tmp_path)
+    (tmp_path / "other.json").write_text('{"ranks": 2}')
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "calibration.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--out", "out", *arguments])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+    assert (tmp_path / "c" / "calibration.json").read_text() == "{}" and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("device, message", [

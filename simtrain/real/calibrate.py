@@ -3,6 +3,11 @@
     simtrain calibrate --nproc 2 --out calibration/ [--model-of scenario.yaml]
     simtrain run scenario.yaml --set cluster.device=calibration/device.yaml \\
                                --set cluster.topology=calibration/topology.yaml
+    simtrain calibrate --refit calibration/calibration.json --out refitted/
+
+`refit` fits again what an earlier calibration measured, with this version's
+models, measuring nothing: when simtrain models a machine better, old
+measurements predict with the new models.
 
 One process per rank (spawned, or torchrun's group; real/processes.py), all
 measuring at once where training runs at once:
@@ -57,6 +62,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -105,7 +111,80 @@ def calibrate(nproc: int | None, out: Path, backend: str = "gloo", model_of=None
             dist.destroy_process_group()
     if measured is None:  # a rank of torchrun's group other than 0
         return None
-    return _fit_and_write(*measured, sizes=list(sizes), model_of=model_of, backend=backend, out=Path(out))
+    ranks, hosts, pairs, load = measured
+    return _fit_and_write(ranks, hosts, pairs, load, sizes=list(sizes), model_of=model_of, backend=backend,
+                          out=Path(out), machine=_this_machine(hosts))
+
+
+class Machine(NamedTuple):
+    """What calibration.json records of the machine measured."""
+
+    when: str  # when it was measured (UTC)
+    memory: int  # bytes of RAM per rank: the host's over the ranks it ran
+    cores: int  # CPU cores the ranks could run on (machine_load.host_cores)
+    cpu_count: int
+
+
+def _this_machine(hosts: list[str]) -> Machine:
+    ranks_per_host = max(hosts.count(host) for host in set(hosts))
+    return Machine(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_host, host_cores(),
+                   os.cpu_count())
+
+
+def refit(recorded: Path, out: Path) -> dict:
+    """Fit again, with this version's models, what an earlier calibration measured (its calibration.json), and
+    write out/ as `calibrate` does; nothing is measured. The work of the fp32 step samples (FLOPs, kernels, the
+    update's bytes and operators) is counted again as this version counts it, on the model of the recorded
+    `model_of` scenario, which must still be there; the half-precision points are kept as recorded."""
+    summary = _recorded(recorded)
+    world, hosts = summary["ranks"], summary["hosts"]
+    pairs = [(a, b) for a in range(world) for b in range(a + 1, world)]
+    measured = []
+    for rank, steps in enumerate(summary["step_samples"]):
+        cases = step_cases(summary["model_of"], rank, world)
+        for case in cases:  # the batch shape the counts are taken on, as a timed step draws it
+            x, y = case.replica.loader.next_batch()
+            case.replica.last_batch = (case.replica.precision.cast_input(x), y)
+        measured.append({
+            "pingpong": {f"{a}-{b}": summary["pingpong"][f"{a}-{b}"]["one_way_s"] if a == rank else None
+                         for a, b in pairs},
+            "steps": {**steps, "cases": _case_records(cases)},
+            "half_precision": {dtype: summary["compute"][dtype]["points"] if rank == 0 else []
+                               for dtype in HALF_DTYPES}})
+    machine = Machine(summary["date"], summary["device"]["memory"], summary["host"]["cores"],
+                      summary["load"]["cores"])
+    return _fit_and_write(measured, hosts, pairs, summary["load"]["load_average_before"], summary["sizes_bytes"],
+                          summary["model_of"], summary["backend"], out, machine)
+
+
+_RECORDED_KEYS = ("date", "ranks", "backend", "hosts", "model_of", "sizes_bytes", "load", "host", "pingpong",
+                  "compute", "device", "step_samples")
+
+
+def _recorded(path: Path) -> dict:
+    """An earlier calibration.json, checked for what refit reads (one line naming --refit if it lacks it)."""
+    try:
+        summary = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise SimtrainError(f"--refit: cannot read {path}: {error.strerror}") from None
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise SimtrainError(f"--refit: {path} is no JSON file: {error}") from None
+    missing = [key for key in _RECORDED_KEYS if not isinstance(summary, dict) or key not in summary]
+    if missing:
+        raise SimtrainError(f"--refit: {path} is no calibration.json of simtrain calibrate (no {missing[0]!r})")
+    if summary["model_of"] is not None and not Path(summary["model_of"]).is_file():
+        raise SimtrainError(f"--refit: the scenario it calibrated the model of, {summary['model_of']}, is gone")
+    return summary
+
+
+def _case_records(cases) -> list[dict]:
+    """What calibration.json records of each case's work, counted as the simulator counts it."""
+    costs = [case.replica.step_cost() for case in cases]
+    return [{"label": case.label, "forward_flops": cost.forward_flops, "forward_kernels": cost.forward_kernels,
+             "backward_flops": cost.backward_flops, "backward_kernels": cost.backward_kernels,
+             "update_bytes": case.update_bytes, "update_kernels": case.update_kernels}
+            for case, cost in zip(cases, costs)]
 
 
 def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, backend: str):
@@ -121,12 +200,7 @@ def _rank_main(rank: int, world: int, model_of, sizes: list[int], repeats: int, 
     pingpong = {f"{a}-{b}": _ping_pong(rank, a, b, sizes, repeats, device) for a, b in pairs}
     cases = step_cases(model_of, rank, world, device)
     steps = time_steps(rank, world, cases, sizes, repeats, device)
-    costs = [case.replica.step_cost() for case in cases]
-    steps["cases"] = [{"label": case.label, "forward_flops": cost.forward_flops,
-                       "forward_kernels": cost.forward_kernels, "backward_flops": cost.backward_flops,
-                       "backward_kernels": cost.backward_kernels,
-                       "update_bytes": case.update_bytes, "update_kernels": case.update_kernels}
-                      for case, cost in zip(cases, costs)]
+    steps["cases"] = _case_records(cases)
     half = _half_precision_rates(cases, repeats, device)
     measured = [None] * world if rank == 0 else None
     dist.gather_object({"pingpong": pingpong, "steps": steps, "half_precision": half}, measured, dst=0)
@@ -201,18 +275,18 @@ def _half_precision_rates(cases, repeats: int, device) -> dict:
 
 
 def _fit_and_write(measured: list[dict], hosts: list[str], pairs, load: float, sizes, model_of, backend: str,
-                   out: Path) -> dict:
+                   out: Path, machine: Machine) -> dict:
     """Fit the measurements of every rank, write device.yaml, topology.yaml and calibration.json; a fit the
     measurements do not allow is a one-line SimtrainError."""
     try:
-        return _fit_and_write_checked(measured, hosts, pairs, load, sizes, model_of, backend, out)
+        return _fit_and_write_checked(measured, hosts, pairs, load, sizes, model_of, backend, out, machine)
     except ValueError as error:
         raise SimtrainError(f"--sizes: {error} (on this host now; measure larger sizes, more --repeats, or "
                             "on a quieter host)") from None
 
 
 def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: float, sizes, model_of,
-                           backend: str, out: Path) -> dict:
+                           backend: str, out: Path, machine: Machine) -> dict:
     world = len(measured)
     host_names = list(dict.fromkeys(hosts))
     one_way = {pair: measured[int(pair.split("-")[0])]["pingpong"][pair] for pair in measured[0]["pingpong"]}
@@ -232,14 +306,14 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
         compute[dtype] = {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.overhead_s,
                           "max_abs_residual": fit.max_residual, "points": pooled, "residuals": fit.residuals}
     ranks_per_host = max(hosts.count(host) for host in host_names)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_host
     name = f"calibrated-{host_names[0]}" if len(host_names) == 1 else f"calibrated-{len(host_names)}-hosts"
     out.mkdir(parents=True, exist_ok=True)
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    when = machine.when
     device = {"name": name,
               "peak_flops": {"fp32": compute["fp32"]["flops_per_s"], "tf32": compute["fp32"]["flops_per_s"],
                              "fp16": compute["fp16"]["flops_per_s"], "bf16": compute["bf16"]["flops_per_s"]},
-              "memory": int(memory), "memory_bandwidth": steps["optimizer"]["bandwidth_Bps"], "efficiency": 1.0,
+              "memory": int(machine.memory), "memory_bandwidth": steps["optimizer"]["bandwidth_Bps"],
+              "efficiency": 1.0,
               "kernel_overhead": compute["fp32"]["kernel_overhead_s"]}
     what = f"the model of {model_of}" if model_of else "square Linear layers of " + ", ".join(map(str, GEMM_SIZES))
     _write_yaml(out / "device.yaml", device, [
@@ -261,8 +335,8 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
         all_reduce.append({**row, "busbw_GBps": row["bytes"] / row["time_s"] * 2 * (world - 1) / world / 1e9,
                            "predicted_time_s": prediction.time_s,
                            "error": (prediction.time_s - row["time_s"]) / row["time_s"]})
-    warning = load_warning(load, steps["spreads"])
-    cores = host_cores()
+    warning = load_warning(load, steps["spreads"], machine.cpu_count)
+    cores = machine.cores
     if ranks_per_host > cores:
         shared = (f"{ranks_per_host} ranks on {cores} cores: the fitted rates are shared, not one core's; "
                   f"calibrate with --nproc {cores} to predict other rank counts with cluster.host_cores")
@@ -270,7 +344,7 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
     summary = {
         "date": when, "ranks": world, "backend": backend, "hosts": hosts, "model_of": model_of,
         "sizes_bytes": list(sizes),
-        "load": {"load_average_before": load, "cores": os.cpu_count(), "spreads": steps["spreads"],
+        "load": {"load_average_before": load, "cores": machine.cpu_count, "spreads": steps["spreads"],
                  "warning": warning},
         "host": {"cores": cores, "ranks": ranks_per_host, "rates_per_core": ranks_per_host <= cores},
         "pingpong": {pair: {"one_way_s": one_way[pair], "latency_s": fit.latency_s,
