@@ -187,6 +187,9 @@ def main() -> None:
     geomean = statistics.geometric_mean(unseen)
     print(f"\ngeometric mean of |error| over the unseen configurations: {geomean:.1%} (largest {max(unseen):.1%}); "
           f"machine load after: {load()}")
+    relative = relative_to_seen(rows)
+    print("relative to the base (the machine's change of speed since calibration taken out): "
+          + ", ".join(f"{label} {error:+.1%}" for label, error in relative.items()))
     ranks_rows = [held_out_ranks(world, out, calibration, args) for world in args.ranks]
     if ranks_rows:
         print(f"\nheld-out rank counts on {calibration['host']['cores']} cores (calibrated at {WORLD} ranks):")
@@ -204,7 +207,17 @@ def main() -> None:
                   f"{' / '.join(f'{p[part] * 1e3:.3f}' for part in parts)} ms |")
     (out / "fidelity.json").write_text(json.dumps({"calibration": calibration, "rows": rows,
                                                    "geomean_abs_error": geomean, "max_abs_error": max(unseen),
-                                                   "ranks_rows": ranks_rows}, indent=2) + "\n")
+                                                   "relative_to_seen": relative, "ranks_rows": ranks_rows},
+                                                  indent=2) + "\n")
+
+
+def relative_to_seen(rows: list[dict]) -> dict:
+    """Each unseen configuration's predicted over measured step, over the base's: its error with what moves every
+    configuration alike (the machine's speed since calibration) taken out."""
+    seen = next(row for row in rows if row["configuration"] == SEEN)
+    ratio = seen["predicted_step_s"] / seen["measured_step_s"]
+    return {row["configuration"]: row["predicted_step_s"] / row["measured_step_s"] / ratio - 1
+            for row in rows if row["configuration"] != SEEN}
 
 
 def predict_again(run: Path, jitter: bool) -> None:
@@ -217,7 +230,7 @@ def predict_again(run: Path, jitter: bool) -> None:
           f"{calibration['optimizer']['bandwidth_Bps'] / 1e9:.2f} GB/s, compute jitter σ "
           f"{calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms")
     print("| configuration | measured step | predicted then | predicted by this code |\n|---|---|---|---|")
-    overrides, unseen = dict(CONFIGURATIONS), []
+    overrides, unseen, again = dict(CONFIGURATIONS), [], []
     for row in recorded["rows"]:
         label = row["configuration"]
         cluster = {"device": str(run / "refitted" / "device.yaml"), "topology": str(run / "refitted" / "topology.yaml"),
@@ -226,13 +239,17 @@ def predict_again(run: Path, jitter: bool) -> None:
         scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides[label], cluster)))
         predicted = simtrain.run(simtrain.load_scenario(scenario_file)).data["step_time_s"]
         error = (predicted - row["measured_step_s"]) / row["measured_step_s"]
+        again.append({**row, "predicted_step_s": predicted})
         if label != SEEN:
             unseen.append(abs(error))
         print(f"| {label} | {row['measured_step_s'] * 1e3:.3f} ms | {row['predicted_step_s'] * 1e3:.3f} ms "
               f"({row['error']:+.1%}) | {predicted * 1e3:.3f} ms ({error:+.1%}) |")
     print(f"geometric mean of |error| over the unseen configurations: then {recorded['geomean_abs_error']:.1%} "
           f"(largest {recorded['max_abs_error']:.1%}), now {statistics.geometric_mean(unseen):.1%} (largest "
-          f"{max(unseen):.1%})\n")
+          f"{max(unseen):.1%})")
+    then, now = relative_to_seen(recorded["rows"]), relative_to_seen(again)
+    print("relative to the base, then and now: "
+          + ", ".join(f"{label} {then[label]:+.1%} and {now[label]:+.1%}" for label in then) + "\n")
 
 
 def configuration_folder(out: Path, label: str) -> Path:

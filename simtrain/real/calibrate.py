@@ -126,7 +126,7 @@ class Machine(NamedTuple):
 
 
 def _this_machine(hosts: list[str]) -> Machine:
-    ranks_per_host = max(hosts.count(host) for host in set(hosts))
+    ranks_per_host = max(map(hosts.count, hosts))
     return Machine(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_host, host_cores(),
                    os.cpu_count())

@@ -41,10 +41,14 @@ two). `modelled_wait` computes that by drawing the model itself, from normals
 drawn once with a fixed seed (so it is deterministic, and smooth in σ and s),
 and `fit_compute_jitter(idle, forward, backward, world)` finds the σ and s
 whose waits are closest, in relative error, to those calibration measured at
-each all-reduce over its cases (a grid over both, narrowed twice around its
-best point). Measured on 2 ranks of a 2-core host, the wait hardly grows with
-the compute (0.60, 0.92, 0.83 ms at batches 32, 64, 128: docs/validation/
-fidelity.md), which σ alone cannot give.
+each all-reduce over its cases (for each σ of a grid the best s, by
+golden-section search since the waits grow with s; then σ by golden-section
+search around the grid's best). Measured on 2 ranks of a 2-core host, the
+wait hardly grows with the compute (0.60, 0.92, 0.83 ms at batches 32, 64,
+128: docs/validation/fidelity.md), which σ alone cannot give.
+
+    fit = fit_ring_all_reduce(2, [1024, 1 << 20], [400e-6, 1.4e-3])
+    jitter = fit_compute_jitter([0.6e-3, 0.9e-3], [0.4e-3, 0.8e-3], [0.5e-3, 1.0e-3])  # .sigma, .fixed_s
 """
 import functools
 from statistics import NormalDist
@@ -161,11 +165,13 @@ def modelled_wait(jitter: ComputeJitter, forward_s, backward_s, world: int = 2) 
     T = F' + B', each span of mean forward_s or backward_s drawn as hw/device.py draws it."""
     forward, backward = np.asarray(forward_s, dtype=np.float64), np.asarray(backward_s, dtype=np.float64)
     normals = _normals(world)
+
+    def spans(mean: float, z: np.ndarray) -> np.ndarray:
+        sigma = span_sigma(mean, jitter.sigma, jitter.fixed_s)
+        return mean * np.exp(sigma * z - sigma * sigma / 2)
     waits = []
     for f, b in zip(forward, backward):
-        steps = sum(t * np.exp(sigma * z - sigma * sigma / 2)
-                    for t, z in ((f, normals[0]), (b, normals[1]))
-                    for sigma in (span_sigma(t, jitter.sigma, jitter.fixed_s),))
+        steps = spans(f, normals[0]) + spans(b, normals[1])  # [rank][draw]
         waits.append(float(np.mean(steps.max(axis=0) - steps.mean(axis=0))))
     return np.array(waits)
 

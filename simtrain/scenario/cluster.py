@@ -13,7 +13,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
-from ..limits import MAX_COMPUTE_JITTER, MAX_COMPUTE_JITTER_FIXED, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN, MIN_EFFICIENCY
+from ..limits import (MAX_COMPUTE_JITTER, MAX_COMPUTE_JITTER_FIXED, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN,
+                      MIN_EFFICIENCY)
 from .fields import Bandwidth, Bytes, Count, Duration, Flag, FlopRate, Interval, Real, Section, first_error
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")  # the dtypes every device has a peak FLOP/s for
