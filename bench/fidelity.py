@@ -101,7 +101,7 @@ def main() -> None:
                         help="predict without the calibrated compute jitter (no idle predicted)")
     parser.add_argument("--ranks", type=int, nargs="*", default=[3, 4],
                         help="held-out rank counts: BASE launched on this many processes")
-    parser.add_argument("--launches", type=int, default=3,
+    parser.add_argument("--launches", type=int, default=5,
                         help="launches of each configuration, in turn; the median launch's step is the measured one")
     parser.add_argument("--again", nargs="+", metavar="RUN", default=[],
                         help="measure nothing: refit each earlier run's calibration with this code and predict its "
