@@ -11,7 +11,7 @@ hw/cluster.py builds the cluster these fields describe (hw/catalog.py turns
 """
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
 
 from ..limits import (MAX_COMPUTE_JITTER, MAX_COMPUTE_JITTER_FIXED, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN,
                       MIN_EFFICIENCY)
@@ -202,6 +202,13 @@ TOPOLOGY_BUILDERS: tuple[str, ...] = ("ring", "fully_connected", "switch", "toru
                                       "clos3")
 
 
+def _host_noise(seconds: float) -> float:
+    """cluster.compute_jitter_fixed: a host's noise, at most MAX_COMPUTE_JITTER_FIXED seconds."""
+    if seconds > MAX_COMPUTE_JITTER_FIXED:
+        raise ValueError(f"must be at most {MAX_COMPUTE_JITTER_FIXED:g} s, got {seconds:g} s")
+    return seconds
+
+
 class ClusterSpec(Section):
     """The simulated cluster: its topology, devices and links (hw/cluster.py builds it)."""
 
@@ -230,7 +237,7 @@ class ClusterSpec(Section):
     compute_jitter: Real(ge=0, le=MAX_COMPUTE_JITTER) = Field(
         0.0, description="Standard deviation of log(time factor) of every compute span: lognormal noise drawn "
                          "from the rank's own seeded Generator.")
-    compute_jitter_fixed: Annotated[Duration, Field(ge=0, le=MAX_COMPUTE_JITTER_FIXED)] = Field(
+    compute_jitter_fixed: Annotated[Duration, AfterValidator(_host_noise)] = Field(
         0.0, description="Noise of every compute span that does not grow with it (a host's scheduler waking a "
                          "rank late), s: a span of mean t then has variance t² (e^σ² - 1) + s², lognormal, σ "
                          "the compute_jitter (hw/device.py; `simtrain calibrate` fits both) (s).")
