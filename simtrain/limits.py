@@ -53,5 +53,5 @@ MAX_LEARNING_RATE = 1e6  # past this, every update overflows fp32 parameters
 MAX_SLOWDOWN = 1e6  # cluster.overrides.<rank>.slowdown
 MIN_EFFICIENCY = 1e-6  # a device's efficiency (fraction of peak): with MAX_SLOWDOWN, every span stays finite
 MAX_COMPUTE_JITTER = 2.0  # std of log(factor): a span stays within e^(+-8) of its mean at 4 sigma
-MAX_COMPUTE_JITTER_FIXED = 1.0  # s: a host's wake-up noise of a second is no host's
+MAX_COMPUTE_JITTER_FIXED = 1.0  # s: far past any host's scheduling noise (a time slice is milliseconds)
 MAX_COLLECTIVE_BYTES = 1 << 40  # simtrain collective --sizes: 1 TiB per rank
