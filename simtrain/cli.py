@@ -183,7 +183,7 @@ def calibrate(context, nproc, out_dir, backend, model_of, sizes, repeats, record
                  if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise SimtrainError(f"--refit: measures nothing, so {given[0]} has no use (the recorded one is kept)")
-        if (out / "calibration.json").absolute() == Path(user_path(recorded, "--refit")).absolute():
+        if (out / "calibration.json").resolve() == Path(user_path(recorded, "--refit")).resolve():
             raise SimtrainError(f"--out: would write over {recorded}, the calibration to refit; give another folder")
         print_calibration(refit(Path(recorded), out))
         console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json (refitted from {recorded})")
