@@ -125,9 +125,7 @@ def main() -> None:
           f"{exchange['max_abs_residual']:.0%}); fp32 {compute['flops_per_s'] / 1e9:.1f} GFLOP/s and "
           f"{compute['kernel_overhead_s'] * 1e6:.1f} us per kernel (largest residual "
           f"{compute['max_abs_residual']:.0%}); optimizer {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s "
-          f"(largest residual "
-          f"{optimizer['max_abs_residual']:.0%});"
-          f" draw {', '.join(f'{s * 1e6:.0f} us' for s in calibration['draw_s'].values())}; compute jitter "
+          f"(largest residual {optimizer['max_abs_residual']:.0%}); compute jitter "
           f"σ {calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms; "
           f"{calibration['load']['warning'] or 'machine quiet'}")
     predictions, launches = {}, {label: [] for label, _ in CONFIGURATIONS}

@@ -17,13 +17,14 @@ measuring at once where training runs at once:
   median round trip is the one-way time, fitted to t(n) = α + n/β
   (real/fit.py). The pairs of ranks on one host are fitted together, and so
   are the pairs across hosts;
-- **training steps** (real/step_timing.py): the loop a launched step runs
-  (draw the batch, forward, backward, simtrain's ring all-reduce, optimizer
-  step) on a replica of the scenario's model (`--model-of`) at half, one and
-  two times its batch size, or of square Linear layers, with the all-reduce of
-  a buffer of each size in turn, every rank at once; each all-reduce follows
-  compute, as in training, where gloo's threads have gone idle. Fitted
-  (real/step_fit.py): fp32's rate R and overhead per kernel c to
+- **training steps** (real/step_timing.py): the step program a launched step
+  runs (forward with its batch's draw, backward, simtrain's ring all-reduce,
+  optimizer step), through launch's interpreter, on a replica of the
+  scenario's model (`--model-of`) at half, one and two times its batch size,
+  or of square Linear layers, with the all-reduce of a buffer of each size in
+  turn, every rank at once; each all-reduce follows compute, as in training,
+  where gloo's threads have gone idle. Fitted (real/step_fit.py), each time as
+  its mean over the iterations: fp32's rate R and overhead per kernel c to
   t = c x kernels + FLOPs / R over the forward spans (the batch draw included,
   as a launched run's forward span holds it) and backwards, FLOPs and kernels
   counted as the simulator counts them (cost.py); the memory bandwidth to the
@@ -240,7 +241,7 @@ def _ping_pong(rank: int, a: int, b: int, sizes, repeats: int, device) -> list[f
 
 
 def _timed(fn, repeats: int, device) -> float:
-    """Median seconds of fn() over `repeats` calls, after two."""
+    """Mean seconds of fn() over `repeats` calls, after two (a span's mean, as the fp32 steps' fit takes)."""
     fn(), fn()
     samples = []
     for _ in range(repeats):
@@ -248,7 +249,7 @@ def _timed(fn, repeats: int, device) -> float:
         fn()
         _sync(device)
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return statistics.mean(samples)
 
 
 def _half_precision_rates(cases, repeats: int, device) -> dict:
@@ -357,7 +358,6 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
         "all_reduce_exchange": {**_alpha_beta_json(steps["all_reduce_fit"]), **software},
         "all_reduce": all_reduce,
         "compute": compute,
-        "draw_s": steps["draw_s"],
         "optimizer": steps["optimizer"],
         "idle_s": steps["idle_s"],
         "compute_jitter": steps["compute_jitter"],

@@ -6,25 +6,33 @@ counted as the simulator counts it (`cases`: FLOPs and kernels of the forward
 and backward, bytes and operators of the optimizer step), and gives:
 
 - `compute`: t = c x kernels + FLOPs / R (fit.py fit_overhead_rate) over each
-  (rank, case)'s median forward span, drawing the batch included (a launched
-  run's forward span holds both: real/interpreter.py), and median backward;
+  (rank, case)'s mean forward span, drawing the batch included (a launched
+  run's forward span holds both: real/interpreter.py), and mean backward.
+  Earlier calibrations timed the draw apart (a `draw` sample, 2026-12-03 and
+  before): it is added back to the forward;
 - `optimizer`: the bandwidth B that fits t = c x operators + bytes / B to each
-  (rank, case)'s median optimizer step, c the compute fit's (least squares of
+  (rank, case)'s mean optimizer step, c the compute fit's (least squares of
   relative errors), with its residuals;
 - `all_reduce`: per size, what a launched run counts as communication: in each
   iteration the least time a rank spent in the all-reduce (the rank that
   arrived last; what the others spent beyond it was waiting for it, idle), then
-  the median over iterations; `all_reduce_fit`, α and β of one exchange of the
+  the mean over iterations; `all_reduce_fit`, α and β of one exchange of the
   ring (fit.py fit_ring_all_reduce);
-- `draw_s`: the median draw per case (inside the forward's fit; shown apart);
 - `compute_jitter` and `compute_jitter_fixed_s`: the σ and s of the
   simulator's lognormal compute noise under which ranks wait for each other
   at the all-reduce as long as they did here (fit.py fit_compute_jitter): per
   case, the mean over iterations of what each rank spent in the all-reduce
-  beyond the rank that arrived last, against the median forward span and
+  beyond the rank that arrived last, against the mean forward span and
   backward, with its residuals per case (`idle_residuals`);
 - `spreads`: (third - first quartile) / median of each repeated timing, for
   machine_load.py's check.
+
+Every time is fitted as its mean over the iterations, not its median: the
+simulator charges a span's mean (its compute noise keeps the mean,
+hw/device.py), and a launched run's step is the mean of its steps. On a busy
+host the times are skewed to the right: the mean of a forward, backward or
+all-reduce was 1-38% above its median in sixteen calibrations on 2 cores
+(docs/validation/fidelity.md), so fitting medians predicted every part low.
 
 `exchange_software_cost(exchange, classes)` splits one exchange of the ring
 into the wire, as a ping-pong sees it (the slowest link class's α-β), and what
@@ -47,14 +55,13 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     """The fits of every rank's step samples (see the module's docstring); ValueError where the samples
     allow none."""
     cases = ranks[0]["cases"]
-    forward_spans = [[[d + f for d, f in zip(rank["draw"][c], rank["forward"][c])] for c in range(len(cases))]
-                     for rank in ranks]
+    forward_spans = [_forward_spans(rank, len(cases)) for rank in ranks]
     kernels, flops, seconds = [], [], []
     for rank_index, rank in enumerate(ranks):
         for c, case in enumerate(cases):
             kernels += [case["forward_kernels"], case["backward_kernels"]]
             flops += [case["forward_flops"], case["backward_flops"]]
-            seconds += [statistics.median(forward_spans[rank_index][c]), statistics.median(rank["backward"][c])]
+            seconds += [statistics.mean(forward_spans[rank_index][c]), statistics.mean(rank["backward"][c])]
     compute_fit = fit_overhead_rate(kernels, flops, seconds)
     compute = {"flops_per_s": compute_fit.flops_per_s, "kernel_overhead_s": compute_fit.overhead_s,
                "max_abs_residual": compute_fit.max_residual, "residuals": compute_fit.residuals,
@@ -64,26 +71,31 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     all_reduce = []
     for size_index, size in enumerate(sizes):
         last_arrival = [min(times) for times in zip(*(rank["all_reduce"][size_index] for rank in ranks))]
-        all_reduce.append({"bytes": max(world, size // 4) * 4, "time_s": statistics.median(last_arrival)})
+        all_reduce.append({"bytes": max(world, size // 4) * 4, "time_s": statistics.mean(last_arrival)})
     exchange = fit_ring_all_reduce(world, [row["bytes"] for row in all_reduce], [row["time_s"] for row in all_reduce])
     repeats = len(ranks[0]["all_reduce"][0]) // len(cases)  # each size's samples: every case's iterations in turn
     idle = [statistics.mean(statistics.mean(times) - min(times) for s in range(len(sizes))
                             for times in zip(*(rank["all_reduce"][s][c * repeats:(c + 1) * repeats] for rank in ranks)))
             for c in range(len(cases))]
-    forward = [statistics.median([t for spans in forward_spans for t in spans[c]]) for c in range(len(cases))]
-    backward = [statistics.median([t for rank in ranks for t in rank["backward"][c]]) for c in range(len(cases))]
+    forward = [statistics.mean([t for spans in forward_spans for t in spans[c]]) for c in range(len(cases))]
+    backward = [statistics.mean([t for rank in ranks for t in rank["backward"][c]]) for c in range(len(cases))]
     jitter = fit_compute_jitter(idle, forward, backward, world)
     spreads = {f"{label} ({case['label']})": max(relative_spread(rank[part][c]) for rank in ranks)
                for c, case in enumerate(cases) for part, label in (("forward", "forward"), ("backward", "backward"))}
     spreads.update({f"all-reduce of {size} B": max(relative_spread(rank["all_reduce"][s]) for rank in ranks)
                     for s, size in enumerate(sizes)})
     return {"compute": compute, "optimizer": optimizer, "all_reduce": all_reduce, "all_reduce_fit": exchange,
-            "draw_s": {case["label"]: statistics.median([t for rank in ranks for t in rank["draw"][c]])
-                       for c, case in enumerate(cases)},
             "idle_s": dict(zip((case["label"] for case in cases), idle)),
             "compute_jitter": jitter.sigma, "compute_jitter_fixed_s": jitter.fixed_s,
             "idle_residuals": _idle_residuals(idle, modelled_wait(jitter, forward, backward, world)),
             "spreads": spreads}
+
+
+def _forward_spans(rank: dict, cases: int) -> list[list[float]]:
+    """A rank's forward spans per case, the batch's draw inside (added back where it was timed apart)."""
+    if "draw" not in rank:
+        return rank["forward"]
+    return [[d + f for d, f in zip(rank["draw"][c], rank["forward"][c])] for c in range(cases)]
 
 
 def _idle_residuals(idle_s, modelled_s) -> list[float]:
@@ -92,10 +104,10 @@ def _idle_residuals(idle_s, modelled_s) -> list[float]:
 
 
 def _fit_optimizer(ranks: list[dict], cases: list[dict], overhead_s: float) -> dict:
-    """The bandwidth that fits t = overhead x operators + bytes / bandwidth to the median optimizer steps."""
+    """The bandwidth that fits t = overhead x operators + bytes / bandwidth to the mean optimizer steps."""
     nbytes = np.array([case["update_bytes"] for _ in ranks for case in cases], dtype=np.float64)
     kernels = np.array([case["update_kernels"] for _ in ranks for case in cases], dtype=np.float64)
-    t = np.array([statistics.median(rank["optimizer"][c]) for rank in ranks for c in range(len(cases))])
+    t = np.array([statistics.mean(rank["optimizer"][c]) for rank in ranks for c in range(len(cases))])
     weights = 1.0 / t
     inverse_bandwidth = float(np.sum(nbytes * (t - overhead_s * kernels) * weights**2)
                               / np.sum((nbytes * weights) ** 2))

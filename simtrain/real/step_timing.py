@@ -1,31 +1,34 @@
 """Times the parts of a data-parallel training step as `simtrain launch` runs them, every rank at once.
 
 A launched step of synchronous data parallelism without overlap (schemes/sync.py
-on the real backend) draws its batch, runs the forward and the backward,
-all-reduces the gradient with simtrain's ring program over point-to-point calls,
-and steps the optimizer, one after the other. Timed back to back instead, each
-part comes out faster than in training: an all-reduce that follows another finds
-gloo's threads awake and its buffers in cache, where in training it follows a
-millisecond of compute; a forward timed on a fixed batch leaves out the draw. So
-calibration times the parts in the loop training runs:
+on the real backend) is a step program: the replica's forward, drawing its
+batch, and backward (schemes/local_work.py forward_backward), the all-reduce of
+the gradient by simtrain's ring program over point-to-point calls, and the
+optimizer step, one after the other, run by the host-clock interpreter
+(real/interpreter.py) on a communicator of its own (comm/gloo.py). Calibration
+runs the same step program through the same interpreter and communicator, the
+all-reduce on a buffer of each size in turn, and keeps the spans the
+interpreter measures, so that each part is what a launched run measures:
 
     for each case (a model and its batch size), for each all-reduce size, repeats + 2 times:
-        draw the batch | forward | backward | ring all-reduce of a buffer of that size | optimizer step
+        forward (the draw of the batch inside) | backward | ring all-reduce of a buffer of that size | optimizer step
 
-on a `Replica` built as a launched run builds it (train/replica.py: the shard
-loader, the flat gradient buffer, the optimizer). The draw is the loader's
-`next_batch` (indexing the data set); the forward casts the batch, zeroes the
-gradient buffer and computes the loss, as `Replica.forward` does after its draw;
-the all-reduce averages, as training's does. The first two iterations of each
-(case, size) are not kept. `time_steps` returns this rank's seconds, one per
-kept iteration, in the same order on every rank (so that calibrate.py can take,
-for each all-reduce, the rank that arrived last, as launch.py does).
+Timed back to back instead, each part came out faster than in training: an
+all-reduce that follows another finds gloo's threads awake and its buffers in
+cache, where in training it follows a millisecond of compute. And a loop of its
+own, outside the interpreter, came out 7-12% faster than a launched step on the
+same replica in the same process (docs/validation/fidelity.md).
+
+The replica is built as a launched run builds it (train/replica.py: the shard
+loader, the flat gradient buffer, the optimizer). The first two iterations of
+each (case, size) are not kept. `time_steps` returns this rank's seconds, one
+per kept iteration, in the same order on every rank (so that calibrate.py can
+take, for each all-reduce, the rank that arrived last, as launch.py does).
 
     cases = step_cases("scenario.yaml", rank, world)
     samples = time_steps(rank, world, cases, sizes=[4, 1024, 1 << 20], repeats=20, device="cpu")
     samples["all_reduce"][1]          # this rank's seconds of every kept all-reduce of 1024 bytes
 """
-import time
 from typing import NamedTuple
 
 import torch
@@ -33,15 +36,19 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 from ..comm import ALL_REDUCE
-from ..comm.gloo import run_program
+from ..comm.gloo import GlooCommunicator
+from ..hw.device import MemoryLedger
 from ..scenario import TrainSpec, load_scenario
+from ..schemes.local_work import forward_backward
+from ..step_ops import Collective, MemoryBound
 from ..train.data import ShardLoader, load_dataset
 from ..train.models import build_model
 from ..train.precision import update_bytes
 from ..train.replica import Replica
+from .interpreter import Meter, run_program
 
 GEMM_SIZES = (64, 128, 256)  # without a scenario: a square Linear layer of each width, on a batch as wide
-PARTS = ("draw", "forward", "backward", "optimizer")  # timed per case; the all-reduce per size
+SPANS = {"forward": "forward", "backward": "backward", "optimizer step": "optimizer"}  # the meter's: the samples'
 
 
 class StepCase(NamedTuple):
@@ -79,46 +86,33 @@ def step_cases(model_of: str | None, rank: int, world: int, device="cpu") -> lis
 
 
 def time_steps(rank: int, world: int, cases: list[StepCase], sizes: list[int], repeats: int, device) -> dict:
-    """{"draw" | "forward" | "backward" | "optimizer": [[seconds per kept iteration] per case],
+    """{"forward" | "backward" | "optimizer": [[seconds per kept iteration] per case],
     "all_reduce": [[seconds per kept iteration, cases in order] per size]}: this rank's."""
-    samples = {part: [[] for _ in cases] for part in PARTS}
+    samples = {part: [[] for _ in cases] for part in SPANS.values()}
     samples["all_reduce"] = [[] for _ in sizes]
+    comm, meter = GlooCommunicator(range(world)), Meter()
+    ledger = MemoryLedger("calibration", float("inf"))
+    meter.start_recording()
     for case_index, case in enumerate(cases):
         for size_index, size in enumerate(sizes):
             buffer = torch.ones(max(world, size // 4), dtype=torch.float32, device=device)
             dist.barrier()
             for iteration in range(repeats + 2):
-                draw, forward, backward, all_reduce, optimizer = _timed_step(case.replica, rank, world, buffer,
-                                                                             device)
-                if iteration < 2:
-                    continue
-                for part, seconds in (("draw", draw), ("forward", forward), ("backward", backward),
-                                      ("optimizer", optimizer)):
-                    samples[part][case_index].append(seconds)
-                samples["all_reduce"][size_index].append(all_reduce)
+                meter.boundary()
+                run_program(_step_program(case, rank, world, buffer), comm, ledger, meter)
+                for span in meter.spans if iteration >= 2 else ():
+                    seconds = span.end - span.start
+                    if span.kind == "communication":
+                        samples["all_reduce"][size_index].append(seconds)
+                    else:
+                        samples[SPANS[span.name]][case_index].append(seconds)
+                meter.spans.clear()
     return samples
 
 
-def _timed_step(replica: Replica, rank: int, world: int, buffer: torch.Tensor, device) -> list[float]:
-    """One training step's seconds: draw, forward, backward, all-reduce of `buffer`, optimizer step."""
-    marks = [time.perf_counter()]
-
-    def mark():
-        if device != "cpu":
-            torch.cuda.synchronize(device)
-        marks.append(time.perf_counter())
-
-    x, y = replica.loader.next_batch()
-    mark()
-    x, y = replica.precision.cast_input(x).to(device), y.to(device)
-    replica.last_batch = (x, y)
-    replica.grad_buffer.zero_()
-    loss = replica.loader.batch_loss(replica.model(x), y)
-    mark()
-    replica.backward(loss)
-    mark()
-    run_program(ALL_REDUCE["ring"](rank, world, buffer, average=True))
-    mark()
-    replica.step()
-    mark()
-    return [end - start for start, end in zip(marks, marks[1:])]
+def _step_program(case: StepCase, rank: int, world: int, buffer: torch.Tensor):
+    """A launched step of sync data parallelism without overlap (schemes/sync.py), the all-reduce on `buffer`."""
+    yield from forward_backward(case.replica)
+    yield Collective(ALL_REDUCE["ring"](rank, world, buffer, average=True), "all_reduce")
+    case.replica.step()
+    yield MemoryBound(case.update_bytes, "optimizer step", kind="optimizer", kernels=case.update_kernels)
