@@ -123,7 +123,7 @@ def main() -> None:
           f"(largest residual {wire['max_abs_residual']:.0%}); ring exchange in training steps α "
           f"{exchange['latency_s'] * 1e6:.1f} us, β {exchange['bandwidth_Bps'] / 1e9:.2f} GB/s (largest residual "
           f"{exchange['max_abs_residual']:.0%}); fp32 {compute['flops_per_s'] / 1e9:.1f} GFLOP/s and "
-          f"{compute['kernel_overhead_s'] * 1e6:.1f} us per kernel (largest residual "
+          f"{compute['pass_overhead_s'] * 1e6:.1f} us per pass (largest residual "
           f"{compute['max_abs_residual']:.0%}); optimizer {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s "
           f"(largest residual {optimizer['max_abs_residual']:.0%}); compute jitter "
           f"σ {calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms; "

@@ -66,6 +66,7 @@ class Compute(NamedTuple):
     # streaming multiprocessors a communication kernel holds while it runs (Transformer Engine's num_sm with
     # set_sm_margin): the work runs on the device's others; 0: on all of them
     sm_margin: int = 0
+    passes: int = 0  # passes over the model it starts: 1 on a forward, on a backward's first piece (pass_overhead)
 
 
 class MemoryBound(NamedTuple):
@@ -73,6 +74,7 @@ class MemoryBound(NamedTuple):
     name: str
     kind: str
     kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
+    passes: int = 0  # passes it starts: 1 on an optimizer step (a device's pass_overhead is charged on each)
 
 
 class Busy(NamedTuple):

@@ -190,11 +190,11 @@ def print_calibration(summary: dict) -> None:
                       format_seconds(row["predicted_time_s"]), f"{row['error']:+.1%}")
     console.print(table)
     compute = Table(title=f"compute per rank, all ranks at once ({summary['model_of'] or 'Linear layers'}): "
-                          "t = overhead x kernels + FLOPs / rate")
-    for header in ("dtype", "rate (device.yaml)", "overhead per kernel", "largest |residual|"):
+                          "t = overhead + FLOPs / rate a pass")
+    for header in ("dtype", "rate (device.yaml)", "overhead per pass", "largest |residual|"):
         compute.add_column(header, justify="right")
     for dtype, fit in summary["compute"].items():
-        compute.add_row(dtype, f"{fit['flops_per_s'] / 1e9:.2f} GFLOP/s", format_seconds(fit["kernel_overhead_s"]),
+        compute.add_row(dtype, f"{fit['flops_per_s'] / 1e9:.2f} GFLOP/s", format_seconds(fit["pass_overhead_s"]),
                         f"{fit['max_abs_residual']:.1%}")
     console.print(compute)
     exchange, optimizer = summary["all_reduce_exchange"], summary["optimizer"]

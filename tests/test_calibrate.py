@@ -31,7 +31,7 @@ from simtrain.hw.catalog import resolve_device
 from simtrain.hw.topology_builders import load_topology_file
 from simtrain.comm.bench import benchmark_all_reduce
 from simtrain.real.calibrate import _topology, calibrate
-from simtrain.real.fit import (AlphaBeta, ComputeJitter, fit_alpha_beta, fit_compute_jitter, fit_overhead_rate,
+from simtrain.real.fit import (AlphaBeta, ComputeJitter, fit_alpha_beta, fit_compute_jitter, fit_pass_costs,
                                modelled_wait)
 from simtrain.real.machine_load import load_warning, relative_spread
 from simtrain.real.step_fit import exchange_software_cost, fit_step_timings
@@ -167,14 +167,45 @@ def test_calibrate_needs_two_ranks(capsys, tmp_path):
     assert exit_info.value.code == 2
 
 
-def test_the_compute_fit_gives_overhead_and_rate_back():
-    kernels, flops = [20, 20, 20, 40, 40], [1e6, 4e6, 16e6, 8e6, 64e6]
-    fit = fit_overhead_rate(kernels, flops, [5e-6 * k + f / 50e9 for k, f in zip(kernels, flops)])
-    assert fit.overhead_s == pytest.approx(5e-6, rel=1e-9) and fit.flops_per_s == pytest.approx(50e9, rel=1e-9)
-    assert fit.max_residual < 1e-9
-    # times that fall as the work grows: no overhead to see, the rate alone
-    fallback = fit_overhead_rate([20, 20], [1e6, 4e6], [80e-6, 40e-6])
-    assert fallback.overhead_s == 0.0 and fallback.flops_per_s > 0
+def test_the_pass_fit_gives_overhead_rate_and_bandwidth_back():
+    flops, update_bytes = [1e6, 4e6, 16e6, 8e6, 64e6], [2e6, 2e6, 8e6]
+    fit = fit_pass_costs(flops, [400e-6 + f / 50e9 for f in flops], update_bytes,
+                         [400e-6 + n / 20e9 for n in update_bytes])
+    assert fit.overhead_s == pytest.approx(400e-6, rel=1e-9) and fit.flops_per_s == pytest.approx(50e9, rel=1e-9)
+    assert fit.bandwidth_Bps == pytest.approx(20e9, rel=1e-9) and fit.max_residual < 1e-9
+    # passes alone (half precision): no bandwidth
+    alone = fit_pass_costs(flops, [400e-6 + f / 50e9 for f in flops])
+    assert alone.overhead_s == pytest.approx(400e-6, rel=1e-9) and alone.bandwidth_Bps is None
+    # no fixed cost to see (times below the line through the origin at small work), times that fall as the
+    # work grows, updates quicker than the passes' fixed cost: no fixed cost, each rate through the origin
+    for fallback in (fit_pass_costs([1e6, 4e6], [10e-6, 80e-6]), fit_pass_costs([1e6, 4e6], [80e-6, 40e-6]),
+                     fit_pass_costs(flops, [400e-6 + f / 50e9 for f in flops], [1e6, 1e6], [100e-6, 110e-6])):
+        assert fallback.overhead_s == 0.0 and fallback.flops_per_s > 0
+        assert fallback.bandwidth_Bps is None or fallback.bandwidth_Bps > 0
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_pass_overhead_is_charged_once_a_pass(devices):
+    """Closed form: each forward and each backward costs F/R + a (on 2 devices the backward is charged in
+    pieces, as its buckets' all-reduces start: a once, on the first), each update bytes/BW + a."""
+    device = {"name": "host", "peak_flops": {"fp32": 1e11, "tf32": 1e11, "fp16": 1e11, "bf16": 1e11},
+              "memory": "8 GiB", "memory_bandwidth": "20 GB/s", "efficiency": 1.0, "pass_overhead": "300 us"}
+    steps = 3
+    scenario = simtrain.scenario.validate_scenario({
+        "name": "passes", "cluster": {"devices": devices, "device": device}, "model": {"name": "mlp", "hidden": [32]},
+        "data": {"name": "digits", "batch_size": 8}, "train": {"steps": steps, "optimizer": {"momentum": 0.9}},
+        "parallel": {"bucket_cap_mb": 0.001}, "report": {"trace": False}})
+    report = simtrain.run(scenario)
+    model = simtrain.train.models.build_model(scenario.model, simtrain.train.data.load_dataset(
+        "digits", {}, 0).info, scenario.seed)
+    cost = measure_step_cost(model, torch.zeros(8, 64), torch.zeros(8, dtype=torch.long))
+    step_bytes = update_bytes(list(model.parameters()), "fp32", scenario.train.optimizer)
+    for rank in range(devices):
+        spent = report.data["devices"][rank]["breakdown_s"]
+        compute = spent["compute"] + spent.get("overlapped_compute", 0.0)
+        assert compute == pytest.approx(steps * ((cost.forward_flops + cost.backward_flops) / 1e11 + 2 * 300e-6),
+                                        rel=1e-9)
+        assert spent["optimizer"] == pytest.approx(steps * (step_bytes / 20e9 + 300e-6), rel=1e-9)
 
 
 def test_a_kernel_overhead_is_charged_per_operator():
@@ -247,30 +278,29 @@ def test_the_ring_is_fitted_to_the_last_arrival_of_each_all_reduce():
 
 def test_compute_and_optimizer_are_fitted_to_the_spans_a_launched_step_has():
     """Each span's mean over its iterations; the forward span holds the draw (as launch's does; this record
-    timed it apart); the optimizer's bandwidth is the least-squares one with the compute fit's overhead per
-    operator."""
+    timed it apart); one fixed cost a pass, the rate and the bandwidth are the least squares of relative errors
+    over the passes (t = a + F/R) and the updates (t = a + bytes/B): moving any of them adds to the sum."""
     ranks, cases = RECORDED["ranks"], RECORDED["ranks"][0]["cases"]
     fits = fit_step_timings(ranks, RECORDED["world"], RECORDED["sizes_bytes"])
-    kernels, flops, seconds = [], [], []
+    passes, updates = [], []
     for rank in ranks:
         for c, case in enumerate(cases):
-            kernels += [case["forward_kernels"], case["backward_kernels"]]
-            flops += [case["forward_flops"], case["backward_flops"]]
-            seconds += [statistics.mean(d + f for d, f in zip(rank["draw"][c], rank["forward"][c])),
-                        statistics.mean(rank["backward"][c])]
-    reference = fit_overhead_rate(kernels, flops, seconds)
-    assert fits["compute"]["flops_per_s"] == pytest.approx(reference.flops_per_s)
-    assert fits["compute"]["kernel_overhead_s"] == pytest.approx(reference.overhead_s)
-    overhead, optimizer = reference.overhead_s, fits["optimizer"]
-    points = [(case["update_bytes"], case["update_kernels"], statistics.mean(rank["optimizer"][c]))
-              for rank in ranks for c, case in enumerate(cases)]
+            passes += [(case["forward_flops"], statistics.mean(d + f for d, f in zip(rank["draw"][c], rank["forward"][c]))),
+                       (case["backward_flops"], statistics.mean(rank["backward"][c]))]
+            updates.append((case["update_bytes"], statistics.mean(rank["optimizer"][c])))
+    overhead, rate = fits["compute"]["pass_overhead_s"], fits["compute"]["flops_per_s"]
+    bandwidth = fits["optimizer"]["bandwidth_Bps"]
+    assert overhead > 0 and rate > 0 and bandwidth > 0
+    assert [point["seconds"] for point in fits["compute"]["points"]] == pytest.approx([t for _, t in passes])
+    assert fits["compute"]["residuals"] == pytest.approx([(t - overhead - f / rate) / t for f, t in passes])
+    assert fits["optimizer"]["residuals"] == pytest.approx([(t - overhead - n / bandwidth) / t for n, t in updates])
 
-    def relative_squares(bandwidth):
-        return sum(((t - overhead * k - b / bandwidth) / t) ** 2 for b, k, t in points)
-    assert optimizer["residuals"] == pytest.approx([(t - overhead * k - b / optimizer["bandwidth_Bps"]) / t
-                                                    for b, k, t in points])
-    for factor in (1.01, 0.99):
-        assert relative_squares(optimizer["bandwidth_Bps"] * factor) > relative_squares(optimizer["bandwidth_Bps"])
+    def relative_squares(a, r, b):
+        return (sum(((t - a - f / r) / t) ** 2 for f, t in passes)
+                + sum(((t - a - n / b) / t) ** 2 for n, t in updates))
+    best = relative_squares(overhead, rate, bandwidth)
+    for a, r, b in ((1.01, 1, 1), (0.99, 1, 1), (1, 1.01, 1), (1, 0.99, 1), (1, 1, 1.01), (1, 1, 0.99)):
+        assert relative_squares(overhead * a, rate * r, bandwidth * b) > best
 
 
 def test_a_forward_span_with_its_draw_inside_fits_as_one_timed_apart():

@@ -5,8 +5,10 @@ bf16, and fp8 on the parts whose tensor cores have it: Hopper and later), its
 HBM capacity and bandwidth, its NVLink bandwidth (the datasheet's, both
 directions together: what to divide by two for `cluster.link`, which is per
 direction), the fraction of peak a training kernel reaches (`efficiency`) and
-a fixed cost per kernel (`kernel_overhead`, default 0). The compute model
-charges `flops / spec.flops_rate(dtype) + kernels x kernel_overhead` seconds.
+a fixed cost per kernel (`kernel_overhead`, default 0) and per pass
+(`pass_overhead`, default 0: a forward, a backward or an optimizer step). The
+compute model charges `flops / spec.flops_rate(dtype) + kernels x
+kernel_overhead + passes x pass_overhead` seconds.
 The catalog's parts also give their streaming multiprocessors (SMs): work that
 runs while a communication kernel holds some of them (Transformer Engine's
 `num_sm` with `set_sm_margin`, schemes/tp_overlap.py) runs on the others, at
@@ -44,7 +46,7 @@ from ..user_files import load_yaml_file, user_path
 
 DEFAULT_EFFICIENCY = 0.5
 
-_FILE_KEYS = ("name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead")
+_FILE_KEYS = ("name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead", "pass_overhead")
 _T = 1e12  # TFLOP/s
 _GIB = 2.0**30
 
@@ -64,6 +66,10 @@ class DeviceSpec:
     # datasheets give none; simtrain calibrate measures it on a host, where it is Python's and torch's
     # per-operator overhead.
     kernel_overhead_s: float = 0.0
+    # Seconds each pass over the model (a forward, a backward, an optimizer step) costs beyond its kernels: the
+    # host's work around them (the framework's Python, the batch's draw, the autograd engine's start). 0 for
+    # the catalog's GPUs; simtrain calibrate measures it on a host (real/step_fit.py).
+    pass_overhead_s: float = 0.0
     # The datasheet's NVLink bandwidth per GPU, both directions together (bytes/s); None: not given. What a
     # scenario's cluster.link describes (per direction: half of it); the catalog's figure is for reference.
     nvlink_bandwidth: float | None = None
@@ -187,7 +193,7 @@ def resolve_device(value, field: str = "cluster.device", base_dir=None) -> Devic
     return DeviceSpec(name=fields.name, peak_flops=fields.peak_flops.given(), memory_bytes=fields.memory,
                       memory_bandwidth=fields.memory_bandwidth,
                       efficiency=DEFAULT_EFFICIENCY if fields.efficiency is None else fields.efficiency,
-                      kernel_overhead_s=fields.kernel_overhead or 0.0)
+                      kernel_overhead_s=fields.kernel_overhead or 0.0, pass_overhead_s=fields.pass_overhead or 0.0)
 
 
 def _device_fields(value, field: str) -> DeviceFields:
@@ -216,7 +222,7 @@ def _device_file(name: str, field: str, base_dir) -> DeviceSpec:
 
 def override_device(base: DeviceSpec, changes: Mapping) -> DeviceSpec:
     """`base` with some of its fields changed: `changes` holds scenario.DeviceFields' values by name (name,
-    peak_flops of some dtypes, memory, memory_bandwidth, efficiency, kernel_overhead)."""
+    peak_flops of some dtypes, memory, memory_bandwidth, efficiency, kernel_overhead, pass_overhead)."""
     replaced = {}
     if changes.get("name") is not None:
         replaced["name"] = changes["name"]
@@ -230,6 +236,8 @@ def override_device(base: DeviceSpec, changes: Mapping) -> DeviceSpec:
         replaced["efficiency"] = changes["efficiency"]
     if changes.get("kernel_overhead") is not None:
         replaced["kernel_overhead_s"] = changes["kernel_overhead"]
+    if changes.get("pass_overhead") is not None:
+        replaced["pass_overhead_s"] = changes["pass_overhead"]
     return dataclasses.replace(base, **replaced)
 
 

@@ -159,27 +159,30 @@ class Device:
         """Seconds the stream needs to read and write `nbytes` of HBM."""
         return nbytes / (self.spec.memory_bandwidth * self.spec.efficiency) * self.slowdown
 
-    def kernel_time(self, kernels: int) -> float:
-        """Seconds the fixed cost of `kernels` kernels takes (0 on a device without kernel_overhead)."""
-        return kernels * self.spec.kernel_overhead_s * self.slowdown if kernels and self.spec.kernel_overhead_s else 0.0
+    def fixed_time(self, kernels: int, passes: int = 0) -> float:
+        """Seconds the fixed costs of `kernels` kernels and `passes` passes take (0 on a device without
+        kernel_overhead and pass_overhead)."""
+        return (kernels * self.spec.kernel_overhead_s + passes * self.spec.pass_overhead_s) * self.slowdown
 
     def compute(self, flops: float, dtype: str, name: str, kind: str = "compute", kernels: int = 0,
-                ops: OpCosts | None = None, sm_margin: int = 0) -> simpy.Event:
+                ops: OpCosts | None = None, sm_margin: int = 0, passes: int = 0) -> simpy.Event:
         """Queue `kernels` kernels of `flops` in all, in `dtype` (operators `ops`, when measured), on the SMs
-        a communication kernel holding `sm_margin` of them leaves; the event fires when they have run."""
+        a communication kernel holding `sm_margin` of them leaves, starting `passes` passes; the event fires
+        when they have run."""
         seconds = self.compute_time(flops, dtype, ops, sm_margin)
-        if kernels and self.spec.kernel_overhead_s:
-            seconds += self.kernel_time(kernels)
+        if kernels or passes:
+            seconds += self.fixed_time(kernels, passes)
         if self.jitter or self.jitter_fixed:
             sigma = span_sigma(seconds, self.jitter, self.jitter_fixed)
             seconds *= math.exp(sigma * self._rng.standard_normal() - sigma * sigma / 2)
         return self.run_for(seconds, name, kind, flops=flops)
 
-    def memory_bound(self, nbytes: float, name: str, kind: str, kernels: int = 0) -> simpy.Event:
-        """Queue memory-bound work touching `nbytes` of HBM in `kernels` kernels (an optimizer step, a copy)."""
+    def memory_bound(self, nbytes: float, name: str, kind: str, kernels: int = 0, passes: int = 0) -> simpy.Event:
+        """Queue memory-bound work touching `nbytes` of HBM in `kernels` kernels (an optimizer step, a copy),
+        starting `passes` passes."""
         seconds = self.memory_bound_time(nbytes)
-        if kernels and self.spec.kernel_overhead_s:
-            seconds += self.kernel_time(kernels)
+        if kernels or passes:
+            seconds += self.fixed_time(kernels, passes)
         return self.run_for(seconds, name, kind, nbytes=nbytes)
 
     def run_for(self, seconds: float, name: str, kind: str, nbytes: float = 0, flops: float = 0) -> simpy.Event:

@@ -24,12 +24,12 @@ measuring at once where training runs at once:
   or of square Linear layers, with the all-reduce of a buffer of each size in
   turn, every rank at once; each all-reduce follows compute, as in training,
   where gloo's threads have gone idle. Fitted (real/step_fit.py), each time as
-  its mean over the iterations: fp32's rate R and overhead per kernel c to
-  t = c x kernels + FLOPs / R over the forward spans (the batch draw included,
-  as a launched run's forward span holds it) and backwards, FLOPs and kernels
-  counted as the simulator counts them (cost.py); the memory bandwidth to the
-  optimizer steps (t = c x operators + bytes / bandwidth, bytes as
-  train/precision.py update_bytes charges them); one exchange of the ring to
+  its mean over the iterations: fp32's rate R, the memory bandwidth B and a
+  fixed cost a per pass, to t = a + FLOPs / R over the forward spans (the
+  batch draw included, as a launched run's forward span holds it) and
+  backwards, FLOPs counted as the simulator counts them (cost.py), and to
+  t = a + bytes / B over the optimizer steps (bytes as train/precision.py
+  update_bytes charges them); one exchange of the ring to
   the all-reduce's times as launch counts them (the rank that arrived last),
   and from it the exchange's software cost beyond the ping-pong's wire; the
   compute jitter under which ranks wait at the all-reduce as they did
@@ -39,7 +39,7 @@ measuring at once where training runs at once:
   the same models and batches, the same fit (their rates go into device.yaml).
 
 Written to the output folder: `device.yaml` (a device file: the achieved
-rates as peak FLOP/s with efficiency 1, the kernel overhead, the memory
+rates as peak FLOP/s with efficiency 1, the fixed cost per pass, the memory
 bandwidth, the host's memory shared among its ranks), `topology.yaml` (each
 rank linked to its host's switch with latency (α + δ)/2 and bandwidth
 1/(1/β + 1/γ), so a transfer between two ranks of a host takes what an
@@ -76,7 +76,7 @@ from ..hw.topology_builders import load_topology_file
 from ..loss import cross_entropy
 from ..scenario import load_scenario
 from ..train.precision import DTYPES
-from .fit import fit_alpha_beta, fit_overhead_rate
+from .fit import fit_alpha_beta, fit_pass_costs
 from .machine_load import host_cores, load_average, load_warning
 from .processes import join, spawn, torchrun_world
 from .step_fit import exchange_software_cost, fit_step_timings
@@ -302,9 +302,8 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
     compute = {"fp32": steps["compute"]}
     for dtype in HALF_DTYPES:
         pooled = [point for rank in measured for point in rank["half_precision"][dtype]]
-        fit = fit_overhead_rate([p["kernels"] for p in pooled], [p["flops"] for p in pooled],
-                                [p["seconds"] for p in pooled])
-        compute[dtype] = {"flops_per_s": fit.flops_per_s, "kernel_overhead_s": fit.overhead_s,
+        fit = fit_pass_costs([p["flops"] for p in pooled], [p["seconds"] for p in pooled])
+        compute[dtype] = {"flops_per_s": fit.flops_per_s, "pass_overhead_s": fit.overhead_s,
                           "max_abs_residual": fit.max_residual, "points": pooled, "residuals": fit.residuals}
     ranks_per_host = max(hosts.count(host) for host in host_names)
     name = f"calibrated-{host_names[0]}" if len(host_names) == 1 else f"calibrated-{len(host_names)}-hosts"
@@ -315,15 +314,15 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
                              "fp16": compute["fp16"]["flops_per_s"], "bf16": compute["bf16"]["flops_per_s"]},
               "memory": int(machine.memory), "memory_bandwidth": steps["optimizer"]["bandwidth_Bps"],
               "efficiency": 1.0,
-              "kernel_overhead": compute["fp32"]["kernel_overhead_s"]}
+              "pass_overhead": compute["fp32"]["pass_overhead_s"]}
     what = f"the model of {model_of}" if model_of else "square Linear layers of " + ", ".join(map(str, GEMM_SIZES))
     _write_yaml(out / "device.yaml", device, [
         f"Measured by simtrain calibrate, {when}, {world} ranks ({backend}) on {', '.join(host_names)}.",
-        f"Training steps of {what} (real/step_timing.py), every rank at once: fp32's rate and kernel_overhead",
-        "fitted to t = overhead x kernels + FLOPs / rate over the forwards (the batch draw included) and",
-        "backwards; memory_bandwidth: the optimizer step's bytes over its time less kernel_overhead per operator.",
-        "fp16, bf16: the same fit to forwards and backwards back to back; tf32 is fp32's (a CPU has no TF32),",
-        "so efficiency is 1. memory: the host's RAM over its ranks."])
+        f"Training steps of {what} (real/step_timing.py), every rank at once, each part its mean: fp32's rate,",
+        "memory_bandwidth and pass_overhead fitted to t = pass_overhead + FLOPs / rate over the forwards (the",
+        "batch draw included) and backwards and t = pass_overhead + bytes / memory_bandwidth over the optimizer",
+        "steps. fp16, bf16: the same fit to forwards and backwards back to back; tf32 is fp32's (a CPU has no",
+        "TF32), so efficiency is 1. memory: the host's RAM over its ranks."])
     software = exchange_software_cost(steps["all_reduce_fit"], classes)
     topology = _topology(name, hosts, host_names, classes, software)
     _write_yaml(out / "topology.yaml", topology, [

@@ -18,10 +18,12 @@ time, α is fitted with it, and `bandwidth_resolved` is False.
     fit = fit_alpha_beta([64, 4096, 1 << 20], [21e-6, 23e-6, 290e-6])
     fit.latency_s, fit.bandwidth_Bps, fit.residuals
 
-The same for compute: a forward or backward of F FLOPs in k kernels takes
-t = c k + F / R, a fixed cost per kernel c (on a host, Python's and torch's
-dispatch of each operator) and a rate R: `fit_overhead_rate(kernels, flops,
-times)`, weighted least squares of relative errors.
+The same for a training step's passes: a forward or backward of F FLOPs
+takes t = a + F / R, and an optimizer step of n bytes t = a + n / B, a fixed
+cost a per pass (on a host, the work around the kernels: Python's frames and
+dispatch, the batch's draw, the autograd engine's start, the interpreter's
+spans) and a rate R and memory bandwidth B: `fit_pass_costs(flops, times,
+update_bytes, update_times)`, weighted least squares of relative errors.
 
 A ring all-reduce of n bytes over N ranks is 2(N - 1) exchanges of n/N bytes
 (every rank sends a chunk to its right and receives one from its left, then
@@ -115,32 +117,39 @@ def fit_alpha_beta(sizes_bytes, times_s) -> AlphaBeta:
     return AlphaBeta(float(alpha), float(1.0 / inverse_beta), [float(r) for r in (t - fitted) / t])
 
 
-class OverheadRate(NamedTuple):
-    overhead_s: float  # per kernel
-    flops_per_s: float
-    residuals: list[float]  # (measured - fitted) / measured, per point
+class PassCosts(NamedTuple):
+    overhead_s: float  # a, per pass
+    flops_per_s: float  # R
+    bandwidth_Bps: float | None  # B; None: no optimizer step was fitted
+    residuals: list[float]  # (measured - fitted) / measured, per point: the passes, then the optimizer steps
 
     @property
     def max_residual(self) -> float:
         return max(abs(r) for r in self.residuals)
 
 
-def fit_overhead_rate(kernels, flops, times_s) -> OverheadRate:
-    """The per-kernel overhead c and the rate R that fit t = c x kernels + flops / R, relative errors weighted
-    alike (weights 1/t). Where the best c is below 0, or leaves no positive rate (noise), c is 0 and R alone
-    is fitted."""
-    k = np.asarray(kernels, dtype=np.float64)
+def fit_pass_costs(flops, times_s, update_bytes=(), update_times_s=()) -> PassCosts:
+    """The fixed cost a of a pass, the rate R and the bandwidth B that fit t = a + FLOPs / R to forward and
+    backward passes and t = a + bytes / B to optimizer steps, relative errors weighted alike (weights 1/t).
+    Where the best a is below 0, or leaves no positive R or B (noise: updates quicker than the passes' fixed
+    cost, or passes that do not grow with their FLOPs), a is 0 and R and B are fitted alone."""
     f = np.asarray(flops, dtype=np.float64)
-    t = np.asarray(times_s, dtype=np.float64)
-    if np.any(t <= 0) or np.any(f <= 0):
-        raise ValueError("times and FLOPs must be positive")
+    n = np.asarray(update_bytes, dtype=np.float64)
+    t = np.asarray([*times_s, *update_times_s], dtype=np.float64)
+    if np.any(t <= 0) or np.any(f <= 0) or np.any(n <= 0):
+        raise ValueError("times, FLOPs and bytes must be positive")
+    design = np.zeros((len(t), 3 if len(n) else 2))
+    design[:, 0] = 1.0
+    design[:len(f), 1] = f
+    if len(n):
+        design[len(f):, 2] = n
     w = 1.0 / t
-    (overhead, inverse_rate), *_ = np.linalg.lstsq(np.stack([k, f], axis=1) * w[:, None], t * w, rcond=None)
-    if overhead < 0 or inverse_rate <= 0:
-        overhead = 0.0
-        inverse_rate = float(np.sum(f * t * w**2) / np.sum((f * w) ** 2))
-    fitted = overhead * k + f * inverse_rate
-    return OverheadRate(float(overhead), float(1.0 / inverse_rate), [float(r) for r in (t - fitted) / t])
+    solution, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
+    if solution[0] < 0 or np.any(solution[1:] <= 0):  # through the origin, each rate its points' own
+        solution = np.concatenate([[0.0], np.linalg.lstsq(design[:, 1:] * w[:, None], t * w, rcond=None)[0]])
+    fitted = design @ solution
+    return PassCosts(float(solution[0]), float(1.0 / solution[1]), float(1.0 / solution[2]) if len(n) else None,
+                     [float(r) for r in (t - fitted) / t])
 
 
 def fit_ring_all_reduce(world: int, sizes_bytes, times_s) -> AlphaBeta:

@@ -2,17 +2,16 @@
 
 Pure functions over recorded timings. `fit_step_timings(ranks, world, sizes)`
 takes, per rank, the samples `time_steps` returned with the work of each case
-counted as the simulator counts it (`cases`: FLOPs and kernels of the forward
-and backward, bytes and operators of the optimizer step), and gives:
+counted as the simulator counts it (`cases`: FLOPs of the forward and
+backward, bytes of the optimizer step), and gives:
 
-- `compute`: t = c x kernels + FLOPs / R (fit.py fit_overhead_rate) over each
+- `compute` and `optimizer`: one fit (fit.py fit_pass_costs) of a fixed cost a
+  per pass (`pass_overhead_s`), the rate R and the memory bandwidth B to each
   (rank, case)'s mean forward span, drawing the batch included (a launched
-  run's forward span holds both: real/interpreter.py), and mean backward.
-  Earlier calibrations timed the draw apart (a `draw` sample, 2026-12-03 and
-  before): it is added back to the forward;
-- `optimizer`: the bandwidth B that fits t = c x operators + bytes / B to each
-  (rank, case)'s mean optimizer step, c the compute fit's (least squares of
-  relative errors), with its residuals;
+  run's forward span holds both: real/interpreter.py), and mean backward
+  (t = a + FLOPs / R), and mean optimizer step (t = a + bytes / B), each with
+  its residuals. Earlier calibrations timed the draw apart (a `draw` sample,
+  2026-12-03 and before): it is added back to the forward;
 - `all_reduce`: per size, what a launched run counts as communication: in each
   iteration the least time a rank spent in the all-reduce (the rank that
   arrived last; what the others spent beyond it was waiting for it, idle), then
@@ -31,8 +30,15 @@ Every time is fitted as its mean over the iterations, not its median: the
 simulator charges a span's mean (its compute noise keeps the mean,
 hw/device.py), and a launched run's step is the mean of its steps. On a busy
 host the times are skewed to the right: the mean of a forward, backward or
-all-reduce was 1-38% above its median in sixteen calibrations on 2 cores
+all-reduce was up to 38% above its median in sixteen calibrations on 2 cores
 (docs/validation/fidelity.md), so fitting medians predicted every part low.
+
+The fixed cost is a pass's, not a kernel's: calibration varies only the batch,
+so a cost per kernel would be told from a cost per pass only by the forward
+(13 kernels here) against the backward (36), and the two passes' fixed costs
+were alike (about 0.5 ms each) although their kernels are not; fitted per
+kernel, it left the rate 30% low, and models with other kernel counts wrong
+both ways (docs/validation/fidelity.md).
 
 `exchange_software_cost(exchange, classes)` splits one exchange of the ring
 into the wire, as a ping-pong sees it (the slowest link class's α-β), and what
@@ -45,9 +51,7 @@ links are α + δ and 1/(1/β + 1/γ) gives the ring its measured time.
 """
 import statistics
 
-import numpy as np
-
-from .fit import AlphaBeta, fit_compute_jitter, fit_overhead_rate, fit_ring_all_reduce, modelled_wait
+from .fit import AlphaBeta, fit_compute_jitter, fit_pass_costs, fit_ring_all_reduce, modelled_wait
 from .machine_load import relative_spread
 
 
@@ -56,18 +60,21 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     allow none."""
     cases = ranks[0]["cases"]
     forward_spans = [_forward_spans(rank, len(cases)) for rank in ranks]
-    kernels, flops, seconds = [], [], []
+    flops, seconds = [], []
     for rank_index, rank in enumerate(ranks):
         for c, case in enumerate(cases):
-            kernels += [case["forward_kernels"], case["backward_kernels"]]
             flops += [case["forward_flops"], case["backward_flops"]]
             seconds += [statistics.mean(forward_spans[rank_index][c]), statistics.mean(rank["backward"][c])]
-    compute_fit = fit_overhead_rate(kernels, flops, seconds)
-    compute = {"flops_per_s": compute_fit.flops_per_s, "kernel_overhead_s": compute_fit.overhead_s,
-               "max_abs_residual": compute_fit.max_residual, "residuals": compute_fit.residuals,
-               "points": [{"pass": ("forward", "backward")[k % 2], "kernels": n, "flops": f, "seconds": t}
-                          for k, (n, f, t) in enumerate(zip(kernels, flops, seconds))]}
-    optimizer = _fit_optimizer(ranks, cases, compute_fit.overhead_s)
+    update_bytes = [case["update_bytes"] for _ in ranks for case in cases]
+    update_seconds = [statistics.mean(rank["optimizer"][c]) for rank in ranks for c in range(len(cases))]
+    fit = fit_pass_costs(flops, seconds, update_bytes, update_seconds)
+    passes = len(flops)
+    compute = {"flops_per_s": fit.flops_per_s, "pass_overhead_s": fit.overhead_s,
+               "max_abs_residual": max(map(abs, fit.residuals[:passes])), "residuals": fit.residuals[:passes],
+               "points": [{"pass": ("forward", "backward")[k % 2], "flops": f, "seconds": t}
+                          for k, (f, t) in enumerate(zip(flops, seconds))]}
+    optimizer = {"bandwidth_Bps": fit.bandwidth_Bps, "seconds": update_seconds, "bytes": update_bytes,
+                 "residuals": fit.residuals[passes:], "max_abs_residual": max(map(abs, fit.residuals[passes:]))}
     all_reduce = []
     for size_index, size in enumerate(sizes):
         last_arrival = [min(times) for times in zip(*(rank["all_reduce"][size_index] for rank in ranks))]
@@ -101,22 +108,6 @@ def _forward_spans(rank: dict, cases: int) -> list[list[float]]:
 def _idle_residuals(idle_s, modelled_s) -> list[float]:
     """(measured - modelled) / measured waiting per case."""
     return [float((i - m) / i) if i > 0 else 0.0 for i, m in zip(idle_s, modelled_s)]
-
-
-def _fit_optimizer(ranks: list[dict], cases: list[dict], overhead_s: float) -> dict:
-    """The bandwidth that fits t = overhead x operators + bytes / bandwidth to the mean optimizer steps."""
-    nbytes = np.array([case["update_bytes"] for _ in ranks for case in cases], dtype=np.float64)
-    kernels = np.array([case["update_kernels"] for _ in ranks for case in cases], dtype=np.float64)
-    t = np.array([statistics.mean(rank["optimizer"][c]) for rank in ranks for c in range(len(cases))])
-    weights = 1.0 / t
-    inverse_bandwidth = float(np.sum(nbytes * (t - overhead_s * kernels) * weights**2)
-                              / np.sum((nbytes * weights) ** 2))
-    if inverse_bandwidth <= 0:
-        raise ValueError("the optimizer steps took less than the fixed cost of their operators")
-    fitted = overhead_s * kernels + nbytes * inverse_bandwidth
-    residuals = [float(r) for r in (t - fitted) / t]
-    return {"bandwidth_Bps": 1.0 / inverse_bandwidth, "seconds": t.tolist(), "bytes": nbytes.tolist(),
-            "kernels": kernels.tolist(), "residuals": residuals, "max_abs_residual": max(map(abs, residuals))}
 
 
 def exchange_software_cost(exchange: AlphaBeta, classes: dict[str, AlphaBeta]) -> dict:

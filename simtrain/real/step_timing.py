@@ -115,4 +115,4 @@ def _step_program(case: StepCase, rank: int, world: int, buffer: torch.Tensor):
     yield from forward_backward(case.replica)
     yield Collective(ALL_REDUCE["ring"](rank, world, buffer, average=True), "all_reduce")
     case.replica.step()
-    yield MemoryBound(case.update_bytes, "optimizer step", kind="optimizer", kernels=case.update_kernels)
+    yield MemoryBound(case.update_bytes, "optimizer step", kind="optimizer", kernels=case.update_kernels, passes=1)

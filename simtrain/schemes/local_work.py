@@ -36,25 +36,27 @@ def forward_backward(replica: Replica, statistics_all_reduce=None, during_backwa
         loss = replica.forward()
         cost = replica.step_cost()
         yield Alloc("activations", cost.activation_bytes)
-        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops)
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops,
+                      passes=1)
         loss = replica.backward(loss)
     else:  # forward and backward interleave with the exchanges: one host span ends at "forward"
         loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
         cost = replica.step_cost()
         yield Alloc("activations", cost.activation_bytes)
-        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops)
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops,
+                      passes=1)
     done, kernels_done = 0.0, 0
     for flops, operation in during_backward(cost, loss) if during_backward is not None else ():
         if flops > done:
             kernels = _kernels_until(cost, flops) - kernels_done
             yield Compute(flops - done, dtype, "backward", kernels=kernels,
-                          ops=_share(cost, flops - done))
+                          ops=_share(cost, flops - done), passes=int(done == 0))
             done, kernels_done = flops, kernels_done + kernels
         yield operation
     if cost.backward_flops > done or during_backward is None:
         ops = cost.backward_ops if done == 0 else _share(cost, cost.backward_flops - done)
         yield Compute(cost.backward_flops - done, dtype, "backward", kernels=cost.backward_kernels - kernels_done,
-                      ops=ops)
+                      ops=ops, passes=int(done == 0))
     yield Free("activations", cost.activation_bytes)
     return loss
 

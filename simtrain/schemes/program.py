@@ -35,7 +35,7 @@ class _Simulated:
 
     def compute(self, op: Compute):
         yield self.device.compute(op.flops, op.dtype, op.name, kind=op.kind, kernels=op.kernels, ops=op.ops,
-                                  sm_margin=op.sm_margin)
+                                  sm_margin=op.sm_margin, passes=op.passes)
 
     def alloc(self, op: Alloc):
         self.device.memory.alloc(op.category, op.nbytes)
@@ -70,7 +70,7 @@ class _Simulated:
             yield self.posted
 
     def memory_bound(self, op: MemoryBound):
-        yield self.device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels)
+        yield self.device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels, passes=op.passes)
 
     def busy(self, op: Busy):
         if op.staging:

@@ -84,12 +84,12 @@ def _param_units(model, entries) -> list[list[int]]:
 
 
 def _pieces(flops: list[float], total: float, kernels: int, ops, dtype: str, name: str) -> list[Compute]:
-    """A pass cut into Compute operations of `flops` each."""
+    """A pass cut into Compute operations of `flops` each (the first starts the pass)."""
     pieces, done, kernels_done = [], 0.0, 0
     for piece in flops:
-        done += piece
-        until = round(kernels * done / total) if total else 0
+        until = round(kernels * (done + piece) / total) if total else 0
         pieces.append(Compute(piece, dtype, name, kernels=until - kernels_done,
-                              ops=scaled(ops, piece / total) if total else ops))
+                              ops=scaled(ops, piece / total) if total else ops, passes=int(not pieces)))
+        done += piece
         kernels_done = until
     return pieces

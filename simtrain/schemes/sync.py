@@ -130,7 +130,8 @@ class SyncDataParallel(RankReplicas, Scheme):
             if self.kfac is not None:
                 yield from self.kfac.step(rank)
             replica.step()
-            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels)
+            yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels,
+                              passes=1)
             if rank == 0 and len(self.job.local_ranks) == self.world:
                 self._end_step(step)
 
@@ -197,8 +198,8 @@ class SyncDataParallel(RankReplicas, Scheme):
         kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
         return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
                                     cost.forward_ops + cost.backward_ops)
-                + device.kernel_time(cost.forward_kernels + cost.backward_kernels)
-                + device.memory_bound_time(self._step_bytes) + device.kernel_time(self._step_kernels) + kfac)
+                + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2)
+                + device.memory_bound_time(self._step_bytes) + device.fixed_time(self._step_kernels, passes=1) + kfac)
 
     def report_sections(self) -> dict:
         """report.json's `weight_norms` (and `kfac` with K-FAC) and `parallel` (the layout: dp only)."""
