@@ -176,12 +176,17 @@ def test_the_pass_fit_gives_overhead_rate_and_bandwidth_back():
     # passes alone (half precision): no bandwidth
     alone = fit_pass_costs(flops, [400e-6 + f / 50e9 for f in flops])
     assert alone.overhead_s == pytest.approx(400e-6, rel=1e-9) and alone.bandwidth_Bps is None
-    # no fixed cost to see (times below the line through the origin at small work), times that fall as the
-    # work grows, updates quicker than the passes' fixed cost: no fixed cost, each rate through the origin
-    for fallback in (fit_pass_costs([1e6, 4e6], [10e-6, 80e-6]), fit_pass_costs([1e6, 4e6], [80e-6, 40e-6]),
-                     fit_pass_costs(flops, [400e-6 + f / 50e9 for f in flops], [1e6, 1e6], [100e-6, 110e-6])):
+    # no fixed cost to see (times below the line through the origin at small work), or times that fall as the
+    # work grows: no fixed cost, the rate through the origin
+    for fallback in (fit_pass_costs([1e6, 4e6], [10e-6, 80e-6]), fit_pass_costs([1e6, 4e6], [80e-6, 40e-6])):
         assert fallback.overhead_s == 0.0 and fallback.flops_per_s > 0
-        assert fallback.bandwidth_Bps is None or fallback.bandwidth_Bps > 0
+    # updates no longer than the passes' fixed cost: a and R the passes' own, and B the least bandwidth that
+    # puts the bytes within the standard error of the updates' mean (here 5 us beyond a: 1e6 / 5e-6)
+    passes = [400e-6 + f / 50e9 for f in flops]
+    quick = fit_pass_costs(flops, passes, [1e6, 1e6], [395e-6, 405e-6])
+    assert quick.overhead_s == pytest.approx(400e-6, rel=1e-9) and quick.flops_per_s == pytest.approx(50e9)
+    assert quick.bandwidth_Bps == pytest.approx(1e6 / 5e-6) and quick.bandwidth_resolved is False
+    assert fit_pass_costs(flops, passes, [1e6, 1e6], [450e-6, 460e-6]).bandwidth_resolved
 
 
 @pytest.mark.parametrize("devices", [1, 2])

@@ -122,6 +122,7 @@ class PassCosts(NamedTuple):
     flops_per_s: float  # R
     bandwidth_Bps: float | None  # B; None: no optimizer step was fitted
     residuals: list[float]  # (measured - fitted) / measured, per point: the passes, then the optimizer steps
+    bandwidth_resolved: bool = True  # False: the steps took no longer than a pass's fixed cost; B a lower bound
 
     @property
     def max_residual(self) -> float:
@@ -130,9 +131,13 @@ class PassCosts(NamedTuple):
 
 def fit_pass_costs(flops, times_s, update_bytes=(), update_times_s=()) -> PassCosts:
     """The fixed cost a of a pass, the rate R and the bandwidth B that fit t = a + FLOPs / R to forward and
-    backward passes and t = a + bytes / B to optimizer steps, relative errors weighted alike (weights 1/t).
-    Where the best a is below 0, or leaves no positive R or B (noise: updates quicker than the passes' fixed
-    cost, or passes that do not grow with their FLOPs), a is 0 and R and B are fitted alone."""
+    backward passes and t = a + bytes / B to optimizer steps, relative errors weighted alike (weights 1/t),
+    all in one least squares.
+
+    Where the steps leave no positive B (the passes' fixed cost takes most of a step), a and R are the
+    passes' own and B is the steps' bytes over their mean time beyond a; where that is within the standard
+    error of the steps' mean, B is not resolved, and is the least bandwidth that puts the bytes within it. Where the passes
+    leave no positive a (no fixed cost to see) or R (noise), a is 0 and R and B are fitted alone."""
     f = np.asarray(flops, dtype=np.float64)
     n = np.asarray(update_bytes, dtype=np.float64)
     t = np.asarray([*times_s, *update_times_s], dtype=np.float64)
@@ -144,12 +149,27 @@ def fit_pass_costs(flops, times_s, update_bytes=(), update_times_s=()) -> PassCo
     if len(n):
         design[len(f):, 2] = n
     w = 1.0 / t
-    solution, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
-    if solution[0] < 0 or np.any(solution[1:] <= 0):  # through the origin, each rate its points' own
-        solution = np.concatenate([[0.0], np.linalg.lstsq(design[:, 1:] * w[:, None], t * w, rcond=None)[0]])
+    solution = _least_squares(design, t, w)
+    resolved = True
+    if len(n) and solution[0] >= 0 and solution[1] > 0 and solution[2] <= 0:
+        solution[:2] = _least_squares(design[:len(f), :2], t[:len(f)], w[:len(f)])
+        steps = t[len(f):]
+        hidden = float(np.std(steps, ddof=1) / np.sqrt(len(steps))) if len(steps) > 1 else 0.0
+        excess = float(np.mean(steps)) - solution[0]
+        resolved = bool(excess > hidden)
+        solution[2] = max(hidden, excess, 1e-9) / float(np.mean(n))
     fitted = design @ solution
     return PassCosts(float(solution[0]), float(1.0 / solution[1]), float(1.0 / solution[2]) if len(n) else None,
-                     [float(r) for r in (t - fitted) / t])
+                     [float(r) for r in (t - fitted) / t], resolved)
+
+
+def _least_squares(design: np.ndarray, t: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The coefficients of design's columns (a fixed cost first) that fit t, weights w; where the fixed cost
+    comes out below 0, or a rate at or below 0 (noise), the fixed cost is 0 and the rates are fitted alone."""
+    solution, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
+    if solution[0] < 0 or solution[1] <= 0:
+        solution = np.concatenate([[0.0], np.linalg.lstsq(design[:, 1:] * w[:, None], t * w, rcond=None)[0]])
+    return solution
 
 
 def fit_ring_all_reduce(world: int, sizes_bytes, times_s) -> AlphaBeta:

@@ -10,7 +10,8 @@ backward, bytes of the optimizer step), and gives:
   (rank, case)'s mean forward span, drawing the batch included (a launched
   run's forward span holds both: real/interpreter.py), and mean backward
   (t = a + FLOPs / R), and mean optimizer step (t = a + bytes / B), each with
-  its residuals. Earlier calibrations timed the draw apart (a `draw` sample,
+  its residuals (`bandwidth_resolved` false where the steps took no longer
+  than a pass's fixed cost, within their noise: B is then a lower bound). Earlier calibrations timed the draw apart (a `draw` sample,
   2026-12-03 and before): it is added back to the forward;
 - `all_reduce`: per size, what a launched run counts as communication: in each
   iteration the least time a rank spent in the all-reduce (the rank that
@@ -73,7 +74,8 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
                "max_abs_residual": max(map(abs, fit.residuals[:passes])), "residuals": fit.residuals[:passes],
                "points": [{"pass": ("forward", "backward")[k % 2], "flops": f, "seconds": t}
                           for k, (f, t) in enumerate(zip(flops, seconds))]}
-    optimizer = {"bandwidth_Bps": fit.bandwidth_Bps, "seconds": update_seconds, "bytes": update_bytes,
+    optimizer = {"bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
+                 "seconds": update_seconds, "bytes": update_bytes,
                  "residuals": fit.residuals[passes:], "max_abs_residual": max(map(abs, fit.residuals[passes:]))}
     all_reduce = []
     for size_index, size in enumerate(sizes):
