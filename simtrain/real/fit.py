@@ -136,8 +136,9 @@ def fit_pass_costs(flops, times_s, update_bytes=(), update_times_s=()) -> PassCo
 
     Where the steps leave no positive B (the passes' fixed cost takes most of a step), a and R are the
     passes' own and B is the steps' bytes over their mean time beyond a; where that is within the standard
-    error of the steps' mean, B is not resolved, and is the least bandwidth that puts the bytes within it. Where the passes
-    leave no positive a (no fixed cost to see) or R (noise), a is 0 and R and B are fitted alone."""
+    error of the steps' mean, B is not resolved, and is the least bandwidth that puts the bytes within it.
+    Where the passes leave no positive a (no fixed cost to see) or R (noise), a is 0 and R and B are fitted
+    alone."""
     f = np.asarray(flops, dtype=np.float64)
     n = np.asarray(update_bytes, dtype=np.float64)
     t = np.asarray([*times_s, *update_times_s], dtype=np.float64)

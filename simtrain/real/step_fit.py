@@ -11,8 +11,9 @@ backward, bytes of the optimizer step), and gives:
   run's forward span holds both: real/interpreter.py), and mean backward
   (t = a + FLOPs / R), and mean optimizer step (t = a + bytes / B), each with
   its residuals (`bandwidth_resolved` false where the steps took no longer
-  than a pass's fixed cost, within their noise: B is then a lower bound). Earlier calibrations timed the draw apart (a `draw` sample,
-  2026-12-03 and before): it is added back to the forward;
+  than a pass's fixed cost, within their noise: B is then a lower bound).
+  Earlier calibrations timed the draw apart (a `draw` sample, 2026-12-03
+  and before): it is added back to the forward;
 - `all_reduce`: per size, what a launched run counts as communication: in each
   iteration the least time a rank spent in the all-reduce (the rank that
   arrived last; what the others spent beyond it was waiting for it, idle), then
@@ -38,7 +39,7 @@ The fixed cost is a pass's, not a kernel's: calibration varies only the batch,
 so a cost per kernel would be told from a cost per pass only by the forward
 (13 kernels here) against the backward (36), and the two passes' fixed costs
 were alike (about 0.5 ms each) although their kernels are not; fitted per
-kernel, it left the rate 30% low, and models with other kernel counts wrong
+kernel, it left the rate a third low, and models with other kernel counts wrong
 both ways (docs/validation/fidelity.md).
 
 `exchange_software_cost(exchange, classes)` splits one exchange of the ring

@@ -10,8 +10,12 @@ runs the same step program through the same interpreter and communicator, the
 all-reduce on a buffer of each size in turn, and keeps the spans the
 interpreter measures, so that each part is what a launched run measures:
 
-    for each case (a model and its batch size), for each all-reduce size, repeats + 2 times:
+    for each all-reduce size, for each case (a model and its batch size), repeats + 2 times:
         forward (the draw of the batch inside) | backward | ring all-reduce of a buffer of that size | optimizer step
+
+The cases take turns within each size, so that a change of the machine's
+speed during calibration (seconds long on a shared host) falls on every case
+alike instead of on one batch size, where it would tilt the rate.
 
 Timed back to back instead, each part came out faster than in training: an
 all-reduce that follows another finds gloo's threads awake and its buffers in
@@ -93,9 +97,9 @@ def time_steps(rank: int, world: int, cases: list[StepCase], sizes: list[int], r
     comm, meter = GlooCommunicator(range(world)), Meter()
     ledger = MemoryLedger("calibration", float("inf"))
     meter.start_recording()
-    for case_index, case in enumerate(cases):
-        for size_index, size in enumerate(sizes):
-            buffer = torch.ones(max(world, size // 4), dtype=torch.float32, device=device)
+    for size_index, size in enumerate(sizes):
+        buffer = torch.ones(max(world, size // 4), dtype=torch.float32, device=device)
+        for case_index, case in enumerate(cases):
             dist.barrier()
             for iteration in range(repeats + 2):
                 meter.boundary()
