@@ -22,7 +22,7 @@ measuring at once where training runs at once:
   optimizer step), through launch's interpreter, on a replica of the
   scenario's model (`--model-of`) at half, one and two times its batch size,
   or of square Linear layers, with the all-reduce of a buffer of each size in
-  turn, every rank at once; each all-reduce follows compute, as in training,
+  turn (the cases taking turns within each size), every rank at once; each all-reduce follows compute, as in training,
   where gloo's threads have gone idle. Fitted (real/step_fit.py), each time as
   its mean over the iterations: fp32's rate R, the memory bandwidth B and a
   fixed cost a per pass, to t = a + FLOPs / R over the forward spans (the
