@@ -136,7 +136,7 @@ def _this_machine(hosts: list[str]) -> Machine:
 def refit(recorded: Path, out: Path) -> dict:
     """Fit again, with this version's models, what an earlier calibration measured (its calibration.json), and
     write out/ as `calibrate` does; nothing is measured. The work of the fp32 step samples (FLOPs, kernels, the
-    update's bytes and operators) is counted again as this version counts it, on the model of the recorded
+    update's bytes) is counted again as this version counts it, on the model of the recorded
     `model_of` scenario, which must still be there; the half-precision points are kept as recorded."""
     summary = _recorded(recorded)
     world, hosts = summary["ranks"], summary["hosts"]
@@ -184,7 +184,7 @@ def _case_records(cases) -> list[dict]:
     costs = [case.replica.step_cost() for case in cases]
     return [{"label": case.label, "forward_flops": cost.forward_flops, "forward_kernels": cost.forward_kernels,
              "backward_flops": cost.backward_flops, "backward_kernels": cost.backward_kernels,
-             "update_bytes": case.update_bytes, "update_kernels": case.update_kernels}
+             "update_bytes": case.update_bytes}
             for case, cost in zip(cases, costs)]
 
 

@@ -60,7 +60,6 @@ class StepCase(NamedTuple):
     replica: Replica
     batch: int
     update_bytes: float  # what the simulator charges for the optimizer step (train/precision.py)
-    update_kernels: int  # the operators the optimizer step dispatches (Replica.step_kernels)
 
 
 def step_cases(model_of: str | None, rank: int, world: int, device="cpu") -> list[StepCase]:
@@ -84,8 +83,7 @@ def step_cases(model_of: str | None, rank: int, world: int, device="cpu") -> lis
     cases = []
     for label, model, loader, batch, train in built:
         replica = Replica(model.to(device), loader, train)
-        cases.append(StepCase(label, replica, batch, update_bytes(replica.params, train.precision, train.optimizer),
-                              replica.step_kernels()))
+        cases.append(StepCase(label, replica, batch, update_bytes(replica.params, train.precision, train.optimizer)))
     return cases
 
 
@@ -119,4 +117,4 @@ def _step_program(case: StepCase, rank: int, world: int, buffer: torch.Tensor):
     yield from forward_backward(case.replica)
     yield Collective(ALL_REDUCE["ring"](rank, world, buffer, average=True), "all_reduce")
     case.replica.step()
-    yield MemoryBound(case.update_bytes, "optimizer step", kind="optimizer", kernels=case.update_kernels, passes=1)
+    yield MemoryBound(case.update_bytes, "optimizer step", kind="optimizer", passes=1)
