@@ -170,7 +170,7 @@ class Device:
         a communication kernel holding `sm_margin` of them leaves, starting `passes` passes; the event fires
         when they have run."""
         seconds = self.compute_time(flops, dtype, ops, sm_margin)
-        if kernels or passes:
+        if self.spec.kernel_overhead_s or self.spec.pass_overhead_s:  # a calibrated host's; no GPU's
             seconds += self.fixed_time(kernels, passes)
         if self.jitter or self.jitter_fixed:
             sigma = span_sigma(seconds, self.jitter, self.jitter_fixed)
@@ -181,7 +181,7 @@ class Device:
         """Queue memory-bound work touching `nbytes` of HBM in `kernels` kernels (an optimizer step, a copy),
         starting `passes` passes."""
         seconds = self.memory_bound_time(nbytes)
-        if kernels or passes:
+        if self.spec.kernel_overhead_s or self.spec.pass_overhead_s:  # a calibrated host's; no GPU's
             seconds += self.fixed_time(kernels, passes)
         return self.run_for(seconds, name, kind, nbytes=nbytes)
 
