@@ -2,9 +2,10 @@
 
 1. In one process per rank (2 ranks, gloo), on one replica of bench/fidelity.py's
    base model: launch's own step program (the Job a `simtrain launch` builds,
-   real/backend.py, spans by real/interpreter.py) for 40 steps, then calibration's
-   `time_steps` (real/step_timing.py) with the all-reduce on the gradient's own
-   size, `--turns` times in turn; the median of each span per rank, both ways.
+   real/backend.py, spans by real/interpreter.py) for the base's steps, then
+   calibration's `time_steps` (real/step_timing.py) for as many rounds, the
+   all-reduce on the gradient's own size, `--turns` times in turn; the median of
+   each span per rank, both ways.
    calibrate.py fits calibration's spans, so they should be what launch measures.
 2. Dispatch: forward and backward of a chain of k Linear(8, 8) + ReLU layers, on
    a batch of 4 and one thread, for k = 1 and 32; the slope per kernel (the
@@ -66,7 +67,7 @@ def rank_spans(rank: int, world: int, scenario_file: str, turns: int) -> dict:
                              "cpu")
         for name, part in (("forward", "forward"), ("backward", "backward"), ("optimizer step", "optimizer")):
             spans["calibration"].setdefault(name, []).extend(samples[part][0])
-        spans["calibration"].setdefault("all_reduce", []).extend(samples["all_reduce"][0])
+        spans["calibration"].setdefault("all_reduce", []).extend(samples["all_reduce"][0][0])
     return {way: {name: statistics.median(times) * 1e6 for name, times in by_name.items()}
             for way, by_name in spans.items()}
 

@@ -321,6 +321,20 @@ def test_a_forward_span_with_its_draw_inside_fits_as_one_timed_apart():
     assert inside["compute_jitter_fixed_s"] == apart["compute_jitter_fixed_s"] > 0
 
 
+def test_all_reduces_kept_by_case_fit_as_those_kept_as_one_list_a_size():
+    """Calibration now keeps each size's all-reduces per case, a round each (the cases and sizes take turns): the
+    recorded samples so kept (each size's list split into its cases' iterations) fit exactly as they did."""
+    ranks, cases = json.loads(json.dumps(RECORDED["ranks"])), len(RECORDED["ranks"][0]["cases"])
+    for rank in ranks:
+        rank["all_reduce"] = [[times[c * len(times) // cases:(c + 1) * len(times) // cases] for c in range(cases)]
+                              for times in rank["all_reduce"]]
+    assert isinstance(ranks[0]["all_reduce"][0][0], list)
+    one_list = fit_step_timings(RECORDED["ranks"], RECORDED["world"], RECORDED["sizes_bytes"])
+    by_case = fit_step_timings(ranks, RECORDED["world"], RECORDED["sizes_bytes"])
+    for key in ("all_reduce", "all_reduce_fit", "idle_s", "compute_jitter", "compute_jitter_fixed_s", "spreads"):
+        assert by_case[key] == one_list[key]
+
+
 def test_the_topology_gives_the_simulated_ring_its_fitted_time(tmp_path):
     """Closed form: on the written topology the simulator's ring all-reduce of n bytes over 2 ranks takes
     2 (α_x + (n/2)/β_x), the exchange's fit, once the wire and the software cost are added back together."""

@@ -78,21 +78,23 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     optimizer = {"bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
                  "seconds": update_seconds, "bytes": update_bytes,
                  "residuals": fit.residuals[passes:], "max_abs_residual": max(map(abs, fit.residuals[passes:]))}
+    all_reduces = [_all_reduces_by_case(rank, len(cases)) for rank in ranks]  # [rank][size][case][round]
     all_reduce = []
     for size_index, size in enumerate(sizes):
-        last_arrival = [min(times) for times in zip(*(rank["all_reduce"][size_index] for rank in ranks))]
+        last_arrival = [min(times) for c in range(len(cases))
+                        for times in zip(*(rank[size_index][c] for rank in all_reduces))]
         all_reduce.append({"bytes": max(world, size // 4) * 4, "time_s": statistics.mean(last_arrival)})
     exchange = fit_ring_all_reduce(world, [row["bytes"] for row in all_reduce], [row["time_s"] for row in all_reduce])
-    repeats = len(ranks[0]["all_reduce"][0]) // len(cases)  # each size's samples: every case's iterations in turn
     idle = [statistics.mean(statistics.mean(times) - min(times) for s in range(len(sizes))
-                            for times in zip(*(rank["all_reduce"][s][c * repeats:(c + 1) * repeats] for rank in ranks)))
+                            for times in zip(*(rank[s][c] for rank in all_reduces)))
             for c in range(len(cases))]
     forward = [statistics.mean([t for spans in forward_spans for t in spans[c]]) for c in range(len(cases))]
     backward = [statistics.mean([t for rank in ranks for t in rank["backward"][c]]) for c in range(len(cases))]
     jitter = fit_compute_jitter(idle, forward, backward, world)
     spreads = {f"{label} ({case['label']})": max(relative_spread(rank[part][c]) for rank in ranks)
                for c, case in enumerate(cases) for part, label in (("forward", "forward"), ("backward", "backward"))}
-    spreads.update({f"all-reduce of {size} B": max(relative_spread(rank["all_reduce"][s]) for rank in ranks)
+    spreads.update({f"all-reduce of {size} B": max(relative_spread([t for times in rank[s] for t in times])
+                                                   for rank in all_reduces)
                     for s, size in enumerate(sizes)})
     return {"compute": compute, "optimizer": optimizer, "all_reduce": all_reduce, "all_reduce_fit": exchange,
             "idle_s": dict(zip((case["label"] for case in cases), idle)),
@@ -106,6 +108,15 @@ def _forward_spans(rank: dict, cases: int) -> list[list[float]]:
     if "draw" not in rank:
         return rank["forward"]
     return [[d + f for d, f in zip(rank["draw"][c], rank["forward"][c])] for c in range(cases)]
+
+
+def _all_reduces_by_case(rank: dict, cases: int) -> list[list[list[float]]]:
+    """A rank's all-reduce seconds per size, per case. Calibrations until 2026-12-03 12:00 UTC kept each size's
+    as one list, every case's iterations together in turn: split there."""
+    if rank["all_reduce"] and isinstance(rank["all_reduce"][0][0], list):
+        return rank["all_reduce"]
+    return [[times[c * len(times) // cases:(c + 1) * len(times) // cases] for c in range(cases)]
+            for times in rank["all_reduce"]]
 
 
 def _idle_residuals(idle_s, modelled_s) -> list[float]:

@@ -10,28 +10,29 @@ runs the same step program through the same interpreter and communicator, the
 all-reduce on a buffer of each size in turn, and keeps the spans the
 interpreter measures, so that each part is what a launched run measures:
 
-    for each all-reduce size, for each case (a model and its batch size), repeats + 2 times:
+    repeats times: for each case (a model and its batch size): two steps not kept, then for each all-reduce size:
         forward (the draw of the batch inside) | backward | ring all-reduce of a buffer of that size | optimizer step
 
-The cases take turns within each size, so that a change of the machine's
-speed during calibration (seconds long on a shared host) falls on every case
-alike instead of on one batch size, where it would tilt the rate.
-
-Timed back to back instead, each part came out faster than in training: an
-all-reduce that follows another finds gloo's threads awake and its buffers in
-cache, where in training it follows a millisecond of compute. And a loop of its
-own, outside the interpreter, came out 7-12% faster than a launched step on the
-same replica in the same process (docs/validation/fidelity.md).
+Everything takes turns, so that a change of the machine's speed during
+calibration (its phases last seconds on a shared host) falls on every case and
+every size alike. Timed one after the other, each case or size had a window of
+its own, half a second long, and a slow phase there tilted the fit: with each
+size's steps together (fifteen runs, 2026-12-03), the all-reduce's points from
+8 B to 1 MiB, whose times hardly differ, scattered around the fitted line by
+17-38% at the largest, and that scatter set the exchange's latency and
+bandwidth. A case's steps stay together within a round (a launched run trains
+one model, its weights in cache), after two steps not kept (its weights and
+gloo's threads have just been idle).
 
 The replica is built as a launched run builds it (train/replica.py: the shard
-loader, the flat gradient buffer, the optimizer). The first two iterations of
-each (case, size) are not kept. `time_steps` returns this rank's seconds, one
-per kept iteration, in the same order on every rank (so that calibrate.py can
-take, for each all-reduce, the rank that arrived last, as launch.py does).
+loader, the flat gradient buffer, the optimizer). `time_steps` returns this
+rank's seconds, one per kept step, in the same order on every rank (so that
+calibrate.py can take, for each all-reduce, the rank that arrived last, as
+launch.py does).
 
     cases = step_cases("scenario.yaml", rank, world)
     samples = time_steps(rank, world, cases, sizes=[4, 1024, 1 << 20], repeats=20, device="cpu")
-    samples["all_reduce"][1]          # this rank's seconds of every kept all-reduce of 1024 bytes
+    samples["all_reduce"][1][0]       # this rank's seconds of the first case's all-reduces of 1024 bytes, a round each
 """
 from typing import NamedTuple
 
@@ -88,24 +89,24 @@ def step_cases(model_of: str | None, rank: int, world: int, device="cpu") -> lis
 
 
 def time_steps(rank: int, world: int, cases: list[StepCase], sizes: list[int], repeats: int, device) -> dict:
-    """{"forward" | "backward" | "optimizer": [[seconds per kept iteration] per case],
-    "all_reduce": [[seconds per kept iteration, cases in order] per size]}: this rank's."""
+    """{"forward" | "backward" | "optimizer": [[seconds per kept step] per case],
+    "all_reduce": [[[seconds per round] per case] per size]}: this rank's."""
     samples = {part: [[] for _ in cases] for part in SPANS.values()}
-    samples["all_reduce"] = [[] for _ in sizes]
+    samples["all_reduce"] = [[[] for _ in cases] for _ in sizes]
     comm, meter = GlooCommunicator(range(world)), Meter()
     ledger = MemoryLedger("calibration", float("inf"))
+    buffers = [torch.ones(max(world, size // 4), dtype=torch.float32, device=device) for size in sizes]
     meter.start_recording()
-    for size_index, size in enumerate(sizes):
-        buffer = torch.ones(max(world, size // 4), dtype=torch.float32, device=device)
+    for _ in range(repeats):
         for case_index, case in enumerate(cases):
             dist.barrier()
-            for iteration in range(repeats + 2):
+            for size_index in [None, None, *range(len(sizes))]:  # two steps not kept, then one a size
                 meter.boundary()
-                run_program(_step_program(case, rank, world, buffer), comm, ledger, meter)
-                for span in meter.spans if iteration >= 2 else ():
+                run_program(_step_program(case, rank, world, buffers[size_index or 0]), comm, ledger, meter)
+                for span in meter.spans if size_index is not None else ():
                     seconds = span.end - span.start
                     if span.kind == "communication":
-                        samples["all_reduce"][size_index].append(seconds)
+                        samples["all_reduce"][size_index][case_index].append(seconds)
                     else:
                         samples[SPANS[span.name]][case_index].append(seconds)
                 meter.spans.clear()
