@@ -12,13 +12,20 @@
    `simtrain launch --nproc 2` measures it (warm-up steps not measured), `--launches`
    times, the configurations in turn (a change of the machine's speed falls on all of
    them), the measured step the median launch's;
-3. a table of predicted against measured step time (and compute, communication,
+3. calibrated again after the launches, and both calibrations pooled (`simtrain
+   calibrate --refit` of the two: calibration_bracketing/): the machine's speed
+   on this shared host drifts over the minutes the launches take, so the
+   configurations are predicted both ways, from the calibration before (what
+   a user who calibrates once gets: the model's error and the drift since)
+   and bracketed (the machine's speed averaged over the launches' minutes, as
+   a quiet machine would hold it: the model's error);
+4. a table of predicted against measured step time (and compute, communication,
    optimizer, idle) with the error (predicted - measured) / measured, the
    geometric mean error over the unseen configurations, exp(mean |ln(predicted /
    measured)|) - 1 (the factor a prediction typically misses by: a geometric mean
    of the |errors| themselves is pulled to 0 by one near-exact configuration),
-   the largest |error|, and fidelity.json;
-4. held-out rank counts (`--ranks`, default 3 and 4): BASE on more processes
+   the largest |error|, each way, and fidelity.json;
+5. held-out rank counts (`--ranks`, default 3 and 4): BASE on more processes
    than calibration ran, on the same cores: predicted on a switch of that many
    ranks with the calibrated device, three ways: each rank computing as if it
    had a core of its own, on the calibrated links (`own_cores`); the ranks'
@@ -128,27 +135,13 @@ def main() -> None:
     base_file = out / "base.yaml"
     base_file.write_text(yaml.safe_dump(scenario_dict({})))
     calibration = calibrate(WORLD, out / "calibration", model_of=base_file, repeats=args.repeats)
-    wire, exchange = calibration["link_classes"]["intra_host"], calibration["all_reduce_exchange"]
-    compute, optimizer = calibration["compute"]["fp32"], calibration["optimizer"]
-    print(f"calibration: ping-pong α {wire['latency_s'] * 1e6:.1f} us, β {wire['bandwidth_Bps'] / 1e9:.2f} GB/s "
-          f"(largest residual {wire['max_abs_residual']:.0%}); ring exchange in training steps α "
-          f"{exchange['latency_s'] * 1e6:.1f} us, β {exchange['bandwidth_Bps'] / 1e9:.2f} GB/s (largest residual "
-          f"{exchange['max_abs_residual']:.0%}); fp32 {compute['flops_per_s'] / 1e9:.1f} GFLOP/s and "
-          f"{compute['pass_overhead_s'] * 1e6:.1f} us per pass (largest residual "
-          f"{compute['max_abs_residual']:.0%}); optimizer {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s "
-          f"(largest residual {optimizer['max_abs_residual']:.0%}); compute jitter "
-          f"σ {calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms; "
-          f"{calibration['load']['warning'] or 'machine quiet'}")
+    print_calibration("calibration", calibration)
     predictions, launches = {}, {label: [] for label, _ in CONFIGURATIONS}
     for label, overrides in CONFIGURATIONS:
         folder = configuration_folder(out, label)
         folder.mkdir(exist_ok=True)
-        calibrated = {"device": str(out / "calibration" / "device.yaml"),
-                      "topology": str(out / "calibration" / "topology.yaml"), "devices": None,
-                      **calibrated_jitter(calibration, args.jitter)}
-        scenario_file = folder / "scenario.yaml"
-        scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides, calibrated)))
-        predictions[label] = simtrain.run(simtrain.load_scenario(scenario_file)).data
+        predictions[label] = predict(folder / "scenario.yaml", overrides, out / "calibration", calibration,
+                                     args.jitter)
         (folder / "launch.yaml").write_text(yaml.safe_dump(scenario_dict(overrides)))
     for turn in range(args.launches):  # every configuration once, then again: the machine's drift falls on all
         for label, _ in CONFIGURATIONS:
@@ -158,21 +151,30 @@ def main() -> None:
             launches[label].append((measured, before))
             print(f"{label}, launch {turn + 1}: measured {measured['step_time_s'] * 1e3:.3f} ms "
                   f"(load before {before})", flush=True)
+    after = calibrate(WORLD, out / "calibration_after", model_of=base_file, repeats=args.repeats)
+    print_calibration("calibration after the launches", after)
+    bracketing = refit([out / "calibration" / "calibration.json", out / "calibration_after" / "calibration.json"],
+                       out / "calibration_bracketing")
+    print_calibration("both pooled", bracketing)
     rows = []
-    for label, _ in CONFIGURATIONS:
+    for label, overrides in CONFIGURATIONS:
         predicted = predictions[label]
         (measured, before), steps = median_launch(launches[label])
+        bracketed = predict(configuration_folder(out, label) / "scenario_bracketing.yaml", overrides,
+                            out / "calibration_bracketing", bracketing, args.jitter)["step_time_s"]
         row = {"configuration": label, "load_before": before, "launched_steps_s": steps,
                "predicted_step_s": predicted["step_time_s"], "measured_step_s": measured["step_time_s"],
                "error": (predicted["step_time_s"] - measured["step_time_s"]) / measured["step_time_s"],
+               "bracketed_step_s": bracketed,
+               "bracketed_error": (bracketed - measured["step_time_s"]) / measured["step_time_s"],
                "predicted_breakdown_s": predicted["breakdown_s"], "measured_breakdown_s": measured["breakdown_s"],
                "measured_unattributed_s": measured["measurement"]["unattributed_s"],
                "launch_warning": measured["measurement"]["warning"]}
         rows.append(row)
         warning = f"; {row['launch_warning']}" if row["launch_warning"] else ""
         print(f"{label}: predicted {row['predicted_step_s'] * 1e3:.3f} ms, measured {row['measured_step_s'] * 1e3:.3f} ms"
-              f" (median of {', '.join(f'{step * 1e3:.3f}' for step in steps)}), error {row['error']:+.1%}{warning}",
-              flush=True)
+              f" (median of {', '.join(f'{step * 1e3:.3f}' for step in steps)}), error {row['error']:+.1%}; "
+              f"bracketed {bracketed * 1e3:.3f} ms, error {row['bracketed_error']:+.1%}{warning}", flush=True)
     print("\n| configuration | predicted step | measured step | error | predicted compute / comm / optimizer | "
           "measured compute / comm / optimizer / idle |")
     print("|---|---|---|---|---|---|")
@@ -193,8 +195,9 @@ def main() -> None:
               f"({row['measured_unattributed_s'] * 1e3:.3f}) | "
               f"{(row['predicted_step_s'] - row['measured_step_s']) * 1e3:+.3f} |")
     geomean, largest = unseen_errors(rows)
+    bracketed_geomean, bracketed_largest = unseen_errors(rows, "bracketed_step_s")
     print(f"\ngeometric mean error over the unseen configurations: {geomean:.1%} (largest |error| {largest:.1%}); "
-          f"machine load after: {load()}")
+          f"bracketed: {bracketed_geomean:.1%} (largest {bracketed_largest:.1%}); machine load after: {load()}")
     relative = relative_to_seen(rows)
     print("relative to the base (the machine's change of speed since calibration taken out): "
           + ", ".join(f"{label} {error:+.1%}" for label, error in relative.items()))
@@ -215,16 +218,43 @@ def main() -> None:
                   f"{' / '.join(f'{p[part] * 1e3:.3f}' for part in parts)} ms |")
     (out / "fidelity.json").write_text(json.dumps({"calibration": calibration, "rows": rows,
                                                    "geomean_error": geomean, "max_abs_error": largest,
+                                                   "bracketed_geomean_error": bracketed_geomean,
+                                                   "bracketed_max_abs_error": bracketed_largest,
                                                    "relative_to_seen": relative, "ranks_rows": ranks_rows},
                                                   indent=2) + "\n")
 
 
-def unseen_errors(rows: list[dict]) -> tuple[float, float]:
-    """Over the configurations calibration did not see: the geometric mean error, exp(mean |ln(predicted /
-    measured)|) - 1, and the largest |predicted - measured| / measured."""
-    unseen = [(row["predicted_step_s"], row["measured_step_s"]) for row in rows if row["configuration"] != SEEN]
+def unseen_errors(rows: list[dict], predicted: str = "predicted_step_s") -> tuple[float, float]:
+    """Over the configurations calibration did not see, predicted (the calibration before the launches, or
+    `bracketed_step_s`): the geometric mean error, exp(mean |ln(predicted / measured)|) - 1, and the largest
+    |predicted - measured| / measured."""
+    unseen = [(row[predicted], row["measured_step_s"]) for row in rows if row["configuration"] != SEEN]
     geomean = math.exp(statistics.mean(abs(math.log(predicted / measured)) for predicted, measured in unseen)) - 1
     return geomean, max(abs(predicted - measured) / measured for predicted, measured in unseen)
+
+
+def print_calibration(name: str, calibration: dict) -> None:
+    """One line of what a calibration fitted."""
+    wire, exchange = calibration["link_classes"]["intra_host"], calibration["all_reduce_exchange"]
+    compute, optimizer = calibration["compute"]["fp32"], calibration["optimizer"]
+    print(f"{name}: ping-pong α {wire['latency_s'] * 1e6:.1f} us, β {wire['bandwidth_Bps'] / 1e9:.2f} GB/s "
+          f"(largest residual {wire['max_abs_residual']:.0%}); ring exchange in training steps α "
+          f"{exchange['latency_s'] * 1e6:.1f} us, β {exchange['bandwidth_Bps'] / 1e9:.2f} GB/s (largest residual "
+          f"{exchange['max_abs_residual']:.0%}); fp32 {compute['flops_per_s'] / 1e9:.1f} GFLOP/s and "
+          f"{compute['pass_overhead_s'] * 1e6:.1f} us per pass (largest residual "
+          f"{compute['max_abs_residual']:.0%}); optimizer {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s "
+          f"(largest residual {optimizer['max_abs_residual']:.0%}); compute jitter "
+          f"σ {calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms; "
+          f"{calibration['load']['warning'] or 'machine quiet'}", flush=True)
+
+
+def predict(scenario_file: Path, overrides: dict, calibrated: Path, calibration: dict, jitter: bool) -> dict:
+    """`simtrain run` of BASE with `overrides` on the device and topology calibrated into folder `calibrated`
+    (written to `scenario_file`): its report's data."""
+    cluster = {"device": str(calibrated / "device.yaml"), "topology": str(calibrated / "topology.yaml"),
+               "devices": None, **calibrated_jitter(calibration, jitter)}
+    scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides, cluster)))
+    return simtrain.run(simtrain.load_scenario(scenario_file)).data
 
 
 def relative_to_seen(rows: list[dict]) -> dict:
@@ -241,7 +271,7 @@ def predict_again(run: Path, jitter: bool) -> None:
     (`simtrain calibrate --refit`, into RUN/refitted), its configurations predicted on the refitted files, against
     the steps it measured then."""
     recorded = json.loads((run / "fidelity.json").read_text())
-    calibration = refit(run / "calibration" / "calibration.json", run / "refitted")
+    calibration = refit([run / "calibration" / "calibration.json"], run / "refitted")
     print(f"{run} (measured {calibration['date']}), refitted: optimizer "
           f"{calibration['optimizer']['bandwidth_Bps'] / 1e9:.2f} GB/s, compute jitter σ "
           f"{calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms")
@@ -249,11 +279,8 @@ def predict_again(run: Path, jitter: bool) -> None:
     overrides, again = dict(CONFIGURATIONS), []
     for row in recorded["rows"]:
         label = RENAMED.get(row["configuration"], row["configuration"])
-        cluster = {"device": str(run / "refitted" / "device.yaml"), "topology": str(run / "refitted" / "topology.yaml"),
-                   "devices": None, **calibrated_jitter(calibration, jitter)}
-        scenario_file = run / "refitted" / f"{configuration_folder(run, label).name}.yaml"
-        scenario_file.write_text(yaml.safe_dump(scenario_dict(overrides[label], cluster)))
-        predicted = simtrain.run(simtrain.load_scenario(scenario_file)).data["step_time_s"]
+        predicted = predict(run / "refitted" / f"{configuration_folder(run, label).name}.yaml", overrides[label],
+                            run / "refitted", calibration, jitter)["step_time_s"]
         error = (predicted - row["measured_step_s"]) / row["measured_step_s"]
         again.append({**row, "predicted_step_s": predicted})
         print(f"| {label} | {row['measured_step_s'] * 1e3:.3f} ms | {row['predicted_step_s'] * 1e3:.3f} ms "

@@ -168,9 +168,9 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
 @click.option("--sizes", default="4:4M", show_default=True, help="MIN:MAX message bytes, x4 apart (K, M = 1024^n).")
 @click.option("--repeats", type=click.IntRange(1, 100_000), default=20, show_default=True,
               help="Timed repetitions of each measurement.")
-@click.option("--refit", "recorded", default=None, metavar="CALIBRATION_JSON",
+@click.option("--refit", "recorded", multiple=True, metavar="CALIBRATION_JSON",
               help="Measure nothing: fit again what this earlier calibration.json measured, with this version's "
-                   "models.")
+                   "models; given again, calibrations of the same ranks and model are pooled.")
 @click.pass_context
 def calibrate(context, nproc, out_dir, backend, model_of, sizes, repeats, recorded):
     """Measure point-to-point, all-reduce and compute on real processes; write a device and a topology file."""
@@ -178,15 +178,17 @@ def calibrate(context, nproc, out_dir, backend, model_of, sizes, repeats, record
     from .real.calibrate import refit
 
     out = output_folder(out_dir, "--out")
-    if recorded is not None:
+    if recorded:
         given = [f"--{name.replace('_', '-')}" for name in ("nproc", "backend", "model_of", "sizes", "repeats")
                  if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise SimtrainError(f"--refit: measures nothing, so {given[0]} has no use (the recorded one is kept)")
-        if (out / "calibration.json").resolve() == Path(user_path(recorded, "--refit")).resolve():
-            raise SimtrainError(f"--out: would write over {recorded}, the calibration to refit; give another folder")
-        print_calibration(refit(Path(recorded), out))
-        console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json (refitted from {recorded})")
+        for path in recorded:
+            if (out / "calibration.json").resolve() == Path(user_path(path, "--refit")).resolve():
+                raise SimtrainError(f"--out: would write over {path}, a calibration to refit; give another folder")
+        print_calibration(refit([Path(path) for path in recorded], out))
+        console.print(f"wrote {out}/device.yaml, topology.yaml, calibration.json (refitted from "
+                      f"{' and '.join(recorded)})")
         return
     low, sep, high = sizes.partition(":")
     low = parse_size(low, "--sizes")

@@ -34,7 +34,7 @@ from simtrain.real.calibrate import _topology, calibrate
 from simtrain.real.fit import (AlphaBeta, ComputeJitter, fit_alpha_beta, fit_compute_jitter, fit_pass_costs,
                                modelled_wait)
 from simtrain.real.machine_load import load_warning, relative_spread
-from simtrain.real.step_fit import exchange_software_cost, fit_step_timings
+from simtrain.real.step_fit import exchange_software_cost, fit_step_timings, pooled_samples
 
 SIZES = [4, 64, 1024, 16384]
 
@@ -124,6 +124,19 @@ def test_calibrate_writes_files_run_takes(tmp_path, with_model):
     assert exit_info.value.code == 0
     for name in ("calibration.json", "device.yaml", "topology.yaml"):
         assert (tmp_path / "refitted" / name).read_text() == (out / name).read_text()
+    # pooled with itself, every mean is the same: the same device and links
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--refit", str(out / "calibration.json"), "--refit", str(out / "calibration.json"),
+              "--out", str(tmp_path / "pooled")])
+    assert exit_info.value.code == 0
+    device, pooled_device = (yaml.safe_load((folder / "device.yaml").read_text()) for folder in (out, tmp_path / "pooled"))
+    assert pooled_device["peak_flops"] == pytest.approx(device["peak_flops"], rel=1e-9)
+    for key in ("memory_bandwidth", "pass_overhead"):
+        assert pooled_device[key] == pytest.approx(device[key], rel=1e-9)
+    assert (tmp_path / "pooled" / "topology.yaml").read_text() == (out / "topology.yaml").read_text()
+    pooled = json.loads((tmp_path / "pooled" / "calibration.json").read_text())
+    assert pooled["all_reduce"] == written["all_reduce"] and pooled["date"] == written["date"]
+    assert pooled["step_samples"][0]["backward"][0] == 2 * written["step_samples"][0]["backward"][0]
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -132,6 +145,8 @@ def test_calibrate_writes_files_run_takes(tmp_path, with_model):
     (["--refit", "other.json"], "--refit: other.json is no calibration.json of simtrain calibrate (no 'date')"),
     (["--refit", "other.json", "--nproc", "2"], "--refit: measures nothing, so --nproc has no use"),
     (["--refit", "c/calibration.json", "--out", "c"], "--out: would write over c/calibration.json"),
+    (["--refit", "a.json", "--refit", "b.json"], "--refit: b.json measured sizes_bytes [4, 64], a.json [4, 16]: "
+                                                 "only calibrations of the same ranks, hosts, model and sizes pool"),
 ])
 def test_a_refit_of_something_else_is_one_line(tmp_path, monkeypatch, capsys, arguments, message):
     monkeypatch.chdir(tmp_path)
@@ -139,6 +154,11 @@ def test_a_refit_of_something_else_is_one_line(tmp_path, monkeypatch, capsys, ar
     (tmp_path / "other.json").write_text('{"ranks": 2}')
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "calibration.json").write_text("{}")
+    recorded = {"date": "2026-12-03 12:00 UTC", "ranks": 2, "backend": "gloo", "hosts": ["h", "h"], "model_of": None,
+                "sizes_bytes": [4, 16], "load": {}, "host": {}, "pingpong": {}, "compute": {}, "device": {},
+                "step_samples": []}
+    (tmp_path / "a.json").write_text(json.dumps(recorded))
+    (tmp_path / "b.json").write_text(json.dumps({**recorded, "sizes_bytes": [4, 64]}))
     with pytest.raises(SystemExit) as exit_info:
         main(["calibrate", "--out", "out", *arguments])
     assert exit_info.value.code == 2
@@ -333,6 +353,25 @@ def test_all_reduces_kept_by_case_fit_as_those_kept_as_one_list_a_size():
     by_case = fit_step_timings(ranks, RECORDED["world"], RECORDED["sizes_bytes"])
     for key in ("all_reduce", "all_reduce_fit", "idle_s", "compute_jitter", "compute_jitter_fixed_s", "spreads"):
         assert by_case[key] == one_list[key]
+
+
+def test_pooled_calibrations_fit_the_mean_of_all_their_samples():
+    """Two calibrations pooled (`--refit` twice): each pass is fitted to the mean over both calibrations' samples,
+    each all-reduce size to the mean over both of the rank that arrived last."""
+    ranks, world, sizes = RECORDED["ranks"], RECORDED["world"], RECORDED["sizes_bytes"]
+    slower = json.loads(json.dumps(ranks))
+    for rank in slower:
+        for part in ("draw", "forward", "backward", "optimizer", "all_reduce"):
+            rank[part] = [[1.5 * t for t in times] for times in rank[part]]
+    pooled = [{**pooled_samples([a, b]), "cases": a["cases"]} for a, b in zip(ranks, slower)]
+    fits = fit_step_timings(pooled, world, sizes)
+    backward = [statistics.mean(rank["backward"][0]) for rank in ranks]
+    n = len(ranks[0]["backward"][0])
+    assert fits["compute"]["points"][1]["seconds"] == pytest.approx(backward[0] * 1.25)  # (n m + n 1.5 m) / 2n
+    assert len(pooled[0]["backward"][0]) == 2 * n
+    for s, row in enumerate(fits["all_reduce"]):
+        last = [min(times) for times in zip(*(rank["all_reduce"][s] for rank in ranks))]
+        assert row["time_s"] == pytest.approx(1.25 * statistics.mean(last))
 
 
 def test_the_topology_gives_the_simulated_ring_its_fitted_time(tmp_path):

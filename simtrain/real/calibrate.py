@@ -79,7 +79,7 @@ from ..train.precision import DTYPES
 from .fit import fit_alpha_beta, fit_pass_costs
 from .machine_load import host_cores, load_average, load_warning
 from .processes import join, spawn, torchrun_world
-from .step_fit import exchange_software_cost, fit_step_timings
+from .step_fit import exchange_software_cost, fit_step_timings, pooled_samples
 from .step_timing import GEMM_SIZES, step_cases, time_steps
 
 SIZES = tuple(4 ** k for k in range(1, 12))  # 4 B to 4 MiB
@@ -133,30 +133,44 @@ def _this_machine(hosts: list[str]) -> Machine:
                    os.cpu_count())
 
 
-def refit(recorded: Path, out: Path) -> dict:
-    """Fit again, with this version's models, what an earlier calibration measured (its calibration.json), and
-    write out/ as `calibrate` does; nothing is measured. The work of the fp32 step samples (FLOPs, kernels, the
-    update's bytes) is counted again as this version counts it, on the model of the recorded
-    `model_of` scenario, which must still be there; the half-precision points are kept as recorded."""
-    summary = _recorded(recorded)
+def refit(recorded: list[Path], out: Path) -> dict:
+    """Fit again, with this version's models, what earlier calibrations measured (their calibration.json), and
+    write out/ as `calibrate` does; nothing is measured. Several calibrations of the same ranks, hosts, model
+    and sizes are pooled: every step sample of each (their means are fitted), the half-precision points of
+    each, and each size's one-way ping-pong time as the mean of theirs. The work of the fp32 step samples
+    (FLOPs, kernels, the update's bytes) is counted again as this version counts it, on the model of the
+    recorded `model_of` scenario, which must still be there; the half-precision points are kept as recorded."""
+    summaries = [_recorded(path) for path in recorded]
+    summary = summaries[0]
+    for path, other in zip(recorded[1:], summaries[1:]):
+        for key in ("ranks", "hosts", "backend", "model_of", "sizes_bytes"):
+            if other[key] != summary[key]:
+                raise SimtrainError(f"--refit: {path} measured {key} {other[key]!r}, {recorded[0]} {summary[key]!r}: "
+                                    "only calibrations of the same ranks, hosts, model and sizes pool")
     world, hosts = summary["ranks"], summary["hosts"]
     pairs = [(a, b) for a in range(world) for b in range(a + 1, world)]
     measured = []
-    for rank, steps in enumerate(summary["step_samples"]):
+    for rank in range(world):
         cases = step_cases(summary["model_of"], rank, world)
         for case in cases:  # the batch shape the counts are taken on, as a timed step draws it
             x, y = case.replica.loader.next_batch()
             case.replica.last_batch = (case.replica.precision.cast_input(x), y)
         measured.append({
-            "pingpong": {f"{a}-{b}": summary["pingpong"][f"{a}-{b}"]["one_way_s"] if a == rank else None
-                         for a, b in pairs},
-            "steps": {**steps, "cases": _case_records(cases)},
-            "half_precision": {dtype: summary["compute"][dtype]["points"] if rank == 0 else []
-                               for dtype in HALF_DTYPES}})
-    machine = Machine(summary["date"], summary["device"]["memory"], summary["host"]["cores"],
+            "pingpong": {f"{a}-{b}": _mean_one_way(summaries, f"{a}-{b}") if a == rank else None for a, b in pairs},
+            "steps": {**pooled_samples([one["step_samples"][rank] for one in summaries]),
+                      "cases": _case_records(cases)},
+            "half_precision": {dtype: [point for one in summaries for point in one["compute"][dtype]["points"]]
+                               if rank == 0 else [] for dtype in HALF_DTYPES}})
+    dates = list(dict.fromkeys(one["date"] for one in summaries))
+    machine = Machine(" and ".join(dates), summary["device"]["memory"], summary["host"]["cores"],
                       summary["load"]["cores"])
-    return _fit_and_write(measured, hosts, pairs, summary["load"]["load_average_before"], summary["sizes_bytes"],
-                          summary["model_of"], summary["backend"], out, machine)
+    return _fit_and_write(measured, hosts, pairs, max(one["load"]["load_average_before"] for one in summaries),
+                          summary["sizes_bytes"], summary["model_of"], summary["backend"], out, machine)
+
+
+def _mean_one_way(summaries: list[dict], pair: str) -> list[float]:
+    """Each size's one-way time between a pair of ranks: the mean over the calibrations pooled."""
+    return [statistics.mean(times) for times in zip(*(one["pingpong"][pair]["one_way_s"] for one in summaries))]
 
 
 _RECORDED_KEYS = ("date", "ranks", "backend", "hosts", "model_of", "sizes_bytes", "load", "host", "pingpong",

@@ -61,12 +61,12 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     """The fits of every rank's step samples (see the module's docstring); ValueError where the samples
     allow none."""
     cases = ranks[0]["cases"]
-    forward_spans = [_forward_spans(rank, len(cases)) for rank in ranks]
+    ranks = [kept_samples(rank) for rank in ranks]
     flops, seconds = [], []
-    for rank_index, rank in enumerate(ranks):
+    for rank in ranks:
         for c, case in enumerate(cases):
             flops += [case["forward_flops"], case["backward_flops"]]
-            seconds += [statistics.mean(forward_spans[rank_index][c]), statistics.mean(rank["backward"][c])]
+            seconds += [statistics.mean(rank["forward"][c]), statistics.mean(rank["backward"][c])]
     update_bytes = [case["update_bytes"] for _ in ranks for case in cases]
     update_seconds = [statistics.mean(rank["optimizer"][c]) for rank in ranks for c in range(len(cases))]
     fit = fit_pass_costs(flops, seconds, update_bytes, update_seconds)
@@ -78,7 +78,7 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     optimizer = {"bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
                  "seconds": update_seconds, "bytes": update_bytes,
                  "residuals": fit.residuals[passes:], "max_abs_residual": max(map(abs, fit.residuals[passes:]))}
-    all_reduces = [_all_reduces_by_case(rank, len(cases)) for rank in ranks]  # [rank][size][case][round]
+    all_reduces = [rank["all_reduce"] for rank in ranks]  # [rank][size][case][round]
     all_reduce = []
     for size_index, size in enumerate(sizes):
         last_arrival = [min(times) for c in range(len(cases))
@@ -88,7 +88,7 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
     idle = [statistics.mean(statistics.mean(times) - min(times) for s in range(len(sizes))
                             for times in zip(*(rank[s][c] for rank in all_reduces)))
             for c in range(len(cases))]
-    forward = [statistics.mean([t for spans in forward_spans for t in spans[c]]) for c in range(len(cases))]
+    forward = [statistics.mean([t for rank in ranks for t in rank["forward"][c]]) for c in range(len(cases))]
     backward = [statistics.mean([t for rank in ranks for t in rank["backward"][c]]) for c in range(len(cases))]
     jitter = fit_compute_jitter(idle, forward, backward, world)
     spreads = {f"{label} ({case['label']})": max(relative_spread(rank[part][c]) for rank in ranks)
@@ -103,20 +103,33 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
             "spreads": spreads}
 
 
-def _forward_spans(rank: dict, cases: int) -> list[list[float]]:
-    """A rank's forward spans per case, the batch's draw inside (added back where it was timed apart)."""
-    if "draw" not in rank:
-        return rank["forward"]
-    return [[d + f for d, f in zip(rank["draw"][c], rank["forward"][c])] for c in range(cases)]
+def kept_samples(rank: dict) -> dict:
+    """A rank's recorded step samples as `time_steps` keeps them now: {"forward" (the batch's draw inside) |
+    "backward" | "optimizer": [[seconds] per case], "all_reduce": [[[seconds] per case] per size], "cases"}.
+    Older records are read too: calibrations until the morning of 2026-12-03 timed the draw apart (added back to
+    the forward here), and until 12:00 UTC kept each size's all-reduces as one list, every case's iterations
+    together in turn (split here)."""
+    cases = len(rank["cases"])
+    forward = rank["forward"]
+    if "draw" in rank:
+        forward = [[d + f for d, f in zip(rank["draw"][c], forward[c])] for c in range(cases)]
+    all_reduce = rank["all_reduce"]
+    if all_reduce and not isinstance(all_reduce[0][0], list):
+        all_reduce = [[times[c * len(times) // cases:(c + 1) * len(times) // cases] for c in range(cases)]
+                      for times in all_reduce]
+    return {"forward": forward, "backward": rank["backward"], "optimizer": rank["optimizer"],
+            "all_reduce": all_reduce, "cases": rank["cases"]}
 
 
-def _all_reduces_by_case(rank: dict, cases: int) -> list[list[list[float]]]:
-    """A rank's all-reduce seconds per size, per case. Calibrations until 2026-12-03 12:00 UTC kept each size's
-    as one list, every case's iterations together in turn: split there."""
-    if rank["all_reduce"] and isinstance(rank["all_reduce"][0][0], list):
-        return rank["all_reduce"]
-    return [[times[c * len(times) // cases:(c + 1) * len(times) // cases] for c in range(cases)]
-            for times in rank["all_reduce"]]
+def pooled_samples(records: list[dict]) -> dict:
+    """One rank's step samples of several calibrations of the same cases (`kept_samples` of each), each list the
+    calibrations' one after the other (their cases not included)."""
+    kept = [kept_samples(record) for record in records]
+    pooled = {part: [sum((one[part][c] for one in kept), []) for c in range(len(kept[0][part]))]
+              for part in ("forward", "backward", "optimizer")}
+    pooled["all_reduce"] = [[sum((one["all_reduce"][s][c] for one in kept), []) for c in range(len(by_case))]
+                            for s, by_case in enumerate(kept[0]["all_reduce"])]
+    return pooled
 
 
 def _idle_residuals(idle_s, modelled_s) -> list[float]:
