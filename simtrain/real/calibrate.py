@@ -4,10 +4,13 @@
     simtrain run scenario.yaml --set cluster.device=calibration/device.yaml \\
                                --set cluster.topology=calibration/topology.yaml
     simtrain calibrate --refit calibration/calibration.json --out refitted/
+    simtrain calibrate --refit before/calibration.json --refit after/calibration.json --out pooled/
 
-`refit` fits again what an earlier calibration measured, with this version's
+`refit` fits again what earlier calibrations measured, with this version's
 models, measuring nothing: when simtrain models a machine better, old
-measurements predict with the new models.
+measurements predict with the new models; several calibrations of the same
+ranks and model are pooled (on a host whose speed drifts, calibrations
+before and after the runs to predict fit the machine as those runs found it).
 
 One process per rank (spawned, or torchrun's group; real/processes.py), all
 measuring at once where training runs at once:
@@ -21,9 +24,10 @@ measuring at once where training runs at once:
   runs (forward with its batch's draw, backward, simtrain's ring all-reduce,
   optimizer step), through launch's interpreter, on a replica of the
   scenario's model (`--model-of`) at half, one and two times its batch size,
-  or of square Linear layers, with the all-reduce of a buffer of each size in
-  turn (the cases taking turns within each size), every rank at once; each all-reduce follows compute, as in training,
-  where gloo's threads have gone idle. Fitted (real/step_fit.py), each time as
+  or of square Linear layers, with the all-reduce of a buffer of each size,
+  the cases and sizes taking turns (so that the machine's changes of speed
+  fall on all alike), every rank at once; each all-reduce follows compute, as
+  in training, where gloo's threads have gone idle. Fitted (real/step_fit.py), each time as
   its mean over the iterations: fp32's rate R, the memory bandwidth B and a
   fixed cost a per pass, to t = a + FLOPs / R over the forward spans (the
   batch draw included, as a launched run's forward span holds it) and
