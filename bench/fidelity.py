@@ -82,7 +82,7 @@ CONFIGURATIONS = [
     ("width 128, 3 layers", {"model.hidden": [128, 128, 128]}),
     ("twice the steps, width 384", {"train.steps": 2 * STEPS, "model.hidden": [384, 384]}),
 ]
-RENAMED = {"80 steps, width 384": "twice the steps, width 384"}  # runs before 2026-12-03 12:00 UTC (40 steps)
+RENAMED = {"80 steps, width 384": "twice the steps, width 384"}  # runs before 2026-12-03 11:45 UTC (40 steps)
 
 
 def scenario_dict(overrides: dict, cluster: dict | None = None) -> dict:

@@ -27,8 +27,8 @@ measuring at once where training runs at once:
   or of square Linear layers, with the all-reduce of a buffer of each size,
   the cases and sizes taking turns (so that the machine's changes of speed
   fall on all alike), every rank at once; each all-reduce follows compute, as
-  in training, where gloo's threads have gone idle. Fitted (real/step_fit.py), each time as
-  its mean over the iterations: fp32's rate R, the memory bandwidth B and a
+  in training, where gloo's threads have gone idle. Fitted (real/step_fit.py),
+  each time as its mean over the iterations: fp32's rate R, the memory bandwidth B and a
   fixed cost a per pass, to t = a + FLOPs / R over the forward spans (the
   batch draw included, as a launched run's forward span holds it) and
   backwards, FLOPs counted as the simulator counts them (cost.py), and to

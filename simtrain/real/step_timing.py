@@ -24,6 +24,12 @@ bandwidth. A case's steps stay together within a round (a launched run trains
 one model, its weights in cache), after two steps not kept (its weights and
 gloo's threads have just been idle).
 
+Timed back to back instead, each part came out faster than in training: an
+all-reduce that follows another finds gloo's threads awake and its buffers in
+cache, where in training it follows a millisecond of compute. And a loop of its
+own, outside the interpreter, came out 7-12% faster than a launched step on the
+same replica in the same process (docs/validation/fidelity.md).
+
 The replica is built as a launched run builds it (train/replica.py: the shard
 loader, the flat gradient buffer, the optimizer). `time_steps` returns this
 rank's seconds, one per kept step, in the same order on every rank (so that
