@@ -129,7 +129,8 @@ def test_calibrate_writes_files_run_takes(tmp_path, with_model):
         main(["calibrate", "--refit", str(out / "calibration.json"), "--refit", str(out / "calibration.json"),
               "--out", str(tmp_path / "pooled")])
     assert exit_info.value.code == 0
-    device, pooled_device = (yaml.safe_load((folder / "device.yaml").read_text()) for folder in (out, tmp_path / "pooled"))
+    device, pooled_device = (yaml.safe_load((folder / "device.yaml").read_text())
+                             for folder in (out, tmp_path / "pooled"))
     assert pooled_device["peak_flops"] == pytest.approx(device["peak_flops"], rel=1e-9)
     for key in ("memory_bandwidth", "pass_overhead"):
         assert pooled_device[key] == pytest.approx(device[key], rel=1e-9)
@@ -310,8 +311,8 @@ def test_compute_and_optimizer_are_fitted_to_the_spans_a_launched_step_has():
     passes, updates = [], []
     for rank in ranks:
         for c, case in enumerate(cases):
-            passes += [(case["forward_flops"], statistics.mean(d + f for d, f in zip(rank["draw"][c], rank["forward"][c]))),
-                       (case["backward_flops"], statistics.mean(rank["backward"][c]))]
+            forward = statistics.mean(d + f for d, f in zip(rank["draw"][c], rank["forward"][c]))
+            passes += [(case["forward_flops"], forward), (case["backward_flops"], statistics.mean(rank["backward"][c]))]
             updates.append((case["update_bytes"], statistics.mean(rank["optimizer"][c])))
     overhead, rate = fits["compute"]["pass_overhead_s"], fits["compute"]["flops_per_s"]
     bandwidth = fits["optimizer"]["bandwidth_Bps"]

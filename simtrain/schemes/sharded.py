@@ -332,8 +332,8 @@ class ShardedDataParallel(RankReplicas, Scheme):
         cost = replica.step_cost()
         return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
                                     cost.forward_ops + cost.backward_ops)
-                + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2)
-                + device.memory_bound_time(self._whole_step_bytes) + device.fixed_time(0, passes=1))
+                + device.memory_bound_time(self._whole_step_bytes)
+                + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=3))  # forward, backward, step
 
     def report_sections(self) -> dict:
         """report.json's `parallel` (the layout) and `sharding` (the stage, the groups, the bytes by kind)."""
