@@ -18,7 +18,9 @@
    configurations are predicted both ways, from the calibration before (what
    a user who calibrates once gets: the model's error and the drift since)
    and bracketed (the machine's speed averaged over the launches' minutes, as
-   a quiet machine would hold it: the model's error);
+   a quiet machine would hold it: the model's error); and the two calibrations' measured
+   steps compared (nothing fitted: real/step_fit.py measured_step_s): the run is steady
+   when they lie at most MAX_DRIFT (5%) apart, the machine at one speed through it;
 4. a table of predicted against measured step time (and compute, communication,
    optimizer, idle) with the error (predicted - measured) / measured, the
    geometric mean error over the unseen configurations, exp(mean |ln(predicted /
@@ -53,6 +55,7 @@ import yaml
 import simtrain
 from simtrain.real.calibrate import calibrate, refit
 from simtrain.real.launch import launch
+from simtrain.real.machine_load import MAX_DRIFT, drift_warning
 
 WORLD = 2
 # Launched steps: a step's time varies by half its median from step to step on a shared 2-core host, so a launch of
@@ -156,6 +159,12 @@ def main() -> None:
     bracketing = refit([out / "calibration" / "calibration.json", out / "calibration_after" / "calibration.json"],
                        out / "calibration_bracketing")
     print_calibration("both pooled", bracketing)
+    before_step, after_step = (one["measured_step_s"] for one in bracketing["pooled"])
+    apart = after_step / before_step - 1
+    steady = drift_warning([("before", before_step), ("after", after_step)]) is None
+    print(f"the machine's speed: calibration's steps took {before_step * 1e3:.3f} ms before the launches and "
+          f"{after_step * 1e3:.3f} ms after ({apart:+.1%}): {'steady' if steady else 'unsteady'} (at most "
+          f"{MAX_DRIFT:.0%} apart)", flush=True)
     rows = []
     for label, overrides in CONFIGURATIONS:
         predicted = predictions[label]
@@ -220,6 +229,7 @@ def main() -> None:
                                                    "geomean_error": geomean, "max_abs_error": largest,
                                                    "bracketed_geomean_error": bracketed_geomean,
                                                    "bracketed_max_abs_error": bracketed_largest,
+                                                   "calibrations_apart": apart, "steady": steady,
                                                    "relative_to_seen": relative, "ranks_rows": ranks_rows},
                                                   indent=2) + "\n")
 

@@ -210,6 +210,9 @@ def print_calibration(summary: dict) -> None:
                   + f": compute jitter σ {summary['compute_jitter']:.3f} and "
                   + f"{format_seconds(summary['compute_jitter_fixed_s'])} fixed (largest |residual| "
                   + f"{max(map(abs, summary['idle_residuals'])):.1%})")
+    if summary["pooled"]:
+        console.print("pooled calibrations, one step of each case as measured: " + ", ".join(
+            f"{format_seconds(one['measured_step_s'])} ({one['date']})" for one in summary["pooled"]))
     if summary["load"]["warning"]:
         console.print(summary["load"]["warning"], markup=False, highlight=False, soft_wrap=True)
 

@@ -6,7 +6,8 @@ scenario naming them run by `simtrain.run`; training steps recorded on this
 machine (tests/fixtures/calibration_steps.json: real/step_timing.py's samples
 of 2 gloo ranks), whose fits are checked against medians and least squares
 computed here and against the simulator's ring on the topology they give; a
-the jitter's model drawn with a seeded Generator; quartiles by hand for the load check.
+the jitter's model drawn with a seeded Generator; quartiles by hand for the load check, and
+sums of means by hand for the measured step that tells calibrations' machine speeds apart.
 """
 import json
 import os
@@ -33,8 +34,8 @@ from simtrain.comm.bench import benchmark_all_reduce
 from simtrain.real.calibrate import _topology, calibrate
 from simtrain.real.fit import (AlphaBeta, ComputeJitter, fit_alpha_beta, fit_compute_jitter, fit_pass_costs,
                                modelled_wait)
-from simtrain.real.machine_load import load_warning, relative_spread
-from simtrain.real.step_fit import exchange_software_cost, fit_step_timings, pooled_samples
+from simtrain.real.machine_load import drift_warning, load_warning, relative_spread
+from simtrain.real.step_fit import exchange_software_cost, fit_step_timings, measured_step_s, pooled_samples
 
 SIZES = [4, 64, 1024, 16384]
 
@@ -138,6 +139,23 @@ def test_calibrate_writes_files_run_takes(tmp_path, with_model):
     pooled = json.loads((tmp_path / "pooled" / "calibration.json").read_text())
     assert pooled["all_reduce"] == written["all_reduce"] and pooled["date"] == written["date"]
     assert pooled["step_samples"][0]["backward"][0] == 2 * written["step_samples"][0]["backward"][0]
+    assert pooled["pooled"] == 2 * [{"date": written["date"], "measured_step_s": written["measured_step_s"]}]
+    assert "unsteady" not in (pooled["load"]["warning"] or "") and written["pooled"] is None
+    # pooled with the same calibration measured 20% slower, the machine's speed moved: said, and averaged
+    slower = json.loads(json.dumps(written))
+    for rank in slower["step_samples"]:
+        for part in ("forward", "backward", "optimizer", "all_reduce"):
+            rank[part] = json.loads(json.dumps(rank[part]), parse_float=lambda t: 1.2 * float(t))
+    (tmp_path / "slower.json").write_text(json.dumps(slower))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--refit", str(out / "calibration.json"), "--refit", str(tmp_path / "slower.json"),
+              "--out", str(tmp_path / "unsteady")])
+    assert exit_info.value.code == 0
+    unsteady = json.loads((tmp_path / "unsteady" / "calibration.json").read_text())
+    assert [one["measured_step_s"] for one in unsteady["pooled"]] == pytest.approx(
+        [written["measured_step_s"], 1.2 * written["measured_step_s"]], rel=1e-12)
+    assert unsteady["measured_step_s"] == pytest.approx(1.1 * written["measured_step_s"], rel=1e-12)
+    assert "machine unsteady" in unsteady["load"]["warning"] and "20% apart" in unsteady["load"]["warning"]
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -373,6 +391,33 @@ def test_pooled_calibrations_fit_the_mean_of_all_their_samples():
     for s, row in enumerate(fits["all_reduce"]):
         last = [min(times) for times in zip(*(rank["all_reduce"][s] for rank in ranks))]
         assert row["time_s"] == pytest.approx(1.25 * statistics.mean(last))
+
+
+def test_the_measured_step_sums_each_cases_mean_parts_and_tells_a_slower_machine():
+    """Nothing fitted: per rank, each case's mean forward (the draw inside), backward and update and its all-reduce's
+    mean over the sizes, summed over the cases, then the mean over the ranks; a calibration whose every sample took
+    1.25 times as long measured a step 1.25 times as long, and pooled with the first is said to be unsteady."""
+    ranks = RECORDED["ranks"]
+    by_hand = []
+    for rank in ranks:
+        cases = range(len(rank["cases"]))
+        by_hand.append(sum(statistics.mean(d + f for d, f in zip(rank["draw"][c], rank["forward"][c]))
+                           + statistics.mean(rank["backward"][c]) + statistics.mean(rank["optimizer"][c])
+                           for c in cases)
+                       + sum(statistics.mean(statistics.mean(times[c * len(times) // len(cases):
+                                                                    (c + 1) * len(times) // len(cases)])
+                                             for times in rank["all_reduce"]) for c in cases))
+    step = measured_step_s(ranks)
+    assert step == pytest.approx(statistics.mean(by_hand), rel=1e-12)
+    slower = json.loads(json.dumps(ranks))
+    for rank in slower:
+        for part in ("draw", "forward", "backward", "optimizer", "all_reduce"):
+            rank[part] = [[1.25 * t for t in times] for times in rank[part]]
+    assert measured_step_s(slower) == pytest.approx(1.25 * step, rel=1e-12)
+    assert drift_warning([("12:00", step), ("12:04", 1.04 * step)]) is None
+    unsteady = drift_warning([("12:00", step), ("12:04", measured_step_s(slower))])
+    assert f"{step * 1e3:.3f} ms (12:00) and {1.25 * step * 1e3:.3f} ms (12:04), 25% apart" in unsteady
+    assert unsteady.startswith("machine unsteady") and "\n" not in unsteady
 
 
 def test_the_topology_gives_the_simulated_ring_its_fitted_time(tmp_path):

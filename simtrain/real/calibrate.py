@@ -10,7 +10,9 @@
 models, measuring nothing: when simtrain models a machine better, old
 measurements predict with the new models; several calibrations of the same
 ranks and model are pooled (on a host whose speed drifts, calibrations
-before and after the runs to predict fit the machine as those runs found it).
+before and after the runs to predict fit the machine as those runs found it),
+and their measured steps compared: the warning says when the machine's speed
+moved between them by more than machine_load.py's MAX_DRIFT.
 
 One process per rank (spawned, or torchrun's group; real/processes.py), all
 measuring at once where training runs at once:
@@ -50,8 +52,10 @@ rank linked to its host's switch with latency (α + δ)/2 and bandwidth
 exchange of training's ring took; across hosts each rank also has a link to
 one spine with the cross-host fit) and `calibration.json` (every measurement,
 every fit with its residuals, `compute_jitter` and `compute_jitter_fixed_s` for
-`cluster.compute_jitter` and `compute_jitter_fixed`,
-and the machine's load: a `warning` when it was loaded, machine_load.py), and
+`cluster.compute_jitter` and `compute_jitter_fixed`, `measured_step_s` (one
+step of each case as measured, nothing fitted: step_fit.py), `pooled` (each
+pooled calibration's date and measured step, or null), and the machine's load:
+a `warning` when it was loaded or, pooled, unsteady, machine_load.py), and
 `host`: the cores the ranks ran on (`cores`, for `cluster.host_cores`: a run of
 more ranks than cores shares them, hw/host_cores.py) and the ranks a host ran.
 The fitted rates are one core's when every rank had a core to itself
@@ -81,9 +85,9 @@ from ..loss import cross_entropy
 from ..scenario import load_scenario
 from ..train.precision import DTYPES
 from .fit import fit_alpha_beta, fit_pass_costs
-from .machine_load import host_cores, load_average, load_warning
+from .machine_load import drift_warning, host_cores, load_average, load_warning
 from .processes import join, spawn, torchrun_world
-from .step_fit import exchange_software_cost, fit_step_timings, pooled_samples
+from .step_fit import exchange_software_cost, fit_step_timings, measured_step_s, pooled_samples
 from .step_timing import GEMM_SIZES, step_cases, time_steps
 
 SIZES = tuple(4 ** k for k in range(1, 12))  # 4 B to 4 MiB
@@ -168,8 +172,10 @@ def refit(recorded: list[Path], out: Path) -> dict:
     dates = list(dict.fromkeys(one["date"] for one in summaries))
     machine = Machine(" and ".join(dates), summary["device"]["memory"], summary["host"]["cores"],
                       summary["load"]["cores"])
+    pooled = [{"date": one["date"], "measured_step_s": measured_step_s(one["step_samples"])} for one in summaries]
     return _fit_and_write(measured, hosts, pairs, max(one["load"]["load_average_before"] for one in summaries),
-                          summary["sizes_bytes"], summary["model_of"], summary["backend"], out, machine)
+                          summary["sizes_bytes"], summary["model_of"], summary["backend"], out, machine,
+                          pooled if len(summaries) > 1 else None)
 
 
 def _mean_one_way(summaries: list[dict], pair: str) -> list[float]:
@@ -294,18 +300,19 @@ def _half_precision_rates(cases, repeats: int, device) -> dict:
 
 
 def _fit_and_write(measured: list[dict], hosts: list[str], pairs, load: float, sizes, model_of, backend: str,
-                   out: Path, machine: Machine) -> dict:
+                   out: Path, machine: Machine, pooled: list[dict] | None = None) -> dict:
     """Fit the measurements of every rank, write device.yaml, topology.yaml and calibration.json; a fit the
-    measurements do not allow is a one-line SimtrainError."""
+    measurements do not allow is a one-line SimtrainError. `pooled`: each calibration's date and measured step
+    when several are pooled (refit)."""
     try:
-        return _fit_and_write_checked(measured, hosts, pairs, load, sizes, model_of, backend, out, machine)
+        return _fit_and_write_checked(measured, hosts, pairs, load, sizes, model_of, backend, out, machine, pooled)
     except ValueError as error:
         raise SimtrainError(f"--sizes: {error} (on this host now; measure larger sizes, more --repeats, or "
                             "on a quieter host)") from None
 
 
 def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: float, sizes, model_of,
-                           backend: str, out: Path, machine: Machine) -> dict:
+                           backend: str, out: Path, machine: Machine, pooled: list[dict] | None) -> dict:
     world = len(measured)
     host_names = list(dict.fromkeys(hosts))
     one_way = {pair: measured[int(pair.split("-")[0])]["pingpong"][pair] for pair in measured[0]["pingpong"]}
@@ -319,10 +326,10 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
     steps = fit_step_timings([rank["steps"] for rank in measured], world, sizes)
     compute = {"fp32": steps["compute"]}
     for dtype in HALF_DTYPES:
-        pooled = [point for rank in measured for point in rank["half_precision"][dtype]]
-        fit = fit_pass_costs([p["flops"] for p in pooled], [p["seconds"] for p in pooled])
+        points = [point for rank in measured for point in rank["half_precision"][dtype]]
+        fit = fit_pass_costs([p["flops"] for p in points], [p["seconds"] for p in points])
         compute[dtype] = {"flops_per_s": fit.flops_per_s, "pass_overhead_s": fit.overhead_s,
-                          "max_abs_residual": fit.max_residual, "points": pooled, "residuals": fit.residuals}
+                          "max_abs_residual": fit.max_residual, "points": points, "residuals": fit.residuals}
     ranks_per_host = max(hosts.count(host) for host in host_names)
     name = f"calibrated-{host_names[0]}" if len(host_names) == 1 else f"calibrated-{len(host_names)}-hosts"
     out.mkdir(parents=True, exist_ok=True)
@@ -353,18 +360,20 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
         all_reduce.append({**row, "busbw_GBps": row["bytes"] / row["time_s"] * 2 * (world - 1) / world / 1e9,
                            "predicted_time_s": prediction.time_s,
                            "error": (prediction.time_s - row["time_s"]) / row["time_s"]})
-    warning = load_warning(load, steps["spreads"], machine.cpu_count)
     cores = machine.cores
-    if ranks_per_host > cores:
-        shared = (f"{ranks_per_host} ranks on {cores} cores: the fitted rates are shared, not one core's; "
-                  f"calibrate with --nproc {cores} to predict other rank counts with cluster.host_cores")
-        warning = shared if warning is None else f"{warning}; {shared}"
+    shared = (f"{ranks_per_host} ranks on {cores} cores: the fitted rates are shared, not one core's; "
+              f"calibrate with --nproc {cores} to predict other rank counts with cluster.host_cores")
+    warnings = [load_warning(load, steps["spreads"], machine.cpu_count), shared if ranks_per_host > cores else None,
+                drift_warning([(one["date"], one["measured_step_s"]) for one in pooled]) if pooled else None]
+    warning = "; ".join(filter(None, warnings)) or None
     summary = {
         "date": when, "ranks": world, "backend": backend, "hosts": hosts, "model_of": model_of,
         "sizes_bytes": list(sizes),
         "load": {"load_average_before": load, "cores": machine.cpu_count, "spreads": steps["spreads"],
                  "warning": warning},
         "host": {"cores": cores, "ranks": ranks_per_host, "rates_per_core": ranks_per_host <= cores},
+        "measured_step_s": measured_step_s([rank["steps"] for rank in measured]),
+        "pooled": pooled,
         "pingpong": {pair: {"one_way_s": one_way[pair], "latency_s": fit.latency_s,
                             "bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
                             "residuals": fit.residuals}

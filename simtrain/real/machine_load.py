@@ -3,7 +3,7 @@
 A measured time is the program's own only when nothing else wants the cores:
 when more threads are runnable than there are cores, a rank that blocks (on a
 peer, on gloo's threads) loses its core for a scheduling slice, and its timings
-grow and scatter. Two signs, either enough:
+grow and scatter. Two signs that a measurement is not the program's, either enough:
 
 - the load average (1 minute, /proc/loadavg) above the number of cores, read
   before the measurement started (the measuring processes are not counted);
@@ -14,6 +14,14 @@ grow and scatter. Two signs, either enough:
 or returns None; calibrate.py keeps it in calibration.json and launch.py in
 report.json's `measurement`, and the CLI prints it.
 
+A quiet machine also holds its speed: a prediction from a calibration is of a
+run at the speed the calibration found. On a shared host that speed moves by
+a fifth within minutes, with no sign in the load or the CPU's steal time, and
+every prediction from that calibration misses a later run alike.
+`drift_warning(steps_s)` compares calibrations of the same steps made at
+other times (step_fit.py `measured_step_s`, pooled by `calibrate --refit`):
+one line when they lie more than `MAX_DRIFT` apart.
+
     load = load_average()
     ... measure ...
     warning = load_warning(load, {"all-reduce": relative_spread(times)})
@@ -22,6 +30,9 @@ import os
 import statistics
 
 MAX_SPREAD = 0.5  # interquartile range over median above which repeated timings are not one figure
+# Calibrations' measured steps further apart than this (largest over smallest - 1) are of a machine whose speed
+# moved: a third of the 15% a prediction is held to (docs/validation/fidelity.md)
+MAX_DRIFT = 0.05
 
 
 def load_average() -> float:
@@ -56,3 +67,16 @@ def load_warning(load: float, spreads: dict[str, float], cores: int | None = Non
     if not reasons:
         return None
     return f"machine loaded: {'; '.join(reasons)}: these timings, and a fit to them, cannot be trusted"
+
+
+def drift_warning(steps: list[tuple[str, float]]) -> str | None:
+    """One line when calibrations' measured steps of the same cases ((when, seconds) of each) lie more than
+    MAX_DRIFT apart; else None."""
+    (fast_when, fastest), (slow_when, slowest) = (min(steps, key=lambda step: step[1]),
+                                                  max(steps, key=lambda step: step[1]))
+    apart = slowest / fastest - 1
+    if apart <= MAX_DRIFT:
+        return None
+    return (f"machine unsteady: the calibrations measured the same steps in {fastest * 1e3:.3f} ms "
+            f"({fast_when}) and {slowest * 1e3:.3f} ms ({slow_when}), {apart:.0%} apart (at most "
+            f"{MAX_DRIFT:.0%} trusted): a prediction from one alone misses a run at the other's speed by as much")

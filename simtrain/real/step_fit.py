@@ -28,6 +28,10 @@ backward, bytes of the optimizer step), and gives:
 - `spreads`: (third - first quartile) / median of each repeated timing, for
   machine_load.py's check.
 
+`measured_step_s(ranks)` fits nothing: one step of every case as the ranks
+measured it, so that calibrations of the same cases at other times tell how
+the machine's speed moved between them (machine_load.py `drift_warning`).
+
 Every time is fitted as its mean over the iterations, not its median: the
 simulator charges a span's mean (its compute noise keeps the mean,
 hw/device.py), and a launched run's step is the mean of its steps. On a busy
@@ -119,6 +123,20 @@ def kept_samples(rank: dict) -> dict:
                       for times in all_reduce]
     return {"forward": forward, "backward": rank["backward"], "optimizer": rank["optimizer"],
             "all_reduce": all_reduce, "cases": rank["cases"]}
+
+
+def measured_step_s(ranks: list[dict]) -> float:
+    """One step of each case as measured, the cases' summed: its mean forward (the draw inside), backward and
+    update, and its all-reduce's mean over the sizes, averaged over the ranks. No model is fitted to it, so
+    calibrations of the same cases compare by it: the machine's speed as each found it."""
+    steps = []
+    for record in ranks:
+        kept = kept_samples(record)
+        steps.append(sum(statistics.mean(kept[part][c]) for part in ("forward", "backward", "optimizer")
+                         for c in range(len(kept["cases"])))
+                     + sum(statistics.mean(statistics.mean(by_case[c]) for by_case in kept["all_reduce"])
+                           for c in range(len(kept["cases"]))))
+    return statistics.mean(steps)
 
 
 def pooled_samples(records: list[dict]) -> dict:
