@@ -3,7 +3,7 @@
 A measured time is the program's own only when nothing else wants the cores:
 when more threads are runnable than there are cores, a rank that blocks (on a
 peer, on gloo's threads) loses its core for a scheduling slice, and its timings
-grow and scatter. Two signs that a measurement is not the program's, either enough:
+grow and scatter. Two signs, either enough:
 
 - the load average (1 minute, /proc/loadavg) above the number of cores, read
   before the measurement started (the measuring processes are not counted);
@@ -18,7 +18,7 @@ A quiet machine also holds its speed: a prediction from a calibration is of a
 run at the speed the calibration found. On a shared host that speed moves by
 a fifth within minutes, with no sign in the load or the CPU's steal time, and
 every prediction from that calibration misses a later run alike.
-`drift_warning(steps_s)` compares calibrations of the same steps made at
+`drift_warning(steps)` compares calibrations of the same steps made at
 other times (step_fit.py `measured_step_s`, pooled by `calibrate --refit`):
 one line when they lie more than `MAX_DRIFT` apart.
 

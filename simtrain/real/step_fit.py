@@ -129,14 +129,12 @@ def measured_step_s(ranks: list[dict]) -> float:
     """One step of each case as measured, the cases' summed: its mean forward (the draw inside), backward and
     update, and its all-reduce's mean over the sizes, averaged over the ranks. No model is fitted to it, so
     calibrations of the same cases compare by it: the machine's speed as each found it."""
-    steps = []
-    for record in ranks:
-        kept = kept_samples(record)
-        steps.append(sum(statistics.mean(kept[part][c]) for part in ("forward", "backward", "optimizer")
-                         for c in range(len(kept["cases"])))
-                     + sum(statistics.mean(statistics.mean(by_case[c]) for by_case in kept["all_reduce"])
-                           for c in range(len(kept["cases"]))))
-    return statistics.mean(steps)
+    per_rank = []
+    for kept in map(kept_samples, ranks):
+        per_rank.append(sum(sum(statistics.mean(kept[part][c]) for part in ("forward", "backward", "optimizer"))
+                            + statistics.mean(statistics.mean(by_case[c]) for by_case in kept["all_reduce"])
+                            for c in range(len(kept["cases"]))))
+    return statistics.mean(per_rank)
 
 
 def pooled_samples(records: list[dict]) -> dict:
