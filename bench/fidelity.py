@@ -18,9 +18,10 @@
    configurations are predicted both ways, from the calibration before (what
    a user who calibrates once gets: the model's error and the drift since)
    and bracketed (the machine's speed averaged over the launches' minutes, as
-   a quiet machine would hold it: the model's error); and the two calibrations' measured
-   steps compared (nothing fitted: real/step_fit.py measured_step_s): the run is steady
-   when they lie at most MAX_DRIFT (5%) apart, the machine at one speed through it;
+   a quiet machine would hold it: the model's error); and the two calibrations'
+   measured steps compared (nothing fitted: real/step_fit.py measured_step_s):
+   the run is steady when they lie at most MAX_DRIFT (5%) apart, the machine at
+   one speed through it;
 4. a table of predicted against measured step time (and compute, communication,
    optimizer, idle) with the error (predicted - measured) / measured, the
    geometric mean error over the unseen configurations, exp(mean |ln(predicted /

@@ -1,4 +1,4 @@
-"""Calibration's spans against a launched step's, and what a kernel's dispatch costs on this host.
+"""Calibration's spans against a launched step's, and what a kernel's dispatch and an update cost on this host.
 
 1. In one process per rank (2 ranks, gloo), on one replica of bench/fidelity.py's
    base model: launch's own step program (the Job a `simtrain launch` builds,
@@ -12,6 +12,11 @@
    operators torch dispatches, counted as the simulator counts them:
    op_cost.py). What a pass costs beyond its kernels is calibration's
    `pass_overhead` (docs/validation/fidelity.md).
+3. The update by its size: the base's optimizer (SGD with momentum) stepping
+   one tensor of 32 thousand to 800 thousand parameters on one thread, its
+   median step fitted to t = a + bytes / B (real/fit.py fit_alpha_beta, bytes
+   as train/precision.py update_bytes counts them). Calibration's updates all
+   move the base's bytes, so they cannot tell a from B apart; this does.
 
     PYTHONPATH=. .venv/bin/python bench/step_spans.py
 """
@@ -25,11 +30,15 @@ import torch
 import torch.distributed as dist
 import yaml
 
+import simtrain
 from simtrain.op_cost import OperatorRecorder
+from simtrain.real.fit import AlphaBeta, fit_alpha_beta
 from simtrain.real.processes import spawn
+from simtrain.train.precision import update_bytes
 
 WORLD = 2
 WARMUP = 5
+UPDATE_PARAMETERS = (32_000, 133_000, 266_000, 400_000, 800_000)  # the base's update has 133 thousand
 
 
 def rank_spans(rank: int, world: int, scenario_file: str, turns: int) -> dict:
@@ -101,6 +110,26 @@ def dispatch_us_per_kernel() -> tuple[float, float]:
     return (f2 - f1) / (kf2 - kf1) * 1e6, (b2 - b1) / (kb2 - kb1) * 1e6
 
 
+def update_cost_by_size(optimizer) -> tuple[list[tuple[int, float]], AlphaBeta]:
+    """[(bytes, median seconds)] of one-tensor updates of each size, and their fit t = a + bytes / B."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    points = []
+    for count in UPDATE_PARAMETERS:
+        parameter = torch.nn.Parameter(torch.randn(count))
+        parameter.grad = torch.randn(count)
+        step = torch.optim.SGD([parameter], lr=optimizer.lr, momentum=optimizer.momentum)
+        times = []
+        for repeat in range(220):
+            start = time.perf_counter()
+            step.step()
+            if repeat >= 20:
+                times.append(time.perf_counter() - start)
+        points.append((update_bytes([parameter], "fp32", optimizer), statistics.median(times)))
+    torch.set_num_threads(threads)
+    return points, fit_alpha_beta(*zip(*points))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=4)
@@ -112,6 +141,7 @@ def main() -> None:
         scenario_file = Path(folder) / "base.yaml"
         scenario_file.write_text(yaml.safe_dump(scenario_dict({})))
         ranks = spawn(rank_spans, WORLD, args=(str(scenario_file), args.turns))
+        optimizer = simtrain.load_scenario(scenario_file).train.optimizer
     print(f"\nmedian spans in µs, base model (batch {BASE_BATCH}), {args.turns} turns, rank 0 / rank 1")
     print("| span | launch's step program | calibration (time_steps) |\n|---|---|---|")
     for name in ("forward", "backward", "optimizer step", "all_reduce"):
@@ -121,6 +151,12 @@ def main() -> None:
     forward, backward = dispatch_us_per_kernel()
     print(f"\ndispatch: {forward:.1f} µs a kernel forward, {backward:.1f} µs backward (chains of 1 and 32 "
           "Linear(8, 8) + ReLU, one thread)")
+    points, fit = update_cost_by_size(optimizer)
+    print("\nupdate (the base's SGD with momentum, one tensor, one thread): "
+          + ", ".join(f"{count:,} parameters {seconds * 1e6:.1f} µs" for count, (_, seconds) in
+                      zip(UPDATE_PARAMETERS, points))
+          + f"; t = {fit.latency_s * 1e6:.1f} µs + bytes / {fit.bandwidth_Bps / 1e9:.1f} GB/s, largest residual "
+          f"{fit.max_residual:.0%}")
 
 
 if __name__ == "__main__":

@@ -30,12 +30,12 @@ measuring at once where training runs at once:
   the cases and sizes taking turns (so that the machine's changes of speed
   fall on all alike), every rank at once; each all-reduce follows compute, as
   in training, where gloo's threads have gone idle. Fitted (real/step_fit.py),
-  each time as its mean over the iterations: fp32's rate R, the memory bandwidth B and a
-  fixed cost a per pass, to t = a + FLOPs / R over the forward spans (the
-  batch draw included, as a launched run's forward span holds it) and
-  backwards, FLOPs counted as the simulator counts them (cost.py), and to
-  t = a + bytes / B over the optimizer steps (bytes as train/precision.py
-  update_bytes charges them); one exchange of the ring to
+  each time as its mean over the iterations: fp32's rate R, the memory
+  bandwidth B and a fixed cost a per pass, to t = a + FLOPs / R over the
+  forward spans (the batch draw included, as a launched run's forward span
+  holds it) and backwards, FLOPs counted as the simulator counts them
+  (cost.py), and to t = a + bytes / B over the optimizer steps (bytes as
+  train/precision.py update_bytes charges them); one exchange of the ring to
   the all-reduce's times as launch counts them (the rank that arrived last),
   and from it the exchange's software cost beyond the ping-pong's wire; the
   compute jitter under which ranks wait at the all-reduce as they did
