@@ -2,10 +2,11 @@
 
 1. `simtrain calibrate --nproc 2 --model-of BASE` (real/calibrate.py): point-to-point
    α-β fit, then training steps of BASE's model (forward with the batch's draw,
-   backward, ring all-reduce of each size, optimizer step) fitted to a fixed
-   cost per pass, FLOP/s and the optimizer's memory bandwidth, the ring exchange
-   and the compute jitter -> calibration/device.yaml, topology.yaml,
-   calibration.json;
+   backward, ring all-reduce of each size, optimizer step; at three batch sizes,
+   and at 3/4 and 5/4 of its width, widths this bench does not hold out) fitted
+   to a fixed cost per pass, FLOP/s, the optimizer step's fixed cost and memory
+   bandwidth, the ring exchange and the compute jitter -> calibration/device.yaml,
+   topology.yaml, calibration.json;
 2. for each configuration (BASE with other batch sizes, widths, depths, step
    counts): `simtrain run` on the calibration files (and `cluster.compute_jitter` and
    `compute_jitter_fixed` from calibration.json, unless --no-jitter) predicts the step time,
@@ -253,7 +254,8 @@ def print_calibration(name: str, calibration: dict) -> None:
           f"{exchange['latency_s'] * 1e6:.1f} us, β {exchange['bandwidth_Bps'] / 1e9:.2f} GB/s (largest residual "
           f"{exchange['max_abs_residual']:.0%}); fp32 {compute['flops_per_s'] / 1e9:.1f} GFLOP/s and "
           f"{compute['pass_overhead_s'] * 1e6:.1f} us per pass (largest residual "
-          f"{compute['max_abs_residual']:.0%}); optimizer {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s "
+          f"{compute['max_abs_residual']:.0%}); optimizer {optimizer['overhead_s'] * 1e6:.1f} us and "
+          f"{optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s "
           f"(largest residual {optimizer['max_abs_residual']:.0%}); compute jitter "
           f"σ {calibration['compute_jitter']:.3f}, fixed {calibration['compute_jitter_fixed_s'] * 1e3:.3f} ms; "
           f"{calibration['load']['warning'] or 'machine quiet'}", flush=True)

@@ -74,7 +74,7 @@ class MemoryBound(NamedTuple):
     name: str
     kind: str
     kernels: int = 0  # torch operators the work dispatches (a device's kernel_overhead is charged on each)
-    passes: int = 0  # passes it starts: 1 on an optimizer step (a device's pass_overhead is charged on each)
+    updates: int = 0  # optimizer steps it is: 1 on one (a device's update_overhead is charged on each)
 
 
 class Busy(NamedTuple):

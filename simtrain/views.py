@@ -204,7 +204,8 @@ def print_calibration(summary: dict) -> None:
                   f"beyond the {exchange['wire']} wire {format_seconds(exchange['software_latency_s'])} a message, "
                   f"{exchange['software_s_per_byte'] * 1e9:.3f} ns a byte")
     bound = "" if optimizer["bandwidth_resolved"] else " (at least: not resolved)"
-    console.print(f"optimizer step: memory bandwidth {optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s{bound} (largest "
+    console.print(f"optimizer step: {format_seconds(optimizer['overhead_s'])} fixed and memory bandwidth "
+                  f"{optimizer['bandwidth_Bps'] / 1e9:.2f} GB/s{bound} (largest "
                   f"|residual| {optimizer['max_abs_residual']:.1%}); waiting at the all-reduce "
                   + ", ".join(format_seconds(seconds) for seconds in summary["idle_s"].values())
                   + f": compute jitter σ {summary['compute_jitter']:.3f} and "

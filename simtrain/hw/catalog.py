@@ -5,10 +5,12 @@ bf16, and fp8 on the parts whose tensor cores have it: Hopper and later), its
 HBM capacity and bandwidth, its NVLink bandwidth (the datasheet's, both
 directions together: what to divide by two for `cluster.link`, which is per
 direction), the fraction of peak a training kernel reaches (`efficiency`) and
-a fixed cost per kernel (`kernel_overhead`, default 0) and per pass
-(`pass_overhead`, default 0: a forward, a backward or an optimizer step). The
-compute model charges `flops / spec.flops_rate(dtype) + kernels x
-kernel_overhead + passes x pass_overhead` seconds.
+a fixed cost per kernel (`kernel_overhead`, default 0), per pass
+(`pass_overhead`, default 0: a forward or a backward) and per optimizer step
+(`update_overhead`, default 0). The compute model charges `flops /
+spec.flops_rate(dtype) + kernels x kernel_overhead + passes x pass_overhead`
+seconds, an optimizer step `bytes / (memory_bandwidth x efficiency) + kernels
+x kernel_overhead + update_overhead`.
 The catalog's parts also give their streaming multiprocessors (SMs): work that
 runs while a communication kernel holds some of them (Transformer Engine's
 `num_sm` with `set_sm_margin`, schemes/tp_overlap.py) runs on the others, at
@@ -46,7 +48,8 @@ from ..user_files import load_yaml_file, user_path
 
 DEFAULT_EFFICIENCY = 0.5
 
-_FILE_KEYS = ("name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead", "pass_overhead")
+_FILE_KEYS = ("name", "peak_flops", "memory", "memory_bandwidth", "efficiency", "kernel_overhead", "pass_overhead",
+              "update_overhead")
 _T = 1e12  # TFLOP/s
 _GIB = 2.0**30
 
@@ -66,10 +69,14 @@ class DeviceSpec:
     # datasheets give none; simtrain calibrate measures it on a host, where it is Python's and torch's
     # per-operator overhead.
     kernel_overhead_s: float = 0.0
-    # Seconds each pass over the model (a forward, a backward, an optimizer step) costs beyond its kernels: the
-    # host's work around them (the framework's Python, the batch's draw, the autograd engine's start). 0 for
-    # the catalog's GPUs; simtrain calibrate measures it on a host (real/step_fit.py).
+    # Seconds each pass over the model (a forward, a backward) costs beyond its kernels: the host's work around
+    # them (the framework's Python, the batch's draw, the autograd engine's start). 0 for the catalog's GPUs;
+    # simtrain calibrate measures it on a host (real/step_fit.py).
     pass_overhead_s: float = 0.0
+    # Seconds each optimizer step costs beyond its bytes and kernels: the optimizer's own Python around them. 0
+    # for the catalog's GPUs; simtrain calibrate measures it on a host, apart from pass_overhead (an update's
+    # fixed cost is not a pass's: real/step_fit.py).
+    update_overhead_s: float = 0.0
     # The datasheet's NVLink bandwidth per GPU, both directions together (bytes/s); None: not given. What a
     # scenario's cluster.link describes (per direction: half of it); the catalog's figure is for reference.
     nvlink_bandwidth: float | None = None
@@ -84,6 +91,11 @@ class DeviceSpec:
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"device {self.name}: efficiency must be in (0, 1], got {self.efficiency}")
         object.__setattr__(self, "peak_flops", {dtype: self.peak_flops[dtype] for dtype in keys})
+
+    @property
+    def has_fixed_costs(self) -> bool:
+        """Whether work costs more than its FLOPs or bytes: a calibrated host's kernels, passes or updates."""
+        return bool(self.kernel_overhead_s or self.pass_overhead_s or self.update_overhead_s)
 
     def flops_rate(self, dtype: str) -> float:
         """FLOP/s this device sustains in `dtype`: peak times efficiency."""
@@ -193,7 +205,8 @@ def resolve_device(value, field: str = "cluster.device", base_dir=None) -> Devic
     return DeviceSpec(name=fields.name, peak_flops=fields.peak_flops.given(), memory_bytes=fields.memory,
                       memory_bandwidth=fields.memory_bandwidth,
                       efficiency=DEFAULT_EFFICIENCY if fields.efficiency is None else fields.efficiency,
-                      kernel_overhead_s=fields.kernel_overhead or 0.0, pass_overhead_s=fields.pass_overhead or 0.0)
+                      kernel_overhead_s=fields.kernel_overhead or 0.0, pass_overhead_s=fields.pass_overhead or 0.0,
+                      update_overhead_s=fields.update_overhead or 0.0)
 
 
 def _device_fields(value, field: str) -> DeviceFields:
@@ -222,7 +235,8 @@ def _device_file(name: str, field: str, base_dir) -> DeviceSpec:
 
 def override_device(base: DeviceSpec, changes: Mapping) -> DeviceSpec:
     """`base` with some of its fields changed: `changes` holds scenario.DeviceFields' values by name (name,
-    peak_flops of some dtypes, memory, memory_bandwidth, efficiency, kernel_overhead, pass_overhead)."""
+    peak_flops of some dtypes, memory, memory_bandwidth, efficiency, kernel_overhead, pass_overhead,
+    update_overhead)."""
     replaced = {}
     if changes.get("name") is not None:
         replaced["name"] = changes["name"]
@@ -238,6 +252,8 @@ def override_device(base: DeviceSpec, changes: Mapping) -> DeviceSpec:
         replaced["kernel_overhead_s"] = changes["kernel_overhead"]
     if changes.get("pass_overhead") is not None:
         replaced["pass_overhead_s"] = changes["pass_overhead"]
+    if changes.get("update_overhead") is not None:
+        replaced["update_overhead_s"] = changes["update_overhead"]
     return dataclasses.replace(base, **replaced)
 
 

@@ -159,10 +159,12 @@ class Device:
         """Seconds the stream needs to read and write `nbytes` of HBM."""
         return nbytes / (self.spec.memory_bandwidth * self.spec.efficiency) * self.slowdown
 
-    def fixed_time(self, kernels: int, passes: int = 0) -> float:
-        """Seconds the fixed costs of `kernels` kernels and `passes` passes take (0 on a device without
-        kernel_overhead and pass_overhead)."""
-        return (kernels * self.spec.kernel_overhead_s + passes * self.spec.pass_overhead_s) * self.slowdown
+    def fixed_time(self, kernels: int, passes: int = 0, updates: int = 0) -> float:
+        """Seconds the fixed costs of `kernels` kernels, `passes` passes and `updates` optimizer steps take (0 on
+        a device without kernel_overhead, pass_overhead and update_overhead)."""
+        spec = self.spec
+        return (kernels * spec.kernel_overhead_s + passes * spec.pass_overhead_s
+                + updates * spec.update_overhead_s) * self.slowdown
 
     def compute(self, flops: float, dtype: str, name: str, kind: str = "compute", kernels: int = 0,
                 ops: OpCosts | None = None, sm_margin: int = 0, passes: int = 0) -> simpy.Event:
@@ -170,19 +172,19 @@ class Device:
         a communication kernel holding `sm_margin` of them leaves, starting `passes` passes; the event fires
         when they have run."""
         seconds = self.compute_time(flops, dtype, ops, sm_margin)
-        if self.spec.kernel_overhead_s or self.spec.pass_overhead_s:  # a calibrated host's; no GPU's
+        if self.spec.has_fixed_costs:  # a calibrated host's; no GPU's
             seconds += self.fixed_time(kernels, passes)
         if self.jitter or self.jitter_fixed:
             sigma = span_sigma(seconds, self.jitter, self.jitter_fixed)
             seconds *= math.exp(sigma * self._rng.standard_normal() - sigma * sigma / 2)
         return self.run_for(seconds, name, kind, flops=flops)
 
-    def memory_bound(self, nbytes: float, name: str, kind: str, kernels: int = 0, passes: int = 0) -> simpy.Event:
+    def memory_bound(self, nbytes: float, name: str, kind: str, kernels: int = 0, updates: int = 0) -> simpy.Event:
         """Queue memory-bound work touching `nbytes` of HBM in `kernels` kernels (an optimizer step, a copy),
-        starting `passes` passes."""
+        `updates` optimizer steps."""
         seconds = self.memory_bound_time(nbytes)
-        if self.spec.kernel_overhead_s or self.spec.pass_overhead_s:  # a calibrated host's; no GPU's
-            seconds += self.fixed_time(kernels, passes)
+        if self.spec.has_fixed_costs:  # a calibrated host's; no GPU's
+            seconds += self.fixed_time(kernels, updates=updates)
         return self.run_for(seconds, name, kind, nbytes=nbytes)
 
     def run_for(self, seconds: float, name: str, kind: str, nbytes: float = 0, flops: float = 0) -> simpy.Event:

@@ -143,23 +143,30 @@ def _this_machine(hosts: list[str]) -> Machine:
 
 def refit(recorded: list[Path], out: Path) -> dict:
     """Fit again, with this version's models, what earlier calibrations measured (their calibration.json), and
-    write out/ as `calibrate` does; nothing is measured. Several calibrations of the same ranks, hosts, model
-    and sizes are pooled: every step sample of each (their means are fitted), the half-precision points of
+    write out/ as `calibrate` does; nothing is measured. Several calibrations of the same ranks, hosts, model,
+    sizes and cases are pooled: every step sample of each (their means are fitted), the half-precision points of
     each, and each size's one-way ping-pong time as the mean of theirs. The work of the fp32 step samples
     (FLOPs, kernels, the update's bytes) is counted again as this version counts it, on the model of the
-    recorded `model_of` scenario, which must still be there; the half-precision points are kept as recorded."""
+    recorded `model_of` scenario, which must still be there (the cases it recorded: calibrations before 2026-12-03
+    15:45 UTC timed no widened model); the half-precision points are kept as recorded."""
     summaries = [_recorded(path) for path in recorded]
     summary = summaries[0]
     for path, other in zip(recorded[1:], summaries[1:]):
-        for key in ("ranks", "hosts", "backend", "model_of", "sizes_bytes"):
-            if other[key] != summary[key]:
-                raise SimtrainError(f"--refit: {path} measured {key} {other[key]!r}, {recorded[0]} {summary[key]!r}: "
-                                    "only calibrations of the same ranks, hosts, model and sizes pool")
+        for key in ("ranks", "hosts", "backend", "model_of", "sizes_bytes", "cases"):
+            if _measured(other, key) != _measured(summary, key):
+                raise SimtrainError(f"--refit: {path} measured {key} {_measured(other, key)!r}, {recorded[0]} "
+                                    f"{_measured(summary, key)!r}: only calibrations of the same ranks, hosts, "
+                                    "model, sizes and cases pool")
     world, hosts = summary["ranks"], summary["hosts"]
     pairs = [(a, b) for a in range(world) for b in range(a + 1, world)]
     measured = []
     for rank in range(world):
-        cases = step_cases(summary["model_of"], rank, world)
+        built = {case.label: case for case in step_cases(summary["model_of"], rank, world)}
+        missing = [label for label in _measured(summary, "cases") if label not in built]
+        if missing:
+            raise SimtrainError(f"--refit: {recorded[0]} measured the case {missing[0]!r}, which this version does "
+                                f"not build (it builds {', '.join(built)})")
+        cases = [built[label] for label in _measured(summary, "cases")]  # the recorded cases, in their order
         for case in cases:  # the batch shape the counts are taken on, as a timed step draws it
             x, y = case.replica.loader.next_batch()
             case.replica.last_batch = (case.replica.precision.cast_input(x), y)
@@ -176,6 +183,13 @@ def refit(recorded: list[Path], out: Path) -> dict:
     return _fit_and_write(measured, hosts, pairs, max(one["load"]["load_average_before"] for one in summaries),
                           summary["sizes_bytes"], summary["model_of"], summary["backend"], out, machine,
                           pooled if len(summaries) > 1 else None)
+
+
+def _measured(summary: dict, key: str):
+    """What a calibration measured: `key` of its calibration.json, or for "cases" its cases' labels."""
+    if key == "cases":
+        return [case["label"] for case in summary["step_samples"][0]["cases"]]
+    return summary[key]
 
 
 def _mean_one_way(summaries: list[dict], pair: str) -> list[float]:
@@ -339,15 +353,15 @@ def _fit_and_write_checked(measured: list[dict], hosts: list[str], pairs, load: 
                              "fp16": compute["fp16"]["flops_per_s"], "bf16": compute["bf16"]["flops_per_s"]},
               "memory": int(machine.memory), "memory_bandwidth": steps["optimizer"]["bandwidth_Bps"],
               "efficiency": 1.0,
-              "pass_overhead": compute["fp32"]["pass_overhead_s"]}
+              "pass_overhead": compute["fp32"]["pass_overhead_s"], "update_overhead": steps["optimizer"]["overhead_s"]}
     what = f"the model of {model_of}" if model_of else "square Linear layers of " + ", ".join(map(str, GEMM_SIZES))
     _write_yaml(out / "device.yaml", device, [
         f"Measured by simtrain calibrate, {when}, {world} ranks ({backend}) on {', '.join(host_names)}.",
-        f"Training steps of {what} (real/step_timing.py), every rank at once, each part its mean: fp32's rate,",
-        "memory_bandwidth and pass_overhead fitted to t = pass_overhead + FLOPs / rate over the forwards (the",
-        "batch draw included) and backwards and t = pass_overhead + bytes / memory_bandwidth over the optimizer",
-        "steps. fp16, bf16: the same fit to forwards and backwards back to back; tf32 is fp32's (a CPU has no",
-        "TF32), so efficiency is 1. memory: the host's RAM over its ranks."])
+        f"Training steps of {what} (real/step_timing.py), every rank at once, each part its mean: fp32's rate",
+        "and pass_overhead fitted to t = pass_overhead + FLOPs / rate over the forwards (the batch draw included)",
+        "and backwards; memory_bandwidth and update_overhead to t = update_overhead + bytes / memory_bandwidth",
+        "over the optimizer steps. fp16, bf16: the first fit to forwards and backwards back to back; tf32 is",
+        "fp32's (a CPU has no TF32), so efficiency is 1. memory: the host's RAM over its ranks."])
     software = exchange_software_cost(steps["all_reduce_fit"], classes)
     topology = _topology(name, hosts, host_names, classes, software)
     _write_yaml(out / "topology.yaml", topology, [

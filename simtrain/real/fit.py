@@ -19,11 +19,13 @@ time, α is fitted with it, and `bandwidth_resolved` is False.
     fit.latency_s, fit.bandwidth_Bps, fit.residuals
 
 The same for a training step's passes: a forward or backward of F FLOPs
-takes t = a + F / R, and an optimizer step of n bytes t = a + n / B, a fixed
-cost a per pass (on a host, the work around the kernels: Python's frames and
-dispatch, the batch's draw, the autograd engine's start, the interpreter's
-spans) and a rate R and memory bandwidth B: `fit_pass_costs(flops, times,
-update_bytes, update_times)`, weighted least squares of relative errors.
+takes t = a + F / R, a fixed cost a per pass (on a host, the work around the
+kernels: Python's frames and dispatch, the batch's draw, the autograd engine's
+start, the interpreter's spans) and a rate R: `fit_pass_costs(flops, times)`,
+weighted least squares of relative errors. An optimizer step of n bytes takes
+t = a_u + n / B, a fixed cost of its own (the optimizer's Python around its
+kernels, not a pass's) and a memory bandwidth B: `fit_update_costs(bytes,
+times, a)`, an α-β fit.
 
 A ring all-reduce of n bytes over N ranks is 2(N - 1) exchanges of n/N bytes
 (every rank sends a chunk to its right and receives one from its left, then
@@ -120,48 +122,44 @@ def fit_alpha_beta(sizes_bytes, times_s) -> AlphaBeta:
 class PassCosts(NamedTuple):
     overhead_s: float  # a, per pass
     flops_per_s: float  # R
-    bandwidth_Bps: float | None  # B; None: no optimizer step was fitted
-    residuals: list[float]  # (measured - fitted) / measured, per point: the passes, then the optimizer steps
-    bandwidth_resolved: bool = True  # False: the steps took no longer than a pass's fixed cost; B a lower bound
+    residuals: list[float]  # (measured - fitted) / measured, per pass
 
     @property
     def max_residual(self) -> float:
         return max(abs(r) for r in self.residuals)
 
 
-def fit_pass_costs(flops, times_s, update_bytes=(), update_times_s=()) -> PassCosts:
-    """The fixed cost a of a pass, the rate R and the bandwidth B that fit t = a + FLOPs / R to forward and
-    backward passes and t = a + bytes / B to optimizer steps, relative errors weighted alike (weights 1/t),
-    all in one least squares.
-
-    Where the steps leave no positive B (the passes' fixed cost takes most of a step), a and R are the
-    passes' own and B is the steps' bytes over their mean time beyond a; where that is within the standard
-    error of the steps' mean, B is not resolved, and is the least bandwidth that puts the bytes within it.
-    Where the passes leave no positive a (no fixed cost to see) or R (noise), a is 0 and R and B are fitted
-    alone."""
+def fit_pass_costs(flops, times_s) -> PassCosts:
+    """The fixed cost a of a pass and the rate R that fit t = a + FLOPs / R to forward and backward passes,
+    relative errors weighted alike (weights 1/t). Where the passes leave no positive a (no fixed cost to see)
+    or R (noise), a is 0 and R is fitted alone."""
     f = np.asarray(flops, dtype=np.float64)
-    n = np.asarray(update_bytes, dtype=np.float64)
-    t = np.asarray([*times_s, *update_times_s], dtype=np.float64)
-    if np.any(t <= 0) or np.any(f <= 0) or np.any(n <= 0):
-        raise ValueError("times, FLOPs and bytes must be positive")
-    design = np.zeros((len(t), 3 if len(n) else 2))
-    design[:, 0] = 1.0
-    design[:len(f), 1] = f
-    if len(n):
-        design[len(f):, 2] = n
-    w = 1.0 / t
-    solution = _least_squares(design, t, w)
-    resolved = True
-    if len(n) and solution[0] >= 0 and solution[1] > 0 and solution[2] <= 0:
-        solution[:2] = _least_squares(design[:len(f), :2], t[:len(f)], w[:len(f)])
-        steps = t[len(f):]
-        hidden = float(np.std(steps, ddof=1) / np.sqrt(len(steps))) if len(steps) > 1 else 0.0
-        excess = float(np.mean(steps)) - solution[0]
-        resolved = bool(excess > hidden)
-        solution[2] = max(hidden, excess, 1e-9) / float(np.mean(n))
+    t = np.asarray(times_s, dtype=np.float64)
+    if np.any(t <= 0) or np.any(f <= 0):
+        raise ValueError("times and FLOPs must be positive")
+    design = np.stack([np.ones_like(f), f], axis=1)
+    solution = _least_squares(design, t, 1.0 / t)
     fitted = design @ solution
-    return PassCosts(float(solution[0]), float(1.0 / solution[1]), float(1.0 / solution[2]) if len(n) else None,
-                     [float(r) for r in (t - fitted) / t], resolved)
+    return PassCosts(float(solution[0]), float(1.0 / solution[1]), [float(r) for r in (t - fitted) / t])
+
+
+def fit_update_costs(update_bytes, times_s, pass_overhead_s: float) -> AlphaBeta:
+    """The fixed cost a_u of an optimizer step and the bandwidth B that fit t = a_u + bytes / B: the α-β fit
+    (`fit_alpha_beta`) where the steps moved several sizes. Steps of one size cannot tell a_u from B: a_u is
+    then the passes' fixed cost and B the bytes over the steps' mean time beyond it; where that is within the
+    standard error of the mean, B is not resolved, and is the least bandwidth that puts the bytes within it."""
+    n = np.asarray(update_bytes, dtype=np.float64)
+    t = np.asarray(times_s, dtype=np.float64)
+    if np.any(t <= 0) or np.any(n <= 0):
+        raise ValueError("update times and bytes must be positive")
+    if len(set(n.tolist())) > 1:
+        return fit_alpha_beta(n, t)
+    hidden = float(np.std(t, ddof=1) / np.sqrt(len(t))) if len(t) > 1 else 0.0
+    excess = float(np.mean(t)) - pass_overhead_s
+    inverse_bandwidth = max(hidden, excess, 1e-9) / float(n[0])
+    fitted = pass_overhead_s + n * inverse_bandwidth
+    return AlphaBeta(pass_overhead_s, 1.0 / inverse_bandwidth, [float(r) for r in (t - fitted) / t],
+                     bool(excess > hidden))
 
 
 def _least_squares(design: np.ndarray, t: np.ndarray, w: np.ndarray) -> np.ndarray:

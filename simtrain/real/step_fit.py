@@ -5,15 +5,19 @@ takes, per rank, the samples `time_steps` returned with the work of each case
 counted as the simulator counts it (`cases`: FLOPs of the forward and
 backward, bytes of the optimizer step), and gives:
 
-- `compute` and `optimizer`: one fit (fit.py fit_pass_costs) of a fixed cost a
-  per pass (`pass_overhead_s`), the rate R and the memory bandwidth B to each
-  (rank, case)'s mean forward span, drawing the batch included (a launched
-  run's forward span holds both: real/interpreter.py), and mean backward
-  (t = a + FLOPs / R), and mean optimizer step (t = a + bytes / B), each with
-  its residuals (`bandwidth_resolved` false where the steps took no longer
-  than a pass's fixed cost, within their noise: B is then a lower bound).
-  Earlier calibrations timed the draw apart (a `draw` sample, 2026-12-03
-  and before): it is added back to the forward;
+- `compute`: the fixed cost a per pass (`pass_overhead_s`) and the rate R
+  (fit.py fit_pass_costs) of each (rank, case)'s mean forward span, drawing
+  the batch included (a launched run's forward span holds both:
+  real/interpreter.py), and mean backward: t = a + FLOPs / R, with its
+  residuals. Earlier calibrations timed the draw apart (a `draw` sample,
+  2026-12-03 and before): it is added back to the forward;
+- `optimizer`: the fixed cost a_u per optimizer step (`overhead_s`) and the
+  memory bandwidth B (fit.py fit_update_costs) of each (rank, case)'s mean
+  optimizer step: t = a_u + bytes / B, with its residuals
+  (`bandwidth_resolved` false where the steps did not grow with their bytes,
+  within their noise: B is then a lower bound). Calibrations of one model's
+  update alone (before 2026-12-03 15:45 UTC, or a user's model, which
+  calibration cannot widen) give a_u the passes' a;
 - `all_reduce`: per size, what a launched run counts as communication: in each
   iteration the least time a rank spent in the all-reduce (the rank that
   arrived last; what the others spent beyond it was waiting for it, idle), then
@@ -39,12 +43,17 @@ host the times are skewed to the right: the mean of a forward, backward or
 all-reduce was up to 38% above its median in sixteen calibrations on 2 cores
 (docs/validation/fidelity.md), so fitting medians predicted every part low.
 
-The fixed cost is a pass's, not a kernel's: calibration varies only the batch,
-so a cost per kernel would be told from a cost per pass only by the forward
-(13 kernels here) against the backward (36), and the two passes' fixed costs
-were alike (about 0.5 ms each) although their kernels are not; fitted per
-kernel, it left the rate a third low, and models with other kernel counts wrong
-both ways (docs/validation/fidelity.md).
+The fixed cost is a pass's, not a kernel's: calibration varies the batch and
+the width, not the depth, so a cost per kernel would be told from a cost per
+pass only by the forward (13 kernels here) against the backward (36), and the
+two passes' fixed costs were alike (about 0.5 ms each) although their kernels
+are not; fitted per kernel, it left the rate a third low, and models with other
+kernel counts wrong both ways (docs/validation/fidelity.md). An optimizer
+step's fixed cost is not a pass's either: given the passes' a, the bandwidth of
+one model's update predicted the update of a model twice as wide 10-32% short
+in ten steady runs; calibration times the model at three widths
+(real/step_timing.py) so that the update's own fixed cost and bandwidth are
+fitted apart.
 
 `exchange_software_cost(exchange, classes)` splits one exchange of the ring
 into the wire, as a ping-pong sees it (the slowest link class's α-β), and what
@@ -57,7 +66,7 @@ links are α + δ and 1/(1/β + 1/γ) gives the ring its measured time.
 """
 import statistics
 
-from .fit import AlphaBeta, fit_compute_jitter, fit_pass_costs, fit_ring_all_reduce, modelled_wait
+from .fit import AlphaBeta, fit_compute_jitter, fit_pass_costs, fit_ring_all_reduce, fit_update_costs, modelled_wait
 from .machine_load import relative_spread
 
 
@@ -71,17 +80,17 @@ def fit_step_timings(ranks: list[dict], world: int, sizes: list[int]) -> dict:
         for c, case in enumerate(cases):
             flops += [case["forward_flops"], case["backward_flops"]]
             seconds += [statistics.mean(rank["forward"][c]), statistics.mean(rank["backward"][c])]
-    update_bytes = [case["update_bytes"] for _ in ranks for case in cases]
-    update_seconds = [statistics.mean(rank["optimizer"][c]) for rank in ranks for c in range(len(cases))]
-    fit = fit_pass_costs(flops, seconds, update_bytes, update_seconds)
-    passes = len(flops)
+    fit = fit_pass_costs(flops, seconds)
     compute = {"flops_per_s": fit.flops_per_s, "pass_overhead_s": fit.overhead_s,
-               "max_abs_residual": max(map(abs, fit.residuals[:passes])), "residuals": fit.residuals[:passes],
+               "max_abs_residual": fit.max_residual, "residuals": fit.residuals,
                "points": [{"pass": ("forward", "backward")[k % 2], "flops": f, "seconds": t}
                           for k, (f, t) in enumerate(zip(flops, seconds))]}
-    optimizer = {"bandwidth_Bps": fit.bandwidth_Bps, "bandwidth_resolved": fit.bandwidth_resolved,
-                 "seconds": update_seconds, "bytes": update_bytes,
-                 "residuals": fit.residuals[passes:], "max_abs_residual": max(map(abs, fit.residuals[passes:]))}
+    update_bytes = [case["update_bytes"] for _ in ranks for case in cases]
+    update_seconds = [statistics.mean(rank["optimizer"][c]) for rank in ranks for c in range(len(cases))]
+    update = fit_update_costs(update_bytes, update_seconds, fit.overhead_s)
+    optimizer = {"overhead_s": update.latency_s, "bandwidth_Bps": update.bandwidth_Bps,
+                 "bandwidth_resolved": update.bandwidth_resolved, "seconds": update_seconds, "bytes": update_bytes,
+                 "residuals": update.residuals, "max_abs_residual": update.max_residual}
     all_reduces = [rank["all_reduce"] for rank in ranks]  # [rank][size][case][round]
     all_reduce = []
     for size_index, size in enumerate(sizes):

@@ -10,7 +10,7 @@ runs the same step program through the same interpreter and communicator, the
 all-reduce on a buffer of each size in turn, and keeps the spans the
 interpreter measures, so that each part is what a launched run measures:
 
-    repeats times: for each case (a model and its batch size): two steps not kept, then for each all-reduce size:
+    repeats times: for each case (a model, its width and batch size): two steps not kept, then for each all-reduce size:
         forward (the draw of the batch inside) | backward | ring all-reduce of a buffer of that size | optimizer step
 
 Everything takes turns, so that a change of the machine's speed during
@@ -49,7 +49,7 @@ from torch.utils.data import TensorDataset
 from ..comm import ALL_REDUCE
 from ..comm.gloo import GlooCommunicator
 from ..hw.device import MemoryLedger
-from ..scenario import TrainSpec, load_scenario
+from ..scenario import ModelSpec, TrainSpec, load_scenario
 from ..schemes.local_work import forward_backward
 from ..step_ops import Collective, MemoryBound
 from ..train.data import ShardLoader, load_dataset
@@ -59,26 +59,36 @@ from ..train.replica import Replica
 from .interpreter import Meter, run_program
 
 GEMM_SIZES = (64, 128, 256)  # without a scenario: a square Linear layer of each width, on a batch as wide
+# with a scenario: its model also this many times as wide, so that updates of other sizes tell the update's fixed
+# cost from its bandwidth (fit.py fit_update_costs)
+WIDTH_FACTORS = (0.75, 1.25)
 SPANS = {"forward": "forward", "backward": "backward", "optimizer step": "optimizer"}  # the meter's: the samples'
 
 
 class StepCase(NamedTuple):
-    label: str  # what the case trains: the scenario's model at a batch size, or a Linear layer
+    label: str  # what the case trains: the scenario's model at a width and batch size, or a Linear layer
     replica: Replica
     batch: int
     update_bytes: float  # what the simulator charges for the optimizer step (train/precision.py)
 
 
 def step_cases(model_of: str | None, rank: int, world: int, device="cpu") -> list[StepCase]:
-    """The scenario's model on batches of half, one and two times its batch size (this rank's shard, its
-    optimizer and precision), or square Linear layers trained with SGD on random batches."""
+    """The scenario's model on batches of half, one and two times its batch size, and on its batch size at
+    WIDTH_FACTORS times its width (this rank's shard, its optimizer and precision), or square Linear layers
+    trained with SGD on random batches."""
     if model_of is not None:
         scenario = load_scenario(model_of)
         data = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed)
         batch = scenario.data.batch_size
-        built = [(f"batch {size}", build_model(scenario.model, data.info, scenario.seed),
-                  ShardLoader(data.train, world, rank, size, scenario.seed), size, scenario.train)
-                 for size in sorted({max(1, batch // 2), batch, 2 * batch})]
+
+        def case(label: str, model: ModelSpec, size: int) -> tuple:
+            return (label, build_model(model, data.info, scenario.seed),
+                    ShardLoader(data.train, world, rank, size, scenario.seed), size, scenario.train)
+        built = [case(f"batch {size}", scenario.model, size) for size in sorted({max(1, batch // 2), batch, 2 * batch})]
+        for factor in WIDTH_FACTORS:
+            model = widened(scenario.model, factor)
+            if model is not None and model != scenario.model:
+                built.append(case(f"{factor:g} x width, batch {batch}", model, batch))
     else:
         built = []
         for width in GEMM_SIZES:
@@ -92,6 +102,25 @@ def step_cases(model_of: str | None, rank: int, world: int, device="cpu") -> lis
         replica = Replica(model.to(device), loader, train)
         cases.append(StepCase(label, replica, batch, update_bytes(replica.params, train.precision, train.optimizer)))
     return cases
+
+
+def widened(model: ModelSpec, factor: float) -> ModelSpec | None:
+    """`model` with its widths `factor` times as wide, rounded: an mlp's hidden layers, a cnn's channels, a gpt's
+    or llama's width (a multiple of its heads; for a llama, of twice them: rotary embeddings turn pairs) and a
+    llama's ffn_hidden where given. None for a user's model, whose widths calibration does not know."""
+    def scaled(width: int, unit: int = 1) -> int:
+        return max(unit, unit * round(width * factor / unit))
+    if model.name == "mlp":
+        return model.model_copy(update={"hidden": [scaled(width) for width in model.hidden]})
+    if model.name == "cnn":
+        return model.model_copy(update={"channels": [scaled(width) for width in model.channels]})
+    if model.name in ("gpt", "llama"):
+        unit = model.heads * (2 if model.name == "llama" else 1)
+        changes = {"hidden": [scaled(model.width, unit)]}
+        if model.ffn_hidden is not None:
+            changes["ffn_hidden"] = scaled(model.ffn_hidden)
+        return model.model_copy(update=changes)
+    return None
 
 
 def time_steps(rank: int, world: int, cases: list[StepCase], sizes: list[int], repeats: int, device) -> dict:
@@ -124,4 +153,4 @@ def _step_program(case: StepCase, rank: int, world: int, buffer: torch.Tensor):
     yield from forward_backward(case.replica)
     yield Collective(ALL_REDUCE["ring"](rank, world, buffer, average=True), "all_reduce")
     case.replica.step()
-    yield MemoryBound(case.update_bytes, "optimizer step", kind="optimizer", passes=1)
+    yield MemoryBound(case.update_bytes, "optimizer step", kind="optimizer", updates=1)

@@ -46,8 +46,8 @@ class PeakFlops(Section):
 
 class DeviceFields(Section):
     """A device described in the scenario: a catalog device with some fields changed (`base`), or a whole
-    device (every field but efficiency, kernel_overhead and pass_overhead). hw/catalog.py turns it into a device
-    spec."""
+    device (every field but efficiency and the fixed costs: kernel_overhead, pass_overhead, update_overhead).
+    hw/catalog.py turns it into a device spec."""
 
     base: str | None = Field(None, description="Catalog device whose figures the other fields change "
                                                "(a100-40gb, a100-80gb, b200-180gb, h100-80gb, "
@@ -61,9 +61,12 @@ class DeviceFields(Section):
         None, description="Fraction of peak FLOP/s a training kernel reaches (default 0.5 for a whole device).")
     kernel_overhead: Duration | None = Field(None, description="Seconds each kernel costs beyond its FLOPs "
                                                                "(launch and dispatch; default 0) (s).")
-    pass_overhead: Duration | None = Field(None, description="Seconds each pass (a forward, a backward, an "
-                                                             "optimizer step) costs beyond its kernels (the host's "
-                                                             "work around them; default 0) (s).")
+    pass_overhead: Duration | None = Field(None, description="Seconds each pass (a forward, a backward) costs "
+                                                             "beyond its kernels (the host's work around them; "
+                                                             "default 0) (s).")
+    update_overhead: Duration | None = Field(None, description="Seconds each optimizer step costs beyond its bytes "
+                                                               "and kernels (the optimizer's own work around them; "
+                                                               "default 0) (s).")
 
     @model_validator(mode="after")
     def _whole_or_based(self) -> "DeviceFields":

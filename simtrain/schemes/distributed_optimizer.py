@@ -123,7 +123,7 @@ class ReplicatedUpdate:
         if scheme.vote:
             found_inf = yield from overflow_vote(*scheme.comms["model"][rank], found_inf)
         replica.apply_update(replica.precision.settle(found_inf))
-        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", passes=1)
+        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
 
     def reduce(self, rank: int):
         """Step program: all-reduce and average the gradient over the dp (x cp) group (expert_model_parallel.py's

@@ -111,7 +111,7 @@ class ExpertParallel(SyncDataParallel):
             buffer[dense:].div_(self.ep)  # the holders' mean of ep ranks' summed gradients: the global mean
             replica.step()
             yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels,
-                              passes=1)
+                              updates=1)
             if rank == 0 and len(job.local_ranks) == self.world:
                 self._record_moe(step)
                 self._end_step(step)

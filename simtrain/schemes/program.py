@@ -70,7 +70,7 @@ class _Simulated:
             yield self.posted
 
     def memory_bound(self, op: MemoryBound):
-        yield self.device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels, passes=op.passes)
+        yield self.device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels, updates=op.updates)
 
     def busy(self, op: Busy):
         if op.staging:

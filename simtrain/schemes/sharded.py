@@ -333,7 +333,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
         return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
                                     cost.forward_ops + cost.backward_ops)
                 + device.memory_bound_time(self._whole_step_bytes)
-                + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=3))  # forward, backward, step
+                + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2, updates=1))
 
     def report_sections(self) -> dict:
         """report.json's `parallel` (the layout) and `sharding` (the stage, the groups, the bytes by kind)."""

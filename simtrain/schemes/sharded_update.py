@@ -34,7 +34,7 @@ def sharded_update(shard, replicas: int, step_bytes: int, vote=None, charge=None
         found_inf = yield from vote(found_inf)
     shard.apply_update(shard.precision.settle(found_inf))
     if charge is None:
-        yield MemoryBound(step_bytes, "optimizer step", kind="optimizer", passes=1)
+        yield MemoryBound(step_bytes, "optimizer step", kind="optimizer", updates=1)
     else:
         yield from charge
 

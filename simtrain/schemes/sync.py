@@ -131,7 +131,7 @@ class SyncDataParallel(RankReplicas, Scheme):
                 yield from self.kfac.step(rank)
             replica.step()
             yield MemoryBound(self._step_bytes, "optimizer step", kind="optimizer", kernels=self._step_kernels,
-                              passes=1)
+                              updates=1)
             if rank == 0 and len(self.job.local_ranks) == self.world:
                 self._end_step(step)
 
@@ -199,7 +199,7 @@ class SyncDataParallel(RankReplicas, Scheme):
         return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
                                     cost.forward_ops + cost.backward_ops)
                 + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2)
-                + device.memory_bound_time(self._step_bytes) + device.fixed_time(self._step_kernels, passes=1) + kfac)
+                + device.memory_bound_time(self._step_bytes) + device.fixed_time(self._step_kernels, updates=1) + kfac)
 
     def report_sections(self) -> dict:
         """report.json's `weight_norms` (and `kfac` with K-FAC) and `parallel` (the layout: dp only)."""
