@@ -163,8 +163,9 @@ def fit_update_costs(update_bytes, times_s, pass_overhead_s: float) -> AlphaBeta
 
 
 def _least_squares(design: np.ndarray, t: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The coefficients of design's columns (a fixed cost first) that fit t, weights w; where the fixed cost
-    comes out below 0, or a rate at or below 0 (noise), the fixed cost is 0 and the rates are fitted alone."""
+    """The coefficients of design's columns (a fixed cost, then a rate's inverse) that fit t, weights w; where the
+    fixed cost comes out below 0, or the rate at or below 0 (noise), the fixed cost is 0 and the rate is fitted
+    alone."""
     solution, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
     if solution[0] < 0 or solution[1] <= 0:
         solution = np.concatenate([[0.0], np.linalg.lstsq(design[:, 1:] * w[:, None], t * w, rcond=None)[0]])
