@@ -157,16 +157,16 @@ def refit(recorded: list[Path], out: Path) -> dict:
                 raise SimtrainError(f"--refit: {path} measured {key} {_measured(other, key)!r}, {recorded[0]} "
                                     f"{_measured(summary, key)!r}: only calibrations of the same ranks, hosts, "
                                     "model, sizes and cases pool")
-    world, hosts = summary["ranks"], summary["hosts"]
+    world, hosts, labels = summary["ranks"], summary["hosts"], _measured(summary, "cases")
     pairs = [(a, b) for a in range(world) for b in range(a + 1, world)]
     measured = []
     for rank in range(world):
         built = {case.label: case for case in step_cases(summary["model_of"], rank, world)}
-        missing = [label for label in _measured(summary, "cases") if label not in built]
+        missing = [label for label in labels if label not in built]
         if missing:
             raise SimtrainError(f"--refit: {recorded[0]} measured the case {missing[0]!r}, which this version does "
                                 f"not build (it builds {', '.join(built)})")
-        cases = [built[label] for label in _measured(summary, "cases")]  # the recorded cases, in their order
+        cases = [built[label] for label in labels]  # the recorded cases, in their order
         for case in cases:  # the batch shape the counts are taken on, as a timed step draws it
             x, y = case.replica.loader.next_batch()
             case.replica.last_batch = (case.replica.precision.cast_input(x), y)
