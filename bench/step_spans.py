@@ -15,8 +15,9 @@
 3. The update by its size: the base's optimizer (SGD with momentum) stepping
    one tensor of 32 thousand to 800 thousand parameters on one thread, its
    median step fitted to t = a + bytes / B (real/fit.py fit_alpha_beta, bytes
-   as train/precision.py update_bytes counts them). Calibration's updates all
-   move the base's bytes, so they cannot tell a from B apart; this does.
+   as train/precision.py update_bytes counts them): the same fit calibration
+   makes (real/fit.py fit_update_costs) over its three widths' updates, here
+   over sizes from a quarter of the base's update to six times it.
 
     PYTHONPATH=. .venv/bin/python bench/step_spans.py
 """

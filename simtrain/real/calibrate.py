@@ -25,16 +25,17 @@ measuring at once where training runs at once:
 - **training steps** (real/step_timing.py): the step program a launched step
   runs (forward with its batch's draw, backward, simtrain's ring all-reduce,
   optimizer step), through launch's interpreter, on a replica of the
-  scenario's model (`--model-of`) at half, one and two times its batch size,
-  or of square Linear layers, with the all-reduce of a buffer of each size,
-  the cases and sizes taking turns (so that the machine's changes of speed
-  fall on all alike), every rank at once; each all-reduce follows compute, as
-  in training, where gloo's threads have gone idle. Fitted (real/step_fit.py),
-  each time as its mean over the iterations: fp32's rate R, the memory
-  bandwidth B and a fixed cost a per pass, to t = a + FLOPs / R over the
-  forward spans (the batch draw included, as a launched run's forward span
-  holds it) and backwards, FLOPs counted as the simulator counts them
-  (cost.py), and to t = a + bytes / B over the optimizer steps (bytes as
+  scenario's model (`--model-of`) at half, one and two times its batch size
+  and at 3/4 and 5/4 of its width, or of square Linear layers, with the
+  all-reduce of a buffer of each size, the cases and sizes taking turns (so
+  that the machine's changes of speed fall on all alike), every rank at once;
+  each all-reduce follows compute, as in training, where gloo's threads have
+  gone idle. Fitted (real/step_fit.py), each time as its mean over the
+  iterations: fp32's rate R and a fixed cost a per pass, to t = a + FLOPs / R
+  over the forward spans (the batch draw included, as a launched run's forward
+  span holds it) and backwards, FLOPs counted as the simulator counts them
+  (cost.py); the optimizer step's own fixed cost a_u and the memory bandwidth
+  B, to t = a_u + bytes / B over the optimizer steps (bytes as
   train/precision.py update_bytes charges them); one exchange of the ring to
   the all-reduce's times as launch counts them (the rank that arrived last),
   and from it the exchange's software cost beyond the ping-pong's wire; the
