@@ -57,6 +57,7 @@ from torch import nn
 
 from .loss import cross_entropy
 from .op_cost import OpCosts, OperatorRecorder
+from .storage_identity import StorageIds
 
 
 @dataclass(frozen=True)
@@ -161,14 +162,15 @@ class SavedTensorTracker:
     """Live and peak bytes of the storages autograd holds for backward."""
 
     def __init__(self, excluded: list[torch.Tensor]):
-        self._excluded = {_storage_id(t) for t in excluded}
-        self._holders: dict[int, int] = {}  # storage id -> saved references alive
+        self._ids = StorageIds()
+        self._excluded = {self._ids.of(t) for t in excluded}
+        self._holders: dict[int, int] = {}  # storage number -> saved references alive
         self._nbytes: dict[int, int] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
 
     def pack(self, tensor: torch.Tensor):
-        storage_id = _storage_id(tensor)
+        storage_id = self._ids.of(tensor)
         if storage_id in self._excluded:
             return tensor
         if storage_id in self._holders:
@@ -192,7 +194,3 @@ class SavedTensorTracker:
             del self._holders[storage_id]
             self.live_bytes -= self._nbytes.pop(storage_id)
 
-
-def _storage_id(tensor: torch.Tensor) -> int:
-    """Identity of the storage under `tensor`: unique among live storages, shared by views."""
-    return tensor.untyped_storage()._cdata

@@ -19,6 +19,8 @@
   With links that cost nothing the step is its compute: the compute without the overlap, plus, per layer,
   the pipelined and bulk GEMMs' 19 x 2 b s h^2 / t FLOPs (output projection 1, second MLP Linear 4, QKV 2 x 3,
   first MLP Linear 2 x 4) x 16 / (M - 16) / R; on a device without an SM count, the compute without it.
+- fp8 (train/fp8.py: each GEMM's operands cast with a scale from their amax, its result scaled back) carves the
+  same GEMMs, so the numerics and the closed form of the compute are those above too.
 - Representatives time it as the full simulation does (tests/test_representatives.py, a case with the key on).
 - Bad input: the key without parallel.sequence_parallel is one line naming parallel.tp_comm_overlap, exit 2.
 """
@@ -39,9 +41,9 @@ MARGIN = SMS / (SMS - 16)  # the time of a GEMM beside a pipeline or bulk overla
 
 
 def scenario(tp: int, overlap: bool = True, numerics: bool = False, link: dict | None = None, steps: int = 1,
-             sms: bool = True):
+             sms: bool = True, precision: str = "fp32"):
     rate = 1e9
-    peak_flops = {"fp32": rate, "tf32": rate, "fp16": rate, "bf16": rate}
+    peak_flops = {"fp32": rate, "tf32": rate, "fp16": rate, "bf16": rate, "fp8": rate}
     device = ({"base": "a100-40gb", "efficiency": 1.0, "peak_flops": peak_flops} if sms else  # 108 SMs
               {"name": "no-sms", "efficiency": 1.0, "peak_flops": peak_flops, "memory": "40 GiB",
                "memory_bandwidth": "1.5 TB/s"})
@@ -50,13 +52,14 @@ def scenario(tp: int, overlap: bool = True, numerics: bool = False, link: dict |
         "cluster": {"devices": tp, "device": device, "link": link or {"bandwidth": 1e7, "latency": 0}},
         "model": {"name": "gpt", "hidden": H, "layers": 1, "heads": HEADS},
         "data": {"name": "tokens", "batch_size": B_SEQ, "samples": 64, "seq_len": S, "vocab": 16},
-        "train": {"steps": steps, "optimizer": {"lr": 0.1, "momentum": 0.9}},
+        "train": {"steps": steps, "precision": precision, "optimizer": {"lr": 0.1, "momentum": 0.9}},
         "parallel": {"tp": tp, "sequence_parallel": True, "tp_comm_overlap": overlap},
         "report": {"trace": False}})
 
 
-def test_the_overlap_trains_the_same_parameters_and_moves_the_same_bytes():
-    overlapped, alone = (one_step(scenario(2, overlap, numerics=True)) for overlap in (True, False))
+@pytest.mark.parametrize("precision", ["fp32", "fp8"])
+def test_the_overlap_trains_the_same_parameters_and_moves_the_same_bytes(precision):
+    overlapped, alone = (one_step(scenario(2, overlap, numerics=True, precision=precision)) for overlap in (True, False))
     trained = [flat_parameters(job.scheme.trained_model()) for job in (overlapped, alone)]
     assert torch.equal(*trained)
     assert bytes_by_label(overlapped) == bytes_by_label(alone)
@@ -105,10 +108,13 @@ def test_ring_exchange_and_pipeline_take_their_closed_forms_on_slow_links():
                                                                                           rel=1e-12)
 
 
-@pytest.mark.parametrize("sms", [True, False], ids=["108 SMs", "no SM count"])
-def test_with_free_links_the_step_is_the_compute(sms):
+@pytest.mark.parametrize("sms, precision", [(True, "fp32"), (False, "fp32"), (True, "fp8")],
+                         ids=["108 SMs", "no SM count", "fp8"])
+def test_with_free_links_the_step_is_the_compute(sms, precision):
+    # fp8: the casts' scales, reductions of the gathered input, mark no GEMM as reading it (a KeyError before)
     free = {"bandwidth": 1e18, "latency": 0}
-    overlapped, alone = (run(scenario(2, overlap, link=free, sms=sms)).data for overlap in (True, False))
+    overlapped, alone = (run(scenario(2, overlap, link=free, sms=sms, precision=precision)).data
+                         for overlap in (True, False))
     breakdown = overlapped["breakdown_s"]
     assert breakdown["communication"] < 1e-6 * overlapped["step_time_s"]
     assert overlapped["step_time_s"] == pytest.approx(breakdown["compute"] + breakdown["optimizer"], rel=1e-6)

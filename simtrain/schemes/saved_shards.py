@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..cost import _storage_id
+from ..storage_identity import StorageIds
 from ..op_cost import OpCosts
 
 
@@ -55,7 +55,8 @@ class SavedShard:
 
     def __init__(self, shard: torch.Tensor, gathered: torch.Tensor):
         self.shard = shard
-        self._gathered = _storage_id(gathered)
+        self._ids = StorageIds()
+        self._gathered = self._ids.of(gathered)
         self.gathered_shape = gathered.shape
         outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
         self._outer_pack, self._outer_unpack = outer if outer is not None else (lambda t: t, lambda t: t)
@@ -68,7 +69,7 @@ class SavedShard:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, tensor: torch.Tensor):
-        if _storage_id(tensor) != self._gathered:
+        if self._ids.of(tensor) != self._gathered:
             return False, self._outer_pack(tensor)
         self.packed = True
         return True, (self._outer_pack(self.shard), tensor.size(), tensor.stride(), tensor.storage_offset())

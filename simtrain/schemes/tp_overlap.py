@@ -66,9 +66,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..comm.sequence_shards import gather_steps, scatter_splits
-from ..cost import _storage_id
 from ..op_cost import OpCosts, OperatorRecorder, merged, scaled
 from ..step_ops import Await, Compute, Post
+from ..storage_identity import StorageIds
 from ..train.tensor_parallel import AllGather, ReduceScatter
 from .representatives import MirroredCollective
 
@@ -98,26 +98,31 @@ class _Operator(NamedTuple):
     """An operator with FLOPs seen by GemmWatch."""
 
     reads_gathered: bool  # it reads the gathered tensor of its region, or a copy of it
-    reads_parameter: bool
-    writes: frozenset  # storages of its outputs
+    reads_parameter: bool  # it reads a parameter, or a copy of one (an fp8 cast of a weight)
+    writes: set  # storages of its outputs and of their copies (its epilogue: an fp8 GEMM's scaling and cast)
     flops: float
     ops: OpCosts
 
 
 class GemmWatch(TorchDispatchMode):
     """Measuring: each region's operators with FLOPs (in regions cut by `cut`), which of them read the tensor the
-    all-gather before the region gave (`communicating` notes it), and what each reduce-scatter scattered."""
+    all-gather before the region gave (`communicating` notes it) or a parameter, and what each reduce-scatter
+    scattered. An operator without FLOPs whose output has as many elements as a tensor it reads is a copy of it
+    (a view, a cast, a scaling, a bias added): its output carries that tensor's marks. A reduction (the amax of
+    an fp8 cast) is no copy, so a scale computed from the gathered input does not mark what it multiplies."""
 
     def __init__(self, parameters):
         super().__init__()
-        self._parameters = {_storage_id(p) for p in parameters}
+        self._ids = StorageIds()  # storages by serial number: an address may be handed to a new storage
+        self._parameters = {self._ids.of(p) for p in parameters}
         self._probe = OperatorRecorder()
         self.regions: list[list[_Operator]] = []
         self.scattered: dict[int, int] = {}  # region -> storage of what the reduce-scatter after it scattered
         self._current: list[_Operator] = []
-        # storages of the gathered tensor and its copies (ids only: a reference kept here would keep autograd from
-        # taking a gradient over without a copy, and change what is measured)
+        # storages of the gathered tensor and its copies (numbers only: a reference kept here would keep autograd
+        # from taking a gradient over without a copy, and change what is measured)
         self._gathered: set[int] = set()
+        self._written_by: dict[int, _Operator] = {}  # storage -> the operator with FLOPs that wrote it
 
     def cut(self) -> None:
         """The current region has ended."""
@@ -130,27 +135,38 @@ class GemmWatch(TorchDispatchMode):
         def noting(kind, tensor):
             reduced, result = communicate(kind, tensor)
             if kind == "all_gather":
-                self._gathered = {_storage_id(result)}
+                self._gathered = {self._ids.of(result)}
             elif kind == "reduce_scatter":
-                self.scattered[len(self.regions) - 1] = _storage_id(tensor)
+                self.scattered[len(self.regions) - 1] = self._ids.of(tensor)
             return reduced, result
         return noting
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = [(self._ids.of(t), t.numel()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         before = self._probe.flops
         with self._probe:
             out = func(*args, **kwargs)
         ops = self._probe.take()
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        reads = {_storage_id(t) for t in inputs}
-        gathered = bool(reads & self._gathered)
         if self._probe.flops > before:
-            self._current.append(_Operator(gathered, bool(reads & self._parameters),
-                                           frozenset(_storage_id(t) for t in outputs), self._probe.flops - before, ops))
-        elif gathered:  # a copy or view of the gathered tensor: GEMMs reading it read the gathered tensor
-            self._gathered.update(_storage_id(t) for t in outputs)
+            reads = {storage for storage, _ in inputs}
+            operator = _Operator(bool(reads & self._gathered), bool(reads & self._parameters),
+                                 {self._ids.of(t) for t in outputs}, self._probe.flops - before, ops)
+            self._current.append(operator)
+            self._written_by.update((storage, operator) for storage in operator.writes)
+            return out
+        for tensor in outputs:
+            copied = [storage for storage, numel in inputs if numel == tensor.numel()]
+            storage = self._ids.of(tensor)
+            if any(source in self._gathered for source in copied):
+                self._gathered.add(storage)
+            if any(source in self._parameters for source in copied):
+                self._parameters.add(storage)
+            writers = [self._written_by[source] for source in copied if source in self._written_by]
+            if writers:
+                writers[-1].writes.add(storage)
+                self._written_by[storage] = writers[-1]
         return out
 
 

@@ -9,7 +9,7 @@ alike (a fake tensor), the same method of the same process group called with
 the same arguments, and the work kept until `wait_tensor` waits on it.
 
     collective = FUNCTIONAL.get(func._overloadpacket)   # None for any other op
-    out = collective(works, *args, **kwargs)            # works: {storage id: Work}
+    out = collective(works, *args, **kwargs)            # works: {storage: Work}
 """
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ def _options(kind, reduce_op: str | None = None, root: int | None = None):
 
 def _posted(works: dict, outputs: list, work) -> list:
     for output in outputs:
-        works[output.untyped_storage()._cdata] = work
+        works[output.untyped_storage()] = work
     return outputs
 
 
@@ -99,7 +99,7 @@ def broadcast(works, tensor, src, group_name):
 
 
 def wait_tensor(works, tensor):
-    work = works.pop(tensor.untyped_storage()._cdata, None)
+    work = works.pop(tensor.untyped_storage(), None)
     if work is not None:
         work.wait()
     return tensor

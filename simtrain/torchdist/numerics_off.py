@@ -32,6 +32,7 @@ the op.
         model(torch.randn(2, 4)).sum()       # a fake result; the meter counts its FLOPs
 """
 import threading
+import weakref
 
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
@@ -78,7 +79,8 @@ class _CollectivesOnTheGroup(FakeTensorMode):
     def __init__(self, **options):
         self._entered = threading.local()  # torch keeps one stack of entries per mode; the ranks enter it apart
         super().__init__(**options)
-        self.works = {}  # a posted functional collective's work by its output's storage, until waited on
+        # a posted functional collective's work by its output's storage (held weakly), until waited on
+        self.works = weakref.WeakKeyDictionary()
 
     @property
     def enter_stack(self) -> list:

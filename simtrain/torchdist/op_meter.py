@@ -49,6 +49,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ..hw.device import MemoryLedger
 from ..op_cost import OperatorRecorder
+from ..storage_identity import StorageIds
 from ..train.fused_attention import BACKWARD_OVER_FORWARD, forward_flops
 
 # The catalog's dtype name for a result's torch dtype; any other dtype is charged at the fp32 rate.
@@ -77,7 +78,8 @@ class OpMeter(OperatorRecorder):
         self.is_paused = False
         self.forward_depth = 0  # modules whose forward is running (memory_categories.py)
         self.allocated_bytes = 0  # of every storage held so far, freed or not
-        self._live: dict[int, list] = {}  # storage id -> [tensors the rank holds on it, bytes, category]
+        self._storage_ids = StorageIds()
+        self._live: dict[int, list] = {}  # storage number -> [tensors the rank holds on it, bytes, category]
         self._held: set[int] = set()  # id() of those tensors (an in-place op returns one again)
 
     @classmethod
@@ -94,7 +96,7 @@ class OpMeter(OperatorRecorder):
 
     def _record(self, func, args, kwargs, out) -> None:
         super()._record(func, args, kwargs, out)
-        inputs = {_storage_id(t) for t in tree_leaves((args, kwargs)) if _is_dense(t)}
+        inputs = {self._storage_ids.of(t) for t in tree_leaves((args, kwargs)) if _is_dense(t)}
         for tensor in tree_leaves(out):
             if _is_dense(tensor):
                 self._hold(tensor, inputs)
@@ -118,7 +120,7 @@ class OpMeter(OperatorRecorder):
         tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor: this rank's shard
         if not _is_dense(tensor):
             return
-        held = self._live.get(_storage_id(tensor))
+        held = self._live.get(self._storage_ids.of(tensor))
         if held is not None and held[2] != category:
             self.ledger.free(held[2], held[1])
             held[2] = category
@@ -128,7 +130,7 @@ class OpMeter(OperatorRecorder):
     def _hold(self, tensor: torch.Tensor, inputs: set, category: str | None = None) -> None:
         if id(tensor) in self._held:
             return
-        storage = _storage_id(tensor)
+        storage = self._storage_ids.of(tensor)
         held = self._live.get(storage)
         if held is None:
             if storage in inputs:  # a view of a storage made outside the rank
@@ -177,7 +179,3 @@ def _is_dense(value) -> bool:
     return (type(value) in (torch.Tensor, torch.nn.Parameter, FakeTensor) and value.layout == torch.strided
             and not value.is_meta)
 
-
-def _storage_id(tensor: torch.Tensor) -> int:
-    """Identity of the storage under `tensor`: unique among live storages, shared by views."""
-    return tensor.untyped_storage()._cdata
