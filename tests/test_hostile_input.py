@@ -256,6 +256,9 @@ def test_endless_files_folders_and_pipes_are_refused_without_reading(tmp_path, c
     (f"gpus: [a]\nlinks: [{{between: [a, b], bandwidth: {HUGE}}}]\n", "links[0].bandwidth: an integer of 5000"),
     ("gpus: [a, b]\nlinks: [{between: [a, b], bandwidth: 1.0e-320, latency: 0}]\n", "is outside the range"),
     ("gpus: [a, b]\nlinks: [{between: [a, b], bandwidth: .inf, latency: 0}]\n", "must be a finite number"),
+    # a link's class that is a list or a mapping (a TypeError before: unhashable)
+    ("gpus: [a, b]\nlinks: [{between: [a, b], class: [fast]}]\n", "links[0].class: expected the name of a link"),
+    ("gpus: [a, b]\nlinks: [{between: [a, b], class: {fast: 1}}]\n", "links[0].class: expected the name of a link"),
 ])
 def test_hostile_topology_files_are_one_line(tmp_path, text, expected):
     path = tmp_path / "t.yaml"

@@ -458,6 +458,9 @@ def _file_link(entry, field: str, graph: nx.Graph, classes: dict[str, LinkClass]
         raise ScenarioError(f"{field}.between: a link joins two different nodes, got {a!r} twice")
     default = None
     if "class" in entry:
+        if not isinstance(entry["class"], str):
+            raise ScenarioError(f"{field}.class: expected the name of a link class, got "
+                                f"{type(entry['class']).__name__} {entry['class']!r}")
         if entry["class"] not in classes:
             known = ", ".join(classes) or "none defined"
             raise ScenarioError(f"{field}.class: unknown link class {entry['class']!r}; known: {known}")
