@@ -77,7 +77,7 @@ class ShardingSpec(Section):
         False, description="Stages 1 and 2 under pp/tp (Megatron-Core's --overlap-grad-reduce): the gradient "
                            "buffer cut into buckets, each reduce-scattered as soon as the last microbatch's "
                            "backward has completed it, beside the rest of the backward "
-                           "(schemes/grad_buckets.py); false: one reduce-scatter after the last backward.")
+                           "(schemes/bucket_overlap.py); false: one reduce-scatter after the last backward.")
     overlap_param_gather: Flag = Field(
         False, description="Stages 1 and 2 under pp/tp, with overlap_grad_reduce (Megatron-Core's "
                            "--overlap-param-gather): each bucket's updated parameters all-gathered in the next "
