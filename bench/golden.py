@@ -49,7 +49,7 @@ def cases() -> dict[str, tuple[str, list[str]]]:
 
 
 def run_case(name: str, scenario: str, overrides: list[str], out: Path) -> dict | str:
-    """The case's report (less wall_time_s), or the last line of its error."""
+    """The case's report (less wall_time_s), or the last line of its error (the output folder named <out>)."""
     folder = out / name
     command = [sys.executable, "-m", "simtrain", "run", scenario, "--out", str(folder), "--quiet"]
     for override in overrides:
@@ -57,7 +57,7 @@ def run_case(name: str, scenario: str, overrides: list[str], out: Path) -> dict 
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
-        return f"exit {done.returncode}: {lines[-1] if lines else ''}"
+        return f"exit {done.returncode}: {lines[-1] if lines else ''}".replace(str(out), "<out>")
     report = json.loads((folder / "report.json").read_text())
     report.pop("wall_time_s", None)
     return report
