@@ -5,7 +5,7 @@ A job is what runs on a cluster. It joins
 - a **workload**: the scenario's model, data and training recipe (one replica
   per device: its model copy, data shard and optimizer, train/replica.py);
 - a **parallel layout**: how the group's devices cooperate, the scenario's
-  `parallel` section: dp x pp x tp degrees (schemes/layout.py), carried out
+  `parallel` section: every degree (parallel/layout.py), carried out
   by a scheme from the registry (simtrain/schemes/__init__.py). Under
   pipeline or tensor parallelism each rank's replica holds its share of the
   model (train/partition.py), and the ranks of one data-parallel replica
@@ -58,7 +58,7 @@ from .backend import SimulatedBackend
 from .hw.cluster import Cluster
 from .scenario import Scenario
 from .schemes import build_scheme, load_schemes
-from .schemes.layout import Layout
+from .parallel import Layout
 from .schemes.representatives import representative_ranks
 from .schemes.model_parts import part_counts, rank_shares
 from .train.checkpointing import apply_checkpointing
