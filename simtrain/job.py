@@ -104,9 +104,10 @@ class Job:
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
             shares = [copy.deepcopy(self.model) if rank in held else None for rank in range(self.world)]
-            ep = scenario.parallel.ep
-            if ep > 1:  # ep rank r % ep of each group of ep adjacent ranks keeps its share of the experts
-                shares = [share and keep_experts_(share, rank % ep, ep) for rank, share in enumerate(shares)]
+            ep = self.layout.ep
+            if ep > 1:  # each rank keeps its ep group's share of the experts at its place there
+                shares = [share and keep_experts_(share, self.layout.rank_groups(rank).ep.index(rank), ep)
+                          for rank, share in enumerate(shares)]
         self.local_ranks = held
         self._groups = []  # (communicator, its job ranks): every sub-group's, as the scheme asked for them
         meta_losses = {}  # numerics off: one forward and backward per batch shape for all the replicas (Replica)

@@ -191,7 +191,7 @@ class DistributedOptimizer:
             else:
                 units = _units(replicas[rank], self.stage)
             shard_layout = ShardLayout([p.numel() for p in params], units, self.degree)
-            shard = ShardedReplica(replicas[rank], shard_layout, self.shard_comms[rank][1], self.stage,
+            shard = ShardedReplica(replicas[rank], shard_layout, self.shard_comms[rank].index, self.stage,
                                    train.optimizer, self.reduce_dtype)
             replicas[rank] = shard
             if overlapping:
