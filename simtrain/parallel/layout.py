@@ -138,25 +138,29 @@ class Layout:
         return {dimension: rank // self._strides[dimension] % getattr(self, dimension) for dimension in self.placement}
 
     def rank_groups(self, rank: int) -> RankGroups:
-        """Every group rank `rank` belongs to (derived once per rank)."""
-        if rank not in self._rank_groups:
-            self._rank_groups[rank] = RankGroups(**{kind: self._group(kind, rank) for kind in GROUP_KINDS})
-        return self._rank_groups[rank]
+        """Every group rank `rank` belongs to."""
+        return RankGroups(**{kind: self._every(kind)[0][rank] for kind in GROUP_KINDS})
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         """Every group of `kind` (one of GROUP_KINDS), each once, ordered by its smallest rank."""
         if kind not in GROUP_KINDS:
             raise ValueError(f"no group kind {kind!r}; the kinds are {', '.join(GROUP_KINDS)}")
-        covered, groups = set(), []
-        for rank in range(self.world):
-            if rank not in covered:  # the first rank of a group not seen yet: its smallest
-                group = self._group(kind, rank)
-                covered.update(group)
-                groups.append(group)
-        return groups
+        return list(self._every(kind)[1])
+
+    def _every(self, kind: str) -> tuple[dict[int, tuple[int, ...]], list[tuple[int, ...]]]:
+        """(rank -> its group of `kind`, every such group ordered by its smallest rank), each group derived once."""
+        if kind not in self._derived:
+            of_rank, groups = {}, []
+            for rank in range(self.world):
+                if rank not in of_rank:  # the first rank of a group not seen yet: its smallest
+                    group = self._group(kind, rank)
+                    of_rank.update((member, group) for member in group)
+                    groups.append(group)
+            self._derived[kind] = (of_rank, groups)
+        return self._derived[kind]
 
     @cached_property
-    def _rank_groups(self) -> dict[int, RankGroups]:
+    def _derived(self) -> dict[str, tuple[dict[int, tuple[int, ...]], list[tuple[int, ...]]]]:
         return {}
 
     @cached_property
