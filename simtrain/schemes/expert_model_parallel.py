@@ -49,8 +49,8 @@ class ExpertLayers:
 
     def __init__(self, scheme):
         self.scheme, self.job = scheme, scheme.job
-        layout, parallel = scheme.layout, scheme.job.scenario.parallel
-        self.ep, self.experts = parallel.ep, scheme.job.scenario.model.moe.experts
+        layout = scheme.layout
+        self.ep, self.experts = layout.ep, scheme.job.scenario.model.moe.experts
         self.moe_steps: list[dict] = []
         for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
             for layer in _layers(replica):
@@ -77,7 +77,7 @@ class ExpertLayers:
         """The experts the first replica does not hold, from the ranks of ep index 1 .. ep-1 of the first ep group
         (pieces: rank -> RankModule.pieces())."""
         layout = self.scheme.layout
-        return [(source, tensor) for rank in range(layout.world) if _first_replicas_other_ep_rank(layout, rank)
+        return [(source, tensor) for rank in range(layout.world) if _completes_replica_0s_experts(layout, rank)
                 for source, tensor in pieces[rank] if ".experts." in source.name]
 
     def step_done(self, step: int) -> None:
@@ -123,7 +123,7 @@ class ExpertUpdate(ReplicatedUpdate):
 
     def __init__(self, scheme):
         super().__init__(scheme)
-        self.ep = scheme.job.scenario.parallel.ep
+        self.ep = scheme.layout.ep
         self.dense = {rank: experts_last(scheme.replicas[rank]) for rank in scheme.running}
 
     def reduce(self, rank: int):
@@ -142,9 +142,9 @@ class ExpertUpdate(ReplicatedUpdate):
         buffer[dense:].div_(self.ep)
 
 
-def _first_replicas_other_ep_rank(layout, rank: int) -> bool:
-    """Whether job rank `rank` is in the first of the experts' data-parallel copies (its expert_dp index 0)
-    but not the first rank of its ep group: one that holds experts replica 0 does not."""
+def _completes_replica_0s_experts(layout, rank: int) -> bool:
+    """Whether job rank `rank` holds experts that data-parallel replica 0 does not, in their first copy: its place
+    in its ep group is not the first, and in its experts' data-parallel group it is."""
     groups = layout.rank_groups(rank)
     return groups.expert_dp.index(rank) == 0 and groups.ep.index(rank) > 0
 
