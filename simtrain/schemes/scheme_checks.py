@@ -1,8 +1,8 @@
 """What the schemes refuse to run, as checks on the scenario's numbers alone: no torch, no job.
 
 Each scheme calls its check when it is built (sharded.py, distributed_optimizer.py,
-offload.py, expert_parallel.py, expert_model_parallel.py), and simtrain/job_checks.py
-calls the same ones on the scenario before anything is built, so `simtrain validate`
+offload.py; the degrees themselves, ep's and the shard degree's included, are the
+layout's to check: parallel/layout.py), and simtrain/job_checks.py calls the same ones on the scenario before anything is built, so `simtrain validate`
 refuses with the scheme's own line without importing torch. Each raises a
 ScenarioError naming the key at fault.
 
