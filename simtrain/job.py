@@ -5,7 +5,7 @@ A job is what runs on a cluster. It joins
 - a **workload**: the scenario's model, data and training recipe (one replica
   per device: its model copy, data shard and optimizer, train/replica.py);
 - a **parallel layout**: how the group's devices cooperate, the scenario's
-  `parallel` section: dp x pp x tp degrees (schemes/layout.py), carried out
+  `parallel` section: every degree (parallel/layout.py), carried out
   by a scheme from the registry (simtrain/schemes/__init__.py). Under
   pipeline or tensor parallelism each rank's replica holds its share of the
   model (train/partition.py), and the ranks of one data-parallel replica
@@ -58,7 +58,7 @@ from .backend import SimulatedBackend
 from .hw.cluster import Cluster
 from .scenario import Scenario
 from .schemes import build_scheme, load_schemes
-from .schemes.layout import Layout
+from .parallel import Layout
 from .schemes.representatives import representative_ranks
 from .schemes.model_parts import part_counts, rank_shares
 from .train.checkpointing import apply_checkpointing
@@ -104,9 +104,10 @@ class Job:
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
             shares = [copy.deepcopy(self.model) if rank in held else None for rank in range(self.world)]
-            ep = scenario.parallel.ep
-            if ep > 1:  # ep rank r % ep of each group of ep adjacent ranks keeps its share of the experts
-                shares = [share and keep_experts_(share, rank % ep, ep) for rank, share in enumerate(shares)]
+            ep = self.layout.ep
+            if ep > 1:  # each rank keeps its ep group's share of the experts at its place there
+                shares = [share and keep_experts_(share, self.layout.rank_groups(rank).ep.index(rank), ep)
+                          for rank, share in enumerate(shares)]
         self.local_ranks = held
         self._groups = []  # (communicator, its job ranks): every sub-group's, as the scheme asked for them
         meta_losses = {}  # numerics off: one forward and backward per batch shape for all the replicas (Replica)

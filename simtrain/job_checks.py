@@ -5,7 +5,7 @@ replicas and its scheme; each step of that build refuses what it cannot run,
 with one line naming the key. For a scenario whose model and data are built in
 (mlp, cnn, gpt, llama with or without model.moe; digits, synthetic, tokens),
 `check_job(scenario, shared_memory, world)` makes the same checks, in the same order,
-with the same lines, on plain numbers: the layout (schemes/layout.py), the data
+with the same lines, on plain numbers: the layout (parallel/layout.py), the data
 set's options and splits (train/data_shape.py), the model's entries as data
 (train/architecture.py: the pipeline's units, the tensor-parallel cut,
 gradient checkpointing's blocks), and what the scheme refuses
@@ -34,10 +34,9 @@ from .comm.channels import check_channels
 from .errors import ScenarioError
 from .hw.shared_memory import SharedMemory
 from .scenario import CheckpointSegments, Scenario
-from .schemes.layout import Layout
-from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_ep_divides,
-                                    check_ep_divides_dp, check_pipeline_units, check_sequence,
-                                    check_sharding, offload_host_bandwidth)
+from .parallel import Layout
+from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_pipeline_units,
+                                    check_sequence, check_sharding, offload_host_bandwidth)
 from .train.architecture import (Entry, architecture, check_tensor_cut, checkpoint_blocks, checkpoint_segments,
                                  units_of)
 from .train.data_shape import BUILTIN, builtin_splits, check_validation_split
@@ -108,25 +107,18 @@ def _check_scheme(scenario: Scenario, shared_memory: SharedMemory | None, layout
     parallel, world = scenario.parallel, layout.world
     sharding = parallel.sharding
     if parallel.model_parallel:
-        if scenario.model.moe is not None:
-            check_ep_divides_dp(parallel.ep, layout.dp)
         if _model_parallel_all_reduces(scenario, layout):
             _check_all_reduce(parallel)
         if sharding.stage > 0:
-            dp = layout.dp * layout.cp
-            check_distributed_optimizer(dp, sharding.degree if sharding.degree is not None else dp,
-                                        parallel.representatives)
+            check_distributed_optimizer(layout.dp * layout.cp, layout.dp_shard, parallel.representatives)
     elif parallel.mode == "async":
         return
     elif sharding.stage > 0:
-        check_sharding(parallel, scenario.train, world, sharding.degree if sharding.degree is not None else world,
-                       simulated=True)
+        check_sharding(parallel, scenario.train, world, layout.dp_shard, simulated=True)
         if sharding.offload != "none":
             offload_host_bandwidth(shared_memory, scenario.cluster.shared_memory, sharding.offload)
         _check_all_reduce(parallel)
     else:
-        if parallel.ep > 1:
-            check_ep_divides(parallel.ep, world)
         _check_all_reduce(parallel)
 
 

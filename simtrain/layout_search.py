@@ -30,7 +30,7 @@ from .errors import ScenarioError
 from .hw.resolved_cluster import resolve_cluster
 from .memory_plan import replay_step
 from .scenario import Scenario, validate_scenario
-from .schemes.layout import Layout
+from .parallel import Layout
 
 # The categories of the training state: what an even split over pp x tp ranks bounds from below.
 STATE_CATEGORIES = ("weights", "master_weights", "gradients", "optimizer_state")

@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from simtrain import plan_memory, run
 from simtrain.cli import main
-from simtrain.schemes.layout import Layout
+from simtrain.parallel import Layout
 from simtrain.scenario import validate_scenario
 from simtrain.train.fused_attention import flash_attention
 from simtrain.train.gpt import attention_core
@@ -262,14 +262,13 @@ def test_the_memory_plan_holds_what_a_run_holds(base, checkpointing, layout):
 
 def test_cp_sits_between_tp_and_pp_and_leaves_3d_ranks_as_they_were():
     layout = Layout(dp=2, pp=2, cp=2, tp=2)
-    assert layout.group("tp", 0) == [0, 1] and layout.group("cp", 0) == [0, 2]
-    assert layout.group("pp", 0) == [0, 4] and layout.group("dp", 0) == [0, 8]
-    assert layout.group(("dp", "cp"), 1) == [1, 9, 3, 11]
+    first, second = layout.rank_groups(0), layout.rank_groups(1)
+    assert first.tp == (0, 1) and first.cp == (0, 2) and first.pp == (0, 4) and first.dp == (0, 8)
+    assert second.dp_cp == (1, 9, 3, 11)
     for placement in (("tp", "pp", "dp"), ("dp", "tp", "pp")):
         flat = Layout(dp=2, pp=2, tp=2, placement=placement)
-        assert [flat.group("pp", rank) for rank in range(8)] == \
-            [Layout(dp=2, pp=2, tp=2, placement=tuple(d for d in flat.placement if d != "cp")).group("pp", rank)
-             for rank in range(8)]
+        assert flat.groups("pp") == \
+            Layout(dp=2, pp=2, tp=2, placement=tuple(d for d in flat.placement if d != "cp")).groups("pp")
 
 
 @pytest.mark.parametrize("raw,field", [

@@ -111,5 +111,5 @@ def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):
 
 
 def test_an_ep_that_does_not_divide_the_jobs_dp_is_refused_when_the_job_is_built():
-    with pytest.raises(ScenarioError, match="parallel.ep: 2 does not divide the job's dp 1"):
+    with pytest.raises(ScenarioError, match="parallel.ep: 2 does not divide the 1 data-parallel ranks"):
         one_step(scenario(4, ep=2, tp=2, pp=2))

@@ -14,8 +14,8 @@ from torch import nn
 
 from simtrain import load_scenario, plan_memory, run
 from simtrain.errors import ScenarioError
+from simtrain.parallel import Layout
 from simtrain.scenario import validate_scenario
-from simtrain.schemes.layout import Layout
 from simtrain.schemes.pipeline_schedule import pipeline_schedule
 from simulated_steps import flat_parameters, one_step
 
@@ -184,10 +184,11 @@ def test_every_schedule_runs_each_microbatch_once_each_way_backward_after_forwar
 def test_layout_places_tp_innermost_then_pp_then_dp():
     layout = Layout(dp=2, pp=2, tp=2)
     assert layout.coordinates(5) == {"tp": 1, "cp": 0, "pp": 0, "dp": 1}
-    assert layout.group("tp", 5) == [4, 5] and layout.group("pp", 5) == [5, 7] and layout.group("dp", 5) == [1, 5]
-    assert layout.groups("pp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    groups = layout.rank_groups(5)
+    assert groups.tp == (4, 5) and groups.pp == (5, 7) and groups.dp == (1, 5)
+    assert layout.groups("pp") == [(0, 2), (1, 3), (4, 6), (5, 7)]
     other = Layout(dp=2, pp=2, tp=2, placement=("dp", "tp", "pp"))
-    assert other.group("dp", 0) == [0, 1] and other.group("pp", 0) == [0, 4]
+    assert other.rank_groups(0).dp == (0, 1) and other.rank_groups(0).pp == (0, 4)
 
 
 @pytest.mark.parametrize("raw,message", [

@@ -121,7 +121,7 @@ class ReplicatedUpdate:
         yield from self.reduce(rank)
         found_inf = replica.precision.find_overflow(replica.grad_buffer)
         if scheme.vote:
-            found_inf = yield from overflow_vote(*scheme.comms["model"][rank], found_inf)
+            found_inf = yield from overflow_vote(*scheme.comms.model[rank], found_inf)
         replica.apply_update(replica.precision.settle(found_inf))
         yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
 
@@ -130,7 +130,7 @@ class ReplicatedUpdate:
         ExpertUpdate: the experts' over their holders)."""
         scheme = self.scheme
         if scheme.layout.dp * scheme.layout.cp > 1:  # the dp-cp group (context parallelism: cp > 1)
-            dp_comm, dp_index, dp_reduce = scheme.comms["dp"][rank]
+            dp_comm, dp_index, dp_reduce = scheme.comms.dp_cp[rank]
             yield Collective(dp_reduce(dp_index, dp_comm.world, scheme.replicas[rank].grad_buffer, average=True),
                              "dp_allreduce", dp_comm, dp_index)
 
@@ -163,8 +163,7 @@ class DistributedOptimizer:
         # The dp-cp group is the distributed optimizer's (Megatron-Core: get_data_parallel_group(
         # with_context_parallel=True)); the shard group is `degree` adjacent ranks of it (all of it by default)
         self.stage, self.dp = sharding.stage, layout.dp * layout.cp
-        self.degree = sharding.degree if sharding.degree is not None else self.dp
-        self.replicate = self.dp // self.degree
+        self.degree, self.replicate = layout.dp_shard, layout.dp_replicate
         check_distributed_optimizer(self.dp, self.degree, scheme.representatives)
         self.reshard_after_forward = sharding.reshard_after_forward
         self.microbatches = scheme.microbatches
@@ -192,7 +191,7 @@ class DistributedOptimizer:
             else:
                 units = _units(replicas[rank], self.stage)
             shard_layout = ShardLayout([p.numel() for p in params], units, self.degree)
-            shard = ShardedReplica(replicas[rank], shard_layout, self.shard_comms[rank][1], self.stage,
+            shard = ShardedReplica(replicas[rank], shard_layout, self.shard_comms[rank].index, self.stage,
                                    train.optimizer, self.reduce_dtype)
             replicas[rank] = shard
             if overlapping:
@@ -209,12 +208,13 @@ class DistributedOptimizer:
     def shard_comms(self) -> dict:
         """rank -> its shard group's (communicator, rank there, all-reduce): the dp-cp group's, or HSDP's
         (ModelParallel.regroup builds both, again after a restart)."""
-        return self.scheme.comms["dp" if self.replicate == 1 else "shard"]
+        comms = self.scheme.comms
+        return comms.dp_cp if self.replicate == 1 else comms.dp_shard
 
     @property
     def replicate_comms(self) -> dict:
         """HSDP: rank -> the communicator of the ranks at its position in the other shard groups."""
-        return self.scheme.comms["replicate"]
+        return self.scheme.comms.dp_replicate
 
     # ---- the step program's hooks ----
 
@@ -291,7 +291,7 @@ class DistributedOptimizer:
         for handle in self._replicating[rank]:
             yield Await(handle)
         self._replicating[rank] = []
-        vote = partial(overflow_vote, *scheme.comms["model"][rank]) if scheme.vote else None
+        vote = partial(overflow_vote, *scheme.comms.model[rank]) if scheme.vote else None
         yield from sharded_update(shard, self.dp, self._step_bytes[rank], vote)
         if self.stage < 3:
             shard.reshard_all()  # the chunks it does not own are the shard group's to send
@@ -401,12 +401,7 @@ class DistributedOptimizer:
     def _shard_group(self, rank: int) -> list:
         """The shards of rank `rank`'s shard group, by position (representatives: its own, for every position)."""
         scheme = self.scheme
-        if scheme.representatives:
-            group = [rank] * self.degree
-        else:
-            dp_group = scheme.layout.group(("dp", "cp"), rank)
-            first = dp_group.index(rank) // self.degree * self.degree
-            group = dp_group[first:first + self.degree]
+        group = [rank] * self.degree if scheme.representatives else scheme.layout.rank_groups(rank).dp_shard
         return [scheme.replicas[member] for member in group]
 
     def whole_model(self, rank: int):

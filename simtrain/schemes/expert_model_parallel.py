@@ -32,7 +32,7 @@ exchanges moved, from every ep group's routing; all-to-all time is in the
 trace and the parallel section, not split out here).
 
     experts = ExpertLayers(scheme)                  # ModelParallel with model.moe
-    scheme.comms.update(experts.communicators())
+    scheme.comms.ep, scheme.comms.expert_dp = experts.communicators()
     collective, result = experts.exchange(rank, kind, tensor)   # kind: a train/moe_exchange.py ExpertExchange
 """
 from ..step_ops import Collective
@@ -40,7 +40,6 @@ from ..train.moe import MoE
 from .distributed_optimizer import ReplicatedUpdate
 from .expert_dispatch import EpGroup, group_all_to_all
 from .expert_parallel import experts_last, moe_section
-from .scheme_checks import check_ep_divides_dp
 
 EXCHANGE_LABELS = ("moe dispatch", "moe combine", "moe dispatch backward", "moe combine backward")
 
@@ -50,42 +49,35 @@ class ExpertLayers:
 
     def __init__(self, scheme):
         self.scheme, self.job = scheme, scheme.job
-        layout, parallel = scheme.layout, scheme.job.scenario.parallel
-        self.ep, self.experts = parallel.ep, scheme.job.scenario.model.moe.experts
-        check_ep_divides_dp(self.ep, layout.dp)
+        layout = scheme.layout
+        self.ep, self.experts = layout.ep, scheme.job.scenario.model.moe.experts
         self.moe_steps: list[dict] = []
         for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
             for layer in _layers(replica):
                 layer.aux_loss_scale = 1.0 / (scheme.microbatches * layout.tp)
 
-    def communicators(self) -> dict:
-        """The comms entries of the ep groups ("ep": rank -> (communicator, ep rank, EpGroup)) and, with ep above 1,
-        of the experts' data-parallel groups ("experts": as the scheme's other groups)."""
-        groups = [dp_group[first:first + self.ep] for dp_group in self.scheme.layout.groups("dp")
-                  for first in range(0, len(dp_group), self.ep)]
-        by_rank = {}
-        for ranks in groups:
+    def communicators(self) -> tuple[dict, dict | None]:
+        """(rank -> its EpGroup in its ep group, and with ep above 1 rank -> its Membership of the experts'
+        data-parallel group; else None): the scheme's comms.ep and comms.expert_dp."""
+        layout, ep_groups = self.scheme.layout, {}
+        for group in layout.groups("ep"):
+            ranks = list(group)
             comm = self.job.communicator(ranks)
             all_to_all = group_all_to_all(self.job, ranks)
             for index, rank in enumerate(ranks):
-                by_rank[rank] = (comm, index, EpGroup(comm, index, tuple(ranks), all_to_all))
-        comms = {"ep": by_rank}
-        if self.ep > 1:
-            comms["experts"] = self.scheme._communicators([dp_group[position::self.ep] for dp_group
-                                                           in self.scheme.layout.groups("dp")
-                                                           for position in range(self.ep)])
-        return comms
+                ep_groups[rank] = EpGroup(comm, index, group, all_to_all)
+        return ep_groups, self.scheme._communicators(layout.groups("expert_dp")) if self.ep > 1 else None
 
     def exchange(self, rank: int, kind, tensor):
         """(the Collective of exchange `kind` of `tensor` in rank `rank`'s ep group, the tensor that holds its
         result once it has run)."""
-        return self.scheme.comms["ep"][rank][2].exchange(kind, tensor)
+        return self.scheme.comms.ep[rank].exchange(kind, tensor)
 
     def other_experts(self, pieces: dict) -> list:
         """The experts the first replica does not hold, from the ranks of ep index 1 .. ep-1 of the first ep group
         (pieces: rank -> RankModule.pieces())."""
         layout = self.scheme.layout
-        return [(source, tensor) for rank in range(layout.world) if 0 < layout.coordinates(rank)["dp"] < self.ep
+        return [(source, tensor) for rank in range(layout.world) if _completes_replica_0s_experts(layout, rank)
                 for source, tensor in pieces[rank] if ".experts." in source.name]
 
     def step_done(self, step: int) -> None:
@@ -101,7 +93,7 @@ class ExpertLayers:
             for layer in layers:
                 m = self.scheme.microbatches
                 routings, layer.routings = layer.routings[:m], layer.routings[m:]
-                if layout.coordinates(rank)["dp"] % self.ep:
+                if layout.rank_groups(rank).ep.index(rank):
                     continue
                 token_bytes = layer.router.weight.shape[1] * layer.router.weight.element_size()
                 for assigned, kept in routings:
@@ -131,7 +123,7 @@ class ExpertUpdate(ReplicatedUpdate):
 
     def __init__(self, scheme):
         super().__init__(scheme)
-        self.ep = scheme.job.scenario.parallel.ep
+        self.ep = scheme.layout.ep
         self.dense = {rank: experts_last(scheme.replicas[rank]) for rank in scheme.running}
 
     def reduce(self, rank: int):
@@ -140,14 +132,21 @@ class ExpertUpdate(ReplicatedUpdate):
         scheme, dense = self.scheme, self.dense[rank]
         buffer = scheme.replicas[rank].grad_buffer
         if scheme.layout.dp * scheme.layout.cp > 1:
-            dp_comm, dp_index, dp_reduce = scheme.comms["dp"][rank]
+            dp_comm, dp_index, dp_reduce = scheme.comms.dp_cp[rank]
             yield Collective(dp_reduce(dp_index, dp_comm.world, buffer[:dense], average=True), "dp_allreduce",
                              dp_comm, dp_index)
-        comm, position, all_reduce = scheme.comms["experts"][rank]
+        comm, position, all_reduce = scheme.comms.expert_dp[rank]
         if comm.world > 1:
             yield Collective(all_reduce(position, comm.world, buffer[dense:], average=True), "expert_allreduce",
                              comm, position)
         buffer[dense:].div_(self.ep)
+
+
+def _completes_replica_0s_experts(layout, rank: int) -> bool:
+    """Whether job rank `rank` holds experts that data-parallel replica 0 does not, in their first copy: its place
+    in its ep group is not the first, and in its experts' data-parallel group it is."""
+    groups = layout.rank_groups(rank)
+    return groups.expert_dp.index(rank) == 0 and groups.ep.index(rank) > 0
 
 
 def _layers(replica) -> list:

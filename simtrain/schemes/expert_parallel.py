@@ -37,7 +37,6 @@ from ..train.grad_bucket import flat_grad_buffer
 from ..train.moe import MoE
 from . import selection
 from .expert_dispatch import EpGroup, ExpertParallelStep, group_all_to_all
-from .scheme_checks import check_ep_divides
 from .sync import SyncDataParallel
 
 
@@ -47,8 +46,7 @@ class ExpertParallel(SyncDataParallel):
     applies = staticmethod(selection.expert_parallel)  # the registry's predicate (selection.py)
 
     def __init__(self, job, on_step=None):
-        self.ep = ep = job.scenario.parallel.ep
-        check_ep_divides(ep, job.world)
+        self.ep = job.layout.ep
         super().__init__(job, on_step)
         self.overlap = False  # one all-reduce of each gradient after the backward
         self.only_ring_all_reduces = False
@@ -62,15 +60,14 @@ class ExpertParallel(SyncDataParallel):
 
     def regroup(self) -> None:
         super().regroup()
-        job, ep = self.job, self.job.scenario.parallel.ep
+        job = self.job
         self.ep_groups, self.expert_groups = {}, {}
-        for first in range(0, self.world, ep):
-            ranks = tuple(range(first, first + ep))
+        for ranks in job.layout.groups("ep"):
             comm, draws, all_to_all = job.communicator(list(ranks)), {}, group_all_to_all(job, ranks)
             for index, rank in enumerate(ranks):
                 self.ep_groups[rank] = EpGroup(comm, index, ranks, all_to_all, draws)
-        for index in range(ep):
-            ranks = list(range(index, self.world, ep))
+        for group in job.layout.groups("expert_dp"):
+            ranks = list(group)
             if len(ranks) > 1:
                 comm, all_reduce = job.communicator(ranks), job.all_reduce(ranks)
                 for position, rank in enumerate(ranks):
@@ -125,7 +122,7 @@ class ExpertParallel(SyncDataParallel):
         token_bytes = None
         for rank, work in enumerate(works):
             seconds += work.all_to_all_s
-            if rank % self.ep:
+            if self.ep_groups[rank].index:
                 continue  # one record per ep group: its first rank's
             for assigned, kept in work.layers:
                 received += [sum(row[e] for row in kept) for e in range(self.experts)]
@@ -149,11 +146,10 @@ class ExpertParallel(SyncDataParallel):
 
     def final_models(self) -> list:
         """The whole model each ep group ends with (its ranks' experts put together), one per group."""
-        return [_whole_model([self.replicas[rank].model for rank in range(first, first + self.ep)])
-                for first in range(0, self.world, self.ep)]
+        return [_whole_model([self.replicas[rank].model for rank in group]) for group in self.job.layout.groups("ep")]
 
     def trained_model(self):
-        return _whole_model([self.replicas[rank].model for rank in range(self.ep)])
+        return _whole_model([self.replicas[rank].model for rank in self.job.layout.groups("ep")[0]])
 
     def report_sections(self) -> dict:
         """Data parallelism's sections, and `moe`."""

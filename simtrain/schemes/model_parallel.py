@@ -1,6 +1,6 @@
 """Model parallelism mixed with data parallelism: pipeline (pp), tensor (tp) and context (cp) parallel layouts.
 
-A job of dp x pp x cp x tp devices (schemes/layout.py) trains one model, each rank
+A job of dp x pp x cp x tp devices (parallel/layout.py) trains one model, each rank
 its share of it (schemes/model_parts.py: pipeline parts balanced by measured
 FLOPs, cut to tensor-parallel slices):
 
@@ -51,6 +51,7 @@ import torch
 
 from ..comm.kv_ring import RING_STEPS
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
+from ..parallel import GroupCommunicators, Layout, Membership, memberships
 from ..step_ops import Alloc, Collective, Free, Transfer
 from ..train.partition import assemble, module_structure
 from ..train.moe_exchange import ExpertExchange
@@ -60,7 +61,6 @@ from . import selection
 from .distributed_optimizer import data_parallel_update
 from .expert_model_parallel import ExpertLayers, ExpertUpdate
 from .layer_recompute import measure_layers
-from .layout import Layout
 from .model_parts import boundary_activations
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
@@ -116,28 +116,25 @@ class ModelParallel(RankReplicas, Scheme):
 
     def regroup(self) -> None:
         """Every group's communicator over the job's devices as they are now (built once; again after a spare
-        took a lost device's place)."""
-        sharded = self.job.scenario.parallel.sharding.stage
+        took a lost device's place): a GroupCommunicators record (parallel/communicators.py)."""
+        layout, sharded = self.layout, self.job.scenario.parallel.sharding.stage
         if self.representatives:
             self.comms = mirrored_communicators(self.job)
         else:
-            self.comms = {"dp": self._communicators(self.layout.groups(("dp", "cp"))),  # the ranks of a shard
-                          "tp": self._communicators(self.layout.groups("tp"))}
+            self.comms = GroupCommunicators(dp_cp=self._communicators(layout.groups("dp_cp")),  # a share's ranks
+                                            tp=self._communicators(layout.groups("tp")))
             if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
-                voters = [list(range(self.world))] if sharded else self.layout.replicas()
-                self.comms["model"] = self._communicators(voters)
-            degree, dp_groups = self.job.scenario.parallel.sharding.degree, self.layout.groups(("dp", "cp"))
-            if sharded and degree is not None and degree < len(dp_groups[0]):  # HSDP (distributed_optimizer.py)
-                self.comms["shard"] = self._communicators([group[first:first + degree] for group in dp_groups
-                                                           for first in range(0, len(group), degree)])
-                self.comms["replicate"] = self._communicators([group[position::degree] for group in dp_groups
-                                                               for position in range(degree)])
-        if self.layout.cp > 1 and not self.representatives:  # ring attention's key/value blocks, Send/Recv programs
-            self.comms["cp"] = self._communicators(self.layout.groups("cp"), all_reduce=False)
-        if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
-            self.comms["pp"] = self._communicators(self.layout.groups("pp"), all_reduce=False)
+                self.comms.model = self._communicators([tuple(range(self.world))] if sharded
+                                                       else layout.groups("model"))
+            if sharded and layout.dp_replicate > 1:  # HSDP (distributed_optimizer.py)
+                self.comms.dp_shard = self._communicators(layout.groups("dp_shard"))
+                self.comms.dp_replicate = self._communicators(layout.groups("dp_replicate"))
+        if layout.cp > 1 and not self.representatives:  # ring attention's key/value blocks, Send/Recv programs
+            self.comms.cp = self._communicators(layout.groups("cp"), all_reduce=False)
+        if layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
+            self.comms.pp = self._communicators(layout.groups("pp"), all_reduce=False)
         if self.experts is not None:  # the ep groups' exchanges, the experts' gradient all-reduce
-            self.comms.update(self.experts.communicators())
+            self.comms.ep, self.comms.expert_dp = self.experts.communicators()
 
     def resume(self, rank: int):
         """Step program after a load: a sharded share gathers the chunks it does not own (distributed_optimizer.py)."""
@@ -151,17 +148,12 @@ class ModelParallel(RankReplicas, Scheme):
         for losses in self._rank_losses.values():
             del losses[step:]
 
-    def _communicators(self, groups: list[list[int]], all_reduce: bool = True) -> dict[int, tuple]:
-        """rank -> (communicator of its group among `groups`, its rank there, the group's all-reduce, or None
-        without `all_reduce`); under representatives, a group's ranks stand for every tp rank of every replica."""
-        by_rank = {}
+    def _communicators(self, groups: list[tuple[int, ...]], all_reduce: bool = True) -> dict[int, Membership]:
+        """rank -> its Membership of its group among `groups` (the group's all-reduce only with `all_reduce`);
+        under representatives, a group's ranks stand for every tp rank of every replica."""
         copies = self.world // len(self.running)
-        for group in groups:
-            comm = self.job.communicator(group, copies=copies)
-            program = self.job.all_reduce(group) if all_reduce and len(group) > 1 else None
-            for index, rank in enumerate(group):
-                by_rank[rank] = (comm, index, program)
-        return by_rank
+        return memberships(groups, lambda ranks: self.job.communicator(ranks, copies=copies),
+                           self.job.all_reduce if all_reduce else None)
 
     def _represented_by(self, rank: int) -> int:
         """The rank whose program stands for `rank`'s: itself, or with representatives its stage's rank
@@ -181,11 +173,11 @@ class ModelParallel(RankReplicas, Scheme):
         replica = self.replicas[rank]
         for category, nbytes in self.data_parallel.held[rank].items():
             yield Alloc(category, nbytes)
-        pp_comm, pp_index, _ = self.comms["pp"][rank] if self.layout.pp > 1 else (None, 0, None)
+        pp_comm, pp_index, _ = self.comms.pp[rank] if self.layout.pp > 1 else (None, 0, None)
         stage = PipelineStage(self, rank, pp_comm, pp_index, self._boundaries if self.layout.pp > 1 else [])
         receives = (yield from stage.post_receives(first_step)) if first_step < self.steps else {}
-        tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
-        cp_comm, cp_index, _ = self.comms["cp"][rank] if self.layout.cp > 1 else (None, 0, None)
+        tp_comm, tp_index, tp_reduce = self.comms.tp[rank]
+        cp_comm, cp_index, _ = self.comms.cp[rank] if self.layout.cp > 1 else (None, 0, None)
 
         def tp_collective(kind: str, tensor):
             """(the tp collective `kind` on `tensor`, or ring attention's step on the cp group, its result):
@@ -266,7 +258,7 @@ class ModelParallel(RankReplicas, Scheme):
         tp_sp_grads (all of them after the walk; under overlap_grad_reduce each bucket's before its
         reduce-scatter: distributed_optimizer.py)."""
         flat = torch.cat([grad.reshape(-1) for grad in grads])
-        tp_comm, tp_index, tp_reduce = self.comms["tp"][rank]
+        tp_comm, tp_index, tp_reduce = self.comms.tp[rank]
         yield Collective(tp_reduce(tp_index, tp_comm.world, flat), "tp_sp_grads", tp_comm, tp_index)
         offset = 0
         for grad in grads:
@@ -299,12 +291,8 @@ class ModelParallel(RankReplicas, Scheme):
     # --- what the runner reads ---
 
     def stuck(self) -> list[int]:
-        stuck = set()
-        for dimension, by_rank in self.comms.items():
-            for rank, (comm, index, _) in by_rank.items():
-                if index in comm.stuck():
-                    stuck.add(self.job.devices[rank].rank)
-        return sorted(stuck)
+        return sorted({self.job.devices[rank].rank for rank, comm, index in self.comms.places()
+                       if index in comm.stuck()})
 
     def trained_model(self):
         """The whole model, assembled from the shares of data-parallel replica 0 (with representatives, which
@@ -315,7 +303,7 @@ class ModelParallel(RankReplicas, Scheme):
 
     def assemble(self, pieces: dict) -> "torch.nn.Module":
         """The whole model from ranks' pieces (rank -> RankModule.pieces()): those of data-parallel replica 0."""
-        return assemble(self.job.model, [piece for rank in self.layout.replicas()[0] for piece in pieces[rank]]
+        return assemble(self.job.model, [piece for rank in self.layout.groups("model")[0] for piece in pieces[rank]]
                         + (self.experts.other_experts(pieces) if self.experts is not None else []))
 
     def final_models(self) -> list:

@@ -21,7 +21,7 @@ from ..train.checkpointing import require_attention
 from ..train.partition import RankModule, balanced_counts, model_units, unit_flops, unit_passes
 from ..train.ring_attention import ContextShard
 from ..train.tensor_parallel import TP_BOUNDARIES
-from .layout import Layout
+from ..parallel import Layout
 from .scheme_checks import NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence
 
 
@@ -68,7 +68,7 @@ def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], 
             shares.append(RankModule(model, units, counts, part_ids, where["tp"], layout.tp,
                                      scenario.train.checkpointing, scenario.parallel.sequence_parallel,
                                      ContextShard(where["cp"], layout.cp),
-                                     (where["dp"] % scenario.parallel.ep, scenario.parallel.ep)))
+                                     (layout.rank_groups(rank).ep.index(rank), layout.ep)))
         except ValueError as error:
             raise ScenarioError(TP_CUT.format(tp=layout.tp, error=error)) from None
     if scenario.train.checkpointing == "selective":

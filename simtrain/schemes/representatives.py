@@ -24,8 +24,8 @@ Every other rank reports its representative's figures.
 To the scheme, the representatives' groups are communicators like any other,
 with the same `run(rank, program, label)` (and `post` and `wait`, for ring
 attention's steps beside the compute): `mirrored_communicators(job)`
-gives, for each representative and each dimension (tp, dp (the dp-cp group),
-cp, and the fp16 overflow vote's model-parallel group), a
+gives, for each representative and each kind of group (tp, dp_cp, cp, and the
+fp16 overflow vote's model-parallel group), a
 `MirroredCommunicator` and an all-reduce whose programs it times as above;
 sequence parallelism's all-gathers and reduce-scatters and ring attention's
 key/value steps are timed the same way (`MirroredCollective` of their kind). A group with several running
@@ -40,8 +40,8 @@ links sized for all of them, as in a non-blocking fat tree, that is small.
 tests/test_representatives.py puts the figures beside the full simulation's.
 It is what lets a 3,072-GPU Megatron step be simulated in minutes.
 
-    comms = mirrored_communicators(job)      # {"tp": {rank: (comm, index, all_reduce)}, "dp": ..., "model": ...}
-    comm, index, all_reduce = comms["tp"][rank]
+    comms = mirrored_communicators(job)      # a GroupCommunicators: tp, dp_cp, cp, model
+    comm, index, all_reduce = comms.tp[rank]
     yield Collective(all_reduce(index, comm.world, buffer), "tp_allreduce", comm, index)
 """
 import heapq
@@ -57,16 +57,17 @@ from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
 from ..hw.device import MemoryLedger
 from ..hw.network import Network
+from ..parallel import GroupCommunicators, Membership
 
 
 def representative_ranks(layout) -> list[int]:
-    """The job ranks whose programs run for all: tp 0 of replica 0, one per pipeline stage."""
-    return [layout.rank(pp=stage) for stage in range(layout.pp)]
+    """The job ranks whose programs run for all: tp 0 of replica 0, one per pipeline stage (rank 0's pipeline)."""
+    return list(layout.rank_groups(0).pp)
 
 
 def represented_by(layout, rank: int) -> int:
     """The representative whose program stands for job rank `rank`'s: its stage's."""
-    return layout.rank(pp=layout.coordinates(rank)["pp"])
+    return layout.rank_groups(0).pp[layout.coordinates(rank)["pp"]]
 
 
 class MirroredCollective(NamedTuple):
@@ -93,31 +94,34 @@ def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tu
     return MirroredCollective(kind, (result if kind == "all_gather" else tensor).reshape(-1)), result
 
 
-def mirrored_communicators(job) -> dict[str, dict[int, tuple]]:
-    """dimension -> representative -> (its MirroredCommunicator, its rank there, mirrored_all_reduce): tp
-    (timed with the same stage's tp groups of the other replicas), dp (with the dp groups of the stage's
-    other tp ranks) and, under fp16, "model" (replica 0's model-parallel group, where every representative
-    votes: timed alone, four bytes a rank and latency-bound, which the other replicas' votes on shared
-    switch uplinks do not delay; counted for every replica)."""
+def mirrored_communicators(job) -> GroupCommunicators:
+    """Each representative's Membership (its MirroredCommunicator, its rank there, mirrored_all_reduce) of tp
+    (timed with the same stage's tp groups of the other replicas), dp_cp (with the dp-cp groups of the stage's
+    other tp ranks), cp (with the cp groups of the stage's other tp ranks and replicas) and, under fp16, model
+    (replica 0's model-parallel group, where every representative votes: timed alone, four bytes a rank and
+    latency-bound, which the other replicas' votes on shared switch uplinks do not delay; counted for every
+    replica)."""
     layout, timing = job.layout, MirroredCollectives(job)
     nodes = lambda ranks: tuple(job.devices[rank].node for rank in ranks)  # noqa: E731
+    groups = layout.rank_groups
     representatives = representative_ranks(layout)
-    comms = {"tp": {}, "dp": {}, **({"cp": {}} if layout.cp > 1 else {})}
-    # a dimension's group (the dp-cp group for dp), and the dimensions whose other ranks hold its mirrors
-    mirroring = (("tp", "tp", ("dp", "cp")), ("dp", ("dp", "cp"), ("tp",)), ("cp", "cp", ("tp", "dp")))
-    for rank in representatives:
-        stage = layout.coordinates(rank)["pp"]
-        for name, dimensions, mirrors in mirroring:
-            if name not in comms:
-                continue
-            groups = [nodes(layout.group(dimensions, first)) for first in layout.group(mirrors, rank)]
-            comms[name][rank] = (MirroredCommunicator(job, timing, [rank], groups, len(groups)), 0,
-                                 mirrored_all_reduce)
+
+    def mirrored(rank: int, mirrors: list[tuple[int, ...]]) -> Membership:
+        """The representative's membership of a group timed with `mirrors` (node groups, its own first)."""
+        return Membership(MirroredCommunicator(job, timing, [rank], [nodes(group) for group in mirrors],
+                                               len(mirrors)), 0, mirrored_all_reduce)
+
+    comms = GroupCommunicators(
+        tp={rank: mirrored(rank, [groups(first).tp for first in groups(rank).dp_cp]) for rank in representatives},
+        dp_cp={rank: mirrored(rank, [groups(first).dp_cp for first in groups(rank).tp]) for rank in representatives})
+    if layout.cp > 1:  # the stage's cp groups: each tp rank's of each replica, tp varying fastest
+        comms.cp = {rank: mirrored(rank, [groups(first).cp for replica in groups(rank).dp
+                                          for first in groups(replica).tp]) for rank in representatives}
     if job.scenario.train.precision == "fp16":  # sharded: each rank saw only its shard, the whole job votes
         voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage
-                          else (layout.replicas()[0], layout.dp))
+                          else (groups(0).model, layout.dp))
         vote = MirroredCommunicator(job, timing, representatives, [nodes(voters)], copies)
-        comms["model"] = {rank: (vote, index, mirrored_all_reduce) for index, rank in enumerate(representatives)}
+        comms.model = {rank: Membership(vote, index, mirrored_all_reduce) for index, rank in enumerate(representatives)}
     return comms
 
 

@@ -1,14 +1,13 @@
 """What the schemes refuse to run, as checks on the scenario's numbers alone: no torch, no job.
 
 Each scheme calls its check when it is built (sharded.py, distributed_optimizer.py,
-offload.py, expert_parallel.py, expert_model_parallel.py), and simtrain/job_checks.py
-calls the same ones on the scenario before anything is built, so `simtrain validate`
+offload.py; the degrees themselves, ep's and the shard degree's included, are the
+layout's to check: parallel/layout.py), and simtrain/job_checks.py calls the same ones on the scenario before anything is built, so `simtrain validate`
 refuses with the scheme's own line without importing torch. Each raises a
 ScenarioError naming the key at fault.
 
     check_sharding(scenario.parallel, scenario.train, world=8, degree=4, simulated=True)
     offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, "optimizer")
-    check_ep_divides(ep=4, world=8)
     check_sequence(scenario.parallel, layout, seq_len=32)   # the model-parallel cuts (model_parts.py)
     check_pipeline_units(scenario.parallel.pipeline, parts=4, units=10)
 """
@@ -47,9 +46,8 @@ def check_pipeline_units(pipeline, parts: int, units: int) -> None:
 
 
 def check_sharding(parallel, train, world: int, degree: int, simulated: bool) -> None:
-    """ZeRO / FSDP / HSDP over `world` data-parallel ranks, shards of `degree` (schemes/sharded.py)."""
-    if world % degree:
-        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {world} data-parallel ranks")
+    """ZeRO / FSDP / HSDP over `world` data-parallel ranks, shards of `degree` (schemes/sharded.py; the layout
+    checked that `degree` divides `world`: parallel/layout.py)."""
     if train.optimizer.name == "kfac":
         raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
     if parallel.sync_batchnorm:
@@ -62,10 +60,8 @@ def check_sharding(parallel, train, world: int, degree: int, simulated: bool) ->
 
 
 def check_distributed_optimizer(dp: int, degree: int, representatives: bool) -> None:
-    """The distributed optimizer of a pp/tp job over `dp` ranks of a dp-cp group (distributed_optimizer.py)."""
-    if degree < 1 or dp % degree:
-        raise ScenarioError(f"parallel.sharding.degree: {degree} does not divide the {dp} data-parallel (x cp) ranks "
-                            "of the pp/tp layout")
+    """The distributed optimizer of a pp/tp job over `dp` ranks of a dp-cp group, shards of `degree`
+    (distributed_optimizer.py; the layout checked that `degree` divides `dp`: parallel/layout.py)."""
     if representatives and degree != dp:
         raise ScenarioError("parallel.representatives: time the whole dp group's collectives; with HSDP "
                             "(parallel.sharding.degree below dp) set it false")
@@ -82,15 +78,3 @@ def offload_host_bandwidth(shared_memory, spec, what: str) -> float:
         raise ScenarioError(f"cluster.shared_memory.location: offload keeps the state in the host's memory; "
                             f"set it to host, got {shared_memory.location!r}")
     return host_memory_bandwidth(spec)
-
-
-def check_ep_divides(ep: int, world: int) -> None:
-    """Expert parallelism over groups of `ep` of a data-parallel job's `world` ranks (expert_parallel.py)."""
-    if world % ep:
-        raise ScenarioError(f"parallel.ep: {ep} does not divide the {world} data-parallel ranks")
-
-
-def check_ep_divides_dp(ep: int, dp: int) -> None:
-    """Expert parallelism over groups of `ep` of a pp/tp job's `dp` replicas (expert_model_parallel.py)."""
-    if dp % ep:
-        raise ScenarioError(f"parallel.ep: {ep} does not divide the job's dp {dp}")

@@ -91,10 +91,10 @@ class ShardedDataParallel(RankReplicas, Scheme):
         self.job, self.world, self.on_step = job, job.world, on_step
         train, sharding = job.scenario.train, job.scenario.parallel.sharding
         self.stage, self.reshard_after_forward = sharding.stage, sharding.reshard_after_forward
-        self.degree = sharding.degree if sharding.degree is not None else self.world
+        self.degree = job.layout.dp_shard
         check_sharding(job.scenario.parallel, train, self.world, self.degree,
                        simulated=len(job.local_ranks) == job.world)
-        self.replicate = self.world // self.degree
+        self.replicate = job.layout.dp_replicate
         self.steps, self.precision = train.steps, train.precision
         self.reduce_dtype = sharding.reduce_dtype or train.precision
         first = job.replicas[job.local_ranks[0]]
@@ -102,7 +102,8 @@ class ShardedDataParallel(RankReplicas, Scheme):
         self.layout = ShardLayout([p.numel() for p in first.params], self.units.param_units, self.degree)
         self.replicas = job.replicas
         for rank in job.local_ranks:  # each rank's Replica becomes its share (checkpoints and PBT see the shard)
-            self.replicas[rank] = ShardedReplica(self.replicas[rank], self.layout, rank % self.degree, self.stage,
+            position = job.layout.rank_groups(rank).dp_shard.index(rank)
+            self.replicas[rank] = ShardedReplica(self.replicas[rank], self.layout, position, self.stage,
                                                  train.optimizer, self.reduce_dtype)
         self._held = held_bytes(self.layout, self.stage, self.precision, train.optimizer)
         self._step_bytes = shard_update_bytes(self.layout, self.precision, train.optimizer)
@@ -132,13 +133,14 @@ class ShardedDataParallel(RankReplicas, Scheme):
         return 1
 
     def shard_group(self, rank: int) -> list[int]:
-        """The job ranks that together hold one copy of the state: `degree` adjacent ranks."""
-        first = rank - rank % self.degree
-        return list(range(first, first + self.degree))
+        """The job ranks that together hold one copy of the state: `degree` adjacent ranks (the layout's dp_shard
+        group)."""
+        return list(self.job.layout.rank_groups(rank).dp_shard)
 
     def replicate_group(self, rank: int) -> list[int]:
-        """The job ranks that hold the same shard (HSDP): one in each shard group."""
-        return list(range(rank % self.degree, self.world, self.degree))
+        """The job ranks that hold the same shard (HSDP): one in each shard group (the layout's dp_replicate
+        group)."""
+        return list(self.job.layout.rank_groups(rank).dp_replicate)
 
     # ---- the program of one rank ----
 
