@@ -33,6 +33,7 @@ torch), nor where a refusal depends on something only the built job knows:
 from .comm.channels import check_channels
 from .errors import ScenarioError
 from .hw.shared_memory import SharedMemory
+from .parallel.schedules import pipeline_placement
 from .scenario import CheckpointSegments, Scenario
 from .schemes.layout import Layout
 from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_ep_divides,
@@ -81,6 +82,7 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
     check_sequence(parallel, layout, seq_len)
     units = units_of(entries, tensor_parallel=layout.tp > 1)
     check_pipeline_units(parallel.pipeline, parts, len(units))
+    placement = pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout
     if layout.tp > 1:
         try:
             splits = check_tensor_cut(entries, layout.tp)
@@ -98,7 +100,7 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
             return
         starts = [sum(counts[:part]) for part in range(len(counts))]
         for stage in range(layout.pp):  # rank order: stage 0's rank first, its chunks in order
-            for part in range(stage, len(counts), layout.pp):
+            for part in placement[stage]:
                 chunk = [entries[i] for unit in units[starts[part]:starts[part] + counts[part]] for i in unit]
                 checkpoint_segments(spec, len(checkpoint_blocks([e.matrix for e in chunk])))
 

@@ -1,0 +1,1 @@
+"""How devices cooperate, composed: layouts, strategies and pipeline schedules (DESIGN.md, issue 51)."""
