@@ -75,14 +75,15 @@ def check_job(scenario: Scenario, shared_memory: SharedMemory | None, world: int
 
 
 def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry], seq_len: int) -> None:
-    """schemes/model_parts.py's part_counts and rank_shares: the sequence cuts, the pipeline's units, the
-    tensor-parallel cut, each stage's checkpointing blocks."""
+    """schemes/model_parts.py's part_counts and rank_shares: the pipeline's schedule (simtrain/parallel/schedules,
+    pure Python), the sequence cuts, the pipeline's units, the tensor-parallel cut, each stage's checkpointing
+    blocks."""
     parallel = scenario.parallel
     parts = layout.pp * parallel.pipeline.virtual_stages
+    placement = pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout
     check_sequence(parallel, layout, seq_len)
     units = units_of(entries, tensor_parallel=layout.tp > 1)
     check_pipeline_units(parallel.pipeline, parts, len(units))
-    placement = pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout
     if layout.tp > 1:
         try:
             splits = check_tensor_cut(entries, layout.tp)

@@ -32,13 +32,13 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     like `sample_x` (one-line errors name the field at fault)."""
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
+    pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout (one-line errors otherwise)
     check_sequence(scenario.parallel, layout, sample_x.shape[1])
     try:
         units = model_units(model, tensor_parallel=layout.tp > 1)
     except ValueError as error:
         raise ScenarioError(f"parallel.pp: {error}") from None
     check_pipeline_units(pipeline, parts, len(units))
-    pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout (one-line errors otherwise)
     if pipeline.split is not None:
         return units, list(pipeline.split)
     return units, balanced_counts(unit_flops(model, units, sample_x), parts)
