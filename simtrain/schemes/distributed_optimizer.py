@@ -255,8 +255,9 @@ class DistributedOptimizer:
     def after(self, rank: int, action):
         """Step program, after a schedule action (stage 3): a forward's (or an I pass's) chunk resharded if
         `reshard_after_forward`, a backward's (or a W pass's) always; after the chunk's last backward (or W) of the
-        step, its gradient reduce-scattered over the shard group (the HSDP all-reduce of its chunk posted across the replicas). Stages 1 and 2 under
-        overlap_grad_reduce: the buckets the backward's end completed, posted (bucket_overlap.py)."""
+        step, its gradient reduce-scattered over the shard group (the HSDP all-reduce of its chunk posted across
+        the replicas). Stages 1 and 2 under overlap_grad_reduce: the buckets the backward's end completed, posted
+        (bucket_overlap.py)."""
         if rank in self.buckets:
             yield from self.buckets[rank].after(action)
         if self.stage < 3:
