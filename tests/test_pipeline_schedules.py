@@ -13,7 +13,8 @@
 - The same bubbles through a simulated run (equal blocks, free links): 1F1B's and ZB-H1's closed forms; DualPipeV's
   engine (pairs in sequence) against the timeline of the same lists with the measured action times.
 - A CSV schedule equal to 1F1B's gives 1F1B's report; bad files are one-line errors naming the field.
-- Numerics: zero_bubble and dualpipev train the parameters 1F1B trains (and one device), ZeRO-3 included.
+- Numerics: zero_bubble and dualpipev train the parameters 1F1B trains, under ZeRO-3, Megatron-Core's buckets
+  and expert parallelism too.
 - The weight-gradient split is measured: a Linear's W is its weight GEMM, 2 x batch x in x out FLOPs.
 """
 import subprocess
@@ -254,6 +255,16 @@ def test_split_backward_schedules_train_what_1f1b_trains(layout):
     torch.testing.assert_close(flat_parameters(ours.final_models[0]), flat_parameters(theirs.final_models[0]),
                                rtol=1e-5, atol=1e-5)
     assert ours.data["final_loss"] == pytest.approx(theirs.data["final_loss"], abs=1e-5)
+
+
+def test_dualpipev_under_expert_parallelism_trains_what_interleaved_trains():
+    """The V's turn (parts p - 1 and p on one rank) hands tensors over on the rank; the ep exchanges of an I pass
+    run in its backward."""
+    from test_expert_model_parallel import scenario as moe_scenario
+    ours = run(moe_scenario(4, ep=2, pp=2, microbatches=4, schedule="dualpipev", virtual_stages=2, steps=2))
+    theirs = run(moe_scenario(4, ep=2, pp=2, microbatches=4, schedule="interleaved", virtual_stages=2, steps=2))
+    torch.testing.assert_close(flat_parameters(ours.final_models[0]), flat_parameters(theirs.final_models[0]),
+                               rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- the scenario's field
