@@ -202,6 +202,21 @@ def test_a_csv_schedule_equal_to_1f1b_gives_1f1bs_report(tmp_path):
     assert ours == theirs
 
 
+def test_dualpipev_read_from_a_file_runs_as_dualpipev_the_engine_knows_no_schedule(tmp_path):
+    """What DualPipeV costs: its file and a registry line. Its actions as a CSV (the V, overlapped pairs, I and W)
+    run through the same engine, with no schedule-specific code, to the same report."""
+    p, m = 2, 4
+    path = write_csv(tmp_path / "v.csv", build_schedule("dualpipev", p, m, 2))
+    base = {**EQUAL, "cluster": {**EQUAL["cluster"], "devices": p}, "train": {"steps": 2}}
+    pipeline = {"microbatches": m, "virtual_stages": 2}
+    from_file = run(scenario_of({**base, "parallel": {"pp": p, "pipeline": {
+        **pipeline, "schedule": "file", "schedule_file": str(path)}}})).data
+    built = run(scenario_of({**base, "parallel": {"pp": p, "pipeline": {**pipeline, "schedule": "dualpipev"}}})).data
+    for report in (from_file, built):
+        del report["wall_time_s"], report["parallel"]["schedule"]
+    assert from_file == built
+
+
 def test_a_csv_reads_overlapped_pairs_and_drops_sends(tmp_path):
     schedule = build_schedule("dualpipev", 2, 4, 2)
     rows = [",".join([*(str(step) for step in steps), "0SEND_F1"]) for steps in schedule.actions]
