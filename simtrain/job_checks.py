@@ -33,6 +33,7 @@ torch), nor where a refusal depends on something only the built job knows:
 from .comm.channels import check_channels
 from .errors import ScenarioError
 from .hw.shared_memory import SharedMemory
+from .parallel.schedules import pipeline_placement
 from .scenario import CheckpointSegments, Scenario
 from .parallel import Layout
 from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_pipeline_units,
@@ -73,10 +74,12 @@ def check_job(scenario: Scenario, shared_memory: SharedMemory | None, world: int
 
 
 def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry], seq_len: int) -> None:
-    """schemes/model_parts.py's part_counts and rank_shares: the sequence cuts, the pipeline's units, the
-    tensor-parallel cut, each stage's checkpointing blocks."""
+    """schemes/model_parts.py's part_counts and rank_shares: the pipeline's schedule (simtrain/parallel/schedules,
+    pure Python), the sequence cuts, the pipeline's units, the tensor-parallel cut, each stage's checkpointing
+    blocks."""
     parallel = scenario.parallel
     parts = layout.pp * parallel.pipeline.virtual_stages
+    placement = pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout
     check_sequence(parallel, layout, seq_len)
     units = units_of(entries, tensor_parallel=layout.tp > 1)
     check_pipeline_units(parallel.pipeline, parts, len(units))
@@ -97,7 +100,7 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
             return
         starts = [sum(counts[:part]) for part in range(len(counts))]
         for stage in range(layout.pp):  # rank order: stage 0's rank first, its chunks in order
-            for part in range(stage, len(counts), layout.pp):
+            for part in placement[stage]:
                 chunk = [entries[i] for unit in units[starts[part]:starts[part] + counts[part]] for i in unit]
                 checkpoint_segments(spec, len(checkpoint_blocks([e.matrix for e in chunk])))
 

@@ -124,6 +124,16 @@ def merged(first: OpCosts, second: OpCosts) -> OpCosts:
     return _grouped(counts)
 
 
+def without(ops: OpCosts, part: OpCosts) -> OpCosts:
+    """`ops` less the operators of `part` (a part of them)."""
+    counts = {(flops, nbytes): count for flops, nbytes, count in ops}
+    for flops, nbytes, count in part:
+        counts[flops, nbytes] -= count
+        if counts[flops, nbytes] < 0:
+            raise ValueError("a part of a pass's operators is not among them")
+    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items() if count))
+
+
 def _grouped(counts: dict[tuple[float, float], int]) -> OpCosts:
     """OpCosts from counts of operators by (FLOPs, bytes), in sorted order."""
     return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items()))

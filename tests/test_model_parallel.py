@@ -6,7 +6,7 @@
   per step and interleaved (m + (p - 1)/v)(t_f + t_b) (Narayanan et al. 2021, eq. 1 and 2).
 - Memory: a stage holds m microbatches' activations under GPipe, min(p - s, m) under 1F1B.
 - Traffic: the bytes on the links are those the layout must move, counted by hand.
-- Schedules and layouts as pure logic; bad layouts as one-line errors.
+- Layouts as pure logic (schedules: tests/test_pipeline_schedules.py); bad layouts as one-line errors.
 """
 import pytest
 import torch
@@ -16,7 +16,6 @@ from simtrain import load_scenario, plan_memory, run
 from simtrain.errors import ScenarioError
 from simtrain.parallel import Layout
 from simtrain.scenario import validate_scenario
-from simtrain.schemes.pipeline_schedule import pipeline_schedule
 from simulated_steps import flat_parameters, one_step
 
 MLP = {"name": "mp", "seed": 3, "cluster": {"devices": 1}, "model": {"hidden": [32, 32, 32]},
@@ -159,27 +158,6 @@ def test_tensor_parallel_all_reduces_each_pairs_activation_forward_and_its_gradi
 
 
 # ---------------------------------------------------------------- pure logic
-
-@pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1), ("1f1b", 4, 2, 1),
-                                        ("interleaved", 2, 4, 3), ("interleaved", 4, 8, 2)])
-def test_every_schedule_runs_each_microbatch_once_each_way_backward_after_forward(name, p, m, v):
-    for stage in range(p):
-        actions = pipeline_schedule(name, p, stage, m, v)
-        forwards = [(a.microbatch, a.chunk) for a in actions if a.kind == "forward"]
-        backwards = [(a.microbatch, a.chunk) for a in actions if a.kind == "backward"]
-        every = sorted((mb, c) for mb in range(m) for c in range(v))
-        assert sorted(forwards) == every and sorted(backwards) == every
-        for key in every:
-            assert actions.index(("forward", *key)) < actions.index(("backward", *key))
-        in_flight = peak = 0
-        for action in actions:
-            in_flight += 1 if action.kind == "forward" else -1
-            peak = max(peak, in_flight)
-        if name == "1f1b":
-            assert peak == min(p - stage, m)
-        if name == "gpipe":
-            assert peak == m
-
 
 def test_layout_places_tp_innermost_then_pp_then_dp():
     layout = Layout(dp=2, pp=2, tp=2)

@@ -47,8 +47,8 @@ class ParallelSection(ReportSection):
                                              "parallel layouts)")
     placement: list[str] | None = Field(None, description="the order of the dimensions in the ranks, innermost "
                                                           "first (model parallel layouts)")
-    schedule: str | None = Field(None, description="the pipeline schedule (gpipe, 1f1b, interleaved); null: "
-                                                   "no pipeline")
+    schedule: str | None = Field(None, description="the pipeline schedule (gpipe, 1f1b, interleaved, zero_bubble, "
+                                                   "dualpipev, file); null: no pipeline")
     microbatches: int | None = Field(None, description="microbatches per step (model parallel layouts)")
     virtual_stages: int | None = Field(None, description="model chunks per pipeline stage (interleaved "
                                                          "schedules)")

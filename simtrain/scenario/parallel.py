@@ -31,22 +31,29 @@ class AsyncSpec(Section):
 
 
 class PipelineSpec(Section):
-    """How a pipeline runs (schemes/pipeline_schedule.py, schemes/model_parallel.py)."""
+    """How a pipeline runs (simtrain/parallel/schedules, schemes/model_parallel.py)."""
 
-    schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="The pipeline schedule.")
+    schedule: str = Field(
+        "1f1b", description="The pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble (ZB-H1), dualpipev "
+                            "(virtual_stages 2, at least 2 x pp microbatches) or file (schedule_file); checked with "
+                            "the layout by simtrain/parallel/schedules.")
+    schedule_file: str | None = Field(
+        None, description="schedule file: torch.distributed.pipelining's CSV of actions, one row per pipeline rank "
+                          "(relative to the scenario's folder).")
     microbatches: Count(MAX_MICROBATCHES) | None = Field(
         None, description="The device batch is cut into this many (must divide it); under tp alone that is "
                           "gradient accumulation; null: 4 with a pipeline (pp > 1), else 1.")
-    virtual_stages: Count(MAX_LAYERS) = Field(1, description="interleaved: model chunks per device.")
+    virtual_stages: Count(MAX_LAYERS) = Field(
+        1, description="Model chunks per device (interleaved: any; dualpipev: 2).")
     split: Annotated[list[Count(MAX_LAYERS + 2)], Field(max_length=MAX_DEVICES)] | None = Field(
         None, description="Layers (splittable units) per model part, pp x virtual_stages counts; null: balanced "
                           "by measured FLOPs.")
 
     @model_validator(mode="after")
-    def _chunks_need_interleaving(self) -> "PipelineSpec":
-        if self.virtual_stages > 1 and self.schedule != "interleaved":
-            raise ValueError(f"parallel.pipeline.virtual_stages: {self.virtual_stages} chunks per device need "
-                             "schedule interleaved")
+    def _a_file_for_file(self) -> "PipelineSpec":
+        if (self.schedule == "file") != (self.schedule_file is not None):
+            raise ValueError("parallel.pipeline.schedule_file: goes with schedule file, and only with it "
+                             f"(schedule {self.schedule}, schedule_file {self.schedule_file})")
         return self
 
 

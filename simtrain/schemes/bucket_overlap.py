@@ -131,10 +131,16 @@ class BucketOverlap:
             for unit in units:  # buckets no region used
                 yield from self._await_gather(unit)
             return value
+        if action.kind == "backward_input":  # the gradients are complete after the W pass
+            return (yield from program)
         count = self._backwards.get(action.chunk, 0) + 1
         self._backwards[action.chunk] = count
         if count < self.microbatches:
             return (yield from program)
+        if action.kind == "backward_weight":  # one span: every bucket of the chunk complete at its end
+            value = yield from program
+            self._left[action.chunk] = {unit: None for unit in units}
+            return value
         ready = self._ready_after(action.chunk, cost)
         last = len(cost.backward_params) - 1 if not isinstance(cost, list) else -1
         value = yield from _weave(program, "backward",
@@ -145,7 +151,7 @@ class BucketOverlap:
     def after(self, action):
         """Step program, after a schedule action: once the chunk's last backward has ended and its activations are
         let go, the reduce-scatters of its buckets that only the backward's end completed."""
-        if action.kind == "backward" and action.chunk in self._left:
+        if action.kind in ("backward", "backward_weight") and action.chunk in self._left:
             yield from self._reduce_ready(self._left.pop(action.chunk), None)
 
     # ---- the gradients ----

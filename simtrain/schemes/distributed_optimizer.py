@@ -239,8 +239,8 @@ class DistributedOptimizer:
 
     def before(self, rank: int, action):
         """Step program, before a schedule action's input is awaited (stage 3): its chunk's parameters gathered,
-        unless still whole (kept since a forward: `reshard_after_forward: false`)."""
-        if self.stage == 3 and action.chunk not in self._gathered[rank]:
+        unless still whole (kept since a forward: `reshard_after_forward: false`); a W pass needs none."""
+        if self.stage == 3 and action.kind != "backward_weight" and action.chunk not in self._gathered[rank]:
             yield Alloc("comm_buffers", self._unit_bytes(rank, action.chunk))
             yield self.collective("all_gather", rank, action.chunk)
             self._gathered[rank].add(action.chunk)
@@ -253,16 +253,17 @@ class DistributedOptimizer:
         return (yield from program)
 
     def after(self, rank: int, action):
-        """Step program, after a schedule action (stage 3): a forward's chunk resharded if `reshard_after_forward`,
-        a backward's always; after the chunk's last backward of the step, its gradient reduce-scattered over the
-        shard group (the HSDP all-reduce of its chunk posted across the replicas). Stages 1 and 2 under
-        overlap_grad_reduce: the buckets the backward's end completed, posted (bucket_overlap.py)."""
+        """Step program, after a schedule action (stage 3): a forward's (or an I pass's) chunk resharded if
+        `reshard_after_forward`, a backward's (or a W pass's) always; after the chunk's last backward (or W) of the
+        step, its gradient reduce-scattered over the shard group (the HSDP all-reduce of its chunk posted across
+        the replicas). Stages 1 and 2 under overlap_grad_reduce: the buckets the backward's end completed, posted
+        (bucket_overlap.py)."""
         if rank in self.buckets:
             yield from self.buckets[rank].after(action)
         if self.stage < 3:
             return
         unit, last = action.chunk, False
-        if action.kind == "forward":
+        if action.kind in ("forward", "backward_input"):  # a chunk's gradients are ready after its W, not its I
             if not self.reshard_after_forward:
                 return
         else:
@@ -271,9 +272,10 @@ class DistributedOptimizer:
             last = backwards[unit] == self.microbatches
             if not (last or self.reshard_after_forward):
                 return
-        self.scheme.replicas[rank].reshard(unit)
-        self._gathered[rank].discard(unit)
-        yield Free("comm_buffers", self._unit_bytes(rank, unit))
+        if unit in self._gathered[rank]:  # a W pass runs with its chunk resharded after its I
+            self.scheme.replicas[rank].reshard(unit)
+            self._gathered[rank].discard(unit)
+            yield Free("comm_buffers", self._unit_bytes(rank, unit))
         if last:
             yield from self._reduce(rank, unit)
 

@@ -4,8 +4,8 @@ A job of dp x pp x cp x tp devices (parallel/layout.py) trains one model, each r
 its share of it (schemes/model_parts.py: pipeline parts balanced by measured
 FLOPs, cut to tensor-parallel slices):
 
-- **pipeline**: each stage walks its schedule of microbatch forwards and
-  backwards, its activations and gradients going as Send/Recv programs on the
+- **pipeline**: each stage walks its schedule's actions (simtrain/parallel/schedules:
+  forwards, backwards, split or whole), its activations and gradients going as Send/Recv programs on the
   pipeline's communicator (schemes/pipeline.py); the pipeline bubble is that
   communicator's idle accounting ("bubble" spans);
 - **tensor**: each stage is split across its tp devices as Megatron-LM splits
@@ -52,6 +52,7 @@ import torch
 from ..comm.kv_ring import RING_STEPS
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
 from ..parallel import GroupCommunicators, Layout, Membership, memberships
+from ..parallel.schedules import pipeline_schedule
 from ..step_ops import Alloc, Collective, Free, Transfer
 from ..train.partition import assemble, module_structure
 from ..train.moe_exchange import ExpertExchange
@@ -84,6 +85,8 @@ class ModelParallel(RankReplicas, Scheme):
         parallel, train = scenario.parallel, scenario.train
         self.pipeline = parallel.pipeline
         self.microbatches = parallel.microbatches
+        # every pipeline rank's actions and model parts (simtrain/parallel/schedules)
+        self.schedule = pipeline_schedule(self.pipeline, self.layout.pp, self.microbatches, scenario.base_dir)
         self.recompute = train.checkpointing == "full"  # each unit's forward runs again before its backward
         self.sequence_parallel = parallel.sequence_parallel
         self.tp_overlap = parallel.tp_comm_overlap  # the layers' tp collectives beside their GEMMs (tp_overlap.py)
@@ -230,7 +233,8 @@ class ModelParallel(RankReplicas, Scheme):
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_chunk(replica.model.chunks[chunk], replica.model.chunk_ops, inputs, target,
-                                             tp=self.layout.tp, tp_overlap=self.tp_overlap)
+                                             tp=self.layout.tp, tp_overlap=self.tp_overlap,
+                                             weight_split=self.schedule.splits_backward())
         return self._costs[key]
 
     def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:

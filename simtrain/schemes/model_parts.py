@@ -3,7 +3,8 @@
 `part_counts` balances the model's splittable units over pp x v parts (by
 measured FLOPs, or as `parallel.pipeline.split` says); `rank_shares` gives
 every job rank its share (train/partition.py RankModule: its pipeline chunks,
-cut to its tp slice); `boundary_activations` gives the shape and dtype of
+the parts its schedule places on it (simtrain/parallel/schedules), cut to its
+tp slice); `boundary_activations` gives the shape and dtype of
 what each cut carries, an activation forward and its gradient back, from a
 meta forward of the model: the size of a pipeline stage's receive buffers
 (schemes/pipeline.py), known before anything arrives.
@@ -17,6 +18,7 @@ import itertools
 import torch
 
 from ..errors import ScenarioError
+from ..parallel.schedules import pipeline_placement
 from ..train.checkpointing import require_attention
 from ..train.partition import RankModule, balanced_counts, model_units, unit_flops, unit_passes
 from ..train.ring_attention import ContextShard
@@ -30,6 +32,7 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     like `sample_x` (one-line errors name the field at fault)."""
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
+    pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout (one-line errors otherwise)
     check_sequence(scenario.parallel, layout, sample_x.shape[1])
     try:
         units = model_units(model, tensor_parallel=layout.tp > 1)
@@ -55,17 +58,16 @@ def boundary_activations(model, units: list, counts: list[int], sample_x: torch.
 def rank_shares(model, layout: Layout, scenario, parts: tuple[list, list[int]], ranks=None) -> list[RankModule | None]:
     """Every job rank's share of `model` under `layout`, cut into `parts` (part_counts' units and counts; None
     for a rank not in `ranks`, when given; one-line errors name the field at fault)."""
-    pipeline = scenario.parallel.pipeline
     units, counts = parts
+    held = pipeline_placement(scenario, layout.pp)  # each pipeline rank's parts, as its schedule places them
     shares = []
     for rank in range(layout.world):
         if ranks is not None and rank not in ranks:
             shares.append(None)
             continue
         where = layout.coordinates(rank)
-        part_ids = [chunk * layout.pp + where["pp"] for chunk in range(pipeline.virtual_stages)]
         try:
-            shares.append(RankModule(model, units, counts, part_ids, where["tp"], layout.tp,
+            shares.append(RankModule(model, units, counts, list(held[where["pp"]]), where["tp"], layout.tp,
                                      scenario.train.checkpointing, scenario.parallel.sequence_parallel,
                                      ContextShard(where["cp"], layout.cp),
                                      (layout.rank_groups(rank).ep.index(rank), layout.ep)))

@@ -1,12 +1,30 @@
-"""One pipeline stage's step: the schedule walk, with activations and gradients as Send/Recv programs.
+"""One pipeline stage's step: any schedule's actions, with activations and gradients as Send/Recv programs.
 
 Each step the device batch is cut into m microbatches, and each stage runs its
-forwards and backwards in the order of the schedule
-(schemes/pipeline_schedule.py: gpipe, 1f1b, interleaved); a rank with v
-chunks runs model parts s, s + pp, ... Each chunk's forward and backward run
-region by region with their tensor-parallel all-reduces
-(schemes/stage_execution.py), or, with numerics off, are replayed from their
-measured costs.
+actions in the order its schedule lists them (simtrain/parallel/schedules:
+gpipe, 1f1b, interleaved, zero_bubble, dualpipev, a file), on the model parts
+the schedule places on it (`Schedule.placement`: looped, or the V). Each
+chunk's forward and backward run region by region with their tensor-parallel
+all-reduces (schemes/stage_execution.py), or, with numerics off, are replayed
+from their measured costs. The actions:
+
+- F: the chunk's forward; its output is sent on to the next part;
+- B: its whole backward; its input gradient is sent back to the part before;
+- I: the backward for the input gradient. The numerics of the whole backward
+  run here (parameter gradients accumulate in the rank's bucket, as autograd
+  would; they are only read at the update), but the clock charges only the
+  input-gradient work: each region less its measured weight-gradient
+  operators (schemes/weight_grads.py). The input gradient is sent at once;
+- W: the weight-gradient work, charged now as one compute span. The
+  data-parallel hooks (`before`, `during`, `after`) count a chunk's gradient
+  as ready only after its W (or B), never after an I;
+- an overlapped pair (DualPipe's F&B): its forward, then its backward, in
+  sequence. A rank's program is one sequence of operations, and one device
+  computes one kernel stream at a time: what overlapping buys on hardware is
+  one's communication (an expert all-to-all) hidden behind the other's
+  compute. Here the sends of both are posted without waiting anyway, and
+  their tensor-parallel and expert collectives run in sequence with the
+  compute: no speed-up is claimed that the interpreter does not model.
 
 Activations go forward, and their gradients back, as point-to-point programs
 on the pipeline's communicator (comm/ops.py Send and Recv, matched in the one
@@ -19,13 +37,16 @@ mailbox per (src, dst, tag)):
   receive is waiting) and the stage carries on (NCCL moves them on its own
   stream while the stage computes). The stage never awaits its own sends;
   its receiver does, and the interpreter completes them. So no schedule can
-  deadlock on its sends, and a transfer hides behind the sender's compute;
+  deadlock on its sends, and a transfer hides behind the sender's compute.
+  That is why sends and receives are no actions of a schedule: an explicit
+  order could only delay a transfer;
 - a receive is an `Await(handle, idle="bubble")`: the wait before the peer
   sent is the communicator's idle, logged as the pipeline bubble; the wait
   while the tensor moves is communication.
 
 Each stage holds a microbatch's measured activation bytes from its forward
-to its backward (GPipe holds m, 1F1B at most pp - s on stage s); under full
+to its backward (GPipe holds m, 1F1B at most pp - s on stage s); split, the
+part W reads (`ChunkCost.weight_held_bytes`) stays from I until W. Under full
 recomputation (train.checkpointing: full) only the input of each of the chunk's
 units, and its backward runs each unit's forward again, with its all-reduces,
 just before that unit's backward (schemes/layer_recompute.py).
@@ -34,13 +55,27 @@ just before that unit's backward (schemes/layer_recompute.py).
     receives = yield from stage.post_receives(0)
     losses = yield from stage.walk(step, xs, ys, loss_weight, receives, tp_collective)
 """
+from typing import NamedTuple
+
 import torch
 
 from ..comm.ops import Recv, Send
+from ..parallel.schedules.actions import computations
 from ..step_ops import Alloc, Await, Free, Post
-from .pipeline_schedule import pipeline_schedule
 from .layer_recompute import kept_bytes, layers_backward, layers_forward
 from .stage_execution import chunk_backward, chunk_forward, replay_backward, replay_forward
+from .weight_grads import input_gradient_part, weight_gradient_compute
+
+HOOK_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+
+
+class Work(NamedTuple):
+    """A schedule action as the data-parallel hooks see it: its kind (forward, backward, backward_input,
+    backward_weight), its microbatch and the rank's chunk it runs."""
+
+    kind: str
+    microbatch: int
+    chunk: int
 
 
 class PipelineStage:
@@ -51,78 +86,104 @@ class PipelineStage:
         self.replica = scheme.replicas[rank]
         layout = scheme.layout
         self.pp, self.stage = layout.pp, layout.coordinates(rank)["pp"]
-        self.chunks = len(self.replica.model.chunks)
-        self.parts = self.pp * self.chunks
+        self.schedule = scheme.schedule
+        self.held = self.schedule.placement[self.stage]  # its parts, chunk by chunk
+        self.actions = [action for step in self.schedule.actions[self.stage] for action in computations(step)]
+        self.parts = self.schedule.parts
         self.microbatches = scheme.microbatches
-        self.schedule = pipeline_schedule(scheme.pipeline.schedule, self.pp, self.stage, self.microbatches,
-                                          self.chunks)
         self.comm, self.index, self.boundaries = comm, index, boundaries
         self.numerics = scheme.job.numerics
         self.recompute = scheme.recompute
+        self.handed: dict[tuple, torch.Tensor] = {}  # what a part hands a part of the same rank (the V's turn)
 
     def walk(self, step: int, xs, ys, loss_weight, receives: dict, tp_collective):
-        """Step program: the forwards and backwards of step `step`'s microbatches `xs` (targets `ys`) in
-        schedule order; returns the losses this stage computed (the last stage's, one per microbatch)."""
-        replica, dtype = self.replica, self.replica.precision.name
-        pending, losses = {}, []
+        """Step program: the actions of step `step`'s microbatches `xs` (targets `ys`) in schedule order;
+        returns the losses this stage computed (the last part's, one per microbatch)."""
+        pending, weights, losses = {}, {}, []
         sharded = self.scheme.data_parallel  # its hooks: parameters gathered, gradients reduced, around the work
-        for action in self.schedule:
-            part = action.chunk * self.pp + self.stage
-            ops = replica.model.ops[action.chunk]
-            yield from sharded.before(self.rank, action)
-            if action.kind == "forward":
-                last = part == self.parts - 1
-                if part == 0:
-                    inputs = (xs[action.microbatch],)
-                else:
-                    received = yield Await(receives.pop((step, 0, action.microbatch, part)), idle="bubble")
-                    inputs = (received.requires_grad_(),)
-                target = ys[action.microbatch] if last else None
-                if self.recompute:  # each unit's input kept, its forward run again in the backward
-                    cost = self.scheme.layer_costs(replica, action.chunk, part, inputs, target)
-                    held = kept_bytes(cost, inputs)
-                    yield Alloc("activations", sum(held))
-                    tape, output, loss = yield from sharded.during(self.rank, action, cost, layers_forward(
-                        replica.model.layers[action.chunk], cost, inputs, tp_collective, dtype, target, loss_weight,
-                        self.numerics))
-                else:
-                    cost = self.scheme.cost(replica, action.chunk, part, inputs, target)
-                    held = cost.activation_bytes
-                    yield Alloc("activations", held)
-                    if self.numerics:
-                        outputs, tape, loss = yield from sharded.during(self.rank, action, cost, chunk_forward(
-                            ops, inputs, tp_collective, cost, dtype, target, loss_weight))
-                        output = outputs[0].detach()
-                    else:
-                        tape, loss = None, None
-                        output = yield from sharded.during(self.rank, action, cost,
-                                                           replay_forward(cost, tp_collective, dtype))
-                pending[action.microbatch, action.chunk] = (target, tape, cost, held)
-                if last:
-                    losses.append(loss)
-                else:
-                    yield self.send(step, 0, action.microbatch, part + 1, output)
+        for action in self.actions:
+            chunk = self.held.index(action.part)
+            work = Work(HOOK_KINDS[action.kind], action.microbatch, chunk)
+            yield from sharded.before(self.rank, work)
+            if action.kind == "F":
+                pending[action.microbatch, chunk] = yield from self._forward(step, work, action.part, xs, ys,
+                                                                             loss_weight, receives, tp_collective,
+                                                                             losses)
+            elif action.kind == "W":
+                cost = weights.pop((action.microbatch, chunk))
+                yield from sharded.during(self.rank, work, cost, self._weight(cost))
             else:
-                target, tape, cost, held = pending.pop((action.microbatch, action.chunk))
-                grads = None
-                if part < self.parts - 1:
-                    grads = ((yield Await(receives.pop((step, 1, action.microbatch, part)), idle="bubble")),)
-                if self.recompute:
-                    input_grad = yield from sharded.during(self.rank, action, cost, layers_backward(
-                        replica.model.layers[action.chunk], cost, tape, grads, tp_collective, dtype, target,
-                        loss_weight, self.numerics, held))
-                else:
-                    if self.numerics:
-                        input_grad = (yield from sharded.during(self.rank, action, cost, chunk_backward(
-                            tape, grads, tp_collective, cost, dtype)))[0]
-                    else:
-                        input_grad = yield from sharded.during(self.rank, action, cost,
-                                                               replay_backward(cost, tp_collective, dtype))
-                    yield Free("activations", held)
-                if part > 0:
-                    yield self.send(step, 1, action.microbatch, part - 1, input_grad)
-            yield from sharded.after(self.rank, action)
+                kept = yield from self._backward(step, work, action.part, pending.pop((action.microbatch, chunk)),
+                                                 loss_weight, receives, tp_collective)
+                if action.kind == "I":
+                    weights[action.microbatch, chunk] = kept
+            yield from sharded.after(self.rank, work)
         return losses
+
+    def _forward(self, step, work: Work, part: int, xs, ys, loss_weight, receives, tp_collective, losses):
+        """Step program: a chunk's forward of a microbatch, its output sent on; returns what its backward needs."""
+        replica, dtype, sharded = self.replica, self.replica.precision.name, self.scheme.data_parallel
+        ops = replica.model.ops[work.chunk]
+        last = part == self.parts - 1
+        if part == 0:
+            inputs = (xs[work.microbatch],)
+        else:
+            received = yield from self.receive(step, 0, work.microbatch, part, receives)
+            inputs = (received.requires_grad_(),)
+        target = ys[work.microbatch] if last else None
+        if self.recompute:  # each unit's input kept, its forward run again in the backward
+            cost = self.scheme.layer_costs(replica, work.chunk, part, inputs, target)
+            held = kept_bytes(cost, inputs)
+            yield Alloc("activations", sum(held))
+            tape, output, loss = yield from sharded.during(self.rank, work, cost, layers_forward(
+                replica.model.layers[work.chunk], cost, inputs, tp_collective, dtype, target, loss_weight,
+                self.numerics))
+        else:
+            cost = self.scheme.cost(replica, work.chunk, part, inputs, target)
+            held = cost.activation_bytes
+            yield Alloc("activations", held)
+            if self.numerics:
+                outputs, tape, loss = yield from sharded.during(self.rank, work, cost, chunk_forward(
+                    ops, inputs, tp_collective, cost, dtype, target, loss_weight))
+                output = outputs[0].detach()
+            else:
+                tape, loss = None, None
+                output = yield from sharded.during(self.rank, work, cost, replay_forward(cost, tp_collective, dtype))
+        if last:
+            losses.append(loss)
+        else:
+            yield from self.send(step, 0, work.microbatch, part + 1, output)
+        return target, tape, cost, held
+
+    def _backward(self, step, work: Work, part: int, forward, loss_weight, receives, tp_collective):
+        """Step program: a chunk's backward of a microbatch (B; or I, charging only its input-gradient work), its
+        input gradient sent back; returns, for an I, the cost its W charges."""
+        replica, dtype, sharded = self.replica, self.replica.precision.name, self.scheme.data_parallel
+        target, tape, cost, held = forward
+        grads = None
+        if part < self.parts - 1:
+            grads = ((yield from self.receive(step, 1, work.microbatch, part, receives)),)
+        if self.recompute:
+            input_grad = yield from sharded.during(self.rank, work, cost, layers_backward(
+                replica.model.layers[work.chunk], cost, tape, grads, tp_collective, dtype, target,
+                loss_weight, self.numerics, held))
+        else:
+            charged = input_gradient_part(cost) if work.kind == "backward_input" else cost
+            if self.numerics:
+                input_grad = (yield from sharded.during(self.rank, work, cost, chunk_backward(
+                    tape, grads, tp_collective, charged, dtype)))[0]
+            else:
+                input_grad = yield from sharded.during(self.rank, work, cost,
+                                                       replay_backward(charged, tp_collective, dtype))
+            yield Free("activations", held - cost.weight_held_bytes if work.kind == "backward_input" else held)
+        if part > 0:
+            yield from self.send(step, 1, work.microbatch, part - 1, input_grad)
+        return cost
+
+    def _weight(self, cost):
+        """Step program: a W pass, the weight-gradient work its I left, and the activations only it read let go."""
+        yield weight_gradient_compute(cost, self.replica.precision.name)
+        yield Free("activations", cost.weight_held_bytes)
 
     def tag(self, step: int, direction: int, microbatch: int, part: int) -> int:
         """A message's tag: its step's parity (a stage has two steps' receives posted), direction (0 forward,
@@ -135,22 +196,36 @@ class PipelineStage:
         handles = {}
         if self.pp == 1:
             return handles
-        for action in self.schedule:
-            part = action.chunk * self.pp + self.stage
-            direction, peer_part = (0, part - 1) if action.kind == "forward" else (1, part + 1)
-            if not 0 <= peer_part < self.parts:
+        for action in self.actions:
+            part = action.part
+            if action.kind == "W":
+                continue
+            direction, peer_part = (0, part - 1) if action.kind == "F" else (1, part + 1)
+            if not 0 <= peer_part < self.parts or self.schedule.rank_of(peer_part) == self.stage:
                 continue
             like = self.boundaries[min(part, peer_part)]  # an activation, or the gradient that comes back for it
             out = torch.empty(like.shape, dtype=like.dtype, device="cpu" if self.numerics else "meta")
             handles[step, direction, action.microbatch, part] = yield Post(
-                _receive(peer_part % self.pp, out, self.tag(step, direction, action.microbatch, part)), "pp_p2p",
-                self.comm, self.index)
+                _receive(self.schedule.rank_of(peer_part), out, self.tag(step, direction, action.microbatch, part)),
+                "pp_p2p", self.comm, self.index)
         return handles
 
-    def send(self, step: int, direction: int, microbatch: int, part: int, tensor: torch.Tensor) -> Post:
-        """Step-program operation: send `tensor` to model part `part` without waiting (torch's isend)."""
-        return Post(_send(part % self.pp, tensor, self.tag(step, direction, microbatch, part)), "pp_p2p",
-                    self.comm, self.index)
+    def send(self, step: int, direction: int, microbatch: int, part: int, tensor: torch.Tensor):
+        """Step program: send `tensor` to model part `part` without waiting (torch's isend); to a part of this
+        rank (the turn of a V), hand it over."""
+        rank = self.schedule.rank_of(part)
+        if rank == self.stage:
+            self.handed[step, direction, microbatch, part] = tensor.detach()
+            return
+        yield Post(_send(rank, tensor, self.tag(step, direction, microbatch, part)), "pp_p2p", self.comm, self.index)
+
+    def receive(self, step: int, direction: int, microbatch: int, part: int, receives: dict):
+        """Step program: what model part `part` receives (posted by post_receives, or handed over on this rank);
+        the wait before the peer sent it is the bubble."""
+        key = (step, direction, microbatch, part)
+        if key in self.handed:
+            return self.handed.pop(key)
+        return (yield Await(receives.pop(key), idle="bubble"))
 
 
 def _send(peer: int, tensor: torch.Tensor, tag: int):

@@ -73,6 +73,7 @@ from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Await, Collective, Compute, Post
 from .saved_shards import RegionSplit, SavedShard
 from .tp_overlap import COMM_SMS, GemmWatch, TpOverlap, carve, forward_beside, ring_exchange
+from .weight_grads import WeightGradWatch
 
 OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
 OVERLAPPED_BACK = ("kv_ring_back",)  # backward collectives that run beside the compute of the region after them
@@ -100,6 +101,10 @@ class ChunkCost:
     # parallel.tp_comm_overlap: the GEMMs run beside the layers' tp collectives (schemes/tp_overlap.py), which the
     # regions' FLOPs, operators and RegionSplits above then leave out; None: no overlap
     tp_overlap: TpOverlap | None = None
+    # split backwards (zero_bubble, dualpipev): per region, in backward order, the (FLOPs, OpCosts) of its
+    # weight-gradient operators, which a W pass runs apart (schemes/weight_grads.py); () when not measured
+    weight_grads: tuple = ()
+    weight_held_bytes: int = 0  # of activation_bytes, what the W pass reads: kept from a microbatch's I to its W
 
 
 @dataclass
@@ -329,7 +334,8 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str):
 
 
 def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.Tensor | None,
-                  inputs_kept: bool = False, tp: int = 1, tp_overlap: bool = False) -> ChunkCost:
+                  inputs_kept: bool = False, tp: int = 1, tp_overlap: bool = False,
+                  weight_split: bool = False) -> ChunkCost:
     """Per-region FLOPs and operator costs, and the activation peak, of one microbatch through `chunk`, on a
     meta copy.
 
@@ -337,15 +343,17 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     `target`); `inputs` and `target` give shapes and dtypes; `tp` the tp group's size (what a sequence
     shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
     caller holds them: a recomputed unit's kept input). With `tp_overlap` (parallel.tp_comm_overlap) the GEMMs
-    beside the layers' tp collectives are told apart (schemes/tp_overlap.py)."""
-    forward, backward, output, input_grad, peak, splits, overlap = _regions(chunk, ops_of, inputs, target,
-                                                                            inputs_kept, tp, tp_overlap)
+    beside the layers' tp collectives are told apart (schemes/tp_overlap.py); with `weight_split` the
+    backward's weight-gradient operators (schemes/weight_grads.py)."""
+    forward, backward, output, input_grad, peak, splits, overlap, weights = _regions(
+        chunk, ops_of, inputs, target, inputs_kept, tp, tp_overlap, weight_split)
     return ChunkCost(tuple(flops for flops, _, _, _ in forward), tuple(flops for flops, _, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _, _ in forward), tuple(reduced for _, reduced, _, _ in backward),
                      _meta_like(output), _meta_like(input_grad),
                      tuple(ops for _, _, ops, _ in forward), tuple(ops for _, _, ops, _ in backward),
                      tuple(params for _, _, _, params in backward),
-                     splits if any(split is not None for split in splits) else (), overlap)
+                     splits if any(split is not None for split in splits) else (), overlap,
+                     *((tuple(weights.regions), min(weights.held_bytes, peak)) if weights is not None else ()))
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -387,24 +395,30 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
         return stop.value, regions
 
 
-def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int,
-             tp_overlap: bool) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple, TpOverlap | None]:
+def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overlap: bool,
+             weight_split: bool) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple,
+                                          TpOverlap | None, WeightGradWatch | None]:
     """(FLOPs, (collective, its input) or None, OpCosts, parameters touched) per region forward and backward,
     the chunk's first output, its first input's gradient, the activation peak and each backward region's
     RegionSplit or None, and with `tp_overlap` the TpOverlap (those less the GEMMs it runs beside collectives):
     one forward and backward on a meta copy, the operator recorder counting, the saved-tensor hooks measuring, a
     hook on each trainable parameter noting the backward regions that add to its gradient and, with
-    `tp_overlap`, a GemmWatch on each pass."""
+    `tp_overlap`, a GemmWatch on each pass; with `weight_split`, a WeightGradWatch on the backward (and a second
+    hook on each parameter, handing it the gradient)."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     touched = []
+    weights = WeightGradWatch(meta.parameters()) if weight_split else None
     for index, param in enumerate(p for p in meta.parameters() if p.requires_grad):
         param.register_hook(lambda grad, index=index: touched.append(index))
+        if weights is not None:
+            param.register_hook(weights.gradient)
     held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
     tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
-    watches = [GemmWatch(meta.parameters()) for _ in range(2)] if tp_overlap else [None, None]
+    watches = [GemmWatch(meta.parameters()) for _ in range(2)] if tp_overlap else [None, weights]
     watching = [contextlib.nullcontext() if watch is None else watch for watch in watches]
-    measuring = [_measuring(tp) if watch is None else watch.communicating(_measuring(tp)) for watch in watches]
+    measuring = [watch.communicating(_measuring(tp)) if isinstance(watch, GemmWatch) else _measuring(tp)
+                 for watch in watches]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
             with OperatorRecorder() as recorder, watching[0]:
@@ -421,7 +435,7 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int,
     if tp_overlap:
         boundaries = [op for op in ops if type(op) not in (Apply, ApplyWithTarget)]
         overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
-    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, splits, overlap
+    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, splits, overlap, weights
 
 
 def _mark_regathers(shards: list, recorder: OperatorRecorder) -> dict:

@@ -66,7 +66,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..comm.sequence_shards import gather_steps, scatter_splits
-from ..op_cost import OpCosts, OperatorRecorder, merged, scaled
+from ..op_cost import OpCosts, OperatorRecorder, merged, scaled, without
 from ..step_ops import Await, Compute, Post
 from ..storage_identity import StorageIds
 from ..train.tensor_parallel import AllGather, ReduceScatter
@@ -196,7 +196,7 @@ def carve(forward_watch: GemmWatch, backward_watch: GemmWatch, boundaries: list,
                 gemm = None
             else:
                 splits[s] = split._replace(before_flops=split.before_flops - gemm.flops,
-                                           before_ops=_without(split.before_ops, gemm.ops))
+                                           before_ops=without(split.before_ops, gemm.ops))
         grad_gather[s] = gemm
         backward[s] = _less(backward[s], gemm)
     scatter_bulk = tuple(after(n - 2 - s, AllGather) and splits[s] is not None for s in range(n))
@@ -219,18 +219,8 @@ def _less(region: tuple, *gemms) -> tuple:
     flops, reduced, ops, params = region
     for gemm in gemms:
         if gemm is not None:
-            flops, ops = flops - gemm.flops, _without(ops, gemm.ops)
+            flops, ops = flops - gemm.flops, without(ops, gemm.ops)
     return flops, reduced, ops, params
-
-
-def _without(ops: OpCosts, part: OpCosts) -> OpCosts:
-    """`ops` less the operators of `part` (a part of them)."""
-    counts = {(flops, nbytes): count for flops, nbytes, count in ops}
-    for flops, nbytes, count in part:
-        counts[flops, nbytes] -= count
-        if counts[flops, nbytes] < 0:
-            raise ValueError("a GEMM beside a tp collective is not among its region's operators")
-    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items() if count))
 
 
 # --- the step programs ---
