@@ -35,8 +35,13 @@ class PipelineSpec(Section):
 
     schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="The pipeline schedule.")
     microbatches: Count(MAX_MICROBATCHES) | None = Field(
-        None, description="The device batch is cut into this many (must divide it); under tp alone that is "
-                          "gradient accumulation; null: 4 with a pipeline (pp > 1), else 1.")
+        None, description="Micro-batches per step: data.batch_size (each data-parallel replica's samples per "
+                          "step) is cut into this many, which must divide it. With a pipeline they flow through "
+                          "the stages; without one (data parallelism, ZeRO / FSDP, tp or cp alone) they are "
+                          "gradient accumulation steps, run one after the other, each holding only its own "
+                          "activations, the gradient reduced as in torch DDP's no_sync and FSDP2's default "
+                          "(docs/guides/memory.md). The micro-batch size is data.batch_size / microbatches; the "
+                          "global batch data.batch_size x dp. null: 4 with a pipeline (pp > 1), else 1.")
     virtual_stages: Count(MAX_LAYERS) = Field(1, description="interleaved: model chunks per device.")
     split: Annotated[list[Count(MAX_LAYERS + 2)], Field(max_length=MAX_DEVICES)] | None = Field(
         None, description="Layers (splittable units) per model part, pp x virtual_stages counts; null: balanced "
