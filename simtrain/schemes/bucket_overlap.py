@@ -78,7 +78,7 @@ class BucketOverlap:
     """One rank's buckets: the reduce-scatters woven into its backward, the all-gathers into its forward."""
 
     def __init__(self, optimizer, rank: int, layout: ShardLayout, chunk_starts: list[int]):
-        self.optimizer, self.rank = optimizer, rank
+        self.optimizer, self.rank, self.layout = optimizer, rank, layout
         self.units = len(layout.units)
         self.unit_of = {param: unit for unit, params in enumerate(layout.units) for param in params}
         self.chunk_starts = chunk_starts  # chunk -> its first parameter's index

@@ -67,9 +67,9 @@ class SyncDataParallel(RankReplicas, Scheme):
         train, parallel = job.scenario.train, job.scenario.parallel
         self.regroup()
         self.steps = train.steps
-        self.overlap = parallel.overlap and self.world > 1
+        self.overlap = parallel.overlapped and self.world > 1
         self.microbatches = parallel.microbatches  # gradient accumulation steps (local_work.py)
-        self._bucket_cap_bytes = int(parallel.bucket_cap_mb * (1 << 20))  # DDP: bucket_cap_mb * 1024 * 1024
+        self._bucket_cap_bytes = parallel.bucket_cap_bytes
         self._buckets = {}  # the step's StepCost.grad_ready_flops -> its buckets (a tuple hashes quicker)
         # rank -> (its buckets, its gradient buffer, their views of it): a view made every step cost 14 us in a run,
         # torch's caches cold from the backward
