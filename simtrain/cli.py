@@ -369,9 +369,8 @@ def memory(scenario_file, overrides, as_json):
         from .layout_search import layouts_that_fit
 
         layouts = layouts_that_fit(scenario)
-        console.print("layouts that fit the same global batch: " + ("; ".join(
-            f"{fit.describe()} (peak {format_bytes(fit.peak_bytes)})" for fit in layouts) or "none found"),
-            soft_wrap=True)
+        console.print("layouts that fit the same global batch: " + ("; ".join(fit.summary() for fit in layouts)
+                                                                     or "none found"), soft_wrap=True)
 
 
 @cli.command()

@@ -43,6 +43,7 @@ from .hw.resolved_cluster import resolve_cluster
 from .memory_plan import replay_step
 from .scenario import Scenario, validate_scenario
 from .schemes.layout import Layout
+from .units import format_bytes, format_seconds
 
 # The categories of the training state: what an even split over the ranks that share it bounds from below.
 STATE_CATEGORIES = ("weights", "master_weights", "gradients", "optimizer_state")
@@ -84,6 +85,10 @@ class LayoutFit:
         if self.checkpointing != "none":
             parts.append(f"train.checkpointing {self.checkpointing}")
         return ", ".join(parts)
+
+    def summary(self) -> str:
+        """describe() with the replayed peak and step time: "dp 8, ... (peak 15.0 GiB, step 1.2 s)"."""
+        return f"{self.describe()} (peak {format_bytes(self.peak_bytes)}, step {format_seconds(self.step_time_s)})"
 
 
 @dataclass(frozen=True)

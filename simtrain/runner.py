@@ -47,7 +47,6 @@ from .scenario import Scenario
 from .schemes import scheme_name
 from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
-from .units import format_bytes
 from .user_code import user_code_errors
 
 
@@ -164,8 +163,7 @@ def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, ste
     layouts = layouts_that_fit(scenario)
     advice = f"the largest per-device batch size that fits is {largest}"
     if layouts:
-        advice += "; with the same global batch, these layouts fit: " + "; ".join(
-            f"{fit.describe()} (peak {format_bytes(fit.peak_bytes)})" for fit in layouts)
+        advice += "; with the same global batch, these layouts fit: " + "; ".join(fit.summary() for fit in layouts)
     return {
         "rank": job.devices[rank].rank,
         "device": job.devices[rank].spec.name,
