@@ -10,8 +10,9 @@ default); with a degree below dp the shard groups replicate each other
 
 - `ReplicatedUpdate` (`parallel.sharding.stage: 0`, plain DDP): after the
   last microbatch's backward, all-reduce (and average) the gradient over the
-  dp group with `parallel.all_reduce`'s algorithm, then step the rank's own
-  optimizer on its whole share;
+  dp group with `parallel.all_reduce`'s algorithm (with `parallel.overlap`,
+  in buckets of `bucket_cap_mb` beside that backward: bucket_overlap.py),
+  then step the rank's own optimizer on its whole share;
 - `DistributedOptimizer`, stage 1 or 2: the rank's share becomes a
   ShardedReplica (sharded_replica.py) of one unit cut into chunks, as
   Megatron-Core's distributed optimizer cuts its gradient buffer: after the
