@@ -78,6 +78,7 @@ from pydantic import Field
 
 from ..report.sections import ReportSection, register_section
 from ..step_ops import Alloc, Await, Free, Post, Transfer
+from ..train.moe import scale_balancing_loss
 from ..train.precision import update_bytes
 from . import selection
 from .overflow_vote import overflow_vote
@@ -103,6 +104,9 @@ class ShardedDataParallel(RankReplicas, Scheme):
         train, sharding = job.scenario.train, job.scenario.parallel.sharding
         self.stage, self.reshard_after_forward = sharding.stage, sharding.reshard_after_forward
         self.microbatches = job.scenario.parallel.microbatches  # gradient accumulation steps
+        for replica in job.replicas:  # a micro-batch's balancing loss (MoE) is its share of the batch's
+            if replica is not None:
+                scale_balancing_loss(replica.model, 1.0 / self.microbatches)
         self.degree = sharding.degree if sharding.degree is not None else self.world
         check_sharding(job.scenario.parallel, train, self.world, self.degree,
                        simulated=len(job.local_ranks) == job.world)

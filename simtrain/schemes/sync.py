@@ -45,6 +45,7 @@ from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
 from ..train.grad_bucket import overlap_buckets
 from ..train.models import layers_before_batchnorm, weight_norms
+from ..train.moe import scale_balancing_loss
 from ..train.precision import persistent_bytes, update_bytes
 from ..train.syncbn import synced_batchnorms
 from . import selection
@@ -69,6 +70,9 @@ class SyncDataParallel(RankReplicas, Scheme):
         self.steps = train.steps
         self.overlap = parallel.overlapped and self.world > 1
         self.microbatches = parallel.microbatches  # gradient accumulation steps (local_work.py)
+        for replica in self.replicas:  # a micro-batch's balancing loss (MoE) is its share of the batch's
+            if replica is not None:
+                scale_balancing_loss(replica.model, 1.0 / self.microbatches)
         self._bucket_cap_bytes = parallel.bucket_cap_bytes
         self._buckets = {}  # the step's StepCost.grad_ready_flops -> its buckets (a tuple hashes quicker)
         # rank -> (its buckets, its gradient buffer, their views of it): a view made every step cost 14 us in a run,
