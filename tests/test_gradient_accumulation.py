@@ -157,3 +157,17 @@ def test_what_accumulation_cannot_do_is_a_one_line_error(parallel, message):
     with pytest.raises(ScenarioError, match=message) as error:
         validate_scenario(raw)
     assert "\n" not in str(error.value)
+
+
+def test_a_micro_batchs_balancing_loss_joins_the_gradient_as_its_share():
+    """MoE: each micro-batch's balancing-loss gradient is weighted 1/m like its loss (as under pp/tp), not added
+    m times whole."""
+    from simtrain.train.moe import MoE
+    spec = validate_scenario({
+        "name": "moe-accumulation", "seed": SEED, "numerics": False, "cluster": {"devices": 2, "topology": "ring"},
+        "model": {"name": "gpt", "hidden": 32, "layers": 2, "heads": 4, "moe": {"experts": 4}},
+        "data": {"name": "tokens", "batch_size": 8, "samples": 64, "seq_len": 8, "vocab": 16},
+        "train": {"steps": 1}, "parallel": {"pipeline": {"microbatches": 4}}, "report": {"trace": False}})
+    job = one_step(spec)
+    scales = {layer.aux_loss_scale for layer in job.scheme.replicas[0].model.modules() if isinstance(layer, MoE)}
+    assert scales == {0.25}
