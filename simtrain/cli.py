@@ -369,9 +369,8 @@ def memory(scenario_file, overrides, as_json):
         from .layout_search import layouts_that_fit
 
         layouts = layouts_that_fit(scenario)
-        console.print("layouts that fit the same global batch: " + ("; ".join(
-            f"{fit.describe()} (peak {format_bytes(fit.peak_bytes)})" for fit in layouts) or "none found"),
-            soft_wrap=True)
+        console.print("layouts that fit the same global batch: " + ("; ".join(fit.summary() for fit in layouts)
+                                                                     or "none found"), soft_wrap=True)
 
 
 @cli.command()
@@ -383,12 +382,14 @@ def validate(scenario_file, overrides):
     the layout and each rank's share of the model, on meta tensors) without running it."""
     from .preflight import preflight
     from .schemes import scheme_name
+    from .views import batch_line
 
     scenario = load_scenario(scenario_file, overrides)
     counts = Counter(spec.name for spec in preflight(scenario).device_specs)  # one per device, in rank order
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
-                  f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce})", soft_wrap=True)
+                  f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce}; "
+                  f"{batch_line(scenario, sum(counts.values()))})", soft_wrap=True)
 
 
 @cli.command()

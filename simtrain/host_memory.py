@@ -152,10 +152,11 @@ def model_size(model, info) -> tuple[int, int]:
 
 
 def _ring_chunks(parallel, devices: int) -> int:
-    """(rank, chunk) pairs of the ring all-reduces: every ring rank holds one chunk per member of its ring."""
-    dp = parallel.dp or devices // (parallel.pp * parallel.tp)
+    """(rank, chunk) pairs of the ring all-reduces: every ring rank holds one chunk per member of its ring (the
+    gradient's ring is the dp x cp group: context-parallel ranks average their gradients too)."""
+    dp_cp = parallel.dp * parallel.cp if parallel.dp else devices // (parallel.pp * parallel.tp)
     ring_ranks = devices // parallel.pp if parallel.representatives else devices
-    return ring_ranks * max(dp, parallel.tp)
+    return ring_ranks * max(dp_cp, parallel.tp)
 
 
 def _link_count(topology: str, devices: int) -> int:

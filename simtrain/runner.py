@@ -47,7 +47,6 @@ from .scenario import Scenario
 from .schemes import scheme_name
 from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
-from .units import format_bytes
 from .user_code import user_code_errors
 
 
@@ -164,8 +163,7 @@ def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, ste
     layouts = layouts_that_fit(scenario)
     advice = f"the largest per-device batch size that fits is {largest}"
     if layouts:
-        advice += "; with the same global batch, these layouts fit: " + "; ".join(
-            f"{fit.describe()} (peak {format_bytes(fit.peak_bytes)})" for fit in layouts)
+        advice += "; with the same global batch, these layouts fit: " + "; ".join(fit.summary() for fit in layouts)
     return {
         "rank": job.devices[rank].rank,
         "device": job.devices[rank].spec.name,
@@ -174,8 +172,11 @@ def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, ste
         "needed_bytes": sum(error.by_category.values()),
         "bytes_by_category": error.by_category,
         "largest_batch_size_that_fits": largest,
-        "layouts_that_fit": [{"dp": fit.dp, "pp": fit.pp, "tp": fit.tp, "batch_size": fit.batch_size,
-                              "checkpointing": fit.checkpointing, "peak_bytes": fit.peak_bytes} for fit in layouts],
+        "layouts_that_fit": [{"dp": fit.dp, "pp": fit.pp, "tp": fit.tp, "cp": fit.cp,
+                              "sequence_parallel": fit.sequence_parallel, "batch_size": fit.batch_size,
+                              "microbatches": fit.microbatches, "sharding_stage": fit.stage,
+                              "checkpointing": fit.checkpointing, "peak_bytes": fit.peak_bytes,
+                              "step_time_s": fit.step_time_s} for fit in layouts],
         "message": f"{error}; {advice}",
     }
 
@@ -184,9 +185,14 @@ class LayoutThatFits(ReportSection):
     dp: int = Field(description="data-parallel replicas")
     pp: int = Field(description="pipeline stages")
     tp: int = Field(description="tensor-parallel ranks per stage")
+    cp: int = Field(description="context-parallel ranks sharing each sequence")
+    sequence_parallel: bool = Field(description="parallel.sequence_parallel")
     batch_size: int = Field(description="data.batch_size: the global batch over dp")
+    microbatches: int = Field(description="parallel.pipeline.microbatches: a pipeline's, else accumulation steps")
+    sharding_stage: int = Field(description="parallel.sharding.stage")
     checkpointing: str = Field(description="train.checkpointing")
     peak_bytes: int = Field(description="the largest device's peak over a step")
+    step_time_s: float = Field(description="the replayed step's simulated seconds (layout_search.py)")
 
 
 class OutOfMemorySection(ReportSection):

@@ -78,7 +78,21 @@ def _layout_line(data: dict) -> str:
     layout = f"dp {parallel['dp']} × pp {parallel['pp']} × tp {parallel['tp']}"
     if parallel["pp"] > 1:
         layout += f" ({parallel['schedule']}, {parallel['microbatches']} microbatches)"
+    elif parallel.get("microbatches", 1) > 1:
+        layout += f" (gradient accumulation: {parallel['microbatches']} micro-batches)"
     return layout
+
+
+def batch_line(scenario, world: int) -> str:
+    """The batch in the words users have, derived from data.batch_size (each replica's samples per step),
+    parallel.pipeline.microbatches and dp: the global batch, the micro-batch size, the accumulation steps."""
+    from .parallel import Layout
+
+    data_parallel, count = Layout.of(scenario.parallel, world).dp, scenario.parallel.microbatches
+    per_replica = scenario.data.batch_size
+    what = "pipeline microbatches" if scenario.parallel.pp > 1 else "accumulation steps"
+    return (f"global batch {per_replica * data_parallel} = data.batch_size {per_replica} x dp {data_parallel}, "
+            f"micro-batch {per_replica // count} x {count} {what}")
 
 
 def _precision_line(amp: dict | None) -> str:

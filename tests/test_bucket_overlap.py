@@ -116,3 +116,40 @@ def test_exposed_communication_is_the_closed_form_of_the_buckets_nothing_hides()
 def test_bad_input_is_one_line_naming_the_key(parallel, sharding, message):
     with pytest.raises(ScenarioError, match=message):
         scenario(parallel, sharding)
+
+
+# ---------------------------------------------------------------- DDP's buckets under pp/tp (parallel.overlap)
+
+def ddp(layout: dict, overlap: bool, steps: int = 2):
+    devices = layout["dp"] * layout.get("pp", 1) * layout["tp"]
+    return validate_scenario({**GPT, "cluster": {"devices": devices}, "train": {**GPT["train"], "steps": steps},
+                              "parallel": {**layout, "overlap": overlap, "bucket_cap_mb": 0.008}})
+
+
+@pytest.mark.parametrize("layout", [layout for _, layout in LAYOUTS.values()], ids=LAYOUTS.keys())
+def test_ddp_buckets_under_pp_tp_train_what_one_all_reduce_trains_bit_for_bit_and_hide_behind_the_backward(layout):
+    """parallel.overlap under pp/tp (Megatron-Core's DDP with --overlap-grad-reduce): each bucket of
+    bucket_cap_mb all-reduced in the last microbatch's backward once complete. Two replicas: the same sums."""
+    overlapped, after = (one_step(ddp(layout, overlap, steps=2)) for overlap in (True, False))
+    assert max(len(update.layout.units) for update in overlapped.scheme.data_parallel.buckets.values()) > 2
+    for rank in range(overlapped.world):
+        assert torch.equal(flat_parameters(overlapped.scheme.replicas[rank].model),
+                           flat_parameters(after.scheme.replicas[rank].model))
+    moved = [sum(job.cluster.log.bytes_by_label(rank, "communication").get("dp_allreduce", 0)
+                 for rank in range(job.world)) for job in (overlapped, after)]
+    assert moved[0] >= moved[1] > 0  # the same gradient; each bucket's ring rounds its chunks up
+    if layout.get("pp", 1) > 1:  # compute to hide behind (under sp alone this tiny step is its tp collectives)
+        assert overlapped.cluster.env.now < after.cluster.env.now
+
+
+def test_an_overlap_flag_no_scheme_reads_is_one_line_naming_it():
+    for parallel, message in (({"sharding": {"stage": 3}, "overlap": False}, "parallel.overlap: sets DDP's"),
+                              ({"sharding": {"stage": 2}, "bucket_cap_mb": 4}, "parallel.bucket_cap_mb: sizes"),
+                              ({"sharding": {"stage": 1, "reshard_after_forward": False}},
+                               "parallel.sharding.reshard_after_forward: false keeps"),
+                              ({"sharding": {"reduce_dtype": "fp32"}}, "parallel.sharding.reduce_dtype: sets"),
+                              ({"sharding": {"degree": 2}}, "parallel.sharding.degree: sets"),
+                              ({"async": {"consistency": "locked"}}, "parallel.async: options")):
+        with pytest.raises(ScenarioError, match=message) as error:
+            validate_scenario({**GPT, "cluster": {"devices": 4}, "parallel": parallel})
+        assert "\n" not in str(error.value)

@@ -209,16 +209,20 @@ def cli(*args):
                                                                          "parallel.ep, which is 1"),
     ("run", ["model.moe={experts: 6}", "parallel.ep=3", "parallel.moe_dispatch=hierarchical", "cluster.devices=6",
              "cluster.topology=hierarchical", "cluster.gpus_per_node=2",
-             "cluster.inter_node_link={bandwidth: 1e9, latency: 1e-5}", "train.steps=1"],
+             "cluster.inter_node_link={bandwidth: 1e9, latency: 1e-5}", "train.steps=1",
+             "parallel.pipeline.microbatches=1"],  # gpt_small's 4: accumulation, which ep does not take
      "parallel.moe_dispatch: hierarchical needs the ep group's ranks [0, 1, 2] spread evenly over hosts"),
     ("validate", ["model.moe={}", "parallel.ep=2", "parallel.sharding.stage=1"], "parallel.ep: expert parallelism "
                                                                                   "runs with synchronous data "
                                                                                   "parallelism"),
     ("validate", ["model.moe={routing: {model: histogram, histogram: [1, 2]}}"], "model.moe.routing.histogram"),
-    ("run", ["model.moe={experts: 8}", "parallel.ep=8", "train.steps=1"], "parallel.ep: 8 does not divide the 4 "
+    ("run", ["model.moe={experts: 8}", "parallel.ep=8", "train.steps=1", "parallel.pipeline.microbatches=1"],
+     "parallel.ep: 8 does not divide the 4 "
                                                                           "data-parallel ranks"),
     ("validate", ["model.moe={experts: 4, top_k: 5}", "parallel.ep=2"], "model.moe.top_k: 5 is more than the 4"),
     ("validate", ["model.moe={capacity_factor: 0}", "parallel.ep=2"], "model.moe.capacity_factor"),
+    ("validate", ["model.moe={}", "parallel.ep=2"], "parallel.ep: expert parallelism without pp or tp does not "
+                                                    "combine with gradient accumulation"),
 ])
 def test_bad_input_is_one_line_naming_the_key(capsys, tmp_path, command, overrides, expected):
     args = [arg for override in overrides for arg in ("--set", override)]

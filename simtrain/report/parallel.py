@@ -49,7 +49,8 @@ class ParallelSection(ReportSection):
                                                           "first (model parallel layouts)")
     schedule: str | None = Field(None, description="the pipeline schedule (gpipe, 1f1b, interleaved, zero_bubble, "
                                                    "dualpipev, file); null: no pipeline")
-    microbatches: int | None = Field(None, description="microbatches per step (model parallel layouts)")
+    microbatches: int | None = Field(None, description="microbatches per step (model parallel layouts; data "
+                                                          "parallelism: its accumulation steps, when above 1)")
     virtual_stages: int | None = Field(None, description="model chunks per pipeline stage (interleaved "
                                                          "schedules)")
     stage_of_rank: list[int] | None = Field(None, description="each job rank's pipeline stage")

@@ -41,8 +41,13 @@ class PipelineSpec(Section):
         None, description="schedule file: torch.distributed.pipelining's CSV of actions, one row per pipeline rank "
                           "(relative to the scenario's folder).")
     microbatches: Count(MAX_MICROBATCHES) | None = Field(
-        None, description="The device batch is cut into this many (must divide it); under tp alone that is "
-                          "gradient accumulation; null: 4 with a pipeline (pp > 1), else 1.")
+        None, description="Micro-batches per step: data.batch_size (each data-parallel replica's samples per "
+                          "step) is cut into this many, which must divide it. With a pipeline they flow through "
+                          "the stages; without one (data parallelism, ZeRO / FSDP, tp or cp alone) they are "
+                          "gradient accumulation steps, run one after the other, each holding only its own "
+                          "activations, the gradient reduced as in torch DDP's no_sync and FSDP2's default "
+                          "(docs/guides/memory.md). The micro-batch size is data.batch_size / microbatches; the "
+                          "global batch data.batch_size x dp. null: 4 with a pipeline (pp > 1), else 1.")
     virtual_stages: Count(MAX_LAYERS) = Field(
         1, description="Model chunks per device (interleaved: any; dualpipev: 2).")
     split: Annotated[list[Count(MAX_LAYERS + 2)], Field(max_length=MAX_DEVICES)] | None = Field(
@@ -116,11 +121,15 @@ class ParallelSpec(Section):
     async_: AsyncSpec = Field(AsyncSpec(), alias="async", description="mode async's options.")
     sync_batchnorm: Flag = Field(False, description="All-reduce BatchNorm batch statistics "
                                                     "(simtrain/train/syncbn.py).")
-    overlap: Flag = Field(True, description="sync: all-reduce the gradient in DDP's buckets (reverse parameter "
-                                            "order), each as soon as the backward has completed it "
-                                            "(train/grad_bucket.py); false: one all-reduce after the backward.")
-    bucket_cap_mb: Real(gt=0, le=1 << 20) = Field(25.0, description="A bucket's size, in MiB (torch DDP's "
-                                                                    "default 25).")
+    overlap: Flag | None = Field(
+        None, description="sync, sharding.stage 0: all-reduce the gradient in DDP's buckets (reverse parameter "
+                          "order), each as soon as the (last micro-batch's) backward has completed it "
+                          "(train/grad_bucket.py; under pp/tp/cp schemes/bucket_overlap.py, as Megatron-Core's "
+                          "--overlap-grad-reduce); false: one all-reduce after the backward. null: on with data "
+                          "parallelism alone (torch DDP's default; ep: off), off under pp, tp or cp (Megatron-Core's "
+                          "default). Sharded data parallelism overlaps with its own flags (sharding).")
+    bucket_cap_mb: Real(gt=0, le=1 << 20) = Field(25.0, description="A DDP bucket's size under parallel.overlap, "
+                                                                    "in MiB (torch DDP's default 25).")
     dp: Count(MAX_DEVICES) | None = Field(None, description="Data-parallel replicas; null: devices / (pp x cp x "
                                                             "tp). dp x pp x cp x tp must equal the job's devices.")
     pp: Count(MAX_DEVICES) = Field(1, description="Pipeline stages.")
@@ -205,6 +214,7 @@ class ParallelSpec(Section):
             raise ValueError("parallel.sharding.overlap_grad_reduce: overlaps the distributed optimizer's "
                              "collectives under pp/tp (sharding.stage 1 or 2, parallel.pp or parallel.tp above 1); "
                              "plain data parallelism overlaps with parallel.overlap")
+        _no_flag_ignored(self)
         if sharding.offload != "none" and sharding.stage == 0:
             raise ValueError(f"parallel.sharding.offload: {sharding.offload} offloads a rank's shard of the "
                              "training state; needs sharding.stage 1, 2 or 3")
@@ -237,6 +247,45 @@ class ParallelSpec(Section):
         return 4 if self.pp > 1 else 1
 
     @property
+    def overlapped(self) -> bool:
+        """Whether DDP's gradient buckets are all-reduced during the backward: as given, else on without pp, tp
+        and cp (torch DDP) and off with them (Megatron-Core)."""
+        return self.overlap if self.overlap is not None else not self.model_parallel and self.ep == 1
+
+    @property
+    def bucket_cap_bytes(self) -> int:
+        """A DDP bucket's bytes: bucket_cap_mb x 1024 x 1024, as torch DDP."""
+        return int(self.bucket_cap_mb * (1 << 20))
+
+    @property
     def model_parallel(self) -> bool:
         """Whether the model or its sequence is split (pipeline, tensor or context parallelism)."""
         return self.pp > 1 or self.tp > 1 or self.cp > 1
+
+
+def _no_flag_ignored(parallel: ParallelSpec) -> None:
+    """Flags the layout would not read: one line naming the field, as no scheme may accept and ignore one."""
+    sharding = parallel.sharding
+    refused = (
+        ("parallel.overlap", parallel.overlap is not None and sharding.stage > 0,
+         "sets DDP's bucketed all-reduce (sharding.stage 0); sharded data parallelism reduce-scatters unit by unit "
+         "beside the backward (under pp/tp with stage 1 or 2: sharding.overlap_grad_reduce)"),
+        ("parallel.bucket_cap_mb", parallel.bucket_cap_mb != ParallelSpec.model_fields["bucket_cap_mb"].default
+         and sharding.stage > 0, "sizes DDP's buckets (sharding.stage 0); sharded data parallelism reduces unit by "
+                                 "unit (under pp/tp: sharding.bucket_size)"),
+        ("parallel.overlap", parallel.overlap and parallel.ep > 1,
+         "with parallel.ep is not built (the experts' gradients reduce over their own groups after the backward)"),
+        ("parallel.sharding.reshard_after_forward", not sharding.reshard_after_forward and sharding.stage < 3,
+         "false keeps stage 3's gathered parameters to the backward; needs sharding.stage 3"),
+        ("parallel.sharding.reduce_dtype", sharding.reduce_dtype is not None and sharding.stage == 0,
+         "sets the reduce-scatter's dtype; needs sharding.stage 1, 2 or 3 (DDP all-reduces in the compute dtype)"),
+        ("parallel.sharding.degree", sharding.degree is not None and sharding.stage == 0,
+         "sets the shard group (HSDP); needs sharding.stage 1, 2 or 3"),
+        ("parallel.sharding.bucket_size", sharding.bucket_size is not None and not sharding.overlap_grad_reduce,
+         "sizes the buckets of sharding.overlap_grad_reduce, which is off"),
+        ("parallel.async", parallel.async_ != AsyncSpec() and parallel.mode != "async",
+         "options of parallel.mode async; the mode is sync"),
+    )
+    for field, refuse, why in refused:
+        if refuse:
+            raise ValueError(f"{field}: {why}")

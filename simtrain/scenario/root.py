@@ -114,6 +114,7 @@ class Scenario(Section):
         if self.train.checkpointing == "selective" and self.model.name in ("mlp", "cnn"):
             raise ValueError(f"train.checkpointing: selective recomputes the attention core; model {self.model.name} "
                              "has no attention (use full, sqrt or segments)")
+        _microbatches_fit(self)
         if self.parallel.model_parallel:
             _model_parallel_fits(self)
         if self.parallel.representatives:
@@ -281,6 +282,30 @@ def _representatives_fit(scenario: Scenario) -> None:
             raise ValueError(f"parallel.representatives: {why}")
 
 
+def _microbatches_fit(scenario: Scenario) -> None:
+    """parallel.pipeline.microbatches cuts data.batch_size into equal micro-batches: under pp/tp/cp the
+    pipeline's, else gradient accumulation (schemes/local_work.py, schemes/sharded.py), which runs with
+    synchronous data parallelism, its samples drawn uniformly, a first-order optimizer and local BatchNorm."""
+    parallel, count = scenario.parallel, scenario.parallel.microbatches
+    if scenario.data.batch_size % count:
+        raise ValueError(f"parallel.pipeline.microbatches: {count} does not divide data.batch_size "
+                         f"{scenario.data.batch_size} (the samples per data-parallel replica per step)")
+    if count == 1 or parallel.model_parallel:
+        return
+    refused = {
+        "parallel.mode": (parallel.mode == "async", "async (each worker pushes its own batch's gradient)"),
+        "parallel.ep": (parallel.ep > 1, "expert parallelism without pp or tp"),
+        "train.optimizer.name": (scenario.train.optimizer.name == "kfac", "kfac (its factors read one forward)"),
+        "parallel.sync_batchnorm": (parallel.sync_batchnorm, "sync_batchnorm"),
+        "data.sampling": (scenario.data.sampling != "uniform", f"{scenario.data.sampling} sampling (its weights "
+                                                                 "are the whole batch's)"),
+    }
+    for name, (refuse, what) in refused.items():
+        if refuse:
+            raise ValueError(f"{name}: {what} does not combine with gradient accumulation "
+                             f"(parallel.pipeline.microbatches {count} without pp, tp or cp)")
+
+
 def _model_parallel_fits(scenario: Scenario) -> None:
     """What pipeline and tensor parallelism (schemes/model_parallel.py) do not combine with."""
     field = "parallel.pp" if scenario.parallel.pp > 1 else "parallel.tp" if scenario.parallel.tp > 1 else "parallel.cp"
@@ -300,9 +325,6 @@ def _model_parallel_fits(scenario: Scenario) -> None:
         _sequence_parallel_fits(scenario)
     if scenario.parallel.cp > 1:
         _context_parallel_fits(scenario)
-    if scenario.data.batch_size % scenario.parallel.microbatches:
-        raise ValueError(f"parallel.pipeline.microbatches: {scenario.parallel.microbatches} does not "
-                         f"divide data.batch_size {scenario.data.batch_size}")
 
 
 def _sequence_parallel_fits(scenario: Scenario) -> None:

@@ -32,6 +32,11 @@ one owned by each rank of the shard group.
   dispatching the next bucket group). The step's first bucket is posted as
   the step begins.
 
+Plain DDP under pp/tp with `parallel.overlap` (ReplicatedUpdate,
+distributed_optimizer.py) weaves its buckets the same way: every chunk cut
+at `bucket_cap_mb`, one shard (no padding), each bucket all-reduced over the
+dp (x cp) group where the reduce-scatter would be posted.
+
 Posted collectives on one communicator run one after another, as NCCL runs
 them on one stream (representatives: MirroredCommunicator.post; the flow
 model shares the links among them fairly, which ends the last at the same
@@ -78,7 +83,7 @@ class BucketOverlap:
     """One rank's buckets: the reduce-scatters woven into its backward, the all-gathers into its forward."""
 
     def __init__(self, optimizer, rank: int, layout: ShardLayout, chunk_starts: list[int]):
-        self.optimizer, self.rank = optimizer, rank
+        self.optimizer, self.rank, self.layout = optimizer, rank, layout
         self.units = len(layout.units)
         self.unit_of = {param: unit for unit, params in enumerate(layout.units) for param in params}
         self.chunk_starts = chunk_starts  # chunk -> its first parameter's index

@@ -10,16 +10,21 @@ held on the device's ledger meanwhile. A scheme that overlaps communication
 with the backward gives the operations to yield as the backward completes
 gradients: the backward is charged in pieces between them, each piece its
 share of the backward's FLOPs, and the same share of its kernels and of its
-operators' FLOPs and bytes.
+operators' FLOPs and bytes. With m micro-batches (gradient accumulation:
+`parallel.pipeline.microbatches` without pp/tp) each runs forward and
+backward in turn, holding its own activations.
 
     loss = yield from forward_backward(replica)
+    loss = yield from forward_backward(replica, microbatches=4)    # 4 accumulation steps
 """
+import torch
+
 from ..op_cost import scaled
 from ..train.replica import Replica
 from ..step_ops import Alloc, Busy, Collective, Compute, Free
 
 
-def forward_backward(replica: Replica, statistics_all_reduce=None, during_backward=None):
+def forward_backward(replica: Replica, statistics_all_reduce=None, during_backward=None, microbatches: int = 1):
     """Step program: the replica's forward and backward on its next batch; returns the loss.
 
     Each compute operation follows the numerics it charges (the forward's, then the backward's),
@@ -28,37 +33,57 @@ def forward_backward(replica: Replica, statistics_all_reduce=None, during_backwa
     SyncBN statistics buffer across the group (the forward and backward exchange them).
     `during_backward(cost, loss)`, when given, is called once the real forward and backward are
     done and returns [(backward FLOPs, operation)] in FLOPs order: each operation is yielded
-    once the simulated backward has done that many FLOPs."""
+    once the simulated backward has done that many FLOPs.
+
+    With `microbatches` m > 1 (gradient accumulation) the batch is cut into m micro-batches run
+    forward and backward in turn, each loss weighted 1/m and each gradient added to the buffer,
+    a micro-batch's activations held only while it runs; `during_backward` posts its operations
+    in the last micro-batch's backward alone (torch DDP's no_sync for the others). The loss
+    returned is the mean of the micro-batches' (the whole batch's)."""
     if replica.loader.host_seconds > 0:
         yield Busy(replica.loader.host_seconds, "sample batch", kind="sampling")
     dtype = replica.precision.name
-    if statistics_all_reduce is None:
-        loss = replica.forward()
-        cost = replica.step_cost()
-        yield Alloc("activations", cost.activation_bytes)
-        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops,
-                      passes=1)
-        loss = replica.backward(loss)
-    else:  # forward and backward interleave with the exchanges: one host span ends at "forward"
+    if statistics_all_reduce is not None:  # forward and backward interleave with the exchanges: one host span
         loss = yield from _exchanging(replica.sync_batchnorm_forward_backward(), statistics_all_reduce)
         cost = replica.step_cost()
         yield Alloc("activations", cost.activation_bytes)
         yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops,
                       passes=1)
+        yield from _backward(cost, dtype, during_backward(cost, loss) if during_backward is not None else None)
+        return loss
+    losses = []
+    for index, microbatch in enumerate(replica.microbatches(microbatches)):
+        loss = replica.forward(microbatch, accumulate=index > 0)
+        cost = replica.step_cost()
+        yield Alloc("activations", cost.activation_bytes)
+        yield Compute(cost.forward_flops, dtype, "forward", kernels=cost.forward_kernels, ops=cost.forward_ops,
+                      passes=1)
+        loss = replica.backward(loss, 1.0 / microbatches)
+        losses.append(loss)
+        last = index == microbatches - 1
+        if last and microbatches > 1:
+            loss = torch.stack(losses).mean()
+        yield from _backward(cost, dtype, during_backward(cost, loss) if last and during_backward is not None
+                             else None)
+    return loss
+
+
+def _backward(cost, dtype: str, operations):
+    """Step program: the backward's compute, cut where each of `operations` ([(backward FLOPs, operation)],
+    None: none) is yielded; then the activations freed."""
     done, kernels_done = 0.0, 0
-    for flops, operation in during_backward(cost, loss) if during_backward is not None else ():
+    for flops, operation in operations if operations is not None else ():
         if flops > done:
             kernels = _kernels_until(cost, flops) - kernels_done
             yield Compute(flops - done, dtype, "backward", kernels=kernels,
                           ops=_share(cost, flops - done), passes=int(done == 0))
             done, kernels_done = flops, kernels_done + kernels
         yield operation
-    if cost.backward_flops > done or during_backward is None:
+    if cost.backward_flops > done or operations is None:
         ops = cost.backward_ops if done == 0 else _share(cost, cost.backward_flops - done)
         yield Compute(cost.backward_flops - done, dtype, "backward", kernels=cost.backward_kernels - kernels_done,
                       ops=ops, passes=int(done == 0))
     yield Free("activations", cost.activation_bytes)
-    return loss
 
 
 def _kernels_until(cost, flops: float) -> int:

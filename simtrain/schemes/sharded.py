@@ -58,15 +58,27 @@ gradient and its optimizer state (and under stage 3 optionally the parameter
 chunks) to the host's memory: each reduced chunk is copied there as its
 reduce-scatter ends, and the host steps the shard.
 
+With `parallel.pipeline.microbatches` m > 1 (gradient accumulation) the
+batch is cut into m micro-batches run in turn, each loss weighted 1/m.
+Stages 2 and 3 do what FSDP2 does by default (torchtitan's train loop never
+turns gradient sync off) and DeepSpeed's ZeRO-2: every micro-batch gathers
+its units (stage 3) and reduce-scatters its gradient (and all-reduces it
+under HSDP), each rank adding its reduced chunk into its fp32 shard
+gradient; stage 1 keeps the whole gradient anyway and, as DeepSpeed's ZeRO-1
+and Megatron's distributed optimizer, accumulates it in place and
+reduce-scatters once, in the last micro-batch's backward.
+
     parallel: {sharding: {stage: 3, degree: 4, reshard_after_forward: true}}
     scheme = ShardedDataParallel(job)
 """
 from functools import partial
 
+import torch
 from pydantic import Field
 
 from ..report.sections import ReportSection, register_section
 from ..step_ops import Alloc, Await, Free, Post, Transfer
+from ..train.moe import scale_balancing_loss
 from ..train.precision import update_bytes
 from . import selection
 from .overflow_vote import overflow_vote
@@ -91,6 +103,10 @@ class ShardedDataParallel(RankReplicas, Scheme):
         self.job, self.world, self.on_step = job, job.world, on_step
         train, sharding = job.scenario.train, job.scenario.parallel.sharding
         self.stage, self.reshard_after_forward = sharding.stage, sharding.reshard_after_forward
+        self.microbatches = job.scenario.parallel.microbatches  # gradient accumulation steps
+        for replica in job.replicas:  # a micro-batch's balancing loss (MoE) is its share of the batch's
+            if replica is not None:
+                scale_balancing_loss(replica.model, 1.0 / self.microbatches)
         self.degree = job.layout.dp_shard
         check_sharding(job.scenario.parallel, train, self.world, self.degree,
                        simulated=len(job.local_ranks) == job.world)
@@ -157,7 +173,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
             if not (yield from self.job.before_step(rank, step)):
                 break
             yield from self.resume(rank)
-            loss = yield from self._forward_backward(rank)
+            loss = yield from self._accumulate(rank)
             yield from self._update(rank)
             self._step_done(rank, step, loss)
         self._ended += 1
@@ -175,12 +191,29 @@ class ShardedDataParallel(RankReplicas, Scheme):
         """Bytes of a unit's padded parameters (or gradient) in the compute dtype (or of `element` bytes)."""
         return self.layout.chunk_numel(unit) * self.degree * (self._element if element is None else element)
 
-    def _forward_backward(self, rank: int):
-        """Step program: the forward unit by unit (gathering under stage 3), the backward unit by unit with each
-        unit's reduce-scatter posted as it ends; returns the loss."""
+    def _accumulate(self, rank: int):
+        """Step program: the step's micro-batches (gradient accumulation), each forward and backward in turn;
+        stages 2 and 3 reduce each one's gradient (FSDP2's default), stage 1 the sum of all after the last.
+        Returns the loss, the mean of the micro-batches' (one micro-batch: its own)."""
+        shard, count = self.replicas[rank], self.microbatches
+        losses = []
+        for index, microbatch in enumerate(shard.microbatches(count)):
+            last = index == count - 1
+            shard.last_batch = microbatch
+            losses.append((yield from self._forward_backward(rank, 1.0 / count, accumulate=index > 0 and
+                                                             self.stage == 1, reduce=last or self.stage > 1)))
+            if not last and self.stage > 1:
+                shard.keep_reduced(self.world)  # before the next backward overwrites the gradient
+        return losses[0] if count == 1 else torch.stack(losses).mean()
+
+    def _forward_backward(self, rank: int, share: float, accumulate: bool, reduce: bool):
+        """Step program: the forward of the last batch (a micro-batch, `share` of the step's batch) unit by unit
+        (gathering under stage 3), the backward unit by unit with each unit's reduce-scatter posted as it ends
+        when `reduce` (else the gradient is left in the buffer, added to what it holds with `accumulate`);
+        returns the loss."""
         shard, units = self.replicas[rank], len(self.layout.units)
         group = self.shard_group(rank)
-        x, _ = shard.next_batch()
+        x, _ = shard.last_batch
         cost = shard.step_cost()
         dtype = shard.precision.name
         forward, backward = self.units.forward(x, cost, dtype), self.units.backward(cost, dtype)
@@ -189,12 +222,12 @@ class ShardedDataParallel(RankReplicas, Scheme):
         chain = [*range(units), *reversed(range(units))] if self.reshard_after_forward else [*range(units)]
         gathered = self.stage == 3
         handle = (yield from self._post_gather(rank, chain[0], group)) if gathered else None
-        loss = None if gathered else shard.forward_backward()
+        loss = None if gathered else shard.forward_backward(share, accumulate)
         for unit in range(units):
             if gathered:
                 yield Await(handle)
                 if unit == units - 1:  # every unit is on the rank now: the real forward and backward
-                    loss = shard.forward_backward()
+                    loss = shard.forward_backward(share, accumulate)
                     if self.reshard_after_forward:
                         shard.reshard_all()
                 if unit + 1 < len(chain):
@@ -215,12 +248,16 @@ class ShardedDataParallel(RankReplicas, Scheme):
             if gathered:
                 shard.reshard(unit)
                 yield Free("comm_buffers", self._unit_bytes(unit))
+            if not reduce:
+                continue
             if reducing is not None:  # one reduce-scatter at a time: the one before this unit's has ended
                 replicating += yield from self._reduced(rank, *reducing)
             program = shard.reduce_scatter(unit, group, self._tag(_REDUCE, unit))
             yield Alloc("comm_buffers", self._unit_bytes(unit, self._reduce_element))  # its reduce-dtype copy
             reducing = (unit, (yield Post(program, LABELS["reduce_scatter"])))
         yield Free("activations", cost.activation_bytes)
+        if not reduce:
+            return loss
         replicating += yield from self._reduced(rank, *reducing)
         for posted in replicating:
             yield Await(posted)
@@ -331,16 +368,18 @@ class ShardedDataParallel(RankReplicas, Scheme):
         replica, device = self.replicas[0], self.devices[0]
         if replica.last_batch is None:
             return None
-        cost = replica.step_cost()
-        return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
-                                    cost.forward_ops + cost.backward_ops)
+        cost, count = replica.step_cost(), self.microbatches
+        return (count * device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
+                                            cost.forward_ops + cost.backward_ops)
                 + device.memory_bound_time(self._whole_step_bytes)
-                + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2, updates=1))
+                + device.fixed_time(count * (cost.forward_kernels + cost.backward_kernels), passes=2 * count,
+                                    updates=1))
 
     def report_sections(self) -> dict:
         """report.json's `parallel` (the layout) and `sharding` (the stage, the groups, the bytes by kind)."""
         return {
-            "parallel": {"dp": self.world, "pp": 1, "tp": 1, "overlap": True, "buckets": len(self.layout.units)},
+            "parallel": {"dp": self.world, "pp": 1, "tp": 1, "overlap": True, "buckets": len(self.layout.units),
+                         **({"microbatches": self.microbatches} if self.microbatches > 1 else {})},
             "sharding": {"stage": self.stage, "degree": self.degree, "replicate": self.replicate,
                          "reduce_dtype": self.reduce_dtype,
                          "reshard_after_forward": self.reshard_after_forward, "units": len(self.layout.units),

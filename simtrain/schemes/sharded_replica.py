@@ -55,6 +55,7 @@ class ShardedReplica(Replica):
         self.layout, self.position, self.stage = layout, position, stage
         self.owned = layout.owned(position)
         self.stale = False  # the chunks it does not own must be gathered before the next step (after a load)
+        self._kept = False  # master.grad holds this step's earlier micro-batches' reduced gradient
         self._assembled = None  # the copy `assembled` writes into
         device = self.params[0].device
         self.param_flat = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
@@ -109,27 +110,35 @@ class ShardedReplica(Replica):
 
     # ---- the numerics of a step ----
 
-    def next_batch(self):
-        """The loader's next batch, in the compute dtype; kept as last_batch (what step_cost measures)."""
-        x, y = self.loader.next_batch()
-        self.last_batch = (self.precision.cast_input(x), y)
-        return self.last_batch
-
-    def forward_backward(self) -> torch.Tensor:
-        """Forward and backward of the last batch on the parameters as they stand; returns the loss."""
+    def forward_backward(self, share: float = 1.0, accumulate: bool = False) -> torch.Tensor:
+        """Forward and backward of the last batch (a micro-batch: `share` of the step's batch, its loss weighted
+        by it) on the parameters as they stand; returns the loss. With `accumulate` its gradient is added to
+        what the gradient buffer holds (stage 1 between reductions), else the buffer is zeroed first."""
         x, y = self.last_batch
-        self.grad_buffer.zero_()
+        if not accumulate:
+            self.grad_buffer.zero_()
         replayed = self.replayed_loss()  # numerics off: run once per batch shape (Replica)
-        return self.backward(replayed if replayed is not None else self.run_forward(x, y))
+        return self.backward(replayed if replayed is not None else self.run_forward(x, y), share)
+
+    @torch.no_grad()
+    def keep_reduced(self, replicas: int) -> None:
+        """The reduced chunks, averaged over the `replicas` data-parallel ranks, added into master.grad (copied,
+        the step's first): a micro-batch's reduced gradient, kept before the next one's backward."""
+        for unit in range(len(self.layout.units)):
+            chunk = self.layout.chunk(self.reduced, unit, self.owned)
+            chunk.div_(replicas)
+            where = self.master.grad[self.layout.shard_slice(unit)]
+            if self._kept:
+                where.add_(chunk)
+            else:
+                where.copy_(chunk)
+        self._kept = True
 
     def take_gradient(self, replicas: int) -> bool:
-        """The reduced chunks, averaged over the `replicas` data-parallel ranks, unscaled into master.grad;
-        True iff they hold an inf or NaN."""
-        with torch.no_grad():
-            for unit in range(len(self.layout.units)):
-                chunk = self.layout.chunk(self.reduced, unit, self.owned)
-                chunk.div_(replicas)
-                self.master.grad[self.layout.shard_slice(unit)].copy_(chunk)
+        """The reduced chunks, averaged over the `replicas` data-parallel ranks, into master.grad (added to what
+        the step's earlier micro-batches kept there), unscaled; True iff they hold an inf or NaN."""
+        self.keep_reduced(replicas)
+        self._kept = False
         scaler = self.precision.scaler
         if scaler is not None:
             return scaler.unscale_(self.master.grad)
@@ -199,7 +208,7 @@ class ShardedReplica(Replica):
             self.precision.scaler.clean_steps = state.clean_steps
         self.apply_update(False)
         self.reshard_all()
-        self.stale = self.stage < 3
+        self.stale, self._kept = self.stage < 3, False
 
     @torch.no_grad()
     def assembled(self, shards: list["ShardedReplica"]) -> torch.nn.Module:

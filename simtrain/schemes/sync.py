@@ -13,6 +13,12 @@ the backward completes them, so they run while the rest of the backward
 computes; the optimizer waits for the last one. Only the communication no
 compute hides is counted as communication in the breakdown.
 
+With `parallel.pipeline.microbatches` m > 1 (gradient accumulation) the
+batch is cut into m micro-batches run forward and backward in turn, each
+gradient added to the buffer, and the gradient is reduced once, as under
+torch DDP's `no_sync` for the first m - 1: the buckets are posted during the
+last micro-batch's backward (or one all-reduce after it, without overlap).
+
     scheme = SyncDataParallel(job)          # parallel.mode: sync, parallel.all_reduce: ring | tree | ...
     job.start(); run_to_end(job.cluster.env)
 
@@ -39,6 +45,7 @@ from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
 from ..train.grad_bucket import overlap_buckets
 from ..train.models import layers_before_batchnorm, weight_norms
+from ..train.moe import scale_balancing_loss
 from ..train.precision import persistent_bytes, update_bytes
 from ..train.syncbn import synced_batchnorms
 from . import selection
@@ -61,8 +68,12 @@ class SyncDataParallel(RankReplicas, Scheme):
         train, parallel = job.scenario.train, job.scenario.parallel
         self.regroup()
         self.steps = train.steps
-        self.overlap = parallel.overlap and self.world > 1
-        self._bucket_cap_bytes = int(parallel.bucket_cap_mb * (1 << 20))  # DDP: bucket_cap_mb * 1024 * 1024
+        self.overlap = parallel.overlapped and self.world > 1
+        self.microbatches = parallel.microbatches  # gradient accumulation steps (local_work.py)
+        for replica in self.replicas:  # a micro-batch's balancing loss (MoE) is its share of the batch's
+            if replica is not None:
+                scale_balancing_loss(replica.model, 1.0 / self.microbatches)
+        self._bucket_cap_bytes = parallel.bucket_cap_bytes
         self._buckets = {}  # the step's StepCost.grad_ready_flops -> its buckets (a tuple hashes quicker)
         # rank -> (its buckets, its gradient buffer, their views of it): a view made every step cost 14 us in a run,
         # torch's caches cold from the backward
@@ -122,10 +133,12 @@ class SyncDataParallel(RankReplicas, Scheme):
             if not (yield from self.job.before_step(rank, step)):
                 break
             if self.overlap:
-                yield from forward_backward(replica, statistics, self._bucket_all_reduces(rank, step))
+                yield from forward_backward(replica, statistics, self._bucket_all_reduces(rank, step),
+                                            self.microbatches)
                 yield WaitCollectives()
             else:
-                self._step_losses[step][rank] = yield from forward_backward(replica, statistics)
+                self._step_losses[step][rank] = yield from forward_backward(replica, statistics,
+                                                                            microbatches=self.microbatches)
                 yield Collective(self.all_reduce(rank, self.world, replica.grad_buffer, average=True), "all_reduce")
             if self.kfac is not None:
                 yield from self.kfac.step(rank)
@@ -190,15 +203,16 @@ class SyncDataParallel(RankReplicas, Scheme):
         return self.world * self.job.scenario.data.batch_size
 
     def single_device_step_s(self) -> float | None:
-        """Seconds one device alone needs for a step on its own batch: no communication."""
+        """Seconds one device alone needs for a step on its own batch (its micro-batches in turn): no
+        communication."""
         replica, device = self.replicas[0], self.devices[0]
         if replica.last_batch is None:  # stopped (out of memory) before any step
             return None
         cost = replica.step_cost()
         kfac = self.kfac.single_device_step_s(self.steps) if self.kfac is not None else 0.0
-        return (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
-                                    cost.forward_ops + cost.backward_ops)
-                + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2)
+        return (self.microbatches * (device.compute_time(cost.forward_flops + cost.backward_flops,
+                                                         replica.precision.name, cost.forward_ops + cost.backward_ops)
+                                     + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2))
                 + device.memory_bound_time(self._step_bytes) + device.fixed_time(self._step_kernels, updates=1) + kfac)
 
     def report_sections(self) -> dict:
@@ -212,6 +226,7 @@ class SyncDataParallel(RankReplicas, Scheme):
             sections.update(self.kfac.report_section(self.steps))
         # the layout: report/parallel.py adds the bubble and the bytes
         sections["parallel"] = {"dp": self.world, "pp": 1, "tp": 1, "overlap": self.overlap,
+                                **({"microbatches": self.microbatches} if self.microbatches > 1 else {}),
                                 "buckets": max((len(buckets) for buckets in self._buckets.values()), default=1)}
         return sections
 

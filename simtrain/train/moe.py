@@ -23,8 +23,9 @@ and P_e the mean of p_t,e over the tokens: coeff when routing is balanced.
 It joins the training loss as Megatron-Core's MoEAuxLossAutoScaler adds it:
 the layer's output carries it through autograd, and the backward adds its
 gradient (times 1) to the router's, so the loss a run reports stays the
-language-model loss. Under pp / tp its gradient is `aux_loss_scale`,
-1 / (micro-batches x tp) (train/moe_exchange.py); an fp16 loss scale is not
+language-model loss. Its gradient is `aux_loss_scale`: under pp / tp
+1 / (micro-batches x tp) (train/moe_exchange.py), with gradient accumulation
+1 / micro-batches (`scale_balancing_loss`); an fp16 loss scale is not
 applied to it, so MoE runs in fp32 or bf16 (scenario/root.py says so). The
 router's pieces are in train/moe_router.py.
 
@@ -131,7 +132,7 @@ class MoE(nn.Module):
         aux_loss = balancing_loss(probs, chosen, spec.experts) * spec.aux_loss_coeff
         self.routing = Routing(tuple(kept_counts), int((~keep).sum()), float(aux_loss.detach()))
         if spec.aux_loss_coeff > 0 and torch.is_grad_enabled():
-            out = AuxLossGradient.apply(out, aux_loss)
+            out = AuxLossGradient.apply(out, aux_loss * self.aux_loss_scale)
         return out
 
     def _balanced(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -168,6 +169,13 @@ class MoEBlock(Block):
         parallelism, which tensor parallelism needs here (scenario/root.py), so no tp collective is needed."""
         return attention_half_ops(self.ln1, attention_ops(self), self._after_attention,
                                   self.sequence_parallel) + exchange_ops(self.moe)
+
+
+def scale_balancing_loss(model: nn.Module, scale: float) -> None:
+    """Every MoE layer's balancing loss joins the gradient times `scale` (a micro-batch's share of the batch)."""
+    for layer in model.modules():
+        if isinstance(layer, MoE):
+            layer.aux_loss_scale = scale
 
 
 def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:

@@ -79,15 +79,29 @@ class Replica:
             cost = self._costs[tuple(x.shape)] = measure_step_cost(self.model, x, y)
         return cost
 
-    def forward(self) -> torch.Tensor:
+    def forward(self, microbatch: tuple[torch.Tensor, torch.Tensor] | None = None,
+                accumulate: bool = False) -> torch.Tensor:
         """The loader's loss of its next batch (mean cross entropy, or importance-weighted
-        under prioritized sampling), with its graph: `backward(loss)` follows."""
-        x, y = self.loader.next_batch()
-        x = self.precision.cast_input(x)
+        under prioritized sampling), with its graph: `backward(loss)` follows. Given a `microbatch`
+        (one of `microbatches`), its loss instead; with `accumulate` the gradient buffer keeps what
+        the micro-batches before it left there (gradient accumulation), else it is zeroed."""
+        if microbatch is None:
+            microbatch = self.microbatches(1)[0]
+        x, y = microbatch
         self.last_batch = (x, y)
-        self.grad_buffer.zero_()
+        if not accumulate:
+            self.grad_buffer.zero_()
         replayed = self.replayed_loss()
         return replayed if replayed is not None else self.run_forward(x, y)
+
+    def microbatches(self, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The loader's next batch in the compute dtype, cut into `count` equal micro-batches along the
+        batch dimension, in order (the count divides the batch: scenario/root.py checks it)."""
+        x, y = self.loader.next_batch()
+        x = self.precision.cast_input(x)
+        if count == 1:
+            return [(x, y)]
+        return list(zip(x.chunk(count), y.chunk(count)))
 
     def run_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The loader's loss of the model on (x, y), with its graph; numerics off, its detached copy is what
@@ -97,12 +111,13 @@ class Replica:
             self._meta_losses[tuple(x.shape)] = loss.detach()
         return loss
 
-    def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backward of `forward`'s loss: its gradient lands in grad_buffer; returns the loss, detached.
-        A replayed loss (numerics off) runs nothing."""
+    def backward(self, loss: torch.Tensor, share: float = 1.0) -> torch.Tensor:
+        """Backward of `forward`'s loss, weighted by `share` (a micro-batch's share of the batch, so that the
+        accumulated gradient is the whole batch's): its gradient lands in (is added to) grad_buffer; returns
+        the loss, detached and unweighted. A replayed loss (numerics off) runs nothing."""
         if loss is self.replayed_loss():
             return loss
-        self.precision.backward(loss)
+        self.precision.backward(loss if share == 1.0 else loss * share)
         return loss.detach()
 
     def run_every_step(self) -> None:
