@@ -64,7 +64,8 @@ def test_the_scenario_numbers_become_the_degrees():
     assert (hsdp.dp, hsdp.cp, hsdp.dp_shard, hsdp.dp_replicate) == (8, 2, 4, 4)
     experts = layout_of(16, pp=2, tp=2, ep=2)
     assert (experts.dp, experts.ep, experts.etp) == (4, 2, 1)
-    assert layout_of(8, sharding={"stage": 0, "degree": 2}).dp_shard == 1  # no sharding: the degree is unused
+    with pytest.raises(ValueError, match="parallel.sharding.degree"):  # no sharding: a degree would be unused
+        layout_of(8, sharding={"stage": 0, "degree": 2})
 
 
 # ---------------------------------------------------------------- groups, by hand
