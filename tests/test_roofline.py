@@ -120,15 +120,17 @@ def test_roofline_times_are_the_same_with_numerics_on_and_off(raw):
 
 @pytest.mark.parametrize("devices", [1, 2])
 def test_a_roofline_step_is_slower_by_its_memory_bound_operators_excess(devices):
-    """Two devices: the backward is charged in pieces between DDP's bucket all-reduces, each its share."""
+    """Two devices: the backward is charged in pieces between DDP's bucket all-reduces, each its share. The batch
+    of 8 runs as its 2 micro-batches of 4 (gradient accumulation), each charged its own operators."""
     raw = gpt(devices=devices, steps=3)
     roofline, flops = run(raw, "roofline"), run(raw, "flops")
     model = simtrain.run(validate_scenario(raw)).final_models[0]
-    tokens = torch.zeros(8, 32, dtype=torch.long)
+    microbatches = raw["parallel"]["pipeline"]["microbatches"]
+    tokens = torch.zeros(8 // microbatches, 32, dtype=torch.long)
     cost = measure_step_cost(model, tokens, tokens)
     ops = cost.forward_ops + cost.backward_ops
     assert sum(f * count for f, _, count in ops) == cost.forward_flops + cost.backward_flops
-    excess = sum(count * max(0.0, nbytes / BYTES_RATE - f / FLOPS_FP32) for f, nbytes, count in ops)
+    excess = microbatches * sum(count * max(0.0, nbytes / BYTES_RATE - f / FLOPS_FP32) for f, nbytes, count in ops)
     assert excess > 0
     compute = roofline["breakdown_s"]["compute"] - flops["breakdown_s"]["compute"]
     assert compute == pytest.approx(excess, rel=1e-9)
