@@ -40,8 +40,8 @@ from .progress import RunProgress
 from .scenario import ParallelSpec, load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
-from .views import (console, print_calibration, print_comparison, print_summary, print_sweep, ranks_header,
-                    same_figures)
+from .views import (batch_line, console, print_calibration, print_comparison, print_summary, print_sweep,
+                    ranks_header, same_figures)
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
@@ -382,7 +382,6 @@ def validate(scenario_file, overrides):
     the layout and each rank's share of the model, on meta tensors) without running it."""
     from .preflight import preflight
     from .schemes import scheme_name
-    from .views import batch_line
 
     scenario = load_scenario(scenario_file, overrides)
     counts = Counter(spec.name for spec in preflight(scenario).device_specs)  # one per device, in rank order

@@ -2,9 +2,8 @@
 
 A path is a backquoted name ending in .py, .yaml, .md, .json or .csv in docs/**/*.md or README.md: looked up
 from the repository's root, then under simtrain/ (the docs write `schemes/sync.py` for simtrain/schemes/sync.py).
-Paths under runs/ or a user's folder (an example of output), files of the projects the docs cite (torch,
-torchtitan, Megatron-Core, Transformer Engine) and the file a worked example has the reader write are not the
-repository's.
+Paths under runs/ or a user's folder (an example of output) and files of the projects the docs cite (torch,
+torchtitan, Megatron-Core, Transformer Engine) are not the repository's.
 """
 import re
 from pathlib import Path
@@ -12,8 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 NAMED = re.compile(r"`((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_.-]+\.(?:py|yaml|md|json|csv))`")
 OUTSIDE = ("runs/", "out/", "~/", "./", "/", "site/",  # a user's folders
-           "torch/", "megatron/", "transformer_engine/", "benchmarks/", "doc/",  # other projects' files
-           "simtrain/schemes/independent.py")  # docs/concepts/schemes.md's worked example: the reader writes it
+           "torch/", "megatron/", "transformer_engine/", "benchmarks/", "doc/")  # other projects' files
 
 
 def named_paths() -> dict[str, list[str]]:
