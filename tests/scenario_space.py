@@ -61,9 +61,9 @@ def scenarios(draw) -> dict:
         "parallel": {"pp": pp, "tp": tp, "cp": cp, "ep": ep, "sharding": sharding, "pipeline": pipeline,
                      "sequence_parallel": sequence_parallel,
                      "tp_comm_overlap": sequence_parallel and draw(st.booleans()),
-                     "overlap": draw(st.booleans()),
+                     "overlap": None if stage else draw(st.sampled_from([None, True, False])),
                      "all_reduce": draw(st.sampled_from(["ring", "tree", "nccl"])),
-                     "representatives": not numerics and draw(st.booleans())},
+                     "representatives": not numerics and pp * tp > 1 and draw(st.booleans())},
         "report": {"trace": False},
     }
     if lost:

@@ -67,3 +67,18 @@ def test_a_lost_device_restarts_bit_identical_in_the_sum_of_its_parts(layout):
     parts = event["detection_s"] + event["reload_s"] + event["resume_s"] + event["redone_s"]
     assert faulty.data["faults"]["time_lost_s"] == pytest.approx(parts, rel=1e-12)
     assert faulty.data["sim_time_s"] == pytest.approx(free.data["sim_time_s"] + parts, rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["zero2", "pp2_zero1_adam", "cp2_adam"])
+def test_numerics_off_restarts_in_the_time_numerics_on_takes(layout):
+    """With numerics off the checkpoint packs meta bytes (adam's step count, which torch keeps on the host,
+    among them: a RuntimeError before); the restarted run's times are the numerics-on run's."""
+    curve = simtrain.run(scenario(layout)).data["loss_curve"]
+    faults = [{"at": (curve[7][0] + curve[8][0]) / 2, "device": 2, "fail": True}]  # during step 8
+    on = simtrain.run(scenario(layout, faults))
+    raw = scenario(layout, faults).model_dump(mode="json", by_alias=True)
+    off = simtrain.run(validate_scenario({**raw, "numerics": False}))
+    assert off.data["status"] == on.data["status"] == "ok"
+    assert off.data["faults"]["events"][0]["effect"] == "restarted on a spare"
+    assert off.data["sim_time_s"] == pytest.approx(on.data["sim_time_s"], rel=1e-9)
+    assert off.data["faults"]["time_lost_s"] == pytest.approx(on.data["faults"]["time_lost_s"], rel=1e-9)

@@ -40,7 +40,7 @@ from ..scenario import OptimizerSpec
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
 from ..train.precision import DTYPES
 from ..train.replica import Replica
-from ..train.training_state import TrainingState
+from ..train.training_state import TrainingState, packed, unpacked
 from .shard_layout import ShardLayout
 
 _FP32_BYTES = 4
@@ -177,10 +177,9 @@ class ShardedReplica(Replica):
         if self.precision.scaler is not None:
             pieces.append(("scaler", self.precision.scaler.scale))
         pieces += [(f"buffer.{name}", buffer) for name, buffer in self.model.named_buffers()]
-        flat = torch.cat([tensor.detach().reshape(-1).view(torch.uint8) for _, tensor in pieces])
         layout = [(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in pieces]
         scaler = self.precision.scaler
-        return TrainingState(flat, layout, None if scaler is None else scaler.clean_steps)
+        return TrainingState(packed(pieces), layout, None if scaler is None else scaler.clean_steps)
 
     @torch.no_grad()
     def load_training_state(self, state: TrainingState, flat: torch.Tensor) -> None:
@@ -196,9 +195,9 @@ class ShardedReplica(Replica):
             if kind == "master":
                 self.master.copy_(value)
             elif kind == "optimizer":
-                optimizer_state[rest] = value
+                optimizer_state[rest] = unpacked(value, self.optimizer.state.get(self.master, {}).get(rest))
             elif kind == "scaler":
-                self.precision.scaler.scale = value
+                self.precision.scaler.scale = unpacked(value, self.precision.scaler.scale)
             else:
                 buffers[rest].copy_(value)
         self.optimizer.state.clear()

@@ -45,9 +45,22 @@ def capture(model: torch.nn.Module, master_params: list | None, optimizer: torch
             pieces.append((f"optimizer.{index}.{key}", value))
     if scaler is not None:
         pieces.append(("scaler.scale", scaler.scale))
-    flat = torch.cat([tensor.detach().reshape(-1).view(torch.uint8) for _, tensor in pieces])
-    layout = [(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in pieces]
-    return TrainingState(flat, layout, None if scaler is None else scaler.clean_steps)
+    return TrainingState(packed(pieces), [(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in pieces],
+                         None if scaler is None else scaler.clean_steps)
+
+
+def packed(pieces: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """The pieces' bytes in order, one flat uint8 tensor on the first piece's device. With numerics off the
+    training's tensors are meta, and a piece torch keeps on the host (an optimizer's step count) is packed as
+    meta bytes of its size: a state's bytes are what is timed, its values are not."""
+    device = pieces[0][1].device
+    return torch.cat([tensor.detach().to(device).reshape(-1).view(torch.uint8) for _, tensor in pieces])
+
+
+def unpacked(value: torch.Tensor, current: torch.Tensor | None) -> torch.Tensor:
+    """A restored optimizer-state or loss-scale value, or `current` where the value is meta bytes of a tensor kept
+    on the host (numerics off: the count or scale goes on; no figure reads it)."""
+    return current if value.is_meta and current is not None and not current.is_meta else value
 
 
 @torch.no_grad()
@@ -70,9 +83,10 @@ def restore(state: TrainingState, flat: torch.Tensor, model: torch.nn.Module, ma
             master_params[int(rest)].copy_(value)
         elif kind == "optimizer":
             index, key = rest.split(".", 1)
-            optimizer_state.setdefault(params[int(index)], {})[key] = value
+            param = params[int(index)]
+            optimizer_state.setdefault(param, {})[key] = unpacked(value, optimizer.state.get(param, {}).get(key))
         else:
-            scaler.scale = value
+            scaler.scale = unpacked(value, scaler.scale)
     optimizer.state.clear()
     optimizer.state.update(optimizer_state)
     if scaler is not None:
