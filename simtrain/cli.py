@@ -40,8 +40,8 @@ from .progress import RunProgress
 from .scenario import ParallelSpec, load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
-from .views import (batch_line, console, print_calibration, print_comparison, print_summary, print_sweep,
-                    ranks_header, same_figures)
+from .views import (batch_line, console, print_calibration, print_comparison, print_memory_plans, print_summary,
+                    print_sweep)
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
@@ -341,25 +341,7 @@ def memory(scenario_file, overrides, as_json):
             click.echo(json.dumps({"host": host.location, "capacity_bytes": host.capacity_bytes,
                                    "peak_bytes": host.peak_bytes, "bytes_by_category": host.by_category}))
         return
-    train = scenario.train
-    checkpointing = train.checkpointing if isinstance(train.checkpointing, str) else \
-        f"{train.checkpointing.segments} segments"
-    table = Table(title=f"{scenario.name}: peak memory of one step, batch {scenario.data.batch_size} per device, "
-                        f"{train.precision}, checkpointing {checkpointing}")
-    groups = same_figures((plan.rank, (plan.device, plan.capacity_bytes, plan.peak_bytes,
-                                        tuple(plan.by_category.items()), plan.largest_batch)) for plan in plans)
-    table.add_column("")
-    for ranks in groups.values():
-        table.add_column(ranks_header(ranks), justify="right")
-    columns = [plans[ranks[0]] for ranks in groups.values()]
-    table.add_row("device", *(plan.device for plan in columns))
-    table.add_row("capacity", *(format_bytes(plan.capacity_bytes) for plan in columns))
-    for category in dict.fromkeys(c for plan in plans for c in plan.by_category):
-        table.add_row(f"  {category}", *(format_bytes(plan.by_category.get(category, 0)) for plan in columns))
-    table.add_row("peak", *(format_bytes(plan.peak_bytes) + ("" if plan.fits else "  DOES NOT FIT")
-                            for plan in columns))
-    table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
-    console.print(table)
+    print_memory_plans(scenario, plans)
     if host is not None:
         console.print(f"host memory (cluster.shared_memory), every rank's offloaded state: peak "
                       f"{format_bytes(host.peak_bytes)} = " + ", ".join(
