@@ -18,7 +18,8 @@ from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
 from simtrain.runner import single_thread
 from simtrain.comm.ring_schedule import RingAllReduce, RingPhase
-from simtrain.comm.simulated import GROUP_MAX_CHUNK, SimCommunicator
+from simtrain.comm.group_rings import GROUP_MAX_CHUNK
+from simtrain.comm.simulated import SimCommunicator
 from simtrain.hw.device import MemoryLedger
 from simtrain.hw.eventlog import EventLog
 from simtrain.hw.network import Network

@@ -39,7 +39,7 @@ directed link is timed by the network (`Network.time_ring`), and its sums done
 (ring_schedule.py), for the whole group at once when its last rank posts it:
 the same times, spans, bytes, link figures, staging peaks and sums as flow by
 flow, with no per-transfer Python.
-On real tensors that holds for chunks up to GROUP_MAX_CHUNK elements, past
+On real tensors that holds for chunks up to GROUP_MAX_CHUNK elements (group_rings.py), past
 which moving them one by one is the quicker way to the same sums. A ring
 reduce-scatter or all-gather alone (ring_schedule.py's `RingPhase`) is timed
 the same way on meta tensors.
@@ -67,17 +67,13 @@ import simpy
 from ..errors import CollectiveMismatch
 from ..hw.device import MemoryLedger
 from ..hw.eventlog import EventLog
-from ..hw.network import Network, Route
+from ..hw.network import Network
 from .nccl import NcclCall
 from .ops import Concurrently, Send
-from .ring_schedule import RingAllReduce, RingPhase, reduce_as_ring
+from .group_rings import GroupRings
+from .ring_schedule import RingAllReduce, RingPhase
 
 
-# Chunks (elements) up to which a ring all-reduce on real tensors is done as a group: its arithmetic stacks
-# the group's buffers (one more copy of each) to add every chunk in one operation per step. Measured on this
-# 2-core machine (2026-11-30): 8 ranks, 26 k floats 0.62 ms against 0.84 ms flow by flow; 1 M floats 13.4 ms
-# against 8.4 ms.
-GROUP_MAX_CHUNK = 16384
 _GROUP_TIMED = (RingAllReduce, RingPhase)  # the programs a group's ring schedule can time at once
 
 
@@ -180,78 +176,6 @@ class _Helpers:
         comm._mailboxes = renumbered
 
 
-class _GroupRings:
-    """A communicator's ring all-reduces timed for the whole group at once (the module docstring): each held
-    until every rank has posted it, then timed by the network, its sums done by ring_schedule.py."""
-
-    __slots__ = ("comm", "posts", "count", "rings")
-
-    def __init__(self, comm: "SimCommunicator"):
-        self.comm = comm
-        self.posts: dict[int, dict[int, tuple[float, _RankProgram]]] = {}  # collective -> rank -> post
-        self.count = [0] * comm.world  # ring collectives each rank posted to be timed as a group
-        self.rings: dict[tuple, tuple[Route, ...] | None] = {}  # the program's group() -> Network.ring()
-
-    def timed_as_group(self, program: RingAllReduce | RingPhase) -> bool:
-        """Whether the network times it as a group: ring routes that share no directed link, and meta tensors
-        or an all-reduce's chunks small enough that a transfer's Python costs more than copying its chunk once
-        more (a reduce-scatter's or all-gather's numbers move flow by flow)."""
-        if program.world < 2 or not program.buf.is_meta and (
-                type(program) is RingPhase or program.buf.numel() > GROUP_MAX_CHUNK * program.world):
-            return False
-        group = program.group()  # cheap for every rank; the order is spelled out once per ring
-        if group not in self.rings:
-            comm = self.comm
-            self.rings[group] = comm.network.ring([comm.nodes[rank] for rank in program.order()])
-        return self.rings[group] is not None
-
-    def post(self, state: _RankProgram) -> None:
-        """Hold the rank's ring all-reduce until every rank has posted its own; then time them all."""
-        number = self.count[state.rank]
-        self.count[state.rank] += 1
-        posts = self.posts.setdefault(number, {})
-        posts[state.rank] = (self.comm.network.now, state)
-        if len(posts) == self.comm.world:
-            del self.posts[number]
-            self._time(posts)
-
-    def _time(self, posts: dict[int, tuple[float, _RankProgram]]) -> None:
-        first = posts[0][1].program
-        shape = (first.group(), first.buf.numel(), first.buf.element_size())
-        for _, state in posts.values():
-            program = state.program
-            if (program.group(), program.buf.numel(), program.buf.element_size()) != shape:
-                raise RuntimeError(f"rank {state.rank} posts a ring collective that does not match rank 0's")
-        comm = self.comm
-        order, network = first.order(), comm.network
-        states = [posts[rank][1] for rank in order]
-        times = network.time_ring(self.rings[shape[0]], [posts[rank][0] for rank in order], first.chunk_bytes(),
-                                  [state.label for state in states], first.steps, first.reducing)
-        if not first.buf.is_meta:
-            reduce_as_ring([state.program.buf for state in states], first.average)
-        if comm.ledgers is not None:
-            for position, landing, nbytes in times.staging:
-                # A landing before now (ranks that posted before the last) is counted now, when the rank's
-                # other memory may have shrunk already: the one figure not the flow path's in that case.
-                network.at(max(landing, network.now), lambda ledger=comm.ledgers[order[position]], nbytes=nbytes: (
-                    ledger.alloc("comm_buffers", nbytes), ledger.free("comm_buffers", nbytes)))
-        for position, start, end, nbytes in times.spans:
-            state = states[position]
-            comm.bytes_by_label[state.label] = comm.bytes_by_label.get(state.label, 0) + nbytes
-            if comm.log is not None:
-                comm.log.count(comm.global_ranks[state.rank], "communication", start, end)
-            comm._shown_grows(state, start, end, nbytes)
-        for state in states:
-            comm._show(state)
-        for state, end in zip(states, times.end):
-            network.at(end, lambda state=state: self._end(state))
-
-    def _end(self, state: _RankProgram) -> None:
-        del self.comm._running[state.rank]
-        state.program.close()  # never stepped: its work was timed as a whole
-        state.done.succeed(state.program.buf)
-
-
 class SimCommunicator:
     """A group of ranks on network nodes that run collective programs together."""
 
@@ -277,7 +201,7 @@ class SimCommunicator:
         # Each of its ranks stands for `copies` ranks (schemes/representatives.py): the bytes it logs count
         # that many times.
         self.copies = copies
-        self._group_rings = _GroupRings(self)  # its ring all-reduces timed as a group, when exclusive
+        self._group_rings = GroupRings(self)  # its ring all-reduces timed as a group, when exclusive
         self._helpers = _Helpers(self)  # the switches' programs of its NcclCalls
 
     def run(self, rank: int, program, label: str = "all_reduce") -> simpy.Event:
