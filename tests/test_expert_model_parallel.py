@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from simtrain.errors import ScenarioError
+from simtrain.schemes.shard_layout import ShardLayout
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import hold_out_validation, load_dataset
 from simtrain.train.models import build_model
@@ -97,12 +98,43 @@ def test_a_capacity_under_pp_drops_the_tokens_one_device_drops():
     assert_same_parameters(job.scheme.trained_model(), reference)
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_the_distributed_optimizer_shards_experts_over_their_holders_and_trains_as_one_device(stage):
+    """ep 2 x pp 2 over 8 devices (dp 4: each expert held by 2 ranks), Megatron-Core's distributed optimizer: two
+    steps give the parameters of one device. Each rank reduce-scatters and all-gathers its dense parameters over
+    its 4 dp ranks and its experts over their 2 holders: (N-1)/N of each padded fp32 buffer per collective."""
+    spec = scenario(8, ep=2, pp=2, steps=2, sharding={"stage": stage})
+    job = one_step(spec)
+    reference, _ = one_device(spec, 4)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+    expected = 0
+    for replica in job.replicas:
+        named = [(name, p) for name, p in replica.model.named_parameters() if p.requires_grad]
+        experts = sum(p.numel() for name, p in named if ".experts." in name)
+        dense = sum(p.numel() for _, p in named) - experts
+        expected += 4 * (3 * -(-dense // 4) + 1 * -(-experts // 2))  # (N-1) chunks of ceil(numel / N), fp32
+    moved = bytes_by_label(job)
+    assert experts > 0
+    assert moved["reduce_scatter"] == moved["all_gather"] == 2 * expected  # two steps
+
+
+def test_a_shard_layout_cuts_each_unit_over_its_own_group():
+    """The dense unit over 4 ranks, the experts' over 2: each padded to its group, a shard one chunk of each."""
+    layout = ShardLayout([5, 3, 7], units=[[0, 1], [2]], shards=(4, 2))
+    assert [layout.chunk_numel(unit) for unit in (0, 1)] == [2, 4]
+    assert (layout.padded_numel, layout.shard_numel) == (16, 6)
+    assert layout.unit_slice(1) == slice(8, 16) and layout.shard_slice(1) == slice(2, 6)
+    assert [layout.owned(1, position) for position in range(2)] == [1, 0]
+
+
 @pytest.mark.parametrize("arguments,expected", [
     (dict(tp=2, sequence_parallel=False), "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it"),
     (dict(cp=2), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
     (dict(ep=1, cp=2), "parallel.cp: model.moe with context parallelism is not built yet"),
     (dict(numerics=False), "numerics: model.moe under parallel.pp or parallel.tp runs with numerics on"),
-    (dict(sharding={"stage": 1}), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
+    (dict(sharding={"stage": 3}), "parallel.sharding.stage: 3 with parallel.ep is not built"),
+    (dict(sharding={"stage": 1, "degree": 1}), "parallel.sharding.degree: HSDP with parallel.ep is not built"),
+    (dict(pp=1, sharding={"stage": 1}), "parallel.sharding.stage: with parallel.ep and data parallelism alone"),
     (dict(checkpointing="sqrt"), "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):

@@ -212,9 +212,9 @@ def cli(*args):
              "cluster.inter_node_link={bandwidth: 1e9, latency: 1e-5}", "train.steps=1",
              "parallel.pipeline.microbatches=1"],  # gpt_small's 4: accumulation, which ep does not take
      "parallel.moe_dispatch: hierarchical needs the ep group's ranks [0, 1, 2] spread evenly over hosts"),
-    ("validate", ["model.moe={}", "parallel.ep=2", "parallel.sharding.stage=1"], "parallel.ep: expert parallelism "
-                                                                                  "runs with synchronous data "
-                                                                                  "parallelism"),
+    ("validate", ["model.moe={}", "parallel.ep=2", "parallel.sharding.stage=1"], "parallel.sharding.stage: with "
+                                                                                  "parallel.ep and data parallelism "
+                                                                                  "alone is not built"),
     ("validate", ["model.moe={routing: {model: histogram, histogram: [1, 2]}}"], "model.moe.routing.histogram"),
     ("run", ["model.moe={experts: 8}", "parallel.ep=8", "train.steps=1", "parallel.pipeline.microbatches=1"],
      "parallel.ep: 8 does not divide the 4 "

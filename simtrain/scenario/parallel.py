@@ -200,9 +200,11 @@ class ParallelSpec(Section):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
-        if self.ep > 1 and (self.mode == "async" or self.cp > 1 or self.sharding.stage > 0):
+        if self.ep > 1 and (self.mode == "async" or self.cp > 1):
             raise ValueError("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode "
-                             "sync, sharding.stage 0), beside pp and tp but not cp")
+                             "sync), beside pp and tp but not cp")
+        if self.ep > 1 and self.sharding.stage > 0:
+            _experts_sharded(self)
         if self.ep == 1 and self.moe_dispatch != "pairwise":
             raise ValueError(f"parallel.moe_dispatch: {self.moe_dispatch} moves tokens between the ranks of "
                              "parallel.ep, which is 1")
@@ -261,6 +263,26 @@ class ParallelSpec(Section):
     def model_parallel(self) -> bool:
         """Whether the model or its sequence is split (pipeline, tensor or context parallelism)."""
         return self.pp > 1 or self.tp > 1 or self.cp > 1
+
+
+def _experts_sharded(parallel: ParallelSpec) -> None:
+    """Experts under a sharded optimizer: Megatron-Core's distributed optimizer (stages 1 and 2 under pp or tp),
+    each expert sharded over the ranks that hold it; what it is not built with, one line naming the field."""
+    sharding = parallel.sharding
+    refused = (
+        ("parallel.sharding.stage", not parallel.model_parallel,
+         "with parallel.ep and data parallelism alone is not built (set parallel.pp or parallel.tp above 1 for "
+         "the distributed optimizer, or sharding.stage 0)"),
+        ("parallel.sharding.stage", sharding.stage == 3,
+         "3 with parallel.ep is not built (stages 1 and 2 shard the experts over their holders)"),
+        ("parallel.sharding.degree", sharding.degree is not None,
+         "HSDP with parallel.ep is not built (leave the degree out)"),
+        ("parallel.sharding.overlap_grad_reduce", sharding.overlap_grad_reduce,
+         "with parallel.ep is not built (the experts reduce over their own group after the backward)"),
+    )
+    for field, refuse, why in refused:
+        if refuse:
+            raise ValueError(f"{field}: {why}")
 
 
 def _no_flag_ignored(parallel: ParallelSpec) -> None:

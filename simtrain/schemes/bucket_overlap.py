@@ -33,7 +33,7 @@ one owned by each rank of the shard group.
   the step begins.
 
 Plain DDP under pp/tp with `parallel.overlap` (ReplicatedUpdate,
-distributed_optimizer.py) weaves its buckets the same way: every chunk cut
+replicated_update.py) weaves its buckets the same way: every chunk cut
 at `bucket_cap_mb`, one shard (no padding), each bucket all-reduced over the
 dp (x cp) group where the reduce-scatter would be posted.
 

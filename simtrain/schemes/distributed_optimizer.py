@@ -1,26 +1,21 @@
-"""The data-parallel half of a model-parallel step: DDP's gradient all-reduce, Megatron-Core's distributed
-optimizer (ZeRO stages 1 and 2), or FSDP (stage 3, torchtitan's FSDP x TP), each optionally as HSDP, under
-pipeline and tensor parallelism.
+"""Megatron-Core's distributed optimizer (ZeRO stages 1 and 2) and FSDP (stage 3, torchtitan's FSDP x TP), each
+optionally as HSDP, under pipeline and tensor parallelism: the sharded strategy of a model-parallel step's data
+parallelism (replicated_update.py is DDP's).
 
 Under pp x tp (model_parallel.py) each rank holds a share of the model; the
 ranks holding the same share in the other replicas form its dp group. The
 shard group is `parallel.sharding.degree` adjacent ranks of it (all of it by
 default); with a degree below dp the shard groups replicate each other
-(HSDP). What the rank does with its share is one of:
+(HSDP). What the rank does with its share:
 
-- `ReplicatedUpdate` (`parallel.sharding.stage: 0`, plain DDP): after the
-  last microbatch's backward, all-reduce (and average) the gradient over the
-  dp group with `parallel.all_reduce`'s algorithm (with `parallel.overlap`,
-  in buckets of `bucket_cap_mb` beside that backward: bucket_overlap.py),
-  then step the rank's own optimizer on its whole share;
-- `DistributedOptimizer`, stage 1 or 2: the rank's share becomes a
-  ShardedReplica (sharded_replica.py) of one unit cut into chunks, as
-  Megatron-Core's distributed optimizer cuts its gradient buffer: after the
-  last backward the gradient is reduce-scattered over the shard group (a
-  ring, in the reduce dtype; under HSDP each chunk is then all-reduced
-  across the replicate group), each rank steps the fp32 master weights and
-  optimizer state of its chunk alone (sharded_update.py, the step sharded
-  data parallelism runs too), and the updated parameters are all-gathered.
+- stage 1 or 2: the rank's share becomes a ShardedReplica
+  (sharded_replica.py) of one unit cut into chunks, as Megatron-Core's
+  distributed optimizer cuts its gradient buffer: after the last backward
+  the gradient is reduce-scattered over the shard group (a ring, in the
+  reduce dtype; under HSDP each chunk is then all-reduced across the
+  replicate group), each rank steps the fp32 master weights and optimizer
+  state of its chunk alone (sharded_update.py, the step sharded data
+  parallelism runs too), and the updated parameters are all-gathered.
   Stage 1 keeps the whole gradient in the compute dtype for the run; stage 2
   holds it (as `comm_buffers`) only from the step's start, where the
   microbatches begin accumulating into it, to the end of its
@@ -31,28 +26,35 @@ default); with a degree below dp the shard groups replicate each other
   reduce-scattered beside the last microbatch's backward as soon as it is
   complete, and with `overlap_param_gather` all-gathered in the next step's
   forward (bucket_overlap.py, woven into the walk by `during`);
-- `DistributedOptimizer`, stage 3: each tp shard is sharded again over the
-  shard group, its parameters too. The units are the rank's model chunks
-  (its pipeline stage's part; each virtual stage's). The pipeline walk
-  (pipeline.py) calls `before` each schedule action, ahead of awaiting its
-  input (so the gather hides behind the wait for the previous stage), and
-  `after` it: the chunk is gathered unless still whole, resharded after a
-  forward if `reshard_after_forward` and after its last backward of the step
-  always; then its gradient, accumulated over the microbatches as under
-  stage 2, is reduce-scattered (and under HSDP its chunk's all-reduce
-  posted). No all-gather follows the optimizer step: the next step's
-  gathers bring the parameters.
+- with experts sharded over ep (stages 1 and 2), two units, as Megatron-Core
+  keeps the experts in a buffer of their own: the dense parameters, sharded
+  over the dp (x cp) group, and the rank's experts, sharded over the ranks
+  that hold the same experts (the experts' data-parallel group, dp / ep
+  ranks). Each reduce-scatter sums over its own group; dividing both by dp
+  gives the gradient of the mean loss over the global batch (an expert's
+  holders' gradients are sums over their ep groups' ranks, as
+  expert_model_parallel.py's ExpertUpdate explains);
+- stage 3: each tp shard is sharded again over the shard group, its
+  parameters too. The units are the rank's model chunks (its pipeline
+  stage's part; each virtual stage's). The pipeline walk (pipeline.py) calls
+  `before` each schedule action, ahead of awaiting its input (so the gather
+  hides behind the wait for the previous stage), and `after` it: the chunk
+  is gathered unless still whole, resharded after a forward if
+  `reshard_after_forward` and after its last backward of the step always;
+  then its gradient, accumulated over the microbatches as under stage 2, is
+  reduce-scattered (and under HSDP its chunk's all-reduce posted). No
+  all-gather follows the optimizer step: the next step's gathers bring the
+  parameters.
 
-The bytes per rank per step: DDP's ring all-reduce sends 2(N-1)/N of the
-buffer, a ring reduce-scatter and all-gather (N-1)/N each (the ZeRO paper's
-2 Psi for stages 0, 1 and 2); stage 3 gathers before the forward and again
-before the backward (3 Psi with one microbatch; 2 Psi with
-`reshard_after_forward: false`). With representatives (representatives.py)
-the representative's reduce-scatters and all-gathers are timed as mirrored
-collectives, with the dp groups of its stage's other tp ranks (not under
-HSDP).
+The bytes per rank per step: a ring reduce-scatter and all-gather send
+(N-1)/N of the buffer each (the ZeRO paper's 2 Psi for stages 1 and 2, as
+DDP's all-reduce); stage 3 gathers before the forward and again before the
+backward (3 Psi with one microbatch; 2 Psi with `reshard_after_forward:
+false`). With representatives (representatives.py) the representative's
+reduce-scatters and all-gathers are timed as mirrored collectives, with the
+dp groups of its stage's other tp ranks (not under HSDP).
 
-    update = data_parallel_update(scheme)        # the ModelParallel scheme
+    update = DistributedOptimizer(scheme)        # the ModelParallel scheme, parallel.sharding.stage above 0
     yield from update.begin(rank)                # before the step's first microbatch
     yield from update.before(rank, action)       # before each schedule action (pipeline.py), and after it:
     output = yield from update.during(rank, action, cost, program)    # the action's forward or backward
@@ -61,137 +63,19 @@ HSDP).
 """
 from functools import partial
 
-from ..step_ops import Alloc, Await, Collective, Free, MemoryBound, Post
-from ..train.precision import persistent_bytes, update_bytes
+from ..parallel import Membership
+from ..step_ops import Alloc, Await, Collective, Free, Post
 from .bucket_overlap import BucketOverlap, megatron_buckets
+from .expert_parallel import expert_flags, experts_last
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
 from .scheme_checks import check_distributed_optimizer
 from .shard_layout import ShardLayout
-from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
+from .sharded_replica import ShardedReplica, groups_of, held_bytes, shard_update_bytes
 from .sharded_update import LABELS, bytes_by_kind, sharded_update
 
 _GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the kinds of a unit's collectives, for their tags
-
-
-def data_parallel_update(scheme):
-    """The model-parallel scheme's data-parallel update: the distributed optimizer when sharded, else DDP's."""
-    if scheme.job.scenario.parallel.sharding.stage:
-        return DistributedOptimizer(scheme)
-    return ReplicatedUpdate(scheme)
-
-
-class ReplicatedUpdate:
-    """Plain DDP under pp x tp: the gradient all-reduced over the dp group, every rank stepping its share; with
-    `parallel.overlap` in DDP's buckets beside the last microbatch's backward (bucket_overlap.py)."""
-
-    def __init__(self, scheme):
-        self.scheme = scheme
-        parallel, train = scheme.job.scenario.parallel, scheme.job.scenario.train
-        replicas = scheme.replicas
-        self.held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
-                     for r in replicas]
-        self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
-                            for r in replicas]
-        self.microbatches, self.overlap_param_gather = scheme.microbatches, False  # what BucketOverlap reads
-        overlapping = parallel.overlapped and scheme.layout.dp * scheme.layout.cp > 1
-        self.buckets: dict[int, BucketOverlap] = {}  # rank -> its DDP buckets, with parallel.overlap
-        self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
-        for rank in scheme.running if overlapping else ():
-            replica, starts = replicas[rank], _chunk_starts(replicas[rank])
-            cap = max(1, int(parallel.bucket_cap_bytes) // replica.grad_buffer.element_size())
-            units = megatron_buckets([[p.numel() for p in replica.params[start:end]]
-                                      for start, end in zip(starts, starts[1:])], [True] * (len(starts) - 1), cap)
-            layout = ShardLayout([p.numel() for p in replica.params], units, 1)  # one shard: grad_buffer's offsets
-            self.buckets[rank] = BucketOverlap(self, rank, layout, starts)
-            self._whole[rank] = {id(p) for name, p in replica.model.named_parameters()
-                                 if p.requires_grad and replica.model.sources[name].slice is None}
-        self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
-
-    def begin(self, rank: int):
-        """Step program: a new step for the rank's buckets (nothing else before a step's microbatches)."""
-        if rank in self.buckets:
-            yield from self.buckets[rank].begin()
-
-    def resume(self, rank: int):
-        """Step program: nothing to fetch after a load (each rank holds its whole share)."""
-        yield from ()
-
-    def before(self, rank: int, action):
-        """Step program: nothing before a schedule action."""
-        yield from ()
-
-    def after(self, rank: int, action):
-        """Step program, after a schedule action: with overlap, the buckets the backward's end completed."""
-        if rank in self.buckets:
-            yield from self.buckets[rank].after(action)
-
-    def during(self, rank: int, action, cost, program):
-        """Step program: a schedule action's forward or backward `program`; with overlap, each bucket's all-reduce
-        posted in the last microbatch's backward once the bucket is complete (bucket_overlap.py)."""
-        if rank in self.buckets:
-            return (yield from self.buckets[rank].during(action, cost, program))
-        return (yield from program)
-
-    def post_reduce(self, rank: int, unit: int):
-        """Step program (BucketOverlap's): bucket `unit`'s all-reduce (averaging) over the dp (x cp) group, posted;
-        returns its handle."""
-        dp_comm, dp_index, dp_reduce = self.scheme.comms.dp_cp[rank]
-        view = self.scheme.replicas[rank].grad_buffer[self.buckets[rank].layout.unit_slice(unit)]
-        return (yield Post(dp_reduce(dp_index, dp_comm.world, view, average=True), "dp_allreduce", dp_comm,
-                           dp_index))
-
-    def sum_sequence_parallel_grads(self, rank: int, unit: int):
-        """Step program (BucketOverlap's), under sequence parallelism: the gradients of bucket `unit`'s parameters
-        that every tp rank holds whole summed across the tp group, before its all-reduce."""
-        if not self.sums_sequence_parallel_grads:
-            return
-        replica, whole = self.scheme.replicas[rank], self._whole[rank]
-        grads = [replica.params[index].grad for index in self.buckets[rank].layout.units[unit]
-                 if id(replica.params[index]) in whole]
-        if grads:
-            yield from self.scheme.sum_tp_grads(rank, grads)
-
-    def update(self, rank: int):
-        """Step program: all-reduce and average the gradient (`reduce`), vote on an fp16 overflow, step."""
-        scheme = self.scheme
-        replica = scheme.replicas[rank]
-        yield from self.reduce(rank)
-        found_inf = replica.precision.find_overflow(replica.grad_buffer)
-        if scheme.vote:
-            found_inf = yield from overflow_vote(*scheme.comms.model[rank], found_inf)
-        replica.apply_update(replica.precision.settle(found_inf))
-        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
-
-    def reduce(self, rank: int):
-        """Step program: all-reduce and average the gradient over the dp (x cp) group (expert_model_parallel.py's
-        ExpertUpdate: the experts' over their holders)."""
-        scheme = self.scheme
-        if rank in self.buckets:  # the buckets' all-reduces, posted in the backward, awaited
-            for _, handle in self.buckets[rank].reducing:
-                yield Await(handle)
-            self.buckets[rank].reducing = []
-        elif scheme.layout.dp * scheme.layout.cp > 1:  # the dp-cp group (context parallelism: cp > 1)
-            dp_comm, dp_index, dp_reduce = scheme.comms.dp_cp[rank]
-            yield Collective(dp_reduce(dp_index, dp_comm.world, scheme.replicas[rank].grad_buffer, average=True),
-                             "dp_allreduce", dp_comm, dp_index)
-
-    def finish(self, rank: int):
-        """Step program, after a rank's last step: nothing left to gather."""
-        yield from ()
-
-    def ended(self, rank: int) -> None:
-        """A rank's program has ended: nothing to gather."""
-
-    def publish(self) -> None:
-        """The clock stopped before the programs ended: every rank holds its share whole already."""
-
-    def whole_model(self, rank: int):
-        """The rank's share of the model, whole (what ModelParallel.trained_model assembles)."""
-        return self.scheme.replicas[rank].model
-
-    def report_sections(self) -> dict:
-        return {}
+_EXPERTS = 1  # with ep above 1, the unit of the rank's experts (stages 1 and 2: the dense parameters are unit 0)
 
 
 class DistributedOptimizer:
@@ -221,10 +105,15 @@ class DistributedOptimizer:
         self._backwards = {rank: {} for rank in scheme.running}  # stage 3: unit -> backwards run this step
         self._replicating = {rank: [] for rank in scheme.running}  # HSDP: the units' posted all-reduces
         replicas = scheme.replicas
+        self.ep = layout.ep  # above 1: the experts are a unit of their own, sharded over their holders
         for rank in scheme.running:
-            params = replicas[rank].params
-            starts = _chunk_starts(replicas[rank])
-            if overlapping:  # Megatron-Core buckets only the first stage's first chunk
+            if self.ep > 1:  # Megatron-Core's expert buffer: the dense parameters first, then the rank's experts
+                experts_last(replicas[rank])
+            params, starts = replicas[rank].params, chunk_starts(replicas[rank])
+            shards, positions = self.degree, self.shard_comms[rank].index
+            if self.ep > 1:
+                units, shards, positions = self._dense_and_experts(rank)
+            elif overlapping:  # Megatron-Core buckets only the first stage's first chunk
                 stage = layout.coordinates(rank)["pp"]
                 units = megatron_buckets([[p.numel() for p in params[start:end]]
                                           for start, end in zip(starts, starts[1:])],
@@ -232,9 +121,9 @@ class DistributedOptimizer:
                                          bucket_size)
             else:
                 units = _units(replicas[rank], self.stage)
-            shard_layout = ShardLayout([p.numel() for p in params], units, self.degree)
-            shard = ShardedReplica(replicas[rank], shard_layout, self.shard_comms[rank].index, self.stage,
-                                   train.optimizer, self.reduce_dtype)
+            shard_layout = ShardLayout([p.numel() for p in params], units, shards)
+            shard = ShardedReplica(replicas[rank], shard_layout, positions, self.stage, train.optimizer,
+                                   self.reduce_dtype)
             replicas[rank] = shard
             if overlapping:
                 self.buckets[rank] = BucketOverlap(self, rank, shard_layout, starts)
@@ -246,12 +135,29 @@ class DistributedOptimizer:
         self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
         self._ended = 0
 
+    def _dense_and_experts(self, rank: int) -> tuple[list, tuple, tuple]:
+        """(units, each unit's shard count, the rank's position in each unit's group) of a rank whose parameters
+        are laid out dense first, experts last: the dense unit over the shard group, the experts' over their
+        holders (one unit on a pipeline stage without MoE layers)."""
+        replica = self.scheme.replicas[rank]
+        dense, total = sum(not is_expert for is_expert in expert_flags(replica)), len(replica.params)
+        units = [list(range(dense)), list(range(dense, total))]
+        shards = (self.degree, len(self.scheme.layout.rank_groups(rank).expert_dp))
+        positions = (self.shard_comms[rank].index, self.scheme.comms.expert_dp[rank].index)
+        keep = 2 if dense < total else 1
+        return units[:keep], shards[:keep], positions[:keep]
+
     @property
     def shard_comms(self) -> dict:
         """rank -> its shard group's (communicator, rank there, all-reduce): the dp-cp group's, or HSDP's
         (ModelParallel.regroup builds both, again after a restart)."""
         comms = self.scheme.comms
         return comms.dp_cp if self.replicate == 1 else comms.dp_shard
+
+    def unit_comms(self, rank: int, unit: int) -> Membership:
+        """The rank's membership of unit `unit`'s shard group: the experts' holders for the experts' unit, else
+        the shard group."""
+        return (self.scheme.comms.expert_dp if self.ep > 1 and unit == _EXPERTS else self.shard_comms)[rank]
 
     @property
     def replicate_comms(self) -> dict:
@@ -331,7 +237,8 @@ class DistributedOptimizer:
                 yield from self._reduced(rank, unit)
             self.buckets[rank].reducing = []
         elif self.stage < 3:
-            yield from self._reduce(rank, 0)
+            for unit in range(len(shard.layout.units)):
+                yield from self._reduce(rank, unit)
         for handle in self._replicating[rank]:
             yield Await(handle)
         self._replicating[rank] = []
@@ -348,7 +255,7 @@ class DistributedOptimizer:
         """Step program: unit `unit`'s gradient reduce-scattered over the shard group (in a copy in the reduce
         dtype, held while it runs); stages 2 and 3 then free its unsharded gradient; HSDP posts the all-reduce
         of its chunk across the replicas (awaited before the optimizer step)."""
-        if self.degree > 1:
+        if self._sharded(rank, unit):
             copy_bytes = self._copy_bytes(rank, unit)
             yield Alloc("comm_buffers", copy_bytes)
             yield self.collective("reduce_scatter", rank, unit)
@@ -375,8 +282,9 @@ class DistributedOptimizer:
     def _copy_bytes(self, rank: int, unit: int) -> int:
         """The reduce-dtype copy of unit `unit`'s gradient a reduce-scatter holds (0 in the compute dtype)."""
         shard = self.scheme.replicas[rank]
-        return 0 if shard.reduced is shard.grad_buffer or self.degree == 1 else self._unit_bytes(rank, unit,
-                                                                                                  shard.reduced)
+        if shard.reduced is shard.grad_buffer or not self._sharded(rank, unit):
+            return 0
+        return self._unit_bytes(rank, unit, shard.reduced)
 
     def _reduced(self, rank: int, unit: int):
         """Step program, once unit `unit`'s reduce-scatter has ended: its copy freed; stages 2 and 3 free its
@@ -394,14 +302,19 @@ class DistributedOptimizer:
     def _gather_all(self, rank: int):
         """Step program: every unit's parameters all-gathered over the shard group, one after another."""
         for unit in range(len(self.scheme.replicas[rank].layout.units)):
-            if self.degree > 1:
+            if self._sharded(rank, unit):
                 yield self.collective("all_gather", rank, unit)
+
+    def _sharded(self, rank: int, unit: int) -> bool:
+        """Whether unit `unit` is cut over more than one rank (a group of one moves nothing)."""
+        return self.scheme.replicas[rank].layout.unit_shards[unit] > 1
 
     def collective(self, kind: str, rank: int, unit: int) -> Collective:
         """The rank's ring `kind` (reduce_scatter or all_gather) of unit `unit` on its shard group's communicator,
         or under representatives mirrored, timed with the mirror groups'."""
-        shard, group = self.scheme.replicas[rank], list(range(self.degree))
-        comm, index, _ = self.shard_comms[rank]
+        shard = self.scheme.replicas[rank]
+        group = list(range(shard.layout.unit_shards[unit]))
+        comm, index, _ = self.unit_comms(rank, unit)
         if self.scheme.representatives:
             buffer = shard.reduced if kind == "reduce_scatter" else shard.param_flat
             program = MirroredCollective(kind, buffer[shard.layout.unit_slice(unit)])
@@ -418,7 +331,7 @@ class DistributedOptimizer:
         """Bytes of unit `unit`'s padded region of `buffer` (the parameters' by default)."""
         shard = self.scheme.replicas[rank]
         buffer = shard.param_flat if buffer is None else buffer
-        return shard.layout.chunk_numel(unit) * self.degree * buffer.element_size()
+        return shard.layout.chunk_numel(unit) * shard.layout.unit_shards[unit] * buffer.element_size()
 
     def finish(self, rank: int):
         """Step program, after a rank's last step: the all-gathers its last optimizer step left to a next forward
@@ -440,13 +353,18 @@ class DistributedOptimizer:
         or where the clock stopped before it (ModelParallel.stopped)."""
         scheme = self.scheme
         for rank in scheme.running:
-            scheme.replicas[rank].publish(self._shard_group(rank))
+            scheme.replicas[rank].publish(self._shard_groups(rank))
 
-    def _shard_group(self, rank: int) -> list:
-        """The shards of rank `rank`'s shard group, by position (representatives: its own, for every position)."""
-        scheme = self.scheme
-        group = [rank] * self.degree if scheme.representatives else scheme.layout.rank_groups(rank).dp_shard
-        return [scheme.replicas[member] for member in group]
+    def _shard_groups(self, rank: int) -> list[list]:
+        """The shards of each of rank `rank`'s units' shard groups, by position (representatives: its own, for
+        every position)."""
+        scheme, layout = self.scheme, self.scheme.replicas[rank].layout
+        if scheme.representatives:
+            return groups_of(layout, [scheme.replicas[rank]] * self.degree)
+        groups = scheme.layout.rank_groups(rank)
+        return [[scheme.replicas[member] for member in (groups.expert_dp if self.ep > 1 and unit == _EXPERTS
+                                                        else groups.dp_shard)]
+                for unit in range(len(layout.units))]
 
     def whole_model(self, rank: int):
         """The rank's share of the model, whole (what ModelParallel.trained_model assembles): while the
@@ -454,7 +372,7 @@ class DistributedOptimizer:
         group owns."""
         shard = self.scheme.replicas[rank]
         if rank in self.buckets and self.buckets[rank].deferred:
-            return shard.assembled(self._shard_group(rank))
+            return shard.assembled(self._shard_groups(rank))
         return shard.model
 
     def report_sections(self) -> dict:
@@ -484,7 +402,7 @@ def _units(replica, stage: int) -> list[list[int]]:
     return units
 
 
-def _chunk_starts(replica) -> list[int]:
+def chunk_starts(replica) -> list[int]:
     """Where each of the rank's model chunks' trainable parameters start among its parameters, and their end."""
     starts = [0]
     for chunk in replica.model.chunks:

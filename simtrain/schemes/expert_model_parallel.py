@@ -37,7 +37,7 @@ trace and the parallel section, not split out here).
 """
 from ..step_ops import Collective
 from ..train.moe import MoE
-from .distributed_optimizer import ReplicatedUpdate
+from .replicated_update import ReplicatedUpdate
 from .expert_dispatch import EpGroup, group_all_to_all
 from .expert_parallel import experts_last, moe_section
 

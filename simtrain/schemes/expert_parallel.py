@@ -179,21 +179,30 @@ def moe_section(ep: int, experts: int, routing: str, steps: list[dict], loss_cur
     }
 
 
+def expert_flags(replica) -> list[bool]:
+    """For each of the replica's trainable parameters, in its order, whether it belongs to an MoE layer's experts."""
+    expert_ids = {id(p) for layer in replica.model.modules() if isinstance(layer, MoE)
+                  for p in layer.experts.parameters()}
+    return [id(p) in expert_ids for p in replica.params]
+
+
 def experts_last(replica) -> int:
     """Re-point the replica's gradients into one buffer, replicated parameters first, then its experts'
     (each part all-reduced over its own group), the fp32 masters' in the same order (mixed precision: the
     averaged buffer is copied onto them); returns the replicated part's elements."""
-    expert_ids = {id(p) for layer in replica.model.modules() if isinstance(layer, MoE)
-                  for p in layer.experts.parameters()}
-    order = sorted(range(len(replica.params)), key=lambda i: id(replica.params[i]) in expert_ids)  # stable
+    flags = expert_flags(replica)
+    dense = sum(p.numel() for p, is_expert in zip(replica.params, flags) if not is_expert)
+    order = sorted(range(len(replica.params)), key=lambda i: flags[i])  # stable
     replica.params = [replica.params[i] for i in order]
     replica.grad_buffer = flat_grad_buffer(replica.params)
     precision = replica.precision
+    precision.model_params = [precision.model_params[i] for i in order]
     if precision.mixed:
-        precision.model_params = [precision.model_params[i] for i in order]
         precision.master_params = [precision.master_params[i] for i in order]
         precision.master_grads = flat_grad_buffer(precision.master_params)
-    return sum(p.numel() for p in replica.params if id(p) not in expert_ids)
+    else:  # fp32: the parameters are their own masters
+        precision.master_params = precision.model_params
+    return dense
 
 
 def _whole_model(shares: list):

@@ -59,12 +59,13 @@ from ..train.moe_exchange import ExpertExchange
 from ..train.precision import DTYPES
 from ..train.ring_attention import shard_sequence
 from . import selection
-from .distributed_optimizer import data_parallel_update
+from .distributed_optimizer import DistributedOptimizer
 from .expert_model_parallel import ExpertLayers, ExpertUpdate
 from .layer_recompute import measure_layers
 from .model_parts import boundary_activations
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
+from .replicated_update import ReplicatedUpdate
 from .scheme import Scheme
 from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
                               represented_by)
@@ -105,8 +106,10 @@ class ModelParallel(RankReplicas, Scheme):
                                                     DTYPES[train.precision],
                                                     self.layout.cp * (self.layout.tp if parallel.sequence_parallel
                                                                       else 1))
-        # DDP's all-reduce, or the distributed optimizer (each rank's share sharded over its dp group)
-        self.data_parallel = ExpertUpdate(self) if parallel.ep > 1 else data_parallel_update(self)
+        # the distributed optimizer (each rank's share sharded over its dp group, its experts over their holders),
+        # or DDP's all-reduce (with experts: theirs over their holders)
+        self.data_parallel = (DistributedOptimizer(self) if parallel.sharding.stage
+                              else ExpertUpdate(self) if parallel.ep > 1 else ReplicatedUpdate(self))
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
         self._signatures: dict[int, tuple] = {}  # model part -> what it computes
         self._losses = [[] for _ in range(self.steps)]

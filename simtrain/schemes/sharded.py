@@ -88,7 +88,7 @@ from .scheme import Scheme
 from .scheme_checks import check_sharding
 from .shard_layout import ShardLayout
 from .shard_units import UnitCosts
-from .sharded_replica import ShardedReplica, held_bytes, shard_update_bytes
+from .sharded_replica import ShardedReplica, groups_of, held_bytes, shard_update_bytes
 from .sharded_update import LABELS, bytes_by_kind, gather_parameters, sharded_update
 
 _GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the collectives' kinds
@@ -321,9 +321,9 @@ class ShardedDataParallel(RankReplicas, Scheme):
 
     def _publish(self) -> None:
         """Every rank's model becomes the whole trained model, from shard group 0's owned chunks."""
-        shards = [self.replicas[rank] for rank in self.shard_group(0)]
+        groups = groups_of(self.layout, [self.replicas[rank] for rank in self.shard_group(0)])
         for rank in self.job.local_ranks:
-            self.replicas[rank].publish(shards)
+            self.replicas[rank].publish(groups)
         self._published = True
 
     # ---- what the runner reads, and the Scheme hooks ----
@@ -355,7 +355,7 @@ class ShardedDataParallel(RankReplicas, Scheme):
         assembled from shard group 0's chunks."""
         if self._published:
             return self.replicas[0].model
-        return self.replicas[0].assembled([self.replicas[rank] for rank in self.shard_group(0)])
+        return self.replicas[0].assembled(groups_of(self.layout, [self.replicas[rank] for rank in self.shard_group(0)]))
 
     def final_models(self) -> list:
         return [replica.model for replica in self.replicas]

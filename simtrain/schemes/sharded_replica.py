@@ -49,11 +49,14 @@ _FP32_BYTES = 4
 class ShardedReplica(Replica):
     """A Replica whose parameters, gradients and optimizer state are laid out for sharding."""
 
-    def __init__(self, replica: Replica, layout: ShardLayout, position: int, stage: int, optimizer: OptimizerSpec,
-                 reduce_dtype: str | None = None):
+    def __init__(self, replica: Replica, layout: ShardLayout, position: int | tuple[int, ...], stage: int,
+                 optimizer: OptimizerSpec, reduce_dtype: str | None = None):
         self.__dict__.update(replica.__dict__)  # the model, loader and precision it takes over
-        self.layout, self.position, self.stage = layout, position, stage
-        self.owned = layout.owned(position)
+        self.layout, self.stage = layout, stage
+        units = range(len(layout.units))
+        # the rank's place in each unit's shard group (one for all, or one per unit), and the chunk it owns there
+        self.positions = (position,) * len(units) if isinstance(position, int) else tuple(position)
+        self.owned = tuple(layout.owned(unit, self.positions[unit]) for unit in units)
         self.stale = False  # the chunks it does not own must be gathered before the next step (after a load)
         self._kept = False  # master.grad holds this step's earlier micro-batches' reduced gradient
         self._assembled = None  # the copy `assembled` writes into
@@ -74,7 +77,7 @@ class ShardedReplica(Replica):
                 view.copy_(param)
                 param.data = view
                 param.grad = self.grad_buffer[where].view_as(param)
-        self.master = torch.cat([layout.chunk(full, unit, self.owned) for unit in range(len(layout.units))])
+        self.master = torch.cat([layout.chunk(full, unit, self.owned[unit]) for unit in units])
         self.master.requires_grad_()
         self.master.grad = torch.zeros_like(self.master)
         if self.precision.mixed:  # the whole fp32 copies are gone: the shard is all the rank keeps
@@ -87,25 +90,25 @@ class ShardedReplica(Replica):
 
     def gather(self, unit: int, group: list[int], tag: int):
         """Ring all-gather of unit `unit`'s parameters over `group` (job ranks, this rank at `position`)."""
-        n = len(group)
-        return ring_all_gather(self.position, group[(self.position + 1) % n], group[self.position - 1],
+        n, position = len(group), self.positions[unit]
+        return ring_all_gather(position, group[(position + 1) % n], group[position - 1],
                                self.layout.chunks(self.param_flat, unit), tag)
 
     def reduce_scatter(self, unit: int, group: list[int], tag: int):
         """Ring reduce-scatter (sum) of unit `unit`'s gradient over `group`, in the reduce dtype (a copy cast when
         the program starts, if it is not the compute dtype), the ring run backwards: reversed, this rank sits at
         N-1-position and ends holding chunk `owned`, as the forward ring would leave it."""
-        n = len(group)
+        n, position = len(group), self.positions[unit]
         if self.reduced is not self.grad_buffer:  # cast into the reduce dtype when the program starts
             self.reduced[self.layout.unit_slice(unit)].copy_(self.grad_buffer[self.layout.unit_slice(unit)])
         chunks = self.layout.chunks(self.reduced, unit)
         reordered = [chunks[(n - index + 1) % n] for index in range(n)]
-        yield from ring_reduce_scatter(n - 1 - self.position, group[self.position - 1],
-                                       group[(self.position + 1) % n], reordered, tag)
+        yield from ring_reduce_scatter(n - 1 - position, group[position - 1], group[(position + 1) % n],
+                                       reordered, tag)
 
     def all_reduce(self, unit: int, rank: int, replicas: list[int], tag: int):
         """HSDP: ring all-reduce (sum) of the reduced chunk of unit `unit` across `replicas` (job ranks)."""
-        chunk = self.layout.chunk(self.reduced, unit, self.owned)
+        chunk = self.layout.chunk(self.reduced, unit, self.owned[unit])
         return ring_all_reduce(rank, len(replicas), chunk, ring=replicas, tag=tag)
 
     # ---- the numerics of a step ----
@@ -125,7 +128,7 @@ class ShardedReplica(Replica):
         """The reduced chunks, averaged over the `replicas` data-parallel ranks, added into master.grad (copied,
         the step's first): a micro-batch's reduced gradient, kept before the next one's backward."""
         for unit in range(len(self.layout.units)):
-            chunk = self.layout.chunk(self.reduced, unit, self.owned)
+            chunk = self.layout.chunk(self.reduced, unit, self.owned[unit])
             chunk.div_(replicas)
             where = self.master.grad[self.layout.shard_slice(unit)]
             if self._kept:
@@ -152,16 +155,17 @@ class ShardedReplica(Replica):
             self.optimizer.step()
             self._meta_stepped = self._meta_losses is not None
         for unit in range(len(self.layout.units)):
-            self.layout.chunk(self.param_flat, unit, self.owned).copy_(self.master[self.layout.shard_slice(unit)])
+            owned = self.layout.chunk(self.param_flat, unit, self.owned[unit])
+            owned.copy_(self.master[self.layout.shard_slice(unit)])
 
     @torch.no_grad()
     def reshard(self, unit: int) -> None:
         """Drop the chunks of unit `unit` this rank does not own (NaN until gathered again): the unit's region
         before its owned chunk and after it, two fills however many chunks."""
-        size = self.layout.chunk_numel(unit)
+        size, owned = self.layout.chunk_numel(unit), self.owned[unit]
         region = self.param_flat[self.layout.unit_slice(unit)]
-        region[:size * self.owned].fill_(float("nan"))
-        region[size * (self.owned + 1):].fill_(float("nan"))
+        region[:size * owned].fill_(float("nan"))
+        region[size * (owned + 1):].fill_(float("nan"))
 
     def reshard_all(self) -> None:
         for unit in range(len(self.layout.units)):
@@ -210,30 +214,33 @@ class ShardedReplica(Replica):
         self.stale, self._kept = self.stage < 3, False
 
     @torch.no_grad()
-    def assembled(self, shards: list["ShardedReplica"]) -> torch.nn.Module:
-        """A copy of the model (compute dtype) holding the parameters as `shards` (one shard group, by position)
-        own them now: what the training-loss monitor evaluates while a stage 3 rank holds only its chunks."""
+    def assembled(self, groups: list[list["ShardedReplica"]]) -> torch.nn.Module:
+        """A copy of the model (compute dtype) holding the parameters as the shards of `groups` (each unit's shard
+        group, by position: `groups_of`) own them now: what the training-loss monitor evaluates while a stage 3
+        rank holds only its chunks."""
         if self._assembled is None:
             self._assembled = copy.deepcopy(self.model)
             for param in self._assembled.parameters():
                 param.data = param.data.clone()
         layout, whole = self.layout, torch.empty_like(self.param_flat)
-        for shard in shards:
-            for unit in range(len(layout.units)):
-                layout.chunk(whole, unit, shard.owned).copy_(layout.chunk(shard.param_flat, unit, shard.owned))
+        for unit, group in enumerate(groups):
+            for shard in group:
+                owned = shard.owned[unit]
+                layout.chunk(whole, unit, owned).copy_(layout.chunk(shard.param_flat, unit, owned))
         trainable = [param for param in self._assembled.parameters() if param.requires_grad]
         for index, param in enumerate(trainable):
             param.copy_(whole[layout.param_slice(index)].view_as(param))
         return self._assembled
 
-    def publish(self, shards: list["ShardedReplica"]) -> None:
-        """Write the whole fp32 model, from the owned chunks of `shards` (one shard group, by position), into
-        this replica's model: what the run reports as trained (Job.finish turns it into fp32)."""
+    def publish(self, groups: list[list["ShardedReplica"]]) -> None:
+        """Write the whole fp32 model, from the owned chunks of the shards of `groups` (each unit's shard group, by
+        position: `groups_of`), into this replica's model: what the run reports as trained (Job.finish turns it
+        into fp32)."""
         layout = self.layout
         full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=self.master.device)
-        for shard in shards:
-            for unit in range(len(layout.units)):
-                layout.chunk(full, unit, shard.owned).copy_(shard.master.detach()[layout.shard_slice(unit)])
+        for unit, group in enumerate(groups):
+            for shard in group:
+                layout.chunk(full, unit, shard.owned[unit]).copy_(shard.master.detach()[layout.shard_slice(unit)])
         views = [full[layout.param_slice(index)].view_as(param) for index, param in enumerate(self.params)]
         if self.precision.mixed:
             self.precision.master_params = views  # Job.finish copies them into the fp32 model
@@ -241,6 +248,12 @@ class ShardedReplica(Replica):
             with torch.no_grad():
                 for param, view in zip(self.params, views):
                     param.copy_(view)
+
+
+def groups_of(layout: ShardLayout, group: list[ShardedReplica]) -> list[list[ShardedReplica]]:
+    """Every unit's shard group, by position, where one group shards every unit (what `publish` and `assembled`
+    take)."""
+    return [group] * len(layout.units)
 
 
 def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: OptimizerSpec) -> dict[str, int]:

@@ -1,0 +1,134 @@
+"""DDP under pipeline and tensor parallelism: the replicated strategy of a model-parallel step's data parallelism
+(distributed_optimizer.py is the sharded one; expert_model_parallel.py's ExpertUpdate adds the experts' groups).
+
+After the last microbatch's backward each rank all-reduces (and averages) its
+share's gradient over its dp (x cp) group, Megatron-Core's dp-cp group, with
+`parallel.all_reduce`'s algorithm, then steps its own optimizer on its whole
+share. With `parallel.overlap` the gradient is cut into DDP's buckets of
+`bucket_cap_mb` and each bucket's all-reduce runs beside that backward as
+soon as the bucket is complete (bucket_overlap.py). A ring all-reduce sends
+2(N-1)/N of the buffer per rank.
+
+    update = ReplicatedUpdate(scheme)            # the ModelParallel scheme, parallel.sharding.stage 0
+    output = yield from update.during(rank, action, cost, program)    # each schedule action (pipeline.py)
+    yield from update.update(rank)               # after its last backward: all-reduce, vote (fp16), step
+"""
+from ..step_ops import Await, Collective, MemoryBound, Post
+from ..train.precision import persistent_bytes, update_bytes
+from .bucket_overlap import BucketOverlap, megatron_buckets
+from .distributed_optimizer import chunk_starts
+from .overflow_vote import overflow_vote
+from .shard_layout import ShardLayout
+
+
+class ReplicatedUpdate:
+    """Plain DDP under pp x tp: the gradient all-reduced over the dp group, every rank stepping its share; with
+    `parallel.overlap` in DDP's buckets beside the last microbatch's backward (bucket_overlap.py)."""
+
+    def __init__(self, scheme):
+        self.scheme = scheme
+        parallel, train = scheme.job.scenario.parallel, scheme.job.scenario.train
+        replicas = scheme.replicas
+        self.held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
+                     for r in replicas]
+        self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
+                            for r in replicas]
+        self.microbatches, self.overlap_param_gather = scheme.microbatches, False  # what BucketOverlap reads
+        overlapping = parallel.overlapped and scheme.layout.dp * scheme.layout.cp > 1
+        self.buckets: dict[int, BucketOverlap] = {}  # rank -> its DDP buckets, with parallel.overlap
+        self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
+        for rank in scheme.running if overlapping else ():
+            replica, starts = replicas[rank], chunk_starts(replicas[rank])
+            cap = max(1, int(parallel.bucket_cap_bytes) // replica.grad_buffer.element_size())
+            units = megatron_buckets([[p.numel() for p in replica.params[start:end]]
+                                      for start, end in zip(starts, starts[1:])], [True] * (len(starts) - 1), cap)
+            layout = ShardLayout([p.numel() for p in replica.params], units, 1)  # one shard: grad_buffer's offsets
+            self.buckets[rank] = BucketOverlap(self, rank, layout, starts)
+            self._whole[rank] = {id(p) for name, p in replica.model.named_parameters()
+                                 if p.requires_grad and replica.model.sources[name].slice is None}
+        self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
+
+    def begin(self, rank: int):
+        """Step program: a new step for the rank's buckets (nothing else before a step's microbatches)."""
+        if rank in self.buckets:
+            yield from self.buckets[rank].begin()
+
+    def resume(self, rank: int):
+        """Step program: nothing to fetch after a load (each rank holds its whole share)."""
+        yield from ()
+
+    def before(self, rank: int, action):
+        """Step program: nothing before a schedule action."""
+        yield from ()
+
+    def after(self, rank: int, action):
+        """Step program, after a schedule action: with overlap, the buckets the backward's end completed."""
+        if rank in self.buckets:
+            yield from self.buckets[rank].after(action)
+
+    def during(self, rank: int, action, cost, program):
+        """Step program: a schedule action's forward or backward `program`; with overlap, each bucket's all-reduce
+        posted in the last microbatch's backward once the bucket is complete (bucket_overlap.py)."""
+        if rank in self.buckets:
+            return (yield from self.buckets[rank].during(action, cost, program))
+        return (yield from program)
+
+    def post_reduce(self, rank: int, unit: int):
+        """Step program (BucketOverlap's): bucket `unit`'s all-reduce (averaging) over the dp (x cp) group, posted;
+        returns its handle."""
+        dp_comm, dp_index, dp_reduce = self.scheme.comms.dp_cp[rank]
+        view = self.scheme.replicas[rank].grad_buffer[self.buckets[rank].layout.unit_slice(unit)]
+        return (yield Post(dp_reduce(dp_index, dp_comm.world, view, average=True), "dp_allreduce", dp_comm,
+                           dp_index))
+
+    def sum_sequence_parallel_grads(self, rank: int, unit: int):
+        """Step program (BucketOverlap's), under sequence parallelism: the gradients of bucket `unit`'s parameters
+        that every tp rank holds whole summed across the tp group, before its all-reduce."""
+        if not self.sums_sequence_parallel_grads:
+            return
+        replica, whole = self.scheme.replicas[rank], self._whole[rank]
+        grads = [replica.params[index].grad for index in self.buckets[rank].layout.units[unit]
+                 if id(replica.params[index]) in whole]
+        if grads:
+            yield from self.scheme.sum_tp_grads(rank, grads)
+
+    def update(self, rank: int):
+        """Step program: all-reduce and average the gradient (`reduce`), vote on an fp16 overflow, step."""
+        scheme = self.scheme
+        replica = scheme.replicas[rank]
+        yield from self.reduce(rank)
+        found_inf = replica.precision.find_overflow(replica.grad_buffer)
+        if scheme.vote:
+            found_inf = yield from overflow_vote(*scheme.comms.model[rank], found_inf)
+        replica.apply_update(replica.precision.settle(found_inf))
+        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
+
+    def reduce(self, rank: int):
+        """Step program: all-reduce and average the gradient over the dp (x cp) group (expert_model_parallel.py's
+        ExpertUpdate: the experts' over their holders)."""
+        scheme = self.scheme
+        if rank in self.buckets:  # the buckets' all-reduces, posted in the backward, awaited
+            for _, handle in self.buckets[rank].reducing:
+                yield Await(handle)
+            self.buckets[rank].reducing = []
+        elif scheme.layout.dp * scheme.layout.cp > 1:  # the dp-cp group (context parallelism: cp > 1)
+            dp_comm, dp_index, dp_reduce = scheme.comms.dp_cp[rank]
+            yield Collective(dp_reduce(dp_index, dp_comm.world, scheme.replicas[rank].grad_buffer, average=True),
+                             "dp_allreduce", dp_comm, dp_index)
+
+    def finish(self, rank: int):
+        """Step program, after a rank's last step: nothing left to gather."""
+        yield from ()
+
+    def ended(self, rank: int) -> None:
+        """A rank's program has ended: nothing to gather."""
+
+    def publish(self) -> None:
+        """The clock stopped before the programs ended: every rank holds its share whole already."""
+
+    def whole_model(self, rank: int):
+        """The rank's share of the model, whole (what ModelParallel.trained_model assembles)."""
+        return self.scheme.replicas[rank].model
+
+    def report_sections(self) -> dict:
+        return {}
