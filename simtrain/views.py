@@ -54,6 +54,8 @@ def print_summary(data: dict) -> None:
     if "time_to_target_s" in data:
         target = data["time_to_target_s"]
         table.add_row("time to target loss", "never" if target is None else format_seconds(target))
+    if "moe" in data:
+        table.add_row("experts", _experts_line(data["moe"]))
     if "async" in data:
         section = data["async"]
         table.add_row("staleness mean / max", f"{section['staleness_mean']:.2f} / {section['staleness_max']}")
@@ -76,11 +78,29 @@ def _layout_line(data: dict) -> str:
     if parallel is None:  # a measured run (simtrain launch): data parallel on every rank
         return f"dp {data['devices_count']}"
     layout = f"dp {parallel['dp']} × pp {parallel['pp']} × tp {parallel['tp']}"
+    if parallel.get("cp", 1) > 1:
+        layout += f" × cp {parallel['cp']}"
+    if "moe" in data and data["moe"]["ep"] > 1:
+        layout += f", experts over ep {data['moe']['ep']}"
     if parallel["pp"] > 1:
         layout += f" ({parallel['schedule']}, {parallel['microbatches']} microbatches)"
     elif parallel.get("microbatches", 1) > 1:
         layout += f" (gradient accumulation: {parallel['microbatches']} micro-batches)"
     return layout
+
+
+def _experts_line(moe: dict) -> str:
+    """The MoE layers' routing over the run: the worst step's imbalance, the tokens dropped, the all-to-all bytes
+    and time a step (its mean), as report.json's moe section has them."""
+    steps = len(moe["imbalance"])
+    if not steps:
+        return "no step ran"
+    line = (f"routing {moe['routing']}: imbalance max/mean {max(moe['imbalance']):.2f}, "
+            f"{sum(moe['dropped_tokens']):,} assignments dropped, all-to-all "
+            f"{format_bytes(sum(moe['all_to_all_bytes']) / steps)} a step")
+    if moe["all_to_all_time_s"] is not None:
+        line += f" in {format_seconds(sum(moe['all_to_all_time_s']) / steps)}"
+    return line
 
 
 def batch_line(scenario, world: int) -> str:

@@ -8,9 +8,9 @@ from simtrain.job import Job
 
 def one_step(spec):
     """The scenario's job on all of its cluster's devices, run to its end (no rank left waiting), with its event
-    log recorded."""
+    log recorded; on meta tensors when the scenario's numerics are off."""
     cluster = build_cluster(spec.cluster, record=True, seed=spec.seed)
-    job = Job(spec, cluster, range(cluster.size))
+    job = Job(spec, cluster, range(cluster.size), numerics=spec.numerics)
     job.start()
     run_to_end(cluster.env)
     assert not job.scheme.stuck()

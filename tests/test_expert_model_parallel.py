@@ -24,8 +24,9 @@ HIDDEN, EXPERTS = 32, 4
 
 
 def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True,
-             schedule="1f1b", virtual_stages=1, checkpointing="none", **parallel):
-    moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0}
+             schedule="1f1b", virtual_stages=1, checkpointing="none", moe_routing=None, precision="fp32", **parallel):
+    moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0,
+           **({"routing": moe_routing} if moe_routing else {})}
     parallel = {"ep": ep, "tp": tp, "pp": pp, "sequence_parallel": tp > 1, **parallel}
     parallel["pipeline"] = {"microbatches": microbatches, "schedule": schedule, "virtual_stages": virtual_stages}
     return validate_scenario({
@@ -33,7 +34,7 @@ def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatche
         "cluster": {"topology": "switch", "devices": devices},
         "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
         "data": {"name": "tokens", "batch_size": 4, "seq_len": 8, "vocab": 32},
-        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": "fp32",
+        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": precision,
                   "checkpointing": checkpointing},
         "parallel": parallel, "report": {"trace": False},
     })
@@ -118,6 +119,25 @@ def test_the_distributed_optimizer_shards_experts_over_their_holders_and_trains_
     assert moved["reduce_scatter"] == moved["all_gather"] == 2 * expected  # two steps
 
 
+def test_without_numerics_every_layer_routes_evenly_and_reports_what_its_exchanges_moved():
+    """ep 2 x tp 2 x pp 2 over 16 devices in bf16, numerics off, ZeRO-1: each rank routes its 2 x 8 / 2 = 8 tokens
+    per microbatch evenly over the 4 experts (top 2: 4 assignments each), so an expert takes 8 from its ep group of
+    2 and half of a rank's 16 assignments leave it, each way, a bf16 token of HIDDEN elements: the moe section's
+    bytes are the exchanges' bytes in the event log, and the closed form."""
+    spec = scenario(16, ep=2, tp=2, pp=2, steps=2, numerics=False, precision="bf16", sharding={"stage": 1},
+                    microbatches=2)
+    job = one_step(spec)
+    moe = job.scheme.report_sections()["moe"]
+    assert moe["routing"] == "balanced" and moe["imbalance"] == [1.0, 1.0]
+    assert moe["tokens_per_expert_max"] == moe["tokens_per_expert_min"] == [8, 8]
+    moved = bytes_by_label(job)
+    exchanged = sum(moved[label] for label in ("moe dispatch", "moe combine", "moe dispatch backward",
+                                               "moe combine backward"))
+    ranks_of_an_exchange, layers_a_rank, microbatches = 16, 1, 2  # pp 2: one of the two blocks a stage
+    closed_form = 4 * ranks_of_an_exchange * layers_a_rank * microbatches * 8 * HIDDEN * 2
+    assert moe["all_to_all_bytes"] == [exchanged // 2] * 2 == [closed_form] * 2
+
+
 def test_a_shard_layout_cuts_each_unit_over_its_own_group():
     """The dense unit over 4 ranks, the experts' over 2: each padded to its group, a shard one chunk of each."""
     layout = ShardLayout([5, 3, 7], units=[[0, 1], [2]], shards=(4, 2))
@@ -131,7 +151,8 @@ def test_a_shard_layout_cuts_each_unit_over_its_own_group():
     (dict(tp=2, sequence_parallel=False), "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it"),
     (dict(cp=2), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
     (dict(ep=1, cp=2), "parallel.cp: model.moe with context parallelism is not built yet"),
-    (dict(numerics=False), "numerics: model.moe under parallel.pp or parallel.tp runs with numerics on"),
+    (dict(numerics=False, moe_routing={"model": "zipf"}), "model.moe.routing.model: zipf under parallel.pp or "
+                                                            "parallel.tp with numerics off is not built"),
     (dict(sharding={"stage": 3}), "parallel.sharding.stage: 3 with parallel.ep is not built"),
     (dict(sharding={"stage": 1, "degree": 1}), "parallel.sharding.degree: HSDP with parallel.ep is not built"),
     (dict(pp=1, sharding={"stage": 1}), "parallel.sharding.stage: with parallel.ep and data parallelism alone"),

@@ -238,8 +238,8 @@ class Scenario(Section):
 
 
 def _experts_fit(scenario: Scenario) -> None:
-    """model.moe under pp / tp (schemes/expert_model_parallel.py): tp with sequence parallelism, no cp, numerics
-    on. parallel.ep shards model.moe's experts over data-parallel ranks: in fp32 or bf16, every expert count
+    """model.moe under pp / tp (schemes/expert_model_parallel.py): tp with sequence parallelism, no cp, balanced
+    routing with numerics off. parallel.ep shards model.moe's experts over data-parallel ranks: in fp32 or bf16, every expert count
     divisible."""
     ep, moe, parallel = scenario.parallel.ep, scenario.model.moe, scenario.parallel
     if moe is not None and parallel.model_parallel:
@@ -248,9 +248,9 @@ def _experts_fit(scenario: Scenario) -> None:
                              "routes its part of the sequence to experts it holds whole, as Megatron-Core)")
         if parallel.cp > 1:
             raise ValueError("parallel.cp: model.moe with context parallelism is not built yet")
-        if not scenario.numerics:
-            raise ValueError("numerics: model.moe under parallel.pp or parallel.tp runs with numerics on (the "
-                             "routing models of numerics off run with data parallelism only)")
+        if not scenario.numerics and moe.routing.model != "balanced":
+            raise ValueError(f"model.moe.routing.model: {moe.routing.model} under parallel.pp or parallel.tp with "
+                             "numerics off is not built (balanced is; data parallelism alone draws it)")
         if scenario.train.checkpointing not in ("none", "selective"):
             raise ValueError("train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none or "
                              "selective (the others are not built yet)")

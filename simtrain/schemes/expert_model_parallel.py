@@ -29,7 +29,9 @@ gradient of the mean loss over the global batch, as on one device.
 collectives, the experts of the other ep ranks for the whole model, and the
 `moe` report section (per step: tokens per expert, drops, the bytes the
 exchanges moved, from every ep group's routing; all-to-all time is in the
-trace and the parallel section, not split out here).
+trace and the parallel section, not split out here). With numerics off
+every layer routes its tokens evenly (`model.moe.routing: balanced`, what
+analytical simulators assume), and its records are that routing's.
 
     experts = ExpertLayers(scheme)                  # ModelParallel with model.moe
     scheme.comms.ep, scheme.comms.expert_dp = experts.communicators()
@@ -37,6 +39,7 @@ trace and the parallel section, not split out here).
 """
 from ..step_ops import Collective
 from ..train.moe import MoE
+from ..train.moe_exchange import balanced_routing
 from .replicated_update import ReplicatedUpdate
 from .expert_dispatch import EpGroup, group_all_to_all
 from .expert_parallel import experts_last, moe_section
@@ -83,16 +86,21 @@ class ExpertLayers:
     def step_done(self, step: int) -> None:
         """Step `step` has ended on every rank: its routing, every ep group's once (read off its ep rank 0). A layer
         runs once a microbatch, and a rank may have run the next step's first ones already: each layer's oldest
-        records are this step's."""
+        records are this step's. Without numerics every layer charged the balanced routing of a microbatch's tokens
+        (train/moe_exchange.py), each tp rank its part of the sequence."""
         layout, token_bytes = self.scheme.layout, None
         received, assigned_total, kept_total, moved = [], 0, 0, 0
         share = [0] * self.experts
-        per = self.experts // self.ep
+        per, m = self.experts // self.ep, self.scheme.microbatches
+        sample = self.job.sample_microbatch()
+        tokens = sample.shape[0] * sample.shape[1] // layout.tp  # a rank's tokens per microbatch
         for rank, replica in enumerate(self.scheme.replicas):
             layers = _layers(replica)
             for layer in layers:
-                m = self.scheme.microbatches
-                routings, layer.routings = layer.routings[:m], layer.routings[m:]
+                if self.job.numerics:
+                    routings, layer.routings = layer.routings[:m], layer.routings[m:]
+                else:
+                    routings = [balanced_routing(layer, tokens)] * m
                 if layout.rank_groups(rank).ep.index(rank):
                     continue
                 token_bytes = layer.router.weight.shape[1] * layer.router.weight.element_size()
@@ -114,7 +122,8 @@ class ExpertLayers:
 
     def report_sections(self, loss_curve) -> dict:
         """The `moe` section (schemes/expert_parallel.py's), its all-to-all time left out (null)."""
-        return {"moe": moe_section(self.ep, self.experts, "router", self.moe_steps, loss_curve, None)}
+        routing = "router" if self.job.numerics else self.job.scenario.model.moe.routing.model
+        return {"moe": moe_section(self.ep, self.experts, routing, self.moe_steps, loss_curve, None)}
 
 
 class ExpertUpdate(ReplicatedUpdate):

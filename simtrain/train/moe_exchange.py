@@ -26,8 +26,9 @@ One layer, on the (x, h) of a block (its residual stream and the MoE's input):
    shared experts) onto the residual stream.
 
 Every boundary's backward is the reverse exchange ("moe dispatch backward",
-"moe combine backward"). Without a router's output (meta tensors: a cost
-measured before any routing) every rank's assignments are balanced.
+"moe combine backward"). Without a router's output (meta tensors: numerics
+off, or a cost measured before any routing) every rank's assignments are
+balanced (`balanced_routing`).
 
     ops = exchange_ops(block.moe)      # (x, h) -> (x + moe(h),), after a block's attention ops
     block.moe.routings                 # per forward: (assigned, kept), [ep rank][expert], of its ep group
@@ -53,6 +54,13 @@ class ExpertExchange(NamedTuple):
     def result_like(self, tensor: torch.Tensor) -> torch.Tensor:
         """An empty tensor shaped as what this rank receives when it sends `tensor`."""
         return tensor.new_empty((self.rows, *tensor.shape[1:]))
+
+
+def balanced_routing(moe, tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(assigned, kept), [ep rank][expert], of an ep group whose every rank routes `tokens` tokens evenly over the
+    experts of `moe` (an MoE layer): what a layer charges without a router's output."""
+    assigned = [balanced_assignments(moe.spec.experts, tokens * moe.spec.top_k)] * moe.ep
+    return assigned, kept_matrix(assigned, moe.capacity(tokens * moe.ep))
 
 
 def kept_matrix(assigned: list[list[int]], capacity: int | None) -> list[list[int]]:
@@ -137,12 +145,12 @@ class _Exchanging:
     def select(self, x, tokens, chosen, weights, gathered):
         moe, me = self.moe, self.ep_rank
         experts, ep = moe.spec.experts, moe.ep
+        capacity = moe.capacity(tokens.shape[0] * ep)
         if gathered.is_meta:
-            assigned = [balanced_assignments(experts, tokens.shape[0] * moe.spec.top_k)] * ep
+            assigned, self.kept = balanced_routing(moe, tokens.shape[0])
         else:
             assigned = gathered.tolist()
-        capacity = moe.capacity(tokens.shape[0] * ep)
-        self.kept = kept_matrix(assigned, capacity)
+            self.kept = kept_matrix(assigned, capacity)
         self.counts = tuple(map(tuple, rank_counts(self.kept)))
         if not gathered.is_meta:
             moe.routings.append((assigned, self.kept))
