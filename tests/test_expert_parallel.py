@@ -202,8 +202,8 @@ def cli(*args):
 @pytest.mark.parametrize("command,overrides,expected", [
     ("validate", ["model.moe={experts: 6}", "parallel.ep=4"], "parallel.ep: 4 does not divide model.moe.experts 6"),
     ("validate", ["parallel.ep=2"], "parallel.ep: 2 shards the experts of model.moe; the model has none"),
-    ("validate", ["model.moe={}", "parallel.ep=2", "train.precision=fp8"], "parallel.ep: runs in train.precision "
-                                                                            "fp32 or bf16"),
+    ("validate", ["model.moe={}", "parallel.ep=2", "train.optimizer={name: kfac, lr: 0.1}"],
+     "parallel.ep: runs with a first-order optimizer"),
     ("validate", ["model.moe={}", "parallel.moe_dispatch=hierarchical"], "parallel.moe_dispatch: hierarchical "
                                                                          "moves tokens between the ranks of "
                                                                          "parallel.ep, which is 1"),

@@ -98,7 +98,7 @@ class Scenario(Section):
             raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
         if self.model.moe is not None and precision == "fp16":
             # train/moe.py adds the balancing loss's gradient without the fp16 loss scale
-            raise ValueError("model.moe: runs in train.precision fp32 or bf16")
+            raise ValueError("model.moe: runs in train.precision fp32, bf16 or fp8")
         _experts_fit(self)
         builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
         if self.model.batchnorm and self.model.name == "gpt":
@@ -239,8 +239,8 @@ class Scenario(Section):
 
 def _experts_fit(scenario: Scenario) -> None:
     """model.moe under pp / tp (schemes/expert_model_parallel.py): tp with sequence parallelism, no cp, balanced
-    routing with numerics off. parallel.ep shards model.moe's experts over data-parallel ranks: in fp32 or bf16, every expert count
-    divisible."""
+    routing with numerics off. parallel.ep shards model.moe's experts over data-parallel ranks: with a first-order
+    optimizer, every expert count divisible."""
     ep, moe, parallel = scenario.parallel.ep, scenario.model.moe, scenario.parallel
     if moe is not None and parallel.model_parallel:
         if parallel.tp > 1 and not parallel.sequence_parallel:
@@ -260,9 +260,9 @@ def _experts_fit(scenario: Scenario) -> None:
         raise ValueError(f"parallel.ep: {ep} shards the experts of model.moe; the model has none")
     if moe.experts % ep:
         raise ValueError(f"parallel.ep: {ep} does not divide model.moe.experts {moe.experts}")
-    if scenario.train.precision not in ("fp32", "bf16") or scenario.train.optimizer.name == "kfac":
-        raise ValueError("parallel.ep: runs in train.precision fp32 or bf16 with a first-order optimizer (the "
-                         "expert gradients are kept apart from the replicated ones)")
+    if scenario.train.optimizer.name == "kfac":
+        raise ValueError("parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from "
+                         "the replicated ones)")
 
 
 def _representatives_fit(scenario: Scenario) -> None:

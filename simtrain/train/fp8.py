@@ -46,7 +46,8 @@ def to_float8(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, t
     """`tensor` cast to float8 `dtype` with one scale from its amax: (float8 values, float32 scale), the
     values being round(clamp(tensor · scale, ±max)) in `dtype`."""
     fp8_max = torch.finfo(dtype).max
-    amax = tensor.detach().abs().amax().to(torch.float64)
+    # an empty tensor (an expert no token was routed to) has amax 0, as Transformer Engine's amax kernel leaves it
+    amax = (tensor.detach().abs().amax() if tensor.numel() else tensor.new_zeros(())).to(torch.float64)
     scale = (fp8_max / amax.clamp(min=_EPS)).to(torch.float32)
     scaled = tensor.detach().to(torch.float32) * scale
     return scaled.clamp(-fp8_max, fp8_max).to(dtype), scale

@@ -26,7 +26,7 @@ gradient (times 1) to the router's, so the loss a run reports stays the
 language-model loss. Its gradient is `aux_loss_scale`: under pp / tp
 1 / (micro-batches x tp) (train/moe_exchange.py), with gradient accumulation
 1 / micro-batches (`scale_balancing_loss`); an fp16 loss scale is not
-applied to it, so MoE runs in fp32 or bf16 (scenario/root.py says so). The
+applied to it, so MoE runs in fp32, bf16 or fp8 (scenario/root.py says so). The
 router's pieces are in train/moe_router.py.
 
 After each forward, `routing` holds what the router did: tokens per expert
