@@ -1,26 +1,27 @@
 """Device catalog: what one simulated GPU can compute and hold.
 
 A `DeviceSpec` gives a GPU's dense peak FLOP/s per dtype (fp32, tf32, fp16,
-bf16, and fp8 on the parts whose tensor cores have it: Hopper and later), its
-HBM capacity and bandwidth, its NVLink bandwidth (the datasheet's, both
-directions together: what to divide by two for `cluster.link`, which is per
-direction), the fraction of peak a training kernel reaches (`efficiency`) and
-a fixed cost per kernel (`kernel_overhead`, default 0), per pass
-(`pass_overhead`, default 0: a forward or a backward) and per optimizer step
-(`update_overhead`, default 0). The compute model charges `flops /
-spec.flops_rate(dtype) + kernels x kernel_overhead + passes x pass_overhead`
-seconds, an optimizer step `bytes / (memory_bandwidth x efficiency) + kernels
-x kernel_overhead + update_overhead`.
+bf16; fp8 on the parts whose tensor cores have it, Hopper and later; mxfp8 and
+nvfp4, the block-scaled formats, on Blackwell's), its HBM capacity and
+bandwidth, its NVLink bandwidth (the datasheet's, both directions together:
+what to divide by two for `cluster.link`, which is per direction), the
+fraction of peak a training kernel reaches (`efficiency`) and a fixed cost per
+kernel (`kernel_overhead`, default 0), per pass (`pass_overhead`, default 0: a
+forward or a backward) and per optimizer step (`update_overhead`, default 0).
+The compute model charges `flops / spec.flops_rate(dtype) + kernels x
+kernel_overhead + passes x pass_overhead` seconds, an optimizer step `bytes /
+(memory_bandwidth x efficiency) + kernels x kernel_overhead + update_overhead`.
 The catalog's parts also give their streaming multiprocessors (SMs): work that
 runs while a communication kernel holds some of them (Transformer Engine's
 `num_sm` with `set_sm_margin`, schemes/tp_overlap.py) runs on the others, at
 that share of the rate (hw/device.py); a device described without them (None)
 runs every kernel on all of its compute.
 
-`CATALOG` holds public datasheet figures for common SXM parts; a scenario names
-one, tweaks one, or describes its own GPU (`cluster.device`, typed and
-validated as scenario.DeviceFields), and `resolve_device` turns any of those
-into a `DeviceSpec`:
+`CATALOG` holds public datasheet figures for common data-center parts; a
+scenario names one (or a part's bare name where the catalog has one part of
+that name, `ALIASES`: `gb200` for gb200-186gb), tweaks one, or describes its
+own GPU (`cluster.device`, typed and validated as scenario.DeviceFields), and
+`resolve_device` turns any of those into a `DeviceSpec`:
 
     resolve_device("a100-40gb")
     resolve_device({"base": "a100-40gb", "efficiency": 0.4, "memory": "80 GiB"})
@@ -31,8 +32,8 @@ into a `DeviceSpec`:
 
 Memory capacities are binary: an "80 GB" HBM part holds 80 GiB of DRAM cells
 (five 16 GiB stacks), and nvidia-smi reports 81920 MiB for an A100 80GB. The
-H200's "141 GB" and the B200's "180 GB" are read the same way (141 and 180
-GiB).
+H200's "141 GB", the B200's "180 GB", the GB200's "186 GB" and the GB300's
+"288 GB" are read the same way.
 """
 import dataclasses
 import os
@@ -59,8 +60,8 @@ class DeviceSpec:
     """One GPU model: dense peak FLOP/s by dtype, HBM size and bandwidth, efficiency."""
 
     name: str
-    # Every dtype of DTYPES; fp8 (OPTIONAL_DTYPES) only on parts that have it. Left out of hash(): a dict is
-    # unhashable.
+    # Every dtype of DTYPES; those of OPTIONAL_DTYPES (fp8, mxfp8, nvfp4) only on parts that have them. Left out
+    # of hash(): a dict is unhashable.
     peak_flops: dict[str, float] = dataclasses.field(hash=False)
     memory_bytes: float
     memory_bandwidth: float
@@ -153,6 +154,48 @@ CATALOG: dict[str, DeviceSpec] = {
         # GH100's 144)
         streaming_multiprocessors=132,
     ),
+    # Same datasheet, H100 PCIe: FP32 51 TFLOP/s; with sparsity TF32 756, BF16/FP16 1,513 and FP8 3,026, dense
+    # half of each: 378, 756.5, 1,513. 80 GB HBM2e at 2 TB/s; an NVLink bridge joins two cards at 600 GB/s.
+    "h100-pcie-80gb": DeviceSpec(
+        name="h100-pcie-80gb",
+        peak_flops={"fp32": 51 * _T, "tf32": 378 * _T, "fp16": 756.5 * _T, "bf16": 756.5 * _T,
+                    "fp8": 1513 * _T},
+        memory_bytes=80 * _GIB,
+        memory_bandwidth=2.0e12,
+        nvlink_bandwidth=600e9,
+        streaming_multiprocessors=114,  # the H100 architecture whitepaper (2022): H100 PCIe has 114 SMs
+    ),
+    # Meta's H100 in its Grand Teton servers, a custom part NVIDIA publishes no datasheet for: "Meta's H100s also
+    # have the SXM form factor despite having 96GB HBM2e" (pytorch/torchtitan PR #554, 2024); "2.4 TB per second,
+    # custom to Meta's H100 variant" (pytorch/ao, torchao/testing/training/roofline_utils.py); "non-standard.
+    # They have HBM2e and are limited to a lower TDP. The actual peak TFLOPs should be between SXM and NVL, and we
+    # don't know the exact value" (TorchTitan paper, arXiv 2410.06511, 2024). No source found gives its power limit
+    # (the issue's ~500 W) or its SM count; its FLOP/s, NVLink and SMs are the H100 SXM's (the NVIDIA datasheet
+    # value: an upper bound; H100 NVL's dense BF16 is 835 TFLOP/s). Not the 80 GB HBM3, 700 W H100 that the Llama 3
+    # paper (2024) trained on Grand Teton: that one is h100-80gb.
+    "h100-grand-teton-96gb": DeviceSpec(
+        name="h100-grand-teton-96gb",
+        peak_flops={"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T,
+                    "fp8": 1979 * _T},
+        memory_bytes=96 * _GIB,
+        memory_bandwidth=2.4e12,
+        nvlink_bandwidth=900e9,
+        streaming_multiprocessors=132,
+    ),
+    # NVIDIA H800 Tensor Core GPU datasheet (2023), H800 SXM: the H100 SXM's FP32 67 and, with sparsity, TF32 989,
+    # BF16/FP16 1,979 and FP8 3,958 TFLOP/s (dense half of each), FP64 cut to 1 TFLOP/s; 80 GB HBM3 at 3.35 TB/s;
+    # NVLink 400 GB/s (the H100's 900 GB/s, cut).
+    "h800-80gb": DeviceSpec(
+        name="h800-80gb",
+        peak_flops={"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T,
+                    "fp8": 1979 * _T},
+        memory_bytes=80 * _GIB,
+        memory_bandwidth=3.35e12,
+        nvlink_bandwidth=400e9,
+        # DeepSeek-V3 Technical Report (arXiv 2412.19437, 2024): its all-to-all kernels take 20 of the H800's 132
+        # SMs
+        streaming_multiprocessors=132,
+    ),
     # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM: the H100's compute (the same GH100 die: FP32
     # 67, and with sparsity TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOP/s; dense half of each); 141 GB HBM3e
     # at 4.8 TB/s; NVLink 900 GB/s.
@@ -169,12 +212,15 @@ CATALOG: dict[str, DeviceSpec] = {
     ),
     # NVIDIA HGX B200 specifications (nvidia.com's HGX platform page, "Individual Blackwell GPU
     # Specifications", HGX B200 column; the DGX B200 datasheet gives the same per-GPU figures times 8):
-    # FP32 75 TFLOP/s; with sparsity TF32 2.2, FP16/BF16 4.5 and FP8 9 PFLOP/s, dense half of each: 1,100,
-    # 2,250, 4,500 TFLOP/s. 180 GB HBM3e at 7.7 TB/s; fifth-generation NVLink 1.8 TB/s.
+    # FP32 75 TFLOP/s; with sparsity TF32 2.2, FP16/BF16 4.5, FP8 9 and FP4 18 PFLOP/s, dense half of each: 1,100,
+    # 2,250, 4,500 and 9,000 TFLOP/s. 180 GB HBM3e at 7.7 TB/s; fifth-generation NVLink 1.8 TB/s.
+    # Blackwell's block-scaled formats run on the same tensor-core paths as their plain ones (NVIDIA lists one
+    # "FP8/FP6" and one "FP4" rate; torchao's roofline, roofline_utils.py, times MXFP8 GEMMs at the FP8 peak):
+    # mxfp8 at the FP8 rate, nvfp4 at the FP4 rate. The same holds for gb200-186gb and gb300-288gb.
     "b200-180gb": DeviceSpec(
         name="b200-180gb",
         peak_flops={"fp32": 75 * _T, "tf32": 1100 * _T, "fp16": 2250 * _T, "bf16": 2250 * _T,
-                    "fp8": 4500 * _T},
+                    "fp8": 4500 * _T, "mxfp8": 4500 * _T, "nvfp4": 9000 * _T},
         memory_bytes=180 * _GIB,
         memory_bandwidth=7.7e12,
         nvlink_bandwidth=1.8e12,
@@ -182,7 +228,47 @@ CATALOG: dict[str, DeviceSpec] = {
         # CUDA runtime reports, as Chips and Cheese's "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025)
         streaming_multiprocessors=148,
     ),
+    # NVIDIA GB200 NVL72 specifications (nvidia.com's GB200 NVL72 page, 2025), the rack's figures over its 72 GPUs:
+    # FP32 5,760 TFLOP/s -> 80; with sparsity TF32 180, FP16/BF16 360, FP8/FP6 720 and FP4 1,440 PFLOP/s -> dense
+    # 1,250, 2,500, 5,000 and 10,000 TFLOP/s (the B200's silicon at a higher clock and power); up to 13.4 TB HBM3e
+    # at 576 TB/s -> 186 GB at 8 TB/s; NVLink 130 TB/s -> 1.8 TB/s. The 2024 Blackwell announcement gave 192 GB a
+    # GPU (384 GB a superchip); the page's shipping 186 GB is taken, as MLPerf's GB200-186GB systems list it.
+    "gb200-186gb": DeviceSpec(
+        name="gb200-186gb",
+        peak_flops={"fp32": 80 * _T, "tf32": 1250 * _T, "fp16": 2500 * _T, "bf16": 2500 * _T,
+                    "fp8": 5000 * _T, "mxfp8": 5000 * _T, "nvfp4": 10000 * _T},
+        memory_bytes=186 * _GIB,
+        memory_bandwidth=8e12,
+        nvlink_bandwidth=1.8e12,
+        # NVIDIA's GB200 documents give no SM count; the CUDA runtime reports 152 (the notes on FlashInfer's NVFP4
+        # sparse MLA decode kernel, flashinfer-ai/flashinfer#5716: "GB200 (152 SMs)", "B200 (148 SMs)"), and
+        # GB200's MIG slices hold more SMs than B200's (NVIDIA/gpu-operator PR #1303, 2025: 32 against 30 in a
+        # 1g.47gb slice)
+        streaming_multiprocessors=152,
+    ),
+    # NVIDIA GB300 NVL72 specifications (nvidia.com's GB300 NVL72 page, 2025), over its 72 GPUs: FP32 6 PFLOP/s ->
+    # 83.3 TFLOP/s (Verda's per-GPU table, "NVIDIA GB300 NVL72: GPU Architecture & Performance", 2025, gives 80;
+    # NVIDIA's figure is taken); with sparsity TF32 180, FP16/BF16 360 and FP8/FP6 720 PFLOP/s -> dense 1,250,
+    # 2,500 and 5,000; FP4 1,080 PFLOP/s dense -> 15,000 TFLOP/s, 1.5 times GB200's. "Inside NVIDIA Blackwell
+    # Ultra: The Chip Powering the AI Factory Era" (NVIDIA technical blog, 2025): 15 PFLOP/s dense NVFP4, 288 GB
+    # HBM3e at 8 TB/s, NVLink 1.8 TB/s a GPU.
+    "gb300-288gb": DeviceSpec(
+        name="gb300-288gb",
+        peak_flops={"fp32": 83.3 * _T, "tf32": 1250 * _T, "fp16": 2500 * _T, "bf16": 2500 * _T,
+                    "fp8": 5000 * _T, "mxfp8": 5000 * _T, "nvfp4": 15000 * _T},
+        memory_bytes=288 * _GIB,
+        memory_bandwidth=8e12,
+        nvlink_bandwidth=1.8e12,
+        # the blog's 160 SMs are "the full GPU implementation"; the CUDA runtime reports 152 on a GB300 (the
+        # FlashInfer notes above: "GB300 (152 SMs)"), which is taken
+        streaming_multiprocessors=152,
+    ),
 }
+
+# A part's bare name (gb200) for the catalog's one part of that name (gb200-186gb); none for a name several
+# parts share (a100, h100).
+_PARTS = [name.split("-")[0] for name in CATALOG]
+ALIASES = {part: name for part, name in zip(_PARTS, CATALOG) if _PARTS.count(part) == 1}
 
 
 def resolve_device(value, field: str = "cluster.device", base_dir=None) -> DeviceSpec:
@@ -269,6 +355,7 @@ def require_rate(specs: list[DeviceSpec], dtype: str, field: str) -> None:
 
 def _lookup(name: str, field: str) -> DeviceSpec:
     key = name.strip().lower()
+    key = ALIASES.get(key, key)
     if key not in CATALOG:
         raise ScenarioError(f"{field}: unknown device {name!r}; known: {', '.join(sorted(CATALOG))}")
     return CATALOG[key]

@@ -18,7 +18,9 @@ from ..limits import (MAX_COMPUTE_JITTER, MAX_COMPUTE_JITTER_FIXED, MAX_DEVICES,
 from .fields import Bandwidth, Bytes, Count, Duration, Flag, FlopRate, Interval, Real, Section, first_error
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")  # the dtypes every device has a peak FLOP/s for
-OPTIONAL_DTYPES = ("fp8",)  # the dtypes only some devices have (Hopper and later: fp8)
+# The dtypes only some devices have: fp8 (Hopper and later), the block-scaled mxfp8 and nvfp4 (Blackwell). Rates
+# only: train.precision takes fp8 of them, as no model here trains in mxfp8 or nvfp4.
+OPTIONAL_DTYPES = ("fp8", "mxfp8", "nvfp4")
 
 
 class LinkSpec(Section):
@@ -38,6 +40,10 @@ class PeakFlops(Section):
     bf16: FlopRate | None = Field(None, description="Peak BF16 tensor-core FLOP/s (FLOP/s).")
     fp8: FlopRate | None = Field(None, description="Peak FP8 tensor-core FLOP/s; null: the device has none "
                                                    "(FLOP/s).")
+    mxfp8: FlopRate | None = Field(None, description="Peak MXFP8 (FP8 with a scale per 32 values) tensor-core "
+                                                     "FLOP/s; null: the device has none (FLOP/s).")
+    nvfp4: FlopRate | None = Field(None, description="Peak NVFP4 (FP4 with a scale per 16 values) tensor-core "
+                                                     "FLOP/s; null: the device has none (FLOP/s).")
 
     def given(self) -> dict[str, float]:
         """The dtypes given, with their FLOP/s."""
@@ -50,8 +56,10 @@ class DeviceFields(Section):
     hw/catalog.py turns it into a device spec."""
 
     base: str | None = Field(None, description="Catalog device whose figures the other fields change "
-                                               "(a100-40gb, a100-80gb, b200-180gb, h100-80gb, "
-                                               "h200-141gb, v100-16gb).")
+                                               "(a100-40gb, a100-80gb, b200-180gb, gb200-186gb, gb300-288gb, "
+                                               "h100-80gb, h100-grand-teton-96gb, h100-pcie-80gb, h200-141gb, "
+                                               "h800-80gb, v100-16gb; or a bare name the catalog has one part "
+                                               "of: gb200).")
     name: str | None = Field(None, min_length=1, description="The device's name in reports.")
     peak_flops: PeakFlops | None = Field(None, description="Dense peak FLOP/s per dtype; with base, only the "
                                                            "dtypes that change.")
