@@ -55,10 +55,12 @@ import copy
 import torch
 
 from .backend import SimulatedBackend
+from .errors import ScenarioError
 from .hw.cluster import Cluster
 from .scenario import Scenario
 from .schemes import build_scheme, load_schemes
 from .parallel import Layout
+from .parallel.support import Case, refuse
 from .schemes.representatives import representative_ranks
 from .schemes.model_parts import part_counts, rank_shares
 from .train.checkpointing import apply_checkpointing
@@ -88,6 +90,7 @@ class Job:
         self.index = cluster.add_job(self.name, self.ranks)
         self.backend = backend if backend is not None else SimulatedBackend()
         self.layout = Layout.of(scenario.parallel, self.world)
+        refuse(Case(scenario, layout=self.layout), ScenarioError)  # the support table's rows that read the layout
         dataset = load_dataset(scenario.data.name, scenario.data.loader_options(), scenario.seed, values=numerics)
         self.data = hold_out_validation(dataset, scenario.data.validation_fraction, scenario.seed)
         device = "cpu" if numerics else "meta"

@@ -5,8 +5,9 @@ replicas and its scheme; each step of that build refuses what it cannot run,
 with one line naming the key. For a scenario whose model and data are built in
 (mlp, cnn, gpt, llama with or without model.moe; digits, synthetic, tokens),
 `check_job(scenario, shared_memory, world)` makes the same checks, in the same order,
-with the same lines, on plain numbers: the layout (parallel/layout.py), the data
-set's options and splits (train/data_shape.py), the model's entries as data
+with the same lines, on plain numbers: the layout (parallel/layout.py) and the
+support table's rows that read it (parallel/support.py), the data set's
+options and splits (train/data_shape.py), the model's entries as data
 (train/architecture.py: the pipeline's units, the tensor-parallel cut,
 gradient checkpointing's blocks), and what the scheme refuses
 (schemes/scheme_checks.py, comm/channels.py). The build itself calls the same
@@ -34,10 +35,11 @@ from .comm.channels import check_channels
 from .errors import ScenarioError
 from .hw.shared_memory import SharedMemory
 from .parallel.schedules import pipeline_placement
+from .parallel.support import Case, refuse
 from .scenario import CheckpointSegments, Scenario
 from .parallel import Layout
-from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_distributed_optimizer, check_pipeline_units,
-                                    check_sequence, check_sharding, offload_host_bandwidth)
+from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence,
+                                    offload_host_bandwidth)
 from .train.architecture import (Entry, architecture, check_tensor_cut, checkpoint_blocks, checkpoint_segments,
                                  units_of)
 from .train.data_shape import BUILTIN, builtin_splits, check_validation_split
@@ -63,6 +65,7 @@ def check_job(scenario: Scenario, shared_memory: SharedMemory | None, world: int
     (`cluster.shared_memory`'s, None without one), a scenario that `covered` accepts."""
     parallel = scenario.parallel
     layout = Layout.of(parallel, world)
+    refuse(Case(scenario, layout=layout), ScenarioError)  # the support table's rows that read the layout
     info, train_samples, _ = builtin_splits(scenario.data.name, scenario.data.loader_options())
     check_validation_split(scenario.data.validation_fraction, train_samples)
     entries = architecture(scenario.model, info)
@@ -107,21 +110,13 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
 
 def _check_scheme(scenario: Scenario, shared_memory: SharedMemory | None, layout: Layout) -> None:
     """What the scheme the registry picks refuses when it is built (schemes/__init__.py's order)."""
-    parallel, world = scenario.parallel, layout.world
-    sharding = parallel.sharding
+    parallel, sharding = scenario.parallel, scenario.parallel.sharding
     if parallel.model_parallel:
         if _model_parallel_all_reduces(scenario, layout):
             _check_all_reduce(parallel)
-        if sharding.stage > 0:
-            check_distributed_optimizer(layout.dp * layout.cp, layout.dp_shard, parallel.representatives)
-    elif parallel.mode == "async":
-        return
-    elif sharding.stage > 0:
-        check_sharding(parallel, scenario.train, world, layout.dp_shard, simulated=True)
+    elif parallel.mode != "async":
         if sharding.offload != "none":
             offload_host_bandwidth(shared_memory, scenario.cluster.shared_memory, sharding.offload)
-        _check_all_reduce(parallel)
-    else:
         _check_all_reduce(parallel)
 
 

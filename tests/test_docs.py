@@ -70,7 +70,7 @@ def test_site_builds_without_warnings(tmp_path):
                            cwd=ROOT, capture_output=True, text=True, env={**ENV, "NO_MKDOCS_2_WARNING": "1"})
     assert build.returncode == 0, build.stderr
     assert "WARNING" not in build.stderr, build.stderr
-    for page in ("reference/scenario", "reference/cli", "reference/report"):
+    for page in ("reference/scenario", "reference/cli", "reference/report", "reference/support"):
         assert (tmp_path / "site" / page / "index.html").exists()
 
 

@@ -1,13 +1,16 @@
 """The generated reference pages: written at build time from the code, never by hand.
 
-mkdocs runs this hook (`hooks:` in mkdocs.yml). On every build it adds three
+mkdocs runs this hook (`hooks:` in mkdocs.yml). On every build it adds four
 pages that exist only in the built site, never in the repository:
 
 - reference/scenario.md: every scenario key, from the pydantic schema
   (`Scenario.model_json_schema()`), with its type, default, unit and description;
 - reference/cli.md: every command and option, walked from the click group;
 - reference/report.md: every report.json key, from the report's JSON Schema
-  (`simtrain.report.schema.report_schema()`) once the package ships it.
+  (`simtrain.report.schema.report_schema()`) once the package ships it;
+- reference/support.md: what combines, from the support table
+  (`simtrain.parallel.support`): each feature, and each combination simtrain
+  refuses, not built yet (naming the framework that runs it) or run by neither.
 
 A field's unit is the schema's own `unit` where it gives one; else, for a
 quantity field (one that takes "50 GB/s", "5 us", "40 GiB"), the SI unit its
@@ -23,6 +26,7 @@ PAGES = {
     "reference/scenario.md": "scenario_page",
     "reference/cli.md": "cli_page",
     "reference/report.md": "report_page",
+    "reference/support.md": "support_page",
 }
 
 
@@ -238,6 +242,59 @@ def _report_rows(root: dict, node: dict, prefix: str):
             yield from _report_rows(root, section, key + ".")
         elif target.get("type") == "array" and _section(root, target.get("items", {})) is not None:
             yield from _report_rows(root, _section(root, target["items"]), key + "[].")
+
+
+# -- what combines -------------------------------------------------------------------------------------------------
+
+def support_page() -> str:
+    from simtrain.parallel.support import FEATURES, REFUSED
+
+    not_built = [row for row in REFUSED if row.built_by]
+    neither = [row for row in REFUSED if not row.built_by]
+    lines = [
+        "# What combines",
+        "",
+        "Generated from the support table (`simtrain/parallel/support.py`) when the site is built. A feature is "
+        "one thing a scenario can use; each row below is a combination of features simtrain refuses, with the one "
+        "line `simtrain validate` (or `simtrain launch`) prints for it, `<name>` standing for the scenario's value. "
+        "Any other combination runs, given each feature's own needs (sequence parallelism needs tp, offload a ZeRO "
+        "stage, representatives pp or tp and numerics off; `parallel.overlap` is DDP's, ZeRO overlaps with its own "
+        "flags): tests/test_support_table.py validates against this table every pair of the features below that "
+        "one scenario can hold.",
+        "",
+        f"{len(REFUSED)} combinations are refused: {len(not_built)} not built in simtrain, which Megatron-Core or "
+        f"torchtitan run (each goes when simtrain builds it), and {len(neither)} that neither framework runs.",
+        "",
+        "## Features",
+        "",
+        "| feature | scenario keys | refused with |",
+        "|---|---|---|",
+    ]
+    for feature in FEATURES:
+        partners = [_features([group for group in row.groups if feature.name not in group])
+                    + (" (not built)" if row.built_by else "")
+                    for row in REFUSED if any(feature.name in group for group in row.groups)]
+        lines.append(f"| {feature.name} | {_cell(feature.keys)} | {_cell('; '.join(partners))} |")
+    lines += ["", "## Not built in simtrain", "",
+              "Megatron-Core or torchtitan runs each of these combinations; simtrain refuses it until it is built.",
+              "", "| features | verdict | what the frameworks do | simtrain's line |", "|---|---|---|---|"]
+    lines += [f"| {_features(row.groups)} | {row.verdict} | {_cell(row.frameworks)} | {_line(row.line)} |"
+              for row in not_built]
+    lines += ["", "## Refused: neither framework runs it", "",
+              "Neither Megatron-Core nor torchtitan runs these combinations (often: one of the features is "
+              "simtrain's own).", "", "| features | why | simtrain's line |", "|---|---|---|"]
+    lines += [f"| {_features(row.groups)} | {_cell(row.frameworks)} | {_line(row.line)} |" for row in neither]
+    return "\n".join(lines) + "\n"
+
+
+def _features(groups) -> str:
+    """Features, each group of alternatives joined by "or"."""
+    return " × ".join(" or ".join(group) for group in groups)
+
+
+def _line(template: str) -> str:
+    """A row's line in code, each {name} the table fills in shown as <name>."""
+    return "`" + _cell(template.replace("{", "<").replace("}", ">")) + "`"
 
 
 # -- cells ----------------------------------------------------------------------------------------------------------

@@ -30,9 +30,10 @@ The measurement section also says (`warning`, one line, printed by the CLI)
 when the timings cannot be trusted: the load average above the cores when the
 ranks started, or the measured steps spread too widely (real/machine_load.py).
 
-Refused, one line each: async (its step programs move bytes through a
-simulated shared-memory store), populations, numerics off, and the nccl
-backend (replicas and their buffers live on the CPU here).
+Refused, one line each: populations, the nccl backend (replicas and their
+buffers live on the CPU here), and the support table's rows for simtrain
+launch (parallel/support.py: async, whose step programs move bytes through a
+simulated shared-memory store; numerics off; ZeRO and FSDP).
 
     data = launch("scenarios/quickstart.yaml", [], nproc=2, out=Path("runs/quickstart-real"))
 """
@@ -46,6 +47,7 @@ from ..errors import ScenarioError, SimtrainError
 from ..evaluation import evaluate
 from ..hw.cluster import build_cluster
 from ..job import Job
+from ..parallel.support import Case, refuse
 from ..report import RunResult, build_report
 from ..report.sections import ReportSection, register_section
 from ..scenario import Scenario, load_scenario
@@ -62,14 +64,9 @@ BACKENDS = ("gloo", "nccl")
 def scenario_for(scenario_file, overrides, world: int) -> Scenario:
     """The scenario on `world` devices, checked for what launch runs; SimtrainError naming the field."""
     scenario = load_scenario(scenario_file, [*overrides, f"cluster.devices={world}"])
-    parallel = scenario.parallel
     if scenario.pbt is not None:
         raise ScenarioError(f"{scenario_file}: pbt: a population runs simulated only (simtrain run)")
-    if not scenario.numerics:
-        raise ScenarioError(f"{scenario_file}: numerics: launch trains for real; false is for simulations")
-    if parallel.mode == "async":
-        raise ScenarioError(f"{scenario_file}: parallel.mode: async runs simulated only (its workers share "
-                            "parameters through a simulated shared-memory store, which a process group lacks)")
+    refuse(Case(scenario, launched=True), lambda line: ScenarioError(f"{scenario_file}: {line}"))
     return scenario
 
 

@@ -184,6 +184,8 @@ class ParallelSpec(Section):
 
     @model_validator(mode="after")
     def _a_layout(self) -> "ParallelSpec":
+        """What each degree and flag needs of the others; features that do not run together are refused from
+        the support table (simtrain/parallel/support.py) by the scenario's root."""
         if self.sequence_parallel and self.tp < 2:
             raise ValueError(f"parallel.sequence_parallel: cuts the sequence across the tp group; needs parallel.tp "
                              f"> 1, got {self.tp}")
@@ -200,11 +202,6 @@ class ParallelSpec(Section):
         if self.pipeline.schedule == "interleaved" and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"parallel.pipeline.microbatches: interleaved needs a multiple of pp {self.pp}, got "
                              f"{self.microbatches}")
-        if self.ep > 1 and (self.mode == "async" or self.cp > 1):
-            raise ValueError("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode "
-                             "sync), beside pp and tp but not cp")
-        if self.ep > 1 and self.sharding.stage > 0:
-            _experts_sharded(self)
         if self.ep == 1 and self.moe_dispatch != "pairwise":
             raise ValueError(f"parallel.moe_dispatch: {self.moe_dispatch} moves tokens between the ranks of "
                              "parallel.ep, which is 1")
@@ -221,12 +218,6 @@ class ParallelSpec(Section):
             raise ValueError(f"parallel.sharding.offload: {sharding.offload} offloads a rank's shard of the "
                              "training state; needs sharding.stage 1, 2 or 3")
         if sharding.stage > 0:
-            if self.mode == "async":
-                raise ValueError(f"parallel.sharding.stage: {sharding.stage} shards synchronous data parallelism; "
-                                 "async keeps one shared store (set parallel.mode sync, or sharding.stage 0)")
-            if sharding.offload != "none" and self.model_parallel:
-                raise ValueError("parallel.sharding.offload: with parallel.pp or parallel.tp above 1 is not built "
-                                 "yet (set offload to none)")
             if sharding.offload == "optimizer_and_parameters" and sharding.stage != 3:
                 raise ValueError(f"parallel.sharding.offload: optimizer_and_parameters offloads the parameters' "
                                  f"shards, which needs sharding.stage 3, got {sharding.stage}")
@@ -265,26 +256,6 @@ class ParallelSpec(Section):
         return self.pp > 1 or self.tp > 1 or self.cp > 1
 
 
-def _experts_sharded(parallel: ParallelSpec) -> None:
-    """Experts under a sharded optimizer: Megatron-Core's distributed optimizer (stages 1 and 2 under pp or tp),
-    each expert sharded over the ranks that hold it; what it is not built with, one line naming the field."""
-    sharding = parallel.sharding
-    refused = (
-        ("parallel.sharding.stage", not parallel.model_parallel,
-         "with parallel.ep and data parallelism alone is not built (set parallel.pp or parallel.tp above 1 for "
-         "the distributed optimizer, or sharding.stage 0)"),
-        ("parallel.sharding.stage", sharding.stage == 3,
-         "3 with parallel.ep is not built (stages 1 and 2 shard the experts over their holders)"),
-        ("parallel.sharding.degree", sharding.degree is not None,
-         "HSDP with parallel.ep is not built (leave the degree out)"),
-        ("parallel.sharding.overlap_grad_reduce", sharding.overlap_grad_reduce,
-         "with parallel.ep is not built (the experts reduce over their own group after the backward)"),
-    )
-    for field, refuse, why in refused:
-        if refuse:
-            raise ValueError(f"{field}: {why}")
-
-
 def _no_flag_ignored(parallel: ParallelSpec) -> None:
     """Flags the layout would not read: one line naming the field, as no scheme may accept and ignore one."""
     sharding = parallel.sharding
@@ -295,8 +266,6 @@ def _no_flag_ignored(parallel: ParallelSpec) -> None:
         ("parallel.bucket_cap_mb", parallel.bucket_cap_mb != ParallelSpec.model_fields["bucket_cap_mb"].default
          and sharding.stage > 0, "sizes DDP's buckets (sharding.stage 0); sharded data parallelism reduces unit by "
                                  "unit (under pp/tp: sharding.bucket_size)"),
-        ("parallel.overlap", parallel.overlap and parallel.ep > 1,
-         "with parallel.ep is not built (the experts' gradients reduce over their own groups after the backward)"),
         ("parallel.sharding.reshard_after_forward", not sharding.reshard_after_forward and sharding.stage < 3,
          "false keeps stage 3's gathered parameters to the backward; needs sharding.stage 3"),
         ("parallel.sharding.reduce_dtype", sharding.reduce_dtype is not None and sharding.stage == 0,

@@ -3,9 +3,11 @@
     scenario = validate_scenario({"cluster": {"devices": 8}, "parallel": {"pp": 2}})
     scenario.to_yaml()                      # every default filled in
 
-A check that spans sections (techniques no scheme combines, faults where
-recovery handles them, live hyperparameters) is here, and its one-line error
-names the field at fault. Reading files and `--set` overrides: loading.py.
+A check that spans sections (what each technique needs of the model, the data
+and the layout; faults where recovery handles them, live hyperparameters) is
+here, and its one-line error names the field at fault. Features that do not run
+together are refused from the one support table (simtrain/parallel/support.py),
+after each technique's own needs. Reading files and `--set` overrides: loading.py.
 """
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 
 from ..errors import ScenarioError, one_line
 from ..limits import MAX_NAME_BYTES, MAX_SEED, MAX_STEPS
+from ..parallel.support import Case, refuse
 from .cluster import ClusterSpec
 from .data import DataSpec
 from .fields import Count, Flag, Section, error_message
@@ -78,27 +81,8 @@ class Scenario(Section):
 
     @model_validator(mode="after")
     def _techniques_fit_together(self) -> "Scenario":
-        """Combinations no scheme implements: one-line errors naming the field, before anything runs."""
-        precision, optimizer = self.train.precision, self.train.optimizer.name
-        if self.parallel.mode == "async":
-            if precision != "fp32":  # the shared fp32 parameters have no master copy
-                raise ValueError(f"train.precision: {precision} runs with the synchronous schemes (parallel.mode "
-                                 "sync), not with async")
-            if optimizer == "kfac":
-                raise ValueError("train.optimizer.name: kfac needs a synchronous scheme (parallel.mode sync)")
-            if self.parallel.sync_batchnorm:
-                raise ValueError("parallel.sync_batchnorm: needs a synchronous scheme (parallel.mode sync)")
-        if not self.numerics and self.data.sampling != "uniform":
-            raise ValueError(f"data.sampling: {self.data.sampling} needs numerics (its priorities are the "
-                             "samples' losses); use uniform with numerics false")
-        if optimizer == "kfac" and precision == "fp16":
-            raise ValueError("train.optimizer.name: kfac does not run under fp16 loss scaling "
-                             "(train.precision fp32 or bf16)")
-        if self.parallel.sync_batchnorm and precision != "fp32":
-            raise ValueError("parallel.sync_batchnorm: needs train.precision fp32")
-        if self.model.moe is not None and precision == "fp16":
-            # train/moe.py adds the balancing loss's gradient without the fp16 loss scale
-            raise ValueError("model.moe: runs in train.precision fp32, bf16 or fp8")
+        """What each technique needs of the model, the data and the layout: one-line errors naming the field,
+        before anything runs."""
         _experts_fit(self)
         builtin_batchnorm = self.model.batchnorm and self.model.name in ("mlp", "cnn")
         if self.model.batchnorm and self.model.name == "gpt":
@@ -115,18 +99,21 @@ class Scenario(Section):
             raise ValueError(f"train.checkpointing: selective recomputes the attention core; model {self.model.name} "
                              "has no attention (use full, sqrt or segments)")
         _microbatches_fit(self)
-        if self.parallel.model_parallel:
-            _model_parallel_fits(self)
+        _sequence_cuts_fit(self)
         if self.parallel.representatives:
             _representatives_fit(self)
-        if self.parallel.sync_batchnorm and self.train.checkpointing != "none":
-            # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
-            raise ValueError("parallel.sync_batchnorm: does not combine with train.checkpointing")
+        return self
+
+    @model_validator(mode="after")
+    def _features_combine(self) -> "Scenario":
+        """Features that do not run together: the support table's line (simtrain/parallel/support.py)."""
+        refuse(Case(self), ValueError)
         return self
 
     @model_validator(mode="after")
     def _faults_fit(self) -> "Scenario":
-        """Faults, spares and checkpoints where recovery.py handles them: one-line errors naming the field."""
+        """Faults and checkpoints in a population, and spares, where recovery.py handles them (with the other
+        features: the support table): one-line errors naming the field."""
         cluster, checkpoint = self.cluster, self.train.checkpoint
         if self.pbt is not None:
             if cluster.random_faults is not None:
@@ -145,15 +132,6 @@ class Scenario(Section):
         if cluster.devices is not None and cluster.spares >= cluster.devices:
             raise ValueError(f"cluster.spares: {cluster.spares} leaves no device for the job "
                              f"(cluster.devices {cluster.devices} counts the spares)")
-        if checkpoint is None:
-            return self
-        if self.parallel.mode == "async":
-            raise ValueError("train.checkpoint: for synchronous schemes; async goes on without a lost worker")
-        if self.train.optimizer.name == "kfac":
-            raise ValueError("train.checkpoint: K-FAC's factors are not part of the training state; use sgd or adam")
-        if self.data.sampling != "uniform":
-            raise ValueError(f"train.checkpoint: {self.data.sampling} sampling's priorities are not part of the "
-                             "training state; use uniform")
         return self
 
     @model_validator(mode="after")
@@ -238,31 +216,14 @@ class Scenario(Section):
 
 
 def _experts_fit(scenario: Scenario) -> None:
-    """model.moe under pp / tp (schemes/expert_model_parallel.py): tp with sequence parallelism, no cp, balanced
-    routing with numerics off. parallel.ep shards model.moe's experts over data-parallel ranks: with a first-order
-    optimizer, every expert count divisible."""
-    ep, moe, parallel = scenario.parallel.ep, scenario.model.moe, scenario.parallel
-    if moe is not None and parallel.model_parallel:
-        if parallel.tp > 1 and not parallel.sequence_parallel:
-            raise ValueError("parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it (each tp rank "
-                             "routes its part of the sequence to experts it holds whole, as Megatron-Core)")
-        if parallel.cp > 1:
-            raise ValueError("parallel.cp: model.moe with context parallelism is not built yet")
-        if not scenario.numerics and moe.routing.model != "balanced":
-            raise ValueError(f"model.moe.routing.model: {moe.routing.model} under parallel.pp or parallel.tp with "
-                             "numerics off is not built (balanced is; data parallelism alone draws it)")
-        if scenario.train.checkpointing not in ("none", "selective"):
-            raise ValueError("train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none or "
-                             "selective (the others are not built yet)")
+    """parallel.ep shards model.moe's experts over data-parallel ranks: every expert count divisible."""
+    ep, moe = scenario.parallel.ep, scenario.model.moe
     if ep == 1:
         return
     if moe is None:
         raise ValueError(f"parallel.ep: {ep} shards the experts of model.moe; the model has none")
     if moe.experts % ep:
         raise ValueError(f"parallel.ep: {ep} does not divide model.moe.experts {moe.experts}")
-    if scenario.train.optimizer.name == "kfac":
-        raise ValueError("parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from "
-                         "the replicated ones)")
 
 
 def _representatives_fit(scenario: Scenario) -> None:
@@ -274,76 +235,29 @@ def _representatives_fit(scenario: Scenario) -> None:
                         (cluster.compute_jitter > 0 or cluster.compute_jitter_fixed > 0,
                          "needs identical devices (no cluster.compute_jitter or compute_jitter_fixed)"),
                         (cluster.host_cores is not None, "needs devices that compute on their own (no "
-                                                         "cluster.host_cores: the mirrored ranks take no core)"),
-                        (cluster.faults or cluster.random_faults, "does not run with faults"),
-                        (scenario.train.checkpoint, "does not run with train.checkpoint (the mirrored ranks hold no "
-                                                    "state of their own)")):
+                                                         "cluster.host_cores: the mirrored ranks take no core)")):
         if refuse:
             raise ValueError(f"parallel.representatives: {why}")
 
 
 def _microbatches_fit(scenario: Scenario) -> None:
     """parallel.pipeline.microbatches cuts data.batch_size into equal micro-batches: under pp/tp/cp the
-    pipeline's, else gradient accumulation (schemes/local_work.py, schemes/sharded.py), which runs with
-    synchronous data parallelism, its samples drawn uniformly, a first-order optimizer and local BatchNorm."""
-    parallel, count = scenario.parallel, scenario.parallel.microbatches
+    pipeline's, else gradient accumulation (schemes/local_work.py, schemes/sharded.py)."""
+    count = scenario.parallel.microbatches
     if scenario.data.batch_size % count:
         raise ValueError(f"parallel.pipeline.microbatches: {count} does not divide data.batch_size "
                          f"{scenario.data.batch_size} (the samples per data-parallel replica per step)")
-    if count == 1 or parallel.model_parallel:
-        return
-    refused = {
-        "parallel.mode": (parallel.mode == "async", "async (each worker pushes its own batch's gradient)"),
-        "parallel.ep": (parallel.ep > 1, "expert parallelism without pp or tp"),
-        "train.optimizer.name": (scenario.train.optimizer.name == "kfac", "kfac (its factors read one forward)"),
-        "parallel.sync_batchnorm": (parallel.sync_batchnorm, "sync_batchnorm"),
-        "data.sampling": (scenario.data.sampling != "uniform", f"{scenario.data.sampling} sampling (its weights "
-                                                                 "are the whole batch's)"),
-    }
-    for name, (refuse, what) in refused.items():
-        if refuse:
-            raise ValueError(f"{name}: {what} does not combine with gradient accumulation "
-                             f"(parallel.pipeline.microbatches {count} without pp, tp or cp)")
 
 
-def _model_parallel_fits(scenario: Scenario) -> None:
-    """What pipeline and tensor parallelism (schemes/model_parallel.py) do not combine with."""
-    field = "parallel.pp" if scenario.parallel.pp > 1 else "parallel.tp" if scenario.parallel.tp > 1 else "parallel.cp"
-    refused = {
-        "parallel.mode": (scenario.parallel.mode == "async", "async"),
-        "train.optimizer.name": (scenario.train.optimizer.name == "kfac", "kfac"),
-        "parallel.sync_batchnorm": (scenario.parallel.sync_batchnorm, "sync_batchnorm"),
-        "data.sampling": (scenario.data.sampling != "uniform", f"{scenario.data.sampling} sampling"),
-    }
-    for name, (refuse, what) in refused.items():
-        if refuse:
-            raise ValueError(f"{name}: {what} does not combine with {field} > 1")
-    if scenario.parallel.tp > 1 and scenario.train.checkpointing not in ("none", "full", "selective"):
-        raise ValueError("train.checkpointing: with parallel.tp > 1 only full (each layer recomputed with its "
-                         "all-reduces), selective or none")
-    if scenario.parallel.sequence_parallel:
-        _sequence_parallel_fits(scenario)
-    if scenario.parallel.cp > 1:
-        _context_parallel_fits(scenario)
-
-
-def _sequence_parallel_fits(scenario: Scenario) -> None:
-    """parallel.sequence_parallel cuts a gpt's or a llama's sequence into tp parts, on every simulated rank (that
-    data.seq_len divides into them is checked on the data's shape: schemes/model_parts.py)."""
-    if scenario.model.name not in ("gpt", "llama"):
-        raise ValueError("parallel.sequence_parallel: built for the gpt and llama models' blocks, not "
-                         f"{scenario.model.name}")
-
-
-def _context_parallel_fits(scenario: Scenario) -> None:
-    """parallel.cp cuts a gpt's or a llama's sequence into 2·cp chunks and runs their attention as a ring (that
-    data.seq_len divides into them is checked on the data's shape: schemes/model_parts.py)."""
-    cp = scenario.parallel.cp
-    if scenario.model.name not in ("gpt", "llama"):
-        raise ValueError(f"parallel.cp: built for the gpt and llama models' attention, not {scenario.model.name}")
-    if scenario.train.checkpointing not in ("none", "full", "selective"):
-        raise ValueError(f"parallel.cp: {cp} runs with train.checkpointing none, full or selective, not "
-                         f"{scenario.train.checkpointing}")
+def _sequence_cuts_fit(scenario: Scenario) -> None:
+    """Sequence parallelism cuts a gpt's or a llama's sequence into tp parts and context parallelism into 2·cp
+    chunks whose attention runs as a ring (that data.seq_len divides into them is checked on the data's shape:
+    schemes/model_parts.py)."""
+    parallel, name = scenario.parallel, scenario.model.name
+    if parallel.sequence_parallel and name not in ("gpt", "llama"):
+        raise ValueError(f"parallel.sequence_parallel: built for the gpt and llama models' blocks, not {name}")
+    if parallel.cp > 1 and name not in ("gpt", "llama"):
+        raise ValueError(f"parallel.cp: built for the gpt and llama models' attention, not {name}")
 
 
 def validate_scenario(raw: dict, source: str = "scenario", base_dir: Path = Path(".")) -> Scenario:

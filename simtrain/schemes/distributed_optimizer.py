@@ -69,7 +69,6 @@ from .bucket_overlap import BucketOverlap, megatron_buckets
 from .expert_parallel import expert_flags, experts_last
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
-from .scheme_checks import check_distributed_optimizer
 from .shard_layout import ShardLayout
 from .sharded_replica import ShardedReplica, groups_of, held_bytes, shard_update_bytes
 from .sharded_update import LABELS, bytes_by_kind, sharded_update
@@ -90,7 +89,6 @@ class DistributedOptimizer:
         # with_context_parallel=True)); the shard group is `degree` adjacent ranks of it (all of it by default)
         self.stage, self.dp = sharding.stage, layout.dp * layout.cp
         self.degree, self.replicate = layout.dp_shard, layout.dp_replicate
-        check_distributed_optimizer(self.dp, self.degree, scheme.representatives)
         self.reshard_after_forward = sharding.reshard_after_forward
         self.microbatches = scheme.microbatches
         self.reduce_dtype = sharding.reduce_dtype or train.precision

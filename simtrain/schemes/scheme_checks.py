@@ -1,12 +1,13 @@
 """What the schemes refuse to run, as checks on the scenario's numbers alone: no torch, no job.
 
-Each scheme calls its check when it is built (sharded.py, distributed_optimizer.py,
-offload.py; the degrees themselves, ep's and the shard degree's included, are the
-layout's to check: parallel/layout.py), and simtrain/job_checks.py calls the same ones on the scenario before anything is built, so `simtrain validate`
-refuses with the scheme's own line without importing torch. Each raises a
-ScenarioError naming the key at fault.
+Each scheme calls its check when it is built (model_parts.py, offload.py; the
+degrees themselves, ep's and the shard degree's included, are the layout's to
+check: parallel/layout.py; features that do not run together, the support
+table's: parallel/support.py), and simtrain/job_checks.py calls the same ones on
+the scenario before anything is built, so `simtrain validate` refuses with the
+scheme's own line without importing torch. Each raises a ScenarioError naming
+the key at fault.
 
-    check_sharding(scenario.parallel, scenario.train, world=8, degree=4, simulated=True)
     offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, "optimizer")
     check_sequence(scenario.parallel, layout, seq_len=32)   # the model-parallel cuts (model_parts.py)
     check_pipeline_units(scenario.parallel.pipeline, parts=4, units=10)
@@ -43,28 +44,6 @@ def check_pipeline_units(pipeline, parts: int, units: int) -> None:
     elif parts > units:
         raise ScenarioError(f"parallel.pp: {parts} model parts (pp x virtual_stages) but the model has only "
                             f"{units} splittable layers")
-
-
-def check_sharding(parallel, train, world: int, degree: int, simulated: bool) -> None:
-    """ZeRO / FSDP / HSDP over `world` data-parallel ranks, shards of `degree` (schemes/sharded.py; the layout
-    checked that `degree` divides `world`: parallel/layout.py)."""
-    if train.optimizer.name == "kfac":
-        raise ScenarioError("train.optimizer.name: kfac preconditions whole layers; shard sgd or adam")
-    if parallel.sync_batchnorm:
-        raise ScenarioError("parallel.sharding: does not combine with parallel.sync_batchnorm yet")
-    if parallel.sharding.offload != "none" and degree != world:
-        raise ScenarioError(f"parallel.sharding.offload: with HSDP (degree {degree} below the {world} "
-                            "data-parallel ranks) is not built yet")
-    if not simulated:  # a real launch: each process holds one rank
-        raise ScenarioError("parallel.sharding: runs simulated; simtrain launch does not run it yet")
-
-
-def check_distributed_optimizer(dp: int, degree: int, representatives: bool) -> None:
-    """The distributed optimizer of a pp/tp job over `dp` ranks of a dp-cp group, shards of `degree`
-    (distributed_optimizer.py; the layout checked that `degree` divides `dp`: parallel/layout.py)."""
-    if representatives and degree != dp:
-        raise ScenarioError("parallel.representatives: time the whole dp group's collectives; with HSDP "
-                            "(parallel.sharding.degree below dp) set it false")
 
 
 def offload_host_bandwidth(shared_memory, spec, what: str) -> float:

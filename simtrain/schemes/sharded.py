@@ -85,7 +85,6 @@ from .overflow_vote import overflow_vote
 from .rank_replicas import RankReplicas
 from .offload import NO_OFFLOAD, HostOffload, OffloadSection
 from .scheme import Scheme
-from .scheme_checks import check_sharding
 from .shard_layout import ShardLayout
 from .shard_units import UnitCosts
 from .sharded_replica import ShardedReplica, groups_of, held_bytes, shard_update_bytes
@@ -108,8 +107,6 @@ class ShardedDataParallel(RankReplicas, Scheme):
             if replica is not None:
                 scale_balancing_loss(replica.model, 1.0 / self.microbatches)
         self.degree = job.layout.dp_shard
-        check_sharding(job.scenario.parallel, train, self.world, self.degree,
-                       simulated=len(job.local_ranks) == job.world)
         self.replicate = job.layout.dp_replicate
         self.steps, self.precision = train.steps, train.precision
         self.reduce_dtype = sharding.reduce_dtype or train.precision

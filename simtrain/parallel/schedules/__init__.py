@@ -26,6 +26,7 @@ import importlib
 from pathlib import Path
 
 from ...errors import ScenarioError
+from ..support import Case, refuse
 from .actions import Schedule
 
 REGISTRY = {  # schedule name -> its module in this folder
@@ -59,13 +60,9 @@ def pipeline_schedule(pipeline, stages: int, microbatches: int, base_dir: Path =
 
 def pipeline_placement(scenario, stages: int) -> tuple[tuple[int, ...], ...]:
     """The model parts each of `stages` pipeline ranks holds under `scenario`, chunk 0 first: its schedule's
-    placement, the schedule checked with the rest of the scenario (one-line errors naming the field)."""
+    placement, the schedule checked with the rest of the scenario (the support table's rows that read the
+    schedule: parallel/support.py; one-line errors naming the field)."""
     parallel = scenario.parallel
     schedule = pipeline_schedule(parallel.pipeline, stages, parallel.microbatches, scenario.base_dir)
-    if schedule.splits_backward():
-        refused = [name for name, on in (("train.checkpointing full", scenario.train.checkpointing == "full"),
-                                         ("parallel.sequence_parallel", parallel.sequence_parallel)) if on]
-        if refused:
-            raise ScenarioError(f"parallel.pipeline.schedule: {parallel.pipeline.schedule} splits backwards into I "
-                                f"and W passes, not built with {refused[0]}")
+    refuse(Case(scenario, schedule=schedule), ScenarioError)
     return schedule.placement

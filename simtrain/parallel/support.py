@@ -1,0 +1,393 @@
+"""What combines, and why not: the one table of the feature combinations simtrain refuses (pure Python).
+
+A feature (`FEATURES`) is one thing a scenario can use, named as the docs and
+the issues name it (dp, ZeRO 1, HSDP, tp, sp, ep, fp16, full recomputation,
+numerics off, representatives, simtrain launch, async, K-FAC, SyncBN, ...),
+with the keys that turn it on and a test of whether a case uses it. A row of
+`REFUSED` is a combination of features simtrain does not run: the features,
+what Megatron-Core and torchtitan do with them, and the one line simtrain
+refuses with, naming the key at fault. A row that a framework runs is *not
+built* in simtrain and names that framework (each goes when simtrain builds
+it); a row neither runs is a combination real frameworks do not offer either
+(often because one of its features is simtrain's own). Any other
+combination of features runs, given each feature's own needs (sequence
+parallelism needs tp, offload a ZeRO stage: the scenario's checks of one
+section, scenario/parallel.py and scenario/root.py).
+
+A case is a scenario and what is known of its run: the layout once the devices
+are (HSDP), the pipeline schedule once built, whether simtrain launch runs it.
+`refusal(case)` is the line of the first row the case falls in; a feature that
+needs what the case does not know yet is not used. The scenario's validators
+ask with the scenario alone; the job's build and check (job.py, job_checks.py)
+with its layout; the pipeline's schedule (parallel/schedules) with the schedule;
+simtrain launch (real/launch.py) as itself. The table reads the scenario's
+sections by name and imports nothing of simtrain, so the scenario layer below
+it consults it (pyproject.toml's layer contract names that one import);
+docs/hooks/reference.py renders it into docs/reference/support.md.
+
+    line = refusal(Case(scenario))                  # None, or "parallel.ep: expert parallelism runs with ..."
+    refuse(Case(scenario, layout=layout), ScenarioError)   # raises ScenarioError(line), the layout's rows too
+    [(row.features, row.verdict) for row in REFUSED if row.built_by]   # what real frameworks run and simtrain not
+"""
+from dataclasses import dataclass
+from string import Formatter
+from typing import Any, Callable
+
+MEGATRON_CORE = "Megatron-Core"
+TORCHTITAN = "torchtitan"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A scenario (simtrain.scenario.Scenario) and what is known of its run."""
+
+    scenario: Any
+    layout: Any = None  # parallel/layout.py's Layout, once the job's devices are known
+    schedule: Any = None  # parallel/schedules' Schedule, once built
+    launched: bool = False  # run for real by simtrain launch
+
+    @property
+    def parallel(self):
+        return self.scenario.parallel
+
+    @property
+    def train(self):
+        return self.scenario.train
+
+    @property
+    def model(self):
+        return self.scenario.model
+
+    @property
+    def data(self):
+        return self.scenario.data
+
+    @property
+    def cluster(self):
+        return self.scenario.cluster
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One thing a scenario can use: its name, the keys that turn it on, and whether a case uses it."""
+
+    name: str
+    keys: str
+    used: Callable[[Case], bool]
+
+
+def _hsdp(case: Case) -> bool:
+    layout = case.layout
+    return layout is not None and case.parallel.sharding.stage > 0 and layout.dp_shard < layout.dp * layout.cp
+
+
+FEATURES = (
+    Feature("dp", "parallel.dp above 1", lambda c: (c.layout.dp if c.layout is not None else c.parallel.dp or 1) > 1),
+    Feature("ZeRO 1", "parallel.sharding.stage 1", lambda c: c.parallel.sharding.stage == 1),
+    Feature("ZeRO 2", "parallel.sharding.stage 2", lambda c: c.parallel.sharding.stage == 2),
+    Feature("ZeRO 3", "parallel.sharding.stage 3 (FSDP)", lambda c: c.parallel.sharding.stage == 3),
+    Feature("HSDP", "parallel.sharding.degree below the data-parallel ranks", _hsdp),
+    Feature("offload", "parallel.sharding.offload optimizer or optimizer_and_parameters",
+            lambda c: c.parallel.sharding.offload != "none"),
+    Feature("tp", "parallel.tp above 1", lambda c: c.parallel.tp > 1),
+    Feature("tp without sp", "parallel.tp above 1, parallel.sequence_parallel false",
+            lambda c: c.parallel.tp > 1 and not c.parallel.sequence_parallel),
+    Feature("sp", "parallel.sequence_parallel", lambda c: c.parallel.sequence_parallel),
+    Feature("cp", "parallel.cp above 1", lambda c: c.parallel.cp > 1),
+    Feature("pp", "parallel.pp above 1 (schedules gpipe, 1f1b, interleaved, zero_bubble, dualpipev, file)",
+            lambda c: c.parallel.pp > 1),
+    Feature("split backward", "a pipeline schedule with I and W passes (zero_bubble, dualpipev, a file with them)",
+            lambda c: c.schedule is not None and c.schedule.splits_backward()),
+    Feature("gradient accumulation", "parallel.pipeline.microbatches above 1 without pp, tp or cp",
+            lambda c: c.parallel.microbatches > 1 and not c.parallel.model_parallel),
+    Feature("dp alone", "none of parallel.pp, parallel.tp, parallel.cp above 1",
+            lambda c: not c.parallel.model_parallel),
+    Feature("DDP overlap", "parallel.overlap true", lambda c: bool(c.parallel.overlap)),
+    Feature("ZeRO overlap", "parallel.sharding.overlap_grad_reduce",
+            lambda c: c.parallel.sharding.overlap_grad_reduce),
+    Feature("MoE", "model.moe", lambda c: c.model.moe is not None),
+    Feature("drawn routing", "model.moe.routing.model zipf or histogram",
+            lambda c: c.model.moe is not None and c.model.moe.routing.model != "balanced"),
+    Feature("ep", "parallel.ep above 1", lambda c: c.parallel.ep > 1),
+    Feature("bf16", "train.precision bf16", lambda c: c.train.precision == "bf16"),
+    Feature("fp16", "train.precision fp16", lambda c: c.train.precision == "fp16"),
+    Feature("fp8", "train.precision fp8", lambda c: c.train.precision == "fp8"),
+    Feature("selective recomputation", "train.checkpointing selective",
+            lambda c: c.train.checkpointing == "selective"),
+    Feature("full recomputation", "train.checkpointing full", lambda c: c.train.checkpointing == "full"),
+    Feature("recomputation in segments", "train.checkpointing sqrt or {segments: k}",
+            lambda c: c.train.checkpointing not in ("none", "selective", "full")),
+    Feature("numerics off", "numerics false", lambda c: not c.scenario.numerics),
+    Feature("representatives", "parallel.representatives", lambda c: c.parallel.representatives),
+    Feature("faults", "cluster.faults, cluster.random_faults (a device or a link lost)",
+            lambda c: bool(c.cluster.faults or c.cluster.random_faults)),
+    Feature("restart", "train.checkpoint (the training state saved, restored after a lost device)",
+            lambda c: c.train.checkpoint is not None),
+    Feature("simtrain launch", "simtrain launch (real processes)", lambda c: c.launched),
+    Feature("async", "parallel.mode async", lambda c: c.parallel.mode == "async"),
+    Feature("K-FAC", "train.optimizer.name kfac", lambda c: c.train.optimizer.name == "kfac"),
+    Feature("SyncBN", "parallel.sync_batchnorm", lambda c: c.parallel.sync_batchnorm),
+    Feature("prioritized sampling", "data.sampling prioritized or mh", lambda c: c.data.sampling != "uniform"),
+)
+FEATURE = {feature.name: feature for feature in FEATURES}
+
+# Groups of features a row refuses any one of.
+ZERO = ("ZeRO 1", "ZeRO 2", "ZeRO 3")
+MODEL_PARALLEL = ("pp", "tp", "cp")
+LOW_PRECISION = ("bf16", "fp16", "fp8")
+WHOLE_LAYER_RECOMPUTATION = ("full recomputation", "recomputation in segments")
+RECOMPUTATION = ("selective recomputation", *WHOLE_LAYER_RECOMPUTATION)
+
+# The values a row's line names, by the name it gives them in braces.
+FACTS = {
+    "precision": lambda c: c.train.precision,
+    "sampling": lambda c: c.data.sampling,
+    "stage": lambda c: c.parallel.sharding.stage,
+    "microbatches": lambda c: c.parallel.microbatches,
+    "cp": lambda c: c.parallel.cp,
+    "checkpointing": lambda c: c.train.checkpointing,
+    "schedule": lambda c: c.parallel.pipeline.schedule,
+    "model_parallel_key": lambda c: next(f"parallel.{name}" for name in MODEL_PARALLEL
+                                         if getattr(c.parallel, name) > 1),
+    "shard_degree": lambda c: c.layout.dp_shard,
+    "dp_ranks": lambda c: c.layout.dp * c.layout.cp,
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A combination simtrain does not run: every entry of `features` used (an entry is a feature's name, or a
+    tuple of names any one of which counts)."""
+
+    features: tuple
+    line: str  # what simtrain says: the key at fault, then why; {name}s are FACTS of the case
+    frameworks: str  # what Megatron-Core and torchtitan do with the combination
+    built_by: tuple[str, ...] = ()  # the frameworks that run it; empty where neither does
+
+    @property
+    def groups(self) -> tuple[tuple[str, ...], ...]:
+        """The features, each entry as the tuple of its alternatives."""
+        return tuple((entry,) if isinstance(entry, str) else entry for entry in self.features)
+
+    def applies(self, case: Case) -> bool:
+        return all(any(FEATURE[name].used(case) for name in group) for group in self.groups)
+
+    def message(self, case: Case) -> str:
+        """The line, its {names} filled in from `case`."""
+        names = [name for _, name, _, _ in Formatter().parse(self.line) if name]
+        return self.line.format(**{name: FACTS[name](case) for name in names})
+
+    @property
+    def verdict(self) -> str:
+        if self.built_by:
+            runs = "runs" if len(self.built_by) == 1 else "run"
+            return f"not built in simtrain ({' and '.join(self.built_by)} {runs} it)"
+        return "refused: neither Megatron-Core nor torchtitan runs it"
+
+
+def refusal(case: Case) -> str | None:
+    """The line of the first row of REFUSED that `case` falls in; None where every combination it uses runs."""
+    return next((row.message(case) for row in REFUSED if row.applies(case)), None)
+
+
+def refuse(case: Case, error: Callable[[str], Exception]) -> None:
+    """Raise `error(line)` where `case` falls in a row: the one place the table's refusals are raised, each
+    caller naming its kind of error (ValueError in the scenario's pydantic validators, else ScenarioError)."""
+    line = refusal(case)
+    if line is not None:
+        raise error(line)
+
+
+NO_ASYNC = "Neither trains asynchronously: every step all-reduces (or reduce-scatters) the gradients."
+NO_KFAC = "Neither has a K-FAC optimizer."
+NO_BATCHNORM = "Neither has BatchNorm: their transformers normalize with LayerNorm or RMSNorm."
+NO_PRIORITIZED = "Neither draws samples by their losses (prioritized or Metropolis-Hastings sampling)."
+EP_SYNC = ("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode sync), beside "
+           "pp and tp but not cp")
+GRADIENT_ACCUMULATION = ("does not combine with gradient accumulation (parallel.pipeline.microbatches "
+                         "{microbatches} without pp, tp or cp)")
+OWN_REPRESENTATIVES = "Representatives are simtrain's own (one rank simulated for many that do the same)."
+SPLIT_BACKWARD = "parallel.pipeline.schedule: {schedule} splits backwards into I and W passes, not built with "
+
+REFUSED = (
+    # -- parallel layouts
+    Refusal(("ep", "async"), EP_SYNC, NO_ASYNC),
+    Refusal(("ep", "cp"), EP_SYNC,
+            "Megatron-Core runs MoE with --context-parallel-size beside --expert-model-parallel-size; torchtitan's "
+            "ep divides dp_shard x cp x tp, its experts taking ranks of cp (its gpt_oss_pp+fsdp+cp+ep test).",
+            (MEGATRON_CORE, TORCHTITAN)),
+    Refusal(("ep", "ZeRO 3"),
+            "parallel.sharding.stage: 3 with parallel.ep is not built (stages 1 and 2 shard the experts over their "
+            "holders)",
+            "torchtitan: FSDP2 over the dense layers and, on efsdp, over the experts of its ep groups (its "
+            "deepseek_v3_pp+fsdp+tp+ep test); Megatron-Core's distributed optimizer shards states and gradients, "
+            "not parameters.",
+            (TORCHTITAN,)),
+    Refusal(("ep", ZERO, "dp alone"),
+            "parallel.sharding.stage: with parallel.ep and data parallelism alone is not built (set parallel.pp or "
+            "parallel.tp above 1 for the distributed optimizer, or sharding.stage 0)",
+            "Megatron-Core: --use-distributed-optimizer with --expert-model-parallel-size at tp = pp = 1; "
+            "torchtitan: FSDP2 over the dense layers and, on efsdp, over the experts of its ep groups.",
+            (MEGATRON_CORE, TORCHTITAN)),
+    Refusal(("ep", "ZeRO overlap"),
+            "parallel.sharding.overlap_grad_reduce: with parallel.ep is not built (the experts reduce over their own "
+            "group after the backward)",
+            "Megatron-Core: --overlap-grad-reduce with --use-distributed-optimizer and --expert-model-parallel-size, "
+            "the experts' buckets reduce-scattered over the expert data-parallel group during the backward.",
+            (MEGATRON_CORE,)),
+    Refusal(("DDP overlap", "ep"),
+            "parallel.overlap: with parallel.ep is not built (the experts' gradients reduce over their own groups "
+            "after the backward)",
+            "Megatron-Core: --overlap-grad-reduce with --expert-model-parallel-size, the experts' buckets reduced "
+            "over the expert data-parallel group during the backward.",
+            (MEGATRON_CORE,)),
+    Refusal((ZERO, "async"),
+            "parallel.sharding.stage: {stage} shards synchronous data parallelism; async keeps one shared store "
+            "(set parallel.mode sync, or sharding.stage 0)", NO_ASYNC),
+    Refusal(("offload", MODEL_PARALLEL),
+            "parallel.sharding.offload: with parallel.pp or parallel.tp above 1 is not built yet (set offload to "
+            "none)",
+            "Megatron-Core: --optimizer-cpu-offload (with --use-precision-aware-optimizer) beside tp and pp; "
+            "torchtitan: training.enable_cpu_offload (FSDP2's CPUOffloadPolicy) beside tp and cp, as its "
+            "cpu_offload+opt_in_bwd+TP+DP+CP test runs it.",
+            (MEGATRON_CORE, TORCHTITAN)),
+    # -- precision, optimizers, samplers
+    # async: the shared fp32 parameters have no master copy
+    Refusal(("async", LOW_PRECISION),
+            "train.precision: {precision} runs with the synchronous schemes (parallel.mode sync), not with async",
+            NO_ASYNC),
+    Refusal(("async", "K-FAC"), "train.optimizer.name: kfac needs a synchronous scheme (parallel.mode sync)",
+            NO_ASYNC + " " + NO_KFAC),
+    Refusal(("async", "SyncBN"), "parallel.sync_batchnorm: needs a synchronous scheme (parallel.mode sync)",
+            NO_ASYNC + " " + NO_BATCHNORM),
+    Refusal(("numerics off", "prioritized sampling"),
+            "data.sampling: {sampling} needs numerics (its priorities are the samples' losses); use uniform with "
+            "numerics false",
+            "Numerics off is simtrain's own (meta tensors: no losses to draw by). " + NO_PRIORITIZED),
+    Refusal(("K-FAC", "fp16"),
+            "train.optimizer.name: kfac does not run under fp16 loss scaling (train.precision fp32 or bf16)",
+            NO_KFAC),
+    Refusal(("SyncBN", LOW_PRECISION), "parallel.sync_batchnorm: needs train.precision fp32", NO_BATCHNORM),
+    # -- experts
+    # train/moe.py adds the balancing loss's gradient without the fp16 loss scale
+    Refusal(("MoE", "fp16"), "model.moe: runs in train.precision fp32, bf16 or fp8",
+            "Megatron-Core trains MoE under --fp16, the balancing loss's gradient scaled by the loss scale "
+            "(MoEAuxLossAutoScaler); torchtitan trains in bf16 or fp32 only.",
+            (MEGATRON_CORE,)),
+    Refusal(("MoE", "tp without sp"),
+            "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it (each tp rank routes its part "
+            "of the sequence to experts it holds whole, as Megatron-Core)",
+            "Megatron-Core's MoE layer refuses tp above 1 without --sequence-parallel in training; torchtitan's "
+            "MoE sharding has a layout for tp with parallelism.enable_sequence_parallel false.",
+            (TORCHTITAN,)),
+    Refusal(("MoE", "cp"), "parallel.cp: model.moe with context parallelism is not built yet",
+            "Megatron-Core runs MoE with --context-parallel-size; torchtitan runs gpt-oss's experts with "
+            "context_parallel_degree (its gpt_oss_pp+fsdp+cp+ep test).",
+            (MEGATRON_CORE, TORCHTITAN)),
+    Refusal(("drawn routing", MODEL_PARALLEL, "numerics off"),
+            "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
+            "numerics off is not built (balanced is; data parallelism alone draws it)",
+            "Numerics off is simtrain's own: both frameworks compute every token's routing."),
+    Refusal(("MoE", MODEL_PARALLEL, WHOLE_LAYER_RECOMPUTATION),
+            "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none or selective (the "
+            "others are not built yet)",
+            "Megatron-Core: --recompute-granularity full (--recompute-method uniform or block) on MoE layers under "
+            "tp and pp; torchtitan applies its full activation checkpointing to its MoE models (deepseek_v3, "
+            "gpt-oss, qwen3) as to its dense ones, under tp and pp.",
+            (MEGATRON_CORE, TORCHTITAN)),
+    Refusal(("ep", "K-FAC"),
+            "parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from the "
+            "replicated ones)", NO_KFAC),
+    # -- gradient accumulation (micro-batches without a pipeline)
+    Refusal(("gradient accumulation", "async"),
+            "parallel.mode: async (each worker pushes its own batch's gradient) " + GRADIENT_ACCUMULATION, NO_ASYNC),
+    Refusal(("gradient accumulation", "ep"),
+            "parallel.ep: expert parallelism without pp or tp " + GRADIENT_ACCUMULATION,
+            "Megatron-Core: a --global-batch-size above --micro-batch-size x dp accumulates micro-batches with "
+            "expert parallelism; torchtitan: training.global_batch_size above the local batch accumulates "
+            "gradients with ep.",
+            (MEGATRON_CORE, TORCHTITAN)),
+    Refusal(("gradient accumulation", "K-FAC"),
+            "train.optimizer.name: kfac (its factors read one forward) " + GRADIENT_ACCUMULATION, NO_KFAC),
+    Refusal(("gradient accumulation", "SyncBN"),
+            "parallel.sync_batchnorm: sync_batchnorm " + GRADIENT_ACCUMULATION, NO_BATCHNORM),
+    Refusal(("gradient accumulation", "prioritized sampling"),
+            "data.sampling: {sampling} sampling (its weights are the whole batch's) " + GRADIENT_ACCUMULATION,
+            NO_PRIORITIZED),
+    # -- model parallelism
+    Refusal((MODEL_PARALLEL, "async"), "parallel.mode: async does not combine with {model_parallel_key} > 1",
+            NO_ASYNC),
+    Refusal((MODEL_PARALLEL, "K-FAC"), "train.optimizer.name: kfac does not combine with {model_parallel_key} > 1",
+            NO_KFAC),
+    Refusal((MODEL_PARALLEL, "SyncBN"),
+            "parallel.sync_batchnorm: sync_batchnorm does not combine with {model_parallel_key} > 1", NO_BATCHNORM),
+    Refusal((MODEL_PARALLEL, "prioritized sampling"),
+            "data.sampling: {sampling} sampling does not combine with {model_parallel_key} > 1", NO_PRIORITIZED),
+    Refusal(("tp", "recomputation in segments"),
+            "train.checkpointing: with parallel.tp > 1 only full (each layer recomputed with its all-reduces), "
+            "selective or none",
+            "Megatron-Core: --recompute-granularity full --recompute-method uniform (or block) --recompute-num-layers "
+            "k recomputes groups of k layers under tp.",
+            (MEGATRON_CORE,)),
+    Refusal(("cp", "recomputation in segments"),
+            "parallel.cp: {cp} runs with train.checkpointing none, full or selective, not {checkpointing}",
+            "Megatron-Core: --recompute-method uniform (or block) --recompute-num-layers k under "
+            "--context-parallel-size.",
+            (MEGATRON_CORE,)),
+    # -- SyncBN's recomputation, representatives, faults and restarts
+    # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
+    Refusal(("SyncBN", RECOMPUTATION), "parallel.sync_batchnorm: does not combine with train.checkpointing",
+            NO_BATCHNORM),
+    Refusal(("representatives", "faults"), "parallel.representatives: does not run with faults",
+            OWN_REPRESENTATIVES),
+    Refusal(("representatives", "restart"),
+            "parallel.representatives: does not run with train.checkpoint (the mirrored ranks hold no state of "
+            "their own)",
+            OWN_REPRESENTATIVES),
+    Refusal(("restart", "async"), "train.checkpoint: for synchronous schemes; async goes on without a lost worker",
+            NO_ASYNC),
+    Refusal(("restart", "K-FAC"),
+            "train.checkpoint: K-FAC's factors are not part of the training state; use sgd or adam", NO_KFAC),
+    Refusal(("restart", "prioritized sampling"),
+            "train.checkpoint: {sampling} sampling's priorities are not part of the training state; use uniform",
+            NO_PRIORITIZED),
+    # -- sharded data parallelism
+    Refusal((ZERO, "K-FAC"), "train.optimizer.name: kfac preconditions whole layers; shard sgd or adam", NO_KFAC),
+    Refusal((ZERO, "SyncBN"), "parallel.sharding: does not combine with parallel.sync_batchnorm yet", NO_BATCHNORM),
+    # -- known once the job's devices are (the layout)
+    Refusal(("offload", "HSDP"),
+            "parallel.sharding.offload: with HSDP (degree {shard_degree} below the {dp_ranks} data-parallel ranks) "
+            "is not built yet",
+            "torchtitan: training.enable_cpu_offload hands FSDP2 its CPUOffloadPolicy on the data-parallel mesh "
+            "whatever its shape, the (replicate, shard) mesh of data_parallel_replicate_degree above 1 (HSDP) "
+            "included.",
+            (TORCHTITAN,)),
+    Refusal(("ep", "HSDP", MODEL_PARALLEL),
+            "parallel.sharding.degree: HSDP with parallel.ep ({shard_degree} of the {dp_ranks} data-parallel ranks) "
+            "is not built",
+            "torchtitan: data_parallel_replicate_degree above 1 with expert parallelism (its hsdp+ep test).",
+            (TORCHTITAN,)),
+    Refusal(("representatives", "HSDP"),
+            "parallel.representatives: time the whole dp group's collectives; with HSDP (parallel.sharding.degree "
+            "below dp) set it false",
+            OWN_REPRESENTATIVES),
+    # -- known once the pipeline's schedule is built
+    Refusal(("split backward", "full recomputation"), SPLIT_BACKWARD + "train.checkpointing full",
+            "torchtitan runs InterleavedZeroBubble and ZBVZeroBubble with full activation checkpointing (its "
+            "integration tests do).",
+            (TORCHTITAN,)),
+    Refusal(("split backward", "sp"), SPLIT_BACKWARD + "parallel.sequence_parallel",
+            "torchtitan applies its tensor-parallel plan (sequence-parallel norms by default) to every pipeline "
+            "stage under any of its schedules, ZBVZeroBubble and DualPipeV among them.",
+            (TORCHTITAN,)),
+    # -- simtrain launch (real processes)
+    Refusal(("simtrain launch", "numerics off"), "numerics: launch trains for real; false is for simulations",
+            "Numerics off is simtrain's own; a real run computes."),
+    Refusal(("simtrain launch", "async"),
+            "parallel.mode: async runs simulated only (its workers share parameters through a simulated "
+            "shared-memory store, which a process group lacks)", NO_ASYNC),
+    Refusal(("simtrain launch", ZERO), "parallel.sharding: runs simulated; simtrain launch does not run it yet",
+            "Megatron-Core's distributed optimizer and torchtitan's FSDP2 are implementations over real "
+            "processes.",
+            (MEGATRON_CORE, TORCHTITAN)),
+)
