@@ -94,8 +94,8 @@ class ExpertLayers:
         per, m = self.experts // self.ep, self.scheme.microbatches
         sample = self.job.sample_microbatch()
         tokens = sample.shape[0] * sample.shape[1] // layout.tp  # a rank's tokens per microbatch
-        for rank, replica in enumerate(self.scheme.replicas):
-            layers = _layers(replica)
+        for rank in range(layout.world):  # with representatives, each rank's figures are its representative's
+            layers = _layers(self.scheme.replicas[self.scheme._represented_by(rank)])
             for layer in layers:
                 if self.job.numerics:
                     routings, layer.routings = layer.routings[:m], layer.routings[m:]
@@ -145,7 +145,7 @@ class ExpertUpdate(ReplicatedUpdate):
             yield Collective(dp_reduce(dp_index, dp_comm.world, buffer[:dense], average=True), "dp_allreduce",
                              dp_comm, dp_index)
         comm, position, all_reduce = scheme.comms.expert_dp[rank]
-        if comm.world > 1:
+        if len(scheme.layout.rank_groups(rank).expert_dp) > 1:  # (a mirrored communicator has one member)
             yield Collective(all_reduce(position, comm.world, buffer[dense:], average=True), "expert_allreduce",
                              comm, position)
         buffer[dense:].div_(self.ep)

@@ -139,7 +139,7 @@ class ModelParallel(RankReplicas, Scheme):
             self.comms.cp = self._communicators(layout.groups("cp"), all_reduce=False)
         if layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms.pp = self._communicators(layout.groups("pp"), all_reduce=False)
-        if self.experts is not None:  # the ep groups' exchanges, the experts' gradient all-reduce
+        if self.experts is not None and not self.representatives:  # the ep groups' exchanges, the experts' update
             self.comms.ep, self.comms.expert_dp = self.experts.communicators()
 
     def resume(self, rank: int):

@@ -51,6 +51,7 @@ import simpy
 import torch
 
 from ..comm import build_all_reduce
+from ..comm.all_to_all import pairwise_all_to_all
 from ..comm.kv_ring import RING_STEPS
 from ..comm.ring_schedule import RingPhase
 from ..comm.simulated import SimCommunicator
@@ -58,6 +59,7 @@ from ..hw.cluster import run_to_end
 from ..hw.device import MemoryLedger
 from ..hw.network import Network
 from ..parallel import GroupCommunicators, Membership
+from ..step_ops import Collective
 
 
 def representative_ranks(layout) -> list[int]:
@@ -71,11 +73,13 @@ def represented_by(layout, rank: int) -> int:
 
 
 class MirroredCollective(NamedTuple):
-    """A mirrored communicator's collective program: what it times (the kind: all_reduce, or the ring
-    reduce_scatter and all_gather of the distributed optimizer; the buffer's shape and dtype)."""
+    """A mirrored communicator's collective program: what it times (the kind: all_reduce, the ring reduce_scatter
+    and all_gather of the distributed optimizer, or an MoE layer's all_to_all of `counts[src][dst]` rows; the
+    buffer's shape and dtype)."""
 
     kind: str
     buf: torch.Tensor
+    counts: tuple = ()
 
 
 def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False) -> MirroredCollective:
@@ -94,13 +98,34 @@ def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tu
     return MirroredCollective(kind, (result if kind == "all_gather" else tensor).reshape(-1)), result
 
 
+class MirroredEpGroup(NamedTuple):
+    """A representative's ep group (schemes/expert_dispatch.py's EpGroup, numerics off): each MoE layer's exchanges
+    timed with every ep group of its stage (balanced routing: every group moves the same)."""
+
+    comm: "MirroredCommunicator"
+    size: int
+
+    def exchange(self, kind, tensor: torch.Tensor):
+        """(the mirrored Collective of exchange `kind` (train/moe_exchange.py's ExpertExchange), the meta tensor
+        of what arrives): "moe counts" a ring all-gather of the group's (ranks, experts) counts, the others an
+        all-to-all of `kind.counts` rows."""
+        if kind.label == "moe counts":
+            gathered = tensor.new_empty((self.size, tensor.shape[1]))
+            program = MirroredCollective("all_gather", gathered.reshape(-1))
+        else:
+            gathered = kind.result_like(tensor)
+            program = MirroredCollective("all_to_all", tensor, kind.counts)
+        return Collective(program, kind.label, comm=self.comm, rank=0), gathered
+
+
 def mirrored_communicators(job) -> GroupCommunicators:
     """Each representative's Membership (its MirroredCommunicator, its rank there, mirrored_all_reduce) of tp
     (timed with the same stage's tp groups of the other replicas), dp_cp (with the dp-cp groups of the stage's
-    other tp ranks), cp (with the cp groups of the stage's other tp ranks and replicas) and, under fp16, model
-    (replica 0's model-parallel group, where every representative votes: timed alone, four bytes a rank and
-    latency-bound, which the other replicas' votes on shared switch uplinks do not delay; counted for every
-    replica)."""
+    other tp ranks), cp (with the cp groups of the stage's other tp ranks and replicas), with experts ep (a
+    MirroredEpGroup, with every ep group of its stage) and expert_dp (with every experts' data-parallel group of
+    its stage) and, under fp16, model (replica 0's model-parallel group, where every representative votes: timed
+    alone, four bytes a rank and latency-bound, which the other replicas' votes on shared switch uplinks do not
+    delay; counted for every replica)."""
     layout, timing = job.layout, MirroredCollectives(job)
     nodes = lambda ranks: tuple(job.devices[rank].node for rank in ranks)  # noqa: E731
     groups = layout.rank_groups
@@ -117,6 +142,15 @@ def mirrored_communicators(job) -> GroupCommunicators:
     if layout.cp > 1:  # the stage's cp groups: each tp rank's of each replica, tp varying fastest
         comms.cp = {rank: mirrored(rank, [groups(first).cp for replica in groups(rank).dp
                                           for first in groups(replica).tp]) for rank in representatives}
+    if layout.ep > 1:  # every ep group of a stage exchanges as the representative's does
+        def of_its_stage(rank: int, kind: str) -> list[tuple[int, ...]]:
+            stage = layout.coordinates(rank)["pp"]
+            own = getattr(groups(rank), kind)
+            return [own] + [group for group in layout.groups(kind)
+                            if group != own and layout.coordinates(group[0])["pp"] == stage]
+        comms.ep = {rank: MirroredEpGroup(mirrored(rank, of_its_stage(rank, "ep")).comm, layout.ep)
+                    for rank in representatives}
+        comms.expert_dp = {rank: mirrored(rank, of_its_stage(rank, "expert_dp")) for rank in representatives}
     if job.scenario.train.precision == "fp16":  # sharded: each rank saw only its shard, the whole job votes
         voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage
                           else (groups(0).model, layout.dp))
@@ -218,7 +252,7 @@ class MirroredCollectives:
         """(seconds, bytes the first group sends, the largest staging buffer of its first rank) of the collective
         `program` (its kind, on a buffer of its shape and dtype) started at once by every group of `groups`
         (each a tuple of network nodes, in group-rank order)."""
-        key = (tuple(groups), program.kind, program.buf.numel(), program.buf.dtype)
+        key = (tuple(groups), program.kind, program.buf.numel(), program.buf.dtype, program.counts)
         if key not in self._timed:
             self._timed[key] = self._simulate(groups, program)
         return self._timed[key]
@@ -233,12 +267,17 @@ class MirroredCollectives:
         seconds, _, _, _ = self._run(groups, program, exclusive=False)
         return seconds, nbytes, staging
 
-    def _program(self, kind: str, nodes: list[str]):
-        """fn(rank, world, buf) -> the per-rank program of collective `kind` over `nodes`: the job's all-reduce,
-        or the rings the distributed optimizer runs (sharded_replica.py: the reduce-scatter the other way
-        round)."""
+    def _program(self, collective: MirroredCollective, nodes: list[str]):
+        """fn(rank, world, buf) -> the per-rank program of `collective` over `nodes`: the job's all-reduce, an MoE
+        layer's pairwise all-to-all, or the rings the distributed optimizer runs (sharded_replica.py: the
+        reduce-scatter the other way round)."""
+        kind = collective.kind
         if kind == "all_reduce":
             return self._all_reduce(nodes)
+        if kind == "all_to_all":
+            counts = collective.counts
+            return lambda rank, world, buf: pairwise_all_to_all(
+                rank, world, buf, buf.new_empty((sum(row[rank] for row in counts), *buf.shape[1:])), counts)
         if kind in RING_STEPS:  # one step of ring attention's key/value ring, or of its gradients' way back
             return lambda rank, world, buf: RING_STEPS[kind](rank, world, buf)[0]
         # a ring (timed as a group where it is one, comm/ring_schedule.py), the reduce-scatter's in reverse rank order
@@ -274,7 +313,7 @@ class MirroredCollectives:
             ledgers = [staging if index == rank == 0 else MemoryLedger("staging", float("inf")) for rank in
                        range(len(nodes))]
             comm = SimCommunicator(network, list(nodes), ledgers=ledgers, exclusive=exclusive)
-            program, buffer = self._program(collective.kind, list(nodes)), collective.buf
+            program, buffer = self._program(collective, list(nodes)), collective.buf
             for rank in range(len(nodes)):
                 meta = torch.empty(buffer.shape, dtype=buffer.dtype, device="meta")
                 comm.run(rank, program(rank, len(nodes), meta), collective.kind).callbacks.append(

@@ -86,6 +86,8 @@ class Routing:
 class MoE(nn.Module):
     """Router, routed experts and shared experts: the MLP of a mixture-of-experts block."""
 
+    RECORDS = ("routing", "routings")  # what its forwards did, not what it computes (partition.module_structure)
+
     def __init__(self, hidden: int, spec: MoESpec):
         super().__init__()
         self.spec = spec

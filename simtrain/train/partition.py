@@ -87,7 +87,8 @@ def unit_passes(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor,
 
 def module_structure(module: nn.Module) -> tuple:
     """What a module computes, as far as its FLOPs go: each submodule's type, its parameters' and buffers'
-    names, shapes and dtypes, and its public attributes (by value where hashable, else by identity)."""
+    names, shapes and dtypes, and its public attributes (by value where hashable, else by identity) but those its
+    class names as `RECORDS` (what its forwards did, not what it computes: an MoE layer's routing)."""
     def attribute(value):
         if isinstance(value, torch.Tensor):
             return tuple(value.shape), value.dtype
@@ -99,7 +100,8 @@ def module_structure(module: nn.Module) -> tuple:
 
     return tuple((name, type(sub), tuple((key, tuple(tensor.shape), tensor.dtype) for key, tensor in
                                          [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]),
-                  tuple((key, attribute(value)) for key, value in sorted(vars(sub).items()) if not key.startswith("_")))
+                  tuple((key, attribute(value)) for key, value in sorted(vars(sub).items())
+                        if not key.startswith("_") and key not in getattr(type(sub), "RECORDS", ())))
                  for name, sub in module.named_modules())
 
 
