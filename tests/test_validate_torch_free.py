@@ -85,6 +85,12 @@ IMAGES_3x7x5 = DatasetInfo(num_features=105, num_classes=4, image_shape=(3, 7, 5
     (ModelSpec(name="gpt", hidden=[32], layers=4, heads=2, moe={"experts": 4, "shared_experts": 1, "every": 2}),
      tokens_info(8, 64)),
     (ModelSpec(name="llama", hidden=[48], layers=2, heads=6, kv_heads=2, ffn_hidden=100), tokens_info(16, 96)),
+    (ModelSpec(name="gpt", hidden=[32], layers=2, heads=2, moe={"experts": 4, "expert_hidden": 24}),
+     tokens_info(8, 64)),
+    (ModelSpec(name="llama", hidden=[48], layers=4, heads=6, kv_heads=2, ffn_hidden=100,
+               moe={"experts": 4, "shared_experts": 1, "every": 2}), tokens_info(16, 96)),
+    (ModelSpec(name="llama", hidden=[48], layers=2, heads=6, kv_heads=2, moe={"experts": 2, "expert_hidden": 20}),
+     tokens_info(16, 96)),
 ])
 def test_architecture_is_the_built_model(spec, info):
     with torch.device("meta"):
@@ -139,6 +145,7 @@ BAD = [
     _with(GPT, model={"moe": {"experts": 4}}, cluster={"devices": 6}, parallel={"ep": 4}),
     {**_with(GPT, model={"moe": {"experts": 4}}, parallel={"tp": 2, "sequence_parallel": True, "ep": 4}),
      "numerics": True},
+    _with(LLAMA, model={"moe": {"experts": 4}}, parallel={"tp": 4, "sequence_parallel": True}),  # 6 heads
     _with(MLP, parallel={"all_reduce": "tree", "channels": 2}),
 ]
 

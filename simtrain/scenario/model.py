@@ -3,6 +3,7 @@
     model: {name: gpt, hidden: 768, layers: 12, heads: 12}
     model: {name: llama, hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn_hidden: 14336, rope_theta: 500000}
     model: {name: gpt, hidden: 4096, layers: 32, heads: 32, attention: fused}
+    model: {name: llama, hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn_hidden: 14336, moe: {experts: 8}}
 """
 import math
 from typing import Annotated, Any, Literal
@@ -32,10 +33,17 @@ class RoutingSpec(Section):
 
 
 class MoESpec(Section):
-    """Mixture-of-experts layers in a gpt (train/moe.py): a router sends each token to `top_k` of `experts` MLPs."""
+    """Mixture-of-experts layers in a gpt or a llama (train/moe.py, train/llama_moe.py): a router sends each token
+    to `top_k` of `experts` MLPs."""
 
-    experts: Count(MAX_HEADS, minimum=2) = Field(8, description="Routed experts per MoE layer, each an MLP of 4 x "
-                                                                "model.hidden, as the dense MLP.")
+    experts: Count(MAX_HEADS, minimum=2) = Field(8, description="Routed experts per MoE layer, each an MLP of the "
+                                                                "dense MLP's kind (gpt: GELU; llama: SwiGLU) and "
+                                                                "of `expert_hidden` features.")
+    expert_hidden: Count(MAX_WIDTH) | None = Field(
+        None, description="An expert's hidden width (its first Linear's output features; routed and shared experts "
+                          "alike), e.g. DeepSeek-V3's moe_intermediate_size 2048 beside its dense 18432. null: the "
+                          "dense MLP's width, 4 x model.hidden in a gpt, model.ffn_hidden in a llama (Mixtral's "
+                          "experts).")
     top_k: Count(MAX_HEADS) = Field(2, description="Experts each token is sent to (at most `experts`); their outputs "
                                                    "are summed with the router's renormalized top-k weights.")
     capacity_factor: Real(gt=0, le=MAX_CAPACITY_FACTOR) | None = Field(
@@ -49,6 +57,14 @@ class MoESpec(Section):
     every: Count(MAX_LAYERS) = Field(1, description="Every n-th block is MoE (blocks n, 2n, ...; 1: every block).")
     routing: RoutingSpec = Field(RoutingSpec(), description="Numerics off: the routing model that stands for the "
                                                             "router (train/moe_routing.py).")
+
+    def holds_experts(self, layer: int) -> bool:
+        """Whether block `layer` (counted from 0) is an MoE block: every `every`-th block, the first block every - 1."""
+        return (layer + 1) % self.every == 0
+
+    def expert_width(self, dense_width: int) -> int:
+        """An expert's hidden width in a model whose dense MLP has `dense_width` hidden features."""
+        return dense_width if self.expert_hidden is None else self.expert_hidden
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> "MoESpec":
@@ -92,7 +108,8 @@ class ModelSpec(Section):
     batchnorm: Flag = Field(False, description="mlp, cnn: BatchNorm after each hidden Linear or Conv2d.")
     options: dict[str, Any] = Field({}, description="Keyword arguments of a user's model function (not mlp, cnn, "
                                                     "gpt or llama).")
-    moe: MoESpec | None = Field(None, description="gpt: mixture-of-experts layers in place of the MLP (null: dense).")
+    moe: MoESpec | None = Field(None, description="gpt, llama: mixture-of-experts layers in place of the MLP (null: "
+                                                  "dense).")
 
     @model_validator(mode="before")
     @classmethod
@@ -105,10 +122,12 @@ class ModelSpec(Section):
 
     @model_validator(mode="after")
     def _fields_of_this_model(self) -> "ModelSpec":
-        if self.moe is not None and self.name != "gpt":
-            raise ValueError(f"model.moe: mixture-of-experts layers are for the gpt model, not {self.name}")
+        if self.moe is not None and self.name not in _TRANSFORMERS:
+            raise ValueError(f"model.moe: mixture-of-experts layers are for the gpt model, not {self.name} (and for "
+                             "llama: they take a transformer block's MLP's place)")
         if self.moe is not None and self.moe.every > self.layers:
-            raise ValueError(f"model.moe.every: {self.moe.every} is past the gpt's {self.layers} model.layers")
+            raise ValueError(f"model.moe.every: {self.moe.every} is past the {self.name}'s {self.layers} "
+                             "model.layers")
         if self.attention == "fused" and self.name not in _TRANSFORMERS:
             raise ValueError(f"model.attention: fused is an option of gpt and llama, not of {self.name}")
         if self.name in _TRANSFORMERS:

@@ -53,7 +53,7 @@ from ..cost import SavedTensorTracker
 from ..errors import ScenarioError
 from ..op_cost import OperatorRecorder
 from ..step_ops import Alloc, Collective, Compute, Free
-from ..train.moe import MoEBlock
+from ..train.moe import ExpertsBlock
 from ..train.moe_exchange import (ExpertExchange, combine, kept_matrix, kept_positions, rank_counts,
                                   run_experts, transposed)
 from ..train.moe_router import route_tokens
@@ -146,7 +146,7 @@ class ExpertParallelStep:
         """Step program: the forward on (x, y), exchanging tokens at every MoE layer; returns the loss."""
         resume, pending = (lambda: x), []
         for module in self.model:
-            if not isinstance(module, MoEBlock):
+            if not isinstance(module, ExpertsBlock):
                 pending.append(module)
                 continue
             before = resume
@@ -155,7 +155,7 @@ class ExpertParallelStep:
                 stream = before()
                 for dense in pending:
                     stream = dense(stream)
-                x_mid, h = block._after_attention(stream, block._attention(block.ln1(stream)))
+                x_mid, h = block.before_experts(stream)
                 tokens = h.reshape(-1, h.shape[-1])
                 return x_mid, tokens, *route_tokens(block.moe, tokens)
             routed, compute = self._charged("forward", up_to_router)

@@ -1,8 +1,8 @@
 """Mixture of experts under pipeline and tensor parallelism: ep groups, the exchanges' collectives, the expert update.
 
-A gpt with `model.moe` under pp / tp (model_parallel.py) runs each MoE layer
-as regions of its stage's work with the ep group's exchanges as boundaries
-(train/moe_exchange.py: counts, dispatch, combine). The groups are formed as
+A gpt or a llama with `model.moe` under pp / tp (model_parallel.py) runs each
+MoE layer as regions of its stage's work with the ep group's exchanges as
+boundaries (train/moe_exchange.py: counts, dispatch, combine). The groups are formed as
 Megatron-Core's initialize_model_parallel formed them with
 expert_model_parallel_size before its expert tensor parallelism became a
 setting of its own: for each pipeline stage and tp index, the dp ranks (dp

@@ -73,7 +73,8 @@ def architecture(spec, info: DatasetInfo) -> list[Entry]:
     if spec.name == "gpt":
         return _gpt(info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads, spec.moe)
     if spec.name == "llama":
-        return _llama(info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads, spec.ffn_width)
+        return _llama(info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads, spec.ffn_width,
+                      spec.moe)
     raise ValueError(f"{spec.name!r} is not a built-in model")
 
 
@@ -105,27 +106,42 @@ def _cnn(info: DatasetInfo, channels: list[int], batchnorm: bool) -> list[Entry]
 
 def _gpt(vocab: int, seq_len: int, hidden: int, layers: int, heads: int, moe) -> list[Entry]:
     attention = 4 * hidden * hidden + 4 * hidden + 4 * hidden  # query, key, value, projection; two LayerNorms
-    expert = 8 * hidden * hidden + 5 * hidden  # Linear(h, 4h), Linear(4h, h)
-    block = Entry("Block", attention + expert, matrix=True, cut=((heads, GPT_HEADS),), attention=True)
-    entries = [Entry("TokenEmbedding", (vocab + seq_len) * hidden, matrix=True, cut=((vocab, VOCAB),))]
-    for layer in range(layers):
-        if moe is not None and (layer + 1) % moe.every == 0:  # train/moe.py moe_block
-            experts = moe.experts + moe.shared_experts
-            entries.append(block._replace(kind="MoEBlock", parameters=attention + hidden * moe.experts
-                                          + experts * expert))
-        else:
-            entries.append(block)
-    return entries + [Entry("LanguageHead", 2 * hidden + hidden * vocab + vocab, matrix=True, cut=((vocab, VOCAB),))]
+    block = Entry("Block", attention + _gpt_mlp(hidden, 4 * hidden), matrix=True, cut=((heads, GPT_HEADS),),
+                  attention=True)
+    moe_block = None if moe is None else block._replace(  # train/moe.py MoEBlock: the experts are not cut
+        kind="MoEBlock", parameters=attention + _moe(hidden, moe, _gpt_mlp(hidden, moe.expert_width(4 * hidden))))
+    return [Entry("TokenEmbedding", (vocab + seq_len) * hidden, matrix=True, cut=((vocab, VOCAB),)),
+            *_blocks(layers, block, moe_block, moe),
+            Entry("LanguageHead", 2 * hidden + hidden * vocab + vocab, matrix=True, cut=((vocab, VOCAB),))]
 
 
-def _llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int) -> list[Entry]:
+def _llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, moe) -> list[Entry]:
     head_width = hidden // heads
-    parameters = (2 * hidden + 2 * hidden * heads * head_width + 2 * hidden * kv_heads * head_width
-                  + 3 * hidden * ffn_hidden)
-    block = Entry("LlamaBlock", parameters, matrix=True, attention=True,
-                  cut=((heads, HEADS), (kv_heads, KV_HEADS), (ffn_hidden, FFN_HIDDEN)))
-    return [Entry("LlamaEmbedding", vocab * hidden, matrix=True, cut=((vocab, VOCAB),)), *[block] * layers,
+    attention = 2 * hidden + 2 * hidden * heads * head_width + 2 * hidden * kv_heads * head_width  # norms, wq wo wk wv
+    heads_cut = ((heads, HEADS), (kv_heads, KV_HEADS))
+    block = Entry("LlamaBlock", attention + 3 * hidden * ffn_hidden, matrix=True, attention=True,
+                  cut=(*heads_cut, (ffn_hidden, FFN_HIDDEN)))
+    moe_block = None if moe is None else block._replace(  # train/llama_moe.py LlamaMoEBlock: the experts are not cut
+        kind="LlamaMoEBlock", parameters=attention + _moe(hidden, moe, 3 * hidden * moe.expert_width(ffn_hidden)),
+        cut=heads_cut)
+    return [Entry("LlamaEmbedding", vocab * hidden, matrix=True, cut=((vocab, VOCAB),)),
+            *_blocks(layers, block, moe_block, moe),
             Entry("LlamaHead", hidden + hidden * vocab, matrix=True, cut=((vocab, VOCAB),))]
+
+
+def _gpt_mlp(hidden: int, width: int) -> int:
+    """Parameters of a gpt MLP or expert: Linear(hidden, width), Linear(width, hidden), with biases."""
+    return 2 * hidden * width + width + hidden
+
+
+def _moe(hidden: int, moe, expert: int) -> int:
+    """Parameters of an MoE layer (train/moe.py MoE) whose experts have `expert` each: router, routed and shared."""
+    return hidden * moe.experts + (moe.experts + moe.shared_experts) * expert
+
+
+def _blocks(layers: int, block: Entry, moe_block: Entry | None, moe) -> list[Entry]:
+    """`layers` blocks, MoE blocks where model.moe puts them (train/moe.py moe_block, train/llama_moe.py)."""
+    return [moe_block if moe is not None and moe.holds_experts(layer) else block for layer in range(layers)]
 
 
 def pair_end(linear: list[bool], elementwise: list[bool], start: int) -> int | None:

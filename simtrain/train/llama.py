@@ -19,6 +19,9 @@ et al. 2024, "The Llama 3 Herd of Models", table 3):
 - a SwiGLU MLP (Shazeer 2020): w2(silu(w1 h) · w3 h), of `ffn_hidden` features;
 - untied token embedding and output Linear; no bias anywhere.
 
+With `model.moe` the SwiGLU MLP of every n-th block is a mixture of SwiGLU
+experts, Mixtral's and DeepSeek-V3's layer (`block`, train/llama_moe.py).
+
 It maps tokens (batch, seq_len) to logits (batch, seq_len, vocab). With width
 h, L layers, H heads, G key/value heads, F ffn features and vocabulary V its
 parameters number
@@ -192,14 +195,20 @@ class LlamaBlock(nn.Module):
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(h)) * self.w3(h))
 
+    column_split, row_split = ("wq", "wk", "wv", "w1", "w3"), ("wo", "w2")  # Linears split by tp
+
+    def tensor_parallel_counts(self) -> tuple[tuple[int, str], ...]:
+        """(count, line) of what tensor parallelism cuts: each count must divide by tp, else `line`."""
+        return (self.heads, HEADS), (self.kv_heads, KV_HEADS), (self.w1.out_features, FFN_HIDDEN)
+
     def shard_(self, tp_rank: int, tp: int) -> dict[str, Slice]:
         """Keep tp rank `tp_rank`'s query heads, the key/value heads they read and its MLP features; where each
         slice sits in the whole parameter."""
-        for count, line in ((self.heads, HEADS), (self.kv_heads, KV_HEADS), (self.w1.out_features, FFN_HIDDEN)):
+        for count, line in self.tensor_parallel_counts():
             require_divides(count, tp, line)
         slices = {f"{name}.weight": shard_parameter_(getattr(self, name), "weight", 0, tp_rank, tp)
-                  for name in ("wq", "wk", "wv", "w1", "w3")}
-        for name in ("wo", "w2"):
+                  for name in self.column_split}
+        for name in self.row_split:
             slices[f"{name}.weight"] = shard_parameter_(getattr(self, name), "weight", 1, tp_rank, tp)
         self.heads //= tp
         self.kv_heads //= tp
@@ -243,10 +252,13 @@ class LlamaHead(nn.Module):
 
 
 def build_llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int,
-                rope_theta: float) -> nn.Sequential:
-    """Embedding, `layers` blocks, head (the caller seeds torch first)."""
+                rope_theta: float, block=None) -> nn.Sequential:
+    """Embedding, `layers` blocks, head (the caller seeds torch first); `block(layer, hidden, heads, kv_heads,
+    ffn_hidden, rope_theta)` builds layer `layer`'s block (default a LlamaBlock; train/llama_moe.py's
+    llama_moe_block puts mixtures of experts in)."""
+    block = block or (lambda layer, *shape: LlamaBlock(*shape))
     return nn.Sequential(LlamaEmbedding(vocab, hidden),
-                         *(LlamaBlock(hidden, heads, kv_heads, ffn_hidden, rope_theta) for _ in range(layers)),
+                         *(block(i, hidden, heads, kv_heads, ffn_hidden, rope_theta) for i in range(layers)),
                          LlamaHead(hidden, vocab))
 
 

@@ -24,7 +24,10 @@ in what the devices ran (report.json's `flops.device_tflops_per_device`).
   wk and wv of G key/value heads, the SwiGLU's three of F features, the
   output Linear; the token table is a lookup, not a multiply), and the
   attention term 12·L·h·T as gpt's: grouped-query attention shares keys and
-  values, not the work, each of the H query heads attending over T positions.
+  values, not the work, each of the H query heads attending over T positions;
+  in a mixture-of-experts block (train/llama_moe.py) N counts the router and
+  the top_k + shared SwiGLU experts of W = model.moe.expert_hidden features a
+  token goes through, 3·h·W each, in place of the dense 3·h·F.
 - every other model (mlp, cnn, a user's): measured, the forward and backward
   FLOPs (cost.measure_step_cost, the operator recorder) of one batch of zeros
   through the model built without checkpointing, on the job's device kind
@@ -64,7 +67,7 @@ def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> 
     if model.name == "llama":
         return ModelFlops(samples * llama_flops_per_sequence(model.layers, model.width, model.heads,
                                                              model.key_value_heads, model.ffn_width, vocab,
-                                                             seq_len), PALM)
+                                                             seq_len, model.moe), PALM)
     batch = scenario.data.batch_size
     return ModelFlops(samples / batch * _measured_flops(scenario, data, batch), MEASURED)
 
@@ -72,19 +75,28 @@ def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> 
 def gpt_flops_per_sequence(layers: int, width: int, vocab: int, seq_len: int, moe=None) -> float:
     """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/gpt.py's model; with `moe` (a MoESpec), N
     counts the weights a token is computed with: an MoE block's router and top_k + shared experts."""
-    weights = 12 * layers * width**2 + vocab * width
+    mlp = 8 * width**2  # Linear(h, 4h), Linear(4h, h)
+    weights = layers * (4 * width**2 + mlp) + vocab * width
     if moe is not None:
-        moe_layers = layers // moe.every
-        weights += moe_layers * ((moe.top_k + moe.shared_experts - 1) * 8 * width**2 + moe.experts * width)
+        weights += _activated_minus_dense(layers, width, moe, 2 * width * moe.expert_width(4 * width), mlp)
     return float(seq_len * (6 * weights + 12 * layers * width * seq_len))
 
 
 def llama_flops_per_sequence(layers: int, width: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
-                             seq_len: int) -> float:
-    """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/llama.py's model."""
-    weights = layers * (2 * width**2 + 2 * width * (width // heads) * kv_heads + 3 * width * ffn_hidden)
-    weights += vocab * width
+                             seq_len: int, moe=None) -> float:
+    """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/llama.py's model; with `moe` (a MoESpec), N
+    counts an MoE block's router and top_k + shared SwiGLU experts (train/llama_moe.py)."""
+    mlp = 3 * width * ffn_hidden  # w1, w3, w2
+    weights = layers * (2 * width**2 + 2 * width * (width // heads) * kv_heads + mlp) + vocab * width
+    if moe is not None:
+        weights += _activated_minus_dense(layers, width, moe, 3 * width * moe.expert_width(ffn_hidden), mlp)
     return float(seq_len * (6 * weights + 12 * layers * width * seq_len))
+
+
+def _activated_minus_dense(layers: int, width: int, moe, expert: int, mlp: int) -> int:
+    """What the MoE blocks add to N: in each, the router and the top_k + shared experts of `expert` weights each
+    a token goes through, in place of the dense MLP's `mlp`."""
+    return layers // moe.every * (width * moe.experts + (moe.top_k + moe.shared_experts) * expert - mlp)
 
 
 def _measured_flops(scenario: Scenario, data: DataSplits, batch: int) -> float:

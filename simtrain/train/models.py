@@ -19,7 +19,9 @@ stream is left as it was.
   `model.hidden` (one width), `model.layers`, `model.heads`; `model.moe`
   makes every n-th block a mixture of experts (train/moe.py).
 - `llama`: a Llama-style transformer for token data (train/llama.py): gpt's
-  fields and `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`.
+  fields and `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`;
+  `model.moe` makes every n-th block a mixture of SwiGLU experts
+  (train/llama_moe.py).
 - `model.attention: fused` (gpt, llama): every block's attention core is one
   FlashAttention kernel (train/fused_attention.py).
 - `package.module:function`: called with `model.options` as keyword
@@ -50,6 +52,7 @@ from .data import DatasetInfo, call_with_options, load_callable
 from .fused_attention import use_fused_attention_
 from .gpt import build_gpt
 from .llama import build_llama
+from .llama_moe import llama_moe_block
 from .moe import moe_block
 
 
@@ -76,8 +79,9 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
         block = moe_block(spec.moe) if spec.moe is not None else None
         return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads, block)
     if spec.name == "llama":
+        block = llama_moe_block(spec.moe) if spec.moe is not None else None
         return partial(build_llama, info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads,
-                       spec.ffn_width, spec.rotary_base)
+                       spec.ffn_width, spec.rotary_base, block)
     if ":" in spec.name:
         return partial(_user_model, load_callable(spec.name, "model.name"), dict(spec.options), spec.name, info)
     raise ScenarioError(f"model.name: unknown model {spec.name!r} (known: mlp, cnn, gpt, llama, or "

@@ -1,13 +1,17 @@
-"""Mixture-of-experts layers for the gpt: a learned top-k router, expert MLPs, capacity, the balancing loss.
+"""Mixture-of-experts layers: a learned top-k router, expert MLPs, capacity, the balancing loss; gpt's MoE block.
 
-`MoE(hidden, spec)` maps (batch, positions, hidden) to the same shape, in
-place of a Block's MLP. Every token t (h_t its input) is routed as HF
+`MoE(hidden, spec, expert)` maps (batch, positions, hidden) to the same shape,
+in place of a transformer block's MLP: gpt's `MoEBlock` here, llama's
+`LlamaMoEBlock` (train/llama_moe.py). Every token t (h_t its input) is routed as HF
 transformers' Mixtral block and Megatron-Core's default router do: logits
 l_t = router(h_t) (a Linear without bias), probabilities p_t = softmax(l_t)
 in fp32 over the experts, the top_k of them kept and renormalized to sum to 1
 (w_t,e = p_t,e / sum of the kept p_t). The output is sum over kept e of
 w_t,e * expert_e(h_t), plus every shared expert's output (DeepSeekMoE), each
-expert an MLP as the dense one (Linear to 4 x hidden, GELU, Linear back).
+expert an MLP of the dense one's kind, built by `expert()`: in a gpt an
+`ExpertMLP` (Linear to `model.moe.expert_hidden` features, by default 4 x
+hidden as the dense MLP, GELU, Linear back), in a llama a SwiGLU expert
+(train/llama_moe.py).
 
 Capacity (`capacity_factor` c, null: dropless): expert e takes at most
 C = ceil(c * T * top_k / experts) of the T tokens' assignments; it keeps them
@@ -47,8 +51,10 @@ train/moe_exchange.py, between its ep group's exchanges.
     y = layer(h)                         # (batch, positions, 64)
     layer.routing.tokens_per_expert      # [kept assignments of expert 0, 1, ...]
 """
+import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -63,12 +69,12 @@ from .tensor_parallel import attention_half_ops
 
 
 class ExpertMLP(nn.Module):
-    """One expert: Linear(hidden, 4 hidden), GELU, Linear(4 hidden, hidden), as the dense block's MLP."""
+    """One gpt expert: Linear(hidden, width), GELU, Linear(width, hidden), as the dense block's MLP (width 4 hidden)."""
 
-    def __init__(self, hidden: int):
+    def __init__(self, hidden: int, width: int):
         super().__init__()
-        self.expand = nn.Linear(hidden, 4 * hidden)
-        self.contract = nn.Linear(4 * hidden, hidden)
+        self.expand = nn.Linear(hidden, width)
+        self.contract = nn.Linear(width, hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.contract(F.gelu(self.expand(h)))
@@ -83,17 +89,25 @@ class Routing:
     aux_loss: float
 
 
+def gpt_expert(hidden: int, spec: MoESpec) -> Callable[[], nn.Module]:
+    """What builds one expert of a gpt of width `hidden`: an ExpertMLP of model.moe.expert_hidden features (default
+    4 x hidden, the dense MLP's)."""
+    return functools.partial(ExpertMLP, hidden, spec.expert_width(4 * hidden))
+
+
 class MoE(nn.Module):
-    """Router, routed experts and shared experts: the MLP of a mixture-of-experts block."""
+    """Router, routed experts and shared experts: the MLP of a mixture-of-experts block. `expert()` builds one
+    expert, routed or shared (default: a gpt's, `gpt_expert`)."""
 
     RECORDS = ("routing", "routings")  # what its forwards did, not what it computes (partition.module_structure)
 
-    def __init__(self, hidden: int, spec: MoESpec):
+    def __init__(self, hidden: int, spec: MoESpec, expert: Callable[[], nn.Module] | None = None):
         super().__init__()
+        expert = expert or gpt_expert(hidden, spec)
         self.spec = spec
         self.router = nn.Linear(hidden, spec.experts, bias=False)
-        self.experts = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.experts))
-        self.shared = nn.ModuleList(ExpertMLP(hidden) for _ in range(spec.shared_experts))
+        self.experts = nn.ModuleList(expert() for _ in range(spec.experts))
+        self.shared = nn.ModuleList(expert() for _ in range(spec.shared_experts))
         self.routing: Routing | None = None
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
         self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
@@ -151,7 +165,24 @@ class MoE(nn.Module):
         return out
 
 
-class MoEBlock(Block):
+class ExpertsBlock:
+    """A transformer block whose MLP is a mixture of experts (gpt's MoEBlock, llama's LlamaMoEBlock), as the
+    expert-parallel schemes run it (schemes/expert_dispatch.py): `moe`, its MoE layer, after
+    `before_experts(x)`, the block up to that layer; the block is x + moe(h) from there. (A mixin: it comes
+    before the block's class among the bases.)"""
+
+    moe: MoE
+
+    def before_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x after the attention, the MoE layer's input)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, h = self.before_experts(x)
+        return x + self.moe(h)
+
+
+class MoEBlock(ExpertsBlock, Block):
     """A gpt Block whose MLP is a mixture of experts: x + attention(ln1(x)), then x + moe(ln2(x))."""
 
     def __init__(self, hidden: int, heads: int, spec: MoESpec):
@@ -159,9 +190,8 @@ class MoEBlock(Block):
         del self.expand, self.contract  # the dense MLP, replaced
         self.moe = MoE(hidden, spec)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, h = self._after_attention(x, self._attention(self.ln1(x)))
-        return x + self.moe(h)
+    def before_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._after_attention(x, self._attention(self.ln1(x)))
 
     column_split, row_split = ("query", "key", "value"), ("projection",)  # the experts stay whole on every tp rank
 
@@ -204,5 +234,5 @@ def whole_model_name(module: nn.Module, name: str) -> str:
 def moe_block(spec: MoESpec):
     """build_gpt's `block`: layer i (from 0) is an MoEBlock when i + 1 is a multiple of `spec.every`."""
     def block(layer: int, hidden: int, heads: int) -> nn.Module:
-        return MoEBlock(hidden, heads, spec) if (layer + 1) % spec.every == 0 else Block(hidden, heads)
+        return MoEBlock(hidden, heads, spec) if spec.holds_experts(layer) else Block(hidden, heads)
     return block
