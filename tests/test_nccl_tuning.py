@@ -389,3 +389,14 @@ def test_training_with_nvls_computes_what_the_ring_computes():
     assert nccl.data["final_loss"] == pytest.approx(ring.data["final_loss"], rel=1e-6)
     for ours, theirs in zip(nccl.final_models[0].parameters(), ring.final_models[0].parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_one_device_on_a_ring_trains_with_nccl_and_sends_nothing():
+    """A topology of one device has no link: NCCL's tuner reads no link kind, the step communicates nothing (was a
+    ValueError from min() over no link rates)."""
+    report = run(validate_scenario({
+        "name": "t", "seed": 3, "cluster": {"topology": "ring", "devices": 1},
+        "model": {"name": "mlp", "hidden": [8]}, "data": {"name": "digits", "batch_size": 16},
+        "train": {"steps": 2, "optimizer": {"name": "sgd", "lr": 0.1}},
+        "parallel": {"all_reduce": "nccl"}, "report": {"trace": False}}))
+    assert report.data["breakdown_s"]["communication"] == 0.0 and report.data["steps"] == 2

@@ -83,10 +83,11 @@ def fabric_of(topology: Topology, generation: str | None = None, nodes: list[str
 
 
 def link_kinds(topology: Topology) -> dict:
-    """Each link's kind for NCCL's latency table: `net` for the NIC links between hosts, else `nvlink`."""
+    """Each link's kind for NCCL's latency table: `net` for the NIC links between hosts, else `nvlink` (none on a
+    topology of one device)."""
     layout = layout_of(topology, topology.devices)
     rates = [_rate(topology, a, b) for a, b in topology.graph.edges]
-    slowest = min(rates)
+    slowest = min(rates, default=None)
     multi = len(layout.hosts) > 1
     return {frozenset((a, b)): "net" if multi and rate == slowest else "nvlink"
             for (a, b), rate in zip(topology.graph.edges, rates)}
