@@ -19,7 +19,8 @@ copy. Every figure but the activation bytes is the operator recorder's
   included) the forward and the backward dispatch: what a per-kernel
   overhead (a device's `kernel_overhead`) is charged on.
 - `forward_ops`, `backward_ops`: each pass's operators as (FLOPs, bytes,
-  count) groups: what a device under `compute_model: roofline` charges.
+  count, rate dtype) groups: what a device under `compute_model: roofline`
+  charges.
 - `activation_bytes`: the peak, over forward and backward, of the bytes of
   tensors autograd holds for backward. Every tensor autograd saves goes
   through `torch.autograd.graph.saved_tensors_hooks`; its storage is counted
@@ -70,7 +71,7 @@ class StepCost:
     grad_ready_flops: tuple[float, ...] = ()  # backward FLOPs done when each trainable parameter's gradient is complete
     forward_kernels: int = 0  # torch operators the forward dispatches
     backward_kernels: int = 0
-    forward_ops: OpCosts = ()  # the forward's operators as (FLOPs, bytes, count) groups (op_cost.py)
+    forward_ops: OpCosts = ()  # the forward's operators as (FLOPs, bytes, count, rate dtype) groups (op_cost.py)
     backward_ops: OpCosts = ()
 
 

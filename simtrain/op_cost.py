@@ -17,7 +17,12 @@ dispatched inside it and records, per operator:
   argument. Views and other metadata-only operators (view, transpose, expand,
   t, detach, as_strided, slice, select, _unsafe_view) and allocations
   (empty, empty_like, empty_strided) move none;
-- its **dtype**: the FLOPs are also summed by the dtype of the operator's result.
+- its **rate dtype**: the dtype whose FLOP rate its arithmetic runs at, named as the device catalog names
+  them (`RATE_DTYPES`): its first tensor operand's. A matrix multiply's operands set the tensor cores'
+  rate: bf16 operands the bf16 rate, the float8 operands of a scaled GEMM (simtrain::scaled_mm,
+  train/fp8.py; torch's _scaled_mm) the fp8 rate though it writes bf16. An operator without FLOPs, or
+  of a dtype the catalog has no rate for, has none (""): it runs at the rate of the work it is part of;
+- its **dtype**: the FLOPs are also summed by the dtype of the operator's result (`flops_by_dtype`).
 
 An operator on a wrapper tensor subclass (a DTensor) is handed back to the
 subclass, and the operators it runs on its local tensors are the ones
@@ -33,20 +38,22 @@ The roofline model (Williams, Waterman and Patterson, "Roofline: an insightful
 visual performance model for multicore architectures", CACM 52(4), 2009): a
 kernel is bound either by its arithmetic or by its memory traffic, so it takes
 
-    max(FLOPs / FLOP rate, bytes / memory bandwidth)
+    max(FLOPs / FLOP rate of its rate dtype, bytes / memory bandwidth)
 
 and a sequence of kernels takes the sum of theirs. Operators with equal
-(FLOPs, bytes) are grouped: a cost is `OpCosts`, a sorted tuple of (FLOPs,
-bytes, count), a few dozen entries for a transformer region however many
-layers it has. A device evaluates it for its own rates (hw/device.py's
-`roofline_seconds`, in Device.compute_time).
+(FLOPs, bytes, rate dtype) are grouped: a cost is `OpCosts`, a sorted tuple
+of (FLOPs, bytes, count, rate dtype), a few dozen entries for a transformer
+region however many layers it has. A device evaluates it for its own rates
+(hw/device.py's `roofline_seconds`, in Device.compute_time); the `flops`
+compute model charges the FLOPs of operators of another rate dtype than the
+work's at their own rate too (fp8 GEMMs beside bf16 attention).
 
     layer, x = nn.Linear(64, 64), torch.empty(64, 64)
     with OperatorRecorder() as recorder:
         layer(x)
     recorder.flops, recorder.kernels          # 524288, 2 (a t view and one addmm)
-    ops = recorder.take()                     # ((524288.0, 49408.0, 1),)
-    hw.device.roofline_seconds(ops, flops_rate=156e12, bytes_rate=0.8e12)     # 6.2e-08 s: memory-bound
+    ops = recorder.take()                     # ((524288.0, 49408.0, 1, "fp32"),)
+    hw.device.roofline_seconds(ops, {"fp32": 156e12}, bytes_rate=0.8e12)     # 6.2e-08 s: memory-bound
 """
 from __future__ import annotations
 
@@ -57,23 +64,29 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-OpCosts = tuple[tuple[float, float, int], ...]  # (FLOPs, bytes, count) per distinct operator cost, sorted
+# (FLOPs, bytes, count, rate dtype) per distinct operator cost, sorted; rate dtype "": the work's own
+OpCosts = tuple[tuple[float, float, int, str], ...]
 
 _aten = torch.ops.aten
 # Operators that move no bytes though their schema does not mark them as views.
 _NO_TRAFFIC = {_aten._unsafe_view, _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
                _aten.new_empty_strided}
+# The device catalog's name (hw/catalog.py, DeviceSpec.peak_flops) of the rate of arithmetic on operands of each
+# torch dtype; float8 operands, e4m3 or e5m2, run at the fp8 tensor-core rate.
+RATE_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8",
+               torch.float8_e5m2: "fp8"}
 
 
 class OperatorRecorder(TorchDispatchMode):
-    """Records the kernels, FLOPs (in all and by result dtype) and bytes of the operators dispatched inside it."""
+    """Records the kernels, FLOPs (in all, by result dtype and by rate dtype) and bytes of the operators dispatched
+    inside it."""
 
     def __init__(self):
         super().__init__()
         self.flops = 0  # FLOPs since the recorder was entered (an int: exact however many operators)
         self.kernels = 0  # operators dispatched
         self.flops_by_dtype: dict[torch.dtype, float] = {}  # FLOPs by result dtype, in the order dtypes came
-        self._counts: dict[tuple[float, float], int] = {}
+        self._counts: dict[tuple[float, float, str], int] = {}
         self._decomposing = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -100,18 +113,21 @@ class OperatorRecorder(TorchDispatchMode):
             return
         formula = flop_registry.get(func._overloadpacket)
         flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
+        rate = ""
         if flops:
             self.flops += flops
             dtype = next(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)).dtype  # the first result's
             self.flops_by_dtype[dtype] = self.flops_by_dtype.get(dtype, 0.0) + flops
+            operand = next(t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+            rate = RATE_DTYPES.get(operand.dtype, "")
         nbytes = float(sum(_distinct_bytes(t) for t in tree_leaves((args, kwargs, out))
                            if isinstance(t, torch.Tensor)))
         if flops or nbytes:
-            key = (float(flops), nbytes)
+            key = (float(flops), nbytes, rate)
             self._counts[key] = self._counts.get(key, 0) + 1
 
     def take(self) -> OpCosts:
-        """The operators recorded since the last take, grouped by equal (FLOPs, bytes)."""
+        """The operators recorded since the last take, grouped by equal (FLOPs, bytes, rate dtype)."""
         counts, self._counts = self._counts, {}
         return _grouped(counts)
 
@@ -119,24 +135,24 @@ class OperatorRecorder(TorchDispatchMode):
 def merged(first: OpCosts, second: OpCosts) -> OpCosts:
     """Two OpCosts as one (equal operators' counts added)."""
     counts = {}
-    for flops, nbytes, count in (*first, *second):
-        counts[flops, nbytes] = counts.get((flops, nbytes), 0) + count
+    for flops, nbytes, count, rate in (*first, *second):
+        counts[flops, nbytes, rate] = counts.get((flops, nbytes, rate), 0) + count
     return _grouped(counts)
 
 
 def without(ops: OpCosts, part: OpCosts) -> OpCosts:
     """`ops` less the operators of `part` (a part of them)."""
-    counts = {(flops, nbytes): count for flops, nbytes, count in ops}
-    for flops, nbytes, count in part:
-        counts[flops, nbytes] -= count
-        if counts[flops, nbytes] < 0:
+    counts = {(flops, nbytes, rate): count for flops, nbytes, count, rate in ops}
+    for flops, nbytes, count, rate in part:
+        counts[flops, nbytes, rate] -= count
+        if counts[flops, nbytes, rate] < 0:
             raise ValueError("a part of a pass's operators is not among them")
-    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items() if count))
+    return _grouped({key: count for key, count in counts.items() if count})
 
 
-def _grouped(counts: dict[tuple[float, float], int]) -> OpCosts:
-    """OpCosts from counts of operators by (FLOPs, bytes), in sorted order."""
-    return tuple(sorted((flops, nbytes, count) for (flops, nbytes), count in counts.items()))
+def _grouped(counts: dict[tuple[float, float, str], int]) -> OpCosts:
+    """OpCosts from counts of operators by (FLOPs, bytes, rate dtype), in sorted order."""
+    return tuple(sorted((flops, nbytes, count, rate) for (flops, nbytes, rate), count in counts.items()))
 
 
 def _distinct_bytes(tensor: torch.Tensor) -> int:
@@ -147,5 +163,5 @@ def _distinct_bytes(tensor: torch.Tensor) -> int:
 def scaled(ops: OpCosts, fraction: float) -> OpCosts:
     """`fraction` of the work of `ops` (every operator's FLOPs and bytes scaled): a share of a pass charged
     apart, whose roofline time is that fraction of the whole's."""
-    return tuple((flops * fraction, nbytes * fraction, count) for flops, nbytes, count in ops)
+    return tuple((flops * fraction, nbytes * fraction, count, rate) for flops, nbytes, count, rate in ops)
 

@@ -5,8 +5,9 @@
   value saturated; the Float8Linear's forward and both backward GEMMs against that rounding and
   the scales written out, computed in float64.
 - Training: a small llama in fp8 and in bf16 on the same run: loss curves close, not identical.
-- Time: on every catalog part, a step's GEMMs cost their FLOPs (PaLM's closed form) over the
-  part's rate for the run's precision, fp8 included.
+- Time: on every catalog part, a step's Linear GEMMs cost their FLOPs (PaLM's 6N per token) over
+  the part's rate for the run's precision, fp8 included, and attention's batched matmuls theirs
+  (PaLM's 12·L·h·T per token) over its bf16 rate, in fp8 too (torchao leaves them in bf16).
 - Bad input: fp8 on a device without an fp8 rate, one line naming train.precision, exit 2.
 """
 import pytest
@@ -162,9 +163,12 @@ def test_gemms_cost_their_flops_at_the_parts_rate(device, precision):
     job = one_step(raw)
     spans = {span.name: span.end - span.start for span in job.cluster.log.spans if span.kind == "compute"}
     per_sequence = llama_flops_per_sequence(2, 64, 4, 2, 256, 32, 16)  # ffn: Llama's rule for width 64
-    rate = CATALOG[device].peak_flops[precision] * CATALOG[device].efficiency
-    assert spans["forward"] == pytest.approx(16 * per_sequence / 3 / rate, rel=1e-12)
-    assert spans["backward"] == pytest.approx(16 * per_sequence * 2 / 3 / rate, rel=1e-12)
+    attention = 12 * 2 * 64 * 16 * 16  # 12·L·h·T per token, T tokens
+    spec = CATALOG[device]
+    linear_rate, attention_rate = (spec.peak_flops[dtype] * spec.efficiency for dtype in (precision, "bf16"))
+    sequence_s = (per_sequence - attention) / linear_rate + attention / attention_rate
+    assert spans["forward"] == pytest.approx(16 * sequence_s / 3, rel=1e-12)
+    assert spans["backward"] == pytest.approx(16 * sequence_s * 2 / 3, rel=1e-12)
 
 
 def test_catalog_entries_load_with_their_fp8_rates():

@@ -14,7 +14,11 @@ The compute model (`cluster.compute_model`) says what compute work costs:
 `flops` charges its FLOPs alone, as above; `roofline` charges work whose
 operators were measured (op_cost.py) as the sum over them of
 max(F / (peak[d] * efficiency), B / (HBM bandwidth * efficiency)), and
-unmeasured work by its FLOPs.
+unmeasured work by its FLOPs. A measured operator's d is its own rate dtype
+(op_cost.py: its operands'; an fp8 precision's scaled GEMMs fp8, its
+attention bf16), the work's dtype where it has none; under `flops` too, the
+FLOPs of operators of another rate dtype than the work's are charged at
+their own rate, the rest of the work's FLOPs at its dtype's.
 
 Work that runs while a communication kernel holds `sm_margin` of the device's
 M streaming multiprocessors (Transformer Engine's `set_sm_margin`,
@@ -136,14 +140,34 @@ class Device:
         self.memory.release_all()
 
     def compute_time(self, flops: float, dtype: str, ops: OpCosts | None = None, sm_margin: int = 0) -> float:
-        """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter); under the roofline
-        compute model, for the operators `ops` when they are given; on the SMs that `sm_margin` leaves."""
+        """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter), those of the operators
+        `ops` (when given) of a rate dtype of their own at its rate; under the roofline compute model, for the
+        operators `ops` when they are given; on the SMs that `sm_margin` leaves."""
         if ops is not None and self.compute_model == "roofline":
             bytes_rate = self.spec.memory_bandwidth * self.spec.efficiency
-            seconds = roofline_seconds(ops, self.spec.flops_rate(dtype), bytes_rate) * self.slowdown
+            seconds = roofline_seconds(ops, self._rates(ops, dtype), bytes_rate) * self.slowdown
         else:
-            seconds = flops / self.spec.flops_rate(dtype) * self.slowdown
+            seconds = self._flops_seconds(flops, dtype, ops) * self.slowdown
         return seconds / self.sm_share(sm_margin) if sm_margin else seconds
+
+    def _rates(self, ops: OpCosts, dtype: str) -> dict[str, float]:
+        """FLOP/s by the rate dtypes of `ops`, their "" (none of their own) at `dtype`'s."""
+        rates = {"": self.spec.flops_rate(dtype)}
+        for *_, rate in ops:
+            if rate not in rates:
+                rates[rate] = self.spec.flops_rate(rate)
+        return rates
+
+    def _flops_seconds(self, flops: float, dtype: str, ops: OpCosts | None) -> float:
+        """Seconds `flops` take at `dtype`'s rate, less the FLOPs of `ops` of another rate dtype, at theirs."""
+        others: dict[str, float] = {}
+        for operator_flops, _, count, rate in ops or ():
+            if operator_flops and rate and rate != dtype:
+                others[rate] = others.get(rate, 0.0) + operator_flops * count
+        if not others:
+            return flops / self.spec.flops_rate(dtype)
+        return ((flops - sum(others.values())) / self.spec.flops_rate(dtype)
+                + sum(rate_flops / self.spec.flops_rate(rate) for rate, rate_flops in others.items()))
 
     def sm_share(self, sm_margin: int) -> float:
         """The share of the device's streaming multiprocessors work runs on while a communication kernel holds
@@ -205,7 +229,7 @@ def span_sigma(seconds: float, sigma: float, fixed_s: float) -> float:
     return math.sqrt(math.log(math.exp(sigma * sigma) + (fixed_s / seconds) ** 2))
 
 
-def roofline_seconds(ops: OpCosts, flops_rate: float, bytes_rate: float) -> float:
-    """Seconds operators `ops` (op_cost.py's OpCosts) take, each bound by its arithmetic at `flops_rate` FLOP/s or
-    its bytes at `bytes_rate` B/s, whichever is slower."""
-    return sum(count * max(flops / flops_rate, nbytes / bytes_rate) for flops, nbytes, count in ops)
+def roofline_seconds(ops: OpCosts, flops_rates: dict[str, float], bytes_rate: float) -> float:
+    """Seconds operators `ops` (op_cost.py's OpCosts) take, each bound by its arithmetic at its rate dtype's
+    `flops_rates` FLOP/s or its bytes at `bytes_rate` B/s, whichever is slower."""
+    return sum(count * max(flops / flops_rates[rate], nbytes / bytes_rate) for flops, nbytes, count, rate in ops)

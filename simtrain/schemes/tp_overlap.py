@@ -99,7 +99,7 @@ class _Operator(NamedTuple):
 
     reads_gathered: bool  # it reads the gathered tensor of its region, or a copy of it
     reads_parameter: bool  # it reads a parameter, or a copy of one (an fp8 cast of a weight)
-    writes: set  # storages of its outputs and of their copies (its epilogue: an fp8 GEMM's scaling and cast)
+    writes: set  # storages of its outputs and of their copies (their views, a bias added after it)
     flops: float
     ops: OpCosts
 
@@ -108,8 +108,8 @@ class GemmWatch(TorchDispatchMode):
     """Measuring: each region's operators with FLOPs (in regions cut by `cut`), which of them read the tensor the
     all-gather before the region gave (`communicating` notes it) or a parameter, and what each reduce-scatter
     scattered. An operator without FLOPs whose output has as many elements as a tensor it reads is a copy of it
-    (a view, a cast, a scaling, a bias added): its output carries that tensor's marks. A reduction (the amax of
-    an fp8 cast) is no copy, so a scale computed from the gathered input does not mark what it multiplies."""
+    (a view, a cast, a bias added): its output carries that tensor's marks. An output of another size (an fp8
+    cast's scale, train/fp8_kernels.py) is no copy and carries none."""
 
     def __init__(self, parameters):
         super().__init__()

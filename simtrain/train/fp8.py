@@ -24,11 +24,20 @@ Here the casts are real (torch's float8_e4m3fn and float8_e5m2 round to
 nearest even, as the hardware does), and the GEMM runs on their values upcast
 to float32 (every product of two float8 numbers is exact in float32), scaled,
 then rounded to bf16: only the order of the float32 accumulation differs from
-a GPU's. As torchao does, the forward saves its high-precision input and the
-backward casts again (the same amax gives the same cast). Bias, if any, is
-added in bf16 after the GEMM. The swap keeps every parameter as it is (the
-module's class changes, not its tensors), so names, shapes and tensor-parallel
-slices are those of the model.
+a GPU's. Each cast and each GEMM is one torch operator (train/fp8_kernels.py:
+`simtrain::float8_cast`, `simtrain::scaled_mm`), so a device is charged the
+kernels a GPU runs: per Linear, forward, two casts (x, w) and one GEMM;
+backward, three casts (the output's gradient to e5m2, x and w again) and two
+GEMMs; each cast reading its bf16 operand and writing float8 bytes, each GEMM
+reading float8 operands and writing bf16, its FLOPs at the fp8 rate
+(op_cost.py). As torchao does, the forward saves its high-precision input and
+the backward casts again (the same amax gives the same cast); the weight is
+cast every forward, as torchao does (Transformer Engine can keep the first
+micro-batch's weight cast for the others of a step, its FP8 weight caching,
+`is_first_microbatch`: not modelled). Bias, if any, is added in bf16 after the
+GEMM. The swap keeps every parameter as it is (the module's class changes,
+not its tensors), so names, shapes and tensor-parallel slices are those of
+the model.
 
     convert_to_float8_(model)          # every nn.Linear's forward in float8 (model in bf16)
     restore_linears_(model)            # back to plain nn.Linear (the trained model, as saved)
@@ -37,28 +46,23 @@ slices are those of the model.
 import torch
 from torch import nn
 
+from .fp8_kernels import float8_cast, scaled_mm
+
 FORWARD_DTYPE = torch.float8_e4m3fn  # activations and weights
 GRADIENT_DTYPE = torch.float8_e5m2  # the output's gradient
-_EPS = 1e-12  # torchao's floor on the amax, so that a zero tensor gets a finite scale
 
 
 def to_float8(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """`tensor` cast to float8 `dtype` with one scale from its amax: (float8 values, float32 scale), the
-    values being round(clamp(tensor · scale, ±max)) in `dtype`."""
-    fp8_max = torch.finfo(dtype).max
-    # an empty tensor (an expert no token was routed to) has amax 0, as Transformer Engine's amax kernel leaves it
-    amax = (tensor.detach().abs().amax() if tensor.numel() else tensor.new_zeros(())).to(torch.float64)
-    scale = (fp8_max / amax.clamp(min=_EPS)).to(torch.float32)
-    scaled = tensor.detach().to(torch.float32) * scale
-    return scaled.clamp(-fp8_max, fp8_max).to(dtype), scale
+    values being round(clamp(tensor · scale, ±max)) in `dtype` (one simtrain::float8_cast kernel)."""
+    return float8_cast(tensor.detach(), dtype)
 
 
 def scaled_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                   out_dtype: torch.dtype) -> torch.Tensor:
     """(a @ b) of float8 operands, accumulated in float32, divided by both scales, in `out_dtype` (what
-    torch._scaled_mm computes)."""
-    product = a.to(torch.float32) @ b.to(torch.float32)
-    return (product * (a_scale * b_scale).reciprocal()).to(out_dtype)
+    torch._scaled_mm computes; one simtrain::scaled_mm kernel)."""
+    return scaled_mm(a, a_scale, b, b_scale, out_dtype)
 
 
 class Float8Matmul(torch.autograd.Function):

@@ -22,8 +22,10 @@ same steps and keep the same loss scale (schemes/model_parallel.py).
 
 fp8 is bf16 mixed precision whose nn.Linear layers compute their matrix
 multiplies in float8 (train/fp8.py, torchao's tensorwise recipe): the model
-holds bf16 weights, its compute is charged at the device's fp8 rate, and
-`finish` turns the Linears back into plain ones.
+holds bf16 weights, its Linears' GEMMs are charged at the device's fp8 rate
+(their casts as memory-bound kernels; the rest of its compute, attention
+included, at the bf16 rate: op_cost.py's rate dtype), and `finish` turns the
+Linears back into plain ones.
 
 Only the loss is computed in fp32 (the logits are upcast before
 cross-entropy), as torch.autocast does for cross_entropy / log_softmax: the
