@@ -11,20 +11,26 @@
   max(FLOPs / fp8 rate, bytes / bandwidth); under the flops model, its FLOPs over the fp8 rate. Beside a
   bf16 batched matmul (attention's, which torchao leaves in bf16) in the same work, the batched matmul's
   FLOPs run at the bf16 rate under either model.
+- A model: every Linear of a gpt runs in fp8, those whose bias the block adds itself (the output projection
+  and the second MLP Linear) too: a step's FLOPs at the fp8 rate are PaLM's 6N per token (N the Linears'
+  weights, 12·L·h² and the head's h·V), those at the bf16 rate attention's 12·L·h·T per token.
 - A step: a gpt large enough for its GEMMs to be bound by arithmetic trains faster in fp8 than in bf16
   under the roofline, by less than the 2x of the fp8 peak over bf16's.
 """
 import pytest
 import simpy
 import torch
+from torch import nn
 
 from simtrain import run
+from simtrain.cost import measure_step_cost
 from simtrain.hw.catalog import CATALOG
 from simtrain.hw.device import Device
 from simtrain.hw.eventlog import EventLog
 from simtrain.op_cost import OperatorRecorder, merged
 from simtrain.scenario import validate_scenario
 from simtrain.train.fp8 import convert_to_float8_
+from simtrain.train.gpt import Block, LanguageHead, TokenEmbedding
 
 H100 = CATALOG["h100-80gb"]
 FP8_RATE, BF16_RATE = (H100.peak_flops[dtype] * H100.efficiency for dtype in ("fp8", "bf16"))
@@ -96,6 +102,23 @@ def test_attentions_batched_matmul_runs_at_the_bf16_rate_beside_fp8_gemms():
                              + max(scores_flops / BF16_RATE, scores_bytes / BYTES_RATE))}
     for model, seconds in expected.items():
         assert device(model).compute_time(flops, "fp8", ops) == pytest.approx(seconds, rel=1e-12), model
+
+
+def test_every_linear_of_a_gpt_runs_its_flops_at_the_fp8_rate():
+    layers, hidden, heads, vocab, batch, length = 2, 64, 4, 32, 3, 16
+    with torch.device("meta"):
+        model = nn.Sequential(TokenEmbedding(vocab, length, hidden), *(Block(hidden, heads) for _ in range(layers)),
+                              LanguageHead(hidden, vocab)).to(torch.bfloat16)
+    convert_to_float8_(model)
+    tokens = torch.zeros(batch, length, dtype=torch.long, device="meta")
+    cost = measure_step_cost(model, tokens, tokens)
+    flops_by_rate = {}
+    for flops, _, count, rate in cost.forward_ops + cost.backward_ops:
+        if flops:
+            flops_by_rate[rate] = flops_by_rate.get(rate, 0.0) + flops * count
+    linear_weights = 12 * layers * hidden**2 + hidden * vocab
+    assert flops_by_rate == {"fp8": 6 * batch * length * linear_weights,
+                             "bf16": 12 * layers * hidden * length * batch * length}
 
 
 def gpt_step_s(precision: str) -> float:

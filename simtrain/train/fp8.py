@@ -35,15 +35,19 @@ the backward casts again (the same amax gives the same cast); the weight is
 cast every forward, as torchao does (Transformer Engine can keep the first
 micro-batch's weight cast for the others of a step, its FP8 weight caching,
 `is_first_microbatch`: not modelled). Bias, if any, is added in bf16 after the
-GEMM. The swap keeps every parameter as it is (the module's class changes,
-not its tensors), so names, shapes and tensor-parallel slices are those of
-the model.
+GEMM; a Linear whose bias its model adds itself (gpt's output projection and
+second MLP Linear, a tensor-parallel row-split Linear: once, after the sum)
+runs its weight through `weight_only`, in float8 as well. The swap keeps
+every parameter as it is (the module's class changes, not its tensors), so
+names, shapes and tensor-parallel slices are those of the model.
 
     convert_to_float8_(model)          # every nn.Linear's forward in float8 (model in bf16)
     restore_linears_(model)            # back to plain nn.Linear (the trained model, as saved)
     q, scale = to_float8(x, torch.float8_e4m3fn)
+    y = weight_only(model.contract, h)  # a Linear's weight alone, in float8 if it was converted
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .fp8_kernels import float8_cast, scaled_mm
@@ -95,6 +99,14 @@ class Float8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = Float8Matmul.apply(x, self.weight)
         return out if self.bias is None else out + self.bias
+
+
+def weight_only(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x through `linear`'s weight alone, its bias left to the caller (a row-parallel Linear adds it once, after
+    the tensor-parallel sum): in float8 if `linear` is a Float8Linear, as its forward computes it."""
+    if type(linear) is Float8Linear:
+        return Float8Matmul.apply(x, linear.weight)
+    return F.linear(x, linear.weight)
 
 
 def convert_to_float8_(model: nn.Module) -> None:

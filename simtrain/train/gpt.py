@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fp8 import weight_only
 from .fused_attention import flash_attention
 from .ring_attention import ContextShard, attention_ops, context_positions
 from .tensor_parallel import (AllGather, AllReduceBackward, AllReduceForward, Apply, ReduceScatter,
@@ -139,10 +140,10 @@ class Block(nn.Module):
 
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         """The heads' attention (batch, heads, length, head size) through this rank's part of the projection."""
-        return F.linear(out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1), self.projection.weight)
+        return weight_only(self.projection, out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1))
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.gelu(self.expand(h)), self.contract.weight)
+        return weight_only(self.contract, F.gelu(self.expand(h)))
 
     column_split, row_split = ("query", "key", "value", "expand"), ("projection", "contract")  # Linears split by tp
 

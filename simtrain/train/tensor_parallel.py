@@ -44,10 +44,10 @@ mlp) is split by `shard_column_row_` and `column_row_ops`.
 from typing import Callable, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .architecture import FEATURES, require_divides
+from .fp8 import weight_only
 
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU, nn.Sigmoid, nn.LeakyReLU)
 
@@ -128,7 +128,7 @@ def column_row_ops(column: nn.Linear, middle: list[nn.Module], row: nn.Linear) -
         hidden = column(x)
         for function in middle:
             hidden = function(hidden)
-        return (F.linear(hidden, row.weight),)
+        return (weight_only(row, hidden),)
 
     def add_bias(y: torch.Tensor) -> tuple[torch.Tensor]:
         return (y if row.bias is None else y + row.bias,)
