@@ -50,7 +50,7 @@ def gemm(a: int, b: int, c: int) -> tuple:
 
 def linear_ops(m: int, k: int, n: int, device: str) -> tuple:
     """The recorder's (forward, backward) OpCosts and FLOPs of a Float8Linear (n, k) on x (m, k), bf16."""
-    layer = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16, device=device)
+    layer = nn.Linear(k, n, bias=False, dtype=torch.bfloat16, device=device)
     convert_to_float8_(layer)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device).requires_grad_()
     with OperatorRecorder() as forward:

@@ -19,9 +19,9 @@ tensor-parallel layer in their real order.
 
 `measure_chunk` measures a chunk's regions once per input shape on a meta
 copy (FLOPs, and each region's operators as (FLOPs, bytes, count, rate dtype)
-groups for a roofline device, by the operator recorder of op_cost.py; activation bytes by
-the saved-tensor hooks of cost.py, and the shapes of what is all-reduced and
-sent on): `ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
+groups for a roofline device, by the operator recorder of op_cost.py;
+activation bytes by the saved-tensor hooks of cost.py, and the shapes of what
+is all-reduced and sent on): `ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
 the same compute spans and all-reduces from a ChunkCost alone, on meta
 buffers, without running an operator: a microbatch then costs a few step
 operations however large the model.

@@ -31,10 +31,10 @@ backward, three casts (the output's gradient to e5m2, x and w again) and two
 GEMMs; each cast reading its bf16 operand and writing float8 bytes, each GEMM
 reading float8 operands and writing bf16, its FLOPs at the fp8 rate
 (op_cost.py). As torchao does, the forward saves its high-precision input and
-the backward casts again (the same amax gives the same cast); the weight is
-cast every forward, as torchao does (Transformer Engine can keep the first
-micro-batch's weight cast for the others of a step, its FP8 weight caching,
-`is_first_microbatch`: not modelled). Bias, if any, is added in bf16 after the
+the backward casts again (the same amax gives the same cast), and it casts
+the weight in every micro-batch's forward (Transformer Engine can keep the
+first micro-batch's weight cast for the others of a step, its FP8 weight
+caching, `is_first_microbatch`: not modelled). Bias, if any, is added in bf16 after the
 GEMM; a Linear whose bias its model adds itself (gpt's output projection and
 second MLP Linear, a tensor-parallel row-split Linear: once, after the sum)
 runs its weight through `weight_only`, in float8 as well. The swap keeps
