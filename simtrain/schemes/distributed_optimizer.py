@@ -170,7 +170,9 @@ class DistributedOptimizer:
         yield from self.resume(rank)
         if self.stage >= 2:
             yield Alloc("comm_buffers", nbytes(self.scheme.replicas[rank].grad_buffer))
-        self._backwards[rank] = {}
+        # every unit is resharded after its last backward, its all-reduces awaited before the update: what a step
+        # cut short by a lost device left here went with that device (its program restarts from a checkpoint)
+        self._backwards[rank], self._gathered[rank], self._replicating[rank] = {}, set(), []
         if rank in self.buckets:
             yield from self.buckets[rank].begin()
 
