@@ -139,7 +139,8 @@ class ModelParallel(RankReplicas, Scheme):
             self.comms.cp = self._communicators(layout.groups("cp"), all_reduce=False)
         if layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self.comms.pp = self._communicators(layout.groups("pp"), all_reduce=False)
-        if self.experts is not None and not self.representatives:  # the ep groups' exchanges, the experts' update
+        # the ep groups' exchanges, the experts' update (representatives time theirs mirrored, ep groups of one alone)
+        if self.experts is not None and not (self.representatives and layout.ep > 1):
             self.comms.ep, self.comms.expert_dp = self.experts.communicators()
 
     def resume(self, rank: int):
