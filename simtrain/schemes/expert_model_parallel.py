@@ -92,15 +92,15 @@ class ExpertLayers:
         received, assigned_total, kept_total, moved = [], 0, 0, 0
         share = [0] * self.experts
         per, m = self.experts // self.ep, self.scheme.microbatches
-        sample = self.job.sample_microbatch()
-        tokens = sample.shape[0] * sample.shape[1] // layout.tp  # a rank's tokens per microbatch
+        balanced = None  # numerics off: every layer's routing, the same for all (they share model.moe)
         for rank in range(layout.world):  # with representatives, each rank's figures are its representative's
             layers = _layers(self.scheme.replicas[self.scheme._represented_by(rank)])
             for layer in layers:
                 if self.job.numerics:
                     routings, layer.routings = layer.routings[:m], layer.routings[m:]
                 else:
-                    routings = [balanced_routing(layer, tokens)] * m
+                    balanced = balanced or [balanced_routing(layer, self._microbatch_tokens())] * m
+                    routings = balanced
                 if layout.rank_groups(rank).ep.index(rank):
                     continue
                 token_bytes = layer.router.weight.shape[1] * layer.router.weight.element_size()
@@ -119,6 +119,11 @@ class ExpertLayers:
             "imbalance": max(received) / mean if mean else 1.0, "dropped": assigned_total - kept_total,
             # every kept token crosses to another rank four times: dispatch, combine and their backwards
             "bytes": 4 * moved * token_bytes, "share": share})
+
+    def _microbatch_tokens(self) -> int:
+        """A rank's tokens per microbatch: its part of the sequence under tp (sequence parallelism)."""
+        sample = self.job.sample_microbatch()
+        return sample.shape[0] * sample.shape[1] // self.scheme.layout.tp
 
     def report_sections(self, loss_curve) -> dict:
         """The `moe` section (schemes/expert_parallel.py's), its all-to-all time left out (null)."""
