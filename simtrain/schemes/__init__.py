@@ -60,7 +60,8 @@ SCHEMES: dict = {
     "async": Registered("asynchronous", "AsynchronousSGD", selection.asynchronous),
     "sharded": Registered("sharded", "ShardedDataParallel", selection.sharded),
     "expert_parallel": Registered("expert_parallel", "ExpertParallel", selection.expert_parallel),
-    "data_parallel": Registered("sync", "SyncDataParallel", selection.data_parallel),
+    # data parallelism alone is the step engine's pp = tp = cp = 1 case (report.json names its layout)
+    "data_parallel": Registered("model_parallel", "ModelParallel", selection.data_parallel),
 }
 _CLASSES = {"Scheme": "scheme", **{entry.name: entry.module for entry in SCHEMES.values()}}
 

@@ -339,7 +339,7 @@ class ModelParallel(RankReplicas, Scheme):
 
     # --- the Scheme hooks (scheme.py) ---
 
-    applies = staticmethod(selection.model_parallel)  # the registry's predicate (selection.py)
+    applies = staticmethod(selection.step_engine)  # the registry's predicates (selection.py)
 
     def state_source(self, rank: int) -> int:
         return rank  # each rank holds its own share of the model and its optimizer state

@@ -4,12 +4,12 @@ The registry (schemes/__init__.py) names a scenario's scheme with them without
 importing the schemes (which import torch), so `simtrain validate` names it for
 free; each scheme's `applies` is the same function.
 
-    model_parallel(scenario.parallel)   # True when pp or tp is above 1
+    step_engine(scenario.parallel)      # True where the one step engine (model_parallel.py) runs the job
 """
 
 
 def model_parallel(parallel) -> bool:
-    return parallel.model_parallel  # the model itself is split: pp or tp above 1
+    return parallel.model_parallel  # the model itself or its sequence is split: pp, tp or cp above 1
 
 
 def asynchronous(parallel) -> bool:
@@ -25,4 +25,11 @@ def expert_parallel(parallel) -> bool:
 
 
 def data_parallel(parallel) -> bool:
-    return parallel.mode == "sync"  # the registry's last entry: every layout the others do not take
+    """Data parallelism alone, replicated (DDP): the step engine's pp = tp = cp = 1 case."""
+    return parallel.mode == "sync" and not (sharded(parallel) or expert_parallel(parallel))
+
+
+def step_engine(parallel) -> bool:
+    """Whether the one step engine (model_parallel.py) runs the job: every synchronous layout but the sharded and
+    expert-parallel ones of data parallelism alone (schemes of their own until they move onto it)."""
+    return model_parallel(parallel) or data_parallel(parallel)
