@@ -19,14 +19,15 @@ install: $(STAMP)
 run: install
 	$(BIN)/simtrain run scenarios/quickstart.yaml
 
-# Both cores (pytest-xdist), each test file on one worker: a file's module fixtures (gloo process groups) are built once.
+# Both cores (pytest-xdist), each test to the worker that is free; the tests sharing a module fixture (gloo process
+# groups) on one worker, which builds it once (tests/conftest.py).
 TEST_WORKERS ?= auto
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The suite without its slow tests, real gloo processes and the docs' pages (pytest markers, pyproject.toml).
 test-fast: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not slow and not gloo and not docs"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not gloo and not docs"
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -30,10 +30,11 @@ step touches time, memory or another rank:
   with a transfer of the program in flight is communication; time waiting
   for a peer to post its side is idle, logged as a span of kind `idle` when
   named (a pipeline's "bubble");
-- `PostCollective(program, label)`: a collective program on the job's
-  communicator that runs on the rank's communication stream while the
-  program carries on (DDP's bucket all-reduce during the backward): posted
-  collectives run one after another, in posting order;
+- `PostCollective(program, label, comm=None, rank=None)`: a collective
+  program (on the job's communicator, or on sub-group `comm` as rank `rank`)
+  that runs on the rank's communication stream while the program carries on
+  (DDP's bucket all-reduce during the backward): posted collectives run one
+  after another, in posting order, as NCCL's kernels do on one stream;
 - `WaitCollectives()`: the rank waits until every collective it posted has
   ended (DDP finalizing the backward);
 - `Transfer(src, dst, nbytes, label)`: bytes between two network nodes that
@@ -118,6 +119,8 @@ class Await(NamedTuple):
 class PostCollective(NamedTuple):
     program: object
     label: str
+    comm: object = None  # the communicator of a sub-group of the job; None: the job's own
+    rank: int | None = None  # the rank's index in that sub-group
 
 
 class WaitCollectives(NamedTuple):

@@ -8,6 +8,11 @@ Every report.json a test writes is validated against the shipped JSON Schema
 (simtrain/report/schema.py): in this process as `Report.to_json` writes it,
 and, for those that other processes wrote (`simtrain launch` ranks, the CLI
 run as a subprocess), in the test's tmp_path when the test ends.
+
+Under `make test` (pytest-xdist, `--dist loadgroup`) each test goes to whichever
+worker is free, except that the tests of a file sharing a module-scoped fixture
+(gloo process groups, a run several tests read) stay on one worker, so the
+fixture is built once.
 """
 import json
 
@@ -25,6 +30,14 @@ _validator = jsonschema.Draft202012Validator(REPORT_SCHEMA)
 def check_report(data: dict) -> None:
     """Raise jsonschema.ValidationError unless `data` (report.json's content) fits the schema."""
     _validator.validate(data)
+
+
+def pytest_collection_modifyitems(items):
+    """A test using a module-scoped fixture joins its file's xdist group (one worker builds the fixture once)."""
+    for item in items:
+        if any(definition.scope == "module" for definitions in item._fixtureinfo.name2fixturedefs.values()
+               for definition in definitions):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture(autouse=True)

@@ -102,8 +102,9 @@ def run_program(program, comm, ledger, meter: Meter):
 
     def post_collective(op: PostCollective):
         meter.boundary()
-        handle = comm.post(None, op.program, op.label)
-        comm.wait(handle)
+        group = comm if op.comm is None else op.comm
+        handle = group.post(op.rank, op.program, op.label)
+        group.wait(handle)
         meter.close("communication", op.label, nbytes=handle.sent)
 
     def post(op: Post):

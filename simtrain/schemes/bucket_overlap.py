@@ -50,6 +50,7 @@ with two ranks, bit for bit (tests/test_bucket_overlap.py).
     overlap = BucketOverlap(optimizer, rank, layout, chunk_starts)
     program = overlap.during(action, cost, program)      # the chunk's forward or backward, buckets woven in
 """
+from ..op_cost import scaled
 from ..step_ops import Await, Collective, Compute, Post
 from .shard_layout import ShardLayout
 
@@ -147,9 +148,13 @@ class BucketOverlap:
             self._left[action.chunk] = {unit: None for unit in units}
             return value
         ready = self._ready_after(action.chunk, cost)
-        last = len(cost.backward_params) - 1 if not isinstance(cost, list) else -1
-        value = yield from _weave(program, "backward",
-                                  lambda region: self._reduce_ready(ready, region) if region < last else iter(()))
+        if not isinstance(cost, list) and cost.grad_ready_flops:  # each bucket posted once its gradient is complete
+            value = yield from _cut(program, self._ready_flops(action.chunk, cost, ready),
+                                    lambda unit: self._reduce_ready(ready, None, (unit,)))
+        else:  # each bucket posted after the region that completes it
+            last = len(cost.backward_params) - 1 if not isinstance(cost, list) else -1
+            value = yield from _weave(program, "backward", lambda region: self._reduce_ready(ready, region)
+                                      if region < last else iter(()))
         self._left[action.chunk] = ready
         return value
 
@@ -173,10 +178,19 @@ class BucketOverlap:
                 last[self.unit_of[start + param]] = region
         return {unit: last.get(unit, len(cost.backward_params) - 1) for unit in units}
 
-    def _reduce_ready(self, ready: dict[int, int], region: int | None):
-        """Step program: post the reduce-scatter of every bucket complete after backward region `region`
-        (None: the backward has ended, all that are left), latest parameters first."""
+    def _ready_flops(self, chunk: int, cost, ready: dict[int, int]) -> list[tuple[float, int]]:
+        """(backward FLOPs, unit) of each of the chunk's buckets in `ready`, in posting order (latest parameters
+        first): the FLOPs done when its last gradient is complete, never before the bucket posted before it."""
+        start, points, at = self.chunk_starts[chunk], [], 0.0
         for unit in sorted(ready, reverse=True):
+            at = max(at, *(cost.grad_ready_flops[param - start] for param in self.layout.units[unit]))
+            points.append((at, unit))
+        return points
+
+    def _reduce_ready(self, ready: dict[int, int], region: int | None, units: tuple[int, ...] | None = None):
+        """Step program: post the reduce-scatter of every bucket complete after backward region `region`
+        (None: the backward has ended, all that are left; or those of `units`), latest parameters first."""
+        for unit in sorted(ready if units is None else units, reverse=True):
             if region is None or ready[unit] is not None and ready[unit] <= region:
                 del ready[unit]
                 yield from self.optimizer.sum_sequence_parallel_grads(self.rank, unit)
@@ -213,6 +227,38 @@ class BucketOverlap:
     def _post_gather(self, unit: int):
         collective: Collective = self.optimizer.collective("all_gather", self.rank, unit)
         self._gathers[unit] = yield Post(*collective)
+
+
+def _cut(program, points: list[tuple[float, int]], post):
+    """Step program: `program` as it is, each backward Compute cut where a point of `points` ([(backward FLOPs,
+    unit)], in order) falls inside it, `post(unit)` (a step program) run there; points at the backward's end are
+    left. Each piece gets its share of the Compute's operators and kernels, the first its passes."""
+    done, value, points = 0.0, None, list(points)
+    while True:
+        try:
+            op = program.send(value)
+        except StopIteration as stop:
+            return stop.value
+        if type(op) is Compute and op.name == "backward" and op.flops > 0:
+            end, cut = done + op.flops, done
+            while points and points[0][0] < end:
+                flops, unit = points.pop(0)
+                if flops > cut:
+                    yield _piece(op, cut - done, flops - done)
+                    cut = flops
+                yield from post(unit)
+            value = yield op if cut == done else _piece(op, cut - done, op.flops)
+            done = end
+        else:
+            value = yield op
+
+
+def _piece(compute: Compute, start: float, stop: float) -> Compute:
+    """FLOPs [start, stop) of `compute`, with that share of its operators and kernels (the pieces add up to all)."""
+    share = (stop - start) / compute.flops
+    kernels = round(compute.kernels * stop / compute.flops) - round(compute.kernels * start / compute.flops)
+    return compute._replace(flops=stop - start, kernels=kernels, passes=compute.passes if start == 0 else 0,
+                            ops=None if compute.ops is None else scaled(compute.ops, share))
 
 
 def _weave(program, kind: str, between):

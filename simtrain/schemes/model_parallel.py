@@ -50,6 +50,7 @@ share from the donor's rank of the same coordinates).
 import torch
 
 from ..comm.kv_ring import RING_STEPS
+from ..cost import measure_step_cost
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
 from ..parallel import GroupCommunicators, Layout, Membership, memberships
 from ..parallel.schedules import pipeline_schedule
@@ -321,11 +322,24 @@ class ModelParallel(RankReplicas, Scheme):
         return self.layout.dp * self.job.scenario.data.batch_size
 
     def single_device_step_s(self) -> float | None:
-        return None  # the model is split because one device is not the baseline
+        """Data parallelism alone: the seconds one device needs for a step of its own batch (its microbatches in
+        turn, then its update), without communication: scaling efficiency's baseline. None where the model or
+        its sequence is split (one device does not hold it), or before any step ran (out of memory)."""
+        rank = self.running[0]
+        replica, device = self.replicas[rank], self.job.devices[rank]
+        if self.layout.pp * self.layout.tp * self.layout.cp > 1 or replica.last_batch is None:
+            return None
+        x, y = (batch.chunk(self.microbatches)[0] for batch in replica.last_batch)
+        cost = measure_step_cost(replica.model.chunks[0], x, y)
+        compute = (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
+                                       cost.forward_ops + cost.backward_ops)
+                   + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2))
+        return self.microbatches * compute + self.data_parallel.update_s(rank)
 
     def report_sections(self) -> dict:
-        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes); sharded, its
-        `sharding` (distributed_optimizer.py)."""
+        """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes) and DDP's
+        buckets; sharded, its `sharding` (distributed_optimizer.py)."""
+        strategy = self.data_parallel.report_sections()
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp, "cp": self.layout.cp,
             "placement": list(self.layout.placement),
@@ -334,7 +348,8 @@ class ModelParallel(RankReplicas, Scheme):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.representatives,
-        }, **self.data_parallel.report_sections(),
+            **strategy.pop("parallel", {}),
+        }, **strategy,
             **(self.experts.report_sections(self.loss_curve) if self.experts is not None else {})}
 
     # --- the Scheme hooks (scheme.py) ---

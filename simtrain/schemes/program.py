@@ -63,7 +63,7 @@ class _Simulated:
     def post_collective(self, op: PostCollective):
         if self.posted is None:
             self.log.track_overlap(self.device.rank)
-        self.posted = _after(self.env, self.posted, self.job.comm, self.rank, op)
+        self.posted = _after(self.env, self.posted, *self._comm(op), op)
 
     def wait_collectives(self, op: WaitCollectives):
         if self.posted is not None:

@@ -13,7 +13,7 @@ soon as the bucket is complete (bucket_overlap.py). A ring all-reduce sends
     output = yield from update.during(rank, action, cost, program)    # each schedule action (pipeline.py)
     yield from update.update(rank)               # after its last backward: all-reduce, vote (fp16), step
 """
-from ..step_ops import Await, Collective, MemoryBound, Post
+from ..step_ops import Collective, MemoryBound, PostCollective, WaitCollectives
 from ..train.precision import persistent_bytes, update_bytes
 from .bucket_overlap import BucketOverlap, megatron_buckets
 from .distributed_optimizer import chunk_starts
@@ -39,7 +39,8 @@ class ReplicatedUpdate:
         self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
         for rank in scheme.running if overlapping else ():
             replica, starts = replicas[rank], chunk_starts(replicas[rank])
-            cap = max(1, int(parallel.bucket_cap_bytes) // replica.grad_buffer.element_size())
+            # closed at bucket_cap_bytes or more, as torch DDP closes its buckets
+            cap = max(1, -(-int(parallel.bucket_cap_bytes) // replica.grad_buffer.element_size()))
             units = megatron_buckets([[p.numel() for p in replica.params[start:end]]
                                       for start, end in zip(starts, starts[1:])], [True] * (len(starts) - 1), cap)
             layout = ShardLayout([p.numel() for p in replica.params], units, 1)  # one shard: grad_buffer's offsets
@@ -74,12 +75,13 @@ class ReplicatedUpdate:
         return (yield from program)
 
     def post_reduce(self, rank: int, unit: int):
-        """Step program (BucketOverlap's): bucket `unit`'s all-reduce (averaging) over the dp (x cp) group, posted;
-        returns its handle."""
+        """Step program (BucketOverlap's): bucket `unit`'s all-reduce (averaging) over the dp (x cp) group, posted
+        on the rank's communication stream (the buckets' all-reduces run one after another, as DDP's on its
+        process group's stream); `reduce` waits for them all."""
         dp_comm, dp_index, dp_reduce = self.scheme.comms.dp_cp[rank]
         view = self.scheme.replicas[rank].grad_buffer[self.buckets[rank].layout.unit_slice(unit)]
-        return (yield Post(dp_reduce(dp_index, dp_comm.world, view, average=True), "dp_allreduce", dp_comm,
-                           dp_index))
+        yield PostCollective(dp_reduce(dp_index, dp_comm.world, view, average=True), "dp_allreduce", dp_comm,
+                             dp_index)
 
     def sum_sequence_parallel_grads(self, rank: int, unit: int):
         """Step program (BucketOverlap's), under sequence parallelism: the gradients of bucket `unit`'s parameters
@@ -103,13 +105,16 @@ class ReplicatedUpdate:
         replica.apply_update(replica.precision.settle(found_inf))
         yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
 
+    def update_s(self, rank: int) -> float:
+        """Seconds rank `rank`'s update takes its device alone (the optimizer's step, no collective)."""
+        return self.scheme.job.devices[rank].memory_bound_time(self._step_bytes[rank])
+
     def reduce(self, rank: int):
         """Step program: all-reduce and average the gradient over the dp (x cp) group (expert_model_parallel.py's
         ExpertUpdate: the experts' over their holders)."""
         scheme = self.scheme
         if rank in self.buckets:  # the buckets' all-reduces, posted in the backward, awaited
-            for _, handle in self.buckets[rank].reducing:
-                yield Await(handle)
+            yield WaitCollectives()
             self.buckets[rank].reducing = []
         elif scheme.layout.dp * scheme.layout.cp > 1:  # the dp-cp group (context parallelism: cp > 1)
             dp_comm, dp_index, dp_reduce = scheme.comms.dp_cp[rank]
@@ -131,4 +136,7 @@ class ReplicatedUpdate:
         return self.scheme.replicas[rank].model
 
     def report_sections(self) -> dict:
-        return {}
+        """report.json's `parallel` fields of DDP: whether its buckets' all-reduces overlapped the backward, and
+        how many a rank has (one, the whole gradient, without overlap)."""
+        return {"parallel": {"overlap": bool(self.buckets),
+                             "buckets": max((bucket.units for bucket in self.buckets.values()), default=1)}}

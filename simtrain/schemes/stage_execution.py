@@ -105,6 +105,10 @@ class ChunkCost:
     # weight-gradient operators, which a W pass runs apart (schemes/weight_grads.py); () when not measured
     weight_grads: tuple = ()
     weight_held_bytes: int = 0  # of activation_bytes, what the W pass reads: kept from a microbatch's I to its W
+    # per trainable parameter (chunk.parameters() order): the backward FLOPs done when its gradient is complete,
+    # where a bucket's all-reduce may start inside a region (bucket_overlap.py); () under tp_comm_overlap, whose
+    # regions leave GEMMs out
+    grad_ready_flops: tuple[float, ...] = ()
 
 
 @dataclass
@@ -345,7 +349,7 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     caller holds them: a recomputed unit's kept input). With `tp_overlap` (parallel.tp_comm_overlap) the GEMMs
     beside the layers' tp collectives are told apart (schemes/tp_overlap.py); with `weight_split` the
     backward's weight-gradient operators (schemes/weight_grads.py)."""
-    forward, backward, output, input_grad, peak, splits, overlap, weights = _regions(
+    forward, backward, output, input_grad, peak, splits, overlap, weights, ready = _regions(
         chunk, ops_of, inputs, target, inputs_kept, tp, tp_overlap, weight_split)
     return ChunkCost(tuple(flops for flops, _, _, _ in forward), tuple(flops for flops, _, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _, _ in forward), tuple(reduced for _, reduced, _, _ in backward),
@@ -353,7 +357,8 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
                      tuple(ops for _, _, ops, _ in forward), tuple(ops for _, _, ops, _ in backward),
                      tuple(params for _, _, _, params in backward),
                      splits if any(split is not None for split in splits) else (), overlap,
-                     *((tuple(weights.regions), min(weights.held_bytes, peak)) if weights is not None else ()))
+                     *((tuple(weights.regions), min(weights.held_bytes, peak)) if weights is not None else ()),
+                     grad_ready_flops=() if tp_overlap else tuple(ready))
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -397,19 +402,25 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
 
 def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overlap: bool,
              weight_split: bool) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple,
-                                          TpOverlap | None, WeightGradWatch | None]:
+                                          TpOverlap | None, WeightGradWatch | None, list[float]]:
     """(FLOPs, (collective, its input) or None, OpCosts, parameters touched) per region forward and backward,
     the chunk's first output, its first input's gradient, the activation peak and each backward region's
     RegionSplit or None, and with `tp_overlap` the TpOverlap (those less the GEMMs it runs beside collectives):
     one forward and backward on a meta copy, the operator recorder counting, the saved-tensor hooks measuring, a
-    hook on each trainable parameter noting the backward regions that add to its gradient and, with
+    hook on each trainable parameter noting the backward regions that add to its gradient (and another the
+    backward's FLOPs when it is complete: the last list returned) and, with
     `tp_overlap`, a GemmWatch on each pass; with `weight_split`, a WeightGradWatch on the backward (and a second
     hook on each parameter, handing it the gradient)."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
-    touched = []
+    touched, backward_recorder = [], OperatorRecorder()
     weights = WeightGradWatch(meta.parameters()) if weight_split else None
-    for index, param in enumerate(p for p in meta.parameters() if p.requires_grad):
+    trainable = [p for p in meta.parameters() if p.requires_grad]
+    ready = [0.0] * len(trainable)
+    for index, param in enumerate(trainable):
         param.register_hook(lambda grad, index=index: touched.append(index))
+        # a gradient accumulated twice (a shared parameter) is complete the second time
+        param.register_post_accumulate_grad_hook(
+            lambda _, index=index: ready.__setitem__(index, float(backward_recorder.flops)))
         if weights is not None:
             param.register_hook(weights.gradient)
     held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
@@ -426,7 +437,7 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overl
                                                                    meta_target), recorder, watch=watches[0])
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
             shards = tape.shards[::-1]  # backward order
-            with OperatorRecorder() as recorder, watching[1]:
+            with backward_recorder as recorder, watching[1]:
                 marks = _mark_regathers(shards, recorder)
                 input_grads, backward = _drive(chunk_backward(tape, grads, measuring[1], None, ""), recorder, touched,
                                                watches[1])
@@ -435,7 +446,7 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overl
     if tp_overlap:
         boundaries = [op for op in ops if type(op) not in (Apply, ApplyWithTarget)]
         overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
-    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, splits, overlap, weights
+    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, splits, overlap, weights, ready
 
 
 def _mark_regathers(shards: list, recorder: OperatorRecorder) -> dict:
