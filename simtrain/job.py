@@ -118,11 +118,12 @@ class Job:
         self.replicas = [Replica(share, self._loader(rank), scenario.train, meta_losses) if rank in held else None
                          for rank, share in enumerate(shares)]
         share_gradient_rows([replica for replica in self.replicas if replica is not None])
+        self.alone = alone  # nothing else will run on the cluster's network (a scheme may time its rings as a group)
         self.scheme = build_scheme(self, on_step)
         # Alone on the cluster's network (`alone`: nothing else will run on it), a job whose collectives are
         # all ring all-reduces has them timed as a group when numerics are off (Network.time_ring,
         # hw/ring_timing.py).
-        self.exclusive = alone and self.scheme.only_ring_all_reduces
+        self.exclusive = self.alone and self.scheme.only_ring_all_reduces
         self.comm = self._communicator()
         self.between_steps = between_steps  # (rank, step) -> a step program returning whether to go on
         spec = scenario.train.checkpoint
@@ -134,10 +135,10 @@ class Job:
         """The job's own communicator: all its ranks, over the devices as they are now."""
         return self.backend.communicator(self, list(range(self.world)), exclusive=self.exclusive)
 
-    def communicator(self, ranks: list[int], copies: int = 1):
+    def communicator(self, ranks: list[int], copies: int = 1, exclusive: bool = False):
         """A communicator of job ranks `ranks` (a sub-group: a pipeline, a tensor-parallel group), each rank
-        standing for `copies` ranks under representatives."""
-        comm = self.backend.communicator(self, list(ranks), copies=copies)
+        standing for `copies` ranks under representatives; `exclusive`: its links carry nothing else."""
+        comm = self.backend.communicator(self, list(ranks), exclusive=exclusive, copies=copies)
         self._groups.append((comm, list(ranks)))
         return comm
 

@@ -101,6 +101,9 @@ class ModelParallel(RankReplicas, Scheme):
                           for rank in range(self.world) if self._represented_by(rank) != rank}
         self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
+        # data parallelism alone, its all-reduces rings: alone on the network, each is timed as a group
+        self.only_ring_all_reduces = (self.layout.world == self.layout.dp and parallel.all_reduce == "ring"
+                                      and train.optimizer.name != "kfac")  # K-FAC broadcasts too
         self.regroup()
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
@@ -128,7 +131,9 @@ class ModelParallel(RankReplicas, Scheme):
         if self.representatives:
             self.comms = mirrored_communicators(self.job)
         else:
-            self.comms = GroupCommunicators(dp_cp=self._communicators(layout.groups("dp_cp")),  # a share's ranks
+            self.comms = GroupCommunicators(dp_cp=self._communicators(layout.groups("dp_cp"),  # a share's ranks
+                                                                      exclusive=self.job.alone
+                                                                      and self.only_ring_all_reduces),
                                             tp=self._communicators(layout.groups("tp")))
             if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
                 self.comms.model = self._communicators([tuple(range(self.world))] if sharded
@@ -156,11 +161,13 @@ class ModelParallel(RankReplicas, Scheme):
         for losses in self._rank_losses.values():
             del losses[step:]
 
-    def _communicators(self, groups: list[tuple[int, ...]], all_reduce: bool = True) -> dict[int, Membership]:
-        """rank -> its Membership of its group among `groups` (the group's all-reduce only with `all_reduce`);
-        under representatives, a group's ranks stand for every tp rank of every replica."""
+    def _communicators(self, groups: list[tuple[int, ...]], all_reduce: bool = True,
+                       exclusive: bool = False) -> dict[int, Membership]:
+        """rank -> its Membership of its group among `groups` (the group's all-reduce only with `all_reduce`; its
+        rings timed as a group with `exclusive`, comm/simulated.py); under representatives, a group's ranks stand
+        for every tp rank of every replica."""
         copies = self.world // len(self.running)
-        return memberships(groups, lambda ranks: self.job.communicator(ranks, copies=copies),
+        return memberships(groups, lambda ranks: self.job.communicator(ranks, copies=copies, exclusive=exclusive),
                            self.job.all_reduce if all_reduce else None)
 
     def _represented_by(self, rank: int) -> int:
