@@ -58,8 +58,7 @@ from .backend import SimulatedBackend
 from .errors import ScenarioError
 from .hw.cluster import Cluster
 from .scenario import Scenario
-from .schemes import build_scheme, load_schemes
-from .schemes.selection import step_engine
+from .schemes import build_scheme, load_schemes, scheme_class
 from .parallel import Layout
 from .parallel.support import Case, refuse
 from .schemes.representatives import representative_ranks
@@ -101,7 +100,7 @@ class Job:
         # real run), of those whose programs run (with representatives, one per stage: representatives.py)
         running = set(representative_ranks(self.layout)) if scenario.parallel.representatives else None
         held = [rank for rank in self.backend.local_ranks(self.world) if running is None or rank in running]
-        if step_engine(scenario.parallel):
+        if scheme_class(scenario.parallel).holds_shares:
             self.model = model  # the initial model; each rank holds its share of it
             self.parts = part_counts(model, self.layout, scenario, self.sample_microbatch())
             shares = rank_shares(model, self.layout, scenario, self.parts, held)

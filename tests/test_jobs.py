@@ -23,7 +23,6 @@ from simtrain.scenario import SharedMemorySpec, validate_scenario
 from simtrain.schemes import scheme_name
 from simtrain.schemes.asynchronous import AsynchronousSGD
 from simtrain.schemes.model_parallel import ModelParallel
-from simtrain.schemes.sync import SyncDataParallel
 from simtrain.units import format_seconds
 
 BANDWIDTH, LATENCY, STEPS = 10e9, 2e-6, 3
@@ -104,8 +103,8 @@ def test_jobs_are_told_apart_in_the_event_log_and_the_trace(tmp_path):
 
 
 @pytest.mark.parametrize("parallel, devices, name, scheme", [
-    ({}, 4, "data_parallel", SyncDataParallel),
-    ({"all_reduce": "tree"}, 4, "data_parallel", SyncDataParallel),
+    ({}, 4, "data_parallel", ModelParallel),  # data parallelism alone: the step engine's pp = tp = cp = 1 case
+    ({"all_reduce": "tree"}, 4, "data_parallel", ModelParallel),
     ({"mode": "async"}, 4, "async", AsynchronousSGD),
     ({"pp": 2}, 4, "model_parallel", ModelParallel),
     ({"tp": 2, "all_reduce": "naive"}, 4, "model_parallel", ModelParallel),

@@ -122,10 +122,10 @@ def test_the_trace_shows_every_rank_s_measured_spans(ring_of_two):
     for rank in (0, 1):
         names = [span["name"] for span in spans if span["tid"] == rank]
         # one forward, backward, all-reduce and optimizer step per measured step, in program order
-        assert names.count("forward") == STEPS - WARMUP and names.count("all_reduce") == STEPS - WARMUP
+        assert names.count("forward") == STEPS - WARMUP and names.count("dp_allreduce") == STEPS - WARMUP
         kinds = [span["name"] for span in sorted((s for s in spans if s["tid"] == rank), key=lambda s: s["ts"])
                  if span["name"] != "idle"]
-        assert kinds[:4] == ["forward", "backward", "all_reduce", "optimizer step"]
+        assert kinds[:4] == ["forward", "backward", "dp_allreduce", "optimizer step"]
 
 
 @pytest.mark.gloo

@@ -147,7 +147,7 @@ def _rank_main(rank: int, world: int, scenario_file: str, overrides: list, colle
     model = job.replicas[rank].model
     mine = {"spans": meter.spans, "end_s": end, "step_starts_s": [t - meter.origin for t in step_starts],
             "losses": job.scheme.rank_losses(rank), "ledger": job.devices[rank].memory,
-            "pieces": model.pieces() if scenario.parallel.model_parallel else None}
+            "pieces": model.pieces() if job.scheme.holds_shares else None}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank != 0:
@@ -177,7 +177,7 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
         named = sum(span.end - span.start for span in measured["spans"])
         unattributed += max(0.0, measured["end_s"] - named)  # ends of the window minus every span
     model = (job.scheme.assemble({rank: measured["pieces"] for rank, measured in enumerate(ranks)})
-             if scenario.parallel.model_parallel else job.replicas[0].model)
+             if job.scheme.holds_shares else job.replicas[0].model)
     final_loss, _ = evaluate(model, job.data.train)
     _, final_accuracy = evaluate(model, job.data.test)
     step_ends = [*ranks[0]["step_starts_s"][1:], ranks[0]["end_s"]]

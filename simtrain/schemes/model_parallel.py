@@ -99,7 +99,8 @@ class ModelParallel(RankReplicas, Scheme):
         self.running = [rank for rank in range(self.world) if self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
-        self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
+        # fp16: the overflow vote of each replica's model-parallel group (a whole replica sees its whole gradient)
+        self.vote = train.precision == "fp16" and self.layout.world > self.layout.dp
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
         # data parallelism alone, its all-reduces rings: alone on the network, each is timed as a group
         self.only_ring_all_reduces = (self.layout.world == self.layout.dp and parallel.all_reduce == "ring"
@@ -120,6 +121,7 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done = [0] * self.steps
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
         self.loss_curve: list[tuple[float, float | None]] = []
+        self._microbatch_s: float | None = None  # data parallelism alone: one device's microbatch (single_device_step_s)
 
     def stopped(self) -> None:
         self.data_parallel.publish()  # a distributed optimizer's shards make the trained model
@@ -293,6 +295,8 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done[step] += 1
         if self._ranks_done[step] < len(self.running):
             return
+        if self._microbatch_s is None and self.layout.world == self.layout.dp:  # the baseline, once
+            self._measure_microbatch()
         # every rank has stepped: the losses of all last-stage ranks are in
         losses, self._losses[step] = self._losses[step], None
         # every last-stage rank (each tp rank of each replica) computed each of its microbatches' loss
@@ -332,16 +336,20 @@ class ModelParallel(RankReplicas, Scheme):
         """Data parallelism alone: the seconds one device needs for a step of its own batch (its microbatches in
         turn, then its update), without communication: scaling efficiency's baseline. None where the model or
         its sequence is split (one device does not hold it), or before any step ran (out of memory)."""
+        if self._microbatch_s is None:
+            return None
+        return self.microbatches * self._microbatch_s + self.data_parallel.update_s(self.running[0])
+
+    def _measure_microbatch(self) -> None:
+        """Data parallelism alone, once the first step has run: the seconds one device needs for a microbatch's
+        forward and backward (the whole model's, measured as one device would run it)."""
         rank = self.running[0]
         replica, device = self.replicas[rank], self.job.devices[rank]
-        if self.layout.pp * self.layout.tp * self.layout.cp > 1 or replica.last_batch is None:
-            return None
         x, y = (batch.chunk(self.microbatches)[0] for batch in replica.last_batch)
         cost = measure_step_cost(replica.model.chunks[0], x, y)
-        compute = (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
-                                       cost.forward_ops + cost.backward_ops)
-                   + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2))
-        return self.microbatches * compute + self.data_parallel.update_s(rank)
+        self._microbatch_s = (device.compute_time(cost.forward_flops + cost.backward_flops, replica.precision.name,
+                                                  cost.forward_ops + cost.backward_ops)
+                              + device.fixed_time(cost.forward_kernels + cost.backward_kernels, passes=2))
 
     def report_sections(self) -> dict:
         """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes) and DDP's
@@ -362,6 +370,7 @@ class ModelParallel(RankReplicas, Scheme):
     # --- the Scheme hooks (scheme.py) ---
 
     applies = staticmethod(selection.step_engine)  # the registry's predicates (selection.py)
+    holds_shares = True  # every rank its share of the model, whole under data parallelism alone
 
     def state_source(self, rank: int) -> int:
         return rank  # each rank holds its own share of the model and its optimizer state

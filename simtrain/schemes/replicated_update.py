@@ -38,6 +38,8 @@ class ReplicatedUpdate:
         self.buckets: dict[int, BucketOverlap] = {}  # rank -> its DDP buckets, with parallel.overlap
         self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
         for rank in scheme.running if overlapping else ():
+            if replicas[rank] is None:  # a real run's process holds its own rank alone
+                continue
             replica, starts = replicas[rank], chunk_starts(replicas[rank])
             # closed at bucket_cap_bytes or more, as torch DDP closes its buckets
             cap = max(1, -(-int(parallel.bucket_cap_bytes) // replica.grad_buffer.element_size()))

@@ -50,6 +50,8 @@ class Scheme(Protocol):
     # Whether every collective the scheme runs on the job's communicator is one ring all-reduce program
     # (comm/ring_schedule.py's RingAllReduce): then a job alone on its network may time them as a group.
     only_ring_all_reduces: bool = False
+    # each rank holds its share of the model (schemes/model_parts.py), not a whole replica (the step engine)
+    holds_shares: bool = False
 
     # device rank -> the device rank whose figures it reports: a rank another one's program stands for
     # (schemes/representatives.py); empty when every rank runs its own program.
