@@ -1,14 +1,20 @@
 """Distributed K-FAC in synchronous data parallelism: factors averaged, inversions shared out.
 
 Each replica keeps its own K-FAC state (`train.kfac.Kfac`: hooks, factors,
-decompositions). Each step, after the gradient all-reduce and before the base
-optimizer steps, `DistributedKfac.step(rank)` runs on every rank (a step
-program, simtrain/step_ops.py: `yield from` it inside the rank's program):
+decompositions) on the model its rank runs: under data parallelism alone a
+rank's share is the whole model in one chunk (train/partition.py RankModule),
+whose layers keep the model's own names and whose forward and backward the
+step engine runs as the chunk's ops (schemes/pipeline.py; with numerics off
+too, the replica set to `run_every_step`). Each step, after the gradient
+all-reduce and before the base optimizer steps, `DistributedKfac.step(rank)`
+runs on every rank (a step program, simtrain/step_ops.py: `yield from` it in
+the data-parallel strategy's update, schemes/replicated_update.py):
 
 1. factor update steps: the batch factors A = a^T a / B and G = B g^T g of
    every layer (charged as 2*rows*n^2 FLOPs each) are averaged across devices
-   by all-reducing the flat factor buffer with the scheme's collective (naive,
-   ring or tree), charged on the network like the gradient; the mean of the
+   by all-reducing the flat factor buffer with the data-parallel group's
+   collective (naive, ring or tree), charged on the network like the gradient
+   (a group of one device sends nothing); the mean of the
    per-device factors is the factor of the concatenated batch (equal batch
    sizes). Then the running averages are updated.
 2. inversion steps: with `distribute_inverses`, each factor is assigned to one
@@ -30,8 +36,8 @@ inverses". The memory ledger holds the factors and decompositions as `kfac`.
 into factors, communication, inversions and preconditioning (averaged over
 devices), and which device decomposes which factor.
 
-    kfac = DistributedKfac(replicas, devices, ALL_REDUCE["ring"], scenario.train.optimizer)
-    ... yield from kfac.step(rank); replica.step()
+    kfac = DistributedKfac(replicas, job.devices, lambda rank: scheme.comms.dp_cp[rank], scenario.train.optimizer)
+    ... yield from kfac.step(rank)      # after the gradient's all-reduce; then the base optimizer steps
 """
 import torch
 from pydantic import Field
@@ -60,16 +66,19 @@ def assign_inverses(costs: list[float], world: int) -> list[int]:
 
 
 class DistributedKfac:
-    """K-FAC across the replicas of a synchronous data-parallel group."""
+    """K-FAC across the replicas of a synchronous data-parallel group: the job's ranks, in order, each holding
+    the whole model (`replicas`, by job rank); `group(rank)` is the rank's Membership of that group
+    (parallel/communicators.py: its communicator, its index there, the group's all-reduce)."""
 
-    def __init__(self, replicas: list[Replica], devices: list[Device], all_reduce, options: OptimizerSpec):
-        # One K-FAC state per replica this process holds (a real run holds one: the others are None).
-        self.kfacs = [None if replica is None else Kfac(replica.model, options) for replica in replicas]
+    def __init__(self, replicas: list[Replica], devices: list[Device], group, options: OptimizerSpec):
+        # One K-FAC state per replica this process holds (a real run holds one: the others are None), on the
+        # share's one chunk: the whole model, its layers named as the model names them.
+        self.kfacs = [None if replica is None else Kfac(replica.model.chunks[0], options) for replica in replicas]
         for replica in replicas:
             if replica is not None:
                 replica.run_every_step()  # the hooks capture every forward and backward, numerics off too
         self.devices = devices
-        self.all_reduce = all_reduce
+        self.group = group
         self.world = len(replicas)
         self.method = options.method
         factors = next(kfac for kfac in self.kfacs if kfac is not None).factors
@@ -84,34 +93,38 @@ class DistributedKfac:
     def step(self, rank: int):
         """Step program: this rank's K-FAC work between the gradient all-reduce and the step."""
         kfac = self.kfacs[rank]
+        comm, index, all_reduce = self.group(rank)
         if kfac.factor_update_due():
             yield self._compute(rank, kfac.compute_batch_factors(), "factors")
-            program = self.all_reduce(rank, self.world, kfac.factor_buffer, average=True)
-            self.seconds[rank]["communication"] += yield Collective(program, "kfac factors")
+            if all_reduce is not None:
+                program = all_reduce(index, comm.world, kfac.factor_buffer, average=True)
+                self.seconds[rank]["communication"] += yield Collective(program, "kfac factors", comm, index)
             kfac.update_running_factors()
         if kfac.inverse_update_due():
-            mine = [j for j in range(len(kfac.factors)) if self.owner is None or self.owner[j] == rank]
+            mine = [j for j in range(len(kfac.factors)) if self.owner is None or self.owner[j] == index]
             yield self._compute(rank, sum(kfac.decompose(j) for j in mine), "inversions")
             if self.owner is not None and self.world > 1:
-                yield from self._share_decompositions(rank, kfac)
+                yield from self._share_decompositions(rank, kfac, comm, index)
         yield self._compute(rank, kfac.precondition(), "preconditioning")
 
-    def _share_decompositions(self, rank: int, kfac: Kfac):
-        """Broadcast every device's decompositions from it, one packed buffer per device."""
+    def _share_decompositions(self, rank: int, kfac: Kfac, comm, index: int):
+        """Broadcast every device's decompositions from it, one packed buffer per device, on the group's
+        communicator `comm` (the rank's `index` there)."""
         owned = {root: [j for j in range(len(kfac.factors)) if self.owner[j] == root] for root in range(self.world)}
         buffers = {}
         for root, indices in owned.items():
             if not indices:
                 continue
-            if root == rank:
+            if root == index:
                 buffers[root] = torch.cat([t.reshape(-1) for j in indices for t in kfac.decomposition(j)])
             else:
                 buffers[root] = torch.empty(sum(kfac.decomposition_numel(j) for j in indices), device=kfac.device)
-        staged = sum(buffer.nbytes for root, buffer in buffers.items() if root != rank)
+        staged = sum(buffer.nbytes for root, buffer in buffers.items() if root != index)
         yield Alloc("comm_buffers", staged)
-        self.seconds[rank]["communication"] += yield Collective(broadcast(rank, self.world, buffers), "kfac inverses")
+        self.seconds[rank]["communication"] += yield Collective(broadcast(index, self.world, buffers),
+                                                                "kfac inverses", comm, index)
         for root, buffer in buffers.items():
-            if root == rank:
+            if root == index:
                 continue
             offset = 0
             for j in owned[root]:

@@ -6,7 +6,8 @@ gpipe, 1f1b, interleaved, zero_bubble, dualpipev, a file), on the model parts
 the schedule places on it (`Schedule.placement`: looped, or the V). Each
 chunk's forward and backward run region by region with their tensor-parallel
 all-reduces (schemes/stage_execution.py), or, with numerics off, are replayed
-from their measured costs. The actions:
+from their measured costs (unless hooks on the model read every pass: K-FAC's,
+train/replica.py `run_every_step`). The actions:
 
 - F: the chunk's forward; its output is sent on to the next part;
 - B: its whole backward; its input gradient is sent back to the part before;
@@ -92,7 +93,7 @@ class PipelineStage:
         self.parts = self.schedule.parts
         self.microbatches = scheme.microbatches
         self.comm, self.index, self.boundaries = comm, index, boundaries
-        self.numerics = scheme.job.numerics
+        self.numerics = not self.replica.replays  # the ops run: numerics on, or hooks read every pass (K-FAC's)
         self.recompute = scheme.recompute
         self.handed: dict[tuple, torch.Tensor] = {}  # what a part hands a part of the same rank (the V's turn)
 
@@ -204,7 +205,7 @@ class PipelineStage:
             if not 0 <= peer_part < self.parts or self.schedule.rank_of(peer_part) == self.stage:
                 continue
             like = self.boundaries[min(part, peer_part)]  # an activation, or the gradient that comes back for it
-            out = torch.empty(like.shape, dtype=like.dtype, device="cpu" if self.numerics else "meta")
+            out = torch.empty(like.shape, dtype=like.dtype, device="cpu" if self.scheme.job.numerics else "meta")
             handles[step, direction, action.microbatch, part] = yield Post(
                 _receive(self.schedule.rank_of(peer_part), out, self.tag(step, direction, action.microbatch, part)),
                 "pp_p2p", self.comm, self.index)

@@ -7,7 +7,9 @@ share's gradient over its dp (x cp) group, Megatron-Core's dp-cp group, with
 share. With `parallel.overlap` the gradient is cut into DDP's buckets of
 `bucket_cap_mb` and each bucket's all-reduce runs beside that backward as
 soon as the bucket is complete (bucket_overlap.py). A ring all-reduce sends
-2(N-1)/N of the buffer per rank.
+2(N-1)/N of the buffer per rank. With K-FAC (train.optimizer.name kfac, data
+parallelism alone) the averaged gradient is preconditioned before the step
+(schemes/kfac_sync.py), whose factors and decompositions each rank holds.
 
     update = ReplicatedUpdate(scheme)            # the ModelParallel scheme, parallel.sharding.stage 0
     output = yield from update.during(rank, action, cost, program)    # each schedule action (pipeline.py)
@@ -17,6 +19,7 @@ from ..step_ops import Collective, MemoryBound, PostCollective, WaitCollectives
 from ..train.precision import persistent_bytes, update_bytes
 from .bucket_overlap import BucketOverlap, megatron_buckets
 from .distributed_optimizer import chunk_starts
+from .kfac_sync import DistributedKfac
 from .overflow_vote import overflow_vote
 from .shard_layout import ShardLayout
 
@@ -33,6 +36,13 @@ class ReplicatedUpdate:
                      for r in replicas]
         self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
                             for r in replicas]
+        self.kfac = None  # K-FAC's preconditioning between the all-reduce and the step
+        if train.optimizer.name == "kfac":  # its collectives on the dp group as the scheme holds it now (regroup)
+            self.kfac = DistributedKfac(replicas, scheme.job.devices, lambda rank: scheme.comms.dp_cp[rank],
+                                        train.optimizer)
+            for rank, held in enumerate(self.held):
+                if held is not None:
+                    held["kfac"] = self.kfac.memory_bytes(rank)
         self.microbatches, self.overlap_param_gather = scheme.microbatches, False  # what BucketOverlap reads
         overlapping = parallel.overlapped and scheme.layout.dp * scheme.layout.cp > 1
         self.buckets: dict[int, BucketOverlap] = {}  # rank -> its DDP buckets, with parallel.overlap
@@ -97,10 +107,13 @@ class ReplicatedUpdate:
             yield from self.scheme.sum_tp_grads(rank, grads)
 
     def update(self, rank: int):
-        """Step program: all-reduce and average the gradient (`reduce`), vote on an fp16 overflow, step."""
+        """Step program: all-reduce and average the gradient (`reduce`), precondition it (K-FAC), vote on an fp16
+        overflow, step."""
         scheme = self.scheme
         replica = scheme.replicas[rank]
         yield from self.reduce(rank)
+        if self.kfac is not None:
+            yield from self.kfac.step(rank)
         found_inf = replica.precision.find_overflow(replica.grad_buffer)
         if scheme.vote:
             found_inf = yield from overflow_vote(*scheme.comms.model[rank], found_inf)
@@ -108,8 +121,10 @@ class ReplicatedUpdate:
         yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
 
     def update_s(self, rank: int) -> float:
-        """Seconds rank `rank`'s update takes its device alone (the optimizer's step, no collective)."""
-        return self.scheme.job.devices[rank].memory_bound_time(self._step_bytes[rank])
+        """Seconds rank `rank`'s update takes its device alone: the optimizer's step, and K-FAC's work of a step
+        with nothing sent."""
+        kfac = self.kfac.single_device_step_s(self.scheme.steps) if self.kfac is not None else 0.0
+        return self.scheme.job.devices[rank].memory_bound_time(self._step_bytes[rank]) + kfac
 
     def reduce(self, rank: int):
         """Step program: all-reduce and average the gradient over the dp (x cp) group (expert_model_parallel.py's
@@ -138,7 +153,8 @@ class ReplicatedUpdate:
         return self.scheme.replicas[rank].model
 
     def report_sections(self) -> dict:
-        """report.json's `parallel` fields of DDP: whether its buckets' all-reduces overlapped the backward, and
-        how many a rank has (one, the whole gradient, without overlap)."""
+        """report.json's `parallel` fields of DDP (whether its buckets' all-reduces overlapped the backward, and
+        how many a rank has: one, the whole gradient, without overlap), and `kfac` with K-FAC (kfac_sync.py)."""
         return {"parallel": {"overlap": bool(self.buckets),
-                             "buckets": max((bucket.units for bucket in self.buckets.values()), default=1)}}
+                             "buckets": max((bucket.units for bucket in self.buckets.values()), default=1)},
+                **(self.kfac.report_section(self.scheme.steps) if self.kfac is not None else {})}

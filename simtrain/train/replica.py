@@ -125,6 +125,12 @@ class Replica:
         each one (K-FAC's, schemes/kfac_sync.py)."""
         self._meta_losses = None
 
+    @property
+    def replays(self) -> bool:
+        """Numerics off and not `run_every_step`: a step's forward and backward may be replayed from their
+        costs instead of run (on meta tensors they compute shapes alone, the same every step)."""
+        return self._meta_losses is not None
+
     def replayed_loss(self) -> torch.Tensor | None:
         """Numerics off: the loss of a forward already run on a batch of the last batch's shape (run again,
         it and its backward would compute the same shapes and no values); else None."""
