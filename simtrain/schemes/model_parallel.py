@@ -28,7 +28,13 @@ FLOPs, cut to tensor-parallel slices):
   gathered around each use of a model chunk (FSDP x TP), with a `degree` below
   dp as HSDP: schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
-  an overflow before stepping (schemes/overflow_vote.py).
+  an overflow before stepping (schemes/overflow_vote.py);
+- **SyncBN** (data parallelism alone): every BatchNorm's statistics
+  all-reduced over the dp group in the forward and backward
+  (schemes/sync_batchnorm.py).
+
+report.json's `weight_norms` follows the trained model's per-layer weight
+norms every `report.every` steps (schemes/weight_norms.py).
 
 The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
 the loss scale under fp16), so the gradients accumulated over the m
@@ -70,7 +76,9 @@ from .scheme import Scheme
 from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
                               represented_by)
 from .stage_execution import ChunkCost, measure_chunk
+from .sync_batchnorm import SyncedBatchNorm
 from .tp_overlap import STEPWISE, mirrored_stepwise, stepwise
+from .weight_norms import WeightNormLog
 
 
 class ModelParallel(RankReplicas, Scheme):
@@ -100,6 +108,7 @@ class ModelParallel(RankReplicas, Scheme):
                           for rank in range(self.world) if self._represented_by(rank) != rank}
         self.vote = train.precision == "fp16"  # fp16: the overflow vote of each replica's model-parallel group
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
+        self.synced_batchnorm = SyncedBatchNorm(self) if parallel.sync_batchnorm else None  # sync_batchnorm.py
         self.regroup()
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
@@ -116,6 +125,9 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done = [0] * self.steps
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
         self.loss_curve: list[tuple[float, float | None]] = []
+        # report.json's weight_norms, taken where there are values and this process holds every rank
+        self.weight_norms = WeightNormLog(self.trained_model, job.model, scenario.report.every, self.steps,
+                                          job.numerics and len(job.local_ranks) == self.world)
 
     def stopped(self) -> None:
         self.data_parallel.publish()  # a distributed optimizer's shards make the trained model
@@ -154,6 +166,7 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done[step:] = [0] * (self.steps - step)
         for losses in self._rank_losses.values():
             del losses[step:]
+        self.weight_norms.rewind(step)
 
     def _communicators(self, groups: list[tuple[int, ...]], all_reduce: bool = True) -> dict[int, Membership]:
         """rank -> its Membership of its group among `groups` (the group's all-reduce only with `all_reduce`);
@@ -291,6 +304,7 @@ class ModelParallel(RankReplicas, Scheme):
         mean = float(sum(loss.item() for loss in losses)) / len(losses) if self.job.numerics else None
         now = self.job.cluster.env.now
         self.loss_curve.append((now, mean))
+        self.weight_norms.step_done(step)
         if self.experts is not None:
             self.experts.step_done(step)
         if self.on_step is not None:
@@ -325,7 +339,7 @@ class ModelParallel(RankReplicas, Scheme):
 
     def report_sections(self) -> dict:
         """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes); sharded, its
-        `sharding` (distributed_optimizer.py)."""
+        `sharding` (distributed_optimizer.py); `weight_norms` (weight_norms.py)."""
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp, "cp": self.layout.cp,
             "placement": list(self.layout.placement),
@@ -334,7 +348,7 @@ class ModelParallel(RankReplicas, Scheme):
             "virtual_stages": self.pipeline.virtual_stages,
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.representatives,
-        }, **self.data_parallel.report_sections(),
+        }, **self.data_parallel.report_sections(), **self.weight_norms.section(),
             **(self.experts.report_sections(self.loss_curve) if self.experts is not None else {})}
 
     # --- the Scheme hooks (scheme.py) ---
