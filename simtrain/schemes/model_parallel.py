@@ -28,7 +28,13 @@ FLOPs, cut to tensor-parallel slices):
   gathered around each use of a model chunk (FSDP x TP), with a `degree` below
   dp as HSDP: schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
-  an overflow before stepping (schemes/overflow_vote.py).
+  an overflow before stepping (schemes/overflow_vote.py);
+- **SyncBN** (data parallelism alone): every BatchNorm's statistics
+  all-reduced over the dp group in the forward and backward
+  (schemes/sync_batchnorm.py).
+
+report.json's `weight_norms` follows the trained model's per-layer weight
+norms every `report.every` steps (schemes/weight_norms.py).
 
 The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
 the loss scale under fp16), so the gradients accumulated over the m
@@ -71,7 +77,9 @@ from .scheme import Scheme
 from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
                               represented_by)
 from .stage_execution import ChunkCost, measure_chunk
+from .sync_batchnorm import SyncedBatchNorm
 from .tp_overlap import STEPWISE, mirrored_stepwise, stepwise
+from .weight_norms import WeightNormLog
 
 
 class ModelParallel(RankReplicas, Scheme):
@@ -105,6 +113,7 @@ class ModelParallel(RankReplicas, Scheme):
         # data parallelism alone, its all-reduces rings: alone on the network, each is timed as a group
         self.only_ring_all_reduces = (self.layout.world == self.layout.dp and parallel.all_reduce == "ring"
                                       and train.optimizer.name != "kfac")  # K-FAC broadcasts too
+        self.synced_batchnorm = SyncedBatchNorm(self) if parallel.sync_batchnorm else None  # sync_batchnorm.py
         self.regroup()
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
@@ -122,6 +131,9 @@ class ModelParallel(RankReplicas, Scheme):
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
         self.loss_curve: list[tuple[float, float | None]] = []
         self._microbatch_s: float | None = None  # data parallelism alone: one device's microbatch (single_device_step_s)
+        # report.json's weight_norms, taken where there are values and this process holds every rank
+        self.weight_norms = WeightNormLog(self.trained_model, job.model, scenario.report.every, self.steps,
+                                          job.numerics and len(job.local_ranks) == self.world)
 
     def stopped(self) -> None:
         self.data_parallel.publish()  # a distributed optimizer's shards make the trained model
@@ -162,6 +174,7 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done[step:] = [0] * (self.steps - step)
         for losses in self._rank_losses.values():
             del losses[step:]
+        self.weight_norms.rewind(step)
 
     def _communicators(self, groups: list[tuple[int, ...]], all_reduce: bool = True,
                        exclusive: bool = False) -> dict[int, Membership]:
@@ -303,6 +316,7 @@ class ModelParallel(RankReplicas, Scheme):
         mean = float(sum(loss.item() for loss in losses)) / len(losses) if self.job.numerics else None
         now = self.job.cluster.env.now
         self.loss_curve.append((now, mean))
+        self.weight_norms.step_done(step)
         if self.experts is not None:
             self.experts.step_done(step)
         if self.on_step is not None:
@@ -353,7 +367,7 @@ class ModelParallel(RankReplicas, Scheme):
 
     def report_sections(self) -> dict:
         """report.json's `parallel`: the layout (report/parallel.py adds the bubble and the bytes) and DDP's
-        buckets; sharded, its `sharding` (distributed_optimizer.py)."""
+        buckets; sharded, its `sharding` (distributed_optimizer.py); `weight_norms` (weight_norms.py)."""
         strategy = self.data_parallel.report_sections()
         return {"parallel": {
             "dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp, "cp": self.layout.cp,
@@ -364,7 +378,7 @@ class ModelParallel(RankReplicas, Scheme):
             "stage_of_rank": [self.layout.coordinates(rank)["pp"] for rank in range(self.world)],
             "representatives": self.representatives,
             **strategy.pop("parallel", {}),
-        }, **strategy,
+        }, **strategy, **self.weight_norms.section(),
             **(self.experts.report_sections(self.loss_curve) if self.experts is not None else {})}
 
     # --- the Scheme hooks (scheme.py) ---

@@ -7,7 +7,10 @@ the schedule places on it (`Schedule.placement`: looped, or the V). Each
 chunk's forward and backward run region by region with their tensor-parallel
 all-reduces (schemes/stage_execution.py), or, with numerics off, are replayed
 from their measured costs (unless hooks on the model read every pass: K-FAC's,
-train/replica.py `run_every_step`). The actions:
+train/replica.py `run_every_step`). With SyncBN (data parallelism alone) a
+forward action runs the forward's and the backward's numerics together,
+exchanging BatchNorm statistics on the way (schemes/sync_batchnorm.py), and
+both passes replay their measured compute. The actions:
 
 - F: the chunk's forward; its output is sent on to the next part;
 - B: its whole backward; its input gradient is sent back to the part before;
@@ -95,6 +98,7 @@ class PipelineStage:
         self.comm, self.index, self.boundaries = comm, index, boundaries
         self.numerics = not self.replica.replays  # the ops run: numerics on, or hooks read every pass (K-FAC's)
         self.recompute = scheme.recompute
+        self.synced_batchnorm = scheme.synced_batchnorm  # SyncBN's exchanges (sync_batchnorm.py), or None
         self.handed: dict[tuple, torch.Tensor] = {}  # what a part hands a part of the same rank (the V's turn)
 
     def walk(self, step: int, xs, ys, loss_weight, receives: dict, tp_collective):
@@ -132,6 +136,10 @@ class PipelineStage:
             received = yield from self.receive(step, 0, work.microbatch, part, receives)
             inputs = (received.requires_grad_(),)
         target = ys[work.microbatch] if last else None
+        loss = None
+        if self.synced_batchnorm is not None:  # SyncBN: forward and backward run now, exchanging statistics
+            loss = yield from self.synced_batchnorm.forward_backward(self.rank, replica.model.chunks[work.chunk],
+                                                                     *inputs, target)
         if self.recompute:  # each unit's input kept, its forward run again in the backward
             cost = self.scheme.layer_costs(replica, work.chunk, part, inputs, target)
             held = kept_bytes(cost, inputs)
@@ -143,12 +151,12 @@ class PipelineStage:
             cost = self.scheme.cost(replica, work.chunk, part, inputs, target)
             held = cost.activation_bytes
             yield Alloc("activations", held)
-            if self.numerics:
+            if self.numerics and self.synced_batchnorm is None:
                 outputs, tape, loss = yield from sharded.during(self.rank, work, cost, chunk_forward(
                     ops, inputs, tp_collective, cost, dtype, target, loss_weight))
                 output = outputs[0].detach()
-            else:
-                tape, loss = None, None
+            else:  # its compute replayed: numerics off, or run already (SyncBN)
+                tape = None
                 output = yield from sharded.during(self.rank, work, cost, replay_forward(cost, tp_collective, dtype))
         if last:
             losses.append(loss)
@@ -170,7 +178,7 @@ class PipelineStage:
                 loss_weight, self.numerics, held))
         else:
             charged = input_gradient_part(cost) if work.kind == "backward_input" else cost
-            if self.numerics:
+            if tape is not None:
                 input_grad = (yield from sharded.during(self.rank, work, cost, chunk_backward(
                     tape, grads, tp_collective, charged, dtype)))[0]
             else:
