@@ -31,25 +31,47 @@ import copy
 
 from pydantic import Field
 
+from ..errors import ScenarioError
 from ..report.sections import ReportSection, register_section
 from ..step_ops import Alloc, Busy, Collective, MemoryBound
 from ..train.grad_bucket import flat_grad_buffer
 from ..train.moe import MoE
+from ..train.precision import persistent_bytes, update_bytes
+from ..train.syncbn import synced_batchnorms
 from . import selection
 from .expert_dispatch import EpGroup, ExpertParallelStep, group_all_to_all
-from .sync import SyncDataParallel
+from .rank_replicas import RankReplicas
+from .scheme import Scheme
+from .weight_norms import WeightNormLog
 
 
-class ExpertParallel(SyncDataParallel):
+class ExpertParallel(RankReplicas, Scheme):
     """Data parallelism whose MoE experts are sharded over ep groups of adjacent ranks."""
 
     applies = staticmethod(selection.expert_parallel)  # the registry's predicate (selection.py)
 
     def __init__(self, job, on_step=None):
+        self.job, self.replicas, self.world = job, job.replicas, job.world
         self.ep = job.layout.ep
-        super().__init__(job, on_step)
-        self.overlap = False  # one all-reduce of each gradient after the backward
-        self.only_ring_all_reduces = False
+        train, parallel = job.scenario.train, job.scenario.parallel
+        if parallel.sync_batchnorm:  # an MoE model has no BatchNorm to synchronize
+            try:
+                synced_batchnorms(self.replicas[job.local_ranks[0]].model)
+            except ValueError as error:
+                raise ScenarioError(f"parallel.sync_batchnorm: {error}") from None
+        self.regroup()
+        self.steps = train.steps
+        self.on_step = on_step  # called as on_step(step, sim_time_s, mean_loss) when a step ends
+        first = self.replicas[job.local_ranks[0]]  # every replica is alike but its experts: the first held
+        self._held_bytes = persistent_bytes(first.params, train.precision, train.optimizer)
+        self._step_bytes = update_bytes(first.params, train.precision, train.optimizer)
+        # the update's operators, counted where a device charges a fixed cost per kernel (a calibrated host)
+        self._step_kernels = first.step_kernels() if any(d.spec.kernel_overhead_s for d in job.devices) else 0
+        self._step_losses = [[None] * self.world for _ in range(self.steps)]
+        self.loss_curve: list[tuple[float, float | None]] = []  # (sim_time_s, mean loss over devices)
+        self.weight_norms = WeightNormLog(lambda: self.replicas[0].model, job.model, job.scenario.report.every,
+                                          self.steps,
+                                          job.numerics and len(job.local_ranks) == self.world)
         self._dense_elements = {rank: experts_last(replica) for rank, replica in enumerate(self.replicas)
                                 if replica is not None}
         spec = job.scenario.model.moe
@@ -58,9 +80,14 @@ class ExpertParallel(SyncDataParallel):
         self._step_works: list[list] = [[None] * self.world for _ in range(self.steps)]  # each rank's step record
         self.moe_steps: list[dict] = []
 
+    @classmethod
+    def steps_until_every_rank_stepped(cls, world: int) -> int:
+        return 1
+
     def regroup(self) -> None:
-        super().regroup()
+        """The all-reduces, ep groups and expert groups over the job's devices as they are now."""
         job = self.job
+        self.all_reduce = job.all_reduce(range(self.world))
         self.ep_groups, self.expert_groups = {}, {}
         for ranks in job.layout.groups("ep"):
             comm, draws, all_to_all = job.communicator(list(ranks)), {}, group_all_to_all(job, ranks)
@@ -76,6 +103,8 @@ class ExpertParallel(SyncDataParallel):
     def rewind(self, step: int) -> None:
         """Forget what came after step `step`, the routing records too (a restart from a checkpoint)."""
         super().rewind(step)
+        self._step_losses[step:] = [[None] * self.world for _ in range(self.steps - step)]
+        self.weight_norms.rewind(step)
         del self.moe_steps[step:]
         self._step_works[step:] = [[None] * self.world for _ in range(self.steps - step)]
 
@@ -140,6 +169,29 @@ class ExpertParallel(SyncDataParallel):
             # every kept token crosses to another rank four times: dispatch, combine and their backwards
             "bytes": 4 * moved * token_bytes, "seconds": seconds / self.world, "share": share})
 
+    def _end_step(self, step: int) -> None:
+        """Every rank posted its gradient before rank 0's all-reduce could finish: all of step `step`'s losses
+        are in."""
+        losses = self._step_losses[step]
+        mean_loss = float(sum(loss.item() for loss in losses)) / self.world if self.job.numerics else None
+        self._step_losses[step] = None
+        now = self.job.cluster.env.now
+        self.loss_curve.append((now, mean_loss))
+        self.weight_norms.step_done(step)
+        if self.on_step is not None:
+            self.on_step(step, now, mean_loss)
+
+    def rank_losses(self, rank: int) -> list[list[float]]:
+        """The losses job rank `rank` computed in each step it ran (a real run's process holds its own rank)."""
+        return [[float(losses[rank])] for losses in self._step_losses
+                if losses is not None and losses[rank] is not None and self.job.numerics]
+
+    def stuck(self) -> list[int]:
+        return self.job.comm.stuck()
+
+    def samples_per_step(self) -> int:
+        return self.world * self.job.scenario.data.batch_size
+
     def single_device_step_s(self) -> float | None:
         """No one-device baseline: no rank holds the whole model."""
         return None
@@ -152,8 +204,9 @@ class ExpertParallel(SyncDataParallel):
         return _whole_model([self.replicas[rank].model for rank in self.job.layout.groups("ep")[0]])
 
     def report_sections(self) -> dict:
-        """Data parallelism's sections, and `moe`."""
-        sections = super().report_sections()
+        """`weight_norms`, `parallel` (the layout: dp only) and `moe`."""
+        sections = {**self.weight_norms.section(),
+                    "parallel": {"dp": self.world, "pp": 1, "tp": 1, "overlap": False, "buckets": 1}}
         sections["moe"] = moe_section(self.ep, self.experts, "router" if self.job.numerics else self.routing.model,
                                       self.moe_steps, self.loss_curve,
                                       [step["seconds"] for step in self.moe_steps])

@@ -16,6 +16,9 @@ normalizes.
     norms.step_done(step)           # once every rank has ended step `step` (0-based)
     norms.section()                 # {"weight_norms": {...}}
 """
+from pydantic import Field
+
+from ..report.sections import ReportSection, register_section
 from ..train.models import layers_before_batchnorm, weight_norms
 
 
@@ -46,7 +49,19 @@ class WeightNormLog:
             del norms[kept:]
 
     def section(self) -> dict:
-        """report.json's `weight_norms` (checked against WeightNormsSection, which schemes/sync.py registers)."""
+        """report.json's `weight_norms` (WeightNormsSection)."""
         return {"weight_norms": {"steps": list(self.taken_after),
                                  "layers": {name: list(norms) for name, norms in self.layers.items()},
                                  "before_batchnorm": self.before_batchnorm}}
+
+
+class WeightNormsSection(ReportSection):
+    steps: list[int] = Field(description="the steps after which the norms were taken")
+    layers: dict[str, list[float | None] | dict[str, list[float | None]]] = Field(
+        description="each layer's weight norm at those steps (a layer with several weights: by weight name); "
+                    "null: not finite")
+    before_batchnorm: list[str] = Field(description="the layers whose output a BatchNorm normalizes")
+
+
+register_section("weight_norms", WeightNormsSection, "weight norms of every layer over training "
+                                                     "(schemes/weight_norms.py)")

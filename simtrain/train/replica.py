@@ -42,7 +42,6 @@ from .data import ShardLoader
 from .grad_bucket import flat_grad_buffer
 from .optim import build_optimizer
 from .precision import MixedPrecision
-from .syncbn import sync_batchnorm_forward_backward
 from .training_state import TrainingState, capture, restore
 
 
@@ -137,15 +136,6 @@ class Replica:
         if self._meta_losses is None:
             return None
         return self._meta_losses.get(tuple(self.last_batch[0].shape))
-
-    def sync_batchnorm_forward_backward(self):
-        """forward_backward with BatchNorm statistics summed across ranks (fp32 only): a generator
-        that yields StatsAllReduce requests for the scheme to serve and returns the loss."""
-        x, y = self.loader.next_batch()
-        self.last_batch = (x, y)
-        self.grad_buffer.zero_()
-        loss = yield from sync_batchnorm_forward_backward(self.model, x, y, self.loader.batch_loss)
-        return loss
 
     def training_state(self) -> TrainingState:
         """A packed copy of what this replica trains on from (weights, fp32 masters, optimizer, loss scale)."""

@@ -42,7 +42,6 @@ between them. Each exchange blocks the device either way, so the step time is
 the same.
 
     loss = yield from sync_batchnorm_forward_backward(model, x, y)   # in the scheme's driver
-    (Replica.sync_batchnorm_forward_backward wraps it for a replica's next batch.)
 """
 from __future__ import annotations
 
