@@ -335,13 +335,19 @@ class ModelParallel(RankReplicas, Scheme):
             return self.job.model
         return self.assemble({rank: self.data_parallel.whole_model(rank).pieces() for rank in range(self.world)})
 
-    def assemble(self, pieces: dict) -> "torch.nn.Module":
-        """The whole model from ranks' pieces (rank -> RankModule.pieces()): those of data-parallel replica 0."""
-        return assemble(self.job.model, [piece for rank in self.layout.groups("model")[0] for piece in pieces[rank]]
+    def assemble(self, pieces: dict, replica: int = 0) -> "torch.nn.Module":
+        """The whole model from ranks' pieces (rank -> RankModule.pieces()): those of data-parallel replica
+        `replica` (its experts: replica 0's)."""
+        return assemble(self.job.model, [piece for rank in self.layout.groups("model")[replica]
+                                         for piece in pieces[rank]]
                         + (self.experts.other_experts(pieces) if self.experts is not None else []))
 
     def final_models(self) -> list:
-        return [self.trained_model()]
+        """The whole model each data-parallel replica ends with (with experts, or representatives: replica 0's)."""
+        if self.representatives or self.experts is not None:
+            return [self.trained_model()]
+        pieces = {rank: self.data_parallel.whole_model(rank).pieces() for rank in range(self.world)}
+        return [self.assemble(pieces, replica) for replica in range(len(self.layout.groups("model")))]
 
     def samples_per_step(self) -> int:
         return self.layout.dp * self.job.scenario.data.batch_size
