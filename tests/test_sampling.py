@@ -149,12 +149,12 @@ def test_each_rank_keeps_its_own_distributed_sampler_shard():
     assert sorted(i for t in tables for i in t.indices.tolist()) == list(range(40))
 
 
-def digits(sampling, steps=20, seed=0, devices=2, every=10, **data):
+def digits(sampling, steps=20, seed=0, devices=2, every=10, train=None, **data):
     return validate_scenario({
         "name": "t", "seed": seed, "cluster": {"topology": "ring", "devices": devices},
         "model": {"name": "mlp", "hidden": [64]},
         "data": {"name": "digits", "batch_size": 64, "sampling": sampling, **data},
-        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.2}},
+        "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.2}, **(train or {})},
         "report": {"trace": True, "every": every},
     })
 
@@ -191,6 +191,17 @@ def test_sampling_is_charged_as_host_work_by_the_cost_model(kind):
     assert all(0 < ess <= 64 for _, ess in section["effective_sample_size"])
     assert 0 <= section["top_decile_share"] <= 1
     assert ("acceptance_rate" in section) == (kind == "mh")
+
+
+@pytest.mark.parametrize("kind", ["prioritized", "mh"])
+def test_a_forward_recomputed_for_the_backward_refreshes_the_priorities_once(kind):
+    # train.checkpointing full runs the last layer's forward, and the loss with it, again in the backward: the
+    # sampler counts each batch once, so the run trains and reports as the one that keeps its activations.
+    kept, recomputed = (simtrain.run(digits(kind, steps=12, every=5, train={"checkpointing": checkpointing})).data
+                        for checkpointing in ("none", "full"))
+    assert [loss for _, loss in recomputed["loss_curve"]] == [loss for _, loss in kept["loss_curve"]]
+    assert recomputed["sampling"] == kept["sampling"]
+    assert [batches for batches, _ in recomputed["sampling"]["effective_sample_size"]] == [5, 10, 12]
 
 
 def test_uniform_is_the_plain_shard_loader_with_no_bookkeeping():

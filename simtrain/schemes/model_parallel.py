@@ -45,6 +45,11 @@ measured costs, and with `parallel.representatives` one rank per stage runs
 for all of them, on mirrored communicators (representatives.py): the scheme
 runs the same program either way.
 
+Under prioritized or Metropolis-Hastings sampling (data parallelism alone, one
+microbatch: data.sampling) the model ends with its replica loader's loss,
+importance-weighted, and each step charges the loader's draw first, as host
+work (a `sampling` span: train/sampling.py).
+
 Before each step every rank runs the job's `before_step` program (job.py: a
 schedule's hyperparameters, a population's exploit, which copies each rank's
 share from the donor's rank of the same coordinates).
@@ -60,7 +65,7 @@ from ..cost import measure_step_cost
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
 from ..parallel import GroupCommunicators, Layout, Membership, memberships
 from ..parallel.schedules import pipeline_schedule
-from ..step_ops import Alloc, Collective, Free, Transfer
+from ..step_ops import Alloc, Busy, Collective, Free, Transfer
 from ..train.partition import assemble, module_structure
 from ..train.moe_exchange import ExpertExchange
 from ..train.precision import DTYPES
@@ -115,6 +120,9 @@ class ModelParallel(RankReplicas, Scheme):
                                       and train.optimizer.name != "kfac")  # K-FAC broadcasts too
         self.synced_batchnorm = SyncedBatchNorm(self) if parallel.sync_batchnorm else None  # sync_batchnorm.py
         self.regroup()
+        for replica in self.replicas:  # the model ends with its loader's loss (a prioritized sampler's, weighted)
+            if replica is not None:
+                replica.model.loss = replica.loader.batch_loss
         if self.layout.pp > 1:  # each pipeline's activations and gradients, as Send/Recv programs
             self._boundaries = boundary_activations(job.model, *job.parts, job.sample_microbatch(),
                                                     DTYPES[train.precision],
@@ -237,6 +245,8 @@ class ModelParallel(RankReplicas, Scheme):
                 break
             yield from self.data_parallel.begin(rank)
             replica.grad_buffer.zero_()
+            if replica.loader.host_seconds > 0:  # a prioritized sampler's bookkeeping (train/sampling.py)
+                yield Busy(replica.loader.host_seconds, "sample batch", kind="sampling")
             x, y = (shard_sequence(t, replica.model.context) for t in replica.loader.next_batch())
             x = replica.precision.cast_input(x)
             replica.last_batch = (x, y)

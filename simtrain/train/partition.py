@@ -13,9 +13,11 @@ FLOPs are as small as they can be (contiguous parts, each at least one unit).
 each an nn.Sequential of copies of the model's entries), cut to its tensor
 slices, with `ops[chunk]`, the chunk's work as a list of Apply and
 all-reduce steps (the last model part's ending with the loss against the
-target: a vocabulary-parallel head's own, else cross entropy on the
-outputs), `layers[chunk]`, the same work cut into the chunk's units, one
-(module, ops) pair per unit, for layer-by-layer recomputation
+target: a vocabulary-parallel head's own, else its `loss` on the outputs:
+cross entropy, or its replica loader's, a prioritized sampler's
+importance-weighted loss, train/sampling.py), `layers[chunk]`, the same work
+cut into the chunk's units, one (module, ops) pair per unit, for
+layer-by-layer recomputation
 (train.checkpointing: full, schemes/layer_recompute.py), and `sources`, where each of its parameters and buffers
 comes from in the whole model. `assemble` writes ranks' pieces back into a
 copy of the whole model: what final_model.pt holds and what is evaluated.
@@ -39,6 +41,8 @@ from .ring_attention import ContextShard
 from .tensor_parallel import (ELEMENTWISE, TP_BOUNDARIES, Apply, ApplyWithTarget, Slice, column_row_ops,
                               shard_column_row_)
 
+# The plain cross entropy that ends a model: what a chunk's cost is measured with (a sampler's weights are no
+# part of it, and a measurement must not refresh its priorities)
 LOSS = ApplyWithTarget(lambda outputs, target: (cross_entropy(outputs, target),))
 
 
@@ -162,6 +166,10 @@ class RankModule(nn.Module):
         super().__init__()
         first_unit = [sum(counts[:part]) for part in range(len(counts))]
         self.tp = tp
+        # (outputs, target) -> the batch's loss that ends the model: cross entropy, or the replica's loader's
+        # (its `batch_loss`: a prioritized sampler weights it, train/sampling.py), which the scheme sets
+        self.loss = cross_entropy
+        self._ends_model = ApplyWithTarget(lambda outputs, target: (self.loss(outputs, target),))
         self.context = context
         self.chunks = nn.ModuleList()
         self.ops: list[list] = []
@@ -185,7 +193,7 @@ class RankModule(nn.Module):
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
             ends_model = part == len(counts) - 1
-            self.ops.append(self.chunk_ops(chunk, ends_model))
+            self.ops.append(self.chunk_ops(chunk, ends_model, self._ends_model))
             self.layers.append(self._layers(chunk, [len(unit) for unit in chunk_units], ends_model))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
                 position, _, rest = whole_model_name(chunk, local).partition(".")
@@ -198,7 +206,8 @@ class RankModule(nn.Module):
         entries, layers, start = list(chunk), [], 0
         for number, size in enumerate(sizes):
             layer = nn.Sequential(*entries[start:start + size])
-            layers.append((layer, self.chunk_ops(layer, ends_model and number == len(sizes) - 1)))
+            last = ends_model and number == len(sizes) - 1
+            layers.append((layer, self.chunk_ops(layer, last, self._ends_model)))
             start += size
         return layers
 
@@ -211,12 +220,13 @@ class RankModule(nn.Module):
         return [(self.sources[local], tensor.detach()) for local, tensor in [*self.named_parameters(),
                                                                                *self.named_buffers()]]
 
-    def chunk_ops(self, chunk: nn.Sequential, ends_model: bool) -> list:
+    def chunk_ops(self, chunk: nn.Sequential, ends_model: bool, loss: ApplyWithTarget = LOSS) -> list:
         """A chunk's work: the whole chunk in one step, or its tensor-parallel steps and all-reduces (and
-        ring attention's steps under context parallelism); ending with the loss if the chunk ends the model."""
+        ring attention's steps under context parallelism); ending with `loss` if the chunk ends the model (the
+        plain cross entropy, as a cost is measured; the rank's own ops end with its `loss`)."""
         if self.tp > 1 or self.context.size > 1 or any(isinstance(module, MoE) for module in chunk.modules()):
-            return _parallel_ops(chunk, ends_model, self.tp)  # a mixture of experts: its exchanges (moe_exchange.py)
-        return [Apply(lambda x: (chunk(x),)), *([LOSS] if ends_model else [])]
+            return _parallel_ops(chunk, ends_model, self.tp, loss)  # a mixture of experts: its exchanges
+        return [Apply(lambda x: (chunk(x),)), *([loss] if ends_model else [])]
 
     @staticmethod
     def _shard(chunk: nn.Sequential, tp_rank: int, tp: int) -> dict[str, Slice]:
@@ -241,16 +251,16 @@ class RankModule(nn.Module):
         return slices
 
 
-def _parallel_ops(chunk: nn.Sequential, ends_model: bool, tp: int) -> list:
+def _parallel_ops(chunk: nn.Sequential, ends_model: bool, tp: int, loss: ApplyWithTarget) -> list:
     """The chunk's work under tensor parallelism: pairs and tensor-parallel modules with their
-    all-reduces, every other entry applied whole; then the loss if the chunk ends the model (a last
+    all-reduces, every other entry applied whole; then `loss` if the chunk ends the model (a last
     entry with `parallel_loss_ops` computes its own). With one tp rank (context parallelism alone) the
     tp collectives, each over one rank, are left out."""
-    ops = _tensor_parallel_ops(chunk, ends_model)
+    ops = _tensor_parallel_ops(chunk, ends_model, loss)
     return ops if tp > 1 else [op for op in ops if type(op) not in TP_BOUNDARIES]
 
 
-def _tensor_parallel_ops(chunk: nn.Sequential, ends_model: bool) -> list:
+def _tensor_parallel_ops(chunk: nn.Sequential, ends_model: bool, loss: ApplyWithTarget) -> list:
     """The chunk's work with its tp collectives (see _parallel_ops)."""
     entries, ops, position = list(chunk), [], 0
     while position < len(entries):
@@ -264,7 +274,7 @@ def _tensor_parallel_ops(chunk: nn.Sequential, ends_model: bool) -> list:
         entry = entries[position]
         ops += entry.parallel_ops() if hasattr(entry, "parallel_ops") else [Apply(lambda x, entry=entry: (entry(x),))]
         position += 1
-    return ops + ([LOSS] if ends_model else [])
+    return ops + ([loss] if ends_model else [])
 
 
 def assemble(template: nn.Module, pieces) -> nn.Module:

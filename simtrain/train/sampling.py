@@ -25,7 +25,9 @@ linearly from `beta0` at step 0 to `beta_end` (1 by default: PER) at
 `beta_steps`; beta = 0 throughout (beta0 = beta_end = 0) turns the correction
 off. With beta = 1 its gradient is an unbiased estimate of the shard's mean
 gradient times the constant 1 / max_k w_k. The batch's real per-sample losses
-then refresh its priorities. Randomness comes from a torch.Generator per (seed, rank).
+then refresh its priorities, once: a forward run again for its backward
+(train.checkpointing full, layer by layer) computes the same loss and leaves
+them. Randomness comes from a torch.Generator per (seed, rank).
 
 Host cost model (charged per batch by the scheme as a `sampling` span): a
 priority store is a sum tree and a min tree over the N shard priorities
@@ -136,6 +138,7 @@ class PrioritizedSampler(ShardLoader):
         self.top_drawn = 0
         self._positions: np.ndarray | None = None
         self._weights: np.ndarray | None = None
+        self._noted = False  # whether the last batch's losses refreshed its priorities
         self.alpha = alpha
         self.beta0 = beta0
         self.beta_end = beta_end
@@ -176,18 +179,21 @@ class PrioritizedSampler(ShardLoader):
         return self.gather(self.table.indices[torch.from_numpy(positions)])
 
     def batch_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The last batch's importance-weighted loss; its per-sample losses refresh the priorities the first time."""
         per_sample = cross_entropy(logits, y, reduction="none")
         loss = (torch.from_numpy(self._weights).to(per_sample.dtype) * per_sample).mean()
-        self._note_losses(per_sample.detach())
+        if not self._noted:
+            self._note_losses(per_sample.detach())
         return loss
 
     def _note_draw(self, positions: np.ndarray, weights: np.ndarray) -> None:
-        self._positions, self._weights = positions, weights
+        self._positions, self._weights, self._noted = positions, weights, False
         self.drawn += len(positions)
         self.top_drawn += int(self.table.in_top_decile(positions).sum())
 
     def _note_losses(self, per_sample: torch.Tensor) -> None:
         self.table.refresh(self._positions, per_sample)
+        self._noted = True
         self.effective_sizes.append(effective_sample_size(self._weights))
         self.batches += 1
         if self.batches % self.every == 0:
