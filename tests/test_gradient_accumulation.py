@@ -19,7 +19,7 @@ from simtrain.errors import ScenarioError
 from simtrain.scenario import ModelSpec, validate_scenario
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
-from simulated_steps import flat_parameters, one_step
+from simulated_steps import flat_parameters, microbatch_cost, one_step
 from test_sharded import ALPHA, BANDWIDTH, BLOCKS, BLOCKS_MODEL, FREE_LINKS, PSI
 
 HIDDEN, BATCH, LR, MOMENTUM, SEED = [32], 16, 0.1, 0.9, 3
@@ -87,7 +87,7 @@ def test_the_activation_peak_is_one_micro_batchs(parallel, numerics):
     peaks = {}
     for m in (1, 4):
         job = one_step(scenario(2, m, steps=1, model=BLOCKS_MODEL, numerics=numerics, **parallel))
-        measured = job.scheme.replicas[0].step_cost().activation_bytes  # the last (micro-)batch's, measured
+        measured = microbatch_cost(job, m).activation_bytes  # a micro-batch's, measured
         peaks[m] = job.devices[0].memory.peak["activations"]
         assert peaks[m] == measured
     assert peaks[4] * 4 == pytest.approx(peaks[1], rel=0.05)
@@ -104,7 +104,7 @@ def _spans(job, kind):
 def test_with_free_links_a_step_is_m_micro_batches_compute_and_the_update(parallel):
     m = 4
     job = one_step(scenario(4, m, steps=1, model=BLOCKS_MODEL, link=FREE_LINKS, **parallel))
-    device, cost = job.devices[0], job.scheme.replicas[0].step_cost()  # one micro-batch's FLOPs, measured
+    device, cost = job.devices[0], microbatch_cost(job, m)  # one micro-batch's FLOPs, measured
     computes = _spans(job, "compute")
     micro = device.compute_time(cost.forward_flops, "fp32", cost.forward_ops) + device.compute_time(
         cost.backward_flops, "fp32", cost.backward_ops)
