@@ -12,7 +12,7 @@ restarts:
   updates returns to the others, so the job still applies `train.steps`
   updates, each once; a push that had arrived is applied. Losing every worker
   fails the job.
-- **sync** (schemes/sync.py): the other ranks run on until they wait in the
+- **sync** (schemes/model_parallel.py and the other synchronous schemes): the other ranks run on until they wait in the
   all-reduce for a rank that will never post. The job notices the loss
   `cluster.fault_detection` seconds after it (torchrun's agent polls its
   workers every --monitor-interval, 0.1 s by default in torch 2.13) and tears

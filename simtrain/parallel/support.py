@@ -321,6 +321,10 @@ REFUSED = (
             NO_KFAC),
     Refusal((MODEL_PARALLEL, "SyncBN"),
             "parallel.sync_batchnorm: sync_batchnorm does not combine with {model_parallel_key} > 1", NO_BATCHNORM),
+    # the gpt head of an MoE model computes its own loss (vocabulary-parallel), which a sampler cannot weight
+    Refusal(("MoE", "prioritized sampling"),
+            "data.sampling: {sampling} sampling does not combine with model.moe (the head's loss is its own)",
+            NO_PRIORITIZED),
     Refusal((MODEL_PARALLEL, "prioritized sampling"),
             "data.sampling: {sampling} sampling does not combine with {model_parallel_key} > 1", NO_PRIORITIZED),
     Refusal(("tp", "recomputation in segments"),

@@ -1,6 +1,6 @@
 """Times the parts of a data-parallel training step as `simtrain launch` runs them, every rank at once.
 
-A launched step of synchronous data parallelism without overlap (schemes/sync.py
+A launched step of synchronous data parallelism without overlap (the step engine's dp-alone case
 on the real backend) is a step program: the replica's forward, drawing its
 batch, and backward (schemes/local_work.py forward_backward), the all-reduce of
 the gradient by simtrain's ring program over point-to-point calls, and the
@@ -149,7 +149,7 @@ def time_steps(rank: int, world: int, cases: list[StepCase], sizes: list[int], r
 
 
 def _step_program(case: StepCase, rank: int, world: int, buffer: torch.Tensor):
-    """A launched step of sync data parallelism without overlap (schemes/sync.py), the all-reduce on `buffer`."""
+    """A launched step of sync data parallelism without overlap, the all-reduce on `buffer`."""
     yield from forward_backward(case.replica)
     yield Collective(ALL_REDUCE["ring"](rank, world, buffer, average=True), "all_reduce")
     case.replica.step()

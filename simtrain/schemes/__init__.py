@@ -20,8 +20,10 @@ provides, and the hooks it may override, are scheme.py's `Scheme` protocol.
 - `expert_parallel` (expert_parallel.py): data parallelism with model.moe's
   experts sharded over groups of `parallel.ep` ranks, tokens moved by
   all-to-all (`parallel.ep` above 1);
-- `data_parallel` (sync.py): a gradient all-reduce every step, with
-  `parallel.all_reduce`'s algorithm (simtrain.comm.ALGORITHMS).
+- `data_parallel` (model_parallel.py, the step engine's pp = tp = cp = 1
+  case): a gradient all-reduce every step, with `parallel.all_reduce`'s
+  algorithm (simtrain.comm.ALGORITHMS), in DDP's buckets beside the backward
+  (replicated_update.py).
 
     scheme = build_scheme(job, on_step=None)
     job.start(); run_to_end(job.cluster.env)
@@ -96,5 +98,5 @@ def build_scheme(job, on_step=None):
 
 
 __all__ = ["SCHEMES", "AsynchronousSGD", "ExpertParallel", "ModelParallel", "Registered", "Scheme",
-           "ShardedDataParallel", "SyncDataParallel", "build_scheme", "load_schemes", "scheme_class",
+           "ShardedDataParallel", "build_scheme", "load_schemes", "scheme_class",
            "scheme_name"]

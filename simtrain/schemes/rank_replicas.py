@@ -1,12 +1,12 @@
 """What schemes whose every rank trains its own Replica share: live hyperparameters and the training state.
 
-In the synchronous schemes (sync.py) and under model parallelism
-(model_parallel.py) job rank r trains `self.replicas[r]` (train/replica.py):
+In the synchronous schemes (the step engine, model_parallel.py; sharded and
+expert parallelism alone) job rank r trains `self.replicas[r]` (train/replica.py):
 its own optimizer, loader and parameters (a whole model, or its share of one).
 Setting hyperparameters and taking or restoring the training state are then
 the same per-rank operations, given here once.
 
-    class SyncDataParallel(RankReplicas): ...
+    class ModelParallel(RankReplicas, Scheme): ...
     scheme.set_hyperparameters(rank, {"train.optimizer.lr": 0.01})
     state = scheme.training_state(rank); other.load_training_state(rank, state, state.flat.clone())
 """
