@@ -33,6 +33,7 @@ class ReplicatedUpdate:
                      for r in replicas]
         self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
                             for r in replicas]
+        self._step_kernels = scheme.update_kernels(scheme.running)  # a calibrated host's, charged kernel_overhead
         self.microbatches, self.overlap_param_gather = scheme.microbatches, False  # what BucketOverlap reads
         overlapping = parallel.overlapped and scheme.layout.dp * scheme.layout.cp > 1
         self.buckets: dict[int, BucketOverlap] = {}  # rank -> its DDP buckets, with parallel.overlap
@@ -101,7 +102,8 @@ class ReplicatedUpdate:
         if scheme.vote:
             found_inf = yield from overflow_vote(*scheme.comms.model[rank], found_inf)
         replica.apply_update(replica.precision.settle(found_inf))
-        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
+        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", kernels=self._step_kernels[rank],
+                          updates=1)
 
     def reduce(self, rank: int):
         """Step program: all-reduce and average the gradient over the dp (x cp) group (expert_model_parallel.py's
