@@ -12,6 +12,7 @@ built in plain torch for the widened cases' bytes; quartiles by hand for the
 load check, and sums of means by hand for the measured step that tells
 calibrations' machine speeds apart.
 """
+import copy
 import json
 import os
 import statistics
@@ -40,6 +41,7 @@ from simtrain.real.fit import (AlphaBeta, ComputeJitter, fit_alpha_beta, fit_com
 from simtrain.real.machine_load import drift_warning, load_warning, relative_spread
 from simtrain.real.step_fit import exchange_software_cost, fit_step_timings, measured_step_s, pooled_samples
 from simtrain.real.step_timing import GEMM_SIZES, step_cases, widened
+from simulated_steps import one_step
 
 SIZES = [4, 64, 1024, 16384]
 
@@ -334,6 +336,61 @@ def test_a_kernel_overhead_is_charged_per_operator():
         replica.step()
     assert recorder.kernels >= 3 * len(replica.params)  # SGD with momentum: 3 operators a parameter at least
     assert kernels == pytest.approx(recorder.kernels, abs=1e-6)
+
+
+HOST = {"name": "host", "peak_flops": {"fp32": 1e11, "tf32": 1e11, "fp16": 1e11, "bf16": 1e11}, "memory": "8 GiB",
+        "memory_bandwidth": "20 GB/s", "efficiency": 1.0}
+
+
+def stage_kernels(chunk, x: torch.Tensor, y: torch.Tensor | None) -> tuple[int, int]:
+    """(forward, backward) operators of plain torch through a copy of a pipeline stage's chunk on `x`, ending with
+    the cross entropy against `y` when given (the last stage), its input needing a gradient but on the first."""
+    chunk = copy.deepcopy(chunk)  # a Parameter's copy leaves its .grad behind: autograd's first accumulation
+    with torch.enable_grad():
+        with OperatorRecorder() as forward:
+            output = chunk(x)
+            if y is not None:
+                output = torch.nn.functional.cross_entropy(output, y)
+        arrived = None if y is not None else torch.ones_like(output)  # the gradient the next stage sends back
+        with OperatorRecorder() as backward:
+            torch.autograd.backward(output, arrived)
+    return forward.kernels, backward.kernels
+
+
+@pytest.mark.parametrize("schedule, passes", [("1f1b", 2), ("zero_bubble", 3)])
+def test_a_pipeline_on_a_calibrated_host_pays_each_kernel_pass_and_update(schedule, passes):
+    """Closed form under pp 2 x dp 2 (no reference: the pipeline was not charged fixed costs before): over the same
+    run on the host without them, each rank's compute costs m x (its stage's forward and backward kernels) x
+    kernel_overhead + m x passes x pass_overhead a step (a zero-bubble W runs apart: a pass of its own), its update
+    its optimizer step's operators x kernel_overhead + update_overhead; plain torch counts the kernels. Numerics off,
+    replayed from the measured costs, computes at the same cost."""
+    steps, m, batch = 2, 4, 8
+    overheads = {"kernel_overhead": "5 us", "pass_overhead": "300 us", "update_overhead": "120 us"}
+
+    def run(device, numerics=True):
+        return one_step(simtrain.scenario.validate_scenario({
+            "name": "fixed", "numerics": numerics, "cluster": {"devices": 4, "device": device},
+            "model": {"name": "mlp", "hidden": [32, 32]}, "data": {"name": "digits", "batch_size": batch},
+            "train": {"steps": steps, "optimizer": {"momentum": 0.9}},
+            "parallel": {"pp": 2, "pipeline": {"schedule": schedule, "microbatches": m}}, "report": {"trace": False}}))
+
+    plain, calibrated, replayed = run(HOST), run({**HOST, **overheads}), run({**HOST, **overheads}, numerics=False)
+    replicas = calibrated.scheme.replicas
+    chunks = {calibrated.layout.coordinates(rank)["pp"]: replica.model.chunks[0]
+              for rank, replica in enumerate(replicas)}
+    x, y = torch.zeros(batch // m, 64), torch.zeros(batch // m, dtype=torch.long)
+    stage_kernels_of = {0: sum(stage_kernels(chunks[0], x, None)),
+                        1: sum(stage_kernels(chunks[1], chunks[0](x).detach().requires_grad_(), y))}
+    for rank, replica in enumerate(replicas):
+        kernels = stage_kernels_of[calibrated.layout.coordinates(rank)["pp"]]
+        with OperatorRecorder() as update:
+            replica.step()  # its optimizer's state made by the run's steps: what each update dispatches
+        compute, optimizer = ([job.cluster.log.total(rank, kind) for job in (calibrated, plain, replayed)]
+                              for kind in ("compute", "optimizer"))
+        assert kernels > 0 and update.kernels > 0
+        assert compute[0] - compute[1] == pytest.approx(steps * m * (kernels * 5e-6 + passes * 300e-6), rel=1e-9)
+        assert optimizer[0] - optimizer[1] == pytest.approx(steps * (update.kernels * 5e-6 + 120e-6), rel=1e-9)
+        assert compute[2] == pytest.approx(compute[0], rel=1e-12)  # (an update on meta tensors checks no overflow)
 
 
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "calibration_widths.json").read_text())

@@ -181,7 +181,7 @@ def test_zero_bubble_keeps_what_w_reads_from_i_to_w():
     costs = [cost for cost in job.scheme._costs.values() if not isinstance(cost, list)]
     assert all(0 < cost.weight_held_bytes <= cost.activation_bytes for cost in costs)
     for cost in costs:  # W's FLOPs: each Linear's weight GEMM, 2 x batch x 32 x 32, and half the backward
-        assert sum(flops for flops, _ in cost.weight_grads) == pytest.approx(sum(cost.backward_flops) / 2)
+        assert sum(flops for flops, _, _ in cost.weight_grads) == pytest.approx(sum(cost.backward_flops) / 2)
 
 
 def write_csv(path: Path, schedule) -> Path:

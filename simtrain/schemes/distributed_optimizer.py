@@ -131,6 +131,7 @@ class DistributedOptimizer:
             self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer)
             self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer)
         self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
+        self._step_kernels = scheme.update_kernels(scheme.running)  # a calibrated host's, charged kernel_overhead
         self._ended = 0
 
     def _dense_and_experts(self, rank: int) -> tuple[list, tuple, tuple]:
@@ -243,7 +244,7 @@ class DistributedOptimizer:
             yield Await(handle)
         self._replicating[rank] = []
         vote = partial(overflow_vote, *scheme.comms.model[rank]) if scheme.vote else None
-        yield from sharded_update(shard, self.dp, self._step_bytes[rank], vote)
+        yield from sharded_update(shard, self.dp, self._step_bytes[rank], vote, kernels=self._step_kernels[rank])
         if self.stage < 3:
             shard.reshard_all()  # the chunks it does not own are the shard group's to send
             if rank in self.buckets and self.overlap_param_gather:

@@ -17,7 +17,9 @@ its backward, one unit's activations besides: at most
 
 never a whole chunk's activations at once. A unit's activations are measured
 without its input (`measure_chunk(..., inputs_kept=True, tp=tp)`): the kept input is
-the very tensor the recomputed unit saves.
+the very tensor the recomputed unit saves. The chunk's forward is one pass and
+its backward another (a calibrated host's pass_overhead: hw/device.py): the
+forwards run again are part of the backward, whose pass the last unit's starts.
 
     costs = measure_layers(share.layers[chunk], share.chunk_ops, (x,), target)
     held = sum(kept_bytes(costs, (x,)))
@@ -68,10 +70,10 @@ def layers_forward(layers: list, costs: list[ChunkCost], inputs: tuple, communic
         kept.append(inputs)
         if numerics:
             outputs, _, loss = yield from chunk_forward(ops, inputs, communicate, cost, dtype,
-                                                        target if last else None, loss_weight)
+                                                        target if last else None, loss_weight, number == 0)
             inputs = tuple(o.detach().requires_grad_(o.requires_grad) for o in outputs)
         else:
-            inputs = ((yield from replay_forward(cost, communicate, dtype)),)
+            inputs = ((yield from replay_forward(cost, communicate, dtype, number == 0)),)
     return kept, inputs[0].detach(), loss
 
 
@@ -82,13 +84,14 @@ def layers_backward(layers: list, costs: list[ChunkCost], kept: list[tuple], gra
     `grads` is None when the chunk ends with the loss. Returns the gradient of the chunk's first input."""
     for number in range(len(layers) - 1, -1, -1):
         ops, cost = layers[number][1], costs[number]
+        first = number == len(layers) - 1  # the unit whose recomputed forward starts the backward's pass
         yield Alloc("activations", cost.activation_bytes)
         if numerics:
             _, tape, _ = yield from chunk_forward(ops, kept[number], communicate, cost, dtype,
-                                                  target if number == len(layers) - 1 else None, loss_weight)
-            grads = yield from chunk_backward(tape, grads, communicate, cost, dtype)
+                                                  target if first else None, loss_weight, first)
+            grads = yield from chunk_backward(tape, grads, communicate, cost, dtype, starts_pass=False)
         else:
-            yield from replay_forward(cost, communicate, dtype)
-            grads = ((yield from replay_backward(cost, communicate, dtype)),)
+            yield from replay_forward(cost, communicate, dtype, first)
+            grads = ((yield from replay_backward(cost, communicate, dtype, starts_pass=False)),)
         yield Free("activations", cost.activation_bytes + held[number])
     return grads[0]

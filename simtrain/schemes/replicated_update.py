@@ -36,6 +36,7 @@ class ReplicatedUpdate:
                      for r in replicas]
         self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
                             for r in replicas]
+        self._step_kernels = scheme.update_kernels(scheme.running)  # a calibrated host's, charged kernel_overhead
         self.kfac = None  # K-FAC's preconditioning between the all-reduce and the step
         if train.optimizer.name == "kfac":  # its collectives on the dp group as the scheme holds it now (regroup)
             self.kfac = DistributedKfac(replicas, scheme.job.devices, lambda rank: scheme.comms.dp_cp[rank],
@@ -118,7 +119,8 @@ class ReplicatedUpdate:
         if scheme.vote:
             found_inf = yield from overflow_vote(*scheme.comms.model[rank], found_inf)
         replica.apply_update(replica.precision.settle(found_inf))
-        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", updates=1)
+        yield MemoryBound(self._step_bytes[rank], "optimizer step", kind="optimizer", kernels=self._step_kernels[rank],
+                          updates=1)
 
     def update_s(self, rank: int) -> float:
         """Seconds rank `rank`'s update takes its device alone: the optimizer's step, and K-FAC's work of a step

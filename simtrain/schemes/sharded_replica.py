@@ -36,6 +36,7 @@ import copy
 import torch
 
 from ..comm.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from ..op_cost import OperatorRecorder
 from ..scenario import OptimizerSpec
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
 from ..train.precision import DTYPES
@@ -157,6 +158,23 @@ class ShardedReplica(Replica):
         for unit in range(len(self.layout.units)):
             owned = self.layout.chunk(self.param_flat, unit, self.owned[unit])
             owned.copy_(self.master[self.layout.shard_slice(unit)])
+
+    def step_kernels(self) -> int:
+        """Torch operators one update (`take_gradient`, then `apply_update`) dispatches, counted on a copy of what
+        it touches (the reduced gradient, the master shard and its optimizer, the loss scale, the flat parameters):
+        the second of two updates (the first creates the optimizer's state)."""
+        shard = copy.copy(self)
+        shard.precision, shard.optimizer, shard.master, shard.reduced, shard.param_flat = copy.deepcopy(
+            (self.precision, self.optimizer, self.master, self.reduced, self.param_flat))
+        shard.master.grad = self.master.grad.clone()  # a tensor's deepcopy leaves its .grad behind
+        shard._meta_losses, shard._kept = None, False  # the copy's optimizer steps each time, numerics off too
+
+        def update():
+            shard.apply_update(shard.precision.settle(shard.take_gradient(1)))
+        update()
+        with OperatorRecorder() as recorder:
+            update()
+        return recorder.kernels
 
     @torch.no_grad()
     def reshard(self, unit: int) -> None:

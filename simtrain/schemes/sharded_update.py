@@ -24,17 +24,18 @@ from ..step_ops import Await, MemoryBound, Post
 LABELS = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "hsdp_all_reduce"}
 
 
-def sharded_update(shard, replicas: int, step_bytes: int, vote=None, charge=None):
+def sharded_update(shard, replicas: int, step_bytes: int, vote=None, charge=None, kernels: int = 0):
     """Step program: average the reduced shard over `replicas` ranks, unscale it, step the shard's optimizer
     unless an overflow was found (`vote(found_inf)`, a step program, decides it across the ranks that share the
-    loss scale), round the shard into its chunks; `step_bytes` of HBM traffic charged, or `charge` run (a step
-    program: the host's step under offload, schemes/offload.py)."""
+    loss scale), round the shard into its chunks; `step_bytes` of HBM traffic in `kernels` operators (a calibrated
+    host's kernel_overhead) charged, or `charge` run (a step program: the host's step under offload,
+    schemes/offload.py)."""
     found_inf = shard.take_gradient(replicas)
     if vote is not None:
         found_inf = yield from vote(found_inf)
     shard.apply_update(shard.precision.settle(found_inf))
     if charge is None:
-        yield MemoryBound(step_bytes, "optimizer step", kind="optimizer", updates=1)
+        yield MemoryBound(step_bytes, "optimizer step", kind="optimizer", kernels=kernels, updates=1)
     else:
         yield from charge
 

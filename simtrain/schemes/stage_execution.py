@@ -19,12 +19,22 @@ tensor-parallel layer in their real order.
 
 `measure_chunk` measures a chunk's regions once per input shape on a meta
 copy (FLOPs, and each region's operators as (FLOPs, bytes, count, rate dtype)
-groups for a roofline device, by the operator recorder of op_cost.py;
-activation bytes by the saved-tensor hooks of cost.py, and the shapes of what
-is all-reduced and sent on): `ChunkCost`. With numerics off, `replay_forward` and `replay_backward` yield
-the same compute spans and all-reduces from a ChunkCost alone, on meta
-buffers, without running an operator: a microbatch then costs a few step
-operations however large the model.
+groups for a roofline device, and how many it dispatched, by the operator
+recorder of op_cost.py; the shapes of what is all-reduced and sent on) and,
+as cost.py measures a step, its activation bytes on a second copy by cost.py's
+saved-tensor hooks (which change the operators autograd dispatches): `ChunkCost`.
+With numerics off, `replay_forward` and `replay_backward` yield the same
+compute spans and all-reduces from a ChunkCost alone, on meta buffers, without
+running an operator: a microbatch then costs a few step operations however
+large the model.
+
+A calibrated host's fixed costs (hw/device.py `fixed_time`): each region's
+compute carries the torch operators it dispatched as its kernels (views
+included, as cost.py counts a whole step's; a GEMM run beside a collective
+stays its region's), and a pass's first region starts the pass (`starts_pass`:
+a chunk's forward and its backward each; a unit's forward run again in the
+backward is part of the backward's). A loss weight of 1 multiplies nothing, as
+Replica.backward weights a loss, so a replicated step counts cost.py's kernels.
 
 Ring attention's key/value step (train/ring_attention.py `KeyValueRing`,
 forward "kv_ring") is posted before the compute of the region that ends at
@@ -101,10 +111,13 @@ class ChunkCost:
     # parallel.tp_comm_overlap: the GEMMs run beside the layers' tp collectives (schemes/tp_overlap.py), which the
     # regions' FLOPs, operators and RegionSplits above then leave out; None: no overlap
     tp_overlap: TpOverlap | None = None
-    # split backwards (zero_bubble, dualpipev): per region, in backward order, the (FLOPs, OpCosts) of its
+    # split backwards (zero_bubble, dualpipev): per region, in backward order, the (FLOPs, OpCosts, kernels) of its
     # weight-gradient operators, which a W pass runs apart (schemes/weight_grads.py); () when not measured
     weight_grads: tuple = ()
     weight_held_bytes: int = 0  # of activation_bytes, what the W pass reads: kept from a microbatch's I to its W
+    # per region, forward and backward order: the torch operators it dispatches (a device's kernel_overhead)
+    forward_kernels: tuple[int, ...] = ()
+    backward_kernels: tuple[int, ...] = ()
     # per trainable parameter (chunk.parameters() order): the backward FLOPs done when its gradient is complete,
     # where a bucket's all-reduce may start inside a region (bucket_overlap.py); () under tp_comm_overlap, whose
     # regions leave GEMMs out
@@ -122,9 +135,10 @@ class Tape:
 
 
 def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype: str,
-                  target: torch.Tensor | None = None, loss_weight=1.0):
+                  target: torch.Tensor | None = None, loss_weight=1.0, starts_pass: bool = True):
     """Step program: run `ops` on `inputs` (a tuple of tensors; the ones that need a gradient require it),
-    charging each region's FLOPs from `cost` (None: measuring, the charges are 0).
+    charging each region's FLOPs and kernels from `cost` (None: measuring, the charges are 0), the first
+    region starting a pass if `starts_pass`.
 
     With `target`, the chunk ends the model and its ops end with the loss against it; backward
     starts from the loss times `loss_weight` (the microbatch's share of the batch, times the fp16
@@ -142,7 +156,7 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         tape.reduce_grad.append(reduce_grad)
         tape.shards.append(shard)
         shard = None
-        compute = _region_compute(cost, region, "forward", dtype)
+        compute = _region_compute(cost, region, "forward", dtype, starts_pass)
         region += 1
         values = tuple(t.detach() for t in state)
         if op.forward in OVERLAPPED:
@@ -171,17 +185,19 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
     loss = None
     if target is not None:
         loss = state[0]
-        state = (loss * loss_weight,)
+        state = (loss if loss_weight == 1.0 else loss * loss_weight,)  # as Replica.backward weights it
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
     tape.shards.append(shard)
-    yield _region_compute(cost, region, "forward", dtype)
+    yield _region_compute(cost, region, "forward", dtype, starts_pass)
     return state, tape, None if loss is None else loss.detach()
 
 
-def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: ChunkCost | None, dtype: str):
-    """Step program: backward through a microbatch's tape; `output_grads` None when its output is the loss.
-    Returns the gradients of the chunk's inputs (None for inputs that need none)."""
+def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: ChunkCost | None, dtype: str,
+                   starts_pass: bool = True):
+    """Step program: backward through a microbatch's tape; `output_grads` None when its output is the loss;
+    its first region starts a pass if `starts_pass`. Returns the gradients of the chunk's inputs (None for inputs
+    that need none)."""
     grads, arriving, gathering = output_grads, None, None
     overlap = cost.tp_overlap if cost is not None else None
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
@@ -195,7 +211,8 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
         if overlap is not None and overlap.grad_scatter_beside[step]:
             scatter = lambda grads, at=boundary[0], kind=boundary[1]: (None if grads[at] is None  # noqa: E731
                                                                        else communicate(kind, grads[at]))
-        grads, scattered = yield from _backward_compute(cost, step, dtype, communicate, tape.shards[index],
+        grads, scattered = yield from _backward_compute(cost, step, dtype, communicate, starts_pass,
+                                                        tape.shards[index],
                                                         lambda region=tape.regions[index], grads=grads:
                                                         _autograd(*region, grads), scatter)
         if arriving is not None:  # the gradient of the block this region passed through unchanged
@@ -235,9 +252,10 @@ def _autograd(inputs: tuple, outputs: tuple, grads: tuple | None) -> tuple:
     return tuple(t.grad if t.requires_grad else None for t in inputs)
 
 
-def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate, shard: SavedShard | None = None,
-                      run=lambda: None, scatter=None):
-    """Step program: backward region `step`'s numerics (`run()`) and its compute; where the region's gathered
+def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate, starts_pass: bool,
+                      shard: SavedShard | None = None, run=lambda: None, scatter=None):
+    """Step program: backward region `step`'s numerics (`run()`) and its compute (its kernels, and the pass it
+    may start, charged on its first piece); where the region's gathered
     input was kept as its shard, the shard gathered again beside the first half of its column-parallel Linears'
     backward (their input gradient) and awaited before the second (their weight gradient):
     schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the
@@ -245,11 +263,13 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
     beside a collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS).
     Returns (run()'s value, that result or None)."""
     split = cost.backward_regather[step] if cost is not None and cost.backward_regather else None
+    compute = _region_compute(cost, step, "backward", dtype, starts_pass)
     if split is None:
         value = run()
-        yield _region_compute(cost, step, "backward", dtype)
+        yield compute
         return value, None
-    yield Compute(split.before_flops, dtype, "backward_part", ops=split.before_ops)
+    yield Compute(split.before_flops, dtype, "backward_part", kernels=compute.kernels, ops=split.before_ops,
+                  passes=compute.passes)
     collective, regathered = communicate("all_gather", split.shard if shard is None else shard.shard)
     handle = yield Post(*collective._replace(label="tp_regather"))
     half = Compute(split.after_flops / 2, dtype, "backward_part", ops=scaled(split.after_ops, 0.5),
@@ -270,13 +290,17 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
     return value, scattered
 
 
-def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str) -> Compute:
-    """The Compute of region `region` of the `name` pass (its index in that pass's order)."""
+def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str, starts_pass: bool) -> Compute:
+    """The Compute of region `region` of the `name` pass (its index in that pass's order), its first region
+    starting the pass if `starts_pass`."""
     if cost is None:
         return Compute(0.0, dtype, name)
+    passes = int(starts_pass and region == 0)
     if name == "forward":
-        return Compute(cost.forward_flops[region], dtype, name, ops=cost.forward_ops[region])
-    return Compute(cost.backward_flops[region], dtype, name, ops=cost.backward_ops[region])
+        return Compute(cost.forward_flops[region], dtype, name, kernels=cost.forward_kernels[region],
+                       ops=cost.forward_ops[region], passes=passes)
+    return Compute(cost.backward_flops[region], dtype, name, kernels=cost.backward_kernels[region],
+                   ops=cost.backward_ops[region], passes=passes)
 
 
 def _beside(compute: Compute, collective):
@@ -291,11 +315,11 @@ def _beside(compute: Compute, collective):
         yield collective
 
 
-def replay_forward(cost: ChunkCost, communicate, dtype: str):
+def replay_forward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool = True):
     """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta tensor the chunk hands on."""
-    for region, (flops, reduced, ops) in enumerate(zip(cost.forward_flops, cost.forward_reduced, cost.forward_ops)):
-        compute = Compute(flops, dtype, "forward", ops=ops)
+    for region, reduced in enumerate(cost.forward_reduced):
+        compute = _region_compute(cost, region, "forward", dtype, starts_pass)
         if reduced is not None and reduced[0] in OVERLAPPED:
             yield from _beside(compute, communicate(*reduced)[0])
         else:
@@ -309,7 +333,7 @@ def replay_forward(cost: ChunkCost, communicate, dtype: str):
     return cost.output
 
 
-def replay_backward(cost: ChunkCost, communicate, dtype: str):
+def replay_backward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool = True):
     """Step program: chunk_backward's compute spans and collectives from `cost` alone (numerics off);
     returns the meta gradient of the chunk's first input (None if it needs none)."""
     arriving = gathering = None
@@ -321,7 +345,7 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str):
         scatter = None
         if overlap is not None and overlap.grad_scatter_beside[step] and reduced is not None:
             scatter = lambda _, reduced=reduced: communicate(*reduced)  # noqa: E731
-        _, scattered = yield from _backward_compute(cost, step, dtype, communicate, scatter=scatter)
+        _, scattered = yield from _backward_compute(cost, step, dtype, communicate, starts_pass, scatter=scatter)
         if arriving is not None:
             yield Await(arriving)
             arriving = None
@@ -349,7 +373,7 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     caller holds them: a recomputed unit's kept input). With `tp_overlap` (parallel.tp_comm_overlap) the GEMMs
     beside the layers' tp collectives are told apart (schemes/tp_overlap.py); with `weight_split` the
     backward's weight-gradient operators (schemes/weight_grads.py)."""
-    forward, backward, output, input_grad, peak, splits, overlap, weights, ready = _regions(
+    forward, backward, output, input_grad, peak, splits, overlap, weights, kernels, ready = _regions(
         chunk, ops_of, inputs, target, inputs_kept, tp, tp_overlap, weight_split)
     return ChunkCost(tuple(flops for flops, _, _, _ in forward), tuple(flops for flops, _, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _, _ in forward), tuple(reduced for _, reduced, _, _ in backward),
@@ -358,6 +382,7 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
                      tuple(params for _, _, _, params in backward),
                      splits if any(split is not None for split in splits) else (), overlap,
                      *((tuple(weights.regions), min(weights.held_bytes, peak)) if weights is not None else ()),
+                     forward_kernels=kernels[0], backward_kernels=kernels[1],
                      grad_ready_flops=() if tp_overlap else tuple(ready))
 
 
@@ -374,12 +399,13 @@ def _meta_run(chunk, ops_of, inputs, target):
 
 
 def _drive(program, recorder: OperatorRecorder | None = None, touched: list | None = None,
-           watch: GemmWatch | None = None) -> tuple[object, list]:
+           watch: GemmWatch | None = None) -> tuple[object, list, tuple[int, ...]]:
     """Run a step program without a clock (collectives skipped); with an operator recorder, per region
     (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after it, if any,
-    its operators' costs and the parameters whose gradients it touched (what `touched` collected meanwhile);
-    `watch` is cut at each region's end."""
+    its operators' costs and the parameters whose gradients it touched (what `touched` collected meanwhile),
+    and in a tuple of their own the operators each region dispatched; `watch` is cut at each region's end."""
     regions, before = [], 0.0
+    kernels, kernels_before = [], 0
     try:
         op = next(program)
         while True:
@@ -388,6 +414,9 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
                 params = () if touched is None else tuple(sorted(set(touched)))
                 regions.append((total - before, None, recorder.take() if recorder is not None else (), params))
                 before = total
+                dispatched = recorder.kernels if recorder is not None else 0
+                kernels.append(dispatched - kernels_before)
+                kernels_before = dispatched
                 if touched is not None:
                     touched.clear()
                 if watch is not None:
@@ -397,20 +426,22 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
                 regions[-1] = (flops, (op.kind, _meta_like(op.buffer)), ops, params)
             op = program.send(None)
     except StopIteration as stop:
-        return stop.value, regions
+        return stop.value, regions, tuple(kernels)
 
 
 def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overlap: bool,
              weight_split: bool) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple,
-                                          TpOverlap | None, WeightGradWatch | None, list[float]]:
+                                          TpOverlap | None, WeightGradWatch | None, tuple, list[float]]:
     """(FLOPs, (collective, its input) or None, OpCosts, parameters touched) per region forward and backward,
     the chunk's first output, its first input's gradient, the activation peak and each backward region's
-    RegionSplit or None, and with `tp_overlap` the TpOverlap (those less the GEMMs it runs beside collectives):
-    one forward and backward on a meta copy, the operator recorder counting, the saved-tensor hooks measuring, a
-    hook on each trainable parameter noting the backward regions that add to its gradient (and another the
-    backward's FLOPs when it is complete: the last list returned) and, with
+    RegionSplit or None, and with `tp_overlap` the TpOverlap (those less the GEMMs it runs beside collectives),
+    the WeightGradWatch, the operators each region dispatched (forward, backward; a GEMM run beside a
+    collective stays its region's) and each trainable parameter's gradient-complete backward FLOPs: one forward
+    and backward on a meta copy, the operator recorder counting, a hook on each trainable parameter noting the
+    backward regions that add to its gradient (another the backward's FLOPs when it is complete) and, with
     `tp_overlap`, a GemmWatch on each pass; with `weight_split`, a WeightGradWatch on the backward (and a second
-    hook on each parameter, handing it the gradient)."""
+    hook on each parameter, handing it the gradient). The activation peak is measured on a copy of its own, as
+    cost.py measures a step: saved-tensor hooks change the operators autograd dispatches (its detaches)."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     touched, backward_recorder = [], OperatorRecorder()
     weights = WeightGradWatch(meta.parameters()) if weight_split else None
@@ -423,30 +454,55 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overl
             lambda _, index=index: ready.__setitem__(index, float(backward_recorder.flops)))
         if weights is not None:
             param.register_hook(weights.gradient)
-    held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
-    tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
-                                  *([meta_target] if meta_target is not None else [])])
     watches = [GemmWatch(meta.parameters()) for _ in range(2)] if tp_overlap else [None, weights]
     watching = [contextlib.nullcontext() if watch is None else watch for watch in watches]
     measuring = [watch.communicating(_measuring(tp)) if isinstance(watch, GemmWatch) else _measuring(tp)
                  for watch in watches]
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            with OperatorRecorder() as recorder, watching[0]:
-                (outputs, tape, _), forward = _drive(chunk_forward(ops, meta_inputs, measuring[0], None, "",
-                                                                   meta_target), recorder, watch=watches[0])
-            grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
-            shards = tape.shards[::-1]  # backward order
-            with backward_recorder as recorder, watching[1]:
-                marks = _mark_regathers(shards, recorder)
-                input_grads, backward = _drive(chunk_backward(tape, grads, measuring[1], None, ""), recorder, touched,
-                                               watches[1])
-            del tape
+        with OperatorRecorder() as recorder, watching[0]:
+            (outputs, tape, _), forward, forward_kernels = _drive(
+                chunk_forward(ops, meta_inputs, measuring[0], None, "", meta_target), recorder, watch=watches[0])
+        grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
+        shards = tape.shards[::-1]  # backward order
+        with backward_recorder as recorder, watching[1]:
+            marks = _mark_regathers(shards, recorder)
+            input_grads, backward, backward_kernels = _drive(
+                chunk_backward(tape, grads, measuring[1], None, ""), recorder, touched, watches[1])
+        del tape
     splits, overlap = _splits(backward, shards, marks), None
     if tp_overlap:
         boundaries = [op for op in ops if type(op) not in (Apply, ApplyWithTarget)]
         overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
-    return forward, backward, outputs[0], input_grads[0], tracker.peak_bytes, splits, overlap, weights, ready
+    peak = _activation_peak(chunk, ops_of, inputs, target, inputs_kept, tp)
+    return (forward, backward, outputs[0], input_grads[0], peak, splits, overlap, weights,
+            (forward_kernels, backward_kernels), ready)
+
+
+def _activation_peak(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int) -> int:
+    """The peak bytes autograd holds in one forward and backward of a meta copy of `chunk` (cost.py's saved-tensor
+    hooks; the batch itself, and with `inputs_kept` every input, held elsewhere)."""
+    meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
+    held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
+    tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
+                                  *([meta_target] if meta_target is not None else [])])
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
+            (outputs, tape, _), _, _ = _drive(chunk_forward(ops, meta_inputs, _measuring(tp), None, "",
+                                                            meta_target))
+            grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
+            _regathered_on_meta(tape.shards)
+            _drive(chunk_backward(tape, grads, _measuring(tp), None, ""))
+            del tape
+    return tracker.peak_bytes
+
+
+def _regathered_on_meta(shards: list) -> list:
+    """Measuring: each shard some saved tensor stands in for gets a meta tensor as its gathered-again whole (what
+    the stand-ins unpack to); returns them, each with its position in `shards`."""
+    packed = [(step, shard) for step, shard in enumerate(shards) if shard is not None and shard.packed]
+    for _, shard in packed:
+        shard.regathered = torch.empty(shard.gathered_shape, dtype=shard.shard.dtype, device="meta")
+    return packed
 
 
 def _mark_regathers(shards: list, recorder: OperatorRecorder) -> dict:
@@ -454,10 +510,8 @@ def _mark_regathers(shards: list, recorder: OperatorRecorder) -> dict:
     operators since the last take) noted at the first use of the shard gathered again (which stands in for it,
     as a meta tensor like it)."""
     marks = {}
-    for step, shard in enumerate(shards):
-        if shard is not None and shard.packed:
-            shard.regathered = torch.empty(shard.gathered_shape, dtype=shard.shard.dtype, device="meta")
-            shard.at_unpack = lambda step=step: marks.setdefault(step, (float(recorder.flops), recorder.take()))
+    for step, shard in _regathered_on_meta(shards):
+        shard.at_unpack = lambda step=step: marks.setdefault(step, (float(recorder.flops), recorder.take()))
     return marks
 
 

@@ -20,7 +20,7 @@ microbatch keeps from its I to its W (a Linear's input, for its weight GEMM).
 
     watch = WeightGradWatch(parameters)
     with watch: ...backward, watch.cut() at each region's end, watch.gradient(grad) from each parameter hook...
-    watch.regions[s]   # (FLOPs, OpCosts) of region s's weight-gradient operators
+    watch.regions[s]   # (FLOPs, OpCosts, kernels) of region s's weight-gradient operators
 """
 from dataclasses import replace
 
@@ -88,15 +88,16 @@ class WeightGradWatch(TorchDispatchMode):
         self._operators.append([])
 
     @property
-    def regions(self) -> list[tuple[float, OpCosts]]:
-        """Per region, in backward order: the FLOPs and OpCosts of its weight-gradient operators."""
+    def regions(self) -> list[tuple[float, OpCosts, int]]:
+        """Per region, in backward order: the FLOPs and OpCosts of its weight-gradient operators, and how many
+        they are (the kernels a device's kernel_overhead is charged on)."""
         regions = []
         for operators in self._operators[:-1]:
+            weight = [operator for operator in operators if operator.weight]
             ops = ()
-            for operator in operators:
-                if operator.weight:
-                    ops = merged(ops, operator.ops)
-            regions.append((float(sum(o.flops for o in operators if o.weight)), ops))
+            for operator in weight:
+                ops = merged(ops, operator.ops)
+            regions.append((float(sum(o.flops for o in weight)), ops, len(weight)))
         return regions
 
     @property
@@ -108,16 +109,20 @@ class WeightGradWatch(TorchDispatchMode):
 
 def input_gradient_part(cost):
     """A ChunkCost whose backward regions charge only their input-gradient work (an I pass): each region less
-    its measured weight-gradient operators (`cost.weight_grads`)."""
-    return replace(cost, backward_flops=tuple(flops - weight for flops, (weight, _) in
+    its measured weight-gradient operators (`cost.weight_grads`) and their kernels."""
+    return replace(cost, backward_flops=tuple(flops - weight for flops, (weight, _, _) in
                                               zip(cost.backward_flops, cost.weight_grads)),
-                   backward_ops=tuple(without(ops, weight_ops) for ops, (_, weight_ops) in
-                                      zip(cost.backward_ops, cost.weight_grads)))
+                   backward_ops=tuple(without(ops, weight_ops) for ops, (_, weight_ops, _) in
+                                      zip(cost.backward_ops, cost.weight_grads)),
+                   backward_kernels=tuple(kernels - weight for kernels, (_, _, weight) in
+                                          zip(cost.backward_kernels, cost.weight_grads)))
 
 
 def weight_gradient_compute(cost, dtype: str) -> Compute:
-    """A W pass: the weight-gradient operators of every backward region of `cost`, one compute span."""
+    """A W pass: the weight-gradient operators of every backward region of `cost`, one compute span, a pass of
+    its own (the host runs it apart from its I)."""
     ops = ()
-    for _, weight_ops in cost.weight_grads:
+    for _, weight_ops, _ in cost.weight_grads:
         ops = merged(ops, weight_ops)
-    return Compute(sum(flops for flops, _ in cost.weight_grads), dtype, "backward_weight", ops=ops)
+    return Compute(sum(flops for flops, _, _ in cost.weight_grads), dtype, "backward_weight",
+                   kernels=sum(kernels for _, _, kernels in cost.weight_grads), ops=ops, passes=1)
