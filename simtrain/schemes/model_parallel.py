@@ -52,7 +52,9 @@ work (a `sampling` span: train/sampling.py).
 
 Before each step every rank runs the job's `before_step` program (job.py: a
 schedule's hyperparameters, a population's exploit, which copies each rank's
-share from the donor's rank of the same coordinates).
+share from the donor's rank of the same coordinates; under data parallelism
+alone, where every rank holds the whole state, 1/k from the donor's rank of
+the same index and a ring all-gather: scheme.py's default).
 
     scheme = ModelParallel(job)        # parallel.pp, parallel.tp or parallel.cp > 1
     job.start(); run_to_end(job.cluster.env)
@@ -119,6 +121,8 @@ class ModelParallel(RankReplicas, Scheme):
         self.only_ring_all_reduces = (self.layout.world == self.layout.dp and parallel.all_reduce == "ring"
                                       and train.optimizer.name != "kfac")  # K-FAC broadcasts too
         self.synced_batchnorm = SyncedBatchNorm(self) if parallel.sync_batchnorm else None  # sync_batchnorm.py
+        # data parallelism alone, DDP: every rank holds the whole training state (a copy's source is rank 0's)
+        self.replicated = self.layout.world == self.layout.dp and not parallel.sharding.stage and parallel.ep == 1
         self.regroup()
         for replica in self.replicas:  # the model ends with its loader's loss (a prioritized sampler's, weighted)
             if replica is not None:
@@ -403,10 +407,17 @@ class ModelParallel(RankReplicas, Scheme):
     holds_shares = True  # every rank its share of the model, whole under data parallelism alone
 
     def state_source(self, rank: int) -> int:
-        return rank  # each rank holds its own share of the model and its optimizer state
+        """Replicated, rank 0's whole state (scheme.py's default); else the rank's own share of the model and
+        its optimizer state."""
+        return Scheme.state_source(self, rank) if self.replicated else rank
 
     def receive_state(self, rank: int, donor, state):
-        """Step program: rank `rank`'s share, whole, from the donor's rank of the same coordinates."""
+        """Step program: replicated, 1/k from the donor's rank `rank`, then a ring all-gather (scheme.py's
+        default: the state crosses between the groups once); else rank `rank`'s share, whole, from the donor's
+        rank of the same coordinates."""
+        if self.replicated:
+            yield from Scheme.receive_state(self, rank, donor, state)
+            return
         yield Alloc("comm_buffers", state.nbytes)
         yield Transfer(donor.devices[rank].node, self.job.devices[rank].node, state.nbytes, "exploit")
         self.load_training_state(rank, state, state.flat.clone())
