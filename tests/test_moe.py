@@ -173,9 +173,13 @@ def test_router_softmax_is_over_fp32_logits():
 
 
 def test_recomputation_trains_the_same_with_the_balancing_loss_counted_once():
-    """Checkpointed blocks run their forward again in the backward; the auxiliary gradient still joins once."""
+    """Checkpointed blocks run their forward again in the backward; the auxiliary gradient still joins once: the
+    same losses to fp32 rounding (the step engine recomputes unit by unit, its sums in another order; a balancing
+    gradient counted twice, at coefficient 0.5, would move them by far more)."""
     moe = "model.moe={experts: 4, top_k: 2, capacity_factor: 1.0, aux_loss_coeff: 0.5}"
     runs = [simtrain.run(load_scenario(GPT_SMALL, [moe, "train.steps=8", "cluster.devices=2",
                                                    f"train.checkpointing={mode}"])).data for mode in ("none", "full")]
-    assert [loss for _, loss in runs[0]["loss_curve"]] == [loss for _, loss in runs[1]["loss_curve"]]
+    assert [loss for _, loss in runs[1]["loss_curve"]] == pytest.approx(
+        [loss for _, loss in runs[0]["loss_curve"]], rel=1e-6)
+    assert runs[1]["final_loss"] == pytest.approx(runs[0]["final_loss"], rel=1e-6)
     assert runs[1]["flops"]["device_flops_utilization"] > runs[1]["flops"]["mfu"]  # the recomputed forwards
