@@ -1,8 +1,9 @@
-"""Model parallelism mixed with data parallelism: pipeline (pp), tensor (tp) and context (cp) parallel layouts.
+"""The one step engine: data, pipeline (pp), tensor (tp) and context (cp) parallelism in one rank program.
 
 A job of dp x pp x cp x tp devices (parallel/layout.py) trains one model, each rank
 its share of it (schemes/model_parts.py: pipeline parts balanced by measured
-FLOPs, cut to tensor-parallel slices):
+FLOPs, cut to tensor-parallel slices). Data parallelism alone is the
+pp = tp = cp = 1 case: a rank's share is the whole model, one part.
 
 - **pipeline**: each stage walks its schedule's actions (simtrain/parallel/schedules:
   forwards, backwards, split or whole), its activations and gradients going as Send/Recv programs on the
