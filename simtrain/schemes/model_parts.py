@@ -1,7 +1,8 @@
 """A model cut into pipeline parts and tensor-parallel shares: which layers each rank holds, and what crosses a cut.
 
 `part_counts` balances the model's splittable units over pp x v parts (by
-measured FLOPs, or as `parallel.pipeline.split` says); `rank_shares` gives
+measured FLOPs, or as `parallel.pipeline.split` says; a model that is not an
+nn.Sequential, left uncut, is one unit run whole); `rank_shares` gives
 every job rank its share (train/partition.py RankModule: its pipeline chunks,
 the parts its schedule places on it (simtrain/parallel/schedules), cut to its
 tp slice); `boundary_activations` gives the shape and dtype of
@@ -35,12 +36,14 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout (one-line errors otherwise)
     check_sequence(scenario.parallel, layout, sample_x.shape[1])
     try:
-        units = model_units(model, tensor_parallel=layout.tp > 1)
+        units = model_units(model, tensor_parallel=layout.tp > 1, cut=parts * layout.tp * layout.cp > 1)
     except ValueError as error:
         raise ScenarioError(f"parallel.pp: {error}") from None
     check_pipeline_units(pipeline, parts, len(units))
     if pipeline.split is not None:
         return units, list(pipeline.split)
+    if parts == 1:  # nothing to balance: the model is not run before the job starts
+        return units, [len(units)]
     return units, balanced_counts(unit_flops(model, units, sample_x), parts)
 
 

@@ -1,6 +1,7 @@
 """Cutting a model into pipeline parts and tensor-parallel shards, and putting the whole model back together.
 
-A model is split along its nn.Sequential. `model_units` groups the entries
+A model is split along its nn.Sequential (`model_entries`; a model of any other kind,
+left uncut, is its own one entry, run whole). `model_units` groups the entries
 into units the pipeline never cuts: each entry with parameters starts a unit
 and takes the parameterless entries after it (ReLU, Flatten, pooling;
 parameterless entries before the first one join the first unit); under
@@ -10,7 +11,8 @@ since its two Linears are split as a pair (train/tensor_parallel.py).
 FLOPs are as small as they can be (contiguous parts, each at least one unit).
 
 `RankModule` is one rank's share: the model parts it runs (pipeline chunks,
-each an nn.Sequential of copies of the model's entries), cut to its tensor
+each an nn.Sequential of copies of the model's entries; a model that is not
+an nn.Sequential, uncut, is its one chunk, a copy of it whole), cut to its tensor
 slices, with `ops[chunk]`, the chunk's work as a list of Apply and
 all-reduce steps (the last model part's ending with the loss against the
 target: a vocabulary-parallel head's own, else its `loss` on the outputs:
@@ -46,9 +48,18 @@ from .tensor_parallel import (ELEMENTWISE, TP_BOUNDARIES, Apply, ApplyWithTarget
 LOSS = ApplyWithTarget(lambda outputs, target: (cross_entropy(outputs, target),))
 
 
-def model_units(model: nn.Module, tensor_parallel: bool) -> list[tuple[int, ...]]:
-    """Entries of the nn.Sequential `model`, grouped into the units pipeline cuts fall between."""
+def model_entries(model: nn.Module) -> list[nn.Module]:
+    """What a model is cut along: an nn.Sequential's entries; any other model is its own one entry, run whole."""
+    return list(model) if isinstance(model, nn.Sequential) else [model]
+
+
+def model_units(model: nn.Module, tensor_parallel: bool, cut: bool = True) -> list[tuple[int, ...]]:
+    """Entries of the nn.Sequential `model`, grouped into the units pipeline cuts fall between. A model of any
+    other kind is one unit, its one entry, when it is left uncut (`cut` False: one part, its layers whole, its
+    sequence whole), as data parallelism alone trains any module."""
     if not isinstance(model, nn.Sequential):
+        if not cut:
+            return [(0,)]
         raise ValueError(f"the model is a {type(model).__name__}; only an nn.Sequential can be cut into stages")
     entries = list(model)
     ends = [_pair_end(entries, index) if tensor_parallel else None for index in range(len(entries))]
@@ -74,15 +85,16 @@ def unit_passes(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor,
     meta = copy.deepcopy(model).to("meta")
     if dtype is not None:
         meta = meta.to(dtype)
+    entries = model_entries(meta)
     passes, measured = [], {}
     h = torch.empty(x.shape, dtype=dtype if dtype is not None and x.is_floating_point() else x.dtype, device="meta")
     with torch.no_grad():
         for unit in units:
-            key = (tuple(h.shape), h.dtype, *(module_structure(meta[index]) for index in unit))
+            key = (tuple(h.shape), h.dtype, *(module_structure(entries[index]) for index in unit))
             if key not in measured:
                 with OperatorRecorder() as recorder:
                     for index in unit:
-                        h = meta[index](h)
+                        h = entries[index](h)
                 measured[key] = float(recorder.flops), h
             passes.append(measured[key])
             h = passes[-1][1]
@@ -158,9 +170,11 @@ class RankModule(nn.Module):
     `part_ids`, in order (its chunks). Every entry is a copy: the model is left as it is.
     Without tensor parallelism each chunk is checkpointed by `checkpointing` (train.checkpointing)
     as a whole model would be; under `full` the stage recomputes each chunk unit by unit instead
-    (`layers`, schemes/layer_recompute.py)."""
+    (`layers`, schemes/layer_recompute.py). A model that is not an nn.Sequential (one unit: model_units)
+    is its one chunk, a copy of the model itself, checkpointed as the model would be under every
+    `checkpointing`, with the model's own parameter names."""
 
-    def __init__(self, model: nn.Sequential, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
+    def __init__(self, model: nn.Module, units: list[tuple[int, ...]], counts: list[int], part_ids: list[int],
                  tp_rank: int = 0, tp: int = 1, checkpointing="none", sequence_parallel: bool = False,
                  context: ContextShard = ContextShard(), experts: tuple[int, int] = (0, 1)):
         super().__init__()
@@ -175,10 +189,12 @@ class RankModule(nn.Module):
         self.ops: list[list] = []
         self.layers: list[list[tuple[nn.Sequential, list]]] = []
         self.sources: dict[str, Source] = {}
+        whole = not isinstance(model, nn.Sequential)  # run whole, its one entry
         for chunk_index, part in enumerate(part_ids):
             chunk_units = units[first_unit[part]:first_unit[part] + counts[part]]
             entries = [index for unit in chunk_units for index in unit]
-            chunk = nn.Sequential(*(copy.deepcopy(model[index]) for index in entries))
+            chunk = copy.deepcopy(model) if whole else nn.Sequential(*(copy.deepcopy(model[index])
+                                                                       for index in entries))
             slices = self._shard(chunk, tp_rank, tp) if tp > 1 else {}
             keep_experts_(chunk, *experts)  # ep rank experts[0] of experts[1]: its share of every MoE layer's experts
             for module in chunk.modules() if sequence_parallel else ():  # train/gpt.py's layers take it
@@ -189,16 +205,18 @@ class RankModule(nn.Module):
                     module.context = context
             if checkpointing == "selective":  # a chunk may hold no attention layer
                 recompute_attention_cores_(chunk)
-            elif tp == 1 and context.size == 1 and checkpointing != "full":  # each chunk checkpoints its own layers, as a model would
+            elif tp == 1 and context.size == 1 and (checkpointing != "full" or whole):  # as a model would
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
             ends_model = part == len(counts) - 1
             self.ops.append(self.chunk_ops(chunk, ends_model, self._ends_model))
-            self.layers.append(self._layers(chunk, [len(unit) for unit in chunk_units], ends_model))
+            self.layers.append([(chunk, self.ops[-1])] if whole else
+                               self._layers(chunk, [len(unit) for unit in chunk_units], ends_model))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
-                position, _, rest = whole_model_name(chunk, local).partition(".")
-                self.sources[f"chunks.{chunk_index}.{local}"] = Source(f"{entries[int(position)]}.{rest}",
-                                                                       slices.get(local))
+                name = whole_model_name(chunk, local)
+                position, _, rest = name.partition(".")
+                whole_name = name if whole else f"{entries[int(position)]}.{rest}"
+                self.sources[f"chunks.{chunk_index}.{local}"] = Source(whole_name, slices.get(local))
 
     def _layers(self, chunk: nn.Sequential, sizes: list[int], ends_model: bool) -> list[tuple[nn.Sequential, list]]:
         """Each unit of `chunk` (`sizes` entries each) as a module of its own entries and its work, the last
@@ -262,7 +280,7 @@ def _parallel_ops(chunk: nn.Sequential, ends_model: bool, tp: int, loss: ApplyWi
 
 def _tensor_parallel_ops(chunk: nn.Sequential, ends_model: bool, loss: ApplyWithTarget) -> list:
     """The chunk's work with its tp collectives (see _parallel_ops)."""
-    entries, ops, position = list(chunk), [], 0
+    entries, ops, position = model_entries(chunk), [], 0
     while position < len(entries):
         if ends_model and position == len(entries) - 1 and hasattr(entries[position], "parallel_loss_ops"):
             return ops + entries[position].parallel_loss_ops()
