@@ -79,7 +79,7 @@ def test_trace_accounts_for_every_simulated_second(tmp_path):
 
 
 def test_one_bucket_is_one_span_in_the_trace(tmp_path):
-    """The quickstart's gradients fit one DDP bucket: one all_reduce span a step on each rank's communication
+    """The quickstart's gradients fit one DDP bucket: one dp_allreduce span a step on each rank's communication
     stream, with the bytes the rank sent (every chunk of the 104,488-byte bucket once, its own two twice), over
     2(N-1) steps of L + (S/N)/B, though a rank waits 80 ps inside it for a neighbour sending a chunk 4 bytes
     larger."""
@@ -93,7 +93,7 @@ def test_one_bucket_is_one_span_in_the_trace(tmp_path):
         rank = tid - 4
         spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["tid"] == tid]
         sent = sum(chunks) + chunks[rank] + chunks[rank - 1]
-        assert [(e["name"], e["args"]["bytes"]) for e in spans] == [("all_reduce", sent)] * 2
+        assert [(e["name"], e["args"]["bytes"]) for e in spans] == [("dp_allreduce", sent)] * 2
         for e in spans:
             assert e["dur"] / 1e6 == pytest.approx(6 * (5e-6 + 104488 / 4 / 50e9), rel=1e-4)
 

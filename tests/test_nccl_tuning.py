@@ -373,7 +373,7 @@ def test_training_runs_the_tuners_choice_for_each_call(hidden, choice, closed_fo
     assert nbytes == gradient
     # rank 0's second step: the call from its launch to its last transfer is the chosen program's closed form
     launch = [event for event in calls if event["tid"] == 0][1]
-    (collective,) = [event for event in spans if event["tid"] == 0 and event["name"] == "all_reduce"
+    (collective,) = [event for event in spans if event["tid"] == 0 and event["name"] == "dp_allreduce"
                      and event["ts"] > launch["ts"]]
     expected_s = closed_form(nbytes)  # shards differ by one element: rel 1e-4
     assert (collective["ts"] + collective["dur"] - launch["ts"]) * 1e-6 == pytest.approx(expected_s, rel=1e-4)

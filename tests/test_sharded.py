@@ -25,7 +25,7 @@ from simtrain.scenario import ModelSpec, validate_scenario
 from simtrain.schemes.shard_layout import ShardLayout
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
-from simulated_steps import flat_parameters, one_step
+from simulated_steps import flat_parameters, microbatch_cost, one_step
 
 MLP = {"name": "zero", "seed": 3, "cluster": {"devices": 1, "topology": "ring"},
        "model": {"name": "mlp", "hidden": [33, 32]},  # units of 2145, 1088 and 330 parameters: padded for N = 4
@@ -208,7 +208,7 @@ def test_memory_per_category_is_the_closed_form(stage, precision):
     else:  # fp32 has no master copy: the paper's forms with 4 + 4 + 8 in place of 2 + 2 + 12
         assert sum(expected.values()) == {0: 16 * PSI, 1: 8 * PSI + 8 * PSI // n, 2: 4 * PSI + 12 * PSI // n,
                                           3: 16 * PSI // n}[stage]
-    cost = job.replicas[0].step_cost()
+    cost = microbatch_cost(job, 1)  # the whole model's, measured as one device runs it
     unit = PSI // BLOCKS * (2 if precision == "bf16" else 4)
     for device in job.devices:
         peak = device.memory.peak

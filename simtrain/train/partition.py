@@ -297,12 +297,15 @@ def _tensor_parallel_ops(chunk: nn.Sequential, ends_model: bool, loss: ApplyWith
 
 def assemble(template: nn.Module, pieces) -> nn.Module:
     """A copy of `template` holding `pieces`, (Source, tensor) pairs (RankModule.pieces of ranks' shares)
-    that together hold every parameter once (slices of a tensor-parallel parameter from each of its tp ranks)."""
+    that together hold every parameter once (slices of a tensor-parallel parameter from each of its tp ranks),
+    each in its piece's dtype: mid-training under mixed precision, the compute-dtype model the ranks run."""
     whole = copy.deepcopy(template)
     targets = dict(whole.named_parameters()) | dict(whole.named_buffers())
     with torch.no_grad():
         for source, tensor in pieces:
             target = targets[source.name]
+            if target.dtype != tensor.dtype:
+                target.data = target.data.to(tensor.dtype)
             if source.slice is None:
                 target.copy_(tensor)
             else:
