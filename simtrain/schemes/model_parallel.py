@@ -57,15 +57,15 @@ share from the donor's rank of the same coordinates; under data parallelism
 alone, where every rank holds the whole state, 1/k from the donor's rank of
 the same index and a ring all-gather: scheme.py's default).
 
-    scheme = ModelParallel(job)        # parallel.pp, parallel.tp or parallel.cp > 1
+    scheme = ModelParallel(job)        # any synchronous layout but sharding or ep under dp alone
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
 """
 import torch
 
 from ..comm.kv_ring import RING_STEPS
-from ..cost import measure_step_cost
 from ..comm.sequence_shards import SEQUENCE_COLLECTIVES
+from ..cost import measure_step_cost
 from ..parallel import GroupCommunicators, Layout, Membership, memberships
 from ..parallel.schedules import pipeline_schedule
 from ..step_ops import Alloc, Busy, Collective, Free, Transfer
@@ -115,15 +115,16 @@ class ModelParallel(RankReplicas, Scheme):
         self.running = [rank for rank in range(self.world) if self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
+        # data parallelism alone (DDP: sharded or expert layouts of dp alone are schemes of their own): every rank
+        # holds the whole model and training state
+        self.replicated = self.layout.world == self.layout.dp
         # fp16: the overflow vote of each replica's model-parallel group (a whole replica sees its whole gradient)
-        self.vote = train.precision == "fp16" and self.layout.world > self.layout.dp
+        self.vote = train.precision == "fp16" and not self.replicated
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
-        # data parallelism alone, its all-reduces rings: alone on the network, each is timed as a group
-        self.only_ring_all_reduces = (self.layout.world == self.layout.dp and parallel.all_reduce == "ring"
+        # replicated, its all-reduces rings: alone on the network, each is timed as a group
+        self.only_ring_all_reduces = (self.replicated and parallel.all_reduce == "ring"
                                       and train.optimizer.name != "kfac")  # K-FAC broadcasts too
         self.synced_batchnorm = SyncedBatchNorm(self) if parallel.sync_batchnorm else None  # sync_batchnorm.py
-        # data parallelism alone, DDP: every rank holds the whole training state (a copy's source is rank 0's)
-        self.replicated = self.layout.world == self.layout.dp and not parallel.sharding.stage and parallel.ep == 1
         self.regroup()
         for replica in self.replicas:  # the model ends with its loader's loss (a prioritized sampler's, weighted)
             if replica is not None:
@@ -323,7 +324,7 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done[step] += 1
         if self._ranks_done[step] < len(self.running):
             return
-        if self._microbatch_s is None and self.layout.world == self.layout.dp:  # the baseline, once
+        if self._microbatch_s is None and self.replicated:  # the baseline, once
             self._measure_microbatch()
         # every rank has stepped: the losses of all last-stage ranks are in
         losses, self._losses[step] = self._losses[step], None

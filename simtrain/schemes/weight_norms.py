@@ -8,8 +8,8 @@ training (step 0), after every `report.every`-th step and after the last,
 from the model as data-parallel replica 0 holds it (the scheme's
 `trained_model`, assembled from its ranks' shares, as the training-set loss
 is evaluated). Without values (numerics off) or where this process holds
-only some ranks (a real run) no norm is taken: `steps` is [0], `layers`
-empty. `before_batchnorm` names the layers whose output a BatchNorm
+only some ranks (a real run) no norm is taken, and the report has no
+section. `before_batchnorm` names the layers whose output a BatchNorm
 normalizes.
 
     norms = WeightNormLog(scheme.trained_model, job.model, every=50, steps=400, taking=True)
@@ -49,7 +49,9 @@ class WeightNormLog:
             del norms[kept:]
 
     def section(self) -> dict:
-        """report.json's `weight_norms` (WeightNormsSection)."""
+        """report.json's `weight_norms` (WeightNormsSection), where norms were taken."""
+        if not self.taking:
+            return {}
         return {"weight_norms": {"steps": list(self.taken_after),
                                  "layers": {name: list(norms) for name, norms in self.layers.items()},
                                  "before_batchnorm": self.before_batchnorm}}
