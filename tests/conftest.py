@@ -12,7 +12,7 @@ run as a subprocess), in the test's tmp_path when the test ends.
 Under `make test` (pytest-xdist, `--dist loadgroup`) each test goes to whichever
 worker is free, except that the tests of a file sharing a module-scoped fixture
 (gloo process groups, a run several tests read) stay on one worker, so the
-fixture is built once.
+fixture is built once. The tests marked slow are handed out first.
 """
 import json
 
@@ -33,7 +33,9 @@ def check_report(data: dict) -> None:
 
 
 def pytest_collection_modifyitems(items):
-    """A test using a module-scoped fixture joins its file's xdist group (one worker builds the fixture once)."""
+    """A test using a module-scoped fixture joins its file's xdist group (one worker builds the fixture once); the
+    slow tests go first, so that neither worker ends the suite alone on one of them."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep their order
     for item in items:
         if any(definition.scope == "module" for definitions in item._fixtureinfo.name2fixturedefs.values()
                for definition in definitions):

@@ -23,7 +23,7 @@ Megatron-Core's distributed optimizer, torchtitan's FSDP x TP) against their ref
 import pytest
 import torch
 
-from simtrain import plan_memory, run
+from simtrain import plan_memory, run, runner
 from simtrain.errors import ScenarioError
 from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
@@ -240,9 +240,12 @@ def test_the_memory_plan_under_representatives_is_the_full_simulations(stage):
 
 @pytest.mark.parametrize("layout", [dict(dp=2, stage=3), dict(dp=2, pp=2, stage=1), dict(dp=2, pp=2, stage=3)],
                          ids=["fsdp", "zero1-pp", "fsdp-pp"])
-def test_a_sharded_run_out_of_memory_reports_the_model_its_shards_hold(layout):
+def test_a_sharded_run_out_of_memory_reports_the_model_its_shards_hold(layout, monkeypatch):
     """Out of memory in the first step, before any update: the trained model is the initial one, put together
-    from the fp32 master shards as the end of the run would have (the same loss as plain DDP's stopped run)."""
+    from the fp32 master shards as the end of the run would have (the same loss as plain DDP's stopped run). The
+    layouts that would fit are not searched for (tests/test_layout_search.py checks them)."""
+    monkeypatch.setattr(runner, "layouts_that_fit", lambda scenario: [])
+
     def stopped(**layout):
         raw = scenario(precision="bf16", **layout).model_dump(mode="json")
         raw["cluster"]["device"] = {"base": "a100-40gb", "memory": "200 KiB"}
