@@ -21,7 +21,7 @@ from simtrain.errors import ScenarioError
 from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.memory_plan import replay_step
 from simtrain.scenario import validate_scenario
-from simtrain.schemes.stage_execution import measure_chunk
+from simtrain.schemes.chunk_measurement import measure_chunk
 from simulated_steps import flat_parameters
 
 GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,

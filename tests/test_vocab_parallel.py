@@ -15,7 +15,7 @@ from torch import nn
 
 from simtrain import run
 from simtrain.errors import ScenarioError
-from simtrain.schemes.stage_execution import measure_chunk
+from simtrain.schemes.chunk_measurement import measure_chunk
 from simtrain.train.gpt import build_gpt
 from simtrain.train.partition import RankModule, model_units
 from simtrain.train.vocab_parallel import cross_entropy_from_terms, cross_entropy_terms, local_lookup

@@ -32,7 +32,8 @@ import torch
 
 from ..step_ops import Alloc, Free
 from ..train.partition import module_structure
-from .stage_execution import ChunkCost, chunk_backward, chunk_forward, measure_chunk, replay_backward, replay_forward
+from .chunk_measurement import measure_chunk
+from .stage_execution import ChunkCost, chunk_backward, chunk_forward, replay_backward, replay_forward
 
 
 def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | None, tp: int = 1,

@@ -84,7 +84,8 @@ from .replicated_update import ReplicatedUpdate
 from .scheme import Scheme
 from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
                               represented_by)
-from .stage_execution import ChunkCost, measure_chunk
+from .chunk_measurement import measure_chunk
+from .stage_execution import ChunkCost
 from .sync_batchnorm import SyncedBatchNorm
 from .tp_overlap import STEPWISE, mirrored_stepwise, stepwise
 from .weight_norms import WeightNormLog

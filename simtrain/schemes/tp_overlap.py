@@ -44,7 +44,7 @@ device without an SM count (a custom one) gives none. Not modelled: a GEMM
 cut in slices running below the whole GEMM's efficiency.
 
 Which GEMMs those are is measured, not assumed: `GemmWatch` watches the
-operators of a chunk's measurement on its meta copy (schemes/stage_execution.py
+operators of a chunk's measurement on its meta copy (schemes/chunk_measurement.py
 `measure_chunk`) and costs each operator with FLOPs by an operator recorder of
 its own (op_cost.py); the GEMMs that read the gathered input (or a copy of it)
 are the ones beside an all-gather, the one that writes what is

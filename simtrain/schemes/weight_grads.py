@@ -5,7 +5,7 @@ split a backward into I, the input gradient the previous stage waits for, and
 W, the weight gradients nobody waits for. Which of a chunk's backward
 operators belong to W is not assumed from layer types: `WeightGradWatch`
 watches the backward of the chunk's measurement on its meta copy
-(schemes/stage_execution.py `measure_chunk`), costs each operator with an
+(schemes/chunk_measurement.py `measure_chunk`), costs each operator with an
 operator recorder of its own (op_cost.py), and follows each result through
 copies (a cast, a clone, a sum of two gradients: `COPIES`, whose output has
 as many elements as the tensor it reads; a view shares its storage). Each parameter's
