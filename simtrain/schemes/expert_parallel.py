@@ -66,7 +66,7 @@ class ExpertParallel(RankReplicas, Scheme):
         self._held_bytes = persistent_bytes(first.params, train.precision, train.optimizer)
         self._step_bytes = update_bytes(first.params, train.precision, train.optimizer)
         # the update's operators, counted where a device charges a fixed cost per kernel (a calibrated host)
-        self._step_kernels = first.step_kernels() if any(d.spec.kernel_overhead_s for d in job.devices) else 0
+        self._step_kernels = self.update_kernels([job.local_ranks[0]])[job.local_ranks[0]]
         self._step_losses = [[None] * self.world for _ in range(self.steps)]
         self.loss_curve: list[tuple[float, float | None]] = []  # (sim_time_s, mean loss over devices)
         self.weight_norms = WeightNormLog(lambda: self.replicas[0].model, job.model, job.scenario.report.every,
