@@ -71,7 +71,7 @@ def test_numerics_off_gives_the_same_times_bytes_and_memory(name):
 
 # (replica forwards replayed, and run every step): the step engine (data parallelism alone) runs no replica's
 # forward, it replays each model part's measured cost; ZeRO runs one replica's once in all
-FORWARDS = {"ring": (0, 0), "zero 3, bf16": (1, 3 * 6)}
+FORWARDS = {"ring": (0, 0), "zero 3, bf16": (0, 0)}  # the step engine replays its measured chunks
 
 
 @pytest.mark.parametrize("name", FORWARDS)

@@ -1,4 +1,4 @@
-"""Sharded data parallelism (schemes/sharded.py): ZeRO stages 1-3 (FSDP) and HSDP against their references.
+"""Sharded data parallelism (the step engine with schemes/distributed_optimizer.py): ZeRO stages 1-3 (FSDP) and HSDP against their references.
 
 - Numerics: every stage and HSDP trains the parameters one device trains on the same global batch
   (single-process torch through simtrain's one-device run), within 1e-5 in fp32; in bf16 and fp16 on two
@@ -223,7 +223,7 @@ def test_padding_shards_each_unit_up_to_a_multiple_of_the_degree():
     job = one_step(scenario({**MLP, "train": {**MLP["train"], "steps": 1}}, 4, precision="bf16", stage=3))
     units = [64 * 33 + 33, 33 * 32 + 32, 32 * 10 + 10]
     shard = sum(-(-size // 4) for size in units)  # ceil(Psi_u / N), each unit
-    assert job.scheme.layout.shard_numel == shard
+    assert job.scheme.replicas[0].layout.shard_numel == shard
     assert job.devices[0].memory.peak["weights"] == 2 * shard
     assert job.devices[0].memory.peak["optimizer_state"] == 8 * shard
 

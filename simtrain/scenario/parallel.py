@@ -63,7 +63,7 @@ class PipelineSpec(Section):
 
 
 class ShardingSpec(Section):
-    """Sharded data parallelism (ZeRO / FSDP, schemes/sharded.py): what each data-parallel rank holds only a
+    """Sharded data parallelism (ZeRO / FSDP, schemes/distributed_optimizer.py): what each data-parallel rank holds only a
     1/degree shard of. The shard group is `degree` adjacent data-parallel ranks (torchtitan's dp_shard); the
     dp / degree groups replicate each other (dp_replicate: HSDP)."""
 

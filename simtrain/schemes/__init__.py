@@ -15,8 +15,9 @@ provides, and the hooks it may override, are scheme.py's `Scheme` protocol.
   with data parallelism (any `parallel.pp` or `parallel.tp` above 1);
 - `async` (asynchronous.py): workers that pull and push through a
   shared-memory store (`parallel.mode: async`);
-- `sharded` (sharded.py): ZeRO stages 1-3 (FSDP) and HSDP
-  (`parallel.sharding.stage` above 0);
+- `sharded` (model_parallel.py, the step engine's pp = tp = cp = 1 case with
+  distributed_optimizer.py's FSDP units): ZeRO stages 1-3 (FSDP) and HSDP
+  under data parallelism alone (`parallel.sharding.stage` above 0);
 - `expert_parallel` (expert_parallel.py): data parallelism with model.moe's
   experts sharded over groups of `parallel.ep` ranks, tokens moved by
   all-to-all (`parallel.ep` above 1);
@@ -60,7 +61,8 @@ class Registered(NamedTuple):
 SCHEMES: dict = {
     "model_parallel": Registered("model_parallel", "ModelParallel", selection.model_parallel),
     "async": Registered("asynchronous", "AsynchronousSGD", selection.asynchronous),
-    "sharded": Registered("sharded", "ShardedDataParallel", selection.sharded),
+    # sharding and data parallelism alone: the step engine's distributed optimizer with FSDP's units
+    "sharded": Registered("model_parallel", "ModelParallel", selection.sharded),
     "expert_parallel": Registered("expert_parallel", "ExpertParallel", selection.expert_parallel),
     # data parallelism alone is the step engine's pp = tp = cp = 1 case (report.json names its layout)
     "data_parallel": Registered("model_parallel", "ModelParallel", selection.data_parallel),
@@ -98,5 +100,5 @@ def build_scheme(job, on_step=None):
 
 
 __all__ = ["SCHEMES", "AsynchronousSGD", "ExpertParallel", "ModelParallel", "Registered", "Scheme",
-           "ShardedDataParallel", "build_scheme", "load_schemes", "scheme_class",
+           "build_scheme", "load_schemes", "scheme_class",
            "scheme_name"]

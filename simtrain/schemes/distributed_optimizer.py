@@ -1,6 +1,14 @@
-"""Megatron-Core's distributed optimizer (ZeRO stages 1 and 2) and FSDP (stage 3, torchtitan's FSDP x TP), each
-optionally as HSDP, under pipeline and tensor parallelism: the sharded strategy of a model-parallel step's data
-parallelism (replicated_update.py is DDP's).
+"""ZeRO stages 1 and 2 (Megatron-Core's distributed optimizer) and 3 (FSDP), each optionally as HSDP, in every
+layout: the sharded strategy of the step engine's data parallelism (replicated_update.py is DDP's).
+
+Under data parallelism alone (pp = tp = cp = 1, no ep) a rank's share is the
+whole model, cut as FSDP2 wraps it: a unit per block, each gathered (stage 3)
+and reduce-scattered beside the compute (unit_overlap.py), every
+microbatch's gradient reduced under stages 2 and 3 (FSDP2's default), and
+`offload` (ZeRO-Offload, offload.py) keeps the fp32 shard, its gradient and
+its optimizer state (and under stage 3 optionally the parameter chunks) on
+the host, which steps them. What follows is the distributed optimizer under
+pp / tp / cp.
 
 Under pp x tp (model_parallel.py) each rank holds a share of the model; the
 ranks holding the same share in the other replicas form its dp group. The
@@ -65,13 +73,17 @@ from functools import partial
 
 from ..parallel import Membership
 from ..step_ops import Alloc, Await, Collective, Free, Post
+from ..train.precision import update_bytes
 from .bucket_overlap import BucketOverlap, megatron_buckets
 from .expert_parallel import expert_flags, experts_last
+from .offload import NO_OFFLOAD, HostOffload
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
 from .shard_layout import ShardLayout
+from .shard_units import UnitCosts
 from .sharded_replica import ShardedReplica, groups_of, held_bytes, shard_update_bytes
 from .sharded_update import LABELS, bytes_by_kind, sharded_update
+from .unit_overlap import UnitOverlap
 
 _GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the kinds of a unit's collectives, for their tags
 _EXPERTS = 1  # with ep above 1, the unit of the rank's experts (stages 1 and 2: the dense parameters are unit 0)
@@ -97,6 +109,9 @@ class DistributedOptimizer:
         self.overlap_param_gather = sharding.overlap_param_gather
         bucket_size = sharding.bucket_size or max(40_000_000, 1_000_000 * self.dp)
         self.buckets: dict[int, BucketOverlap] = {}  # rank -> its buckets, under overlap_grad_reduce
+        # data parallelism alone (no ep): FSDP's units, the model's blocks, beside the compute (unit_overlap.py)
+        self.blocks: dict[int, UnitOverlap] = {}
+        unit_costs = UnitCosts(job.model) if layout.world == layout.dp and layout.ep == 1 else None
         self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
         self.held, self._step_bytes = {}, {}
         self._gathered = {rank: set() for rank in scheme.running}  # stage 3: the units whose parameters are whole
@@ -111,6 +126,8 @@ class DistributedOptimizer:
             shards, positions = self.degree, self.shard_comms[rank].index
             if self.ep > 1:
                 units, shards, positions = self._dense_and_experts(rank)
+            elif unit_costs is not None:
+                units = unit_costs.param_units
             elif overlapping:  # Megatron-Core buckets only the first stage's first chunk
                 stage = layout.coordinates(rank)["pp"]
                 units = megatron_buckets([[p.numel() for p in params[start:end]]
@@ -123,16 +140,28 @@ class DistributedOptimizer:
             shard = ShardedReplica(replicas[rank], shard_layout, positions, self.stage, train.optimizer,
                                    self.reduce_dtype)
             replicas[rank] = shard
-            if overlapping:
+            if unit_costs is not None:
+                self.blocks[rank] = UnitOverlap(self, rank, unit_costs)
+            elif overlapping:
                 self.buckets[rank] = BucketOverlap(self, rank, shard_layout, starts)
                 model = shard.model
                 self._whole[rank] = {id(p) for name, p in model.named_parameters()
                                      if p.requires_grad and model.sources[name].slice is None}
             self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer)
             self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer)
+        # ZeRO-Offload (data parallelism alone): the host keeps part of what a rank holds (offload.py)
+        self.offload_what, self.offload, self.host_held = sharding.offload, None, {}
+        if sharding.offload != "none":
+            shard = replicas[scheme.running[0]]
+            self.offload = HostOffload(job, shard.layout, self.stage, sharding.offload,
+                                       shard.param_flat.element_size(), shard.reduced.element_size())
+            for rank in scheme.running:
+                self.held[rank], self.host_held = self.offload.split(self.held[rank])
+        # one device's update of the whole model (scaling efficiency's baseline, data parallelism alone)
+        self._whole_step_bytes = update_bytes(replicas[scheme.running[0]].params, train.precision, train.optimizer)
         self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
         self._step_kernels = scheme.update_kernels(scheme.running)  # a calibrated host's, charged kernel_overhead
-        self._ended = 0
+        self._ended, self._published = 0, False
 
     def _dense_and_experts(self, rank: int) -> tuple[list, tuple, tuple]:
         """(units, each unit's shard count, the rank's position in each unit's group) of a rank whose parameters
@@ -169,13 +198,15 @@ class DistributedOptimizer:
         """Step program: a loaded shard (a PBT exploit) gathers the chunks it does not own; stages 2 and 3 hold the
         whole gradient the microbatches accumulate into."""
         yield from self.resume(rank)
-        if self.stage >= 2:
+        if self.stage >= 2 and rank not in self.blocks:  # unit by unit there, as each unit's backward runs
             yield Alloc("comm_buffers", nbytes(self.scheme.replicas[rank].grad_buffer))
         # every unit is resharded after its last backward, its all-reduces awaited before the update: what a step
         # cut short by a lost device left here went with that device (its program restarts from a checkpoint)
         self._backwards[rank], self._gathered[rank], self._replicating[rank] = {}, set(), []
         if rank in self.buckets:
             yield from self.buckets[rank].begin()
+        if rank in self.blocks:
+            self.blocks[rank].new_step()
 
     def resume(self, rank: int):
         """Step program: a loaded shard (a restart, a PBT exploit) gathers the chunks it does not own."""
@@ -189,8 +220,10 @@ class DistributedOptimizer:
     def before(self, rank: int, action):
         """Step program, before a schedule action's input is awaited (stage 3): its chunk's parameters gathered,
         unless still whole (kept since a forward: `reshard_after_forward: false`); a W pass needs none."""
+        if rank in self.blocks:  # gathered unit by unit in the chunk's work
+            return
         if self.stage == 3 and action.kind != "backward_weight" and action.chunk not in self._gathered[rank]:
-            yield Alloc("comm_buffers", self._unit_bytes(rank, action.chunk))
+            yield Alloc("comm_buffers", self.unit_bytes(rank, action.chunk))
             yield self.collective("all_gather", rank, action.chunk)
             self._gathered[rank].add(action.chunk)
 
@@ -199,6 +232,8 @@ class DistributedOptimizer:
         the buckets' reduce-scatters and all-gathers woven in under overlap_grad_reduce (bucket_overlap.py)."""
         if rank in self.buckets:
             return (yield from self.buckets[rank].during(action, cost, program))
+        if rank in self.blocks:
+            return (yield from self.blocks[rank].during(action, cost, program))
         return (yield from program)
 
     def after(self, rank: int, action):
@@ -209,6 +244,9 @@ class DistributedOptimizer:
         (bucket_overlap.py)."""
         if rank in self.buckets:
             yield from self.buckets[rank].after(action)
+        if rank in self.blocks:
+            yield from self.blocks[rank].after(action)
+            return
         if self.stage < 3:
             return
         unit, last = action.chunk, False
@@ -224,7 +262,7 @@ class DistributedOptimizer:
         if unit in self._gathered[rank]:  # a W pass runs with its chunk resharded after its I
             self.scheme.replicas[rank].reshard(unit)
             self._gathered[rank].discard(unit)
-            yield Free("comm_buffers", self._unit_bytes(rank, unit))
+            yield Free("comm_buffers", self.unit_bytes(rank, unit))
         if last:
             yield from self._reduce(rank, unit)
 
@@ -235,16 +273,20 @@ class DistributedOptimizer:
         if rank in self.buckets:  # Megatron-Core's finish_grad_sync: the posted reduce-scatters awaited
             for unit, handle in self.buckets[rank].reducing:
                 yield Await(handle)
-                yield from self._reduced(rank, unit)
+                yield from self.reduced(rank, unit)
             self.buckets[rank].reducing = []
-        elif self.stage < 3:
+        elif self.stage < 3 and rank not in self.blocks:  # the units reduce-scatter in the backward there
             for unit in range(len(shard.layout.units)):
                 yield from self._reduce(rank, unit)
-        for handle in self._replicating[rank]:
+        for handle in self.replicating(rank):
             yield Await(handle)
-        self._replicating[rank] = []
         vote = partial(overflow_vote, *scheme.comms.model[rank]) if scheme.vote else None
-        yield from sharded_update(shard, self.dp, self._step_bytes[rank], vote, kernels=self._step_kernels[rank])
+        charge = None
+        if self.offload is not None:  # the step runs on the host, once the gradient has landed there
+            yield from self.offload.gradients_on_host(rank)
+            charge = self.offload.host_step(rank)
+        yield from sharded_update(shard, self.dp, self._step_bytes[rank], vote, charge,
+                                  kernels=self._step_kernels[rank])
         if self.stage < 3:
             shard.reshard_all()  # the chunks it does not own are the shard group's to send
             if rank in self.buckets and self.overlap_param_gather:
@@ -261,10 +303,18 @@ class DistributedOptimizer:
             yield Alloc("comm_buffers", copy_bytes)
             yield self.collective("reduce_scatter", rank, unit)
             yield Free("comm_buffers", copy_bytes)
-        yield from self._reduced(rank, unit)
+        yield from self.reduced(rank, unit)
+
+    def post_gather(self, rank: int, unit: int):
+        """Step program: unit `unit`'s all-gather posted into a unit-sized buffer (offloaded parameters: the rank's
+        chunk copied from the host first); returns its handle."""
+        yield Alloc("comm_buffers", self.unit_bytes(rank, unit))
+        if self.offload is not None:
+            yield from self.offload.parameters_to_device(rank, unit)
+        return (yield Post(*self.collective("all_gather", rank, unit)))
 
     def post_reduce(self, rank: int, unit: int):
-        """Step program: unit `unit`'s reduce-scatter posted (its reduce-dtype copy held until `_reduced`);
+        """Step program: unit `unit`'s reduce-scatter posted (its reduce-dtype copy held until `reduced`);
         returns the handle."""
         yield Alloc("comm_buffers", self._copy_bytes(rank, unit))
         return (yield Post(*self.collective("reduce_scatter", rank, unit)))
@@ -285,26 +335,43 @@ class DistributedOptimizer:
         shard = self.scheme.replicas[rank]
         if shard.reduced is shard.grad_buffer or not self._sharded(rank, unit):
             return 0
-        return self._unit_bytes(rank, unit, shard.reduced)
+        return self.unit_bytes(rank, unit, shard.reduced)
 
-    def _reduced(self, rank: int, unit: int):
-        """Step program, once unit `unit`'s reduce-scatter has ended: its copy freed; stages 2 and 3 free its
-        unsharded gradient; HSDP posts the all-reduce of its chunk across the replicas."""
+    def reduced(self, rank: int, unit: int):
+        """Step program, once unit `unit`'s reduce-scatter has ended: its posted copy freed; stages 2 and 3 free
+        its unsharded gradient; offloading, the reduced chunk is copied to the host beside the rest; HSDP posts
+        the all-reduce of its chunk across the replicas."""
         shard = self.scheme.replicas[rank]
-        if rank in self.buckets:
+        if rank in self.buckets or rank in self.blocks:
             yield Free("comm_buffers", self._copy_bytes(rank, unit))
         if self.stage >= 2:
-            yield Free("comm_buffers", self._unit_bytes(rank, unit, shard.grad_buffer))
+            yield Free("comm_buffers", self.unit_bytes(rank, unit, shard.grad_buffer))
+        if self.offload is not None:
+            self.offload.post_gradient(rank, unit)
         if self.replicate > 1:
             comm, index, _ = self.replicate_comms[rank]
             program = shard.all_reduce(unit, index, list(range(self.replicate)), self._tag(_REPLICATE, rank, unit))
             self._replicating[rank].append((yield Post(program, LABELS["all_reduce"], comm, index)))
 
+    def replicating(self, rank: int) -> list:
+        """HSDP: the handles of the all-reduces the rank's reduce-scatters posted since this was last asked."""
+        handles, self._replicating[rank] = self._replicating[rank], []
+        return handles
+
     def _gather_all(self, rank: int):
-        """Step program: every unit's parameters all-gathered over the shard group, one after another."""
-        for unit in range(len(self.scheme.replicas[rank].layout.units)):
-            if self._sharded(rank, unit):
+        """Step program: every unit's parameters all-gathered over the shard group: Megatron-Core's buffers one
+        after another; FSDP's units (data parallelism alone) side by side, coalesced as DeepSpeed's ZeRO 1 and 2
+        gather the whole flat buffer in one call."""
+        units = [unit for unit in range(len(self.scheme.replicas[rank].layout.units)) if self._sharded(rank, unit)]
+        if rank not in self.blocks:
+            for unit in units:
                 yield self.collective("all_gather", rank, unit)
+            return
+        handles = []
+        for unit in units:
+            handles.append((yield Post(*self.collective("all_gather", rank, unit))))
+        for handle in handles:
+            yield Await(handle)
 
     def _sharded(self, rank: int, unit: int) -> bool:
         """Whether unit `unit` is cut over more than one rank (a group of one moves nothing)."""
@@ -328,7 +395,7 @@ class DistributedOptimizer:
     def _tag(self, kind: int, rank: int, unit: int) -> int:  # each unit's collectives of each kind: their own
         return kind * len(self.scheme.replicas[rank].layout.units) + unit
 
-    def _unit_bytes(self, rank: int, unit: int, buffer=None) -> int:
+    def unit_bytes(self, rank: int, unit: int, buffer=None) -> int:
         """Bytes of unit `unit`'s padded region of `buffer` (the parameters' by default)."""
         shard = self.scheme.replicas[rank]
         buffer = shard.param_flat if buffer is None else buffer
@@ -355,6 +422,7 @@ class DistributedOptimizer:
         scheme = self.scheme
         for rank in scheme.running:
             scheme.replicas[rank].publish(self._shard_groups(rank))
+        self._published = True
 
     def _shard_groups(self, rank: int) -> list[list]:
         """The shards of each of rank `rank`'s units' shard groups, by position (representatives: its own, for
@@ -372,21 +440,29 @@ class DistributedOptimizer:
         all-gathers wait for the next forward (overlap_param_gather), a copy assembled from the chunks its shard
         group owns."""
         shard = self.scheme.replicas[rank]
-        if rank in self.buckets and self.buckets[rank].deferred:
+        if rank in self.buckets and self.buckets[rank].deferred or self.stage == 3 and not self._published:
             return shard.assembled(self._shard_groups(rank))
         return shard.model
 
+    def update_s(self, rank: int) -> float:
+        """Seconds one device alone needs for the update of the whole model (data parallelism alone: scaling
+        efficiency's baseline)."""
+        return self.scheme.job.devices[rank].memory_bound_time(self._whole_step_bytes)
+
     def report_sections(self) -> dict:
-        """report.json's `sharding`: the stage, the shard and replicate degrees, job rank 0's shard and the bytes
-        the collectives sent."""
+        """report.json's `sharding`: the stage, the shard and replicate degrees, job rank 0's shard, the bytes
+        the collectives sent and what was offloaded; under data parallelism alone `parallel`'s units reduced beside
+        the backward."""
         scheme = self.scheme
         shard = scheme.replicas[scheme.running[0]]
-        return {"sharding": {"stage": self.stage, "degree": self.degree, "replicate": self.replicate,
+        overlap = {"parallel": {"overlap": True, "buckets": len(shard.layout.units)}} if self.blocks else {}
+        return {**overlap, "sharding": {"stage": self.stage, "degree": self.degree, "replicate": self.replicate,
                              "reduce_dtype": self.reduce_dtype,
                              "reshard_after_forward": self.stage == 3 and self.reshard_after_forward,
                              "units": len(shard.layout.units), "shard_elements": shard.layout.shard_numel,
                              "padded_elements": shard.layout.padded_numel,
-                             "bytes_by_kind": bytes_by_kind(scheme.job.cluster.log, scheme.job.devices)}}
+                             "bytes_by_kind": bytes_by_kind(scheme.job.cluster.log, scheme.job.devices),
+                             "offload": NO_OFFLOAD if self.offload is None else self.offload.report(self.offload_what)}}
 
 
 def _units(replica, stage: int) -> list[list[int]]:

@@ -26,8 +26,10 @@ pp = tp = cp = 1 case: a rank's share is the whole model, one part.
   parameters; or, with `parallel.sharding.stage` 1 or 2, reduce-scatters it,
   steps its 1/dp chunk and all-gathers the parameters (Megatron-Core's
   distributed optimizer), with stage 3 holds only its chunk of the parameters,
-  gathered around each use of a model chunk (FSDP x TP), with a `degree` below
-  dp as HSDP: schemes/distributed_optimizer.py;
+  gathered around each use of a model chunk (FSDP x TP; under data parallelism
+  alone, of each block: FSDP2's units, schemes/unit_overlap.py), with a
+  `degree` below dp as HSDP and, under data parallelism alone, optionally
+  offloaded to the host: schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
   an overflow before stepping (schemes/overflow_vote.py);
 - **SyncBN** (data parallelism alone): every BatchNorm's statistics
@@ -57,7 +59,7 @@ share from the donor's rank of the same coordinates; under data parallelism
 alone, where every rank holds the whole state, 1/k from the donor's rank of
 the same index and a ring all-gather: scheme.py's default).
 
-    scheme = ModelParallel(job)        # any synchronous layout but sharding or ep under dp alone
+    scheme = ModelParallel(job)        # any synchronous layout but ep under dp alone
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
 """
@@ -116,9 +118,10 @@ class ModelParallel(RankReplicas, Scheme):
         self.running = [rank for rank in range(self.world) if self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
-        # data parallelism alone (DDP: sharded or expert layouts of dp alone are schemes of their own): every rank
-        # holds the whole model and training state
-        self.replicated = self.layout.world == self.layout.dp
+        # data parallelism alone (pp = tp = cp = 1): every rank holds the whole model; replicated (DDP), its whole
+        # training state too
+        self.data_alone = self.layout.world == self.layout.dp
+        self.replicated = self.data_alone and not parallel.sharding.stage and parallel.ep == 1
         # fp16: the overflow vote of each replica's model-parallel group (a whole replica sees its whole gradient)
         self.vote = train.precision == "fp16" and not self.replicated
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
@@ -212,9 +215,15 @@ class ModelParallel(RankReplicas, Scheme):
     # --- the program of one rank ---
 
     def program(self, rank: int, first_step: int = 0):
-        """Step program of job rank `rank`: hold its share's state, then every step from `first_step`."""
+        """Step program of job rank `rank`: hold its share's state, then every step from `first_step` (with
+        ZeRO-Offload, its host share held on the host meanwhile: offload.py)."""
         if self._represented_by(rank) != rank:
             return  # its representative's program stands for it
+        steps = self._steps(rank, first_step)
+        offload = self.data_parallel.offload if self.job.scenario.parallel.sharding.offload != "none" else None
+        yield from steps if offload is None else offload.holding(rank, self.data_parallel.host_held, steps)
+
+    def _steps(self, rank: int, first_step: int):
         replica = self.replicas[rank]
         for category, nbytes in self.data_parallel.held[rank].items():
             yield Alloc(category, nbytes)
@@ -325,7 +334,7 @@ class ModelParallel(RankReplicas, Scheme):
         self._ranks_done[step] += 1
         if self._ranks_done[step] < len(self.running):
             return
-        if self._microbatch_s is None and self.replicated:  # the baseline, once
+        if self._microbatch_s is None and self.data_alone:  # the baseline, once
             self._measure_microbatch()
         # every rank has stepped: the losses of all last-stage ranks are in
         losses, self._losses[step] = self._losses[step], None

@@ -30,6 +30,6 @@ def data_parallel(parallel) -> bool:
 
 
 def step_engine(parallel) -> bool:
-    """Whether the one step engine (model_parallel.py) runs the job: every synchronous layout but the sharded and
-    expert-parallel ones of data parallelism alone (schemes of their own until they move onto it)."""
-    return model_parallel(parallel) or data_parallel(parallel)
+    """Whether the one step engine (model_parallel.py) runs the job: every synchronous layout but the
+    expert-parallel ones of data parallelism alone (a scheme of its own until it moves onto it)."""
+    return model_parallel(parallel) or sharded(parallel) or data_parallel(parallel)

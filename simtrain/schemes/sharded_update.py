@@ -1,24 +1,22 @@
-"""The sharded optimizer step: what a rank of sharded data parallelism does between its gradient's reduce-scatter
-and its parameters' all-gather.
+"""The sharded optimizer step of the distributed optimizer (distributed_optimizer.py: ZeRO 1/2/3, FSDP and HSDP,
+in every layout), and the `sharding` report section.
 
-Shared by sharded data parallelism (sharded.py: ZeRO 1/2/3 and HSDP) and
-Megatron-Core's distributed optimizer under pipeline and tensor parallelism
-(distributed_optimizer.py). Once its gradient has been reduce-scattered, a
-rank (a ShardedReplica, sharded_replica.py) holds its shard's gradient
-summed over the data-parallel ranks. `sharded_update` averages it over
-them and unscales it into the fp32 master shard, votes on an fp16 overflow
-with every rank that shares the loss scale (each saw only its shard), steps
-the optimizer on the shard alone, rounds the shard into the rank's owned
-chunks of the parameters and charges the update's HBM traffic.
-`gather_parameters` then all-gathers the updated parameters, every program
-side by side (stages 1 and 2; under stage 3 each unit is gathered where it
-is used).
+Once its gradient has been reduce-scattered, a rank (a ShardedReplica,
+sharded_replica.py) holds its shard's gradient summed over the data-parallel
+ranks. `sharded_update` averages it over them and unscales it into the fp32
+master shard, votes on an fp16 overflow with every rank that shares the loss
+scale (each saw only its shard), steps the optimizer on the shard alone,
+rounds the shard into the rank's owned chunks of the parameters and charges
+the update's HBM traffic (or, offloaded, runs the host's step: offload.py).
 
     vote = partial(overflow_vote, comm, index, all_reduce)          # fp16; else None
     yield from sharded_update(shard, replicas=dp, step_bytes=nbytes, vote=vote)
-    yield from gather_parameters([shard.gather(unit, group, tag) for unit in units], comm, index)
 """
-from ..step_ops import Await, MemoryBound, Post
+from pydantic import Field
+
+from ..report.sections import ReportSection, register_section
+from ..step_ops import MemoryBound
+from .offload import NO_OFFLOAD, OffloadSection
 
 # The labels of sharded data parallelism's collectives, by kind
 LABELS = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "hsdp_all_reduce"}
@@ -40,16 +38,6 @@ def sharded_update(shard, replicas: int, step_bytes: int, vote=None, charge=None
         yield from charge
 
 
-def gather_parameters(programs: list, comm=None, index: int | None = None):
-    """Step program: the all-gather `programs` posted side by side (on a sub-group's `comm`, as its rank
-    `index`; None: the job's own communicator), then awaited."""
-    handles = []
-    for program in programs:
-        handles.append((yield Post(program, LABELS["all_gather"], comm, index)))
-    for handle in handles:
-        yield Await(handle)
-
-
 def bytes_by_kind(log, devices) -> dict[str, int]:
     """The bytes `devices` sent in each kind of sharded collective (their event log's communication, by label)."""
     moved = dict.fromkeys(LABELS, 0)
@@ -58,3 +46,29 @@ def bytes_by_kind(log, devices) -> dict[str, int]:
         for kind, label in LABELS.items():
             moved[kind] += int(by_label.get(label, 0))
     return moved
+
+
+class ShardingBytes(ReportSection):
+    all_gather: int = Field(description="bytes the parameter all-gathers sent, every rank's")
+    reduce_scatter: int = Field(description="bytes the gradient reduce-scatters sent, every rank's")
+    all_reduce: int = Field(description="bytes the HSDP all-reduces of reduced shards across replicas sent")
+
+
+class ShardingSection(ReportSection):
+    stage: int = Field(description="the ZeRO stage: 1 optimizer state, 2 and gradients, 3 (FSDP) and parameters")
+    degree: int = Field(description="ranks a shard group holds one copy of the state across")
+    replicate: int = Field(description="shard groups that replicate each other (HSDP when above 1)")
+    reshard_after_forward: bool = Field(description="stage 3: whether a unit is gathered again for its backward")
+    reduce_dtype: str = Field(description="the dtype gradients were reduced in: fp32, bf16 or fp16")
+    units: int = Field(description="units the parameters are gathered and their gradients reduced in")
+    shard_elements: int = Field(description="parameters in one rank's shard (each unit padded to the degree)")
+    padded_elements: int = Field(description="parameters of the model, each unit padded to a multiple of the "
+                                             "degree")
+    bytes_by_kind: ShardingBytes = Field(description="bytes each kind of collective sent")
+    offload: OffloadSection = Field(OffloadSection(**NO_OFFLOAD), description="ZeRO-Offload: what lives in host "
+                                                                            "memory, the bytes copied each way")
+
+
+register_section("sharding", ShardingSection, "sharded data parallelism: the stage, the groups and the bytes "
+                                              "each collective moved (schemes/distributed_optimizer.py)")
+
