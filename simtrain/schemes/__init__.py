@@ -61,7 +61,8 @@ SCHEMES: dict = {
     "model_parallel": Registered("model_parallel", "ModelParallel", selection.model_parallel),
     "async": Registered("asynchronous", "AsynchronousSGD", selection.asynchronous),
     "sharded": Registered("sharded", "ShardedDataParallel", selection.sharded),
-    "expert_parallel": Registered("expert_parallel", "ExpertParallel", selection.expert_parallel),
+    # ep with data parallelism alone: the step engine's pp = tp = cp = 1 case with experts
+    "expert_parallel": Registered("model_parallel", "ModelParallel", selection.expert_parallel),
     # data parallelism alone is the step engine's pp = tp = cp = 1 case (report.json names its layout)
     "data_parallel": Registered("model_parallel", "ModelParallel", selection.data_parallel),
 }

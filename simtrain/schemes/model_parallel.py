@@ -116,9 +116,9 @@ class ModelParallel(RankReplicas, Scheme):
         self.running = [rank for rank in range(self.world) if self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
-        # data parallelism alone (DDP: sharded or expert layouts of dp alone are schemes of their own): every rank
-        # holds the whole model and training state
-        self.replicated = self.layout.world == self.layout.dp
+        # data parallelism alone without experts sharded over ep (DDP; a sharded layout of dp alone is a scheme of
+        # its own): every rank holds the whole model and training state
+        self.replicated = self.layout.world == self.layout.dp and self.layout.ep == 1
         # fp16: the overflow vote of each replica's model-parallel group (a whole replica sees its whole gradient)
         self.vote = train.precision == "fp16" and not self.replicated
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py

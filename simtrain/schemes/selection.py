@@ -21,6 +21,8 @@ def sharded(parallel) -> bool:
 
 
 def expert_parallel(parallel) -> bool:
+    """Data parallelism alone with model.moe's experts sharded over ep ranks: the step engine's pp = tp = cp = 1
+    case with experts (schemes/expert_model_parallel.py)."""
     return parallel.mode == "sync" and parallel.ep > 1 and not parallel.model_parallel
 
 
@@ -30,6 +32,6 @@ def data_parallel(parallel) -> bool:
 
 
 def step_engine(parallel) -> bool:
-    """Whether the one step engine (model_parallel.py) runs the job: every synchronous layout but the sharded and
-    expert-parallel ones of data parallelism alone (schemes of their own until they move onto it)."""
-    return model_parallel(parallel) or data_parallel(parallel)
+    """Whether the one step engine (model_parallel.py) runs the job: every synchronous layout but the sharded ones
+    of data parallelism alone (a scheme of its own until it moves onto it)."""
+    return model_parallel(parallel) or expert_parallel(parallel) or data_parallel(parallel)
