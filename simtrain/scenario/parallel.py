@@ -151,8 +151,8 @@ class ParallelSpec(Section):
                            "schemes/tp_overlap.py). Needs parallel.sequence_parallel.")
     ep: Count(MAX_DEVICES) = Field(1, description="Expert-parallel ranks: model.moe's experts sharded over groups of "
                                                   "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
-                                                  "ep inside dp; schemes/expert_parallel.py; under pp / tp, "
-                                                  "per stage and tp index: schemes/expert_model_parallel.py). Must "
+                                                  "ep inside dp; under pp / tp per stage and tp index: "
+                                                  "schemes/expert_model_parallel.py). Must "
                                                   "divide dp and the experts.")
     moe_dispatch: Literal["pairwise", "hierarchical"] = Field(
         "pairwise", description="The all-to-all that moves tokens to their experts and back under parallel.ep "

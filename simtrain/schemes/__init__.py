@@ -17,9 +17,10 @@ provides, and the hooks it may override, are scheme.py's `Scheme` protocol.
   shared-memory store (`parallel.mode: async`);
 - `sharded` (sharded.py): ZeRO stages 1-3 (FSDP) and HSDP
   (`parallel.sharding.stage` above 0);
-- `expert_parallel` (expert_parallel.py): data parallelism with model.moe's
-  experts sharded over groups of `parallel.ep` ranks, tokens moved by
-  all-to-all (`parallel.ep` above 1);
+- `expert_parallel` (model_parallel.py, the step engine's pp = tp = cp = 1
+  case with experts: expert_model_parallel.py): data parallelism with
+  model.moe's experts sharded over groups of `parallel.ep` ranks, tokens
+  moved by all-to-all (`parallel.ep` above 1);
 - `data_parallel` (model_parallel.py, the step engine's pp = tp = cp = 1
   case): a gradient all-reduce every step, with `parallel.all_reduce`'s
   algorithm (simtrain.comm.ALGORITHMS), in DDP's buckets beside the backward
@@ -98,6 +99,6 @@ def build_scheme(job, on_step=None):
     return scheme_class(job.scenario.parallel)(job, on_step)
 
 
-__all__ = ["SCHEMES", "AsynchronousSGD", "ExpertParallel", "ModelParallel", "Registered", "Scheme",
+__all__ = ["SCHEMES", "AsynchronousSGD", "ModelParallel", "Registered", "Scheme",
            "ShardedDataParallel", "build_scheme", "load_schemes", "scheme_class",
            "scheme_name"]

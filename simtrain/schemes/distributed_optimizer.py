@@ -66,7 +66,7 @@ from functools import partial
 from ..parallel import Membership
 from ..step_ops import Alloc, Await, Collective, Free, Post
 from .bucket_overlap import BucketOverlap, megatron_buckets
-from .expert_parallel import expert_flags, experts_last
+from .expert_groups import expert_flags, experts_last
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
 from .shard_layout import ShardLayout

@@ -30,6 +30,12 @@ pp = tp = cp = 1 case: a rank's share is the whole model, one part.
   dp as HSDP: schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
   an overflow before stepping (schemes/overflow_vote.py);
+- **experts** (`model.moe`, `parallel.ep`): each MoE layer's tokens go to
+  their experts' ranks in its ep group and back by all-to-all, as regions of
+  the chunk's work (train/moe_exchange.py), the experts charged by the
+  tokens they received; the experts' gradients all-reduced over their
+  holders (schemes/expert_model_parallel.py), under data parallelism alone
+  as under pp / tp;
 - **SyncBN** (data parallelism alone): every BatchNorm's statistics
   all-reduced over the dp group in the forward and backward
   (schemes/sync_batchnorm.py).
@@ -57,7 +63,7 @@ share from the donor's rank of the same coordinates; under data parallelism
 alone, where every rank holds the whole state, 1/k from the donor's rank of
 the same index and a ring all-gather: scheme.py's default).
 
-    scheme = ModelParallel(job)        # any synchronous layout but sharding or ep under dp alone
+    scheme = ModelParallel(job)        # any synchronous layout but sharding under dp alone
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
 """
@@ -259,9 +265,10 @@ class ModelParallel(RankReplicas, Scheme):
             replica.last_batch = (x, y)
             if step + 1 < self.steps:  # the next step's receives, ahead of its sends
                 receives.update((yield from stage.post_receives(step + 1)))
-            losses = yield from stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
-                                           replica.precision.loss_weight(1.0 / self.microbatches), receives,
-                                           tp_collective)
+            walk = stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
+                              replica.precision.loss_weight(1.0 / self.microbatches), receives, tp_collective)
+            # with experts, the seconds of their all-to-alls counted (expert_model_parallel.py)
+            losses = yield from (walk if self.experts is None else self.experts.timed(rank, step, walk))
             if self.sequence_parallel and not self.data_parallel.sums_sequence_parallel_grads:
                 yield from self.sum_tp_grads(rank, replica.model.whole_parameter_grads())
             yield from self.data_parallel.update(rank)
@@ -357,14 +364,17 @@ class ModelParallel(RankReplicas, Scheme):
         `replica` (its experts: replica 0's)."""
         return assemble(self.job.model, [piece for rank in self.layout.groups("model")[replica]
                                          for piece in pieces[rank]]
-                        + (self.experts.other_experts(pieces) if self.experts is not None else []))
+                        + (self.experts.other_experts(pieces, replica) if self.experts is not None else []))
 
     def final_models(self) -> list:
-        """The whole model each data-parallel replica ends with (with experts, or representatives: replica 0's)."""
-        if self.representatives or self.experts is not None:
+        """The whole model each data-parallel replica ends with (with experts, each ep group's: its first replica's
+        with the experts of the others; with representatives, replica 0's)."""
+        if self.representatives:
             return [self.trained_model()]
         pieces = {rank: self.data_parallel.whole_model(rank).pieces() for rank in range(self.world)}
-        return [self.assemble(pieces, replica) for replica in range(len(self.layout.groups("model")))]
+        replicas = (self.experts.first_replicas() if self.experts is not None
+                    else range(len(self.layout.groups("model"))))
+        return [self.assemble(pieces, replica) for replica in replicas]
 
     def samples_per_step(self) -> int:
         return self.layout.dp * self.job.scenario.data.batch_size

@@ -128,6 +128,7 @@ class Tape:
     # per region: (index of an input, the collective on its gradient), or None
     reduce_grad: list = field(default_factory=list)
     shards: list = field(default_factory=list)  # per region: the SavedShard of its gathered input, or None
+    shares: list = field(default_factory=list)  # per region: the share of its measured work it did, or None (all)
 
 
 def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype: str,
@@ -152,7 +153,9 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         tape.reduce_grad.append(reduce_grad)
         tape.shards.append(shard)
         shard = None
-        compute = _region_compute(cost, region, "forward", dtype, starts_pass)
+        share = getattr(op, "work_share", None)  # an MoE layer's experts: the tokens they received this time
+        tape.shares.append(share)
+        compute = _shared(_region_compute(cost, region, "forward", dtype, starts_pass), share)
         region += 1
         values = tuple(t.detach() for t in state)
         if op.forward in OVERLAPPED:
@@ -185,6 +188,7 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
     tape.shards.append(shard)
+    tape.shares.append(None)
     yield _region_compute(cost, region, "forward", dtype, starts_pass)
     return state, tape, None if loss is None else loss.detach()
 
@@ -210,7 +214,7 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
         grads, scattered = yield from _backward_compute(cost, step, dtype, communicate, starts_pass,
                                                         tape.shards[index],
                                                         lambda region=tape.regions[index], grads=grads:
-                                                        _autograd(*region, grads), scatter)
+                                                        _autograd(*region, grads), scatter, tape.shares[index])
         if arriving is not None:  # the gradient of the block this region passed through unchanged
             handle, at, arrived = arriving
             if handle is not None:
@@ -249,17 +253,18 @@ def _autograd(inputs: tuple, outputs: tuple, grads: tuple | None) -> tuple:
 
 
 def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate, starts_pass: bool,
-                      shard: SavedShard | None = None, run=lambda: None, scatter=None):
+                      shard: SavedShard | None = None, run=lambda: None, scatter=None, share: float | None = None):
     """Step program: backward region `step`'s numerics (`run()`) and its compute (its kernels, and the pass it
     may start, charged on its first piece); where the region's gathered
     input was kept as its shard, the shard gathered again beside the first half of its column-parallel Linears'
     backward (their input gradient) and awaited before the second (their weight gradient):
     schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the
     input gradient and its result, posted beside the weight gradient (or None: no collective); the halves
-    beside a collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS).
+    beside a collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS). `share`: the
+    share of its measured work the region did (an MoE layer's experts, by the tokens they received), or None.
     Returns (run()'s value, that result or None)."""
     split = cost.backward_regather[step] if cost is not None and cost.backward_regather else None
-    compute = _region_compute(cost, step, "backward", dtype, starts_pass)
+    compute = _shared(_region_compute(cost, step, "backward", dtype, starts_pass), share)
     if split is None:
         value = run()
         yield compute
@@ -297,6 +302,14 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str, 
                        ops=cost.forward_ops[region], passes=passes)
     return Compute(cost.backward_flops[region], dtype, name, kernels=cost.backward_kernels[region],
                    ops=cost.backward_ops[region], passes=passes)
+
+
+def _shared(compute: Compute, share: float | None) -> Compute:
+    """`compute` with `share` of its FLOPs and operators' work (None or 1: all of it); its kernels as many (an
+    expert's GEMMs run however many tokens it received)."""
+    if share is None or share == 1:
+        return compute
+    return compute._replace(flops=compute.flops * share, ops=scaled(compute.ops, share) if compute.ops else compute.ops)
 
 
 def _beside(compute: Compute, collective):
