@@ -170,7 +170,8 @@ class ParallelSpec(Section):
     representatives: Flag = Field(
         False, description="Simulate one rank per pipeline stage (tp rank 0 of replica 0) and time its "
                            "collectives with their mirrors' (schemes/representatives.py): numerics off, identical "
-                           "devices.")
+                           "devices; pp, tp or ep above 1 (data parallelism alone with experts: one rank for all, "
+                           "its exchanges timed with every ep group's).")
 
     @model_validator(mode="before")
     @classmethod

@@ -131,7 +131,10 @@ class ModelParallel(RankReplicas, Scheme):
         # replicated, its all-reduces rings: alone on the network, each is timed as a group
         self.only_ring_all_reduces = (self.replicated and parallel.all_reduce == "ring"
                                       and train.optimizer.name != "kfac")  # K-FAC broadcasts too
-        self.synced_batchnorm = SyncedBatchNorm(self) if parallel.sync_batchnorm else None  # sync_batchnorm.py
+        # SyncBN (sync_batchnorm.py; refused for a model it cannot run); an MoE model has no BatchNorm to
+        # synchronize, its layers running as regions between their exchanges (train/moe_exchange.py)
+        synced = SyncedBatchNorm(self) if parallel.sync_batchnorm else None
+        self.synced_batchnorm = synced if self.experts is None else None
         self.regroup()
         for replica in self.replicas:  # the model ends with its loader's loss (a prioritized sampler's, weighted)
             if replica is not None:
