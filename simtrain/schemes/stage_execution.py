@@ -59,6 +59,15 @@ output gradient's all-gather runs beside the input-gradient GEMM of the
 region after it and the input gradient's reduce-scatter beside the weight
 gradient (`ChunkCost.tp_overlap`: those GEMMs, measured apart).
 
+A boundary may say what share of its measured work the region before it did
+(`work_share`: an MoE layer's combine, whose experts' region was measured on
+balanced routing and received more or fewer tokens this time,
+train/moe_exchange.py): that region's compute is charged that share of its
+FLOPs and operators forward and backward, and its saved activations
+(`ChunkCost.forward_saved_bytes`) that share too: the bytes beyond the
+measured held from its forward to its backward, those short of it let go
+until the chunk's backward ends.
+
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
@@ -77,7 +86,7 @@ import torch
 
 from ..op_cost import OpCosts, scaled
 from ..train.tensor_parallel import Apply, ApplyWithTarget
-from ..step_ops import Await, Collective, Compute, Post
+from ..step_ops import Alloc, Await, Collective, Compute, Free, Post
 from .saved_shards import RegionSplit, SavedShard
 from .tp_overlap import COMM_SMS, TpOverlap, forward_beside, ring_exchange
 
@@ -118,6 +127,9 @@ class ChunkCost:
     # where a bucket's all-reduce may start inside a region (bucket_overlap.py); () under tp_comm_overlap, whose
     # regions leave GEMMs out
     grad_ready_flops: tuple[float, ...] = ()
+    # per region, forward order: the bytes autograd saved in its forward (of activation_bytes), where a region's
+    # work may be a share of what was measured (an MoE layer's experts); () when not measured
+    forward_saved_bytes: tuple[int, ...] = ()
 
 
 @dataclass
@@ -156,6 +168,9 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         share = getattr(op, "work_share", None)  # an MoE layer's experts: the tokens they received this time
         tape.shares.append(share)
         compute = _shared(_region_compute(cost, region, "forward", dtype, starts_pass), share)
+        held = _held_beyond(cost, region, share)  # what its activations hold beyond the measured
+        if held:
+            yield Alloc("activations", held) if held > 0 else Free("activations", -held)
         region += 1
         values = tuple(t.detach() for t in state)
         if op.forward in OVERLAPPED:
@@ -200,6 +215,7 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
     that need none)."""
     grads, arriving, gathering = output_grads, None, None
     overlap = cost.tp_overlap if cost is not None else None
+    short = 0  # bytes regions saved short of the measured (freed in the forward), held again as the backward ends
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
         if gathering is not None:  # tp_comm_overlap: the output gradient gathered beside the input-gradient GEMM
             at, tensor = gathering
@@ -215,6 +231,10 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
                                                         tape.shards[index],
                                                         lambda region=tape.regions[index], grads=grads:
                                                         _autograd(*region, grads), scatter, tape.shares[index])
+        held = _held_beyond(cost, index, tape.shares[index])
+        if held > 0:  # what its backward let go beyond the measured (the chunk's own until its backward ends)
+            yield Free("activations", held)
+        short -= min(held, 0)
         if arriving is not None:  # the gradient of the block this region passed through unchanged
             handle, at, arrived = arriving
             if handle is not None:
@@ -237,6 +257,8 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
                 continue
             yield collective
             grads = tuple(result if i == at else g for i, g in enumerate(grads))
+    if short:  # the chunk's measured activations are let go whole once its backward ends (schemes/pipeline.py)
+        yield Alloc("activations", short)
     return grads
 
 
@@ -302,6 +324,14 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str, 
                        ops=cost.forward_ops[region], passes=passes)
     return Compute(cost.backward_flops[region], dtype, name, kernels=cost.backward_kernels[region],
                    ops=cost.backward_ops[region], passes=passes)
+
+
+def _held_beyond(cost: ChunkCost | None, region: int, share: float | None) -> int:
+    """Bytes forward region `region` saves beyond its measured share of the chunk's activations, doing `share` of
+    its measured work (None: as measured; negative: fewer)."""
+    if cost is None or share is None or share == 1 or not cost.forward_saved_bytes:
+        return 0
+    return round(cost.forward_saved_bytes[region] * (share - 1))
 
 
 def _shared(compute: Compute, share: float | None) -> Compute:
