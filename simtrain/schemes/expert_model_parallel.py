@@ -67,6 +67,9 @@ class ExpertLayers:
         layout, spec = scheme.layout, scheme.job.scenario.model.moe
         self.ep, self.experts = layout.ep, spec.experts
         self.moe_steps: list[dict] = []
+        # full recomputation (layer_recompute.py) runs each unit's forward again before its backward, the same
+        # routing: two forwards a micro-batch, the second a repeat
+        self.forwards = 2 if scheme.recompute else 1
         self.all_to_all_s: dict[int, float] = {}  # step -> the seconds its running ranks spent in the all-to-alls
         for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
             for layer in _layers(replica):
@@ -125,8 +128,9 @@ class ExpertLayers:
         rank][expert], at MoE layer `layer` (of the whole model) of its current step's next micro-batch, each group
         rank's `assignments` drawn once for the group (seeded by step, micro-batch, layer and job rank)."""
         group, step = self.job.layout.rank_groups(rank).ep, self._step[rank]
-        microbatch = self._forwards.get((step, rank, layer), 0)
-        self._forwards[step, rank, layer] = microbatch + 1
+        forward = self._forwards.get((step, rank, layer), 0)
+        self._forwards[step, rank, layer] = forward + 1
+        microbatch = forward // self.forwards  # a recomputed forward draws what its first forward drew
         key = (step, microbatch, layer, group)
         if key not in self._draws:
             routing, seed = self.job.scenario.model.moe.routing, self.job.scenario.seed
@@ -152,17 +156,18 @@ class ExpertLayers:
     def step_done(self, step: int) -> None:
         """Step `step` has ended on every rank: its routing, every ep group's once (read off its ep rank 0). A layer
         runs once a microbatch, and a rank may have run the next step's first ones already: each layer's oldest
-        records are this step's. With numerics off and balanced routing every layer charged the balanced routing
-        of a microbatch's tokens (train/moe_exchange.py), each tp rank its part of the sequence."""
+        records are this step's (under full recomputation, each first of two). With numerics off and balanced
+        routing every layer charged the balanced routing of a microbatch's tokens (train/moe_exchange.py), each tp
+        rank its part of the sequence."""
         layout, scheme, token_bytes, routings = self.scheme.layout, self.scheme, None, []
-        m = scheme.microbatches
+        m, repeats = scheme.microbatches, self.forwards
         taken = {}  # running rank -> per MoE layer, the step's routings
         for rank in scheme.running:
             layers = _layers(scheme.replicas[rank])
             if self.job.numerics or self.drawing:
-                taken[rank] = [layer.routings[:m] for layer in layers]
+                taken[rank] = [layer.routings[:m * repeats:repeats] for layer in layers]  # a recomputed one's once
                 for layer in layers:
-                    del layer.routings[:m]
+                    del layer.routings[:m * repeats]
             else:  # every layer's routing, the same for all (they share model.moe)
                 taken[rank] = [[balanced_routing(layer, self._microbatch_tokens())] * m for layer in layers]
         for rank in range(layout.world):  # with representatives, each rank's figures are its representative's

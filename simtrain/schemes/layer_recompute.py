@@ -71,7 +71,8 @@ def layers_forward(layers: list, costs: list[ChunkCost], inputs: tuple, communic
         kept.append(inputs)
         if numerics:
             outputs, _, loss = yield from chunk_forward(ops, inputs, communicate, cost, dtype,
-                                                        target if last else None, loss_weight, number == 0)
+                                                        target if last else None, loss_weight, number == 0,
+                                                        holds=False)
             inputs = tuple(o.detach().requires_grad_(o.requires_grad) for o in outputs)
         else:
             inputs = ((yield from replay_forward(cost, communicate, dtype, number == 0)),)

@@ -144,14 +144,16 @@ class Tape:
 
 
 def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype: str,
-                  target: torch.Tensor | None = None, loss_weight=1.0, starts_pass: bool = True):
+                  target: torch.Tensor | None = None, loss_weight=1.0, starts_pass: bool = True, holds: bool = True):
     """Step program: run `ops` on `inputs` (a tuple of tensors; the ones that need a gradient require it),
     charging each region's FLOPs and kernels from `cost` (None: measuring, the charges are 0), the first
     region starting a pass if `starts_pass`.
 
     With `target`, the chunk ends the model and its ops end with the loss against it; backward
     starts from the loss times `loss_weight` (the microbatch's share of the batch, times the fp16
-    loss scale: a float or a 0-dim tensor). Returns (outputs, tape, loss)."""
+    loss scale: a float or a 0-dim tensor). `holds`: its activations are held until its backward (not a forward
+    whose activations are let go, to be run again before the backward: layer_recompute.py). Returns (outputs,
+    tape, loss)."""
     tape = Tape()
     region_inputs = state = inputs
     reduce_grad = shard = None
@@ -168,7 +170,7 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         share = getattr(op, "work_share", None)  # an MoE layer's experts: the tokens they received this time
         tape.shares.append(share)
         compute = _shared(_region_compute(cost, region, "forward", dtype, starts_pass), share)
-        held = _held_beyond(cost, region, share)  # what its activations hold beyond the measured
+        held = _held_beyond(cost, region, share) if holds else 0  # what its activations hold beyond the measured
         if held:
             yield Alloc("activations", held) if held > 0 else Free("activations", -held)
         region += 1
