@@ -99,7 +99,9 @@ class MoE(nn.Module):
     """Router, routed experts and shared experts: the MLP of a mixture-of-experts block. `expert()` builds one
     expert, routed or shared (default: a gpt's, `gpt_expert`)."""
 
-    RECORDS = ("routing", "routings")  # what its forwards did, not what it computes (partition.module_structure)
+    # what its forwards did, and where numerics off draw their routing, not what it computes (partition.py's
+    # module_structure: a cost is measured on balanced routing)
+    RECORDS = ("routing", "routings", "drawn_routing")
 
     def __init__(self, hidden: int, spec: MoESpec, expert: Callable[[], nn.Module] | None = None):
         super().__init__()
@@ -112,7 +114,10 @@ class MoE(nn.Module):
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
         self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
         self.aux_loss_scale = 1.0  # the balancing loss's share of the loss (pp / tp: 1 / (microbatches x tp))
-        self.routings: list = []  # under pp / tp: each forward's (assigned, kept) of the ep group (moe_exchange.py)
+        self.routings: list = []  # the step engine: each forward's (assigned, kept) of the ep group (moe_exchange.py)
+        # numerics off with a drawn routing model: (assignments a rank) -> the ep group's draw, [rank][expert]
+        # (schemes/expert_model_parallel.py); None: balanced routing
+        self.drawn_routing = None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if len(self.experts) < self.spec.experts:

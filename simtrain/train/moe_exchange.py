@@ -156,7 +156,7 @@ class _Exchanging:
         moe, me = self.moe, self.ep_rank
         experts, ep = moe.spec.experts, moe.ep
         capacity = moe.capacity(tokens.shape[0] * ep)
-        drawn = getattr(moe, "drawn_routing", None)
+        drawn = moe.drawn_routing
         balanced = balanced_routing(moe, tokens.shape[0])
         if not gathered.is_meta or drawn is not None:
             assigned = gathered.tolist() if not gathered.is_meta else drawn(tokens.shape[0] * moe.spec.top_k)
