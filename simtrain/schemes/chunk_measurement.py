@@ -46,7 +46,17 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
                      splits if any(split is not None for split in splits) else (), overlap,
                      *((tuple(weights.regions), min(weights.held_bytes, peak)) if weights is not None else ()),
                      forward_kernels=kernels[0], backward_kernels=kernels[1],
-                     grad_ready_flops=() if tp_overlap else tuple(ready), forward_saved_bytes=saved)
+                     grad_ready_flops=() if tp_overlap else tuple(ready),
+                     shared_saved_bytes=() if weight_split else _shared(chunk, ops_of, target, saved))
+
+
+def _shared(chunk, ops_of, target, saved: tuple[int, ...]) -> tuple[int, ...]:
+    """Of the bytes each forward region saved, those of the regions whose work may be a share of the measured
+    (before a boundary with a `work_share`: an MoE layer's experts, train/moe_exchange.py), 0 for the others; ()
+    where there are none."""
+    boundaries = [op for op in ops_of(chunk, target is not None) if type(op) not in (Apply, ApplyWithTarget)]
+    shared = [hasattr(type(op), "work_share") for op in boundaries] + [False]
+    return tuple(nbytes if apart else 0 for nbytes, apart in zip(saved, shared)) if any(shared) else ()
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:

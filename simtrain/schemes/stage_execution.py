@@ -63,10 +63,11 @@ A boundary may say what share of its measured work the region before it did
 (`work_share`: an MoE layer's combine, whose experts' region was measured on
 balanced routing and received more or fewer tokens this time,
 train/moe_exchange.py): that region's compute is charged that share of its
-FLOPs and operators forward and backward, and its saved activations
-(`ChunkCost.forward_saved_bytes`) that share too: the bytes beyond the
-measured held from its forward to its backward, those short of it let go
-until the chunk's backward ends.
+FLOPs and operators forward and backward. Its saved activations
+(`ChunkCost.shared_saved_bytes`, measured apart) are held apart from the
+rest of the chunk's (`held_whole`, from the chunk's forward to the end of its
+backward): that share of them, from the region's forward to its backward
+(replayed, all of them; not measured apart under split backwards).
 
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
@@ -127,9 +128,15 @@ class ChunkCost:
     # where a bucket's all-reduce may start inside a region (bucket_overlap.py); () under tp_comm_overlap, whose
     # regions leave GEMMs out
     grad_ready_flops: tuple[float, ...] = ()
-    # per region, forward order: the bytes autograd saved in its forward (of activation_bytes), where a region's
-    # work may be a share of what was measured (an MoE layer's experts); () when not measured
-    forward_saved_bytes: tuple[int, ...] = ()
+    # per region, forward order: the bytes autograd saved in the forward of a region whose work may be a share of
+    # what was measured (an MoE layer's experts), held apart from the rest; 0 for the others; () when none is
+    shared_saved_bytes: tuple[int, ...] = ()
+
+
+def held_whole(cost: ChunkCost) -> int:
+    """The activation bytes a chunk holds from its forward to the end of its backward: its peak less what its
+    regions of a share of their measured work hold apart (chunk_forward, replay_forward)."""
+    return cost.activation_bytes - sum(cost.shared_saved_bytes)
 
 
 @dataclass
@@ -141,6 +148,7 @@ class Tape:
     reduce_grad: list = field(default_factory=list)
     shards: list = field(default_factory=list)  # per region: the SavedShard of its gathered input, or None
     shares: list = field(default_factory=list)  # per region: the share of its measured work it did, or None (all)
+    held: list = field(default_factory=list)  # per region: the activation bytes it holds apart until its backward
 
 
 def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype: str,
@@ -170,9 +178,10 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         share = getattr(op, "work_share", None)  # an MoE layer's experts: the tokens they received this time
         tape.shares.append(share)
         compute = _shared(_region_compute(cost, region, "forward", dtype, starts_pass), share)
-        held = _held_beyond(cost, region, share) if holds else 0  # what its activations hold beyond the measured
+        held = _held_apart(cost, region, share) if holds else 0  # its share of the activations it saved
+        tape.held.append(held)
         if held:
-            yield Alloc("activations", held) if held > 0 else Free("activations", -held)
+            yield Alloc("activations", held)
         region += 1
         values = tuple(t.detach() for t in state)
         if op.forward in OVERLAPPED:
@@ -206,6 +215,7 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
     tape.reduce_grad.append(reduce_grad)
     tape.shards.append(shard)
     tape.shares.append(None)
+    tape.held.append(0)
     yield _region_compute(cost, region, "forward", dtype, starts_pass)
     return state, tape, None if loss is None else loss.detach()
 
@@ -217,7 +227,6 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
     that need none)."""
     grads, arriving, gathering = output_grads, None, None
     overlap = cost.tp_overlap if cost is not None else None
-    short = 0  # bytes regions saved short of the measured (freed in the forward), held again as the backward ends
     for step, index in enumerate(range(len(tape.regions) - 1, -1, -1)):
         if gathering is not None:  # tp_comm_overlap: the output gradient gathered beside the input-gradient GEMM
             at, tensor = gathering
@@ -233,10 +242,8 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
                                                         tape.shards[index],
                                                         lambda region=tape.regions[index], grads=grads:
                                                         _autograd(*region, grads), scatter, tape.shares[index])
-        held = _held_beyond(cost, index, tape.shares[index])
-        if held > 0:  # what its backward let go beyond the measured (the chunk's own until its backward ends)
-            yield Free("activations", held)
-        short -= min(held, 0)
+        if tape.held[index]:  # what it held apart, let go after its backward
+            yield Free("activations", tape.held[index])
         if arriving is not None:  # the gradient of the block this region passed through unchanged
             handle, at, arrived = arriving
             if handle is not None:
@@ -259,8 +266,6 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
                 continue
             yield collective
             grads = tuple(result if i == at else g for i, g in enumerate(grads))
-    if short:  # the chunk's measured activations are let go whole once its backward ends (schemes/pipeline.py)
-        yield Alloc("activations", short)
     return grads
 
 
@@ -328,12 +333,12 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str, 
                    ops=cost.backward_ops[region], passes=passes)
 
 
-def _held_beyond(cost: ChunkCost | None, region: int, share: float | None) -> int:
-    """Bytes forward region `region` saves beyond its measured share of the chunk's activations, doing `share` of
-    its measured work (None: as measured; negative: fewer)."""
-    if cost is None or share is None or share == 1 or not cost.forward_saved_bytes:
+def _held_apart(cost: ChunkCost | None, region: int, share: float | None) -> int:
+    """Bytes forward region `region` holds apart from the chunk's whole, doing `share` of its measured work (None:
+    all of it)."""
+    if cost is None or not cost.shared_saved_bytes:
         return 0
-    return round(cost.forward_saved_bytes[region] * (share - 1))
+    return round(cost.shared_saved_bytes[region] * (1 if share is None else share))
 
 
 def _shared(compute: Compute, share: float | None) -> Compute:
@@ -356,10 +361,13 @@ def _beside(compute: Compute, collective):
         yield collective
 
 
-def replay_forward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool = True):
-    """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off);
-    returns the meta tensor the chunk hands on."""
+def replay_forward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool = True, holds: bool = True):
+    """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off), its
+    activations held apart too where it `holds` them; returns the meta tensor the chunk hands on."""
     for region, reduced in enumerate(cost.forward_reduced):
+        held = _held_apart(cost, region, None) if holds else 0
+        if held:
+            yield Alloc("activations", held)
         compute = _region_compute(cost, region, "forward", dtype, starts_pass)
         if reduced is not None and reduced[0] in OVERLAPPED:
             yield from _beside(compute, communicate(*reduced)[0])
@@ -379,6 +387,7 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool 
     returns the meta gradient of the chunk's first input (None if it needs none)."""
     arriving = gathering = None
     overlap = cost.tp_overlap
+    regions = len(cost.backward_reduced)
     for step, reduced in enumerate(cost.backward_reduced):
         if gathering is not None:  # tp_comm_overlap: the output gradient gathered beside the input-gradient GEMM
             yield from ring_exchange(communicate, gathering, overlap.grad_gather_beside[step], dtype, "backward")
@@ -387,6 +396,9 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool 
         if overlap is not None and overlap.grad_scatter_beside[step] and reduced is not None:
             scatter = lambda _, reduced=reduced: communicate(*reduced)  # noqa: E731
         _, scattered = yield from _backward_compute(cost, step, dtype, communicate, starts_pass, scatter=scatter)
+        held = _held_apart(cost, regions - 1 - step, None)
+        if held:  # what its forward region held apart
+            yield Free("activations", held)
         if arriving is not None:
             yield Await(arriving)
             arriving = None
