@@ -25,7 +25,7 @@ def plot_moe(section: dict, path: Path) -> None:
     balance.set_ylabel("imbalance (max / mean tokens per expert)")
     balance.set_title(f"{section['experts']} experts, ep {section['ep']}, routing: {section['routing']}")
     times.plot(steps, [t * 1e6 for t in section["step_time_s"]], marker=".", label="step")
-    if section["all_to_all_time_s"] is not None:  # null under pp / tp (schemes/expert_model_parallel.py)
+    if section["all_to_all_time_s"] is not None:  # null in a report written before the step engine timed it
         times.plot(steps, [t * 1e6 for t in section["all_to_all_time_s"]], marker=".", label="all-to-all (rank mean)")
     times.set_xlabel("step")
     times.set_ylabel("simulated time (µs)")
