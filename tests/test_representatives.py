@@ -12,6 +12,7 @@
   closed form); fewer activation bytes held, only the chunks' inputs between forward and backward.
 - A tp all-reduce of an activation is cut flat: every ring link carries the same bytes.
 - Experts (ep with the distributed optimizer, numerics off): within 1%, the same exchanges and peaks.
+  Under data parallelism alone too (ep 4 of dp 8): one rank for all, the all-to-all time within 1%.
 - Where representatives do not apply: one-line errors.
 """
 import pytest
@@ -100,6 +101,22 @@ def test_experts_with_representatives_come_within_one_percent_with_the_same_exch
     assert represented["moe"]["all_to_all_bytes"] == moved and (moved[0] > 0) == (ep > 1)  # ep 1: experts local
     assert_close(compared(represented)["peaks"], compared(full)["peaks"], rel=1e-9)
     assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+
+
+def test_experts_under_data_parallelism_alone_come_within_one_percent_with_the_same_exchanges():
+    """The same MoE gpt with ep 4 and data parallelism alone (dp 8 on two 4-GPU nodes, one micro-batch): one rank
+    runs for all, each MoE layer's exchanges timed with every ep group's, the replicated gradient's all-reduce
+    with the experts' over their holders. The same all-to-all bytes and memory peaks as the full simulation, step
+    time and all-to-all time within 1%."""
+    moe = {**GPT, "moe": {"experts": 4, "top_k": 2}}
+    full, represented = (simtrain.run(scenario(8, 4, model=moe, representatives=flag, ep=4,
+                                               pipeline={"microbatches": 1})).data for flag in (False, True))
+    assert represented["scheme"] == full["scheme"] == "expert_parallel"
+    moved = full["moe"]["all_to_all_bytes"]
+    assert represented["moe"]["all_to_all_bytes"] == moved and moved[0] > 0
+    assert_close(compared(represented)["peaks"], compared(full)["peaks"], rel=1e-9)
+    assert represented["step_time_s"] == pytest.approx(full["step_time_s"], rel=0.01)
+    assert_close(represented["moe"]["all_to_all_time_s"], full["moe"]["all_to_all_time_s"], rel=0.01)
 
 
 def test_full_recomputation_trains_the_same_and_runs_one_more_forward():

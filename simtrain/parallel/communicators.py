@@ -56,7 +56,7 @@ class GroupCommunicators:
     model: dict[int, Membership] | None = None  # fp16's overflow vote (sharded: the whole job)
     dp_shard: dict[int, Membership] | None = None  # HSDP's shard groups
     dp_replicate: dict[int, Membership] | None = None  # HSDP's replicate groups
-    ep: dict | None = None  # rank -> its EpGroup (schemes/expert_dispatch.py): the experts' token exchanges
+    ep: dict | None = None  # rank -> its EpGroup (schemes/expert_groups.py): the experts' token exchanges
     expert_dp: dict[int, Membership] | None = None  # the experts' gradient all-reduce, over their holders
 
     def places(self) -> Iterator[tuple[int, object, int]]:

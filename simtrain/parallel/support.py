@@ -284,6 +284,11 @@ REFUSED = (
             "Megatron-Core runs MoE with --context-parallel-size; torchtitan runs gpt-oss's experts with "
             "context_parallel_degree (its gpt_oss_pp+fsdp+cp+ep test).",
             (MEGATRON_CORE, TORCHTITAN)),
+    # before the row below, which representatives under pp or tp would reach first
+    Refusal(("representatives", "drawn routing"),
+            "parallel.representatives: with a drawn routing model (model.moe.routing.model zipf or histogram) the ep "
+            "ranks' loads differ, and one rank cannot stand for the others (use balanced, or set it false)",
+            OWN_REPRESENTATIVES),
     Refusal(("drawn routing", MODEL_PARALLEL, "numerics off"),
             "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
             "numerics off is not built (balanced is; data parallelism alone draws it)",

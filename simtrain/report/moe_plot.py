@@ -1,7 +1,7 @@
 """moe.png: routing imbalance, step time and all-to-all time against the training step, from report.json's `moe`.
 
 `simtrain run` draws it for every run with expert parallelism (the `moe`
-section, schemes/expert_parallel.py): the upper panel is the imbalance factor
+section, schemes/moe_report.py): the upper panel is the imbalance factor
 (most tokens an expert took over the mean, 1 when balanced), the lower the
 step's simulated time and a rank's mean all-to-all time in it (not under
 pp / tp, where the report leaves it null).
@@ -25,7 +25,7 @@ def plot_moe(section: dict, path: Path) -> None:
     balance.set_ylabel("imbalance (max / mean tokens per expert)")
     balance.set_title(f"{section['experts']} experts, ep {section['ep']}, routing: {section['routing']}")
     times.plot(steps, [t * 1e6 for t in section["step_time_s"]], marker=".", label="step")
-    if section["all_to_all_time_s"] is not None:  # null under pp / tp (schemes/expert_model_parallel.py)
+    if section["all_to_all_time_s"] is not None:  # null in a report written before the step engine timed it
         times.plot(steps, [t * 1e6 for t in section["all_to_all_time_s"]], marker=".", label="all-to-all (rank mean)")
     times.set_xlabel("step")
     times.set_ylabel("simulated time (µs)")

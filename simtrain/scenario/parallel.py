@@ -151,8 +151,8 @@ class ParallelSpec(Section):
                            "schemes/tp_overlap.py). Needs parallel.sequence_parallel.")
     ep: Count(MAX_DEVICES) = Field(1, description="Expert-parallel ranks: model.moe's experts sharded over groups of "
                                                   "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
-                                                  "ep inside dp; schemes/expert_parallel.py; under pp / tp, "
-                                                  "per stage and tp index: schemes/expert_model_parallel.py). Must "
+                                                  "ep inside dp; under pp / tp per stage and tp index: "
+                                                  "schemes/expert_model_parallel.py). Must "
                                                   "divide dp and the experts.")
     moe_dispatch: Literal["pairwise", "hierarchical"] = Field(
         "pairwise", description="The all-to-all that moves tokens to their experts and back under parallel.ep "
@@ -170,7 +170,8 @@ class ParallelSpec(Section):
     representatives: Flag = Field(
         False, description="Simulate one rank per pipeline stage (tp rank 0 of replica 0) and time its "
                            "collectives with their mirrors' (schemes/representatives.py): numerics off, identical "
-                           "devices.")
+                           "devices; pp, tp or ep above 1 (data parallelism alone with experts: one rank for all, "
+                           "its exchanges timed with every ep group's).")
 
     @model_validator(mode="before")
     @classmethod

@@ -229,7 +229,9 @@ def _experts_fit(scenario: Scenario) -> None:
 def _representatives_fit(scenario: Scenario) -> None:
     """Where every replica and every tp rank of a stage do the same at the same times."""
     cluster = scenario.cluster
-    for refuse, why in ((not scenario.parallel.model_parallel, "needs parallel.pp or parallel.tp > 1"),
+    parallel = scenario.parallel
+    for refuse, why in ((not parallel.model_parallel and parallel.ep == 1,
+                         "needs parallel.pp, parallel.tp or parallel.ep > 1"),
                         (scenario.numerics, "needs numerics false (the mirrored ranks compute nothing)"),
                         (cluster.overrides, "needs identical devices (no cluster.overrides)"),
                         (cluster.compute_jitter > 0 or cluster.compute_jitter_fixed > 0,

@@ -18,9 +18,10 @@ provides, and the hooks it may override, are scheme.py's `Scheme` protocol.
 - `sharded` (model_parallel.py, the step engine's pp = tp = cp = 1 case with
   distributed_optimizer.py's FSDP units): ZeRO stages 1-3 (FSDP) and HSDP
   under data parallelism alone (`parallel.sharding.stage` above 0);
-- `expert_parallel` (expert_parallel.py): data parallelism with model.moe's
-  experts sharded over groups of `parallel.ep` ranks, tokens moved by
-  all-to-all (`parallel.ep` above 1);
+- `expert_parallel` (model_parallel.py, the step engine's pp = tp = cp = 1
+  case with experts: expert_model_parallel.py): data parallelism with
+  model.moe's experts sharded over groups of `parallel.ep` ranks, tokens
+  moved by all-to-all (`parallel.ep` above 1);
 - `data_parallel` (model_parallel.py, the step engine's pp = tp = cp = 1
   case): a gradient all-reduce every step, with `parallel.all_reduce`'s
   algorithm (simtrain.comm.ALGORITHMS), in DDP's buckets beside the backward
@@ -63,7 +64,8 @@ SCHEMES: dict = {
     "async": Registered("asynchronous", "AsynchronousSGD", selection.asynchronous),
     # sharding and data parallelism alone: the step engine's distributed optimizer with FSDP's units
     "sharded": Registered("model_parallel", "ModelParallel", selection.sharded),
-    "expert_parallel": Registered("expert_parallel", "ExpertParallel", selection.expert_parallel),
+    # ep with data parallelism alone: the step engine's pp = tp = cp = 1 case with experts
+    "expert_parallel": Registered("model_parallel", "ModelParallel", selection.expert_parallel),
     # data parallelism alone is the step engine's pp = tp = cp = 1 case (report.json names its layout)
     "data_parallel": Registered("model_parallel", "ModelParallel", selection.data_parallel),
 }
@@ -99,6 +101,6 @@ def build_scheme(job, on_step=None):
     return scheme_class(job.scenario.parallel)(job, on_step)
 
 
-__all__ = ["SCHEMES", "AsynchronousSGD", "ExpertParallel", "ModelParallel", "Registered", "Scheme",
+__all__ = ["SCHEMES", "AsynchronousSGD", "ModelParallel", "Registered", "Scheme",
            "build_scheme", "load_schemes", "scheme_class",
            "scheme_name"]

@@ -36,7 +36,7 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     caller holds them: a recomputed unit's kept input). With `tp_overlap` (parallel.tp_comm_overlap) the GEMMs
     beside the layers' tp collectives are told apart (schemes/tp_overlap.py); with `weight_split` the
     backward's weight-gradient operators (schemes/weight_grads.py)."""
-    forward, backward, output, input_grad, peak, splits, overlap, weights, kernels, ready = _regions(
+    forward, backward, output, input_grad, peak, splits, overlap, weights, kernels, ready, saved = _regions(
         chunk, ops_of, inputs, target, inputs_kept, tp, tp_overlap, weight_split)
     return ChunkCost(tuple(flops for flops, _, _, _ in forward), tuple(flops for flops, _, _, _ in backward), peak,
                      tuple(reduced for _, reduced, _, _ in forward), tuple(reduced for _, reduced, _, _ in backward),
@@ -46,7 +46,17 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
                      splits if any(split is not None for split in splits) else (), overlap,
                      *((tuple(weights.regions), min(weights.held_bytes, peak)) if weights is not None else ()),
                      forward_kernels=kernels[0], backward_kernels=kernels[1],
-                     grad_ready_flops=() if tp_overlap else tuple(ready))
+                     grad_ready_flops=() if tp_overlap else tuple(ready),
+                     shared_saved_bytes=() if weight_split else _shared(chunk, ops_of, target, saved))
+
+
+def _shared(chunk, ops_of, target, saved: tuple[int, ...]) -> tuple[int, ...]:
+    """Of the bytes each forward region saved, those of the regions whose work may be a share of the measured
+    (before a boundary with a `work_share`: an MoE layer's experts, train/moe_exchange.py), 0 for the others; ()
+    where there are none."""
+    boundaries = [op for op in ops_of(chunk, target is not None) if type(op) not in (Apply, ApplyWithTarget)]
+    shared = [hasattr(type(op), "work_share") for op in boundaries] + [False]
+    return tuple(nbytes if apart else 0 for nbytes, apart in zip(saved, shared)) if any(shared) else ()
 
 
 def _meta_like(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -94,12 +104,14 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
 
 def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overlap: bool,
              weight_split: bool) -> tuple[list, list, torch.Tensor, torch.Tensor | None, int, tuple,
-                                          TpOverlap | None, WeightGradWatch | None, tuple, list[float]]:
+                                          TpOverlap | None, WeightGradWatch | None, tuple, list[float],
+                                          tuple[int, ...]]:
     """(FLOPs, (collective, its input) or None, OpCosts, parameters touched) per region forward and backward,
     the chunk's first output, its first input's gradient, the activation peak and each backward region's
     RegionSplit or None, and with `tp_overlap` the TpOverlap (those less the GEMMs it runs beside collectives),
     the WeightGradWatch, the operators each region dispatched (forward, backward; a GEMM run beside a
-    collective stays its region's) and each trainable parameter's gradient-complete backward FLOPs: one forward
+    collective stays its region's), each trainable parameter's gradient-complete backward FLOPs and the bytes
+    each forward region saved: one forward
     and backward on a meta copy, the operator recorder counting, a hook on each trainable parameter noting the
     backward regions that add to its gradient (another the backward's FLOPs when it is complete) and, with
     `tp_overlap`, a GemmWatch on each pass; with `weight_split`, a WeightGradWatch on the backward (and a second
@@ -136,27 +148,43 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overl
     if tp_overlap:
         boundaries = [op for op in ops if type(op) not in (Apply, ApplyWithTarget)]
         overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
-    peak = _activation_peak(chunk, ops_of, inputs, target, inputs_kept, tp)
+    peak, saved = _activation_peak(chunk, ops_of, inputs, target, inputs_kept, tp)
     return (forward, backward, outputs[0], input_grads[0], peak, splits, overlap, weights,
-            (forward_kernels, backward_kernels), ready)
+            (forward_kernels, backward_kernels), ready, saved)
 
 
-def _activation_peak(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int) -> int:
+def _activation_peak(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int) -> tuple[int, tuple[int, ...]]:
     """The peak bytes autograd holds in one forward and backward of a meta copy of `chunk` (cost.py's saved-tensor
-    hooks; the batch itself, and with `inputs_kept` every input, held elsewhere)."""
+    hooks; the batch itself, and with `inputs_kept` every input, held elsewhere), and the bytes each forward region
+    saved."""
     meta, ops, meta_inputs, meta_target = _meta_run(chunk, ops_of, inputs, target)
     held = [t for t in meta_inputs if inputs_kept or not t.requires_grad]
     tracker = SavedTensorTracker([*meta.parameters(), *meta.buffers(), *held,
                                   *([meta_target] if meta_target is not None else [])])
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            (outputs, tape, _), _, _ = _drive(chunk_forward(ops, meta_inputs, _measuring(tp), None, "",
-                                                            meta_target))
+            (outputs, tape, _), saved = _saving(chunk_forward(ops, meta_inputs, _measuring(tp), None, "",
+                                                              meta_target), tracker)
             grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
             _regathered_on_meta(tape.shards)
             _drive(chunk_backward(tape, grads, _measuring(tp), None, ""))
             del tape
-    return tracker.peak_bytes
+    return tracker.peak_bytes, saved
+
+
+def _saving(program, tracker: SavedTensorTracker) -> tuple[object, tuple[int, ...]]:
+    """Run a forward step program without a clock (collectives skipped); (its value, the bytes `tracker` saw saved
+    in each region: each region ends with a Compute)."""
+    saved, before = [], 0
+    try:
+        op = next(program)
+        while True:
+            if type(op) is Compute:
+                saved.append(tracker.live_bytes - before)
+                before = tracker.live_bytes
+            op = program.send(None)
+    except StopIteration as stop:
+        return stop.value, tuple(saved)
 
 
 def _regathered_on_meta(shards: list) -> list:

@@ -75,7 +75,7 @@ from ..parallel import Membership
 from ..step_ops import Alloc, Await, Collective, Free, Post
 from ..train.precision import update_bytes
 from .bucket_overlap import BucketOverlap, megatron_buckets
-from .expert_parallel import expert_flags, experts_last
+from .expert_groups import expert_flags, experts_last
 from .offload import NO_OFFLOAD, HostOffload
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective

@@ -25,39 +25,69 @@ DDP's (`dp_allreduce`), the experts' over the dp/ep ranks that hold them
 its ep group's ranks of their mean losses' gradients, so this is the
 gradient of the mean loss over the global batch, as on one device.
 
-`ExpertLayers` gives the model-parallel scheme the groups, the exchanges'
-collectives, the experts of the other ep ranks for the whole model, and the
-`moe` report section (per step: tokens per expert, drops, the bytes the
-exchanges moved, from every ep group's routing; all-to-all time is in the
-trace and the parallel section, not split out here). With numerics off
-every layer routes its tokens evenly (`model.moe.routing: balanced`, what
-analytical simulators assume), and its records are that routing's.
+`ExpertLayers` gives the step engine the groups (EpGroup, schemes/expert_groups.py),
+the exchanges' collectives, the experts of the other ep ranks for the whole
+model, and the `moe` report section (schemes/moe_report.py; per step: tokens
+per expert, drops, the bytes the exchanges moved, from every ep group's
+routing, and a rank's mean seconds in the four all-to-alls). Data
+parallelism alone is the pp = tp = cp = 1 case: one chunk, the whole model,
+its MoE layers' exchanges over ep groups of adjacent data-parallel ranks
+(Megatron-Core's and torchtitan's ep inside dp).
+
+The experts' compute is charged by the tokens they received (the combine
+boundary's `work_share`, train/moe_exchange.py): an overloaded expert makes
+its rank slow, and its ep group waits for it. With numerics off every layer
+routes its tokens evenly (`model.moe.routing: balanced`, what analytical
+simulators assume), replayed from the measured costs; with a drawn routing
+model (zipf, histogram) each rank's assignments per expert are drawn (seeded
+by step, micro-batch, MoE layer and job rank: train/moe_routing.py) once for
+its ep group, and the layers run on meta tensors every step.
 
     experts = ExpertLayers(scheme)                  # ModelParallel with model.moe
     scheme.comms.ep, scheme.comms.expert_dp = experts.communicators()
     collective, result = experts.exchange(rank, kind, tensor)   # kind: a train/moe_exchange.py ExpertExchange
+    losses = yield from experts.timed(rank, step, stage.walk(...))   # its all-to-all seconds counted
 """
 from ..step_ops import Collective
 from ..train.moe import MoE
 from ..train.moe_exchange import balanced_routing
+from ..train.moe_routing import draw_assignments, routing_generator
+from .expert_groups import EpGroup, experts_last, group_all_to_all
+from .moe_report import moe_section, routing_figures
 from .replicated_update import ReplicatedUpdate
-from .expert_dispatch import EpGroup, group_all_to_all
-from .expert_parallel import experts_last, moe_section
 
 EXCHANGE_LABELS = ("moe dispatch", "moe combine", "moe dispatch backward", "moe combine backward")
 
 
 class ExpertLayers:
-    """The MoE layers of a model-parallel job: their ep groups, exchanges, records and report section."""
+    """The MoE layers of a step-engine job: their ep groups, exchanges, records and report section."""
 
     def __init__(self, scheme):
         self.scheme, self.job = scheme, scheme.job
-        layout = scheme.layout
-        self.ep, self.experts = layout.ep, scheme.job.scenario.model.moe.experts
+        layout, spec = scheme.layout, scheme.job.scenario.model.moe
+        self.ep, self.experts = layout.ep, spec.experts
         self.moe_steps: list[dict] = []
+        # full recomputation (layer_recompute.py) runs each unit's forward again before its backward, the same
+        # routing: two forwards a micro-batch, the second a repeat
+        self.forwards = 2 if scheme.recompute else 1
+        self.all_to_all_s: dict[int, float] = {}  # step -> the seconds its running ranks spent in the all-to-alls
         for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
             for layer in _layers(replica):
                 layer.aux_loss_scale = 1.0 / (scheme.microbatches * layout.tp)
+        # numerics off with a drawn routing model: each layer draws its group's routing and runs every step
+        self.drawing = not self.job.numerics and spec.routing.model != "balanced"
+        self._draws: dict[tuple, list[list[int]]] = {}  # (step, microbatch, layer, ep group) -> its draw
+        self._forwards: dict[tuple, int] = {}  # (step, rank, layer) -> the layer's forwards the rank ran in the step
+        self._step: dict[int, int] = {}  # running rank -> the step it runs
+        if self.drawing:
+            whole = [name for name, module in self.job.model.named_modules() if isinstance(module, MoE)]
+            for rank in scheme.running:
+                replica = scheme.replicas[rank]
+                if replica is None:
+                    continue
+                replica.run_every_step()
+                for name, layer in _named_layers(replica):
+                    layer.drawn_routing = _Draw(self, rank, whole.index(name))
 
     def communicators(self) -> tuple[dict, dict | None]:
         """(rank -> its EpGroup in its ep group, and with ep above 1 rank -> its Membership of the experts'
@@ -76,49 +106,82 @@ class ExpertLayers:
         result once it has run)."""
         return self.scheme.comms.ep[rank].exchange(kind, tensor)
 
-    def other_experts(self, pieces: dict) -> list:
-        """The experts the first replica does not hold, from the ranks of ep index 1 .. ep-1 of the first ep group
-        (pieces: rank -> RankModule.pieces())."""
+    def timed(self, rank: int, step: int, program):
+        """Step program: `program` (a rank's step of schedule actions), the communication seconds its all-to-alls
+        are credited (the interpreter's answer to each) counted toward step `step`'s."""
+        self._step[rank] = step
+        self.all_to_all_s.setdefault(step, 0.0)
+        try:
+            operation, answer = program.send(None), None
+            while True:
+                answer = yield operation
+                if type(operation) is Collective and operation.label in EXCHANGE_LABELS:
+                    self.all_to_all_s[step] += answer or 0.0
+                operation = program.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            program.close()
+
+    def draw(self, rank: int, layer: int, assignments: int) -> list[list[int]]:
+        """Numerics off, a drawn routing model: job rank `rank`'s ep group's assignments per expert, [ep
+        rank][expert], at MoE layer `layer` (of the whole model) of its current step's next micro-batch, each group
+        rank's `assignments` drawn once for the group (seeded by step, micro-batch, layer and job rank)."""
+        group, step = self.job.layout.rank_groups(rank).ep, self._step[rank]
+        forward = self._forwards.get((step, rank, layer), 0)
+        self._forwards[step, rank, layer] = forward + 1
+        microbatch = forward // self.forwards  # a recomputed forward draws what its first forward drew
+        key = (step, microbatch, layer, group)
+        if key not in self._draws:
+            routing, seed = self.job.scenario.model.moe.routing, self.job.scenario.seed
+            draw = step * self.scheme.microbatches + microbatch  # a step's own with one micro-batch
+            self._draws[key] = [draw_assignments(routing, self.experts, assignments,
+                                                 routing_generator(seed, draw, layer, member)) for member in group]
+        return self._draws[key]
+
+    def other_experts(self, pieces: dict, replica: int = 0) -> list:
+        """The experts data-parallel replica `replica`'s ranks do not hold, from the other ranks of their ep groups
+        (pieces: rank -> RankModule.pieces(); `replica` the first of its ep groups)."""
         layout = self.scheme.layout
-        return [(source, tensor) for rank in range(layout.world) if _completes_replica_0s_experts(layout, rank)
-                for source, tensor in pieces[rank] if ".experts." in source.name]
+        return [(source, tensor) for rank in layout.groups("model")[replica]
+                for member in layout.rank_groups(rank).ep if member != rank
+                for source, tensor in pieces[member] if ".experts." in source.name]
+
+    def first_replicas(self) -> list[int]:
+        """The data-parallel replicas that come first in their ep groups: one whole model each."""
+        layout = self.scheme.layout
+        return [replica for replica, ranks in enumerate(layout.groups("model"))
+                if layout.rank_groups(ranks[0]).ep.index(ranks[0]) == 0]
 
     def step_done(self, step: int) -> None:
         """Step `step` has ended on every rank: its routing, every ep group's once (read off its ep rank 0). A layer
         runs once a microbatch, and a rank may have run the next step's first ones already: each layer's oldest
-        records are this step's. Without numerics every layer charged the balanced routing of a microbatch's tokens
-        (train/moe_exchange.py), each tp rank its part of the sequence."""
-        layout, token_bytes = self.scheme.layout, None
-        received, assigned_total, kept_total, moved = [], 0, 0, 0
-        share = [0] * self.experts
-        per, m = self.experts // self.ep, self.scheme.microbatches
-        balanced = None  # numerics off: every layer's routing, the same for all (they share model.moe)
+        records are this step's (under full recomputation, each first of two). With numerics off and balanced
+        routing every layer charged the balanced routing of a microbatch's tokens (train/moe_exchange.py), each tp
+        rank its part of the sequence."""
+        layout, scheme, token_bytes, routings = self.scheme.layout, self.scheme, None, []
+        m, repeats = scheme.microbatches, self.forwards
+        taken = {}  # running rank -> per MoE layer, the step's routings
+        for rank in scheme.running:
+            layers = _layers(scheme.replicas[rank])
+            if self.job.numerics or self.drawing:
+                taken[rank] = [layer.routings[:m * repeats:repeats] for layer in layers]  # a recomputed one's once
+                for layer in layers:
+                    del layer.routings[:m * repeats]
+            else:  # every layer's routing, the same for all (they share model.moe)
+                taken[rank] = [[balanced_routing(layer, self._microbatch_tokens())] * m for layer in layers]
         for rank in range(layout.world):  # with representatives, each rank's figures are its representative's
-            layers = _layers(self.scheme.replicas[self.scheme._represented_by(rank)])
-            for layer in layers:
-                if self.job.numerics:
-                    routings, layer.routings = layer.routings[:m], layer.routings[m:]
-                else:
-                    balanced = balanced or [balanced_routing(layer, self._microbatch_tokens())] * m
-                    routings = balanced
-                if layout.rank_groups(rank).ep.index(rank):
-                    continue
+            if layout.rank_groups(rank).ep.index(rank):
+                continue
+            representative = scheme._represented_by(rank)
+            for layer, records in zip(_layers(scheme.replicas[representative]), taken.get(representative, [])):
                 token_bytes = layer.router.weight.shape[1] * layer.router.weight.element_size()
-                for assigned, kept in routings:
-                    received += [sum(row[e] for row in kept) for e in range(self.experts)]
-                    assigned_total += sum(map(sum, assigned))
-                    kept_total += sum(map(sum, kept))
-                    share = [total + sum(row[e] for row in assigned) for e, total in enumerate(share)]
-                    moved += sum(row[e] for src, row in enumerate(kept) for e in range(self.experts)
-                                 if e // per != src)
-        if not received:
-            return
-        mean = sum(received) / len(received)
-        self.moe_steps.append({
-            "min": min(received), "mean": mean, "max": max(received),
-            "imbalance": max(received) / mean if mean else 1.0, "dropped": assigned_total - kept_total,
-            # every kept token crosses to another rank four times: dispatch, combine and their backwards
-            "bytes": 4 * moved * token_bytes, "share": share})
+                routings += records
+        self._draws = {key: draw for key, draw in self._draws.items() if key[0] != step}
+        self._forwards = {key: count for key, count in self._forwards.items() if key[0] != step}
+        figures = routing_figures(self.experts, self.ep, routings, token_bytes)
+        if figures is not None:
+            self.moe_steps.append(figures)
 
     def _microbatch_tokens(self) -> int:
         """A rank's tokens per microbatch: its part of the sequence under tp (sequence parallelism)."""
@@ -126,9 +189,11 @@ class ExpertLayers:
         return sample.shape[0] * sample.shape[1] // self.scheme.layout.tp
 
     def report_sections(self, loss_curve) -> dict:
-        """The `moe` section (schemes/expert_parallel.py's), its all-to-all time left out (null)."""
+        """The `moe` section (schemes/moe_report.py): its all-to-all time a running rank's mean."""
         routing = "router" if self.job.numerics else self.job.scenario.model.moe.routing.model
-        return {"moe": moe_section(self.ep, self.experts, routing, self.moe_steps, loss_curve, None)}
+        running = len(self.scheme.running)
+        seconds = [self.all_to_all_s.get(step, 0.0) / running for step in range(len(self.moe_steps))]
+        return {"moe": moe_section(self.ep, self.experts, routing, self.moe_steps, loss_curve, seconds)}
 
 
 class ExpertUpdate(ReplicatedUpdate):
@@ -156,12 +221,30 @@ class ExpertUpdate(ReplicatedUpdate):
         buffer[dense:].div_(self.ep)
 
 
-def _completes_replica_0s_experts(layout, rank: int) -> bool:
-    """Whether job rank `rank` holds experts that data-parallel replica 0 does not, in their first copy: its place
-    in its ep group is not the first, and in its experts' data-parallel group it is."""
-    groups = layout.rank_groups(rank)
-    return groups.expert_dp.index(rank) == 0 and groups.ep.index(rank) > 0
+class _Draw:
+    """An MoE layer's `drawn_routing` (train/moe_exchange.py): its ep group's draw for a forward of
+    `assignments` a rank; a copy (a chunk measured on a meta copy) draws nothing, as balanced routing."""
+
+    def __init__(self, experts: ExpertLayers, rank: int, layer: int):
+        self.layers, self.rank, self.layer = experts, rank, layer
+
+    def __call__(self, assignments: int) -> list[list[int]]:
+        return self.layers.draw(self.rank, self.layer, assignments)
+
+    def __deepcopy__(self, memo):
+        return None
 
 
 def _layers(replica) -> list:
     return [] if replica is None else [layer for layer in replica.model.modules() if isinstance(layer, MoE)]
+
+
+def _named_layers(replica) -> list:
+    """(the whole model's name of the layer, the layer) of every MoE layer the replica's share holds."""
+    sources = replica.model.sources
+    named = []
+    for local, layer in replica.model.named_modules():
+        if isinstance(layer, MoE):
+            whole = sources[f"{local}.router.weight"].name
+            named.append((whole.removesuffix(".router.weight"), layer))
+    return named

@@ -33,7 +33,7 @@ import torch
 from ..step_ops import Alloc, Free
 from ..train.partition import module_structure
 from .chunk_measurement import measure_chunk
-from .stage_execution import ChunkCost, chunk_backward, chunk_forward, replay_backward, replay_forward
+from .stage_execution import ChunkCost, chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
 
 
 def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | None, tp: int = 1,
@@ -71,10 +71,11 @@ def layers_forward(layers: list, costs: list[ChunkCost], inputs: tuple, communic
         kept.append(inputs)
         if numerics:
             outputs, _, loss = yield from chunk_forward(ops, inputs, communicate, cost, dtype,
-                                                        target if last else None, loss_weight, number == 0)
+                                                        target if last else None, loss_weight, number == 0,
+                                                        holds=False)
             inputs = tuple(o.detach().requires_grad_(o.requires_grad) for o in outputs)
         else:
-            inputs = ((yield from replay_forward(cost, communicate, dtype, number == 0)),)
+            inputs = ((yield from replay_forward(cost, communicate, dtype, number == 0, holds=False)),)
     return kept, inputs[0].detach(), loss
 
 
@@ -86,7 +87,7 @@ def layers_backward(layers: list, costs: list[ChunkCost], kept: list[tuple], gra
     for number in range(len(layers) - 1, -1, -1):
         ops, cost = layers[number][1], costs[number]
         first = number == len(layers) - 1  # the unit whose recomputed forward starts the backward's pass
-        yield Alloc("activations", cost.activation_bytes)
+        yield Alloc("activations", held_whole(cost))  # an MoE layer's experts hold theirs apart (stage_execution.py)
         if numerics:
             _, tape, _ = yield from chunk_forward(ops, kept[number], communicate, cost, dtype,
                                                   target if first else None, loss_weight, first)
@@ -94,5 +95,5 @@ def layers_backward(layers: list, costs: list[ChunkCost], kept: list[tuple], gra
         else:
             yield from replay_forward(cost, communicate, dtype, first)
             grads = ((yield from replay_backward(cost, communicate, dtype, starts_pass=False)),)
-        yield Free("activations", cost.activation_bytes + held[number])
+        yield Free("activations", held_whole(cost) + held[number])
     return grads[0]

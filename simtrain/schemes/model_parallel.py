@@ -32,6 +32,12 @@ pp = tp = cp = 1 case: a rank's share is the whole model, one part.
   offloaded to the host: schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
   an overflow before stepping (schemes/overflow_vote.py);
+- **experts** (`model.moe`, `parallel.ep`): each MoE layer's tokens go to
+  their experts' ranks in its ep group and back by all-to-all, as regions of
+  the chunk's work (train/moe_exchange.py), the experts charged by the
+  tokens they received; the experts' gradients all-reduced over their
+  holders (schemes/expert_model_parallel.py), under data parallelism alone
+  as under pp / tp;
 - **SyncBN** (data parallelism alone): every BatchNorm's statistics
   all-reduced over the dp group in the forward and backward
   (schemes/sync_batchnorm.py).
@@ -59,7 +65,7 @@ share from the donor's rank of the same coordinates; under data parallelism
 alone, where every rank holds the whole state, 1/k from the donor's rank of
 the same index and a ring all-gather: scheme.py's default).
 
-    scheme = ModelParallel(job)        # any synchronous layout but ep under dp alone
+    scheme = ModelParallel(job)        # every synchronous layout
     job.start(); run_to_end(job.cluster.env)
     scheme.report_sections()["parallel"]["bubble_fraction"]
 """
@@ -118,17 +124,20 @@ class ModelParallel(RankReplicas, Scheme):
         self.running = [rank for rank in range(self.world) if self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
-        # data parallelism alone (pp = tp = cp = 1): every rank holds the whole model; replicated (DDP), its whole
-        # training state too
-        self.data_alone = self.layout.world == self.layout.dp
-        self.replicated = self.data_alone and not parallel.sharding.stage and parallel.ep == 1
+        # data parallelism alone (pp = tp = cp = 1, no ep): every rank holds the whole model; replicated (DDP), its
+        # whole training state too
+        self.data_alone = self.layout.world == self.layout.dp and self.layout.ep == 1
+        self.replicated = self.data_alone and not parallel.sharding.stage
         # fp16: the overflow vote of each replica's model-parallel group (a whole replica sees its whole gradient)
         self.vote = train.precision == "fp16" and not self.replicated
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
         # replicated, its all-reduces rings: alone on the network, each is timed as a group
         self.only_ring_all_reduces = (self.replicated and parallel.all_reduce == "ring"
                                       and train.optimizer.name != "kfac")  # K-FAC broadcasts too
-        self.synced_batchnorm = SyncedBatchNorm(self) if parallel.sync_batchnorm else None  # sync_batchnorm.py
+        # SyncBN (sync_batchnorm.py; refused for a model it cannot run); an MoE model has no BatchNorm to
+        # synchronize, its layers running as regions between their exchanges (train/moe_exchange.py)
+        synced = SyncedBatchNorm(self) if parallel.sync_batchnorm else None
+        self.synced_batchnorm = synced if self.experts is None else None
         self.regroup()
         for replica in self.replicas:  # the model ends with its loader's loss (a prioritized sampler's, weighted)
             if replica is not None:
@@ -268,9 +277,10 @@ class ModelParallel(RankReplicas, Scheme):
             replica.last_batch = (x, y)
             if step + 1 < self.steps:  # the next step's receives, ahead of its sends
                 receives.update((yield from stage.post_receives(step + 1)))
-            losses = yield from stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
-                                           replica.precision.loss_weight(1.0 / self.microbatches), receives,
-                                           tp_collective)
+            walk = stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
+                              replica.precision.loss_weight(1.0 / self.microbatches), receives, tp_collective)
+            # with experts, the seconds of their all-to-alls counted (expert_model_parallel.py)
+            losses = yield from (walk if self.experts is None else self.experts.timed(rank, step, walk))
             if self.sequence_parallel and not self.data_parallel.sums_sequence_parallel_grads:
                 yield from self.sum_tp_grads(rank, replica.model.whole_parameter_grads())
             yield from self.data_parallel.update(rank)
@@ -366,14 +376,17 @@ class ModelParallel(RankReplicas, Scheme):
         `replica` (its experts: replica 0's)."""
         return assemble(self.job.model, [piece for rank in self.layout.groups("model")[replica]
                                          for piece in pieces[rank]]
-                        + (self.experts.other_experts(pieces) if self.experts is not None else []))
+                        + (self.experts.other_experts(pieces, replica) if self.experts is not None else []))
 
     def final_models(self) -> list:
-        """The whole model each data-parallel replica ends with (with experts, or representatives: replica 0's)."""
-        if self.representatives or self.experts is not None:
+        """The whole model each data-parallel replica ends with (with experts, each ep group's: its first replica's
+        with the experts of the others; with representatives, replica 0's)."""
+        if self.representatives:
             return [self.trained_model()]
         pieces = {rank: self.data_parallel.whole_model(rank).pieces() for rank in range(self.world)}
-        return [self.assemble(pieces, replica) for replica in range(len(self.layout.groups("model")))]
+        replicas = (self.experts.first_replicas() if self.experts is not None
+                    else range(len(self.layout.groups("model"))))
+        return [self.assemble(pieces, replica) for replica in replicas]
 
     def samples_per_step(self) -> int:
         return self.layout.dp * self.job.scenario.data.batch_size

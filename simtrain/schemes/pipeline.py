@@ -67,7 +67,7 @@ from ..comm.ops import Recv, Send
 from ..parallel.schedules.actions import computations
 from ..step_ops import Alloc, Await, Free, Post
 from .layer_recompute import kept_bytes, layers_backward, layers_forward
-from .stage_execution import chunk_backward, chunk_forward, replay_backward, replay_forward
+from .stage_execution import chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
 from .weight_grads import input_gradient_part, weight_gradient_compute
 
 HOOK_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
@@ -149,7 +149,7 @@ class PipelineStage:
                 self.numerics))
         else:
             cost = self.scheme.cost(replica, work.chunk, part, inputs, target)
-            held = cost.activation_bytes
+            held = held_whole(cost)  # an MoE layer's experts hold theirs apart, by the tokens they received
             yield Alloc("activations", held)
             if self.numerics and self.synced_batchnorm is None:
                 outputs, tape, loss = yield from sharded.during(self.rank, work, cost, chunk_forward(

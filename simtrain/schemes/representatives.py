@@ -99,7 +99,7 @@ def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tu
 
 
 class MirroredEpGroup(NamedTuple):
-    """A representative's ep group (schemes/expert_dispatch.py's EpGroup, numerics off): each MoE layer's exchanges
+    """A representative's ep group (schemes/expert_groups.py's EpGroup, numerics off): each MoE layer's exchanges
     timed with every ep group of its stage (balanced routing: every group moves the same)."""
 
     comm: "MirroredCommunicator"

@@ -21,6 +21,8 @@ def sharded(parallel) -> bool:
 
 
 def expert_parallel(parallel) -> bool:
+    """Data parallelism alone with model.moe's experts sharded over ep ranks: the step engine's pp = tp = cp = 1
+    case with experts (schemes/expert_model_parallel.py)."""
     return parallel.mode == "sync" and parallel.ep > 1 and not parallel.model_parallel
 
 
@@ -30,6 +32,5 @@ def data_parallel(parallel) -> bool:
 
 
 def step_engine(parallel) -> bool:
-    """Whether the one step engine (model_parallel.py) runs the job: every synchronous layout but the
-    expert-parallel ones of data parallelism alone (a scheme of its own until it moves onto it)."""
-    return model_parallel(parallel) or sharded(parallel) or data_parallel(parallel)
+    """Whether the one step engine (model_parallel.py) runs the job: every synchronous layout."""
+    return parallel.mode == "sync"

@@ -59,6 +59,16 @@ output gradient's all-gather runs beside the input-gradient GEMM of the
 region after it and the input gradient's reduce-scatter beside the weight
 gradient (`ChunkCost.tp_overlap`: those GEMMs, measured apart).
 
+A boundary may say what share of its measured work the region before it did
+(`work_share`: an MoE layer's combine, whose experts' region was measured on
+balanced routing and received more or fewer tokens this time,
+train/moe_exchange.py): that region's compute is charged that share of its
+FLOPs and operators forward and backward. Its saved activations
+(`ChunkCost.shared_saved_bytes`, measured apart) are held apart from the
+rest of the chunk's (`held_whole`, from the chunk's forward to the end of its
+backward): that share of them, from the region's forward to its backward
+(replayed, all of them; not measured apart under split backwards).
+
 Full activation recomputation (train.checkpointing: full, as Megatron-LM's)
 runs these one unit of a chunk at a time (schemes/layer_recompute.py).
 
@@ -77,7 +87,7 @@ import torch
 
 from ..op_cost import OpCosts, scaled
 from ..train.tensor_parallel import Apply, ApplyWithTarget
-from ..step_ops import Await, Collective, Compute, Post
+from ..step_ops import Alloc, Await, Collective, Compute, Free, Post
 from .saved_shards import RegionSplit, SavedShard
 from .tp_overlap import COMM_SMS, TpOverlap, forward_beside, ring_exchange
 
@@ -118,6 +128,15 @@ class ChunkCost:
     # where a bucket's all-reduce may start inside a region (bucket_overlap.py); () under tp_comm_overlap, whose
     # regions leave GEMMs out
     grad_ready_flops: tuple[float, ...] = ()
+    # per region, forward order: the bytes autograd saved in the forward of a region whose work may be a share of
+    # what was measured (an MoE layer's experts), held apart from the rest; 0 for the others; () when none is
+    shared_saved_bytes: tuple[int, ...] = ()
+
+
+def held_whole(cost: ChunkCost) -> int:
+    """The activation bytes a chunk holds from its forward to the end of its backward: its peak less what its
+    regions of a share of their measured work hold apart (chunk_forward, replay_forward)."""
+    return cost.activation_bytes - sum(cost.shared_saved_bytes)
 
 
 @dataclass
@@ -128,17 +147,21 @@ class Tape:
     # per region: (index of an input, the collective on its gradient), or None
     reduce_grad: list = field(default_factory=list)
     shards: list = field(default_factory=list)  # per region: the SavedShard of its gathered input, or None
+    shares: list = field(default_factory=list)  # per region: the share of its measured work it did, or None (all)
+    held: list = field(default_factory=list)  # per region: the activation bytes it holds apart until its backward
 
 
 def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype: str,
-                  target: torch.Tensor | None = None, loss_weight=1.0, starts_pass: bool = True):
+                  target: torch.Tensor | None = None, loss_weight=1.0, starts_pass: bool = True, holds: bool = True):
     """Step program: run `ops` on `inputs` (a tuple of tensors; the ones that need a gradient require it),
     charging each region's FLOPs and kernels from `cost` (None: measuring, the charges are 0), the first
     region starting a pass if `starts_pass`.
 
     With `target`, the chunk ends the model and its ops end with the loss against it; backward
     starts from the loss times `loss_weight` (the microbatch's share of the batch, times the fp16
-    loss scale: a float or a 0-dim tensor). Returns (outputs, tape, loss)."""
+    loss scale: a float or a 0-dim tensor). `holds`: its activations are held until its backward (not a forward
+    whose activations are let go, to be run again before the backward: layer_recompute.py). Returns (outputs,
+    tape, loss)."""
     tape = Tape()
     region_inputs = state = inputs
     reduce_grad = shard = None
@@ -152,7 +175,13 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
         tape.reduce_grad.append(reduce_grad)
         tape.shards.append(shard)
         shard = None
-        compute = _region_compute(cost, region, "forward", dtype, starts_pass)
+        share = getattr(op, "work_share", None)  # an MoE layer's experts: the tokens they received this time
+        tape.shares.append(share)
+        compute = _shared(_region_compute(cost, region, "forward", dtype, starts_pass), share)
+        held = _held_apart(cost, region, share) if holds else 0  # its share of the activations it saved
+        tape.held.append(held)
+        if held:
+            yield Alloc("activations", held)
         region += 1
         values = tuple(t.detach() for t in state)
         if op.forward in OVERLAPPED:
@@ -185,6 +214,8 @@ def chunk_forward(ops, inputs: tuple, communicate, cost: ChunkCost | None, dtype
     tape.regions.append((region_inputs, state))
     tape.reduce_grad.append(reduce_grad)
     tape.shards.append(shard)
+    tape.shares.append(None)
+    tape.held.append(0)
     yield _region_compute(cost, region, "forward", dtype, starts_pass)
     return state, tape, None if loss is None else loss.detach()
 
@@ -210,7 +241,9 @@ def chunk_backward(tape: Tape, output_grads: tuple | None, communicate, cost: Ch
         grads, scattered = yield from _backward_compute(cost, step, dtype, communicate, starts_pass,
                                                         tape.shards[index],
                                                         lambda region=tape.regions[index], grads=grads:
-                                                        _autograd(*region, grads), scatter)
+                                                        _autograd(*region, grads), scatter, tape.shares[index])
+        if tape.held[index]:  # what it held apart, let go after its backward
+            yield Free("activations", tape.held[index])
         if arriving is not None:  # the gradient of the block this region passed through unchanged
             handle, at, arrived = arriving
             if handle is not None:
@@ -249,17 +282,18 @@ def _autograd(inputs: tuple, outputs: tuple, grads: tuple | None) -> tuple:
 
 
 def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate, starts_pass: bool,
-                      shard: SavedShard | None = None, run=lambda: None, scatter=None):
+                      shard: SavedShard | None = None, run=lambda: None, scatter=None, share: float | None = None):
     """Step program: backward region `step`'s numerics (`run()`) and its compute (its kernels, and the pass it
     may start, charged on its first piece); where the region's gathered
     input was kept as its shard, the shard gathered again beside the first half of its column-parallel Linears'
     backward (their input gradient) and awaited before the second (their weight gradient):
     schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the
     input gradient and its result, posted beside the weight gradient (or None: no collective); the halves
-    beside a collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS).
+    beside a collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS). `share`: the
+    share of its measured work the region did (an MoE layer's experts, by the tokens they received), or None.
     Returns (run()'s value, that result or None)."""
     split = cost.backward_regather[step] if cost is not None and cost.backward_regather else None
-    compute = _region_compute(cost, step, "backward", dtype, starts_pass)
+    compute = _shared(_region_compute(cost, step, "backward", dtype, starts_pass), share)
     if split is None:
         value = run()
         yield compute
@@ -299,6 +333,22 @@ def _region_compute(cost: ChunkCost | None, region: int, name: str, dtype: str, 
                    ops=cost.backward_ops[region], passes=passes)
 
 
+def _held_apart(cost: ChunkCost | None, region: int, share: float | None) -> int:
+    """Bytes forward region `region` holds apart from the chunk's whole, doing `share` of its measured work (None:
+    all of it)."""
+    if cost is None or not cost.shared_saved_bytes:
+        return 0
+    return round(cost.shared_saved_bytes[region] * (1 if share is None else share))
+
+
+def _shared(compute: Compute, share: float | None) -> Compute:
+    """`compute` with `share` of its FLOPs and operators' work (None or 1: all of it); its kernels as many (an
+    expert's GEMMs run however many tokens it received)."""
+    if share is None or share == 1:
+        return compute
+    return compute._replace(flops=compute.flops * share, ops=scaled(compute.ops, share) if compute.ops else compute.ops)
+
+
 def _beside(compute: Compute, collective):
     """Step program: an OVERLAPPED collective posted, a region's compute, the collective awaited (measuring,
     where the collective is a _Reduced: the compute, then it)."""
@@ -311,10 +361,13 @@ def _beside(compute: Compute, collective):
         yield collective
 
 
-def replay_forward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool = True):
-    """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off);
-    returns the meta tensor the chunk hands on."""
+def replay_forward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool = True, holds: bool = True):
+    """Step program: chunk_forward's compute spans and collectives from `cost` alone (numerics off), its
+    activations held apart too where it `holds` them; returns the meta tensor the chunk hands on."""
     for region, reduced in enumerate(cost.forward_reduced):
+        held = _held_apart(cost, region, None) if holds else 0
+        if held:
+            yield Alloc("activations", held)
         compute = _region_compute(cost, region, "forward", dtype, starts_pass)
         if reduced is not None and reduced[0] in OVERLAPPED:
             yield from _beside(compute, communicate(*reduced)[0])
@@ -334,6 +387,7 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool 
     returns the meta gradient of the chunk's first input (None if it needs none)."""
     arriving = gathering = None
     overlap = cost.tp_overlap
+    regions = len(cost.backward_reduced)
     for step, reduced in enumerate(cost.backward_reduced):
         if gathering is not None:  # tp_comm_overlap: the output gradient gathered beside the input-gradient GEMM
             yield from ring_exchange(communicate, gathering, overlap.grad_gather_beside[step], dtype, "backward")
@@ -342,6 +396,9 @@ def replay_backward(cost: ChunkCost, communicate, dtype: str, starts_pass: bool 
         if overlap is not None and overlap.grad_scatter_beside[step] and reduced is not None:
             scatter = lambda _, reduced=reduced: communicate(*reduced)  # noqa: E731
         _, scattered = yield from _backward_compute(cost, step, dtype, communicate, starts_pass, scatter=scatter)
+        held = _held_apart(cost, regions - 1 - step, None)
+        if held:  # what its forward region held apart
+            yield Free("activations", held)
         if arriving is not None:
             yield Await(arriving)
             arriving = None

@@ -42,10 +42,10 @@ an MoE block's FLOPs do not depend on the routing; with a capacity, every step
 is charged the drops of the first.
 
 Under expert parallelism (`parallel.ep`) each rank's copy keeps only its
-share of every layer's experts (`keep_experts_`), and the layer runs through
-schemes/expert_dispatch.py, which moves the tokens to their experts' ranks;
-under pp / tp the block's `parallel_ops` run it as the regions of
-train/moe_exchange.py, between its ep group's exchanges.
+share of every layer's experts (`keep_experts_`), and the block's
+`parallel_ops` run it as the regions of train/moe_exchange.py, between its ep
+group's exchanges, which move the tokens to their experts' ranks (the step
+engine, schemes/model_parallel.py, under every layout).
 
     layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
     y = layer(h)                         # (batch, positions, 64)
@@ -99,7 +99,9 @@ class MoE(nn.Module):
     """Router, routed experts and shared experts: the MLP of a mixture-of-experts block. `expert()` builds one
     expert, routed or shared (default: a gpt's, `gpt_expert`)."""
 
-    RECORDS = ("routing", "routings")  # what its forwards did, not what it computes (partition.module_structure)
+    # what its forwards did, and where numerics off draw their routing, not what it computes (partition.py's
+    # module_structure: a cost is measured on balanced routing)
+    RECORDS = ("routing", "routings", "drawn_routing")
 
     def __init__(self, hidden: int, spec: MoESpec, expert: Callable[[], nn.Module] | None = None):
         super().__init__()
@@ -112,11 +114,14 @@ class MoE(nn.Module):
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
         self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
         self.aux_loss_scale = 1.0  # the balancing loss's share of the loss (pp / tp: 1 / (microbatches x tp))
-        self.routings: list = []  # under pp / tp: each forward's (assigned, kept) of the ep group (moe_exchange.py)
+        self.routings: list = []  # the step engine: each forward's (assigned, kept) of the ep group (moe_exchange.py)
+        # numerics off with a drawn routing model: (assignments a rank) -> the ep group's draw, [rank][expert]
+        # (schemes/expert_model_parallel.py); None: balanced routing
+        self.drawn_routing = None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if len(self.experts) < self.spec.experts:
-            raise RuntimeError("an expert-parallel MoE layer runs through schemes/expert_dispatch.py")
+            raise RuntimeError("an expert-parallel MoE layer runs as train/moe_exchange.py's regions (exchange_ops)")
         tokens = h.reshape(-1, h.shape[-1])
         if tokens.is_meta:
             out = self._balanced(tokens)
@@ -167,7 +172,7 @@ class MoE(nn.Module):
 
 class ExpertsBlock:
     """A transformer block whose MLP is a mixture of experts (gpt's MoEBlock, llama's LlamaMoEBlock), as the
-    expert-parallel schemes run it (schemes/expert_dispatch.py): `moe`, its MoE layer, after
+    step engine runs it (train/moe_exchange.py): `moe`, its MoE layer, after
     `before_experts(x)`, the block up to that layer; the block is x + moe(h) from there. (A mixin: it comes
     before the block's class among the bases.)"""
 
@@ -212,7 +217,7 @@ def scale_balancing_loss(model: nn.Module, scale: float) -> None:
 
 def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:
     """Expert parallelism: every MoE layer of `model` keeps only ep rank `ep_rank`'s experts, the
-    `experts / ep` from `ep_rank * experts / ep` on (schemes/expert_dispatch.py runs them); returns `model`."""
+    `experts / ep` from `ep_rank * experts / ep` on (train/moe_exchange.py runs them); returns `model`."""
     for layer in model.modules() if ep > 1 else ():
         if isinstance(layer, MoE):
             count = layer.spec.experts // ep

@@ -4,9 +4,8 @@ Under expert parallelism (`parallel.ep`) ep rank i of an ep group holds the
 i-th run of experts/ep of every MoE layer (train/moe.py keep_experts_), and
 the layer's tokens go to their experts' ranks and back by all-to-all. The
 pieces here are what every rank computes between those exchanges, on real
-tensors (or meta ones), shared by the two schemes that run them:
-schemes/expert_dispatch.py (ep inside data parallelism) and the
-model-parallel step under pp / tp (schemes/expert_model_parallel.py), where
+tensors (or meta ones), as the step engine runs them under every layout (data
+parallelism alone included: schemes/expert_model_parallel.py):
 `exchange_ops` gives the layer as Apply steps with the exchanges as
 boundaries between regions, as tensor parallelism's collectives are
 (train/tensor_parallel.py, schemes/stage_execution.py).
@@ -28,7 +27,17 @@ One layer, on the (x, h) of a block (its residual stream and the MoE's input):
 Every boundary's backward is the reverse exchange ("moe dispatch backward",
 "moe combine backward"). Without a router's output (meta tensors: numerics
 off, or a cost measured before any routing) every rank's assignments are
-balanced (`balanced_routing`).
+balanced (`balanced_routing`), or, where the scheme set the layer's
+`drawn_routing` (numerics off with model.moe.routing zipf or histogram), drawn
+from the routing model (train/moe_routing.py) for the whole ep group.
+
+The experts' region is measured once, on balanced routing; its work is
+linear in the tokens the rank's experts receive (every expert of a layer
+alike), so the combine boundary's `work_share` is the share of that measured
+work this forward's routing gave the rank (received rows / balanced rows),
+which the step engine charges the region forward and backward
+(schemes/stage_execution.py): an overloaded rank's experts take longer, and
+its group waits for it at the combine.
 
     ops = exchange_ops(block.moe)      # (x, h) -> (x + moe(h),), after a block's attention ops
     block.moe.routings                 # per forward: (assigned, kept), [ep rank][expert], of its ep group
@@ -129,6 +138,7 @@ class _Exchanging:
         self.moe = moe
         self.kept: list[list[int]] = []
         self.counts: tuple = ()
+        self.share: float | None = None  # the experts' region's share of its measured (balanced) work
 
     @property
     def ep_rank(self) -> int:
@@ -146,14 +156,16 @@ class _Exchanging:
         moe, me = self.moe, self.ep_rank
         experts, ep = moe.spec.experts, moe.ep
         capacity = moe.capacity(tokens.shape[0] * ep)
-        if gathered.is_meta:
-            assigned, self.kept = balanced_routing(moe, tokens.shape[0])
-        else:
-            assigned = gathered.tolist()
+        drawn = moe.drawn_routing
+        balanced = balanced_routing(moe, tokens.shape[0])
+        if not gathered.is_meta or drawn is not None:
+            assigned = gathered.tolist() if not gathered.is_meta else drawn(tokens.shape[0] * moe.spec.top_k)
             self.kept = kept_matrix(assigned, capacity)
-        self.counts = tuple(map(tuple, rank_counts(self.kept)))
-        if not gathered.is_meta:
             moe.routings.append((assigned, self.kept))
+        else:
+            assigned, self.kept = balanced
+        self.counts = tuple(map(tuple, rank_counts(self.kept)))
+        self.share = _received(self.kept, moe) / max(1, _received(balanced[1], moe))
         ahead = [sum(assigned[src][e] for src in range(me)) for e in range(experts)]
         token_index, slot = kept_positions(chosen, experts, capacity, ahead, self.kept[me])
         return x, tokens, weights, token_index, slot, tokens[token_index]
@@ -170,6 +182,12 @@ class _Exchanging:
         """The all-to-all `label` of this forward's routing (`reverse`: tokens going back to their ranks)."""
         counts = transposed(self.counts) if reverse else self.counts
         return ExpertExchange(label, counts, sum(row[self.ep_rank] for row in counts))
+
+
+def _received(kept: list[list[int]], moe) -> int:
+    """The tokens the experts `moe` holds receive, of an ep group whose kept assignments are `kept`."""
+    first, per = moe.first_expert, len(moe.experts)
+    return sum(row[first + j] for row in kept for j in range(per))
 
 
 class _Counts(NamedTuple):
@@ -209,6 +227,11 @@ class _Combine(NamedTuple):
     @property
     def forward(self) -> ExpertExchange:
         return self.layer.exchange("moe combine", reverse=True)
+
+    @property
+    def work_share(self) -> float | None:
+        """The share of its measured work the region before this boundary (the experts') did this forward."""
+        return self.layer.share
 
     @property
     def backward(self) -> ExpertExchange:

@@ -1,0 +1,106 @@
+"""An ep group's token exchanges, and a replica's gradients cut into the replicated part and its experts'.
+
+Under expert parallelism (`parallel.ep`) ep rank i of an ep group holds the
+i-th run of experts/ep of every MoE layer (train/moe.py keep_experts_); the
+step engine runs each MoE layer as regions of its chunk's work with the ep
+group's exchanges as boundaries (train/moe_exchange.py). `EpGroup` is a rank's
+place in its ep group: the communicator, the rank's index, and the
+all-to-all program the group's dispatches and combines run
+(`group_all_to_all`: `parallel.moe_dispatch` pairwise, every rank to every
+peer at once as NCCL's all-to-all; or hierarchical, inside each host first
+and then between hosts along the rails, PXN's order, over the hosts the
+topology puts the group's ranks on, which must hold equal shares of it).
+"moe counts" (every rank's assignments per expert) is a ring all-gather.
+
+A rank's experts are data parallel over their holders (one rank of the same
+ep index in every ep group), the rest of the model over every data-parallel
+rank: `experts_last` re-points a replica's gradients into one buffer,
+replicated parameters first, so each part is all-reduced over its own group
+(schemes/expert_model_parallel.py's ExpertUpdate; the distributed optimizer's
+shards, distributed_optimizer.py).
+
+    groups = {rank: EpGroup(comm, index, ranks, group_all_to_all(job, ranks)) for index, rank in enumerate(ranks)}
+    collective, received = groups[rank].exchange(kind, tensor)    # kind: an ExpertExchange
+    dense = experts_last(replica)            # replica.grad_buffer[:dense] replicated, [dense:] its experts'
+"""
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..comm.all_to_all import hierarchical_all_to_all, pairwise_all_to_all
+from ..comm.channels import layout_of
+from ..comm.ring import ring_all_gather
+from ..errors import ScenarioError
+from ..step_ops import Collective
+from ..train.grad_bucket import flat_grad_buffer
+from ..train.moe import MoE
+
+
+@dataclass(frozen=True)
+class EpGroup:
+    """A rank's ep group: its communicator, the rank's place in it, the job ranks in it and its all-to-all
+    (comm/all_to_all.py: fn(rank, world, send, recv, counts) -> program)."""
+
+    comm: object
+    index: int
+    ranks: tuple[int, ...]
+    all_to_all: Callable = pairwise_all_to_all
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def exchange(self, kind, tensor: torch.Tensor):
+        """(the Collective of exchange `kind` (train/moe_exchange.py's ExpertExchange) of `tensor` over the group,
+        the tensor that holds what arrives once it has run): "moe counts" all-gathers each rank's (1, experts)
+        counts into (ranks, experts), rank order; an all-to-all sends `kind.counts[index]` rows to each rank."""
+        if kind.label == "moe counts":
+            gathered = tensor.new_zeros((self.size, tensor.shape[1]))
+            gathered[self.index].copy_(tensor[0])
+            # the ring starts with rank r's counts at position r + 1: chunk p is row p - 1
+            program = ring_all_gather(self.index, (self.index + 1) % self.size, (self.index - 1) % self.size,
+                                      [gathered[(position - 1) % self.size] for position in range(self.size)])
+        else:
+            gathered = kind.result_like(tensor)
+            program = self.all_to_all(self.index, self.size, tensor, gathered, kind.counts)
+        return Collective(program, kind.label, comm=self.comm, rank=self.index), gathered
+
+
+def group_all_to_all(job, ranks) -> Callable:
+    """The all-to-all program of the ep group of job ranks `ranks`: `parallel.moe_dispatch`'s, the hierarchical one
+    over the hosts the topology puts them on."""
+    if job.scenario.parallel.moe_dispatch == "pairwise":
+        return pairwise_all_to_all
+    hosts = [list(host) for host in layout_of(job.cluster.topology, [job.devices[rank].node for rank in ranks]).hosts]
+    if len({len(host) for host in hosts}) > 1:
+        raise ScenarioError(f"parallel.moe_dispatch: hierarchical needs the ep group's ranks {list(ranks)} spread "
+                            f"evenly over hosts, got {', '.join(str(len(host)) for host in hosts)} a host")
+    return functools.partial(hierarchical_all_to_all, hosts=hosts)
+
+
+def expert_flags(replica) -> list[bool]:
+    """For each of the replica's trainable parameters, in its order, whether it belongs to an MoE layer's experts."""
+    expert_ids = {id(p) for layer in replica.model.modules() if isinstance(layer, MoE)
+                  for p in layer.experts.parameters()}
+    return [id(p) in expert_ids for p in replica.params]
+
+
+def experts_last(replica) -> int:
+    """Re-point the replica's gradients into one buffer, replicated parameters first, then its experts'
+    (each part all-reduced over its own group), the fp32 masters' in the same order (mixed precision: the
+    averaged buffer is copied onto them); returns the replicated part's elements."""
+    flags = expert_flags(replica)
+    dense = sum(p.numel() for p, is_expert in zip(replica.params, flags) if not is_expert)
+    order = sorted(range(len(replica.params)), key=lambda i: flags[i])  # stable
+    replica.params = [replica.params[i] for i in order]
+    replica.grad_buffer = flat_grad_buffer(replica.params)
+    precision = replica.precision
+    precision.model_params = [precision.model_params[i] for i in order]
+    if precision.mixed:
+        precision.master_params = [precision.master_params[i] for i in order]
+        precision.master_grads = flat_grad_buffer(precision.master_params)
+    else:  # fp32: the parameters are their own masters
+        precision.master_params = precision.model_params
+    return dense
