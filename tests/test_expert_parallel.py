@@ -76,6 +76,20 @@ def test_trains_to_the_parameters_of_one_device(ep):
     assert_same_parameters(report.final_model, reference)
 
 
+@pytest.mark.parametrize("parallel", [{"sharding": {"stage": 1}}, {"sharding": {"stage": 2}},
+                                      {"pipeline": {"microbatches": 2}},
+                                      {"sharding": {"stage": 2}, "pipeline": {"microbatches": 2}}],
+                         ids=["zero 1", "zero 2", "2 micro-batches", "zero 2, 2 micro-batches"])
+def test_sharded_and_accumulated_experts_train_to_the_parameters_of_one_device(parallel):
+    """Under data parallelism alone the distributed optimizer shards the dense parameters over the 4 ranks and
+    each expert's over its 2 holders, and micro-batches accumulate: still one device's training."""
+    devices = 2 if "sharding" not in parallel else 4
+    spec = scenario(devices, 2, parallel=parallel)
+    report = simtrain.run(spec)
+    reference, _ = one_device(spec, devices)
+    assert_same_parameters(report.final_model, reference)
+
+
 TWO_HOSTS = {"topology": "hierarchical", "gpus_per_node": 2, "device": "a100-40gb",
              "link": {"bandwidth": 1e9, "latency": 1e-6}, "inter_node_link": {"bandwidth": 2.5e8, "latency": 5e-6}}
 
@@ -209,20 +223,16 @@ def cli(*args):
                                                                          "parallel.ep, which is 1"),
     ("run", ["model.moe={experts: 6}", "parallel.ep=3", "parallel.moe_dispatch=hierarchical", "cluster.devices=6",
              "cluster.topology=hierarchical", "cluster.gpus_per_node=2",
-             "cluster.inter_node_link={bandwidth: 1e9, latency: 1e-5}", "train.steps=1",
-             "parallel.pipeline.microbatches=1"],  # gpt_small's 4: accumulation, which ep does not take
+             "cluster.inter_node_link={bandwidth: 1e9, latency: 1e-5}", "train.steps=1"],
      "parallel.moe_dispatch: hierarchical needs the ep group's ranks [0, 1, 2] spread evenly over hosts"),
-    ("validate", ["model.moe={}", "parallel.ep=2", "parallel.sharding.stage=1"], "parallel.sharding.stage: with "
-                                                                                  "parallel.ep and data parallelism "
-                                                                                  "alone is not built"),
+    ("validate", ["model.moe={}", "parallel.ep=2", "parallel.sharding.stage=3"], "parallel.sharding.stage: 3 with "
+                                                                                  "parallel.ep is not built"),
     ("validate", ["model.moe={routing: {model: histogram, histogram: [1, 2]}}"], "model.moe.routing.histogram"),
-    ("run", ["model.moe={experts: 8}", "parallel.ep=8", "train.steps=1", "parallel.pipeline.microbatches=1"],
+    ("run", ["model.moe={experts: 8}", "parallel.ep=8", "train.steps=1"],
      "parallel.ep: 8 does not divide the 4 "
                                                                           "data-parallel ranks"),
     ("validate", ["model.moe={experts: 4, top_k: 5}", "parallel.ep=2"], "model.moe.top_k: 5 is more than the 4"),
     ("validate", ["model.moe={capacity_factor: 0}", "parallel.ep=2"], "model.moe.capacity_factor"),
-    ("validate", ["model.moe={}", "parallel.ep=2"], "parallel.ep: expert parallelism without pp or tp does not "
-                                                    "combine with gradient accumulation"),
 ])
 def test_bad_input_is_one_line_naming_the_key(capsys, tmp_path, command, overrides, expected):
     args = [arg for override in overrides for arg in ("--set", override)]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from simtrain import plan_memory, run
+from simtrain.scenario import validate_scenario
 from simtrain.hw.host_compute import host_step_s
 from simtrain.memory_plan import plan_host_memory
 from simtrain.schemes.sharded_replica import chunk_update_bytes
@@ -43,6 +44,39 @@ def test_an_offloaded_run_trains_the_unoffloaded_runs_parameters(stage, offload,
         alone = run(scenario(MLP, 1, batch_size=4 * MLP["data"]["batch_size"], steps=4))
         torch.testing.assert_close(flat_parameters(offloaded.final_model), flat_parameters(alone.final_model),
                                    rtol=0, atol=1e-5)
+
+
+LAYOUTS = {"pp 2": {"pp": 2}, "tp 2": {"tp": 2}, "HSDP": {"sharding": {"degree": 2}}}
+
+
+def beside(layout: str, stage: int, offload: str = "none"):
+    """BLOCKS_MODEL on 4 ranks in bf16 with Adam, sharded at `stage` under `layout` (with 2 data-parallel ranks
+    beside pp or tp; HSDP: 2 replicas of shard groups of 2)."""
+    parallel = {**LAYOUTS[layout], "sharding": {"stage": stage, "offload": offload,
+                                                **LAYOUTS[layout].get("sharding", {})}}
+    base = on_host(BLOCKS_MODEL)
+    return validate_scenario({**base, "cluster": {**base["cluster"], "devices": 4}, "parallel": parallel,
+                              "train": {**base["train"], "precision": "bf16", "steps": 3}})
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("stage", [1, 3])
+def test_offload_beside_model_parallelism_and_hsdp_trains_the_same_parameters_holding_its_closed_form(layout, stage):
+    """Offloaded under pp, tp or HSDP, every rank's shard steps on the host: the unoffloaded run's parameters bit
+    for bit, each device holding ZeRO-Offload's share of its own (P e of weights: its share's padded parameters
+    in bf16; S e under stage 3 with the parameters on the device), the host 16 bytes of bf16 Adam's state per
+    element of every rank's shard (the HSDP replicas each their own)."""
+    offloaded = run(beside(layout, stage, "optimizer"))
+    assert torch.equal(flat_parameters(offloaded.final_model), flat_parameters(run(beside(layout, stage)).final_model))
+    job = one_step(beside(layout, stage, "optimizer"))
+    layouts = [job.scheme.replicas[rank].layout for rank in range(4)]
+    for device, shards in zip(job.devices, layouts):
+        held = shards.shard_numel if stage == 3 else shards.padded_numel
+        assert device.memory.peak["weights"] == 2 * held
+        assert device.memory.peak.get("optimizer_state", 0) == 0
+    store = job.cluster.shared_memory.memory.peak
+    assert store["master_weights"] + store["gradients"] + store["optimizer_state"] == sum(
+        16 * shards.shard_numel for shards in layouts)
 
 
 # ---------------------------------------------------------------- memory
@@ -140,10 +174,6 @@ def test_with_a_free_host_link_a_step_is_the_unoffloaded_step_with_the_hosts_upd
      "parallel.sharding.offload: optimizer offloads a rank's shard of the training state; needs sharding.stage"),
     (HOST, {"sharding": {"stage": 2, "offload": "optimizer_and_parameters"}},
      "parallel.sharding.offload: optimizer_and_parameters offloads the parameters' shards"),
-    (HOST, {"tp": 2, "sharding": {"stage": 1, "offload": "optimizer"}},
-     "parallel.sharding.offload: with parallel.pp or parallel.tp above 1 is not built yet"),
-    (HOST, {"sharding": {"stage": 2, "degree": 2, "offload": "optimizer"}},
-     "parallel.sharding.offload: with HSDP (degree 2 below the 4 data-parallel ranks) is not built yet"),
 ])
 def test_offload_that_cannot_run_is_one_line_and_exit_2(tmp_path, capsys, cluster, parallel, expected):
     raw = {**MLP, "cluster": {"devices": 4, **cluster}, "parallel": parallel}

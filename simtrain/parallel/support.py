@@ -223,12 +223,6 @@ REFUSED = (
             "deepseek_v3_pp+fsdp+tp+ep test); Megatron-Core's distributed optimizer shards states and gradients, "
             "not parameters.",
             (TORCHTITAN,)),
-    Refusal(("ep", ZERO, "dp alone"),
-            "parallel.sharding.stage: with parallel.ep and data parallelism alone is not built (set parallel.pp or "
-            "parallel.tp above 1 for the distributed optimizer, or sharding.stage 0)",
-            "Megatron-Core: --use-distributed-optimizer with --expert-model-parallel-size at tp = pp = 1; "
-            "torchtitan: FSDP2 over the dense layers and, on efsdp, over the experts of its ep groups.",
-            (MEGATRON_CORE, TORCHTITAN)),
     Refusal(("ep", "ZeRO overlap"),
             "parallel.sharding.overlap_grad_reduce: with parallel.ep is not built (the experts reduce over their own "
             "group after the backward)",
@@ -244,13 +238,6 @@ REFUSED = (
     Refusal((ZERO, "async"),
             "parallel.sharding.stage: {stage} shards synchronous data parallelism; async keeps one shared store "
             "(set parallel.mode sync, or sharding.stage 0)", NO_ASYNC),
-    Refusal(("offload", MODEL_PARALLEL),
-            "parallel.sharding.offload: with parallel.pp or parallel.tp above 1 is not built yet (set offload to "
-            "none)",
-            "Megatron-Core: --optimizer-cpu-offload (with --use-precision-aware-optimizer) beside tp and pp; "
-            "torchtitan: training.enable_cpu_offload (FSDP2's CPUOffloadPolicy) beside tp and cp, as its "
-            "cpu_offload+opt_in_bwd+TP+DP+CP test runs it.",
-            (MEGATRON_CORE, TORCHTITAN)),
     # -- precision, optimizers, samplers
     # async: the shared fp32 parameters have no master copy
     Refusal(("async", LOW_PRECISION),
@@ -306,12 +293,6 @@ REFUSED = (
     # -- gradient accumulation (micro-batches without a pipeline)
     Refusal(("gradient accumulation", "async"),
             "parallel.mode: async (each worker pushes its own batch's gradient) " + GRADIENT_ACCUMULATION, NO_ASYNC),
-    Refusal(("gradient accumulation", "ep"),
-            "parallel.ep: expert parallelism without pp or tp " + GRADIENT_ACCUMULATION,
-            "Megatron-Core: a --global-batch-size above --micro-batch-size x dp accumulates micro-batches with "
-            "expert parallelism; torchtitan: training.global_batch_size above the local batch accumulates "
-            "gradients with ep.",
-            (MEGATRON_CORE, TORCHTITAN)),
     Refusal(("gradient accumulation", "K-FAC"),
             "train.optimizer.name: kfac (its factors read one forward) " + GRADIENT_ACCUMULATION, NO_KFAC),
     Refusal(("gradient accumulation", "SyncBN"),
@@ -364,13 +345,6 @@ REFUSED = (
     Refusal((ZERO, "K-FAC"), "train.optimizer.name: kfac preconditions whole layers; shard sgd or adam", NO_KFAC),
     Refusal((ZERO, "SyncBN"), "parallel.sharding: does not combine with parallel.sync_batchnorm yet", NO_BATCHNORM),
     # -- known once the job's devices are (the layout)
-    Refusal(("offload", "HSDP"),
-            "parallel.sharding.offload: with HSDP (degree {shard_degree} below the {dp_ranks} data-parallel ranks) "
-            "is not built yet",
-            "torchtitan: training.enable_cpu_offload hands FSDP2 its CPUOffloadPolicy on the data-parallel mesh "
-            "whatever its shape, the (replicate, shard) mesh of data_parallel_replicate_degree above 1 (HSDP) "
-            "included.",
-            (TORCHTITAN,)),
     Refusal(("ep", "HSDP", MODEL_PARALLEL),
             "parallel.sharding.degree: HSDP with parallel.ep ({shard_degree} of the {dp_ranks} data-parallel ranks) "
             "is not built",

@@ -80,6 +80,14 @@ def megatron_buckets(chunk_numels: list[list[int]], bucketed: list[bool], bucket
     return units
 
 
+def chunk_starts(replica) -> list[int]:
+    """Where each of the rank's model chunks' trainable parameters start among its parameters, and their end."""
+    starts = [0]
+    for chunk in replica.model.chunks:
+        starts.append(starts[-1] + sum(1 for p in chunk.parameters() if p.requires_grad))
+    return starts
+
+
 class BucketOverlap:
     """One rank's buckets: the reduce-scatters woven into its backward, the all-gathers into its forward."""
 

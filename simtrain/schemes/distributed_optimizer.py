@@ -1,14 +1,11 @@
 """ZeRO stages 1 and 2 (Megatron-Core's distributed optimizer) and 3 (FSDP), each optionally as HSDP, in every
 layout: the sharded strategy of the step engine's data parallelism (replicated_update.py is DDP's).
 
-Under data parallelism alone (pp = tp = cp = 1, no ep) a rank's share is the
-whole model, cut as FSDP2 wraps it: a unit per block, each gathered (stage 3)
-and reduce-scattered beside the compute (unit_overlap.py), every
-microbatch's gradient reduced under stages 2 and 3 (FSDP2's default), and
-`offload` (ZeRO-Offload, offload.py) keeps the fp32 shard, its gradient and
-its optimizer state (and under stage 3 optionally the parameter chunks) on
-the host, which steps them. What follows is the distributed optimizer under
-pp / tp / cp.
+Under data parallelism alone (pp = tp = cp = 1, no ep) a rank's share, the
+whole model, is cut as FSDP2 wraps it: a unit per block (unit_overlap.py).
+In every layout `offload` keeps each rank's fp32 shard and its optimizer on
+the host (offload.py), each reduced chunk copied there as its reduction
+(under HSDP: its all-reduce) ends. What follows is pp / tp / cp's.
 
 Under pp x tp (model_parallel.py) each rank holds a share of the model; the
 ranks holding the same share in the other replicas form its dp group. The
@@ -74,7 +71,7 @@ from functools import partial
 from ..parallel import Membership
 from ..step_ops import Alloc, Await, Collective, Free, Post
 from ..train.precision import update_bytes
-from .bucket_overlap import BucketOverlap, megatron_buckets
+from .bucket_overlap import BucketOverlap, chunk_starts, megatron_buckets
 from .expert_groups import expert_flags, experts_last
 from .offload import NO_OFFLOAD, HostOffload
 from .overflow_vote import overflow_vote
@@ -149,14 +146,15 @@ class DistributedOptimizer:
                                      if p.requires_grad and model.sources[name].slice is None}
             self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer)
             self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer)
-        # ZeRO-Offload (data parallelism alone): the host keeps part of what a rank holds (offload.py)
+        # ZeRO-Offload: the host keeps part of what each rank holds (offload.py)
         self.offload_what, self.offload, self.host_held = sharding.offload, None, {}
         if sharding.offload != "none":
             shard = replicas[scheme.running[0]]
-            self.offload = HostOffload(job, shard.layout, self.stage, sharding.offload,
-                                       shard.param_flat.element_size(), shard.reduced.element_size())
+            self.offload = HostOffload(job, {rank: replicas[rank].layout for rank in scheme.running}, self.stage,
+                                       sharding.offload, shard.param_flat.element_size(),
+                                       shard.reduced.element_size())
             for rank in scheme.running:
-                self.held[rank], self.host_held = self.offload.split(self.held[rank])
+                self.held[rank], self.host_held[rank] = self.offload.split(rank, self.held[rank])
         # one device's update of the whole model (scaling efficiency's baseline, data parallelism alone)
         self._whole_step_bytes = update_bytes(replicas[scheme.running[0]].params, train.precision, train.optimizer)
         self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
@@ -199,7 +197,8 @@ class DistributedOptimizer:
         whole gradient the microbatches accumulate into."""
         yield from self.resume(rank)
         if self.stage >= 2 and rank not in self.blocks:  # unit by unit there, as each unit's backward runs
-            yield Alloc("comm_buffers", nbytes(self.scheme.replicas[rank].grad_buffer))
+            gradient = self.scheme.replicas[rank].grad_buffer
+            yield Alloc("comm_buffers", gradient.numel() * gradient.element_size())
         # every unit is resharded after its last backward, its all-reduces awaited before the update: what a step
         # cut short by a lost device left here went with that device (its program restarts from a checkpoint)
         self._backwards[rank], self._gathered[rank], self._replicating[rank] = {}, set(), []
@@ -224,6 +223,8 @@ class DistributedOptimizer:
             return
         if self.stage == 3 and action.kind != "backward_weight" and action.chunk not in self._gathered[rank]:
             yield Alloc("comm_buffers", self.unit_bytes(rank, action.chunk))
+            if self.offload is not None:  # the rank's chunk, from the host (optimizer_and_parameters)
+                yield from self.offload.parameters_to_device(rank, action.chunk)
             yield self.collective("all_gather", rank, action.chunk)
             self._gathered[rank].add(action.chunk)
 
@@ -339,19 +340,22 @@ class DistributedOptimizer:
 
     def reduced(self, rank: int, unit: int):
         """Step program, once unit `unit`'s reduce-scatter has ended: its posted copy freed; stages 2 and 3 free
-        its unsharded gradient; offloading, the reduced chunk is copied to the host beside the rest; HSDP posts
-        the all-reduce of its chunk across the replicas."""
+        its unsharded gradient; HSDP posts the all-reduce of its chunk across the replicas; offloading, the reduced
+        chunk is copied to the host beside the rest as its reduction ends (HSDP: its all-reduce)."""
         shard = self.scheme.replicas[rank]
         if rank in self.buckets or rank in self.blocks:
             yield Free("comm_buffers", self._copy_bytes(rank, unit))
         if self.stage >= 2:
             yield Free("comm_buffers", self.unit_bytes(rank, unit, shard.grad_buffer))
-        if self.offload is not None:
-            self.offload.post_gradient(rank, unit)
-        if self.replicate > 1:
-            comm, index, _ = self.replicate_comms[rank]
-            program = shard.all_reduce(unit, index, list(range(self.replicate)), self._tag(_REPLICATE, rank, unit))
-            self._replicating[rank].append((yield Post(program, LABELS["all_reduce"], comm, index)))
+        copy = partial(self.offload.post_gradient, rank, unit) if self.offload is not None else None
+        if self.replicate == 1:
+            if copy is not None:
+                copy()
+            return
+        comm, index, _ = self.replicate_comms[rank]
+        program = shard.all_reduce(unit, index, list(range(self.replicate)), self._tag(_REPLICATE, rank, unit))
+        self._replicating[rank].append((yield Post(program if copy is None else _then(program, copy),
+                                                   LABELS["all_reduce"], comm, index)))
 
     def replicating(self, rank: int) -> list:
         """HSDP: the handles of the all-reduces the rank's reduce-scatters posted since this was last asked."""
@@ -479,13 +483,8 @@ def _units(replica, stage: int) -> list[list[int]]:
     return units
 
 
-def chunk_starts(replica) -> list[int]:
-    """Where each of the rank's model chunks' trainable parameters start among its parameters, and their end."""
-    starts = [0]
-    for chunk in replica.model.chunks:
-        starts.append(starts[-1] + sum(1 for p in chunk.parameters() if p.requires_grad))
-    return starts
-
-
-def nbytes(tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+def _then(program, action):
+    """A collective program, then `action()` as it ends (an offloaded rank's copy of what it reduced)."""
+    value = yield from program
+    action()
+    return value

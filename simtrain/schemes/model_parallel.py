@@ -230,7 +230,7 @@ class ModelParallel(RankReplicas, Scheme):
             return  # its representative's program stands for it
         steps = self._steps(rank, first_step)
         offload = self.data_parallel.offload if self.job.scenario.parallel.sharding.offload != "none" else None
-        yield from steps if offload is None else offload.holding(rank, self.data_parallel.host_held, steps)
+        yield from steps if offload is None else offload.holding(rank, self.data_parallel.host_held[rank], steps)
 
     def _steps(self, rank: int, first_step: int):
         replica = self.replicas[rank]

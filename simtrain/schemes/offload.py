@@ -1,9 +1,10 @@
 """ZeRO-Offload: a sharded rank's optimizer (and optionally its parameters) in host memory, stepped by the host.
 
 `parallel.sharding.offload` moves part of each rank's share of sharded data
-parallelism under data parallelism alone (schemes/distributed_optimizer.py) into `cluster.shared_memory`, the host's
-DRAM (hw/shared_memory.py), as DeepSpeed's ZeRO-Offload does (Ren et al.
-2021; DeepSpeed's `offload_optimizer` and, under stage 3, `offload_param`):
+parallelism (schemes/distributed_optimizer.py, in every layout) into
+`cluster.shared_memory`, the host's DRAM (hw/shared_memory.py), as
+DeepSpeed's ZeRO-Offload does (Ren et al. 2021; DeepSpeed's
+`offload_optimizer` and, under stage 3, `offload_param`):
 
 - `optimizer`: the fp32 master shard, its fp32 gradient and the optimizer's
   state of it live on the host; the device keeps its parameters in the
@@ -45,8 +46,8 @@ copies c_u = S_u e / host link, host steps h_u and exposed waits:
 The numerics are the unoffloaded run's: the host steps the same fp32 shard
 with the same optimizer, so the trained parameters are the same bit for bit.
 
-    offload = HostOffload(job, layout, stage, "optimizer", element=2, reduce_element=2)
-    offload.post_gradient(rank, unit)            # in the backward, as a unit's reduce-scatter ends
+    offload = HostOffload(job, {rank: shard.layout}, stage, "optimizer", element=2, reduce_element=2)
+    offload.post_gradient(rank, unit)            # in the backward, as a unit's reduction ends
     yield from offload.gradients_on_host(rank)   # then the update, charged by offload.host_step(rank)
 """
 from pydantic import Field
@@ -65,26 +66,27 @@ _FP32_BYTES = 4
 class HostOffload:
     """A job's offload to the host: what each rank keeps there, its copies over the host link, the host step."""
 
-    def __init__(self, job, layout, stage: int, what: str, element: int, reduce_element: int):
+    def __init__(self, job, layouts: dict, stage: int, what: str, element: int, reduce_element: int):
         store = job.cluster.shared_memory
-        self.job, self.store, self.layout, self.stage = job, store, layout, stage
+        self.job, self.store, self.layouts, self.stage = job, store, layouts, stage
         self.parameters = what == "optimizer_and_parameters"
         self.element, self.reduce_element = element, reduce_element
         train = job.scenario.train
         self.ranks = job.world  # the ranks that step together on the one host
         self.host_bandwidth = offload_host_bandwidth(store, job.scenario.cluster.shared_memory, what)
-        self._step_bytes = [chunk_update_bytes(layout.chunk_numel(unit), train.precision, train.optimizer)
-                            for unit in range(len(layout.units))]
+        self._step_bytes = {rank: [chunk_update_bytes(layout.chunk_numel(unit), train.precision, train.optimizer)
+                                   for unit in range(len(layout.units))] for rank, layout in layouts.items()}
         self._to_host: dict[int, list] = {}  # rank -> the gradient copies posted this step
 
     # ---- memory ----
 
-    def split(self, held: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-        """`held` (sharded_replica.held_bytes: a rank's bytes without offload) split into what the device and
+    def split(self, rank: int, held: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+        """`held` (sharded_replica.held_bytes: rank `rank`'s bytes without offload) split into what the device and
         what the host keep, by category."""
-        train, shard = self.job.scenario.train, self.layout.shard_numel
+        train, layout = self.job.scenario.train, self.layouts[rank]
+        shard = layout.shard_numel
         device = {"weights": 0 if self.parameters else held["weights"],
-                  "gradients": self.layout.padded_numel * self.element if self.stage == 1 else 0}
+                  "gradients": layout.padded_numel * self.element if self.stage == 1 else 0}
         host = {"master_weights": shard * _FP32_BYTES, "gradients": shard * _FP32_BYTES,
                 "optimizer_state": optimizer_state_bytes(train.optimizer, shard * _FP32_BYTES)}
         if self.parameters:
@@ -105,7 +107,7 @@ class HostOffload:
 
     def post_gradient(self, rank: int, unit: int) -> None:
         """Start copying rank `rank`'s reduced chunk of unit `unit` to the host (it runs beside the program)."""
-        nbytes = self.layout.chunk_numel(unit) * self.reduce_element
+        nbytes = self.layouts[rank].chunk_numel(unit) * self.reduce_element
         self._to_host.setdefault(rank, []).append(self._post(rank, to_host=True, nbytes=nbytes))
 
     def gradients_on_host(self, rank: int):
@@ -117,18 +119,20 @@ class HostOffload:
         chunk copied back to the device as the next unit steps (unless the parameters live on the host);
         ends when the last copy has landed."""
         copies = []
-        for unit, nbytes in enumerate(self._step_bytes):
+        for unit, nbytes in enumerate(self._step_bytes[rank]):
             yield Busy(host_step_s(nbytes, self.ranks, self.host_bandwidth), "host optimizer step",
                        kind="optimizer", nbytes=nbytes)
             if not self.parameters:
-                copies.append(self._post(rank, to_host=False, nbytes=self.layout.chunk_numel(unit) * self.element))
+                copies.append(self._post(rank, to_host=False,
+                                         nbytes=self.layouts[rank].chunk_numel(unit) * self.element))
         yield from self._landed(rank, copies, FROM_HOST)
 
     def parameters_to_device(self, rank: int, unit: int):
         """Step program (optimizer_and_parameters): copy rank `rank`'s chunk of unit `unit` from the host."""
         if self.parameters:
             device = self.job.devices[rank]
-            yield Transfer(self.store.node, device.node, self.layout.chunk_numel(unit) * self.element, FROM_HOST)
+            yield Transfer(self.store.node, device.node, self.layouts[rank].chunk_numel(unit) * self.element,
+                           FROM_HOST)
 
     def _post(self, rank: int, to_host: bool, nbytes: int):
         """A copy between rank `rank`'s device and the host, started now: its event."""

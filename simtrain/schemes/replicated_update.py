@@ -17,8 +17,7 @@ parallelism alone) the averaged gradient is preconditioned before the step
 """
 from ..step_ops import Collective, MemoryBound, PostCollective, WaitCollectives
 from ..train.precision import persistent_bytes, update_bytes
-from .bucket_overlap import BucketOverlap, megatron_buckets
-from .distributed_optimizer import chunk_starts
+from .bucket_overlap import BucketOverlap, chunk_starts, megatron_buckets
 from .kfac_sync import DistributedKfac
 from .overflow_vote import overflow_vote
 from .shard_layout import ShardLayout
