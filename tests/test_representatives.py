@@ -13,6 +13,7 @@
 - A tp all-reduce of an activation is cut flat: every ring link carries the same bytes.
 - Experts (ep with the distributed optimizer, numerics off): within 1%, the same exchanges and peaks.
   Under data parallelism alone too (ep 4 of dp 8): one rank for all, the all-to-all time within 1%.
+- Data parallelism alone (DDP): one rank for all, the full simulation's figures (relative 1e-9).
 - Where representatives do not apply: one-line errors.
 """
 import pytest
@@ -132,6 +133,14 @@ def test_full_recomputation_trains_the_same_and_runs_one_more_forward():
         assert held < before["peak_memory_bytes_by_category"]["activations"]
 
 
+def test_data_parallelism_alone_is_one_rank_for_all():
+    """DDP over two nodes: one rank runs, its buckets' all-reduces timed with their mirrors, as the full
+    simulation's 8 ranks."""
+    full = simtrain.run(scenario(8, 4, tp=1, pp=1, pipeline={})).data
+    represented = simtrain.run(scenario(8, 4, tp=1, pp=1, pipeline={}, representatives=True)).data
+    assert_close(compared(represented), compared(full), rel=1e-9)
+
+
 def test_a_tp_all_reduce_of_an_activation_loads_every_ring_link_alike():
     data = simtrain.run(scenario(4, 4, tp=4, pp=1, pipeline={})).data
     ring_links = [link for link in data["links"] if link["bytes"] and "switch" in (link["src"] + link["dst"])]
@@ -141,8 +150,8 @@ def test_a_tp_all_reduce_of_an_activation_loads_every_ring_link_alike():
 
 @pytest.mark.parametrize("change, message", [
     ({"numerics": True}, "parallel.representatives: needs numerics false"),
-    ({"parallel": {"representatives": True, "tp": 1, "pp": 1, "pipeline": {}}},
-     "parallel.representatives: needs parallel.pp"),
+    ({"parallel": {"representatives": True, "tp": 1, "pp": 1, "pipeline": {}, "sharding": {"stage": 3}}},
+     "parallel.representatives: with sharding under data parallelism alone is not built"),
     ({"cluster": {"compute_jitter": 0.1}}, "parallel.representatives: needs identical devices"),
     ({"cluster": {"compute_jitter_fixed": "1 ms"}}, "parallel.representatives: needs identical devices"),
 ])

@@ -230,8 +230,9 @@ def _representatives_fit(scenario: Scenario) -> None:
     """Where every replica and every tp rank of a stage do the same at the same times."""
     cluster = scenario.cluster
     parallel = scenario.parallel
-    for refuse, why in ((not parallel.model_parallel and parallel.ep == 1,
-                         "needs parallel.pp, parallel.tp or parallel.ep > 1"),
+    for refuse, why in ((not parallel.model_parallel and parallel.ep == 1 and parallel.sharding.stage > 0,
+                         "with sharding under data parallelism alone is not built (a unit's gather and the "
+                         "reduce-scatter beside it share the links; mirrored, they would run one after another)"),
                         (scenario.numerics, "needs numerics false (the mirrored ranks compute nothing)"),
                         (cluster.overrides, "needs identical devices (no cluster.overrides)"),
                         (cluster.compute_jitter > 0 or cluster.compute_jitter_fixed > 0,
