@@ -168,14 +168,13 @@ def test_a_shard_layout_cuts_each_unit_over_its_own_group():
 
 @pytest.mark.parametrize("arguments,expected", [
     (dict(tp=2, sequence_parallel=False), "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it"),
-    (dict(cp=2), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
-    (dict(ep=1, cp=2), "parallel.cp: model.moe with context parallelism is not built yet"),
     (dict(numerics=False, moe_routing={"model": "zipf"}), "model.moe.routing.model: drawn routing .zipf, "
                                                             "histogram. under parallel.pp or parallel.tp with "
                                                             "numerics off is not built"),
     (dict(sharding={"stage": 3}), "parallel.sharding.stage: 3 with parallel.ep is not built"),
     (dict(pp=1, sharding={"stage": 1}), "parallel.sharding.stage: with parallel.ep and data parallelism alone"),
-    (dict(checkpointing="sqrt"), "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none"),
+    (dict(checkpointing="sqrt"), "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none, "
+                                 "selective or full"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):
     with pytest.raises(ScenarioError, match=expected):

@@ -67,9 +67,6 @@ class ExpertLayers:
         layout, spec = scheme.layout, scheme.job.scenario.model.moe
         self.ep, self.experts = layout.ep, spec.experts
         self.moe_steps: list[dict] = []
-        # full recomputation (layer_recompute.py) runs each unit's forward again before its backward, the same
-        # routing: two forwards a micro-batch, the second a repeat
-        self.forwards = 2 if scheme.recompute else 1
         self.all_to_all_s: dict[int, float] = {}  # step -> the seconds its running ranks spent in the all-to-alls
         for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
             for layer in _layers(replica):
@@ -77,7 +74,8 @@ class ExpertLayers:
         # numerics off with a drawn routing model: each layer draws its group's routing and runs every step
         self.drawing = not self.job.numerics and spec.routing.model != "balanced"
         self._draws: dict[tuple, list[list[int]]] = {}  # (step, microbatch, layer, ep group) -> its draw
-        self._forwards: dict[tuple, int] = {}  # (step, rank, layer) -> the layer's forwards the rank ran in the step
+        # (step, rank, layer, again) -> the layer's first forwards (again: forwards run again) the rank ran in the step
+        self._forwards: dict[tuple, int] = {}
         self._step: dict[int, int] = {}  # running rank -> the step it runs
         if self.drawing:
             whole = [name for name, module in self.job.model.named_modules() if isinstance(module, MoE)]
@@ -123,14 +121,15 @@ class ExpertLayers:
         finally:
             program.close()
 
-    def draw(self, rank: int, layer: int, assignments: int) -> list[list[int]]:
+    def draw(self, rank: int, layer: int, assignments: int, again: bool = False) -> list[list[int]]:
         """Numerics off, a drawn routing model: job rank `rank`'s ep group's assignments per expert, [ep
         rank][expert], at MoE layer `layer` (of the whole model) of its current step's next micro-batch, each group
-        rank's `assignments` drawn once for the group (seeded by step, micro-batch, layer and job rank)."""
+        rank's `assignments` drawn once for the group (seeded by step, micro-batch, layer and job rank). A forward
+        run `again` (full recomputation) draws what its first forward drew: the micro-batches' backwards, and so
+        their recomputations, come in the order of their forwards (split backwards run no full recomputation)."""
         group, step = self.job.layout.rank_groups(rank).ep, self._step[rank]
-        forward = self._forwards.get((step, rank, layer), 0)
-        self._forwards[step, rank, layer] = forward + 1
-        microbatch = forward // self.forwards  # a recomputed forward draws what its first forward drew
+        microbatch = self._forwards.get((step, rank, layer, again), 0)
+        self._forwards[step, rank, layer, again] = microbatch + 1
         key = (step, microbatch, layer, group)
         if key not in self._draws:
             routing, seed = self.job.scenario.model.moe.routing, self.job.scenario.seed
@@ -156,18 +155,18 @@ class ExpertLayers:
     def step_done(self, step: int) -> None:
         """Step `step` has ended on every rank: its routing, every ep group's once (read off its ep rank 0). A layer
         runs once a microbatch, and a rank may have run the next step's first ones already: each layer's oldest
-        records are this step's (under full recomputation, each first of two). With numerics off and balanced
+        records are this step's (a forward run again records nothing). With numerics off and balanced
         routing every layer charged the balanced routing of a microbatch's tokens (train/moe_exchange.py), each tp
         rank its part of the sequence."""
         layout, scheme, token_bytes, routings = self.scheme.layout, self.scheme, None, []
-        m, repeats = scheme.microbatches, self.forwards
+        m = scheme.microbatches
         taken = {}  # running rank -> per MoE layer, the step's routings
         for rank in scheme.running:
             layers = _layers(scheme.replicas[rank])
             if self.job.numerics or self.drawing:
-                taken[rank] = [layer.routings[:m * repeats:repeats] for layer in layers]  # a recomputed one's once
+                taken[rank] = [layer.routings[:m] for layer in layers]
                 for layer in layers:
-                    del layer.routings[:m * repeats]
+                    del layer.routings[:m]
             else:  # every layer's routing, the same for all (they share model.moe)
                 taken[rank] = [[balanced_routing(layer, self._microbatch_tokens())] * m for layer in layers]
         for rank in range(layout.world):  # with representatives, each rank's figures are its representative's
@@ -184,9 +183,9 @@ class ExpertLayers:
             self.moe_steps.append(figures)
 
     def _microbatch_tokens(self) -> int:
-        """A rank's tokens per microbatch: its part of the sequence under tp (sequence parallelism)."""
-        sample = self.job.sample_microbatch()
-        return sample.shape[0] * sample.shape[1] // self.scheme.layout.tp
+        """A rank's tokens per microbatch: its part of the sequence under cp and tp (sequence parallelism)."""
+        sample, layout = self.job.sample_microbatch(), self.scheme.layout
+        return sample.shape[0] * sample.shape[1] // (layout.cp * layout.tp)
 
     def report_sections(self, loss_curve) -> dict:
         """The `moe` section (schemes/moe_report.py): its all-to-all time a running rank's mean."""
@@ -223,13 +222,14 @@ class ExpertUpdate(ReplicatedUpdate):
 
 class _Draw:
     """An MoE layer's `drawn_routing` (train/moe_exchange.py): its ep group's draw for a forward of
-    `assignments` a rank; a copy (a chunk measured on a meta copy) draws nothing, as balanced routing."""
+    `assignments` a rank (run `again`: the first forward's); a copy (a chunk measured on a meta copy) draws nothing,
+    as balanced routing."""
 
     def __init__(self, experts: ExpertLayers, rank: int, layer: int):
         self.layers, self.rank, self.layer = experts, rank, layer
 
-    def __call__(self, assignments: int) -> list[list[int]]:
-        return self.layers.draw(self.rank, self.layer, assignments)
+    def __call__(self, assignments: int, again: bool) -> list[list[int]]:
+        return self.layers.draw(self.rank, self.layer, assignments, again)
 
     def __deepcopy__(self, memo):
         return None

@@ -51,6 +51,7 @@ engine, schemes/model_parallel.py, under every layout).
     y = layer(h)                         # (batch, positions, 64)
     layer.routing.tokens_per_expert      # [kept assignments of expert 0, 1, ...]
 """
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ class MoE(nn.Module):
 
     # what its forwards did, and where numerics off draw their routing, not what it computes (partition.py's
     # module_structure: a cost is measured on balanced routing)
-    RECORDS = ("routing", "routings", "drawn_routing")
+    RECORDS = ("routing", "routings", "drawn_routing", "recomputing")
 
     def __init__(self, hidden: int, spec: MoESpec, expert: Callable[[], nn.Module] | None = None):
         super().__init__()
@@ -118,6 +119,9 @@ class MoE(nn.Module):
         # numerics off with a drawn routing model: (assignments a rank) -> the ep group's draw, [rank][expert]
         # (schemes/expert_model_parallel.py); None: balanced routing
         self.drawn_routing = None
+        # full recomputation: this forward runs again from a kept input (schemes/layer_recompute.py), routing as the
+        # first did; its routing is not recorded again
+        self.recomputing = False
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if len(self.experts) < self.spec.experts:
@@ -213,6 +217,19 @@ def scale_balancing_loss(model: nn.Module, scale: float) -> None:
     for layer in model.modules():
         if isinstance(layer, MoE):
             layer.aux_loss_scale = scale
+
+
+@contextlib.contextmanager
+def recomputing(module: nn.Module):
+    """Every MoE layer of `module` marked as running its forward again (full recomputation) while inside."""
+    layers = [layer for layer in module.modules() if isinstance(layer, MoE)]
+    for layer in layers:
+        layer.recomputing = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.recomputing = False
 
 
 def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:
