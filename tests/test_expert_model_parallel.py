@@ -24,8 +24,9 @@ HIDDEN, EXPERTS = 32, 4
 
 
 def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True,
-             schedule="1f1b", virtual_stages=1, checkpointing="none", moe_routing=None, precision="fp32", **parallel):
-    moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0,
+             schedule="1f1b", virtual_stages=1, checkpointing="none", moe_routing=None, precision="fp32", amp=None,
+             aux_loss_coeff=0.0, **parallel):
+    moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": aux_loss_coeff,
            **({"routing": moe_routing} if moe_routing else {})}
     parallel = {"ep": ep, "tp": tp, "pp": pp, "sequence_parallel": tp > 1, **parallel}
     parallel["pipeline"] = {"microbatches": microbatches, "schedule": schedule, "virtual_stages": virtual_stages}
@@ -35,7 +36,7 @@ def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatche
         "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
         "data": {"name": "tokens", "batch_size": 4, "seq_len": 8, "vocab": 32},
         "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": precision,
-                  "checkpointing": checkpointing},
+                  "checkpointing": checkpointing, "amp": amp or {}},
         "parallel": parallel, "report": {"trace": False},
     })
 

@@ -264,11 +264,6 @@ REFUSED = (
             NO_KFAC),
     Refusal(("SyncBN", LOW_PRECISION), "parallel.sync_batchnorm: needs train.precision fp32", NO_BATCHNORM),
     # -- experts
-    # train/moe.py adds the balancing loss's gradient without the fp16 loss scale
-    Refusal(("MoE", "fp16"), "model.moe: runs in train.precision fp32, bf16 or fp8",
-            "Megatron-Core trains MoE under --fp16, the balancing loss's gradient scaled by the loss scale "
-            "(MoEAuxLossAutoScaler); torchtitan trains in bf16 or fp32 only.",
-            (MEGATRON_CORE,)),
     Refusal(("MoE", "tp without sp"),
             "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it (each tp rank routes its part "
             "of the sequence to experts it holds whole, as Megatron-Core)",

@@ -45,6 +45,7 @@ its ep group, and the layers run on meta tensors every step.
 
     experts = ExpertLayers(scheme)                  # ModelParallel with model.moe
     scheme.comms.ep, scheme.comms.expert_dp = experts.communicators()
+    experts.scale_balancing_loss(rank)              # before each step: its share, times fp16's loss scale
     collective, result = experts.exchange(rank, kind, tensor)   # kind: a train/moe_exchange.py ExpertExchange
     losses = yield from experts.timed(rank, step, stage.walk(...))   # its all-to-all seconds counted
 """
@@ -68,9 +69,6 @@ class ExpertLayers:
         self.ep, self.experts = layout.ep, spec.experts
         self.moe_steps: list[dict] = []
         self.all_to_all_s: dict[int, float] = {}  # step -> the seconds its running ranks spent in the all-to-alls
-        for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
-            for layer in _layers(replica):
-                layer.aux_loss_scale = 1.0 / (scheme.microbatches * layout.tp)
         # numerics off with a drawn routing model: each layer draws its group's routing and runs every step
         self.drawing = not self.job.numerics and spec.routing.model != "balanced"
         self._draws: dict[tuple, list[list[int]]] = {}  # (step, microbatch, layer, ep group) -> its draw
@@ -98,6 +96,15 @@ class ExpertLayers:
             for index, rank in enumerate(ranks):
                 ep_groups[rank] = EpGroup(comm, index, group, all_to_all)
         return ep_groups, self.scheme._communicators(layout.groups("expert_dp")) if self.ep > 1 else None
+
+    def scale_balancing_loss(self, rank: int) -> None:
+        """Before a step of job rank `rank`: its MoE layers' balancing losses join the gradient as a mean over the
+        micro-batches and the tp ranks' parts of the sequence, times fp16's loss scale, as the language-model loss
+        does (Megatron-Core's MoEAuxLossAutoScaler.set_loss_scale: the loss scale over the micro-batches)."""
+        replica = self.scheme.replicas[rank]
+        scale = float(replica.precision.loss_weight(1.0 / (self.scheme.microbatches * self.scheme.layout.tp)))
+        for layer in _layers(replica):
+            layer.aux_loss_scale = scale
 
     def exchange(self, rank: int, kind, tensor):
         """(the Collective of exchange `kind` of `tensor` in rank `rank`'s ep group, the tensor that holds its

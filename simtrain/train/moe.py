@@ -27,10 +27,11 @@ and P_e the mean of p_t,e over the tokens: coeff when routing is balanced.
 It joins the training loss as Megatron-Core's MoEAuxLossAutoScaler adds it:
 the layer's output carries it through autograd, and the backward adds its
 gradient (times 1) to the router's, so the loss a run reports stays the
-language-model loss. Its gradient is `aux_loss_scale`: under pp / tp
-1 / (micro-batches x tp) (train/moe_exchange.py), with gradient accumulation
-1 / micro-batches (`scale_balancing_loss`); an fp16 loss scale is not
-applied to it, so MoE runs in fp32, bf16 or fp8 (scenario/root.py says so). The
+language-model loss. Its gradient is `aux_loss_scale`, which the step engine
+sets before each step as Megatron-Core's MoEAuxLossAutoScaler.set_loss_scale
+does: 1 / (micro-batches x tp), a mean over the micro-batches and the tp
+ranks' parts of the sequence, times the fp16 loss scale, which scales the
+language-model loss's gradient too (schemes/expert_model_parallel.py). The
 router's pieces are in train/moe_router.py.
 
 After each forward, `routing` holds what the router did: tokens per expert
@@ -114,7 +115,7 @@ class MoE(nn.Module):
         self.routing: Routing | None = None
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
         self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
-        self.aux_loss_scale = 1.0  # the balancing loss's share of the loss (pp / tp: 1 / (microbatches x tp))
+        self.aux_loss_scale = 1.0  # its balancing loss's gradient: 1 / (microbatches x tp) x fp16's loss scale
         self.routings: list = []  # the step engine: each forward's (assigned, kept) of the ep group (moe_exchange.py)
         # numerics off with a drawn routing model: (assignments a rank) -> the ep group's draw, [rank][expert]
         # (schemes/expert_model_parallel.py); None: balanced routing
@@ -210,13 +211,6 @@ class MoEBlock(ExpertsBlock, Block):
         parallelism, which tensor parallelism needs here (scenario/root.py), so no tp collective is needed."""
         return attention_half_ops(self.ln1, attention_ops(self), self._after_attention,
                                   self.sequence_parallel) + exchange_ops(self.moe)
-
-
-def scale_balancing_loss(model: nn.Module, scale: float) -> None:
-    """Every MoE layer's balancing loss joins the gradient times `scale` (a micro-batch's share of the batch)."""
-    for layer in model.modules():
-        if isinstance(layer, MoE):
-            layer.aux_loss_scale = scale
 
 
 @contextlib.contextmanager
