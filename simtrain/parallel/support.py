@@ -279,13 +279,15 @@ REFUSED = (
             "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
             "numerics off is not built (balanced is; data parallelism alone draws it)",
             "Numerics off is simtrain's own: both frameworks compute every token's routing."),
-    Refusal(("MoE", MODEL_PARALLEL, "recomputation in segments"),
-            "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none, selective or full (the "
-            "others are not built yet)",
-            "Megatron-Core: --recompute-granularity full (--recompute-method uniform or block) on MoE layers under "
-            "tp and pp; torchtitan applies its full activation checkpointing to its MoE models (deepseek_v3, "
-            "gpt-oss, qwen3) as to its dense ones, under tp and pp.",
-            (MEGATRON_CORE, TORCHTITAN)),
+    # an MoE layer runs as regions between its exchanges (train/moe_exchange.py), outside torch's checkpointed
+    # segments, which would silently recompute nothing; full recomputation runs unit by unit (layer_recompute.py)
+    Refusal(("MoE", "recomputation in segments"),
+            "train.checkpointing: {checkpointing} with model.moe is not built (its layers run between their "
+            "exchanges, outside a checkpointed segment); use none, selective or full",
+            "Megatron-Core: --recompute-granularity full --recompute-method uniform (or block) "
+            "--recompute-num-layers k recomputes groups of k layers, MoE layers among them; torchtitan's "
+            "activation checkpointing is full, selective by operator, or every k-th layer, not groups of layers.",
+            (MEGATRON_CORE,)),
     Refusal(("ep", "K-FAC"),
             "parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from the "
             "replicated ones)", NO_KFAC),
