@@ -1,16 +1,18 @@
-"""Mixture of experts under pipeline and tensor parallelism: ep groups, the exchanges' collectives, the expert update.
+"""Mixture of experts under pipeline, tensor and context parallelism: ep groups, the exchanges, the expert update.
 
-A gpt or a llama with `model.moe` under pp / tp (model_parallel.py) runs each
+A gpt or a llama with `model.moe` under pp / tp / cp (model_parallel.py) runs each
 MoE layer as regions of its stage's work with the ep group's exchanges as
 boundaries (train/moe_exchange.py: counts, dispatch, combine). The groups are formed as
 Megatron-Core's initialize_model_parallel formed them with
 expert_model_parallel_size before its expert tensor parallelism became a
 setting of its own: for each pipeline stage and tp index, the dp ranks (dp
-order) are cut into dp/ep groups of ep adjacent ones (its expert model
-parallel group), and the ranks that hold the same experts, one per ep group,
-form the experts' data-parallel group (its data-modulo-expert group). Ep rank
-i (dp index mod ep) holds experts [i E/ep, (i+1) E/ep) of every MoE layer of
-its stage, whole: they are not split over tp (Megatron-Core's
+order; with cp, the dp x cp ranks, cp first, as its expert mesh folds cp in:
+parallel/layout.py) are cut into groups of ep adjacent ones (its expert
+model parallel group), and the ranks that hold the same experts, one per ep
+group, form the experts' data-parallel group (its data-modulo-expert group).
+Under cp each rank routes the tokens of its own chunks of the sequence. Ep
+rank i (its place in its ep group) holds experts [i E/ep, (i+1) E/ep) of
+every MoE layer of its stage, whole: they are not split over tp (Megatron-Core's
 expert_tensor_parallel_size 1). With tp above 1 the stream is cut along the
 sequence over the tp group (sequence parallelism, which Megatron-Core also
 requires beside ep and tp), so each tp rank routes and dispatches its own part
@@ -20,7 +22,7 @@ The data-parallel half (`ExpertUpdate`, after the backward and sequence
 parallelism's sum of whole parameters' gradients over tp, which sums the
 experts' too: each tp rank's experts saw its part of the sequence): the
 replicated parameters' gradient is averaged over the dp (x cp) group as
-DDP's (`dp_allreduce`), the experts' over the dp/ep ranks that hold them
+DDP's (`dp_allreduce`), the experts' over the dp (x cp) / ep ranks that hold them
 (`expert_allreduce`) and divided by ep: each holder's gradient is a sum over
 its ep group's ranks of their mean losses' gradients, so this is the
 gradient of the mean loss over the global batch, as on one device.
