@@ -24,8 +24,9 @@ HIDDEN, EXPERTS = 32, 4
 
 
 def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True,
-             schedule="1f1b", virtual_stages=1, checkpointing="none", moe_routing=None, precision="fp32", **parallel):
-    moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": 0.0,
+             schedule="1f1b", virtual_stages=1, checkpointing="none", moe_routing=None, precision="fp32", amp=None,
+             aux_loss_coeff=0.0, **parallel):
+    moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": aux_loss_coeff,
            **({"routing": moe_routing} if moe_routing else {})}
     parallel = {"ep": ep, "tp": tp, "pp": pp, "sequence_parallel": tp > 1, **parallel}
     parallel["pipeline"] = {"microbatches": microbatches, "schedule": schedule, "virtual_stages": virtual_stages}
@@ -35,7 +36,7 @@ def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatche
         "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
         "data": {"name": "tokens", "batch_size": 4, "seq_len": 8, "vocab": 32},
         "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": precision,
-                  "checkpointing": checkpointing},
+                  "checkpointing": checkpointing, "amp": amp or {}},
         "parallel": parallel, "report": {"trace": False},
     })
 
@@ -168,14 +169,13 @@ def test_a_shard_layout_cuts_each_unit_over_its_own_group():
 
 @pytest.mark.parametrize("arguments,expected", [
     (dict(tp=2, sequence_parallel=False), "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it"),
-    (dict(cp=2), "parallel.ep: expert parallelism runs with synchronous data parallelism"),
-    (dict(ep=1, cp=2), "parallel.cp: model.moe with context parallelism is not built yet"),
     (dict(numerics=False, moe_routing={"model": "zipf"}), "model.moe.routing.model: drawn routing .zipf, "
                                                             "histogram. under parallel.pp or parallel.tp with "
                                                             "numerics off is not built"),
     (dict(sharding={"stage": 3}), "parallel.sharding.stage: 3 with parallel.ep is not built"),
     (dict(pp=1, sharding={"stage": 1}), "parallel.sharding.stage: with parallel.ep and data parallelism alone"),
-    (dict(checkpointing="sqrt"), "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none"),
+    (dict(checkpointing="sqrt"), "train.checkpointing: sqrt with model.moe is not built"),
+    (dict(pp=1, checkpointing={"segments": 2}), "train.checkpointing: segments=2 with model.moe is not built"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):
     with pytest.raises(ScenarioError, match=expected):

@@ -155,7 +155,6 @@ def cli(*args):
                                                                  "gpt model, not mlp"),
     (GPT_SMALL, ["model.moe={}", "parallel.tp=2"], "parallel.sequence_parallel: model.moe with parallel.tp above 1 "
                                                    "needs it"),
-    (GPT_SMALL, ["model.moe={}", "train.precision=fp16"], "model.moe: runs in train.precision fp32, bf16 or fp8"),
 ])
 def test_bad_moe_input_is_one_line_naming_the_key(capsys, scenario, overrides, expected):
     args = [arg for override in overrides for arg in ("--set", override)]

@@ -5,9 +5,12 @@
 - The scenario's numbers become degrees: sharding's degree is dp_shard (all of the dp-cp group by default, 1
   without sharding), ep as given, the experts whole (etp 1).
 - Groups against hand-written rank lists: HSDP's shard and replicate groups (with and without cp), ep groups
-  inside dp under pp x tp, placement orders.
+  inside dp under pp x tp, and inside dp x cp with cp as Megatron-Core's expert RankGenerator folds it
+  (parallel_state.py: order tp-cp-ep-dp-pp with cp 1, ep taking the ranks cp and then dp held), placement
+  orders.
 - Groups against the hand slicing the schemes did at a6eb7f2 (the reference: `dp_cp[first:first + degree]`,
-  `dp[position::ep]` and the rest), on a grid of layouts: the simulated figures cannot move.
+  `dp[position::ep]` and the rest; ep's over cp then dp, which is dp where cp is 1, the only layouts that ran ep
+  then), on a grid of layouts: the simulated figures cannot move.
 - Every rank is in exactly one group of each kind, and its `rank_groups` names that group.
 - The kinds are torchtitan's mesh names (ParallelDims.build_mesh), with their sizes.
 """
@@ -38,6 +41,7 @@ def layout_of(world: int, **parallel) -> Layout:
                                                                    "the 4 data-parallel ranks (dp 2 x cp 2)"),
     (6, {"ep": 4}, "parallel.ep: 4 does not divide the 6 data-parallel ranks"),
     (8, {"pp": 2, "tp": 2, "ep": 4}, "parallel.ep: 4 does not divide the 2 data-parallel ranks"),
+    (8, {"cp": 2, "tp": 2, "ep": 3}, "parallel.ep: 3 does not divide the 4 data-parallel ranks (dp 2 x cp 2)"),
 ])
 def test_each_bad_degree_is_one_line_naming_its_key(world, parallel, message):
     with pytest.raises(ScenarioError, match=re.escape(message)) as raised:
@@ -102,6 +106,20 @@ def test_ep_borrows_adjacent_dp_ranks_at_each_stage_and_tp_index():
     assert split_experts.groups("expert_tp") == split_experts.groups("tp") == [(0, 1), (2, 3)]
 
 
+def test_ep_borrows_cp_ranks_first_then_dp_as_megatron_cores_expert_mesh():
+    # rank = tp + 2 cp + 4 dp. Megatron-Core's expert RankGenerator (tp-cp-ep-dp-pp, cp 1) gives ep the ranks that
+    # cp and then dp held in the dense mesh: ep 2 is the cp group, ep 4 spans two replicas' cp ranks
+    cp_only = layout_of(8, cp=2, tp=2, ep=2)
+    assert cp_only.groups("ep") == cp_only.groups("cp") == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    assert cp_only.groups("expert_dp") == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    across = layout_of(8, cp=2, tp=2, ep=4)
+    assert across.groups("ep") == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    assert across.groups("expert_dp") == [(rank,) for rank in range(8)]
+    staged = layout_of(16, cp=2, pp=2, ep=2)  # rank = cp + 2 pp + 4 dp: within a stage
+    assert staged.groups("ep") == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 13), (14, 15)]
+    assert staged.rank_groups(0).expert_dp == (0, 4, 8, 12)
+
+
 @pytest.mark.parametrize("placement, groups", [
     (("tp", "cp", "pp", "dp"), {"tp": (0, 1), "pp": (0, 2), "dp": (0, 4), "model": (0, 1, 2, 3)}),
     (("dp", "tp", "pp"), {"tp": (0, 2), "pp": (0, 4), "dp": (0, 1), "model": (0, 2, 4, 6)}),
@@ -119,7 +137,7 @@ def test_placement_orders_the_dimensions_innermost_first(placement, groups):
 LAYOUTS = [Layout(dp=dp, pp=pp, cp=cp, tp=tp, dp_shard=shard, ep=ep, placement=placement)
            for dp, pp, cp, tp in [(4, 1, 1, 1), (4, 2, 1, 2), (4, 1, 2, 2), (6, 2, 2, 1), (8, 1, 1, 2)]
            for shard in sorted({1, 2, dp, dp * cp}) if dp * cp % shard == 0
-           for ep in (1, 2) if dp % ep == 0
+           for ep in (1, 2, 4) if dp * cp % ep == 0
            for placement in [("tp", "cp", "pp", "dp"), ("dp", "tp", "cp", "pp"), ("cp", "dp", "tp", "pp")]]
 
 
@@ -137,13 +155,14 @@ def test_groups_are_the_ranks_the_schemes_sliced_by_hand(layout):
     for rank in range(layout.world):
         groups, dp_cp, dp = layout.rank_groups(rank), reference_span(layout, rank, ("dp", "cp")), \
             reference_span(layout, rank, ("dp",))
+        experts = reference_span(layout, rank, ("cp", "dp"))  # dp where cp is 1
         degree, position = layout.dp_shard, dp_cp.index(rank)
         first = position // degree * degree
         assert list(groups.dp_cp) == dp_cp
         assert list(groups.dp_shard) == dp_cp[first:first + degree]  # model_parallel.py's regroup, HSDP
         assert list(groups.dp_replicate) == dp_cp[position % degree::degree]
-        assert list(groups.ep) == dp[dp.index(rank) // layout.ep * layout.ep:][:layout.ep]  # expert_model_parallel
-        assert list(groups.expert_dp) == dp[dp.index(rank) % layout.ep::layout.ep]
+        assert list(groups.ep) == experts[experts.index(rank) // layout.ep * layout.ep:][:layout.ep]
+        assert list(groups.expert_dp) == experts[experts.index(rank) % layout.ep::layout.ep]
         assert list(groups.model) == [other for other in range(layout.world)  # the old replicas(): rank order
                                       if layout.coordinates(other)["dp"] == layout.coordinates(rank)["dp"]]
         for dimension in ("tp", "cp", "pp", "dp"):

@@ -23,12 +23,15 @@ The degrees:
   shard in the other copies (HSDP). dp_shard x dp_replicate = dp x cp, as
   Megatron-Core carves its distributed optimizer's instances out of the dp-cp
   group; with cp 1 that is torchtitan's dp_replicate x dp_shard = dp.
-- **ep** borrows from dp (`parallel.ep`): each dp group is cut into dp / ep ep
-  groups of ep adjacent members, and the members at the same place in each form
-  the experts' data-parallel group (Megatron-Core's expert data-parallel group,
-  torchtitan's dp_shard_mod_ep). Expert parallelism runs without sharding and
-  without cp (scenario/parallel.py), so the data-parallel ranks it borrows are
-  torchtitan's dp_shard x cp in the cases both build.
+- **ep** borrows from dp x cp (`parallel.ep`): the ranks of a stage and tp
+  index that differ only in cp and dp, cp varying fastest, are cut into
+  dp x cp / ep ep groups of ep adjacent members, and the members at the same
+  place in each form the experts' data-parallel group (Megatron-Core's expert
+  data-parallel group, torchtitan's dp_shard_mod_ep). That is how
+  Megatron-Core's expert RankGenerator folds cp into its expert mesh (order
+  tp-cp-ep-dp-pp with cp 1: ep takes the ranks cp and then dp held), and how
+  torchtitan's ep borrows dp_shard x cp, cp innermost; with cp 1 these are
+  blocks of the dp group. ep must divide dp x cp.
 - **etp**, the experts' tensor-parallel degree, is 1 (an expert is whole on
   its rank) or tp, as in torchtitan.
 
@@ -63,17 +66,19 @@ class RankGroups:
     dp_cp: tuple[int, ...]  # dp, then cp: the ranks that average one share's gradient (torchtitan's dp_cp)
     dp_shard: tuple[int, ...]  # the ranks holding one copy of the state, sharded (torchtitan's dp_shard_cp)
     dp_replicate: tuple[int, ...]  # the ranks holding the same shard in each copy (HSDP's replicate group)
-    ep: tuple[int, ...]  # the ranks whose experts make one whole MoE layer (token all-to-all)
+    ep: tuple[int, ...]  # the ranks whose experts make one whole MoE layer (token all-to-all), of dp x cp
     expert_dp: tuple[int, ...]  # the ranks that hold the same experts (torchtitan's dp_shard_mod_ep)
     expert_tp: tuple[int, ...]  # the ranks an expert is split across (etp)
     model: tuple[int, ...]  # one data-parallel replica: its pp x cp x tp ranks, rank order (Megatron's mp)
 
 
 GROUP_KINDS = tuple(field.name for field in fields(RankGroups))
-_SPANS = {"tp": ("tp",), "cp": ("cp",), "pp": ("pp",), "dp": ("dp",), "dp_cp": ("dp", "cp")}
+# kind -> the dimensions it spans, the first varying fastest; "cp_dp" (no kind of its own): the ranks the experts
+# of a stage's MoE layers are spread over, cp first as Megatron-Core's expert mesh orders them
+_SPANS = {"tp": ("tp",), "cp": ("cp",), "pp": ("pp",), "dp": ("dp",), "dp_cp": ("dp", "cp"), "cp_dp": ("cp", "dp")}
 # kind -> (the kind it is cut from, the degree that sizes the cut, "block": adjacent members; "stride": every n-th)
 _CUTS = {"dp_shard": ("dp_cp", "dp_shard", "block"), "dp_replicate": ("dp_cp", "dp_shard", "stride"),
-         "ep": ("dp", "ep", "block"), "expert_dp": ("dp", "ep", "stride"), "expert_tp": ("tp", "etp", "block")}
+         "ep": ("cp_dp", "ep", "block"), "expert_dp": ("cp_dp", "ep", "stride"), "expert_tp": ("tp", "etp", "block")}
 
 _FIELDS = {"dp": "parallel.dp", "pp": "parallel.pp", "tp": "parallel.tp", "cp": "parallel.cp",
            "dp_shard": "parallel.sharding.degree", "ep": "parallel.ep", "etp": "parallel.ep"}  # degree -> its key
@@ -102,8 +107,9 @@ class Layout:
         if self.dp * self.cp % self.dp_shard:
             raise ScenarioError(f"parallel.sharding.degree: {self.dp_shard} does not divide the {self.dp * self.cp} "
                                 "data-parallel ranks" + (f" (dp {self.dp} x cp {self.cp})" if self.cp > 1 else ""))
-        if self.dp % self.ep:
-            raise ScenarioError(f"parallel.ep: {self.ep} does not divide the {self.dp} data-parallel ranks")
+        if self.dp * self.cp % self.ep:
+            raise ScenarioError(f"parallel.ep: {self.ep} does not divide the {self.dp * self.cp} data-parallel ranks"
+                                + (f" (dp {self.dp} x cp {self.cp})" if self.cp > 1 else ""))
         if self.etp not in (1, self.tp):
             raise ScenarioError(f"parallel.ep: experts split {self.etp} ways; expert tensor parallelism is 1 (whole "
                                 f"experts) or tp {self.tp}")

@@ -202,8 +202,7 @@ NO_ASYNC = "Neither trains asynchronously: every step all-reduces (or reduce-sca
 NO_KFAC = "Neither has a K-FAC optimizer."
 NO_BATCHNORM = "Neither has BatchNorm: their transformers normalize with LayerNorm or RMSNorm."
 NO_PRIORITIZED = "Neither draws samples by their losses (prioritized or Metropolis-Hastings sampling)."
-EP_SYNC = ("parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode sync), beside "
-           "pp and tp but not cp")
+EP_SYNC = "parallel.ep: expert parallelism runs with synchronous data parallelism (parallel.mode sync)"
 GRADIENT_ACCUMULATION = ("does not combine with gradient accumulation (parallel.pipeline.microbatches "
                          "{microbatches} without pp, tp or cp)")
 OWN_REPRESENTATIVES = "Representatives are simtrain's own (one rank simulated for many that do the same)."
@@ -212,10 +211,6 @@ SPLIT_BACKWARD = "parallel.pipeline.schedule: {schedule} splits backwards into I
 REFUSED = (
     # -- parallel layouts
     Refusal(("ep", "async"), EP_SYNC, NO_ASYNC),
-    Refusal(("ep", "cp"), EP_SYNC,
-            "Megatron-Core runs MoE with --context-parallel-size beside --expert-model-parallel-size; torchtitan's "
-            "ep divides dp_shard x cp x tp, its experts taking ranks of cp (its gpt_oss_pp+fsdp+cp+ep test).",
-            (MEGATRON_CORE, TORCHTITAN)),
     Refusal(("ep", "ZeRO 3"),
             "parallel.sharding.stage: 3 with parallel.ep is not built (stages 1 and 2 shard the experts over their "
             "holders)",
@@ -256,21 +251,12 @@ REFUSED = (
             NO_KFAC),
     Refusal(("SyncBN", LOW_PRECISION), "parallel.sync_batchnorm: needs train.precision fp32", NO_BATCHNORM),
     # -- experts
-    # train/moe.py adds the balancing loss's gradient without the fp16 loss scale
-    Refusal(("MoE", "fp16"), "model.moe: runs in train.precision fp32, bf16 or fp8",
-            "Megatron-Core trains MoE under --fp16, the balancing loss's gradient scaled by the loss scale "
-            "(MoEAuxLossAutoScaler); torchtitan trains in bf16 or fp32 only.",
-            (MEGATRON_CORE,)),
     Refusal(("MoE", "tp without sp"),
             "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it (each tp rank routes its part "
             "of the sequence to experts it holds whole, as Megatron-Core)",
             "Megatron-Core's MoE layer refuses tp above 1 without --sequence-parallel in training; torchtitan's "
             "MoE sharding has a layout for tp with parallelism.enable_sequence_parallel false.",
             (TORCHTITAN,)),
-    Refusal(("MoE", "cp"), "parallel.cp: model.moe with context parallelism is not built yet",
-            "Megatron-Core runs MoE with --context-parallel-size; torchtitan runs gpt-oss's experts with "
-            "context_parallel_degree (its gpt_oss_pp+fsdp+cp+ep test).",
-            (MEGATRON_CORE, TORCHTITAN)),
     # before the row below, which representatives under pp or tp would reach first
     Refusal(("representatives", "drawn routing"),
             "parallel.representatives: with a drawn routing model (model.moe.routing.model zipf or histogram) the ep "
@@ -280,13 +266,15 @@ REFUSED = (
             "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
             "numerics off is not built (balanced is; data parallelism alone draws it)",
             "Numerics off is simtrain's own: both frameworks compute every token's routing."),
-    Refusal(("MoE", MODEL_PARALLEL, WHOLE_LAYER_RECOMPUTATION),
-            "train.checkpointing: model.moe under parallel.pp or parallel.tp runs with none or selective (the "
-            "others are not built yet)",
-            "Megatron-Core: --recompute-granularity full (--recompute-method uniform or block) on MoE layers under "
-            "tp and pp; torchtitan applies its full activation checkpointing to its MoE models (deepseek_v3, "
-            "gpt-oss, qwen3) as to its dense ones, under tp and pp.",
-            (MEGATRON_CORE, TORCHTITAN)),
+    # an MoE layer runs as regions between its exchanges (train/moe_exchange.py), outside torch's checkpointed
+    # segments, which would silently recompute nothing; full recomputation runs unit by unit (layer_recompute.py)
+    Refusal(("MoE", "recomputation in segments"),
+            "train.checkpointing: {checkpointing} with model.moe is not built (its layers run between their "
+            "exchanges, outside a checkpointed segment); use none, selective or full",
+            "Megatron-Core: --recompute-granularity full --recompute-method uniform (or block) "
+            "--recompute-num-layers k recomputes groups of k layers, MoE layers among them; torchtitan's "
+            "activation checkpointing is full, selective by operator, or every k-th layer, not groups of layers.",
+            (MEGATRON_CORE,)),
     Refusal(("ep", "K-FAC"),
             "parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from the "
             "replicated ones)", NO_KFAC),

@@ -151,9 +151,10 @@ class ParallelSpec(Section):
                            "schemes/tp_overlap.py). Needs parallel.sequence_parallel.")
     ep: Count(MAX_DEVICES) = Field(1, description="Expert-parallel ranks: model.moe's experts sharded over groups of "
                                                   "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
-                                                  "ep inside dp; under pp / tp per stage and tp index: "
-                                                  "schemes/expert_model_parallel.py). Must "
-                                                  "divide dp and the experts.")
+                                                  "ep inside dp; with cp, inside dp x cp, cp first; under pp / tp "
+                                                  "per stage and tp index: parallel/layout.py, "
+                                                  "schemes/expert_model_parallel.py). Must divide dp x cp and the "
+                                                  "experts.")
     moe_dispatch: Literal["pairwise", "hierarchical"] = Field(
         "pairwise", description="The all-to-all that moves tokens to their experts and back under parallel.ep "
                                 "(comm/all_to_all.py): pairwise, every rank to every peer at once (NCCL's "
@@ -206,8 +207,9 @@ class ParallelSpec(Section):
         if self.ep == 1 and self.moe_dispatch != "pairwise":
             raise ValueError(f"parallel.moe_dispatch: {self.moe_dispatch} moves tokens between the ranks of "
                              "parallel.ep, which is 1")
-        if self.ep > 1 and self.dp is not None and self.dp % self.ep:
-            raise ValueError(f"parallel.ep: {self.ep} does not divide parallel.dp {self.dp}")
+        if self.ep > 1 and self.dp is not None and self.dp * self.cp % self.ep:
+            raise ValueError(f"parallel.ep: {self.ep} does not divide parallel.dp {self.dp}"
+                             + (f" x parallel.cp {self.cp}" if self.cp > 1 else ""))
         sharding = self.sharding
         if (sharding.overlap_grad_reduce or sharding.overlap_param_gather) and not (sharding.stage and
                                                                                   self.model_parallel):

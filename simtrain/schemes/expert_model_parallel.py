@@ -1,16 +1,18 @@
-"""Mixture of experts under pipeline and tensor parallelism: ep groups, the exchanges' collectives, the expert update.
+"""Mixture of experts under pipeline, tensor and context parallelism: ep groups, the exchanges, the expert update.
 
-A gpt or a llama with `model.moe` under pp / tp (model_parallel.py) runs each
+A gpt or a llama with `model.moe` under pp / tp / cp (model_parallel.py) runs each
 MoE layer as regions of its stage's work with the ep group's exchanges as
 boundaries (train/moe_exchange.py: counts, dispatch, combine). The groups are formed as
 Megatron-Core's initialize_model_parallel formed them with
 expert_model_parallel_size before its expert tensor parallelism became a
 setting of its own: for each pipeline stage and tp index, the dp ranks (dp
-order) are cut into dp/ep groups of ep adjacent ones (its expert model
-parallel group), and the ranks that hold the same experts, one per ep group,
-form the experts' data-parallel group (its data-modulo-expert group). Ep rank
-i (dp index mod ep) holds experts [i E/ep, (i+1) E/ep) of every MoE layer of
-its stage, whole: they are not split over tp (Megatron-Core's
+order; with cp, the dp x cp ranks, cp first, as its expert mesh folds cp in:
+parallel/layout.py) are cut into groups of ep adjacent ones (its expert
+model parallel group), and the ranks that hold the same experts, one per ep
+group, form the experts' data-parallel group (its data-modulo-expert group).
+Under cp each rank routes the tokens of its own chunks of the sequence. Ep
+rank i (its place in its ep group) holds experts [i E/ep, (i+1) E/ep) of
+every MoE layer of its stage, whole: they are not split over tp (Megatron-Core's
 expert_tensor_parallel_size 1). With tp above 1 the stream is cut along the
 sequence over the tp group (sequence parallelism, which Megatron-Core also
 requires beside ep and tp), so each tp rank routes and dispatches its own part
@@ -20,7 +22,7 @@ The data-parallel half (`ExpertUpdate`, after the backward and sequence
 parallelism's sum of whole parameters' gradients over tp, which sums the
 experts' too: each tp rank's experts saw its part of the sequence): the
 replicated parameters' gradient is averaged over the dp (x cp) group as
-DDP's (`dp_allreduce`), the experts' over the dp/ep ranks that hold them
+DDP's (`dp_allreduce`), the experts' over the dp (x cp) / ep ranks that hold them
 (`expert_allreduce`) and divided by ep: each holder's gradient is a sum over
 its ep group's ranks of their mean losses' gradients, so this is the
 gradient of the mean loss over the global batch, as on one device.
@@ -45,6 +47,7 @@ its ep group, and the layers run on meta tensors every step.
 
     experts = ExpertLayers(scheme)                  # ModelParallel with model.moe
     scheme.comms.ep, scheme.comms.expert_dp = experts.communicators()
+    experts.scale_balancing_loss(rank)              # before each step: its share, times fp16's loss scale
     collective, result = experts.exchange(rank, kind, tensor)   # kind: a train/moe_exchange.py ExpertExchange
     losses = yield from experts.timed(rank, step, stage.walk(...))   # its all-to-all seconds counted
 """
@@ -67,17 +70,12 @@ class ExpertLayers:
         layout, spec = scheme.layout, scheme.job.scenario.model.moe
         self.ep, self.experts = layout.ep, spec.experts
         self.moe_steps: list[dict] = []
-        # full recomputation (layer_recompute.py) runs each unit's forward again before its backward, the same
-        # routing: two forwards a micro-batch, the second a repeat
-        self.forwards = 2 if scheme.recompute else 1
         self.all_to_all_s: dict[int, float] = {}  # step -> the seconds its running ranks spent in the all-to-alls
-        for replica in scheme.replicas:  # the balancing loss as a mean over microbatches and sequence parts
-            for layer in _layers(replica):
-                layer.aux_loss_scale = 1.0 / (scheme.microbatches * layout.tp)
         # numerics off with a drawn routing model: each layer draws its group's routing and runs every step
         self.drawing = not self.job.numerics and spec.routing.model != "balanced"
         self._draws: dict[tuple, list[list[int]]] = {}  # (step, microbatch, layer, ep group) -> its draw
-        self._forwards: dict[tuple, int] = {}  # (step, rank, layer) -> the layer's forwards the rank ran in the step
+        # (step, rank, layer, again) -> the layer's first forwards (again: forwards run again) the rank ran in the step
+        self._forwards: dict[tuple, int] = {}
         self._step: dict[int, int] = {}  # running rank -> the step it runs
         if self.drawing:
             whole = [name for name, module in self.job.model.named_modules() if isinstance(module, MoE)]
@@ -101,6 +99,15 @@ class ExpertLayers:
                 ep_groups[rank] = EpGroup(comm, index, group, all_to_all)
         return ep_groups, self.scheme._communicators(layout.groups("expert_dp")) if self.ep > 1 else None
 
+    def scale_balancing_loss(self, rank: int) -> None:
+        """Before a step of job rank `rank`: its MoE layers' balancing losses join the gradient as a mean over the
+        micro-batches and the tp ranks' parts of the sequence, times fp16's loss scale, as the language-model loss
+        does (Megatron-Core's MoEAuxLossAutoScaler.set_loss_scale: the loss scale over the micro-batches)."""
+        replica = self.scheme.replicas[rank]
+        scale = float(replica.precision.loss_weight(1.0 / (self.scheme.microbatches * self.scheme.layout.tp)))
+        for layer in _layers(replica):
+            layer.aux_loss_scale = scale
+
     def exchange(self, rank: int, kind, tensor):
         """(the Collective of exchange `kind` of `tensor` in rank `rank`'s ep group, the tensor that holds its
         result once it has run)."""
@@ -123,14 +130,15 @@ class ExpertLayers:
         finally:
             program.close()
 
-    def draw(self, rank: int, layer: int, assignments: int) -> list[list[int]]:
+    def draw(self, rank: int, layer: int, assignments: int, again: bool = False) -> list[list[int]]:
         """Numerics off, a drawn routing model: job rank `rank`'s ep group's assignments per expert, [ep
         rank][expert], at MoE layer `layer` (of the whole model) of its current step's next micro-batch, each group
-        rank's `assignments` drawn once for the group (seeded by step, micro-batch, layer and job rank)."""
+        rank's `assignments` drawn once for the group (seeded by step, micro-batch, layer and job rank). A forward
+        run `again` (full recomputation) draws what its first forward drew: the micro-batches' backwards, and so
+        their recomputations, come in the order of their forwards (split backwards run no full recomputation)."""
         group, step = self.job.layout.rank_groups(rank).ep, self._step[rank]
-        forward = self._forwards.get((step, rank, layer), 0)
-        self._forwards[step, rank, layer] = forward + 1
-        microbatch = forward // self.forwards  # a recomputed forward draws what its first forward drew
+        microbatch = self._forwards.get((step, rank, layer, again), 0)
+        self._forwards[step, rank, layer, again] = microbatch + 1
         key = (step, microbatch, layer, group)
         if key not in self._draws:
             routing, seed = self.job.scenario.model.moe.routing, self.job.scenario.seed
@@ -156,18 +164,18 @@ class ExpertLayers:
     def step_done(self, step: int) -> None:
         """Step `step` has ended on every rank: its routing, every ep group's once (read off its ep rank 0). A layer
         runs once a microbatch, and a rank may have run the next step's first ones already: each layer's oldest
-        records are this step's (under full recomputation, each first of two). With numerics off and balanced
+        records are this step's (a forward run again records nothing). With numerics off and balanced
         routing every layer charged the balanced routing of a microbatch's tokens (train/moe_exchange.py), each tp
         rank its part of the sequence."""
         layout, scheme, token_bytes, routings = self.scheme.layout, self.scheme, None, []
-        m, repeats = scheme.microbatches, self.forwards
+        m = scheme.microbatches
         taken = {}  # running rank -> per MoE layer, the step's routings
         for rank in scheme.running:
             layers = _layers(scheme.replicas[rank])
             if self.job.numerics or self.drawing:
-                taken[rank] = [layer.routings[:m * repeats:repeats] for layer in layers]  # a recomputed one's once
+                taken[rank] = [layer.routings[:m] for layer in layers]
                 for layer in layers:
-                    del layer.routings[:m * repeats]
+                    del layer.routings[:m]
             else:  # every layer's routing, the same for all (they share model.moe)
                 taken[rank] = [[balanced_routing(layer, self._microbatch_tokens())] * m for layer in layers]
         for rank in range(layout.world):  # with representatives, each rank's figures are its representative's
@@ -184,9 +192,9 @@ class ExpertLayers:
             self.moe_steps.append(figures)
 
     def _microbatch_tokens(self) -> int:
-        """A rank's tokens per microbatch: its part of the sequence under tp (sequence parallelism)."""
-        sample = self.job.sample_microbatch()
-        return sample.shape[0] * sample.shape[1] // self.scheme.layout.tp
+        """A rank's tokens per microbatch: its part of the sequence under cp and tp (sequence parallelism)."""
+        sample, layout = self.job.sample_microbatch(), self.scheme.layout
+        return sample.shape[0] * sample.shape[1] // (layout.cp * layout.tp)
 
     def report_sections(self, loss_curve) -> dict:
         """The `moe` section (schemes/moe_report.py): its all-to-all time a running rank's mean."""
@@ -223,13 +231,14 @@ class ExpertUpdate(ReplicatedUpdate):
 
 class _Draw:
     """An MoE layer's `drawn_routing` (train/moe_exchange.py): its ep group's draw for a forward of
-    `assignments` a rank; a copy (a chunk measured on a meta copy) draws nothing, as balanced routing."""
+    `assignments` a rank (run `again`: the first forward's); a copy (a chunk measured on a meta copy) draws nothing,
+    as balanced routing."""
 
     def __init__(self, experts: ExpertLayers, rank: int, layer: int):
         self.layers, self.rank, self.layer = experts, rank, layer
 
-    def __call__(self, assignments: int) -> list[list[int]]:
-        return self.layers.draw(self.rank, self.layer, assignments)
+    def __call__(self, assignments: int, again: bool) -> list[list[int]]:
+        return self.layers.draw(self.rank, self.layer, assignments, again)
 
     def __deepcopy__(self, memo):
         return None

@@ -31,6 +31,7 @@ forwards run again are part of the backward, whose pass the last unit's starts.
 import torch
 
 from ..step_ops import Alloc, Free
+from ..train.moe import recomputing
 from ..train.partition import module_structure
 from .chunk_measurement import measure_chunk
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
@@ -89,8 +90,9 @@ def layers_backward(layers: list, costs: list[ChunkCost], kept: list[tuple], gra
         first = number == len(layers) - 1  # the unit whose recomputed forward starts the backward's pass
         yield Alloc("activations", held_whole(cost))  # an MoE layer's experts hold theirs apart (stage_execution.py)
         if numerics:
-            _, tape, _ = yield from chunk_forward(ops, kept[number], communicate, cost, dtype,
-                                                  target if first else None, loss_weight, first)
+            with recomputing(layers[number][0]):  # an MoE layer routes as its first forward did, recording nothing
+                _, tape, _ = yield from chunk_forward(ops, kept[number], communicate, cost, dtype,
+                                                      target if first else None, loss_weight, first)
             grads = yield from chunk_backward(tape, grads, communicate, cost, dtype, starts_pass=False)
         else:
             yield from replay_forward(cost, communicate, dtype, first)

@@ -30,8 +30,8 @@ pp = tp = cp = 1 case: a rank's share is the whole model, one part.
   alone, of each block: FSDP2's units, schemes/unit_overlap.py), with a
   `degree` below dp as HSDP and, under data parallelism alone, optionally
   offloaded to the host: schemes/distributed_optimizer.py;
-- **fp16 loss scaling**: the ranks of a replica (sharded: of the job) vote on
-  an overflow before stepping (schemes/overflow_vote.py);
+- **fp16 loss scaling**: the ranks of a replica (sharded, or with ep: of the
+  job) vote on an overflow before stepping (schemes/overflow_vote.py);
 - **experts** (`model.moe`, `parallel.ep`): each MoE layer's tokens go to
   their experts' ranks in its ep group and back by all-to-all, as regions of
   the chunk's work (train/moe_exchange.py), the experts charged by the
@@ -128,7 +128,8 @@ class ModelParallel(RankReplicas, Scheme):
         # whole training state too
         self.data_alone = self.layout.world == self.layout.dp and self.layout.ep == 1
         self.replicated = self.data_alone and not parallel.sharding.stage
-        # fp16: the overflow vote of each replica's model-parallel group (a whole replica sees its whole gradient)
+        # fp16: the overflow vote of each replica's model-parallel group (a whole replica sees its whole gradient;
+        # sharded, or with experts, whose holders see theirs, the whole job's)
         self.vote = train.precision == "fp16" and not self.replicated
         self.experts = ExpertLayers(self) if scenario.model.moe is not None else None  # expert_model_parallel.py
         # replicated, its all-reduces rings: alone on the network, each is timed as a group
@@ -176,8 +177,9 @@ class ModelParallel(RankReplicas, Scheme):
                                                                       exclusive=self.job.alone
                                                                       and self.only_ring_all_reduces),
                                             tp=self._communicators(layout.groups("tp")))
-            if self.vote:  # sharded: each rank saw only its chunk of the gradient, so the whole job votes
-                self.comms.model = self._communicators([tuple(range(self.world))] if sharded
+            if self.vote:  # sharded (each rank saw only its chunk of the gradient) or with experts (each rank only
+                # its experts'), the whole job votes
+                self.comms.model = self._communicators([tuple(range(self.world))] if sharded or layout.ep > 1
                                                        else layout.groups("model"))
             if sharded and layout.dp_replicate > 1:  # HSDP (distributed_optimizer.py)
                 self.comms.dp_shard = self._communicators(layout.groups("dp_shard"))
@@ -279,7 +281,10 @@ class ModelParallel(RankReplicas, Scheme):
                 receives.update((yield from stage.post_receives(step + 1)))
             walk = stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
                               replica.precision.loss_weight(1.0 / self.microbatches), receives, tp_collective)
-            # with experts, the seconds of their all-to-alls counted (expert_model_parallel.py)
+            # with experts, their balancing losses scaled and the seconds of their all-to-alls counted
+            # (expert_model_parallel.py)
+            if self.experts is not None:
+                self.experts.scale_balancing_loss(rank)
             losses = yield from (walk if self.experts is None else self.experts.timed(rank, step, walk))
             if self.sequence_parallel and not self.data_parallel.sums_sequence_parallel_grads:
                 yield from self.sum_tp_grads(rank, replica.model.whole_parameter_grads())

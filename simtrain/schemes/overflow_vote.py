@@ -6,7 +6,11 @@ group. Before stepping, the pp x tp ranks of each replica sum their 0/1
 overflow flags (one fp32 each) in an all-reduce on the replica's communicator
 ("overflow_vote"); every rank then skips (and backs off its loss scale) or
 steps together, so their loss scalers stay identical. The replicas need no
-vote: after the dp all-reduce they hold the same gradients.
+vote: after the dp all-reduce they hold the same gradients. Where they hold
+different shares of it they do: sharded (each rank its chunk) or with
+experts (each rank the experts of its ep rank, which the other replicas of
+its ep group do not hold), the whole job votes, and a step is skipped where
+one device's gradient on the global batch would overflow anywhere.
 
 With representatives the communicator is a mirrored one
 (representatives.py): the representatives wait for each other, then take the

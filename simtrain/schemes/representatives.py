@@ -123,9 +123,9 @@ def mirrored_communicators(job) -> GroupCommunicators:
     (timed with the same stage's tp groups of the other replicas), dp_cp (with the dp-cp groups of the stage's
     other tp ranks), cp (with the cp groups of the stage's other tp ranks and replicas), with experts ep (a
     MirroredEpGroup, with every ep group of its stage) and expert_dp (with every experts' data-parallel group of
-    its stage) and, under fp16, model (replica 0's model-parallel group, where every representative votes: timed
-    alone, four bytes a rank and latency-bound, which the other replicas' votes on shared switch uplinks do not
-    delay; counted for every replica)."""
+    its stage) and, under fp16, model (replica 0's model-parallel group, or sharded or with ep the whole job's,
+    where every representative votes: timed alone, four bytes a rank and latency-bound, which the other replicas'
+    votes on shared switch uplinks do not delay; counted for every replica)."""
     layout, timing = job.layout, MirroredCollectives(job)
     nodes = lambda ranks: tuple(job.devices[rank].node for rank in ranks)  # noqa: E731
     groups = layout.rank_groups
@@ -151,8 +151,8 @@ def mirrored_communicators(job) -> GroupCommunicators:
         comms.ep = {rank: MirroredEpGroup(mirrored(rank, of_its_stage(rank, "ep")).comm, layout.ep)
                     for rank in representatives}
         comms.expert_dp = {rank: mirrored(rank, of_its_stage(rank, "expert_dp")) for rank in representatives}
-    if job.scenario.train.precision == "fp16":  # sharded: each rank saw only its shard, the whole job votes
-        voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage
+    if job.scenario.train.precision == "fp16":  # sharded or with ep (each rank saw only its share): the whole job
+        voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage or layout.ep > 1
                           else (groups(0).model, layout.dp))
         vote = MirroredCommunicator(job, timing, representatives, [nodes(voters)], copies)
         comms.model = {rank: Membership(vote, index, mirrored_all_reduce) for index, rank in enumerate(representatives)}

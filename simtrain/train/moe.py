@@ -27,10 +27,11 @@ and P_e the mean of p_t,e over the tokens: coeff when routing is balanced.
 It joins the training loss as Megatron-Core's MoEAuxLossAutoScaler adds it:
 the layer's output carries it through autograd, and the backward adds its
 gradient (times 1) to the router's, so the loss a run reports stays the
-language-model loss. Its gradient is `aux_loss_scale`: under pp / tp
-1 / (micro-batches x tp) (train/moe_exchange.py), with gradient accumulation
-1 / micro-batches (`scale_balancing_loss`); an fp16 loss scale is not
-applied to it, so MoE runs in fp32, bf16 or fp8 (scenario/root.py says so). The
+language-model loss. Its gradient is `aux_loss_scale`, which the step engine
+sets before each step as Megatron-Core's MoEAuxLossAutoScaler.set_loss_scale
+does: 1 / (micro-batches x tp), a mean over the micro-batches and the tp
+ranks' parts of the sequence, times the fp16 loss scale, which scales the
+language-model loss's gradient too (schemes/expert_model_parallel.py). The
 router's pieces are in train/moe_router.py.
 
 After each forward, `routing` holds what the router did: tokens per expert
@@ -51,6 +52,7 @@ engine, schemes/model_parallel.py, under every layout).
     y = layer(h)                         # (batch, positions, 64)
     layer.routing.tokens_per_expert      # [kept assignments of expert 0, 1, ...]
 """
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -101,7 +103,7 @@ class MoE(nn.Module):
 
     # what its forwards did, and where numerics off draw their routing, not what it computes (partition.py's
     # module_structure: a cost is measured on balanced routing)
-    RECORDS = ("routing", "routings", "drawn_routing")
+    RECORDS = ("routing", "routings", "drawn_routing", "recomputing")
 
     def __init__(self, hidden: int, spec: MoESpec, expert: Callable[[], nn.Module] | None = None):
         super().__init__()
@@ -113,11 +115,14 @@ class MoE(nn.Module):
         self.routing: Routing | None = None
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
         self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
-        self.aux_loss_scale = 1.0  # the balancing loss's share of the loss (pp / tp: 1 / (microbatches x tp))
+        self.aux_loss_scale = 1.0  # its balancing loss's gradient: 1 / (microbatches x tp) x fp16's loss scale
         self.routings: list = []  # the step engine: each forward's (assigned, kept) of the ep group (moe_exchange.py)
         # numerics off with a drawn routing model: (assignments a rank) -> the ep group's draw, [rank][expert]
         # (schemes/expert_model_parallel.py); None: balanced routing
         self.drawn_routing = None
+        # full recomputation: this forward runs again from a kept input (schemes/layer_recompute.py), routing as the
+        # first did; its routing is not recorded again
+        self.recomputing = False
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if len(self.experts) < self.spec.experts:
@@ -208,11 +213,17 @@ class MoEBlock(ExpertsBlock, Block):
                                   self.sequence_parallel) + exchange_ops(self.moe)
 
 
-def scale_balancing_loss(model: nn.Module, scale: float) -> None:
-    """Every MoE layer's balancing loss joins the gradient times `scale` (a micro-batch's share of the batch)."""
-    for layer in model.modules():
-        if isinstance(layer, MoE):
-            layer.aux_loss_scale = scale
+@contextlib.contextmanager
+def recomputing(module: nn.Module):
+    """Every MoE layer of `module` marked as running its forward again (full recomputation) while inside."""
+    layers = [layer for layer in module.modules() if isinstance(layer, MoE)]
+    for layer in layers:
+        layer.recomputing = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.recomputing = False
 
 
 def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:

@@ -29,7 +29,9 @@ Every boundary's backward is the reverse exchange ("moe dispatch backward",
 off, or a cost measured before any routing) every rank's assignments are
 balanced (`balanced_routing`), or, where the scheme set the layer's
 `drawn_routing` (numerics off with model.moe.routing zipf or histogram), drawn
-from the routing model (train/moe_routing.py) for the whole ep group.
+from the routing model (train/moe_routing.py) for the whole ep group. A
+forward run again under full recomputation (`moe.recomputing`) routes as its
+first did and records nothing.
 
 The experts' region is measured once, on balanced routing; its work is
 linear in the tokens the rank's experts receive (every expert of a layer
@@ -40,7 +42,7 @@ which the step engine charges the region forward and backward
 its group waits for it at the combine.
 
     ops = exchange_ops(block.moe)      # (x, h) -> (x + moe(h),), after a block's attention ops
-    block.moe.routings                 # per forward: (assigned, kept), [ep rank][expert], of its ep group
+    block.moe.routings                 # per first forward: (assigned, kept), [ep rank][expert], of its ep group
 """
 from typing import NamedTuple
 
@@ -159,9 +161,11 @@ class _Exchanging:
         drawn = moe.drawn_routing
         balanced = balanced_routing(moe, tokens.shape[0])
         if not gathered.is_meta or drawn is not None:
-            assigned = gathered.tolist() if not gathered.is_meta else drawn(tokens.shape[0] * moe.spec.top_k)
+            assigned = (gathered.tolist() if not gathered.is_meta
+                        else drawn(tokens.shape[0] * moe.spec.top_k, moe.recomputing))
             self.kept = kept_matrix(assigned, capacity)
-            moe.routings.append((assigned, self.kept))
+            if not moe.recomputing:  # a forward run again routes as its first did
+                moe.routings.append((assigned, self.kept))
         else:
             assigned, self.kept = balanced
         self.counts = tuple(map(tuple, rank_counts(self.kept)))
