@@ -98,10 +98,14 @@ def test_launch_trains_the_parameters_run_simulates(tmp_path, world, all_reduce,
     (2, {"tp": 2}, {}),
     (4, {"pp": 2, "tp": 2}, {}),
     (4, {"pp": 2, "dp": 2, "pipeline": {"schedule": "gpipe"}}, {"train": {"precision": "fp16"}}),
+    (2, {"sharding": {"stage": 3}}, {}),
+    (4, {"pp": 2, "sharding": {"stage": 1}}, {"train": {"precision": "bf16"}}),
 ])
 def test_launch_runs_pipeline_and_tensor_parallel_layouts_as_run_simulates(tmp_path, world, layout, extra):
     """Pipeline activations and gradients go as Send/Recv programs, tensor-parallel all-reduces on their own
-    groups, over real gloo: the parameters equal the simulated run's, whose messages took the simulated mailbox."""
+    groups, a sharded rank's gathers and reduce-scatters on its shard group's (and at the end the fp32 shards
+    gathered into the whole model), over real gloo: the parameters equal the simulated run's, whose messages took
+    the simulated mailbox."""
     path = write_scenario(tmp_path, model={"hidden": [32, 32, 32]}, parallel=layout, **extra)
     data = launch(path, [], world, tmp_path / "real", warmup=WARMUP)
     simulated = simtrain.run(simtrain.load_scenario(path, [f"cluster.devices={world}"]))

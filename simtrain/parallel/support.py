@@ -357,8 +357,4 @@ REFUSED = (
     Refusal(("simtrain launch", "async"),
             "parallel.mode: async runs simulated only (its workers share parameters through a simulated "
             "shared-memory store, which a process group lacks)", NO_ASYNC),
-    Refusal(("simtrain launch", ZERO), "parallel.sharding: runs simulated; simtrain launch does not run it yet",
-            "Megatron-Core's distributed optimizer and torchtitan's FSDP2 are implementations over real "
-            "processes.",
-            (MEGATRON_CORE, TORCHTITAN)),
 )

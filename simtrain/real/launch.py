@@ -33,7 +33,9 @@ ranks started, or the measured steps spread too widely (real/machine_load.py).
 Refused, one line each: populations, the nccl backend (replicas and their
 buffers live on the CPU here), and the support table's rows for simtrain
 launch (parallel/support.py: async, whose step programs move bytes through a
-simulated shared-memory store; numerics off; ZeRO and FSDP).
+simulated shared-memory store; numerics off). A sharded rank ends by
+gathering its shard groups' fp32 chunks over the network, the whole model it
+reports (distributed_optimizer.py's `finish`).
 
     data = launch("scenarios/quickstart.yaml", [], nproc=2, out=Path("runs/quickstart-real"))
 """

@@ -82,7 +82,7 @@ from .sharded_replica import ShardedReplica, groups_of, held_bytes, shard_update
 from .sharded_update import LABELS, bytes_by_kind, sharded_update
 from .unit_overlap import UnitOverlap
 
-_GATHER, _REDUCE, _REPLICATE = 0, 1, 2  # the kinds of a unit's collectives, for their tags
+_GATHER, _REDUCE, _REPLICATE, _PUBLISH = 0, 1, 2, 3  # the kinds of a unit's collectives, for their tags
 _EXPERTS = 1  # with ep above 1, the unit of the rank's experts (stages 1 and 2: the dense parameters are unit 0)
 
 
@@ -111,12 +111,13 @@ class DistributedOptimizer:
         unit_costs = UnitCosts(job.model) if layout.world == layout.dp and layout.ep == 1 else None
         self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
         self.held, self._step_bytes = {}, {}
-        self._gathered = {rank: set() for rank in scheme.running}  # stage 3: the units whose parameters are whole
-        self._backwards = {rank: {} for rank in scheme.running}  # stage 3: unit -> backwards run this step
-        self._replicating = {rank: [] for rank in scheme.running}  # HSDP: the units' posted all-reduces
+        self.ranks = [rank for rank in scheme.running if scheme.replicas[rank] is not None]  # launched: its own
+        self._gathered = {rank: set() for rank in self.ranks}  # stage 3: the units whose parameters are whole
+        self._backwards = {rank: {} for rank in self.ranks}  # stage 3: unit -> backwards run this step
+        self._replicating = {rank: [] for rank in self.ranks}  # HSDP: the units' posted all-reduces
         replicas = scheme.replicas
         self.ep = layout.ep  # above 1: the experts are a unit of their own, sharded over their holders
-        for rank in scheme.running:
+        for rank in self.ranks:
             if self.ep > 1:  # Megatron-Core's expert buffer: the dense parameters first, then the rank's experts
                 experts_last(replicas[rank])
             params, starts = replicas[rank].params, chunk_starts(replicas[rank])
@@ -149,16 +150,16 @@ class DistributedOptimizer:
         # ZeRO-Offload: the host keeps part of what each rank holds (offload.py)
         self.offload_what, self.offload, self.host_held = sharding.offload, None, {}
         if sharding.offload != "none":
-            shard = replicas[scheme.running[0]]
-            self.offload = HostOffload(job, {rank: replicas[rank].layout for rank in scheme.running}, self.stage,
+            shard = replicas[self.ranks[0]]
+            self.offload = HostOffload(job, {rank: replicas[rank].layout for rank in self.ranks}, self.stage,
                                        sharding.offload, shard.param_flat.element_size(),
                                        shard.reduced.element_size())
-            for rank in scheme.running:
+            for rank in self.ranks:
                 self.held[rank], self.host_held[rank] = self.offload.split(rank, self.held[rank])
         # one device's update of the whole model (scaling efficiency's baseline, data parallelism alone)
-        self._whole_step_bytes = update_bytes(replicas[scheme.running[0]].params, train.precision, train.optimizer)
+        self._whole_step_bytes = update_bytes(replicas[self.ranks[0]].params, train.precision, train.optimizer)
         self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
-        self._step_kernels = scheme.update_kernels(scheme.running)  # a calibrated host's, charged kernel_overhead
+        self._step_kernels = scheme.update_kernels(self.ranks)  # a calibrated host's kernel_overhead
         self._ended, self._published = 0, False
 
     def _dense_and_experts(self, rank: int) -> tuple[list, tuple, tuple]:
@@ -408,24 +409,33 @@ class DistributedOptimizer:
     def finish(self, rank: int):
         """Step program, after a rank's last step: the all-gathers its last optimizer step left to a next forward
         (overlap_param_gather) run now, as Megatron-Core syncs the parameters at the end of training, so that a run
-        of N steps moves N steps' bytes."""
+        of N steps moves N steps' bytes; a launched rank (simtrain launch: its process holds it alone) gathers its
+        shard groups' fp32 chunks, the whole model it publishes."""
         if rank in self.buckets:
             yield from self.buckets[rank].gather_pending()
+        if len(self.ranks) < len(self.scheme.running):  # a launched rank: the others' fp32 chunks over the network
+            shard = self.scheme.replicas[rank]
+            for unit in range(len(shard.layout.units)):
+                comm, index, _ = self.unit_comms(rank, unit)
+                group = list(range(shard.layout.unit_shards[unit]))
+                yield Collective(shard.gather_master(unit, group, self._tag(_PUBLISH, rank, unit)), "publish_gather",
+                                 comm, index)
 
     def ended(self, rank: int) -> None:
         """A rank's program has ended; after the last, every rank's share takes the fp32 master weights its shard
         group's chunks hold (what Job.finish turns the model into). Representatives compute nothing: each
         representative publishes its own (meta) chunk as every position's."""
         self._ended += 1
-        if self._ended == len(self.scheme.running):
+        if self._ended == len(self.ranks):
             self.publish()
 
     def publish(self) -> None:
         """Every running rank's share takes the fp32 master weights its shard group's chunks hold: at the end,
         or where the clock stopped before it (ModelParallel.stopped)."""
         scheme = self.scheme
-        for rank in scheme.running:
-            scheme.replicas[rank].publish(self._shard_groups(rank))
+        for rank in self.ranks:
+            shard = scheme.replicas[rank]
+            shard.publish(self._shard_groups(rank) if len(self.ranks) == len(scheme.running) else None)
         self._published = True
 
     def _shard_groups(self, rank: int) -> list[list]:
@@ -458,7 +468,7 @@ class DistributedOptimizer:
         the collectives sent and what was offloaded; under data parallelism alone `parallel`'s units reduced beside
         the backward."""
         scheme = self.scheme
-        shard = scheme.replicas[scheme.running[0]]
+        shard = scheme.replicas[self.ranks[0]]
         overlap = {"parallel": {"overlap": True, "buckets": len(shard.layout.units)}} if self.blocks else {}
         return {**overlap, "sharding": {"stage": self.stage, "degree": self.degree, "replicate": self.replicate,
                              "reduce_dtype": self.reduce_dtype,

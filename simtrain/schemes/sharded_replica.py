@@ -61,6 +61,7 @@ class ShardedReplica(Replica):
         self.stale = False  # the chunks it does not own must be gathered before the next step (after a load)
         self._kept = False  # master.grad holds this step's earlier micro-batches' reduced gradient
         self._assembled = None  # the copy `assembled` writes into
+        self._gathered_master = None  # the whole fp32 parameters `gather_master` gathers (a launched rank's)
         device = self.params[0].device
         self.param_flat = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
         self.grad_buffer = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
@@ -111,6 +112,17 @@ class ShardedReplica(Replica):
         """HSDP: ring all-reduce (sum) of the reduced chunk of unit `unit` across `replicas` (job ranks)."""
         chunk = self.layout.chunk(self.reduced, unit, self.owned[unit])
         return ring_all_reduce(rank, len(replicas), chunk, ring=replicas, tag=tag)
+
+    def gather_master(self, unit: int, group: list[int], tag: int):
+        """Ring all-gather of unit `unit`'s fp32 master chunks over `group` into the whole fp32 parameters that
+        `publish()` then writes: at the end of a launched run, whose process holds no other rank's shard."""
+        layout = self.layout
+        if self._gathered_master is None:
+            self._gathered_master = torch.zeros(layout.padded_numel, dtype=torch.float32, device=self.master.device)
+        layout.chunk(self._gathered_master, unit, self.owned[unit]).copy_(self.master.detach()[layout.shard_slice(unit)])
+        n, position = len(group), self.positions[unit]
+        return ring_all_gather(position, group[(position + 1) % n], group[position - 1],
+                               layout.chunks(self._gathered_master, unit), tag)
 
     # ---- the numerics of a step ----
 
@@ -250,15 +262,17 @@ class ShardedReplica(Replica):
             param.copy_(whole[layout.param_slice(index)].view_as(param))
         return self._assembled
 
-    def publish(self, groups: list[list["ShardedReplica"]]) -> None:
+    def publish(self, groups: list[list["ShardedReplica"]] | None = None) -> None:
         """Write the whole fp32 model, from the owned chunks of the shards of `groups` (each unit's shard group, by
-        position: `groups_of`), into this replica's model: what the run reports as trained (Job.finish turns it
-        into fp32)."""
+        position: `groups_of`; None: what `gather_master` gathered), into this replica's model: what the run
+        reports as trained (Job.finish turns it into fp32)."""
         layout = self.layout
-        full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=self.master.device)
-        for unit, group in enumerate(groups):
-            for shard in group:
-                layout.chunk(full, unit, shard.owned[unit]).copy_(shard.master.detach()[layout.shard_slice(unit)])
+        full = self._gathered_master
+        if groups is not None:
+            full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=self.master.device)
+            for unit, group in enumerate(groups):
+                for shard in group:
+                    layout.chunk(full, unit, shard.owned[unit]).copy_(shard.master.detach()[layout.shard_slice(unit)])
         views = [full[layout.param_slice(index)].view_as(param) for index, param in enumerate(self.params)]
         if self.precision.mixed:
             self.precision.master_params = views  # Job.finish copies them into the fp32 model
