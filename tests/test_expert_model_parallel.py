@@ -173,18 +173,12 @@ def test_a_shard_layout_cuts_each_unit_over_its_own_group():
                                                             "histogram. under parallel.pp or parallel.tp with "
                                                             "numerics off is not built"),
     (dict(sharding={"stage": 3}), "parallel.sharding.stage: 3 with parallel.ep is not built"),
-    (dict(pp=1, sharding={"stage": 1}), "parallel.sharding.stage: with parallel.ep and data parallelism alone"),
     (dict(checkpointing="sqrt"), "train.checkpointing: sqrt with model.moe is not built"),
     (dict(pp=1, checkpointing={"segments": 2}), "train.checkpointing: segments=2 with model.moe is not built"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):
     with pytest.raises(ScenarioError, match=expected):
         scenario(8, **{"ep": 2, "pp": 2, **arguments})
-
-
-def test_hsdp_with_ep_is_refused_when_the_job_is_built():
-    with pytest.raises(ScenarioError, match="parallel.sharding.degree: HSDP with parallel.ep .2 of the 4 "):
-        one_step(scenario(8, ep=2, pp=2, sharding={"stage": 1, "degree": 2}))
 
 
 def test_an_ep_that_does_not_divide_the_jobs_dp_is_refused_when_the_job_is_built():

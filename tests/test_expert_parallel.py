@@ -76,17 +76,18 @@ def test_trains_to_the_parameters_of_one_device(ep):
     assert_same_parameters(report.final_model, reference)
 
 
-@pytest.mark.parametrize("parallel", [{"sharding": {"stage": 1}}, {"sharding": {"stage": 2}},
-                                      {"pipeline": {"microbatches": 2}},
-                                      {"sharding": {"stage": 2}, "pipeline": {"microbatches": 2}}],
-                         ids=["zero 1", "zero 2", "2 micro-batches", "zero 2, 2 micro-batches"])
-def test_sharded_and_accumulated_experts_train_to_the_parameters_of_one_device(parallel):
-    """Under data parallelism alone the distributed optimizer shards the dense parameters over the 4 ranks and
-    each expert's over its 2 holders, and micro-batches accumulate: still one device's training."""
-    devices = 2 if "sharding" not in parallel else 4
+@pytest.mark.parametrize("devices, parallel", [
+    (4, {"sharding": {"stage": 1}}), (4, {"sharding": {"stage": 2}}), (2, {"pipeline": {"microbatches": 2}}),
+    (4, {"sharding": {"stage": 2}, "pipeline": {"microbatches": 2}}), (4, {"sharding": {"stage": 1, "degree": 2}}),
+    (8, {"pp": 2, "sharding": {"stage": 1, "degree": 2}})],
+    ids=["zero 1", "zero 2", "2 micro-batches", "zero 2, 2 micro-batches", "HSDP", "HSDP x pp 2"])
+def test_sharded_and_accumulated_experts_train_to_the_parameters_of_one_device(devices, parallel):
+    """The distributed optimizer shards the dense parameters over the shard group and each expert's over all its
+    holders (under HSDP the dense chunks alone are then all-reduced across the replicas), and micro-batches
+    accumulate: still one device's training on the dp ranks' batches."""
     spec = scenario(devices, 2, parallel=parallel)
     report = simtrain.run(spec)
-    reference, _ = one_device(spec, devices)
+    reference, _ = one_device(spec, devices // parallel.get("pp", 1))
     assert_same_parameters(report.final_model, reference)
 
 

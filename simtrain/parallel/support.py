@@ -333,11 +333,6 @@ REFUSED = (
     Refusal((ZERO, "K-FAC"), "train.optimizer.name: kfac preconditions whole layers; shard sgd or adam", NO_KFAC),
     Refusal((ZERO, "SyncBN"), "parallel.sharding: does not combine with parallel.sync_batchnorm yet", NO_BATCHNORM),
     # -- known once the job's devices are (the layout)
-    Refusal(("ep", "HSDP", MODEL_PARALLEL),
-            "parallel.sharding.degree: HSDP with parallel.ep ({shard_degree} of the {dp_ranks} data-parallel ranks) "
-            "is not built",
-            "torchtitan: data_parallel_replicate_degree above 1 with expert parallelism (its hsdp+ep test).",
-            (TORCHTITAN,)),
     Refusal(("representatives", "HSDP"),
             "parallel.representatives: time the whole dp group's collectives; with HSDP (parallel.sharding.degree "
             "below dp) set it false",

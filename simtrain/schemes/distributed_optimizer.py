@@ -38,7 +38,8 @@ default); with a degree below dp the shard groups replicate each other
   ranks). Each reduce-scatter sums over its own group; dividing both by dp
   gives the gradient of the mean loss over the global batch (an expert's
   holders' gradients are sums over their ep groups' ranks, as
-  expert_model_parallel.py's ExpertUpdate explains);
+  expert_model_parallel.py's ExpertUpdate explains); under HSDP only the
+  dense chunk is then all-reduced across the replicas;
 - stage 3: each tp shard is sharded again over the shard group, its
   parameters too. The units are the rank's model chunks (its pipeline
   stage's part; each virtual stage's). The pipeline walk (pipeline.py) calls
@@ -73,13 +74,13 @@ from ..step_ops import Alloc, Await, Collective, Free, Post
 from ..train.precision import update_bytes
 from .bucket_overlap import BucketOverlap, chunk_starts, megatron_buckets
 from .expert_groups import expert_flags, experts_last
-from .offload import NO_OFFLOAD, HostOffload
+from .offload import HostOffload
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
 from .shard_layout import ShardLayout
 from .shard_units import UnitCosts
 from .sharded_replica import ShardedReplica, groups_of, held_bytes, shard_update_bytes
-from .sharded_update import LABELS, bytes_by_kind, sharded_update
+from .sharded_update import LABELS, sharded_update, sharding_section
 from .unit_overlap import UnitOverlap
 
 _GATHER, _REDUCE, _REPLICATE, _PUBLISH = 0, 1, 2, 3  # the kinds of a unit's collectives, for their tags
@@ -349,7 +350,7 @@ class DistributedOptimizer:
         if self.stage >= 2:
             yield Free("comm_buffers", self.unit_bytes(rank, unit, shard.grad_buffer))
         copy = partial(self.offload.post_gradient, rank, unit) if self.offload is not None else None
-        if self.replicate == 1:
+        if self.replicate == 1 or self.ep > 1 and unit == _EXPERTS:  # the experts': reduced over every holder
             if copy is not None:
                 copy()
             return
@@ -467,16 +468,9 @@ class DistributedOptimizer:
         """report.json's `sharding`: the stage, the shard and replicate degrees, job rank 0's shard, the bytes
         the collectives sent and what was offloaded; under data parallelism alone `parallel`'s units reduced beside
         the backward."""
-        scheme = self.scheme
-        shard = scheme.replicas[self.ranks[0]]
-        overlap = {"parallel": {"overlap": True, "buckets": len(shard.layout.units)}} if self.blocks else {}
-        return {**overlap, "sharding": {"stage": self.stage, "degree": self.degree, "replicate": self.replicate,
-                             "reduce_dtype": self.reduce_dtype,
-                             "reshard_after_forward": self.stage == 3 and self.reshard_after_forward,
-                             "units": len(shard.layout.units), "shard_elements": shard.layout.shard_numel,
-                             "padded_elements": shard.layout.padded_numel,
-                             "bytes_by_kind": bytes_by_kind(scheme.job.cluster.log, scheme.job.devices),
-                             "offload": NO_OFFLOAD if self.offload is None else self.offload.report(self.offload_what)}}
+        layout = self.scheme.replicas[self.ranks[0]].layout
+        overlap = {"parallel": {"overlap": True, "buckets": len(layout.units)}} if self.blocks else {}
+        return {**overlap, "sharding": sharding_section(self, layout)}
 
 
 def _units(replica, stage: int) -> list[list[int]]:

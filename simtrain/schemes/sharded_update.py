@@ -48,6 +48,18 @@ def bytes_by_kind(log, devices) -> dict[str, int]:
     return moved
 
 
+def sharding_section(optimizer, layout) -> dict:
+    """report.json's `sharding` of a distributed optimizer (distributed_optimizer.py), `layout` its first rank's
+    shard layout."""
+    job, offload = optimizer.scheme.job, optimizer.offload
+    return {"stage": optimizer.stage, "degree": optimizer.degree, "replicate": optimizer.replicate,
+            "reduce_dtype": optimizer.reduce_dtype,
+            "reshard_after_forward": optimizer.stage == 3 and optimizer.reshard_after_forward,
+            "units": len(layout.units), "shard_elements": layout.shard_numel,
+            "padded_elements": layout.padded_numel, "bytes_by_kind": bytes_by_kind(job.cluster.log, job.devices),
+            "offload": NO_OFFLOAD if offload is None else offload.report(optimizer.offload_what)}
+
+
 class ShardingBytes(ReportSection):
     all_gather: int = Field(description="bytes the parameter all-gathers sent, every rank's")
     reduce_scatter: int = Field(description="bytes the gradient reduce-scatters sent, every rank's")
