@@ -41,7 +41,7 @@ from .parallel import Layout
 from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence,
                                     offload_host_bandwidth)
 from .train.architecture import (Entry, architecture, check_tensor_cut, checkpoint_blocks, checkpoint_segments,
-                                 units_of)
+                                 recompute_segments, units_of)
 from .train.data_shape import BUILTIN, builtin_splits, check_validation_split
 
 BUILT_IN_MODELS = ("mlp", "cnn", "gpt", "llama")
@@ -94,7 +94,7 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
         if not splits:
             raise ScenarioError(NOTHING_TO_SPLIT)
     spec = scenario.train.checkpointing
-    if isinstance(spec, CheckpointSegments) and layout.tp == 1 and layout.cp == 1:  # each chunk checkpoints itself
+    if isinstance(spec, CheckpointSegments):  # each chunk checkpoints itself, or is recomputed in segments of units
         if parallel.pipeline.split is not None:
             counts = list(parallel.pipeline.split)
         elif parts == 1:
@@ -104,8 +104,8 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
         starts = [sum(counts[:part]) for part in range(len(counts))]
         for stage in range(layout.pp):  # rank order: stage 0's rank first, its chunks in order
             for part in placement[stage]:
-                chunk = [entries[i] for unit in units[starts[part]:starts[part] + counts[part]] for i in unit]
-                checkpoint_segments(spec, len(checkpoint_blocks([e.matrix for e in chunk])))
+                chunk = units[starts[part]:starts[part] + counts[part]]  # its units' blocks: its entries' under tp 1
+                recompute_segments(spec, [any(entries[i].matrix for i in unit) for unit in chunk])
 
 
 def _check_scheme(scenario: Scenario, shared_memory: SharedMemory | None, layout: Layout) -> None:

@@ -275,7 +275,7 @@ def test_cp_sits_between_tp_and_pp_and_leaves_3d_ranks_as_they_were():
     ({"parallel": {"cp": 3}}, "parallel.cp"),  # 16 tokens do not cut into 6 chunks
     ({"parallel": {"cp": 2, "tp": 2, "sequence_parallel": True}, "data": {"seq_len": 4}}, "parallel.cp"),
     ({"parallel": {"cp": 2}, "model": {"name": "mlp"}, "data": {"name": "digits"}}, "parallel.cp"),
-    ({"parallel": {"cp": 2}, "train": {"checkpointing": "sqrt"}}, "parallel.cp"),
+    ({"parallel": {"cp": 2}, "train": {"checkpointing": {"segments": 9}}}, "train.checkpointing"),
     ({"parallel": {"placement": ["tp", "cp", "dp"]}}, "parallel.placement"),
 ])
 def test_bad_input_is_one_line_naming_the_field(tmp_path, capsys, raw, field):

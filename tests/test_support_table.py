@@ -224,5 +224,6 @@ def test_the_generated_page_lists_every_row_under_its_verdict():
     not_built, neither = page.split("## Not built in simtrain")[1].split("## Refused: neither framework runs it")
     for row in REFUSED:
         assert hook._line(row.line) in (not_built if row.built_by else neither)
-    assert "`parallel.cp: <cp> runs with train.checkpointing none, full or selective, not <checkpointing>`" in page
+    assert ("`parallel.pipeline.schedule: <schedule> splits backwards into I and W passes, not built with "
+            "train.checkpointing <checkpointing> under parallel.tp or parallel.cp") in page
     assert "| dp | parallel.dp above 1 |  |" in page  # dp combines with every feature

@@ -133,6 +133,8 @@ BAD = [
     _with(GPT, cluster={"devices": 8}, parallel={"pp": 8}),
     _with(GPT, parallel={"pp": 2, "pipeline": {"split": [1, 2]}}),
     _with(GPT, parallel={"pp": 2, "pipeline": {"split": [1, 3]}}, train={"checkpointing": {"segments": 2}}),
+    _with(MLP, parallel={"tp": 2}, model={"hidden": [8, 8, 8]}, train={"checkpointing": {"segments": 3}}),  # 2 units
+    _with(GPT, parallel={"cp": 2}, train={"checkpointing": {"segments": 5}}),  # 4 blocks
     _with(GPT, parallel={"tp": 4}, model={"heads": 2, "hidden": [32]}),
     _with(GPT, parallel={"tp": 4}, data={"vocab": 66}),
     _with(LLAMA, parallel={"tp": 4}),  # 6 heads

@@ -266,15 +266,6 @@ REFUSED = (
             "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
             "numerics off is not built (balanced is; data parallelism alone draws it)",
             "Numerics off is simtrain's own: both frameworks compute every token's routing."),
-    # an MoE layer runs as regions between its exchanges (train/moe_exchange.py), outside torch's checkpointed
-    # segments, which would silently recompute nothing; full recomputation runs unit by unit (layer_recompute.py)
-    Refusal(("MoE", "recomputation in segments"),
-            "train.checkpointing: {checkpointing} with model.moe is not built (its layers run between their "
-            "exchanges, outside a checkpointed segment); use none, selective or full",
-            "Megatron-Core: --recompute-granularity full --recompute-method uniform (or block) "
-            "--recompute-num-layers k recomputes groups of k layers, MoE layers among them; torchtitan's "
-            "activation checkpointing is full, selective by operator, or every k-th layer, not groups of layers.",
-            (MEGATRON_CORE,)),
     Refusal(("ep", "K-FAC"),
             "parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from the "
             "replicated ones)", NO_KFAC),
@@ -301,17 +292,6 @@ REFUSED = (
             NO_PRIORITIZED),
     Refusal((MODEL_PARALLEL, "prioritized sampling"),
             "data.sampling: {sampling} sampling does not combine with {model_parallel_key} > 1", NO_PRIORITIZED),
-    Refusal(("tp", "recomputation in segments"),
-            "train.checkpointing: with parallel.tp > 1 only full (each layer recomputed with its all-reduces), "
-            "selective or none",
-            "Megatron-Core: --recompute-granularity full --recompute-method uniform (or block) --recompute-num-layers "
-            "k recomputes groups of k layers under tp.",
-            (MEGATRON_CORE,)),
-    Refusal(("cp", "recomputation in segments"),
-            "parallel.cp: {cp} runs with train.checkpointing none, full or selective, not {checkpointing}",
-            "Megatron-Core: --recompute-method uniform (or block) --recompute-num-layers k under "
-            "--context-parallel-size.",
-            (MEGATRON_CORE,)),
     # -- SyncBN's recomputation, representatives, faults and restarts
     # SyncBN's exchanging forward runs the layers itself, outside any checkpointed segment
     Refusal(("SyncBN", RECOMPUTATION), "parallel.sync_batchnorm: does not combine with train.checkpointing",
@@ -342,6 +322,12 @@ REFUSED = (
             "torchtitan runs InterleavedZeroBubble and ZBVZeroBubble with full activation checkpointing (its "
             "integration tests do).",
             (TORCHTITAN,)),
+    Refusal(("split backward", "recomputation in segments", ("tp", "cp", "MoE")),
+            SPLIT_BACKWARD + "train.checkpointing {checkpointing} under parallel.tp or parallel.cp or with model.moe "
+            "(its segments recomputed with their collectives)",
+            "Neither runs it: torchtitan's zero-bubble schedules take its activation checkpointing (full, selective "
+            "by operator, or every k-th layer), not groups of layers; Megatron-Core's --recompute-method runs "
+            "under its 1F1B and interleaved schedules, which do not split backwards."),
     Refusal(("split backward", "sp"), SPLIT_BACKWARD + "parallel.sequence_parallel",
             "torchtitan applies its tensor-parallel plan (sequence-parallel norms by default) to every pipeline "
             "stage under any of its schedules, ZBVZeroBubble and DualPipeV among them.",

@@ -1,32 +1,42 @@
-"""Full activation recomputation, one layer at a time, as Megatron-LM does it (train.checkpointing: full).
+"""Activation recomputation segment by segment, as Megatron-LM does it (train.checkpointing: full, sqrt, segments).
 
-Under pipeline or tensor parallelism a chunk's forward runs unit by unit
-(train/partition.py `RankModule.layers`: a gpt's embedding, each Block, its
-head; an mlp's Linear, or tensor-parallel Linear pair, with the parameterless
-layers after it), each with its tensor-parallel collectives
-(schemes/stage_execution.py), and keeps nothing but each unit's input until
-the backward. The backward walks the units in reverse: it runs a unit's
-forward again from its kept input, with its all-reduces, then that unit's
-backward, and lets go of the unit's activations and its input before the unit
-before it. A chunk of L units therefore holds its L inputs from its forward to
-its backward (Korthikanti et al. 2022, "Reducing Activation Recomputation in
-Large Transformer Models", section 4.1: 2sbh per layer in 16 bits) and, during
-its backward, one unit's activations besides: at most
+Under pipeline, tensor or context parallelism, or with MoE layers, a chunk's
+forward runs segment by segment (train/partition.py `RankModule.layers`):
+under full every unit is a segment (a gpt's embedding, each Block, its head;
+an mlp's Linear, or tensor-parallel Linear pair, with the parameterless
+layers after it), Megatron-LM's full recomputation; under sqrt or
+{segments: k} the units are grouped k at a time as gradient checkpointing
+groups a model's blocks (train/architecture.py recompute_segments; Megatron-LM's
+--recompute-method uniform with --recompute-num-layers). Each segment runs
+with its tensor-parallel collectives, ring attention steps and expert
+exchanges (schemes/stage_execution.py), and keeps nothing but its input until
+the backward. The backward walks the segments in reverse: it runs a segment's
+forward again from its kept input, with its collectives, then that segment's
+backward, and lets go of the segment's activations and its input before the
+segment before it. Under sqrt and segments the last segment is not recomputed,
+as torch's checkpoint_sequential (train/checkpointing.py) does not: it keeps
+its activations from its forward, its backward starting at once. A chunk of L
+segments therefore holds its L inputs from its forward to its backward
+(Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", section 4.1: 2sbh per layer in 16 bits), the last one's
+activations under sqrt and segments, and, during its backward, one segment's
+activations besides: at most
 
-    sum(kept inputs) + max over units of (activations less the unit's input)
+    sum(kept inputs) + max over segments of (activations less the segment's input)
 
-never a whole chunk's activations at once. A unit's activations are measured
-without its input (`measure_chunk(..., inputs_kept=True, tp=tp)`): the kept input is
-the very tensor the recomputed unit saves. The chunk's forward is one pass and
-its backward another (a calibrated host's pass_overhead: hw/device.py): the
-forwards run again are part of the backward, whose pass the last unit's starts.
+never a whole chunk's activations at once. A segment's activations are
+measured without its input (`measure_chunk(..., inputs_kept=True, tp=tp)`):
+the kept input is the very tensor the recomputed segment saves. The chunk's
+forward is one pass and its backward another (a calibrated host's
+pass_overhead: hw/device.py): the forwards run again are part of the
+backward, whose pass the last segment's starts.
 
     costs = measure_layers(share.layers[chunk], share.chunk_ops, (x,), target)
-    held = sum(kept_bytes(costs, (x,)))
+    held = kept_bytes(costs, (x,), share.recompute_last)
     kept, output, loss = yield from layers_forward(share.layers[chunk], costs, (x,), communicate, dtype,
-                                                   target, loss_weight, numerics=True)
+                                                   target, loss_weight, True, share.recompute_last)
     input_grad = yield from layers_backward(share.layers[chunk], costs, kept, grads, communicate, dtype,
-                                            target, loss_weight, numerics=True)
+                                            target, loss_weight, True, held, share.recompute_last)
 """
 import torch
 
@@ -56,38 +66,55 @@ def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | N
     return costs
 
 
-def kept_bytes(costs: list[ChunkCost], inputs: tuple) -> list[int]:
-    """Bytes each unit keeps from its forward to its backward: its input (the batch itself is no activation)."""
+def kept_bytes(costs: list[ChunkCost], inputs: tuple, recompute_last: bool = True) -> list[int]:
+    """Bytes each segment keeps from its forward to its backward: its input (the batch itself is no activation),
+    and the last one's activations too unless it is recomputed."""
     first = sum(t.nbytes for t in inputs if t.requires_grad)
-    return [first, *(cost.output.nbytes for cost in costs[:-1])]
+    kept = [first, *(cost.output.nbytes for cost in costs[:-1])]
+    if not recompute_last:
+        kept[-1] += held_whole(costs[-1])
+    return kept
 
 
 def layers_forward(layers: list, costs: list[ChunkCost], inputs: tuple, communicate, dtype: str,
-                   target: torch.Tensor | None, loss_weight, numerics: bool):
-    """Step program: the chunk's forward unit by unit (with numerics off, replayed from `costs`).
-    Returns (each unit's input, the chunk's output, the loss or None)."""
+                   target: torch.Tensor | None, loss_weight, numerics: bool, recompute_last: bool = True):
+    """Step program: the chunk's forward segment by segment (with numerics off, replayed from `costs`).
+    Returns (each segment's input, or the last one's tape where it is not recomputed; the chunk's output; the
+    loss or None)."""
     kept, loss = [], None
     for number, ((_, ops), cost) in enumerate(zip(layers, costs)):
         last = number == len(layers) - 1
+        holds = last and not recompute_last  # its activations kept for its backward
         kept.append(inputs)
         if numerics:
-            outputs, _, loss = yield from chunk_forward(ops, inputs, communicate, cost, dtype,
-                                                        target if last else None, loss_weight, number == 0,
-                                                        holds=False)
+            outputs, tape, loss = yield from chunk_forward(ops, inputs, communicate, cost, dtype,
+                                                           target if last else None, loss_weight, number == 0,
+                                                           holds=holds)
+            if holds:
+                kept[-1] = tape
             inputs = tuple(o.detach().requires_grad_(o.requires_grad) for o in outputs)
         else:
-            inputs = ((yield from replay_forward(cost, communicate, dtype, number == 0, holds=False)),)
+            inputs = ((yield from replay_forward(cost, communicate, dtype, number == 0, holds=holds)),)
     return kept, inputs[0].detach(), loss
 
 
-def layers_backward(layers: list, costs: list[ChunkCost], kept: list[tuple], grads: tuple | None, communicate,
-                    dtype: str, target: torch.Tensor | None, loss_weight, numerics: bool, held: list[int]):
-    """Step program: each unit, last first, recomputed from its kept input and then its backward, its
-    activations held only in between; `held` are the kept inputs' bytes, each let go after its unit.
-    `grads` is None when the chunk ends with the loss. Returns the gradient of the chunk's first input."""
+def layers_backward(layers: list, costs: list[ChunkCost], kept: list, grads: tuple | None, communicate,
+                    dtype: str, target: torch.Tensor | None, loss_weight, numerics: bool, held: list[int],
+                    recompute_last: bool = True):
+    """Step program: each segment, last first, recomputed from its kept input and then its backward, its
+    activations held only in between (the last one's, not recomputed unless `recompute_last`, from its forward);
+    `held` are kept_bytes, each let go after its segment. `grads` is None when the chunk ends with the loss.
+    Returns the gradient of the chunk's first input."""
     for number in range(len(layers) - 1, -1, -1):
         ops, cost = layers[number][1], costs[number]
-        first = number == len(layers) - 1  # the unit whose recomputed forward starts the backward's pass
+        first = number == len(layers) - 1  # the segment whose backward (or recomputed forward) starts the pass
+        if first and not recompute_last:  # its tape kept from the forward
+            if numerics:
+                grads = yield from chunk_backward(kept[number], grads, communicate, cost, dtype)
+            else:
+                grads = ((yield from replay_backward(cost, communicate, dtype)),)
+            yield Free("activations", held[number])
+            continue
         yield Alloc("activations", held_whole(cost))  # an MoE layer's experts hold theirs apart (stage_execution.py)
         if numerics:
             with recomputing(layers[number][0]):  # an MoE layer routes as its first forward did, recording nothing

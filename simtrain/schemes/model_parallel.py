@@ -114,7 +114,6 @@ class ModelParallel(RankReplicas, Scheme):
         self.microbatches = parallel.microbatches
         # every pipeline rank's actions and model parts (simtrain/parallel/schedules)
         self.schedule = pipeline_schedule(self.pipeline, self.layout.pp, self.microbatches, scenario.base_dir)
-        self.recompute = train.checkpointing == "full"  # each unit's forward runs again before its backward
         self.sequence_parallel = parallel.sequence_parallel
         self.tp_overlap = parallel.tp_comm_overlap  # the layers' tp collectives beside their GEMMs (tp_overlap.py)
         self.steps = train.steps
@@ -306,7 +305,7 @@ class ModelParallel(RankReplicas, Scheme):
         return self._costs[key]
 
     def layer_costs(self, replica, chunk: int, part: int, inputs: tuple, target) -> list[ChunkCost]:
-        """What each unit of model part `part` costs, recomputed layer by layer (schemes/layer_recompute.py),
+        """What each segment of model part `part` costs, recomputed segment by segment (schemes/layer_recompute.py),
         measured once."""
         key = ("layers", self._signature(replica, chunk, part), replica.model.context, tuple(t.shape for t in inputs),
                None if target is None else tuple(target.shape))

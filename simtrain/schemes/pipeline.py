@@ -51,9 +51,10 @@ mailbox per (src, dst, tag)):
 Each stage holds a microbatch's measured activation bytes from its forward
 to its backward (GPipe holds m, 1F1B at most pp - s on stage s); split, the
 part W reads (`ChunkCost.weight_held_bytes`) stays from I until W. Under full
-recomputation (train.checkpointing: full) only the input of each of the chunk's
-units, and its backward runs each unit's forward again, with its all-reduces,
-just before that unit's backward (schemes/layer_recompute.py).
+recomputation (train.checkpointing: full, and sqrt or segments under tp, cp or
+with MoE layers) only the input of each of the chunk's segments, and its
+backward runs each segment's forward again, with its collectives, just before
+that segment's backward (schemes/layer_recompute.py).
 
     stage = PipelineStage(scheme, rank, comm, index, boundaries)
     receives = yield from stage.post_receives(0)
@@ -97,7 +98,8 @@ class PipelineStage:
         self.microbatches = scheme.microbatches
         self.comm, self.index, self.boundaries = comm, index, boundaries
         self.numerics = not self.replica.replays  # the ops run: numerics on, or hooks read every pass (K-FAC's)
-        self.recompute = scheme.recompute
+        self.recompute = self.replica.model.segmented  # recomputed segment by segment (layer_recompute.py)
+        self.recompute_last = self.replica.model.recompute_last
         self.synced_batchnorm = scheme.synced_batchnorm  # SyncBN's exchanges (sync_batchnorm.py), or None
         self.handed: dict[tuple, torch.Tensor] = {}  # what a part hands a part of the same rank (the V's turn)
 
@@ -140,13 +142,13 @@ class PipelineStage:
         if self.synced_batchnorm is not None:  # SyncBN: forward and backward run now, exchanging statistics
             loss = yield from self.synced_batchnorm.forward_backward(self.rank, replica.model.chunks[work.chunk],
                                                                      *inputs, target)
-        if self.recompute:  # each unit's input kept, its forward run again in the backward
+        if self.recompute:  # each segment's input kept, its forward run again in the backward
             cost = self.scheme.layer_costs(replica, work.chunk, part, inputs, target)
-            held = kept_bytes(cost, inputs)
+            held = kept_bytes(cost, inputs, self.recompute_last)
             yield Alloc("activations", sum(held))
             tape, output, loss = yield from sharded.during(self.rank, work, cost, layers_forward(
                 replica.model.layers[work.chunk], cost, inputs, tp_collective, dtype, target, loss_weight,
-                self.numerics))
+                self.numerics, self.recompute_last))
         else:
             cost = self.scheme.cost(replica, work.chunk, part, inputs, target)
             held = held_whole(cost)  # an MoE layer's experts hold theirs apart, by the tokens they received
@@ -175,7 +177,7 @@ class PipelineStage:
         if self.recompute:
             input_grad = yield from sharded.during(self.rank, work, cost, layers_backward(
                 replica.model.layers[work.chunk], cost, tape, grads, tp_collective, dtype, target,
-                loss_weight, self.numerics, held))
+                loss_weight, self.numerics, held, self.recompute_last))
         else:
             charged = input_gradient_part(cost) if work.kind == "backward_input" else cost
             if tape is not None:

@@ -200,6 +200,31 @@ def checkpoint_segments(spec, blocks: int) -> int:
     return spec.segments
 
 
+def deal_blocks(blocks: list[list[int]], segments: int) -> list[tuple[int, int]]:
+    """(first index, end index) per segment, `blocks` (lists of consecutive indices) dealt out as evenly as
+    possible, earlier segments taking the extra block."""
+    base, extra = divmod(len(blocks), segments)
+    bounds, start = [], 0
+    for segment in range(segments):
+        count = base + (segment < extra)
+        indices = [i for block in blocks[start:start + count] for i in block]
+        bounds.append((indices[0], indices[-1] + 1))
+        start += count
+    return bounds
+
+
+def recompute_segments(spec, matrix: list[bool]) -> list[tuple[int, int]]:
+    """(first unit, end unit) of each segment train.checkpointing `spec` (full, sqrt or CheckpointSegments)
+    recomputes a chunk's units in (schemes/layer_recompute.py; `matrix`: whether each unit has a weight matrix or
+    kernel). Under full every unit is a segment; under sqrt or {segments: k} the units' checkpoint_blocks are dealt
+    out as gradient checkpointing deals a model's entries (train/checkpointing.py), the same segments for a chunk
+    of the same entries."""
+    if spec == "full":
+        return [(unit, unit + 1) for unit in range(len(matrix))]
+    blocks = checkpoint_blocks(matrix)
+    return deal_blocks(blocks, checkpoint_segments(spec, len(blocks)))
+
+
 def units_of(entries: list[Entry], tensor_parallel: bool) -> list[tuple[int, ...]]:
     """The pipeline's units of a built-in model (group_units on its entries)."""
     return group_units([entry.parameters > 0 for entry in entries], _pair_ends(entries, tensor_parallel))

@@ -57,7 +57,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ScenarioError
-from .architecture import checkpoint_blocks, checkpoint_segments
+from .architecture import checkpoint_blocks, checkpoint_segments, deal_blocks
 from ..scenario import CheckpointSegments
 
 _FIELD = "train.checkpointing"
@@ -75,7 +75,7 @@ def apply_checkpointing(model: nn.Module, spec: str | CheckpointSegments) -> nn.
     if not isinstance(model, nn.Sequential):
         raise ScenarioError(f"{_FIELD}: needs a model that is an nn.Sequential, got {type(model).__name__}")
     blocks = split_blocks(list(model))
-    return CheckpointedSequential(model, _deal(blocks, checkpoint_segments(spec, len(blocks))))
+    return CheckpointedSequential(model, deal_blocks(blocks, checkpoint_segments(spec, len(blocks))))
 
 
 def require_attention(model: nn.Module) -> None:
@@ -96,18 +96,6 @@ def recompute_attention_cores_(model: nn.Module) -> None:
 def split_blocks(layers: list[nn.Module]) -> list[list[int]]:
     """Layer indices grouped into blocks, each starting at a layer with a weight matrix or kernel."""
     return checkpoint_blocks([any(p.dim() >= 2 for p in layer.parameters()) for layer in layers])
-
-
-def _deal(blocks: list[list[int]], segments: int) -> list[tuple[int, int]]:
-    """(first layer, end layer) per segment, blocks dealt out evenly, earlier segments first."""
-    base, extra = divmod(len(blocks), segments)
-    bounds, start = [], 0
-    for segment in range(segments):
-        count = base + (segment < extra)
-        layers = [i for block in blocks[start:start + count] for i in block]
-        bounds.append((layers[0], layers[-1] + 1))
-        start += count
-    return bounds
 
 
 class CheckpointedSequential(nn.Sequential):

@@ -18,9 +18,9 @@ all-reduce steps (the last model part's ending with the loss against the
 target: a vocabulary-parallel head's own, else its `loss` on the outputs:
 cross entropy, or its replica loader's, a prioritized sampler's
 importance-weighted loss, train/sampling.py), `layers[chunk]`, the same work
-cut into the chunk's units, one (module, ops) pair per unit, for
-layer-by-layer recomputation
-(train.checkpointing: full, schemes/layer_recompute.py), and `sources`, where each of its parameters and buffers
+cut into the segments it is recomputed in, one (module, ops) pair per segment: a unit under
+train.checkpointing full, units grouped as gradient checkpointing groups blocks under sqrt or
+{segments: k} where the chunk runs region by region (tp, cp or an MoE layer; schemes/layer_recompute.py), and `sources`, where each of its parameters and buffers
 comes from in the whole model. `assemble` writes ranks' pieces back into a
 copy of the whole model: what final_model.pt holds and what is evaluated.
 
@@ -36,7 +36,7 @@ from torch import nn
 
 from ..loss import cross_entropy
 from ..op_cost import OperatorRecorder
-from .architecture import group_units, pair_end
+from .architecture import group_units, pair_end, recompute_segments
 from .checkpointing import apply_checkpointing, recompute_attention_cores_
 from .moe import MoE, keep_experts_, whole_model_name
 from .ring_attention import ContextShard
@@ -168,9 +168,10 @@ class RankModule(nn.Module):
 
     `counts` gives the units of each model part (balanced_counts); the rank runs parts
     `part_ids`, in order (its chunks). Every entry is a copy: the model is left as it is.
-    Without tensor parallelism each chunk is checkpointed by `checkpointing` (train.checkpointing)
-    as a whole model would be; under `full` the stage recomputes each chunk unit by unit instead
-    (`layers`, schemes/layer_recompute.py). A model that is not an nn.Sequential (one unit: model_units)
+    Without tensor parallelism, context parallelism or MoE layers each chunk is checkpointed by `checkpointing`
+    (train.checkpointing) as a whole model would be; under `full`, and under sqrt or segments with any of them
+    (`segmented`), the stage recomputes each chunk segment by segment instead (`layers`,
+    schemes/layer_recompute.py). A model that is not an nn.Sequential (one unit: model_units)
     is its one chunk, a copy of the model itself, checkpointed as the model would be under every
     `checkpointing`, with the model's own parameter names."""
 
@@ -190,6 +191,11 @@ class RankModule(nn.Module):
         self.layers: list[list[tuple[nn.Sequential, list]]] = []
         self.sources: dict[str, Source] = {}
         whole = not isinstance(model, nn.Sequential)  # run whole, its one entry
+        # each chunk recomputed segment by segment (schemes/layer_recompute.py): under full, and under sqrt or
+        # segments where torch's checkpoint cannot cut a chunk (its tp, cp or ep steps run region by region)
+        self.segmented = not whole and checkpointing not in ("none", "selective") and (
+            checkpointing == "full" or tp > 1 or context.size > 1 or any(isinstance(m, MoE) for m in model.modules()))
+        self.recompute_last = checkpointing == "full"  # sqrt and segments keep the last segment's activations
         for chunk_index, part in enumerate(part_ids):
             chunk_units = units[first_unit[part]:first_unit[part] + counts[part]]
             entries = [index for unit in chunk_units for index in unit]
@@ -205,22 +211,32 @@ class RankModule(nn.Module):
                     module.context = context
             if checkpointing == "selective":  # a chunk may hold no attention layer
                 recompute_attention_cores_(chunk)
-            elif tp == 1 and context.size == 1 and (checkpointing != "full" or whole):  # as a model would
+            elif tp == 1 and context.size == 1 and not self.segmented:  # as a model would
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
             ends_model = part == len(counts) - 1
             self.ops.append(self.chunk_ops(chunk, ends_model, self._ends_model))
             self.layers.append([(chunk, self.ops[-1])] if whole else
-                               self._layers(chunk, [len(unit) for unit in chunk_units], ends_model))
+                               self._layers(chunk, self._segment_sizes(model, chunk_units, checkpointing),
+                                            ends_model))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
                 name = whole_model_name(chunk, local)
                 position, _, rest = name.partition(".")
                 whole_name = name if whole else f"{entries[int(position)]}.{rest}"
                 self.sources[f"chunks.{chunk_index}.{local}"] = Source(whole_name, slices.get(local))
 
+    def _segment_sizes(self, model: nn.Sequential, chunk_units: list[tuple[int, ...]], checkpointing) -> list[int]:
+        """The entries of each segment a chunk of `chunk_units` is recomputed in (train/architecture.py
+        recompute_segments); one unit each where it is not recomputed segment by segment."""
+        if not self.segmented:
+            return [len(unit) for unit in chunk_units]
+        matrix = [any(p.dim() >= 2 for index in unit for p in model[index].parameters()) for unit in chunk_units]
+        return [sum(len(unit) for unit in chunk_units[first:end])
+                for first, end in recompute_segments(checkpointing, matrix)]
+
     def _layers(self, chunk: nn.Sequential, sizes: list[int], ends_model: bool) -> list[tuple[nn.Sequential, list]]:
-        """Each unit of `chunk` (`sizes` entries each) as a module of its own entries and its work, the last
-        one's ending with the loss if the chunk ends the model."""
+        """Each segment of `chunk` (`sizes` entries each: a unit, or under sqrt or segments a group of units) as a
+        module of its own entries and its work, the last one's ending with the loss if the chunk ends the model."""
         entries, layers, start = list(chunk), [], 0
         for number, size in enumerate(sizes):
             layer = nn.Sequential(*entries[start:start + size])
