@@ -1,10 +1,11 @@
-"""Mixture of experts composed with context parallelism, full recomputation under pp / tp and fp16 trains as one device.
+"""Mixture of experts composed with context parallelism, full recomputation under pp / tp, recomputation in segments
+and fp16 trains as one device.
 
 References: single-process torch (the whole MoE gpt on the concatenation of every data-parallel replica's batch,
 rank order, SGD: test_expert_parallel's one_device) for the parameters and the dropped tokens, within fp32
 rounding; the routing of that model (its routers' choices for each cp rank's chunks of every sequence) times a
 token's bytes for what the exchanges move, read back from the network's event log; the same job without
-recomputation for the moe section's figures under full recomputation; in fp16, one device's fp16 copy with fp32
+recomputation for the moe section's figures under full recomputation and in segments; in fp16, one device's fp16 copy with fp32
 masters and torch.amp.GradScaler, on the global batch in the job's micro-batches.
 
 Under context parallelism each cp rank routes its own chunks of the sequence; the ep groups take the ranks of
@@ -98,6 +99,26 @@ def test_full_recomputation_under_pp_and_tp_trains_as_one_device_and_records_eac
     kept = one_step(scenario(devices, **parallel)).scheme.report_sections()["moe"]
     for figure in ("tokens_per_expert_max", "tokens_per_expert_min", "all_to_all_bytes", "dropped_tokens",
                    "expert_share"):
+        assert recomputed[figure] == kept[figure]
+    assert recomputed["all_to_all_time_s"][0] > kept["all_to_all_time_s"][0]
+
+
+@pytest.mark.parametrize("devices,parallel,checkpointing", [
+    (2, dict(ep=2), "sqrt"),  # data parallelism alone: [embedding, block] recomputed, [block, head] kept
+    (8, dict(ep=2, tp=2, pp=2), {"segments": 2}),  # each stage's first unit recomputed: the second stage's block
+    (4, dict(ep=2, cp=2), "sqrt"),  # with its ring attention steps again
+], ids=["ep2-sqrt", "ep2-tp2-pp2-segments2", "ep2-cp2-sqrt"])
+def test_recomputation_in_segments_trains_as_one_device_and_exchanges_again(devices, parallel, checkpointing):
+    """train.checkpointing sqrt or {segments: k} (Megatron-Core's --recompute-method uniform): a segment's MoE layers
+    run again with their exchanges before its backward, routing as they did. The parameters are one device's; the
+    routing figures are the job's without recomputation, its all-to-all seconds more."""
+    spec = scenario(devices, checkpointing=checkpointing, **parallel)
+    job = one_step(spec)
+    reference, _ = one_device(spec, job.layout.dp)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+    recomputed = job.scheme.report_sections()["moe"]
+    kept = one_step(scenario(devices, **parallel)).scheme.report_sections()["moe"]
+    for figure in ("tokens_per_expert_max", "all_to_all_bytes", "dropped_tokens", "expert_share"):
         assert recomputed[figure] == kept[figure]
     assert recomputed["all_to_all_time_s"][0] > kept["all_to_all_time_s"][0]
 

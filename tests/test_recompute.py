@@ -1,12 +1,17 @@
-"""Activation recomputation (train.checkpointing: full and selective) against its references.
+"""Activation recomputation (train.checkpointing: full, selective, sqrt and segments) against its references.
 
-- Equivalence: full recomputation, layer by layer (schemes/layer_recompute.py), and selective
-  recomputation of the attention core (train/gpt.py RecomputedAttention) train the same
-  parameters as one device without recomputation on the same global batch (single-process
-  torch through simtrain's one-device run), within 1e-5 (fp32), alone and with tp, pp and dp.
+- Equivalence: full recomputation, layer by layer (schemes/layer_recompute.py), recomputation in
+  segments under tp and cp (the same, units grouped), and selective recomputation of the attention
+  core (train/gpt.py RecomputedAttention) train the same parameters as one device without
+  recomputation on the same global batch (single-process torch through simtrain's one-device
+  run), within 1e-5 (fp32), alone and with tp, cp, pp and dp.
 - Layer by layer: the activation peak of a recomputed chunk, read from the device's memory
   ledger, is one layer's activations (measured on that layer alone) plus the other layers'
-  kept inputs, never the whole chunk's activations.
+  kept inputs, never the whole chunk's activations. In segments: the segments' kept inputs,
+  the last segment's activations (not recomputed) and one segment's while it is recomputed,
+  between full recomputation's peak and none's.
+- FLOPs in segments: one more forward of every recomputed segment, by closed form (an mlp's
+  Linears, 2·in·out a sample, halved by tp).
 - The memory plan (`simtrain memory`) holds what a run holds under each.
 - A model without attention refuses selective recomputation: one line naming
   train.checkpointing, exit 2.
@@ -35,7 +40,7 @@ MLP = {"name": "mp", "seed": 3, "cluster": {"devices": 1}, "model": {"hidden": [
 
 
 def scenario(base: dict, checkpointing: str = "none", batch: int | None = None, **parallel):
-    devices = parallel.get("dp", 1) * parallel.get("pp", 1) * parallel.get("tp", 1)
+    devices = parallel.get("dp", 1) * parallel.get("pp", 1) * parallel.get("tp", 1) * parallel.get("cp", 1)
     if "microbatches" in parallel:
         parallel["pipeline"] = {"microbatches": parallel.pop("microbatches")}
     data = {**base["data"], **({"batch_size": batch} if batch else {})}
@@ -66,6 +71,16 @@ def test_full_recomputation_of_an_mlp_trains_what_one_device_trains(layout):
     assert_trains_what_one_device_trains(MLP, "full", dict(layout))
 
 
+@pytest.mark.parametrize("base,checkpointing,layout", [
+    (GPT, "sqrt", {"tp": 2}), (GPT, {"segments": 2}, {"pp": 2, "tp": 2}), (GPT, "sqrt", {"cp": 2}),
+    (GPT, {"segments": 3}, {"cp": 2, "tp": 2}), (MLP, {"segments": 2}, {"tp": 2}),
+], ids=lambda value: ids(value) if isinstance(value, dict) and "seed" not in value and "segments" not in value
+    else str(value.get("segments")) if isinstance(value, dict) and "segments" in value
+    else value["model"].get("name", "mlp") if isinstance(value, dict) else value)
+def test_recomputation_in_segments_under_tp_and_cp_trains_what_one_device_trains(base, checkpointing, layout):
+    assert_trains_what_one_device_trains(base, checkpointing, dict(layout))
+
+
 @pytest.mark.parametrize("layout", [{}, {"dp": 2}, *LAYOUTS], ids=ids)
 def test_selective_recomputation_trains_what_one_device_trains(layout):
     assert_trains_what_one_device_trains(GPT, "selective", dict(layout))
@@ -88,6 +103,47 @@ def test_a_recomputed_chunk_holds_one_layers_activations_and_the_kept_layer_inpu
     assert job.devices[0].memory.peak["activations"] == one_layer + (layers - 1) * kept_input
     whole_chunk = measure_chunk(share.chunks[0], share.chunk_ops, (job.sample_microbatch(),), None, tp=2)
     assert job.devices[0].memory.peak["activations"] < whole_chunk.activation_bytes  # what it held before
+
+
+def test_segments_hold_their_inputs_the_last_ones_activations_and_one_recomputed_segment():
+    """tp 2: embedding, 4 blocks and the head are 6 blocks, {segments: 3} three segments of 2. The first two are
+    recomputed, the last keeps its activations: the peak is the second segment's kept input with the last one's
+    activations (its input among them), or a recomputed segment's (the first's input is the batch), each measured
+    on the segment alone; below none's peak, above full recomputation's."""
+    layers, batch, seq, hidden = 4, 4, 16, 32
+    spec = {**GPT, "numerics": False, "cluster": {"devices": 2},
+            "model": {"name": "gpt", "hidden": hidden, "layers": layers, "heads": 4},
+            "data": {**GPT["data"], "seq_len": seq, "batch_size": batch}, "parallel": {"tp": 2}}
+    peaks = {}
+    for checkpointing in ("none", "full", {"segments": 3}):
+        raw = {**spec, "train": {"steps": 1, "checkpointing": checkpointing}}
+        job = replay_step(validate_scenario(raw), resolve_cluster(validate_scenario(raw).cluster), batch)
+        peaks[str(checkpointing)] = job.devices[0].memory.peak["activations"]
+    share = job.replicas[0].model
+    assert [len(segment) for segment, _ in share.layers[0]] == [2, 2, 2]  # [embedding, block] ... [block, head]
+    x, target = job.sample_microbatch(), torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    block_input = torch.empty(batch, seq, hidden, device="meta").requires_grad_()
+    held = [measure_chunk(segment, share.chunk_ops, inputs, ends, tp=2).activation_bytes
+            for (segment, _), inputs, ends in zip(share.layers[0], [(x,), (block_input,), (block_input,)],
+                                                 [None, None, target])]
+    kept_input = batch * seq * hidden * 4  # fp32
+    assert peaks["{'segments': 3}"] == max(held[0], held[1], kept_input + held[2])
+    assert peaks["full"] < peaks["{'segments': 3}"] < peaks["none"]
+
+
+def test_segments_run_one_more_forward_of_every_recomputed_segment():
+    """An mlp of 4 hidden Linears under tp 2: 3 blocks (two tensor-parallel pairs and the head), sqrt 2 segments, the
+    pairs then the head. The devices run, beyond none's FLOPs, the pairs' forward again: each Linear's 2·in·out a
+    sample, halved over the tp ranks; full runs the head's too (2·32·10 a sample on each rank, run whole)."""
+    base = {**MLP, "model": {"hidden": [32] * 4}}
+    executed = {}
+    for checkpointing in ("none", "sqrt", "full"):
+        data = run(scenario(base, checkpointing, tp=2)).data
+        executed[checkpointing] = data["flops"]["device_tflops_per_device"] * 1e12 * data["sim_time_s"] * 2
+    samples = base["train"]["steps"] * 2 * base["data"]["batch_size"]  # a step's batch on each of 2 tp ranks
+    pairs = (2 * 64 * 32 + 3 * 2 * 32 * 32) / 2
+    assert executed["sqrt"] - executed["none"] == pytest.approx(samples * pairs, rel=1e-9)
+    assert executed["full"] - executed["none"] == pytest.approx(samples * (pairs + 2 * 32 * 10), rel=1e-9)
 
 
 @pytest.mark.slow
