@@ -5,8 +5,8 @@ References: single-process torch (the whole MoE gpt on the concatenation of ever
 rank order, SGD: test_expert_parallel's one_device) for the parameters and the dropped tokens, within fp32
 rounding; the routing of that model (its routers' choices for each cp rank's chunks of every sequence) times a
 token's bytes for what the exchanges move, read back from the network's event log; the same job without
-recomputation for the moe section's figures under full recomputation and in segments; in fp16, one device's fp16 copy with fp32
-masters and torch.amp.GradScaler, on the global batch in the job's micro-batches.
+recomputation for the moe section's figures under full recomputation and in segments; in fp16, one device's fp16
+copy with fp32 masters and torch.amp.GradScaler, on the global batch in the job's micro-batches.
 
 Under context parallelism each cp rank routes its own chunks of the sequence; the ep groups take the ranks of
 dp x cp, cp first (Megatron-Core's expert mesh; parallel/layout.py), so an ep group can hold the two halves of a

@@ -20,7 +20,8 @@ cross entropy, or its replica loader's, a prioritized sampler's
 importance-weighted loss, train/sampling.py), `layers[chunk]`, the same work
 cut into the segments it is recomputed in, one (module, ops) pair per segment: a unit under
 train.checkpointing full, units grouped as gradient checkpointing groups blocks under sqrt or
-{segments: k} where the chunk runs region by region (tp, cp or an MoE layer; schemes/layer_recompute.py), and `sources`, where each of its parameters and buffers
+{segments: k} where the chunk runs region by region (tp, cp or an MoE layer;
+schemes/layer_recompute.py), and `sources`, where each of its parameters and buffers
 comes from in the whole model. `assemble` writes ranks' pieces back into a
 copy of the whole model: what final_model.pt holds and what is evaluated.
 
