@@ -148,6 +148,7 @@ def test_segments_run_one_more_forward_of_every_recomputed_segment():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing,layout", [("full", {"pp": 2, "tp": 2}), ("full", {"pp": 2}),
+                                                  ({"segments": 2}, {"pp": 2, "tp": 2}),
                                                   ("selective", {"tp": 2}), ("selective", {})])
 def test_the_memory_plan_holds_what_a_run_holds(checkpointing, layout):
     spec = scenario({**GPT, "train": {**GPT["train"], "steps": 2}}, checkpointing, **dict(layout))

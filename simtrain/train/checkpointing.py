@@ -21,7 +21,12 @@ first block. The built-in MLP with 16 hidden layers has 17 blocks
 round(sqrt(n)) segments for n blocks; `{segments: k}` uses k (at most n);
 `full` makes every block its own segment (Megatron-LM's full activation
 recomputation, layer by layer; under pipeline and tensor parallelism a stage
-recomputes its chunks unit by unit, schemes/layer_recompute.py).
+recomputes its chunks unit by unit, schemes/layer_recompute.py). Under tensor
+or context parallelism, or with MoE layers, a chunk runs region by region
+between its collectives, out of reach of torch's checkpoint: there
+schemes/layer_recompute.py recomputes sqrt's and {segments: k}'s segments
+too, the same segments of the chunk's units, the last one kept
+(train/architecture.py recompute_segments).
 
 Selective activation recomputation (Korthikanti et al. 2022), `selective`,
 cuts no segments: the model is returned as it is, each attention layer marked
