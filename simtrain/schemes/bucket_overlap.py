@@ -37,6 +37,22 @@ replicated_update.py) weaves its buckets the same way: every chunk cut
 at `bucket_cap_mb`, one shard (no padding), each bucket all-reduced over the
 dp (x cp) group where the reduce-scatter would be posted.
 
+With experts sharded over ep (expert_model_parallel.py) the parameters are
+laid out dense first, experts last (expert_groups.py `experts_last`), and,
+as Megatron-Core keeps its expert buffers apart (DistributedDataParallel's
+`expert_parallel_buffers`, reduced over the expert data-parallel group),
+each chunk has a dense buffer and an expert buffer, each cut into buckets by
+the same rule (`buffer_runs`); a dense bucket is reduced over the dp (x cp)
+group, an expert bucket over the experts' holders (DDP: ExpertUpdate; the
+distributed optimizer: its expert units). Where the backward's FLOPs at
+which each parameter's gradient is complete are measured
+(`ChunkCost.grad_ready_flops`), a bucket is posted inside the region that
+completes it, never before the bucket of its buffer posted before it; the
+FLOPs are counted as measured, so a region that does a share of its
+measured work (an MoE layer's experts, by the tokens they received) is cut
+at the same share of its way, and every rank posts its buckets at the same
+place among its regions and their collectives.
+
 Posted collectives on one communicator run one after another, as NCCL runs
 them on one stream (representatives: MirroredCommunicator.post; the flow
 model shares the links among them fairly, which ends the last at the same
@@ -47,7 +63,8 @@ sum starts on the ring, so the reduction is the same sum in another order:
 with two ranks, bit for bit (tests/test_bucket_overlap.py).
 
     units = megatron_buckets([[p.numel() for p in params_of_chunk] ...], bucketed, bucket_size)
-    overlap = BucketOverlap(optimizer, rank, layout, chunk_params(replica))
+    units = megatron_buckets([[numels[p] for p in run] for run in buffer_runs(chunks, first_expert)], ...)
+    overlap = BucketOverlap(optimizer, rank, layout, chunks, first_expert)   # chunks = chunk_params(replica)
     program = overlap.during(action, cost, program)      # the chunk's forward or backward, buckets woven in
 """
 from ..op_cost import scaled

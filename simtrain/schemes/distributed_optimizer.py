@@ -38,7 +38,9 @@ default); with a degree below dp the shard groups replicate each other
   ranks). Each reduce-scatter sums over its own group; dividing both by dp
   gives the gradient of the mean loss over the global batch (an expert's
   holders' gradients are sums over their ep groups' ranks, as
-  expert_model_parallel.py's ExpertUpdate explains);
+  expert_model_parallel.py's ExpertUpdate explains); with
+  `overlap_grad_reduce` each of the two is cut into Megatron-Core's buckets
+  (its dense and expert buffers, bucket_overlap.py);
 - stage 3: each tp shard is sharded again over the shard group, its
   parameters too. The units are the rank's model chunks (its pipeline
   stage's part; each virtual stage's). The pipeline walk (pipeline.py) calls

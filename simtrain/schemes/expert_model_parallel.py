@@ -25,7 +25,11 @@ replicated parameters' gradient is averaged over the dp (x cp) group as
 DDP's (`dp_allreduce`), the experts' over the dp (x cp) / ep ranks that hold them
 (`expert_allreduce`) and divided by ep: each holder's gradient is a sum over
 its ep group's ranks of their mean losses' gradients, so this is the
-gradient of the mean loss over the global batch, as on one device.
+gradient of the mean loss over the global batch, as on one device. With
+`parallel.overlap` each part is cut into DDP's buckets apart (Megatron-Core's
+dense and expert buffers), each all-reduced over its group on the rank's
+stream as soon as the last microbatch's backward has completed it
+(bucket_overlap.py), the experts' divided by ep once all have ended.
 
 `ExpertLayers` gives the step engine the groups (EpGroup, schemes/expert_groups.py),
 the exchanges' collectives, the experts of the other ep ranks for the whole

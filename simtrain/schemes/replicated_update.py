@@ -6,7 +6,8 @@ share's gradient over its dp (x cp) group, Megatron-Core's dp-cp group, with
 `parallel.all_reduce`'s algorithm, then steps its own optimizer on its whole
 share. With `parallel.overlap` the gradient is cut into DDP's buckets of
 `bucket_cap_mb` and each bucket's all-reduce runs beside that backward as
-soon as the bucket is complete (bucket_overlap.py). A ring all-reduce sends
+soon as the bucket is complete (bucket_overlap.py; with experts their
+buckets apart, all-reduced over their holders: ExpertUpdate). A ring all-reduce sends
 2(N-1)/N of the buffer per rank. With K-FAC (train.optimizer.name kfac, data
 parallelism alone) the averaged gradient is preconditioned before the step
 (schemes/kfac_sync.py), whose factors and decompositions each rank holds.
