@@ -17,7 +17,7 @@ from simtrain.train.data import hold_out_validation, load_dataset
 from simtrain.train.models import build_model
 from simtrain.train.moe import MoE
 from simtrain.train.sampling import build_loader
-from simulated_steps import bytes_by_label, one_step
+from simulated_steps import bytes_by_label, flat_parameters, one_step
 from test_expert_parallel import assert_same_parameters, one_device
 
 HIDDEN, EXPERTS = 32, 4
@@ -137,6 +137,85 @@ def test_experts_sharded_in_bf16_and_fp8_update_as_replicated_experts_do(precisi
     replicated = update(scenario(8, ep=1, pp=2, steps=2, precision=precision))
     sharded = update(scenario(8, ep=2, pp=2, steps=2, precision=precision, sharding={"stage": 1}))
     assert (sharded - replicated).norm() <= tolerance * replicated.norm()
+
+
+def dense_and_experts(job, rank: int) -> tuple[int, int]:
+    """(elements of the rank's replicated parameters, of its experts)."""
+    named = [(name, p) for name, p in job.replicas[rank].model.named_parameters() if p.requires_grad]
+    experts = sum(p.numel() for name, p in named if ".experts." in name)
+    return sum(p.numel() for _, p in named) - experts, experts
+
+
+def test_ddp_overlap_reduces_the_experts_buckets_over_their_holders_and_trains_as_one_device():
+    """parallel.overlap with ep 2 x pp 2 over 8 devices (dp 4, each expert held by 2 ranks), Megatron-Core's expert
+    buffers: the experts' gradients in buckets of their own, each all-reduced over the experts' holders beside the
+    last microbatch's backward, the dense ones over the dp group. Two steps: the parameters of one device, and of
+    the run that all-reduces after the backward within fp32's rounding (the same sums in another order); each
+    ring moves 2 (N-1)/N of its buffer, fp32, per rank, as without overlap."""
+    overlapped, after = (one_step(scenario(8, ep=2, pp=2, steps=2, overlap=overlap, bucket_cap_mb=0.004))
+                         for overlap in (True, False))
+    reference, _ = one_device(overlapped.scenario, 4)
+    assert_same_parameters(overlapped.scheme.trained_model(), reference)
+    torch.testing.assert_close(flat_parameters(overlapped.scheme.trained_model()),
+                               flat_parameters(after.scheme.trained_model()), rtol=0, atol=1e-6)
+    buckets = overlapped.scheme.data_parallel.buckets[0]
+    assert buckets.buffer_of.count(1) > 1 and buckets.buffer_of.count(0) > 1  # several of each
+    dense, experts = zip(*(dense_and_experts(overlapped, rank) for rank in range(8)))
+    ring = {n: 2 * 2 * (n - 1) // n * 4 for n in (2, 4)}  # two steps of 2 (N-1)/N of the buffer, 4 bytes
+    closed_form = {"dp_allreduce": ring[4] * sum(dense), "expert_allreduce": ring[2] * sum(experts)}
+    for job in (overlapped, after):
+        moved = bytes_by_label(job)
+        assert {label: moved[label] for label in closed_form} == closed_form
+
+
+def test_ddp_overlap_under_tp_posts_every_ranks_buckets_at_the_same_place_among_its_regions():
+    """ep 2 x tp 2 (sequence parallelism) over 8 devices with small buckets: each tp rank routes its own part of
+    the sequence, so its experts' backward does its own share of the measured work; a bucket is posted at the
+    same share of the region's way on every rank, so the tp ranks sum their whole parameters' gradients bucket by
+    bucket in one order. Two steps: the parameters of one device."""
+    job = one_step(scenario(8, ep=2, tp=2, steps=2, overlap=True, bucket_cap_mb=0.004))
+    reference, _ = one_device(job.scenario, 4)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+
+
+def test_ddp_overlap_with_experts_hides_their_all_reduce_behind_the_backward():
+    """The same job with DDP's default buckets (one of each buffer a chunk): the experts' bucket is all-reduced
+    while the layers before them run their backward, so the step is no longer than all-reducing after it."""
+    overlapped, after = (one_step(scenario(8, ep=2, pp=2, steps=2, overlap=overlap)) for overlap in (True, False))
+    assert overlapped.cluster.env.now <= after.cluster.env.now
+    assert bytes_by_label(overlapped)["expert_allreduce"] == bytes_by_label(after)["expert_allreduce"] > 0
+
+
+@pytest.mark.parametrize("sharding", [{"stage": 1, "overlap_grad_reduce": True, "bucket_size": 2000},
+                                      {"stage": 2, "overlap_grad_reduce": True, "overlap_param_gather": True,
+                                       "bucket_size": 2000}])
+def test_the_distributed_optimizer_overlaps_the_experts_buckets_and_trains_as_one_device(sharding):
+    """overlap_grad_reduce with ep 2 x pp 2 over 8 devices (dp 4, expert holders 2): the first stage's dense and
+    expert buffers cut into Megatron-Core's buckets, each reduce-scattered over its own group beside the backward
+    (and with overlap_param_gather all-gathered in the next forward). Two steps: the parameters of one device;
+    each ring moves (N-1) padded chunks of each bucket per rank, N its group's ranks."""
+    job = one_step(scenario(8, ep=2, pp=2, steps=2, sharding=sharding))
+    reference, _ = one_device(job.scenario, 4)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+    expected, groups = 0, set()
+    for shard in job.scheme.replicas:
+        layout = shard.layout
+        groups.update(layout.unit_shards)
+        expected += sum((n - 1) * layout.chunk_numel(unit) * 4 for unit, n in enumerate(layout.unit_shards))
+    assert groups == {4, 2} and len(job.scheme.replicas[0].layout.units) > 2
+    moved = bytes_by_label(job)
+    assert moved["reduce_scatter"] == moved["all_gather"] == 2 * expected  # two steps
+
+
+def test_the_distributed_optimizers_overlap_with_experts_shortens_the_step_and_moves_the_same_bytes():
+    """ZeRO-1, ep 2 x pp 2 over 8 devices, Megatron-Core's default bucket size: with overlap_grad_reduce the
+    step is shorter than reduce-scattering after the backward (measured 0.725 against 0.746 ms), the bytes the
+    same."""
+    overlapped, after = (one_step(scenario(8, ep=2, pp=2, steps=2, sharding={"stage": 1, "overlap_grad_reduce": on}))
+                         for on in (True, False))
+    assert overlapped.cluster.env.now < after.cluster.env.now
+    assert ({label: bytes_by_label(overlapped)[label] for label in ("reduce_scatter", "all_gather")} ==
+            {label: bytes_by_label(after)[label] for label in ("reduce_scatter", "all_gather")})
 
 
 def test_without_numerics_every_layer_routes_evenly_and_reports_what_its_exchanges_moved():

@@ -218,18 +218,6 @@ REFUSED = (
             "deepseek_v3_pp+fsdp+tp+ep test); Megatron-Core's distributed optimizer shards states and gradients, "
             "not parameters.",
             (TORCHTITAN,)),
-    Refusal(("ep", "ZeRO overlap"),
-            "parallel.sharding.overlap_grad_reduce: with parallel.ep is not built (the experts reduce over their own "
-            "group after the backward)",
-            "Megatron-Core: --overlap-grad-reduce with --use-distributed-optimizer and --expert-model-parallel-size, "
-            "the experts' buckets reduce-scattered over the expert data-parallel group during the backward.",
-            (MEGATRON_CORE,)),
-    Refusal(("DDP overlap", "ep"),
-            "parallel.overlap: with parallel.ep is not built (the experts' gradients reduce over their own groups "
-            "after the backward)",
-            "Megatron-Core: --overlap-grad-reduce with --expert-model-parallel-size, the experts' buckets reduced "
-            "over the expert data-parallel group during the backward.",
-            (MEGATRON_CORE,)),
     Refusal((ZERO, "async"),
             "parallel.sharding.stage: {stage} shards synchronous data parallelism; async keeps one shared store "
             "(set parallel.mode sync, or sharding.stage 0)", NO_ASYNC),

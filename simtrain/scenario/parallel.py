@@ -89,7 +89,8 @@ class ShardingSpec(Section):
         False, description="Stages 1 and 2 under pp/tp (Megatron-Core's --overlap-grad-reduce): the gradient "
                            "buffer cut into buckets, each reduce-scattered as soon as the last microbatch's "
                            "backward has completed it, beside the rest of the backward "
-                           "(schemes/bucket_overlap.py); false: one reduce-scatter after the last backward.")
+                           "(schemes/bucket_overlap.py; with parallel.ep the experts' buckets apart, each over "
+                           "the experts' holders); false: one reduce-scatter after the last backward.")
     overlap_param_gather: Flag = Field(
         False, description="Stages 1 and 2 under pp/tp, with overlap_grad_reduce (Megatron-Core's "
                            "--overlap-param-gather): each bucket's updated parameters all-gathered in the next "
@@ -125,7 +126,8 @@ class ParallelSpec(Section):
         None, description="sync, sharding.stage 0: all-reduce the gradient in DDP's buckets (reverse parameter "
                           "order), each as soon as the (last micro-batch's) backward has completed it "
                           "(train/grad_bucket.py; under pp/tp/cp schemes/bucket_overlap.py, as Megatron-Core's "
-                          "--overlap-grad-reduce); false: one all-reduce after the backward. null: on with data "
+                          "--overlap-grad-reduce; with parallel.ep the experts' buckets apart, each over the "
+                          "experts' holders); false: one all-reduce after the backward. null: on with data "
                           "parallelism alone (torch DDP's default; ep: off), off under pp, tp or cp (Megatron-Core's "
                           "default). Sharded data parallelism overlaps with its own flags (sharding).")
     bucket_cap_mb: Real(gt=0, le=1 << 20) = Field(25.0, description="A DDP bucket's size under parallel.overlap, "

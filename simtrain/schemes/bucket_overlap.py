@@ -37,6 +37,22 @@ replicated_update.py) weaves its buckets the same way: every chunk cut
 at `bucket_cap_mb`, one shard (no padding), each bucket all-reduced over the
 dp (x cp) group where the reduce-scatter would be posted.
 
+With experts sharded over ep (expert_model_parallel.py) the parameters are
+laid out dense first, experts last (expert_groups.py `experts_last`), and,
+as Megatron-Core keeps its expert buffers apart (DistributedDataParallel's
+`expert_parallel_buffers`, reduced over the expert data-parallel group),
+each chunk has a dense buffer and an expert buffer, each cut into buckets by
+the same rule (`buffer_runs`); a dense bucket is reduced over the dp (x cp)
+group, an expert bucket over the experts' holders (DDP: ExpertUpdate; the
+distributed optimizer: its expert units). Where the backward's FLOPs at
+which each parameter's gradient is complete are measured
+(`ChunkCost.grad_ready_flops`), a bucket is posted inside the region that
+completes it, never before the bucket of its buffer posted before it; the
+FLOPs are counted as measured, so a region that does a share of its
+measured work (an MoE layer's experts, by the tokens they received) is cut
+at the same share of its way, and every rank posts its buckets at the same
+place among its regions and their collectives.
+
 Posted collectives on one communicator run one after another, as NCCL runs
 them on one stream (representatives: MirroredCommunicator.post; the flow
 model shares the links among them fairly, which ends the last at the same
@@ -47,7 +63,8 @@ sum starts on the ring, so the reduction is the same sum in another order:
 with two ranks, bit for bit (tests/test_bucket_overlap.py).
 
     units = megatron_buckets([[p.numel() for p in params_of_chunk] ...], bucketed, bucket_size)
-    overlap = BucketOverlap(optimizer, rank, layout, chunk_starts)
+    units = megatron_buckets([[numels[p] for p in run] for run in buffer_runs(chunks, first_expert)], ...)
+    overlap = BucketOverlap(optimizer, rank, layout, chunks, first_expert)   # chunks = chunk_params(replica)
     program = overlap.during(action, cost, program)      # the chunk's forward or backward, buckets woven in
 """
 from ..op_cost import scaled
@@ -80,24 +97,35 @@ def megatron_buckets(chunk_numels: list[list[int]], bucketed: list[bool], bucket
     return units
 
 
-def chunk_starts(replica) -> list[int]:
-    """Where each of the rank's model chunks' trainable parameters start among its parameters, and their end."""
-    starts = [0]
-    for chunk in replica.model.chunks:
-        starts.append(starts[-1] + sum(1 for p in chunk.parameters() if p.requires_grad))
-    return starts
+def chunk_params(replica) -> list[list[int]]:
+    """For each of the rank's model chunks, where its trainable parameters sit among the replica's (`params`), in
+    the chunk's order: one run after another, unless `experts_last` (expert_groups.py) moved the experts behind
+    every chunk's dense parameters."""
+    index = {id(p): i for i, p in enumerate(replica.params)}
+    return [[index[id(p)] for p in chunk.parameters() if p.requires_grad] for chunk in replica.model.chunks]
+
+
+def buffer_runs(chunks: list[list[int]], experts: int | None = None) -> list[list[int]]:
+    """The runs of parameter indices Megatron-Core cuts into buckets, one buffer each: each chunk's parameters;
+    with the experts laid out last (`experts`: the first expert's index), its dense buffers (each chunk's
+    parameters before it), then its expert buffers (each chunk's from it on)."""
+    if experts is None:
+        return [list(params) for params in chunks]
+    return [[p for p in params if p < experts] for params in chunks] + \
+        [[p for p in params if p >= experts] for params in chunks]
 
 
 class BucketOverlap:
     """One rank's buckets: the reduce-scatters woven into its backward, the all-gathers into its forward."""
 
-    def __init__(self, optimizer, rank: int, layout: ShardLayout, chunk_starts: list[int]):
+    def __init__(self, optimizer, rank: int, layout: ShardLayout, chunks: list[list[int]], experts: int | None = None):
         self.optimizer, self.rank, self.layout = optimizer, rank, layout
         self.units = len(layout.units)
         self.unit_of = {param: unit for unit, params in enumerate(layout.units) for param in params}
-        self.chunk_starts = chunk_starts  # chunk -> its first parameter's index
-        self.units_of_chunk = [sorted({self.unit_of[p] for p in range(start, end)})
-                               for start, end in zip(chunk_starts, chunk_starts[1:])]
+        self.chunks = chunks  # chunk -> its parameters' indices (chunk_params)
+        self.units_of_chunk = [sorted({self.unit_of[p] for p in params}) for params in chunks]
+        # each unit's buffer: 1 for the experts' (from parameter `experts` on: expert buffers), else 0
+        self.buffer_of = [int(experts is not None and params[0] >= experts) for params in layout.units]
         self.microbatches = optimizer.microbatches
         self.gather_deferred = optimizer.overlap_param_gather
         self._backwards: dict[int, int] = {}  # chunk -> its backwards run this step
@@ -158,7 +186,7 @@ class BucketOverlap:
         ready = self._ready_after(action.chunk, cost)
         if not isinstance(cost, list) and cost.grad_ready_flops:  # each bucket posted once its gradient is complete
             value = yield from _cut(program, self._ready_flops(action.chunk, cost, ready),
-                                    lambda unit: self._reduce_ready(ready, None, (unit,)))
+                                    lambda unit: self._reduce_ready(ready, None, (unit,)), _region_flops(cost))
         else:  # each bucket posted after the region that completes it
             last = len(cost.backward_params) - 1 if not isinstance(cost, list) else -1
             value = yield from _weave(program, "backward", lambda region: self._reduce_ready(ready, region)
@@ -180,20 +208,24 @@ class BucketOverlap:
         units = self.units_of_chunk[chunk]
         if isinstance(cost, list) or not cost.backward_params:
             return {unit: None for unit in units}
-        start, last = self.chunk_starts[chunk], {}
-        for region, params in enumerate(cost.backward_params):
-            for param in params:
-                last[self.unit_of[start + param]] = region
+        params, last = self.chunks[chunk], {}
+        for region, locals_ in enumerate(cost.backward_params):
+            for param in locals_:
+                last[self.unit_of[params[param]]] = region
         return {unit: last.get(unit, len(cost.backward_params) - 1) for unit in units}
 
     def _ready_flops(self, chunk: int, cost, ready: dict[int, int]) -> list[tuple[float, int]]:
-        """(backward FLOPs, unit) of each of the chunk's buckets in `ready`, in posting order (latest parameters
-        first): the FLOPs done when its last gradient is complete, never before the bucket posted before it."""
-        start, points, at = self.chunk_starts[chunk], [], 0.0
-        for unit in sorted(ready, reverse=True):
-            at = max(at, *(cost.grad_ready_flops[param - start] for param in self.layout.units[unit]))
-            points.append((at, unit))
-        return points
+        """(backward FLOPs, unit) of each of the chunk's buckets in `ready`, in posting order: the FLOPs done when
+        its last gradient is complete, never before the bucket of its buffer posted before it (each buffer's
+        latest parameters first; the dense and the expert buffers' buckets merged by those FLOPs)."""
+        local = {param: index for index, param in enumerate(self.chunks[chunk])}
+        points = []
+        for buffer in sorted({self.buffer_of[unit] for unit in ready}):
+            at = 0.0
+            for unit in sorted((unit for unit in ready if self.buffer_of[unit] == buffer), reverse=True):
+                at = max(at, *(cost.grad_ready_flops[local[param]] for param in self.layout.units[unit]))
+                points.append((at, unit))
+        return sorted(points, key=lambda point: point[0])
 
     def _reduce_ready(self, ready: dict[int, int], region: int | None, units: tuple[int, ...] | None = None):
         """Step program: post the reduce-scatter of every bucket complete after backward region `region`
@@ -211,8 +243,8 @@ class BucketOverlap:
         region that reverses it adds to); None where the regions are not measured (recomputation)."""
         if isinstance(cost, list) or not cost.backward_params:
             return None
-        start = self.chunk_starts[chunk]
-        return [sorted({self.unit_of[start + param] for param in params})
+        chunk_params = self.chunks[chunk]
+        return [sorted({self.unit_of[chunk_params[param]] for param in params})
                 for params in reversed(cost.backward_params)]
 
     def _gather_for(self, regions: list[list[int]], region: int):
@@ -237,25 +269,38 @@ class BucketOverlap:
         self._gathers[unit] = yield Post(*collective)
 
 
-def _cut(program, points: list[tuple[float, int]], post):
+def _region_flops(cost) -> list[float]:
+    """Per backward region, the measured FLOPs of its Compute named "backward" (a region whose kept shard is
+    gathered again runs half its Linears' FLOPs under that name: schemes/stage_execution.py)."""
+    splits = cost.backward_regather or (None,) * len(cost.backward_flops)
+    return [flops if split is None else split.after_flops / 2 for flops, split in zip(cost.backward_flops, splits)]
+
+
+def _cut(program, points: list[tuple[float, int]], post, sizes: list[float]):
     """Step program: `program` as it is, each backward Compute cut where a point of `points` ([(backward FLOPs,
     unit)], in order) falls inside it, `post(unit)` (a step program) run there; points at the backward's end are
-    left. Each piece gets its share of the Compute's operators and kernels, the first its passes."""
-    done, value, points = 0.0, None, list(points)
+    left. Each piece gets its share of the Compute's operators and kernels, the first its passes. The FLOPs are
+    counted as measured (`sizes`: each region's): a region that did a share of its measured work (an MoE layer's
+    experts, by the tokens they received) is cut at the same share of its way, so that every rank posts its
+    buckets at the same place among its regions and their collectives."""
+    done, value, points, region = 0.0, None, list(points), 0
     while True:
         try:
             op = program.send(value)
         except StopIteration as stop:
             return stop.value
-        if type(op) is Compute and op.name == "backward" and op.flops > 0:
-            end, cut = done + op.flops, done
+        if type(op) is Compute and op.name == "backward":
+            size = sizes[region] if region < len(sizes) else op.flops
+            region += 1
+            scale = op.flops / size if size > 0 and op.flops != size else 1.0
+            end, cut = done + size, done
             while points and points[0][0] < end:
                 flops, unit = points.pop(0)
-                if flops > cut:
-                    yield _piece(op, cut - done, flops - done)
+                if flops > cut and op.flops > 0:
+                    yield _piece(op, (cut - done) * scale, (flops - done) * scale)
                     cut = flops
                 yield from post(unit)
-            value = yield op if cut == done else _piece(op, cut - done, op.flops)
+            value = yield op if cut == done else _piece(op, (cut - done) * scale, op.flops)
             done = end
         else:
             value = yield op

@@ -39,7 +39,9 @@ default); with a degree below dp the shard groups replicate each other
   gives the gradient of the mean loss over the global batch (an expert's
   holders' gradients are sums over their ep groups' ranks, as
   expert_model_parallel.py's ExpertUpdate explains); under HSDP only the
-  dense chunk is then all-reduced across the replicas;
+  dense chunk is then all-reduced across the replicas; with
+  `overlap_grad_reduce` each of the two is cut into Megatron-Core's buckets
+  (its dense and expert buffers, bucket_overlap.py);
 - stage 3: each tp shard is sharded again over the shard group, its
   parameters too. The units are the rank's model chunks (its pipeline
   stage's part; each virtual stage's). The pipeline walk (pipeline.py) calls
@@ -72,8 +74,8 @@ from functools import partial
 from ..parallel import Membership
 from ..step_ops import Alloc, Await, Collective, Free, Post
 from ..train.precision import update_bytes
-from .bucket_overlap import BucketOverlap, chunk_starts, megatron_buckets
-from .expert_groups import expert_flags, experts_last
+from .bucket_overlap import BucketOverlap, buffer_runs, chunk_params, megatron_buckets
+from .expert_groups import dense_and_expert_units, experts_last, first_expert
 from .offload import HostOffload
 from .overflow_vote import overflow_vote
 from .representatives import MirroredCollective
@@ -84,7 +86,6 @@ from .sharded_update import LABELS, sharded_update, sharding_section
 from .unit_overlap import UnitOverlap
 
 _GATHER, _REDUCE, _REPLICATE, _PUBLISH = 0, 1, 2, 3  # the kinds of a unit's collectives, for their tags
-_EXPERTS = 1  # with ep above 1, the unit of the rank's experts (stages 1 and 2: the dense parameters are unit 0)
 
 
 class DistributedOptimizer:
@@ -118,23 +119,27 @@ class DistributedOptimizer:
         self._replicating = {rank: [] for rank in self.ranks}  # HSDP: the units' posted all-reduces
         replicas = scheme.replicas
         self.ep = layout.ep  # above 1: the experts are a unit of their own, sharded over their holders
+        self._first_expert: dict[int, int] = {}  # ep above 1: rank -> its first expert parameter's index
         for rank in self.ranks:
-            if self.ep > 1:  # Megatron-Core's expert buffer: the dense parameters first, then the rank's experts
+            experts = None
+            if self.ep > 1:  # Megatron-Core's expert buffers: the dense parameters first, then the rank's experts
                 experts_last(replicas[rank])
-            params, starts = replicas[rank].params, chunk_starts(replicas[rank])
+                experts = self._first_expert[rank] = first_expert(replicas[rank])
+            params, chunks = replicas[rank].params, chunk_params(replicas[rank])
             shards, positions = self.degree, self.shard_comms[rank].index
-            if self.ep > 1:
-                units, shards, positions = self._dense_and_experts(rank)
-            elif unit_costs is not None:
+            if unit_costs is not None:
                 units = unit_costs.param_units
-            elif overlapping:  # Megatron-Core buckets only the first stage's first chunk
-                stage = layout.coordinates(rank)["pp"]
-                units = megatron_buckets([[p.numel() for p in params[start:end]]
-                                          for start, end in zip(starts, starts[1:])],
-                                         [stage == 0 and chunk == 0 for chunk in range(len(starts) - 1)],
+            elif overlapping:  # Megatron-Core buckets only the first stage's first chunk (dense and expert buffer)
+                stage, runs = layout.coordinates(rank)["pp"], buffer_runs(chunks, experts)
+                units = megatron_buckets([[params[p].numel() for p in run] for run in runs],
+                                         [stage == 0 and run % len(chunks) == 0 for run in range(len(runs))],
                                          bucket_size)
             else:
                 units = _units(replicas[rank], self.stage)
+            if self.ep > 1:
+                units, shards, positions = dense_and_expert_units(
+                    replicas[rank], units if overlapping else None, (self.degree, self.shard_comms[rank].index),
+                    (len(layout.rank_groups(rank).expert_dp), scheme.comms.expert_dp[rank].index))
             shard_layout = ShardLayout([p.numel() for p in params], units, shards)
             shard = ShardedReplica(replicas[rank], shard_layout, positions, self.stage, train.optimizer,
                                    self.reduce_dtype)
@@ -142,7 +147,7 @@ class DistributedOptimizer:
             if unit_costs is not None:
                 self.blocks[rank] = UnitOverlap(self, rank, unit_costs)
             elif overlapping:
-                self.buckets[rank] = BucketOverlap(self, rank, shard_layout, starts)
+                self.buckets[rank] = BucketOverlap(self, rank, shard_layout, chunks, experts)
                 model = shard.model
                 self._whole[rank] = {id(p) for name, p in model.named_parameters()
                                      if p.requires_grad and model.sources[name].slice is None}
@@ -163,18 +168,6 @@ class DistributedOptimizer:
         self._step_kernels = scheme.update_kernels(self.ranks)  # a calibrated host's kernel_overhead
         self._ended, self._published = 0, False
 
-    def _dense_and_experts(self, rank: int) -> tuple[list, tuple, tuple]:
-        """(units, each unit's shard count, the rank's position in each unit's group) of a rank whose parameters
-        are laid out dense first, experts last: the dense unit over the shard group, the experts' over their
-        holders (one unit on a pipeline stage without MoE layers)."""
-        replica = self.scheme.replicas[rank]
-        dense, total = sum(not is_expert for is_expert in expert_flags(replica)), len(replica.params)
-        units = [list(range(dense)), list(range(dense, total))]
-        shards = (self.degree, len(self.scheme.layout.rank_groups(rank).expert_dp))
-        positions = (self.shard_comms[rank].index, self.scheme.comms.expert_dp[rank].index)
-        keep = 2 if dense < total else 1
-        return units[:keep], shards[:keep], positions[:keep]
-
     @property
     def shard_comms(self) -> dict:
         """rank -> its shard group's (communicator, rank there, all-reduce): the dp-cp group's, or HSDP's
@@ -185,7 +178,11 @@ class DistributedOptimizer:
     def unit_comms(self, rank: int, unit: int) -> Membership:
         """The rank's membership of unit `unit`'s shard group: the experts' holders for the experts' unit, else
         the shard group."""
-        return (self.scheme.comms.expert_dp if self.ep > 1 and unit == _EXPERTS else self.shard_comms)[rank]
+        return (self.scheme.comms.expert_dp if self._experts(rank, unit) else self.shard_comms)[rank]
+
+    def _experts(self, rank: int, unit: int) -> bool:
+        """Whether unit `unit` of the rank's is one of its experts' (ep above 1: sharded over their holders)."""
+        return self.ep > 1 and self.scheme.replicas[rank].layout.units[unit][0] >= self._first_expert[rank]
 
     @property
     def replicate_comms(self) -> dict:
@@ -350,7 +347,7 @@ class DistributedOptimizer:
         if self.stage >= 2:
             yield Free("comm_buffers", self.unit_bytes(rank, unit, shard.grad_buffer))
         copy = partial(self.offload.post_gradient, rank, unit) if self.offload is not None else None
-        if self.replicate == 1 or self.ep > 1 and unit == _EXPERTS:  # the experts': reduced over every holder
+        if self.replicate == 1 or self._experts(rank, unit):  # the experts': reduced over every holder
             if copy is not None:
                 copy()
             return
@@ -446,7 +443,7 @@ class DistributedOptimizer:
         if scheme.representatives:
             return groups_of(layout, [scheme.replicas[rank]] * self.degree)
         groups = scheme.layout.rank_groups(rank)
-        return [[scheme.replicas[member] for member in (groups.expert_dp if self.ep > 1 and unit == _EXPERTS
+        return [[scheme.replicas[member] for member in (groups.expert_dp if self._experts(rank, unit)
                                                         else groups.dp_shard)]
                 for unit in range(len(layout.units))]
 

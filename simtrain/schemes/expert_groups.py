@@ -22,6 +22,7 @@ shards, distributed_optimizer.py).
     groups = {rank: EpGroup(comm, index, ranks, group_all_to_all(job, ranks)) for index, rank in enumerate(ranks)}
     collective, received = groups[rank].exchange(kind, tensor)    # kind: an ExpertExchange
     dense = experts_last(replica)            # replica.grad_buffer[:dense] replicated, [dense:] its experts'
+    units, shards, positions = dense_and_expert_units(replica, None, (8, 3), (2, 1))   # the distributed optimizer's
 """
 import functools
 from dataclasses import dataclass
@@ -85,6 +86,25 @@ def expert_flags(replica) -> list[bool]:
     expert_ids = {id(p) for layer in replica.model.modules() if isinstance(layer, MoE)
                   for p in layer.experts.parameters()}
     return [id(p) in expert_ids for p in replica.params]
+
+
+def first_expert(replica) -> int:
+    """The index of the replica's first expert parameter once `experts_last` has laid them out (its parameter count
+    on a stage without MoE layers)."""
+    return expert_flags(replica).count(False)
+
+
+def dense_and_expert_units(replica, buckets: list | None, shard: tuple[int, int], holders: tuple[int, int]):
+    """(units, each unit's shard count, the rank's position in each unit's group) of a replica laid out by
+    `experts_last`, as Megatron-Core's distributed optimizer keeps dense and expert buffers apart: `buckets`
+    (overlap_grad_reduce: those of its dense and expert buffers, bucket_overlap.py), else one unit of the dense
+    parameters and one of the experts' (none on a stage without MoE layers). A dense unit is sharded over the shard
+    group, an expert unit over the experts' holders: `shard` and `holders` are (the group's ranks, the rank's
+    position there)."""
+    first, total = first_expert(replica), len(replica.params)
+    units = buckets or [list(range(first)), list(range(first, total))][:2 if first < total else 1]
+    groups = [holders if unit[0] >= first else shard for unit in units]
+    return units, tuple(size for size, _ in groups), tuple(position for _, position in groups)
 
 
 def experts_last(replica) -> int:

@@ -25,7 +25,11 @@ replicated parameters' gradient is averaged over the dp (x cp) group as
 DDP's (`dp_allreduce`), the experts' over the dp (x cp) / ep ranks that hold them
 (`expert_allreduce`) and divided by ep: each holder's gradient is a sum over
 its ep group's ranks of their mean losses' gradients, so this is the
-gradient of the mean loss over the global batch, as on one device.
+gradient of the mean loss over the global batch, as on one device. With
+`parallel.overlap` each part is cut into DDP's buckets apart (Megatron-Core's
+dense and expert buffers), each all-reduced over its group on the rank's
+stream as soon as the last microbatch's backward has completed it
+(bucket_overlap.py), the experts' divided by ep once all have ended.
 
 `ExpertLayers` gives the step engine the groups (EpGroup, schemes/expert_groups.py),
 the exchanges' collectives, the experts of the other ep ranks for the whole
@@ -51,11 +55,11 @@ its ep group, and the layers run on meta tensors every step.
     collective, result = experts.exchange(rank, kind, tensor)   # kind: a train/moe_exchange.py ExpertExchange
     losses = yield from experts.timed(rank, step, stage.walk(...))   # its all-to-all seconds counted
 """
-from ..step_ops import Collective
+from ..step_ops import Collective, PostCollective
 from ..train.moe import MoE
 from ..train.moe_exchange import balanced_routing
 from ..train.moe_routing import draw_assignments, routing_generator
-from .expert_groups import EpGroup, experts_last, group_all_to_all
+from .expert_groups import EpGroup, experts_last, first_expert, group_all_to_all
 from .moe_report import moe_section, routing_figures
 from .replicated_update import ReplicatedUpdate
 
@@ -206,18 +210,42 @@ class ExpertLayers:
 
 class ExpertUpdate(ReplicatedUpdate):
     """DDP under pp x tp with sharded experts: the replicated gradient all-reduced over the dp (x cp) group, the
-    experts' over the dp/ep ranks that hold them."""
+    experts' over the dp/ep ranks that hold them; with `parallel.overlap` in buckets of their own beside the last
+    microbatch's backward, as Megatron-Core's expert buffers."""
 
     def __init__(self, scheme):
-        super().__init__(scheme)
         self.ep = scheme.layout.ep
+        # the experts laid out last before DDP cuts the buckets: replicated parameters first, then the experts'
         self.dense = {rank: experts_last(scheme.replicas[rank]) for rank in scheme.running}
+        self._first_expert = {rank: first_expert(scheme.replicas[rank]) for rank in scheme.running}
+        super().__init__(scheme)
+
+    def first_expert(self, rank: int) -> int:
+        """The index of the rank's first expert parameter (its parameter count on a stage without MoE layers)."""
+        return self._first_expert[rank]
+
+    def post_reduce(self, rank: int, unit: int):
+        """Step program (BucketOverlap's): a dense bucket's all-reduce over the dp (x cp) group; an expert bucket's
+        over the experts' holders (expert_dp), on the same stream; none where the rank alone holds its experts."""
+        if not self.buckets[rank].buffer_of[unit]:
+            return (yield from super().post_reduce(rank, unit))
+        if len(self.scheme.layout.rank_groups(rank).expert_dp) == 1:
+            return None
+        comm, position, all_reduce = self.scheme.comms.expert_dp[rank]
+        view = self.scheme.replicas[rank].grad_buffer[self.buckets[rank].layout.unit_slice(unit)]
+        yield PostCollective(all_reduce(position, comm.world, view, average=True), "expert_allreduce", comm,
+                             position)
 
     def reduce(self, rank: int):
-        """Step program: the replicated part averaged over the dp (x cp) group, the experts' over their holders,
-        then divided by ep (the global batch's mean)."""
+        """Step program: the replicated part averaged over the dp (x cp) group, the experts' over their holders
+        (with overlap: the buckets' all-reduces, posted in the backward, awaited), then divided by ep (the global
+        batch's mean)."""
         scheme, dense = self.scheme, self.dense[rank]
         buffer = scheme.replicas[rank].grad_buffer
+        if rank in self.buckets:
+            yield from super().reduce(rank)
+            buffer[dense:].div_(self.ep)
+            return
         if scheme.layout.dp * scheme.layout.cp > 1:
             dp_comm, dp_index, dp_reduce = scheme.comms.dp_cp[rank]
             yield Collective(dp_reduce(dp_index, dp_comm.world, buffer[:dense], average=True), "dp_allreduce",

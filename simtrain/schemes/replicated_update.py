@@ -6,7 +6,8 @@ share's gradient over its dp (x cp) group, Megatron-Core's dp-cp group, with
 `parallel.all_reduce`'s algorithm, then steps its own optimizer on its whole
 share. With `parallel.overlap` the gradient is cut into DDP's buckets of
 `bucket_cap_mb` and each bucket's all-reduce runs beside that backward as
-soon as the bucket is complete (bucket_overlap.py). A ring all-reduce sends
+soon as the bucket is complete (bucket_overlap.py; with experts their
+buckets apart, all-reduced over their holders: ExpertUpdate). A ring all-reduce sends
 2(N-1)/N of the buffer per rank. With K-FAC (train.optimizer.name kfac, data
 parallelism alone) the averaged gradient is preconditioned before the step
 (schemes/kfac_sync.py), whose factors and decompositions each rank holds.
@@ -17,7 +18,7 @@ parallelism alone) the averaged gradient is preconditioned before the step
 """
 from ..step_ops import Collective, MemoryBound, PostCollective, WaitCollectives
 from ..train.precision import persistent_bytes, update_bytes
-from .bucket_overlap import BucketOverlap, chunk_starts, megatron_buckets
+from .bucket_overlap import BucketOverlap, buffer_runs, chunk_params, megatron_buckets
 from .kfac_sync import DistributedKfac
 from .overflow_vote import overflow_vote
 from .shard_layout import ShardLayout
@@ -50,16 +51,22 @@ class ReplicatedUpdate:
         for rank in scheme.running if overlapping else ():
             if replicas[rank] is None:  # a real run's process holds its own rank alone
                 continue
-            replica, starts = replicas[rank], chunk_starts(replicas[rank])
-            # closed at bucket_cap_bytes or more, as torch DDP closes its buckets
+            replica, chunks, experts = replicas[rank], chunk_params(replicas[rank]), self.first_expert(rank)
+            # closed at bucket_cap_bytes or more, as torch DDP closes its buckets; the experts' in buffers of their
+            # own (ExpertUpdate), as Megatron-Core's
             cap = max(1, -(-int(parallel.bucket_cap_bytes) // replica.grad_buffer.element_size()))
-            units = megatron_buckets([[p.numel() for p in replica.params[start:end]]
-                                      for start, end in zip(starts, starts[1:])], [True] * (len(starts) - 1), cap)
+            runs = buffer_runs(chunks, experts)
+            units = megatron_buckets([[replica.params[p].numel() for p in run] for run in runs], [True] * len(runs),
+                                     cap)
             layout = ShardLayout([p.numel() for p in replica.params], units, 1)  # one shard: grad_buffer's offsets
-            self.buckets[rank] = BucketOverlap(self, rank, layout, starts)
+            self.buckets[rank] = BucketOverlap(self, rank, layout, chunks, experts)
             self._whole[rank] = {id(p) for name, p in replica.model.named_parameters()
                                  if p.requires_grad and replica.model.sources[name].slice is None}
         self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
+
+    def first_expert(self, rank: int) -> int | None:
+        """The index of the rank's first expert parameter, its experts laid out last (ExpertUpdate's); None."""
+        return None
 
     def begin(self, rank: int):
         """Step program: a new step for the rank's buckets (nothing else before a step's microbatches)."""

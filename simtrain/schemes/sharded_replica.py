@@ -257,9 +257,11 @@ class ShardedReplica(Replica):
             for shard in group:
                 owned = shard.owned[unit]
                 layout.chunk(whole, unit, owned).copy_(layout.chunk(shard.param_flat, unit, owned))
-        trainable = [param for param in self._assembled.parameters() if param.requires_grad]
-        for index, param in enumerate(trainable):
-            param.copy_(whole[layout.param_slice(index)].view_as(param))
+        # the copy's parameters in the layout's order (experts laid out last, expert_groups.py: not the model's)
+        where = {id(param): index for index, param in enumerate(p for p in self.model.parameters() if p.requires_grad)}
+        copies = [param for param in self._assembled.parameters() if param.requires_grad]
+        for index, param in enumerate(self.params):
+            copies[where[id(param)]].copy_(whole[layout.param_slice(index)].view_as(param))
         return self._assembled
 
     def publish(self, groups: list[list["ShardedReplica"]] | None = None) -> None:
