@@ -13,7 +13,7 @@ A job is what runs on a cluster. It joins
 - a **group** of the cluster's devices, named by their global ranks. Inside the
   job, ranks are 0..world-1 in group order.
 
-It runs on a **backend** (simtrain/backend.py), the one thing that knows
+It runs on a **backend** (simtrain/backend/), the one thing that knows
 where: which ranks this process holds, the communicators of the job and of
 its sub-groups, each group's all-reduce, the interpreter of a rank's step
 program. The simulated backend (the default) holds every rank, and its

@@ -1,7 +1,7 @@
 """Peak device memory of a training step, without training, and the largest batch that fits.
 
 `plan_memory(scenario)` replays one step of the scenario's own step programs
-(schemes/program.py) with numerics off: the job is built on the meta device
+(backend/interpreter.py) with numerics off: the job is built on the meta device
 (shapes and dtypes, no storage, no arithmetic: a model far larger than the
 host's RAM is fine), its batches are meta tensors of the data's shapes, and
 the scheme's programs run through the same interpreter as a real run, on a

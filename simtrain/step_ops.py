@@ -45,7 +45,7 @@ step touches time, memory or another rank:
 
 An interpreter is a table from operation type to a handler; `drive(program,
 handlers)` is the one loop every interpreter runs. A handler is a generator:
-the simulated interpreter's yield simpy events (schemes/program.py), the real
+the simulated interpreter's yield simpy events (backend/interpreter.py), the real
 one's never yield (simtrain/real/interpreter.py). An operation missing from
 an interpreter's table is refused with `UnsupportedOperation`, naming it.
 

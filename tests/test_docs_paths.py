@@ -7,7 +7,7 @@ whole; in Python files (simtrain/, bench/, tests/, docs/hooks/, cli.py) the docs
 
 What a path is: a word of the form `first/.../last` whose first folder is one of this repository's
 (`REPOSITORY_FOLDERS`) or a package of simtrain (`comm`, `schemes`, `train`, ...: the docs write
-`schemes/program.py` for simtrain/schemes/program.py), not glued to what comes before it (a letter, `/`, `.`,
+`backend/interpreter.py` for simtrain/backend/interpreter.py), not glued to what comes before it (a letter, `/`, `.`,
 `:`, `~`, `-` or `@`). So a URL, another project's file (`megatron/core/...`, `torchtitan/...`: written from its
 own project's root), a relative link (`../guides/faults.md`) and an output folder (`runs/...`) are not paths of
 this repository. Not checked: a placeholder (a folder or file named in capitals, `bench/X.py`) and a path cited
@@ -146,7 +146,7 @@ def test_the_code_map_names_every_module():
 def test_a_stale_path_is_caught_and_other_projects_paths_are_not():
     """The check fails where it should: against the repository as it is, on text written for the purpose."""
     text = ("Buckets live in `schemes/grad_buckets.py` (simtrain/schemes/sync.py before); the interpreter is "
-            "schemes/program.py, the groups simtrain/parallel/layout.py and simtrain/parallel/, the ring "
+            "backend/interpreter.py, the groups simtrain/parallel/layout.py and simtrain/parallel/, the ring "
             "comm/ring_schedule.reduce_as_ring, not comm/ring_schedule.reduce_as_tree; what combines is "
             "docs/reference/support.md; run `python bench/X.py`; once schemes/pipeline_schedule.py at a6eb7f2 and `schemes/sync.py` at 52bc6af. "
             "Megatron-Core's megatron/core/distributed/param_and_grad_buffer.py, torchtitan's "

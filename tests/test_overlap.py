@@ -113,7 +113,7 @@ def test_buckets_follow_ddp():
 
 
 def test_the_communication_stream_keeps_a_process_order_to_the_event():
-    """schemes/program.py runs each rank's posted collectives one after another in callbacks; the reference
+    """backend/interpreter.py runs each rank's posted collectives one after another in callbacks; the reference
     is what it replaced, a simpy process per collective (`yield previous; yield comm.run(...)`). Random posts,
     durations (zero among them) and waits, with other processes acting at the same instants: the same log of
     (time, what) in the same order."""
@@ -121,7 +121,7 @@ def test_the_communication_stream_keeps_a_process_order_to_the_event():
 
     import simpy
 
-    from simtrain.schemes.program import _after
+    from simtrain.backend.interpreter import _after
     from simtrain.step_ops import PostCollective
 
     def process_stream(env, previous, comm, rank, op):

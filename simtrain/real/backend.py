@@ -1,6 +1,6 @@
 """The real backend: one job rank per process of a torch.distributed group, run and timed for real.
 
-What a job asks of its backend (simtrain/backend.py), for a process that is
+What a job asks of its backend (simtrain/backend/), for a process that is
 rank `rank` of the world: it holds that job rank only; its communicators are
 GlooCommunicators (comm/gloo.py), each group its own process group; a group's
 all-reduce is the scenario's program over point-to-point calls, or with

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ..comm.ring import ring_all_gather
-from .program import Alloc, Collective, Free, Transfer
+from ..step_ops import Alloc, Collective, Free, Transfer
 
 
 class Scheme(Protocol):

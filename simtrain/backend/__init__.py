@@ -13,15 +13,15 @@ where it runs:
 
 `SimulatedBackend` (here) holds every rank in this process, on the cluster's
 simulated network and clock: its communicators are SimCommunicators, its
-interpreter schemes/program.py, which supports every step operation. The real
+interpreter (interpreter.py), which supports every step operation. The real
 backend (simtrain/real/backend.py) holds one rank per process of a
 torch.distributed group, with gloo communicators and a host-clock interpreter.
 
     job = Job(scenario, cluster, ranks=range(cluster.size), backend=SimulatedBackend())
 """
-from .comm import build_all_reduce
-from .comm.simulated import SimCommunicator
-from .schemes.program import run_program
+from ..comm import build_all_reduce
+from ..comm.simulated import SimCommunicator
+from .interpreter import run_program
 
 
 class SimulatedBackend:
