@@ -258,9 +258,12 @@ def support_page() -> str:
         "one thing a scenario can use; each row below is a combination of features simtrain refuses, with the one "
         "line `simtrain validate` (or `simtrain launch`) prints for it, `<name>` standing for the scenario's value. "
         "Any other combination runs, given each feature's own needs (sequence parallelism needs tp, offload a ZeRO "
-        "stage, representatives pp or tp and numerics off; `parallel.overlap` is DDP's, ZeRO overlaps with its own "
+        "stage, representatives numerics off; `parallel.overlap` is DDP's, ZeRO overlaps with its own "
         "flags): tests/test_support_table.py validates against this table every pair of the features below that "
-        "one scenario can hold.",
+        "one scenario can hold, and tests/test_combinations.py runs every pair of 25 of them (the parallel "
+        "dimensions, each pipeline schedule, the ZeRO stages, HSDP, offload, ep, the precisions, recomputation, "
+        "gradient accumulation, restart, numerics off, representatives) that the table lets run: each trains, "
+        "and in fp32 to the parameters one device trains in plain torch.",
         "",
         f"{len(REFUSED)} combinations are refused: {len(not_built)} not built in simtrain, which Megatron-Core or "
         f"torchtitan run (each goes when simtrain builds it), and {len(neither)} that neither framework runs.",
