@@ -260,7 +260,7 @@ def support_page() -> str:
         "Any other combination runs, given each feature's own needs (sequence parallelism needs tp, offload a ZeRO "
         "stage, representatives numerics off; `parallel.overlap` is DDP's, ZeRO overlaps with its own "
         "flags): tests/test_support_table.py validates against this table every pair of the features below that "
-        "one scenario can hold, and tests/test_combinations.py runs every pair of 25 of them (the parallel "
+        "one scenario can hold, and tests/test_combinations.py runs every pair of 24 of them (the parallel "
         "dimensions, each pipeline schedule, the ZeRO stages, HSDP, offload, ep, the precisions, recomputation, "
         "gradient accumulation, restart, numerics off, representatives) that the table lets run: each trains, "
         "and in fp32 to the parameters one device trains in plain torch.",
