@@ -15,9 +15,8 @@ from scenario_space import outcome, stratified
 
 SCENARIOS = stratified(40, seed=0)
 
-pytestmark = pytest.mark.slow  # forty runs together
 
-
+@pytest.mark.slow  # forty runs together
 @pytest.mark.parametrize("raw", SCENARIOS, ids=[f"scenario{index:02d}" for index in range(len(SCENARIOS))])
 def test_a_scenario_from_the_space_runs_or_is_refused_in_one_line(raw):
     result = outcome(raw)  # raises on a traceback, or a refusal of more than one line
