@@ -196,6 +196,8 @@ def test_blast_radius_on_a_superpod_scalable_unit():
 
 
 def test_run_and_sweep_report_the_fleet(tmp_path, capsys):
+    """`simtrain run` draws the fleet's figure; `simtrain sweep` (in this process: `--workers 1`, two spawned
+    workers would import torch again) gives each checkpoint mode's effective training time."""
     fleet = "fleet={horizon: 20 d, components: {gpu: {mtbf: 300 h}}}"
     with pytest.raises(SystemExit) as exit_code:
         main(["run", QUICKSTART, "--set", "train.steps=3", "--set", "report.trace=false", "--set", fleet, "--out", str(tmp_path / "run"), "-q"])
@@ -203,7 +205,8 @@ def test_run_and_sweep_report_the_fleet(tmp_path, capsys):
     assert (tmp_path / "run" / "fleet.png").stat().st_size > 0
     with pytest.raises(SystemExit) as exit_code:
         main(["sweep", QUICKSTART, "--set", "train.steps=3", "--set", "report.trace=false", "--set", fleet, "--grid",
-              "fleet.checkpoint.mode=sync,async", "--metric", "effective_training_time", "--out", str(tmp_path / "s")])
+              "fleet.checkpoint.mode=sync,async", "--metric", "effective_training_time", "--workers", "1",
+              "--out", str(tmp_path / "s")])
     assert exit_code.value.code == 0
     rows = (tmp_path / "s" / "sweep.csv").read_text().splitlines()
     assert len(rows) == 3 and all(row.split(",")[-2] for row in rows[1:])

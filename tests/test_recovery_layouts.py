@@ -20,9 +20,9 @@ LAYOUTS = {  # name: (model, data, parallel, optimizer)
     "pp2_tp2": (MLP, {"name": "digits", "batch_size": 16}, {"pp": 2, "tp": 2}, "sgd"),
     "zero2": (MLP, {"name": "digits", "batch_size": 16}, {"sharding": {"stage": 2}}, "sgd"),
     "pp2_zero1_adam": (MLP, {"name": "digits", "batch_size": 16}, {"pp": 2, "sharding": {"stage": 1}}, "adam"),
-    "cp2_adam": (GPT, {"name": "tokens", "seq_len": 8, "batch_size": 4}, {"cp": 2}, "adam"),
+    "cp2_adam": (GPT, {"name": "tokens", "seq_len": 8, "batch_size": 4, "samples": 256}, {"cp": 2}, "adam"),
     # FSDP x TP as HSDP (shard groups of one, two replicas): the step cut short leaves no gathered unit behind
-    "tp2_fsdp_hsdp": (GPT, {"name": "tokens", "seq_len": 8, "batch_size": 4},
+    "tp2_fsdp_hsdp": (GPT, {"name": "tokens", "seq_len": 8, "batch_size": 4, "samples": 256},
                       {"tp": 2, "sharding": {"stage": 3, "degree": 1}}, "adam"),
 }
 

@@ -93,9 +93,10 @@ QUICKSTART = {"name": "quickstart", "seed": 0, "cluster": {"topology": "ring", "
 
 
 def gpt(devices: int = 8, steps: int = 2, **parallel) -> dict:
+    """A small gpt; 256 samples, of which the loss curve evaluates the training part after the last step."""
     return {"name": "gpt", "seed": 0, "cluster": {"topology": "ring", "devices": devices},
             "model": {"name": "gpt", "hidden": 64, "layers": 2, "heads": 4},
-            "data": {"name": "tokens", "batch_size": 8, "seq_len": 32, "vocab": 64},
+            "data": {"name": "tokens", "batch_size": 8, "seq_len": 32, "vocab": 64, "samples": 256},
             "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}},
             "parallel": {"pipeline": {"microbatches": 2}, **parallel}}
 
