@@ -111,12 +111,12 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
 def _check_scheme(scenario: Scenario, shared_memory: SharedMemory | None, layout: Layout) -> None:
     """What the scheme the registry picks refuses when it is built (schemes/__init__.py's order)."""
     parallel, sharding = scenario.parallel, scenario.parallel.sharding
+    if parallel.mode != "async" and sharding.offload != "none":  # the distributed optimizer's, in every layout
+        offload_host_bandwidth(shared_memory, scenario.cluster.shared_memory, sharding.offload)
     if parallel.model_parallel:
         if _model_parallel_all_reduces(scenario, layout):
             _check_all_reduce(parallel)
     elif parallel.mode != "async":
-        if sharding.offload != "none":
-            offload_host_bandwidth(shared_memory, scenario.cluster.shared_memory, sharding.offload)
         _check_all_reduce(parallel)
 
 
