@@ -25,6 +25,7 @@ from simtrain.train.moe import MoE
 from simtrain.train.ring_attention import ContextShard, shard_sequence
 from simtrain.train.sampling import build_loader
 from simulated_steps import bytes_by_label, one_step
+from test_precision import master_step
 from test_expert_model_parallel import HIDDEN, EXPERTS, scenario
 from test_expert_parallel import assert_same_parameters, one_device
 
@@ -144,13 +145,7 @@ def fp16_one_device(spec, dp: int, microbatches: int):
                     layer.aux_loss_scale = float(scaler.get_scale()) / parts
                 loss = F.cross_entropy(model(part_x).float().flatten(0, 1), part_y.flatten()) / parts
                 scaler.scale(loss).backward()
-        for p16, p32 in zip(model.parameters(), master.parameters()):
-            p32.grad = p16.grad.float()
-        scaler.step(optimizer)
-        scaler.update()
-        with torch.no_grad():
-            for p16, p32 in zip(model.parameters(), master.parameters()):
-                p16.copy_(p32)
+        master_step(model, master, optimizer, scaler)
     return master, scaler
 
 

@@ -74,14 +74,20 @@ def fp16_reference(seed, steps, batch, hidden, lr, amp):
         x, y = loader.next_batch()
         model.zero_grad()
         scaler.scale(F.cross_entropy(model(x.half()).float(), y)).backward()
-        for p16, p32 in zip(model.parameters(), master.parameters()):
-            p32.grad = p16.grad.float()
-        scaler.step(optimizer)
-        scaler.update()
-        with torch.no_grad():
-            for p16, p32 in zip(model.parameters(), master.parameters()):
-                p16.copy_(p32)
+        master_step(model, master, optimizer, scaler)
     return master, scaler
+
+
+def master_step(model, master, optimizer, scaler) -> None:
+    """An fp16 model's scaled gradients stepped on its fp32 master copy by GradScaler (skipped on an overflow),
+    the master rounded back into the model."""
+    for p16, p32 in zip(model.parameters(), master.parameters()):
+        p32.grad = p16.grad.float()
+    scaler.step(optimizer)
+    scaler.update()
+    with torch.no_grad():
+        for p16, p32 in zip(model.parameters(), master.parameters()):
+            p16.copy_(p32)
 
 
 def scenario(precision, steps, devices=1, hidden=(32,), batch=16, lr=0.1, amp=None, momentum=0.0, parallel=None):
