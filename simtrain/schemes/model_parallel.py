@@ -28,8 +28,8 @@ pp = tp = cp = 1 case: a rank's share is the whole model, one part.
   distributed optimizer), with stage 3 holds only its chunk of the parameters,
   gathered around each use of a model chunk (FSDP x TP; under data parallelism
   alone, of each block: FSDP2's units, schemes/unit_overlap.py), with a
-  `degree` below dp as HSDP and, under data parallelism alone, optionally
-  offloaded to the host: schemes/distributed_optimizer.py;
+  `degree` below dp as HSDP, optionally offloaded to the host:
+  schemes/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded, or with ep: of the
   job) vote on an overflow before stepping (schemes/overflow_vote.py);
 - **experts** (`model.moe`, `parallel.ep`): each MoE layer's tokens go to
