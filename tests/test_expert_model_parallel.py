@@ -251,7 +251,6 @@ def test_a_shard_layout_cuts_each_unit_over_its_own_group():
     (dict(numerics=False, moe_routing={"model": "zipf"}), "model.moe.routing.model: drawn routing .zipf, "
                                                             "histogram. under parallel.pp or parallel.tp with "
                                                             "numerics off is not built"),
-    (dict(sharding={"stage": 3}), "parallel.sharding.stage: 3 with parallel.ep is not built"),
 ])
 def test_what_is_not_built_is_refused_naming_the_key(arguments, expected):
     with pytest.raises(ScenarioError, match=expected):

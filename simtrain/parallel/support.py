@@ -211,13 +211,6 @@ SPLIT_BACKWARD = "parallel.pipeline.schedule: {schedule} splits backwards into I
 REFUSED = (
     # -- parallel layouts
     Refusal(("ep", "async"), EP_SYNC, NO_ASYNC),
-    Refusal(("ep", "ZeRO 3"),
-            "parallel.sharding.stage: 3 with parallel.ep is not built (stages 1 and 2 shard the experts over their "
-            "holders)",
-            "torchtitan: FSDP2 over the dense layers and, on efsdp, over the experts of its ep groups (its "
-            "deepseek_v3_pp+fsdp+tp+ep test); Megatron-Core's distributed optimizer shards states and gradients, "
-            "not parameters.",
-            (TORCHTITAN,)),
     Refusal((ZERO, "async"),
             "parallel.sharding.stage: {stage} shards synchronous data parallelism; async keeps one shared store "
             "(set parallel.mode sync, or sharding.stage 0)", NO_ASYNC),

@@ -135,10 +135,11 @@ class DistributedOptimizer:
                                          [stage == 0 and run % len(chunks) == 0 for run in range(len(runs))],
                                          bucket_size)
             else:
-                units = _units(replicas[rank], self.stage)
+                units = _units(chunks, self.stage, experts)
             if self.ep > 1:
                 units, shards, positions = dense_and_expert_units(
-                    replicas[rank], units if overlapping else None, (self.degree, self.shard_comms[rank].index),
+                    replicas[rank], units if overlapping or self.stage == 3 else None,
+                    (self.degree, self.shard_comms[rank].index),
                     (len(layout.rank_groups(rank).expert_dp), scheme.comms.expert_dp[rank].index))
             shard_layout = ShardLayout([p.numel() for p in params], units, shards)
             shard = ShardedReplica(replicas[rank], shard_layout, positions, self.stage, train.optimizer,
@@ -221,10 +222,11 @@ class DistributedOptimizer:
         if rank in self.blocks:  # gathered unit by unit in the chunk's work
             return
         if self.stage == 3 and action.kind != "backward_weight" and action.chunk not in self._gathered[rank]:
-            yield Alloc("comm_buffers", self.unit_bytes(rank, action.chunk))
-            if self.offload is not None:  # the rank's chunk, from the host (optimizer_and_parameters)
-                yield from self.offload.parameters_to_device(rank, action.chunk)
-            yield self.collective("all_gather", rank, action.chunk)
+            for unit in self._chunk_units(rank, action.chunk):
+                yield Alloc("comm_buffers", self.unit_bytes(rank, unit))
+                if self.offload is not None:  # the rank's chunk, from the host (optimizer_and_parameters)
+                    yield from self.offload.parameters_to_device(rank, unit)
+                yield self.collective("all_gather", rank, unit)
             self._gathered[rank].add(action.chunk)
 
     def during(self, rank: int, action, cost, program):
@@ -249,22 +251,33 @@ class DistributedOptimizer:
             return
         if self.stage < 3:
             return
-        unit, last = action.chunk, False
+        chunk, last = action.chunk, False
         if action.kind in ("forward", "backward_input"):  # a chunk's gradients are ready after its W, not its I
             if not self.reshard_after_forward:
                 return
         else:
             backwards = self._backwards[rank]
-            backwards[unit] = backwards.get(unit, 0) + 1
-            last = backwards[unit] == self.microbatches
+            backwards[chunk] = backwards.get(chunk, 0) + 1
+            last = backwards[chunk] == self.microbatches
             if not (last or self.reshard_after_forward):
                 return
-        if unit in self._gathered[rank]:  # a W pass runs with its chunk resharded after its I
-            self.scheme.replicas[rank].reshard(unit)
-            self._gathered[rank].discard(unit)
-            yield Free("comm_buffers", self.unit_bytes(rank, unit))
-        if last:
+        units = self._chunk_units(rank, chunk)
+        if chunk in self._gathered[rank]:  # a W pass runs with its chunk resharded after its I
+            self._gathered[rank].discard(chunk)
+            for unit in units:
+                self.scheme.replicas[rank].reshard(unit)
+                yield Free("comm_buffers", self.unit_bytes(rank, unit))
+        for unit in units if last else ():
             yield from self._reduce(rank, unit)
+
+    def _chunk_units(self, rank: int, chunk: int) -> list[int]:
+        """Stage 3: the units of the rank's model chunk `chunk`: the chunk itself, or with ep its dense and its
+        experts' parameters (each sharded over its own group)."""
+        shard = self.scheme.replicas[rank]
+        if self.ep == 1:
+            return [chunk]
+        held = set(chunk_params(shard)[chunk])
+        return [unit for unit, params in enumerate(shard.layout.units) if params[0] in held]
 
     def update(self, rank: int):
         """Step program: reduce-scatter the gradient over the shard group (stage 3: done unit by unit), all-reduce
@@ -470,18 +483,13 @@ class DistributedOptimizer:
         return {**overlap, "sharding": sharding_section(self, layout)}
 
 
-def _units(replica, stage: int) -> list[list[int]]:
-    """The units a rank's share is cut into: one (stages 1 and 2, as Megatron-Core's gradient buffer), or under
-    stage 3 each of its model chunks (its pipeline stage's part; each virtual stage's), as trainable parameter
-    indices."""
+def _units(chunks: list[list[int]], stage: int, experts: int | None) -> list[list[int]]:
+    """The units a rank's share is cut into, as parameter indices: one (stages 1 and 2, as Megatron-Core's gradient
+    buffer), or under stage 3 each of its model chunks (its pipeline stage's part; each virtual stage's), with the
+    experts laid out last (`experts`: the first one's index) each chunk's dense and expert parameters apart."""
     if stage < 3:
-        return [list(range(len(replica.params)))]
-    units, start = [], 0
-    for chunk in replica.model.chunks:
-        count = sum(1 for p in chunk.parameters() if p.requires_grad)
-        units.append(list(range(start, start + count)))
-        start += count
-    return units
+        return [list(range(sum(len(params) for params in chunks)))]
+    return [run for run in buffer_runs(chunks, experts) if run or experts is None]
 
 
 def _then(program, action):
