@@ -301,14 +301,6 @@ def test_schedules_a_layout_cannot_run_are_one_line_errors(pipeline, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_a_split_backward_with_full_recomputation_is_refused_by_name():
-    raw = {"train": {"steps": 1, "checkpointing": "full"}, "cluster": {"devices": 2},
-           "parallel": {"pp": 2, "pipeline": {"schedule": "zero_bubble"}}}
-    with pytest.raises(ScenarioError, match="parallel.pipeline.schedule: zero_bubble splits backwards into I and W "
-                                            "passes, not built with train.checkpointing full"):
-        one_step(scenario_of(raw))
-
-
 def scenario_of(raw):
     from simtrain.scenario import validate_scenario
     return validate_scenario(raw)

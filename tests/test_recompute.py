@@ -10,6 +10,8 @@
   kept inputs, never the whole chunk's activations. In segments: the segments' kept inputs,
   the last segment's activations (not recomputed) and one segment's while it is recomputed,
   between full recomputation's peak and none's.
+- Split backwards (zero_bubble, dualpipev) with full recomputation: one device's parameters, the compute time
+  of 1f1b under full recomputation, 4/3 of it without; fewer activations.
 - FLOPs in segments: one more forward of every recomputed segment, by closed form (an mlp's
   Linears, 2·in·out a sample, halved by tp).
 - The memory plan (`simtrain memory`) holds what a run holds under each.
@@ -64,6 +66,32 @@ ids = lambda layout: "-".join(f"{k}{v}" for k, v in layout.items()) or "one"  # 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=ids)
 def test_full_recomputation_layer_by_layer_trains_what_one_device_trains(layout):
     assert_trains_what_one_device_trains(GPT, "full", dict(layout))
+
+
+SPLIT = {"zero_bubble": {"pp": 2, "pipeline": {"schedule": "zero_bubble", "microbatches": 4}},
+         "dualpipev": {"pp": 2, "pipeline": {"schedule": "dualpipev", "microbatches": 4, "virtual_stages": 2}}}
+
+
+@pytest.mark.parametrize("schedule", SPLIT)
+def test_split_backwards_with_full_recomputation_train_as_one_device_and_compute_what_1f1b_does(schedule):
+    """A split schedule's I pass recomputes each layer and charges its input-gradient work, its W pass the
+    layers' weight gradients: one device's parameters; the compute time of 1f1b under full recomputation over the
+    pipeline (the same FLOPs, cut and placed otherwise), on each device 4/3 of its time without (one more forward:
+    F + 2F + F); fewer activations held than without recomputation."""
+    assert_trains_what_one_device_trains(GPT, "full", dict(SPLIT[schedule]))
+
+    def devices(checkpointing, layout):
+        spec = scenario({**GPT, "numerics": False, "train": {**GPT["train"], "steps": 2}}, checkpointing,
+                        **dict(layout))
+        return run(spec).data["devices"]
+    split, none = devices("full", SPLIT[schedule]), devices("none", SPLIT[schedule])
+    looped = devices("full", {"pp": 2, "pipeline": {"microbatches": 4}})
+    compute = [device["breakdown_s"]["compute"] for device in split]
+    assert sum(compute) == pytest.approx(sum(device["breakdown_s"]["compute"] for device in looped), rel=1e-9)
+    assert compute == pytest.approx([4 / 3 * device["breakdown_s"]["compute"] for device in none], rel=1e-6)
+    for recomputed, kept in zip(split, none):
+        assert (recomputed["peak_memory_bytes_by_category"]["activations"]
+                < kept["peak_memory_bytes_by_category"]["activations"])
 
 
 @pytest.mark.parametrize("layout", [{"pp": 2}, {"tp": 2}], ids=ids)

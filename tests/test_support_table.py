@@ -203,7 +203,7 @@ def test_each_row_names_known_features_frameworks_and_the_key_at_fault():
 def test_a_row_says_not_built_where_a_framework_runs_it():
     verdicts = {row.features: row.verdict for row in REFUSED}
     assert verdicts[("split backward", "sp")] == "not built in simtrain (torchtitan runs it)"
-    assert verdicts[("split backward", "full recomputation")] == "not built in simtrain (torchtitan runs it)"
+    assert verdicts[("MoE", "tp without sp")] == "not built in simtrain (torchtitan runs it)"
     assert verdicts[("async", "K-FAC")] == "refused: neither Megatron-Core nor torchtitan runs it"
 
 

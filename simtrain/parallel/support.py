@@ -299,10 +299,6 @@ REFUSED = (
             "below dp) set it false",
             OWN_REPRESENTATIVES),
     # -- known once the pipeline's schedule is built
-    Refusal(("split backward", "full recomputation"), SPLIT_BACKWARD + "train.checkpointing full",
-            "torchtitan runs InterleavedZeroBubble and ZBVZeroBubble with full activation checkpointing (its "
-            "integration tests do).",
-            (TORCHTITAN,)),
     Refusal(("split backward", "recomputation in segments", ("tp", "cp", "MoE")),
             SPLIT_BACKWARD + "train.checkpointing {checkpointing} under parallel.tp or parallel.cp or with model.moe "
             "(its segments recomputed with their collectives)",

@@ -45,21 +45,24 @@ from ..train.moe import recomputing
 from ..train.partition import module_structure
 from .chunk_measurement import measure_chunk
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
+from .weight_grads import input_gradient_part, weight_gradient_compute
 
 
 def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | None, tp: int = 1,
-                   measured: dict | None = None, tp_overlap: bool = False) -> list[ChunkCost]:
+                   measured: dict | None = None, tp_overlap: bool = False, weight_split: bool = False) -> list[ChunkCost]:
     """Each unit's ChunkCost, its activations without its input, on the shapes the units before it hand on;
-    the last unit ends with the loss against `target` (when given). A unit built as one measured before on
-    inputs of the same shapes (a transformer's blocks; `measured` keeps them from call to call) is measured once."""
+    the last unit ends with the loss against `target` (when given); with `weight_split` its weight-gradient
+    operators told apart (weight_grads.py). A unit built as one measured before on inputs of the same shapes (a
+    transformer's blocks; `measured` keeps them from call to call) is measured once."""
     measured = {} if measured is None else measured
     costs = []
     for number, (module, _) in enumerate(layers):
         ends = target if number == len(layers) - 1 else None
         key = ("unit", module_structure(module), tuple((t.shape, t.dtype, t.requires_grad) for t in inputs),
-               None if ends is None else (ends.shape, ends.dtype), tp, tp_overlap)
+               None if ends is None else (ends.shape, ends.dtype), tp, tp_overlap, weight_split)
         if key not in measured:
-            measured[key] = measure_chunk(module, ops_of, inputs, ends, inputs_kept=True, tp=tp, tp_overlap=tp_overlap)
+            measured[key] = measure_chunk(module, ops_of, inputs, ends, inputs_kept=True, tp=tp, tp_overlap=tp_overlap,
+                                          weight_split=weight_split)
         costs.append(measured[key])
         output = costs[-1].output
         inputs = (torch.empty(output.shape, dtype=output.dtype, device="meta").requires_grad_(),)
@@ -100,29 +103,39 @@ def layers_forward(layers: list, costs: list[ChunkCost], inputs: tuple, communic
 
 def layers_backward(layers: list, costs: list[ChunkCost], kept: list, grads: tuple | None, communicate,
                     dtype: str, target: torch.Tensor | None, loss_weight, numerics: bool, held: list[int],
-                    recompute_last: bool = True):
+                    recompute_last: bool = True, input_only: bool = False):
     """Step program: each segment, last first, recomputed from its kept input and then its backward, its
     activations held only in between (the last one's, not recomputed unless `recompute_last`, from its forward);
     `held` are kept_bytes, each let go after its segment. `grads` is None when the chunk ends with the loss.
-    Returns the gradient of the chunk's first input."""
+    With `input_only` (a split schedule's I pass) each segment's backward charges its input-gradient work alone
+    and keeps what its weight-gradient operators read for the W pass (`weight_pass`). Returns the gradient of
+    the chunk's first input."""
     for number in range(len(layers) - 1, -1, -1):
         ops, cost = layers[number][1], costs[number]
+        charged, kept_for_w = (input_gradient_part(cost), cost.weight_held_bytes) if input_only else (cost, 0)
         first = number == len(layers) - 1  # the segment whose backward (or recomputed forward) starts the pass
         if first and not recompute_last:  # its tape kept from the forward
             if numerics:
-                grads = yield from chunk_backward(kept[number], grads, communicate, cost, dtype)
+                grads = yield from chunk_backward(kept[number], grads, communicate, charged, dtype)
             else:
-                grads = ((yield from replay_backward(cost, communicate, dtype)),)
-            yield Free("activations", held[number])
+                grads = ((yield from replay_backward(charged, communicate, dtype)),)
+            yield Free("activations", held[number] - kept_for_w)
             continue
         yield Alloc("activations", held_whole(cost))  # an MoE layer's experts hold theirs apart (stage_execution.py)
         if numerics:
             with recomputing(layers[number][0]):  # an MoE layer routes as its first forward did, recording nothing
                 _, tape, _ = yield from chunk_forward(ops, kept[number], communicate, cost, dtype,
                                                       target if first else None, loss_weight, first)
-            grads = yield from chunk_backward(tape, grads, communicate, cost, dtype, starts_pass=False)
+            grads = yield from chunk_backward(tape, grads, communicate, charged, dtype, starts_pass=False)
         else:
             yield from replay_forward(cost, communicate, dtype, first)
-            grads = ((yield from replay_backward(cost, communicate, dtype, starts_pass=False)),)
-        yield Free("activations", held_whole(cost) + held[number])
+            grads = ((yield from replay_backward(charged, communicate, dtype, starts_pass=False)),)
+        yield Free("activations", held_whole(cost) + held[number] - kept_for_w)
     return grads[0]
+
+
+def weight_pass(costs: list[ChunkCost], dtype: str):
+    """Step program: a split schedule's W pass of a recomputed chunk: every segment's weight-gradient operators,
+    one compute span, then what its I kept for them let go."""
+    yield weight_gradient_compute(costs, dtype)
+    yield Free("activations", sum(cost.weight_held_bytes for cost in costs))

@@ -311,7 +311,8 @@ class ModelParallel(RankReplicas, Scheme):
                None if target is None else tuple(target.shape))
         if key not in self._costs:
             self._costs[key] = measure_layers(replica.model.layers[chunk], replica.model.chunk_ops, inputs, target,
-                                              tp=self.layout.tp, measured=self._costs, tp_overlap=self.tp_overlap)
+                                              tp=self.layout.tp, measured=self._costs, tp_overlap=self.tp_overlap,
+                                              weight_split=self.schedule.splits_backward())
         return self._costs[key]
 
     def _signature(self, replica, chunk: int, part: int) -> tuple:

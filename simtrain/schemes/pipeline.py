@@ -67,7 +67,7 @@ import torch
 from ..comm.ops import Recv, Send
 from ..parallel.schedules.actions import computations
 from ..step_ops import Alloc, Await, Free, Post
-from .layer_recompute import kept_bytes, layers_backward, layers_forward
+from .layer_recompute import kept_bytes, layers_backward, layers_forward, weight_pass
 from .stage_execution import chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
 from .weight_grads import input_gradient_part, weight_gradient_compute
 
@@ -177,7 +177,7 @@ class PipelineStage:
         if self.recompute:
             input_grad = yield from sharded.during(self.rank, work, cost, layers_backward(
                 replica.model.layers[work.chunk], cost, tape, grads, tp_collective, dtype, target,
-                loss_weight, self.numerics, held, self.recompute_last))
+                loss_weight, self.numerics, held, self.recompute_last, work.kind == "backward_input"))
         else:
             charged = input_gradient_part(cost) if work.kind == "backward_input" else cost
             if tape is not None:
@@ -192,7 +192,11 @@ class PipelineStage:
         return cost
 
     def _weight(self, cost):
-        """Step program: a W pass, the weight-gradient work its I left, and the activations only it read let go."""
+        """Step program: a W pass, the weight-gradient work its I left, and the activations only it read let go
+        (a recomputed chunk: every segment's, layer_recompute.py)."""
+        if isinstance(cost, list):
+            yield from weight_pass(cost, self.replica.precision.name)
+            return
         yield weight_gradient_compute(cost, self.replica.precision.name)
         yield Free("activations", cost.weight_held_bytes)
 

@@ -119,10 +119,11 @@ def input_gradient_part(cost):
 
 
 def weight_gradient_compute(cost, dtype: str) -> Compute:
-    """A W pass: the weight-gradient operators of every backward region of `cost`, one compute span, a pass of
-    its own (the host runs it apart from its I)."""
+    """A W pass: the weight-gradient operators of every backward region of `cost` (a ChunkCost, or a list of them:
+    a recomputed chunk's segments), one compute span, a pass of its own (the host runs it apart from its I)."""
+    regions = [region for each in (cost if isinstance(cost, list) else [cost]) for region in each.weight_grads]
     ops = ()
-    for _, weight_ops, _ in cost.weight_grads:
+    for _, weight_ops, _ in regions:
         ops = merged(ops, weight_ops)
-    return Compute(sum(flops for flops, _, _ in cost.weight_grads), dtype, "backward_weight",
-                   kernels=sum(kernels for _, _, kernels in cost.weight_grads), ops=ops, passes=1)
+    return Compute(sum(flops for flops, _, _ in regions), dtype, "backward_weight",
+                   kernels=sum(kernels for _, _, kernels in regions), ops=ops, passes=1)
