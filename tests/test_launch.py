@@ -119,6 +119,18 @@ def test_launch_runs_pipeline_and_tensor_parallel_layouts_as_run_simulates(tmp_p
 
 
 @pytest.mark.gloo
+def test_launch_runs_experts_as_run_simulates(tmp_path):
+    """Expert parallelism under data parallelism alone: each process builds its own experts, its tokens cross to
+    the other's by real all-to-alls; the parameters equal the simulated run's."""
+    path = write_scenario(tmp_path, model={"name": "gpt", "hidden": 16, "layers": 2, "heads": 2,
+                                           "moe": {"experts": 4, "top_k": 2, "aux_loss_coeff": 0.0}},
+                          data={"name": "tokens", "batch_size": 4, "seq_len": 8, "vocab": 32, "samples": 256},
+                          parallel={"ep": 2})
+    launch(path, [], 2, tmp_path / "real", warmup=WARMUP)
+    assert_same_parameters(tmp_path / "real", simtrain.run(simtrain.load_scenario(path, ["cluster.devices=2"])))
+
+
+@pytest.mark.gloo
 def test_the_trace_shows_every_rank_s_measured_spans(ring_of_two):
     _, out, _ = ring_of_two
     trace = json.loads((out / "trace.json").read_text())

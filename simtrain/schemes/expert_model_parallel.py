@@ -216,8 +216,10 @@ class ExpertUpdate(ReplicatedUpdate):
     def __init__(self, scheme):
         self.ep = scheme.layout.ep
         # the experts laid out last before DDP cuts the buckets: replicated parameters first, then the experts'
-        self.dense = {rank: experts_last(scheme.replicas[rank]) for rank in scheme.running}
-        self._first_expert = {rank: first_expert(scheme.replicas[rank]) for rank in scheme.running}
+        # (of the ranks this process holds: a launched process its own)
+        held = [rank for rank in scheme.running if scheme.replicas[rank] is not None]
+        self.dense = {rank: experts_last(scheme.replicas[rank]) for rank in held}
+        self._first_expert = {rank: first_expert(scheme.replicas[rank]) for rank in held}
         super().__init__(scheme)
 
     def first_expert(self, rank: int) -> int:
