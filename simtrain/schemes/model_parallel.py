@@ -86,6 +86,7 @@ from .distributed_optimizer import DistributedOptimizer
 from .expert_model_parallel import ExpertLayers, ExpertUpdate
 from .layer_recompute import measure_layers
 from .model_parts import boundary_activations
+from .overflow_vote import vote_groups
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
 from .replicated_update import ReplicatedUpdate
@@ -176,10 +177,8 @@ class ModelParallel(RankReplicas, Scheme):
                                                                       exclusive=self.job.alone
                                                                       and self.only_ring_all_reduces),
                                             tp=self._communicators(layout.groups("tp")))
-            if self.vote:  # sharded (each rank saw only its chunk of the gradient) or with experts (each rank only
-                # its experts'), the whole job votes
-                self.comms.model = self._communicators([tuple(range(self.world))] if sharded or layout.ep > 1
-                                                       else layout.groups("model"))
+            if self.vote:  # a replica's model-parallel group; sharded or with experts, the whole job
+                self.comms.model = self._communicators(vote_groups(self.job.scenario.parallel, layout))
             if sharded and layout.dp_replicate > 1:  # HSDP (distributed_optimizer.py)
                 self.comms.dp_shard = self._communicators(layout.groups("dp_shard"))
                 self.comms.dp_replicate = self._communicators(layout.groups("dp_replicate"))

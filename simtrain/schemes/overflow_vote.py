@@ -16,11 +16,20 @@ With representatives the communicator is a mirrored one
 (representatives.py): the representatives wait for each other, then take the
 time of their replica's vote; numerics are off there, so no rank overflows.
 
+    voters = vote_groups(job.scenario.parallel, job.layout)    # the groups that vote, each apart
     found_inf = yield from overflow_vote(comm, index, all_reduce, found_inf)
 """
 import torch
 
 from ..step_ops import Collective
+
+
+def vote_groups(parallel, layout) -> list[tuple[int, ...]]:
+    """The groups of job ranks that vote together: each replica's model-parallel group, or the whole job where the
+    replicas hold different shares of the gradient (sharded, or with experts)."""
+    if parallel.sharding.stage or layout.ep > 1:
+        return [tuple(range(layout.world))]
+    return layout.groups("model")
 
 
 def overflow_vote(comm, index: int, all_reduce, found_inf: bool):

@@ -60,6 +60,7 @@ from ..hw.device import MemoryLedger
 from ..hw.network import Network
 from ..parallel import GroupCommunicators, Membership
 from ..step_ops import Collective
+from .overflow_vote import vote_groups
 
 
 def representative_ranks(layout) -> list[int]:
@@ -151,9 +152,9 @@ def mirrored_communicators(job) -> GroupCommunicators:
         comms.ep = {rank: MirroredEpGroup(mirrored(rank, of_its_stage(rank, "ep")).comm, layout.ep)
                     for rank in representatives}
         comms.expert_dp = {rank: mirrored(rank, of_its_stage(rank, "expert_dp")) for rank in representatives}
-    if job.scenario.train.precision == "fp16":  # sharded or with ep (each rank saw only its share): the whole job
-        voters, copies = ((range(layout.world), 1) if job.scenario.parallel.sharding.stage or layout.ep > 1
-                          else (groups(0).model, layout.dp))
+    if job.scenario.train.precision == "fp16":  # the first voting group, standing for every one
+        voting = vote_groups(job.scenario.parallel, layout)
+        voters, copies = voting[0], len(voting)
         vote = MirroredCommunicator(job, timing, representatives, [nodes(voters)], copies)
         comms.model = {rank: Membership(vote, index, mirrored_all_reduce) for index, rank in enumerate(representatives)}
     return comms
