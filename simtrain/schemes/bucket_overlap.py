@@ -67,9 +67,9 @@ with two ranks, bit for bit (tests/test_bucket_overlap.py).
     overlap = BucketOverlap(optimizer, rank, layout, chunks, first_expert)   # chunks = chunk_params(replica)
     program = overlap.during(action, cost, program)      # the chunk's forward or backward, buckets woven in
 """
-from ..op_cost import scaled
 from ..step_ops import Await, Collective, Compute, Post
 from .shard_layout import ShardLayout
+from .shard_units import compute_piece
 
 
 def megatron_buckets(chunk_numels: list[list[int]], bucketed: list[bool], bucket_size: int) -> list[list[int]]:
@@ -297,21 +297,13 @@ def _cut(program, points: list[tuple[float, int]], post, sizes: list[float]):
             while points and points[0][0] < end:
                 flops, unit = points.pop(0)
                 if flops > cut and op.flops > 0:
-                    yield _piece(op, (cut - done) * scale, (flops - done) * scale)
+                    yield compute_piece(op, (cut - done) * scale, (flops - done) * scale)
                     cut = flops
                 yield from post(unit)
-            value = yield op if cut == done else _piece(op, (cut - done) * scale, op.flops)
+            value = yield op if cut == done else compute_piece(op, (cut - done) * scale, op.flops)
             done = end
         else:
             value = yield op
-
-
-def _piece(compute: Compute, start: float, stop: float) -> Compute:
-    """FLOPs [start, stop) of `compute`, with that share of its operators and kernels (the pieces add up to all)."""
-    share = (stop - start) / compute.flops
-    kernels = round(compute.kernels * stop / compute.flops) - round(compute.kernels * start / compute.flops)
-    return compute._replace(flops=stop - start, kernels=kernels, passes=compute.passes if start == 0 else 0,
-                            ops=None if compute.ops is None else scaled(compute.ops, share))
 
 
 def _weave(program, kind: str, between):

@@ -85,11 +85,20 @@ def _param_units(model, entries) -> list[list[int]]:
 
 def _pieces(flops: list[float], total: float, kernels: int, ops, dtype: str, name: str) -> list[Compute]:
     """A pass cut into Compute operations of `flops` each (the first starts the pass)."""
-    pieces, done, kernels_done = [], 0.0, 0
+    whole = Compute(total, dtype, name, kernels=kernels, ops=ops, passes=1)
+    if not total:
+        return [whole._replace(flops=piece, kernels=0, passes=int(not index)) for index, piece in enumerate(flops)]
+    pieces, done = [], 0.0
     for piece in flops:
-        until = round(kernels * (done + piece) / total) if total else 0
-        pieces.append(Compute(piece, dtype, name, kernels=until - kernels_done,
-                              ops=scaled(ops, piece / total) if total else ops, passes=int(not pieces)))
+        pieces.append(compute_piece(whole, done, done + piece))
         done += piece
-        kernels_done = until
     return pieces
+
+
+def compute_piece(compute: Compute, start: float, stop: float) -> Compute:
+    """FLOPs [start, stop) of `compute`, with that share of its operators and kernels (the pieces add up to all),
+    the first piece starting its passes."""
+    share = (stop - start) / compute.flops
+    kernels = round(compute.kernels * stop / compute.flops) - round(compute.kernels * start / compute.flops)
+    return compute._replace(flops=stop - start, kernels=kernels, passes=compute.passes if start == 0 else 0,
+                            ops=None if compute.ops is None else scaled(compute.ops, share))
