@@ -26,10 +26,11 @@ step touches time, memory or another rank:
   beside the rank's program, which is charged nothing for it; the yield
   returns a handle;
 - `Await(handle, idle=None)`: the rank waits until the posted program has
-  ended (torch's `work.wait()`); the yield returns the program's value. Time
-  with a transfer of the program in flight is communication; time waiting
-  for a peer to post its side is idle, logged as a span of kind `idle` when
-  named (a pipeline's "bubble");
+  ended (torch's `work.wait()`); the yield returns the program's value, and
+  the handle's `charged_s` then holds the communication seconds credited for
+  it. Time with a transfer of the program in flight is communication; time
+  waiting for a peer to post its side is idle, logged as a span of kind
+  `idle` when named (a pipeline's "bubble");
 - `PostCollective(program, label, comm=None, rank=None)`: a collective
   program (on the job's communicator, or on sub-group `comm` as rank `rank`)
   that runs on the rank's communication stream while the program carries on

@@ -11,7 +11,10 @@
   max(F, B) and F + B, as the README's pairs run once both their inputs are there.
 - DualPipeV's lists are torch.distributed.pipelining's ScheduleDualPipeV's, action for action.
 - The same bubbles through a simulated run (equal blocks, free links): 1F1B's and ZB-H1's closed forms; DualPipeV's
-  engine (pairs in sequence) against the timeline of the same lists with the measured action times.
+  engine against the timeline of the same lists with the measured action times, a pair starting once both its
+  inputs are in and, with nothing to communicate inside it, taking F + B.
+- A pair runs as DualPipe's F&B: each pass until it waits on a communication, then the other (the order of its
+  operations, checked op by op); under expert parallelism its all-to-alls hide behind the other pass's compute.
 - A CSV schedule equal to 1F1B's gives 1F1B's report; bad files are one-line errors naming the field.
 - Numerics: zero_bubble and dualpipev train the parameters 1F1B trains, under ZeRO-3, Megatron-Core's buckets
   and expert parallelism too.
@@ -168,7 +171,9 @@ def test_simulated_dualpipev_bubble_is_its_timeline_with_the_measured_times():
     p, m = 4, 8
     job = one_step(scenario(EQUAL, p, pp=p, schedule="dualpipev", microbatches=m, virtual_stages=2))
     t = measured(job)
-    line = timeline(job.scheme.schedule, m, {"F": t["forward"], "I": t["backward"], "W": t["backward_weight"]})
+    f, i, w = t["forward"], t["backward"], t["backward_weight"]
+    # a pair starts once both its inputs are in, as DualPipe's; with nothing to communicate inside it, F + B
+    line = timeline(job.scheme.schedule, m, {"F": f, "I": i, "W": w, "FB": f + i + w})
     assert rank_bubbles(job, p) == pytest.approx(list(line.bubble_s), rel=0.01)
     step = max(s.end for s in job.cluster.log.spans if s.name.startswith("backward"))
     assert step == pytest.approx(line.step_s, rel=0.01)
@@ -270,6 +275,58 @@ def test_split_backward_schedules_train_what_1f1b_trains(layout):
     torch.testing.assert_close(flat_parameters(ours.final_models[0]), flat_parameters(theirs.final_models[0]),
                                rtol=1e-5, atol=1e-5)
     assert ours.data["final_loss"] == pytest.approx(theirs.data["final_loss"], abs=1e-5)
+
+
+def test_a_pair_runs_each_pass_until_it_waits_then_the_other():
+    """interleaved: the forward posts its all-to-all and parks at its wait; the backward computes, its blocking
+    collective is posted and parked; the forward's wait is taken first, then the backward's, whose collective's
+    answer is its handle's communication seconds."""
+    from simtrain.schemes.pipeline import interleaved
+    from simtrain.step_ops import Await, Collective, Compute, Post
+
+    class Handle:
+        def __init__(self, label):
+            self.label, self.charged_s = label, 0.25
+
+    def forward():
+        handle = yield Post("dispatch", "moe dispatch")
+        yield Compute(1.0, "bf16", "attention")
+        yield Await(handle)
+        yield Compute(1.0, "bf16", "experts")
+
+    answers = []
+
+    def backward():
+        yield Compute(2.0, "bf16", "experts backward")
+        answers.append((yield Collective("combine", "moe combine backward")))
+        yield Compute(2.0, "bf16", "attention backward")
+
+    program, trace, value = interleaved(forward(), backward()), [], None
+    while True:
+        try:
+            op = program.send(value)
+        except StopIteration:
+            break
+        trace.append((type(op).__name__, op.label if type(op) is Post else getattr(op, "name", None)))
+        value = Handle(op.label) if type(op) is Post else None
+        if type(op) is Await:
+            trace[-1] = ("Await", op.handle.label)
+    assert trace == [("Post", "moe dispatch"), ("Compute", "attention"), ("Compute", "experts backward"),
+                     ("Post", "moe combine backward"), ("Await", "moe dispatch"), ("Compute", "experts"),
+                     ("Await", "moe combine backward"), ("Compute", "attention backward")]
+    assert answers == [0.25]
+
+
+def test_dualpipev_pairs_hide_all_to_all_behind_compute():
+    """The same layers, exchanges and micro-batches: DualPipeV's pairs leave less all-to-all exposed than the
+    interleaved schedule's passes, each of which waits on its own exchanges."""
+    from test_expert_model_parallel import scenario as moe_scenario
+    exposed = {}
+    for schedule in ("dualpipev", "interleaved"):
+        report = run(moe_scenario(4, ep=2, pp=2, microbatches=4, schedule=schedule, virtual_stages=2, steps=1,
+                                  numerics=False))
+        exposed[schedule] = report.data["moe"]["all_to_all_time_s"][0]
+    assert 0 < exposed["dualpipev"] < 0.9 * exposed["interleaved"]
 
 
 def test_dualpipev_under_expert_parallelism_trains_what_interleaved_trains():

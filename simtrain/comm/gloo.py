@@ -63,6 +63,7 @@ class _Running:
         self.program, self.comm, self.label = program, comm, label
         self.done, self.value = False, None
         self.sent = 0  # bytes its sends (and its sub-programs' sends) moved
+        self.charged_s = 0.0  # awaited by a step program: the communication seconds credited for it
         self._pending = None  # (requests, landings, result count, single) of the current yield
         self._advance(None)
 

@@ -28,7 +28,8 @@ program beside the rank's own (torch's isend / irecv) and returns a handle,
 charged nothing until `wait(handle, idle)`: from then on, time with one of
 its transfers in flight is communication, and time waiting for a peer to
 post is idle, logged as a span of kind `idle` when it is named ("bubble").
-Its span carries the bytes of the transfers that ended while it was awaited.
+Its span carries the bytes of the transfers that ended while it was awaited,
+and the handle's `charged_s` the communication seconds it was credited.
 
     handle = comm.post(0, send_program, "pp_p2p")     # the flow starts once the peer posted its Recv
     yield comm.wait(other_handle, idle="bubble")       # the program's value, when it has ended
@@ -84,7 +85,7 @@ class _RankProgram:
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
                  "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown", "comm", "posted",
-                 "charged", "idle", "idle_from", "wire")
+                 "charged", "charged_s", "idle", "idle_from", "wire")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -105,6 +106,7 @@ class _RankProgram:
         self.comm = None  # for a posted program (a handle): its communicator
         self.posted = False  # started by `post`: runs beside the rank's program
         self.charged = True  # its time is the rank's: a `run`, or a posted program being awaited
+        self.charged_s = 0.0  # the communication seconds credited to the rank for it
         self.idle = None  # an awaited program's span kind for waiting on a peer (None: not logged)
         self.idle_from = None  # since when an awaited program waits with nothing in flight
         self.wire = None  # an NcclCall's protocol (nccl.Wire), on the top-level program; None: the links as they are
@@ -248,6 +250,7 @@ class SimCommunicator:
         if self.log is not None:
             if state.charged:
                 self.log.count(self.global_ranks[state.rank], "communication", now, end)
+                state.charged_s += end - now
             self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end)
         if call.helpers is not None:
             self._helpers.posted(state.rank, call, end)
@@ -414,6 +417,7 @@ class SimCommunicator:
         if state.span_start is not None:
             if not state.posted:
                 self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
+            state.charged_s += state.span_end - state.span_start
             if self.log is not None:
                 self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end)
             self._shown_grows(state, state.span_start, state.span_end, state.span_bytes)

@@ -116,7 +116,7 @@ def run_program(program, comm, ledger, meter: Meter):
         meter.boundary()
         posted.remove(op.handle)
         value = op.handle.comm.wait(op.handle, op.idle)
-        meter.close("communication", op.handle.label, nbytes=op.handle.sent)
+        op.handle.charged_s = meter.close("communication", op.handle.label, nbytes=op.handle.sent)
         return value
 
     handlers = {Compute: immediate(span), MemoryBound: immediate(span), Busy: immediate(span),

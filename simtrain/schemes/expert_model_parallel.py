@@ -55,7 +55,7 @@ its ep group, and the layers run on meta tensors every step.
     collective, result = experts.exchange(rank, kind, tensor)   # kind: a train/moe_exchange.py ExpertExchange
     losses = yield from experts.timed(rank, step, stage.walk(...))   # its all-to-all seconds counted
 """
-from ..step_ops import Collective, PostCollective
+from ..step_ops import Await, Collective, PostCollective
 from ..train.moe import MoE
 from ..train.moe_exchange import balanced_routing
 from ..train.moe_routing import draw_assignments, routing_generator
@@ -128,6 +128,8 @@ class ExpertLayers:
                 answer = yield operation
                 if type(operation) is Collective and operation.label in EXCHANGE_LABELS:
                     self.all_to_all_s[step] += answer or 0.0
+                elif type(operation) is Await and operation.handle.label in EXCHANGE_LABELS:  # a pair's (pipeline.py)
+                    self.all_to_all_s[step] += operation.handle.charged_s
                 operation = program.send(answer)
         except StopIteration as stop:
             return stop.value

@@ -22,13 +22,15 @@ both passes replay their measured compute. The actions:
 - W: the weight-gradient work, charged now as one compute span. The
   data-parallel hooks (`before`, `during`, `after`) count a chunk's gradient
   as ready only after its W (or B), never after an I;
-- an overlapped pair (DualPipe's F&B): its forward, then its backward, in
-  sequence. A rank's program is one sequence of operations, and one device
-  computes one kernel stream at a time: what overlapping buys on hardware is
-  one's communication (an expert all-to-all) hidden behind the other's
-  compute. Here the sends of both are posted without waiting anyway, and
-  their tensor-parallel and expert collectives run in sequence with the
-  compute: no speed-up is claimed that the interpreter does not model.
+- an overlapped pair (DualPipe's F&B): as DualPipe runs it, both its inputs
+  are received first, then the two passes run interleaved at their waits
+  (`interleaved`): each runs until it waits on a communication it posted (an
+  expert all-to-all, a tensor-parallel collective, a data-parallel hook's),
+  and the other runs meanwhile. One device computes one kernel stream at a
+  time, so what the pair buys is one pass's communication in flight behind
+  the other's compute, which is what DualPipe's F&B overlap is for
+  (DeepSeek-V3 report, section 3.2.1); the waits it leaves are the exposed
+  communication.
 
 Activations go forward, and their gradients back, as point-to-point programs
 on the pipeline's communicator (comm/ops.py Send and Recv, matched in the one
@@ -65,8 +67,8 @@ from typing import NamedTuple
 import torch
 
 from ..comm.ops import Recv, Send
-from ..parallel.schedules.actions import computations
-from ..step_ops import Alloc, Await, Free, Post
+from ..parallel.schedules.actions import Overlapped, computations
+from ..step_ops import Alloc, Await, Collective, Free, Post
 from .layer_recompute import kept_bytes, layers_backward, layers_forward, weight_pass
 from .stage_execution import chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
 from .weight_grads import input_gradient_part, weight_gradient_compute
@@ -107,25 +109,35 @@ class PipelineStage:
         """Step program: the actions of step `step`'s microbatches `xs` (targets `ys`) in schedule order;
         returns the losses this stage computed (the last part's, one per microbatch)."""
         pending, weights, losses = {}, {}, []
-        sharded = self.scheme.data_parallel  # its hooks: parameters gathered, gradients reduced, around the work
-        for action in self.actions:
-            chunk = self.held.index(action.part)
-            work = Work(HOOK_KINDS[action.kind], action.microbatch, chunk)
-            yield from sharded.before(self.rank, work)
-            if action.kind == "F":
-                pending[action.microbatch, chunk] = yield from self._forward(step, work, action.part, xs, ys,
-                                                                             loss_weight, receives, tp_collective,
-                                                                             losses)
-            elif action.kind == "W":
-                cost = weights.pop((action.microbatch, chunk))
-                yield from sharded.during(self.rank, work, cost, self._weight(cost))
+        run = (step, xs, ys, loss_weight, receives, tp_collective, pending, weights, losses)
+        for entry in self.schedule.actions[self.stage]:
+            if type(entry) is Overlapped:
+                for action in entry:  # DualPipe receives both inputs, then computes the pair
+                    yield from self._receive_ahead(step, action, receives)
+                yield from interleaved(self._act(entry.forward, *run), self._act(entry.backward, *run))
             else:
-                kept = yield from self._backward(step, work, action.part, pending.pop((action.microbatch, chunk)),
-                                                 loss_weight, receives, tp_collective)
-                if action.kind == "I":
-                    weights[action.microbatch, chunk] = kept
-            yield from sharded.after(self.rank, work)
+                yield from self._act(entry, *run)
         return losses
+
+    def _act(self, action, step, xs, ys, loss_weight, receives, tp_collective, pending, weights, losses):
+        """Step program: one action, between the data-parallel hooks (parameters gathered, gradients reduced)."""
+        sharded = self.scheme.data_parallel
+        chunk = self.held.index(action.part)
+        work = Work(HOOK_KINDS[action.kind], action.microbatch, chunk)
+        yield from sharded.before(self.rank, work)
+        if action.kind == "F":
+            pending[action.microbatch, chunk] = yield from self._forward(step, work, action.part, xs, ys,
+                                                                         loss_weight, receives, tp_collective,
+                                                                         losses)
+        elif action.kind == "W":
+            cost = weights.pop((action.microbatch, chunk))
+            yield from sharded.during(self.rank, work, cost, self._weight(cost))
+        else:
+            kept = yield from self._backward(step, work, action.part, pending.pop((action.microbatch, chunk)),
+                                             loss_weight, receives, tp_collective)
+            if action.kind == "I":
+                weights[action.microbatch, chunk] = kept
+        yield from sharded.after(self.rank, work)
 
     def _forward(self, step, work: Work, part: int, xs, ys, loss_weight, receives, tp_collective, losses):
         """Step program: a chunk's forward of a microbatch, its output sent on; returns what its backward needs."""
@@ -234,6 +246,15 @@ class PipelineStage:
             return
         yield Post(_send(rank, tensor, self.tag(step, direction, microbatch, part)), "pp_p2p", self.comm, self.index)
 
+    def _receive_ahead(self, step: int, action, receives: dict):
+        """Step program: what `action` receives from another rank, waited for now and handed to it."""
+        direction = 0 if action.kind == "F" else 1
+        if direction == 0 and action.part == 0 or direction == 1 and action.part == self.parts - 1:
+            return
+        key = (step, direction, action.microbatch, action.part)
+        if key not in self.handed:
+            self.handed[key] = yield from self.receive(step, direction, action.microbatch, action.part, receives)
+
     def receive(self, step: int, direction: int, microbatch: int, part: int, receives: dict):
         """Step program: what model part `part` receives (posted by post_receives, or handed over on this rank);
         the wait before the peer sent it is the bubble."""
@@ -251,3 +272,35 @@ def _send(peer: int, tensor: torch.Tensor, tag: int):
 def _receive(peer: int, out: torch.Tensor, tag: int):
     """A stage's point-to-point program: receive into `out` from pipeline rank `peer`; returns it."""
     return (yield Recv(peer, out, tag=tag))
+
+
+def interleaved(first, second):
+    """Step program: two step programs run as DualPipe runs a forward and a backward together. Each runs until it
+    waits on a communication (an `Await` of what it posted, or a blocking `Collective`, posted here and then
+    awaited); then the other runs, and the waits are taken in the order they were reached. The order of every
+    post and wait follows from the two programs alone, never from the clock, so every rank of a group posts its
+    collectives in one order."""
+    programs, values = (first, second), [None, None]
+    ready, parked = [0, 1], []  # programs free to run, the first next; (program, its wait, collective?) in order
+    while ready or parked:
+        if not ready:
+            index, wait, blocking = parked.pop(0)
+            values[index] = yield wait
+            if blocking:  # what the collective's yield answers: its communication seconds
+                values[index] = wait.handle.charged_s
+            ready.append(index)
+            continue
+        index = ready[0]
+        try:
+            op = programs[index].send(values[index])
+        except StopIteration:
+            ready.pop(0)
+            continue
+        if type(op) is Collective:
+            parked.append((index, Await((yield Post(*op))), True))
+            ready.pop(0)
+        elif type(op) is Await:
+            parked.append((index, op, False))
+            ready.pop(0)
+        else:
+            values[index] = yield op

@@ -45,6 +45,7 @@ It is what lets a 3,072-GPU Megatron step be simulated in minutes.
     yield Collective(all_reduce(index, comm.world, buffer), "tp_allreduce", comm, index)
 """
 import heapq
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import simpy
@@ -218,6 +219,7 @@ class MirroredCommunicator:
         counted on that span, of no length if it has ended)."""
         now = self.env.now
         start = min(now, handle.end)
+        handle.charged_s = handle.end - start
         handle.device.log.span(handle.device.rank, "communication", handle.label, start, handle.end,
                                nbytes=handle.nbytes)
         return self.env.timeout(max(0.0, handle.end - now))
@@ -227,14 +229,17 @@ class MirroredCommunicator:
         return sorted(self._arrived)
 
 
-class MirroredPost(NamedTuple):
-    """A mirrored collective posted: its communicator, device, end time, label and bytes."""
+@dataclass
+class MirroredPost:
+    """A mirrored collective posted: its communicator, device, end time, label and bytes; once awaited, the
+    communication seconds credited for it."""
 
     comm: MirroredCommunicator
     device: object
     end: float
     label: str
     nbytes: int
+    charged_s: float = 0.0
 
 
 class MirroredCollectives:

@@ -4,10 +4,9 @@
 each as soon as its rank is free and its inputs exist: a forward after the
 previous part's forward of its microbatch, an input backward (I, or B) after
 the next part's input backward, W after its I; transfers are free. An
-overlapped pair runs its forward, then its backward (one device computes one
-thing at a time; the engine does the same, schemes/pipeline.py); given a cost
-"FB", it runs as one unit of that time once both its inputs are there, as
-DualPipe counts its F&B. A schedule
+overlapped pair runs its forward, then its backward; given a cost "FB", it
+runs as one unit of that time once both its inputs are there, as DualPipe
+counts its F&B and as the engine runs it (schemes/pipeline.py). A schedule
 that waits on itself raises ValueError naming a rank stuck and the action it
 waits at. Each rank's bubble is the step's span less its busy time, as the
 papers count it:
