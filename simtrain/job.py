@@ -68,7 +68,6 @@ from .train.data import MetaLoader, hold_out_validation, load_dataset
 from .train.hyperparameters import values_from
 from .train.job_checkpoint import Checkpoints
 from .train.models import build_model
-from .train.moe import keep_experts_
 from .train.replica import Replica, share_gradient_rows
 from .train.sampling import build_loader
 
@@ -107,10 +106,6 @@ class Job:
         else:
             self.model = apply_checkpointing(model, scenario.train.checkpointing)  # the initial model
             shares = [copy.deepcopy(self.model) if rank in held else None for rank in range(self.world)]
-            ep = self.layout.ep
-            if ep > 1:  # each rank keeps its ep group's share of the experts at its place there
-                shares = [share and keep_experts_(share, self.layout.rank_groups(rank).ep.index(rank), ep)
-                          for rank, share in enumerate(shares)]
         self.local_ranks = held
         self._groups = []  # (communicator, its job ranks): every sub-group's, as the scheme asked for them
         meta_losses = {}  # numerics off: one forward and backward per batch shape for all the replicas (Replica)

@@ -8,6 +8,7 @@ import simpy
 
 from simtrain.errors import ScenarioError, TopologyError
 from simtrain.hw.network import Network
+from simtrain.hw.topology import Topology
 from simtrain.hw.topology_builders import LinkClass, build_topology, load_topology_file, parse_link
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +142,18 @@ def test_fat_tree_rails_leaves_and_core():
     assert topo.path("gpu0", "gpu4") == ("gpu0", "leaf0-rail0", "gpu4")  # same rail, same leaf
     assert topo.path("gpu0", "gpu5") == ("gpu0", "node0-switch", "gpu1", "leaf0-rail1", "gpu5")  # rail first
     assert topo.path("gpu0", "gpu8") == ("gpu0", "leaf0-rail0", "core", "leaf1-rail0", "gpu8")
+
+
+@pytest.mark.parametrize("devices,gpus_per_node,nodes_per_leaf,nic", [
+    (32, 4, 2, IB), (24, 4, 4, IB), (48, 8, 2, IB),  # 24: a leaf group left part-full
+    (32, 4, 2, LinkClass(25e9, NVLINK.latency)),  # host links as slow as the network's: Dijkstra breaks the ties
+])
+def test_fat_tree_closed_form_routes_are_dijkstras(devices, gpus_per_node, nodes_per_leaf, nic):
+    topo = build_topology("fat_tree", devices, NVLINK, inter_link=nic, gpus_per_node=gpus_per_node,
+                          nodes_per_leaf=nodes_per_leaf)
+    dijkstra = Topology(topo.graph, topo.devices)
+    for src, dst in itertools.permutations(topo.devices, 2):
+        assert topo.path(src, dst) == dijkstra.path(src, dst)
 
 
 def test_fat_tree_oversubscribed_uplink_is_shared():

@@ -307,8 +307,38 @@ def _fat_tree(devices: int, link: LinkClass, inter_link, gpus_per_node, nodes_pe
         return graph
 
     nodes = devices // gpus_per_node
-    return Topology(make_graph, gpus, name=f"fat_tree-{nodes}x{gpus_per_node}-{nodes_per_leaf}per-leaf"
-                                      f"-{oversubscription:g}to1")
+    return Topology(make_graph, gpus, router=_FatTreeRoutes(gpus, gpus_per_node, nodes_per_leaf, link, inter_link),
+                    name=f"fat_tree-{nodes}x{gpus_per_node}-{nodes_per_leaf}per-leaf-{oversubscription:g}to1")
+
+
+class _FatTreeRoutes:
+    """fat_tree's least-latency route between two GPUs, in closed form: through their host's switch; through
+    their rail's leaf; between rails under one leaf group, over NVLink to the source host's GPU on the
+    destination's rail, then its leaf (PXN's path: two host hops are cheaper than two more network hops); across
+    leaf groups, up to the core and down. With the host's links as slow as the network's that last case ties
+    with other paths, and Dijkstra's choice stands (None)."""
+
+    def __init__(self, gpus: list[str], gpus_per_node: int, nodes_per_leaf: int, link: LinkClass, inter_link):
+        self._gpus, self._rank = gpus, {gpu: rank for rank, gpu in enumerate(gpus)}
+        self._per_node, self._per_leaf = gpus_per_node, gpus_per_node * nodes_per_leaf
+        self._relay = link.latency < inter_link.latency
+
+    def __call__(self, src: str, dst: str) -> tuple[str, ...] | None:
+        a, b = self._rank.get(src), self._rank.get(dst)
+        if a is None or b is None or a == b:
+            return None
+        node_a, node_b, rail_a, rail_b = a // self._per_node, b // self._per_node, a % self._per_node, b % self._per_node
+        if node_a == node_b:
+            return src, f"node{node_a}-switch", dst
+        leaf_a, leaf_b = a // self._per_leaf, b // self._per_leaf
+        if leaf_a != leaf_b:
+            return src, f"leaf{leaf_a}-rail{rail_a}", "core", f"leaf{leaf_b}-rail{rail_b}", dst
+        if rail_a == rail_b:
+            return src, f"leaf{leaf_a}-rail{rail_a}", dst
+        if not self._relay:
+            return None
+        relay = self._gpus[node_a * self._per_node + rail_b]
+        return src, f"node{node_a}-switch", relay, f"leaf{leaf_a}-rail{rail_b}", dst
 
 
 def _clos3(devices: int, link: LinkClass, inter_link, gpus_per_node, nodes_per_leaf: int, leaves_per_pod: int,

@@ -53,6 +53,7 @@ engine, schemes/model_parallel.py, under every layout).
     layer.routing.tokens_per_expert      # [kept assignments of expert 0, 1, ...]
 """
 import contextlib
+import copy
 import functools
 import math
 from dataclasses import dataclass
@@ -235,6 +236,18 @@ def keep_experts_(model: nn.Module, ep_rank: int, ep: int) -> nn.Module:
             layer.first_expert, layer.ep = ep_rank * count, ep
             layer.experts = nn.ModuleList(list(layer.experts)[layer.first_expert:layer.first_expert + count])
     return model
+
+
+def copy_holding_experts(module: nn.Module, ep_rank: int, ep: int) -> nn.Module:
+    """A copy of `module` whose MoE layers hold only ep rank `ep_rank`'s experts (keep_experts_), the others never
+    copied: with hundreds of experts a layer, copying them all is most of a large job's set-up."""
+    others = {}  # deepcopy's memo: an expert of another ep rank stands for itself, to be dropped
+    for layer in module.modules() if ep > 1 else ():
+        if isinstance(layer, MoE):
+            count = layer.spec.experts // ep
+            others.update((id(expert), expert) for index, expert in enumerate(layer.experts)
+                          if not ep_rank * count <= index < (ep_rank + 1) * count)
+    return keep_experts_(copy.deepcopy(module, others), ep_rank, ep)
 
 
 def whole_model_name(module: nn.Module, name: str) -> str:

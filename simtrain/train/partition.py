@@ -39,7 +39,7 @@ from ..loss import cross_entropy
 from ..op_cost import OperatorRecorder
 from .architecture import group_units, pair_end, recompute_segments
 from .checkpointing import apply_checkpointing, recompute_attention_cores_
-from .moe import MoE, keep_experts_, whole_model_name
+from .moe import MoE, copy_holding_experts, whole_model_name
 from .ring_attention import ContextShard
 from .tensor_parallel import (ELEMENTWISE, TP_BOUNDARIES, Apply, ApplyWithTarget, Slice, column_row_ops,
                               shard_column_row_)
@@ -80,13 +80,10 @@ def unit_flops(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor) 
 
 def unit_passes(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor,
                 dtype: torch.dtype | None = None) -> list[tuple[float, torch.Tensor]]:
-    """Each unit's forward FLOPs and output (a meta tensor) on batches shaped like `x`, run in order on a meta copy
-    of the model (in `dtype`, when given). A unit built as one run before, on an input of the same shape (a
-    transformer's blocks), is run once."""
-    meta = copy.deepcopy(model).to("meta")
-    if dtype is not None:
-        meta = meta.to(dtype)
-    entries = model_entries(meta)
+    """Each unit's forward FLOPs and output (a meta tensor) on batches shaped like `x`, run in order on meta copies
+    of its entries (in `dtype`, when given). A unit built as one run before, on an input of the same shape (a
+    transformer's blocks), is run once, and only the entries run are copied."""
+    entries = model_entries(model)
     passes, measured = [], {}
     h = torch.empty(x.shape, dtype=dtype if dtype is not None and x.is_floating_point() else x.dtype, device="meta")
     with torch.no_grad():
@@ -95,11 +92,17 @@ def unit_passes(model: nn.Module, units: list[tuple[int, ...]], x: torch.Tensor,
             if key not in measured:
                 with OperatorRecorder() as recorder:
                     for index in unit:
-                        h = entries[index](h)
+                        h = _meta_copy(entries[index], dtype)(h)
                 measured[key] = float(recorder.flops), h
             passes.append(measured[key])
             h = passes[-1][1]
     return passes
+
+
+def _meta_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """A copy of `module` on the meta device (in `dtype`, when given): `module` is left as it is."""
+    meta = copy.deepcopy(module).to("meta")
+    return meta if dtype is None else meta.to(dtype)
 
 
 def module_structure(module: nn.Module) -> tuple:
@@ -200,10 +203,10 @@ class RankModule(nn.Module):
         for chunk_index, part in enumerate(part_ids):
             chunk_units = units[first_unit[part]:first_unit[part] + counts[part]]
             entries = [index for unit in chunk_units for index in unit]
-            chunk = copy.deepcopy(model) if whole else nn.Sequential(*(copy.deepcopy(model[index])
-                                                                       for index in entries))
+            # ep rank experts[0] of experts[1]: its share of every MoE layer's experts, the only ones copied
+            chunk = copy_holding_experts(model, *experts) if whole else nn.Sequential(
+                *(copy_holding_experts(model[index], *experts) for index in entries))
             slices = self._shard(chunk, tp_rank, tp) if tp > 1 else {}
-            keep_experts_(chunk, *experts)  # ep rank experts[0] of experts[1]: its share of every MoE layer's experts
             for module in chunk.modules() if sequence_parallel else ():  # train/gpt.py's layers take it
                 if hasattr(module, "sequence_parallel"):
                     module.sequence_parallel = True
