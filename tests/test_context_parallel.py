@@ -32,7 +32,7 @@ from simtrain.parallel import Layout
 from simtrain.scenario import validate_scenario
 from simtrain.train.fused_attention import flash_attention
 from simtrain.train.gpt import attention_core
-from simtrain.train.ring_attention import ContextShard, attend, merge, shard_sequence
+from simtrain.train.ring_attention import ContextShard, attend, block_of, merge, shard_sequence
 from simulated_steps import bytes_by_label, flat_parameters, one_step
 
 GPT = {"name": "gpt", "seed": 1, "cluster": {"devices": 1}, "model": {"name": "gpt", "hidden": 32, "layers": 2,
@@ -72,7 +72,7 @@ def test_ring_attention_is_causal_attention_on_the_whole_sequence(cp, fused):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 32, 8) for _ in range(3))
     whole = attention_core(q, k, v)
-    blocks = [torch.stack([shard_sequence(t, ContextShard(r, cp), dim=2) for t in (k, v)]) for r in range(cp)]
+    blocks = [block_of(*(shard_sequence(t, ContextShard(r, cp), dim=2) for t in (k, v))) for r in range(cp)]
     with FlopCounterMode(display=False) as ring_flops:
         for rank in range(cp):
             queries = shard_sequence(q, ContextShard(rank, cp), dim=2)

@@ -43,8 +43,9 @@ def scenario(devices, ep, capacity_factor=None, numerics=True, routing=None, exp
     })
 
 
-def one_device(spec, world):
-    """Plain torch: the whole model on every rank's batch at once; the router's drops per step."""
+def one_device(spec, world, losses: list | None = None):
+    """Plain torch: the whole model on every rank's batch at once; the router's drops per step (and each step's
+    loss appended to `losses`, if given)."""
     data = hold_out_validation(load_dataset(spec.data.name, spec.data.loader_options(), spec.seed),
                                spec.data.validation_fraction, spec.seed)
     model = build_model(spec.model, data.info, spec.seed)
@@ -56,8 +57,11 @@ def one_device(spec, world):
         x, y = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
         model.zero_grad()
         logits = model(x)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
         optimizer.step()
+        if losses is not None:
+            losses.append(loss.item())
         dropped.append(sum(layer.routing.dropped for layer in model.modules() if isinstance(layer, MoE)))
     return model, dropped
 

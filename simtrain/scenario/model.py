@@ -4,6 +4,8 @@
     model: {name: llama, hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn_hidden: 14336, rope_theta: 500000}
     model: {name: gpt, hidden: 4096, layers: 32, heads: 32, attention: fused}
     model: {name: llama, hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn_hidden: 14336, moe: {experts: 8}}
+    model: {name: llama, hidden: 7168, layers: 61, heads: 128, ffn_hidden: 18432, latent_attention: {},
+            moe: {experts: 256, top_k: 8, expert_hidden: 2048, shared_experts: 1, first_dense: 3}}   # DeepSeek-V3
 """
 import math
 from typing import Annotated, Any, Literal
@@ -54,13 +56,24 @@ class MoESpec(Section):
                                                                        "unweighted (DeepSeekMoE's shared experts).")
     aux_loss_coeff: Real(ge=0, le=1e3) = Field(0.01, description="Weight of the Switch Transformer load-balancing "
                                                                  "loss added to the training loss (0: none).")
-    every: Count(MAX_LAYERS) = Field(1, description="Every n-th block is MoE (blocks n, 2n, ...; 1: every block).")
+    every: Count(MAX_LAYERS) = Field(1, description="Every n-th block is MoE (blocks n, 2n, ... counted from the "
+                                                    "model's first block; 1: every block), past the first_dense.")
+    first_dense: Count(MAX_LAYERS, minimum=0) = Field(
+        0, description="The first k blocks are dense whatever `every` says (their MLP of the dense width: 4 x "
+                       "model.hidden in a gpt, model.ffn_hidden in a llama), as DeepSeek-V3's first 3 "
+                       "(first_k_dense_replace). Block i (from 1) is MoE when i > first_dense and i is a multiple "
+                       "of `every`.")
     routing: RoutingSpec = Field(RoutingSpec(), description="Numerics off: the routing model that stands for the "
                                                             "router (train/moe_routing.py).")
 
     def holds_experts(self, layer: int) -> bool:
-        """Whether block `layer` (counted from 0) is an MoE block: every `every`-th block, the first block every - 1."""
-        return (layer + 1) % self.every == 0
+        """Whether block `layer` (counted from 0) is an MoE block: past the first_dense, every `every`-th block (the
+        first block every - 1)."""
+        return layer >= self.first_dense and (layer + 1) % self.every == 0
+
+    def moe_layers(self, layers: int) -> int:
+        """How many of a model's `layers` blocks are MoE blocks (holds_experts)."""
+        return layers // self.every - self.first_dense // self.every
 
     def expert_width(self, dense_width: int) -> int:
         """An expert's hidden width in a model whose dense MLP has `dense_width` hidden features."""
@@ -76,6 +89,35 @@ class MoESpec(Section):
             raise ValueError(f"model.moe.routing.histogram: the histogram model needs {self.experts} weights (one "
                              "per expert, not all 0)")
         return self
+
+
+class LatentAttentionSpec(Section):
+    """Multi-head latent attention in a llama (train/latent_attention.py; DeepSeek-AI 2024, "DeepSeek-V2",
+    section 2.1): queries and keys/values each projected down to a latent, normalized, projected up per head. The
+    defaults are DeepSeek-V3's (its config.json)."""
+
+    q_lora_rank: Count(MAX_WIDTH) = Field(1536, description="The queries' latent width (wq_a's output features).")
+    kv_lora_rank: Count(MAX_WIDTH) = Field(512, description="The keys' and values' latent width (c_kv, wkv_a's "
+                                                            "output features before the rotary part).")
+    qk_nope_head_dim: Count(MAX_WIDTH) = Field(128, description="A query's and a key's features without rotary "
+                                                                "embeddings, per head.")
+    qk_rope_head_dim: Count(MAX_WIDTH) = Field(64, description="A query's and a key's rotated features per head "
+                                                               "(even); the key's are one projection shared by "
+                                                               "every head.")
+    v_head_dim: Count(MAX_WIDTH) = Field(128, description="A value's features per head (the output projection "
+                                                          "reads heads x v_head_dim).")
+
+    @model_validator(mode="after")
+    def _rotary_pairs(self) -> "LatentAttentionSpec":
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"model.latent_attention.qk_rope_head_dim: {self.qk_rope_head_dim} must be even: rotary "
+                             "embeddings turn features in pairs")
+        return self
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A query's and a key's features per head: the rotated ones and the others."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 class ModelSpec(Section):
@@ -110,6 +152,9 @@ class ModelSpec(Section):
                                                     "gpt or llama).")
     moe: MoESpec | None = Field(None, description="gpt, llama: mixture-of-experts layers in place of the MLP (null: "
                                                   "dense).")
+    latent_attention: LatentAttentionSpec | None = Field(
+        None, description="llama: multi-head latent attention (DeepSeek-V2 and V3) in place of grouped-query "
+                          "attention; {} gives DeepSeek-V3's shapes. null: grouped-query attention.")
 
     @model_validator(mode="before")
     @classmethod
@@ -128,18 +173,26 @@ class ModelSpec(Section):
         if self.moe is not None and self.moe.every > self.layers:
             raise ValueError(f"model.moe.every: {self.moe.every} is past the {self.name}'s {self.layers} "
                              "model.layers")
+        if self.moe is not None and self.moe.moe_layers(self.layers) == 0:
+            raise ValueError(f"model.moe.first_dense: {self.moe.first_dense} leaves none of the {self.name}'s "
+                             f"{self.layers} model.layers an MoE block (every {self.moe.every})")
         if self.attention == "fused" and self.name not in _TRANSFORMERS:
             raise ValueError(f"model.attention: fused is an option of gpt and llama, not of {self.name}")
         if self.name in _TRANSFORMERS:
             if len(self.hidden) != 1:
                 raise ValueError(f"model.hidden: a {self.name}'s width is one number")
-            if self.hidden[0] % self.heads:
+            if self.hidden[0] % self.heads and self.latent_attention is None:
                 raise ValueError(f"model.heads: {self.heads} heads do not divide model.hidden {self.hidden[0]}")
+        if self.latent_attention is not None and self.name != "llama":
+            raise ValueError(f"model.latent_attention: an option of model.name llama, not of {self.name}")
+        if self.latent_attention is not None and self.kv_heads is not None:
+            raise ValueError("model.kv_heads: multi-head latent attention (model.latent_attention) has no key/value "
+                             "heads of its own: every head reads its keys and values from the shared latent")
         if self.name == "llama":
             if self.heads % self.key_value_heads:
                 raise ValueError(f"model.kv_heads: {self.key_value_heads} key/value heads do not divide model.heads "
                                  f"{self.heads}")
-            if self.hidden[0] // self.heads % 2:
+            if self.latent_attention is None and self.hidden[0] // self.heads % 2:
                 raise ValueError(f"model.heads: a llama's head width (model.hidden / model.heads = "
                                  f"{self.hidden[0] // self.heads}) must be even: rotary embeddings turn its "
                                  "features in pairs")

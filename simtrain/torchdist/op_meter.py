@@ -50,7 +50,7 @@ from torch.utils.flop_counter import register_flop_formula
 from ..hw.device import MemoryLedger
 from ..op_cost import OperatorRecorder
 from ..storage_identity import StorageIds
-from ..train.fused_attention import BACKWARD_OVER_FORWARD, forward_flops
+from ..train.fused_attention import backward_flops, forward_flops
 
 # The catalog's dtype name for a result's torch dtype; any other dtype is charged at the fp32 rate.
 DEVICE_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -60,13 +60,13 @@ DEVICE_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 def _cpu_attention_flops(q_shape, k_shape, v_shape, dropout_p=0.0, is_causal=False, *args, **kwargs) -> int:
     """torch's fused attention on CPU (what `F.scaled_dot_product_attention` runs on CPU and fake tensors) has no
     formula of torch's: charged as a GPU's fused attention is (train/fused_attention.py)."""
-    return forward_flops(q_shape, k_shape, is_causal)
+    return forward_flops(q_shape, k_shape, v_shape, is_causal)
 
 
 @register_flop_formula(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward)
 def _cpu_attention_backward_flops(grad_shape, q_shape, k_shape, v_shape, kept_out_shape, lse_shape, dropout_p,
                                   is_causal, *args, **kwargs) -> int:
-    return int(BACKWARD_OVER_FORWARD * forward_flops(q_shape, k_shape, is_causal))
+    return backward_flops(q_shape, k_shape, v_shape, is_causal)
 
 
 class OpMeter(OperatorRecorder):

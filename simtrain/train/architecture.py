@@ -1,7 +1,8 @@
 """The built-in models' architecture as plain data: their layers, widths and parameters, without torch.
 
 train/models.py builds the mlp, the cnn, gpt and llama (with model.moe's
-mixture-of-experts blocks) as flat nn.Sequentials. `architecture(spec, info)`
+mixture-of-experts blocks, and a llama's model.latent_attention) as flat
+nn.Sequentials. `architecture(spec, info)`
 lists the same entries, in the same order, as `Entry` records: the module's
 kind (its class name), its trainable parameters, whether it holds a weight
 matrix or kernel (where a checkpointing block starts), whether it is an
@@ -74,7 +75,7 @@ def architecture(spec, info: DatasetInfo) -> list[Entry]:
         return _gpt(info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads, spec.moe)
     if spec.name == "llama":
         return _llama(info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads, spec.ffn_width,
-                      spec.moe)
+                      spec.moe, spec.latent_attention)
     raise ValueError(f"{spec.name!r} is not a built-in model")
 
 
@@ -115,18 +116,33 @@ def _gpt(vocab: int, seq_len: int, hidden: int, layers: int, heads: int, moe) ->
             Entry("LanguageHead", 2 * hidden + hidden * vocab + vocab, matrix=True, cut=((vocab, VOCAB),))]
 
 
-def _llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, moe) -> list[Entry]:
-    head_width = hidden // heads
-    attention = 2 * hidden + 2 * hidden * heads * head_width + 2 * hidden * kv_heads * head_width  # norms, wq wo wk wv
+def _llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn_hidden: int, moe,
+           latent) -> list[Entry]:
+    if latent is None:
+        head_width = hidden // heads
+        attention = 2 * hidden * heads * head_width + 2 * hidden * kv_heads * head_width  # wq wo, wk wv
+        kind = "Llama"
+    else:  # train/latent_attention.py: every head its own keys and values
+        attention, kind = latent_attention_parameters(latent, hidden, heads), "LatentAttention"
+    attention += 2 * hidden  # the block's two norms
     heads_cut = ((heads, HEADS), (kv_heads, KV_HEADS))
-    block = Entry("LlamaBlock", attention + 3 * hidden * ffn_hidden, matrix=True, attention=True,
+    block = Entry(f"{kind}Block", attention + 3 * hidden * ffn_hidden, matrix=True, attention=True,
                   cut=(*heads_cut, (ffn_hidden, FFN_HIDDEN)))
     moe_block = None if moe is None else block._replace(  # train/llama_moe.py LlamaMoEBlock: the experts are not cut
-        kind="LlamaMoEBlock", parameters=attention + _moe(hidden, moe, 3 * hidden * moe.expert_width(ffn_hidden)),
+        kind=f"{kind}MoEBlock", parameters=attention + _moe(hidden, moe, 3 * hidden * moe.expert_width(ffn_hidden)),
         cut=heads_cut)
     return [Entry("LlamaEmbedding", vocab * hidden, matrix=True, cut=((vocab, VOCAB),)),
             *_blocks(layers, block, moe_block, moe),
             Entry("LlamaHead", hidden + hidden * vocab, matrix=True, cut=((vocab, VOCAB),))]
+
+
+def latent_attention_parameters(latent, hidden: int, heads: int) -> int:
+    """Parameters of multi-head latent attention `latent` (a LatentAttentionSpec; train/latent_attention.py) of
+    width `hidden` and `heads` heads, its latent norms included: wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo."""
+    rope, nope = latent.qk_rope_head_dim, latent.qk_nope_head_dim
+    return (hidden * latent.q_lora_rank + latent.q_lora_rank + latent.q_lora_rank * heads * (nope + rope)
+            + hidden * (latent.kv_lora_rank + rope) + latent.kv_lora_rank
+            + latent.kv_lora_rank * heads * (nope + latent.v_head_dim) + heads * latent.v_head_dim * hidden)
 
 
 def _gpt_mlp(hidden: int, width: int) -> int:

@@ -10,7 +10,10 @@ train/gpt.py `attention_core`). What changes is what a device is charged and wha
   the causal mask hides, and 2.5 times that for the backward (its five matrix multiplies, the scores
   recomputed from Q and K inside the kernel): the count FlashAttention-2 reports (Dao 2023,
   "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", section 4.1:
-  "with causal mask, we divide this number by 2 ... multiply the forward pass FLOPs by 2.5"). They are
+  "with causal mask, we divide this number by 2 ... multiply the forward pass FLOPs by 2.5"). Where the
+  values' head size d_v differs from the queries' and keys' d (multi-head latent attention:
+  train/latent_attention.py) each multiply is counted at its own size: forward 2·b·h·s²·(d + d_v), backward
+  2·b·h·s²·(3·d + 2·d_v) (QKᵀ, dQ and dK at d; dV and dP at d_v), the same counts when d_v = d. They are
   registered as the operators' FLOP formulas (torch.utils.flop_counter), so torch's own FlopCounterMode
   counts them too; they run at the matrix-multiply rate of the result's dtype;
 - **bytes**: Q, K, V read and O and the log-sum-exp (fp32, one per query row and head) written forward (the log-sum-exp in fp32, or fp64 for fp64 inputs);
@@ -27,7 +30,7 @@ charged repeated. The numerics are the exact softmax attention (the same math as
 inputs' dtype, with the log-sum-exp in fp32), and the backward its closed form; on meta tensors the
 operators give shapes only.
 
-    out = flash_attention(q, k, v)      # q (b, h, s, d); k, v (b, h_kv, s, d); out (b, h, s, d), stored (b, s, h, d)
+    out = flash_attention(q, k, v)      # q (b, h, s, d); k (b, h_kv, s, d); v (b, h_kv, s, d_v); out (b, h, s, d_v)
     out, lse = flash_attention_with_lse(q, k, v, causal=False)   # a block of ring attention (its merge weights)
     use_fused_attention_(model)         # every gpt/llama block of `model` calls it
 """
@@ -36,13 +39,10 @@ import math
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-# What FlashAttention-2's backward costs over its forward: five matrix multiplies against two (Dao 2023, 4.1).
-BACKWARD_OVER_FORWARD = 2.5
-
-
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal softmax(QKᵀ/√d)·V of (batch, heads, length, head size) queries and (batch, kv heads, length,
-    head size) keys and values (kv heads dividing heads), as one fused operator forward and one backward."""
+    """Causal softmax(QKᵀ/√d)·V of (batch, heads, length, head size d) queries, (batch, kv heads, length, d) keys
+    and (batch, kv heads, length, d_v) values (kv heads dividing heads), as one fused operator forward and one
+    backward."""
     return torch.ops.simtrain.flash_attention(q, k, v, True)[0]
 
 
@@ -61,10 +61,18 @@ def use_fused_attention_(model: torch.nn.Module) -> None:
             module.fused_attention = True
 
 
-def forward_flops(q_shape, k_shape, causal: bool) -> int:
-    """FLOPs the fused forward is charged: 4·b·h·s_q·s_k·d (QKᵀ and PV, 2 per multiply-add), over 2 if causal."""
+def forward_flops(q_shape, k_shape, v_shape, causal: bool) -> int:
+    """FLOPs the fused forward is charged: 2·b·h·s_q·s_k·(d + d_v) (QKᵀ at the queries' head size d, PV at the
+    values' d_v, 2 per multiply-add; 4·b·h·s_q·s_k·d where d_v = d), over 2 if causal."""
     batch, heads, length, width = q_shape
-    return 4 * batch * heads * length * k_shape[-2] * width // (2 if causal else 1)
+    return 2 * batch * heads * length * k_shape[-2] * (width + v_shape[-1]) // (2 if causal else 1)
+
+
+def backward_flops(q_shape, k_shape, v_shape, causal: bool) -> int:
+    """FLOPs the fused backward is charged: 2·b·h·s_q·s_k·(3·d + 2·d_v) (the scores recomputed, dQ and dK at d;
+    dV and dP at d_v; 2.5 times the forward's where d_v = d), over 2 if causal."""
+    batch, heads, length, width = q_shape
+    return 2 * batch * heads * length * k_shape[-2] * (3 * width + 2 * v_shape[-1]) // (2 if causal else 1)
 
 
 @torch.library.custom_op("simtrain::flash_attention", mutates_args=())
@@ -78,7 +86,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @_forward.register_fake
 def _(q, k, v, causal):
-    return _sequence_major(torch.empty_like(q)), q.new_empty(q.shape[:-1], dtype=_accumulated(q))
+    return _sequence_major(q.new_empty((*q.shape[:-1], v.shape[-1]))), q.new_empty(q.shape[:-1],
+                                                                                   dtype=_accumulated(q))
 
 
 @torch.library.custom_op("simtrain::flash_attention_backward", mutates_args=())
@@ -119,13 +128,13 @@ _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 @register_flop_formula(torch.ops.simtrain.flash_attention)
 def _forward_flops(q_shape, k_shape, v_shape, causal, *args, **kwargs) -> int:
-    return forward_flops(q_shape, k_shape, causal)
+    return forward_flops(q_shape, k_shape, v_shape, causal)
 
 
 @register_flop_formula(torch.ops.simtrain.flash_attention_backward)
 def _backward_flops(grad_shape, grad_lse_shape, q_shape, k_shape, v_shape, kept_out_shape, lse_shape, causal, *args,
                     **kwargs) -> int:
-    return int(BACKWARD_OVER_FORWARD * forward_flops(q_shape, k_shape, causal))
+    return backward_flops(q_shape, k_shape, v_shape, causal)
 
 
 def _sequence_major(out: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,10 @@ et al. 2024, "The Llama 3 Herd of Models", table 3):
 - a SwiGLU MLP (Shazeer 2020): w2(silu(w1 h) · w3 h), of `ffn_hidden` features;
 - untied token embedding and output Linear; no bias anywhere.
 
-With `model.moe` the SwiGLU MLP of every n-th block is a mixture of SwiGLU
-experts, Mixtral's and DeepSeek-V3's layer (`block`, train/llama_moe.py).
+With `model.moe` the SwiGLU MLP of every n-th block (past its first_dense) is
+a mixture of SwiGLU experts, Mixtral's and DeepSeek-V3's layer (`block`,
+train/llama_moe.py); with `model.latent_attention` every block's attention is
+DeepSeek-V2's and V3's multi-head latent attention (train/latent_attention.py).
 
 It maps tokens (batch, seq_len) to logits (batch, seq_len, vocab). With width
 h, L layers, H heads, G key/value heads, F ffn features and vocabulary V its
@@ -164,8 +166,13 @@ class LlamaBlock(nn.Module):
         return ", ".join(f"{flag}=True" for flag in ("recompute_core", "fused_attention") if getattr(self, flag))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self._attention(self.attention_norm(x))
+        x = x + self._attention(self._attention_input(x))
         return x + self._mlp(self.ffn_norm(x))
+
+    def _attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention's projections read, and tensor parallelism's "f" takes: the normalized stream
+        (multi-head latent attention's latents: train/latent_attention.py)."""
+        return self.attention_norm(x)
 
     def _attention(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's heads' attention, through its part of the output projection."""
@@ -195,7 +202,9 @@ class LlamaBlock(nn.Module):
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(h)) * self.w3(h))
 
-    column_split, row_split = ("wq", "wk", "wv", "w1", "w3"), ("wo", "w2")  # Linears split by tp
+    # the Linears tp splits by output features (column) and by input features (row): the attention's, the MLP's
+    attention_split = ("wq", "wk", "wv"), ("wo",)
+    mlp_split = ("w1", "w3"), ("w2",)
 
     def tensor_parallel_counts(self) -> tuple[tuple[int, str], ...]:
         """(count, line) of what tensor parallelism cuts: each count must divide by tp, else `line`."""
@@ -206,9 +215,10 @@ class LlamaBlock(nn.Module):
         slice sits in the whole parameter."""
         for count, line in self.tensor_parallel_counts():
             require_divides(count, tp, line)
+        (attention_column, attention_row), (mlp_column, mlp_row) = self.attention_split, self.mlp_split
         slices = {f"{name}.weight": shard_parameter_(getattr(self, name), "weight", 0, tp_rank, tp)
-                  for name in self.column_split}
-        for name in self.row_split:
+                  for name in attention_column + mlp_column}
+        for name in attention_row + mlp_row:
             slices[f"{name}.weight"] = shard_parameter_(getattr(self, name), "weight", 1, tp_rank, tp)
         self.heads //= tp
         self.kv_heads //= tp
@@ -216,7 +226,7 @@ class LlamaBlock(nn.Module):
 
     def parallel_ops(self) -> list:
         """The block with its four tensor-parallel collectives (tensor_parallel.residual_block_ops)."""
-        return residual_block_ops(self.attention_norm, attention_ops(self), self._after_attention, self._mlp,
+        return residual_block_ops(self._attention_input, attention_ops(self), self._after_attention, self._mlp,
                                   lambda x, m: (x + m,), self.sequence_parallel)
 
     def _after_attention(self, x: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,7 +265,8 @@ def build_llama(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int,
                 rope_theta: float, block=None) -> nn.Sequential:
     """Embedding, `layers` blocks, head (the caller seeds torch first); `block(layer, hidden, heads, kv_heads,
     ffn_hidden, rope_theta)` builds layer `layer`'s block (default a LlamaBlock; train/llama_moe.py's
-    llama_moe_block puts mixtures of experts in)."""
+    llama_moe_block puts mixtures of experts in, train/latent_attention.py's latent_attention_block latent
+    attention)."""
     block = block or (lambda layer, *shape: LlamaBlock(*shape))
     return nn.Sequential(LlamaEmbedding(vocab, hidden),
                          *(block(i, hidden, heads, kv_heads, ffn_hidden, rope_theta) for i in range(layers)),

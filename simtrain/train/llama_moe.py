@@ -9,9 +9,10 @@ Its width is `model.moe.expert_hidden`: by default `model.ffn_hidden`, each
 expert a copy of the dense MLP's shape as in Mixtral 8x7B (Jiang et al. 2024:
 8 experts of 14336 beside width 4096, top-2); DeepSeek-V3 (DeepSeek-AI 2024)
 gives its experts a width of their own, 2048 beside its dense layers' 18432,
-256 routed experts and one shared, top-8 (its multi-head latent attention and
-its sigmoid gate balanced by biases are not built: the attention here is
-llama's, the router train/moe.py's softmax top-k).
+256 routed experts and one shared, top-8, its first 3 blocks dense
+(`model.moe.first_dense`). Its multi-head latent attention is
+train/latent_attention.py's (`LatentAttentionMoEBlock`, this block with that
+attention); its router is train/moe.py's.
 
 Parameters of an MoE block of width h, H heads, G key/value heads, E routed
 and S shared experts of W features each:
@@ -67,9 +68,9 @@ class LlamaMoEBlock(ExpertsBlock, LlamaBlock):
         self.moe = MoE(hidden, spec, lambda: SwiGLUExpert(hidden, width))
 
     def before_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._after_attention(x, self._attention(self.attention_norm(x)))
+        return self._after_attention(x, self._attention(self._attention_input(x)))
 
-    column_split, row_split = ("wq", "wk", "wv"), ("wo",)  # the experts stay whole on every tp rank
+    mlp_split = (), ()  # the experts stay whole on every tp rank
 
     def tensor_parallel_counts(self) -> tuple[tuple[int, str], ...]:
         return (self.heads, HEADS), (self.kv_heads, KV_HEADS)  # no MLP features: the experts are not cut
@@ -77,12 +78,13 @@ class LlamaMoEBlock(ExpertsBlock, LlamaBlock):
     def parallel_ops(self) -> list:
         """The attention with its tensor-parallel collectives, then the mixture of experts with its ep group's
         exchanges on this rank's tokens (its part of the sequence under sequence parallelism: no tp collective)."""
-        return attention_half_ops(self.attention_norm, attention_ops(self), self._after_attention,
+        return attention_half_ops(self._attention_input, attention_ops(self), self._after_attention,
                                   self.sequence_parallel) + exchange_ops(self.moe)
 
 
 def llama_moe_block(spec: MoESpec):
-    """build_llama's `block`: layer i (from 0) is a LlamaMoEBlock when i + 1 is a multiple of `spec.every`."""
+    """build_llama's `block`: layer i (from 0) is a LlamaMoEBlock where `spec` puts experts (MoESpec.holds_experts:
+    past the first_dense, when i + 1 is a multiple of `spec.every`)."""
     def block(layer: int, *shape) -> nn.Module:
         return LlamaMoEBlock(*shape, spec) if spec.holds_experts(layer) else LlamaBlock(*shape)
     return block

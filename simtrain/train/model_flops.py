@@ -27,7 +27,13 @@ in what the devices ran (report.json's `flops.device_tflops_per_device`).
   values, not the work, each of the H query heads attending over T positions;
   in a mixture-of-experts block (train/llama_moe.py) N counts the router and
   the top_k + shared SwiGLU experts of W = model.moe.expert_hidden features a
-  token goes through, 3·h·W each, in place of the dense 3·h·F.
+  token goes through, 3·h·W each, in place of the dense 3·h·F (the blocks
+  model.moe makes MoE: past its first_dense, every n-th). With multi-head
+  latent attention (model.latent_attention, train/latent_attention.py) the
+  attention's weights in N are its five matrices (wq_a, wq_b, wkv_a, wkv_b,
+  wo), and the attention term counts QKᵀ at the queries' and keys' head size
+  d_qk = d_n + d_r and AV at the values' d_v: 6·L·H·T·(d_qk + d_v) per token,
+  which is PaLM's 12·L·H·Q·T where both are Q.
 - every other model (mlp, cnn, a user's): measured, the forward and backward
   FLOPs (cost.measure_step_cost, the operator recorder) of one batch of zeros
   through the model built without checkpointing, on the job's device kind
@@ -43,6 +49,7 @@ import torch
 
 from ..cost import measure_step_cost
 from ..scenario import Scenario
+from .architecture import latent_attention_parameters
 from .data import DataSplits
 from .models import build_model
 
@@ -67,7 +74,7 @@ def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> 
     if model.name == "llama":
         return ModelFlops(samples * llama_flops_per_sequence(model.layers, model.width, model.heads,
                                                              model.key_value_heads, model.ffn_width, vocab,
-                                                             seq_len, model.moe), PALM)
+                                                             seq_len, model.moe, model.latent_attention), PALM)
     batch = scenario.data.batch_size
     return ModelFlops(samples / batch * _measured_flops(scenario, data, batch), MEASURED)
 
@@ -83,20 +90,28 @@ def gpt_flops_per_sequence(layers: int, width: int, vocab: int, seq_len: int, mo
 
 
 def llama_flops_per_sequence(layers: int, width: int, heads: int, kv_heads: int, ffn_hidden: int, vocab: int,
-                             seq_len: int, moe=None) -> float:
+                             seq_len: int, moe=None, latent=None) -> float:
     """PaLM's 6N + 12·L·H·Q·T per token, times T tokens, for train/llama.py's model; with `moe` (a MoESpec), N
-    counts an MoE block's router and top_k + shared SwiGLU experts (train/llama_moe.py)."""
+    counts an MoE block's router and top_k + shared SwiGLU experts (train/llama_moe.py); with `latent` (a
+    LatentAttentionSpec), the attention is multi-head latent attention (train/latent_attention.py): its matrices'
+    weights in N, and 6·L·H·T·(d_qk + d_v) for the attention term."""
     mlp = 3 * width * ffn_hidden  # w1, w3, w2
-    weights = layers * (2 * width**2 + 2 * width * (width // heads) * kv_heads + mlp) + vocab * width
+    if latent is None:
+        attention = 2 * width**2 + 2 * width * (width // heads) * kv_heads  # wq wo, wk wv
+        head_dims = 2 * (width // heads)  # QKᵀ's and AV's head size
+    else:  # its matrices: the parameters less the two latent norms
+        attention = latent_attention_parameters(latent, width, heads) - latent.q_lora_rank - latent.kv_lora_rank
+        head_dims = latent.qk_head_dim + latent.v_head_dim
+    weights = layers * (attention + mlp) + vocab * width
     if moe is not None:
         weights += _activated_minus_dense(layers, width, moe, 3 * width * moe.expert_width(ffn_hidden), mlp)
-    return float(seq_len * (6 * weights + 12 * layers * width * seq_len))
+    return float(seq_len * (6 * weights + 6 * layers * heads * head_dims * seq_len))
 
 
 def _activated_minus_dense(layers: int, width: int, moe, expert: int, mlp: int) -> int:
     """What the MoE blocks add to N: in each, the router and the top_k + shared experts of `expert` weights each
     a token goes through, in place of the dense MLP's `mlp`."""
-    return layers // moe.every * (width * moe.experts + (moe.top_k + moe.shared_experts) * expert - mlp)
+    return moe.moe_layers(layers) * (width * moe.experts + (moe.top_k + moe.shared_experts) * expert - mlp)
 
 
 def _measured_flops(scenario: Scenario, data: DataSplits, batch: int) -> float:

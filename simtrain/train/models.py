@@ -17,11 +17,13 @@ stream is left as it was.
   (before the ReLU, as Ioffe & Szegedy 2015 place it); the output layer is not.
 - `gpt`: a small decoder-only transformer for token data (train/gpt.py);
   `model.hidden` (one width), `model.layers`, `model.heads`; `model.moe`
-  makes every n-th block a mixture of experts (train/moe.py).
+  makes every n-th block past its first_dense a mixture of experts
+  (train/moe.py).
 - `llama`: a Llama-style transformer for token data (train/llama.py): gpt's
   fields and `model.kv_heads`, `model.ffn_hidden`, `model.rope_theta`;
-  `model.moe` makes every n-th block a mixture of SwiGLU experts
-  (train/llama_moe.py).
+  `model.moe` makes every n-th block past its first_dense a mixture of SwiGLU
+  experts (train/llama_moe.py); `model.latent_attention` makes every block's
+  attention multi-head latent attention (train/latent_attention.py).
 - `model.attention: fused` (gpt, llama): every block's attention core is one
   FlashAttention kernel (train/fused_attention.py).
 - `package.module:function`: called with `model.options` as keyword
@@ -51,6 +53,7 @@ from .architecture import check_model_fits_data
 from .data import DatasetInfo, call_with_options, load_callable
 from .fused_attention import use_fused_attention_
 from .gpt import build_gpt
+from .latent_attention import latent_attention_block
 from .llama import build_llama
 from .llama_moe import llama_moe_block
 from .moe import moe_block
@@ -79,7 +82,10 @@ def _constructor(spec: ModelSpec, info: DatasetInfo) -> Callable[[], nn.Module]:
         block = moe_block(spec.moe) if spec.moe is not None else None
         return partial(build_gpt, info.num_classes, info.input_shape[0], spec.width, spec.layers, spec.heads, block)
     if spec.name == "llama":
-        block = llama_moe_block(spec.moe) if spec.moe is not None else None
+        if spec.latent_attention is not None:
+            block = latent_attention_block(spec.latent_attention, spec.moe)
+        else:
+            block = llama_moe_block(spec.moe) if spec.moe is not None else None
         return partial(build_llama, info.num_classes, spec.width, spec.layers, spec.heads, spec.key_value_heads,
                        spec.ffn_width, spec.rotary_base, block)
     if ":" in spec.name:

@@ -261,7 +261,8 @@ def whole_model_name(module: nn.Module, name: str) -> str:
 
 
 def moe_block(spec: MoESpec):
-    """build_gpt's `block`: layer i (from 0) is an MoEBlock when i + 1 is a multiple of `spec.every`."""
+    """build_gpt's `block`: layer i (from 0) is an MoEBlock where `spec` puts experts (MoESpec.holds_experts: past
+    the first_dense, when i + 1 is a multiple of `spec.every`)."""
     def block(layer: int, hidden: int, heads: int) -> nn.Module:
         return MoEBlock(hidden, heads, spec) if spec.holds_experts(layer) else Block(hidden, heads)
     return block

@@ -39,7 +39,7 @@ merge gives it, joins the kernel's backward.
     shard = ContextShard(rank=1, size=4)
     tokens = shard_sequence(tokens, shard)            # (b, s) -> (b, s/4): chunks 1 and 6 of 8
     ops = attention_ops(block)                        # a gpt or llama block's attention, in residual_block_ops
-    out, lse, first_row = block_attention(q, kv, rank=1, origin=0, recompute=True, fused=False)
+    out, lse, first_row = block_attention(q, block_of(k, v), rank=1, origin=0, recompute=True, fused=False)
 """
 import math
 from typing import NamedTuple
@@ -99,9 +99,10 @@ def context_positions(length: int, shard: ContextShard, device=None, start: int 
 def attend(q: torch.Tensor, kv: torch.Tensor, rank: int, origin: int,
            fused: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Attention of cp rank `rank`'s queries (batch, heads, length, width) to rank `origin`'s keys and values
-    (kv: 2, batch, kv heads, length, width): (out, its log-sum-exp, the first query row they cover). `fused`:
-    as one FlashAttention kernel (train/fused_attention.py), else written out."""
-    k, v = kv[0], kv[1]
+    (kv: batch, kv heads, length, the keys' width (the queries') then the values' features, `block_of`):
+    (out, its log-sum-exp, the first query row they cover). `fused`: as one FlashAttention kernel
+    (train/fused_attention.py), else written out."""
+    k, v = kv.split((q.shape[-1], kv.shape[-1] - q.shape[-1]), dim=-1)
     half = q.shape[-2] // 2
     first_row = 0
     if origin < rank:  # both of our chunks come after its first, before its second
@@ -159,6 +160,13 @@ def merge(out: torch.Tensor, lse: torch.Tensor, block: tuple) -> tuple[torch.Ten
     return torch.cat((kept_out, merged), dim=-2), torch.cat((kept_lse, merged_lse), dim=-2)
 
 
+def block_of(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The key/value block that travels the ring: keys and values (batch, kv heads, length, their widths) side by
+    side along the features, one tensor even where the values' width differs from the keys' (multi-head latent
+    attention, train/latent_attention.py)."""
+    return torch.cat((k, v), dim=-1)
+
+
 def attention_ops(block) -> list:
     """A transformer block's attention on a (x, h) stream: one step (`block._attention`), or under context
     parallelism (`block.context` of more than one rank) ring attention's steps over `block._project`'s queries,
@@ -168,13 +176,13 @@ def attention_ops(block) -> list:
 
     def project(x, h):
         q, k, v = block._project(h)
-        return x, q, torch.stack((k, v))
+        return x, q, block_of(k, v)
     return ring_attention_ops(project, block._output, block.context, block.recompute_core, block.fused_attention)
 
 
 def ring_attention_ops(project, finish, shard: ContextShard, recompute: bool = False, fused: bool = False) -> list:
     """The attention half of a block on a (x, h) stream as ring attention: `project(x, h)` gives x, the
-    queries and the stacked keys and values of this rank's tokens, `finish(out)` the attention's output from
+    queries and the key/value block (`block_of`) of this rank's tokens, `finish(out)` the attention's output from
     the merged heads; the stream is (x, q, kv) after the projection, (x, q, kv, out, lse) between the ring's
     steps, (x, attention) after. With `recompute`, each step's attention is recomputed in backward; with `fused`,
     each step is one FlashAttention kernel."""
