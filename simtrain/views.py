@@ -91,7 +91,7 @@ def _layout_line(data: dict) -> str:
 
 def _experts_line(moe: dict) -> str:
     """The MoE layers' routing over the run: the worst step's imbalance, the tokens dropped, the all-to-all bytes
-    and time a step (its mean), as report.json's moe section has them."""
+    and exposed time a step (its mean), as report.json's moe section has them."""
     steps = len(moe["imbalance"])
     if not steps:
         return "no step ran"
@@ -99,7 +99,7 @@ def _experts_line(moe: dict) -> str:
             f"{sum(moe['dropped_tokens']):,} assignments dropped, all-to-all "
             f"{format_bytes(sum(moe['all_to_all_bytes']) / steps)} a step")
     if moe["all_to_all_time_s"] is not None:
-        line += f" in {format_seconds(sum(moe['all_to_all_time_s']) / steps)}"
+        line += f", {format_seconds(sum(moe['all_to_all_time_s']) / steps)} of it exposed"
     return line
 
 

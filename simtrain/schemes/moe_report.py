@@ -27,11 +27,11 @@ def routing_figures(experts: int, ep: int, routings, token_bytes: int) -> dict |
     share = [0] * experts
     per = experts // ep
     for assigned, kept in routings:
-        received += [sum(row[e] for row in kept) for e in range(experts)]
+        received += [sum(column) for column in zip(*kept)]
         assigned_total += sum(map(sum, assigned))
         kept_total += sum(map(sum, kept))
-        share = [total + sum(row[e] for row in assigned) for e, total in enumerate(share)]
-        moved += sum(row[e] for src, row in enumerate(kept) for e in range(experts) if e // per != src)
+        share = [total + sum(column) for total, column in zip(share, zip(*assigned))]
+        moved += sum(map(sum, kept)) - sum(sum(row[src * per:(src + 1) * per]) for src, row in enumerate(kept))
     if not received:
         return None
     mean = sum(received) / len(received)
@@ -73,9 +73,11 @@ class MoeSection(ReportSection):
     dropped_tokens: list[int] = Field(description="per step: assignments dropped past an expert's capacity")
     all_to_all_bytes: list[int] = Field(description="per step: bytes the MoE all-to-alls moved between ranks "
                                                     "(dispatch, combine and their backwards)")
-    all_to_all_time_s: list[float] | None = Field(description="per step: a rank's mean seconds of all-to-all "
-                                                              "communication (dispatch, combine and their "
-                                                              "backwards, with transfers of its own in flight)")
+    all_to_all_time_s: list[float] | None = Field(description="per step: a rank's mean seconds of exposed "
+                                                              "all-to-all communication (dispatch, combine and "
+                                                              "their backwards): waited for, with transfers of "
+                                                              "its own in flight; what runs behind the other "
+                                                              "pass of a DualPipe pair is hidden, not counted")
     step_time_s: list[float] = Field(description="per step: its simulated seconds")
     expert_share: list[float] = Field(description="each expert's share of the run's assignments (before drops): "
                                                   "model.moe.routing.histogram for a run without numerics")
