@@ -112,12 +112,18 @@ class EpGroup:
 def group_all_to_all(job, ranks) -> Callable:
     """The all-to-all of the ep group of job ranks `ranks` (EpGroup's): `parallel.moe_dispatch`'s, the hierarchical
     one and deepep's over the hosts the topology puts them on."""
-    dispatch = job.scenario.parallel.moe_dispatch
+    return all_to_all_over(job.scenario.parallel.moe_dispatch, job.cluster.topology,
+                           [job.devices[rank].node for rank in ranks], list(ranks))
+
+
+def all_to_all_over(dispatch: str, topology, nodes: list[str], ranks: list) -> Callable:
+    """The all-to-all `dispatch` (a parallel.moe_dispatch) of a group whose rank r runs on network node nodes[r]
+    (`ranks`: what an error calls them)."""
     if dispatch == "pairwise":
         return CountsAllToAll(pairwise_all_to_all)
-    hosts = [list(host) for host in layout_of(job.cluster.topology, [job.devices[rank].node for rank in ranks]).hosts]
+    hosts = [list(host) for host in layout_of(topology, nodes).hosts]
     if len({len(host) for host in hosts}) > 1:
-        raise ScenarioError(f"parallel.moe_dispatch: {dispatch} needs the ep group's ranks {list(ranks)} spread "
+        raise ScenarioError(f"parallel.moe_dispatch: {dispatch} needs the ep group's ranks {ranks} spread "
                             f"evenly over hosts, got {', '.join(str(len(host)) for host in hosts)} a host")
     if dispatch == "hierarchical":
         return CountsAllToAll(functools.partial(hierarchical_all_to_all, hosts=hosts))

@@ -101,11 +101,22 @@ class ExpertLayers:
             all_to_all = group_all_to_all(self.job, ranks)
             for index, rank in enumerate(ranks):
                 ep_groups[rank] = EpGroup(comm, index, group, all_to_all)
-                if isinstance(all_to_all, NodeDispatch):  # its counts say how many tokens reach each host
-                    per = self.experts // self.ep
-                    for layer in _layers(self.scheme.replicas[rank]):
-                        layer.expert_hosts = tuple(all_to_all.rank_hosts[e // per] for e in range(self.experts))
+                self.place(rank, all_to_all)
         return ep_groups, self.scheme._communicators(layout.groups("expert_dp")) if self.ep > 1 else None
+
+    def place(self, rank: int, all_to_all) -> None:
+        """Job rank `rank`'s MoE layers told the host of each expert where its ep group's all-to-all sends a token
+        once to each host (deepep's NodeDispatch): their counts then say how many tokens reach each host."""
+        if isinstance(all_to_all, NodeDispatch):
+            per = self.experts // self.ep
+            for layer in _layers(self.scheme.replicas[rank]):
+                layer.expert_hosts = tuple(all_to_all.rank_hosts[e // per] for e in range(self.experts))
+
+    def place_representatives(self) -> None:
+        """With representatives (their exchanges mirrored, schemes/representatives.py): `place` each running rank by
+        its own ep group's all-to-all (which refuses hosts holding uneven shares of it)."""
+        for rank in self.scheme.running:
+            self.place(rank, group_all_to_all(self.job, list(self.scheme.layout.rank_groups(rank).ep)))
 
     def scale_balancing_loss(self, rank: int) -> None:
         """Before a step of job rank `rank`: its MoE layers' balancing losses join the gradient as a mean over the
