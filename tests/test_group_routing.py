@@ -37,29 +37,39 @@ def groups_of(experts, spec: MoESpec) -> set[int]:
 @pytest.mark.parametrize("spec", [
     dict(experts=8, top_k=3, groups=4, group_limit=2), dict(experts=16, top_k=4, groups=8, group_limit=2,
                                                             shared_experts=1),
-    dict(experts=8, top_k=2, groups=2, group_limit=1), dict(experts=12, top_k=6, groups=6, group_limit=3)])
+    dict(experts=8, top_k=2, groups=2, group_limit=1), dict(experts=12, top_k=6, groups=6, group_limit=3),
+    dict(experts=16, top_k=4, groups=8, group_limit=2, score="sigmoid"), dict(experts=8, top_k=2, score="sigmoid")])
 def test_group_limited_layer_equals_the_per_token_loop(spec):
-    """Output, tokens per expert and the limit against the loop; the limit binds for some token (its plain
-    top_k would have reached more groups)."""
-    spec = MoESpec(aux_loss_coeff=0.0, **spec)
+    """Output, tokens per expert, the balancing loss and the limit against the loop (softmax scores, or sigmoid
+    ones whose shares the balancing loss reads); the limit binds for some token (its plain top_k would have
+    reached more groups)."""
+    spec = MoESpec(**spec)
     torch.manual_seed(0)
     layer = MoE(HIDDEN, spec)
     h = torch.randn(4, 16, HIDDEN, generator=torch.Generator().manual_seed(1))
     tokens = h.reshape(-1, HIDDEN)
-    expected, taken, bound = [], [0] * spec.experts, 0
+    expected, taken, bound, shares = [], [0] * spec.experts, 0, []
     for token in tokens:
-        probs = torch.softmax(layer.router.weight @ token, dim=0)
-        chosen = reference_choices(probs.detach(), spec)
-        assert len(groups_of(chosen, spec)) <= spec.group_limit
-        bound += len(groups_of(probs.topk(spec.top_k).indices, spec)) > spec.group_limit
-        total = sum(probs[e] for e in chosen)
-        out = sum(probs[e] / total * layer.experts[e](token) for e in chosen)
+        logits = layer.router.weight @ token
+        scores = torch.softmax(logits, dim=0) if spec.score == "softmax" else torch.sigmoid(logits)
+        shares.append(scores / scores.sum())
+        if spec.groups is None:
+            chosen = sorted(range(spec.experts), key=lambda e: -float(scores[e].detach()))[:spec.top_k]
+        else:
+            chosen = reference_choices(scores.detach(), spec)
+            assert len(groups_of(chosen, spec)) <= spec.group_limit
+            bound += len(groups_of(scores.topk(spec.top_k).indices, spec)) > spec.group_limit
+        total = sum(scores[e] for e in chosen)
+        out = sum(scores[e] / total * layer.experts[e](token) for e in chosen)
         for e in chosen:
             taken[e] += 1
         expected.append(out + sum(shared(token) for shared in layer.shared))
     torch.testing.assert_close(layer(h), torch.stack(expected).view_as(h), rtol=1e-5, atol=1e-6)
     assert layer.routing.tokens_per_expert == tuple(taken)
-    assert bound > 0
+    fraction = torch.tensor(taken, dtype=torch.float32) / (len(tokens) * spec.top_k)
+    aux = spec.aux_loss_coeff * spec.experts * (fraction * torch.stack(shares).mean(dim=0)).sum()
+    assert layer.routing.aux_loss == pytest.approx(float(aux.detach()), rel=1e-5)
+    assert bound > 0 or spec.groups is None
 
 
 def test_meta_tokens_route_to_shapes():
@@ -123,8 +133,8 @@ def test_drawn_group_limited_routing_keeps_the_limit(routing):
         assert all(count / (tokens * 3) == pytest.approx(1 / 8, abs=0.01) for count in counts)
 
 
-def scenario(devices, ep, numerics=True, steps=2, routing=None, cluster=None, parallel=None):
-    moe = {"experts": 8, "top_k": 3, "groups": 4, "group_limit": 2, "aux_loss_coeff": 0.0}
+def scenario(devices, ep, numerics=True, steps=2, routing=None, cluster=None, parallel=None, score="softmax"):
+    moe = {"experts": 8, "top_k": 3, "groups": 4, "group_limit": 2, "aux_loss_coeff": 0.0, "score": score}
     if routing is not None:
         moe["routing"] = routing
     return validate_scenario({
@@ -138,10 +148,11 @@ def scenario(devices, ep, numerics=True, steps=2, routing=None, cluster=None, pa
     })
 
 
-def test_expert_parallel_group_limited_routing_trains_to_the_parameters_of_one_device():
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_expert_parallel_group_limited_routing_trains_to_the_parameters_of_one_device(score):
     """ep 4: each rank routes its tokens group-limited (route_tokens) and the parameters are one device's."""
     from test_expert_parallel import assert_same_parameters, one_device
-    spec = scenario(4, 4)
+    spec = scenario(4, 4, score=score)
     report = simtrain.run(spec)
     reference, _ = one_device(spec, 4)
     assert_same_parameters(report.final_model, reference)

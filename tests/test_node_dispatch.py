@@ -88,8 +88,8 @@ FOUR_HOSTS = {"topology": "hierarchical", "gpus_per_node": 2, "device": "a100-40
               "link": {"bandwidth": 1e9, "latency": 1e-6}, "inter_node_link": {"bandwidth": 2.5e8, "latency": 5e-6}}
 
 
-def deepep(devices, **options):
-    return scenario(devices, devices, cluster=FOUR_HOSTS, parallel={"moe_dispatch": "deepep"}, **options)
+def deepep(devices, parallel=None, **options):
+    return scenario(devices, devices, cluster=FOUR_HOSTS, parallel=parallel or {"moe_dispatch": "deepep"}, **options)
 
 
 def moved_between_hosts(job, label, gpus=2):
@@ -157,3 +157,18 @@ def test_deepep_with_a_capacity_is_one_line(capsys):
                "parallel.ep=4", "--set", "parallel.moe_dispatch=deepep") == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "parallel.moe_dispatch: deepep needs dropless routing" in err
+
+
+@pytest.mark.parametrize("dispatch", ["hierarchical", "deepep"])
+def test_representatives_time_the_dispatch_as_the_whole_simulation(dispatch):
+    """Numerics off, balanced routing, ep 8 over 4 hosts: one rank simulated, its exchanges timed as the job's
+    dispatch runs them (hierarchical was timed as pairwise), gives the step and all-to-all times of every rank
+    simulated, to 1e-9."""
+    def figures(representatives):
+        spec = deepep(8, numerics=False, parallel={"moe_dispatch": dispatch, "representatives": representatives})
+        report = simtrain.run(spec)
+        return report.data["step_time_s"], report.data["moe"]["all_to_all_time_s"]
+
+    (step, all_to_all), (step_alone, all_to_all_alone) = figures(True), figures(False)
+    assert step == pytest.approx(step_alone, rel=1e-9)
+    assert all_to_all == pytest.approx(all_to_all_alone, rel=1e-9)

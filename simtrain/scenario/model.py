@@ -55,6 +55,12 @@ class MoESpec(Section):
     aux_loss_coeff: Real(ge=0, le=1e3) = Field(0.01, description="Weight of the Switch Transformer load-balancing "
                                                                  "loss added to the training loss (0: none).")
     every: Count(MAX_LAYERS) = Field(1, description="Every n-th block is MoE (blocks n, 2n, ...; 1: every block).")
+    score: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="The router's scores (train/moe_router.py): softmax over the experts (Mixtral, "
+                               "Megatron-Core's default), or each expert's sigmoid (DeepSeek-V3's affinities; HF's "
+                               "scoring_func, Megatron-Core's moe_router_score_function); the chosen scores "
+                               "renormalized either way. DeepSeek-V3's selection bias (auxiliary-loss-free "
+                               "balancing) is not built.")
     groups: Count(MAX_HEADS) | None = Field(
         None, description="Group-limited routing, DeepSeek-V3's node-limited routing (arXiv 2412.19437, 2.1.2): "
                           "the experts cut into `groups` runs of experts / groups (HF's n_group, Megatron-Core's "

@@ -6,7 +6,8 @@ in place of a transformer block's MLP: gpt's `MoEBlock` here, llama's
 transformers' Mixtral block and Megatron-Core's default router do: logits
 l_t = router(h_t) (a Linear without bias), probabilities p_t = softmax(l_t)
 in fp32 over the experts, the top_k of them kept and renormalized to sum to 1
-(w_t,e = p_t,e / sum of the kept p_t); with `model.moe.groups`, the top_k
+(w_t,e = p_t,e / sum of the kept p_t; with `model.moe.score` sigmoid, each
+expert's sigmoid in place of the softmax); with `model.moe.groups`, the top_k
 among the experts of the token's `group_limit` best groups (DeepSeek-V3's
 node-limited routing, train/moe_router.py). The output is sum over kept e of
 w_t,e * expert_e(h_t), plus every shared expert's output (DeepSeekMoE), each
@@ -68,7 +69,7 @@ from ..scenario.model import MoESpec
 from .gpt import Block
 from .moe_exchange import exchange_ops
 from .moe_routing import balanced_counts
-from .moe_router import AuxLossGradient, balancing_loss, kept_assignments, top_k_experts
+from .moe_router import AuxLossGradient, balancing_loss, kept_assignments, router_choices
 from .ring_attention import attention_ops
 from .tensor_parallel import attention_half_ops
 
@@ -149,9 +150,7 @@ class MoE(nn.Module):
 
     def _routed(self, tokens: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        probs = self.router(tokens).float().softmax(dim=-1)  # (T, E)
-        top_probs, chosen = top_k_experts(spec, probs)  # (T, k)
-        weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        probs, chosen, weights = router_choices(self, tokens)  # (T, E), (T, k), (T, k)
         keep = kept_assignments(chosen, spec.experts, self.capacity(tokens.shape[0]))
         out = torch.zeros_like(tokens)
         kept_counts = []

@@ -13,7 +13,17 @@ M best groups are kept (ties to the lower index, as torch.topk breaks them),
 and the token's top_k experts are chosen among those groups' experts alone.
 Its weights are renormalized over what it chose, as without groups.
 
+The scores are a softmax over the experts (`model.moe.score: softmax`, HF's
+Mixtral, Megatron-Core's default) or each expert's sigmoid (`sigmoid`,
+DeepSeek-V3's affinities s_i = sigmoid(u_t . e_i), eq. 15), the chosen ones
+renormalized (eq. 13: g_i = s_i / sum of the chosen s_j); the balancing loss
+reads each expert's share of the token's sigmoid scores, as Megatron-Core
+computes it for sigmoid routers. DeepSeek-V3's bias for selection alone (its
+auxiliary-loss-free balancing) and its routed scaling factor (2.5) are not
+built.
+
     probs, chosen, weights = route_tokens(layer, tokens)       # (T, E), (T, k), (T, k)
+    probs, chosen, weights = router_choices(layer, tokens)     # the same, without the balancing loss's gradient
     top_probs, chosen = top_k_experts(spec, probs)             # (T, k) each: the choices, group-limited or not
     keep = kept_assignments(chosen, experts, capacity)          # (T, k) booleans
 """
@@ -21,12 +31,23 @@ import torch
 import torch.nn.functional as F
 
 
+def router_choices(moe, tokens: torch.Tensor):
+    """The router of MoE layer `moe` on `tokens` (T, hidden): (the probabilities the balancing loss reads, top-k
+    choices, their renormalized weights). Its scores are a softmax over the experts, or with `model.moe.score`
+    sigmoid each expert's sigmoid (DeepSeek-V3's affinities), whose share of the token's sum the balancing loss
+    reads (Megatron-Core's); either way in fp32, and the chosen scores renormalized to sum to 1."""
+    logits = moe.router(tokens).float()
+    scores = logits.softmax(dim=-1) if moe.spec.score == "softmax" else logits.sigmoid()
+    top_scores, chosen = top_k_experts(moe.spec, scores)
+    weights = top_scores / top_scores.sum(dim=-1, keepdim=True)
+    probs = scores if moe.spec.score == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+    return probs, chosen, weights
+
+
 def route_tokens(moe, tokens: torch.Tensor):
-    """The router on `tokens` (T, hidden): (probabilities, top-k choices, their renormalized weights); the weights
-    carry the rank's balancing loss's gradient (times `moe.aux_loss_scale`), as Megatron-Core attaches it."""
-    probs = moe.router(tokens).float().softmax(dim=-1)
-    top_probs, chosen = top_k_experts(moe.spec, probs)
-    weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
+    """router_choices; the weights carry the rank's balancing loss's gradient (times `moe.aux_loss_scale`), as
+    Megatron-Core attaches it."""
+    probs, chosen, weights = router_choices(moe, tokens)
     if moe.spec.aux_loss_coeff > 0 and not tokens.is_meta:
         weights = AuxLossGradient.apply(weights, balancing_loss(probs, chosen, moe.spec.experts)
                                         * (moe.spec.aux_loss_coeff * moe.aux_loss_scale))
