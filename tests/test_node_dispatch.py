@@ -98,12 +98,15 @@ def moved_between_hosts(job, label, gpus=2):
                if record.label == label and host_of[record.src] != host_of[record.dst])
 
 
-def test_deepep_trains_to_the_parameters_of_one_device():
-    """ep 8 over 4 hosts of 2 GPUs, group-limited top-3 of 8 experts in 2 of 4 groups: as one device."""
+def test_deepep_trains_to_the_parameters_of_one_device_and_of_pairwise():
+    """ep 8 over 4 hosts of 2 GPUs, group-limited top-3 of 8 experts in 2 of 4 groups: as one device, and bit for
+    bit as pairwise (every row lands where pairwise puts it)."""
     spec = deepep(8)
     report = simtrain.run(spec)
     reference, _ = one_device(spec, 8)
     assert_same_parameters(report.final_model, reference)
+    pairwise = simtrain.run(deepep(8, parallel={"moe_dispatch": "pairwise"})).final_model.state_dict()
+    assert all(torch.equal(tensor, pairwise[name]) for name, tensor in report.final_model.state_dict().items())
 
 
 def test_dispatch_bytes_between_hosts_are_the_tokens_times_their_distinct_hosts():
