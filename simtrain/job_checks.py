@@ -20,7 +20,7 @@ whether it fits: preflight builds the job on meta tensors, which imports
 torch), nor where a refusal depends on something only the built job knows:
 
 - `parallel.all_reduce: hierarchical` and `parallel.moe_dispatch: hierarchical`
-  refuse groups spread unevenly over hosts, and which groups a scheme builds
+  or `deepep` refuse groups spread unevenly over hosts, and which groups a scheme builds
   is its own business;
 - gradient checkpointing in segments under pipeline parallelism without
   `parallel.pipeline.split` checks each stage's blocks, and the stages are
@@ -54,7 +54,7 @@ def covered(scenario: Scenario) -> bool:
     parts = parallel.pp * parallel.pipeline.virtual_stages
     return (scenario.model.name in BUILT_IN_MODELS and scenario.data.name in BUILTIN
             and parallel.all_reduce != "hierarchical"
-            and not (parallel.ep > 1 and parallel.moe_dispatch == "hierarchical")
+            and not (parallel.ep > 1 and parallel.moe_dispatch != "pairwise")
             and not (parallel.model_parallel and parts > 1 and parallel.pipeline.split is None
                      and isinstance(segments, CheckpointSegments) and segments.segments > 1)
             and not (scenario.model.name == "mlp" and parallel.tp > 1 and parallel.pipeline.virtual_stages > 1))

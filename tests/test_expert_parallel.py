@@ -17,9 +17,9 @@ from simtrain.job import Job
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import hold_out_validation, load_dataset
 from simtrain.train.models import build_model
-from simtrain.scenario.model import RoutingSpec
+from simtrain.scenario.model import MoESpec, RoutingSpec
 from simtrain.train.moe import MoE
-from simtrain.train.moe_routing import draw_assignments, routing_generator
+from simtrain.train.moe_routing import balanced_counts, choice_counts, draw_choices, routing_generator
 from simtrain.train.sampling import build_loader
 
 STEPS, BATCH, HIDDEN, LR = 3, 4, 16, 0.1
@@ -284,13 +284,14 @@ def test_one_overloaded_expert_makes_its_rank_the_step():
 
 def test_routing_models_draw_their_shares():
     """balanced: the even split; zipf and histogram: 10^6 seeded draws within 1% of their shares."""
-    assert draw_assignments(RoutingSpec(), 4, 10, routing_generator(0, 0, 0, 0)) == [3, 3, 2, 2]
+    assert balanced_counts(MoESpec(experts=4, top_k=2), 5) == [3, 3, 2, 2]
     draws = 1_000_000
-    for spec, shares in [(RoutingSpec(model="zipf", zipf_exponent=1.5), [1 / (e + 1) ** 1.5 for e in range(4)]),
-                         (RoutingSpec(model="histogram", histogram=[1, 3, 0, 4]), [1, 3, 0, 4])]:
-        counts = draw_assignments(spec, 4, draws, routing_generator(0, 1, 2, 3))
+    for routing, shares in [(RoutingSpec(model="zipf", zipf_exponent=1.5), [1 / (e + 1) ** 1.5 for e in range(4)]),
+                            (RoutingSpec(model="histogram", histogram=[1, 3, 0, 4]), [1, 3, 0, 4])]:
+        spec = MoESpec(experts=4, top_k=1, routing=routing)
+        counts = choice_counts(draw_choices(spec, draws, routing_generator(0, 1, 2, 3)), 4)
         assert sum(counts) == draws
-        assert counts == draw_assignments(spec, 4, draws, routing_generator(0, 1, 2, 3))  # seeded
+        assert counts == choice_counts(draw_choices(spec, draws, routing_generator(0, 1, 2, 3)), 4)  # seeded
         for count, share in zip(counts, shares):
             assert count / draws == pytest.approx(share / sum(shares), abs=0.01)
 

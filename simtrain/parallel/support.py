@@ -108,7 +108,11 @@ FEATURES = (
     Feature("MoE", "model.moe", lambda c: c.model.moe is not None),
     Feature("drawn routing", "model.moe.routing.model zipf or histogram",
             lambda c: c.model.moe is not None and c.model.moe.routing.model != "balanced"),
+    Feature("capacity", "model.moe.capacity_factor (assignments past an expert's capacity dropped)",
+            lambda c: c.model.moe is not None and c.model.moe.capacity_factor is not None),
     Feature("ep", "parallel.ep above 1", lambda c: c.parallel.ep > 1),
+    Feature("deepep dispatch", "parallel.moe_dispatch deepep (each token sent once to each host it reaches)",
+            lambda c: c.parallel.ep > 1 and c.parallel.moe_dispatch == "deepep"),
     Feature("bf16", "train.precision bf16", lambda c: c.train.precision == "bf16"),
     Feature("fp16", "train.precision fp16", lambda c: c.train.precision == "fp16"),
     Feature("fp8", "train.precision fp8", lambda c: c.train.precision == "fp8"),
@@ -247,6 +251,12 @@ REFUSED = (
             "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
             "numerics off is not built (balanced is; data parallelism alone draws it)",
             "Numerics off is simtrain's own: both frameworks compute every token's routing."),
+    Refusal(("deepep dispatch", "capacity"),
+            "parallel.moe_dispatch: deepep needs dropless routing (model.moe.capacity_factor null): a rank counts "
+            "the tokens it sends each host before the group's counts decide which assignments an expert drops",
+            "Megatron-Core's flex dispatcher runs DeepEP with moe_expert_capacity_factor, each rank dropping its "
+            "own tokens before the dispatch; torchtitan's MoE is dropless (no capacity factor).",
+            (MEGATRON_CORE,)),
     Refusal(("ep", "K-FAC"),
             "parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from the "
             "replicated ones)", NO_KFAC),

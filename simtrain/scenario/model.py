@@ -63,6 +63,23 @@ class MoESpec(Section):
                        "model.hidden in a gpt, model.ffn_hidden in a llama), as DeepSeek-V3's first 3 "
                        "(first_k_dense_replace). Block i (from 1) is MoE when i > first_dense and i is a multiple "
                        "of `every`.")
+    score: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="The router's scores (train/moe_router.py): softmax over the experts (Mixtral, "
+                               "Megatron-Core's default), or each expert's sigmoid (DeepSeek-V3's affinities; HF's "
+                               "scoring_func, Megatron-Core's moe_router_score_function); the chosen scores "
+                               "renormalized either way. DeepSeek-V3's selection bias (auxiliary-loss-free "
+                               "balancing) is not built.")
+    groups: Count(MAX_HEADS) | None = Field(
+        None, description="Group-limited routing, DeepSeek-V3's node-limited routing (arXiv 2412.19437, 2.1.2): "
+                          "the experts cut into `groups` runs of experts / groups (HF's n_group, Megatron-Core's "
+                          "moe_router_num_groups; DeepSeek-V3: 8, the experts of one node a group), and each "
+                          "token's top_k experts chosen among the `group_limit` groups whose top_k / group_limit "
+                          "highest scores sum highest (train/moe_router.py). null: every expert open to every "
+                          "token.")
+    group_limit: Count(MAX_HEADS) | None = Field(
+        None, description="With `groups`: the groups a token's experts may come from (HF's topk_group, "
+                          "Megatron-Core's moe_router_group_topk; DeepSeek-V3: 4, at most 4 nodes a token), at most "
+                          "top_k.")
     routing: RoutingSpec = Field(RoutingSpec(), description="Numerics off: the routing model that stands for the "
                                                             "router (train/moe_routing.py).")
 
@@ -83,12 +100,38 @@ class MoESpec(Section):
     def _top_k_fits(self) -> "MoESpec":
         if self.top_k > self.experts:
             raise ValueError(f"model.moe.top_k: {self.top_k} is more than the {self.experts} experts")
+        self._groups_fit()
         routing = self.routing
         if routing.model == "histogram" and (routing.histogram is None or len(routing.histogram) != self.experts
                                              or not sum(routing.histogram) > 0):
             raise ValueError(f"model.moe.routing.histogram: the histogram model needs {self.experts} weights (one "
                              "per expert, not all 0)")
         return self
+
+    def _groups_fit(self) -> None:
+        """Group-limited routing: equal groups, a limit a token's top_k experts fit in and can meet."""
+        if (self.groups is None) != (self.group_limit is None):
+            given, missing = ("groups", "group_limit") if self.group_limit is None else ("group_limit", "groups")
+            raise ValueError(f"model.moe.{missing}: group-limited routing needs it beside model.moe.{given}")
+        if self.groups is None:
+            return
+        if self.experts % self.groups:
+            raise ValueError(f"model.moe.groups: {self.groups} does not divide model.moe.experts {self.experts}")
+        if self.group_limit > self.groups:
+            raise ValueError(f"model.moe.group_limit: {self.group_limit} is more than the {self.groups} "
+                             "model.moe.groups")
+        if self.top_k > self.group_limit * (self.experts // self.groups):
+            raise ValueError(f"model.moe.top_k: {self.top_k} is more than the {self.group_limit} x "
+                             f"{self.experts // self.groups} experts of model.moe.group_limit groups")
+        if self.group_limit > self.top_k:
+            raise ValueError(f"model.moe.group_limit: {self.group_limit} is more than top_k {self.top_k} (a group "
+                             f"is scored by its top_k / group_limit best experts; {self.top_k} experts reach at "
+                             f"most {self.top_k} groups, so such a limit never binds)")
+
+    @property
+    def group_size(self) -> int:
+        """Experts a group: experts / groups (all of them without group-limited routing)."""
+        return self.experts // (self.groups or 1)
 
 
 class LatentAttentionSpec(Section):

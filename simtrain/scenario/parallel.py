@@ -157,11 +157,15 @@ class ParallelSpec(Section):
                                                   "per stage and tp index: parallel/layout.py, "
                                                   "schemes/expert_model_parallel.py). Must divide dp x cp and the "
                                                   "experts.")
-    moe_dispatch: Literal["pairwise", "hierarchical"] = Field(
+    moe_dispatch: Literal["pairwise", "hierarchical", "deepep"] = Field(
         "pairwise", description="The all-to-all that moves tokens to their experts and back under parallel.ep "
                                 "(comm/all_to_all.py): pairwise, every rank to every peer at once (NCCL's "
                                 "all-to-all); hierarchical, inside each host first, then between hosts along "
-                                "the rails (PXN's order; the ep group's hosts must hold equal shares of it).")
+                                "the rails (PXN's order); deepep, DeepEP's internode path as DeepSeek-V3 runs it "
+                                "(comm/node_dispatch.py): to the experts over the network first, each token once "
+                                "to each host it reaches (to the GPU of the sender's index there, which forwards "
+                                "it inside the host), back the same two hops inside the host first. The ep "
+                                "group's hosts must hold equal shares of it.")
     pipeline: PipelineSpec = Field(PipelineSpec(), description="How a pipeline runs.")
     placement: tuple[Dimension, ...] = Field(
         ("tp", "cp", "pp", "dp"), description="The dimensions' order on the devices, innermost first: the default "

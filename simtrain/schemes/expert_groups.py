@@ -7,9 +7,16 @@ group's exchanges as boundaries (train/moe_exchange.py). `EpGroup` is a rank's
 place in its ep group: the communicator, the rank's index, and the
 all-to-all program the group's dispatches and combines run
 (`group_all_to_all`: `parallel.moe_dispatch` pairwise, every rank to every
-peer at once as NCCL's all-to-all; or hierarchical, inside each host first
-and then between hosts along the rails, PXN's order, over the hosts the
-topology puts the group's ranks on, which must hold equal shares of it).
+peer at once as NCCL's all-to-all; hierarchical, inside each host first
+and then between hosts along the rails, PXN's order; or deepep, DeepEP's
+internode path (`NodeDispatch`): the dispatch and the combine's backward,
+bound for the experts, over the network first to the relay on the sender's
+rail and then inside the host, the dispatch sending each token to a host
+once (comm/node_dispatch.py), and the combine and the dispatch's backward,
+bound home, the same two hops back, inside the host first (PXN's order,
+every row: the outputs are weighted at home, not summed on the way); the
+last two run over the hosts the topology puts the group's ranks on, which
+must hold equal shares of it).
 "moe counts" (every rank's assignments per expert) is a ring all-gather.
 
 A rank's experts are data parallel over their holders (one rank of the same
@@ -32,6 +39,7 @@ import torch
 
 from ..comm.all_to_all import hierarchical_all_to_all, pairwise_all_to_all
 from ..comm.channels import layout_of
+from ..comm.node_dispatch import node_dispatch
 from ..comm.ring import ring_all_gather
 from ..errors import ScenarioError
 from ..step_ops import Collective
@@ -40,14 +48,46 @@ from ..train.moe import MoE
 
 
 @dataclass(frozen=True)
+class CountsAllToAll:
+    """An exchange run as one all-to-all program of its counts (comm/all_to_all.py's)."""
+
+    program: Callable  # fn(rank, world, send, recv, counts) -> program
+
+    def __call__(self, rank: int, world: int, send: torch.Tensor, recv: torch.Tensor, kind):
+        return self.program(rank, world, send, recv, kind.counts)
+
+
+@dataclass(frozen=True)
+class NodeDispatch:
+    """`parallel.moe_dispatch: deepep` over `hosts` (each host's ranks, group positions): toward the experts over
+    the network first, the dispatch each token once to a host (comm/node_dispatch.py); home inside the host
+    first (comm/all_to_all.py's hierarchical order)."""
+
+    hosts: tuple[tuple[int, ...], ...]
+
+    def __call__(self, rank: int, world: int, send: torch.Tensor, recv: torch.Tensor, kind):
+        hosts = [list(ranks) for ranks in self.hosts]
+        if kind.label in ("moe dispatch", "moe combine backward"):
+            return node_dispatch(rank, world, send, recv, kind.counts, hosts=hosts,
+                                 node_rows=kind.node_rows or None, token_ids=kind.token_ids)
+        return hierarchical_all_to_all(rank, world, send, recv, kind.counts, hosts=hosts)
+
+    @property
+    def rank_hosts(self) -> tuple[int, ...]:
+        """The host of each group position (0, 1, ...: the hosts' order)."""
+        return tuple(host for position in range(sum(map(len, self.hosts)))
+                     for host, ranks in enumerate(self.hosts) if position in ranks)
+
+
+@dataclass(frozen=True)
 class EpGroup:
     """A rank's ep group: its communicator, the rank's place in it, the job ranks in it and its all-to-all
-    (comm/all_to_all.py: fn(rank, world, send, recv, counts) -> program)."""
+    (fn(rank, world, send, recv, kind) -> program, kind a train/moe_exchange.py ExpertExchange)."""
 
     comm: object
     index: int
     ranks: tuple[int, ...]
-    all_to_all: Callable = pairwise_all_to_all
+    all_to_all: Callable = CountsAllToAll(pairwise_all_to_all)
 
     @property
     def size(self) -> int:
@@ -65,20 +105,29 @@ class EpGroup:
                                       [gathered[(position - 1) % self.size] for position in range(self.size)])
         else:
             gathered = kind.result_like(tensor)
-            program = self.all_to_all(self.index, self.size, tensor, gathered, kind.counts)
+            program = self.all_to_all(self.index, self.size, tensor, gathered, kind)
         return Collective(program, kind.label, comm=self.comm, rank=self.index), gathered
 
 
 def group_all_to_all(job, ranks) -> Callable:
-    """The all-to-all program of the ep group of job ranks `ranks`: `parallel.moe_dispatch`'s, the hierarchical one
-    over the hosts the topology puts them on."""
-    if job.scenario.parallel.moe_dispatch == "pairwise":
-        return pairwise_all_to_all
-    hosts = [list(host) for host in layout_of(job.cluster.topology, [job.devices[rank].node for rank in ranks]).hosts]
+    """The all-to-all of the ep group of job ranks `ranks` (EpGroup's): `parallel.moe_dispatch`'s, the hierarchical
+    one and deepep's over the hosts the topology puts them on."""
+    return all_to_all_over(job.scenario.parallel.moe_dispatch, job.cluster.topology,
+                           [job.devices[rank].node for rank in ranks], list(ranks))
+
+
+def all_to_all_over(dispatch: str, topology, nodes: list[str], ranks: list) -> Callable:
+    """The all-to-all `dispatch` (a parallel.moe_dispatch) of a group whose rank r runs on network node nodes[r]
+    (`ranks`: what an error calls them)."""
+    if dispatch == "pairwise":
+        return CountsAllToAll(pairwise_all_to_all)
+    hosts = [list(host) for host in layout_of(topology, nodes).hosts]
     if len({len(host) for host in hosts}) > 1:
-        raise ScenarioError(f"parallel.moe_dispatch: hierarchical needs the ep group's ranks {list(ranks)} spread "
+        raise ScenarioError(f"parallel.moe_dispatch: {dispatch} needs the ep group's ranks {ranks} spread "
                             f"evenly over hosts, got {', '.join(str(len(host)) for host in hosts)} a host")
-    return functools.partial(hierarchical_all_to_all, hosts=hosts)
+    if dispatch == "hierarchical":
+        return CountsAllToAll(functools.partial(hierarchical_all_to_all, hosts=hosts))
+    return NodeDispatch(tuple(map(tuple, hosts)))
 
 
 def expert_flags(replica) -> list[bool]:

@@ -58,8 +58,8 @@ its ep group, and the layers run on meta tensors every step.
 from ..step_ops import Await, Collective, PostCollective
 from ..train.moe import MoE
 from ..train.moe_exchange import balanced_routing
-from ..train.moe_routing import draw_assignments, routing_generator
-from .expert_groups import EpGroup, experts_last, first_expert, group_all_to_all
+from ..train.moe_routing import choice_counts, draw_choices, node_rows, routing_generator
+from .expert_groups import EpGroup, NodeDispatch, experts_last, first_expert, group_all_to_all
 from .moe_report import moe_section, routing_figures
 from .replicated_update import ReplicatedUpdate
 
@@ -101,7 +101,22 @@ class ExpertLayers:
             all_to_all = group_all_to_all(self.job, ranks)
             for index, rank in enumerate(ranks):
                 ep_groups[rank] = EpGroup(comm, index, group, all_to_all)
+                self.place(rank, all_to_all)
         return ep_groups, self.scheme._communicators(layout.groups("expert_dp")) if self.ep > 1 else None
+
+    def place(self, rank: int, all_to_all) -> None:
+        """Job rank `rank`'s MoE layers told the host of each expert where its ep group's all-to-all sends a token
+        once to each host (deepep's NodeDispatch): their counts then say how many tokens reach each host."""
+        if isinstance(all_to_all, NodeDispatch):
+            per = self.experts // self.ep
+            for layer in _layers(self.scheme.replicas[rank]):
+                layer.expert_hosts = tuple(all_to_all.rank_hosts[e // per] for e in range(self.experts))
+
+    def place_representatives(self) -> None:
+        """With representatives (their exchanges mirrored, schemes/representatives.py): `place` each running rank by
+        its own ep group's all-to-all (which refuses hosts holding uneven shares of it)."""
+        for rank in self.scheme.running:
+            self.place(rank, group_all_to_all(self.job, list(self.scheme.layout.rank_groups(rank).ep)))
 
     def scale_balancing_loss(self, rank: int) -> None:
         """Before a step of job rank `rank`: its MoE layers' balancing losses join the gradient as a mean over the
@@ -136,21 +151,26 @@ class ExpertLayers:
         finally:
             program.close()
 
-    def draw(self, rank: int, layer: int, assignments: int, again: bool = False) -> list[list[int]]:
+    def draw(self, rank: int, layer: int, tokens: int, again: bool = False,
+             expert_hosts: tuple[int, ...] | None = None) -> tuple[list[list[int]], list[list[int]]]:
         """Numerics off, a drawn routing model: job rank `rank`'s ep group's assignments per expert, [ep
         rank][expert], at MoE layer `layer` (of the whole model) of its current step's next micro-batch, each group
-        rank's `assignments` drawn once for the group (seeded by step, micro-batch, layer and job rank). A forward
-        run `again` (full recomputation) draws what its first forward drew: the micro-batches' backwards, and so
-        their recomputations, come in the order of their forwards (split backwards run no full recomputation)."""
+        rank's `tokens` routed once for the group (seeded by step, micro-batch, layer and job rank); and with
+        `expert_hosts` (the host of each expert: a dispatch that sends a token once to each host) the tokens of each
+        rank that reach each host, [ep rank][host] (else empty). A forward run `again` (full recomputation) draws
+        what its first forward drew: the micro-batches' backwards, and so their recomputations, come in the order of
+        their forwards (split backwards run no full recomputation)."""
         group, step = self.job.layout.rank_groups(rank).ep, self._step[rank]
         microbatch = self._forwards.get((step, rank, layer, again), 0)
         self._forwards[step, rank, layer, again] = microbatch + 1
         key = (step, microbatch, layer, group)
         if key not in self._draws:
-            routing, seed = self.job.scenario.model.moe.routing, self.job.scenario.seed
+            spec, seed = self.job.scenario.model.moe, self.job.scenario.seed
             draw = step * self.scheme.microbatches + microbatch  # a step's own with one micro-batch
-            self._draws[key] = [draw_assignments(routing, self.experts, assignments,
-                                                 routing_generator(seed, draw, layer, member)) for member in group]
+            choices = [draw_choices(spec, tokens, routing_generator(seed, draw, layer, member)) for member in group]
+            self._draws[key] = ([choice_counts(c, self.experts) for c in choices],
+                                [] if expert_hosts is None
+                                else [node_rows(c, expert_hosts, max(expert_hosts) + 1) for c in choices])
         return self._draws[key]
 
     def other_experts(self, pieces: dict, replica: int = 0) -> list:
@@ -262,15 +282,15 @@ class ExpertUpdate(ReplicatedUpdate):
 
 
 class _Draw:
-    """An MoE layer's `drawn_routing` (train/moe_exchange.py): its ep group's draw for a forward of
-    `assignments` a rank (run `again`: the first forward's); a copy (a chunk measured on a meta copy) draws nothing,
-    as balanced routing."""
+    """An MoE layer's `drawn_routing` (train/moe_exchange.py): its ep group's draw for a forward of `tokens` a rank
+    (run `again`: the first forward's), with the tokens reaching each host where the layer has `expert_hosts`; a
+    copy (a chunk measured on a meta copy) draws nothing, as balanced routing."""
 
     def __init__(self, experts: ExpertLayers, rank: int, layer: int):
         self.layers, self.rank, self.layer = experts, rank, layer
 
-    def __call__(self, assignments: int, again: bool) -> list[list[int]]:
-        return self.layers.draw(self.rank, self.layer, assignments, again)
+    def __call__(self, tokens: int, again: bool, expert_hosts: tuple[int, ...] | None):
+        return self.layers.draw(self.rank, self.layer, tokens, again, expert_hosts)
 
     def __deepcopy__(self, memo):
         return None

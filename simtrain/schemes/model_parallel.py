@@ -189,6 +189,8 @@ class ModelParallel(RankReplicas, Scheme):
         # the ep groups' exchanges, the experts' update (representatives time theirs mirrored, ep groups of one alone)
         if self.experts is not None and not (self.representatives and layout.ep > 1):
             self.comms.ep, self.comms.expert_dp = self.experts.communicators()
+        elif self.experts is not None:
+            self.experts.place_representatives()
 
     def resume(self, rank: int):
         """Step program after a load: a sharded share gathers the chunks it does not own (distributed_optimizer.py)."""

@@ -52,7 +52,6 @@ import simpy
 import torch
 
 from ..comm import build_all_reduce
-from ..comm.all_to_all import pairwise_all_to_all
 from ..comm.kv_ring import RING_STEPS
 from ..comm.ring_schedule import RingPhase
 from ..comm.simulated import SimCommunicator
@@ -61,6 +60,8 @@ from ..hw.device import MemoryLedger
 from ..hw.network import Network
 from ..parallel import GroupCommunicators, Membership
 from ..step_ops import Collective
+from ..train.moe_exchange import ExpertExchange
+from .expert_groups import all_to_all_over
 from .overflow_vote import vote_groups
 
 
@@ -76,12 +77,13 @@ def represented_by(layout, rank: int) -> int:
 
 class MirroredCollective(NamedTuple):
     """A mirrored communicator's collective program: what it times (the kind: all_reduce, the ring reduce_scatter
-    and all_gather of the distributed optimizer, or an MoE layer's all_to_all of `counts[src][dst]` rows; the
-    buffer's shape and dtype)."""
+    and all_gather of the distributed optimizer, or an MoE layer's all_to_all of `counts[src][dst]` rows, under
+    parallel.moe_dispatch deepep with `exchange`, its label and rows per host; the buffer's shape and dtype)."""
 
     kind: str
     buf: torch.Tensor
     counts: tuple = ()
+    exchange: tuple = ()
 
 
 def mirrored_all_reduce(rank: int, world: int, buf: torch.Tensor, average: bool = False) -> MirroredCollective:
@@ -102,10 +104,12 @@ def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tu
 
 class MirroredEpGroup(NamedTuple):
     """A representative's ep group (schemes/expert_groups.py's EpGroup, numerics off): each MoE layer's exchanges
-    timed with every ep group of its stage (balanced routing: every group moves the same)."""
+    timed with every ep group of its stage (balanced routing: every group moves the same), as
+    parallel.moe_dispatch runs them (`by_label`: deepep's, whose programs differ by exchange)."""
 
     comm: "MirroredCommunicator"
     size: int
+    by_label: bool = False
 
     def exchange(self, kind, tensor: torch.Tensor):
         """(the mirrored Collective of exchange `kind` (train/moe_exchange.py's ExpertExchange), the meta tensor
@@ -116,7 +120,8 @@ class MirroredEpGroup(NamedTuple):
             program = MirroredCollective("all_gather", gathered.reshape(-1))
         else:
             gathered = kind.result_like(tensor)
-            program = MirroredCollective("all_to_all", tensor, kind.counts)
+            program = MirroredCollective("all_to_all", tensor, kind.counts,
+                                         (kind.label, kind.node_rows) if self.by_label else ())
         return Collective(program, kind.label, comm=self.comm, rank=0), gathered
 
 
@@ -150,7 +155,8 @@ def mirrored_communicators(job) -> GroupCommunicators:
             own = getattr(groups(rank), kind)
             return [own] + [group for group in layout.groups(kind)
                             if group != own and layout.coordinates(group[0])["pp"] == stage]
-        comms.ep = {rank: MirroredEpGroup(mirrored(rank, of_its_stage(rank, "ep")).comm, layout.ep)
+        comms.ep = {rank: MirroredEpGroup(mirrored(rank, of_its_stage(rank, "ep")).comm, layout.ep,
+                                          job.scenario.parallel.moe_dispatch == "deepep")
                     for rank in representatives}
         comms.expert_dp = {rank: mirrored(rank, of_its_stage(rank, "expert_dp")) for rank in representatives}
     if job.scenario.train.precision == "fp16":  # the first voting group, standing for every one
@@ -252,13 +258,14 @@ class MirroredCollectives:
         self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
         self._all_reduce = lambda nodes: build_all_reduce(parallel.all_reduce, topology, nodes, parallel.channels,
                                                           "parallel.all_reduce", "parallel.channels")
+        self._all_to_all = lambda nodes: all_to_all_over(parallel.moe_dispatch, topology, nodes, nodes)
         self._timed: dict[tuple, tuple[float, int, int]] = {}
 
     def collective(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
         """(seconds, bytes the first group sends, the largest staging buffer of its first rank) of the collective
         `program` (its kind, on a buffer of its shape and dtype) started at once by every group of `groups`
         (each a tuple of network nodes, in group-rank order)."""
-        key = (tuple(groups), program.kind, program.buf.numel(), program.buf.dtype, program.counts)
+        key = (tuple(groups), program.kind, program.buf.numel(), program.buf.dtype, program.counts, program.exchange)
         if key not in self._timed:
             self._timed[key] = self._simulate(groups, program)
         return self._timed[key]
@@ -275,15 +282,21 @@ class MirroredCollectives:
 
     def _program(self, collective: MirroredCollective, nodes: list[str]):
         """fn(rank, world, buf) -> the per-rank program of `collective` over `nodes`: the job's all-reduce, an MoE
-        layer's pairwise all-to-all, or the rings the distributed optimizer runs (sharded_replica.py: the
-        reduce-scatter the other way round)."""
+        layer's all-to-all as parallel.moe_dispatch runs it (schemes/expert_groups.py), or the rings the
+        distributed optimizer runs (sharded_replica.py: the reduce-scatter the other way round)."""
         kind = collective.kind
         if kind == "all_reduce":
             return self._all_reduce(nodes)
         if kind == "all_to_all":
-            counts = collective.counts
-            return lambda rank, world, buf: pairwise_all_to_all(
-                rank, world, buf, buf.new_empty((sum(row[rank] for row in counts), *buf.shape[1:])), counts)
+            counts, all_to_all = collective.counts, self._all_to_all(nodes)
+            label, node_rows = collective.exchange or ("", ())
+
+            def program(rank, world, buf):
+                rows = sum(row[rank] for row in counts)
+                ids = buf.new_empty(len(buf), dtype=torch.long) if node_rows else None
+                return all_to_all(rank, world, buf, buf.new_empty((rows, *buf.shape[1:])),
+                                  ExpertExchange(label, counts, rows, node_rows, ids))
+            return program
         if kind in RING_STEPS:  # one step of ring attention's key/value ring, or of its gradients' way back
             return lambda rank, world, buf: RING_STEPS[kind](rank, world, buf)[0]
         # a ring (timed as a group where it is one, comm/ring_schedule.py), the reduce-scatter's in reverse rank order

@@ -6,7 +6,10 @@ in place of a transformer block's MLP: gpt's `MoEBlock` here, llama's
 transformers' Mixtral block and Megatron-Core's default router do: logits
 l_t = router(h_t) (a Linear without bias), probabilities p_t = softmax(l_t)
 in fp32 over the experts, the top_k of them kept and renormalized to sum to 1
-(w_t,e = p_t,e / sum of the kept p_t). The output is sum over kept e of
+(w_t,e = p_t,e / sum of the kept p_t; with `model.moe.score` sigmoid, each
+expert's sigmoid in place of the softmax); with `model.moe.groups`, the top_k
+among the experts of the token's `group_limit` best groups (DeepSeek-V3's
+node-limited routing, train/moe_router.py). The output is sum over kept e of
 w_t,e * expert_e(h_t), plus every shared expert's output (DeepSeekMoE), each
 expert an MLP of the dense one's kind, built by `expert()`: in a gpt an
 `ExpertMLP` (Linear to `model.moe.expert_hidden` features, by default 4 x
@@ -66,7 +69,8 @@ from torch import nn
 from ..scenario.model import MoESpec
 from .gpt import Block
 from .moe_exchange import exchange_ops
-from .moe_router import AuxLossGradient, balancing_loss, kept_assignments
+from .moe_routing import balanced_counts
+from .moe_router import AuxLossGradient, balancing_loss, kept_assignments, router_choices
 from .ring_attention import attention_ops
 from .tensor_parallel import attention_half_ops
 
@@ -116,6 +120,9 @@ class MoE(nn.Module):
         self.routing: Routing | None = None
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
         self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
+        # a dispatch that sends a token once to each host (parallel.moe_dispatch deepep): each expert's host in its
+        # ep group, 0, 1, ... (schemes/expert_model_parallel.py); None: the dispatch is by rank
+        self.expert_hosts: tuple[int, ...] | None = None
         self.aux_loss_scale = 1.0  # its balancing loss's gradient: 1 / (microbatches x tp) x fp16's loss scale
         self.routings: list = []  # the step engine: each forward's (assigned, kept) of the ep group (moe_exchange.py)
         # numerics off with a drawn routing model: (assignments a rank) -> the ep group's draw, [rank][expert]
@@ -144,9 +151,7 @@ class MoE(nn.Module):
 
     def _routed(self, tokens: torch.Tensor) -> torch.Tensor:
         spec = self.spec
-        probs = self.router(tokens).float().softmax(dim=-1)  # (T, E)
-        top_probs, chosen = probs.topk(spec.top_k, dim=-1)  # (T, k)
-        weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        probs, chosen, weights = router_choices(self, tokens)  # (T, E), (T, k), (T, k)
         keep = kept_assignments(chosen, spec.experts, self.capacity(tokens.shape[0]))
         out = torch.zeros_like(tokens)
         kept_counts = []
@@ -163,13 +168,13 @@ class MoE(nn.Module):
         return out
 
     def _balanced(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Meta tensors: each expert runs on its balanced share of the assignments (capacity-limited)."""
+        """Meta tensors: each expert runs on its balanced share of the assignments (capacity-limited;
+        train/moe_routing.py)."""
         assignments = tokens.shape[0] * self.spec.top_k
         capacity = self.capacity(tokens.shape[0])
         out = torch.zeros_like(tokens) + self.router(tokens).sum() * 0
         counts = []
-        for e, expert in enumerate(self.experts):
-            share = assignments // self.spec.experts + (e < assignments % self.spec.experts)
+        for share, expert in zip(balanced_counts(self.spec, tokens.shape[0]), self.experts):
             counts.append(share if capacity is None else min(share, capacity))
             out = out + expert(tokens[:counts[-1]]).sum() * 0  # a share is at most every token
         self.routing = Routing(tuple(counts), assignments - sum(counts), float("nan"))

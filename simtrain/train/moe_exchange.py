@@ -33,6 +33,14 @@ from the routing model (train/moe_routing.py) for the whole ep group. A
 forward run again under full recomputation (`moe.recomputing`) routes as its
 first did and records nothing.
 
+Where the ep group's dispatch sends each token once to each node
+(`parallel.moe_dispatch: deepep`, comm/node_dispatch.py), the scheme gives
+the layer `expert_hosts` (the host of each of its experts, 0, 1, ... in the
+group's order): each rank's counts then carry, after its assignments per
+expert, how many of its tokens reach each host ("moe counts" gathers both,
+as DeepEP's notify_dispatch does), and "moe dispatch" carries those rows
+and the token each sent row is (`ExpertExchange.node_rows`, `token_ids`).
+
 The experts' region is measured once, on balanced routing; its work is
 linear in the tokens the rank's experts receive (every expert of a layer
 alike), so the combine boundary's `work_share` is the share of that measured
@@ -49,18 +57,22 @@ from typing import NamedTuple
 import torch
 
 from .moe_router import kept_assignments, route_tokens
-from .moe_routing import balanced_assignments
+from .moe_routing import balanced_counts, balanced_node_rows, node_rows
 from .tensor_parallel import Apply
 
 
 class ExpertExchange(NamedTuple):
     """A collective of the ep group between two regions of an MoE layer: "moe counts" (every rank's assignments
     per expert, all-gathered: `rows` = ep), or an all-to-all ("moe dispatch", "moe combine" and their backwards)
-    of `counts[src][dst]` rows; `rows`: how many this rank receives."""
+    of `counts[src][dst]` rows; `rows`: how many this rank receives. A dispatch that sends a token once to each
+    host has `node_rows[src][host]`, the tokens of rank src that reach each host, and `token_ids`, the token
+    each row this rank sends is (its layer's `expert_hosts` set; else empty and None)."""
 
     label: str
     counts: tuple
     rows: int
+    node_rows: tuple = ()
+    token_ids: torch.Tensor | None = None
 
     def result_like(self, tensor: torch.Tensor) -> torch.Tensor:
         """An empty tensor shaped as what this rank receives when it sends `tensor`."""
@@ -70,7 +82,7 @@ class ExpertExchange(NamedTuple):
 def balanced_routing(moe, tokens: int) -> tuple[list[list[int]], list[list[int]]]:
     """(assigned, kept), [ep rank][expert], of an ep group whose every rank routes `tokens` tokens evenly over the
     experts of `moe` (an MoE layer): what a layer charges without a router's output."""
-    assigned = [balanced_assignments(moe.spec.experts, tokens * moe.spec.top_k)] * moe.ep
+    assigned = [balanced_counts(moe.spec, tokens)] * moe.ep
     return assigned, kept_matrix(assigned, moe.capacity(tokens * moe.ep))
 
 
@@ -141,17 +153,30 @@ class _Exchanging:
         self.kept: list[list[int]] = []
         self.counts: tuple = ()
         self.share: float | None = None  # the experts' region's share of its measured (balanced) work
+        self.node_rows: tuple = ()  # with expert_hosts: [ep rank][host] the tokens reaching each host
+        self.token_ids = None  # with expert_hosts: the token each dispatched row is
 
     @property
     def ep_rank(self) -> int:
         return self.moe.first_expert // len(self.moe.experts)
 
+    @property
+    def hosts(self) -> int:
+        """The hosts of the ep group a dispatch sends each token once to (0: none, the dispatch is by rank)."""
+        hosts = self.moe.expert_hosts
+        return 0 if hosts is None else max(hosts) + 1
+
     def route(self, x, h):
         tokens = h.reshape(-1, h.shape[-1])
         _, chosen, weights = route_tokens(self.moe, tokens)
-        experts = self.moe.spec.experts
-        counts = (torch.zeros((1, experts), dtype=torch.int64, device="meta") if tokens.is_meta
-                  else torch.bincount(chosen.flatten(), minlength=experts).unsqueeze(0))
+        experts, hosts = self.moe.spec.experts, self.hosts
+        if tokens.is_meta:
+            counts = torch.zeros((1, experts + hosts), dtype=torch.int64, device="meta")
+        else:
+            counts = torch.bincount(chosen.flatten(), minlength=experts)
+            if hosts:
+                counts = torch.cat([counts, torch.tensor(node_rows(chosen, self.moe.expert_hosts, hosts))])
+            counts = counts.unsqueeze(0)
         return x, tokens, chosen, weights, counts
 
     def select(self, x, tokens, chosen, weights, gathered):
@@ -161,17 +186,23 @@ class _Exchanging:
         drawn = moe.drawn_routing
         balanced = balanced_routing(moe, tokens.shape[0])
         if not gathered.is_meta or drawn is not None:
-            assigned = (gathered.tolist() if not gathered.is_meta
-                        else drawn(tokens.shape[0] * moe.spec.top_k, moe.recomputing))
+            if not gathered.is_meta:
+                assigned, nodes = gathered[:, :experts].tolist(), gathered[:, experts:].tolist()
+            else:
+                assigned, nodes = drawn(tokens.shape[0], moe.recomputing, moe.expert_hosts)
             self.kept = kept_matrix(assigned, capacity)
             if not moe.recomputing:  # a forward run again routes as its first did
                 moe.routings.append((assigned, self.kept))
         else:
             assigned, self.kept = balanced
+            nodes = ([balanced_node_rows(moe.spec, tokens.shape[0], moe.expert_hosts, self.hosts)] * ep
+                     if self.hosts else ())
         self.counts = tuple(map(tuple, rank_counts(self.kept)))
+        self.node_rows = tuple(map(tuple, nodes))
         self.share = _received(self.kept, moe) / max(1, _received(balanced[1], moe))
         ahead = [sum(assigned[src][e] for src in range(me)) for e in range(experts)]
         token_index, slot = kept_positions(chosen, experts, capacity, ahead, self.kept[me])
+        self.token_ids = token_index if self.hosts else None
         return x, tokens, weights, token_index, slot, tokens[token_index]
 
     def run(self, x, tokens, weights, token_index, slot, received):
@@ -183,9 +214,13 @@ class _Exchanging:
         return (x + combine(self.moe, tokens, weights, token_index, slot, combined).view_as(x),)
 
     def exchange(self, label: str, reverse: bool) -> ExpertExchange:
-        """The all-to-all `label` of this forward's routing (`reverse`: tokens going back to their ranks)."""
+        """The all-to-all `label` of this forward's routing (`reverse`: tokens going back to their ranks); the
+        dispatch with its rows per host and token ids where the layer has expert_hosts."""
         counts = transposed(self.counts) if reverse else self.counts
-        return ExpertExchange(label, counts, sum(row[self.ep_rank] for row in counts))
+        rows = sum(row[self.ep_rank] for row in counts)
+        if label == "moe dispatch" and self.hosts:
+            return ExpertExchange(label, counts, rows, self.node_rows, self.token_ids)
+        return ExpertExchange(label, counts, rows)
 
 
 def _received(kept: list[list[int]], moe) -> int:
