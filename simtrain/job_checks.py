@@ -83,7 +83,7 @@ def _check_model_parts(scenario: Scenario, layout: Layout, entries: list[Entry],
     parallel = scenario.parallel
     parts = layout.pp * parallel.pipeline.virtual_stages
     placement = pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout
-    check_sequence(parallel, layout, seq_len)
+    check_sequence(parallel, layout, seq_len, scenario.model.moe is not None)
     units = units_of(entries, tensor_parallel=layout.tp > 1)
     check_pipeline_units(parallel.pipeline, parts, len(units))
     if layout.tp > 1:

@@ -5,7 +5,9 @@ every data-parallel rank's batch, rank order, SGD: test_expert_parallel's
 one_device) for the parameters and the dropped tokens; the routed token
 counts of that model, rank by rank, times a token's bytes for what the
 all-to-alls move, read back from the network's event log. With tp the
-tokens are split over the tp ranks (sequence parallelism), never sent twice.
+tokens are split over the tp ranks (with sequence parallelism or without: torchtitan's split of the whole
+stream's tokens), never sent twice; without sequence parallelism the MoE layer's tp collectives are the dense
+MLP's all-reduces, and its gradients are summed over tp (closed-form bytes).
 """
 import pytest
 import torch
@@ -23,22 +25,26 @@ from test_expert_parallel import assert_same_parameters, one_device
 HIDDEN, EXPERTS = 32, 4
 
 
-def scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True,
-             schedule="1f1b", virtual_stages=1, checkpointing="none", moe_routing=None, precision="fp32", amp=None,
-             aux_loss_coeff=0.0, **parallel):
+def scenario(devices, ep, **arguments):
+    return validate_scenario(raw_scenario(devices, ep, **arguments))
+
+
+def raw_scenario(devices, ep, tp=1, pp=1, steps=1, capacity_factor=None, microbatches=None, numerics=True,
+                 schedule="1f1b", virtual_stages=1, checkpointing="none", moe_routing=None, precision="fp32",
+                 amp=None, aux_loss_coeff=0.0, seq_len=8, **parallel) -> dict:
     moe = {"experts": EXPERTS, "top_k": 2, "capacity_factor": capacity_factor, "aux_loss_coeff": aux_loss_coeff,
            **({"routing": moe_routing} if moe_routing else {})}
     parallel = {"ep": ep, "tp": tp, "pp": pp, "sequence_parallel": tp > 1, **parallel}
     parallel["pipeline"] = {"microbatches": microbatches, "schedule": schedule, "virtual_stages": virtual_stages}
-    return validate_scenario({
+    return {
         "name": "t", "seed": 1, "numerics": numerics,
         "cluster": {"topology": "switch", "devices": devices, "device": "h100-80gb"},
         "model": {"name": "gpt", "hidden": HIDDEN, "layers": 2, "heads": 2, "moe": moe},
-        "data": {"name": "tokens", "batch_size": 4, "seq_len": 8, "vocab": 32},
+        "data": {"name": "tokens", "batch_size": 4, "seq_len": seq_len, "vocab": 32},
         "train": {"steps": steps, "optimizer": {"name": "sgd", "lr": 0.1}, "precision": precision,
                   "checkpointing": checkpointing, "amp": amp or {}},
         "parallel": parallel, "report": {"trace": False},
-    })
+    }
 
 
 def leaving_assignments(spec, dp: int, ep: int) -> int:
@@ -56,11 +62,13 @@ def leaving_assignments(spec, dp: int, ep: int) -> int:
     return leaving
 
 
-def test_ep2_tp2_pp2_trains_as_one_device_and_moves_each_routed_token_once():
-    """8 devices (dp 2 = ep 2, tp 2 with sequence parallelism, pp 2 of 4 microbatches): the parameters of one
-    device after a step; each exchange moves every assignment to another rank's expert once, a token's fp32
-    hidden vector: each tp rank dispatches only its part of the sequence."""
-    spec = scenario(8, ep=2, tp=2, pp=2)
+@pytest.mark.parametrize("sequence_parallel", [True, False], ids=["sp", "without sp"])
+def test_ep2_tp2_pp2_trains_as_one_device_and_moves_each_routed_token_once(sequence_parallel):
+    """8 devices (dp 2 = ep 2, tp 2 with sequence parallelism or without, pp 2 of 4 microbatches): the parameters
+    of one device after a step; each exchange moves every assignment to another rank's expert once, a token's
+    fp32 hidden vector: each tp rank dispatches only its part of the sequence (without sequence parallelism, the
+    part it takes from the whole stream)."""
+    spec = scenario(8, ep=2, tp=2, pp=2, sequence_parallel=sequence_parallel)
     job = one_step(spec)
     reference, dropped = one_device(spec, 2)
     assert_same_parameters(job.scheme.trained_model(), reference)
@@ -71,6 +79,31 @@ def test_ep2_tp2_pp2_trains_as_one_device_and_moves_each_routed_token_once():
         assert moved[label] == leaving * HIDDEN * 4
     moe = job.scheme.report_sections()["moe"]
     assert moe["all_to_all_bytes"] == [4 * leaving * HIDDEN * 4] and moe["dropped_tokens"] == dropped == [0]
+
+
+def test_without_sequence_parallelism_the_moe_layers_tp_collectives_are_the_dense_mlps():
+    """ep 2 x tp 2 x pp 2 over 8 devices, tp without sequence parallelism, 2 microbatches, two steps: torchtitan's
+    MoE boundary under tp is an all-reduce of the input's gradient and one of the output, so the tp all-reduces
+    move what those of the dense gpt of the same shape move (its MLP's "f" and "g"); the MoE layers' gradients
+    (router, experts), each tp rank's share, are summed over tp after the backward: a ring all-reduce, 2 (t - 1)
+    / t of each rank's MoE parameters, fp32; the parameters those of one device."""
+    raw = raw_scenario(8, ep=2, tp=2, pp=2, steps=2, microbatches=2, sequence_parallel=False)
+    job = one_step(validate_scenario(raw))
+    reference, _ = one_device(job.scenario, 2)
+    assert_same_parameters(job.scheme.trained_model(), reference)
+    dense = {**raw, "model": {**raw["model"], "moe": None}, "parallel": {**raw["parallel"], "ep": 1}}
+    moved, dense_moved = bytes_by_label(job), bytes_by_label(one_step(validate_scenario(dense)))
+    assert moved["tp_allreduce"] == dense_moved["tp_allreduce"] > 0
+    assert "tp_sp_grads" not in dense_moved  # no parameter of a dense gpt is a tp rank's share without sp
+    experts = sum(p.numel() for replica in job.replicas for name, p in replica.model.named_parameters()
+                  if ".moe." in name)
+    assert moved["tp_sp_grads"] == 2 * 2 * (2 - 1) * experts * 4 // 2  # two steps
+
+
+def test_without_sequence_parallelism_a_sequence_tp_does_not_cut_is_refused():
+    with pytest.raises(ScenarioError, match=r"model.moe: under parallel.tp each tp rank routes its part of the "
+                                            r"sequence; data.seq_len 7 does not divide into cp x tp = 2 equal parts"):
+        one_step(scenario(2, ep=1, tp=2, sequence_parallel=False, seq_len=7))
 
 
 def test_ep4_tp2_trains_as_one_device():
@@ -168,12 +201,15 @@ def test_ddp_overlap_reduces_the_experts_buckets_over_their_holders_and_trains_a
         assert {label: moved[label] for label in closed_form} == closed_form
 
 
-def test_ddp_overlap_under_tp_posts_every_ranks_buckets_at_the_same_place_among_its_regions():
-    """ep 2 x tp 2 (sequence parallelism) over 8 devices with small buckets: each tp rank routes its own part of
-    the sequence, so its experts' backward does its own share of the measured work; a bucket is posted at the
-    same share of the region's way on every rank, so the tp ranks sum their whole parameters' gradients bucket by
-    bucket in one order. Two steps: the parameters of one device."""
-    job = one_step(scenario(8, ep=2, tp=2, steps=2, overlap=True, bucket_cap_mb=0.004))
+@pytest.mark.parametrize("sequence_parallel", [True, False], ids=["sp", "without sp"])
+def test_ddp_overlap_under_tp_posts_every_ranks_buckets_at_the_same_place_among_its_regions(sequence_parallel):
+    """ep 2 x tp 2 (with sequence parallelism or without) over 8 devices with small buckets: each tp rank routes
+    its own part of the sequence, so its experts' backward does its own share of the measured work; a bucket is
+    posted at the same share of the region's way on every rank, so the tp ranks sum the gradients that are each
+    one's share (sequence parallelism's whole parameters, or the MoE layers') bucket by bucket in one order. Two
+    steps: the parameters of one device."""
+    job = one_step(scenario(8, ep=2, tp=2, steps=2, overlap=True, bucket_cap_mb=0.004,
+                            sequence_parallel=sequence_parallel))
     reference, _ = one_device(job.scenario, 4)
     assert_same_parameters(job.scheme.trained_model(), reference)
 
@@ -247,7 +283,6 @@ def test_a_shard_layout_cuts_each_unit_over_its_own_group():
 
 
 @pytest.mark.parametrize("arguments,expected", [
-    (dict(tp=2, sequence_parallel=False), "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it"),
     (dict(numerics=False, moe_routing={"model": "zipf"}), "model.moe.routing.model: drawn routing .zipf, "
                                                             "histogram. under parallel.pp or parallel.tp with "
                                                             "numerics off is not built"),

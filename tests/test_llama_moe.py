@@ -2,9 +2,9 @@
 
 References: single-process torch (the whole MoE llama on the concatenation of every data-parallel rank's batch,
 rank order, SGD: test_expert_parallel's one_device) for the parameters under expert parallelism, with data
-parallelism alone and under pp and tp; the SwiGLU's closed form, 6·h·W forward FLOPs a token, and PaLM's
-6N + 12LHQT with N a token's activated weights, against the operator recorder's count; the numerics-off
-exchanges against their closed-form bytes; one-line errors for bad input.
+parallelism alone and under pp and tp (with sequence parallelism and without); the SwiGLU's closed form, 6·h·W
+forward FLOPs a token, and PaLM's 6N + 12LHQT with N a token's activated weights, against the operator recorder's
+count; the numerics-off exchanges against their closed-form bytes; one-line errors for bad input.
 """
 import pytest
 import torch
@@ -128,10 +128,12 @@ def test_ep2_pp2_trains_to_the_parameters_of_one_device():
     assert_same_parameters(job.scheme.trained_model(), reference)
 
 
-def test_ep2_tp2_with_sequence_parallelism_trains_to_the_parameters_of_one_device():
-    """ep 2 x tp 2 over 4 devices: the attention cut by heads, the experts whole on each tp rank, each routing its
-    part of the sequence."""
-    spec = scenario(4, tp=2, sequence_parallel=True)
+@pytest.mark.parametrize("sequence_parallel", [True, False], ids=["sp", "without sp"])
+def test_ep2_tp2_trains_to_the_parameters_of_one_device(sequence_parallel):
+    """ep 2 x tp 2 over 4 devices, with sequence parallelism or without, and a shared expert: the attention cut by
+    heads, the experts whole on each tp rank, each routing its part of the sequence (without sequence
+    parallelism, taken from the whole stream, the layer's output summed back over tp)."""
+    spec = scenario(4, tp=2, sequence_parallel=sequence_parallel, shared_experts=1)
     job = one_step(spec)
     reference, _ = one_device(spec, 2)
     assert_same_parameters(job.scheme.trained_model(), reference)
@@ -147,11 +149,14 @@ def test_without_numerics_zipf_routing_runs_with_data_parallelism():
     assert moe["expert_share"][0] == max(moe["expert_share"])
 
 
-def test_without_numerics_balanced_routing_under_pp_and_tp_moves_the_closed_form_bytes():
+@pytest.mark.parametrize("sequence_parallel", [True, False], ids=["sp", "without sp"])
+def test_without_numerics_balanced_routing_under_pp_and_tp_moves_the_closed_form_bytes(sequence_parallel):
     """ep 2 x tp 2 x pp 2 over 8 devices (dp 2), 2 microbatches: each rank routes its 2 x 8 / 2 = 8 tokens a
     microbatch evenly, top 2 over 4 experts, half of its 16 assignments to the other ep rank, each a fp32 token of
-    HIDDEN elements, in each of the 4 exchanges of the one MoE block a stage holds."""
-    spec = scenario(8, numerics=False, steps=1, tp=2, pp=2, sequence_parallel=True, pipeline={"microbatches": 2})
+    HIDDEN elements, in each of the 4 exchanges of the one MoE block a stage holds (its part of the sequence,
+    with sequence parallelism or without)."""
+    spec = scenario(8, numerics=False, steps=1, tp=2, pp=2, sequence_parallel=sequence_parallel,
+                    pipeline={"microbatches": 2})
     job = one_step(spec)
     moe = job.scheme.report_sections()["moe"]
     assert moe["routing"] == "balanced" and moe["imbalance"] == [1.0]
@@ -164,7 +169,6 @@ def test_without_numerics_balanced_routing_under_pp_and_tp_moves_the_closed_form
 
 @pytest.mark.parametrize("arguments,expected", [
     (dict(expert_hidden=0), "model.moe.expert_hidden"),
-    (dict(tp=2), "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it"),
     (dict(ep=3), "parallel.ep: 3 does not divide model.moe.experts 4"),
 ])
 def test_bad_input_is_one_line_naming_the_key(arguments, expected):

@@ -155,8 +155,9 @@ def cli(*args):
     (GPT_SMALL, ["model.moe={every: 5}"], "model.moe.every"),
     (ROOT / "scenarios" / "quickstart.yaml", ["model.moe={}"], "model.moe: mixture-of-experts layers are for the "
                                                                  "gpt model, not mlp"),
-    (GPT_SMALL, ["model.moe={}", "parallel.tp=2"], "parallel.sequence_parallel: model.moe with parallel.tp above 1 "
-                                                   "needs it"),
+    (GPT_SMALL, ["model.moe={}", "parallel.tp=2", "data.seq_len=31"], "model.moe: under parallel.tp each tp rank "
+                                                                      "routes its part of the sequence; data.seq_len "
+                                                                      "31 does not divide into cp x tp = 2"),
 ])
 def test_bad_moe_input_is_one_line_naming_the_key(capsys, scenario, overrides, expected):
     args = [arg for override in overrides for arg in ("--set", override)]

@@ -19,6 +19,9 @@
 - Numerics: zero_bubble and dualpipev train the parameters 1F1B trains, under ZeRO-3, Megatron-Core's buckets
   and expert parallelism too.
 - The weight-gradient split is measured: a Linear's W is its weight GEMM, 2 x batch x in x out FLOPs.
+- Under sequence parallelism the split schedules train what 1F1B trains (with tp_comm_overlap too); an I pass
+  charges its column-parallel Linears' input-gradient GEMMs beside the gather of their kept shards, and keeps the
+  gathered inputs for W: a stage's peak activations exceed 1F1B's by their closed-form bytes.
 """
 import subprocess
 import sys
@@ -32,8 +35,9 @@ from simtrain.errors import ScenarioError
 from simtrain.parallel.schedules import REGISTRY, build_schedule
 from simtrain.parallel.schedules.actions import Action, Overlapped, check_schedule, computations
 from simtrain.parallel.schedules.timeline import timeline
-from simulated_steps import flat_parameters, one_step
-from test_model_parallel import EQUAL, MLP, scenario
+from simtrain.schemes.weight_grads import input_gradient_part
+from simulated_steps import bytes_by_label, flat_parameters, one_step
+from test_model_parallel import EQUAL, GPT, MLP, scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = [(p, m) for p in (2, 3, 4, 8) for m in (1, 2, 3, 4, 6, 8, 12, 16, 17, 24)]
@@ -385,3 +389,48 @@ def test_the_registry_names_each_schedule_file():
     assert all((folder / f"{module}.py").is_file() for module in REGISTRY.values())
     assert set(CHUNKS) | {"file"} == set(REGISTRY)
     assert Action("I", 3, 1).__str__() == "3I1"
+
+
+# ---------------------------------------------------------------- under sequence parallelism
+
+GPT_SP = {**GPT, "train": {**GPT["train"], "steps": 3}}
+
+
+@pytest.mark.parametrize("layout", [
+    {"schedule": "zero_bubble", "microbatches": 4},
+    {"schedule": "dualpipev", "microbatches": 4, "virtual_stages": 2},
+    {"schedule": "zero_bubble", "microbatches": 4, "tp_comm_overlap": True},
+], ids=["zb", "dualpipev", "zb-tp-comm-overlap"])
+def test_split_backwards_under_sequence_parallelism_train_what_1f1b_trains(layout):
+    """A gpt over pp 2 x tp 2 with sequence parallelism (and with Transformer Engine's overlaps): the I pass
+    gathers each column-parallel Linear's kept shard again for its input gradient and keeps it for W."""
+    ours = run(scenario(GPT_SP, 4, pp=2, tp=2, sequence_parallel=True, **layout))
+    reference = dict(layout, schedule="1f1b")
+    reference.pop("virtual_stages", None)
+    theirs = run(scenario(GPT_SP, 4, pp=2, tp=2, sequence_parallel=True, **reference))
+    torch.testing.assert_close(flat_parameters(ours.final_models[0]), flat_parameters(theirs.final_models[0]),
+                               rtol=1e-5, atol=1e-5)
+    assert ours.data["final_loss"] == pytest.approx(theirs.data["final_loss"], abs=1e-5)
+
+
+def test_under_sequence_parallelism_i_gathers_the_shards_again_and_keeps_them_for_w():
+    """pp 2 x tp 2, one microbatch of 8 sequences of 8 tokens, width 32. Stage 0 holds the embedding and a block
+    (two all-gathered inputs: the attention's, the MLP's), stage 1 a block and the head (three). Closed forms:
+    - an I pass charges, beside each gather, its column-parallel Linears' input-gradient GEMMs alone, 2 x tokens
+      x in x out FLOPs (q, k, v: 32 to 16 each on a tp rank; the MLP's first Linear 32 to 64), nothing after it;
+    - it keeps each gathered input, tokens x 32 fp32 values, for its W: a stage's peak activations exceed 1F1B's
+      by those, the shards gathered as often (tp_regather's bytes the same)."""
+    tokens, gathered = 8 * 8, 8 * 8 * 32 * 4
+    jobs = {schedule: one_step(scenario({**GPT, "train": {**GPT["train"], "steps": 1}}, 4, pp=2, tp=2,
+                                        sequence_parallel=True, schedule=schedule, microbatches=1))
+            for schedule in ("1f1b", "zero_bubble")}
+    zb = jobs["zero_bubble"]
+    peaks = {schedule: [device.memory.peak["activations"] for device in job.devices] for schedule, job in jobs.items()}
+    assert [ours - theirs for ours, theirs in zip(peaks["zero_bubble"], peaks["1f1b"])] == \
+        [2 * gathered] * 2 + [3 * gathered] * 2
+    assert bytes_by_label(zb)["tp_regather"] == bytes_by_label(jobs["1f1b"])["tp_regather"] > 0
+    stage0 = next(cost for cost in zb.scheme._costs.values()
+                  if not isinstance(cost, list) and cost.weight_regathered_bytes == 2 * gathered)
+    splits = [split for split in input_gradient_part(stage0).backward_regather if split is not None]
+    assert [(split.after_flops, split.behind) for split in splits] == [(2 * tokens * 32 * 64, 0.0),
+                                                                        (3 * 2 * tokens * 32 * 16, 0.0)]

@@ -266,7 +266,9 @@ def support_page() -> str:
         "and in fp32 to the parameters one device trains in plain torch.",
         "",
         f"{len(REFUSED)} combinations are refused: {len(not_built)} not built in simtrain, which Megatron-Core or "
-        f"torchtitan run (each goes when simtrain builds it), and {len(neither)} that neither framework runs.",
+        f"torchtitan run (each goes when simtrain builds it), and {len(neither)} that neither framework runs."
+        if not_built else f"{len(REFUSED)} combinations are refused, each one that neither Megatron-Core nor "
+        "torchtitan runs: simtrain runs every combination of these features that either framework runs.",
         "",
         "## Features",
         "",
@@ -278,11 +280,15 @@ def support_page() -> str:
                     + (" (not built)" if row.built_by else "")
                     for row in REFUSED if any(feature.name in group for group in row.groups)]
         lines.append(f"| {feature.name} | {_cell(feature.keys)} | {_cell('; '.join(partners))} |")
-    lines += ["", "## Not built in simtrain", "",
-              "Megatron-Core or torchtitan runs each of these combinations; simtrain refuses it until it is built.",
-              "", "| features | verdict | what the frameworks do | simtrain's line |", "|---|---|---|---|"]
-    lines += [f"| {_features(row.groups)} | {row.verdict} | {_cell(row.frameworks)} | {_line(row.line)} |"
-              for row in not_built]
+    lines += ["", "## Not built in simtrain", ""]
+    if not_built:
+        lines += ["Megatron-Core or torchtitan runs each of these combinations; simtrain refuses it until it is "
+                  "built.", "", "| features | verdict | what the frameworks do | simtrain's line |",
+                  "|---|---|---|---|"]
+        lines += [f"| {_features(row.groups)} | {row.verdict} | {_cell(row.frameworks)} | {_line(row.line)} |"
+                  for row in not_built]
+    else:
+        lines.append("None: simtrain runs every combination of these features that Megatron-Core or torchtitan runs.")
     lines += ["", "## Refused: neither framework runs it", "",
               "Neither Megatron-Core nor torchtitan runs these combinations (often: one of the features is "
               "simtrain's own).", "", "| features | why | simtrain's line |", "|---|---|---|"]

@@ -90,8 +90,6 @@ FEATURES = (
     Feature("offload", "parallel.sharding.offload optimizer or optimizer_and_parameters",
             lambda c: c.parallel.sharding.offload != "none"),
     Feature("tp", "parallel.tp above 1", lambda c: c.parallel.tp > 1),
-    Feature("tp without sp", "parallel.tp above 1, parallel.sequence_parallel false",
-            lambda c: c.parallel.tp > 1 and not c.parallel.sequence_parallel),
     Feature("sp", "parallel.sequence_parallel", lambda c: c.parallel.sequence_parallel),
     Feature("cp", "parallel.cp above 1", lambda c: c.parallel.cp > 1),
     Feature("pp", "parallel.pp above 1 (schedules gpipe, 1f1b, interleaved, zero_bubble, dualpipev, file)",
@@ -236,12 +234,6 @@ REFUSED = (
             NO_KFAC),
     Refusal(("SyncBN", LOW_PRECISION), "parallel.sync_batchnorm: needs train.precision fp32", NO_BATCHNORM),
     # -- experts
-    Refusal(("MoE", "tp without sp"),
-            "parallel.sequence_parallel: model.moe with parallel.tp above 1 needs it (each tp rank routes its part "
-            "of the sequence to experts it holds whole, as Megatron-Core)",
-            "Megatron-Core's MoE layer refuses tp above 1 without --sequence-parallel in training; torchtitan's "
-            "MoE sharding has a layout for tp with parallelism.enable_sequence_parallel false.",
-            (TORCHTITAN,)),
     # before the row below, which representatives under pp or tp would reach first
     Refusal(("representatives", "drawn routing"),
             "parallel.representatives: with a drawn routing model (model.moe.routing.model zipf or histogram) the ep "
@@ -315,10 +307,6 @@ REFUSED = (
             "Neither runs it: torchtitan's zero-bubble schedules take its activation checkpointing (full, selective "
             "by operator, or every k-th layer), not groups of layers; Megatron-Core's --recompute-method runs "
             "under its 1F1B and interleaved schedules, which do not split backwards."),
-    Refusal(("split backward", "sp"), SPLIT_BACKWARD + "parallel.sequence_parallel",
-            "torchtitan applies its tensor-parallel plan (sequence-parallel norms by default) to every pipeline "
-            "stage under any of its schedules, ZBVZeroBubble and DualPipeV among them.",
-            (TORCHTITAN,)),
     # -- simtrain launch (real processes)
     Refusal(("simtrain launch", "numerics off"), "numerics: launch trains for real; false is for simulations",
             "Numerics off is simtrain's own; a real run computes."),

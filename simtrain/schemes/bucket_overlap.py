@@ -20,9 +20,10 @@ one owned by each rank of the shard group.
   other chunks' work); the optimizer step first awaits them all
   (`finish_grad_sync`). The regions are the chunk's tensor-parallel regions
   (schemes/stage_execution.py); which parameters each region's backward adds
-  to is measured on the meta copy (`ChunkCost.backward_params`). Under
-  sequence parallelism the parameters every tp rank holds whole are summed
-  across the tp group bucket by bucket, just before the bucket's
+  to is measured on the meta copy (`ChunkCost.backward_params`). The
+  parameters whose gradient is each tp rank's share (under sequence
+  parallelism every one a tp rank holds whole; an MoE layer's under tp) are
+  summed across the tp group bucket by bucket, just before the bucket's
   reduce-scatter, instead of all at once after the walk.
 - **Parameter all-gather** (`overlap_param_gather`): after the optimizer
   step nothing is gathered; in the next step's first forward of each chunk,
@@ -233,7 +234,7 @@ class BucketOverlap:
         for unit in sorted(ready if units is None else units, reverse=True):
             if region is None or ready[unit] is not None and ready[unit] <= region:
                 del ready[unit]
-                yield from self.optimizer.sum_sequence_parallel_grads(self.rank, unit)
+                yield from self.optimizer.sum_bucket_tp_grads(self.rank, unit)
                 self.reducing.append((unit, (yield from self.optimizer.post_reduce(self.rank, unit))))
 
     # ---- the parameters ----

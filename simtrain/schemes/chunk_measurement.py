@@ -45,6 +45,7 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
                      tuple(params for _, _, _, params in backward),
                      splits if any(split is not None for split in splits) else (), overlap,
                      *((tuple(weights.regions), min(weights.held_bytes, peak)) if weights is not None else ()),
+                     weight_regathered_bytes=weights.regathered_bytes if weights is not None else 0,
                      forward_kernels=kernels[0], backward_kernels=kernels[1],
                      grad_ready_flops=() if tp_overlap else tuple(ready),
                      shared_saved_bytes=() if weight_split else _shared(chunk, ops_of, target, saved))
@@ -72,11 +73,12 @@ def _meta_run(chunk, ops_of, inputs, target):
 
 
 def _drive(program, recorder: OperatorRecorder | None = None, touched: list | None = None,
-           watch: GemmWatch | None = None) -> tuple[object, list, tuple[int, ...]]:
+           watches: tuple = ()) -> tuple[object, list, tuple[int, ...]]:
     """Run a step program without a clock (collectives skipped); with an operator recorder, per region
     (each region ends with a Compute): its FLOPs, the meta copy of the buffer all-reduced after it, if any,
     its operators' costs and the parameters whose gradients it touched (what `touched` collected meanwhile),
-    and in a tuple of their own the operators each region dispatched; `watch` is cut at each region's end."""
+    and in a tuple of their own the operators each region dispatched; each of `watches` is cut at each region's
+    end."""
     regions, before = [], 0.0
     kernels, kernels_before = [], 0
     try:
@@ -92,7 +94,7 @@ def _drive(program, recorder: OperatorRecorder | None = None, touched: list | No
                 kernels_before = dispatched
                 if touched is not None:
                     touched.clear()
-                if watch is not None:
+                for watch in watches:
                     watch.cut()
             elif isinstance(op, _Reduced):
                 flops, _, ops, params = regions[-1]
@@ -129,25 +131,30 @@ def _regions(chunk, ops_of, inputs, target, inputs_kept: bool, tp: int, tp_overl
             lambda _, index=index: ready.__setitem__(index, float(backward_recorder.flops)))
         if weights is not None:
             param.register_hook(weights.gradient)
-    watches = [GemmWatch(meta.parameters()) for _ in range(2)] if tp_overlap else [None, weights]
-    watching = [contextlib.nullcontext() if watch is None else watch for watch in watches]
-    measuring = [watch.communicating(_measuring(tp)) if isinstance(watch, GemmWatch) else _measuring(tp)
-                 for watch in watches]
+    gemms = [GemmWatch(meta.parameters()) for _ in range(2)] if tp_overlap else [None, None]
+    measuring = [_measuring(tp) if watch is None else watch.communicating(_measuring(tp)) for watch in gemms]
+    forward_watches = tuple(watch for watch in gemms[:1] if watch is not None)
+    backward_watches = tuple(watch for watch in (gemms[1], weights) if watch is not None)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        with OperatorRecorder() as recorder, watching[0]:
+        with OperatorRecorder() as recorder, contextlib.ExitStack() as watching:
+            for watch in forward_watches:
+                watching.enter_context(watch)
             (outputs, tape, _), forward, forward_kernels = _drive(
-                chunk_forward(ops, meta_inputs, measuring[0], None, "", meta_target), recorder, watch=watches[0])
+                chunk_forward(ops, meta_inputs, measuring[0], None, "", meta_target), recorder,
+                watches=forward_watches)
         grads = None if target is not None else tuple(torch.ones_like(o) for o in outputs)
         shards = tape.shards[::-1]  # backward order
-        with backward_recorder as recorder, watching[1]:
-            marks = _mark_regathers(shards, recorder)
+        with backward_recorder as recorder, contextlib.ExitStack() as watching:
+            for watch in backward_watches:
+                watching.enter_context(watch)
+            marks = _mark_regathers(shards, recorder, weights)
             input_grads, backward, backward_kernels = _drive(
-                chunk_backward(tape, grads, measuring[1], None, ""), recorder, touched, watches[1])
+                chunk_backward(tape, grads, measuring[1], None, ""), recorder, touched, backward_watches)
         del tape
-    splits, overlap = _splits(backward, shards, marks), None
+    splits, overlap = _splits(backward, shards, marks, weights), None
     if tp_overlap:
         boundaries = [op for op in ops if type(op) not in (Apply, ApplyWithTarget)]
-        overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
+        overlap, forward, backward, splits = carve(*gemms, boundaries, forward, backward, splits)
     peak, saved = _activation_peak(chunk, ops_of, inputs, target, inputs_kept, tp)
     return (forward, backward, outputs[0], input_grads[0], peak, splits, overlap, weights,
             (forward_kernels, backward_kernels), ready, saved)
@@ -196,24 +203,33 @@ def _regathered_on_meta(shards: list) -> list:
     return packed
 
 
-def _mark_regathers(shards: list, recorder: OperatorRecorder) -> dict:
+def _mark_regathers(shards: list, recorder: OperatorRecorder, weights: WeightGradWatch | None) -> dict:
     """Measuring: for each backward region whose input was kept as its shard, (the backward's FLOPs, the
     operators since the last take) noted at the first use of the shard gathered again (which stands in for it,
-    as a meta tensor like it)."""
+    as a meta tensor like it); `weights`, when watching, marked there and told of each gathered input."""
     marks = {}
+
+    def mark(step):
+        if step not in marks and weights is not None:
+            weights.mark()
+        marks.setdefault(step, (float(recorder.flops), recorder.take()))
     for step, shard in _regathered_on_meta(shards):
-        shard.at_unpack = lambda step=step: marks.setdefault(step, (float(recorder.flops), recorder.take()))
+        shard.at_unpack = lambda step=step: mark(step)
+        if weights is not None:
+            weights.gathered_again(shard.regathered)
     return marks
 
 
-def _splits(backward: list, shards: list, marks: dict) -> tuple:
+def _splits(backward: list, shards: list, marks: dict, weights: WeightGradWatch | None) -> tuple:
     """Each backward region's RegionSplit (its regions' operators: what `marks` took before the first use of the
-    gathered shard, the rest after), or None; the regions' own entries get their whole operators back."""
+    gathered shard, the rest after; with `weights`, the weight-gradient operators of the rest), or None; the
+    regions' own entries get their whole operators back."""
     splits, start = [], 0.0
     for step, (flops, reduced, ops, params) in enumerate(backward):
         if step in marks:
             at, before = marks[step]
-            splits.append(RegionSplit(_meta_like(shards[step].shard), at - start, before, flops - (at - start), ops))
+            splits.append(RegionSplit(_meta_like(shards[step].shard), at - start, before, flops - (at - start), ops,
+                                      weights.after_mark(step) if weights is not None else (0.0, ())))
             backward[step] = (flops, reduced, merged(before, ops), params)
         else:
             splits.append(None)

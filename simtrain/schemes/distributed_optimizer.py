@@ -111,7 +111,7 @@ class DistributedOptimizer:
         # data parallelism alone (no ep): FSDP's units, the model's blocks, beside the compute (unit_overlap.py)
         self.blocks: dict[int, UnitOverlap] = {}
         unit_costs = UnitCosts(job.model) if layout.world == layout.dp and layout.ep == 1 else None
-        self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
+        self._tp_summed: dict[int, set] = {}  # rank -> ids of its parameters summed over tp (tp_summed_parameters)
         self.held, self._step_bytes = {}, {}
         self.ranks = [rank for rank in scheme.running if scheme.replicas[rank] is not None]  # launched: its own
         self._gathered = {rank: set() for rank in self.ranks}  # stage 3: the units whose parameters are whole
@@ -149,9 +149,7 @@ class DistributedOptimizer:
                 self.blocks[rank] = UnitOverlap(self, rank, unit_costs)
             elif overlapping:
                 self.buckets[rank] = BucketOverlap(self, rank, shard_layout, chunks, experts)
-                model = shard.model
-                self._whole[rank] = {id(p) for name, p in model.named_parameters()
-                                     if p.requires_grad and model.sources[name].slice is None}
+                self._tp_summed[rank] = {id(p) for p in shard.model.tp_summed_parameters()}
             self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer)
             self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer)
         # ZeRO-Offload: the host keeps part of what each rank holds (offload.py)
@@ -165,7 +163,7 @@ class DistributedOptimizer:
                 self.held[rank], self.host_held[rank] = self.offload.split(rank, self.held[rank])
         # one device's update of the whole model (scaling efficiency's baseline, data parallelism alone)
         self._whole_step_bytes = update_bytes(replicas[self.ranks[0]].params, train.precision, train.optimizer)
-        self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
+        self.sums_tp_grads = overlapping  # the buckets sum them over tp, each before its reduce-scatter
         self._step_kernels = scheme.update_kernels(self.ranks)  # a calibrated host's kernel_overhead
         self._ended, self._published = 0, False
 
@@ -332,13 +330,11 @@ class DistributedOptimizer:
         yield Alloc("comm_buffers", self._copy_bytes(rank, unit))
         return (yield Post(*self.collective("reduce_scatter", rank, unit)))
 
-    def sum_sequence_parallel_grads(self, rank: int, unit: int):
-        """Step program, under sequence parallelism with overlap_grad_reduce: the gradients of unit `unit`'s
-        parameters that every tp rank holds whole summed across the tp group (model_parallel.py sums them all
-        at once without overlap), before the unit's reduce-scatter."""
-        if not self.sums_sequence_parallel_grads:
-            return
-        shard, whole = self.scheme.replicas[rank], self._whole[rank]
+    def sum_bucket_tp_grads(self, rank: int, unit: int):
+        """Step program, with overlap_grad_reduce: the gradients of unit `unit`'s parameters that are each tp
+        rank's share (train/partition.py tp_summed_parameters) summed across the tp group (model_parallel.py sums
+        them all at once without overlap), before the unit's reduce-scatter."""
+        shard, whole = self.scheme.replicas[rank], self._tp_summed[rank]
         grads = [shard.params[index].grad for index in shard.layout.units[unit] if id(shard.params[index]) in whole]
         if grads:
             yield from self.scheme.sum_tp_grads(rank, grads)

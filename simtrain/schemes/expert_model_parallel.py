@@ -13,14 +13,16 @@ group, form the experts' data-parallel group (its data-modulo-expert group).
 Under cp each rank routes the tokens of its own chunks of the sequence. Ep
 rank i (its place in its ep group) holds experts [i E/ep, (i+1) E/ep) of
 every MoE layer of its stage, whole: they are not split over tp (Megatron-Core's
-expert_tensor_parallel_size 1). With tp above 1 the stream is cut along the
-sequence over the tp group (sequence parallelism, which Megatron-Core also
-requires beside ep and tp), so each tp rank routes and dispatches its own part
-of the micro-batch's tokens in its own ep group, and no token is sent twice.
+expert_tensor_parallel_size 1). With tp above 1 each tp rank routes and
+dispatches its own part of the micro-batch's sequence in its own ep group, and
+no token is sent twice: under sequence parallelism (which Megatron-Core
+requires beside ep and tp) the stream's part the rank holds, without it the
+part it takes from the whole stream, the layer's output summed back over tp
+(torchtitan's split of the tokens over tp: train/moe.py ExpertsBlock).
 
-The data-parallel half (`ExpertUpdate`, after the backward and sequence
-parallelism's sum of whole parameters' gradients over tp, which sums the
-experts' too: each tp rank's experts saw its part of the sequence): the
+The data-parallel half (`ExpertUpdate`, after the backward and the sum over tp
+of the gradients that are each tp rank's share, the experts' among them: each
+tp rank's experts saw its part of the sequence): the
 replicated parameters' gradient is averaged over the dp (x cp) group as
 DDP's (`dp_allreduce`), the experts' over the dp (x cp) / ep ranks that hold them
 (`expert_allreduce`) and divided by ep: each holder's gradient is a sum over
@@ -218,7 +220,8 @@ class ExpertLayers:
             self.moe_steps.append(figures)
 
     def _microbatch_tokens(self) -> int:
-        """A rank's tokens per microbatch: its part of the sequence under cp and tp (sequence parallelism)."""
+        """A rank's tokens per microbatch: its part of the sequence under cp and tp (with sequence parallelism or
+        without: train/moe.py)."""
         sample, layout = self.job.sample_microbatch(), self.scheme.layout
         return sample.shape[0] * sample.shape[1] // (layout.cp * layout.tp)
 

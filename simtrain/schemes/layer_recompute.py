@@ -45,7 +45,7 @@ from ..train.moe import recomputing
 from ..train.partition import module_structure
 from .chunk_measurement import measure_chunk
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
-from .weight_grads import input_gradient_part, weight_gradient_compute
+from .weight_grads import input_gradient_part, kept_for_weights, weight_gradient_compute
 
 
 def measure_layers(layers: list, ops_of, inputs: tuple, target: torch.Tensor | None, tp: int = 1,
@@ -119,6 +119,7 @@ def layers_backward(layers: list, costs: list[ChunkCost], kept: list, grads: tup
                 grads = yield from chunk_backward(kept[number], grads, communicate, charged, dtype)
             else:
                 grads = ((yield from replay_backward(charged, communicate, dtype)),)
+            yield from _keep_regathered(cost, input_only)
             yield Free("activations", held[number] - kept_for_w)
             continue
         yield Alloc("activations", held_whole(cost))  # an MoE layer's experts hold theirs apart (stage_execution.py)
@@ -130,12 +131,19 @@ def layers_backward(layers: list, costs: list[ChunkCost], kept: list, grads: tup
         else:
             yield from replay_forward(cost, communicate, dtype, first)
             grads = ((yield from replay_backward(charged, communicate, dtype, starts_pass=False)),)
+        yield from _keep_regathered(cost, input_only)
         yield Free("activations", held_whole(cost) + held[number] - kept_for_w)
     return grads[0]
+
+
+def _keep_regathered(cost: ChunkCost, input_only: bool):
+    """Step program: an I pass's segment keeps the inputs it gathered again for its W (weight_grads.py)."""
+    if input_only and cost.weight_regathered_bytes:
+        yield Alloc("activations", cost.weight_regathered_bytes)
 
 
 def weight_pass(costs: list[ChunkCost], dtype: str):
     """Step program: a split schedule's W pass of a recomputed chunk: every segment's weight-gradient operators,
     one compute span, then what its I kept for them let go."""
     yield weight_gradient_compute(costs, dtype)
-    yield Free("activations", sum(cost.weight_held_bytes for cost in costs))
+    yield Free("activations", sum(kept_for_weights(cost) for cost in costs))

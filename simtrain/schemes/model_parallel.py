@@ -286,8 +286,9 @@ class ModelParallel(RankReplicas, Scheme):
             if self.experts is not None:
                 self.experts.scale_balancing_loss(rank)
             losses = yield from (walk if self.experts is None else self.experts.timed(rank, step, walk))
-            if self.sequence_parallel and not self.data_parallel.sums_sequence_parallel_grads:
-                yield from self.sum_tp_grads(rank, replica.model.whole_parameter_grads())
+            summed = [] if self.data_parallel.sums_tp_grads else replica.model.tp_summed_parameters()
+            if summed:  # each tp rank's share of their gradients (sequence parallelism's, an MoE layer's)
+                yield from self.sum_tp_grads(rank, [p.grad for p in summed])
             yield from self.data_parallel.update(rank)
             self._step_done(rank, step, losses)
         yield from self.data_parallel.finish(rank)
@@ -326,10 +327,11 @@ class ModelParallel(RankReplicas, Scheme):
 
     def sum_tp_grads(self, rank: int, grads: list):
         """Step program: under sequence parallelism the parameters every tp rank holds whole (LayerNorms,
-        the row-split Linears' biases, position embeddings) get each rank's share of their gradient: sum
-        `grads` (of such parameters) across the tp group, as Megatron-LM does, in one all-reduce labelled
-        tp_sp_grads (all of them after the walk; under overlap_grad_reduce each bucket's before its
-        reduce-scatter: distributed_optimizer.py)."""
+        the row-split Linears' biases, position embeddings), and without it an MoE layer's (each tp rank routes
+        its part of the sequence: train/moe.py), get each rank's share of their gradient: sum `grads` (of such
+        parameters: RankModule.tp_summed_parameters) across the tp group, as Megatron-LM does, in one all-reduce
+        labelled tp_sp_grads (all of them after the walk; with overlap each bucket's before its reduction:
+        replicated_update.py, distributed_optimizer.py)."""
         flat = torch.cat([grad.reshape(-1) for grad in grads])
         tp_comm, tp_index, tp_reduce = self.comms.tp[rank]
         yield Collective(tp_reduce(tp_index, tp_comm.world, flat), "tp_sp_grads", tp_comm, tp_index)

@@ -34,7 +34,7 @@ def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tupl
     pipeline = scenario.parallel.pipeline
     parts = layout.pp * pipeline.virtual_stages
     pipeline_placement(scenario, layout.pp)  # the schedule runs with this layout (one-line errors otherwise)
-    check_sequence(scenario.parallel, layout, sample_x.shape[1])
+    check_sequence(scenario.parallel, layout, sample_x.shape[1], scenario.model.moe is not None)
     try:
         units = model_units(model, tensor_parallel=layout.tp > 1, cut=parts * layout.tp * layout.cp > 1)
     except ValueError as error:

@@ -52,7 +52,9 @@ mailbox per (src, dst, tag)):
 
 Each stage holds a microbatch's measured activation bytes from its forward
 to its backward (GPipe holds m, 1F1B at most pp - s on stage s); split, the
-part W reads (`ChunkCost.weight_held_bytes`) stays from I until W. Under full
+part W reads (`ChunkCost.weight_held_bytes`) stays from I until W, and so do
+the inputs I gathered again for W under sequence parallelism
+(`weight_regathered_bytes`: schemes/weight_grads.py). Under full
 recomputation (train.checkpointing: full, and sqrt or segments under tp, cp or
 with MoE layers) only the input of each of the chunk's segments, and its
 backward runs each segment's forward again, with its collectives, just before
@@ -71,7 +73,7 @@ from ..parallel.schedules.actions import Overlapped, computations
 from ..step_ops import Alloc, Await, Collective, Free, Post
 from .layer_recompute import kept_bytes, layers_backward, layers_forward, weight_pass
 from .stage_execution import chunk_backward, chunk_forward, held_whole, replay_backward, replay_forward
-from .weight_grads import input_gradient_part, weight_gradient_compute
+from .weight_grads import input_gradient_part, kept_for_weights, weight_gradient_compute
 
 HOOK_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 
@@ -198,6 +200,8 @@ class PipelineStage:
             else:
                 input_grad = yield from sharded.during(self.rank, work, cost,
                                                        replay_backward(charged, tp_collective, dtype))
+            if work.kind == "backward_input" and cost.weight_regathered_bytes:  # the inputs it gathered, for W
+                yield Alloc("activations", cost.weight_regathered_bytes)
             yield Free("activations", held - cost.weight_held_bytes if work.kind == "backward_input" else held)
         if part > 0:
             yield from self.send(step, 1, work.microbatch, part - 1, input_grad)
@@ -210,7 +214,7 @@ class PipelineStage:
             yield from weight_pass(cost, self.replica.precision.name)
             return
         yield weight_gradient_compute(cost, self.replica.precision.name)
-        yield Free("activations", cost.weight_held_bytes)
+        yield Free("activations", kept_for_weights(cost))
 
     def tag(self, step: int, direction: int, microbatch: int, part: int) -> int:
         """A message's tag: its step's parity (a stage has two steps' receives posted), direction (0 forward,

@@ -47,7 +47,7 @@ class ReplicatedUpdate:
         self.microbatches, self.overlap_param_gather = scheme.microbatches, False  # what BucketOverlap reads
         overlapping = parallel.overlapped and scheme.layout.dp * scheme.layout.cp > 1
         self.buckets: dict[int, BucketOverlap] = {}  # rank -> its DDP buckets, with parallel.overlap
-        self._whole: dict[int, set] = {}  # rank -> ids of the parameters every tp rank holds whole
+        self._tp_summed: dict[int, set] = {}  # rank -> ids of its parameters summed over tp (tp_summed_parameters)
         for rank in scheme.running if overlapping else ():
             if replicas[rank] is None:  # a real run's process holds its own rank alone
                 continue
@@ -60,9 +60,8 @@ class ReplicatedUpdate:
                                      cap)
             layout = ShardLayout([p.numel() for p in replica.params], units, 1)  # one shard: grad_buffer's offsets
             self.buckets[rank] = BucketOverlap(self, rank, layout, chunks, experts)
-            self._whole[rank] = {id(p) for name, p in replica.model.named_parameters()
-                                 if p.requires_grad and replica.model.sources[name].slice is None}
-        self.sums_sequence_parallel_grads = overlapping and scheme.sequence_parallel
+            self._tp_summed[rank] = {id(p) for p in replica.model.tp_summed_parameters()}
+        self.sums_tp_grads = overlapping  # the buckets sum them over tp, each before its all-reduce
 
     def first_expert(self, rank: int) -> int | None:
         """The index of the rank's first expert parameter, its experts laid out last (ExpertUpdate's); None."""
@@ -102,12 +101,11 @@ class ReplicatedUpdate:
         yield PostCollective(dp_reduce(dp_index, dp_comm.world, view, average=True), "dp_allreduce", dp_comm,
                              dp_index)
 
-    def sum_sequence_parallel_grads(self, rank: int, unit: int):
-        """Step program (BucketOverlap's), under sequence parallelism: the gradients of bucket `unit`'s parameters
-        that every tp rank holds whole summed across the tp group, before its all-reduce."""
-        if not self.sums_sequence_parallel_grads:
-            return
-        replica, whole = self.scheme.replicas[rank], self._whole[rank]
+    def sum_bucket_tp_grads(self, rank: int, unit: int):
+        """Step program (BucketOverlap's): the gradients of bucket `unit`'s parameters that are each tp rank's
+        share (train/partition.py tp_summed_parameters: sequence parallelism's, an MoE layer's) summed across the
+        tp group, before its all-reduce."""
+        replica, whole = self.scheme.replicas[rank], self._tp_summed[rank]
         grads = [replica.params[index].grad for index in self.buckets[rank].layout.units[unit]
                  if id(replica.params[index]) in whole]
         if grads:

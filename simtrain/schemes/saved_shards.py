@@ -23,7 +23,9 @@ on the meta copy by schemes/stage_execution.py: the operators before the
 first unpack, and those from it on): the operators before the Linears'
 backward; the gather posted, half of the rest (the Linears' input gradient:
 a Linear's two backward GEMMs have equal FLOPs) beside it; the gather
-awaited, the other half (the weight gradient).
+awaited, the other half (the weight gradient). A split schedule's I pass
+charges the rest's input-gradient operators, measured apart, all beside the
+gather, and leaves the weight gradient to W (schemes/weight_grads.py).
 
     shard = SavedShard(part, gathered)          # in the forward, after the all-gather
     with shard.hooks():
@@ -48,6 +50,10 @@ class RegionSplit(NamedTuple):
     before_ops: OpCosts
     after_flops: float
     after_ops: OpCosts
+    # of the after piece, the weight-gradient operators' (FLOPs, OpCosts), where a split schedule measured them
+    # (schemes/weight_grads.py)
+    after_weight: tuple = (0.0, ())
+    behind: float = 0.5  # the share of the after piece charged once the gather is awaited (the rest beside it)
 
 
 class SavedShard:

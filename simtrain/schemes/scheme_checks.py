@@ -9,7 +9,7 @@ scheme's own line without importing torch. Each raises a ScenarioError naming
 the key at fault.
 
     offload_host_bandwidth(cluster.shared_memory, scenario.cluster.shared_memory, "optimizer")
-    check_sequence(scenario.parallel, layout, seq_len=32)   # the model-parallel cuts (model_parts.py)
+    check_sequence(scenario.parallel, layout, seq_len=32, experts=True)   # the model-parallel cuts (model_parts.py)
     check_pipeline_units(scenario.parallel.pipeline, parts=4, units=10)
 """
 from ..errors import ScenarioError
@@ -21,12 +21,17 @@ NOTHING_TO_SPLIT = ("parallel.tp: the model has no layers to split (a Linear, el
                     "blocks)")
 
 
-def check_sequence(parallel, layout, seq_len: int) -> None:
+def check_sequence(parallel, layout, seq_len: int, experts: bool = False) -> None:
     """The sequence (`seq_len` long) cut by sequence parallelism over tp and by context parallelism into 2 x cp
-    chunks (x tp with sequence parallelism)."""
+    chunks (x tp with sequence parallelism); with `experts` (model.moe) under tp without sequence parallelism,
+    each cp rank's part cut into tp parts, one routed by each tp rank (train/moe.py)."""
     if parallel.sequence_parallel and seq_len % layout.tp:
         raise ScenarioError(f"parallel.sequence_parallel: data.seq_len {seq_len} does not divide into tp "
                             f"{layout.tp} equal parts")
+    if experts and layout.tp > 1 and not parallel.sequence_parallel and seq_len % (layout.cp * layout.tp):
+        raise ScenarioError(f"model.moe: under parallel.tp each tp rank routes its part of the sequence; "
+                            f"data.seq_len {seq_len} does not divide into cp x tp = {layout.cp * layout.tp} equal "
+                            "parts")
     chunks = 2 * layout.cp * (layout.tp if parallel.sequence_parallel else 1)
     if layout.cp > 1 and seq_len % chunks:
         raise ScenarioError(f"parallel.cp: data.seq_len {seq_len} does not divide into 2 x cp {layout.cp}"

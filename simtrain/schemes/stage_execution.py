@@ -121,6 +121,9 @@ class ChunkCost:
     # weight-gradient operators, which a W pass runs apart (schemes/weight_grads.py); () when not measured
     weight_grads: tuple = ()
     weight_held_bytes: int = 0  # of activation_bytes, what the W pass reads: kept from a microbatch's I to its W
+    # what the W pass reads of the inputs gathered again in the backward (sequence parallelism: saved_shards.py),
+    # which its I gathers and keeps to its W, besides activation_bytes
+    weight_regathered_bytes: int = 0
     # per region, forward and backward order: the torch operators it dispatches (a device's kernel_overhead)
     forward_kernels: tuple[int, ...] = ()
     backward_kernels: tuple[int, ...] = ()
@@ -284,14 +287,14 @@ def _autograd(inputs: tuple, outputs: tuple, grads: tuple | None) -> tuple:
 def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate, starts_pass: bool,
                       shard: SavedShard | None = None, run=lambda: None, scatter=None, share: float | None = None):
     """Step program: backward region `step`'s numerics (`run()`) and its compute (its kernels, and the pass it
-    may start, charged on its first piece); where the region's gathered
-    input was kept as its shard, the shard gathered again beside the first half of its column-parallel Linears'
-    backward (their input gradient) and awaited before the second (their weight gradient):
-    schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the
-    input gradient and its result, posted beside the weight gradient (or None: no collective); the halves
-    beside a collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS). `share`: the
-    share of its measured work the region did (an MoE layer's experts, by the tokens they received), or None.
-    Returns (run()'s value, that result or None)."""
+    may start, charged on its first piece); where the region's gathered input was kept as its shard, the shard
+    gathered again beside the first half of its column-parallel Linears' backward (their input gradient) and
+    awaited before the second (their weight gradient; in a split schedule's I pass, none):
+    schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the input
+    gradient and its result, posted beside the weight gradient (or None: no collective); the halves beside a
+    collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS). `share`: the share of
+    its measured work the region did (an MoE layer's experts, by the tokens they received), or None. Returns
+    (run()'s value, that result or None)."""
     split = cost.backward_regather[step] if cost is not None and cost.backward_regather else None
     compute = _shared(_region_compute(cost, step, "backward", dtype, starts_pass), share)
     if split is None:
@@ -302,20 +305,21 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
                   passes=compute.passes)
     collective, regathered = communicate("all_gather", split.shard if shard is None else shard.shard)
     handle = yield Post(*collective._replace(label="tp_regather"))
-    half = Compute(split.after_flops / 2, dtype, "backward_part", ops=scaled(split.after_ops, 0.5),
-                   sm_margin=COMM_SMS if scatter is not None else 0)  # tp_comm_overlap's bulk overlaps take SMs
-    yield half
+    beside = 1 - split.behind
+    yield Compute(split.after_flops * beside, dtype, "backward_part", ops=scaled(split.after_ops, beside),
+                  sm_margin=COMM_SMS if scatter is not None else 0)  # tp_comm_overlap's bulk overlaps take SMs
     yield Await(handle)
     if shard is not None:
         shard.regathered = regathered.contiguous()
     value = run()
+    behind = Compute(split.after_flops * split.behind, dtype, "backward", ops=scaled(split.after_ops, split.behind))
     posted = scatter(value) if scatter is not None else None
     if posted is None:
-        yield half._replace(name="backward", sm_margin=0)
+        yield behind
         return value, None
     collective, scattered = posted
     handle = yield Post(*collective)
-    yield half._replace(name="backward")
+    yield behind._replace(sm_margin=COMM_SMS)
     yield Await(handle)
     return value, scattered
 

@@ -24,10 +24,10 @@ each (three matrix multiplies of h·W multiply-adds).
 
 Tensor parallelism cuts the attention as LlamaBlock's (by heads, with its "f"
 and "g"); the experts stay whole on every tp rank (Megatron-Core's
-expert_tensor_parallel_size 1), and tp needs sequence parallelism with MoE
-(parallel/support.py), so each tp rank routes its part of the sequence:
-`parallel_ops` is the attention half of the block, then the MoE layer with its
-ep group's exchanges (train/moe_exchange.py), as gpt's MoEBlock.
+expert_tensor_parallel_size 1), and each tp rank routes its part of the
+sequence, with sequence parallelism or without: `parallel_ops` is the
+attention half of the block, then the MoE layer with its ep group's exchanges
+(train/moe.py ExpertsBlock.experts_ops), as gpt's MoEBlock.
 
     model = build_llama(64, 64, 2, 4, 2, 192, 1e4, llama_moe_block(MoESpec(experts=8, top_k=2)))
     model[1].moe.experts[0]                  # SwiGLUExpert(w1, w3: 64 -> 192, w2: 192 -> 64)
@@ -40,7 +40,6 @@ from ..scenario.model import MoESpec
 from .architecture import HEADS, KV_HEADS
 from .llama import LlamaBlock
 from .moe import ExpertsBlock, MoE
-from .moe_exchange import exchange_ops
 from .ring_attention import attention_ops
 from .tensor_parallel import attention_half_ops
 
@@ -76,10 +75,10 @@ class LlamaMoEBlock(ExpertsBlock, LlamaBlock):
         return (self.heads, HEADS), (self.kv_heads, KV_HEADS)  # no MLP features: the experts are not cut
 
     def parallel_ops(self) -> list:
-        """The attention with its tensor-parallel collectives, then the mixture of experts with its ep group's
-        exchanges on this rank's tokens (its part of the sequence under sequence parallelism: no tp collective)."""
+        """The attention with its tensor-parallel collectives, then the mixture of experts on this tp rank's
+        tokens (ExpertsBlock.experts_ops)."""
         return attention_half_ops(self._attention_input, attention_ops(self), self._after_attention,
-                                  self.sequence_parallel) + exchange_ops(self.moe)
+                                  self.sequence_parallel) + self.experts_ops()
 
 
 def llama_moe_block(spec: MoESpec):

@@ -49,7 +49,13 @@ Under expert parallelism (`parallel.ep`) each rank's copy keeps only its
 share of every layer's experts (`keep_experts_`), and the block's
 `parallel_ops` run it as the regions of train/moe_exchange.py, between its ep
 group's exchanges, which move the tokens to their experts' ranks (the step
-engine, schemes/model_parallel.py, under every layout).
+engine, schemes/model_parallel.py, under every layout). Under tensor
+parallelism the experts stay whole on every tp rank, and each tp rank routes
+its part of the sequence: its own under sequence parallelism, else the part
+sequence parallelism would give it, taken from the whole stream and its
+output summed back over the tp group (`ExpertsBlock.experts_ops`); the MoE
+layer's gradients are then each tp rank's share, summed over the tp group
+after the backward (schemes/model_parallel.py).
 
     layer = MoE(64, MoESpec(experts=8, top_k=2, capacity_factor=1.25))
     y = layer(h)                         # (batch, positions, 64)
@@ -72,7 +78,7 @@ from .moe_exchange import exchange_ops
 from .moe_routing import balanced_counts
 from .moe_router import AuxLossGradient, balancing_loss, kept_assignments, router_choices
 from .ring_attention import attention_ops
-from .tensor_parallel import attention_half_ops
+from .tensor_parallel import AllReduceBackward, AllReduceForward, Apply, attention_half_ops
 
 
 class ExpertMLP(nn.Module):
@@ -188,6 +194,8 @@ class ExpertsBlock:
     before the block's class among the bases.)"""
 
     moe: MoE
+    sequence_parallel: bool
+    tp_rank, tp = 0, 1  # tensor parallelism: this rank's place in its tp group, of tp (shard_)
 
     def before_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x after the attention, the MoE layer's input)."""
@@ -196,6 +204,32 @@ class ExpertsBlock:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, h = self.before_experts(x)
         return x + self.moe(h)
+
+    def shard_(self, tp_rank: int, tp: int) -> dict:
+        """The block's attention cut as its dense block's (the experts stay whole); its tp rank noted."""
+        slices = super().shard_(tp_rank, tp)
+        self.tp_rank, self.tp = tp_rank, tp
+        return slices
+
+    def experts_ops(self) -> list:
+        """The MoE layer as steps on (x, h), the stream and the layer's input after the attention's "g", with its
+        ep group's exchanges (train/moe_exchange.py), on this tp rank's tokens. Under sequence parallelism those
+        are the rank's part of the sequence already, and no tp collective is needed. Without it the stream is
+        whole on every tp rank, and each routes the part of the sequence sequence parallelism would have given
+        it, as torchtitan splits the tokens over tp before its dispatch (its token dispatcher's sp_rank): the
+        part taken from h (an "f": the parts' gradients summed across the tp group in backward), the layer's
+        output on it set among zeros for the other parts and summed across the tp group (a "g"), then added to
+        the stream."""
+        if self.sequence_parallel or self.tp == 1:
+            return exchange_ops(self.moe)
+        return [AllReduceBackward(1), Apply(lambda x, h: (x, h.chunk(self.tp, dim=1)[self.tp_rank])),
+                *exchange_ops(self.moe, self._among_zeros), AllReduceForward(1), Apply(lambda x, out: (x + out,))]
+
+    def _among_zeros(self, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, the layer's output `out` on this tp rank's part of the sequence, zeros on the others' parts)."""
+        part = x.shape[1] // self.tp
+        out = out.view(x.shape[0], part, x.shape[2])
+        return x, F.pad(out, (0, 0, self.tp_rank * part, (self.tp - 1 - self.tp_rank) * part))
 
 
 class MoEBlock(ExpertsBlock, Block):
@@ -212,11 +246,10 @@ class MoEBlock(ExpertsBlock, Block):
     column_split, row_split = ("query", "key", "value"), ("projection",)  # the experts stay whole on every tp rank
 
     def parallel_ops(self) -> list:
-        """The attention with its tensor-parallel collectives, then the mixture of experts with its ep group's
-        exchanges (train/moe_exchange.py) on this rank's tokens: its part of the sequence under sequence
-        parallelism, which tensor parallelism needs here (scenario/root.py), so no tp collective is needed."""
+        """The attention with its tensor-parallel collectives, then the mixture of experts on this tp rank's
+        tokens (ExpertsBlock.experts_ops)."""
         return attention_half_ops(self.ln1, attention_ops(self), self._after_attention,
-                                  self.sequence_parallel) + exchange_ops(self.moe)
+                                  self.sequence_parallel) + self.experts_ops()
 
 
 @contextlib.contextmanager

@@ -148,8 +148,9 @@ def combine(moe, tokens, weights, token_index, slot, combined) -> torch.Tensor:
 class _Exchanging:
     """One rank's MoE layer as exchange_ops runs it; holds the forward's routing for its boundaries."""
 
-    def __init__(self, moe):
+    def __init__(self, moe, output):
         self.moe = moe
+        self.output = output  # (x, the layer's output per token) -> what the layer hands on
         self.kept: list[list[int]] = []
         self.counts: tuple = ()
         self.share: float | None = None  # the experts' region's share of its measured (balanced) work
@@ -211,7 +212,7 @@ class _Exchanging:
         return x, tokens, weights, token_index, slot, run_experts(self.moe.experts, received, layout)
 
     def finish(self, x, tokens, weights, token_index, slot, combined):
-        return (x + combine(self.moe, tokens, weights, token_index, slot, combined).view_as(x),)
+        return self.output(x, combine(self.moe, tokens, weights, token_index, slot, combined))
 
     def exchange(self, label: str, reverse: bool) -> ExpertExchange:
         """The all-to-all `label` of this forward's routing (`reverse`: tokens going back to their ranks); the
@@ -277,10 +278,15 @@ class _Combine(NamedTuple):
         return self.layer.exchange("moe combine backward", reverse=False)
 
 
-def exchange_ops(moe) -> list:
-    """The MoE layer `moe` as steps on (x, h), the residual stream and the layer's input, to (x + moe(h),), with
-    its ep group's exchanges as boundaries (each boundary's `forward` and `backward` are the ExpertExchange of
-    the forward just run)."""
-    layer = _Exchanging(moe)
+def added_to_stream(x, out):
+    """What an MoE layer hands on: the stream `x` plus its output `out` (tokens, hidden)."""
+    return (x + out.view_as(x),)
+
+
+def exchange_ops(moe, output=added_to_stream) -> list:
+    """The MoE layer `moe` as steps on (x, h), the residual stream and the layer's input, to `output(x, moe(h))`
+    (by default (x + moe(h),)), with its ep group's exchanges as boundaries (each boundary's `forward` and
+    `backward` are the ExpertExchange of the forward just run)."""
+    layer = _Exchanging(moe, output)
     return [Apply(layer.route), _Counts(4, layer), Apply(layer.select), _Dispatch(5, layer), Apply(layer.run),
             _Combine(5, layer), Apply(layer.finish)]

@@ -185,6 +185,7 @@ class RankModule(nn.Module):
         super().__init__()
         first_unit = [sum(counts[:part]) for part in range(len(counts))]
         self.tp = tp
+        self.sequence_parallel = sequence_parallel
         # (outputs, target) -> the batch's loss that ends the model: cross entropy, or the replica's loader's
         # (its `batch_loss`: a prioritized sampler weights it, train/sampling.py), which the scheme sets
         self.loss = cross_entropy
@@ -249,9 +250,16 @@ class RankModule(nn.Module):
             start += size
         return layers
 
-    def whole_parameter_grads(self) -> list[torch.Tensor]:
-        """The gradients of the trainable parameters it holds whole (not a tensor-parallel slice)."""
-        return [p.grad for name, p in self.named_parameters() if p.requires_grad and self.sources[name].slice is None]
+    def tp_summed_parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters every tp rank holds whole whose gradient is each tp rank's share, summed
+        across the tp group after the backward: under sequence parallelism all of them (each rank saw its part of
+        the sequence), else those of the MoE layers (each tp rank routes its part: train/moe.py); none with one
+        tp rank."""
+        if self.tp == 1:
+            return []
+        experts = {id(p) for layer in self.modules() if isinstance(layer, MoE) for p in layer.parameters()}
+        return [p for name, p in self.named_parameters() if p.requires_grad and self.sources[name].slice is None
+                and (self.sequence_parallel or id(p) in experts)]
 
     def pieces(self) -> list[tuple[Source, torch.Tensor]]:
         """Each of its parameters and buffers with where it comes from in the whole model (for `assemble`)."""
