@@ -33,9 +33,11 @@ step touches time, memory or another rank:
   `idle` when named (a pipeline's "bubble");
 - `PostCollective(program, label, comm=None, rank=None)`: a collective
   program (on the job's communicator, or on sub-group `comm` as rank `rank`)
-  that runs on the rank's communication stream while the program carries on
-  (DDP's bucket all-reduce during the backward): posted collectives run one
-  after another, in posting order, as NCCL's kernels do on one stream;
+  that runs on the rank's stream of that communicator while the program
+  carries on (DDP's bucket all-reduce during the backward): the collectives
+  posted on one communicator run one after another, in posting order, as
+  NCCL's kernels do on a process group's stream; two communicators' run side
+  by side;
 - `WaitCollectives()`: the rank waits until every collective it posted has
   ended (DDP finalizing the backward);
 - `Transfer(src, dst, nbytes, label)`: bytes between two network nodes that

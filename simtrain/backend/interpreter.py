@@ -27,7 +27,9 @@ class _Simulated:
         self.job, self.rank = job, rank
         self.device = job.devices[rank]
         self.log, self.env = job.cluster.log, job.cluster.env
-        self.posted = None  # the event of the last collective posted on the communication stream
+        # per communicator (a process group, with its own NCCL stream): the event of the last collective posted
+        # on it; a group's collectives run one after another, two groups' side by side
+        self.posted = {}
         self.handlers = {Compute: self.compute, Alloc: immediate(self.alloc), Free: immediate(self.free),
                          Collective: self.collective, Post: immediate(self.post), Await: self.await_,
                          PostCollective: immediate(self.post_collective), WaitCollectives: self.wait_collectives,
@@ -61,13 +63,14 @@ class _Simulated:
         return (yield op.handle.comm.wait(op.handle, op.idle))
 
     def post_collective(self, op: PostCollective):
-        if self.posted is None:
+        if not self.posted:
             self.log.track_overlap(self.device.rank)
-        self.posted = _after(self.env, self.posted, *self._comm(op), op)
+        comm, index = self._comm(op)
+        self.posted[comm] = _after(self.env, self.posted.get(comm), comm, index, op)
 
     def wait_collectives(self, op: WaitCollectives):
-        if self.posted is not None:
-            yield self.posted
+        for ended in self.posted.values():  # in the order the streams were first posted to
+            yield ended
 
     def memory_bound(self, op: MemoryBound):
         yield self.device.memory_bound(op.nbytes, op.name, kind=op.kind, kernels=op.kernels, updates=op.updates)

@@ -130,7 +130,7 @@ class BucketOverlap:
         self.microbatches = optimizer.microbatches
         self.gather_deferred = optimizer.overlap_param_gather
         self._backwards: dict[int, int] = {}  # chunk -> its backwards run this step
-        self.reducing: list[tuple[int, object]] = []  # (unit, handle): the reduce-scatters posted this step
+        self.reducing: list[int] = []  # the buckets whose collectives this step posted, on the rank's stream
         self._left: dict[int, dict] = {}  # chunk -> its buckets left to reduce once its last backward has ended
         self._pending: list[int] = []  # units whose parameters the next forward must gather, in order
         self._gathers: dict[int, object] = {}  # unit -> its posted all-gather
@@ -235,7 +235,8 @@ class BucketOverlap:
             if region is None or ready[unit] is not None and ready[unit] <= region:
                 del ready[unit]
                 yield from self.optimizer.sum_bucket_tp_grads(self.rank, unit)
-                self.reducing.append((unit, (yield from self.optimizer.post_reduce(self.rank, unit))))
+                yield from self.optimizer.post_reduce(self.rank, unit)
+                self.reducing.append(unit)
 
     # ---- the parameters ----
 

@@ -72,7 +72,7 @@ dp groups of its stage's other tp ranks (not under HSDP).
 from functools import partial
 
 from ..parallel import Membership
-from ..step_ops import Alloc, Await, Collective, Free, Post
+from ..step_ops import Alloc, Await, Collective, Free, Post, PostCollective, WaitCollectives
 from ..train.precision import update_bytes
 from .bucket_overlap import BucketOverlap, buffer_runs, chunk_params, megatron_buckets
 from .expert_groups import dense_and_expert_units, experts_last, first_expert
@@ -282,8 +282,8 @@ class DistributedOptimizer:
         the chunk across the replicas (HSDP), step the rank's chunk, all-gather (stages 1 and 2)."""
         scheme, shard = self.scheme, self.scheme.replicas[rank]
         if rank in self.buckets:  # Megatron-Core's finish_grad_sync: the posted reduce-scatters awaited
-            for unit, handle in self.buckets[rank].reducing:
-                yield Await(handle)
+            yield WaitCollectives()
+            for unit in self.buckets[rank].reducing:
                 yield from self.reduced(rank, unit)
             self.buckets[rank].reducing = []
         elif self.stage < 3 and rank not in self.blocks:  # the units reduce-scatter in the backward there
@@ -325,8 +325,15 @@ class DistributedOptimizer:
         return (yield Post(*self.collective("all_gather", rank, unit)))
 
     def post_reduce(self, rank: int, unit: int):
-        """Step program: unit `unit`'s reduce-scatter posted (its reduce-dtype copy held until `reduced`);
-        returns the handle."""
+        """Step program (BucketOverlap's): bucket `unit`'s reduce-scatter posted on the rank's communication
+        stream, its reduce-dtype copy held until `reduced`: the buckets' reduce-scatters run one after another,
+        as Megatron-Core's on its data-parallel group's stream; `update` waits for them all."""
+        yield Alloc("comm_buffers", self._copy_bytes(rank, unit))
+        yield PostCollective(*self.collective("reduce_scatter", rank, unit))
+
+    def post_unit_reduce(self, rank: int, unit: int):
+        """Step program (UnitOverlap's): FSDP unit `unit`'s reduce-scatter posted (its reduce-dtype copy held
+        until `reduced`); returns the handle the unit awaits."""
         yield Alloc("comm_buffers", self._copy_bytes(rank, unit))
         return (yield Post(*self.collective("reduce_scatter", rank, unit)))
 

@@ -255,9 +255,10 @@ class ExpertUpdate(ReplicatedUpdate):
         """Step program (BucketOverlap's): a dense bucket's all-reduce over the dp (x cp) group; an expert bucket's
         over the experts' holders (expert_dp), on the same stream; none where the rank alone holds its experts."""
         if not self.buckets[rank].buffer_of[unit]:
-            return (yield from super().post_reduce(rank, unit))
+            yield from super().post_reduce(rank, unit)
+            return
         if len(self.scheme.layout.rank_groups(rank).expert_dp) == 1:
-            return None
+            return
         comm, position, all_reduce = self.scheme.comms.expert_dp[rank]
         view = self.scheme.replicas[rank].grad_buffer[self.buckets[rank].layout.unit_slice(unit)]
         yield PostCollective(all_reduce(position, comm.world, view, average=True), "expert_allreduce", comm,

@@ -181,7 +181,7 @@ class UnitOverlap:
         """Step program: the reduce-scatter before this one awaited (one in flight), unit `unit`'s posted."""
         if self._reducing is not None:
             yield from self._reduced(*self._reducing)
-        self._reducing = (unit, (yield from self.optimizer.post_reduce(self.rank, unit)))
+        self._reducing = (unit, (yield from self.optimizer.post_unit_reduce(self.rank, unit)))
 
     def _reduced(self, unit: int, handle):
         """Step program: unit `unit`'s reduce-scatter awaited; what its end lets go (distributed_optimizer.py)."""
