@@ -243,12 +243,6 @@ REFUSED = (
             "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
             "numerics off is not built (balanced is; data parallelism alone draws it)",
             "Numerics off is simtrain's own: both frameworks compute every token's routing."),
-    Refusal(("deepep dispatch", "capacity"),
-            "parallel.moe_dispatch: deepep needs dropless routing (model.moe.capacity_factor null): a rank counts "
-            "the tokens it sends each host before the group's counts decide which assignments an expert drops",
-            "Megatron-Core's flex dispatcher runs DeepEP with moe_expert_capacity_factor, each rank dropping its "
-            "own tokens before the dispatch; torchtitan's MoE is dropless (no capacity factor).",
-            (MEGATRON_CORE,)),
     Refusal(("ep", "K-FAC"),
             "parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from the "
             "replicated ones)", NO_KFAC),
