@@ -11,7 +11,7 @@ the first forward to the last backward (`reshard_after_forward: false`, as
 Llama 3 and torchtitan run FSDP beside gradient accumulation). The cluster is
 scenarios/llama3-405b-8k.yaml's (Grand Teton hosts of 8 H100 on NVLink, one
 400 Gb/s RoCE NIC per GPU, the clos3 builder), cut to 1,024 GPUs. With
-`representatives` one rank runs for all (schemes/representatives.py).
+`representatives` one rank runs for all (strategies/representatives.py).
 
 It prints the simulated step time, TFLOP/s per GPU and MFU (PaLM's model
 FLOPs), each rank's peak memory by

@@ -61,7 +61,7 @@ from .scenario import Scenario
 from .schemes import build_scheme, load_schemes, scheme_class
 from .parallel import Layout
 from .parallel.support import Case, refuse
-from .schemes.representatives import representative_ranks
+from .strategies.representatives import representative_ranks
 from .schemes.model_parts import part_counts, rank_shares
 from .train.checkpointing import apply_checkpointing
 from .train.data import MetaLoader, hold_out_validation, load_dataset

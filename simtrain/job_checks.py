@@ -10,7 +10,7 @@ support table's rows that read it (parallel/support.py), the data set's
 options and splits (train/data_shape.py), the model's entries as data
 (train/architecture.py: the pipeline's units, the tensor-parallel cut,
 gradient checkpointing's blocks), and what the scheme refuses
-(schemes/scheme_checks.py, comm/channels.py). The build itself calls the same
+(strategies/scheme_checks.py, comm/channels.py). The build itself calls the same
 functions, so each check is written once. `simtrain validate` (preflight.py)
 then imports no torch and builds nothing for these scenarios.
 
@@ -38,7 +38,7 @@ from .parallel.schedules import pipeline_placement
 from .parallel.support import Case, refuse
 from .scenario import CheckpointSegments, Scenario
 from .parallel import Layout
-from .schemes.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence,
+from .strategies.scheme_checks import (NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence,
                                     offload_host_bandwidth)
 from .train.architecture import (Entry, architecture, check_tensor_cut, checkpoint_blocks, checkpoint_segments,
                                  recompute_segments, units_of)

@@ -17,7 +17,7 @@ The result per device is the ledger's peak and its split by category at the
 moment of the peak, what report.json's `devices` shows after a run.
 `plan_host_memory` replays the same step for the ledger of the cluster's
 shared memory (the host's DRAM: what ZeRO-Offload keeps there,
-schemes/offload.py), report.json's `shared_memory`.
+strategies/offload.py), report.json's `shared_memory`.
 
 `largest_batch` finds the largest per-device batch size whose step fits a
 device. A step's peak usually grows linearly with the batch (activations
@@ -138,7 +138,7 @@ def plan_memory(scenario: Scenario, batch_size: int | None = None) -> list[Devic
 
 
 def _ledgers(job: Job) -> list:
-    """Each job rank's memory ledger: a rank that representatives mirror (schemes/representatives.py) holds
+    """Each job rank's memory ledger: a rank that representatives mirror (strategies/representatives.py) holds
     what its representative holds, as the run's report says."""
     mirror_of, devices = job.scheme.mirror_of, job.cluster.devices
     return [devices[mirror_of.get(device.rank, device.rank)].memory for device in job.devices]

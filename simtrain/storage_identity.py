@@ -2,7 +2,7 @@
 
 Several measurements need to know whether two tensors view one storage: the
 saved-activation tracker (cost.py), the GEMMs beside tp collectives
-(schemes/tp_overlap.py), the saved sequence shards (schemes/saved_shards.py),
+(strategies/tp_overlap.py), the saved sequence shards (strategies/saved_shards.py),
 and the meter of users' ranks (torchdist/op_meter.py). A storage's address
 (`untyped_storage()._cdata`) is no identity: once a storage is freed, the
 allocator hands its address to the next one, and a measurement that kept the

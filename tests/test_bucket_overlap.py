@@ -1,5 +1,5 @@
 """Megatron-Core's overlap of the distributed optimizer's reduce-scatters and all-gathers with the compute
-(schemes/bucket_overlap.py, `parallel.sharding.overlap_grad_reduce` / `overlap_param_gather`) against references.
+(strategies/bucket_overlap.py, `parallel.sharding.overlap_grad_reduce` / `overlap_param_gather`) against references.
 
 - Buckets: Megatron-Core's cut (param_and_grad_buffer.py), written out by hand: the first stage's first chunk
   in reverse parameter order, closed at `bucket_size` elements; every other chunk one bucket.
@@ -19,7 +19,7 @@ import torch
 
 from simtrain import run
 from simtrain.errors import ScenarioError
-from simtrain.schemes.bucket_overlap import megatron_buckets
+from simtrain.strategies.bucket_overlap import megatron_buckets
 from simtrain.scenario import validate_scenario
 from simulated_steps import flat_parameters, one_step
 

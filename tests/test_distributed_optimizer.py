@@ -1,4 +1,4 @@
-"""ZeRO stages 1, 2 and 3 (FSDP) and HSDP under pipeline and tensor parallelism (schemes/distributed_optimizer.py:
+"""ZeRO stages 1, 2 and 3 (FSDP) and HSDP under pipeline and tensor parallelism (strategies/distributed_optimizer.py:
 Megatron-Core's distributed optimizer, torchtitan's FSDP x TP) against their references.
 
 - Numerics: ZeRO-1 x pp x tp, stage 2 x tp, FSDP x TP, FSDP x TP x PP (interleaved, parameters kept from forward

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from simtrain.errors import ScenarioError
-from simtrain.schemes.shard_layout import ShardLayout
+from simtrain.strategies.shard_layout import ShardLayout
 from simtrain.scenario import validate_scenario
 from simtrain.train.data import hold_out_validation, load_dataset
 from simtrain.train.models import build_model

@@ -21,7 +21,7 @@ from simtrain.hw.catalog import CATALOG
 from simtrain.hw.network import Network
 from simtrain.hw.topology_builders import LinkClass, build_topology
 from simtrain.scenario import validate_scenario
-from simtrain.schemes.kfac_sync import assign_inverses
+from simtrain.strategies.kfac_sync import assign_inverses
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.kfac import Kfac
 from simtrain.train.models import build_model

@@ -29,7 +29,7 @@ from simtrain.hw.resolved_cluster import resolve_cluster
 from simtrain.hw.topology import Topology
 from simtrain.hw.topology_builders import LinkClass, build_topology
 from simtrain.scenario import load_scenario, validate_scenario
-from simtrain.schemes.representatives import MirroredCollective, MirroredCollectives
+from simtrain.strategies.representatives import MirroredCollective, MirroredCollectives
 
 ROOT = Path(__file__).resolve().parent.parent
 NVLINK, NIC = LinkClass(360e9, 0.25e-6), LinkClass(48e9, 1.35e-6)

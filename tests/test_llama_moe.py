@@ -110,7 +110,7 @@ def test_gpt_experts_of_a_width_of_their_own_are_counted_by_that_width():
 # ---------------------------------------------------------------- expert parallelism against one device
 
 def test_ep2_with_data_parallelism_trains_to_the_parameters_of_one_device():
-    """dp = ep = 2 (the step engine, schemes/expert_model_parallel.py), experts of their own width and a shared one,
+    """dp = ep = 2 (the step engine, strategies/expert_model_parallel.py), experts of their own width and a shared one,
     two steps."""
     spec = scenario(2, expert_hidden=12, shared_experts=1)
     report = simtrain.run(spec)

@@ -1,4 +1,4 @@
-"""ZeRO-Offload (schemes/offload.py): sharded data parallelism with the optimizer, and optionally the parameters, in
+"""ZeRO-Offload (strategies/offload.py): sharded data parallelism with the optimizer, and optionally the parameters, in
 host memory, against its references.
 
 - Numerics: the host steps the same fp32 shard with the same optimizer, so every offloaded run trains the
@@ -18,7 +18,7 @@ from simtrain import plan_memory, run
 from simtrain.scenario import validate_scenario
 from simtrain.hw.host_compute import host_step_s
 from simtrain.memory_plan import plan_host_memory
-from simtrain.schemes.sharded_replica import chunk_update_bytes
+from simtrain.strategies.sharded_replica import chunk_update_bytes
 
 from refusals import refusal
 from test_sharded import BLOCKS, BLOCKS_MODEL, FREE_LINKS, MLP, PSI, flat_parameters, one_step, scenario

@@ -1,4 +1,4 @@
-"""Representatives (schemes/representatives.py) and full recomputation against the full simulation.
+"""Representatives (strategies/representatives.py) and full recomputation against the full simulation.
 
 - With one replica, simulating one rank per stage gives the full simulation's
   step time, breakdown, memory peaks and bytes (relative 1e-9): the tp ranks

@@ -52,7 +52,7 @@ def test_a_linear_layer_takes_the_slower_of_its_flops_and_its_bytes(m, k, n, bou
     assert device().compute_time(flops, "fp16", ops) == pytest.approx(max(arithmetic, memory), rel=1e-12)
     assert (memory > arithmetic) == (bound == "memory")
     assert device("flops").compute_time(flops, "fp16", ops) == pytest.approx(arithmetic, rel=1e-12)
-    # on the SMs a communication kernel holding 16 of the A100's 108 leaves (schemes/tp_overlap.py), either model
+    # on the SMs a communication kernel holding 16 of the A100's 108 leaves (strategies/tp_overlap.py), either model
     for model, seconds in (("roofline", max(arithmetic, memory)), ("flops", arithmetic)):
         assert device(model).compute_time(flops, "fp16", ops, sm_margin=16) == pytest.approx(seconds * 108 / 92,
                                                                                              rel=1e-12)

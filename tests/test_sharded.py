@@ -1,4 +1,4 @@
-"""Sharded data parallelism (the step engine with schemes/distributed_optimizer.py): ZeRO stages 1-3 (FSDP) and HSDP against their references.
+"""Sharded data parallelism (the step engine with strategies/distributed_optimizer.py): ZeRO stages 1-3 (FSDP) and HSDP against their references.
 
 - Numerics: every stage and HSDP trains the parameters one device trains on the same global batch
   (single-process torch through simtrain's one-device run), within 1e-5 in fp32; in bf16 and fp16 on two
@@ -22,7 +22,7 @@ from simtrain.hw.cluster import build_cluster, run_to_end
 from simtrain.job import Job
 from simtrain.loss import cross_entropy
 from simtrain.scenario import ModelSpec, validate_scenario
-from simtrain.schemes.shard_layout import ShardLayout
+from simtrain.strategies.shard_layout import ShardLayout
 from simtrain.train.data import ShardLoader, load_dataset
 from simtrain.train.models import build_model
 from simulated_steps import flat_parameters, microbatch_cost, one_step

@@ -1,4 +1,4 @@
-"""parallel.tp_comm_overlap (schemes/tp_overlap.py, Transformer Engine's userbuffers overlap) against its references.
+"""parallel.tp_comm_overlap (strategies/tp_overlap.py, Transformer Engine's userbuffers overlap) against its references.
 
 - Numerics: a gpt under tp 2 with sequence parallelism trains the parameters it trains without the overlap,
   bit for bit (only time moves), and its collectives move the same bytes on the links, label by label.

@@ -55,7 +55,7 @@ def _scatter(rank: int, world: int, parts):
 def gather_steps(rank: int, world: int, shard: torch.Tensor):
     """(programs, whole): gather_program's ring as its world - 1 steps, each a program of its own (a step sends
     one shard on to the next rank and receives one from the previous: parallel.tp_comm_overlap's ring exchange,
-    schemes/tp_overlap.py)."""
+    strategies/tp_overlap.py)."""
     program, whole = gather_program(rank, world, shard)
     return _one_program_a_step(program), whole
 
@@ -65,7 +65,7 @@ def scatter_splits(rank: int, world: int, whole: torch.Tensor, splits: int):
     another, split k of every rank's part of the sequence (at most one position each) in the k-th; each
     element is summed in the same ring order as by scatter_program, so the sum is the same bit for bit.
     `fractions`: each split's share of the tensor (parallel.tp_comm_overlap's pipelined GEMM + reduce-scatter,
-    schemes/tp_overlap.py)."""
+    strategies/tp_overlap.py)."""
     buffer = whole.transpose(0, 1).contiguous()
     parts = buffer.tensor_split(world)
     cuts = [part.tensor_split(min(splits, len(part))) for part in parts]

@@ -200,7 +200,7 @@ class SimCommunicator:
         # before its flow; None: none. Then nothing is timed as a group.
         self.host = host
         self.exclusive = exclusive and host is None
-        # Each of its ranks stands for `copies` ranks (schemes/representatives.py): the bytes it logs count
+        # Each of its ranks stands for `copies` ranks (strategies/representatives.py): the bytes it logs count
         # that many times.
         self.copies = copies
         self._group_rings = GroupRings(self)  # its ring all-reduces timed as a group, when exclusive

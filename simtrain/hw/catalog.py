@@ -13,7 +13,7 @@ kernel_overhead + passes x pass_overhead` seconds, an optimizer step `bytes /
 (memory_bandwidth x efficiency) + kernels x kernel_overhead + update_overhead`.
 The catalog's parts also give their streaming multiprocessors (SMs): work that
 runs while a communication kernel holds some of them (Transformer Engine's
-`num_sm` with `set_sm_margin`, schemes/tp_overlap.py) runs on the others, at
+`num_sm` with `set_sm_margin`, strategies/tp_overlap.py) runs on the others, at
 that share of the rate (hw/device.py); a device described without them (None)
 runs every kernel on all of its compute.
 

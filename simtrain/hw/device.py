@@ -22,7 +22,7 @@ their own rate, the rest of the work's FLOPs at its dtype's.
 
 Work that runs while a communication kernel holds `sm_margin` of the device's
 M streaming multiprocessors (Transformer Engine's `set_sm_margin`,
-schemes/tp_overlap.py) runs on the other M - sm_margin: either model's time
+strategies/tp_overlap.py) runs on the other M - sm_margin: either model's time
 times M / (M - sm_margin). Its FLOPs are its FLOPs. A device without an SM
 count (`DeviceSpec.streaming_multiprocessors` None) has no margin taken.
 

@@ -8,7 +8,7 @@ two moments and writes back the parameter and moments (28 bytes a
 parameter), and under mixed precision the rank also unscales its 16-bit
 reduced gradient into the fp32 one and rounds the parameter back into its
 16-bit copy (2 (e + 4) bytes more, e the 16-bit dtype's bytes: 40 in all for
-bf16): `chunk_update_bytes` (schemes/sharded_replica.py) counts exactly the
+bf16): `chunk_update_bytes` (strategies/sharded_replica.py) counts exactly the
 bytes an on-device update reads and writes of HBM. A well-vectorized CPU Adam
 does a handful of FLOPs per byte, far below a server CPU's FLOP/s to
 memory-bandwidth ratio, so the step is memory-bound:

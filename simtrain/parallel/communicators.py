@@ -6,7 +6,7 @@ communicator over each group it uses, on the job's devices as they are now
 `GroupCommunicators`: for each kind of group the job has, every rank's
 `Membership` (the group's communicator, the rank's index there and the group's
 all-reduce program, if the group all-reduces). Kinds the job does not
-communicate in are None. Under representatives (schemes/representatives.py) the
+communicate in are None. Under representatives (strategies/representatives.py) the
 same record holds mirrored communicators; with experts (schemes/
 expert_model_parallel.py) `ep` holds each rank's EpGroup, which carries its
 communicator and index too.
@@ -56,7 +56,7 @@ class GroupCommunicators:
     model: dict[int, Membership] | None = None  # fp16's overflow vote (sharded: the whole job)
     dp_shard: dict[int, Membership] | None = None  # HSDP's shard groups
     dp_replicate: dict[int, Membership] | None = None  # HSDP's replicate groups
-    ep: dict | None = None  # rank -> its EpGroup (schemes/expert_groups.py): the experts' token exchanges
+    ep: dict | None = None  # rank -> its EpGroup (strategies/expert_groups.py): the experts' token exchanges
     expert_dp: dict[int, Membership] | None = None  # the experts' gradient all-reduce, over their holders
 
     def places(self) -> Iterator[tuple[int, object, int]]:

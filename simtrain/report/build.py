@@ -50,7 +50,7 @@ class RunResult:
     # report.json's sections beyond the core (each registered by its owner: report/sections.py); a `parallel`
     # section holds the layout, and build_report adds the bubble and the bytes (report/parallel.py)
     extra: dict = field(default_factory=dict)
-    # device rank -> the device rank whose figures it reports (a representative's: schemes/representatives.py)
+    # device rank -> the device rank whose figures it reports (a representative's: strategies/representatives.py)
     mirror_of: dict[int, int] = field(default_factory=dict)
     status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
     model_flops_per_step: float | None = None  # train/model_flops.py; None: not known

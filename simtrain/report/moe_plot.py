@@ -1,7 +1,7 @@
 """moe.png: routing imbalance, step time and all-to-all time against the training step, from report.json's `moe`.
 
 `simtrain run` draws it for every run with expert parallelism (the `moe`
-section, schemes/moe_report.py): the upper panel is the imbalance factor
+section, strategies/moe_report.py): the upper panel is the imbalance factor
 (most tokens an expert took over the mean, 1 when balanced), the lower the
 step's simulated time and a rank's mean all-to-all time in it (not under
 pp / tp, where the report leaves it null).

@@ -11,7 +11,7 @@ the event log (hw/eventlog.py), summed over the job's ranks:
   kind moves them (`LABELS`): the data-parallel gradient all-reduce, pipeline
   sends, tensor-parallel collectives, the fp16 overflow vote and ring
   attention's key/value blocks. A
-  representative (schemes/representatives.py) logs the bytes of every rank it
+  representative (strategies/representatives.py) logs the bytes of every rank it
   stands for.
 
     section = parallel_section({"dp": 4, "pp": 1, "tp": 1}, cluster.log, ranks=[0, 1, 2, 3], sim_time_s=0.1)
@@ -55,7 +55,7 @@ class ParallelSection(ReportSection):
                                                          "schedules)")
     stage_of_rank: list[int] | None = Field(None, description="each job rank's pipeline stage")
     representatives: bool | None = Field(None, description="whether one rank per stage was simulated for all "
-                                                           "(schemes/representatives.py)")
+                                                           "(strategies/representatives.py)")
     bubble_fraction: float = Field(description="the ranks' pipeline bubble over their time")
     bytes_by_kind: BytesByKind = Field(description="bytes each parallel dimension's communication moved")
     overlap: bool | None = Field(None, description="whether the gradient all-reduce overlapped the backward "

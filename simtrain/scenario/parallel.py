@@ -63,7 +63,7 @@ class PipelineSpec(Section):
 
 
 class ShardingSpec(Section):
-    """Sharded data parallelism (ZeRO / FSDP, schemes/distributed_optimizer.py): what each data-parallel rank holds only a
+    """Sharded data parallelism (ZeRO / FSDP, strategies/distributed_optimizer.py): what each data-parallel rank holds only a
     1/degree shard of. The shard group is `degree` adjacent data-parallel ranks (torchtitan's dp_shard); the
     dp / degree groups replicate each other (dp_replicate: HSDP)."""
 
@@ -81,7 +81,7 @@ class ShardingSpec(Section):
                           "MixedPrecisionPolicy.reduce_dtype; null: the compute dtype (train.precision, which is "
                           "FSDP2's param_dtype).")
     offload: Literal["none", "optimizer", "optimizer_and_parameters"] = Field(
-        "none", description="ZeRO-Offload (schemes/offload.py): optimizer: each rank's fp32 master shard, its "
+        "none", description="ZeRO-Offload (strategies/offload.py): optimizer: each rank's fp32 master shard, its "
                             "gradient and its optimizer state live in cluster.shared_memory (the host's DRAM) and "
                             "the optimizer steps there, on the host CPU; optimizer_and_parameters (stage 3): the "
                             "16-bit parameter shard too, copied to the device before each gather.")
@@ -89,7 +89,7 @@ class ShardingSpec(Section):
         False, description="Stages 1 and 2 under pp/tp (Megatron-Core's --overlap-grad-reduce): the gradient "
                            "buffer cut into buckets, each reduce-scattered as soon as the last microbatch's "
                            "backward has completed it, beside the rest of the backward "
-                           "(schemes/bucket_overlap.py; with parallel.ep the experts' buckets apart, each over "
+                           "(strategies/bucket_overlap.py; with parallel.ep the experts' buckets apart, each over "
                            "the experts' holders); false: one reduce-scatter after the last backward.")
     overlap_param_gather: Flag = Field(
         False, description="Stages 1 and 2 under pp/tp, with overlap_grad_reduce (Megatron-Core's "
@@ -125,7 +125,7 @@ class ParallelSpec(Section):
     overlap: Flag | None = Field(
         None, description="sync, sharding.stage 0: all-reduce the gradient in DDP's buckets (reverse parameter "
                           "order), each as soon as the (last micro-batch's) backward has completed it "
-                          "(train/grad_bucket.py; under pp/tp/cp schemes/bucket_overlap.py, as Megatron-Core's "
+                          "(train/grad_bucket.py; under pp/tp/cp strategies/bucket_overlap.py, as Megatron-Core's "
                           "--overlap-grad-reduce; with parallel.ep the experts' buckets apart, each over the "
                           "experts' holders); false: one all-reduce after the backward. null: on with data "
                           "parallelism alone (torch DDP's default; ep: off), off under pp, tp or cp (Megatron-Core's "
@@ -150,12 +150,12 @@ class ParallelSpec(Section):
         False, description="Under sequence_parallel: each layer's tp all-gather and reduce-scatter cut into ring "
                            "steps or splits pipelined with slices of the GEMM next to it, as Megatron-Core's "
                            "--tp-comm-overlap (Transformer Engine's userbuffers, its default methods: "
-                           "schemes/tp_overlap.py). Needs parallel.sequence_parallel.")
+                           "strategies/tp_overlap.py). Needs parallel.sequence_parallel.")
     ep: Count(MAX_DEVICES) = Field(1, description="Expert-parallel ranks: model.moe's experts sharded over groups of "
                                                   "ep adjacent data-parallel ranks (Megatron-Core's and torchtitan's "
                                                   "ep inside dp; with cp, inside dp x cp, cp first; under pp / tp "
                                                   "per stage and tp index: parallel/layout.py, "
-                                                  "schemes/expert_model_parallel.py). Must divide dp x cp and the "
+                                                  "strategies/expert_model_parallel.py). Must divide dp x cp and the "
                                                   "experts.")
     moe_dispatch: Literal["pairwise", "hierarchical", "deepep"] = Field(
         "pairwise", description="The all-to-all that moves tokens to their experts and back under parallel.ep "
@@ -176,7 +176,7 @@ class ParallelSpec(Section):
                                                                "HSDP).")
     representatives: Flag = Field(
         False, description="Simulate one rank per pipeline stage (tp rank 0 of replica 0) and time its "
-                           "collectives with their mirrors' (schemes/representatives.py): numerics off, identical "
+                           "collectives with their mirrors' (strategies/representatives.py): numerics off, identical "
                            "devices; pp, tp or ep above 1 (data parallelism alone with experts: one rank for all, "
                            "its exchanges timed with every ep group's).")
 

@@ -245,7 +245,7 @@ def _representatives_fit(scenario: Scenario) -> None:
 
 def _microbatches_fit(scenario: Scenario) -> None:
     """parallel.pipeline.microbatches cuts data.batch_size into equal micro-batches: under pp/tp/cp the
-    pipeline's, else gradient accumulation (schemes/local_work.py, schemes/unit_overlap.py)."""
+    pipeline's, else gradient accumulation (schemes/local_work.py, strategies/unit_overlap.py)."""
     count = scenario.parallel.microbatches
     if scenario.data.batch_size % count:
         raise ValueError(f"parallel.pipeline.microbatches: {count} does not divide data.batch_size "

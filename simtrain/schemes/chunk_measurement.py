@@ -19,8 +19,8 @@ from ..op_cost import OperatorRecorder, merged
 from ..step_ops import Compute
 from ..train.tensor_parallel import Apply, ApplyWithTarget
 from .stage_execution import ChunkCost, chunk_backward, chunk_forward
-from .saved_shards import RegionSplit
-from .tp_overlap import GemmWatch, TpOverlap, carve
+from ..strategies.saved_shards import RegionSplit
+from ..strategies.tp_overlap import GemmWatch, TpOverlap, carve
 from .weight_grads import WeightGradWatch
 
 
@@ -34,7 +34,7 @@ def measure_chunk(chunk: torch.nn.Module, ops_of, inputs: tuple, target: torch.T
     `target`); `inputs` and `target` give shapes and dtypes; `tp` the tp group's size (what a sequence
     shard gathers to). The batch itself is never an activation; with `inputs_kept` no input is (the
     caller holds them: a recomputed unit's kept input). With `tp_overlap` (parallel.tp_comm_overlap) the GEMMs
-    beside the layers' tp collectives are told apart (schemes/tp_overlap.py); with `weight_split` the
+    beside the layers' tp collectives are told apart (strategies/tp_overlap.py); with `weight_split` the
     backward's weight-gradient operators (schemes/weight_grads.py)."""
     forward, backward, output, input_grad, peak, splits, overlap, weights, kernels, ready, saved = _regions(
         chunk, ops_of, inputs, target, inputs_kept, tp, tp_overlap, weight_split)

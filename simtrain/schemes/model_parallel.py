@@ -27,23 +27,23 @@ pp = tp = cp = 1 case: a rank's share is the whole model, one part.
   steps its 1/dp chunk and all-gathers the parameters (Megatron-Core's
   distributed optimizer), with stage 3 holds only its chunk of the parameters,
   gathered around each use of a model chunk (FSDP x TP; under data parallelism
-  alone, of each block: FSDP2's units, schemes/unit_overlap.py), with a
+  alone, of each block: FSDP2's units, strategies/unit_overlap.py), with a
   `degree` below dp as HSDP, optionally offloaded to the host:
-  schemes/distributed_optimizer.py;
+  strategies/distributed_optimizer.py;
 - **fp16 loss scaling**: the ranks of a replica (sharded, or with ep: of the
-  job) vote on an overflow before stepping (schemes/overflow_vote.py);
+  job) vote on an overflow before stepping (strategies/overflow_vote.py);
 - **experts** (`model.moe`, `parallel.ep`): each MoE layer's tokens go to
   their experts' ranks in its ep group and back by all-to-all, as regions of
   the chunk's work (train/moe_exchange.py), the experts charged by the
   tokens they received; the experts' gradients all-reduced over their
-  holders (schemes/expert_model_parallel.py), under data parallelism alone
+  holders (strategies/expert_model_parallel.py), under data parallelism alone
   as under pp / tp;
 - **SyncBN** (data parallelism alone): every BatchNorm's statistics
   all-reduced over the dp group in the forward and backward
-  (schemes/sync_batchnorm.py).
+  (strategies/sync_batchnorm.py).
 
 report.json's `weight_norms` follows the trained model's per-layer weight
-norms every `report.every` steps (schemes/weight_norms.py).
+norms every `report.every` steps (strategies/weight_norms.py).
 
 The last stage's loss of a microbatch is its mean cross entropy times 1/m (and
 the loss scale under fp16), so the gradients accumulated over the m
@@ -82,22 +82,22 @@ from ..train.moe_exchange import ExpertExchange
 from ..train.precision import DTYPES
 from ..train.ring_attention import shard_sequence
 from . import selection
-from .distributed_optimizer import DistributedOptimizer
-from .expert_model_parallel import ExpertLayers, ExpertUpdate
+from ..strategies.distributed_optimizer import DistributedOptimizer
+from ..strategies.expert_model_parallel import ExpertLayers, ExpertUpdate
 from .layer_recompute import measure_layers
 from .model_parts import boundary_activations
-from .overflow_vote import vote_groups
+from ..strategies.overflow_vote import vote_groups
 from .pipeline import PipelineStage
 from .rank_replicas import RankReplicas
-from .replicated_update import ReplicatedUpdate
+from ..strategies.replicated_update import ReplicatedUpdate
 from .scheme import Scheme
-from .representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
+from ..strategies.representatives import (MirroredCollective, mirrored_communicators, mirrored_sequence_collective,
                               represented_by)
 from .chunk_measurement import measure_chunk
 from .stage_execution import ChunkCost
-from .sync_batchnorm import SyncedBatchNorm
-from .tp_overlap import STEPWISE, mirrored_stepwise, stepwise
-from .weight_norms import WeightNormLog
+from ..strategies.sync_batchnorm import SyncedBatchNorm
+from ..strategies.tp_overlap import STEPWISE, mirrored_stepwise, stepwise
+from ..strategies.weight_norms import WeightNormLog
 
 
 class ModelParallel(RankReplicas, Scheme):
@@ -119,7 +119,7 @@ class ModelParallel(RankReplicas, Scheme):
         self.tp_overlap = parallel.tp_comm_overlap  # the layers' tp collectives beside their GEMMs (tp_overlap.py)
         self.steps = train.steps
         self.on_step = on_step
-        # Every rank runs its program, or one per stage does for all (schemes/representatives.py)
+        # Every rank runs its program, or one per stage does for all (strategies/representatives.py)
         self.representatives = parallel.representatives
         self.running = [rank for rank in range(self.world) if self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank

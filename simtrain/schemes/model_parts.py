@@ -25,7 +25,7 @@ from ..train.partition import RankModule, balanced_counts, model_units, unit_flo
 from ..train.ring_attention import ContextShard
 from ..train.tensor_parallel import TP_BOUNDARIES
 from ..parallel import Layout
-from .scheme_checks import NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence
+from ..strategies.scheme_checks import NOTHING_TO_SPLIT, TP_CUT, check_pipeline_units, check_sequence
 
 
 def part_counts(model, layout: Layout, scenario, sample_x: torch.Tensor) -> tuple[list, list[int]]:

@@ -9,7 +9,7 @@ all-reduces (schemes/stage_execution.py), or, with numerics off, are replayed
 from their measured costs (unless hooks on the model read every pass: K-FAC's,
 train/replica.py `run_every_step`). With SyncBN (data parallelism alone) a
 forward action runs the forward's and the backward's numerics together,
-exchanging BatchNorm statistics on the way (schemes/sync_batchnorm.py), and
+exchanging BatchNorm statistics on the way (strategies/sync_batchnorm.py), and
 both passes replay their measured compute. The actions:
 
 - F: the chunk's forward; its output is sent on to the next part;

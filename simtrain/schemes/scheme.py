@@ -54,7 +54,7 @@ class Scheme(Protocol):
     holds_shares: bool = False
 
     # device rank -> the device rank whose figures it reports: a rank another one's program stands for
-    # (schemes/representatives.py); empty when every rank runs its own program.
+    # (strategies/representatives.py); empty when every rank runs its own program.
     mirror_of: Mapping[int, int] = MappingProxyType({})
 
     # Pushes a lost device had in flight and lost (report.json's faults.pushes_lost): async only loses any.

@@ -22,7 +22,7 @@ def sharded(parallel) -> bool:
 
 def expert_parallel(parallel) -> bool:
     """Data parallelism alone with model.moe's experts sharded over ep ranks: the step engine's pp = tp = cp = 1
-    case with experts (schemes/expert_model_parallel.py)."""
+    case with experts (strategies/expert_model_parallel.py)."""
     return parallel.mode == "sync" and parallel.ep > 1 and not parallel.model_parallel
 
 

@@ -49,9 +49,9 @@ autograd would have made).
 Under sequence parallelism the region after an all-gather keeps the rank's
 part of the sequence in place of the gathered input and its backward gathers
 it again, beside the first half of its Linears' backward
-(schemes/saved_shards.py; `ChunkCost.backward_regather`).
+(strategies/saved_shards.py; `ChunkCost.backward_regather`).
 
-With parallel.tp_comm_overlap (schemes/tp_overlap.py, Transformer Engine's
+With parallel.tp_comm_overlap (strategies/tp_overlap.py, Transformer Engine's
 userbuffers) a layer's all-gather runs as ring steps beside slices of the
 GEMMs at the start of the region after it, its reduce-scatter in splits
 beside slices of the GEMM that ends the region before it; in the backward the
@@ -88,8 +88,8 @@ import torch
 from ..op_cost import OpCosts, scaled
 from ..train.tensor_parallel import Apply, ApplyWithTarget
 from ..step_ops import Alloc, Await, Collective, Compute, Free, Post
-from .saved_shards import RegionSplit, SavedShard
-from .tp_overlap import COMM_SMS, TpOverlap, forward_beside, ring_exchange
+from ..strategies.saved_shards import RegionSplit, SavedShard
+from ..strategies.tp_overlap import COMM_SMS, TpOverlap, forward_beside, ring_exchange
 
 OVERLAPPED = ("kv_ring",)  # collectives that run beside the compute of the region before them
 OVERLAPPED_BACK = ("kv_ring_back",)  # backward collectives that run beside the compute of the region after them
@@ -112,9 +112,9 @@ class ChunkCost:
     # gradient it adds to, the ones the forward region it reverses uses (bucket_overlap.py)
     backward_params: tuple[tuple[int, ...], ...] = ()
     # per region, in backward order: a RegionSplit where the region's gathered input was kept as its sequence
-    # shard and is gathered again (schemes/saved_shards.py), else None
+    # shard and is gathered again (strategies/saved_shards.py), else None
     backward_regather: tuple[RegionSplit | None, ...] = ()
-    # parallel.tp_comm_overlap: the GEMMs run beside the layers' tp collectives (schemes/tp_overlap.py), which the
+    # parallel.tp_comm_overlap: the GEMMs run beside the layers' tp collectives (strategies/tp_overlap.py), which the
     # regions' FLOPs, operators and RegionSplits above then leave out; None: no overlap
     tp_overlap: TpOverlap | None = None
     # split backwards (zero_bubble, dualpipev): per region, in backward order, the (FLOPs, OpCosts, kernels) of its
@@ -290,7 +290,7 @@ def _backward_compute(cost: ChunkCost | None, step: int, dtype: str, communicate
     may start, charged on its first piece); where the region's gathered input was kept as its shard, the shard
     gathered again beside the first half of its column-parallel Linears' backward (their input gradient) and
     awaited before the second (their weight gradient; in a split schedule's I pass, none):
-    schemes/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the input
+    strategies/saved_shards.py. With `scatter` (tp_comm_overlap), `scatter(run())` gives the collective of the input
     gradient and its result, posted beside the weight gradient (or None: no collective); the halves beside a
     collective then run on the SMs its userbuffers kernel leaves (tp_overlap.py COMM_SMS). `share`: the share of
     its measured work the region did (an MoE layer's experts, by the tokens they received), or None. Returns

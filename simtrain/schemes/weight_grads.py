@@ -19,7 +19,7 @@ that the backward did not make and that are no parameter, the activations a
 microbatch keeps from its I to its W (a Linear's input, for its weight GEMM).
 
 Under sequence parallelism a column-parallel Linear's input was kept as its
-sequence shard and is gathered again in the backward (schemes/saved_shards.py).
+sequence shard and is gathered again in the backward (strategies/saved_shards.py).
 The I pass gathers it, beside the Linears' input gradient, and keeps the
 gathered input for W, as the zero-bubble schedules' implementation on
 Megatron-LM keeps it (Qi et al. 2024, "Zero Bubble Pipeline Parallelism": its
@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_leaves
 from ..op_cost import OpCosts, OperatorRecorder, merged, without
 from ..step_ops import Compute
 from ..storage_identity import StorageIds
-from .saved_shards import RegionSplit
+from ..strategies.saved_shards import RegionSplit
 
 COPIES = {"_to_copy", "clone", "copy_", "add", "add_", "_unsafe_view", "contiguous"}  # a gradient carried on
 

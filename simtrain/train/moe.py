@@ -34,7 +34,7 @@ language-model loss. Its gradient is `aux_loss_scale`, which the step engine
 sets before each step as Megatron-Core's MoEAuxLossAutoScaler.set_loss_scale
 does: 1 / (micro-batches x tp), a mean over the micro-batches and the tp
 ranks' parts of the sequence, times the fp16 loss scale, which scales the
-language-model loss's gradient too (schemes/expert_model_parallel.py). The
+language-model loss's gradient too (strategies/expert_model_parallel.py). The
 router's pieces are in train/moe_router.py.
 
 After each forward, `routing` holds what the router did: tokens per expert
@@ -127,12 +127,12 @@ class MoE(nn.Module):
         self.first_expert = 0  # expert parallelism: the index of the first expert this layer holds (keep_experts_)
         self.ep = 1  # expert parallelism: the ranks the layer's experts are sharded over (keep_experts_)
         # a dispatch that sends a token once to each host (parallel.moe_dispatch deepep): each expert's host in its
-        # ep group, 0, 1, ... (schemes/expert_model_parallel.py); None: the dispatch is by rank
+        # ep group, 0, 1, ... (strategies/expert_model_parallel.py); None: the dispatch is by rank
         self.expert_hosts: tuple[int, ...] | None = None
         self.aux_loss_scale = 1.0  # its balancing loss's gradient: 1 / (microbatches x tp) x fp16's loss scale
         self.routings: list = []  # the step engine: each forward's (assigned, kept) of the ep group (moe_exchange.py)
         # numerics off with a drawn routing model: (assignments a rank) -> the ep group's draw, [rank][expert]
-        # (schemes/expert_model_parallel.py); None: balanced routing
+        # (strategies/expert_model_parallel.py); None: balanced routing
         self.drawn_routing = None
         # full recomputation: this forward runs again from a kept input (schemes/layer_recompute.py), routing as the
         # first did; its routing is not recorded again

@@ -5,7 +5,7 @@ i-th run of experts/ep of every MoE layer (train/moe.py keep_experts_), and
 the layer's tokens go to their experts' ranks and back by all-to-all. The
 pieces here are what every rank computes between those exchanges, on real
 tensors (or meta ones), as the step engine runs them under every layout (data
-parallelism alone included: schemes/expert_model_parallel.py):
+parallelism alone included: strategies/expert_model_parallel.py):
 `exchange_ops` gives the layer as Apply steps with the exchanges as
 boundaries between regions, as tensor parallelism's collectives are
 (train/tensor_parallel.py, schemes/stage_execution.py).

@@ -121,7 +121,7 @@ class Replica:
 
     def run_every_step(self) -> None:
         """Run the forward, backward and update every step even with numerics off: hooks on the model read
-        each one (K-FAC's, schemes/kfac_sync.py)."""
+        each one (K-FAC's, strategies/kfac_sync.py)."""
         self._meta_losses = None
 
     @property

@@ -158,7 +158,7 @@ def attention_half_ops(norm, attention_ops: list, after_attention, sequence_para
 def _layer_collectives(sequence_parallel: bool) -> tuple:
     """A transformer layer's "f" and "g" on the second tensor in flight: under sequence parallelism an all-gather
     and a reduce-scatter beside the layer's GEMMs (which Transformer Engine overlaps with them:
-    schemes/tp_overlap.py), else the all-reduce pair."""
+    strategies/tp_overlap.py), else the all-reduce pair."""
     if sequence_parallel:
         return AllGather(1, beside_gemm=True), ReduceScatter(1, beside_gemm=True)
     return AllReduceBackward(1), AllReduceForward(1)

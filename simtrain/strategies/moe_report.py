@@ -1,6 +1,6 @@
 """report.json's `moe` section: routing, drops and all-to-all per step of a mixture-of-experts job.
 
-The step engine's experts (schemes/expert_model_parallel.py `ExpertLayers`)
+The step engine's experts (strategies/expert_model_parallel.py `ExpertLayers`)
 keep, per step, what every ep group's routing did: `routing_figures` turns
 the (assigned, kept) matrices, [ep rank][expert], of every MoE layer's
 forwards (one ep group each) into the step's tokens per expert (kept
@@ -84,4 +84,4 @@ class MoeSection(ReportSection):
 
 
 register_section("moe", MoeSection, "mixture of experts: routing, drops and all-to-all per step "
-                                    "(schemes/moe_report.py)")
+                                    "(strategies/moe_report.py)")

@@ -1,7 +1,7 @@
 """ZeRO-Offload: a sharded rank's optimizer (and optionally its parameters) in host memory, stepped by the host.
 
 `parallel.sharding.offload` moves part of each rank's share of sharded data
-parallelism (schemes/distributed_optimizer.py, in every layout) into
+parallelism (strategies/distributed_optimizer.py, in every layout) into
 `cluster.shared_memory`, the host's DRAM (hw/shared_memory.py), as
 DeepSpeed's ZeRO-Offload does (Ren et al. 2021; DeepSpeed's
 `offload_optimizer` and, under stage 3, `offload_param`):

@@ -66,4 +66,4 @@ class WeightNormsSection(ReportSection):
 
 
 register_section("weight_norms", WeightNormsSection, "weight norms of every layer over training "
-                                                     "(schemes/weight_norms.py)")
+                                                     "(strategies/weight_norms.py)")

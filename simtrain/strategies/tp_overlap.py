@@ -28,7 +28,7 @@ to it. Its default configuration (`initialize_ub` in Transformer Engine's
   reduce-scatters of r;
 - **bulk** (`qkv_dgrad`, `fc1_dgrad`, `qkv_wgrad`, `fc1_wgrad`): the re-gather of
   the saved sequence shard beside the QKV and first MLP Linears' input
-  gradient (schemes/saved_shards.py, there without the overlap too), and the
+  gradient (strategies/saved_shards.py, there without the overlap too), and the
   reduce-scatter of that input gradient beside their weight gradient.
 
 Every step moves real tensors on the tp group's links (comm/sequence_shards.py
@@ -229,7 +229,7 @@ def ring_exchange(communicate, shard: torch.Tensor, gemm: Gemm, dtype: str, name
     """Step program: the all-gather of `shard` in its ring steps, each posted beside a 1/tp slice of `gemm` and
     awaited after it, the last slice after the last step, on all of the device's SMs (the steps are copies, which
     take none); returns the gathered tensor. The slices are the start of the next region's compute, Computes
-    named `name` + "_part" (a region's compute ends with one named `name`: schemes/bucket_overlap.py counts
+    named `name` + "_part" (a region's compute ends with one named `name`: strategies/bucket_overlap.py counts
     regions by it)."""
     steps, result = communicate("all_gather_steps", shard)
     slices = len(steps) + 1
@@ -294,7 +294,7 @@ def stepwise(kind: str, rank: int, world: int, tensor: torch.Tensor):
 
 
 def mirrored_stepwise(kind: str, tensor: torch.Tensor, world: int):
-    """stepwise's pieces for a representative (numerics off, schemes/representatives.py): a ring step is timed as
+    """stepwise's pieces for a representative (numerics off, strategies/representatives.py): a ring step is timed as
     a block sent on to the next rank (ring attention's step, the same concurrency), a split as the ring
     reduce-scatter of its parts."""
     shape = list(tensor.shape)

@@ -25,7 +25,7 @@ A rank's experts are data parallel over their holders (one rank of the same
 ep index in every ep group), the rest of the model over every data-parallel
 rank: `experts_last` re-points a replica's gradients into one buffer,
 replicated parameters first, so each part is all-reduced over its own group
-(schemes/expert_model_parallel.py's ExpertUpdate; the distributed optimizer's
+(strategies/expert_model_parallel.py's ExpertUpdate; the distributed optimizer's
 shards, distributed_optimizer.py).
 
     groups = {rank: EpGroup(comm, index, ranks, group_all_to_all(job, ranks)) for index, rank in enumerate(ranks)}

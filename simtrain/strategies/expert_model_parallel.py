@@ -33,9 +33,9 @@ dense and expert buffers), each all-reduced over its group on the rank's
 stream as soon as the last microbatch's backward has completed it
 (bucket_overlap.py), the experts' divided by ep once all have ended.
 
-`ExpertLayers` gives the step engine the groups (EpGroup, schemes/expert_groups.py),
+`ExpertLayers` gives the step engine the groups (EpGroup, strategies/expert_groups.py),
 the exchanges' collectives, the experts of the other ep ranks for the whole
-model, and the `moe` report section (schemes/moe_report.py; per step: tokens
+model, and the `moe` report section (strategies/moe_report.py; per step: tokens
 per expert, drops, the bytes the exchanges moved, from every ep group's
 routing, and a rank's mean seconds in the four all-to-alls). Data
 parallelism alone is the pp = tp = cp = 1 case: one chunk, the whole model,
@@ -118,7 +118,7 @@ class ExpertLayers:
             replica.model.build_ops()
 
     def place_representatives(self) -> None:
-        """With representatives (their exchanges mirrored, schemes/representatives.py): `place` each running rank by
+        """With representatives (their exchanges mirrored, strategies/representatives.py): `place` each running rank by
         its own ep group's all-to-all (which refuses hosts holding uneven shares of it)."""
         for rank in self.scheme.running:
             self.place(rank, group_all_to_all(self.job, list(self.scheme.layout.rank_groups(rank).ep)))
@@ -232,7 +232,7 @@ class ExpertLayers:
         return sample.shape[0] * sample.shape[1] // (layout.cp * layout.tp)
 
     def report_sections(self, loss_curve) -> dict:
-        """The `moe` section (schemes/moe_report.py): its all-to-all time a running rank's mean."""
+        """The `moe` section (strategies/moe_report.py): its all-to-all time a running rank's mean."""
         routing = "router" if self.job.numerics else self.job.scenario.model.moe.routing.model
         running = len(self.scheme.running)
         seconds = [self.all_to_all_s.get(step, 0.0) / running for step in range(len(self.moe_steps))]

@@ -27,7 +27,7 @@ def sharded_update(shard, replicas: int, step_bytes: int, vote=None, charge=None
     unless an overflow was found (`vote(found_inf)`, a step program, decides it across the ranks that share the
     loss scale), round the shard into its chunks; `step_bytes` of HBM traffic in `kernels` operators (a calibrated
     host's kernel_overhead) charged, or `charge` run (a step program: the host's step under offload,
-    schemes/offload.py)."""
+    strategies/offload.py)."""
     found_inf = shard.take_gradient(replicas)
     if vote is not None:
         found_inf = yield from vote(found_inf)
@@ -82,5 +82,5 @@ class ShardingSection(ReportSection):
 
 
 register_section("sharding", ShardingSection, "sharded data parallelism: the stage, the groups and the bytes "
-                                              "each collective moved (schemes/distributed_optimizer.py)")
+                                              "each collective moved (strategies/distributed_optimizer.py)")
 

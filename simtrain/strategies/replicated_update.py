@@ -10,7 +10,7 @@ soon as the bucket is complete (bucket_overlap.py; with experts their
 buckets apart, all-reduced over their holders: ExpertUpdate). A ring all-reduce sends
 2(N-1)/N of the buffer per rank. With K-FAC (train.optimizer.name kfac, data
 parallelism alone) the averaged gradient is preconditioned before the step
-(schemes/kfac_sync.py), whose factors and decompositions each rank holds.
+(strategies/kfac_sync.py), whose factors and decompositions each rank holds.
 
     update = ReplicatedUpdate(scheme)            # the ModelParallel scheme, parallel.sharding.stage 0
     output = yield from update.during(rank, action, cost, program)    # each schedule action (pipeline.py)

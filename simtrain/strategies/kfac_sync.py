@@ -8,7 +8,7 @@ step engine runs as the chunk's ops (schemes/pipeline.py; with numerics off
 too, the replica set to `run_every_step`). Each step, after the gradient
 all-reduce and before the base optimizer steps, `DistributedKfac.step(rank)`
 runs on every rank (a step program, simtrain/step_ops.py: `yield from` it in
-the data-parallel strategy's update, schemes/replicated_update.py):
+the data-parallel strategy's update, strategies/replicated_update.py):
 
 1. factor update steps: the batch factors A = a^T a / B and G = B g^T g of
    every layer (charged as 2*rows*n^2 FLOPs each) are averaged across devices
@@ -189,4 +189,4 @@ class KfacSection(ReportSection):
     inversion_cost_n3_per_device: list[float] = Field(description="sum of n^3 over the factors each rank inverts")
 
 
-register_section("kfac", KfacSection, "K-FAC's factors, their placement and its time (schemes/kfac_sync.py)")
+register_section("kfac", KfacSection, "K-FAC's factors, their placement and its time (strategies/kfac_sync.py)")

@@ -1,7 +1,7 @@
 """Megatron-Core's overlap of the distributed optimizer's collectives with the compute, bucket by bucket.
 
 With `parallel.sharding.overlap_grad_reduce` (stages 1 and 2 under pp/tp,
-schemes/distributed_optimizer.py) a rank's gradient buffer is cut as
+strategies/distributed_optimizer.py) a rank's gradient buffer is cut as
 Megatron-Core's DistributedDataParallel cuts it
 (megatron/core/distributed/param_and_grad_buffer.py): each model chunk (the
 rank's pipeline stage's part; each virtual stage's) has its own buffer, and

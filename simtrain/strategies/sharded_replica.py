@@ -3,7 +3,7 @@
 `ShardedReplica` takes over a job's `Replica` (train/replica.py: the model
 copy, the loader, the precision) and lays its trainable parameters and their
 gradients out as views into two padded flat buffers in the compute dtype
-(schemes/shard_layout.py). What the rank owns is its chunk of every unit:
+(strategies/shard_layout.py). What the rank owns is its chunk of every unit:
 
 - `master`: the fp32 master weights of its shard (under fp32 training, the
   fp32 weights of its chunks), the one tensor its optimizer steps, with

@@ -103,7 +103,7 @@ def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tu
 
 
 class MirroredEpGroup(NamedTuple):
-    """A representative's ep group (schemes/expert_groups.py's EpGroup, numerics off): each MoE layer's exchanges
+    """A representative's ep group (strategies/expert_groups.py's EpGroup, numerics off): each MoE layer's exchanges
     timed with every ep group of its stage (balanced routing: every group moves the same), as
     parallel.moe_dispatch runs them (`by_label`: deepep's, whose programs differ by exchange)."""
 
@@ -282,7 +282,7 @@ class MirroredCollectives:
 
     def _program(self, collective: MirroredCollective, nodes: list[str]):
         """fn(rank, world, buf) -> the per-rank program of `collective` over `nodes`: the job's all-reduce, an MoE
-        layer's all-to-all as parallel.moe_dispatch runs it (schemes/expert_groups.py), or the rings the
+        layer's all-to-all as parallel.moe_dispatch runs it (strategies/expert_groups.py), or the rings the
         distributed optimizer runs (sharded_replica.py: the reduce-scatter the other way round)."""
         kind = collective.kind
         if kind == "all_reduce":
