@@ -232,7 +232,7 @@ class RankModule(nn.Module):
 
     def build_ops(self) -> None:
         """Each chunk's work (`ops`) and its segments' (`layers`), from its modules as they are: built again once its
-        MoE layers know their experts' hosts (schemes/expert_model_parallel.py), which may add an exchange."""
+        MoE layers know their experts' hosts (strategies/expert_model_parallel.py), which may add an exchange."""
         self.ops = [self.chunk_ops(chunk, ends, self._ends_model) for chunk, ends in zip(self.chunks, self._ends)]
         self.layers = [[(chunk, ops)] if sizes is None else self._layers(chunk, sizes, ends)
                        for chunk, ops, sizes, ends in zip(self.chunks, self.ops, self._sizes, self._ends)]
