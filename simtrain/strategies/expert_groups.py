@@ -106,7 +106,7 @@ class EpGroup:
             program = ring_all_gather(self.index, (self.index + 1) % self.size, (self.index - 1) % self.size,
                                       [gathered[(position - 1) % self.size] for position in range(self.size)])
         else:
-            gathered = kind.result_like(tensor)
+            tensor, gathered = kind.sent(tensor, self.index)
             program = self.all_to_all(self.index, self.size, tensor, gathered, kind)
         return Collective(program, kind.label, comm=self.comm, rank=self.index), gathered
 

@@ -86,6 +86,15 @@ class ExpertExchange(NamedTuple):
         """Whether it all-gathers each rank's counts (else it is an all-to-all of rows)."""
         return self.label in ("moe counts", "moe notify")
 
+    def sent(self, tensor: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what group rank `index` sends of `tensor` in this all-to-all, an empty tensor shaped as what it
+        receives). Numerics off, a replayed pass's tensor (measured once, on another rank) is resized to the rows
+        this routing sends from the rank: a rank whose tokens an expert's capacity dropped sends fewer."""
+        rows = sum(self.counts[index])
+        if tensor.is_meta and tensor.shape[0] != rows:
+            tensor = tensor.new_empty((rows, *tensor.shape[1:]))
+        return tensor, tensor.new_empty((sum(row[index] for row in self.counts), *tensor.shape[1:]))
+
     def result_like(self, tensor: torch.Tensor) -> torch.Tensor:
         """An empty tensor shaped as what this rank receives when it sends `tensor`."""
         return tensor.new_empty((self.rows, *tensor.shape[1:]))
