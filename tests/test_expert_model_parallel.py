@@ -133,6 +133,17 @@ def test_a_capacity_under_pp_drops_the_tokens_one_device_drops():
     assert_same_parameters(job.scheme.trained_model(), reference)
 
 
+def test_balanced_routing_under_a_capacity_below_one_drops_and_moves_the_closed_form():
+    """Numerics off, ep 4 alone, balanced routing, capacity_factor 0.5: each rank sends 16 of its 64 assignments
+    to each expert, whose capacity is 0.5 x 64 = 32, so ranks 0 and 1 keep theirs and ranks 2 and 3 drop all
+    (128 a layer). What crosses ranks: the kept rows bound for another rank's expert, 16 + 16 + 32 + 32 a layer,
+    each 32 fp32 features, two layers. A rank sends only what it kept (a traceback before: the replayed pass
+    sent the rows it measured)."""
+    job = one_step(scenario(4, ep=4, capacity_factor=0.5, numerics=False))
+    assert job.scheme.report_sections()["moe"]["dropped_tokens"] == [2 * 128]
+    assert bytes_by_label(job)["moe dispatch"] == 2 * 96 * HIDDEN * 4
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_the_distributed_optimizer_shards_experts_over_their_holders_and_trains_as_one_device(stage):
     """ep 2 x pp 2 over 8 devices (dp 4: each expert held by 2 ranks), Megatron-Core's distributed optimizer: two

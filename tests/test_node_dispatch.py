@@ -1,9 +1,10 @@
 """DeepEP's dispatch (`parallel.moe_dispatch: deepep`): each token crosses to a host once.
 
 References: a direct split-and-concatenate (pairwise's blocks) for what lands where; single-process torch (the
-whole model on every rank's batch) for training; for the bytes between hosts, the closed form tokens x distinct
-destination hosts x hidden x 4 bytes (plus 4 bytes a row for the rows' places), counted from the router's
-choices token by token, and with balanced group-limited routing (numerics off) in numbers.
+whole model on every rank's batch) and pairwise for training, with a capacity too; for the bytes between hosts,
+the closed form tokens x distinct destination hosts x hidden x 4 bytes (plus 4 bytes a row for the rows' places),
+counted from the router's choices token by token (with a capacity, of the assignments kept), and with balanced
+group-limited routing (numerics off) in numbers.
 """
 import pytest
 import simpy
@@ -154,22 +155,85 @@ def test_balanced_group_limited_dispatch_moves_the_closed_form_between_hosts():
     assert moved_between_hosts(job, "moe combine") == 8 * layers * 3 * 4 * tokens // 4 * HIDDEN * 4
 
 
-def test_deepep_with_a_capacity_is_one_line(capsys):
-    from test_moe import GPT_SMALL, cli
-    assert cli("validate", str(GPT_SMALL), "--set", "model.moe={experts: 4, capacity_factor: 1.0}", "--set",
-               "parallel.ep=4", "--set", "parallel.moe_dispatch=deepep") == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "parallel.moe_dispatch: deepep needs dropless routing" in err
+def with_capacity(spec, factor):
+    moe = spec.model.moe.model_copy(update={"capacity_factor": factor})
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"moe": moe})})
 
 
-@pytest.mark.parametrize("dispatch", ["hierarchical", "deepep"])
-def test_representatives_time_the_dispatch_as_the_whole_simulation(dispatch):
+def test_deepep_with_a_capacity_trains_as_pairwise_and_one_device():
+    """ep 8 over 4 hosts, capacity factor 0.5 (assignments dropped every step): the dispatch sends each token to
+    the hosts of its kept assignments ("moe notify" counts them after the drops), and training is bit for bit
+    pairwise's with the same capacity and one device's (its drops decided over the global batch) to 1e-5."""
+    spec = with_capacity(deepep(8), 0.5)
+    report = simtrain.run(spec)
+    reference, dropped = one_device(spec, 8)
+    assert all(dropped) and report.data["moe"]["dropped_tokens"] == dropped
+    assert_same_parameters(report.final_model, reference)
+    pairwise = simtrain.run(with_capacity(deepep(8, parallel={"moe_dispatch": "pairwise"}), 0.5))
+    assert all(torch.equal(tensor, pairwise.final_model.state_dict()[name])
+               for name, tensor in report.final_model.state_dict().items())
+
+
+def test_dispatch_bytes_between_hosts_with_a_capacity_count_the_kept_assignments():
+    """ep 8 over 4 hosts, capacity factor 0.5, one step: the global batch through one device's model, each
+    layer's router choices token by token (ranks in order), expert e keeping its first C = ceil(0.5 T 3 / 8)
+    assignments; the dispatch moves between hosts sum over tokens of (the distinct hosts of its kept assignments
+    other than its own) x hidden x 4 bytes, plus 4 bytes a kept row bound for another host; the combine every
+    such row. "moe counts" gathers each rank's 8 assignments, "moe notify" its tokens for each of the 4 hosts,
+    8 bytes each, a ring all-gather: 8 x 7 chunks a layer."""
+    spec = with_capacity(deepep(8, steps=1), 0.5)
+    job = one_step(spec)
+    data = hold_out_validation(load_dataset(spec.data.name, spec.data.loader_options(), spec.seed),
+                               spec.data.validation_fraction, spec.seed)
+    reference = build_model(spec.model, data.info, spec.seed)
+    x = torch.cat([build_loader(spec, data.train, 8, rank).next_batch()[0] for rank in range(8)])
+    inputs = []  # each MoE layer's tokens, as its router sees them (the global batch, rank by rank)
+    layers = [layer for layer in reference.modules() if isinstance(layer, MoE)]
+    hooks = [layer.router.register_forward_hook(lambda module, args, out: inputs.append(args[0].detach()))
+             for layer in layers]
+    reference(x)
+    for hook in hooks:
+        hook.remove()
+    token_hosts = rows = dropped = 0
+    for layer, tokens in zip(layers, inputs):
+        tokens = tokens.reshape(-1, HIDDEN)
+        per_rank, capacity = len(tokens) // 8, -(-len(tokens) * 3 // 16)  # ceil(0.5 T 3 / 8)
+        taken = [0] * 8
+        for index, token in enumerate(tokens):
+            home, kept_hosts = index // per_rank // 2, []
+            for expert in reference_choices(torch.softmax(layer.router.weight @ token, 0).detach(), spec.model.moe):
+                taken[expert] += 1
+                if taken[expert] <= capacity:
+                    kept_hosts.append(expert // 2)
+                else:
+                    dropped += 1
+            token_hosts += len(set(kept_hosts) - {home})
+            rows += sum(h != home for h in kept_hosts)
+    assert dropped > 0 and token_hosts < rows
+    assert moved_between_hosts(job, "moe dispatch") == token_hosts * HIDDEN * 4 + rows * 4
+    assert moved_between_hosts(job, "moe combine") == rows * HIDDEN * 4
+    moved = lambda label: sum(record.nbytes for record in job.cluster.network.records  # noqa: E731
+                              if record.label == label)
+    assert moved("moe counts") == 2 * 8 * 7 * 8 * 8 and moved("moe notify") == 2 * 8 * 7 * 4 * 8
+
+
+def test_balanced_routing_with_a_capacity_of_one_drops_nothing_and_moves_the_dropless_bytes():
+    """Numerics off, balanced routing, capacity factor 1.0 (every expert's share exactly): the dispatch and
+    combine move between hosts what they move dropless."""
+    spec = deepep(8, numerics=False, steps=1)
+    dropless, capped = one_step(spec), one_step(with_capacity(spec, 1.0))
+    for label in ("moe dispatch", "moe combine"):
+        assert moved_between_hosts(capped, label) == moved_between_hosts(dropless, label) > 0
+
+
+@pytest.mark.parametrize("dispatch,capacity", [("hierarchical", None), ("deepep", None), ("deepep", 1.25)])
+def test_representatives_time_the_dispatch_as_the_whole_simulation(dispatch, capacity):
     """Numerics off, balanced routing, ep 8 over 4 hosts: one rank simulated, its exchanges timed as the job's
     dispatch runs them (hierarchical was timed as pairwise), gives the step and all-to-all times of every rank
-    simulated, to 1e-9."""
+    simulated, to 1e-9; with a capacity factor too (deepep's "moe notify" mirrored as "moe counts" is)."""
     def figures(representatives):
         spec = deepep(8, numerics=False, parallel={"moe_dispatch": dispatch, "representatives": representatives})
-        report = simtrain.run(spec)
+        report = simtrain.run(with_capacity(spec, capacity))
         return report.data["step_time_s"], report.data["moe"]["all_to_all_time_s"]
 
     (step, all_to_all), (step_alone, all_to_all_alone) = figures(True), figures(False)

@@ -69,6 +69,7 @@ EXAMPLES = {
     "MoE": Example({"model.moe": MOE}, model="gpt"),
     "drawn routing": Example({"model.moe": {**MOE, "routing": {"model": "zipf"}}}, model="gpt"),
     "capacity": Example({"model.moe": {**MOE, "capacity_factor": 1.25}}, model="gpt"),
+    "capacity below 1": Example({"model.moe": {**MOE, "capacity_factor": 0.5}}, model="gpt"),
     "ep": Example({"parallel.ep": 2}, {"model.moe": MOE, "parallel.dp": 2}, "gpt"),
     "deepep dispatch": Example({"parallel.moe_dispatch": "deepep"}, {"parallel.ep": 2, "model.moe": MOE,
                                                                      "parallel.dp": 2}, "gpt"),
@@ -191,7 +192,7 @@ def test_every_pair_of_features_validates_unless_a_row_refuses_it(tmp_path):
         elif scenario_with(pair) is not None:
             check(pair, tmp_path)
             checked += 1
-    assert checked > 450  # of the 595 pairs of 35 features
+    assert checked > 450  # of the 630 pairs of 36 features
 
 
 def test_each_row_names_known_features_frameworks_and_the_key_at_fault():

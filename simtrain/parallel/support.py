@@ -108,6 +108,8 @@ FEATURES = (
             lambda c: c.model.moe is not None and c.model.moe.routing.model != "balanced"),
     Feature("capacity", "model.moe.capacity_factor (assignments past an expert's capacity dropped)",
             lambda c: c.model.moe is not None and c.model.moe.capacity_factor is not None),
+    Feature("capacity below 1", "model.moe.capacity_factor below 1 (even balanced routing drops assignments)",
+            lambda c: c.model.moe is not None and (c.model.moe.capacity_factor or 1) < 1),
     Feature("ep", "parallel.ep above 1", lambda c: c.parallel.ep > 1),
     Feature("deepep dispatch", "parallel.moe_dispatch deepep (each token sent once to each host it reaches)",
             lambda c: c.parallel.ep > 1 and c.parallel.moe_dispatch == "deepep"),
@@ -153,6 +155,7 @@ FACTS = {
                                          if getattr(c.parallel, name) > 1),
     "shard_degree": lambda c: c.layout.dp_shard,
     "dp_ranks": lambda c: c.layout.dp * c.layout.cp,
+    "capacity_factor": lambda c: f"{c.model.moe.capacity_factor:g}",
 }
 
 
@@ -239,16 +242,14 @@ REFUSED = (
             "parallel.representatives: with a drawn routing model (model.moe.routing.model zipf or histogram) the ep "
             "ranks' loads differ, and one rank cannot stand for the others (use balanced, or set it false)",
             OWN_REPRESENTATIVES),
+    Refusal(("representatives", "capacity below 1"),
+            "parallel.representatives: with model.moe.capacity_factor {capacity_factor} below 1 an expert drops "
+            "the assignments of the ep ranks past its capacity, so the ranks' loads differ and one rank cannot "
+            "stand for the others (use a capacity_factor of 1 or more, or set it false)", OWN_REPRESENTATIVES),
     Refusal(("drawn routing", MODEL_PARALLEL, "numerics off"),
             "model.moe.routing.model: drawn routing (zipf, histogram) under parallel.pp or parallel.tp with "
             "numerics off is not built (balanced is; data parallelism alone draws it)",
             "Numerics off is simtrain's own: both frameworks compute every token's routing."),
-    Refusal(("deepep dispatch", "capacity"),
-            "parallel.moe_dispatch: deepep needs dropless routing (model.moe.capacity_factor null): a rank counts "
-            "the tokens it sends each host before the group's counts decide which assignments an expert drops",
-            "Megatron-Core's flex dispatcher runs DeepEP with moe_expert_capacity_factor, each rank dropping its "
-            "own tokens before the dispatch; torchtitan's MoE is dropless (no capacity factor).",
-            (MEGATRON_CORE,)),
     Refusal(("ep", "K-FAC"),
             "parallel.ep: runs with a first-order optimizer (the expert gradients are kept apart from the "
             "replicated ones)", NO_KFAC),

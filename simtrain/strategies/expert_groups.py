@@ -17,7 +17,9 @@ bound home, the same two hops back, inside the host first (PXN's order,
 every row: the outputs are weighted at home, not summed on the way); the
 last two run over the hosts the topology puts the group's ranks on, which
 must hold equal shares of it).
-"moe counts" (every rank's assignments per expert) is a ring all-gather.
+"moe counts" (every rank's assignments per expert) and "moe notify" (with
+deepep and a capacity, its tokens reaching each host after the drops) are
+ring all-gathers.
 
 A rank's experts are data parallel over their holders (one rank of the same
 ep index in every ep group), the rest of the model over every data-parallel
@@ -95,16 +97,16 @@ class EpGroup:
 
     def exchange(self, kind, tensor: torch.Tensor):
         """(the Collective of exchange `kind` (train/moe_exchange.py's ExpertExchange) of `tensor` over the group,
-        the tensor that holds what arrives once it has run): "moe counts" all-gathers each rank's (1, experts)
-        counts into (ranks, experts), rank order; an all-to-all sends `kind.counts[index]` rows to each rank."""
-        if kind.label == "moe counts":
+        the tensor that holds what arrives once it has run): "moe counts" and "moe notify" all-gather each rank's
+        (1, n) counts into (ranks, n), rank order; an all-to-all sends `kind.counts[index]` rows to each rank."""
+        if kind.gathers:
             gathered = tensor.new_zeros((self.size, tensor.shape[1]))
             gathered[self.index].copy_(tensor[0])
             # the ring starts with rank r's counts at position r + 1: chunk p is row p - 1
             program = ring_all_gather(self.index, (self.index + 1) % self.size, (self.index - 1) % self.size,
                                       [gathered[(position - 1) % self.size] for position in range(self.size)])
         else:
-            gathered = kind.result_like(tensor)
+            tensor, gathered = kind.sent(tensor, self.index)
             program = self.all_to_all(self.index, self.size, tensor, gathered, kind)
         return Collective(program, kind.label, comm=self.comm, rank=self.index), gathered
 

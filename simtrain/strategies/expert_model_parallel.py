@@ -60,7 +60,7 @@ its ep group, and the layers run on meta tensors every step.
 from ..step_ops import Await, Collective, PostCollective
 from ..train.moe import MoE
 from ..train.moe_exchange import balanced_routing
-from ..train.moe_routing import choice_counts, draw_choices, node_rows, routing_generator
+from ..train.moe_routing import choice_counts, draw_choices, group_node_rows, routing_generator
 from .expert_groups import EpGroup, NodeDispatch, experts_last, first_expert, group_all_to_all
 from .moe_report import moe_section, routing_figures
 from .replicated_update import ReplicatedUpdate
@@ -108,11 +108,14 @@ class ExpertLayers:
 
     def place(self, rank: int, all_to_all) -> None:
         """Job rank `rank`'s MoE layers told the host of each expert where its ep group's all-to-all sends a token
-        once to each host (deepep's NodeDispatch): their counts then say how many tokens reach each host."""
-        if isinstance(all_to_all, NodeDispatch):
+        once to each host (deepep's NodeDispatch): their counts then say how many tokens reach each host (with a
+        capacity, an exchange of their own after the drops: the rank's work is built again)."""
+        replica = self.scheme.replicas[rank]
+        if isinstance(all_to_all, NodeDispatch) and replica is not None:
             per = self.experts // self.ep
-            for layer in _layers(self.scheme.replicas[rank]):
+            for layer in _layers(replica):
                 layer.expert_hosts = tuple(all_to_all.rank_hosts[e // per] for e in range(self.experts))
+            replica.model.build_ops()
 
     def place_representatives(self) -> None:
         """With representatives (their exchanges mirrored, strategies/representatives.py): `place` each running rank by
@@ -154,12 +157,14 @@ class ExpertLayers:
             program.close()
 
     def draw(self, rank: int, layer: int, tokens: int, again: bool = False,
-             expert_hosts: tuple[int, ...] | None = None) -> tuple[list[list[int]], list[list[int]]]:
+             expert_hosts: tuple[int, ...] | None = None,
+             capacity: int | None = None) -> tuple[list[list[int]], list[list[int]]]:
         """Numerics off, a drawn routing model: job rank `rank`'s ep group's assignments per expert, [ep
         rank][expert], at MoE layer `layer` (of the whole model) of its current step's next micro-batch, each group
         rank's `tokens` routed once for the group (seeded by step, micro-batch, layer and job rank); and with
         `expert_hosts` (the host of each expert: a dispatch that sends a token once to each host) the tokens of each
-        rank that reach each host, [ep rank][host] (else empty). A forward run `again` (full recomputation) draws
+        rank that reach each host, [ep rank][host], by the assignments each expert keeps of the group's first
+        `capacity` (None: all of them) (else empty). A forward run `again` (full recomputation) draws
         what its first forward drew: the micro-batches' backwards, and so their recomputations, come in the order of
         their forwards (split backwards run no full recomputation)."""
         group, step = self.job.layout.rank_groups(rank).ep, self._step[rank]
@@ -172,7 +177,8 @@ class ExpertLayers:
             choices = [draw_choices(spec, tokens, routing_generator(seed, draw, layer, member)) for member in group]
             self._draws[key] = ([choice_counts(c, self.experts) for c in choices],
                                 [] if expert_hosts is None
-                                else [node_rows(c, expert_hosts, max(expert_hosts) + 1) for c in choices])
+                                else group_node_rows(choices, self.experts, expert_hosts, max(expert_hosts) + 1,
+                                                     capacity))
         return self._draws[key]
 
     def other_experts(self, pieces: dict, replica: int = 0) -> list:
@@ -287,14 +293,15 @@ class ExpertUpdate(ReplicatedUpdate):
 
 class _Draw:
     """An MoE layer's `drawn_routing` (train/moe_exchange.py): its ep group's draw for a forward of `tokens` a rank
-    (run `again`: the first forward's), with the tokens reaching each host where the layer has `expert_hosts`; a
-    copy (a chunk measured on a meta copy) draws nothing, as balanced routing."""
+    (run `again`: the first forward's), with the tokens reaching each host (by the assignments kept under
+    `capacity`) where the layer has `expert_hosts`; a copy (a chunk measured on a meta copy) draws nothing, as
+    balanced routing."""
 
     def __init__(self, experts: ExpertLayers, rank: int, layer: int):
         self.layers, self.rank, self.layer = experts, rank, layer
 
-    def __call__(self, tokens: int, again: bool, expert_hosts: tuple[int, ...] | None):
-        return self.layers.draw(self.rank, self.layer, tokens, again, expert_hosts)
+    def __call__(self, tokens: int, again: bool, expert_hosts: tuple[int, ...] | None, capacity: int | None):
+        return self.layers.draw(self.rank, self.layer, tokens, again, expert_hosts, capacity)
 
     def __deepcopy__(self, memo):
         return None

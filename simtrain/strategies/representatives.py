@@ -113,9 +113,9 @@ class MirroredEpGroup(NamedTuple):
 
     def exchange(self, kind, tensor: torch.Tensor):
         """(the mirrored Collective of exchange `kind` (train/moe_exchange.py's ExpertExchange), the meta tensor
-        of what arrives): "moe counts" a ring all-gather of the group's (ranks, experts) counts, the others an
-        all-to-all of `kind.counts` rows."""
-        if kind.label == "moe counts":
+        of what arrives): "moe counts" and "moe notify" a ring all-gather of the group's (ranks, n) counts, the
+        others an all-to-all of `kind.counts` rows."""
+        if kind.gathers:
             gathered = tensor.new_empty((self.size, tensor.shape[1]))
             program = MirroredCollective("all_gather", gathered.reshape(-1))
         else:

@@ -40,6 +40,12 @@ group's order): each rank's counts then carry, after its assignments per
 expert, how many of its tokens reach each host ("moe counts" gathers both,
 as DeepEP's notify_dispatch does), and "moe dispatch" carries those rows
 and the token each sent row is (`ExpertExchange.node_rows`, `token_ids`).
+With a capacity (`model.moe.capacity_factor`) a token reaches the hosts of
+its kept assignments alone, which a rank knows once the group's counts have
+decided the drops: "moe counts" then gathers the assignments alone, and a
+second all-gather after the drops, "moe notify", each rank's tokens reaching
+each host (Megatron-Core's flex dispatcher drops before DeepEP's dispatch,
+whose notify_dispatch then counts what is left).
 
 The experts' region is measured once, on balanced routing; its work is
 linear in the tokens the rank's experts receive (every expert of a layer
@@ -63,7 +69,8 @@ from .tensor_parallel import Apply
 
 class ExpertExchange(NamedTuple):
     """A collective of the ep group between two regions of an MoE layer: "moe counts" (every rank's assignments
-    per expert, all-gathered: `rows` = ep), or an all-to-all ("moe dispatch", "moe combine" and their backwards)
+    per expert) or "moe notify" (its tokens reaching each host after the drops), all-gathered (`rows` = ep), or an
+    all-to-all ("moe dispatch", "moe combine" and their backwards)
     of `counts[src][dst]` rows; `rows`: how many this rank receives. A dispatch that sends a token once to each
     host has `node_rows[src][host]`, the tokens of rank src that reach each host, and `token_ids`, the token
     each row this rank sends is (its layer's `expert_hosts` set; else empty and None)."""
@@ -73,6 +80,20 @@ class ExpertExchange(NamedTuple):
     rows: int
     node_rows: tuple = ()
     token_ids: torch.Tensor | None = None
+
+    @property
+    def gathers(self) -> bool:
+        """Whether it all-gathers each rank's counts (else it is an all-to-all of rows)."""
+        return self.label in ("moe counts", "moe notify")
+
+    def sent(self, tensor: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what group rank `index` sends of `tensor` in this all-to-all, an empty tensor shaped as what it
+        receives). Numerics off, a replayed pass's tensor (measured once, on another rank) is resized to the rows
+        this routing sends from the rank: a rank whose tokens an expert's capacity dropped sends fewer."""
+        rows = sum(self.counts[index])
+        if tensor.is_meta and tensor.shape[0] != rows:
+            tensor = tensor.new_empty((rows, *tensor.shape[1:]))
+        return tensor, tensor.new_empty((sum(row[index] for row in self.counts), *tensor.shape[1:]))
 
     def result_like(self, tensor: torch.Tensor) -> torch.Tensor:
         """An empty tensor shaped as what this rank receives when it sends `tensor`."""
@@ -109,12 +130,12 @@ def transposed(counts) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(column) for column in zip(*counts))
 
 
-def kept_positions(chosen, experts: int, capacity, ahead, kept_row):
-    """(token index, choice rank) of every kept assignment, experts in order, each expert's in token order."""
-    if chosen.is_meta:  # no router output: the positions are shapes only
+def kept_positions(chosen, keep, experts: int, kept_row):
+    """(token index, choice rank) of every assignment `keep` (T, top_k booleans) keeps, experts in order, each
+    expert's in token order (meta `chosen`, no router output: shapes only, of the `kept_row` per expert)."""
+    if chosen.is_meta:
         total = sum(kept_row)
         return (torch.zeros(total, dtype=torch.long, device="meta"),) * 2
-    keep = kept_assignments(chosen, experts, capacity, ahead)
     pairs = [((chosen == e) & keep).nonzero(as_tuple=True) for e in range(experts)]
     return torch.cat([index for index, _ in pairs]), torch.cat([slot for _, slot in pairs])
 
@@ -167,10 +188,15 @@ class _Exchanging:
         hosts = self.moe.expert_hosts
         return 0 if hosts is None else max(hosts) + 1
 
+    @property
+    def notifying(self) -> bool:
+        """Whether the tokens reaching each host are counted after the drops and gathered apart ("moe notify")."""
+        return bool(self.hosts) and self.moe.spec.capacity_factor is not None
+
     def route(self, x, h):
         tokens = h.reshape(-1, h.shape[-1])
         _, chosen, weights = route_tokens(self.moe, tokens)
-        experts, hosts = self.moe.spec.experts, self.hosts
+        experts, hosts = self.moe.spec.experts, 0 if self.notifying else self.hosts
         if tokens.is_meta:
             counts = torch.zeros((1, experts + hosts), dtype=torch.int64, device="meta")
         else:
@@ -190,20 +216,34 @@ class _Exchanging:
             if not gathered.is_meta:
                 assigned, nodes = gathered[:, :experts].tolist(), gathered[:, experts:].tolist()
             else:
-                assigned, nodes = drawn(tokens.shape[0], moe.recomputing, moe.expert_hosts)
+                assigned, nodes = drawn(tokens.shape[0], moe.recomputing, moe.expert_hosts, capacity)
             self.kept = kept_matrix(assigned, capacity)
             if not moe.recomputing:  # a forward run again routes as its first did
                 moe.routings.append((assigned, self.kept))
         else:
             assigned, self.kept = balanced
-            nodes = ([balanced_node_rows(moe.spec, tokens.shape[0], moe.expert_hosts, self.hosts)] * ep
+            nodes = (balanced_node_rows(moe.spec, tokens.shape[0], moe.expert_hosts, self.hosts, ep, capacity)
                      if self.hosts else ())
         self.counts = tuple(map(tuple, rank_counts(self.kept)))
         self.node_rows = tuple(map(tuple, nodes))
         self.share = _received(self.kept, moe) / max(1, _received(balanced[1], moe))
         ahead = [sum(assigned[src][e] for src in range(me)) for e in range(experts)]
-        token_index, slot = kept_positions(chosen, experts, capacity, ahead, self.kept[me])
+        keep = None if chosen.is_meta else kept_assignments(chosen, experts, capacity, ahead)
+        token_index, slot = kept_positions(chosen, keep, experts, self.kept[me])
         self.token_ids = token_index if self.hosts else None
+        if not self.notifying:
+            return x, tokens, weights, token_index, slot
+        if chosen.is_meta:  # the tokens reaching each host came with the routing (drawn or balanced)
+            notify = torch.zeros((1, self.hosts), dtype=torch.int64, device="meta")
+        else:
+            notify = torch.tensor([node_rows(chosen, moe.expert_hosts, self.hosts, keep)])
+        return x, tokens, weights, token_index, slot, notify
+
+    def gather(self, x, tokens, weights, token_index, slot, notified=None):
+        """The rows to dispatch, each kept assignment's token; with "moe notify", every rank's tokens reaching each
+        host after the drops (from the router's output) are the dispatch's."""
+        if notified is not None and not notified.is_meta:
+            self.node_rows = tuple(map(tuple, notified.tolist()))
         return x, tokens, weights, token_index, slot, tokens[token_index]
 
     def run(self, x, tokens, weights, token_index, slot, received):
@@ -239,6 +279,20 @@ class _Counts(NamedTuple):
     @property
     def forward(self) -> ExpertExchange:
         return ExpertExchange("moe counts", (), self.layer.moe.ep)
+
+    backward = None
+
+
+class _Notify(NamedTuple):
+    """The boundary after the drops where the dispatch sends a token once to each host: each rank's tokens
+    reaching each host, all-gathered over the ep group (no gradient goes back)."""
+
+    index: int
+    layer: _Exchanging
+
+    @property
+    def forward(self) -> ExpertExchange:
+        return ExpertExchange("moe notify", (), self.layer.moe.ep)
 
     backward = None
 
@@ -288,5 +342,6 @@ def exchange_ops(moe, output=added_to_stream) -> list:
     (by default (x + moe(h),)), with its ep group's exchanges as boundaries (each boundary's `forward` and
     `backward` are the ExpertExchange of the forward just run)."""
     layer = _Exchanging(moe, output)
-    return [Apply(layer.route), _Counts(4, layer), Apply(layer.select), _Dispatch(5, layer), Apply(layer.run),
-            _Combine(5, layer), Apply(layer.finish)]
+    notify = [_Notify(5, layer)] if layer.notifying else []
+    return [Apply(layer.route), _Counts(4, layer), Apply(layer.select), *notify, Apply(layer.gather),
+            _Dispatch(5, layer), Apply(layer.run), _Combine(5, layer), Apply(layer.finish)]

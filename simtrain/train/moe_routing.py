@@ -42,8 +42,9 @@ token (t top_k + j mod E, the order of the even share): as few hosts as a
 token's choices can reach.
 
 `node_rows(choices, expert_hosts, hosts)` counts the tokens that reach each
-host (at least one choice on it): what a dispatch that sends a token once to
-each node moves between nodes (comm/node_dispatch.py).
+host (at least one choice on it; with a capacity, one its expert keeps:
+`group_node_rows`): what a dispatch that sends a token once to each node
+moves between nodes (comm/node_dispatch.py).
 `routing_generator(seed, step, layer, rank)` is the one seeded
 torch.Generator per (step, MoE layer, rank): the same scenario draws the same
 routing.
@@ -56,6 +57,7 @@ import functools
 import torch
 
 from ..scenario.model import MoESpec, RoutingSpec
+from .moe_router import kept_assignments
 
 
 def expert_probabilities(routing: RoutingSpec, experts: int) -> torch.Tensor:
@@ -118,17 +120,36 @@ def choice_counts(choices: torch.Tensor, experts: int) -> list[int]:
     return torch.bincount(choices.flatten(), minlength=experts).tolist()
 
 
-def node_rows(choices: torch.Tensor, expert_hosts: tuple[int, ...], hosts: int) -> list[int]:
+def node_rows(choices: torch.Tensor, expert_hosts: tuple[int, ...], hosts: int,
+              keep: torch.Tensor | None = None) -> list[int]:
     """How many of the tokens whose experts are `choices` (T, top_k) reach each of `hosts` hosts, expert e being on
-    host expert_hosts[e]: the tokens with at least one choice there."""
+    host expert_hosts[e]: the tokens with at least one choice there (`keep`, (T, top_k) booleans: one its expert
+    keeps; None: all of them)."""
     on_host = torch.nn.functional.one_hot(torch.tensor(expert_hosts)[choices], hosts)  # (T, k, hosts)
+    if keep is not None:
+        on_host = on_host * keep.unsqueeze(-1)
     return on_host.amax(dim=1).sum(dim=0).tolist()
 
 
+def group_node_rows(choices: list[torch.Tensor], experts: int, expert_hosts: tuple[int, ...], hosts: int,
+                    capacity: int | None) -> list[list[int]]:
+    """node_rows of each ep rank's `choices` (ranks in order) after the drops: each expert keeps the group's first
+    `capacity` assignments, ranks in order (None: dropless, all of them)."""
+    rows, ahead = [], torch.zeros(experts, dtype=torch.long)
+    for chosen in choices:
+        keep = None if capacity is None else kept_assignments(chosen, experts, capacity, ahead)
+        rows.append(node_rows(chosen, expert_hosts, hosts, keep))
+        ahead = ahead + torch.bincount(chosen.flatten(), minlength=experts)
+    return rows
+
+
 @functools.lru_cache(maxsize=64)
-def balanced_node_rows(spec: MoESpec, tokens: int, expert_hosts: tuple[int, ...], hosts: int) -> tuple[int, ...]:
-    """node_rows of balanced group-limited routing's choices of `tokens` tokens (the same for every step)."""
-    return tuple(node_rows(balanced_choices(spec, tokens), expert_hosts, hosts))
+def balanced_node_rows(spec: MoESpec, tokens: int, expert_hosts: tuple[int, ...], hosts: int, ep: int,
+                       capacity: int | None) -> tuple[tuple[int, ...], ...]:
+    """group_node_rows of `ep` ranks whose every one routes `tokens` tokens by balanced (group-limited) routing
+    (the same for every step)."""
+    rows = group_node_rows([balanced_choices(spec, tokens)] * ep, spec.experts, expert_hosts, hosts, capacity)
+    return tuple(map(tuple, rows))
 
 
 def routing_generator(seed: int, step: int, layer: int, rank: int) -> torch.Generator:

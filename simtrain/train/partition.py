@@ -194,6 +194,8 @@ class RankModule(nn.Module):
         self.chunks = nn.ModuleList()
         self.ops: list[list] = []
         self.layers: list[list[tuple[nn.Sequential, list]]] = []
+        self._ends: list[bool] = []  # per chunk: whether it ends the model
+        self._sizes: list[list[int] | None] = []  # per chunk: its segments' entries (None: run whole, one segment)
         self.sources: dict[str, Source] = {}
         whole = not isinstance(model, nn.Sequential)  # run whole, its one entry
         # each chunk recomputed segment by segment (schemes/layer_recompute.py): under full, and under sqrt or
@@ -219,16 +221,21 @@ class RankModule(nn.Module):
             elif tp == 1 and context.size == 1 and not self.segmented:  # as a model would
                 chunk = apply_checkpointing(chunk, checkpointing)
             self.chunks.append(chunk)
-            ends_model = part == len(counts) - 1
-            self.ops.append(self.chunk_ops(chunk, ends_model, self._ends_model))
-            self.layers.append([(chunk, self.ops[-1])] if whole else
-                               self._layers(chunk, self._segment_sizes(model, chunk_units, checkpointing),
-                                            ends_model))
+            self._ends.append(part == len(counts) - 1)
+            self._sizes.append(None if whole else self._segment_sizes(model, chunk_units, checkpointing))
             for local, _ in [*chunk.named_parameters(), *chunk.named_buffers()]:
                 name = whole_model_name(chunk, local)
                 position, _, rest = name.partition(".")
                 whole_name = name if whole else f"{entries[int(position)]}.{rest}"
                 self.sources[f"chunks.{chunk_index}.{local}"] = Source(whole_name, slices.get(local))
+        self.build_ops()
+
+    def build_ops(self) -> None:
+        """Each chunk's work (`ops`) and its segments' (`layers`), from its modules as they are: built again once its
+        MoE layers know their experts' hosts (strategies/expert_model_parallel.py), which may add an exchange."""
+        self.ops = [self.chunk_ops(chunk, ends, self._ends_model) for chunk, ends in zip(self.chunks, self._ends)]
+        self.layers = [[(chunk, ops)] if sizes is None else self._layers(chunk, sizes, ends)
+                       for chunk, ops, sizes, ends in zip(self.chunks, self.ops, self._sizes, self._ends)]
 
     def _segment_sizes(self, model: nn.Sequential, chunk_units: list[tuple[int, ...]], checkpointing) -> list[int]:
         """The entries of each segment a chunk of `chunk_units` is recomputed in (train/architecture.py
