@@ -200,11 +200,14 @@ class MirroredCommunicator:
         return done
 
     def _charge(self, rank: int, seconds: float, staging: int, label: str, nbytes: int):
-        device = self.devices[rank]
+        """The member's collective from now, `seconds` of communication beside its device's compute stream (a
+        collective posted on the rank's stream runs beside the work that follows it, as NCCL's kernels do)."""
+        device, now = self.devices[rank], self.env.now
         if staging:  # the receive's staging buffer, for an instant
             device.memory.alloc("comm_buffers", staging)
             device.memory.free("comm_buffers", staging)
-        return device.run_for(seconds, label, kind="communication", nbytes=nbytes)
+        device.log.span(device.rank, "communication", label, now, now + seconds, nbytes=nbytes)
+        return self.env.timeout(seconds)
 
     def post(self, rank: int, program: MirroredCollective, label: str) -> "MirroredPost":
         """Member `rank`'s collective started beside its program (a ring attention step, a bucket's
