@@ -362,15 +362,15 @@ class DistributedOptimizer:
             yield Free("comm_buffers", self._copy_bytes(rank, unit))
         if self.stage >= 2:
             yield Free("comm_buffers", self.unit_bytes(rank, unit, shard.grad_buffer))
-        copy = partial(self.offload.post_gradient, rank, unit) if self.offload is not None else None
         if self.replicate == 1 or self._experts(rank, unit):  # the experts': reduced over every holder
-            if copy is not None:
-                copy()
+            if self.offload is not None:
+                self.offload.post_gradient(rank, unit)
             return
         comm, index, _ = self.replicate_comms[rank]
         program = shard.all_reduce(unit, index, list(range(self.replicate)), self._tag(_REPLICATE, rank, unit))
-        self._replicating[rank].append((yield Post(program if copy is None else _then(program, copy),
-                                                   LABELS["all_reduce"], comm, index)))
+        if self.offload is not None:
+            program = self.offload.gradient_after(program, rank, unit)
+        self._replicating[rank].append((yield Post(program, LABELS["all_reduce"], comm, index)))
 
     def replicating(self, rank: int) -> list:
         """HSDP: the handles of the all-reduces the rank's reduce-scatters posted since this was last asked."""
@@ -493,10 +493,3 @@ def _units(chunks: list[list[int]], stage: int, experts: int | None) -> list[lis
     if stage < 3:
         return [list(range(sum(len(params) for params in chunks)))]
     return [run for run in buffer_runs(chunks, experts) if run or experts is None]
-
-
-def _then(program, action):
-    """A collective program, then `action()` as it ends (an offloaded rank's copy of what it reduced)."""
-    value = yield from program
-    action()
-    return value

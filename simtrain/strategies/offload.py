@@ -110,6 +110,13 @@ class HostOffload:
         nbytes = self.layouts[rank].chunk_numel(unit) * self.reduce_element
         self._to_host.setdefault(rank, []).append(self._post(rank, to_host=True, nbytes=nbytes))
 
+    def gradient_after(self, program, rank: int, unit: int):
+        """Collective program: `program` (HSDP's all-reduce of rank `rank`'s reduced chunk of unit `unit`), then
+        that chunk's copy to the host posted as it ends."""
+        value = yield from program
+        self.post_gradient(rank, unit)
+        return value
+
     def gradients_on_host(self, rank: int):
         """Step program: wait until every gradient copy rank `rank` posted has landed on the host."""
         yield from self._landed(rank, self._to_host.pop(rank, []), TO_HOST)
