@@ -133,11 +133,15 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
     job_names = {rank: name for name, ranks in cluster.jobs for rank in ranks}
     # The devices of the jobs (a spare that never joined one does not count); every device if no job ran.
     counted = {device.rank for device in cluster.devices if device.rank in job_names or not job_names}
+    spent_by_source = {}  # a mirrored device reports its representative's figures: each worked out once
     for device in cluster.devices:
         source = cluster.devices[result.mirror_of.get(device.rank, device.rank)]
-        spent = {kind: log.total(source.rank, kind) for kind in kinds}
-        spent["communication"] = log.exposed_communication(source.rank)  # what overlaps other work is hidden
-        spent["idle"] = max(0.0, sim_time - sum(spent.values()))
+        if source.rank not in spent_by_source:
+            spent = {kind: log.total(source.rank, kind) for kind in kinds}
+            spent["communication"] = log.exposed_communication(source.rank)  # what overlaps other work is hidden
+            spent["idle"] = max(0.0, sim_time - sum(spent.values()))
+            spent_by_source[source.rank] = spent
+        spent = dict(spent_by_source[source.rank])
         if device.rank in counted:
             for kind, seconds in spent.items():
                 breakdown_total[kind] += seconds
