@@ -263,6 +263,7 @@ class MirroredCollectives:
                                                           "parallel.all_reduce", "parallel.channels")
         self._all_to_all = lambda nodes: all_to_all_over(parallel.moe_dispatch, topology, nodes, nodes)
         self._timed: dict[tuple, tuple[float, int, int]] = {}
+        self._alone_by_shape: dict[tuple, tuple[float, int, int, list[float]]] = {}
 
     def collective(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
         """(seconds, bytes the first group sends, the largest staging buffer of its first rank) of the collective
@@ -276,12 +277,42 @@ class MirroredCollectives:
     def _simulate(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
         """Each group alone first; if on every link the groups' flows together stay within its rate, that is
         also their time together, else they run again, all at once, flow by flow."""
-        alone = [self._run([nodes], program, exclusive=True) for nodes in groups]
+        alone = [self._alone(nodes, program) for nodes in groups]
         _, nbytes, staging, _ = alone[0]
         if self._within_rates([load for _, _, _, load in alone]):
             return max(seconds for seconds, _, _, _ in alone), nbytes, staging
         seconds, _, _, _ = self._run(groups, program, exclusive=False)
         return seconds, nbytes, staging
+
+    def _alone(self, nodes: tuple[str, ...], program: MirroredCollective) -> tuple[float, int, int, dict]:
+        """`_run` of one group alone, run once for every group of the same shape (`_shape`: the tp groups of a
+        stage's replicas, each on its own host, are one shape), its load carried over to each group's own links."""
+        pairs = _pairs(program.kind, nodes)
+        if pairs is None:
+            return self._run([nodes], program, exclusive=True)
+        key, hops = self._shape(pairs)
+        key = (key, program.kind, program.buf.numel(), program.buf.dtype, program.counts, program.exchange)
+        if key not in self._alone_by_shape:
+            seconds, nbytes, staging, load = self._run([nodes], program, exclusive=True)
+            self._alone_by_shape[key] = seconds, nbytes, staging, [load.get(hop, 0.0) for hop in hops]
+        seconds, nbytes, staging, rates = self._alone_by_shape[key]
+        return seconds, nbytes, staging, {hop: rate for hop, rate in zip(hops, rates) if rate}
+
+    def _shape(self, pairs: list[tuple[str, str]]) -> tuple[tuple, list[tuple[str, str]]]:
+        """What a group's collective alone on an idle network depends on, given the pairs of members its flows
+        may join (`_pairs`): each pair's route as its directed links, each named by its first appearance, and
+        each link's bandwidth, latency, efficiency and whether its ends reduce (NVLink SHARP); with the links in
+        that order. Two groups of one shape run the same flows over links alike, shared alike."""
+        path, reducing = self._topology.path, self._topology.reducing
+        number: dict[tuple[str, str], int] = {}
+        routes = []
+        for a, b in pairs:
+            route = path(a, b)
+            routes.append(tuple(number.setdefault(hop, len(number)) for hop in zip(route, route[1:])))
+        hops = list(number)
+        links = tuple((self._rate(hop), self._topology.link(*hop)["latency"], hop[0] in reducing,
+                       hop[1] in reducing) for hop in hops)
+        return (tuple(routes), links), hops
 
     def _program(self, collective: MirroredCollective, nodes: list[str]):
         """fn(rank, world, buf) -> the per-rank program of `collective` over `nodes`: the job's all-reduce, an MoE
@@ -354,6 +385,23 @@ class MirroredCollectives:
                 load[hop] = load.get(hop, 0.0) + rate
         return (max(finished) - started, comms[0].bytes_by_label.get(collective.kind, 0),
                 staging.peak.get("comm_buffers", 0), load)
+
+
+_SHAPED_GROUP_MAX = 64  # a larger group whose flows may join any two members is run alone without looking for
+# its shape: its pairs' routes would cost more than its run
+
+
+def _pairs(kind: str, nodes: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    """The ordered pairs of a group's members that a collective of `kind` may send between (`_program`): a
+    ring's neighbours in group-rank order, either way (a reduce-scatter's ring runs in reverse); any two members
+    for an all-reduce (its algorithm's channels order the ring) or an all-to-all, at most `_SHAPED_GROUP_MAX`
+    members (None above)."""
+    if kind not in ("all_reduce", "all_to_all"):
+        after = nodes[1:] + nodes[:1]
+        return [*zip(nodes, after), *zip(after, nodes)]
+    if len(nodes) > _SHAPED_GROUP_MAX:
+        return None
+    return [(a, b) for a in nodes for b in nodes if a != b]
 
 
 def _most_at_once(intervals: list[tuple[float, float]]) -> int:
