@@ -176,7 +176,8 @@ class MirroredCommunicator:
         self.world = len(members)
         self.devices = [job.devices[rank] for rank in members]
         self.env = job.cluster.env
-        self._timing, self._groups, self._copies = timing, groups, copies  # copies: groups its bytes count
+        self._timing, self._copies = timing, copies  # copies: groups its bytes count
+        self._groups = timing.groups(groups)
         self._arrived: list[int] = []  # members at the current collective
         self._posted_until = [0.0] * self.world  # member -> when the collectives it posted will have ended
         self._all_in = self.env.event()
@@ -251,6 +252,13 @@ class MirroredPost:
     charged_s: float = 0.0
 
 
+class Groups(NamedTuple):
+    """Groups that run a collective together (MirroredCollectives.groups): their number and their nodes."""
+
+    number: int
+    nodes: tuple[tuple[str, ...], ...]
+
+
 class MirroredCollectives:
     """Times of groups that run a collective together, on an idle copy of a job's network."""
 
@@ -264,14 +272,20 @@ class MirroredCollectives:
         self._all_to_all = lambda nodes: all_to_all_over(parallel.moe_dispatch, topology, nodes, nodes)
         self._timed: dict[tuple, tuple[float, int, int]] = {}
         self._alone_by_shape: dict[tuple, tuple[float, int, int, list[float]]] = {}
+        self._group_numbers: dict[tuple, int] = {}
 
-    def collective(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
+    def groups(self, groups: list[tuple[str, ...]]) -> "Groups":
+        """`groups` (each a tuple of network nodes, in group-rank order) as `collective` takes them: numbered
+        once, so that a collective's time is looked up without hashing every node of every group."""
+        groups = tuple(groups)
+        return Groups(self._group_numbers.setdefault(groups, len(self._group_numbers)), groups)
+
+    def collective(self, groups: "Groups", program: MirroredCollective) -> tuple[float, int, int]:
         """(seconds, bytes the first group sends, the largest staging buffer of its first rank) of the collective
-        `program` (its kind, on a buffer of its shape and dtype) started at once by every group of `groups`
-        (each a tuple of network nodes, in group-rank order)."""
-        key = (tuple(groups), program.kind, program.buf.numel(), program.buf.dtype, program.counts, program.exchange)
+        `program` (its kind, on a buffer of its shape and dtype) started at once by every group of `groups`."""
+        key = (groups.number, program.kind, program.buf.numel(), program.buf.dtype, program.counts, program.exchange)
         if key not in self._timed:
-            self._timed[key] = self._simulate(groups, program)
+            self._timed[key] = self._simulate(groups.nodes, program)
         return self._timed[key]
 
     def _simulate(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
