@@ -156,12 +156,19 @@ class Layout:
     def _every(self, kind: str) -> tuple[dict[int, tuple[int, ...]], list[tuple[int, ...]]]:
         """(rank -> its group of `kind`, every such group ordered by its smallest rank), each group derived once."""
         if kind not in self._derived:
-            of_rank, groups = {}, []
-            for rank in range(self.world):
-                if rank not in of_rank:  # the first rank of a group not seen yet: its smallest
-                    group = self._group(kind, rank)
-                    of_rank.update((member, group) for member in group)
-                    groups.append(group)
+            if kind in _CUTS:  # each group of the kind it is cut from, cut once
+                parent, degree, cut = _CUTS[kind]
+                size = getattr(self, degree)
+                groups = sorted((piece for whole in self._every(parent)[1] for piece in _cut(whole, size, cut)),
+                                key=min)
+                of_rank = {member: group for group in groups for member in group}
+            else:
+                of_rank, groups = {}, []
+                for rank in range(self.world):
+                    if rank not in of_rank:  # the first rank of a group not seen yet: its smallest
+                        group = self._group(kind, rank)
+                        of_rank.update((member, group) for member in group)
+                        groups.append(group)
             self._derived[kind] = (of_rank, groups)
         return self._derived[kind]
 
@@ -178,17 +185,10 @@ class Layout:
         return strides
 
     def _group(self, kind: str, rank: int) -> tuple[int, ...]:
+        """Rank `rank`'s group of a kind that spans dimensions (a cut kind's come from `_cut`)."""
         if kind == "model":  # every dimension but dp, in placement order: rank order
             return self._span(tuple(d for d in self.placement if d != "dp"), rank)
-        if kind in _SPANS:
-            return self._span(_SPANS[kind], rank)
-        parent, degree, cut = _CUTS[kind]
-        whole, size = self._group(parent, rank), getattr(self, degree)
-        place = whole.index(rank)
-        if cut == "block":
-            first = place - place % size
-            return whole[first:first + size]
-        return whole[place % size::size]
+        return self._span(_SPANS[kind], rank)
 
     def _span(self, dimensions: tuple[str, ...], rank: int) -> tuple[int, ...]:
         """The ranks that differ from `rank` only along `dimensions`, the first varying fastest."""
@@ -199,3 +199,10 @@ class Layout:
             members = [member + index * strides[dimension] for index in range(getattr(self, dimension))
                        for member in members]
         return tuple(members)
+
+
+def _cut(whole: tuple[int, ...], size: int, cut: str) -> list[tuple[int, ...]]:
+    """A group cut by `size`: into blocks of `size` adjacent members, or into `size` groups of every size-th."""
+    if cut == "block":
+        return [whole[first:first + size] for first in range(0, len(whole), size)]
+    return [whole[offset::size] for offset in range(size)]

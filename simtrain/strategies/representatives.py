@@ -273,6 +273,7 @@ class MirroredCollectives:
         self._timed: dict[tuple, tuple[float, int, int]] = {}
         self._alone_by_shape: dict[tuple, tuple[float, int, int, list[float]]] = {}
         self._group_numbers: dict[tuple, int] = {}
+        self._shapes: dict[tuple, tuple | None] = {}  # (a group's nodes, whether it runs a ring) -> its shape
 
     def groups(self, groups: list[tuple[str, ...]]) -> "Groups":
         """`groups` (each a tuple of network nodes, in group-rank order) as `collective` takes them: numbered
@@ -301,10 +302,10 @@ class MirroredCollectives:
     def _alone(self, nodes: tuple[str, ...], program: MirroredCollective) -> tuple[float, int, int, dict]:
         """`_run` of one group alone, run once for every group of the same shape (`_shape`: the tp groups of a
         stage's replicas, each on its own host, are one shape), its load carried over to each group's own links."""
-        pairs = _pairs(program.kind, nodes)
-        if pairs is None:
+        shape = self._shape(nodes, ring=program.kind not in ("all_reduce", "all_to_all"))
+        if shape is None:
             return self._run([nodes], program, exclusive=True)
-        key, hops = self._shape(pairs)
+        key, hops = shape
         key = (key, program.kind, program.buf.numel(), program.buf.dtype, program.counts, program.exchange)
         if key not in self._alone_by_shape:
             seconds, nbytes, staging, load = self._run([nodes], program, exclusive=True)
@@ -312,11 +313,18 @@ class MirroredCollectives:
         seconds, nbytes, staging, rates = self._alone_by_shape[key]
         return seconds, nbytes, staging, {hop: rate for hop, rate in zip(hops, rates) if rate}
 
-    def _shape(self, pairs: list[tuple[str, str]]) -> tuple[tuple, list[tuple[str, str]]]:
+    def _shape(self, nodes: tuple[str, ...], ring: bool) -> tuple[tuple, list[tuple[str, str]]] | None:
         """What a group's collective alone on an idle network depends on, given the pairs of members its flows
         may join (`_pairs`): each pair's route as its directed links, each named by its first appearance, and
         each link's bandwidth, latency, efficiency and whether its ends reduce (NVLink SHARP); with the links in
-        that order. Two groups of one shape run the same flows over links alike, shared alike."""
+        that order. Two groups of one shape run the same flows over links alike, shared alike. None: a group too
+        large to look for its shape. Worked out once a group."""
+        if (nodes, ring) not in self._shapes:
+            pairs = _pairs(ring, nodes)
+            self._shapes[nodes, ring] = None if pairs is None else self._shape_of(pairs)
+        return self._shapes[nodes, ring]
+
+    def _shape_of(self, pairs: list[tuple[str, str]]) -> tuple[tuple, list[tuple[str, str]]]:
         path, reducing = self._topology.path, self._topology.reducing
         number: dict[tuple[str, str], int] = {}
         routes = []
@@ -405,12 +413,12 @@ _SHAPED_GROUP_MAX = 64  # a larger group whose flows may join any two members is
 # its shape: its pairs' routes would cost more than its run
 
 
-def _pairs(kind: str, nodes: tuple[str, ...]) -> list[tuple[str, str]] | None:
-    """The ordered pairs of a group's members that a collective of `kind` may send between (`_program`): a
-    ring's neighbours in group-rank order, either way (a reduce-scatter's ring runs in reverse); any two members
-    for an all-reduce (its algorithm's channels order the ring) or an all-to-all, at most `_SHAPED_GROUP_MAX`
-    members (None above)."""
-    if kind not in ("all_reduce", "all_to_all"):
+def _pairs(ring: bool, nodes: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    """The ordered pairs of a group's members that a collective may send between (`_program`): a ring's
+    neighbours in group-rank order, either way (a reduce-scatter's ring runs in reverse); any two members for an
+    all-reduce (its algorithm's channels order the ring) or an all-to-all, at most `_SHAPED_GROUP_MAX` members
+    (None above)."""
+    if ring:
         after = nodes[1:] + nodes[:1]
         return [*zip(nodes, after), *zip(after, nodes)]
     if len(nodes) > _SHAPED_GROUP_MAX:
