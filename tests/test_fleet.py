@@ -36,7 +36,8 @@ from simtrain.user_files import parse_yaml_text
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.yaml")
 GPUS = 8
-OTHERS_NEVER_FAIL = {name: {"mtbf": None} for name in ("hbm", "nic", "host", "cable", "software")}
+OTHERS_NEVER_FAIL = {name: {"mtbf": None} for name in ("hbm", "nic", "host", "cable", "software", "sdc",
+                                                       "maintenance")}
 
 
 def switch_inventory(gpus_per_host: int = 1) -> Inventory:
@@ -187,7 +188,8 @@ def test_blast_radius_on_a_superpod_scalable_unit():
     topology = load_topology_file(ROOT / "topologies" / "dgx-a100-superpod-su.yaml")
     inventory = Inventory(topology, 8)
     assert inventory.counts() == {"gpu": 160, "hbm": 160, "nic": 160, "nvswitch": 20, "host": 20, "cable": 168,
-                                  "leaf": 8, "spine": 1, "storage": 1, "software": 20}
+                                  "leaf": 8, "spine": 1, "storage": 1, "software": 20, "sdc": 160,
+                                  "maintenance": 1}
     assert inventory.hosts_lost("leaf", 3) == tuple(range(20))  # a rail's leaf: one NIC of every host
     assert inventory.hosts_lost("gpu", 17) == (2,)
     lost = sorted({inventory.hosts_lost("cable", unit) for unit in range(168)})
