@@ -245,6 +245,14 @@ HOSTILE = [
     ("fleet={checkpoint: {interval: 1e-9}}", "fleet.horizon: about"),
     ("fleet={components: {gpu: {mtbf: 1e-3}}}", "fleet.horizon: about"),
     ("fleet=7", "fleet: Input should be a valid dictionary"),
+    ("fleet.preset=llama4", "fleet.preset: Input should be 'llama3-405b', 'meta-rsc1' or 'meta-rsc2'"),
+    ("fleet={preset: [1]}", "fleet.preset: Input should be"),
+    ("fleet={components: {sdc: {detection: -1}}}", "fleet.components.sdc.detection: must not be negative"),
+    ("fleet={stragglers: {mtbf: 1 h, slowdown: 2, duration: 1 h, fails: 1.5}}", "fleet.stragglers.fails: Input "
+                                                                               "should be less than or equal to 1"),
+    ("fleet={checkpoint: {interval: youngest}}", "fleet.checkpoint.interval: cannot read 'youngest'"),
+    ("fleet={checkpoint: {interval: [1]}}", "fleet.checkpoint.interval: expected a time quantity"),
+    ("fleet={failures: [{at: 5, component: maintenance, unit: 1}]}", "fleet.failures.0.unit: no maintenance 1"),
 ]
 
 
@@ -282,10 +290,12 @@ def leaf_paths(node, prefix=()):
         yield prefix
 
 
-FLEET_PATHS = sorted(leaf_paths(FLEET_DEFAULTS)) + [("stragglers", key) for key in ("mtbf", "slowdown", "duration")]
+FLEET_PATHS = sorted(leaf_paths(FLEET_DEFAULTS)) + [("stragglers", key) for key in ("mtbf", "slowdown", "duration",
+                                                                                    "fails")]
 HOSTILE_VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30),
                            st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-                           st.sampled_from(["54 d", "-1 h", "1e400 s", "3 weeks", "0", "sync", "gpu", "1e-300"]),
+                           st.sampled_from(["54 d", "-1 h", "1e400 s", "3 weeks", "0", "sync", "gpu", "1e-300",
+                                            "daly", "meta-rsc2"]),
                            st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(),
                                                                                 max_size=2))
 
