@@ -87,7 +87,8 @@ def test_the_presets_are_the_published_counts():
                       "maintenance": 47}
     assert sum(counts.values()) - counts["maintenance"] == 419
     rsc1 = FleetSpec.model_validate({"preset": "meta-rsc1", "components": {"gpu": {"repair": "3 d"}}}).components
-    assert rsc1.host.mtbf == pytest.approx(1000 / 6.50 * DAY_S) and rsc1.gpu.mtbf is None and rsc1.gpu.repair == 3 * DAY_S
+    assert rsc1.host.mtbf == pytest.approx(1000 / 6.50 * DAY_S)
+    assert rsc1.gpu.mtbf is None and rsc1.gpu.repair == 3 * DAY_S
 
 
 def test_silent_corruptions_come_at_their_rate():
@@ -159,3 +160,4 @@ def test_validate_warns_when_the_pool_cannot_cover_the_failures(capsys):
     with pytest.raises(SystemExit) as exit_code:
         main(["validate", FLEET_SCENARIO, "--set", "cluster.devices=16384", "--set", "fleet.spares=16"])
     assert "warning" not in capsys.readouterr().err
+

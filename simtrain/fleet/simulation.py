@@ -270,6 +270,8 @@ class FleetRun:
     def _corrupted(self, unit: int):
         """A silent data corruption: training goes on until it is noticed, then back to the last good checkpoint."""
         self.corrupted_at = self.progress
+        if self._current is not None and self._current[0] == "training":  # and the steps done since it marked them
+            self.corrupted_at += (self.env.now - self._current[1]) / self._current[2]
         sdc = self.fleet.components.sdc
         yield self.env.timeout(self.fleet.recovery.detection if sdc.detection is None else sdc.detection)
         self.storage_step, self.memory_step = self.good_storage_step, None

@@ -60,31 +60,33 @@ class ComponentSpec(Section):
 DEFAULT_COMPONENTS = PRESETS["llama3-405b"]["components"]
 
 
+def _preset_default(component: str, description: str):
+    return Field(ComponentSpec(**DEFAULT_COMPONENTS[component]), description=description)
+
+
 class ComponentsSpec(Section):
     """Every component's failures; a component given keeps the preset's value of each field it does not give."""
 
-    gpu: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["gpu"]), description="One GPU (its blast "
-                                                                                          "radius: its host).")
-    hbm: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["hbm"]), description="One GPU's HBM (its host).")
-    nic: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["nic"]), description="One GPU's NIC (its host).")
-    nvswitch: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["nvswitch"]), description="One host's NVSwitch fabric (its host).")
-    host: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["host"]), description="One host: CPU, memory, "
-                                                                                            "power, SSD (itself).")
-    cable: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["cable"]), description="One cable of the "
-                                 "topology: a GPU's to its leaf (its host) or a switch's to a switch (no host).")
-    leaf: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["leaf"]), description="One leaf switch: a switch cabled to GPUs of several "
-                                                            "hosts (every host with a GPU on it).")
-    spine: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["spine"]), description="One spine switch: a switch cabled to no GPU (no "
-                                                             "host: the job restarts on the same hosts).")
-    storage: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["storage"]), description="The checkpoint storage, one unit (no host).")
-    software: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["software"]), description="Software on "
-                                    "one host: a bug, a watchdog timeout (no host: the job restarts on the same).")
-    sdc: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["sdc"]), description="Silent data corruption of "
-                               "one GPU: training goes on for `detection`, then rolls back to the last checkpoint "
-                               "written before the corruption (its host).")
-    maintenance: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["maintenance"]), description="Planned "
-                                       "stops of the whole job, one unit (firmware, configuration): after a "
-                                       "checkpoint, nothing redone, no host lost.")
+    gpu: ComponentSpec = _preset_default("gpu", "One GPU (its blast radius: its host).")
+    hbm: ComponentSpec = _preset_default("hbm", "One GPU's HBM (its host).")
+    nic: ComponentSpec = _preset_default("nic", "One GPU's NIC (its host).")
+    nvswitch: ComponentSpec = _preset_default("nvswitch", "One host's NVSwitch fabric (its host).")
+    host: ComponentSpec = _preset_default("host", "One host: CPU, memory, power, SSD (itself).")
+    cable: ComponentSpec = _preset_default("cable", "One cable of the topology: a GPU's to its leaf (its host) or a "
+                                                    "switch's to a switch (no host).")
+    leaf: ComponentSpec = _preset_default("leaf", "One leaf switch: a switch cabled to GPUs of several hosts (every "
+                                                  "host with a GPU on it).")
+    spine: ComponentSpec = _preset_default("spine", "One spine switch: a switch cabled to no GPU (no host: the job "
+                                                    "restarts on the same hosts).")
+    storage: ComponentSpec = _preset_default("storage", "The checkpoint storage, one unit (no host).")
+    software: ComponentSpec = _preset_default("software", "Software on one host: a bug, a watchdog timeout (no "
+                                                          "host: the job restarts on the same).")
+    sdc: ComponentSpec = _preset_default("sdc", "Silent data corruption of one GPU: training goes on for "
+                                                "`detection`, then rolls back to the last checkpoint written before "
+                                                "the corruption (its host).")
+    maintenance: ComponentSpec = _preset_default("maintenance", "Planned stops of the whole job, one unit "
+                                                                "(firmware, configuration): after a checkpoint, "
+                                                                "nothing redone, no host lost.")
 
 
 class StragglerSpec(Section):
