@@ -8,8 +8,9 @@
   1,000 node-days, restart overhead 5 minutes, non-blocking checkpoints) is 0.7 every 60 minutes and 0.93 every 5.
 - Closed forms: silent data corruptions and slow GPUs that fail come `horizon x units / mtbf` (x `fails`) times;
   a corruption's lost time by hand; a planned stop loses only its restart; the spare pool's expected loan
-  (Little's law) and the warning `simtrain validate` prints from it.
+  (Little's law) and the warning `simtrain validate` and `simtrain run` print from it.
 """
+import json
 import math
 
 import pytest
@@ -161,3 +162,17 @@ def test_validate_warns_when_the_pool_cannot_cover_the_failures(capsys):
         main(["validate", FLEET_SCENARIO, "--set", "cluster.devices=16384", "--set", "fleet.spares=16"])
     assert "warning" not in capsys.readouterr().err
 
+
+
+def test_run_warns_and_reports_the_pool_too(tmp_path, capsys):
+    """4 hosts of 1 GPU failing every 100 h (meta-rsc1: hosts alone fail), back after a day: 4 / 100 x 24 = 0.96
+    hosts in repair at once, more than a pool of none."""
+    fleet = ("fleet={horizon: 2 d, spares: 0, gpus_per_host: 1, preset: meta-rsc1, "
+             "components: {host: {mtbf: 100 h, repair: 1 d}}}")
+    with pytest.raises(SystemExit) as exit_code:
+        main(["run", str(ROOT / "scenarios" / "quickstart.yaml"), "--set", "train.steps=2", "--set",
+              "report.trace=false", "--set", fleet, "--out", str(tmp_path), "-q"])
+    assert exit_code.value.code == 0
+    warning = json.loads((tmp_path / "report.json").read_text())["fleet"]["spares_warning"]
+    assert "0.96 are in repair at once" in warning
+    assert f"warning: {warning}" in capsys.readouterr().err
