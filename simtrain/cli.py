@@ -111,6 +111,9 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         from .fleet.plot import plot_fleet
         plot_fleet(report.data["fleet"], out / "fleet.png")
         written.append(out / "fleet.png")
+        if report.data["fleet"]["spares_warning"]:
+            err_console.print(f"warning: {report.data['fleet']['spares_warning']}", markup=False, highlight=False,
+                              soft_wrap=True)
     if report.data.get("moe") is not None:
         from .report.moe_plot import plot_moe
         plot_moe(report.data["moe"], out / "moe.png")
@@ -366,11 +369,18 @@ def validate(scenario_file, overrides):
     from .schemes import scheme_name
 
     scenario = load_scenario(scenario_file, overrides)
-    counts = Counter(spec.name for spec in preflight(scenario).device_specs)  # one per device, in rank order
+    resolved = preflight(scenario)
+    counts = Counter(spec.name for spec in resolved.device_specs)  # one per device, in rank order
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce}; "
                   f"{batch_line(scenario, sum(counts.values()))})", soft_wrap=True)
+    if scenario.fleet is not None:
+        from .fleet.expected import spare_pool_warning
+        from .fleet.inventory import job_inventory
+        warning = spare_pool_warning(scenario.fleet, job_inventory(scenario, resolved.topology()))
+        if warning:
+            err_console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
 
 @cli.command()

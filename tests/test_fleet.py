@@ -36,7 +36,8 @@ from simtrain.user_files import parse_yaml_text
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.yaml")
 GPUS = 8
-OTHERS_NEVER_FAIL = {name: {"mtbf": None} for name in ("hbm", "nic", "host", "cable", "software")}
+OTHERS_NEVER_FAIL = {name: {"mtbf": None} for name in ("hbm", "nic", "host", "cable", "software", "sdc",
+                                                       "maintenance")}
 
 
 def switch_inventory(gpus_per_host: int = 1) -> Inventory:
@@ -187,7 +188,8 @@ def test_blast_radius_on_a_superpod_scalable_unit():
     topology = load_topology_file(ROOT / "topologies" / "dgx-a100-superpod-su.yaml")
     inventory = Inventory(topology, 8)
     assert inventory.counts() == {"gpu": 160, "hbm": 160, "nic": 160, "nvswitch": 20, "host": 20, "cable": 168,
-                                  "leaf": 8, "spine": 1, "storage": 1, "software": 20}
+                                  "leaf": 8, "spine": 1, "storage": 1, "software": 20, "sdc": 160,
+                                  "maintenance": 1}
     assert inventory.hosts_lost("leaf", 3) == tuple(range(20))  # a rail's leaf: one NIC of every host
     assert inventory.hosts_lost("gpu", 17) == (2,)
     lost = sorted({inventory.hosts_lost("cable", unit) for unit in range(168)})
@@ -243,6 +245,14 @@ HOSTILE = [
     ("fleet={checkpoint: {interval: 1e-9}}", "fleet.horizon: about"),
     ("fleet={components: {gpu: {mtbf: 1e-3}}}", "fleet.horizon: about"),
     ("fleet=7", "fleet: Input should be a valid dictionary"),
+    ("fleet.preset=llama4", "fleet.preset: Input should be 'llama3-405b', 'meta-rsc1' or 'meta-rsc2'"),
+    ("fleet={preset: [1]}", "fleet.preset: Input should be"),
+    ("fleet={components: {sdc: {detection: -1}}}", "fleet.components.sdc.detection: must not be negative"),
+    ("fleet={stragglers: {mtbf: 1 h, slowdown: 2, duration: 1 h, fails: 1.5}}", "fleet.stragglers.fails: Input "
+                                                                               "should be less than or equal to 1"),
+    ("fleet={checkpoint: {interval: youngest}}", "fleet.checkpoint.interval: cannot read 'youngest'"),
+    ("fleet={checkpoint: {interval: [1]}}", "fleet.checkpoint.interval: expected a time quantity"),
+    ("fleet={failures: [{at: 5, component: maintenance, unit: 1}]}", "fleet.failures.0.unit: no maintenance 1"),
 ]
 
 
@@ -280,10 +290,12 @@ def leaf_paths(node, prefix=()):
         yield prefix
 
 
-FLEET_PATHS = sorted(leaf_paths(FLEET_DEFAULTS)) + [("stragglers", key) for key in ("mtbf", "slowdown", "duration")]
+FLEET_PATHS = sorted(leaf_paths(FLEET_DEFAULTS)) + [("stragglers", key) for key in ("mtbf", "slowdown", "duration",
+                                                                                    "fails")]
 HOSTILE_VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30),
                            st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-                           st.sampled_from(["54 d", "-1 h", "1e400 s", "3 weeks", "0", "sync", "gpu", "1e-300"]),
+                           st.sampled_from(["54 d", "-1 h", "1e400 s", "3 weeks", "0", "sync", "gpu", "1e-300",
+                                            "daly", "meta-rsc2"]),
                            st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(),
                                                                                 max_size=2))
 

@@ -4,13 +4,15 @@ Every unit of every component fails after an exponential time of mean its
 `mtbf`, independently and memorylessly, so the job's next failure comes after
 an exponential time of mean `1 / sum(units / mtbf)`, of a component drawn in
 proportion to its rate, on a unit drawn uniformly. A GPU slows down after an
-exponential time of mean the stragglers' `mtbf` and is slow for `duration`.
+exponential time of mean the stragglers' `mtbf` and is slow for `duration`;
+with chance `fails` it then fails (a GPU that degrades before it fails:
+strike("gpu", unit, "slow_gpu")) rather than coming back to speed.
 Each is a simpy process that calls back into the run (simulation.py), drawing
 from its own seeded numpy Generator only when the previous event happened.
 
     env.process(drawn(env, rng, failure_rates(fleet, inventory), inventory, strike))
     env.process(replayed(env, fleet.failures, strike))
-    env.process(slowdowns(env, rng, fleet.stragglers, inventory.gpus, set_slow))
+    env.process(slowdowns(env, rng, fleet.stragglers, inventory.gpus, set_slow, strike))
 """
 import numpy as np
 
@@ -48,13 +50,16 @@ def replayed(env, failures: list, strike):
         strike(failure.component, failure.unit)
 
 
-def slowdowns(env, rng: np.random.Generator, spec, gpus: int, set_slow):
-    """Slow GPUs: set_slow(+1) when one slows down, set_slow(-1) when it is back to speed."""
-    def back_to_speed():
+def slowdowns(env, rng: np.random.Generator, spec, gpus: int, set_slow, strike):
+    """Slow GPUs: set_slow(+1) when one slows down, set_slow(-1) when it is back to speed or has failed."""
+    def slow_for_a_while(unit: int, then_fails: bool):
         yield env.timeout(spec.duration)
         set_slow(-1)
+        if then_fails:
+            strike("gpu", unit, "slow_gpu")
 
     while True:
         yield env.timeout(rng.exponential(spec.mtbf / gpus))
+        unit, then_fails = int(rng.integers(gpus)), bool(rng.random() < spec.fails)
         set_slow(+1)
-        env.process(back_to_speed())
+        env.process(slow_for_a_while(unit, then_fails))

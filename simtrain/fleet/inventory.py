@@ -12,9 +12,10 @@ k*g+g-1). Reading the topology's graph once:
   GPU on it (a rail-optimized leaf takes one rail of each of its hosts, and so
   those hosts); a **spine** is a switch cabled to no GPU: routing goes
   around it, the job restarts on the same hosts;
-- gpu, hbm and nic units are GPUs (one NIC per GPU, as in DGX systems), nvswitch,
-  host and software units are hosts, storage is one unit; gpu, hbm, nic,
-  nvswitch and host take their host; software and storage take none.
+- gpu, hbm, nic and sdc units are GPUs (one NIC per GPU, as in DGX systems),
+  nvswitch, host and software units are hosts, storage and maintenance (the
+  job's planned stops) are one unit; gpu, hbm, nic, sdc, nvswitch and host
+  take their host; software, storage and maintenance take none.
 
     inventory = Inventory(cluster.topology, gpus_per_host=8)
     inventory.count("leaf"), inventory.hosts_lost("leaf", 0)   # 8, (0, 1, ..., 19)
@@ -24,7 +25,7 @@ import math
 from ..errors import ScenarioError
 from ..scenario.fleet import COMPONENTS
 
-_PER_GPU, _PER_HOST = ("gpu", "hbm", "nic"), ("nvswitch", "host", "software")
+_PER_GPU, _PER_HOST = ("gpu", "hbm", "nic", "sdc"), ("nvswitch", "host", "software")
 
 
 class Inventory:
@@ -67,7 +68,8 @@ class Inventory:
             return self.gpus
         if component in _PER_HOST:
             return self.hosts
-        return {"cable": len(self._cables), "leaf": len(self._leaves), "spine": self._spines, "storage": 1}[component]
+        return {"cable": len(self._cables), "leaf": len(self._leaves), "spine": self._spines, "storage": 1,
+                "maintenance": 1}[component]
 
     def hosts_lost(self, component: str, unit: int) -> tuple[int, ...]:
         """The hosts (0 to hosts - 1) that unit `unit` of `component` takes out of the job when it fails."""

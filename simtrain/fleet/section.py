@@ -7,22 +7,22 @@ weights and optimizer state (the memory ledger's peaks, hw/device.py), unless
 share of the elapsed time that ended as training (Llama 3's "effective
 training time"): `steps_done x step_time_s / elapsed_s`.
 
-Young's interval `sqrt(2 delta M)` (J. W. Young, CACM 1974) and Daly's
-`sqrt(2 delta M) (1 + sqrt(delta / 2M) / 3 + delta / 18M) - delta` (J. T. Daly,
-FGCS 2006; M when delta >= 2M) are reported for the job's mean time between
-failures M and the blocking part of a checkpoint delta, to set
-`fleet.checkpoint.interval` from.
+Young's and Daly's intervals (expected.py) are reported for the job's mean
+time between unplanned failures M and the blocking part of a checkpoint
+delta, to set `fleet.checkpoint.interval` from (or give it `young` or
+`daly`); `spares_warning` says when the spare pool is smaller than the hosts
+the failure model expects in repair at once (`simtrain run` and `simtrain
+validate` print it).
 
     section = fleet_section(scenario, cluster, job, step_time_s)
 """
-import math
-
 from pydantic import Field
 
 from ..errors import ScenarioError
 from ..limits import MAX_FLEET_EVENTS
 from ..report.sections import ReportSection, register_section
 from .costs import Costs
+from .expected import daly_s, job_mtbf_s, spare_pool_warning, young_s
 from .failures import failure_rates
 from .inventory import job_inventory
 from .simulation import PHASES, FleetRun
@@ -38,22 +38,16 @@ def fleet_section(scenario, cluster, job, step_time_s: float) -> dict:
                             for device in job.devices)
     costs = Costs.of(fleet, inventory.gpus, bytes_per_gpu)
     run = FleetRun(fleet, inventory, costs, step_time_s, scenario.seed)
-    total_rate = sum(failure_rates(fleet, inventory).values())
-    expected = fleet.horizon * (total_rate + (inventory.gpus / fleet.stragglers.mtbf if fleet.stragglers else 0)) \
-        + fleet.horizon / (run.every * step_time_s)
+    rates = failure_rates(fleet, inventory)
+    slowdowns_per_s = inventory.gpus / fleet.stragglers.mtbf if fleet.stragglers else 0
+    expected = fleet.horizon * (sum(rates.values()) + slowdowns_per_s) + fleet.horizon / (run.every * step_time_s)
     if expected > MAX_FLEET_EVENTS:
         raise ScenarioError(f"fleet.horizon: about {expected:.3g} failures, slowdowns and checkpoints expected, more "
                             f"than a fleet run takes ({MAX_FLEET_EVENTS:,}); shorten it or lengthen "
                             "fleet.checkpoint.interval")
     run.run()
     elapsed = run.end_s
-    mtbf = 1 / total_rate if total_rate else None
-    delta = costs.blocking_s
-    young = daly = None
-    if mtbf is not None:
-        young = math.sqrt(2 * delta * mtbf)
-        daly = mtbf if delta >= 2 * mtbf else (
-            young * (1 + math.sqrt(delta / (2 * mtbf)) / 3 + delta / (18 * mtbf)) - delta)
+    mtbf = job_mtbf_s(rates)
     return {
         "gpus": inventory.gpus,
         "hosts": inventory.hosts,
@@ -65,8 +59,9 @@ def fleet_section(scenario, cluster, job, step_time_s: float) -> dict:
         "checkpoint_background_s": costs.background_s,
         "restart_s": sum(seconds for _, seconds in costs.restart_parts(from_memory=False)),
         "job_mtbf_s": mtbf,
-        "young_interval_s": young,
-        "daly_interval_s": daly,
+        "young_interval_s": None if mtbf is None else young_s(costs.blocking_s, mtbf),
+        "daly_interval_s": None if mtbf is None else daly_s(costs.blocking_s, mtbf),
+        "spares_warning": spare_pool_warning(fleet, inventory),
         "horizon_s": fleet.horizon,
         "elapsed_s": elapsed,
         "completion_time_s": run.completed_at_s,
@@ -97,9 +92,12 @@ class FleetSection(ReportSection):
     checkpoint_blocking_s: float = Field(description="training stops this long at each checkpoint")
     checkpoint_background_s: float = Field(description="then the write goes on this long (async)")
     restart_s: float = Field(description="relaunch, communicator initialisation and load from storage")
-    job_mtbf_s: float | None = Field(description="the job's mean time between failures; null: nothing fails")
+    job_mtbf_s: float | None = Field(description="the job's mean time between unplanned failures; null: nothing "
+                                                 "fails")
     young_interval_s: float | None = Field(description="Young's optimum checkpoint interval for it")
     daly_interval_s: float | None = Field(description="Daly's optimum checkpoint interval for it")
+    spares_warning: str | None = Field(description="fleet.spares smaller than the hosts the failure model expects "
+                                                   "in repair at once, in one line; null: it covers them")
     horizon_s: float = Field(description="fleet.horizon")
     elapsed_s: float = Field(description="time the run took: the horizon, or until fleet.target_steps")
     completion_time_s: float | None = Field(description="when fleet.target_steps were done; null: not reached "
@@ -108,7 +106,8 @@ class FleetSection(ReportSection):
     effective_training_time: float | None = Field(description="steps_done x step_time_s / elapsed_s")
     interruptions: int = Field(description="failures that struck the job (one during a restart's detection or "
                                            "wait for spares joins that restart)")
-    interruptions_by_cause: dict[str, int] = Field(description="those failures by component")
+    interruptions_by_cause: dict[str, int] = Field(description="those failures by cause: the component, or "
+                                                               "slow_gpu (a slow GPU that failed)")
     time_lost_by_phase_s: dict[str, float] = Field(description=f"seconds lost, by phase: {', '.join(PHASES)}; "
                                                                "with the training they add up to elapsed_s")
     time_lost_by_cause_s: dict[str, float] = Field(description="seconds lost to restarts and work redone, by the "

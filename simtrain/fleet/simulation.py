@@ -13,13 +13,24 @@ replayed from `fleet.failures`. Draws come from numpy Generators seeded with
 A failure interrupts whatever the job does. The work since the checkpoint the
 job will restart from is lost (`work_redone`); background writes in flight
 are lost; the hosts in its blast radius go to repair (back in the spare pool
-after `repair`). Then, each a phase: `detection`, `waiting_for_spares`
-(until the pool has a host for each one lost; none with an unlimited pool),
-`relaunch`, `communicator_init`, `checkpoint_load` (from a peer's memory if
-the failure took at most `replicas` hosts and that copy is the latest, else
-from storage). A failure during detection or while waiting for spares joins
-the restart under way (its hosts too); one during relaunch, initialisation or
-load starts the restart again from detection.
+after `repair`). Then, each a phase: `detection` (the component's, else
+`recovery.detection`), `waiting_for_spares` (until the pool has a host for
+each one lost; none with an unlimited pool), `relaunch`, `communicator_init`,
+`checkpoint_load` (from a peer's memory if the failure took at most
+`replicas` hosts and that copy is the latest, else from storage). A failure
+during detection or while waiting for spares joins the restart under way (its
+hosts too); one during relaunch, initialisation or load starts the restart
+again from detection. Two kinds differ:
+
+- a **planned stop** (`maintenance`) comes right after a checkpoint: nothing
+  is redone and no host is lost (the write before it is not charged);
+- a **silent data corruption** (`sdc`) does not stop the job: it trains on,
+  corrupted, for the sdc's `detection`; checkpoints written meanwhile are bad.
+  Then the job stops and goes back to the last checkpoint written before the
+  corruption (from storage): everything since is `work_redone`, and the
+  restart has no detection phase of its own (one corruption at a time: a
+  second one before the first is noticed is noticed with it).
+
 Every second of the run is useful training or lost to one phase (blocking
 checkpoint writes: `checkpoint_writes`; a straggler's extra time:
 `stragglers`), so `elapsed = steps_done x step_time + sum(lost)` (tested).
@@ -34,6 +45,7 @@ import numpy as np
 import simpy
 
 from .costs import Costs
+from .expected import checkpoint_interval_s
 from .failures import drawn, failure_rates, replayed, slowdowns
 from .inventory import Inventory
 from .timeline import Timeline
@@ -46,8 +58,8 @@ _STRAGGLER_STREAM = 0x736C6F77  # "slow"
 
 
 class _Failure:
-    def __init__(self, component: str, unit: int, hosts: tuple[int, ...]):
-        self.component, self.unit, self.hosts = component, unit, hosts
+    def __init__(self, component: str, unit: int, hosts: tuple[int, ...], cause: str):
+        self.component, self.unit, self.hosts, self.cause = component, unit, hosts, cause
 
 
 class FleetRun:
@@ -56,7 +68,8 @@ class FleetRun:
     def __init__(self, fleet, inventory: Inventory, costs: Costs, step_time_s: float, seed: int):
         self.fleet, self.inventory, self.costs, self.step_time_s = fleet, inventory, costs, step_time_s
         self.env = simpy.Environment()
-        self.every = max(1, round(fleet.checkpoint.interval / step_time_s))  # steps between checkpoints
+        interval_s = checkpoint_interval_s(fleet, costs.blocking_s, failure_rates(fleet, inventory))
+        self.every = max(1, round(interval_s / step_time_s))  # steps between checkpoints
         seed = fleet.seed if fleet.seed is not None else seed
         self.rng = np.random.default_rng([seed, _FAILURE_STREAM])
         self.slow_rng = np.random.default_rng([seed, _STRAGGLER_STREAM])
@@ -68,7 +81,9 @@ class FleetRun:
         self.hosts_replaced = 0
         self.pool = fleet.spares  # spare hosts now; None: as many as needed
         self.down: list[int] = []  # the job's hosts lost and not yet replaced
-        self.cause = None  # the component whose failure the job is recovering from; None: training
+        self.cause = None  # the cause of the failure the job is recovering from; None: training
+        self.corrupted_at = None  # the steps the job stood at when a silent corruption began; None: none pending
+        self.good_storage_step = 0  # the latest checkpoint in storage written before any pending corruption
         self.from_memory = False
         self.generation = 0  # one more at each failure: writes begun before it do not commit
         self.writing = None  # the background write in flight (an Event), or None
@@ -92,7 +107,8 @@ class FleetRun:
         else:
             env.process(drawn(env, self.rng, failure_rates(self.fleet, self.inventory), self.inventory, self._strike))
         if self.fleet.stragglers is not None:
-            env.process(slowdowns(env, self.slow_rng, self.fleet.stragglers, self.inventory.gpus, self._set_slow))
+            env.process(slowdowns(env, self.slow_rng, self.fleet.stragglers, self.inventory.gpus, self._set_slow,
+                                  self._strike))
         env.run(until=env.timeout(self.fleet.horizon) | self.done)
         self.end_s = env.now
         if self._current is not None:  # the horizon came in the middle of something
@@ -137,7 +153,7 @@ class FleetRun:
         yield from self._phase("checkpoint_writes", self.costs.blocking_s)
         generation = self.generation
         if self.fleet.checkpoint.mode == "sync":
-            self.storage_step = step
+            self._stored(step)
         else:
             self.writing = self.env.event()
             self.env.process(self._commit_later(self.costs.background_s, step, generation, "storage", self.writing))
@@ -149,10 +165,15 @@ class FleetRun:
         if generation != self.generation:  # a failure came first: this copy is lost
             return
         if where == "storage":
-            self.storage_step = step
+            self._stored(step)
             event.succeed()
         else:
             self.memory_step = step
+
+    def _stored(self, step: float) -> None:
+        self.storage_step = step
+        if self.corrupted_at is None or step <= self.corrupted_at:
+            self.good_storage_step = step
 
     def _restart(self):
         yield from self._phase("detection", max(0.0, self.detected_at_s - self.env.now))
@@ -220,14 +241,19 @@ class FleetRun:
             phase, start, pace = self._current
             if phase == "training":
                 self._close(phase, start, pace)
+        component = getattr(self.fleet.components, failure.component)
         if self.cause is None or self.last_phase not in ("detection", "waiting_for_spares"):
-            self.detected_at_s = self.env.now + self.fleet.recovery.detection
-            self.cause = failure.component
+            detection = self.fleet.recovery.detection if component.detection is None else component.detection
+            self.detected_at_s = self.env.now + (0.0 if failure.component == "sdc" else detection)
+            self.cause = failure.cause
         # else: the job is down already; this failure's hosts join the restart under way
         self.generation += 1
         self.writing = None
-        self.interruptions[failure.component] = self.interruptions.get(failure.component, 0) + 1
+        self.interruptions[failure.cause] = self.interruptions.get(failure.cause, 0) + 1
         self.timeline.failed(self.env.now)
+        if failure.component == "maintenance":  # planned, right after a checkpoint
+            self._stored(self.progress)
+            self.memory_step = None
         if len(failure.hosts) > self.fleet.checkpoint.replicas:
             self.memory_step = None  # a host and its peers' copies may be gone: back to storage
         self.from_memory = self.memory_step is not None and self.memory_step >= self.storage_step
@@ -236,11 +262,22 @@ class FleetRun:
             self._charge("work_redone", (self.progress - restart_step) * self.step_time_s)
             self.progress = float(restart_step)
             self._mark()
-        repair = getattr(self.fleet.components, failure.component).repair
         for host in failure.hosts:
             if host not in self.down:
                 self.down.append(host)
-                self.env.process(self._repair(repair))
+                self.env.process(self._repair(component.repair))
+
+    def _corrupted(self, unit: int):
+        """A silent data corruption: training goes on until it is noticed, then back to the last good checkpoint."""
+        self.corrupted_at = self.progress
+        if self._current is not None and self._current[0] == "training":  # and the steps done since it marked them
+            self.corrupted_at += (self.env.now - self._current[1]) / self._current[2]
+        sdc = self.fleet.components.sdc
+        yield self.env.timeout(self.fleet.recovery.detection if sdc.detection is None else sdc.detection)
+        self.storage_step, self.memory_step = self.good_storage_step, None
+        self.corrupted_at = None
+        if self.job.is_alive:
+            self.job.interrupt(_Failure("sdc", unit, self.inventory.hosts_lost("sdc", unit), "sdc"))
 
     def _repair(self, seconds: float):
         yield self.env.timeout(seconds)
@@ -249,9 +286,14 @@ class FleetRun:
             if not self.repaired.triggered:
                 self.repaired.succeed()
 
-    def _strike(self, component: str, unit: int) -> None:
-        if self.job.is_alive:
-            self.job.interrupt(_Failure(component, unit, self.inventory.hosts_lost(component, unit)))
+    def _strike(self, component: str, unit: int, cause: str | None = None) -> None:
+        if not self.job.is_alive:
+            return
+        if component == "sdc":
+            if self.corrupted_at is None:  # else: noticed with the one pending
+                self.env.process(self._corrupted(unit))
+            return
+        self.job.interrupt(_Failure(component, unit, self.inventory.hosts_lost(component, unit), cause or component))
 
     def _set_slow(self, change: int) -> None:
         was_slow = self.slow > 0

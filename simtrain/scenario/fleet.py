@@ -6,38 +6,41 @@
       checkpoint: {interval: 30 min, mode: async}
       components: {gpu: {mtbf: 10000 h}}   # per unit; the others keep their defaults
 
-The defaults are the Llama 3 405B pre-training run's (Llama Team, "The Llama 3
-Herd of Models", 2024, Table 5: 419 unexpected interruptions in 54 days on
-16,384 H100 GPUs, 2,048 hosts of 8), each category turned into a mean time
-between failures of one unit: `54 d x units / interruptions`. Table 5's rows
-go to components so:
-
-- gpu (per GPU): faulty GPU 148, GPU SRAM 19, GPU system processor 17,
-  silent data corruption 6, thermal interface and sensor 6 (196);
-- hbm (per GPU): HBM3 memory 72;
-- nic (per GPU, one NIC each): NIC 7;
-- host (per host): host maintenance 32, SSD 3, power supply 3, chassis 2,
-  IO expansion board 2, CPU 2, system memory 2 (46);
-- cable (per GPU-to-leaf cable): network switch/cable 35 (Table 5 does not
-  split switches from cables; the default puts them on the hosts' cables);
-- software (per host): software bug 54, NCCL watchdog timeout 7, dependency
-  2 (63): the job restarts on the same hosts;
-- nvswitch, leaf, spine, storage: no row of their own in Table 5: they do
-  not fail unless given an `mtbf`.
+`preset` names the published failure mix `components` starts from
+(scenario/fleet_presets.py; the default: the Llama 3 405B run's Table 5, its
+47 planned interruptions and its 6 silent data corruptions included); each
+component given keeps the preset's value of every field it does not give.
+The sources of every default are in docs/guides/fleet.md ("Sources").
 """
-from typing import Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, WithJsonSchema, model_validator
 
 from ..limits import MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN, MAX_STEPS
-from .fields import Bandwidth, Bytes, Count, Duration, Real, Section, long_time
+from .fields import Bandwidth, Bytes, Count, Duration, Real, Section, error_message, long_time
+from .fleet_presets import LLAMA3_S, PRESET_NAMES, PRESETS, with_preset
 
 LongDuration = long_time(positive=False)  # seconds, up to limits.QUANTITY_RANGES["long_time"]: "54 d", "2 h"
 LongInterval = long_time(positive=True)
+_SECONDS = TypeAdapter(LongInterval, config=ConfigDict(allow_inf_nan=False))
+INTERVAL_RULES = ("young", "daly")
 
-COMPONENTS = ("gpu", "hbm", "nic", "nvswitch", "host", "cable", "leaf", "spine", "storage", "software")
-_LLAMA3_DAYS = 54 * 86400.0  # Table 5's window
-_LLAMA3_GPUS, _LLAMA3_HOSTS = 16_384, 2_048
+
+def _seconds_or_rule(value):
+    if isinstance(value, str) and value in INTERVAL_RULES:
+        return value
+    try:
+        return _SECONDS.validate_python(value)
+    except ValidationError as error:
+        raise ValueError(error_message(error.errors()[0])) from None
+
+
+# seconds, or the name of an optimum (one field, no union: an error names the field alone)
+CheckpointInterval = Annotated[Union[float, str], PlainValidator(_seconds_or_rule), WithJsonSchema(
+    {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"enum": list(INTERVAL_RULES)}], "unit": "s"})]
+
+COMPONENTS = ("gpu", "hbm", "nic", "nvswitch", "host", "cable", "leaf", "spine", "storage", "software", "sdc",
+              "maintenance")
 
 
 class ComponentSpec(Section):
@@ -46,49 +49,44 @@ class ComponentSpec(Section):
     mtbf: LongInterval | None = Field(None, description="Mean time between failures of one unit (s); null: it "
                                                         "does not fail.")
     repair: LongDuration = Field(
-        86400.0, description="Seconds until a host the failure took out is back in the spare pool (an assumption, "
-                             "not a published figure: give your fleet's; it matters only with a finite "
+        86400.0, description="Seconds until a host the failure took out is back in the spare pool (no published "
+                             "figure: an assumption, give your fleet's; it matters only with a finite "
                              "fleet.spares).")
+    detection: LongDuration | None = Field(
+        None, description="From this component's failure to the job's teardown (s); null: fleet.recovery.detection. "
+                          "For sdc, the training that goes on, corrupted, until it is noticed.")
 
 
-def _llama3(interruptions: int, units: int) -> dict:
-    return {"mtbf": _LLAMA3_DAYS * units / interruptions}
+DEFAULT_COMPONENTS = PRESETS["llama3-405b"]["components"]
 
 
-DEFAULT_COMPONENTS = {
-    "gpu": _llama3(196, _LLAMA3_GPUS), "hbm": _llama3(72, _LLAMA3_GPUS), "nic": _llama3(7, _LLAMA3_GPUS),
-    "nvswitch": {}, "host": _llama3(46, _LLAMA3_HOSTS), "cable": _llama3(35, _LLAMA3_GPUS), "leaf": {},
-    "spine": {}, "storage": {}, "software": _llama3(63, _LLAMA3_HOSTS),
-}
+def _preset_default(component: str, description: str):
+    return Field(ComponentSpec(**DEFAULT_COMPONENTS[component]), description=description)
 
 
 class ComponentsSpec(Section):
-    """Every component's failures; a component given keeps the default of each field it does not give."""
+    """Every component's failures; a component given keeps the preset's value of each field it does not give."""
 
-    gpu: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["gpu"]), description="One GPU (its blast "
-                                                                                          "radius: its host).")
-    hbm: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["hbm"]), description="One GPU's HBM (its host).")
-    nic: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["nic"]), description="One GPU's NIC (its host).")
-    nvswitch: ComponentSpec = Field(ComponentSpec(), description="One host's NVSwitch fabric (its host).")
-    host: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["host"]), description="One host: CPU, memory, "
-                                                                                            "power, SSD (itself).")
-    cable: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["cable"]), description="One cable of the "
-                                 "topology: a GPU's to its leaf (its host) or a switch's to a switch (no host).")
-    leaf: ComponentSpec = Field(ComponentSpec(), description="One leaf switch: a switch cabled to GPUs of several "
-                                                            "hosts (every host with a GPU on it).")
-    spine: ComponentSpec = Field(ComponentSpec(), description="One spine switch: a switch cabled to no GPU (no "
-                                                             "host: the job restarts on the same hosts).")
-    storage: ComponentSpec = Field(ComponentSpec(), description="The checkpoint storage, one unit (no host).")
-    software: ComponentSpec = Field(ComponentSpec(**DEFAULT_COMPONENTS["software"]), description="Software on "
-                                    "one host: a bug, a watchdog timeout (no host: the job restarts on the same).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _keep_unset_defaults(cls, raw):
-        if not isinstance(raw, dict):
-            return raw
-        return {name: {**DEFAULT_COMPONENTS[name], **value} if name in DEFAULT_COMPONENTS and isinstance(value, dict)
-                else value for name, value in raw.items()}
+    gpu: ComponentSpec = _preset_default("gpu", "One GPU (its blast radius: its host).")
+    hbm: ComponentSpec = _preset_default("hbm", "One GPU's HBM (its host).")
+    nic: ComponentSpec = _preset_default("nic", "One GPU's NIC (its host).")
+    nvswitch: ComponentSpec = _preset_default("nvswitch", "One host's NVSwitch fabric (its host).")
+    host: ComponentSpec = _preset_default("host", "One host: CPU, memory, power, SSD (itself).")
+    cable: ComponentSpec = _preset_default("cable", "One cable of the topology: a GPU's to its leaf (its host) or a "
+                                                    "switch's to a switch (no host).")
+    leaf: ComponentSpec = _preset_default("leaf", "One leaf switch: a switch cabled to GPUs of several hosts (every "
+                                                  "host with a GPU on it).")
+    spine: ComponentSpec = _preset_default("spine", "One spine switch: a switch cabled to no GPU (no host: the job "
+                                                    "restarts on the same hosts).")
+    storage: ComponentSpec = _preset_default("storage", "The checkpoint storage, one unit (no host).")
+    software: ComponentSpec = _preset_default("software", "Software on one host: a bug, a watchdog timeout (no "
+                                                          "host: the job restarts on the same).")
+    sdc: ComponentSpec = _preset_default("sdc", "Silent data corruption of one GPU: training goes on for "
+                                                "`detection`, then rolls back to the last checkpoint written before "
+                                                "the corruption (its host).")
+    maintenance: ComponentSpec = _preset_default("maintenance", "Planned stops of the whole job, one unit "
+                                                                "(firmware, configuration): after a checkpoint, "
+                                                                "nothing redone, no host lost.")
 
 
 class StragglerSpec(Section):
@@ -97,13 +95,17 @@ class StragglerSpec(Section):
     mtbf: LongInterval = Field(description="Mean time between slowdowns of one GPU (s).")
     slowdown: Real(gt=1, le=MAX_SLOWDOWN) = Field(description="The step time's factor while a GPU is slow.")
     duration: LongInterval = Field(description="How long a slowdown lasts (s).")
+    fails: Real(ge=0, le=1) = Field(0.0, description="The chance that a slowdown ends in its GPU's failure (a GPU "
+                                                     "that degrades, then fails) rather than back at speed.")
 
 
 class FleetCheckpointSpec(Section):
     """Checkpoints of the fleet's job: how often, sync or async, where to, what they cost."""
 
-    interval: LongInterval = Field(1800.0, description="Training time between checkpoints (s), rounded to whole "
-                                                       "steps (at least one).")
+    interval: CheckpointInterval = Field(
+        1800.0, description="Training time between checkpoints (s), rounded to whole steps (at least one); young or "
+                            "daly: their optimum for the job's unplanned failures and the blocking part of a "
+                            "checkpoint (simtrain/fleet/expected.py).")
     mode: Literal["sync", "async"] = Field(
         "async", description="sync: training waits for the write to storage; async: it waits only for the "
                              "snapshot to host memory, and the write goes on in the background (one at a time: a "
@@ -128,14 +130,16 @@ class FleetRecoverySpec(Section):
     """What a restart costs: detection, then relaunch, communicator initialisation and checkpoint load."""
 
     detection: LongDuration = Field(
-        600.0, description="From a failure to the job's teardown (s): torch's default NCCL watchdog timeout, 10 "
-                           "minutes (torch.distributed.constants.default_pg_nccl_timeout).")
+        300.0, description="From a failure to the job's teardown (s), for a component without its own: Meta's "
+                           "clusters run their health checks every 5 minutes (Kokolis et al., HPCA 2025, section "
+                           "III-C).")
     relaunch: LongDuration = Field(
-        120.0, description="Scheduling and starting the processes again (s): an assumption, not a published "
-                           "figure; give your scheduler's.")
+        300.0, description="Restarting the job (s), every initialisation included: Meta's restart overhead u0 = 5 "
+                           "minutes (Kokolis et al., HPCA 2025, section IV).")
     init_per_gpu: Duration = Field(
-        0.003, description="Communicator initialisation per GPU of the job (s): MegaScale (NSDI 2024, section 4) "
-                           "brings it under 30 s for more than 10,000 GPUs.")
+        0.0, description="Communicator initialisation per GPU of the job (s), on top of relaunch: 0, inside "
+                         "relaunch's 5 minutes; MegaScale (NSDI 2024, section 4) brings it under 30 s for more than "
+                         "10,000 GPUs (3 ms per GPU) to scale it with the job.")
 
 
 class FailureSpec(Section):
@@ -150,7 +154,9 @@ class FailureSpec(Section):
 class FleetSpec(Section):
     """A long run of the scenario's job: the step is simulated, then failures and recoveries event by event."""
 
-    horizon: LongInterval = Field(_LLAMA3_DAYS, description="How long the fleet runs (s); the default: Llama 3's "
+    preset: Literal[PRESET_NAMES] = Field("llama3-405b", description="The published failure mix `components` "
+                                          "starts from (scenario/fleet_presets.py).")
+    horizon: LongInterval = Field(LLAMA3_S, description="How long the fleet runs (s); the default: Llama 3's "
                                                             "54 days.")
     target_steps: Count(MAX_STEPS * 1000) | None = Field(None, description="Stop when this many steps are done "
                                                                            "(within the horizon); null: run to it.")
@@ -167,6 +173,11 @@ class FleetSpec(Section):
     stragglers: StragglerSpec | None = Field(None, description="Slow GPUs; null: none.")
     checkpoint: FleetCheckpointSpec = Field(FleetCheckpointSpec(), description="Checkpoints.")
     recovery: FleetRecoverySpec = Field(FleetRecoverySpec(), description="What a restart costs.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_under_components(cls, raw):
+        return with_preset(raw) if isinstance(raw, dict) else raw
 
     @model_validator(mode="after")
     def _failures_in_order(self) -> "FleetSpec":
