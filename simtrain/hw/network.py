@@ -133,8 +133,8 @@ class Network:
         self.record = record
         self.records: list[TransferRecord] = []
         self._links: dict[tuple[str, str], _Link] = {}
-        for u, v in topology.graph.edges:
-            rate = self.nominal_bandwidth(u, v)
+        for u, v, attrs in topology.graph.edges(data=True):
+            rate = attrs["bandwidth"] * attrs.get("efficiency", 1.0)  # nominal_bandwidth's
             self._links[u, v] = _Link(u, v, rate)
             self._links[v, u] = _Link(v, u, rate)
         self._routes: dict[str, dict[str, Route]] = {}  # src -> dst -> route

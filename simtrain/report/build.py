@@ -215,7 +215,11 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "wall_time_s": result.wall_time_s,
         "simtrain_version": __version__,
     }
-    ReportCore.model_validate({key: value for key, value in data.items() if key not in extra})
+    # The core checked against its model: every device that ran its own program (a mirrored device's entry is its
+    # representative's figures under its own rank) and one link (every link's entry comes from one expression)
+    ReportCore.model_validate({**{key: value for key, value in data.items() if key not in extra},
+                               "devices": [entry for entry in devices if entry["rank"] not in result.mirror_of],
+                               "links": links[:1]})
     trace = build_trace(cluster) if scenario.report.trace else None
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
 

@@ -121,6 +121,7 @@ class ModelParallel(RankReplicas, Scheme):
         self.on_step = on_step
         # Every rank runs its program, or one per stage does for all (strategies/representatives.py)
         self.representatives = parallel.representatives
+        self._representative = represented_by(self.layout) if self.representatives else list(range(self.world))
         self.running = [rank for rank in range(self.world) if self._represented_by(rank) == rank]
         self.mirror_of = {job.devices[rank].rank: job.devices[self._represented_by(rank)].rank
                           for rank in range(self.world) if self._represented_by(rank) != rank}
@@ -217,7 +218,7 @@ class ModelParallel(RankReplicas, Scheme):
     def _represented_by(self, rank: int) -> int:
         """The rank whose program stands for `rank`'s: itself, or with representatives its stage's rank
         with tp 0 in replica 0."""
-        return represented_by(self.layout, rank) if self.representatives else rank
+        return self._representative[rank]
 
     @classmethod
     def steps_until_every_rank_stepped(cls, world: int) -> int:

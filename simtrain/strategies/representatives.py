@@ -70,9 +70,10 @@ def representative_ranks(layout) -> list[int]:
     return list(layout.rank_groups(0).pp)
 
 
-def represented_by(layout, rank: int) -> int:
-    """The representative whose program stands for job rank `rank`'s: its stage's."""
-    return layout.rank_groups(0).pp[layout.coordinates(rank)["pp"]]
+def represented_by(layout) -> list[int]:
+    """Each job rank's representative, whose program stands for the rank's: its stage's."""
+    stages = layout.rank_groups(0).pp
+    return [stages[layout.coordinates(rank)["pp"]] for rank in range(layout.world)]
 
 
 class MirroredCollective(NamedTuple):
@@ -274,6 +275,7 @@ class MirroredCollectives:
         self._alone_by_shape: dict[tuple, tuple[float, int, int, list[float]]] = {}
         self._group_numbers: dict[tuple, int] = {}
         self._shapes: dict[tuple, tuple | None] = {}  # (a group's nodes, whether it runs a ring) -> its shape
+        self._links: dict[tuple[str, str], tuple[float, float, bool, bool]] = {}  # directed link -> `_link`
 
     def groups(self, groups: list[tuple[str, ...]]) -> "Groups":
         """`groups` (each a tuple of network nodes, in group-rank order) as `collective` takes them: numbered
@@ -325,16 +327,23 @@ class MirroredCollectives:
         return self._shapes[nodes, ring]
 
     def _shape_of(self, pairs: list[tuple[str, str]]) -> tuple[tuple, list[tuple[str, str]]]:
-        path, reducing = self._topology.path, self._topology.reducing
+        path = self._topology.path
         number: dict[tuple[str, str], int] = {}
         routes = []
         for a, b in pairs:
             route = path(a, b)
             routes.append(tuple(number.setdefault(hop, len(number)) for hop in zip(route, route[1:])))
         hops = list(number)
-        links = tuple((self._rate(hop), self._topology.link(*hop)["latency"], hop[0] in reducing,
-                       hop[1] in reducing) for hop in hops)
+        links = tuple(self._link(hop) for hop in hops)
         return (tuple(routes), links), hops
+
+    def _link(self, hop: tuple[str, str]) -> tuple[float, float, bool, bool]:
+        """A directed link as a group's shape names it: its rate, its latency, whether each end reduces."""
+        if hop not in self._links:
+            attrs, reducing = self._topology.link(*hop), self._topology.reducing
+            self._links[hop] = (attrs["bandwidth"] * attrs.get("efficiency", 1.0), attrs["latency"],
+                                hop[0] in reducing, hop[1] in reducing)
+        return self._links[hop]
 
     def _program(self, collective: MirroredCollective, nodes: list[str]):
         """fn(rank, world, buf) -> the per-rank program of `collective` over `nodes`: the job's all-reduce, an MoE
@@ -372,8 +381,7 @@ class MirroredCollectives:
         return all(sum(rates) <= self._rate(hop) for hop, rates in crossing.items() if len(rates) > 1)
 
     def _rate(self, hop: tuple[str, str]) -> float:
-        attrs = self._topology.link(*hop)
-        return attrs["bandwidth"] * attrs.get("efficiency", 1.0)
+        return self._link(hop)[0]
 
     def _run(self, groups: list[tuple[str, ...]], collective: MirroredCollective,
              exclusive: bool) -> tuple[float, int, int, dict]:
