@@ -59,6 +59,8 @@ programs of stage_execution.py run beside the collectives:
     overlap, forward, backward, splits = carve(*watches, boundaries, forward, backward, splits)
     result = yield from ring_exchange(communicate, shard, overlap.gather_beside[region], dtype, "forward")
 """
+import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -298,12 +300,18 @@ def mirrored_stepwise(kind: str, tensor: torch.Tensor, world: int):
     a block sent on to the next rank (ring attention's step, the same concurrency), a split as the ring
     reduce-scatter of its parts."""
     shape = list(tensor.shape)
+    shape[1] = shape[1] * world if kind == "all_gather_steps" else shape[1] // world
+    return list(_mirrored_pieces(kind, tuple(tensor.shape), tensor.dtype, world)), tensor.new_empty(shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _mirrored_pieces(kind: str, shape: tuple[int, ...], dtype: torch.dtype, world: int) -> tuple:
+    """mirrored_stepwise's pieces for a tensor of `shape` and `dtype` (meta buffers: only their size and dtype
+    are read), made once for each: a representative's layers ask for the same few tens of thousands of times."""
     if kind == "all_gather_steps":
-        shape[1] *= world
-        step = MirroredCollective("kv_ring", tensor.reshape(-1))
-        return [(step, 1 / world)] * (world - 1), tensor.new_empty(shape)
-    shape[1] //= world
-    rows, rest = shape[1], tensor[:, :1].numel()  # a part's positions; the elements of one position
+        step = MirroredCollective("kv_ring", torch.empty(math.prod(shape), dtype=dtype, device="meta"))
+        return ((step, 1 / world),) * (world - 1)
+    rows, rest = shape[1] // world, math.prod(shape) // shape[1]  # a part's positions; the elements of one position
     cuts = torch.empty(rows, device="meta").tensor_split(min(PIPELINE_SPLITS, rows))
-    return ([(MirroredCollective("reduce_scatter", tensor.new_empty(world * len(cut) * rest)), len(cut) / rows)
-             for cut in cuts], tensor.new_empty(shape))
+    return tuple((MirroredCollective("reduce_scatter", torch.empty(world * len(cut) * rest, dtype=dtype,
+                                                                   device="meta")), len(cut) / rows) for cut in cuts)
