@@ -65,7 +65,7 @@ def tree_rss_bytes(root_pid: int) -> int:
 def run_sweep_command(command: list[str], journal: Path, stop_at_lines: int | None, peak: dict) -> dict:
     """Run the sweep's command line; kill it once the journal has `stop_at_lines` lines. Returns its wall time,
     and the points it recorded after its first and the seconds between (the rate once it is under way)."""
-    start, lines = time.perf_counter(), journal_lines(journal)
+    start, lines, cpu = time.perf_counter(), journal_lines(journal), children_cpu_s()
     first_row = None
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while process.poll() is None:
@@ -82,8 +82,14 @@ def run_sweep_command(command: list[str], journal: Path, stop_at_lines: int | No
         if process.returncode != 0:
             raise SystemExit(f"the sweep failed ({process.returncode}): {process.stderr.read()[-2000:]}")
     end, recorded = time.perf_counter(), journal_lines(journal)
-    return {"wall_s": end - start, "first_row_s": first_row[0] - start,
+    return {"wall_s": end - start, "first_row_s": first_row[0] - start, "cpu_s": children_cpu_s() - cpu,
             "steady_points": recorded - first_row[1], "steady_s": end - first_row[0]}
+
+
+def children_cpu_s() -> float:
+    """CPU time of this script's children that ended: the sweep's processes, once each is waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def in_process_seconds_per_point(grids: list[str], count: int) -> float:
@@ -148,6 +154,8 @@ def main() -> None:
     print(f"{points} points in {wall:.1f} s of sweep: {points / wall:.1f} points/s; under way "
           f"(after the first row: {first['first_row_s']:.1f} s, then {second['first_row_s']:.1f} s) "
           f"{steady:.1f} points/s, {2 / steady * 1e3:.1f} CPU-ms a point on the cluster's 2 CPUs")
+    print(f"the sweep's process (start, validation, journal, outputs): {first['cpu_s'] + second['cpu_s']:.1f} CPU-s, "
+          f"{(first['cpu_s'] + second['cpu_s']) / points * 1e3:.2f} ms a point")
     print(f"peak memory: the sweep's process {driver_peak / 2**20:.0f} MiB; the whole cluster with it "
           f"{peak['cluster_bytes'] / 2**20:.0f} MiB (sampled every {POLL_S} s)")
 
