@@ -220,13 +220,17 @@ def in_window(jobs, window: int, submit, wait_some):
     [(handle, outcome)] finished. A point the schema refused needs no worker: its error is its outcome at once."""
     jobs, pending = iter(jobs), {}
     while True:
+        drawn = 0
         for index, scenario, error in itertools.islice(jobs, window - len(pending)):
+            drawn += 1
             if error is None:
                 pending[submit(scenario)] = index
             else:
                 yield index, {"error": error}
         if not pending:
-            return
+            if drawn == 0:  # every job is drawn, and every one handed out has finished
+                return
+            continue
         for handle, outcome in wait_some(list(pending)):
             yield pending.pop(handle), outcome
 
