@@ -67,20 +67,22 @@ def run_sweep_command(command: list[str], journal: Path, stop_at_lines: int | No
     and the points it recorded after its first and the seconds between (the rate once it is under way)."""
     start, lines, cpu = time.perf_counter(), journal_lines(journal), children_cpu_s()
     first_row = None
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while process.poll() is None:
-        time.sleep(POLL_S)
-        peak["cluster_bytes"] = max(peak["cluster_bytes"], tree_rss_bytes(os.getpid()))
-        now, recorded = time.perf_counter(), journal_lines(journal)
-        if first_row is None and recorded > max(lines, 1):
-            first_row = (now, recorded)
-        if stop_at_lines is not None and recorded >= stop_at_lines:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            break
-    else:
-        if process.returncode != 0:
-            raise SystemExit(f"the sweep failed ({process.returncode}): {process.stderr.read()[-2000:]}")
+    with tempfile.TemporaryFile("w+") as log:  # a pipe nobody read would fill with progress lines and stop the sweep
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        while process.poll() is None:
+            time.sleep(POLL_S)
+            peak["cluster_bytes"] = max(peak["cluster_bytes"], tree_rss_bytes(os.getpid()))
+            now, recorded = time.perf_counter(), journal_lines(journal)
+            if first_row is None and recorded > max(lines, 1):
+                first_row = (now, recorded)
+            if stop_at_lines is not None and recorded >= stop_at_lines:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                break
+        else:
+            if process.returncode != 0:
+                log.seek(0)
+                raise SystemExit(f"the sweep failed ({process.returncode}): {log.read()[-2000:]}")
     end, recorded = time.perf_counter(), journal_lines(journal)
     return {"wall_s": end - start, "first_row_s": first_row[0] - start, "cpu_s": children_cpu_s() - cpu,
             "steady_points": recorded - first_row[1], "steady_s": end - first_row[0]}
