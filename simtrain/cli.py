@@ -327,7 +327,7 @@ def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir
                          metric=metric, on_done=progress, restart=restart)
     except KeyboardInterrupt:
         err_console.print(f"stopped: {finished} points are in {out}/rows.jsonl; the same command resumes the sweep",
-                          markup=False, highlight=False)
+                          markup=False, highlight=False, soft_wrap=True)
         raise
     print_sweep(rows, [grid.path for grid in parsed], [list(texts) for texts in point_texts(parsed)])
     console.print(f"wrote {out}/sweep.csv, sweep.json, sweep.png and runs/<index>/report.json")

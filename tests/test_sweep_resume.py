@@ -145,6 +145,12 @@ def test_a_damaged_journal_is_refused_in_one_line(uninterrupted, tmp_path, damag
     assert message in str(error.value)
 
 
+def test_a_journal_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "rows.jsonl").mkdir()
+    with pytest.raises(ScenarioError, match=r"--out .*: cannot write .*rows.jsonl: Is a directory"):
+        sweep(tmp_path, workers=1)
+
+
 def test_two_sweeps_cannot_write_one_out_at_once(uninterrupted, tmp_path):
     _, done_out, _ = uninterrupted
     shutil.copytree(done_out, tmp_path / "out")

@@ -41,7 +41,10 @@ class SweepJournal:
         to be this sweep's (`identity`, `is_row(row)` for each row of a point below `point_count`)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / JOURNAL_NAME
-        file = open(path, "a+b")  # noqa: SIM115  (held open, and locked, until close)
+        try:
+            file = open(path, "a+b")  # noqa: SIM115  (held open, and locked, until close)
+        except OSError as error:  # a folder of that name, no permission
+            raise ScenarioError(f"--out {out_dir}: cannot write {path}: {error.strerror}") from None
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -51,7 +54,7 @@ class SweepJournal:
             file.seek(0)
             text = file.read()
             complete = text[:text.rfind(b"\n") + 1]  # a last line without its newline was cut short by a crash
-            lines = complete.decode("utf-8", "replace").splitlines()
+            lines = complete.decode("utf-8", "replace").split("\n")[:-1]
             if restart or not lines:
                 _discard_outputs(out_dir)
                 file.truncate(0)
