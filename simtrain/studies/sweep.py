@@ -40,7 +40,7 @@ import math
 import multiprocessing
 import socket
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from contextlib import closing
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -139,21 +139,22 @@ def run_sweep(scenario_file: str, grids: list[Grid], common: list[str], out_dir:
         raise ScenarioError(f"--metric: {metric!r} is not one of {', '.join(ROW_FIGURES)}")
     load_scenario(scenario_file, common)  # the file and the common overrides are good before anything runs
     points = plan_points(grids)
-    journal = SweepJournal.open(out_dir, sweep_identity(scenario_file, grids, common), len(points),
-                                partial(is_row_of, grids, points), restart)
-    try:
-        if journal.rows and on_done is not None:
-            on_done(len(journal.rows), len(points))
-        jobs = _jobs(scenario_file, grids, common, points, journal.rows)
-        with closing(_run_all(jobs, len(points) - len(journal.rows), workers, ray_address)) as outcomes:
-            for index, outcome in outcomes:
-                row = finite_or_none(headline_row(index, point_values(grids, points[index]), outcome))
-                journal.record(index, row, outcome.get("report"), outcome.get("node"))
-                if on_done is not None:
-                    on_done(len(journal.rows), len(points))
-        rows = [journal.rows[index] for index in range(len(points))]
-    finally:
-        journal.close()
+    with nullcontext() if ray_address is None else ray_connection(ray_address) as ray:  # before OUT is touched
+        journal = SweepJournal.open(out_dir, sweep_identity(scenario_file, grids, common), len(points),
+                                    partial(is_row_of, grids, points), restart)
+        try:
+            if journal.rows and on_done is not None:
+                on_done(len(journal.rows), len(points))
+            jobs = _jobs(scenario_file, grids, common, points, journal.rows)
+            with closing(_run_all(jobs, len(points) - len(journal.rows), workers, ray)) as outcomes:
+                for index, outcome in outcomes:
+                    row = finite_or_none(headline_row(index, point_values(grids, points[index]), outcome))
+                    journal.record(index, row, outcome.get("report"), outcome.get("node"))
+                    if on_done is not None:
+                        on_done(len(journal.rows), len(points))
+            rows = [journal.rows[index] for index in range(len(points))]
+        finally:
+            journal.close()
     (out_dir / "sweep.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
     write_csv(rows, grids, out_dir / "sweep.csv")
     plot_sweep(rows, grids, metric, out_dir / "sweep.png")
@@ -195,10 +196,10 @@ def _jobs(scenario_file: str, grids: list[Grid], common: list[str], points: list
 IN_FLIGHT_PER_WORKER = 2  # points handed to a worker (a process, a Ray CPU) and not finished: one runs, one waits
 
 
-def _run_all(jobs, total: int, workers: int, ray_address: str | None):
-    """(index, outcome) for every job, in the order they finish."""
-    if ray_address is not None:
-        yield from _run_on_ray(jobs, ray_address)
+def _run_all(jobs, total: int, workers: int, ray):
+    """(index, outcome) for every job, in the order they finish: on the Ray cluster `ray` is connected to, if any."""
+    if ray is not None:
+        yield from _run_on_ray(jobs, ray)
         return
     if workers == 1 or total <= 1:
         for index, scenario, error in jobs:
@@ -235,20 +236,27 @@ def in_window(jobs, window: int, submit, wait_some):
             yield pending.pop(handle), outcome
 
 
-def _run_on_ray(jobs, address: str):
+def _run_on_ray(jobs, ray):
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    task = ray.remote(run_one_on_ray)
+    yield from in_window(jobs, IN_FLIGHT_PER_WORKER * cpus, task.remote,
+                         lambda references: [(reference, ray.get(reference)) for reference in
+                                             ray.wait(references, num_returns=1)[0]])
+
+
+@contextmanager
+def ray_connection(address: str):
+    """The `ray` module, connected to the cluster at `address` for the sweep: a caller's own connection is kept,
+    one made here is closed after."""
     try:
         import ray
     except ImportError:
         raise ScenarioError("--ray: Ray is not installed (pip install 'simtrain[ray]')") from None
-    started = not ray.is_initialized()  # a caller's own connection is kept; one made here is closed
+    started = not ray.is_initialized()
     if started:
         _connect_ray(ray, address)
     try:
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        task = ray.remote(run_one_on_ray)
-        yield from in_window(jobs, IN_FLIGHT_PER_WORKER * cpus, task.remote,
-                             lambda references: [(reference, ray.get(reference)) for reference in
-                                                 ray.wait(references, num_returns=1)[0]])
+        yield ray
     finally:
         if started:
             ray.shutdown()
