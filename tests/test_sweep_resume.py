@@ -98,6 +98,37 @@ def test_the_same_command_on_a_finished_sweep_runs_nothing_and_restart_runs_ever
     assert len(journal_records(out)) == 1 + POINTS
 
 
+def test_ctrl_c_says_how_far_the_sweep_got_and_the_same_command_finishes_it(uninterrupted, tmp_path, capsys,
+                                                                           monkeypatch):
+    """Ctrl-C arrives while the third point runs (in the sweep's own process, --workers 1)."""
+    import simtrain.studies.sweep as sweep_module
+
+    rows, _, _ = uninterrupted
+    arguments = ["sweep", QUICKSTART, *(w for g in GRIDS for w in ("--grid", g)),
+                 *(w for s in COMMON for w in ("--set", s)), "--workers", "1", "--out", str(tmp_path)]
+    run_one, calls = sweep_module.run_one, []
+
+    def interrupted_at_the_third(scenario):
+        calls.append(scenario)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run_one(scenario)
+
+    monkeypatch.setattr(sweep_module, "run_one", interrupted_at_the_third)
+    with pytest.raises(SystemExit) as code:
+        main(arguments)
+    assert code.value.code == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err[:3] == ["[1/6] points done", "[2/6] points done",
+                       f"stopped: 2 points are in {tmp_path}/rows.jsonl; the same command resumes the sweep"]
+    monkeypatch.undo()
+    with pytest.raises(SystemExit) as code:
+        main(arguments)
+    assert code.value.code == 0
+    assert capsys.readouterr().err.splitlines() == [f"[{done}/6] points done" for done in range(2, 7)]
+    assert json.loads((tmp_path / "sweep.json").read_text()) == rows
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda scenario: (GRIDS[:1] + ["parallel.all_reduce=ring,naive"], COMMON),
      "holds the rows of another sweep (--grid: cluster.devices=2,4; parallel.all_reduce=ring,naive,tree there, "
