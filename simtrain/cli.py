@@ -309,17 +309,30 @@ def _compare_folders(folders, variants, overrides, out_dir) -> None:
               help="Submit the runs to this Ray cluster instead (pip install 'simtrain[ray]').")
 @click.option("--metric", default="step_time_s", show_default=True, help="The figure sweep.png plots.")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/sweep-<name>/).")
-def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir):
-    """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table."""
-    from .studies.sweep import first_text, parse_grid, run_sweep
+@click.option("--restart", is_flag=True,
+              help="Run every point again, discarding the rows --out holds (without it, the sweep resumes).")
+def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir, restart):
+    """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table. Each point's row is
+    in OUT/rows.jsonl as soon as it finishes: the same command again resumes a sweep that was stopped."""
+    from .studies.sweep import parse_grid, point_texts, run_sweep
 
     parsed = [parse_grid(grid) for grid in grids]
     out = output_folder(out_dir or Path("runs") / f"sweep-{Path(scenario_file).stem}", "--out")
-    rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
-                     metric=metric, on_done=lambda done, runs: err_console.print(
-                         f"[{done}/{runs}] runs done", markup=False, highlight=False))
-    print_sweep(rows, [grid.path for grid in parsed],
-                [[first_text(grid, row[grid.path]) for grid in parsed] for row in rows])
+    finished = 0
+
+    def progress(done, points):
+        nonlocal finished
+        finished = done
+        err_console.print(f"[{done}/{points}] points done", markup=False, highlight=False)
+
+    try:
+        rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
+                         metric=metric, on_done=progress, restart=restart)
+    except KeyboardInterrupt:
+        err_console.print(f"stopped: {finished} points are in {out}/rows.jsonl; the same command resumes the sweep",
+                          markup=False, highlight=False, soft_wrap=True)
+        raise
+    print_sweep(rows, [grid.path for grid in parsed], [list(texts) for texts in point_texts(parsed)])
     console.print(f"wrote {out}/sweep.csv, sweep.json, sweep.png and runs/<index>/report.json")
 
 

@@ -283,13 +283,18 @@ def print_comparison(rows: list[dict]) -> None:
                   "an async update one worker's)")
 
 
+SWEEP_TABLE_ROWS = 100  # a longer sweep's table would take seconds to draw and scroll past the terminal
+
+
 def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[str]]) -> None:
-    """`simtrain sweep`'s table: one row per point, its grid values as written (`grid_texts`) first."""
-    table = Table(title=f"{len(rows)} runs")
+    """`simtrain sweep`'s table: one row per point (the first SWEEP_TABLE_ROWS), its grid values as written
+    (`grid_texts`) first."""
+    table = Table(title=f"{len(rows)} runs", caption=None if len(rows) <= SWEEP_TABLE_ROWS else
+                  f"the first {SWEEP_TABLE_ROWS} of {len(rows):,} rows; sweep.csv holds every row")
     for header in (*grid_paths, "status", "step time", "throughput", "efficiency",
                    "communication", "peak memory", "final loss"):
         table.add_column(header, justify="left" if header == "status" else "right", overflow="fold")
-    for row, texts in zip(rows, grid_texts):
+    for row, texts in zip(rows[:SWEEP_TABLE_ROWS], grid_texts):
         ok = row["step_time_s"] is not None
         table.add_row(*texts,
                       row["status"].replace("_", " ") if row["status"] == "ok" else

@@ -6,34 +6,43 @@
 A grid is `dotted.path=v1,v2,...`: each value is parsed as YAML, and a comma
 inside brackets, braces or quotes belongs to its value (`model.hidden=[64,64],[256]`).
 The runs are the product of the grids, the first grid outermost; each is the
-scenario with the `--set` overrides, then its grid values. Every run is
-validated before any starts: a point the schema refuses becomes a row with its
-error, as does a run that fails (any exception) or runs out of memory, and the
-sweep goes on. Each run's report.json goes to `OUT/runs/<index>/`, and the
-sweep writes
+scenario with the `--set` overrides, then its grid values. A point the schema
+refuses becomes a row with its error, as does a run that fails (any exception)
+or runs out of memory, and the sweep goes on. Each point is recorded the moment
+it finishes: its report.json in `OUT/runs/<index>/`, then its row, one line of
+`OUT/rows.jsonl` (sweep_journal.py). Running the same sweep into the same OUT
+again runs only the points not recorded there (`restart` runs them all), and
+then the sweep writes
 
 - `OUT/sweep.json` and `OUT/sweep.csv`: one row per run, in product order,
   with the grid values and the report's headline figures (`ROW_FIGURES`);
 - `OUT/sweep.png`: one figure (`metric`, step time by default) against the
   first grid's values, a line per combination of the other grids' values.
 
-Rows depend neither on the worker count nor on the order runs finish in (the
-host's wall time is not in them). Runs go to `workers` spawned processes, or,
-with `ray_address`, are submitted as tasks to a Ray cluster (`pip install
-simtrain[ray]`; "local" starts one on this machine for the sweep): each task gets the validated scenario and
-returns its report, so only files the scenario reads when it runs (a topology
-file, a user's model module) must be at the same path on Ray's workers.
+Rows depend neither on the worker count, nor on the order runs finish in, nor
+on where a sweep was stopped and resumed (the host's wall time is not in them).
+Runs go to `workers` spawned processes, or, with `ray_address`, are submitted
+as tasks to a Ray cluster (`pip install simtrain[ray]`; "local" starts one on
+this machine for the sweep): each task gets the validated scenario and returns
+its report, so only files the scenario reads when it runs (a topology file, a
+user's model module) must be at the same path on Ray's workers. Either way at
+most `IN_FLIGHT_PER_WORKER` points per worker are handed out and unfinished
+(validated just before), and no report stays in memory once it is on disk: a
+10,000-point sweep holds its rows, not its reports.
 
     rows = run_sweep("scenarios/quickstart.yaml", [parse_grid("cluster.devices=2,4")], [], Path("out"), workers=2)
 """
 import csv
+import hashlib
 import itertools
 import json
 import math
 import multiprocessing
 import socket
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import matplotlib
@@ -47,6 +56,8 @@ from ..report import finite_or_none  # noqa: E402
 from ..runner import run as run_scenario  # noqa: E402
 from ..scenario import load_scenario  # noqa: E402
 from ..user_files import parse_yaml_text  # noqa: E402
+from ..version import __version__  # noqa: E402
+from .sweep_journal import SweepJournal  # noqa: E402
 
 # Each row figure and its axis label in sweep.png; a time's unit (s to ns) and a size's (B to TiB) fit its values.
 FIGURE_LABELS = {"step_time_s": "step time", "throughput_samples_per_s": "throughput (samples/s)",
@@ -56,6 +67,7 @@ FIGURE_LABELS = {"step_time_s": "step time", "throughput_samples_per_s": "throug
                  "final_loss": "final loss (train set, cross entropy)", "final_accuracy": "final accuracy (%)",
                  "effective_training_time": "effective training time (%; fleet)"}
 ROW_FIGURES = tuple(FIGURE_LABELS)
+MAX_PLOT_LABELS = 12  # sweep.png names each line in a legend, and each of the first grid's values, up to this many
 
 
 @dataclass(frozen=True)
@@ -118,79 +130,133 @@ def plan_points(grids: list[Grid]) -> list[tuple[int, ...]]:
 
 
 def run_sweep(scenario_file: str, grids: list[Grid], common: list[str], out_dir: Path, workers: int = 1,
-              ray_address: str | None = None, metric: str = "step_time_s", on_done=None) -> list[dict]:
-    """Run the sweep (on_done(finished, total) after each run); write its rows, CSV and plot; return the rows."""
+              ray_address: str | None = None, metric: str = "step_time_s", on_done=None,
+              restart: bool = False) -> list[dict]:
+    """Run the sweep's points not in OUT's journal yet (every point with `restart`), recording each as it finishes;
+    write its rows, CSV and plot; return the rows. on_done(finished, total) follows each point, and comes once
+    before any when points were resumed."""
     if metric not in ROW_FIGURES:
         raise ScenarioError(f"--metric: {metric!r} is not one of {', '.join(ROW_FIGURES)}")
     load_scenario(scenario_file, common)  # the file and the common overrides are good before anything runs
     points = plan_points(grids)
-    scenarios, errors = [], []
-    for point in points:
-        overrides = [f"{grid.path}={grid.texts[index]}" for grid, index in zip(grids, point)]
+    with nullcontext() if ray_address is None else ray_connection(ray_address) as ray:  # before OUT is touched
+        journal = SweepJournal.open(out_dir, sweep_identity(scenario_file, grids, common), len(points),
+                                    partial(is_row_of, grids, points), restart)
         try:
-            scenarios.append(load_scenario(scenario_file, [*common, *overrides]))
-            errors.append(None)
-        except SimtrainError as error:
-            scenarios.append(None)
-            errors.append(one_line(str(error)))
-    todo = [index for index, scenario in enumerate(scenarios) if scenario is not None]
-    results = dict(_run_all([scenarios[index] for index in todo], todo, workers, ray_address, on_done))
-    rows = []
-    for index, point in enumerate(points):
-        values = {grid.path: grid.values[value] for grid, value in zip(grids, point)}
-        outcome = results.get(index, {"error": errors[index]})
-        if "report" in outcome:
-            run_dir = out_dir / "runs" / f"{index:04d}"
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "report.json").write_text(outcome["report"])
-        rows.append(headline_row(index, values, outcome))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sweep.json").write_text(json.dumps(finite_or_none(rows), indent=2, allow_nan=False) + "\n")
+            if journal.rows and on_done is not None:
+                on_done(len(journal.rows), len(points))
+            jobs = _jobs(scenario_file, grids, common, points, journal.rows)
+            with closing(_run_all(jobs, len(points) - len(journal.rows), workers, ray)) as outcomes:
+                for index, outcome in outcomes:
+                    row = finite_or_none(headline_row(index, point_values(grids, points[index]), outcome))
+                    journal.record(index, row, outcome.get("report"), outcome.get("node"))
+                    if on_done is not None:
+                        on_done(len(journal.rows), len(points))
+            rows = [journal.rows[index] for index in range(len(points))]
+        finally:
+            journal.close()
+    (out_dir / "sweep.json").write_text(json.dumps(rows, indent=2, allow_nan=False) + "\n")
     write_csv(rows, grids, out_dir / "sweep.csv")
     plot_sweep(rows, grids, metric, out_dir / "sweep.png")
     return rows
 
 
-def _run_all(scenarios: list, indices: list[int], workers: int, ray_address: str | None, on_done):
-    """(index, outcome) for every scenario, in the order they finish."""
-    total = len(scenarios)
-    if ray_address is not None:
-        yield from _run_on_ray(scenarios, indices, ray_address, on_done)
+def sweep_identity(scenario_file: str, grids: list[Grid], common: list[str]) -> dict:
+    """What makes two sweeps the same, as OUT's journal records it: resuming a sweep needs all of it equal."""
+    return {"scenario": scenario_file, "scenario_sha256": hashlib.sha256(Path(scenario_file).read_bytes()).hexdigest(),
+            "set": list(common), "grids": [f"{grid.path}={','.join(grid.texts)}" for grid in grids],
+            "simtrain": __version__}
+
+
+def point_values(grids: list[Grid], point: tuple[int, ...]) -> dict:
+    return {grid.path: grid.values[value] for grid, value in zip(grids, point)}
+
+
+def is_row_of(grids: list[Grid], points: list[tuple[int, ...]], row: dict) -> bool:
+    """Whether a row read back from a journal is this sweep's row of its point: its columns, its grid values."""
+    columns = {"index", "status", "error", *ROW_FIGURES, *(grid.path for grid in grids)}
+    return set(row) == columns and all(row[path] == value for path, value in finite_or_none(
+        point_values(grids, points[row["index"]])).items())
+
+
+def _jobs(scenario_file: str, grids: list[Grid], common: list[str], points: list, finished: dict):
+    """(index, scenario, None) for each point not finished, in product order, or (index, None, error) where the
+    schema refuses it; each point is validated only when a worker is about to take it."""
+    for index, point in enumerate(points):
+        if index in finished:
+            continue
+        overrides = [f"{grid.path}={grid.texts[value]}" for grid, value in zip(grids, point)]
+        try:
+            scenario, error = load_scenario(scenario_file, [*common, *overrides]), None
+        except SimtrainError as refusal:
+            scenario, error = None, one_line(str(refusal))
+        yield index, scenario, error
+
+
+IN_FLIGHT_PER_WORKER = 2  # points handed to a worker (a process, a Ray CPU) and not finished: one runs, one waits
+
+
+def _run_all(jobs, total: int, workers: int, ray):
+    """(index, outcome) for every job, in the order they finish: on the Ray cluster `ray` is connected to, if any."""
+    if ray is not None:
+        yield from _run_on_ray(jobs, ray)
         return
     if workers == 1 or total <= 1:
-        for finished, (index, scenario) in enumerate(zip(indices, scenarios), start=1):
-            yield index, run_one(scenario)
-            if on_done is not None:
-                on_done(finished, total)
+        for index, scenario, error in jobs:
+            yield index, run_one(scenario) if error is None else {"error": error}
         return
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state inherited
-    with ProcessPoolExecutor(max_workers=min(workers, total), mp_context=context) as pool:
-        futures = {pool.submit(run_one, scenario): index for index, scenario in zip(indices, scenarios)}
-        for finished, future in enumerate(as_completed(futures), start=1):
-            yield futures[future], future.result()
-            if on_done is not None:
-                on_done(finished, total)
+    pool = ProcessPoolExecutor(max_workers=min(workers, total), mp_context=context)
+    try:
+        yield from in_window(jobs, IN_FLIGHT_PER_WORKER * min(workers, total), partial(pool.submit, run_one),
+                             lambda futures: [(future, future.result()) for future in
+                                              wait(futures, return_when=FIRST_COMPLETED).done])
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
-def _run_on_ray(scenarios: list, indices: list[int], address: str, on_done):
+def in_window(jobs, window: int, submit, wait_some):
+    """(index, outcome) of every job as it finishes, with at most `window` submitted and not yet finished: jobs are
+    drawn (and validated) only as the window has room. submit(scenario) -> handle; wait_some(handles) -> the
+    [(handle, outcome)] finished. A point the schema refused needs no worker: its error is its outcome at once."""
+    jobs, pending = iter(jobs), {}
+    while True:
+        drawn = 0
+        for index, scenario, error in itertools.islice(jobs, window - len(pending)):
+            drawn += 1
+            if error is None:
+                pending[submit(scenario)] = index
+            else:
+                yield index, {"error": error}
+        if not pending:
+            if drawn == 0:  # every job is drawn, and every one handed out has finished
+                return
+            continue
+        for handle, outcome in wait_some(list(pending)):
+            yield pending.pop(handle), outcome
+
+
+def _run_on_ray(jobs, ray):
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    task = ray.remote(run_one_on_ray)
+    yield from in_window(jobs, IN_FLIGHT_PER_WORKER * cpus, task.remote,
+                         lambda references: [(reference, ray.get(reference)) for reference in
+                                             ray.wait(references, num_returns=1)[0]])
+
+
+@contextmanager
+def ray_connection(address: str):
+    """The `ray` module, connected to the cluster at `address` for the sweep: a caller's own connection is kept,
+    one made here is closed after."""
     try:
         import ray
     except ImportError:
         raise ScenarioError("--ray: Ray is not installed (pip install 'simtrain[ray]')") from None
-    started = not ray.is_initialized()  # a caller's own connection is kept; one made here is closed
+    started = not ray.is_initialized()
     if started:
         _connect_ray(ray, address)
     try:
-        task = ray.remote(run_one)
-        pending = {task.remote(scenario): index for index, scenario in zip(indices, scenarios)}
-        finished = 0
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for reference in ready:
-                finished += 1
-                yield pending.pop(reference), ray.get(reference)
-                if on_done is not None:
-                    on_done(finished, len(scenarios))
+        yield ray
     finally:
         if started:
             ray.shutdown()
@@ -223,6 +289,13 @@ def run_one(scenario) -> dict:
         return {"error": one_line(str(error))}
     except Exception as error:  # noqa: BLE001  (a failing run is a row, not a crashed sweep)
         return {"error": f"{type(error).__name__}: {one_line(str(error))}"}
+
+
+def run_one_on_ray(scenario) -> dict:
+    """run_one as a Ray task: its outcome, and the node that ran it (for the journal, not the row)."""
+    import ray
+
+    return {**run_one(scenario), "node": ray.get_runtime_context().get_node_id()}
 
 
 def headline_row(index: int, values: dict, outcome: dict) -> dict:
@@ -264,10 +337,9 @@ def plot_sweep(rows: list[dict], grids: list[Grid], metric: str, path: Path) -> 
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
     unit, scale = axis_unit(metric, [row[metric] for row in rows if row[metric] is not None])
     lines: dict[tuple, list] = {}
-    for row in rows:
-        key = tuple(first_text(grid, row[grid.path]) for grid in others)
+    for row, texts in zip(rows, point_texts(grids)):  # rows in product order: the first grid's value is outermost
         value = None if row[metric] is None else row[metric] * scale
-        lines.setdefault(key, [None] * len(first.values))[first.values.index(row[first.path])] = value
+        lines.setdefault(texts[1:], [None] * len(first.values))[first.texts.index(texts[0])] = value
     for key, points in lines.items():
         xs = [x for x, y in zip(positions, points) if y is not None]
         ys = [y for y in points if y is not None]
@@ -275,12 +347,17 @@ def plot_sweep(rows: list[dict], grids: list[Grid], metric: str, path: Path) -> 
         axes.plot(xs, ys, marker="o", linewidth=1.6, label=label)
     if numeric and min(positions) > 0 and max(positions) / min(positions) >= 8:
         axes.set_xscale("log", base=2)
-    axes.set_xticks(positions, list(first.texts))
+    step = math.ceil(len(positions) / MAX_PLOT_LABELS)  # past that many values, every step-th is labelled
+    axes.set_xticks(positions[::step], list(first.texts)[::step])
     axes.set_xlabel(f"{first.path} (as given)")
     axes.set_ylabel(FIGURE_LABELS[metric] + (f" ({unit})" if unit else ""))
-    axes.set_title(f"{FIGURE_LABELS[metric]} against {first.path}")
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=8)
+    if len(lines) <= MAX_PLOT_LABELS:
+        axes.set_title(f"{FIGURE_LABELS[metric]} against {first.path}")
+        axes.legend(fontsize=8)
+    else:  # a legend that long would not fit: the title says what the lines are
+        axes.set_title(f"{FIGURE_LABELS[metric]} against {first.path}: {len(lines)} lines, one per combination "
+                       f"of {', '.join(grid.path for grid in others)}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, metadata={"Software": None})
     plt.close(figure)
@@ -299,6 +376,6 @@ def axis_unit(metric: str, values: list[float]) -> tuple[str, float]:
     return "", 100.0 if metric in ("scaling_efficiency", "final_accuracy", "effective_training_time") else 1.0
 
 
-def first_text(grid: Grid, value) -> str:
-    """How the value was written on the command line."""
-    return grid.texts[grid.values.index(value)]
+def point_texts(grids: list[Grid]) -> list[tuple[str, ...]]:
+    """Every point's grid values as written on the command line, in product order."""
+    return list(itertools.product(*(grid.texts for grid in grids)))
