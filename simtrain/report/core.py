@@ -76,6 +76,9 @@ class ReportCore(ReportSection):
     steps: int = Field(description="training steps run (measured ones, for `simtrain launch`)")
     step_time_s: float | None = Field(description="sim_time_s / steps; null: no step ended")
     throughput_samples_per_s: float | None = Field(description="training samples per simulated second")
+    throughput_tokens_per_s_per_device: float | None = Field(
+        None, description="training tokens per simulated second per device of the job (language models: a "
+                          "sample is data.seq_len tokens); null: the samples are not token sequences, or no step ran")
     breakdown_s: Breakdown = Field(description="seconds per step of each kind of work, averaged over the "
                                                "job's devices")
     scaling_efficiency: float | None = Field(description="one device's step time alone on its batch over the "
