@@ -290,10 +290,10 @@ def print_comparison(rows: list[dict]) -> None:
     """`simtrain compare`'s table: one row per run (compare.py's rows), sync steps and async updates side by
     side in the units they share (samples, simulated time, time per sample, time to target)."""
     table = Table(title=f"{len(rows)} runs")
-    for header in ("run", "scheme", "trained", "sim time", "time/sample", "to target", "final loss",
-                   "accuracy", "idle", "peak memory", "bytes dp/pp/tp", "staleness mean/max"):
+    for header in ("run", "scheme", "trained", "sim time", "step time", "time/sample", "to target", "MFU",
+                   "final loss", "accuracy", "idle", "peak memory", "bytes moved", "staleness mean/max"):
         table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold",
-                         no_wrap=header not in ("run", "bytes dp/pp/tp"))
+                         no_wrap=header not in ("run", "bytes moved"), min_width=28 if header == "bytes moved" else None)
     for row in rows:
         target, kinds = row["time_to_target_s"], row["bytes_by_kind"]
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
@@ -302,19 +302,31 @@ def print_comparison(rows: list[dict]) -> None:
                       f"{row['steps']:,} {row['steps_are']}, {row['samples']:,} samples" if ok
                       else row["status"].replace("_", " "),
                       format_seconds(row["sim_time_s"]),
+                      "-" if row["step_time_s"] is None else format_seconds(row["step_time_s"]),
                       "-" if row["time_per_sample_s"] is None else format_seconds(row["time_per_sample_s"]),
                       "-" if target is None else format_seconds(target),
+                      "-" if row["mfu"] is None else f"{row['mfu']:.1%}",
                       "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
                       "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
                       "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}",
                       format_bytes(row["peak_memory_bytes"]),
-                      "-" if kinds is None else "/".join(format_bytes(kinds[kind]) for kind in
-                                                         ("dp_allreduce", "pp_p2p", "tp_allreduce")),
+                      "-" if kinds is None else _bytes_moved(kinds),
                       staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=200)).print(table)
     console.print("time/sample: simulated time over the samples trained (a sync step trains every device's batch, "
                   "an async update one worker's)")
+
+
+# compare.py's kinds of bytes, as the comparison's table names them
+BYTE_KIND_WORDS = {"dp_allreduce": "dp", "pp_p2p": "pp", "tp_allreduce": "tp", "overflow_vote": "vote",
+                   "cp_ring": "cp", "sharded": "sharded", "expert": "expert"}
+
+
+def _bytes_moved(kinds: dict) -> str:
+    """The kinds that moved bytes, "sharded 72.2 MiB, dp 1.0 MiB" (largest first), or "0 B"."""
+    moved = sorted(((nbytes, kind) for kind, nbytes in kinds.items() if nbytes), key=lambda pair: -pair[0])
+    return ", ".join(f"{BYTE_KIND_WORDS.get(kind, kind)} {format_bytes(nbytes)}" for nbytes, kind in moved) or "0 B"
 
 
 def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[str]]) -> None:
