@@ -341,7 +341,7 @@ def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[s
                       row["status"].replace("_", " ") if row["status"] == "ok" else
                       f"{row['status'].replace('_', ' ')}: {row['error']}",
                       format_seconds(row["step_time_s"]) if ok else "-",
-                      f"{row['throughput_samples_per_s']:,.0f}/s" if ok else "-",
+                      f"{three_figures(row['throughput_samples_per_s'])}/s" if ok else "-",
                       "-" if row["scaling_efficiency"] is None else f"{row['scaling_efficiency']:.1%}",
                       format_seconds(row["communication_s"]) if ok else "-",
                       "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),
