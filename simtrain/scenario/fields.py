@@ -117,7 +117,7 @@ def did_you_mean(model: type[BaseModel], loc: tuple, prefix: str = "") -> str:
 
 
 # Words other frameworks add to a degree's name (Megatron's tensor_model_parallel_size, torchtitan's
-# data_parallel_shard_degree): left out when matching it to simtrain's short keys
+# tensor_parallel_degree): left out when matching it to simtrain's short keys
 _NAME_PADDING = {"model", "size", "degree"}
 
 
