@@ -257,7 +257,7 @@ def replay(report_file, member, out_file):
 def compare(scenario_files, variants, overrides, out_dir):
     """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG; or put
     two run folders (a simulated and a measured run) side by side."""
-    from .compare import compare_runs, parse_variant, plan_runs
+    from .compare import LOSS_PLOT, compare_runs, parse_variant, plan_runs
 
     if any(Path(file).is_dir() for file in scenario_files):
         _compare_folders(scenario_files, variants, overrides, out_dir)
@@ -268,7 +268,8 @@ def compare(scenario_files, variants, overrides, out_dir):
     rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
         f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
     print_comparison(rows)
-    console.print(f"wrote {out}/compare.json, loss_vs_time.png and one folder per run")
+    plot = f", {LOSS_PLOT}" if (out / LOSS_PLOT).exists() else " (no loss plot: no run has a loss, numerics off)"
+    console.print(f"wrote {out}/compare.json{plot} and one folder per run")
 
 
 def _compare_folders(folders, variants, overrides, out_dir) -> None:

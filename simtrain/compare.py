@@ -15,7 +15,13 @@ overrides when the next one starts with `path=`, so list values such as
   scenario file and overrides);
 - `OUT/loss_vs_time.png`: every run's training-set loss (`train_loss_curve`,
   the curve `time_to_target_s` reads) against simulated time, with the target
-  as a dashed line when a run sets `train.target_loss`.
+  as a dashed line when a run sets `train.target_loss`; not drawn when no run
+  has a loss (numerics off).
+
+A row's bytes are every kind of communication the run logged: the parallel
+dimensions' (report.json's `parallel`), the sharded optimizer's all-gathers,
+reduce-scatters and HSDP all-reduces (`sharding`) and the experts'
+all-to-alls (`moe`).
 
     rows = compare_runs(["a.yaml"], [["parallel.mode=sync"], ["parallel.mode=async"]], [], Path("out"))
 
@@ -45,6 +51,7 @@ from .scenario import load_scenario  # noqa: E402
 from .units import noise_free  # noqa: E402
 from .user_files import read_text_file  # noqa: E402
 
+LOSS_PLOT = "loss_vs_time.png"  # in OUT, when a run has a loss
 _SPLIT = re.compile(r",\s*(?=[A-Za-z_][\w.]*=)")  # a comma followed by the next `path=`
 
 
@@ -102,11 +109,24 @@ def summary_row(label: str, data: dict) -> dict:
         "idle_share": noise_free(data["breakdown_s"]["idle"], step) / step if step else None,
         "status": data["status"],
         "step_time_s": step,
-        "bytes_by_kind": data.get("parallel", {}).get("bytes_by_kind"),
+        "bytes_by_kind": bytes_by_kind(data),
+        "mfu": data["flops"]["mfu"],
         "peak_memory_bytes": max(device["peak_memory_bytes"] for device in data["devices"]),
         "staleness_mean": staleness.get("staleness_mean"),
         "staleness_max": staleness.get("staleness_max"),
     }
+
+
+def bytes_by_kind(data: dict) -> dict | None:
+    """The bytes a run's communication moved by kind, every rank's over the run: the parallel section's kinds,
+    `sharded` (the sharding section's all-gathers, reduce-scatters and HSDP all-reduces) and `expert` (the MoE
+    all-to-alls); None: a run without a parallel section (async)."""
+    if "parallel" not in data:
+        return None
+    moved = dict(data["parallel"]["bytes_by_kind"])
+    moved["sharded"] = sum(data["sharding"]["bytes_by_kind"].values()) if "sharding" in data else 0
+    moved["expert"] = sum(data["moe"]["all_to_all_bytes"]) if "moe" in data else 0
+    return moved
 
 
 def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
@@ -124,7 +144,11 @@ def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
                        scenario.train.target_loss))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(finite_or_none(rows), indent=2, allow_nan=False) + "\n")
-    plot_loss_vs_time(curves, out_dir / "loss_vs_time.png")
+    plot = out_dir / LOSS_PLOT
+    if any(loss is not None for _, curve, _ in curves for _, _, loss in curve):
+        plot_loss_vs_time(curves, plot)
+    else:  # numerics off: no run has a loss to draw (nor does an earlier comparison's plot stand)
+        plot.unlink(missing_ok=True)
     return rows
 
 

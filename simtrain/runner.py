@@ -136,6 +136,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         mirror_of=scheme.mirror_of,
         model_flops_per_step=model_flops.per_step,
         model_flops_formula=model_flops.formula,
+        tokens_per_sample=model_flops.tokens_per_sample,
     )
     return build_report(scenario, cluster, result)
 

@@ -4,6 +4,13 @@ Everything inside simtrain is SI: bytes, seconds, FLOP, bytes/s, FLOP/s.
 Inputs may be plain numbers (already SI) or strings with a unit. Decimal
 prefixes (k, M, G, T, P) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers
 of 1024; a lowercase "b" in a bandwidth means bits.
+
+A bandwidth given as a bare number is bytes/s (a resolved scenario writes
+50e9), but one under 1 MB/s (`bandwidth: 400`, meant as 400 GB/s) is
+refused: no link that trains a model is that slow, so the unit was left out.
+
+    parse_quantity("400 GB/s", "bandwidth")  # 4e11
+    parse_quantity(400, "bandwidth")         # ScenarioError: give its unit
 """
 import math
 import re
@@ -21,6 +28,8 @@ _PATTERN = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-zµ/]*)\s*$")
 
 KINDS = ("bytes", "bandwidth", "time", "flops", "long_time")
 _SI_UNIT = {"bytes": "B", "bandwidth": "B/s", "time": "s", "flops": "FLOP/s", "long_time": "s"}
+# A bare number under this many bytes/s is a bandwidth whose unit was left out (the module's docstring)
+MIN_BARE_BANDWIDTH_BPS = 1e6
 
 
 def _prefix(prefix: str) -> float:
@@ -48,6 +57,11 @@ def _scale(unit: str, kind: str) -> float:
                 return _prefix(unit[: -len(suffix)])
         raise KeyError(unit)
     raise ValueError(f"unknown quantity kind {kind!r}")
+
+
+def _has_unit(value) -> bool:
+    """Whether a quantity's text names its unit ("400 GB/s"; not 400 nor "400")."""
+    return isinstance(value, str) and bool(_PATTERN.match(value).group(2))
 
 
 def parse_quantity(value, kind: str, field: str = "") -> float:
@@ -88,6 +102,9 @@ def parse_quantity(value, kind: str, field: str = "") -> float:
     if number and not low <= number <= high:
         raise ScenarioError(f"{prefix}{value!r} is outside the range simtrain takes, {low:g} to {high:g} "
                             f"({_SI_UNIT[kind]}; 0 where the field allows it)")
+    if kind == "bandwidth" and 0 < number < MIN_BARE_BANDWIDTH_BPS and not _has_unit(value):
+        raise ScenarioError(f"{prefix}{value!r} has no unit: give one, e.g. \"{value} GB/s\" (a bare number is "
+                            f"bytes/s, and one under 1 MB/s is no link's)")
     return number
 
 

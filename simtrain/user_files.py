@@ -111,7 +111,7 @@ def read_text_file(path: Path, label: str, error: type[SimtrainError]) -> str:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise error(f"{label}: not found") from None
+        raise error(f"{label}: not found{_other_yaml_suffix(Path(path))}") from None
     except OSError as exc:
         raise error(f"{label}: cannot read it ({exc.strerror})") from None
     except ValueError:  # an embedded NUL byte
@@ -132,6 +132,14 @@ def read_text_file(path: Path, label: str, error: type[SimtrainError]) -> str:
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise error(f"{label}: not UTF-8 text (byte {exc.start}, line {line})") from None
+
+
+def _other_yaml_suffix(path: Path) -> str:
+    """"; did you mean `x.yaml`?" for a missing `x.yml` whose `x.yaml` exists (and the other way round); else ""."""
+    other = {".yml": ".yaml", ".yaml": ".yml"}.get(path.suffix.lower())
+    if other is None or not path.with_suffix(other).is_file():
+        return ""
+    return f"; did you mean `{path.with_suffix(other)}`?"
 
 
 def load_yaml_file(path: Path, label: str, error: type[SimtrainError]):

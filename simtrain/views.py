@@ -20,12 +20,13 @@ console = Console()
 
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
-    table = Table(title=f"{data['name']}: {data['scheme']} ({data['all_reduce']}) on {data['devices_count']} devices",
-                  show_header=False)
+    table = Table(title=f"{data['name']}: {scheme_title(data)}, {data['all_reduce']} on {data['devices_count']} "
+                        "devices", show_header=False)
     step, throughput, scaling = data["step_time_s"], data["throughput_samples_per_s"], data["scaling_efficiency"]
     steps = "updates" if "async" in data else "steps"  # async: every worker's push is one update
     no_time = "n/a (no step ran)" if not data["steps"] else "n/a (no simulated time)"
-    table.add_row("layout", _layout_line(data))
+    for label, value in _layout_rows(data):
+        table.add_row(label, value)
     table.add_row("precision", _precision_line(data.get("amp")))
     if data.get("measured"):
         table.add_row("measured time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} {steps} "
@@ -37,7 +38,10 @@ def print_summary(data: dict) -> None:
         seconds = noise_free(seconds, step)
         table.add_row(f"  {kind}", "n/a" if seconds is None else
                       format_seconds(seconds) + (f" ({seconds / step:.1%})" if step else ""))
-    table.add_row("throughput", no_time if throughput is None else f"{throughput:,.0f} samples/s")
+    table.add_row("throughput", no_time if throughput is None else f"{three_figures(throughput)} samples/s")
+    tokens = data.get("throughput_tokens_per_s_per_device")
+    if tokens is not None:
+        table.add_row("tokens/s per device", three_figures(tokens))
     table.add_row("scaling efficiency", _no_scaling_reason(data) if scaling is None else f"{scaling:.1%} (weak scaling)")
     flops = data["flops"]
     if flops["tflops_per_device"] is not None:
@@ -70,23 +74,53 @@ def print_summary(data: dict) -> None:
     console.print(_peak_memory_table(data["devices"]))
 
 
-def _layout_line(data: dict) -> str:
-    """dp × pp × tp (and the pipeline schedule), as report.json's parallel section (or async's) says."""
+# report.json's `scheme` in words; a sharded optimizer is named by its ZeRO stage (scheme_title)
+SCHEME_WORDS = {"data_parallel": "data parallel", "model_parallel": "model parallel",
+                "expert_parallel": "expert parallel", "async": "asynchronous", "sharded": "data parallel"}
+ZERO_WORDS = {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 (FSDP)"}
+
+
+def scheme_title(data: dict) -> str:
+    """The scheme as users name it: "ZeRO-3 (FSDP)", "HSDP (ZeRO-3)", "model parallel + ZeRO-1"..., from
+    report.json's `scheme` and `sharding` sections."""
+    words = SCHEME_WORDS.get(data["scheme"], data["scheme"])
+    sharding = data.get("sharding")
+    if not sharding or not sharding.get("stage"):
+        return words
+    zero = ZERO_WORDS[sharding["stage"]]
+    if sharding.get("replicate", 1) > 1:
+        zero = f"HSDP (ZeRO-{sharding['stage']})"  # the layout's sharding row says its groups
+    return zero if data["scheme"] == "sharded" else f"{words} + {zero}"
+
+
+def three_figures(value: float) -> str:
+    """A rate to 3 significant figures, or to the unit above 100 (0.593, 12.3, 150,818)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _layout_rows(data: dict) -> list[tuple[str, str]]:
+    """The layout's rows: dp × pp × tp × cp and ep (which borrows dp × cp's ranks, so no factor of the world),
+    then the pipeline schedule or the accumulation steps and the ZeRO stage's shard groups, as report.json's
+    parallel, moe and sharding sections (or async's) say."""
     if "async" in data:
-        return f"{data['devices_count']} asynchronous workers, {data['async']['consistency']} updates"
+        return [("layout", f"{data['devices_count']} asynchronous workers, {data['async']['consistency']} updates")]
     parallel = data.get("parallel")
     if parallel is None:  # a measured run (simtrain launch): data parallel on every rank
-        return f"dp {data['devices_count']}"
-    layout = f"dp {parallel['dp']} × pp {parallel['pp']} × tp {parallel['tp']}"
-    if parallel.get("cp", 1) > 1:
-        layout += f" × cp {parallel['cp']}"
-    if "moe" in data and data["moe"]["ep"] > 1:
-        layout += f", experts over ep {data['moe']['ep']}"
+        return [("layout", f"dp {data['devices_count']}")]
+    expert_parallel = data["moe"]["ep"] if "moe" in data else 1
+    rows = [("layout", f"dp {parallel['dp']} × pp {parallel['pp']} × tp {parallel['tp']} × cp "
+                       f"{parallel.get('cp') or 1}, ep {expert_parallel}")]
     if parallel["pp"] > 1:
-        layout += f" ({parallel['schedule']}, {parallel['microbatches']} microbatches)"
+        rows.append(("  pipeline", f"{parallel['schedule']}, {parallel['microbatches']} microbatches"))
     elif parallel.get("microbatches", 1) > 1:
-        layout += f" (gradient accumulation: {parallel['microbatches']} micro-batches)"
-    return layout
+        rows.append(("  gradient accumulation", f"{parallel['microbatches']} micro-batches"))
+    sharding = data.get("sharding")
+    if sharding and sharding.get("stage"):
+        shards = f"ZeRO-{sharding['stage']} over {sharding['degree']} ranks"
+        if sharding.get("replicate", 1) > 1:
+            shards += f" × {sharding['replicate']} replicas (HSDP)"
+        rows.append(("  sharding", shards))
+    return rows
 
 
 def _experts_line(moe: dict) -> str:
@@ -256,10 +290,10 @@ def print_comparison(rows: list[dict]) -> None:
     """`simtrain compare`'s table: one row per run (compare.py's rows), sync steps and async updates side by
     side in the units they share (samples, simulated time, time per sample, time to target)."""
     table = Table(title=f"{len(rows)} runs")
-    for header in ("run", "scheme", "trained", "sim time", "time/sample", "to target", "final loss",
-                   "accuracy", "idle", "peak memory", "bytes dp/pp/tp", "staleness mean/max"):
+    for header in ("run", "scheme", "trained", "sim time", "step time", "time/sample", "to target", "MFU",
+                   "final loss", "accuracy", "idle", "peak memory", "bytes moved", "staleness mean/max"):
         table.add_column(header, justify="left" if header in ("run", "scheme") else "right", overflow="fold",
-                         no_wrap=header not in ("run", "bytes dp/pp/tp"))
+                         no_wrap=header not in ("run", "bytes moved"), min_width=28 if header == "bytes moved" else None)
     for row in rows:
         target, kinds = row["time_to_target_s"], row["bytes_by_kind"]
         staleness = "-" if row["staleness_mean"] is None else f"{row['staleness_mean']:.2f}/{row['staleness_max']}"
@@ -268,19 +302,31 @@ def print_comparison(rows: list[dict]) -> None:
                       f"{row['steps']:,} {row['steps_are']}, {row['samples']:,} samples" if ok
                       else row["status"].replace("_", " "),
                       format_seconds(row["sim_time_s"]),
+                      "-" if row["step_time_s"] is None else format_seconds(row["step_time_s"]),
                       "-" if row["time_per_sample_s"] is None else format_seconds(row["time_per_sample_s"]),
                       "-" if target is None else format_seconds(target),
+                      "-" if row["mfu"] is None else f"{row['mfu']:.1%}",
                       "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}",
                       "-" if row["final_accuracy"] is None else f"{row['final_accuracy']:.2%}",
                       "-" if row["idle_share"] is None else f"{row['idle_share']:.1%}",
                       format_bytes(row["peak_memory_bytes"]),
-                      "-" if kinds is None else "/".join(format_bytes(kinds[kind]) for kind in
-                                                         ("dp_allreduce", "pp_p2p", "tp_allreduce")),
+                      "-" if kinds is None else _bytes_moved(kinds),
                       staleness)
     # Piped or captured output gets room for whole labels; a terminal folds them.
     (console if console.is_terminal else Console(width=200)).print(table)
     console.print("time/sample: simulated time over the samples trained (a sync step trains every device's batch, "
                   "an async update one worker's)")
+
+
+# compare.py's kinds of bytes, as the comparison's table names them
+BYTE_KIND_WORDS = {"dp_allreduce": "dp", "pp_p2p": "pp", "tp_allreduce": "tp", "overflow_vote": "vote",
+                   "cp_ring": "cp", "sharded": "sharded", "expert": "expert"}
+
+
+def _bytes_moved(kinds: dict) -> str:
+    """The kinds that moved bytes, "sharded 72.2 MiB, dp 1.0 MiB" (largest first), or "0 B"."""
+    moved = sorted(((nbytes, kind) for kind, nbytes in kinds.items() if nbytes), key=lambda pair: -pair[0])
+    return ", ".join(f"{BYTE_KIND_WORDS.get(kind, kind)} {format_bytes(nbytes)}" for nbytes, kind in moved) or "0 B"
 
 
 SWEEP_TABLE_ROWS = 100  # a longer sweep's table would take seconds to draw and scroll past the terminal
@@ -300,7 +346,7 @@ def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[s
                       row["status"].replace("_", " ") if row["status"] == "ok" else
                       f"{row['status'].replace('_', ' ')}: {row['error']}",
                       format_seconds(row["step_time_s"]) if ok else "-",
-                      f"{row['throughput_samples_per_s']:,.0f}/s" if ok else "-",
+                      f"{three_figures(row['throughput_samples_per_s'])}/s" if ok else "-",
                       "-" if row["scaling_efficiency"] is None else f"{row['scaling_efficiency']:.1%}",
                       format_seconds(row["communication_s"]) if ok else "-",
                       "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),

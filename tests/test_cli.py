@@ -274,7 +274,8 @@ def test_the_summary_shows_the_layout_precision_and_why_a_figure_is_missing(tmp_
     data = json.loads((out / "report.json").read_text())
     lines = summary_lines(capsys, data)
     text = "\n".join(lines)
-    assert "│ layout" in text and "dp 2 × pp 2 × tp 2 (1f1b, 4 microbatches)" in text
+    rows = summary_rows(text)
+    assert [rows["layout"], rows["pipeline"]] == ["dp 2 × pp 2 × tp 2 × cp 1, ep 1", "1f1b, 4 microbatches"]
     scale = data["amp"]["loss_scale_final"]
     assert f"fp16, final loss scale {scale:g}, {data['amp']['skipped_steps']} skipped steps" in text
     assert data["scaling_efficiency"] is None and "n/a (model split: no one-device baseline)" in text
@@ -337,3 +338,30 @@ def test_help_starts_without_torch(args):
             "print('imported:', heavy, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
     assert done.stderr.strip().splitlines()[-1] == "imported: []"
+
+
+def test_summary_names_zero_and_hsdp_and_shows_tokens_per_device(tmp_path, capsys):
+    """An HSDP run with numerics off: the title names ZeRO-3 and its shard groups (not the registry's
+    "sharded"), the layout every degree, and tokens/s per device is the batch's tokens (dp 4 x 8 samples x 32
+    tokens) over the step time and the 4 devices; a throughput below 1 prints to 3 figures, not "1"."""
+    zero3 = ROOT / "scenarios" / "zero3.yaml"
+    assert cli("run", str(zero3), "--set", "train.steps=2", "--set", "parallel.sharding.degree=2", "--no-numerics",
+               "--out", str(tmp_path)) == 0
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["throughput_tokens_per_s_per_device"] == pytest.approx(4 * 8 * 32 / data["step_time_s"] / 4,
+                                                                      rel=1e-12)
+    out = capsys.readouterr().out
+    assert "zero3: HSDP (ZeRO-3), ring on 4 devices" in out
+    rows = summary_rows(out)
+    assert rows["layout"] == "dp 4 × pp 1 × tp 1 × cp 1, ep 1"
+    assert rows["sharding"] == "ZeRO-3 over 2 ranks × 2 replicas (HSDP)"
+    assert rows["tokens/s per device"] == f"{data['throughput_tokens_per_s_per_device']:,.0f}"
+    rows = summary_rows("\n".join(summary_lines(capsys, {**data, "throughput_samples_per_s": 0.59345,
+                                                           "throughput_tokens_per_s_per_device": 37.98})))
+    assert [rows["throughput"], rows["tokens/s per device"]] == ["0.593 samples/s", "38"]
+
+
+def summary_rows(text: str) -> dict[str, str]:
+    """The summary table's rows, label -> value."""
+    cells = [line.strip("│ ").split("│") for line in text.splitlines() if line.count("│") == 3]
+    return {label.strip(): value.strip() for label, value in cells}

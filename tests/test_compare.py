@@ -7,6 +7,7 @@ import pytest
 from simtrain.cli import main
 from simtrain.compare import parse_variant, plan_runs
 from simtrain.errors import ScenarioError
+from simtrain.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 STRAGGLER = ROOT / "scenarios" / "async_vs_sync_straggler.yaml"
@@ -74,3 +75,24 @@ def test_compare_reports_a_bad_variant_before_running_anything(tmp_path):
               "--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_compare_counts_sharded_and_expert_bytes_and_draws_no_empty_loss_plot(tmp_path, capsys):
+    """Numerics off: FSDP's all-gathers and reduce-scatters and the experts' all-to-alls are counted (not "0 B"),
+    every row has its step time and MFU from its report, and no loss plot is drawn (no run has a loss)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(ROOT / "scenarios" / "zero3.yaml"), str(ROOT / "scenarios" / "moe_expert_parallel.yaml"),
+              "--set", "train.steps=2", "--set", "numerics=false", "--out", str(tmp_path)])
+    assert exit_info.value.code == 0
+    rows = json.loads((tmp_path / "compare.json").read_text())
+    reports = [json.loads((next(tmp_path.glob(f"{index}-*")) / "report.json").read_text()) for index in (0, 1)]
+    fsdp, moe = reports
+    assert rows[0]["bytes_by_kind"]["sharded"] == sum(fsdp["sharding"]["bytes_by_kind"].values()) > 0
+    assert rows[0]["bytes_by_kind"]["dp_allreduce"] == 0 and rows[0]["bytes_by_kind"]["expert"] == 0
+    assert rows[1]["bytes_by_kind"]["expert"] == sum(moe["moe"]["all_to_all_bytes"]) > 0
+    for row, report in zip(rows, reports):
+        assert row["step_time_s"] == report["step_time_s"] and row["mfu"] == report["flops"]["mfu"] > 0
+    assert not (tmp_path / "loss_vs_time.png").exists()
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"sharded {format_bytes(rows[0]['bytes_by_kind']['sharded'])}" in out
+    assert f"{rows[1]['mfu']:.1%}" in out and "no loss plot" in out

@@ -516,3 +516,37 @@ def test_numerics_off_counts_no_parameters_or_activations():
     with_numerics = host_bytes(validate_scenario({**raw, "numerics": True}))
     assert with_numerics["8 replicas x 7,510 parameters"] > 0 and with_numerics["activations"] > 0
     assert needs["data"] == with_numerics["data"] > 0
+
+
+@pytest.mark.parametrize("override, expected", [
+    # another framework's name for a degree: its initials, or its words without "model"/"size", are the key
+    ("parallel.tensor_parallel=2", "parallel.tensor_parallel: unknown field; did you mean `parallel.tp`?"),
+    ("parallel.tensor_model_parallel_size=2",
+     "parallel.tensor_model_parallel_size: unknown field; did you mean `parallel.tp`?"),
+    ("parallel.pipeline_parallel=2", "parallel.pipeline_parallel: unknown field; did you mean `parallel.pp`?"),
+    ("parallel.tp_size=2", "parallel.tp_size: unknown field; did you mean `parallel.tp`?"),
+    ("train.step=2", "train.step: unknown field; did you mean `train.steps`?"),  # difflib, as before
+    ("parallel.scheme=zero3", "parallel.scheme: zero3 is parallel.sharding.stage: 3"),
+    ("parallel.scheme=FSDP", "parallel.scheme: FSDP is parallel.sharding.stage: 3"),
+    ("parallel.scheme=zero1", "parallel.scheme: zero1 is parallel.sharding.stage: 1"),
+    ("parallel.scheme=ring", "parallel.scheme: replaced by parallel.all_reduce"),
+    # 400 B/s is no link's: the unit was left out (a bare 5e10 is bytes/s, as scenario.resolved.yaml writes)
+    ("cluster.link.bandwidth=400",
+     'cluster.link.bandwidth: 400 has no unit: give one, e.g. "400 GB/s" (a bare number is bytes/s'),
+    ('cluster.link.bandwidth="400"', "cluster.link.bandwidth: '400' has no unit"),
+])
+def test_a_mistaken_field_gets_the_one_it_meant(capsys, override, expected):
+    assert expected in one_line_error(capsys, "validate", QUICKSTART, "--set", override)
+
+
+def test_bare_bandwidth_in_bytes_per_second_stays_accepted(capsys):
+    assert cli("validate", QUICKSTART, "--set", "cluster.link.bandwidth=5e10") == 0
+
+
+def test_a_missing_yml_suggests_the_yaml_beside_it(capsys, tmp_path):
+    (tmp_path / "a.yaml").write_text(TINY)
+    (tmp_path / "b.yml").write_text(TINY)
+    assert one_line_error(capsys, "validate", tmp_path / "a.yml") == \
+        f"error: {tmp_path / 'a.yml'}: not found; did you mean `{tmp_path / 'a.yaml'}`?"
+    assert one_line_error(capsys, "validate", tmp_path / "b.yaml").endswith(f"did you mean `{tmp_path / 'b.yml'}`?")
+    assert one_line_error(capsys, "validate", tmp_path / "c.yml").endswith("c.yml: not found")

@@ -175,7 +175,7 @@ def test_link_efficiency_scales_the_rate():
     assert simulated_time(build_topology("ring", world, slow), "ring", nbytes) == pytest.approx(expected, rel=1e-9)
     assert parse_link({"latency": 1e-6, "efficiency": 0.8}, "x", default=INTER).efficiency == 0.8
     with pytest.raises(ScenarioError, match=r"^x\.efficiency: expected a number in \(0, 1\], got 1\.5$"):
-        parse_link({"bandwidth": 1, "latency": 0, "efficiency": 1.5}, "x")
+        parse_link({"bandwidth": "1 GB/s", "latency": 0, "efficiency": 1.5}, "x")
 
 
 # ---- numerics ----

@@ -109,3 +109,17 @@ def test_sweep_axes_show_figures_in_a_unit_that_fits(metric, values, expected):
 def test_every_row_figure_has_an_axis_label_not_its_key():
     assert set(FIGURE_LABELS) == set(ROW_FIGURES)
     assert all("_" not in label for label in FIGURE_LABELS.values())
+
+
+def test_scaling_efficiency_is_the_devices_own_work_over_the_step_and_stays_under_100_percent(tmp_path):
+    """ZeRO shards the update: a device of 4 updates a quarter of the model. Its baseline is its own work alone
+    (its batch's compute, its shard's update), so the efficiency is (compute + optimizer) / step time, as under
+    DDP, never above 1; one device's whole-model update as the baseline gave 267% at stage 3 here."""
+    fast = ["train.steps=3", "numerics=false", "model.hidden=512", "cluster.link.bandwidth=5000 GB/s",
+            "cluster.link.latency=1 ns"]
+    rows = run_sweep("scenarios/zero3.yaml", [parse_grid("parallel.sharding.stage=0,3")], fast, tmp_path, workers=1)
+    for row in rows:
+        data = json.loads((tmp_path / "runs" / f"{row['index']:04d}" / "report.json").read_text())
+        own_work_s = data["breakdown_s"]["compute"] + data["breakdown_s"]["optimizer"]
+        assert row["scaling_efficiency"] == pytest.approx(own_work_s / data["step_time_s"], rel=1e-6)
+        assert 0.9 < row["scaling_efficiency"] <= 1.0

@@ -228,8 +228,10 @@ def test_every_name_an_unknown_topology_is_offered_builds_its_own_network():
 def test_parse_link():
     assert parse_link({"bandwidth": "300 GB/s", "latency": "0.7 us"}, "cluster.link") == LinkClass(3e11, 0.7e-6)
     assert parse_link({"latency": 2e-6}, "x", default=IB) == LinkClass(25e9, 2e-6)
-    assert_one_line_error(ScenarioError, lambda: parse_link({"bandwidth": 1}, "cluster.link"),
+    assert_one_line_error(ScenarioError, lambda: parse_link({"bandwidth": "1 GB/s"}, "cluster.link"),
                           "cluster.link: missing latency")
+    assert_one_line_error(ScenarioError, lambda: parse_link({"bandwidth": 400, "latency": 0}, "cluster.link"),
+                          'cluster.link.bandwidth: 400 has no unit: give one, e.g. "400 GB/s"')
     assert_one_line_error(ScenarioError, lambda: parse_link({"bandwidth": 0, "latency": 0}, "cluster.link"),
                           "cluster.link.bandwidth: must be positive")
     assert_one_line_error(ScenarioError, lambda: parse_link({"bw": 1}, "cluster.link"),
@@ -323,12 +325,12 @@ def test_good_file_with_classes_and_overrides(tmp_path):
 @pytest.mark.parametrize(
     "text, parts",
     [
-        (GOOD + "  - {between: [g0, g9], bandwidth: 1, latency: 0}\n",
+        (GOOD + "  - {between: [g0, g9], bandwidth: 1 GB/s, latency: 0}\n",
          ["links[2].between: unknown node 'g9'"]),
         (GOOD.replace("switches: [sw]", "switches: [sw, island]"), ["disconnected (2 parts"]),
         (GOOD.replace("switches: [sw]", "switches: [sw, g1]"), ["switches[1]: node 'g1' listed twice (also in gpus)"]),
         (GOOD.replace("gpus: [g0, g1]", "gpus: [g0, g1, g0]"), ["gpus[2]: node 'g0' listed twice (also in gpus)"]),
-        (GOOD + "  - {between: [sw, g0], bandwidth: 1, latency: 0}\n",
+        (GOOD + "  - {between: [sw, g0], bandwidth: 1 GB/s, latency: 0}\n",
          ["links[2]: link sw-g0 listed twice (also links[0])"]),
         (GOOD.replace('bandwidth: "50 GB/s", ', ""), ["links[1] (g1-sw): missing bandwidth"]),
         (GOOD.replace('"50 GB/s"', "-5"), ["links[1] (g1-sw).bandwidth: must not be negative"]),
@@ -339,8 +341,8 @@ def test_good_file_with_classes_and_overrides(tmp_path):
         (GOOD.replace("class: fast}", "class: fast, speed: 1}"), ["links[0]: unknown key 'speed'"]),
         (GOOD.replace("class: fast}", "class: slow}"), ["links[0].class: unknown link class 'slow'; known: fast"]),
         (GOOD.replace('latency: "1 us"}', 'latency: "1 us", jitter: 0}'), ["link_classes.fast: unknown key 'jitter'"]),
-        (GOOD + "  - {between: [g0], bandwidth: 1, latency: 0}\n", ["links[2].between: expected two node names"]),
-        (GOOD + "  - {between: [g0, g0], bandwidth: 1, latency: 0}\n", ["links[2].between: a link joins two"]),
+        (GOOD + "  - {between: [g0], bandwidth: 1 GB/s, latency: 0}\n", ["links[2].between: expected two node names"]),
+        (GOOD + "  - {between: [g0, g0], bandwidth: 1 GB/s, latency: 0}\n", ["links[2].between: a link joins two"]),
         (GOOD + "  - [g0, g1]\n", ["links[2]: expected a mapping"]),
         (GOOD.replace("gpus: [g0, g1]", "gpus: []"), ["gpus: must list at least one GPU"]),
         (GOOD.replace("gpus: [g0, g1]", "gpus: [0, 1]"), ["gpus[0]: expected a node name, got 0"]),

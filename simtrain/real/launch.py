@@ -219,6 +219,7 @@ def _measured_report(scenario: Scenario, cluster, job: Job, ranks: list[dict], w
                "measured": True, "measurement": measurement},
         model_flops_per_step=model_flops.per_step,
         model_flops_formula=model_flops.formula,
+        tokens_per_sample=model_flops.tokens_per_sample,
     )
     report = build_report(scenario, cluster, result)
     report.data["links"] = []  # bytes on each link are not measured

@@ -57,6 +57,7 @@ class RunResult:
     # the global ranks of the job that the sections describe (a population's best member); None: every job's
     section_ranks: list[int] | None = None
     model_flops_formula: str | None = None
+    tokens_per_sample: int | None = None  # a language model's sequence length; None: samples are not tokens
 
 
 def json_text(value, indent: str = "") -> str:
@@ -199,6 +200,9 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         "steps": steps,
         "step_time_s": step_time,
         "throughput_samples_per_s": result.samples_per_step * steps / sim_time if steps and sim_time > 0 else None,
+        "throughput_tokens_per_s_per_device": (result.samples_per_step * result.tokens_per_sample * steps / sim_time
+                                               / len(ranks)
+                                               if result.tokens_per_sample and steps and sim_time > 0 else None),
         "breakdown_s": per_step,
         "scaling_efficiency": (result.single_device_step_s / step_time
                                if step_time and result.single_device_step_s is not None else None),

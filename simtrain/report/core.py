@@ -76,10 +76,14 @@ class ReportCore(ReportSection):
     steps: int = Field(description="training steps run (measured ones, for `simtrain launch`)")
     step_time_s: float | None = Field(description="sim_time_s / steps; null: no step ended")
     throughput_samples_per_s: float | None = Field(description="training samples per simulated second")
+    throughput_tokens_per_s_per_device: float | None = Field(
+        None, description="training tokens per simulated second per device of the job (language models: a "
+                          "sample is data.seq_len tokens); null: the samples are not token sequences, or no step ran")
     breakdown_s: Breakdown = Field(description="seconds per step of each kind of work, averaged over the "
                                                "job's devices")
-    scaling_efficiency: float | None = Field(description="one device's step time alone on its batch over the "
-                                                         "step time (weak scaling); null: no baseline")
+    scaling_efficiency: float | None = Field(description="a device's own work alone (its batch's forward and "
+                                                         "backward, its update: under ZeRO its shard's) over the "
+                                                         "step time (weak scaling, at most 1); null: no baseline")
     flops: FlopsSection = Field(description="model TFLOP/s per device and MFU (report/flops.py)")
     final_loss: float | None = Field(description="the final model's mean cross entropy on the training set; "
                                                   "null: numerics off, or not finite")

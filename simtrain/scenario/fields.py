@@ -111,8 +111,22 @@ def did_you_mean(model: type[BaseModel], loc: tuple, prefix: str = "") -> str:
         if model is None:
             return ""
         prefix += f"{part}."
-    close = difflib.get_close_matches(str(loc[-1]), list(_fields_by_key(model)), n=1)
+    keys = list(_fields_by_key(model))
+    close = _abbreviated(str(loc[-1]), keys) or difflib.get_close_matches(str(loc[-1]), keys, n=1)
     return f"; did you mean `{prefix}{close[0]}`?" if close else ""
+
+
+# Words other frameworks add to a degree's name (Megatron's tensor_model_parallel_size, torchtitan's
+# tensor_parallel_degree): left out when matching it to simtrain's short keys
+_NAME_PADDING = {"model", "size", "degree"}
+
+
+def _abbreviated(key: str, keys: list[str]) -> list[str]:
+    """[the key] that `key` spells in full or with padding (tensor_parallel, tensor_model_parallel_size and
+    tp_size are `tp`): the initials of its words, or its words without the padding; [] when neither is a key."""
+    words = [word for word in key.lower().replace("-", "_").split("_") if word and word not in _NAME_PADDING]
+    candidates = ("".join(word[0] for word in words), "_".join(words)) if len(words) > 1 else ("_".join(words),)
+    return [candidate for candidate in candidates if candidate in keys and candidate != key][:1]
 
 
 def _fields_by_key(model: type[BaseModel]) -> dict:

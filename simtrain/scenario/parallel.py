@@ -21,6 +21,11 @@ from .fields import Count, Flag, NotBoolean, Real, Section
 Dimension = Literal["tp", "cp", "pp", "dp"]
 
 
+# Sharding schemes as other frameworks name them -> parallel.sharding.stage (DeepSpeed's ZeRO stages; FSDP's
+# FULL_SHARD is stage 3, SHARD_GRAD_OP stage 2: torch.distributed.fsdp.ShardingStrategy)
+ZERO_SCHEMES = {"zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "fsdp2": 3, "fullshard": 3, "shardgradop": 2}
+
+
 class AsyncSpec(Section):
     """Asynchronous SGD (mode async, schemes/asynchronous.py)."""
 
@@ -183,8 +188,13 @@ class ParallelSpec(Section):
     @model_validator(mode="before")
     @classmethod
     def _no_scheme(cls, raw):
-        """The old `parallel.scheme` mixed the all-reduce algorithm and the mode: one line naming the new keys."""
+        """The old `parallel.scheme` mixed the all-reduce algorithm and the mode: one line naming the new keys
+        (a ZeRO stage or FSDP named there: parallel.sharding.stage)."""
         if isinstance(raw, dict) and "scheme" in raw:
+            stage = ZERO_SCHEMES.get(str(raw["scheme"]).lower().replace("-", "").replace("_", ""))
+            if stage is not None:
+                raise ValueError(f"parallel.scheme: {raw['scheme']} is parallel.sharding.stage: {stage} (0 DDP | 1 "
+                                 "optimizer state | 2 + gradients | 3 + parameters, FSDP)")
             raise ValueError("parallel.scheme: replaced by parallel.all_reduce (naive | ring | tree | hierarchical "
                              "| dbtree) and parallel.mode (sync | async); the scheme follows from them and the "
                              "layout")

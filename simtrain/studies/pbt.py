@@ -349,6 +349,7 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
         section_ranks=list(job.ranks),  # the best member's
         model_flops_per_step=model_flops.per_step,
         model_flops_formula=model_flops.formula,
+        tokens_per_sample=model_flops.tokens_per_sample,
     )
     return build_report(scenario, population.cluster, result)
 

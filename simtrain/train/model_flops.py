@@ -61,6 +61,7 @@ MEASURED = "measured: forward and backward FLOPs of one batch, without recomputa
 class ModelFlops(NamedTuple):
     per_step: float
     formula: str  # PALM or MEASURED
+    tokens_per_sample: int | None = None  # a language model's sequence length; None: its samples are not tokens
 
 
 def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> ModelFlops:
@@ -70,11 +71,12 @@ def model_flops_per_step(scenario: Scenario, data: DataSplits, samples: int) -> 
     vocab, seq_len = data.info.num_classes, data.info.num_features
     if model.name == "gpt":
         return ModelFlops(samples * gpt_flops_per_sequence(model.layers, model.width, vocab, seq_len, model.moe),
-                          PALM)
+                          PALM, seq_len)
     if model.name == "llama":
         return ModelFlops(samples * llama_flops_per_sequence(model.layers, model.width, model.heads,
                                                              model.key_value_heads, model.ffn_width, vocab,
-                                                             seq_len, model.moe, model.latent_attention), PALM)
+                                                             seq_len, model.moe, model.latent_attention), PALM,
+                          seq_len)
     batch = scenario.data.batch_size
     return ModelFlops(samples / batch * _measured_flops(scenario, data, batch), MEASURED)
 
