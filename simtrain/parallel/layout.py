@@ -183,22 +183,12 @@ class Layout:
         if kind in _SPANS:
             return self._span(_SPANS[kind], rank)
         parent, degree, cut = _CUTS[kind]
-        # the parent group derived once for all its members, and the rank's place in it from its coordinates: a
-        # cut of a 100,000-rank group into 100,000 groups of one is not 100,000 spans and searches of it
-        whole, size = self._every(parent)[0][rank], getattr(self, degree)
-        place = self._place(_SPANS[parent], rank)
+        whole, size = self._group(parent, rank), getattr(self, degree)
+        place = whole.index(rank)
         if cut == "block":
             first = place - place % size
             return whole[first:first + size]
         return whole[place % size::size]
-
-    def _place(self, dimensions: tuple[str, ...], rank: int) -> int:
-        """Rank `rank`'s index in its span along `dimensions` (`_span(dimensions, rank).index(rank)`)."""
-        where, place, stride = self.coordinates(rank), 0, 1
-        for dimension in dimensions:
-            place += where[dimension] * stride
-            stride *= getattr(self, dimension)
-        return place
 
     def _span(self, dimensions: tuple[str, ...], rank: int) -> tuple[int, ...]:
         """The ranks that differ from `rank` only along `dimensions`, the first varying fastest."""
