@@ -17,6 +17,16 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message, as a one-line error quotes an exception from a user's code:
+    '(no message)' without one, or where its `__str__` itself raises."""
+    try:
+        lines = str(error).strip().splitlines()
+    except Exception:  # a user's exception class whose __str__ fails
+        lines = []
+    return one_line(lines[0]) if lines else "(no message)"
+
+
 class ScenarioError(SimtrainError):
     """A scenario file or override that does not validate."""
 

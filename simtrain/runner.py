@@ -68,7 +68,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
     resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
     wall_start = time.perf_counter()
     steps = scenario.train.steps
-    faulty = has_faults(scenario)
+    faulty = scenario.has_faults
     with user_code_errors(scenario), single_thread():
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
         cluster = Cluster.from_resolved(resolved, record=scenario.report.trace or faulty, seed=scenario.seed)
@@ -139,11 +139,6 @@ def run(scenario: Scenario, on_step=None) -> Report:
         tokens_per_sample=model_flops.tokens_per_sample,
     )
     return build_report(scenario, cluster, result)
-
-
-def has_faults(scenario: Scenario) -> bool:
-    """Whether the scenario has faults or checkpoints: its report then has a `faults` section."""
-    return bool(scenario.cluster.faults or scenario.cluster.random_faults or scenario.train.checkpoint)
 
 
 def _fault_free_time_s(scenario: Scenario) -> float:

@@ -25,7 +25,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import ScenarioError
+from .errors import ScenarioError, first_line
 
 _IMPORT_PATH_SEPARATOR = ":"
 
@@ -42,7 +42,7 @@ def user_code_errors(scenario):
             files = _user_files(name)
             if files and _passes_through(error, files):
                 raise ScenarioError(f"{field}: {name} raised {type(error).__name__} during the run: "
-                                    f"{_first_line(error)}") from error
+                                    f"{first_line(error)}") from error
         raise
 
 
@@ -71,8 +71,3 @@ def _passes_through(error: BaseException, files: tuple[Path, ...]) -> bool:
                 return True
         error = error.__cause__ or error.__context__
     return False
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else "(no message)"

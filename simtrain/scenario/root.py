@@ -52,6 +52,12 @@ class Scenario(Section):
     def base_dir(self) -> Path:
         return self._base_dir
 
+    @property
+    def has_faults(self) -> bool:
+        """Whether the scenario has faults or checkpoints: its report then has a `faults` section, and its collectives
+        are moved flow by flow (links may change under them), never timed as a group."""
+        return bool(self.cluster.faults or self.cluster.random_faults or self.train.checkpoint)
+
     @model_validator(mode="before")
     @classmethod
     def _async_gets_a_store(cls, raw):

@@ -13,7 +13,8 @@ Imported by users as `simtrain.dist` (simtrain/dist.py).
 Importing this package registers the backend. Files: launcher.py (spawn, the
 decorator, the report), run.py (one spawn's shared state), scheduler.py (rank
 threads taking turns on the clock), world.py (torch.distributed's global state
-per rank thread), process_group.py (the backend), programs.py (its collective
+per rank thread), process_group.py (the backend), call_arguments.py (what a
+rank hands the backend's calls, checked), programs.py (its collective
 programs), arriving.py (a collective's output that waits when first read),
 op_meter.py (the FLOPs and memory of the rank's torch ops), memory_categories.py
 (weights, gradients, optimizer state and activations told apart from hooks),

@@ -36,6 +36,7 @@ backward runs in the calling thread).
     meter.take_flops()           # {torch.float32: 2.1e6}
     device.memory.peak["activations"]
 """
+import re
 import weakref
 from contextlib import contextmanager
 
@@ -47,11 +48,15 @@ from torch.utils._pytree import tree_leaves
 
 from torch.utils.flop_counter import register_flop_formula
 
+from ..errors import OutOfMemory, SimtrainError
 from ..hw.device import MemoryLedger
 from ..op_cost import OperatorRecorder
 from ..storage_identity import StorageIds
 from ..train.fused_attention import backward_flops, forward_flops
+from ..units import format_bytes
 
+# What torch's CPU allocator raises when the host has not the bytes (c10/core/impl/alloc_cpu.cpp).
+_ALLOCATION_FAILED = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
 # The catalog's dtype name for a result's torch dtype; any other dtype is charged at the fp32 rate.
 DEVICE_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -92,7 +97,25 @@ class OpMeter(OperatorRecorder):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.is_paused:
             return func(*args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        except RuntimeError as error:
+            nbytes = _host_allocation_failed(error)
+            if nbytes is None:
+                raise
+            raise self._out_of_memory(func, nbytes) from None
+
+    def _out_of_memory(self, func, nbytes: int) -> SimtrainError:
+        """The host could not allocate `nbytes` for `func`'s result: the device's OutOfMemory where the device
+        could not hold it either (its ledger raises it), else one line saying the host is what is short."""
+        ledger = self.ledger
+        if ledger.total + nbytes > ledger.capacity_bytes:
+            try:
+                ledger.alloc("activations" if self.forward_depth else "tensors", nbytes)
+            except OutOfMemory as error:
+                return error
+        return SimtrainError(f"{func} needs {format_bytes(nbytes)}, more than this host can allocate (the device, "
+                             f"{ledger.device}, would hold it): run numerics=False, where tensors hold no values")
 
     def _record(self, func, args, kwargs, out) -> None:
         super()._record(func, args, kwargs, out)
@@ -171,6 +194,12 @@ def sharding_propagation_unmetered():
         yield
     finally:
         ShardingPropagator._fake_mode_lock = was
+
+
+def _host_allocation_failed(error: RuntimeError) -> int | None:
+    """The bytes torch's CPU allocator could not get, where `error` is its failure; else None."""
+    found = _ALLOCATION_FAILED.search(str(error))
+    return int(found.group(1)) if found else None
 
 
 def _is_dense(value) -> bool:

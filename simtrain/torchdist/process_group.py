@@ -50,6 +50,7 @@ from ..comm.ops import Recv, Send
 from ..comm.simulated import SimCommunicator
 from ..errors import CollectiveMismatch, SimtrainError
 from .arriving import ArrivingTensor
+from .call_arguments import group_rank, laid_end_to_end, one_per_rank, one_tensor, split_rows
 from .programs import COMBINE, all_gather, all_to_all, gather, reduce, reduce_scatter, ring_all_reduce_with, scatter
 
 REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
@@ -233,7 +234,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self._name = name
 
     def allreduce(self, tensors, opts=None):
-        tensor, op = _one(tensors, "all_reduce"), _reduce_op(opts, "all_reduce")
+        tensor, op = one_tensor(tensors, "all_reduce"), _reduce_op(opts, "all_reduce")
         factor = _premul_factor(opts)
         return self._post(f"all_reduce({op}) of {_sizes(tensor)}",
                           lambda me, payload: self._all_reduce(me, payload(tensor), op, factor), tensors)
@@ -260,14 +261,15 @@ class SimProcessGroup(dist.ProcessGroup):
             tensor.copy_(buf)
 
     def broadcast(self, tensors, opts=None):
-        tensor = _one(tensors, "broadcast")
-        root = opts.rootRank
+        tensor = one_tensor(tensors, "broadcast")
+        root = group_rank(opts.rootRank, len(self.group.ranks), "broadcast", "root")
         return self._post(f"broadcast(root {root}) of {_sizes(tensor)}",
                           lambda me, payload: broadcast(me, len(self.group.ranks), {root: payload(tensor)}), tensors)
 
     def reduce(self, tensors, opts=None):
-        tensor = _one(tensors, "reduce")
-        op, root, world = _reduce_op(opts, "reduce"), opts.rootRank, len(self.group.ranks)
+        tensor = one_tensor(tensors, "reduce")
+        op, world = _reduce_op(opts, "reduce"), len(self.group.ranks)
+        root = group_rank(opts.rootRank, world, "reduce", "root")
         factor = _premul_factor(opts)
 
         def program(me, payload):
@@ -282,7 +284,10 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"reduce({op}, root {root}) of {_sizes(tensor)}", program, tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        tensor, root, world = _one(input_tensors, "gather"), opts.rootRank, len(self.group.ranks)
+        tensor, world = one_tensor(input_tensors, "gather"), len(self.group.ranks)
+        root = group_rank(opts.rootRank, world, "gather", "root")
+        if self._me == root:
+            one_per_rank(output_tensors[0], world, "gather", "output")
 
         def program(me, payload):
             if me != root:
@@ -294,7 +299,10 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"gather(root {root}) of {_sizes(tensor)}", program, output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        tensor, root, world = _one(output_tensors, "scatter"), opts.rootRank, len(self.group.ranks)
+        tensor, world = one_tensor(output_tensors, "scatter"), len(self.group.ranks)
+        root = group_rank(opts.rootRank, world, "scatter", "root")
+        if self._me == root:
+            one_per_rank(input_tensors[0], world, "scatter", "input")
 
         def program(me, payload):
             if me != root:
@@ -306,7 +314,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        outputs, tensor = _one(output_tensors, "all_gather"), _one(input_tensors, "all_gather")
+        outputs, tensor = one_tensor(output_tensors, "all_gather"), one_tensor(input_tensors, "all_gather")
+        one_per_rank(outputs, len(self.group.ranks), "all_gather", "output")
         return self._post(f"all_gather of {_sizes(*outputs)}",
                           lambda me, payload: _gather(me, [payload(output) for output in outputs], payload(tensor)),
                           output_tensors)
@@ -320,6 +329,8 @@ class SimProcessGroup(dist.ProcessGroup):
     def _gather_into(self, name, outputs, inputs):
         """Each of `inputs` gathered into the matching one of `outputs` (world rows), one after the other."""
         world = len(self.group.ranks)
+        for output, tensor in zip(outputs, inputs):
+            laid_end_to_end(output, tensor, world, name, "output", "inputs")
 
         def program(me, payload):
             for output, tensor in zip(outputs, inputs):
@@ -329,7 +340,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"{name} of {sizes}", program, outputs)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        output, inputs = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter")
+        output, inputs = one_tensor(output_tensors, "reduce_scatter"), one_tensor(input_tensors, "reduce_scatter")
+        one_per_rank(inputs, len(self.group.ranks), "reduce_scatter", "input")
         return self._scatter("reduce_scatter", [output], [inputs], _reduce_op(opts, "reduce_scatter"),
                              _premul_factor(opts))
 
@@ -344,6 +356,8 @@ class SimProcessGroup(dist.ProcessGroup):
     def _scatter_rows(self, name, outputs, inputs, op, factor):
         """Each of `inputs`, split in world rows, reduce-scattered into the matching one of `outputs`."""
         world = len(self.group.ranks)
+        for output, input in zip(outputs, inputs):
+            laid_end_to_end(input, output, world, name, "input", "outputs")
         return self._scatter(name, outputs, [list(input.reshape(world, -1).unbind(0)) for input in inputs], op, factor)
 
     def _scatter(self, name, outputs, inputs, op, factor):
@@ -366,12 +380,14 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"{name}({op}) of {'; '.join(_sizes(*parts) for parts in inputs)}", program, outputs)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._all_to_all("all_to_all", output_tensors, input_tensors, output_tensors)
+        world = len(self.group.ranks)
+        return self._all_to_all("all_to_all", one_per_rank(output_tensors, world, "all_to_all", "output"),
+                                one_per_rank(input_tensors, world, "all_to_all", "input"), output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         world = len(self.group.ranks)
-        outputs = _split(output, output_split_sizes, world, "output_split_sizes")
-        inputs = _split(input, input_split_sizes, world, "input_split_sizes")
+        outputs = split_rows(output, output_split_sizes, world, "output_split_sizes")
+        inputs = split_rows(input, input_split_sizes, world, "input_split_sizes")
         return self._all_to_all("all_to_all_single", outputs, inputs, [output])
 
     def _all_to_all(self, name, outputs, inputs, result):
@@ -387,10 +403,10 @@ class SimProcessGroup(dist.ProcessGroup):
                                                                                payload(torch.zeros(1))), [])
 
     def send(self, tensors, dst, tag):
-        return self._point_to_point("send", dst, tag, _one(tensors, "send"))
+        return self._point_to_point("send", dst, tag, one_tensor(tensors, "send"))
 
     def recv(self, tensors, src, tag):
-        return self._point_to_point("recv", src, tag, _one(tensors, "recv"))
+        return self._point_to_point("recv", src, tag, one_tensor(tensors, "recv"))
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         raise SimtrainError("allgather_coalesced: not supported by the simtrain backend")
@@ -407,6 +423,7 @@ class SimProcessGroup(dist.ProcessGroup):
             return run.posted(self.group.collective(self._me, call, program, result, exchange))
 
     def _point_to_point(self, kind: str, peer: int, tag: int, tensor) -> SimWork:
+        peer = group_rank(peer, len(self.group.ranks), kind, "destination" if kind == "send" else "source")
         run = self.group.run
         run.flush()
         call = f"{kind} with group rank {peer} (tag {tag}) of {_sizes(tensor)}"
@@ -419,12 +436,6 @@ class SimProcessGroup(dist.ProcessGroup):
 def _gather(me: int, chunks: list, tensor):
     chunks[me].copy_(tensor)
     return all_gather(me, len(chunks), chunks)
-
-
-def _one(tensors: list, name: str):
-    if len(tensors) != 1:
-        raise SimtrainError(f"{name}: the simtrain backend takes one tensor (or list) per rank, got {len(tensors)}")
-    return tensors[0]
 
 
 def _reduce_op(opts, collective: str) -> str:
@@ -449,16 +460,6 @@ def _premul_factor(opts) -> float | None:
 def _combined(op: str) -> str:
     """How received chunks combine under `op`: the sums (avg and premul_sum scale before or after) by adding."""
     return "sum" if op in ("avg", "premul_sum") else op
-
-
-def _split(tensor, sizes, world: int, field: str) -> list:
-    if not sizes:
-        if tensor.shape[0] % world:
-            raise SimtrainError(f"{field}: {tensor.shape[0]} rows do not split evenly over {world} ranks")
-        sizes = [tensor.shape[0] // world] * world
-    if len(sizes) != world or sum(sizes) != tensor.shape[0]:
-        raise SimtrainError(f"{field}: {list(sizes)} does not split {tensor.shape[0]} rows over {world} ranks")
-    return list(tensor.split(list(sizes)))
 
 
 def _sizes(*tensors) -> str:

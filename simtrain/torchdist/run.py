@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 import simpy
 
-from ..errors import Deadlock, SimtrainError
+from ..errors import CollectiveMismatch, Deadlock, SimtrainError
 from ..hw.cluster import Cluster, run_to_end
 from .numerics_off import FakeFloats
 from .op_meter import DEVICE_DTYPE, OpMeter
@@ -61,10 +61,15 @@ class SimRun:
         return cls._active
 
     def group(self, name: str, ranks: list[int]) -> Group:
-        """The group called `name` (torch names groups alike on every rank), made by its first member."""
+        """The group called `name` (torch names groups alike on every rank), made by its first member;
+        CollectiveMismatch where a member makes it of other ranks than the first did."""
         group = self.groups.get(name)
         if group is None:
             group = self.groups[name] = Group(self, ranks)
+        elif group.ranks != list(ranks):
+            raise CollectiveMismatch(f"new_group: rank {current_rank()} makes group {name} of ranks {list(ranks)}, "
+                                     f"which another rank made of ranks {group.ranks} (every rank calls new_group "
+                                     f"with the same ranks, in the same order)")
         return group
 
     def runs(self, rank: int) -> bool:

@@ -36,7 +36,7 @@ import time
 
 import simpy
 
-from ..errors import Deadlock, RankBlocked, RankFailed
+from ..errors import Deadlock, RankBlocked, RankFailed, first_line
 
 BLOCKED_CPU_FRACTION = 0.01  # a thread that used less CPU than this share of the watchdog's time is blocked
 
@@ -134,7 +134,7 @@ class Turns:
         if failed:
             first = min(failed, key=lambda s: s.rank)
             error, first.error = first.error, None  # no cycle through the rank's frames: freed at once
-            raise RankFailed(f"rank {first.rank} raised {type(error).__name__}: {error}") from error
+            raise RankFailed(f"rank {first.rank} raised {type(error).__name__}: {first_line(error)}") from error
         if waiting:
             at = f"{self.env.now * 1e6:.6g} us"
             what = "; ".join(f"rank {rank} waits on {on}" for rank, on in waiting.items())

@@ -16,6 +16,9 @@ TCP store. Neither suits ranks that are threads of one process. While
   it is torch's;
 - torch's registry of group names is per thread (its thread isolation mode),
   as every rank registers the same names;
+- a group of another backend made from a rank thread (gloo, which torch picks
+  when none is given, as `init_device_mesh` does without a default group) is
+  one line: its ranks would wait for processes that are not there;
 - `sys.excepthook`, which `init_process_group` wraps, is put back on exit;
 - when DTensor is loaded (DeviceMesh, FSDP2), torch._dynamo is imported first,
   outside the ranks (below).
@@ -109,13 +112,29 @@ def ranks_as_threads(world: int):
                                 f"simtrain.dist.spawn runs this thread as rank {own} of {world}")
         return iter([(store, own, world)])
 
-    c10d._world, c10d.rendezvous = _PerThread(torch_world), rendezvous
+    torch_new_group = c10d._new_process_group_helper
+
+    def new_group(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+        if current_rank() is not None and not _only_simtrain(backend):
+            given = "no backend given (torch's default: gloo)" if backend == "undefined" else f"backend {backend!r}"
+            raise SimtrainError(f"init_process_group: {given}; the ranks of simtrain.dist.spawn are threads of one "
+                                f"process, which only the simtrain backend connects: call "
+                                f"dist.init_process_group(\"simtrain\") first, before any init_device_mesh")
+        return torch_new_group(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs)
+
+    c10d._world, c10d.rendezvous, c10d._new_process_group_helper = _PerThread(torch_world), rendezvous, new_group
     _set_thread_isolation_mode(True)
     try:
         yield
     finally:
         c10d._world, c10d.rendezvous, sys.excepthook = torch_world, torch_rendezvous, excepthook
+        c10d._new_process_group_helper = torch_new_group
         _set_thread_isolation_mode(False)
+
+
+def _only_simtrain(backend) -> bool:
+    """Whether a group's backend ('simtrain', or per device as 'cpu:simtrain') is simtrain's on every device."""
+    return all(part.rpartition(":")[2] == "simtrain" for part in str(backend).lower().split(","))
 
 
 def _create(options, backend_options) -> SimProcessGroup:

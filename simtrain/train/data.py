@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset, default_collate
 
-from ..errors import ScenarioError
+from ..errors import ScenarioError, first_line
 from ..loss import cross_entropy
 from .data_shape import BUILTIN, DatasetInfo, builtin_splits, check_validation_split
 from .tokens import markov_sequences
@@ -115,7 +115,7 @@ def load_callable(path: str, field: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # any failure while importing the user's module is the user's
-        raise ScenarioError(f"{field}: cannot import {module_name!r}: {_one_line(exc)}") from exc
+        raise ScenarioError(f"{field}: cannot import {module_name!r}: {first_line(exc)}") from exc
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ScenarioError(f"{field}: module {module_name!r} has no function {function_name!r}")
@@ -139,13 +139,7 @@ def call_with_options(function: Callable, options: dict, section: str) -> Any:
         raise ScenarioError(f"{section}.name: {name} tried to end the process (SystemExit {exc.code!r}) instead of "
                             "returning") from exc
     except Exception as exc:
-        raise ScenarioError(f"{section}.name: {name} raised {type(exc).__name__}: {_one_line(exc)}") from exc
-
-
-def _one_line(error: BaseException) -> str:
-    """An exception's message on one line (its first)."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+        raise ScenarioError(f"{section}.name: {name} raised {type(exc).__name__}: {first_line(exc)}") from exc
 
 
 def _digits(info: DatasetInfo, train: int, test: int, seed: int, values: bool) -> DataSplits:
@@ -232,7 +226,7 @@ def _infer_info(train: Dataset, name: str) -> DatasetInfo:
         try:
             labels = torch.as_tensor([int(train[i][1]) for i in range(len(train))])
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise ScenarioError(f"data.name: {name} returned labels that are not integers ({_one_line(exc)})") from None
+            raise ScenarioError(f"data.name: {name} returned labels that are not integers ({first_line(exc)})") from None
     image_shape = tuple(x.shape) if x.dim() == 3 else None
     return DatasetInfo(num_features=x.numel(), num_classes=int(labels.max()) + 1, image_shape=image_shape,
                        input_shape=tuple(x.shape), input_dtype=str(x.dtype).removeprefix("torch."))
