@@ -112,6 +112,8 @@ class ReplicatedUpdate:
         share (train/partition.py tp_summed_parameters: sequence parallelism's, an MoE layer's) summed across the
         tp group, before its all-reduce."""
         replica, whole = self.scheme.replicas[rank], self._tp_summed[rank]
+        if not whole:  # one tp rank, or none such: nothing to sum
+            return
         grads = [replica.params[index].grad for index in self.buckets[rank].layout.units[unit]
                  if id(replica.params[index]) in whole]
         if grads:
