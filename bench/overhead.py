@@ -8,7 +8,8 @@ It also measures what simtrain's report holds and a training script would log:
 each step's mean batch loss, and every `report.every` (10) steps and after the
 last the loss over the whole training set and each layer's weight norm (one
 more forward over the 1,437 training samples each time), then the final loss
-and the test accuracy. Both run on one torch thread. Target: ratio <= 1.15.
+and the test accuracy. Both run on one torch thread. Target: ratio <= 1.10 (issue 55:
+by the clock, the median of the interleaved rounds below).
 
 Each is timed by the wall clock and by the process's CPU time (`time.process_time`),
 which a machine shared with other work disturbs less; the load average is printed.
@@ -49,6 +50,7 @@ from simtrain.train.models import build_model, weight_norms
 DEVICES, STEPS, BATCH, HIDDEN, LR, SEED = 8, 200, 32, [128, 128], 0.1, 0
 EVERY = 10  # the scenario's report.every (its default)
 ROUNDS = 7
+TARGET = 1.10  # the largest ratio of simtrain's run to the bare loop's (issue 55)
 
 
 def bare_loop() -> tuple[float, float, tuple[float, float]]:
@@ -122,8 +124,8 @@ def main() -> None:
     print(f"the same training: final loss {bare_loss:.6f} (bare) {sim_loss:.6f} (simtrain), test accuracy "
           f"{bare_accuracy:.4f} {sim_accuracy:.4f}")
     wall, cpu = (statistics.median(r) for r in ratios["simtrain (no trace)"])
-    print(f"target: ratio <= 1.15 -> {'met' if wall <= 1.15 else 'NOT met'} (wall), "
-          f"{'met' if cpu <= 1.15 else 'NOT met'} (CPU)")
+    print(f"target: ratio <= {TARGET:.2f} -> {'met' if wall <= TARGET else 'NOT met'} (wall), "
+          f"{'met' if cpu <= TARGET else 'NOT met'} (CPU)")
 
 
 def _ratios(rounds, index: int, clock: int) -> list[float]:
@@ -150,7 +152,7 @@ def count_instructions() -> None:
             raise SystemExit(f"valgrind: {name} not counted: {counted.stderr.strip()[-500:]}")
         counts[name] = int(found.group(1))
         print(f"{name:10} {counts[name] / 1e6:10,.0f} M instructions")
-    print(f"ratio {counts['simtrain'] / counts['bare']:.3f}x (target <= 1.15)")
+    print(f"ratio {counts['simtrain'] / counts['bare']:.3f}x (target <= {TARGET:.2f})")
 
 
 def counted_run(name: str) -> None:

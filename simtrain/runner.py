@@ -101,8 +101,9 @@ def run(scenario: Scenario, on_step=None) -> Report:
         job.finish()
         final_loss = final_accuracy = None  # numerics off: nothing was computed
         if scenario.numerics:
-            final_loss, _ = evaluate(scheme.trained_model(), job.data.train)
-            _, final_accuracy = evaluate(scheme.trained_model(), job.data.test)
+            trained = scheme.trained_model()  # assembled once for both
+            final_loss, _ = evaluate(trained, job.data.train)
+            _, final_accuracy = evaluate(trained, job.data.test)
     sections = {"amp": job.replicas[0].precision.report()}
     if scenario.fleet is not None and not out_of_memory:  # weeks around the measured step (simtrain/fleet/)
         sections["fleet"] = fleet_section(scenario, cluster, job, cluster.log.last_end_s / steps)

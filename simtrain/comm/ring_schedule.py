@@ -125,7 +125,8 @@ def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:
     row_stride, origin = stacked.stride(0), stacked.storage_offset()
     # tensor_split: the first `wide` chunks have `width` elements, the others one fewer
     width, wide = -(-numel // world), numel % world or world
-    totals = [stacked.new_empty(wide, width), stacked.new_empty(world - wide, width - 1)]
+    result = stacked.new_empty(numel)  # the sums, chunk after chunk: the two regions' totals are views of it
+    totals = [result[:wide * width].view(wide, width), result[wide * width:].view(world - wide, width - 1)]
     for step in range(world):  # chunk c gathers position c's, then c+1's, ... round the ring
         for region, first, chunks, size, offset in _runs(step, world, width, wide, row_stride):
             # position c+step's chunk c, for each c of the run
@@ -134,7 +135,6 @@ def reduce_as_ring(buffers: list[torch.Tensor], average: bool) -> None:
                 totals[region][first:first + chunks] = terms
             else:  # the receiver's own chunk plus the partial sum: addition commutes exactly
                 totals[region][first:first + chunks].add_(terms)
-    result = torch.cat([total.reshape(-1) for total in totals])
     if average:
         result = result.div_(world)
     if rows is not None:

@@ -154,11 +154,14 @@ class ModelParallel(RankReplicas, Scheme):
         self.data_parallel = (DistributedOptimizer(self) if parallel.sharding.stage
                               else ExpertUpdate(self) if parallel.ep > 1 else ReplicatedUpdate(self))
         self._costs: dict[tuple, ChunkCost] = {}  # by model part and shapes: the same on every rank holding it
-        self._signatures: dict[int, tuple] = {}  # model part -> what it computes
+        self._signatures: dict[int, int] = {}  # model part -> the number of what it computes, among those below
+        self._structures: dict[tuple, int] = {}  # what a part computes (module_structure) -> its number
         self._losses = [[] for _ in range(self.steps)]
         self._ranks_done = [0] * self.steps
         self._rank_losses = {rank: [] for rank in range(self.world)}  # rank -> its losses of every step
         self.loss_curve: list[tuple[float, float | None]] = []
+        # while a step's end is reported (_step_done): the trained model, assembled once for every reader
+        self._reporting, self._reported_model = False, None
         self._microbatch_s: float | None = None  # data parallelism alone: one device's microbatch (single_device_step_s)
         # report.json's weight_norms, taken where there are values and this process holds every rank
         self.weight_norms = WeightNormLog(self.trained_model, job.model, scenario.report.every, self.steps,
@@ -280,8 +283,10 @@ class ModelParallel(RankReplicas, Scheme):
             replica.last_batch = (x, y)
             if step + 1 < self.steps:  # the next step's receives, ahead of its sends
                 receives.update((yield from stage.post_receives(step + 1)))
-            walk = stage.walk(step, x.chunk(self.microbatches), y.chunk(self.microbatches),
-                              replica.precision.loss_weight(1.0 / self.microbatches), receives, tp_collective)
+            xs, ys = ((x,), (y,)) if self.microbatches == 1 else (x.chunk(self.microbatches),
+                                                                  y.chunk(self.microbatches))
+            walk = stage.walk(step, xs, ys, replica.precision.loss_weight(1.0 / self.microbatches), receives,
+                              tp_collective)
             # with experts, their balancing losses scaled and the seconds of their all-to-alls counted
             # (expert_model_parallel.py)
             if self.experts is not None:
@@ -318,12 +323,14 @@ class ModelParallel(RankReplicas, Scheme):
                                               weight_split=self.schedule.splits_backward())
         return self._costs[key]
 
-    def _signature(self, replica, chunk: int, part: int) -> tuple:
+    def _signature(self, replica, chunk: int, part: int) -> int:
         """What model part `part` (the replica's chunk `chunk`) computes (train/partition.py `module_structure`),
-        read off the first rank asked about it: every rank holding the part computes the same, and parts alike
-        cost alike."""
+        read off the first rank asked about it, as a number (the same for parts alike: they cost alike; a number
+        hashes at once where the structure, a tuple of tuples, hashes anew on every look-up): every rank holding
+        the part computes the same."""
         if part not in self._signatures:
-            self._signatures[part] = module_structure(replica.model.chunks[chunk])
+            structure = module_structure(replica.model.chunks[chunk])
+            self._signatures[part] = self._structures.setdefault(structure, len(self._structures))
         return self._signatures[part]
 
     def sum_tp_grads(self, rank: int, grads: list):
@@ -347,8 +354,9 @@ class ModelParallel(RankReplicas, Scheme):
         return self._rank_losses[rank]
 
     def _step_done(self, rank: int, step: int, losses: list) -> None:
-        if self.job.numerics:
-            self._rank_losses[rank].append([loss.item() for loss in losses])
+        if self.job.numerics:  # each loss's value, read once
+            losses = [loss.item() for loss in losses]
+            self._rank_losses[rank].append(losses)
         self._losses[step].extend(losses)
         self._ranks_done[step] += 1
         if self._ranks_done[step] < len(self.running):
@@ -358,14 +366,18 @@ class ModelParallel(RankReplicas, Scheme):
         # every rank has stepped: the losses of all last-stage ranks are in
         losses, self._losses[step] = self._losses[step], None
         # every last-stage rank (each tp rank of each replica) computed each of its microbatches' loss
-        mean = float(sum(loss.item() for loss in losses)) / len(losses) if self.job.numerics else None
+        mean = float(sum(losses)) / len(losses) if self.job.numerics else None
         now = self.job.cluster.env.now
         self.loss_curve.append((now, mean))
-        self.weight_norms.step_done(step)
-        if self.experts is not None:
-            self.experts.step_done(step)
-        if self.on_step is not None:
-            self.on_step(step, now, mean)
+        self._reporting = True  # the weight norms and the training-set loss read one assembled model
+        try:
+            self.weight_norms.step_done(step)
+            if self.experts is not None:
+                self.experts.step_done(step)
+            if self.on_step is not None:
+                self.on_step(step, now, mean)
+        finally:
+            self._reporting, self._reported_model = False, None
 
     # --- what the runner reads ---
 
@@ -375,10 +387,18 @@ class ModelParallel(RankReplicas, Scheme):
 
     def trained_model(self):
         """The whole model, assembled from the shares of data-parallel replica 0 (with representatives, which
-        compute nothing, the initial meta model)."""
+        compute nothing, the initial meta model); while a step's end is reported, the same model for every reader
+        (the weight norms, the training-set loss), as nothing trains in between."""
         if self.representatives:
             return self.job.model
-        return self.assemble({rank: self.data_parallel.whole_model(rank).pieces() for rank in range(self.world)})
+        if self._reported_model is not None:
+            return self._reported_model
+        # replica 0's ranks (with experts, every rank: the experts replica 0 does not hold come from the others)
+        ranks = range(self.world) if self.experts is not None else self.layout.groups("model")[0]
+        model = self.assemble({rank: self.data_parallel.whole_model(rank).pieces() for rank in ranks})
+        if self._reporting:
+            self._reported_model = model
+        return model
 
     def assemble(self, pieces: dict, replica: int = 0) -> "torch.nn.Module":
         """The whole model from ranks' pieces (rank -> RankModule.pieces()): those of data-parallel replica

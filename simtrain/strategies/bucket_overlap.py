@@ -134,6 +134,9 @@ class BucketOverlap:
         self._left: dict[int, dict] = {}  # chunk -> its buckets left to reduce once its last backward has ended
         self._pending: list[int] = []  # units whose parameters the next forward must gather, in order
         self._gathers: dict[int, object] = {}  # unit -> its posted all-gather
+        # chunk -> (the cost its backward was cut for, `_ready_after`, `_ready_flops`, `_region_flops` of it): every
+        # step's backward of a chunk is cut alike, worked out once
+        self._cuts: dict[int, tuple] = {}
 
     def begin(self):
         """Step program: a new step; the first deferred all-gather posted."""
@@ -184,10 +187,9 @@ class BucketOverlap:
             value = yield from program
             self._left[action.chunk] = {unit: None for unit in units}
             return value
-        ready = self._ready_after(action.chunk, cost)
-        if not isinstance(cost, list) and cost.grad_ready_flops:  # each bucket posted once its gradient is complete
-            value = yield from _cut(program, self._ready_flops(action.chunk, cost, ready),
-                                    lambda unit: self._reduce_ready(ready, None, (unit,)), _region_flops(cost))
+        ready, points, sizes = self._backward_cut(action.chunk, cost)
+        if points is not None:  # each bucket posted once its gradient is complete
+            value = yield from _cut(program, points, lambda unit: self._reduce_ready(ready, None, (unit,)), sizes)
         else:  # each bucket posted after the region that completes it
             last = len(cost.backward_params) - 1 if not isinstance(cost, list) else -1
             value = yield from _weave(program, "backward", lambda region: self._reduce_ready(ready, region)
@@ -202,6 +204,18 @@ class BucketOverlap:
             yield from self._reduce_ready(self._left.pop(action.chunk), None)
 
     # ---- the gradients ----
+
+    def _backward_cut(self, chunk: int, cost) -> tuple[dict[int, int], list | None, list | None]:
+        """(`_ready_after`, a copy the step consumes; where the FLOPs at which each gradient is complete are
+        measured, `_ready_flops` and `_region_flops`, else None and None) of the chunk's backward under `cost`."""
+        cut = self._cuts.get(chunk)
+        if cut is None or cut[0] is not cost:
+            ready = self._ready_after(chunk, cost)
+            measured = not isinstance(cost, list) and bool(cost.grad_ready_flops)
+            cut = (cost, ready, self._ready_flops(chunk, cost, ready) if measured else None,
+                   _region_flops(cost) if measured else None)
+            self._cuts[chunk] = cut
+        return dict(cut[1]), cut[2], cut[3]
 
     def _ready_after(self, chunk: int, cost) -> dict[int, int]:
         """unit -> the backward region after which its gradient is complete (its chunk's last region that adds

@@ -48,6 +48,8 @@ class ReplicatedUpdate:
         overlapping = parallel.overlapped and scheme.layout.dp * scheme.layout.cp > 1
         self.buckets: dict[int, BucketOverlap] = {}  # rank -> its DDP buckets, with parallel.overlap
         self._tp_summed: dict[int, set] = {}  # rank -> ids of its parameters summed over tp (tp_summed_parameters)
+        # (rank, unit) -> (the gradient buffer, the bucket's view of it): made once, while the buffer is the same
+        self._views: dict[tuple[int, int], tuple] = {}
         for rank in scheme.running if overlapping else ():
             if replicas[rank] is None:  # a real run's process holds its own rank alone
                 continue
@@ -97,7 +99,11 @@ class ReplicatedUpdate:
         on the rank's communication stream (the buckets' all-reduces run one after another, as DDP's on its
         process group's stream); `reduce` waits for them all."""
         dp_comm, dp_index, dp_reduce = self.scheme.comms.dp_cp[rank]
-        view = self.scheme.replicas[rank].grad_buffer[self.buckets[rank].layout.unit_slice(unit)]
+        buffer = self.scheme.replicas[rank].grad_buffer
+        kept = self._views.get((rank, unit))
+        if kept is None or kept[0] is not buffer:
+            kept = self._views[rank, unit] = (buffer, buffer[self.buckets[rank].layout.unit_slice(unit)])
+        view = kept[1]
         yield PostCollective(dp_reduce(dp_index, dp_comm.world, view, average=True), "dp_allreduce", dp_comm,
                              dp_index)
 
@@ -106,6 +112,8 @@ class ReplicatedUpdate:
         share (train/partition.py tp_summed_parameters: sequence parallelism's, an MoE layer's) summed across the
         tp group, before its all-reduce."""
         replica, whole = self.scheme.replicas[rank], self._tp_summed[rank]
+        if not whole:  # one tp rank, or none such: nothing to sum
+            return
         grads = [replica.params[index].grad for index in self.buckets[rank].layout.units[unit]
                  if id(replica.params[index]) in whole]
         if grads:

@@ -174,12 +174,13 @@ class MixedPrecision:
         self.skipped_steps += found_inf
         return not found_inf
 
-    @torch.no_grad()
     def copy_master_to_model(self) -> None:
-        """Round the updated fp32 master weights into the model (no-op in fp32)."""
+        """Round the updated fp32 master weights into the model (no-op in fp32, without entering no_grad: it runs
+        every step)."""
         if self.mixed:
-            for param, master in zip(self.model_params, self.master_params):
-                param.copy_(master)
+            with torch.no_grad():
+                for param, master in zip(self.model_params, self.master_params):
+                    param.copy_(master)
 
     @torch.no_grad()
     def finish(self, model: nn.Module) -> None:
