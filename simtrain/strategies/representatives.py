@@ -267,7 +267,7 @@ class MirroredCollectives:
         parallel, topology = job.scenario.parallel, job.cluster.topology
         self._env = simpy.Environment()
         self._topology = topology
-        self._network = Network(self._env, topology, record=True)  # records: the links each group crosses
+        self._network = Network(self._env, topology, record=False)  # records while a run asks for its load
         self._all_reduce = lambda nodes: build_all_reduce(parallel.all_reduce, topology, nodes, parallel.channels,
                                                           "parallel.all_reduce", "parallel.channels")
         self._all_to_all = lambda nodes: all_to_all_over(parallel.moe_dispatch, topology, nodes, nodes)
@@ -294,11 +294,14 @@ class MirroredCollectives:
     def _simulate(self, groups: list[tuple[str, ...]], program: MirroredCollective) -> tuple[float, int, int]:
         """Each group alone first; if on every link the groups' flows together stay within its rate, that is
         also their time together, else they run again, all at once, flow by flow."""
+        if len(groups) == 1:  # alone is all there is: no load to compare
+            seconds, nbytes, staging, _ = self._run(groups, program, exclusive=True, load=False)
+            return seconds, nbytes, staging
         alone = [self._alone(nodes, program) for nodes in groups]
         _, nbytes, staging, _ = alone[0]
         if self._within_rates([load for _, _, _, load in alone]):
             return max(seconds for seconds, _, _, _ in alone), nbytes, staging
-        seconds, _, _, _ = self._run(groups, program, exclusive=False)
+        seconds, _, _, _ = self._run(groups, program, exclusive=False, load=False)
         return seconds, nbytes, staging
 
     def _alone(self, nodes: tuple[str, ...], program: MirroredCollective) -> tuple[float, int, int, dict]:
@@ -383,13 +386,16 @@ class MirroredCollectives:
     def _rate(self, hop: tuple[str, str]) -> float:
         return self._link(hop)[0]
 
-    def _run(self, groups: list[tuple[str, ...]], collective: MirroredCollective,
-             exclusive: bool) -> tuple[float, int, int, dict]:
+    def _run(self, groups: list[tuple[str, ...]], collective: MirroredCollective, exclusive: bool,
+             load: bool = True) -> tuple[float, int, int, dict]:
         """(seconds, bytes the first group sent, its first rank's largest staging buffer, load) of the groups'
         collectives; load: directed link -> an upper bound of the bytes/s their flows pushed through it at any
-        moment (per route, the most flows it carried at once times its slowest link's rate, summed)."""
+        moment (per route, the most flows it carried at once times its slowest link's rate, summed), worked out
+        from the transfers' records where `load` asks for it (else empty: a ring of N ranks that is not timed
+        as a group leaves 2N(N-1) records)."""
         env, network = self._env, self._network
         started, finished, comms = env.now, [], []
+        network.record = load
         first_record = len(network.records)
         staging = MemoryLedger("staging", float("inf"))
         for index, nodes in enumerate(groups):
@@ -403,6 +409,7 @@ class MirroredCollectives:
                     lambda _: finished.append(env.now))
             comms.append(comm)
         run_to_end(env)
+        network.record = False
         spans: dict[tuple[str, ...], list[tuple[float, float]]] = {}  # a ring's few routes, each many times
         for record in network.records[first_record:]:
             spans.setdefault(record.path, []).append((record.start, record.end))
