@@ -16,12 +16,11 @@ at most 5 minutes of CPU.
 """
 import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from fresh_process import load_average, measured_in_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "deepseek-v3.yaml"
@@ -62,17 +61,16 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one)))
         return
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at start: {load_average()}")
     print("| schedule | step (s) | report's step (s) | bubble (s) | exposed all-to-all (s) | peak memory (GiB) "
           "| simulated in (wall) | CPU time | peak RSS |")
     print("|---|---|---|---|---|---|---|---|---|")
     for schedule in args.schedule:
-        command = [sys.executable, __file__, "--one", schedule]
-        row = json.loads(subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout)
+        row = measured_in_fresh_process(__file__, schedule)
         print(f"| {schedule} | {row['step_s']:.1f} | {row['published_s']:.1f} | {row['bubble_s']:.2f} "
               f"| {row['all_to_all_exposed_s']:.2f} | {row['peak_bytes'] / 2**30:.1f} | {row['wall_s']:.0f} s "
               f"| {row['cpu_s']:.0f} s | {row['peak_rss_bytes'] / 2**30:.1f} GiB |", flush=True)
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_average()}")
 
 
 if __name__ == "__main__":

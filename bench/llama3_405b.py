@@ -21,12 +21,11 @@ peak, 989.5 TFLOP/s (the catalog's h100-80gb).
 """
 import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from fresh_process import load_average, measured_in_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = {8192: ROOT / "scenarios" / "llama3-405b-8k.yaml", 16384: ROOT / "scenarios" / "llama3-405b-16k.yaml"}
@@ -73,20 +72,19 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one)))
         return
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at start: {load_average()}")
     print("| GPUs | dp | step (s) | simtrain TFLOP/s per GPU | MFU | paper TFLOP/s per GPU | paper MFU "
           "| simulated in (wall) | CPU time | peak RSS |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for gpus in args.gpus:
-        command = [sys.executable, __file__, "--one", str(gpus)]
-        row = json.loads(subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout)
+        row = measured_in_fresh_process(__file__, str(gpus))
         paper_tflops, paper_mfu = PAPER[gpus]
         figures = (f"{row['step_time_s']:.2f} | {row['tflops']:.0f} | {100 * row['mfu']:.0f}%" if row["status"] == "ok"
                    else f"{row['status']} | | ")
         print(f"| {gpus:,} | {gpus // 128} | {figures} "
               f"| {paper_tflops} | {100 * paper_mfu:.0f}% | {row['wall_s']:.0f} s | {row['cpu_s']:.0f} s "
               f"| {row['peak_rss_bytes'] / 2**30:.1f} GiB |", flush=True)
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_average()}")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,11 @@ simulated step (the second: the all-gathers the first leaves run beside it) is p
 """
 import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from fresh_process import load_average, measured_in_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("llama3-405b-16k", "llama3-405b-100k", "llama3-405b-gb200-100k")
@@ -48,17 +47,16 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one)))
         return
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at start: {load_average()}")
     print("| scenario | GPUs | step (s) | CPU time | target | wall | peak RSS | target |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.scenario:
-        command = [sys.executable, __file__, "--one", name]
-        row = json.loads(subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout)
+        row = measured_in_fresh_process(__file__, name)
         step = f"{row['step_time_s']:.2f}" if row["status"] == "ok" else row["status"]
         print(f"| {name} | {row['devices']:,} | {step} | {row['cpu_s']:.1f} s | {CPU_TARGET_S[name]} s "
               f"| {row['wall_s']:.1f} s | {row['peak_rss_bytes'] / 2**30:.2f} GiB "
               f"| {MEMORY_TARGET_BYTES / 2**30:.0f} GiB |", flush=True)
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average at end: {load_average()}")
 
 
 if __name__ == "__main__":

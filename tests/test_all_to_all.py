@@ -240,7 +240,7 @@ def test_hierarchical_needs_hosts_of_equal_size(tmp_path):
 
 def test_the_command_line_names_every_algorithm_the_collectives_have():
     # The CLI names them without importing the collectives (simtrain --help starts without torch).
-    from simtrain.cli import ALL_REDUCE_ALGORITHMS, ALL_TO_ALL_ALGORITHMS
+    from simtrain.cli_collective import ALL_REDUCE_ALGORITHMS, ALL_TO_ALL_ALGORITHMS
     from simtrain.comm import ALGORITHMS
     from simtrain.comm.all_to_all import ALL_TO_ALL
 

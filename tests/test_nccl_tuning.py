@@ -13,7 +13,8 @@ import networkx as nx
 import pytest
 import torch
 
-from simtrain.cli import NCCL_ALGORITHMS, NCCL_COLLECTIVES, main
+from simtrain.cli import main
+from simtrain.cli_collective import NCCL_ALGORITHMS, NCCL_COLLECTIVES
 from simtrain.comm.bench import benchmark_collective
 from simtrain.comm.nccl import PROGRAMS, chain_pieces, fabric_of
 from simtrain.comm.nccl_tuning import ALGORITHMS, PROTOCOLS, Fabric, tune
