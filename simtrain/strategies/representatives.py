@@ -99,7 +99,7 @@ def mirrored_sequence_collective(kind: str, tensor: torch.Tensor, tp: int) -> tu
     shaped as what comes back."""
     shape = list(tensor.shape)
     shape[1] = shape[1] * tp if kind == "all_gather" else shape[1] // tp
-    result = tensor.new_empty(shape)
+    result = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)  # torch.empty: meta's new_empty is Python
     return MirroredCollective(kind, (result if kind == "all_gather" else tensor).reshape(-1)), result
 
 

@@ -301,7 +301,8 @@ def mirrored_stepwise(kind: str, tensor: torch.Tensor, world: int):
     reduce-scatter of its parts."""
     shape = list(tensor.shape)
     shape[1] = shape[1] * world if kind == "all_gather_steps" else shape[1] // world
-    return list(_mirrored_pieces(kind, tuple(tensor.shape), tensor.dtype, world)), tensor.new_empty(shape)
+    result = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)  # torch.empty: meta's new_empty is Python
+    return list(_mirrored_pieces(kind, tuple(tensor.shape), tensor.dtype, world)), result
 
 
 @functools.lru_cache(maxsize=256)
