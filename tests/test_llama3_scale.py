@@ -105,7 +105,7 @@ def mirrored_rings(oversubscription: float):
     all_reduce = MirroredCollective("all_reduce", torch.empty(2**20, dtype=torch.bfloat16, device="meta"))
     timing = MirroredCollectives(job)
     alone = max(timing._run([group], all_reduce, exclusive=True)[0] for group in groups)
-    return timing.collective(groups, all_reduce)[0], alone, timing._run(groups, all_reduce, exclusive=False)[0]
+    return timing.collective(timing.groups(groups), all_reduce)[0], alone, timing._run(groups, all_reduce, exclusive=False)[0]
 
 
 def test_mirrored_rings_within_a_shared_uplinks_rate_take_their_time_alone():
@@ -115,7 +115,8 @@ def test_mirrored_rings_within_a_shared_uplinks_rate_take_their_time_alone():
 
 def test_mirrored_rings_past_an_uplinks_rate_run_together():
     timed, alone, together = mirrored_rings(oversubscription=8)  # a pod's uplink: 2 NICs for 4 rings
-    assert timed == together > 1.3 * alone  # the cross-pod hops at half rate
+    # equal but for rounding: each run starts where the idle network's clock stands
+    assert timed == pytest.approx(together, rel=1e-12) and together > 1.3 * alone  # cross-pod hops at half rate
 
 
 def llama3_small(representatives: bool) -> dict:
