@@ -422,8 +422,9 @@ class ModelParallel(RankReplicas, Scheme):
 
     def single_device_step_s(self) -> float | None:
         """Data parallelism alone: the seconds one device needs for a step of its own batch (its microbatches in
-        turn, then its own update: under ZeRO its shard's), without communication: scaling efficiency's baseline. None where the model or
-        its sequence is split (one device does not hold it), or before any step ran (out of memory)."""
+        turn, then its own update: under ZeRO its shard's), without communication: scaling efficiency's baseline.
+        None where the model or its sequence is split (one device does not hold it), or before any step ran (out
+        of memory)."""
         if self._microbatch_s is None:
             return None
         return self.microbatches * self._microbatch_s + self.data_parallel.update_s(self.running[0])
