@@ -20,7 +20,7 @@ import resource
 import time
 from pathlib import Path
 
-from fresh_process import load_average, measured_in_fresh_process
+from fresh_process import print_measured_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "deepseek-v3.yaml"
@@ -61,17 +61,13 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one)))
         return
-    print(f"load average at start: {load_average()}")
-    print("| schedule | step (s) | report's step (s) | bubble (s) | exposed all-to-all (s) | peak memory (GiB) "
-          "| simulated in (wall) | CPU time | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for schedule in args.schedule:
-        row = measured_in_fresh_process(__file__, schedule)
-        print(f"| {schedule} | {row['step_s']:.1f} | {row['published_s']:.1f} | {row['bubble_s']:.2f} "
-              f"| {row['all_to_all_exposed_s']:.2f} | {row['peak_bytes'] / 2**30:.1f} | {row['wall_s']:.0f} s "
-              f"| {row['cpu_s']:.0f} s | {row['peak_rss_bytes'] / 2**30:.1f} GiB |", flush=True)
-    print(f"load average at end: {load_average()}")
-
+    print_measured_table(__file__, args.schedule,
+                         ["schedule", "step (s)", "report's step (s)", "bubble (s)", "exposed all-to-all (s)",
+                          "peak memory (GiB)", "simulated in (wall)", "CPU time", "peak RSS"],
+                         lambda schedule, row: [schedule, f"{row['step_s']:.1f}", f"{row['published_s']:.1f}",
+                                                f"{row['bubble_s']:.2f}", f"{row['all_to_all_exposed_s']:.2f}",
+                                                f"{row['peak_bytes'] / 2**30:.1f}", f"{row['wall_s']:.0f} s",
+                                                f"{row['cpu_s']:.0f} s", f"{row['peak_rss_bytes'] / 2**30:.1f} GiB"])
 
 if __name__ == "__main__":
     main()

@@ -25,7 +25,7 @@ import resource
 import time
 from pathlib import Path
 
-from fresh_process import load_average, measured_in_fresh_process
+from fresh_process import print_measured_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = {8192: ROOT / "scenarios" / "llama3-405b-8k.yaml", 16384: ROOT / "scenarios" / "llama3-405b-16k.yaml"}
@@ -72,20 +72,18 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one)))
         return
-    print(f"load average at start: {load_average()}")
-    print("| GPUs | dp | step (s) | simtrain TFLOP/s per GPU | MFU | paper TFLOP/s per GPU | paper MFU "
-          "| simulated in (wall) | CPU time | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for gpus in args.gpus:
-        row = measured_in_fresh_process(__file__, str(gpus))
-        paper_tflops, paper_mfu = PAPER[gpus]
-        figures = (f"{row['step_time_s']:.2f} | {row['tflops']:.0f} | {100 * row['mfu']:.0f}%" if row["status"] == "ok"
-                   else f"{row['status']} | | ")
-        print(f"| {gpus:,} | {gpus // 128} | {figures} "
-              f"| {paper_tflops} | {100 * paper_mfu:.0f}% | {row['wall_s']:.0f} s | {row['cpu_s']:.0f} s "
-              f"| {row['peak_rss_bytes'] / 2**30:.1f} GiB |", flush=True)
-    print(f"load average at end: {load_average()}")
+    print_measured_table(__file__, args.gpus,
+                         ["GPUs", "dp", "step (s)", "simtrain TFLOP/s per GPU", "MFU", "paper TFLOP/s per GPU",
+                          "paper MFU", "simulated in (wall)", "CPU time", "peak RSS"], _cells)
 
+
+def _cells(gpus: int, row: dict) -> list[str]:
+    """A row of the table: the run's figures beside Table 4's."""
+    paper_tflops, paper_mfu = PAPER[gpus]
+    figures = ([f"{row['step_time_s']:.2f}", f"{row['tflops']:.0f}", f"{100 * row['mfu']:.0f}%"]
+               if row["status"] == "ok" else [row["status"], "", ""])
+    return [f"{gpus:,}", str(gpus // 128), *figures, str(paper_tflops), f"{100 * paper_mfu:.0f}%",
+            f"{row['wall_s']:.0f} s", f"{row['cpu_s']:.0f} s", f"{row['peak_rss_bytes'] / 2**30:.1f} GiB"]
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ import resource
 import time
 from pathlib import Path
 
-from fresh_process import load_average, measured_in_fresh_process
+from fresh_process import print_measured_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("llama3-405b-16k", "llama3-405b-100k", "llama3-405b-gb200-100k")
@@ -47,17 +47,14 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one)))
         return
-    print(f"load average at start: {load_average()}")
-    print("| scenario | GPUs | step (s) | CPU time | target | wall | peak RSS | target |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in args.scenario:
-        row = measured_in_fresh_process(__file__, name)
-        step = f"{row['step_time_s']:.2f}" if row["status"] == "ok" else row["status"]
-        print(f"| {name} | {row['devices']:,} | {step} | {row['cpu_s']:.1f} s | {CPU_TARGET_S[name]} s "
-              f"| {row['wall_s']:.1f} s | {row['peak_rss_bytes'] / 2**30:.2f} GiB "
-              f"| {MEMORY_TARGET_BYTES / 2**30:.0f} GiB |", flush=True)
-    print(f"load average at end: {load_average()}")
-
+    print_measured_table(__file__, args.scenario,
+                         ["scenario", "GPUs", "step (s)", "CPU time", "target", "wall", "peak RSS", "target"],
+                         lambda name, row: [name, f"{row['devices']:,}",
+                                            f"{row['step_time_s']:.2f}" if row["status"] == "ok" else row["status"],
+                                            f"{row['cpu_s']:.1f} s", f"{CPU_TARGET_S[name]} s",
+                                            f"{row['wall_s']:.1f} s",
+                                            f"{row['peak_rss_bytes'] / 2**30:.2f} GiB",
+                                            f"{MEMORY_TARGET_BYTES / 2**30:.0f} GiB"])
 
 if __name__ == "__main__":
     main()
