@@ -118,6 +118,20 @@ def test_a_shipped_torchtitan_config_carries_its_values_and_runs(name, tmp_path)
     assert report["parallel"]["tp"] == tp and report["parallel"]["dp"] == devices // tp
 
 
+# Llama 3.2 1B and 3B, Hugging Face config.json of meta-llama/Llama-3.2-1B and -3B: num_hidden_layers,
+# hidden_size, intermediate_size, num_attention_heads, num_key_value_heads.
+LLAMA32 = {"1B": (16, 2048, 8192, 32, 8), "3B": (28, 3072, 8192, 24, 8)}
+
+
+@pytest.mark.parametrize("flavor", ["1B", "3B", "8B", "70B", "405B"])
+def test_each_flavor_gives_the_published_dims(flavor, tmp_path):
+    path = tmp_path / "flavor.toml"
+    path.write_text(f'[model]\nflavor = "{flavor}"\n[training]\nlocal_batch_size = 1\nseq_len = 1024\nsteps = 1\n')
+    model = import_torchtitan(path, devices=8).scenario().model
+    assert (model.layers, model.width, model.ffn_width, model.heads, model.key_value_heads) == {**LLAMA3,
+                                                                                               **LLAMA32}[flavor]
+
+
 def test_megatron_lms_llama3_arguments_carry_their_values_and_run(tmp_path):
     imported = import_megatron_args(MEGATRON_LLAMA3_8B.split(), devices=8, steps=2)
     scenario = imported.scenario()

@@ -120,11 +120,10 @@ def bounded_real(value, field: str, source: str, low: float, high: float) -> flo
     return number
 
 
-def expect(value, kind: type | tuple, field: str, source: str, what: str):
-    """`value` if it is of `kind`; else one line naming the source and the field ("expected `what`")."""
-    if isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise ConfigImportError(f"{source}: {field}: expected {what}, got {_shown(value)}")
-    if not isinstance(value, kind):
+def expect(value, kind: type, field: str, source: str, what: str):
+    """`value` if it is a `kind` (a boolean only where `kind` is bool); else one line naming the source and the
+    field ("expected `what`")."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ConfigImportError(f"{source}: {field}: expected {what}, got {_shown(value)}")
     return value
 

@@ -29,7 +29,6 @@ How each field maps:
 import difflib
 import math
 import tomllib
-from pathlib import Path
 
 from ..errors import ConfigImportError
 from ..limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_LEARNING_RATE, MAX_MICROBATCHES, MAX_SEED, MAX_SEQ_LEN, MAX_STEPS
@@ -168,7 +167,7 @@ def import_torchtitan(toml_file, devices: int, cluster_file: str | None = None, 
     notes = [f"torchtitan flavor {reader.flavor}: torchtitan 0.3.0, torchtitan/models/llama3/__init__.py.",
              f"World size {devices} (--devices), on the cluster of {cluster_file or 'scenarios/megatron-core-h100'}.",
              "AdamW as adam: torch's Adam, its weight decay added to the gradient (AdamW decouples it)."]
-    return Imported(source=source, raw=raw, not_carried=reader.not_carried, notes=notes)
+    return Imported(source=source, raw=raw, not_carried=reader.not_carried, notes=notes + reader.notes)
 
 
 def _sections(config: dict, source: str) -> dict[str, dict]:
@@ -212,6 +211,8 @@ class _Reader:
         self.not_carried: list[NotCarried] = []
         self.flavor = ""
         self.fp8 = False
+        self.cp = 1
+        self.notes: list[str] = []  # how a field was carried over where it is not one to one
 
     def take(self, section: str, key: str, default=None):
         """The value of `section.key` (the default when the file does not give it), marked carried."""
@@ -278,7 +279,7 @@ def _training_and_layout(reader: _Reader, devices: int, vocab: int, steps: int |
     shard = reader.int("parallelism", "data_parallel_shard_degree", -1, MAX_DEVICES, minimum=-1)
     tp = reader.int("parallelism", "tensor_parallel_degree", 1, MAX_DEVICES)
     pp = reader.int("parallelism", "pipeline_parallel_degree", 1, MAX_DEVICES)
-    cp = reader.int("parallelism", "context_parallel_degree", 1, MAX_DEVICES)
+    cp = reader.cp = reader.int("parallelism", "context_parallel_degree", 1, MAX_DEVICES)
     ep = reader.int("parallelism", "expert_parallel_degree", 1, MAX_DEVICES)
     if ep > 1:
         raise ConfigImportError(f"{source}: parallelism.expert_parallel_degree: {ep} shards experts; llama3 "
@@ -393,6 +394,9 @@ def _sharding(reader: _Reader, replicate: int, shard: int, pp: int, precision: s
                 reader.drop(field, "data_parallel_shard_degree is 1: no FSDP")
         return {"stage": 0}
     sharding = {"stage": 3}
+    if reader.cp > 1:
+        reader.notes.append(f"FSDP shards over data_parallel_shard_degree x context_parallel_degree in torchtitan; "
+                            f"here over the {shard} data-parallel shard ranks, each cp rank holding its shard.")
     if replicate > 1:
         sharding["degree"] = shard
     # torchtitan's "default": reshard after forward, except under pipeline parallelism
@@ -426,8 +430,8 @@ def _checkpointing(reader: _Reader) -> str:
         raise ConfigImportError(f"{source}: activation_checkpoint.selective_ac_option: {option[:40]!r} is not 'op' "
                                 "or a layer count")
     if option != "1":
-        reader.drop("activation_checkpoint.selective_ac_option", f"every {option}th layer recomputed is not built: "
-                                                                 "every layer is (full)")
+        reader.drop("activation_checkpoint.selective_ac_option",
+                    f"one layer in every {option} recomputed is not built: every layer is (full)")
     return "full"
 
 
