@@ -119,7 +119,7 @@ def megatron_scenario(values: dict, devices: int, cluster_file: str | None, sour
     raw["report"] = {"trace": False}
     not_carried = [NotCarried(label(key), _why(key)) for key in values if key not in reader.taken]
     notes = (*notes, f"World size {devices} (--devices), on the cluster of "
-                     f"{cluster_file or 'scenarios/megatron-core-h100'}.")
+                     f"{cluster_file or 'scenarios/megatron-core-h100'}.", *reader.notes)
     return Imported(source=source, raw=raw, not_carried=not_carried, notes=list(notes))
 
 
@@ -134,6 +134,8 @@ _WHY_BY_NAME = {
     "normalization": "a llama normalizes with RMSNorm", "position_embedding_type": "a llama has rotary embeddings",
     "swiglu": "a llama's MLP is SwiGLU",
     "train_iters": "simtrain import --steps given", "train_samples": "simtrain import --steps given",
+    "grad_reduce_in_bf16": "plain DDP all-reduces in the compute dtype here",
+    "grad_reduce_in_fp32": "plain DDP all-reduces in the compute dtype here",
 }
 
 
@@ -153,6 +155,7 @@ class _Values:
     def __init__(self, values: dict, source: str, label):
         self.values, self.source, self.label = values, source, label
         self.taken: set[str] = set()
+        self.notes: list[str] = []  # how a field was carried over where it is not one to one
 
     def get(self, name: str, default=None):
         self.taken.add(name)
@@ -362,23 +365,29 @@ def _optimizer(reader: _Values) -> dict:
 def _data_parallel(reader: _Values, model_parallel: bool, precision: str) -> dict:
     """The distributed optimizer (stage 1), FSDP's sharding strategy (stages 1 to 3), their overlap flags."""
     distributed = reader.switch("use_distributed_optimizer")
-    fsdp = reader.switch("use_torch_fsdp2") or reader.switch("use_megatron_fsdp")
+    torch_fsdp, megatron_fsdp = reader.switch("use_torch_fsdp2"), reader.switch("use_megatron_fsdp")
+    fsdp = torch_fsdp or megatron_fsdp
     strategy = reader.choice("data_parallel_sharding_strategy", "no_shard",
                              ("no_shard", "optim", "optim_grads", "optim_grads_params"))
-    if fsdp and distributed and reader.given("use_torch_fsdp2"):
+    if torch_fsdp and distributed:
         reader.fail("use_torch_fsdp2", "with --use-distributed-optimizer: torch FSDP2 shards on its own, as "
                                        "Megatron-LM asserts")
     stage = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}[strategy] if fsdp else 0
-    if reader.given("use_torch_fsdp2") and not reader.given("data_parallel_sharding_strategy"):
+    if torch_fsdp and not reader.given("data_parallel_sharding_strategy"):
         stage = 3  # torch FSDP2 shards parameters, gradients and optimizer state
     if stage == 0 and distributed:
         stage = 1
     grad_reduce = reader.switch("overlap_grad_reduce")
     param_gather = reader.switch("overlap_param_gather")
-    bf16_reduce = reader.switch("grad_reduce_in_bf16") or reader.get("grad_reduce_in_fp32", True) is False
+    in_bf16, in_fp32 = reader.switch("grad_reduce_in_bf16"), reader.get("grad_reduce_in_fp32", True)  # LM, Bridge
+    bf16_reduce = in_bf16 or in_fp32 is False
     if stage == 0:
         if param_gather:
             reader.taken.discard("overlap_param_gather")  # no distributed optimizer: nothing to gather
+        if precision != "fp32":
+            reader.taken.difference_update({"grad_reduce_in_bf16", "grad_reduce_in_fp32"})
+            reader.notes.append("DDP all-reduces the gradients in the compute dtype here (Megatron-LM in fp32 "
+                                "under --bf16 unless --grad-reduce-in-bf16).")
         return {"overlap": True} if grad_reduce else {}
     sharding = {"stage": stage}
     if precision != "fp32":
