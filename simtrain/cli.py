@@ -1,4 +1,5 @@
-"""The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, pbt replay.
+"""The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, pbt replay,
+report.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.all_reduce=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
@@ -12,6 +13,7 @@
     simtrain validate scenarios/quickstart.yaml
     simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics
     simtrain topo --topology topologies/dgx-a100-2node.yaml
+    simtrain report runs/quickstart --html            # report.html: the run's figures drawn, one page
 
 A user's mistake prints one line naming the field or file and exits with 2.
 
@@ -35,6 +37,7 @@ from rich.table import Table
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_STEPS
 from .cli_collective import collective, topo
+from .cli_report import report
 from .progress import RunProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
@@ -390,6 +393,7 @@ def validate(scenario_file, overrides):
 
 cli.add_command(collective)
 cli.add_command(topo)
+cli.add_command(report)
 
 
 def main(argv=None) -> None:
