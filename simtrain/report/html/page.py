@@ -59,8 +59,9 @@ def run_page(run) -> str:
 
 def sweep_page(sweep) -> str:
     grids = ", ".join(sweep.grid_paths) or "no grid"
-    body = (f"<h1>simtrain sweep: {escape(sweep.folder.name)}</h1><p class=\"note\">simtrain sweep over {escape(grids)}: "
-            f"{len(sweep.rows)} points (sweep.json).</p>" + whatif_page_body(sweep))
+    body = (f"<h1>simtrain sweep: {escape(sweep.folder.name)}</h1>"
+            f"<p class=\"note\">simtrain sweep over {escape(grids)}: {len(sweep.rows)} points (sweep.json).</p>"
+            + whatif_page_body(sweep))
     return _page(f"sweep {sweep.folder.name}: simtrain report", body)
 
 

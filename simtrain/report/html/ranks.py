@@ -6,7 +6,7 @@ mirrored rank's entry is its representative's figures under its own rank
 memory) are one row: the representative, the lowest rank, and the ranks it
 stands for. Data-parallel replicas that ran the same step fold the same way.
 Should more than `MAX_ROWS` rows remain, the job's ranks are cut into
-`MAX_ROWS` runs of consecutive ranks, each drawn as its ranks' mean (its label
+`MAX_ROWS` runs of consecutive ranks (as long as each other, to a rank), each drawn as its ranks' mean (its label
 says so).
 
     rows = rank_rows(report)       # [RankRow(ranks=[0], breakdown_s={...}, ...), ...]
@@ -68,8 +68,8 @@ def rank_rows(report: dict) -> list[RankRow]:
         groups.setdefault(key, []).append(device)
     if len(groups) <= MAX_ROWS:
         return [_row(members, divisor, mean=False) for members in groups.values()]
-    size = -(-len(devices) // MAX_ROWS)
-    return [_row(devices[start:start + size], divisor, mean=True) for start in range(0, len(devices), size)]
+    bounds = [len(devices) * row // MAX_ROWS for row in range(MAX_ROWS + 1)]  # runs differ by one rank at most
+    return [_row(devices[start:end], divisor, mean=True) for start, end in zip(bounds, bounds[1:])]
 
 
 def _row(members: list[dict], divisor: int, mean: bool) -> RankRow:

@@ -44,8 +44,8 @@ def rate_text(value: float) -> str:
 
 
 def attributes(**values) -> str:
-    """` name="value"` for each value that is not None; `data_x` is written `data-x`."""
-    return "".join(f' {name.replace("_", "-")}="{escape(str(value), quote=True)}"'
+    """` name="value"` for each value that is not None; `data_x` is written `data-x`, `class_` `class`."""
+    return "".join(f' {name.rstrip("_").replace("_", "-")}="{escape(str(value), quote=True)}"'
                    for name, value in values.items() if value is not None)
 
 

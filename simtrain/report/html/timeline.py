@@ -86,7 +86,7 @@ def _tracks(trace: dict, end_s: float) -> tuple[list[tuple[str, list]], int]:
             names[key] = event["args"]["name"]
         elif event.get("ph") == "X":
             start_s = event["ts"] * 1e-6
-            if start_s < end_s:
+            if start_s < end_s and event["dur"] > 0:  # a span of no time has nothing to draw
                 spans.setdefault(key, []).append((_kind(event), event["name"], start_s,
                                                   min(end_s, start_s + event["dur"] * 1e-6)))
     tracks, skipped = [], 0
