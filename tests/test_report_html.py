@@ -298,3 +298,13 @@ def test_bad_folders_are_one_line_naming_the_path(pipeline_run, tmp_path, capsys
     (tmp_path / "bad_sweep" / "sweep.json").write_text(json.dumps([{"index": 0}]))
     assert "sweep.json: [0].status: missing" in one_line_error(capsys, "report", tmp_path / "bad_sweep", "--html")
     assert "say --html" in one_line_error(capsys, "report", pipeline_run)
+
+
+def test_a_run_that_stopped_before_any_time_passed_says_so(pipeline_run):
+    """An out-of-memory run stops at 0 s with no step: no bar, no timeline, and the page says why."""
+    report = json.loads((pipeline_run / "report.json").read_text())
+    zero = {kind: 0.0 for kind in report["breakdown_s"]}
+    stopped = {**report, "steps": 0, "sim_time_s": 0.0, "step_time_s": None, "loss_curve": [],
+               "breakdown_s": zero, "devices": [{**device, "breakdown_s": zero} for device in report["devices"]]}
+    page = run_page(RunInputs(pipeline_run, stopped, {"traceEvents": []}))
+    assert page.count("No simulated time passed") == 2 and 'data-chart="step breakdown"' not in page

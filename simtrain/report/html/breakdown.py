@@ -26,8 +26,8 @@ def breakdown_section(report: dict) -> str:
                             for kind in kinds],
                 f"{format_seconds(row.step_total_s)}", tooltip=row.ranks_text) for row in rows]
     scale = max((row.step_total_s for row in rows), default=0.0)
-    chart = stacked_bars(bars, scale, format_seconds, "step breakdown",
-                         [(kind, KIND_COLOURS[kind]) for kind in kinds])
+    chart = (stacked_bars(bars, scale, format_seconds, "step breakdown", [(kind, KIND_COLOURS[kind]) for kind in kinds])
+             if scale > 0 else '<p class="note">No simulated time passed: there is nothing to draw.</p>')
     per = "per step" if report["steps"] else "over the run (no step ended)"
     folded = sum(len(row.ranks) for row in rows if len(row.ranks) > 1 and not row.mean)
     notes = []
@@ -49,4 +49,4 @@ def breakdown_section(report: dict) -> str:
 def _mean_line(report: dict) -> str:
     breakdown = report["breakdown_s"]
     return escape(", ".join(f"{kind} {format_seconds(seconds)}" for kind, seconds in breakdown.items()
-                            if seconds))
+                            if seconds) or "none")

@@ -43,6 +43,9 @@ def timeline_section(report: dict, trace: dict | None) -> str:
                 "again with <code>--set report.trace=true</code> for a timeline per rank.</p>"
                 f"<p>{escape(pipeline)}</p></section>")
     end_s = step_window_s(report)
+    if end_s <= 0:
+        return (f'<section id="timeline"><h2>{title}</h2><p class="note">No simulated time passed: there is no '
+                f"step to draw.</p></section>")
     tracks, skipped = _tracks(trace, end_s)
     shown = tracks[:MAX_TRACKS]
     chart = _chart(shown, end_s) if shown else '<p class="note">No span in the first step.</p>'
