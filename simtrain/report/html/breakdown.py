@@ -7,18 +7,18 @@ bubble, checkpoint and restart (a run with faults), idle, each the device's
 `breakdown_s` averages them. The bar's length is the step; the label at its
 end is its total.
 
-    html = breakdown_section(report)     # an <section> with a heading, a sentence and the chart
+    html = breakdown_section(report, rank_rows(report))   # a <section>: a heading, a sentence and the chart
 """
 from html import escape
 
 from ...units import format_seconds
 from .bars import Bar, Segment, stacked_bars
-from .ranks import rank_rows
+from .ranks import RankRow
 from .svg import KIND_COLOURS
 
 
-def breakdown_section(report: dict) -> str:
-    rows = rank_rows(report)
+def breakdown_section(report: dict, rows: list[RankRow]) -> str:
+    """The section; `rows`: ranks.py's rank_rows(report)."""
     kinds = [kind for kind in KIND_COLOURS if any(row.breakdown_s.get(kind) for row in rows)]
     bars = [Bar(row.label, [Segment(kind, row.breakdown_s.get(kind) or 0.0, KIND_COLOURS[kind],
                                     f"{row.ranks_text}: {kind} {format_seconds(row.breakdown_s.get(kind) or 0.0)}",

@@ -7,20 +7,20 @@ draws what there is, one stacked bar per row of ranks.py. The device's
 capacity is a dashed line where it falls within the axis (a run near its
 limit); the label gives the peak and its share of the capacity.
 
-    html = memory_section(report)
+    html = memory_section(report, rank_rows(report))
 """
 from html import escape
 
 from ...units import format_bytes
 from .bars import Bar, Segment, stacked_bars
-from .ranks import rank_rows
+from .ranks import RankRow
 from .svg import SERIES_COLOURS
 
 NEAR_CAPACITY = 0.5  # the axis reaches the capacity when a peak holds at least this share of it
 
 
-def memory_section(report: dict) -> str:
-    rows = rank_rows(report)
+def memory_section(report: dict, rows: list[RankRow]) -> str:
+    """The section; `rows`: ranks.py's rank_rows(report)."""
     categories = list(dict.fromkeys(name for row in rows for name, nbytes in row.memory_by_category.items()
                                     if nbytes))
     colours = {name: SERIES_COLOURS[index % len(SERIES_COLOURS)] for index, name in enumerate(categories)}

@@ -18,6 +18,7 @@ from .breakdown import breakdown_section
 from .inputs import ReportInputError, folder_kind, job_devices, read_run, read_sweep
 from .links import links_section
 from .memory import memory_section
+from .ranks import rank_rows
 from .timeline import timeline_section
 from .svg import rate_text
 from .whatif import whatif_page_body
@@ -52,8 +53,9 @@ def write_html_report(folder: Path, out: Path | None = None) -> Path:
 
 def run_page(run) -> str:
     report = run.report
-    body = (_headline(report) + breakdown_section(report) + timeline_section(report, run.trace)
-            + memory_section(report) + links_section(report))
+    rows = rank_rows(report)
+    body = (_headline(report) + breakdown_section(report, rows) + timeline_section(report, run.trace)
+            + memory_section(report, rows) + links_section(report))
     return _page(f"{report['name']}: simtrain report", body)
 
 

@@ -13,7 +13,6 @@ says so).
     rows[1].label                  # 'rank 0', 'rank 1 +15 equal' or 'ranks 0-127 (mean)'
     rows[1].ranks_text             # 'ranks 1, 3, 9-11, ... (16)'
 """
-import json
 from dataclasses import dataclass
 
 from .inputs import job_devices
@@ -61,10 +60,10 @@ def rank_rows(report: dict) -> list[RankRow]:
     """The job's devices, ranks with equal figures folded into one row; at most MAX_ROWS rows."""
     devices = sorted(job_devices(report), key=lambda device: device["rank"])
     divisor = per_step_divisor(report)
-    groups: dict[str, list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for device in devices:
-        key = json.dumps([device["device"], device["breakdown_s"], device["peak_memory_bytes_by_category"],
-                          device["capacity_bytes"]], sort_keys=True)
+        key = (device["device"], tuple(device["breakdown_s"].items()),
+               tuple(device["peak_memory_bytes_by_category"].items()), device["capacity_bytes"])
         groups.setdefault(key, []).append(device)
     if len(groups) <= MAX_ROWS:
         return [_row(members, divisor, mean=False) for members in groups.values()]
