@@ -11,7 +11,10 @@ disk, with no server. From the DOM Chromium builds and from its screenshot:
   step_time_s (each rank's kinds add up to the step);
 - the timeline has a track per stage, and each track's compute in the first
   step is its device's compute per step in report.json;
-- the memory bars hold each rank's bytes by category at its peak;
+- the memory over the first step is trace.json's counters, which hold the
+  ledger's changes (each rank's largest total is report.json's peak; a 1F1B
+  stage holds at most pp - s microbatches' activations), and the memory bars
+  hold each rank's bytes by category at its peak;
 - the link bars hold each busy link's utilisation;
 - the sweep's dots are its points, and the ringed ones are exactly those no
   other point beats on cost and throughput (checked pairwise here);
@@ -30,8 +33,10 @@ import pytest
 
 from simtrain.report.html.page import run_page
 from simtrain.report.html.inputs import RunInputs
+from simtrain.report.html.memory_timeline import memory_counters
 from simtrain.report.html.ranks import MAX_ROWS, rank_rows
 from simtrain.report.html.svg import KIND_COLOURS
+from simtrain.report.html.timeline import step_window_s
 from simtrain.report.html.whatif import pareto_front
 from simtrain.units import format_seconds
 from test_hostile_input import cli, one_line_error
@@ -179,6 +184,29 @@ def test_memory_and_links_are_report_jsons(pipeline_run, tmp_path):
     rects = chart(dom, "link utilisation").find_all("rect", data_kind="busy")
     assert sorted(float(r.attrs["data-utilization"]) for r in rects) == sorted(link["utilization"] for link in busy)
     assert sorted(int(r.attrs["data-bytes"]) for r in rects) == sorted(link["bytes"] for link in busy)
+
+
+@needs_chromium
+def test_memory_over_the_step_is_the_ledgers(pipeline_run, tmp_path):
+    """The counters hold the ledger's changes: each rank's largest total over the run is report.json's peak, and
+    in the first step a 1F1B stage s of pp holds at most pp - s microbatches' activations at once (the schedule's
+    in-flight bound, Narayanan et al. 2021). The chart draws each rank's first-step peak."""
+    report = json.loads((pipeline_run / "report.json").read_text())
+    counters = memory_counters(json.loads((pipeline_run / "trace.json").read_text()))
+    end_s = step_window_s(report)
+    pp = report["parallel"]["pp"]
+    dom = rendered(pipeline_run / "report.html", tmp_path)
+    drawn = {int(g.attrs["data-memory-rank"]): int(g.attrs["data-peak-bytes"])
+             for g in chart(dom, "memory over the step").find_all("g") if g.has("data-memory-rank")}
+    assert sorted(drawn) == sorted(counters) == list(range(pp))
+    for device in report["devices"]:
+        samples = counters[device["rank"]]
+        assert max(sum(held.values()) for _, held in samples) == device["peak_memory_bytes"]
+        first_step = [held for time, held in samples if time < end_s]
+        assert drawn[device["rank"]] == max(sum(held.values()) for held in first_step)
+        activations = [held.get("activations", 0) for held in first_step]
+        one_microbatch = min(nbytes for nbytes in activations if nbytes)
+        assert max(activations) == (pp - device["rank"]) * one_microbatch
 
 
 @needs_chromium

@@ -19,7 +19,7 @@ from .inputs import ReportInputError, folder_kind, job_devices, read_run, read_s
 from .links import links_section
 from .memory import memory_section
 from .ranks import rank_rows
-from .timeline import timeline_section
+from .timeline import step_window_s, timeline_section
 from .svg import rate_text
 from .whatif import whatif_page_body
 
@@ -28,6 +28,7 @@ body{font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;c
 margin:24px auto;max-width:1010px;padding:0 12px;line-height:1.45}
 h1{font-size:24px;margin:0 0 4px}
 h2{font-size:18px;margin:32px 0 6px;border-bottom:1px solid #ddd;padding-bottom:4px}
+h3{font-size:15px;margin:18px 0 4px;color:#333}
 p{margin:6px 0;max-width:980px}.note{color:#555;font-size:14px}.warn{color:#a33;font-weight:600}
 code{background:#f3f3f3;padding:0 3px;border-radius:3px;font-size:90%}
 dl.figures{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:12px 0}
@@ -55,7 +56,7 @@ def run_page(run) -> str:
     report = run.report
     rows = rank_rows(report)
     body = (_headline(report) + breakdown_section(report, rows) + timeline_section(report, run.trace)
-            + memory_section(report, rows) + links_section(report))
+            + memory_section(report, rows, run.trace, step_window_s(report)) + links_section(report))
     return _page(f"{report['name']}: simtrain report", body)
 
 

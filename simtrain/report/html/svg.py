@@ -43,6 +43,16 @@ def rate_text(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def binary_unit(nbytes: float) -> tuple[str, int]:
+    """The largest of B, KiB, MiB, GiB, TiB that `nbytes` holds at least once: the axis counts in it."""
+    name, size = "B", 1
+    for candidate in ("KiB", "MiB", "GiB", "TiB"):
+        if nbytes < size * 1024:
+            break
+        name, size = candidate, size * 1024
+    return name, size
+
+
 def attributes(**values) -> str:
     """` name="value"` for each value that is not None; `data_x` is written `data-x`, `class_` `class`."""
     return "".join(f' {name.rstrip("_").replace("_", "-")}="{escape(str(value), quote=True)}"'
