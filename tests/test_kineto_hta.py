@@ -34,6 +34,9 @@ import simtrain.dist
 from simtrain.dist import Representatives
 from simtrain.scenario import validate_scenario
 
+# HTA 0.5.0 calls pandas in ways pandas 3 deprecates (inplace=, lsuffix=): its warnings, not ours
+pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
+
 WIDTHS, BATCH, WORLD, STEPS = [64, 256, 256, 256, 10], 64, 4, 3
 RATE, ALPHA, BANDWIDTH, STRAGGLER = 1e9, 1e-5, 1e9, 3
 

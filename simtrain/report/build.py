@@ -90,7 +90,7 @@ class Report:
 
     def write(self, out_dir: Path) -> list[Path]:
         """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics), trace.json and
-        kineto/rank<N>.json.
+        kineto/rank<N>.json; the paths written (the kineto folder as one).
 
         Each file is written to a temporary name and renamed into place, so an
         interrupted write never leaves a half file over an earlier good one.
@@ -99,12 +99,14 @@ class Report:
         outputs = {"report.json": self.to_json().encode(), "scenario.resolved.yaml": self.scenario_yaml.encode()}
         if self.trace is not None:
             outputs["trace.json"] = json.dumps(self.trace, separators=(",", ":")).encode()
-        if self.kineto is not None:
-            (out_dir / "kineto").mkdir(exist_ok=True)
-            outputs.update(kineto_files(self.kineto))
         written = []
         for name, payload in outputs.items():
             written.append(write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
+        if self.kineto is not None:
+            (out_dir / "kineto").mkdir(exist_ok=True)
+            for name, payload in kineto_files(self.kineto).items():
+                write_atomic(out_dir / name, lambda f, p=payload: f.write(p))
+            written.append(out_dir / "kineto")
         if not self.final_model_is_meta:
             written.append(write_atomic(out_dir / "final_model.pt",
                                          lambda f: torch.save(self.final_model.state_dict(), f)))
