@@ -35,7 +35,7 @@ from simtrain.dist import Representatives
 from simtrain.scenario import validate_scenario
 
 # HTA 0.5.0 calls pandas in ways pandas 3 deprecates (inplace=, lsuffix=): its warnings, not ours
-pytestmark = pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning")
+pytestmark = [pytest.mark.filterwarnings("ignore::pandas.errors.Pandas4Warning"), pytest.mark.slow]
 
 WIDTHS, BATCH, WORLD, STEPS = [64, 256, 256, 256, 10], 64, 4, 3
 RATE, ALPHA, BANDWIDTH, STRAGGLER = 1e9, 1e-5, 1e9, 3
@@ -123,8 +123,9 @@ def test_temporal_breakdown_is_report_json_per_rank(straggler):
 
 def test_overlap_and_kernel_breakdown_of_a_rank_that_never_waits_are_the_closed_forms(straggler):
     overlap = straggler.analysis.get_comm_comp_overlap(visualize=False).set_index("rank")["comp_comm_overlap_pctg"]
-    communication_kernels = sum(event["name"].startswith("nccl") for event in straggler.traces[STRAGGLER]["traceEvents"])
-    # HTA rounds the percentage to 0.01; each kernel's ends move by 0.5 us at most
+    events = straggler.traces[STRAGGLER]["traceEvents"]
+    communication_kernels = sum(event["name"].startswith("nccl") for event in events)
+    # HTA rounds the percentage to 0.01; the hidden and the whole communication time move by n us at most each
     tolerance_pct = 0.005 + 100 * 2 * communication_kernels / ALL_REDUCES_US
     assert overlap[STRAGGLER] == pytest.approx(100 * (1 - EXPOSED_US / ALL_REDUCES_US), abs=tolerance_pct)
     by_type, by_kernel = straggler.analysis.get_gpu_kernel_breakdown(visualize=False)
