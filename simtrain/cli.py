@@ -118,7 +118,7 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
         print_summary(report.data)
-    console.print(f"wrote {out}/" + ", ".join(path.name for path in written), soft_wrap=True)
+    console.print(f"wrote {out}/" + ", ".join(path.name + "/" * path.is_dir() for path in written), soft_wrap=True)
     if report.data["status"] == "failed":
         err_console.print(f"job failed: {one_line(report.data['failure'])} (wrote {out}/report.json)",
                           markup=False, highlight=False, soft_wrap=True)

@@ -249,7 +249,7 @@ class SimCommunicator:
         end = now + call.launch_s
         if self.log is not None:
             if state.charged:
-                self.log.count(self.global_ranks[state.rank], "communication", now, end)
+                self.log.count(self.global_ranks[state.rank], "communication", now, end, call.name)
                 state.charged_s += end - now
             self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end)
         if call.helpers is not None:
@@ -419,7 +419,8 @@ class SimCommunicator:
                 self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
             state.charged_s += state.span_end - state.span_start
             if self.log is not None:
-                self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end)
+                self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end,
+                               state.label)
             self._shown_grows(state, state.span_start, state.span_end, state.span_bytes)
         state.span_start = state.span_end = None
         state.span_bytes = 0

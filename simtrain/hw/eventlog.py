@@ -7,6 +7,11 @@ by simtrain: "compute", "communication", "optimizer" (and more as techniques
 add them). Transfers on links are kept by the network (`Network.records`);
 reports, traces and plots are views of these two logs.
 
+A recording log also keeps the parts of each rank's communication that
+counted (`communication_parts`, spans of the seconds counted in parts by
+`count`: a collective's transfers, without the waits for peers inside it),
+from which the Kineto traces draw their NCCL kernels (report/kineto.py).
+
 Totals are kept as spans arrive, whether or not the spans themselves are
 kept: seconds per (rank, kind), and bytes and FLOPs per (rank, kind, label).
 Bytes that move without a span of their own (a send posted without waiting
@@ -46,6 +51,7 @@ class EventLog:
     def __init__(self, record: bool = True):
         self.record = record
         self.spans: list[Span] = []
+        self.communication_parts: list[Span] = []  # the counted seconds of communication (record only)
         self.totals: dict[tuple[int, str], float] = {}
         self._bytes: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> bytes
         self._flops: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> FLOPs
@@ -67,11 +73,12 @@ class EventLog:
     def span(self, rank: int, kind: str, name: str, start: float, end: float,
              nbytes: float = 0, flops: float = 0) -> None:
         """Rank `rank` spent start..end on `kind`: the seconds are counted and the span kept."""
-        self.count(rank, kind, start, end)
+        self.count(rank, kind, start, end, name)
         self.show(rank, kind, name, start, end, nbytes, flops)
 
-    def count(self, rank: int, kind: str, start: float, end: float) -> None:
-        """The seconds start..end of `rank` count as `kind`, shown as part of a longer span (`show`)."""
+    def count(self, rank: int, kind: str, start: float, end: float, label: str) -> None:
+        """The seconds start..end of `rank` count as `kind`, shown as part of a longer span named `label`
+        (`show`)."""
         key = (rank, kind)
         self.totals[key] = self.totals.get(key, 0.0) + (end - start)
         if end > self.last_end_s:
@@ -79,6 +86,8 @@ class EventLog:
         tracked = self._overlapping.get(rank)
         if tracked is not None:
             tracked[kind != "communication"].append((start, end))
+        if self.record and kind == "communication":
+            self.communication_parts.append(Span(self.job_of.get(rank, 0), rank, kind, label, start, end, 0, 0))
 
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
              nbytes: float = 0, flops: float = 0) -> None:
@@ -114,6 +123,8 @@ class EventLog:
                 span = span._replace(end=now)
             kept.append(span)
         self.spans = kept
+        self.communication_parts = [part if part.rank != rank or part.end <= now else part._replace(end=now)
+                                    for part in self.communication_parts if part.rank != rank or part.start < now]
         self.last_end_s = max((span.end for span in kept), default=0.0)
         for intervals in self._overlapping.get(rank, ()):
             intervals[:] = [(start, min(end, now)) for start, end in intervals if start < now]

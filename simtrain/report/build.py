@@ -24,6 +24,7 @@ from ..scenario import Scenario
 from ..version import __version__
 from .core import ReportCore
 from .flops import flops_section
+from .kineto import build_kineto, kineto_files
 from .parallel import parallel_section
 from .sections import check_section
 from .trace import build_trace
@@ -82,12 +83,14 @@ class Report:
     final_models: list[torch.nn.Module]
     trace: dict | None
     scenario_yaml: str
+    kineto: dict[int, dict] | None = None  # rank -> its PyTorch profiler trace (report/kineto.py)
 
     def to_json(self) -> str:
         return json_text(finite_or_none(self.data)) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:
-        """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics) and trace.json.
+        """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics), trace.json and
+        kineto/rank<N>.json; the paths written (the kineto folder as one).
 
         Each file is written to a temporary name and renamed into place, so an
         interrupted write never leaves a half file over an earlier good one.
@@ -98,9 +101,14 @@ class Report:
             outputs["trace.json"] = json.dumps(self.trace, separators=(",", ":")).encode()
         written = []
         for name, payload in outputs.items():
-            written.append(_write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
+            written.append(write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
+        if self.kineto is not None:
+            (out_dir / "kineto").mkdir(exist_ok=True)
+            for name, payload in kineto_files(self.kineto).items():
+                write_atomic(out_dir / name, lambda f, p=payload: f.write(p))
+            written.append(out_dir / "kineto")
         if not self.final_model_is_meta:
-            written.append(_write_atomic(out_dir / "final_model.pt",
+            written.append(write_atomic(out_dir / "final_model.pt",
                                          lambda f: torch.save(self.final_model.state_dict(), f)))
         return written
 
@@ -126,7 +134,8 @@ def finite_or_none(value):
     return value
 
 
-def _write_atomic(path: Path, write) -> Path:
+def write_atomic(path: Path, write) -> Path:
+    """`write(file)` into a temporary name beside `path`, then renamed to it: never a half file at `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -225,7 +234,9 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
                                "devices": [entry for entry in devices if entry["rank"] not in result.mirror_of],
                                "links": links[:1]})
     trace = build_trace(cluster) if scenario.report.trace else None
-    return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
+    kineto = build_kineto(cluster, ranks, result.mirror_of) if scenario.report.kineto else None
+    return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml(),
+                  kineto=kineto)
 
 
 def _shared_memory_entry(cluster: Cluster) -> dict:
