@@ -85,7 +85,7 @@ class _RankProgram:
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
                  "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown", "comm", "posted",
-                 "charged", "charged_s", "idle", "idle_from", "wire")
+                 "charged", "charged_s", "idle", "idle_from", "wire", "op")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -110,6 +110,17 @@ class _RankProgram:
         self.idle = None  # an awaited program's span kind for waiting on a peer (None: not logged)
         self.idle_from = None  # since when an awaited program waits with nothing in flight
         self.wire = None  # an NcclCall's protocol (nccl.Wire), on the top-level program; None: the links as they are
+        self.op = program_name(program) if parent is None else ""  # what the rank's span names (program_name)
+
+
+def program_name(program) -> str:
+    """The collective a rank's program runs, as its span names it: an NCCL call's collective, a ring phase's
+    kind, a wrapped program's class, a generator's function ("ring_all_reduce", "pairwise_all_to_all")."""
+    if type(program) is NcclCall:
+        return program.collective
+    if type(program) is RingPhase:
+        return program.kind
+    return getattr(program, "__name__", type(program).__name__)
 
 
 class _Mailbox:
@@ -192,6 +203,7 @@ class SimCommunicator:
         self.log = log
         self.ledgers = ledgers
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
+        self.group = tuple(self.global_ranks)  # what its spans name as their group (one tuple, shared)
         self._mailboxes: dict[int, _Mailbox] = {}  # key (tag * world + src) * world + dst
         self._running: dict[int, _RankProgram] = {}
         self._posted: dict[int, list[_RankProgram]] = {}  # rank -> its posted programs not ended yet
@@ -436,5 +448,5 @@ class SimCommunicator:
         if state.shown is not None and self.log is not None:
             start, end, nbytes = state.shown
             self.log.show(self.global_ranks[state.rank], "communication", state.label, start, end,
-                          nbytes=nbytes * self.copies)
+                          nbytes=nbytes * self.copies, group=self.group, op=state.op)
         state.shown = None

@@ -2,7 +2,10 @@
 
 A span is (job, rank, kind, name, start, end, nbytes, flops) in simulated
 seconds, where rank is the device's global rank on the cluster and job the
-index of the job that holds the device (0 until a job takes it). Kinds used
+index of the job that holds the device (0 until a job takes it). A rank's part
+of a collective also names its group (the global ranks of its communicator)
+and the program that ran (`op`: "all_reduce", "ring_all_reduce", ...), which
+a Chakra execution trace needs (report/chakra.py). Kinds used
 by simtrain: "compute", "communication", "optimizer" (and more as techniques
 add them). Transfers on links are kept by the network (`Network.records`);
 reports, traces and plots are views of these two logs.
@@ -33,6 +36,8 @@ class Span(NamedTuple):
     end: float
     nbytes: float
     flops: float
+    group: tuple = ()  # a collective's: the global ranks of its communicator, in its rank order
+    op: str = ""  # a collective's: the name of the program its rank ran
 
 
 class EventLog:
@@ -81,7 +86,7 @@ class EventLog:
             tracked[kind != "communication"].append((start, end))
 
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
-             nbytes: float = 0, flops: float = 0) -> None:
+             nbytes: float = 0, flops: float = 0, group: tuple = (), op: str = "") -> None:
         """Keep a span whose seconds were counted in parts (`count`): a rank's collective is one span from its
         first transfer to its last, while a wait for a peer within it counts as idle. Its bytes and FLOPs are
         counted here, once."""
@@ -91,7 +96,7 @@ class EventLog:
         if flops:
             _add(self._flops, key, name, flops)
         if self.record:
-            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
+            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops, group, op))
 
     def count_bytes(self, rank: int, kind: str, label: str, nbytes: float) -> None:
         """Rank `rank` moved `nbytes` for `label`: bytes that no span of its own carries (a span's are counted

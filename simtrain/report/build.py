@@ -21,7 +21,9 @@ import torch
 
 from ..hw.cluster import Cluster
 from ..scenario import Scenario
+from ..errors import ScenarioError
 from ..version import __version__
+from .chakra import chakra_files
 from .core import ReportCore
 from .flops import flops_section
 from .parallel import parallel_section
@@ -82,12 +84,13 @@ class Report:
     final_models: list[torch.nn.Module]
     trace: dict | None
     scenario_yaml: str
+    chakra: dict[str, bytes] | None = None  # chakra/'s files by name (report/chakra.py); None: not asked for
 
     def to_json(self) -> str:
         return json_text(finite_or_none(self.data)) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:
-        """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics) and trace.json.
+        """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics), trace.json and chakra/.
 
         Each file is written to a temporary name and renamed into place, so an
         interrupted write never leaves a half file over an earlier good one.
@@ -96,6 +99,9 @@ class Report:
         outputs = {"report.json": self.to_json().encode(), "scenario.resolved.yaml": self.scenario_yaml.encode()}
         if self.trace is not None:
             outputs["trace.json"] = json.dumps(self.trace, separators=(",", ":")).encode()
+        if self.chakra is not None:
+            (out_dir / "chakra").mkdir(exist_ok=True)
+            outputs.update({f"chakra/{name}": payload for name, payload in self.chakra.items()})
         written = []
         for name, payload in outputs.items():
             written.append(_write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
@@ -225,7 +231,14 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
                                "devices": [entry for entry in devices if entry["rank"] not in result.mirror_of],
                                "links": links[:1]})
     trace = build_trace(cluster) if scenario.report.trace else None
-    return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
+    chakra = None
+    if scenario.report.chakra:
+        if result.mirror_of:
+            raise ScenarioError("report.chakra: a run with representatives simulates one rank of each class; "
+                                "its Chakra traces need every rank's own (run it without representatives)")
+        chakra = chakra_files(cluster, ranks, steps)
+    return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml(),
+                  chakra=chakra)
 
 
 def _shared_memory_entry(cluster: Cluster) -> dict:
