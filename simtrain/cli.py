@@ -35,6 +35,7 @@ from rich.table import Table
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_STEPS
 from .cli_collective import collective, topo
+from .cli_replay import replay as replay_traces
 from .progress import RunProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
@@ -390,6 +391,7 @@ def validate(scenario_file, overrides):
 
 cli.add_command(collective)
 cli.add_command(topo)
+cli.add_command(replay_traces)
 
 
 def main(argv=None) -> None:

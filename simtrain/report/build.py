@@ -99,12 +99,14 @@ class Report:
         outputs = {"report.json": self.to_json().encode(), "scenario.resolved.yaml": self.scenario_yaml.encode()}
         if self.trace is not None:
             outputs["trace.json"] = json.dumps(self.trace, separators=(",", ":")).encode()
-        if self.chakra is not None:
-            (out_dir / "chakra").mkdir(exist_ok=True)
-            outputs.update({f"chakra/{name}": payload for name, payload in self.chakra.items()})
         written = []
         for name, payload in outputs.items():
             written.append(_write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
+        if self.chakra is not None:  # one folder of a file per rank: named once among what was written
+            (out_dir / "chakra").mkdir(exist_ok=True)
+            for name, payload in self.chakra.items():
+                _write_atomic(out_dir / "chakra" / name, lambda f, p=payload: f.write(p))
+            written.append(out_dir / "chakra")
         if not self.final_model_is_meta:
             written.append(_write_atomic(out_dir / "final_model.pt",
                                          lambda f: torch.save(self.final_model.state_dict(), f)))
