@@ -85,7 +85,7 @@ class _RankProgram:
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
                  "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown", "comm", "posted",
-                 "charged", "charged_s", "idle", "idle_from", "wire", "op")
+                 "charged", "charged_s", "idle", "idle_from", "wire", "op", "posted_bytes", "first_s")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -111,6 +111,8 @@ class _RankProgram:
         self.idle_from = None  # since when an awaited program waits with nothing in flight
         self.wire = None  # an NcclCall's protocol (nccl.Wire), on the top-level program; None: the links as they are
         self.op = program_name(program) if parent is None else ""  # what the rank's span names (program_name)
+        self.posted_bytes = 0  # a posted program's bytes, counted as sent: its span shows them (not again counted)
+        self.first_s = None  # a posted program's first transfer began then (its span shows the awaited part)
 
 
 def program_name(program) -> str:
@@ -263,7 +265,8 @@ class SimCommunicator:
             if state.charged:
                 self.log.count(self.global_ranks[state.rank], "communication", now, end)
                 state.charged_s += end - now
-            self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end)
+            self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end, group=self.group,
+                          op=f"{call.collective} launch")
         if call.helpers is not None:
             self._helpers.posted(state.rank, call, end)
         self.network.at(end, lambda: self._advance(state, None))
@@ -363,6 +366,7 @@ class SimCommunicator:
         self._transfer_begins(receiver.owner, now)
         if owner.posted:  # a posted send (a pipeline's) is counted when sent: its sender never awaits it
             self.bytes_by_label[owner.label] = self.bytes_by_label.get(owner.label, 0) + nbytes
+            owner.posted_bytes += nbytes
             if self.log is not None:
                 self.log.count_bytes(self.global_ranks[sender.rank], "communication", owner.label,
                                      nbytes * self.copies)
@@ -403,6 +407,8 @@ class SimCommunicator:
             start()
 
     def _transfer_begins(self, state: _RankProgram, now: float) -> None:
+        if state.posted and state.first_s is None:
+            state.first_s = now
         if state.idle_from is not None:  # an awaited program's wait for its peer ends
             if state.idle is not None and now > state.idle_from and self.log is not None:
                 self.log.span(self.global_ranks[state.rank], state.idle, state.idle, state.idle_from, now)
@@ -448,5 +454,7 @@ class SimCommunicator:
         if state.shown is not None and self.log is not None:
             start, end, nbytes = state.shown
             self.log.show(self.global_ranks[state.rank], "communication", state.label, start, end,
-                          nbytes=nbytes * self.copies, group=self.group, op=state.op)
+                          nbytes=nbytes * self.copies, group=self.group, op=state.op,
+                          counted_bytes=state.posted_bytes * self.copies, posted_s=state.first_s)
+            state.posted_bytes, state.first_s = 0, None
         state.shown = None

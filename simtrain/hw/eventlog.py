@@ -5,7 +5,9 @@ seconds, where rank is the device's global rank on the cluster and job the
 index of the job that holds the device (0 until a job takes it). A rank's part
 of a collective also names its group (the global ranks of its communicator)
 and the program that ran (`op`: "all_reduce", "ring_all_reduce", ...), which
-a Chakra execution trace needs (report/chakra.py). Kinds used
+a Chakra execution trace needs (report/chakra.py); an NCCL call's launch
+latency, a span of its own before the call's transfers, is the op's
+"<collective> launch". Kinds used
 by simtrain: "compute", "communication", "optimizer" (and more as techniques
 add them). Transfers on links are kept by the network (`Network.records`);
 reports, traces and plots are views of these two logs.
@@ -38,6 +40,7 @@ class Span(NamedTuple):
     flops: float
     group: tuple = ()  # a collective's: the global ranks of its communicator, in its rank order
     op: str = ""  # a collective's: the name of the program its rank ran
+    posted_s: float | None = None  # a posted collective's: when its first transfer began (start: when awaited)
 
 
 class EventLog:
@@ -86,17 +89,21 @@ class EventLog:
             tracked[kind != "communication"].append((start, end))
 
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
-             nbytes: float = 0, flops: float = 0, group: tuple = (), op: str = "") -> None:
+             nbytes: float = 0, flops: float = 0, group: tuple = (), op: str = "",
+             counted_bytes: float = 0, posted_s: float | None = None) -> None:
         """Keep a span whose seconds were counted in parts (`count`): a rank's collective is one span from its
         first transfer to its last, while a wait for a peer within it counts as idle. Its bytes and FLOPs are
-        counted here, once."""
+        counted here, once; `counted_bytes`, bytes it moved that were counted already (`count_bytes`: a
+        posted collective's, as it sent them), join the span's own; `posted_s`, a posted collective's first
+        transfer (the span itself shows the part the rank awaited)."""
         key = (rank, kind)
         if nbytes:
             _add(self._bytes, key, name, nbytes)
         if flops:
             _add(self._flops, key, name, flops)
         if self.record:
-            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops, group, op))
+            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes + counted_bytes,
+                                   flops, group, op, posted_s))
 
     def count_bytes(self, rank: int, kind: str, label: str, nbytes: float) -> None:
         """Rank `rank` moved `nbytes` for `label`: bytes that no span of its own carries (a span's are counted

@@ -12,7 +12,8 @@ A rank's spans become its nodes, in the order they started:
 - a collective (a span that names its group: hw/eventlog.py) is a
   `COMM_COLL_NODE` with `comm_type`, `comm_size` (the collective's buffer,
   as nccl-tests and ASTRA-sim size it) and `pg_name` (its group in
-  comm_group.json). The buffer is what the group's ranks sent, over
+  comm_group.json: a communicator's collectives of one label, a stream of
+  their own). The buffer is what the group's ranks sent, over
   2(n - 1) for an all-reduce and n - 1 for the others: every algorithm that
   simtrain runs without a switch sends each byte of an all-reduce's buffer
   2(n - 1) times in all, and of an all-gather's, reduce-scatter's,
@@ -22,7 +23,9 @@ A rank's spans become its nodes, in the order they started:
   collective: a point-to-point send, a copy to a store) is a `COMP_NODE`
   with `duration_micros` and `num_ops` (its FLOPs), the simtrain kind it
   was logged as in `kind`;
-- waits (a pipeline's bubble) are no nodes: the dependencies reproduce them.
+- waits (a pipeline's bubble) are no nodes: the dependencies reproduce them;
+  an NCCL call's launch latency is part of its collective's node (which
+  starts where the launch did).
 
 The collective's type comes from its names as Chakra's own PyTorch converter
 finds it (pytorch_converter.py `get_collective_comm_type`: "allreduce",
@@ -85,8 +88,16 @@ def chakra_files(cluster, ranks: list[int], steps: int) -> dict[str, bytes]:
     for span in cluster.log.spans:
         if span.rank in spans_by_rank and span.kind not in WAIT_KINDS:
             spans_by_rank[span.rank].append(span)
-    groups = sorted({span.group for spans in spans_by_rank.values() for span in spans if _collective(span)})
-    group_names = {group: str(index) for index, group in enumerate(groups)}
+    spans_by_rank = {rank: _launches_folded(spans) for rank, spans in spans_by_rank.items()}
+    # A process group of the trace is a communicator's collectives of one label: a stream of their own (ZeRO-3's
+    # all-gathers and reduce-scatters run side by side on one communicator), named in the order first seen.
+    group_names: dict[tuple, str] = {}
+    group_ranks: dict[str, tuple] = {}
+    for spans in spans_by_rank.values():
+        for span in spans:
+            if _collective(span) and _stream(span) not in group_names:
+                group_names[_stream(span)] = name = str(len(group_names))
+                group_ranks[name] = span.group
     sizes = _buffer_bytes(spans_by_rank)
     files = {}
     for rank in ranks:
@@ -96,12 +107,34 @@ def chakra_files(cluster, ranks: list[int], steps: int) -> dict[str, bytes]:
             pb.AttributeProto(name="generator", string_val=f"simtrain {__version__}"),
             pb.AttributeProto(name="rank", int64_val=rank),
             pb.AttributeProto(name="steps", int64_val=steps)]))
-        for node in _nodes(pb, sorted(spans_by_rank[rank], key=lambda s: (s.start, s.end)), group_names, sizes):
+        for node in _nodes(pb, spans_by_rank[rank], group_names, sizes):
             protolib.encodeMessage(out, node)
         files[f"et.{rank}.et"] = out.getvalue()
-    files["comm_group.json"] = (json.dumps({name: list(group) for group, name in group_names.items()}, indent=1)
+    files["comm_group.json"] = (json.dumps({name: list(group) for name, group in group_ranks.items()}, indent=1)
                                 + "\n").encode()
     return files
+
+
+def _launches_folded(spans: list[Span]) -> list[Span]:
+    """A rank's spans in start order, each NCCL launch (op "<collective> launch") folded into the collective that
+    follows it on its group: that collective starts where its launch did."""
+    folded, launched = [], {}
+    # a posted collective (ZeRO-3's prefetched all-gather) started with its first transfer, before it was awaited
+    spans = [span._replace(start=span.posted_s) if span.posted_s is not None and span.posted_s < span.start
+             else span for span in spans]
+    for span in sorted(spans, key=lambda s: (s.start, s.end)):
+        if span.op.endswith(" launch"):
+            launched[span.group] = span.start
+        elif span.group in launched and _collective(span):
+            folded.append(span._replace(start=launched.pop(span.group)))
+        else:
+            folded.append(span)
+    return sorted(folded, key=lambda s: (s.start, s.end))
+
+
+def _stream(span: Span) -> tuple:
+    """A collective's stream: its communicator (one group tuple each: hw/eventlog.py) and its label."""
+    return id(span.group), span.name
 
 
 def _collective(span: Span) -> bool:
@@ -109,20 +142,22 @@ def _collective(span: Span) -> bool:
 
 
 def _buffer_bytes(spans_by_rank: dict[int, list[Span]]) -> dict[tuple, int]:
-    """(group, label, k) -> the buffer of the group's k-th collective of that label, from what its ranks sent
-    (those of them that ran it: a rank cut short by a fault counts for the ranks it stands for)."""
+    """(communicator, label, program, k) -> the buffer of the communicator's k-th such collective, from what its
+    ranks sent (those of them that ran it: the others count as their mean)."""
     sent: dict[tuple, list[float]] = {}
     for spans in spans_by_rank.values():
         seen: dict[tuple, int] = {}
-        for span in sorted(spans, key=lambda s: (s.start, s.end)):
+        for span in spans:
             if _collective(span):
-                key = (span.group, span.name, span.op)
+                key = (id(span.group), span.name, span.op)
                 k = seen[key] = seen.get(key, -1) + 1
-                sent.setdefault((*key, k), []).append(span.nbytes)
+                sent.setdefault((*key, k), []).append((len(span.group), comm_type_of(span.op, span.name),
+                                                       span.nbytes))
     sizes = {}
-    for (group, label, op, k), amounts in sent.items():
-        per_byte = bytes_per_buffer_byte(comm_type_of(op, label), len(group))
-        sizes[group, label, op, k] = round(sum(amounts) * len(group) / len(amounts) / per_byte)
+    for key, amounts in sent.items():
+        size, comm_type, _ = amounts[0]
+        total = sum(nbytes for _, _, nbytes in amounts)
+        sizes[key] = round(total * size / len(amounts) / bytes_per_buffer_byte(comm_type, size))
     return sizes
 
 
@@ -138,14 +173,14 @@ def _nodes(pb, spans: list[Span], group_names: dict[tuple, str], sizes: dict[tup
                  pb.AttributeProto(name="start_s", double_val=span.start),
                  pb.AttributeProto(name="duration_s", double_val=span.end - span.start)]
         if _collective(span):
-            key = (span.group, span.name, span.op)
+            key = (id(span.group), span.name, span.op)
             k = seen[key] = seen.get(key, -1) + 1
-            stream = span.group
+            stream = _stream(span)
             node.type = pb.COMM_COLL_NODE
             attrs += [pb.AttributeProto(name="comm_type", int64_val=pb.CollectiveCommType.Value(
                           comm_type_of(span.op, span.name))),
                       pb.AttributeProto(name="comm_size", int64_val=sizes[(*key, k)]),
-                      pb.AttributeProto(name="pg_name", string_val=group_names[span.group]),
+                      pb.AttributeProto(name="pg_name", string_val=group_names[stream]),
                       pb.AttributeProto(name="bytes_sent", int64_val=round(span.nbytes))]
         else:
             stream = "transfers" if span.kind == "communication" else "compute"
