@@ -46,7 +46,7 @@ def replay(traces, cluster_file, overrides, as_json):
         f" (the trace's own: {format_seconds(theirs)}, {100 * data['difference']:+.3g}%)" if theirs else
         " (the trace carries no times of its own)"))
     kinds = list(data["breakdown_s"])
-    table = Table("rank", *kinds, "trace compute", "bytes sent")
+    table = Table("rank", *kinds, "trace compute", "bytes sent", title=f"each rank, {data['steps']} step(s)")
     for device in data["devices"]:
         table.add_row(str(device["rank"]), *(format_seconds(device["breakdown_s"][kind]) for kind in kinds),
                       format_seconds(device["trace_compute_s"]),

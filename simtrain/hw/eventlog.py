@@ -168,10 +168,10 @@ def _add(totals: dict, key: tuple[int, str], label: str, amount: float) -> None:
 
 def exposed(communication: list[tuple[float, float]], other: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The parts of the (disjoint) communication intervals during which none of the other intervals runs."""
-    return _outside(sorted(communication), _union(sorted(other)))
+    return _outside(sorted(communication), union(sorted(other)))
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted intervals merged where they touch or overlap."""
     merged = []
     for start, end in intervals:

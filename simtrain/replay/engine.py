@@ -22,7 +22,12 @@ nodes it depends on have ended, then:
 
 The step time is the simulated time over the steps the traces hold; each
 rank's time splits, as report.json's does, into its kinds, its exposed
-communication and idle. Where the trace carries its own times (`start_s`
+communication (its collectives' union outside its other work: two groups'
+collectives side by side count once; a collective from its first transfer
+to its last, a wait for a peer within it included) and idle (a rank's: over every step;
+`breakdown_s`: per step, the ranks' mean). simtrain's own run counts a
+collective posted ahead (ZeRO-3's prefetch) only once awaited, so the two
+communication figures may differ where the step times agree. Where the trace carries its own times (`start_s`
 and `duration_s`, or the schema's microseconds), the trace's step time is
 the last end over its steps, to compare with.
 
@@ -43,6 +48,7 @@ from ..comm.ring_schedule import RingPhase
 from ..comm.simulated import SimCommunicator
 from ..errors import ScenarioError
 from ..hw.cluster import Cluster, build_cluster, run_to_end
+from ..hw.eventlog import exposed, union
 from ..scenario import Scenario
 from .trace_file import TraceNode, Traces
 
@@ -73,8 +79,6 @@ def replay(traces: Traces, scenario: Scenario) -> ReplayResult:
                             f"devices")
     ranks = list(range(traces.world))
     cluster.add_job("replay", ranks)
-    for rank in ranks:
-        cluster.log.track_overlap(rank)  # collectives run on their groups' streams beside the compute stream
     run = _Run(cluster, traces, scenario)
     for rank, nodes in traces.ranks.items():
         run.start(rank, nodes)
@@ -189,24 +193,35 @@ def _receive(peer: int, buf: torch.Tensor, tag: int):
     yield [Recv(peer, buf, tag=tag)]
 
 
+def exposed_s(spans: list) -> float:
+    """Seconds during which a rank had a collective running and nothing else: its collectives' union (two groups'
+    side by side count once) outside its other spans."""
+    communication = union(sorted((span.start, span.end) for span in spans if span.kind == "communication"))
+    other = [(span.start, span.end) for span in spans if span.kind != "communication"]
+    return sum(end - start for start, end in exposed(communication, other))
+
+
 def _figures(traces: Traces, cluster: Cluster) -> dict:
     """The replay's figures beside the trace's own: step time, per-rank breakdown (per step) and bytes."""
     log = cluster.log
     sim_time_s = log.last_end_s
     steps = traces.steps
     kinds = sorted({kind for rank, kind in log.totals if kind != "communication"})
+    spans_by_rank: dict[int, list] = {}
+    for span in log.spans:
+        spans_by_rank.setdefault(span.rank, []).append(span)
     devices = []
     for rank, nodes in traces.ranks.items():
-        spent = {kind: log.total(rank, kind) / steps for kind in kinds}
-        spent["communication"] = log.exposed_communication(rank) / steps
-        spent["idle"] = max(0.0, sim_time_s / steps - sum(spent.values()))
+        spent = {kind: log.total(rank, kind) for kind in kinds}  # seconds of every step, as report.json's devices
+        spent["communication"] = exposed_s(spans_by_rank.get(rank, []))
+        spent["idle"] = max(0.0, sim_time_s - sum(spent.values()))
         ends = [node.end_s for node in nodes if node.end_s is not None]
         devices.append({
             "rank": rank,
             "breakdown_s": spent,
             "bytes_sent_by_label": log.bytes_by_label(rank, "communication"),
             "trace_time_s": max(ends) if ends else None,
-            "trace_compute_s": sum(node.duration_s for node in nodes if not node.type.startswith("COMM")) / steps,
+            "trace_compute_s": sum(node.duration_s for node in nodes if not node.type.startswith("COMM")),
         })
     trace_ends = [device["trace_time_s"] for device in devices if device["trace_time_s"] is not None]
     trace_step_s = max(trace_ends) / steps if trace_ends else None
@@ -224,8 +239,8 @@ def _figures(traces: Traces, cluster: Cluster) -> dict:
         "step_time_s": step_time_s,
         "trace_step_time_s": trace_step_s,
         "difference": (step_time_s - trace_step_s) / trace_step_s if trace_step_s else None,
-        "breakdown_s": {kind: sum(device["breakdown_s"][kind] for device in devices) / len(devices)
-                        for kind in devices[0]["breakdown_s"]},
+        "breakdown_s": {kind: sum(device["breakdown_s"][kind] for device in devices) / len(devices) / steps
+                        for kind in devices[0]["breakdown_s"]},  # per step, the ranks' mean, as report.json's
         "collective_bytes_by_type": dict(sorted(bytes_by_type.items())),  # the collectives' buffers, every rank's
         "devices": devices,
     }

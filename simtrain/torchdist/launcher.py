@@ -7,6 +7,7 @@
     results[3]                  # rank 3's return value
     results.report.data         # simulated time per rank, bytes per link, memory and time per device
     results.report.trace        # Chrome trace (Perfetto)
+    results.report.write_chakra("runs/mine/chakra")   # each rank's Chakra execution trace (simtrain replay)
 
 The cluster is a scenario's `cluster` section (with `cluster.devices` set to
 `world`), or, without a scenario, the fields given here, validated the same
@@ -42,10 +43,12 @@ collects like any other: nothing to register. The third argument is the run
 import inspect
 import numbers
 from functools import cached_property
+from pathlib import Path
 
 from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
 from ..report import build_trace
+from ..report.chakra import chakra_files
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
 from .op_meter import sharding_propagation_unmetered
@@ -60,13 +63,30 @@ class DistReport:
     """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format, built from the
     cluster's event log when first read: for hundreds of ranks it takes seconds)."""
 
-    def __init__(self, data: dict, cluster):
+    def __init__(self, data: dict, cluster, represented: bool = False):
         self.data = data
         self._cluster = cluster
+        self._represented = represented  # some ranks ran as their representatives (no spans of their own)
 
     @cached_property
     def trace(self) -> dict:
         return build_trace(self._cluster)
+
+    def chakra(self, steps: int = 1) -> dict[str, bytes]:
+        """Each rank's Chakra execution trace, `et.<rank>.et`, and `comm_group.json` (report/chakra.py), by file
+        name; `steps`, the training steps the ranks ran, for a replay's step time."""
+        if self._represented:
+            raise ScenarioError("simtrain.dist.spawn: representatives: Chakra traces need every rank's own spans "
+                                "(run without representatives)")
+        return chakra_files(self._cluster, list(range(self._cluster.size)), steps)
+
+    def write_chakra(self, folder, steps: int = 1) -> Path:
+        """Write `chakra()`'s files into `folder` (made if need be); the folder."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, payload in self.chakra(steps).items():
+            (folder / name).write_bytes(payload)
+        return folder
 
 
 class SpawnResult(list):
@@ -182,4 +202,4 @@ def _report(run: SimRun) -> DistReport:
             "peak_memory_bytes_per_category": dict(source.memory.peak),
         })
     data = {"sim_time_s": log.last_end_s, "devices": devices, "links": cluster.network.link_stats()}
-    return DistReport(data, cluster)
+    return DistReport(data, cluster, represented=any(run.reported_as(rank) != rank for rank in range(cluster.size)))
