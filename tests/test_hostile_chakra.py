@@ -171,3 +171,41 @@ def test_a_cluster_too_small_for_the_traces(tmp_path, capsys):
     assert "cluster.devices: the traces have 9 ranks, the cluster 8 devices" in \
         one_line_error(capsys, "replay", folder, "--cluster", cluster)
     assert "absent.yaml" in one_line_error(capsys, "replay", folder, "--cluster", tmp_path / "absent.yaml")
+
+
+def test_representatives_refuse_chakra_traces_before_the_run(tmp_path, capsys):
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text("cluster: {devices: 4}\nmodel: {hidden: [8]}\ntrain: {steps: 1}\nnumerics: false\n"
+                        "parallel: {representatives: true}\nreport: {chakra: true}\n")
+    assert "parallel.representatives: writes no Chakra traces (report.chakra)" in \
+        one_line_error(capsys, "validate", scenario)
+
+
+def p2p(node_id: int, kind: str, peer: int, *deps: int, size: int = 4096, tag: int = 0) -> pb.Node:
+    node = pb.Node(id=node_id, name=f"{kind} {node_id}", type=pb.COMM_SEND_NODE if kind == "send" else pb.COMM_RECV_NODE,
+                   data_deps=list(deps))
+    node.attr.extend([pb.AttributeProto(name="comm_dst" if kind == "send" else "comm_src", int64_val=peer),
+                      pb.AttributeProto(name="comm_size", int64_val=size),
+                      pb.AttributeProto(name="comm_tag", int64_val=tag)])
+    return node
+
+
+def test_a_send_and_its_receive_replay_as_one_transfer(tmp_path, capsys):
+    folder = write(tmp_path / "traces", {0: [compute(1), p2p(2, "send", 1, 1, size=1 << 20)],
+                                         1: [p2p(1, "recv", 0, size=1 << 20), compute(2, 1)]})
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    assert cli("replay", folder, "--cluster", cluster, "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    # rank 1 computes once the 1 MiB has crossed the one link: 10 us, then 5 us and 1 MiB at 50 GB/s, then 10 us
+    assert data["step_time_s"] == pytest.approx(10e-6 + 5e-6 + (1 << 20) / 50e9 + 10e-6, rel=1e-12)
+
+
+def test_a_send_without_its_receive(tmp_path, capsys):
+    folder = write(tmp_path / "traces", {0: [compute(1), p2p(2, "send", 1), p2p(3, "send", 1, tag=5)],
+                                         1: [p2p(1, "recv", 0), compute(2, 1)]})
+    assert "et.0.et: rank 0 sends [4096] B to rank 1 (tag 5), which receives [] B" in \
+        replay_error(capsys, tmp_path, folder)
+    write(folder, {0: [compute(1), p2p(2, "send", 3)]})
+    assert "et.0.et: node 2 ('send 2'): peer rank 3 is not another rank of the traces" in \
+        replay_error(capsys, tmp_path, folder)

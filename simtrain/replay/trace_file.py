@@ -12,10 +12,11 @@ break a promise a replay relies on:
 - the nodes: at most MAX_CHAKRA_NODES in all the files (counted as they are
   decoded: a huge file stops there); a known type; ids unique; every
   dependency a node of the file; no cycle;
-- the process groups: a collective's `pg_name` is a group of
-  comm_group.json (ASTRA-sim's `--comm-group-configuration`: a group's name
-  to its ranks) or, without one, every rank; its ranks have traces and hold
-  the node's own;
+- the process groups: given a comm_group.json (ASTRA-sim's
+  `--comm-group-configuration`: a group's name to its ranks), a collective's
+  `pg_name` is one of its groups (none: every rank), whose ranks have traces
+  and hold the node's own; without one, as in ASTRA-sim, every collective
+  runs on every rank;
 - the partners: each rank of a group runs the same collectives on it, in the
   same order, of the same type and size; every send has its receive.
 
@@ -83,7 +84,7 @@ def read_traces(paths: list[str]) -> Traces:
     budget = [MAX_CHAKRA_NODES]
     ranks, steps = {}, set()
     for rank, path in files.items():
-        ranks[rank], rank_steps = _read(pb, path, budget)
+        ranks[rank], rank_steps = _read(pb, path, budget, group_file is not None)
         steps.add(rank_steps)
     if len(steps) > 1:
         raise ScenarioError(f"{files[0].parent}: the ranks' traces hold different numbers of steps: "
@@ -129,8 +130,9 @@ def _files(paths: list[str]) -> tuple[dict[int, Path], Path | None]:
     return dict(sorted(files.items())), (group_files[0] if group_files else None)
 
 
-def _read(pb, path: Path, budget: list[int]) -> tuple[list[TraceNode], int]:
-    """The nodes of one file and its steps; `budget[0]`, the nodes all files may still hold, counted down."""
+def _read(pb, path: Path, budget: list[int], grouped: bool) -> tuple[list[TraceNode], int]:
+    """The nodes of one file and its steps; `budget[0]`, the nodes all files may still hold, counted down;
+    `grouped`: a comm_group.json came with the traces (without one, every collective is on every rank)."""
     size = path.stat().st_size
     if size > MAX_CHAKRA_FILE_BYTES:
         raise ScenarioError(f"{path}: {size} bytes, past the limit of {MAX_CHAKRA_FILE_BYTES} bytes for a Chakra "
@@ -149,7 +151,7 @@ def _read(pb, path: Path, budget: list[int]) -> tuple[list[TraceNode], int]:
                                 f"(MAX_CHAKRA_NODES)")
         node = pb.Node()
         offset = _parse(path, data, offset, node, f"message {len(nodes) + 2}")
-        nodes.append(_node(pb, path, node))
+        nodes.append(_node(pb, path, node, grouped))
     return nodes, steps
 
 
@@ -189,7 +191,7 @@ def _attrs(attrs) -> dict:
     return values
 
 
-def _node(pb, path: Path, node) -> TraceNode:
+def _node(pb, path: Path, node, grouped: bool) -> TraceNode:
     kind = pb.NodeType.Name(node.type) if node.type in pb.NodeType.values() else None
     if kind in (None, "INVALID_NODE"):
         raise ScenarioError(f"{path}: node {node.id} ({node.name!r}): type {node.type} is not a Chakra node type "
@@ -214,7 +216,8 @@ def _node(pb, path: Path, node) -> TraceNode:
         duration_s=duration_s, end_s=start_s + duration_s if timed else None,
         flops=_number(attrs, "num_ops", where, 0), cpu=bool(attrs.get("is_cpu_op", False)),
         kind=str(attrs.get("kind", "communication" if kind.startswith("COMM") else "compute")),
-        comm_type=comm_type, comm_size=_integer(attrs, "comm_size", where, 0), group=str(attrs.get("pg_name", "")),
+        comm_type=comm_type, comm_size=_integer(attrs, "comm_size", where, 0),
+        group=str(attrs.get("pg_name", "")) if grouped else ALL_RANKS,
         peer=peer, tag=_integer(attrs, "comm_tag", where, 0))
 
 

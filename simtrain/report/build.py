@@ -21,7 +21,6 @@ import torch
 
 from ..hw.cluster import Cluster
 from ..scenario import Scenario
-from ..errors import ScenarioError
 from ..version import __version__
 from .chakra import chakra_files
 from .core import ReportCore
@@ -233,12 +232,8 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
                                "devices": [entry for entry in devices if entry["rank"] not in result.mirror_of],
                                "links": links[:1]})
     trace = build_trace(cluster) if scenario.report.trace else None
-    chakra = None
-    if scenario.report.chakra:
-        if result.mirror_of:
-            raise ScenarioError("report.chakra: a run with representatives simulates one rank of each class; "
-                                "its Chakra traces need every rank's own (run it without representatives)")
-        chakra = chakra_files(cluster, ranks, steps)
+    # parallel.representatives refuses report.chakra (scenario/root.py): every rank here has its own spans
+    chakra = chakra_files(cluster, ranks, steps) if scenario.report.chakra else None
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml(),
                   chakra=chakra)
 
