@@ -182,8 +182,8 @@ def test_representatives_refuse_chakra_traces_before_the_run(tmp_path, capsys):
 
 
 def p2p(node_id: int, kind: str, peer: int, *deps: int, size: int = 4096, tag: int = 0) -> pb.Node:
-    node = pb.Node(id=node_id, name=f"{kind} {node_id}", type=pb.COMM_SEND_NODE if kind == "send" else pb.COMM_RECV_NODE,
-                   data_deps=list(deps))
+    node = pb.Node(id=node_id, name=f"{kind} {node_id}", data_deps=list(deps),
+                   type=pb.COMM_SEND_NODE if kind == "send" else pb.COMM_RECV_NODE)
     node.attr.extend([pb.AttributeProto(name="comm_dst" if kind == "send" else "comm_src", int64_val=peer),
                       pb.AttributeProto(name="comm_size", int64_val=size),
                       pb.AttributeProto(name="comm_tag", int64_val=tag)])

@@ -10,6 +10,7 @@ nothing is measured twice.
 - build.py: `RunResult` (what a run produced beyond the event log), `build_report`, `Report`.
 - flops.py: the `flops` section (model TFLOP/s per device, MFU).
 - trace.py: the Chrome trace.
+- chakra.py: Chakra execution traces (report.chakra; ASTRA-sim replays them, and `simtrain replay`).
 """
 from .build import Report, RunResult, build_report, finite_or_none
 from .trace import build_trace
