@@ -1,4 +1,5 @@
-"""The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, pbt replay.
+"""The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, import,
+pbt replay, report.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.all_reduce=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
@@ -12,6 +13,8 @@
     simtrain validate scenarios/quickstart.yaml
     simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics
     simtrain topo --topology topologies/dgx-a100-2node.yaml
+    simtrain import torchtitan scenarios/torchtitan/llama3_8b.toml --devices 64 --out llama3_8b.yaml
+    simtrain report runs/quickstart --html            # report.html: the run's figures drawn, one page
 
 A user's mistake prints one line naming the field or file and exits with 2.
 
@@ -35,6 +38,8 @@ from rich.table import Table
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_STEPS
 from .cli_collective import collective, topo
+from .cli_import import import_group
+from .cli_report import report
 from .cli_replay import replay as replay_traces
 from .progress import RunProgress
 from .scenario import load_scenario, validate_scenario
@@ -391,6 +396,8 @@ def validate(scenario_file, overrides):
 
 cli.add_command(collective)
 cli.add_command(topo)
+cli.add_command(import_group)
+cli.add_command(report)
 cli.add_command(replay_traces)
 
 

@@ -31,6 +31,10 @@ class ScenarioError(SimtrainError):
     """A scenario file or override that does not validate."""
 
 
+class ConfigImportError(SimtrainError):
+    """A torchtitan or Megatron config that `simtrain import` cannot read or map (simtrain/importers/)."""
+
+
 class TopologyError(SimtrainError):
     """A topology that cannot be built: disconnected, unknown node, wrong size."""
 
