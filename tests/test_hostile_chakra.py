@@ -209,3 +209,22 @@ def test_a_send_without_its_receive(tmp_path, capsys):
     write(folder, {0: [compute(1), p2p(2, "send", 3)]})
     assert "et.0.et: node 2 ('send 2'): peer rank 3 is not another rank of the traces" in \
         replay_error(capsys, tmp_path, folder)
+
+
+@pytest.mark.parametrize("comm_type", ["ALL_REDUCE", "ALL_GATHER", "BROADCAST", "ALL_TO_ALL", "BARRIER"])
+def test_every_collective_type_replays_on_groups_of_one_two_and_four(tmp_path, capsys, comm_type):
+    def collective(node_id, group):
+        node = all_reduce(node_id, node_id - 1, group=group)
+        node.attr[0].int64_val = pb.CollectiveCommType.Value(comm_type)
+        return node
+
+    group = {0: "solo", 1: "pair", 2: "pair"}
+    ranks = {rank: [compute(1), collective(2, group[rank]), collective(3, "all")] for rank in (0, 1, 2)}
+    ranks[3] = [compute(1), collective(2, "all")]
+    folder = write(tmp_path / "traces", ranks)
+    (folder / "comm_group.json").write_text('{"solo": [0], "pair": [1, 2], "all": [0, 1, 2, 3]}')
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    assert cli("replay", folder, "--cluster", cluster, "--json") == 0, capsys.readouterr().err
+    # the compute, then at least one hop's latency of the collective of all four
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 10e-6 + 5e-6
