@@ -89,13 +89,15 @@ def test_a_runs_traces_decode_with_chakras_reader_and_their_collectives_carry_re
     assert sent == pytest.approx(2 * 4 * 2 * 3 / 4 * gradient_bytes, abs=4 * 2 * 4)  # 2 steps, 2(n-1)/n each
 
 
-@pytest.mark.parametrize("scenario, overrides", [
-    ("quickstart.yaml", ()),
-    ("quickstart.yaml", ("parallel.all_reduce=nccl",)),
-    ("zero3.yaml", ("numerics=false",)),  # all-gathers prefetched beside the compute, reduce-scatters beside them
-    ("gpt_small.yaml", ("numerics=false", "parallel.tp=2", "cluster.devices=8")),
+@pytest.mark.parametrize("scenario, overrides, posted", [
+    ("quickstart.yaml", (), False),
+    ("quickstart.yaml", ("parallel.all_reduce=nccl",), False),
+    ("zero3.yaml", ("numerics=false",), True),  # all-gathers prefetched beside the compute, reduce-scatters beside
+    ("gpt_small.yaml", ("numerics=false", "parallel.tp=2", "cluster.devices=8"), False),
+    ("gpt_small.yaml", ("numerics=false", "parallel.tp=2", "parallel.pp=2", "cluster.devices=8"), True),  # messages
+    ("pipeline.yaml", ("parallel.pipeline.schedule=1f1b",), True),
 ])
-def test_a_replay_of_a_runs_own_trace_gives_its_step_time(tmp_path, scenario, overrides):
+def test_a_replay_of_a_runs_own_trace_gives_its_step_time(tmp_path, scenario, overrides, posted):
     report, folder = run_with_chakra(tmp_path, ROOT / "scenarios" / scenario, *overrides)
     data = replay(read_traces([str(folder)]), load_scenario(ROOT / "scenarios" / scenario, list(overrides))).data
     assert data["steps"] == 2
@@ -103,7 +105,7 @@ def test_a_replay_of_a_runs_own_trace_gives_its_step_time(tmp_path, scenario, ov
     assert data["trace_step_time_s"] == pytest.approx(report.data["step_time_s"], rel=ROUND_TRIP_REL)
     for device, ours in zip(report.data["devices"], data["devices"]):
         assert ours["breakdown_s"]["compute"] == pytest.approx(device["breakdown_s"]["compute"], rel=1e-9)
-        if scenario != "zero3.yaml":  # the run counts a prefetched all-gather only once awaited (engine.py)
+        if not posted:  # the run counts a posted collective or message only while awaited (engine.py)
             # the replay counts a collective from its first transfer to its last, a wait for a peer within included
             assert ours["breakdown_s"]["communication"] == pytest.approx(device["breakdown_s"]["communication"],
                                                                          rel=1e-4)
@@ -119,6 +121,9 @@ def test_users_code_writes_traces_that_replay_to_its_time_with_its_collectives_s
         simtrain.dist.compute(1e9)  # beside the all-reduce
         work.wait()
         dist.all_gather([torch.empty(1024) for _ in range(world)], torch.ones(1024))
+        if rank < 2:  # a message from rank 0 to rank 1
+            peer = 1 - rank
+            (dist.isend if rank == 0 else dist.irecv)(torch.ones(4096) if rank == 0 else torch.empty(4096), peer).wait()
 
     result = simtrain.dist.spawn(rank_code, world=4, bandwidth="50 GB/s", latency="5 us")
     folder = result.report.write_chakra(tmp_path / "chakra")
@@ -126,6 +131,9 @@ def test_users_code_writes_traces_that_replay_to_its_time_with_its_collectives_s
     sizes = {pb.CollectiveCommType.Name(attrs(n)["comm_type"]): attrs(n)["comm_size"] for n in nodes
              if n.type == pb.COMM_COLL_NODE}
     assert sizes == {"ALL_REDUCE": size, "ALL_GATHER": 4 * 1024 * 4}
+    _, nodes = decoded(folder / "et.1.et")
+    receives = [attrs(n) for n in nodes if n.type == pb.COMM_RECV_NODE]
+    assert [(r["comm_src"], r["comm_size"]) for r in receives] == [(0, 4096 * 4)]
     cluster = validate_scenario({"cluster": {"devices": 4, "link": {"bandwidth": "50 GB/s", "latency": "5 us"}}})
     data = replay(read_traces([str(folder)]), cluster).data
     assert data["step_time_s"] == pytest.approx(result.report.data["sim_time_s"], rel=ROUND_TRIP_REL)

@@ -67,7 +67,7 @@ import simpy
 
 from ..errors import CollectiveMismatch
 from ..hw.device import MemoryLedger
-from ..hw.eventlog import EventLog
+from ..hw.eventlog import EventLog, Message
 from ..hw.network import Network
 from .nccl import NcclCall
 from .ops import Concurrently, Send
@@ -377,7 +377,12 @@ class SimCommunicator:
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
 
+        keep = owner.posted and self.log is not None and self.log.messages is not None
+        message = (self.global_ranks[sender.rank], self.global_ranks[receiver.rank], send.tag, nbytes, now)
+
         def delivered(flow):
+            if keep:
+                self.log.message(Message(*message, flow.end, owner.label, owner.op))
             if not out.is_meta:
                 if recv.reduce:
                     out.add_(payload)

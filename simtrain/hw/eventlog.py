@@ -43,6 +43,20 @@ class Span(NamedTuple):
     posted_s: float | None = None  # a posted collective's: when its first transfer began (start: when awaited)
 
 
+class Message(NamedTuple):
+    """A posted point-to-point message (a pipeline's activation): global ranks, its tag on its communicator, and
+    when its transfer ran; kept only when asked for (`keep_messages`: a Chakra trace's sends and receives)."""
+
+    src: int
+    dst: int
+    tag: int
+    nbytes: float
+    start: float
+    end: float
+    label: str
+    op: str  # the name of the program that sent it (comm/simulated.py program_name)
+
+
 class EventLog:
     """Append-only list of spans plus running totals: time per (rank, kind), bytes and FLOPs per
     (rank, kind, label).
@@ -62,6 +76,15 @@ class EventLog:
         # a network timeout that a rate change made stale (it fires and does nothing).
         self.last_end_s = 0.0
         self._overlapping: dict[int, tuple[list, list]] = {}  # rank -> (communication, other) intervals
+        self.messages: list[Message] | None = None  # posted point-to-point messages, once keep_messages is called
+
+    def keep_messages(self) -> None:
+        """Keep every posted point-to-point message from now on (`message`)."""
+        self.messages = []
+
+    def message(self, message: Message) -> None:
+        if self.messages is not None:
+            self.messages.append(message)
 
     def track_overlap(self, rank: int) -> None:
         """Rank `rank`'s communication may overlap its other spans: keep its intervals."""

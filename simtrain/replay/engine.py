@@ -26,7 +26,8 @@ communication (its collectives' union outside its other work: two groups'
 collectives side by side count once; a collective from its first transfer
 to its last, a wait for a peer within it included) and idle (a rank's: over every step;
 `breakdown_s`: per step, the ranks' mean). simtrain's own run counts a
-collective posted ahead (ZeRO-3's prefetch) only once awaited, so the two
+collective posted ahead (ZeRO-3's prefetch) or a message (a pipeline's) only
+while awaited, and a pipeline's wait for its peer as `bubble`, so the two
 communication figures may differ where the step times agree. Where the trace carries its own times (`start_s`
 and `duration_s`, or the schema's microseconds), the trace's step time is
 the last end over its steps, to compare with.

@@ -19,8 +19,14 @@ A rank's spans become its nodes, in the order they started:
   2(n - 1) times in all, and of an all-gather's, reduce-scatter's,
   broadcast's or all-to-all's n - 1 times (nccl-tests' doc/PERFORMANCE.md
   bus factors, times n). The rank's own bytes are kept as `bytes_sent`;
+- a posted point-to-point message (a pipeline's activations and gradients:
+  hw/eventlog.py's messages) is a `COMM_SEND_NODE` on its source and a
+  `COMM_RECV_NODE` on its destination, with `comm_dst` / `comm_src`,
+  `comm_size` and `comm_tag`, from when both sides had posted it to when it
+  arrived;
 - any other span (compute, the optimizer, a transfer that is not a
-  collective: a point-to-point send, a copy to a store) is a `COMP_NODE`
+  collective or a message: a context-parallel ring's pass, a copy to a
+  store) is a `COMP_NODE`
   with `duration_micros` and `num_ops` (its FLOPs), the simtrain kind it
   was logged as in `kind`;
 - waits (a pipeline's bubble) are no nodes: the dependencies reproduce them;
@@ -35,7 +41,9 @@ finds it (pytorch_converter.py `get_collective_comm_type`: "allreduce",
 Dependencies are the order within each stream of the rank (its compute
 stream; each communicator's stream; its other transfers) and, across
 streams, the last node of every other stream that had ended when the node
-started: what the run's order was. `duration_micros` is whole microseconds,
+started: what the run's order was. Messages run side by side (a pipeline
+posts several): each depends on what had ended when it started, none on the
+message before it. `duration_micros` is whole microseconds,
 as the schema says; the exact simulated seconds ride along as `start_s` and
 `duration_s`, which `simtrain replay` prefers (ASTRA-sim reads neither).
 
@@ -43,6 +51,7 @@ as the schema says; the exact simulated seconds ride along as `start_s` and
 """
 import io
 import json
+from typing import NamedTuple
 
 from ..errors import ScenarioError
 from ..hw.eventlog import Span
@@ -88,6 +97,7 @@ def chakra_files(cluster, ranks: list[int], steps: int) -> dict[str, bytes]:
     for span in cluster.log.spans:
         if span.rank in spans_by_rank and span.kind not in WAIT_KINDS:
             spans_by_rank[span.rank].append(span)
+    _messages_as_nodes(cluster.log.messages or [], spans_by_rank)
     spans_by_rank = {rank: _launches_folded(spans) for rank, spans in spans_by_rank.items()}
     # A process group of the trace is a communicator's collectives of one label: a stream of their own (ZeRO-3's
     # all-gathers and reduce-scatters run side by side on one communicator), named in the order first seen.
@@ -113,6 +123,39 @@ def chakra_files(cluster, ranks: list[int], steps: int) -> dict[str, bytes]:
     files["comm_group.json"] = (json.dumps({name: list(group) for name, group in group_ranks.items()}, indent=1)
                                 + "\n").encode()
     return files
+
+
+class PointToPoint(NamedTuple):
+    """A rank's side of a posted message (eventlog.Message), shaped as a span for `_nodes`."""
+
+    kind: str  # "send" or "recv"
+    name: str
+    start: float
+    end: float
+    nbytes: float
+    peer: int
+    tag: int
+    flops: float = 0
+    group: tuple = ()
+    op: str = ""
+    posted_s: float | None = None
+
+
+def _messages_as_nodes(messages: list, spans_by_rank: dict[int, list]) -> None:
+    """Each message becomes a send on its source and a receive on its destination; the spans a rank logged for
+    awaiting messages of that label (a pipeline's receive: not a collective) give way to them."""
+    labels: dict[int, set] = {}
+    for message in messages:
+        if comm_type_of(message.op, message.label) is not None:  # a posted collective's (ZeRO-3's prefetch)
+            continue
+        for rank, kind, peer in ((message.src, "send", message.dst), (message.dst, "recv", message.src)):
+            if rank in spans_by_rank:
+                spans_by_rank[rank].append(PointToPoint(kind, message.label, message.start, message.end,
+                                                        message.nbytes, peer, message.tag))
+                labels.setdefault(rank, set()).add(message.label)
+    for rank, spans in spans_by_rank.items():
+        spans[:] = [span for span in spans if not (span.kind == "communication" and span.group and
+                                                   span.name in labels.get(rank, ()) and not _collective(span))]
 
 
 def _launches_folded(spans: list[Span]) -> list[Span]:
@@ -172,7 +215,16 @@ def _nodes(pb, spans: list[Span], group_names: dict[tuple, str], sizes: dict[tup
         attrs = [pb.AttributeProto(name="is_cpu_op", bool_val=False),
                  pb.AttributeProto(name="start_s", double_val=span.start),
                  pb.AttributeProto(name="duration_s", double_val=span.end - span.start)]
-        if _collective(span):
+        if type(span) is PointToPoint:
+            stream = "messages"
+            send = span.kind == "send"
+            node.type = pb.COMM_SEND_NODE if send else pb.COMM_RECV_NODE
+            attrs += [pb.AttributeProto(name="comm_dst" if send else "comm_src", int64_val=span.peer),
+                      pb.AttributeProto(name="comm_size", int64_val=round(span.nbytes)),
+                      pb.AttributeProto(name="comm_tag", int64_val=span.tag)]
+            if send:
+                attrs.append(pb.AttributeProto(name="bytes_sent", int64_val=round(span.nbytes)))
+        elif _collective(span):
             key = (id(span.group), span.name, span.op)
             k = seen[key] = seen.get(key, -1) + 1
             stream = _stream(span)
@@ -193,7 +245,7 @@ def _nodes(pb, spans: list[Span], group_names: dict[tuple, str], sizes: dict[tup
         node.attr.extend(attrs)
         deps = []
         for other, ended in streams.items():
-            if other == stream:
+            if other == stream and stream != "messages":  # posted messages run side by side: no chain of them
                 deps.append(ended[-1][1])
             else:
                 done = [other_id for end_s, other_id in ended if end_s <= span.start]
@@ -208,7 +260,7 @@ def _nodes(pb, spans: list[Span], group_names: dict[tuple, str], sizes: dict[tup
 def _stream_number(stream, group_names: dict[tuple, str]) -> int:
     if stream == "compute":
         return COMPUTE_STREAM
-    if stream == "transfers":
+    if stream in ("transfers", "messages"):
         return TRANSFER_STREAM
     return 2 + int(group_names[stream])
 
