@@ -377,8 +377,10 @@ class SimCommunicator:
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
 
+        # a posted message's ends, for a Chakra trace's sends and receives (hw/eventlog.py keep_messages)
         keep = owner.posted and self.log is not None and self.log.messages is not None
-        message = (self.global_ranks[sender.rank], self.global_ranks[receiver.rank], send.tag, nbytes, now)
+        if keep:
+            message = (self.global_ranks[sender.rank], self.global_ranks[receiver.rank], send.tag, nbytes, now)
 
         def delivered(flow):
             if keep:
