@@ -3,8 +3,8 @@
 Out: every node of every rank's file decodes with chakra 1.0.0's own reader (protolib's decodeMessage into
 et_def_pb2's messages, what its jsonizer runs), its dependencies name nodes of the file and make no cycle, and the
 collectives' bytes are report.json's. In: a trace replays to the step time of the run that wrote it, and
-workloads written by Chakra's own text converter replay in the closed-form time of their compute and ring
-all-reduces.
+workloads written by Chakra's own text converter and generator replay in the closed-form time of their compute
+and ring collectives.
 """
 import json
 from pathlib import Path
@@ -186,3 +186,39 @@ def test_simtrain_replay_prints_the_figures_as_json(tmp_path, capsys):
     assert data["ranks"] == 4 and data["nodes"] == 4 * 8
     assert data["step_time_s"] == pytest.approx(report["step_time_s"], rel=ROUND_TRIP_REL)
     assert data["difference"] == pytest.approx(0.0, abs=ROUND_TRIP_REL)
+
+
+def test_chakras_generator_microbenchmarks_replay_in_their_closed_form_times(tmp_path, monkeypatch):
+    from chakra.src.generator import generator
+
+    monkeypatch.chdir(tmp_path)  # the generator writes <benchmark>.<npu>.et where it runs
+    size = 65536
+    generator.one_metadata_node_all_types(4)
+    generator.one_comp_node(4, 5)
+    generator.two_comp_nodes_dependent(4, 5)
+    generator.two_comp_nodes_independent(4, 5)
+    generator.one_comm_coll_node_allreduce(4, size)
+    generator.one_comm_coll_node_allgather(4, size)
+    generator.one_comm_coll_node_reducescatter(4, size)
+    generator.one_comm_coll_node_alltoall(4, size)
+    generator.one_comm_coll_node_broadcast(4, size)
+    generator.one_comm_coll_node_barrier(4)
+    ring = validate_scenario(RING)
+
+    def step_s(benchmark: str) -> float:
+        return replay(read_traces([str(path) for path in sorted(tmp_path.glob(f"{benchmark}.*.et"))]), ring) \
+            .data["step_time_s"]
+
+    assert step_s("one_metadata_node_all_types") == 0
+    assert step_s("one_comp_node") == pytest.approx(5e-6, rel=1e-12)
+    assert step_s("two_comp_nodes_dependent") == pytest.approx(10e-6, rel=1e-12)
+    assert step_s("two_comp_nodes_independent") == pytest.approx(10e-6, rel=1e-12)  # one compute stream per device
+    assert step_s("ALL_REDUCE") == pytest.approx(ring_all_reduce_s(size), rel=1e-9)
+    # a ring all-gather or reduce-scatter: n - 1 steps of the latency and a chunk of size / n
+    assert step_s("ALL_GATHER") == pytest.approx(3 * (5e-6 + size / 4 / 50e9), rel=1e-9)
+    assert step_s("REDUCE_SCATTER") == pytest.approx(3 * (5e-6 + size / 4 / 50e9), rel=1e-9)
+    # one float all-reduced: at each of the 2(n - 1) steps some rank moves the one chunk that holds it
+    assert step_s("BARRIER") == pytest.approx(2 * 3 * (5e-6 + 4 / 50e9), rel=1e-9)
+    # all-to-all's two-hop routes share the ring's links, NCCL chooses the broadcast's algorithm: no closed form
+    # here; they run, past one hop's latency
+    assert step_s("ALL_TO_ALL") > 5e-6 and step_s("BROADCAST") > 5e-6
