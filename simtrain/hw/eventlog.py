@@ -2,15 +2,18 @@
 
 A span is (job, rank, kind, name, start, end, nbytes, flops) in simulated
 seconds, where rank is the device's global rank on the cluster and job the
-index of the job that holds the device (0 until a job takes it). A rank's part
-of a collective also names its group (the global ranks of its communicator)
-and the program that ran (`op`: "all_reduce", "ring_all_reduce", ...), which
-a Chakra execution trace needs (report/chakra.py); an NCCL call's launch
-latency, a span of its own before the call's transfers, is the op's
-"<collective> launch". Kinds used
+index of the job that holds the device (0 until a job takes it). Kinds used
 by simtrain: "compute", "communication", "optimizer" (and more as techniques
 add them). Transfers on links are kept by the network (`Network.records`);
 reports, traces and plots are views of these two logs.
+
+A rank's part of a collective also names its group (the global ranks of its
+communicator) and the program that ran (`op`: "all_reduce",
+"ring_all_reduce", ...), which a Chakra execution trace needs
+(report/chakra.py); an NCCL call's launch latency, a span of its own before
+the call's transfers, is the op "<collective> launch". Asked to
+(`keep_messages`), the log also keeps each posted point-to-point message (a
+pipeline's activations): a Chakra trace's sends and receives.
 
 Totals are kept as spans arrive, whether or not the spans themselves are
 kept: seconds per (rank, kind), and bytes and FLOPs per (rank, kind, label).
