@@ -40,6 +40,7 @@ from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_STEPS
 from .cli_collective import collective, topo
 from .cli_import import import_group
 from .cli_report import report
+from .cli_replay import replay as replay_traces
 from .progress import RunProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
@@ -397,6 +398,7 @@ cli.add_command(collective)
 cli.add_command(topo)
 cli.add_command(import_group)
 cli.add_command(report)
+cli.add_command(replay_traces)
 
 
 def main(argv=None) -> None:

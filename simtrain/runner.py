@@ -71,8 +71,10 @@ def run(scenario: Scenario, on_step=None) -> Report:
     faulty = scenario.has_faults
     with user_code_errors(scenario), single_thread():
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        record = scenario.report.trace or scenario.report.kineto or faulty
+        record = scenario.report.trace or scenario.report.kineto or scenario.report.chakra or faulty
         cluster = Cluster.from_resolved(resolved, record=record, seed=scenario.seed)
+        if scenario.report.chakra:
+            cluster.log.keep_messages()  # a pipeline's sends and receives (report/chakra.py)
         scheduled_faults(scenario, cluster.topology)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
         # Faults change links under the collectives: no group timing of a ring's transfers

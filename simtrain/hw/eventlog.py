@@ -11,6 +11,13 @@ A recording log also keeps the parts of each rank's communication that
 counted (`communication_parts`, spans of the seconds counted in parts by
 `count`: a collective's transfers, without the waits for peers inside it),
 from which the Kineto traces draw their NCCL kernels (report/kineto.py).
+A rank's part of a collective also names its group (the global ranks of its
+communicator) and the program that ran (`op`: "all_reduce",
+"ring_all_reduce", ...), which a Chakra execution trace needs
+(report/chakra.py); an NCCL call's launch latency, a span of its own before
+the call's transfers, is the op "<collective> launch". Asked to
+(`keep_messages`), the log also keeps each posted point-to-point message (a
+pipeline's activations): a Chakra trace's sends and receives.
 
 Totals are kept as spans arrive, whether or not the spans themselves are
 kept: seconds per (rank, kind), and bytes and FLOPs per (rank, kind, label).
@@ -38,6 +45,23 @@ class Span(NamedTuple):
     end: float
     nbytes: float
     flops: float
+    group: tuple = ()  # a collective's: the global ranks of its communicator, in its rank order
+    op: str = ""  # a collective's: the name of the program its rank ran
+    posted_s: float | None = None  # a posted collective's: when its first transfer began (start: when awaited)
+
+
+class Message(NamedTuple):
+    """A posted point-to-point message (a pipeline's activation): global ranks, its tag on its communicator, and
+    when its transfer ran; kept only when asked for (`keep_messages`: a Chakra trace's sends and receives)."""
+
+    src: int
+    dst: int
+    tag: int
+    nbytes: float
+    start: float
+    end: float
+    label: str
+    op: str  # the name of the program that sent it (comm/simulated.py program_name)
 
 
 class EventLog:
@@ -60,6 +84,15 @@ class EventLog:
         # a network timeout that a rate change made stale (it fires and does nothing).
         self.last_end_s = 0.0
         self._overlapping: dict[int, tuple[list, list]] = {}  # rank -> (communication, other) intervals
+        self.messages: list[Message] | None = None  # posted point-to-point messages, once keep_messages is called
+
+    def keep_messages(self) -> None:
+        """Keep every posted point-to-point message from now on (`message`)."""
+        self.messages = []
+
+    def message(self, message: Message) -> None:
+        if self.messages is not None:
+            self.messages.append(message)
 
     def track_overlap(self, rank: int) -> None:
         """Rank `rank`'s communication may overlap its other spans: keep its intervals."""
@@ -90,17 +123,21 @@ class EventLog:
             self.communication_parts.append(Span(self.job_of.get(rank, 0), rank, kind, label, start, end, 0, 0))
 
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
-             nbytes: float = 0, flops: float = 0) -> None:
+             nbytes: float = 0, flops: float = 0, group: tuple = (), op: str = "",
+             counted_bytes: float = 0, posted_s: float | None = None) -> None:
         """Keep a span whose seconds were counted in parts (`count`): a rank's collective is one span from its
         first transfer to its last, while a wait for a peer within it counts as idle. Its bytes and FLOPs are
-        counted here, once."""
+        counted here, once; `counted_bytes`, bytes it moved that were counted already (`count_bytes`: a
+        posted collective's, as it sent them), join the span's own; `posted_s`, a posted collective's first
+        transfer (the span itself shows the part the rank awaited)."""
         key = (rank, kind)
         if nbytes:
             _add(self._bytes, key, name, nbytes)
         if flops:
             _add(self._flops, key, name, flops)
         if self.record:
-            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
+            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes + counted_bytes,
+                                   flops, group, op, posted_s))
 
     def count_bytes(self, rank: int, kind: str, label: str, nbytes: float) -> None:
         """Rank `rank` moved `nbytes` for `label`: bytes that no span of its own carries (a span's are counted
@@ -167,10 +204,10 @@ def _add(totals: dict, key: tuple[int, str], label: str, amount: float) -> None:
 
 def exposed(communication: list[tuple[float, float]], other: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The parts of the (disjoint) communication intervals during which none of the other intervals runs."""
-    return _outside(sorted(communication), _union(sorted(other)))
+    return _outside(sorted(communication), union(sorted(other)))
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted intervals merged where they touch or overlap."""
     merged = []
     for start, end in intervals:

@@ -8,6 +8,7 @@
     results.report.data         # simulated time per rank, bytes per link, memory and time per device
     results.report.trace        # Chrome trace (Perfetto)
     results.report.write_kineto("runs/mine")   # runs/mine/kineto/rank<N>.json: PyTorch profiler traces (HTA)
+    results.report.write_chakra("runs/mine")   # runs/mine/chakra/et.<rank>.et: Chakra execution traces
 
 The cluster is a scenario's `cluster` section (with `cluster.devices` set to
 `world`), or, without a scenario, the fields given here, validated the same
@@ -48,6 +49,7 @@ from pathlib import Path
 from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
 from ..report import build_kineto, build_trace, kineto_files, write_atomic
+from ..report.chakra import chakra_files
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
 from .op_meter import sharding_propagation_unmetered
@@ -60,8 +62,8 @@ from .world import ranks_as_threads
 
 class DistReport:
     """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format, built from the
-    cluster's event log when first read: for hundreds of ranks it takes seconds); `write_kineto` writes the
-    PyTorch profiler traces."""
+    cluster's event log when first read: for hundreds of ranks it takes seconds); `write_kineto` and
+    `write_chakra` write the PyTorch profiler and the Chakra execution traces."""
 
     def __init__(self, data: dict, cluster, mirror_of: dict[int, int]):
         self.data = data
@@ -81,6 +83,22 @@ class DistReport:
         traces = build_kineto(self._cluster, range(self._cluster.size), self._mirror_of)
         return [write_atomic(out_dir / name, lambda f, p=payload: f.write(p))
                 for name, payload in kineto_files(traces).items()]
+
+    def chakra(self, steps: int = 1) -> dict[str, bytes]:
+        """Each rank's Chakra execution trace, `et.<rank>.et`, and `comm_group.json` (report/chakra.py), by file
+        name; `steps`, the training steps the ranks ran, for a replay's step time."""
+        if self._mirror_of:
+            raise ScenarioError("simtrain.dist.spawn: representatives: Chakra traces need every rank's own spans "
+                                "(run without representatives)")
+        return chakra_files(self._cluster, list(range(self._cluster.size)), steps)
+
+    def write_chakra(self, out_dir, steps: int = 1) -> Path:
+        """Write `chakra()`'s files into out_dir/chakra/ (made if need be); that folder."""
+        folder = Path(out_dir) / "chakra"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, payload in self.chakra(steps).items():
+            write_atomic(folder / name, lambda f, p=payload: f.write(p))
+        return folder
 
 
 class SpawnResult(list):
@@ -115,6 +133,7 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
+    cluster.log.keep_messages()  # isend and irecv, for the report's Chakra traces (report/chakra.py)
     run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s,
                  representatives)
     with ranks_as_threads(world), categorized(run), sharding_propagation_unmetered():
