@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ConfigImportError, ScenarioError
+from ..errors import ConfigImportError, ScenarioError, shown_value
 from ..limits import MAX_DEVICES
 from ..scenario import Scenario, validate_scenario
 from ..user_files import load_yaml_file, user_path
@@ -100,9 +100,9 @@ def bounded_int(value, field: str, source: str, maximum: int, minimum: int = 1, 
     """`value` if it is an integer from `minimum` to `maximum` (simtrain/limits.py); else one line naming the
     source and the field (and the `hint`). A boolean is refused (Python counts it an integer)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigImportError(f"{source}: {field}: expected an integer, got {_shown(value)}")
+        raise ConfigImportError(f"{source}: {field}: expected an integer, got {shown_value(value)}")
     if not minimum <= value <= maximum:
-        raise ConfigImportError(f"{source}: {field}: {_shown(value)} is outside {minimum} to {maximum:,} (the "
+        raise ConfigImportError(f"{source}: {field}: {shown_value(value)} is outside {minimum} to {maximum:,} (the "
                                 f"bound simtrain checks before any work: simtrain/limits.py){hint}")
     return value
 
@@ -110,13 +110,13 @@ def bounded_int(value, field: str, source: str, maximum: int, minimum: int = 1, 
 def bounded_real(value, field: str, source: str, low: float, high: float) -> float:
     """`value` if it is a finite number within [low, high]; else one line naming the source and the field."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigImportError(f"{source}: {field}: expected a number, got {_shown(value)}")
+        raise ConfigImportError(f"{source}: {field}: expected a number, got {shown_value(value)}")
     try:
         number = float(value)
     except OverflowError:  # an integer past a float's range
         number = float("inf")
     if not low <= number <= high:  # NaN fails both
-        raise ConfigImportError(f"{source}: {field}: {_shown(value)} is outside {low:g} to {high:g}")
+        raise ConfigImportError(f"{source}: {field}: {shown_value(value)} is outside {low:g} to {high:g}")
     return number
 
 
@@ -124,17 +124,8 @@ def expect(value, kind: type, field: str, source: str, what: str):
     """`value` if it is a `kind` (a boolean only where `kind` is bool); else one line naming the source and the
     field ("expected `what`")."""
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ConfigImportError(f"{source}: {field}: expected {what}, got {_shown(value)}")
+        raise ConfigImportError(f"{source}: {field}: expected {what}, got {shown_value(value)}")
     return value
-
-
-def _shown(value, limit: int = 40) -> str:
-    """A value as an error line shows it: its repr, cut to `limit` characters."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit for str()
-        return "a number of thousands of digits"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def scenario_name(path: Path) -> str:
