@@ -39,8 +39,8 @@ from .progress import RunProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
-from .views import (batch_line, console, print_calibration, print_comparison, print_memory_plans, print_summary,
-                    print_sweep)
+from .views import (batch_line, console, preset_line, print_calibration, print_comparison, print_memory_plans,
+                    print_summary, print_sweep)
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
@@ -380,6 +380,8 @@ def validate(scenario_file, overrides):
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce}; "
                   f"{batch_line(scenario, sum(counts.values()))})", soft_wrap=True)
+    if scenario.model.preset is not None:
+        console.print(preset_line(scenario), soft_wrap=True, markup=False, highlight=False)
     if scenario.fleet is not None:
         from .fleet.expected import spare_pool_warning
         from .fleet.inventory import job_inventory

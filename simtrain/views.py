@@ -149,6 +149,27 @@ def batch_line(scenario, world: int) -> str:
             f"micro-batch {per_replica // count} x {count} {what}")
 
 
+def preset_line(scenario) -> str | None:
+    """What model.preset filled in (scenario/model_presets.py), as the scenario resolved it (a field the user
+    gave shows the user's value); None without a preset."""
+    from .scenario.model_presets import MODEL_PRESETS
+
+    name = scenario.model.preset
+    if name is None:
+        return None
+    preset, model = MODEL_PRESETS[name], scenario.model.model_dump(mode="json")
+    model["hidden"] = scenario.model.width
+
+    def shown(value, given) -> str:  # a section's fields the preset gives
+        if isinstance(value, dict) and isinstance(given, dict):
+            return "{" + ", ".join(f"{key}: {shown(value[key], None)}" for key in given) + "}"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    fields = [f"{key} {shown(model[key], given)}" for key, given in preset["model"].items()]
+    fields += [f"data.{key} {getattr(scenario.data, key)}" for key in preset["data"]]
+    return f"model.preset {name}: " + ", ".join(fields)
+
+
 def _precision_line(amp: dict | None) -> str:
     """The precision and, under fp16, the loss scale it ended at and the steps an overflow skipped."""
     if amp is None:
