@@ -19,8 +19,8 @@ moment of the peak, what report.json's `devices` shows after a run.
 shared memory (the host's DRAM: what ZeRO-Offload keeps there,
 strategies/offload.py), report.json's `shared_memory`.
 
-`largest_batch` finds the largest per-device batch size whose step fits a
-device. A step's peak usually grows linearly with the batch (activations
+`DeviceMemory.largest_batch` finds the largest per-device batch size whose
+step fits a device. A step's peak usually grows linearly with the batch (activations
 scale with it; weights, gradients and optimizer state do not), so the line
 through the last two replays predicts the boundary, and replays at the
 prediction and one size above it confirm it (two or three rounds of that
@@ -155,13 +155,6 @@ def plan_host_memory(scenario: Scenario, batch_size: int | None = None) -> HostM
     return HostMemory(location=store.location,
                       capacity_bytes=None if store.capacity_bytes is None else int(store.capacity_bytes),
                       peak_bytes=store.memory.peak_total, by_category=dict(store.memory.peak_breakdown))
-
-
-def largest_batch(scenario: Scenario, rank: int) -> int:
-    """The largest per-device batch size whose step fits device `rank` of the scenario (0 if none does)."""
-    probe = _Probe(scenario)
-    job = probe.replay(scenario.data.batch_size)
-    return _largest(probe, rank, job.devices[rank].spec.memory_bytes, _batch_sizes(job))
 
 
 def _batch_sizes(job: Job) -> tuple[int, int]:
