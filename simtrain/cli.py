@@ -332,8 +332,10 @@ def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
+@click.option("--no-search", is_flag=True, help="The given layout's peaks alone: no search for the largest batch "
+                                                "that fits (largest_batch_size null) nor for layouts that fit.")
 @_errors_name_the_file
-def memory(scenario_file, overrides, as_json):
+def memory(scenario_file, overrides, as_json, no_search):
     """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
     from .memory_plan import plan_host_memory, plan_memory
 
@@ -344,18 +346,18 @@ def memory(scenario_file, overrides, as_json):
         for plan in plans:
             click.echo(json.dumps({"rank": plan.rank, "device": plan.device, "capacity_bytes": plan.capacity_bytes,
                                    "peak_bytes": plan.peak_bytes, "bytes_by_category": plan.by_category,
-                                   "fits": plan.fits, "largest_batch_size": plan.largest_batch}))
+                                   "fits": plan.fits, "largest_batch_size": None if no_search else plan.largest_batch}))
         if host is not None:  # ZeRO-Offload: the host's share, every rank's together
             click.echo(json.dumps({"host": host.location, "capacity_bytes": host.capacity_bytes,
                                    "peak_bytes": host.peak_bytes, "bytes_by_category": host.by_category}))
         return
-    print_memory_plans(scenario, plans)
+    print_memory_plans(scenario, plans, search=not no_search)
     if host is not None:
         console.print(f"host memory (cluster.shared_memory), every rank's offloaded state: peak "
                       f"{format_bytes(host.peak_bytes)} = " + ", ".join(
                           f"{category} {format_bytes(nbytes)}" for category, nbytes in host.by_category.items()
                           if nbytes), soft_wrap=True)
-    if not all(plan.fits for plan in plans):
+    if not no_search and not all(plan.fits for plan in plans):
         from .layout_search import layouts_that_fit
 
         layouts = layouts_that_fit(scenario)

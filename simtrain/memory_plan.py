@@ -43,10 +43,11 @@ from typing import Callable
 
 from torch import nn
 
+from .errors import ScenarioError
 from .hw.cluster import Cluster, run_to_end
 from .hw.resolved_cluster import ResolvedCluster, resolve_cluster
 from .job import Job
-from .scenario import Scenario
+from .scenario import Scenario, validate_scenario
 from .schemes import scheme_class
 from .user_code import user_code_errors
 
@@ -106,11 +107,28 @@ def replay_step(scenario: Scenario, resolved: ResolvedCluster, batch_size: int) 
     return job
 
 
+def _mirrored(scenario: Scenario) -> Scenario:
+    """The scenario with parallel.representatives where its checks allow them (scenario/root.py): one rank per
+    pipeline stage replayed, the ranks it mirrors reading its ledger (_ledgers), the same peaks at a fraction of
+    the replay (Llama 3 8B on 64 GPUs: docs/guides/memory.md). Not with cluster.shared_memory (the host's ledger
+    sums every rank's offloaded state), nor with experts routed by a drawn model (each rank draws its own)."""
+    moe = scenario.model.moe
+    if (scenario.parallel.representatives or scenario.cluster.shared_memory is not None
+            or moe is not None and moe.routing.model != "balanced"):
+        return scenario
+    raw = scenario.model_dump(mode="json")
+    raw["numerics"], raw["parallel"]["representatives"] = False, True
+    try:
+        return validate_scenario(raw, base_dir=scenario.base_dir)
+    except ScenarioError:  # a scenario whose ranks cannot be mirrored replays every rank
+        return scenario
+
+
 class _Probe:
     """Replays of one scenario at several batch sizes, each replayed once."""
 
     def __init__(self, scenario: Scenario):
-        self.scenario = scenario
+        self.scenario = _mirrored(scenario)
         self.resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # for every replay
         self._peaks: dict[int, list[int]] = {}
 

@@ -398,16 +398,17 @@ def rank_list(ranks: list[int]) -> str:
     return ",".join(runs)
 
 
-def print_memory_plans(scenario, plans: list) -> None:
+def print_memory_plans(scenario, plans: list, search: bool = True) -> None:
     """`simtrain memory`'s table: each group of ranks with the same figures a column (memory_plan.py's plans):
-    device, capacity, bytes by category, peak and the largest batch that fits."""
+    device, capacity, bytes by category, peak and, with `search`, the largest batch that fits."""
     train = scenario.train
     checkpointing = train.checkpointing if isinstance(train.checkpointing, str) else \
         f"{train.checkpointing.segments} segments"
     table = Table(title=f"{scenario.name}: peak memory of one step, batch {scenario.data.batch_size} per device, "
                         f"{train.precision}, checkpointing {checkpointing}")
     groups = same_figures((plan.rank, (plan.device, plan.capacity_bytes, plan.peak_bytes,
-                                        tuple(plan.by_category.items()), plan.largest_batch)) for plan in plans)
+                                        tuple(plan.by_category.items()), plan.largest_batch if search else None))
+                          for plan in plans)
     table.add_column("")
     for ranks in groups.values():
         table.add_column(ranks_header(ranks), justify="right")
@@ -418,5 +419,6 @@ def print_memory_plans(scenario, plans: list) -> None:
         table.add_row(f"  {category}", *(format_bytes(plan.by_category.get(category, 0)) for plan in columns))
     table.add_row("peak", *(format_bytes(plan.peak_bytes) + ("" if plan.fits else "  DOES NOT FIT")
                             for plan in columns))
-    table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
+    if search:
+        table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
     console.print(table)

@@ -155,3 +155,21 @@ def test_the_out_of_memory_line_gives_the_steps_peak_that_simtrain_memory_gives(
     assert oom["bytes_by_category"] == planned[rank]["bytes_by_category"]
     assert oom["bytes_by_category"]["activations"] > 0
     assert f"needs {format_bytes(planned[rank]['peak_bytes'])} of 200.0 KiB at its peak" in message
+
+
+def test_memory_no_search_gives_the_same_peaks_without_the_largest_batch(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps(scenario([128, 128], devices=2, batch=30).model_dump(mode="json")))
+
+    def planned(*flags) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["memory", str(path), *flags])
+        assert exit_info.value.code == 0
+        return capsys.readouterr().out
+
+    searched = [json.loads(line) for line in planned("--json").splitlines()]
+    alone = [json.loads(line) for line in planned("--json", "--no-search").splitlines()]
+    assert [plan["largest_batch_size"] for plan in alone] == [None, None]
+    assert all(plan["largest_batch_size"] > 30 for plan in searched)
+    assert alone == [{**plan, "largest_batch_size": None} for plan in searched]
+    assert "largest batch" in planned() and "largest batch" not in planned("--no-search")

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import simtrain
+from simtrain import memory_plan
 from simtrain.scenario import validate_scenario
 from simulated_steps import one_step
 
@@ -184,3 +185,18 @@ def test_where_representatives_do_not_apply(change, message):
     with pytest.raises(Exception) as info:
         validate_scenario(raw)
     assert message in str(info.value) and "\n" not in str(info.value).strip()
+
+
+@pytest.mark.parametrize("layout", [dict(tp=2, pp=2, dp=4), dict(tp=2, pp=2, dp=4, sharding={"stage": 1}),
+                                    dict(dp=16, pipeline={})],
+                         ids=["tp-pp-dp", "zero1-tp-pp-dp", "ddp"])
+def test_the_memory_plan_replays_representatives_and_gives_the_full_runs_peaks(layout):
+    """plan_memory replays one rank per stage where the scenario allows representatives (memory_plan._mirrored):
+    every rank's peak and its split are the full simulation's (a one-step run without representatives)."""
+    two_steps = scenario(16, 4, **layout)
+    full_scenario = two_steps.model_copy(update={"train": two_steps.train.model_copy(update={"steps": 1})})
+    assert memory_plan._mirrored(full_scenario).parallel.representatives
+    full = simtrain.run(full_scenario).data["devices"]
+    plans = simtrain.plan_memory(full_scenario)
+    assert [plan.peak_bytes for plan in plans] == [device["peak_memory_bytes"] for device in full]
+    assert [plan.by_category for plan in plans] == [device["peak_memory_bytes_by_category"] for device in full]
