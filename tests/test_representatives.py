@@ -174,6 +174,8 @@ def test_a_tp_all_reduce_of_an_activation_loads_every_ring_link_alike():
      "parallel.representatives: with sharding under data parallelism alone is not built"),
     ({"cluster": {"compute_jitter": 0.1}}, "parallel.representatives: needs identical devices"),
     ({"cluster": {"compute_jitter_fixed": "1 ms"}}, "parallel.representatives: needs identical devices"),
+    ({"parallel": {"representatives": True, "tp": 1, "pp": 1, "pipeline": {}},
+      "train": {"optimizer": {"name": "kfac", "lr": 0.1}}}, "parallel.representatives: not built with K-FAC"),
 ])
 def test_where_representatives_do_not_apply(change, message):
     raw = scenario(8, 4, tp=4, pp=2, representatives=True).model_dump(mode="json", by_alias=True)
