@@ -45,8 +45,8 @@ from .progress import RunProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
-from .views import (batch_line, console, print_calibration, print_comparison, print_memory_plans, print_summary,
-                    print_sweep)
+from .views import (batch_line, console, preset_line, print_calibration, print_comparison, print_memory_plans,
+                    print_summary, print_sweep)
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
@@ -338,8 +338,10 @@ def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
+@click.option("--no-search", is_flag=True, help="The given layout's peaks alone: no search for the largest batch "
+                                                "that fits (largest_batch_size null) nor for layouts that fit.")
 @_errors_name_the_file
-def memory(scenario_file, overrides, as_json):
+def memory(scenario_file, overrides, as_json, no_search):
     """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
     from .memory_plan import plan_host_memory, plan_memory
 
@@ -350,18 +352,18 @@ def memory(scenario_file, overrides, as_json):
         for plan in plans:
             click.echo(json.dumps({"rank": plan.rank, "device": plan.device, "capacity_bytes": plan.capacity_bytes,
                                    "peak_bytes": plan.peak_bytes, "bytes_by_category": plan.by_category,
-                                   "fits": plan.fits, "largest_batch_size": plan.largest_batch}))
+                                   "fits": plan.fits, "largest_batch_size": None if no_search else plan.largest_batch}))
         if host is not None:  # ZeRO-Offload: the host's share, every rank's together
             click.echo(json.dumps({"host": host.location, "capacity_bytes": host.capacity_bytes,
                                    "peak_bytes": host.peak_bytes, "bytes_by_category": host.by_category}))
         return
-    print_memory_plans(scenario, plans)
+    print_memory_plans(scenario, plans, search=not no_search)
     if host is not None:
         console.print(f"host memory (cluster.shared_memory), every rank's offloaded state: peak "
                       f"{format_bytes(host.peak_bytes)} = " + ", ".join(
                           f"{category} {format_bytes(nbytes)}" for category, nbytes in host.by_category.items()
                           if nbytes), soft_wrap=True)
-    if not all(plan.fits for plan in plans):
+    if not no_search and not all(plan.fits for plan in plans):
         from .layout_search import layouts_that_fit
 
         layouts = layouts_that_fit(scenario)
@@ -386,6 +388,8 @@ def validate(scenario_file, overrides):
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce}; "
                   f"{batch_line(scenario, sum(counts.values()))})", soft_wrap=True)
+    if scenario.model.preset is not None:
+        console.print(preset_line(scenario), soft_wrap=True, markup=False, highlight=False)
     if scenario.fleet is not None:
         from .fleet.expected import spare_pool_warning
         from .fleet.inventory import job_inventory
