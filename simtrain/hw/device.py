@@ -40,7 +40,6 @@ still lognormal with mean t, so its log's standard deviation is
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import simpy
@@ -61,24 +60,30 @@ class MemoryLedger:
 
     `peak_breakdown` is the per-category split at the moment the total peaked,
     so it adds up to `peak_total`. The standard categories are always present;
-    techniques add their own (in first-use order). Given a `clock` (a device of
-    a run that records its spans), every change is kept in `changes` as (time,
-    category, bytes the category then holds): memory over the step, the trace's
-    counters (report/trace.py).
+    techniques add their own (in first-use order). Once `record_changes` is
+    called (a scenario's run that records its spans), every change is kept in
+    `changes` as (time, category, bytes the category then holds): memory over
+    the step, the trace's counters (report/trace.py). Users' code under
+    simtrain.dist does not keep them: its tensors are freed when Python's
+    collector runs, a moment no clock orders.
     """
 
     CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "comm_buffers")
 
-    def __init__(self, device: str, capacity_bytes: float, clock: Callable[[], float] | None = None):
+    def __init__(self, device: str, capacity_bytes: float):
         self.device = device
         self.capacity_bytes = capacity_bytes
-        self._clock = clock
-        self.changes: list[tuple[float, str, int]] | None = [] if clock is not None else None
+        self._env: simpy.Environment | None = None
+        self.changes: list[tuple[float, str, int]] | None = None
         self.current: dict[str, int] = dict.fromkeys(self.CATEGORIES, 0)
         self.peak: dict[str, int] = dict.fromkeys(self.CATEGORIES, 0)
         self.total = 0
         self.peak_total = 0
         self.peak_breakdown: dict[str, int] = dict(self.current)
+
+    def record_changes(self, env: simpy.Environment) -> None:
+        """From now on keep every change in `changes`, at `env`'s time."""
+        self._env, self.changes = env, []
 
     def alloc(self, category: str, nbytes: int) -> None:
         """Hold nbytes more in category; OutOfMemory if the device would overflow."""
@@ -87,7 +92,7 @@ class MemoryLedger:
         self.current[category] = now
         self.total += nbytes
         if self.changes is not None:
-            self.changes.append((self._clock(), category, now))
+            self.changes.append((self._env.now, category, now))
         if now > self.peak.get(category, 0):
             self.peak[category] = now
         if self.total > self.peak_total:
@@ -105,7 +110,7 @@ class MemoryLedger:
     def release_all(self) -> None:
         """Every byte is freed (the program holding them was stopped); peaks stay."""
         if self.changes is not None:
-            self.changes.extend((self._clock(), category, 0) for category, held in self.current.items() if held)
+            self.changes.extend((self._env.now, category, 0) for category, held in self.current.items() if held)
         self.current = dict.fromkeys(self.current, 0)
         self.total = 0
 
@@ -118,7 +123,7 @@ class MemoryLedger:
         self.current[category] = held - nbytes
         self.total -= nbytes
         if self.changes is not None:
-            self.changes.append((self._clock(), category, held - nbytes))
+            self.changes.append((self._env.now, category, held - nbytes))
 
 
 class Device:
@@ -139,8 +144,7 @@ class Device:
         if (jitter or jitter_fixed) and rng is None:
             raise ValueError(f"rank {rank}: compute jitter needs a seeded Generator")
         self._rng = rng
-        self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes,
-                                   clock=(lambda: env.now) if log.record else None)
+        self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
         self._stream_free_at = 0.0
         self._roofline_s: dict[tuple, float] = {}  # (OpCosts, dtype) -> roofline seconds on this spec
 

@@ -424,7 +424,8 @@ def _topology(name: str, hosts: list[str], host_names: list[str], classes: dict,
 
     def link(rank: int, switch: str, fit, latency_s: float) -> dict:
         return {"between": [f"rank{rank}", switch],
-                "bandwidth": 1 / (1 / fit.bandwidth_Bps + software["software_s_per_byte"]),
+                "bandwidth": f"{1 / (1 / fit.bandwidth_Bps + software['software_s_per_byte'])!r} B/s",  # the unit
+                # written: a loaded host's link can measure under 1 MB/s, which a bare number may not be (units.py)
                 "latency": (latency_s + software["software_latency_s"]) / 2}
     links = []
     intra = classes.get("intra_host")
