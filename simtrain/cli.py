@@ -366,14 +366,16 @@ def memory(scenario_file, overrides, as_json):
 @cli.command()
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
+@click.option("--no-numerics", is_flag=True, help="Check the run of `simtrain run --no-numerics` (as --set "
+              "numerics=false).")
 @_errors_name_the_file
-def validate(scenario_file, overrides):
+def validate(scenario_file, overrides, no_numerics):
     """Check a scenario as `simtrain run` does before simulating (the cluster, its faults, the host's memory,
     the layout and each rank's share of the model, on meta tensors) without running it."""
     from .preflight import preflight
     from .schemes import scheme_name
 
-    scenario = load_scenario(scenario_file, overrides)
+    scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     resolved = preflight(scenario)
     counts = Counter(spec.name for spec in resolved.device_specs)  # one per device, in rank order
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())

@@ -225,6 +225,20 @@ def test_validate_refuses_what_run_refuses_with_the_same_line(tmp_path, capsys, 
     assert not (tmp_path / "report.json").exists()  # refused before the clock started
 
 
+def test_validate_no_numerics_checks_the_run_of_run_no_numerics(tmp_path, capsys):
+    """--no-numerics is --set numerics=false, given last (as run's): a population needs numerics, mirrored ranks
+    need them off."""
+    assert cli("run", str(ROOT / "scenarios" / "pbt.yaml"), "--no-numerics", "--out", str(tmp_path), "-q") == 2
+    run_err = capsys.readouterr().err.strip()
+    assert cli("validate", str(ROOT / "scenarios" / "pbt.yaml"), "--no-numerics") == 2
+    assert capsys.readouterr().err.strip() == run_err and "pbt: needs numerics" in run_err
+    long_context = str(ROOT / "scenarios" / "llama3-70b-long-context.yaml")
+    assert cli("validate", long_context, "--set", "numerics=true") == 2
+    assert "needs numerics false" in capsys.readouterr().err
+    assert cli("validate", long_context, "--set", "numerics=true", "--no-numerics") == 0
+    assert capsys.readouterr().out.startswith(f"{long_context}: ok")
+
+
 @pytest.mark.parametrize("text,expected", [
     ("train: {stepz: 3}", "train.stepz: unknown field; did you mean `train.steps`?"),
     ("trian: {steps: 3}", "trian: unknown field; did you mean `train`?"),
