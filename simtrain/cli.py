@@ -24,6 +24,7 @@ import functools
 import json
 import sys
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 
@@ -35,7 +36,7 @@ from rich.table import Table
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_STEPS
 from .cli_collective import collective, topo
-from .progress import RunProgress
+from .progress import RunProgress, SweepProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
@@ -84,7 +85,6 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
 
     scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / scenario.name, "name")
-    population = scenario.pbt.population if scenario.pbt is not None else 1
     if scenario.pbt is not None:
         from .studies.pbt import run_population
         from .studies.pbt_replay import plot_population
@@ -92,7 +92,7 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if quiet:
         report = run(scenario)
     else:
-        with RunProgress(scenario, population * scenario.train.steps, err_console) as progress:
+        with RunProgress(scenario, err_console) as progress:
             report = run(scenario, on_step=progress.on_step)
     written = report.write(out)
     if scenario.pbt is not None:
@@ -245,7 +245,8 @@ def replay(report_file, member, out_file):
               help="One run per variant of every file (repeatable).")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field in every run.")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/compare-<first name>/).")
-def compare(scenario_files, variants, overrides, out_dir):
+@click.option("--quiet", "-q", is_flag=True, help="No progress: no line a run, no bar over its steps.")
+def compare(scenario_files, variants, overrides, out_dir, quiet):
     """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG; or put
     two run folders (a simulated and a measured run) side by side."""
     from .compare import LOSS_PLOT, compare_runs, parse_variant, plan_runs
@@ -256,8 +257,15 @@ def compare(scenario_files, variants, overrides, out_dir):
 
     runs = plan_runs(list(scenario_files), [parse_variant(v) for v in variants], list(overrides))
     out = output_folder(out_dir or Path("runs") / f"compare-{Path(scenario_files[0]).stem}", "--out")
-    rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
-        f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
+
+    def watch(index, spec, scenario):
+        if quiet:
+            return nullcontext()
+        label = f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}"
+        err_console.print(label, markup=False, highlight=False)
+        return RunProgress(scenario, err_console, label=label)
+
+    rows = compare_runs(runs, out, watch=watch)
     print_comparison(rows)
     plot = f", {LOSS_PLOT}" if (out / LOSS_PLOT).exists() else " (no loss plot: no run has a loss, numerics off)"
     console.print(f"wrote {out}/compare.json{plot} and one folder per run")
@@ -303,25 +311,22 @@ def _compare_folders(folders, variants, overrides, out_dir) -> None:
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/sweep-<name>/).")
 @click.option("--restart", is_flag=True,
               help="Run every point again, discarding the rows --out holds (without it, the sweep resumes).")
-def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir, restart):
+@click.option("--quiet", "-q", is_flag=True, help="No progress over the points.")
+def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir, restart, quiet):
     """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table. Each point's row is
     in OUT/rows.jsonl as soon as it finishes: the same command again resumes a sweep that was stopped."""
-    from .studies.sweep import parse_grid, point_texts, run_sweep
+    from .studies.sweep import parse_grid, plan_points, point_texts, run_sweep
 
     parsed = [parse_grid(grid) for grid in grids]
     out = output_folder(out_dir or Path("runs") / f"sweep-{Path(scenario_file).stem}", "--out")
-    finished = 0
-
-    def progress(done, points):
-        nonlocal finished
-        finished = done
-        err_console.print(f"[{done}/{points}] points done", markup=False, highlight=False)
-
+    progress = SweepProgress(len(plan_points(parsed)), err_console, shown=not quiet)
     try:
-        rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
-                         metric=metric, on_done=progress, restart=restart)
+        with progress:
+            rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
+                             metric=metric, on_done=progress.on_done, restart=restart)
     except KeyboardInterrupt:
-        err_console.print(f"stopped: {finished} points are in {out}/rows.jsonl; the same command resumes the sweep",
+        err_console.print(f"stopped: {progress.done} points are in {out}/rows.jsonl; the same command resumes the "
+                          "sweep",
                           markup=False, highlight=False, soft_wrap=True)
         raise
     print_sweep(rows, [grid.path for grid in parsed], [list(texts) for texts in point_texts(parsed)])

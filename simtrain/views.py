@@ -3,19 +3,23 @@
     from simtrain.views import print_summary
     print_summary(json.loads(Path("runs/quickstart/report.json").read_text()))
 
-Piped or captured output gets room for a table's whole labels (150 columns); a terminal folds them.
+On a terminal a table fits its width (folding long cells); piped or redirected, the standard output is
+`PIPED_WIDTH` columns wide, so no table is cut to a terminal's width ("w… 2… G…").
 
 Each view reads report.json's dict (or a command's summary dict) and prints
 rich tables on the standard output. A table that shows one figure per rank
 shows one column per group of ranks whose figures are all the same
 (`same_figures`), as `simtrain memory` and the run summary do.
 """
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
 from .units import format_bytes, format_seconds, noise_free
 
-console = Console()
+PIPED_WIDTH = 1_000  # columns: wider than any table simtrain draws
+console = Console() if sys.stdout is not None and sys.stdout.isatty() else Console(width=PIPED_WIDTH)
 
 
 def print_summary(data: dict) -> None:
@@ -312,8 +316,7 @@ def print_comparison(rows: list[dict]) -> None:
                       format_bytes(row["peak_memory_bytes"]),
                       "-" if kinds is None else _bytes_moved(kinds),
                       staleness)
-    # Piped or captured output gets room for whole labels; a terminal folds them.
-    (console if console.is_terminal else Console(width=200)).print(table)
+    console.print(table)
     console.print("time/sample: simulated time over the samples trained (a sync step trains every device's batch, "
                   "an async update one worker's)")
 
@@ -351,7 +354,7 @@ def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[s
                       format_seconds(row["communication_s"]) if ok else "-",
                       "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),
                       "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}")
-    (console if console.is_terminal else Console(width=150)).print(table)
+    console.print(table)
 
 
 def same_figures(ranks_and_figures) -> dict[tuple, list[int]]:

@@ -1,5 +1,6 @@
 """The command line: outputs, determinism, and one-line errors with exit code 2."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -331,8 +332,8 @@ def test_a_long_numerics_run_is_warned_once_with_the_no_numerics_hint(monkeypatc
         console = Console(record=True, width=400)
         clock = iter(range(0, 10_000, 1))
         monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock) * seconds_per_step)
-        scenario = simtrain.load_scenario(QUICKSTART, [f"numerics={str(numerics).lower()}"])
-        with progress.RunProgress(scenario, 100, console) as bar:
+        scenario = simtrain.load_scenario(QUICKSTART, [f"numerics={str(numerics).lower()}", "train.steps=100"])
+        with progress.RunProgress(scenario, console) as bar:
             for step in range(100):
                 bar.on_step(step, step * 1e-3, None)
         return [line for line in console.export_text().splitlines() if line.startswith("warning:")]
@@ -379,3 +380,55 @@ def summary_rows(text: str) -> dict[str, str]:
     """The summary table's rows, label -> value."""
     cells = [line.strip("│ ").split("│") for line in text.splitlines() if line.count("│") == 3]
     return {label.strip(): value.strip() for label, value in cells}
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_nothing_piped(monkeypatch):
+    """A run's bar (compare's too) and a sweep's are drawn only where the standard error is a terminal; piped, a
+    sweep writes one line a point (a log's record), and --quiet (shown=False) nothing."""
+    from rich.console import Console
+
+    from simtrain import progress
+
+    scenario = simtrain.load_scenario(QUICKSTART, ["train.steps=4"])
+
+    def drawn(terminal: bool, shown: bool = True) -> tuple[str, str]:
+        run_console = Console(record=True, width=200, force_terminal=terminal)
+        with progress.RunProgress(scenario, run_console, label="[1/2] quickstart") as bar:
+            for step in range(4):
+                bar.on_step(step, (step + 1) * 1e-3, 2.5)
+            bar.progress.refresh()
+            during = run_console.export_text()
+        sweep_console = Console(record=True, width=200, force_terminal=terminal)
+        with progress.SweepProgress(3, sweep_console, shown=shown) as points:
+            for done in range(1, 4):
+                points.on_done(done, 3)
+        return during, sweep_console.export_text()
+
+    run_bar, sweep_bar = drawn(terminal=True)
+    assert "[1/2] quickstart" in run_bar and "4/4" in run_bar and "loss 2.5000" in run_bar
+    assert "sweep" in sweep_bar and "3/3 points" in sweep_bar
+    assert drawn(terminal=False) == ("", "[1/3] points done\n[2/3] points done\n[3/3] points done\n")
+    assert drawn(terminal=False, shown=False) == ("", "")
+
+
+def test_piped_tables_are_never_cut_to_a_narrow_terminal(tmp_path):
+    """Piped, the standard output holds every label and figure whole, however narrow the terminal (COLUMNS=30):
+    the summary's figures as report.json has them, compare's columns."""
+    environment = {**os.environ, "COLUMNS": "30", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "simtrain", "compare", str(QUICKSTART), "--variant",
+                           "parallel.all_reduce=ring", "--variant", "parallel.all_reduce=tree", "--set",
+                           "train.steps=3", "--set", "numerics=false", "--out", str(tmp_path / "compare")],
+                          capture_output=True, text=True, cwd=tmp_path, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout
+    for text in ("parallel.all_reduce=ring", "parallel.all_reduce=tree", "staleness mean/max", "peak memory",
+                 "time/sample"):
+        assert text in done.stdout
+    assert done.stderr.splitlines() == ["[1/2] parallel.all_reduce=ring", "[2/2] parallel.all_reduce=tree"]
+    done = subprocess.run([sys.executable, "-m", "simtrain", "run", str(QUICKSTART), "--set", "train.steps=3",
+                           "--set", "numerics=false", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, cwd=tmp_path, env=environment)
+    data = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert done.returncode == 0 and done.stderr == "" and "…" not in done.stdout
+    assert f"{data['flops']['tflops_per_device']:.3g} (of {data['flops']['peak_tflops_per_device']:.3g} peak)" \
+        in done.stdout and "model TFLOP/s per device" in done.stdout
