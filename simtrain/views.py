@@ -51,9 +51,7 @@ def print_summary(data: dict) -> None:
     if flops["tflops_per_device"] is not None:
         table.add_row("model TFLOP/s per device", f"{flops['tflops_per_device']:.3g} "
                                                   f"(of {flops['peak_tflops_per_device']:.3g} peak)")
-        table.add_row("MFU", f"{flops['mfu']:.1%}" + (
-            f" (devices ran {flops['device_flops_utilization']:.1%} of peak, recomputation included)"
-            if flops["device_flops_utilization"] != flops["mfu"] else ""))
+        table.add_row("MFU", f"{flops['mfu']:.1%}" + _hardware_flops(flops))
     if data["final_loss"] is None:
         table.add_row("final loss, accuracy", "none: numerics off")
     else:
@@ -76,6 +74,16 @@ def print_summary(data: dict) -> None:
     if "fleet" in data:
         print_fleet(data["fleet"])
     console.print(_peak_memory_table(data["devices"]))
+
+
+def _hardware_flops(flops: dict) -> str:
+    """Beside MFU, the share of peak the devices ran where it differs: their kernels' own FLOPs (a fused causal
+    attention's half, say), with the recomputed forwards where the run recomputed (report/flops.py)."""
+    if flops["device_flops_utilization"] == flops["mfu"]:
+        return ""
+    recomputation = flops["recomputation"]
+    included = "their kernels' FLOPs" if recomputation == "none" else f"{recomputation} recomputation included"
+    return f" (devices ran {flops['device_flops_utilization']:.1%} of peak, {included})"
 
 
 # report.json's `scheme` in words; a sharded optimizer is named by its ZeRO stage (scheme_title)
