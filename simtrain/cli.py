@@ -40,8 +40,8 @@ from .progress import RunProgress, SweepProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
-from .views import (batch_line, console, print_calibration, print_comparison, print_memory_plans, print_summary,
-                    print_sweep)
+from .views import (attention_note, batch_line, console, print_calibration, print_comparison, print_memory_plans,
+                    print_summary, print_sweep)
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
@@ -92,6 +92,8 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if quiet:
         report = run(scenario)
     else:
+        if attention_note(scenario):
+            err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
         with RunProgress(scenario, err_console) as progress:
             report = run(scenario, on_step=progress.on_step)
     written = report.write(out)
@@ -387,6 +389,8 @@ def validate(scenario_file, overrides, no_numerics):
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce}; "
                   f"{batch_line(scenario, sum(counts.values()))})", soft_wrap=True)
+    if attention_note(scenario):
+        err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
     if scenario.fleet is not None:
         from .fleet.expected import spare_pool_warning
         from .fleet.inventory import job_inventory

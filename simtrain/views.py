@@ -149,6 +149,15 @@ def _experts_line(moe: dict) -> str:
     return line
 
 
+def attention_note(scenario) -> str | None:
+    """The note `run` and `validate` print for a gpt or llama whose attention is eager by default, not by choice."""
+    if not scenario.model.eager_by_default:
+        return None
+    return (f"note: model.attention: eager by default (the s x s scores written out and kept, as the Megatron-LM "
+            f"papers ran); frameworks today run fused attention: --set model.attention=fused, or set it in "
+            f"the scenario to keep eager and silence this")
+
+
 def batch_line(scenario, world: int) -> str:
     """The batch in the words users have, derived from data.batch_size (each replica's samples per step),
     parallel.pipeline.microbatches and dp: the global batch, the micro-batch size, the accumulation steps."""

@@ -240,6 +240,26 @@ def test_validate_no_numerics_checks_the_run_of_run_no_numerics(tmp_path, capsys
     assert capsys.readouterr().out.startswith(f"{long_context}: ok")
 
 
+def test_a_transformer_left_on_eager_attention_is_told_fused_is_what_frameworks_run(tmp_path, capsys):
+    """model.attention's default is eager (the papers' runs the shipped validations reproduce): run and validate
+    say so in one note for a gpt or llama that leaves it unset; a scenario that sets it, an mlp, and --quiet
+    hear nothing."""
+    gpt = yaml.safe_load(GPT_SMALL.read_text())
+    del gpt["model"]["attention"]
+    unset = tmp_path / "gpt.yaml"
+    unset.write_text(yaml.safe_dump(gpt))
+    assert cli("validate", str(unset)) == 0
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.startswith("note: model.attention: eager by default") and "--set model.attention=fused" in note
+    assert cli("run", str(unset), "--set", "train.steps=1", "--no-numerics", "--out", str(tmp_path / "a")) == 0
+    assert capsys.readouterr().err.splitlines() == [note]
+    assert cli("run", str(unset), "--set", "train.steps=1", "--no-numerics", "--out", str(tmp_path / "b"), "-q") == 0
+    assert capsys.readouterr().err == ""
+    for quiet in (["--set", "model.attention=eager"], ["--set", "model.attention=fused"], []):
+        assert cli("validate", str(unset if quiet else QUICKSTART), *quiet) == 0
+        assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("text,expected", [
     ("train: {stepz: 3}", "train.stepz: unknown field; did you mean `train.steps`?"),
     ("trian: {steps: 3}", "trian: unknown field; did you mean `train`?"),
