@@ -92,8 +92,6 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if quiet:
         report = run(scenario)
     else:
-        if attention_note(scenario):
-            err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
         with RunProgress(scenario, err_console) as progress:
             report = run(scenario, on_step=progress.on_step)
     written = report.write(out)
@@ -114,6 +112,8 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if report.data["status"] == "out_of_memory":
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
+        if attention_note(scenario):  # after the run: a run that fails says its one line alone
+            err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
         print_summary(report.data)
     console.print(f"wrote {out}/" + ", ".join(path.name for path in written), soft_wrap=True)
     if report.data["status"] == "failed":
