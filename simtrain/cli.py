@@ -1,4 +1,5 @@
-"""The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, pbt replay.
+"""The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, import,
+pbt replay, report.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.all_reduce=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
@@ -12,6 +13,8 @@
     simtrain validate scenarios/quickstart.yaml
     simtrain collective --algo ring --topology ring --devices 16 --bandwidth "100 GB/s" --sizes 1K:1G --no-numerics
     simtrain topo --topology topologies/dgx-a100-2node.yaml
+    simtrain import torchtitan scenarios/torchtitan/llama3_8b.toml --devices 64 --out llama3_8b.yaml
+    simtrain report runs/quickstart --html            # report.html: the run's figures drawn, one page
 
 A user's mistake prints one line naming the field or file and exits with 2.
 
@@ -36,12 +39,15 @@ from rich.table import Table
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_STEPS
 from .cli_collective import collective, topo
+from .cli_import import import_group
+from .cli_report import report
+from .cli_replay import replay as replay_traces
 from .progress import RunProgress, SweepProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
-from .views import (attention_note, batch_line, console, print_calibration, print_comparison, print_memory_plans,
-                    print_summary, print_sweep)
+from .views import (attention_note, batch_line, console, preset_line, print_calibration, print_comparison,
+                    print_memory_plans, print_summary, print_sweep)
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
@@ -115,7 +121,7 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
         if attention_note(scenario):  # after the run: a run that fails says its one line alone
             err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
         print_summary(report.data)
-    console.print(f"wrote {out}/" + ", ".join(path.name for path in written), soft_wrap=True)
+    console.print(f"wrote {out}/" + ", ".join(path.name + "/" * path.is_dir() for path in written), soft_wrap=True)
     if report.data["status"] == "failed":
         err_console.print(f"job failed: {one_line(report.data['failure'])} (wrote {out}/report.json)",
                           markup=False, highlight=False, soft_wrap=True)
@@ -339,8 +345,10 @@ def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field (value parsed as YAML).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per device.")
+@click.option("--no-search", is_flag=True, help="The given layout's peaks alone: no search for the largest batch "
+                                                "that fits (largest_batch_size null) nor for layouts that fit.")
 @_errors_name_the_file
-def memory(scenario_file, overrides, as_json):
+def memory(scenario_file, overrides, as_json, no_search):
     """Peak memory per device of one training step, by category, and the largest batch that fits (no training)."""
     from .memory_plan import plan_host_memory, plan_memory
 
@@ -351,18 +359,18 @@ def memory(scenario_file, overrides, as_json):
         for plan in plans:
             click.echo(json.dumps({"rank": plan.rank, "device": plan.device, "capacity_bytes": plan.capacity_bytes,
                                    "peak_bytes": plan.peak_bytes, "bytes_by_category": plan.by_category,
-                                   "fits": plan.fits, "largest_batch_size": plan.largest_batch}))
+                                   "fits": plan.fits, "largest_batch_size": None if no_search else plan.largest_batch}))
         if host is not None:  # ZeRO-Offload: the host's share, every rank's together
             click.echo(json.dumps({"host": host.location, "capacity_bytes": host.capacity_bytes,
                                    "peak_bytes": host.peak_bytes, "bytes_by_category": host.by_category}))
         return
-    print_memory_plans(scenario, plans)
+    print_memory_plans(scenario, plans, search=not no_search)
     if host is not None:
         console.print(f"host memory (cluster.shared_memory), every rank's offloaded state: peak "
                       f"{format_bytes(host.peak_bytes)} = " + ", ".join(
                           f"{category} {format_bytes(nbytes)}" for category, nbytes in host.by_category.items()
                           if nbytes), soft_wrap=True)
-    if not all(plan.fits for plan in plans):
+    if not no_search and not all(plan.fits for plan in plans):
         from .layout_search import layouts_that_fit
 
         layouts = layouts_that_fit(scenario)
@@ -389,6 +397,8 @@ def validate(scenario_file, overrides, no_numerics):
     console.print(f"{scenario_file}: ok ({scenario.name}: {devices}, {scenario.cluster.topology}, "
                   f"{scheme_name(scenario.parallel)}, all_reduce {scenario.parallel.all_reduce}; "
                   f"{batch_line(scenario, sum(counts.values()))})", soft_wrap=True)
+    if scenario.model.preset is not None:
+        console.print(preset_line(scenario), soft_wrap=True, markup=False, highlight=False)
     if attention_note(scenario):
         err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
     if scenario.fleet is not None:
@@ -401,6 +411,9 @@ def validate(scenario_file, overrides, no_numerics):
 
 cli.add_command(collective)
 cli.add_command(topo)
+cli.add_command(import_group)
+cli.add_command(report)
+cli.add_command(replay_traces)
 
 
 def main(argv=None) -> None:

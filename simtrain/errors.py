@@ -17,6 +17,15 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def shown_value(value, limit: int = 40) -> str:
+    """A value as an error line shows it: its repr, cut to `limit` characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return "a number of thousands of digits"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def first_line(error: BaseException) -> str:
     """The first line of `error`'s message, as a one-line error quotes an exception from a user's code:
     '(no message)' without one, or where its `__str__` itself raises."""
@@ -29,6 +38,10 @@ def first_line(error: BaseException) -> str:
 
 class ScenarioError(SimtrainError):
     """A scenario file or override that does not validate."""
+
+
+class ConfigImportError(SimtrainError):
+    """A torchtitan or Megatron config that `simtrain import` cannot read or map (simtrain/importers/)."""
 
 
 class TopologyError(SimtrainError):

@@ -55,3 +55,8 @@ MIN_EFFICIENCY = 1e-6  # a device's efficiency (fraction of peak): with MAX_SLOW
 MAX_COMPUTE_JITTER = 2.0  # std of log(factor): a span stays within e^(+-8) of its mean at 4 sigma
 MAX_COMPUTE_JITTER_FIXED = 1.0  # s: far past any host's scheduling noise (a time slice is milliseconds)
 MAX_COLLECTIVE_BYTES = 1 << 40  # simtrain collective --sizes: 1 TiB per rank
+
+# Chakra execution traces given to `simtrain replay` (replay/trace_file.py): each file's size is checked before it
+# is read, and the nodes are counted as they are decoded (a replay holds about 2 KiB of host memory per node).
+MAX_CHAKRA_FILE_BYTES = 256 << 20  # 256 MiB per file: about two million nodes of simtrain's own traces
+MAX_CHAKRA_NODES = 1_000_000  # nodes of all the ranks' traces together

@@ -19,8 +19,8 @@ moment of the peak, what report.json's `devices` shows after a run.
 shared memory (the host's DRAM: what ZeRO-Offload keeps there,
 strategies/offload.py), report.json's `shared_memory`.
 
-`largest_batch` finds the largest per-device batch size whose step fits a
-device. A step's peak usually grows linearly with the batch (activations
+`DeviceMemory.largest_batch` finds the largest per-device batch size whose
+step fits a device. A step's peak usually grows linearly with the batch (activations
 scale with it; weights, gradients and optimizer state do not), so the line
 through the last two replays predicts the boundary, and replays at the
 prediction and one size above it confirm it (two or three rounds of that
@@ -43,10 +43,11 @@ from typing import Callable
 
 from torch import nn
 
+from .errors import ScenarioError
 from .hw.cluster import Cluster, run_to_end
 from .hw.resolved_cluster import ResolvedCluster, resolve_cluster
 from .job import Job
-from .scenario import Scenario
+from .scenario import Scenario, validate_scenario
 from .schemes import scheme_class
 from .user_code import user_code_errors
 
@@ -106,16 +107,44 @@ def replay_step(scenario: Scenario, resolved: ResolvedCluster, batch_size: int) 
     return job
 
 
+def _mirrored(scenario: Scenario) -> Scenario:
+    """The scenario with parallel.representatives where its checks allow them (scenario/root.py) and the ranks
+    a representative stands for hold what it holds: one rank per pipeline stage replayed, the others reading its
+    ledger (_ledgers), the same peaks at a fraction of the replay (Llama 3 8B on 64 GPUs: docs/guides/memory.md;
+    tested equal to the full run's by every memory-plan test). Not where ranks hold different buffers: a tree's
+    or a naive all-reduce's ranks, cp ranks (their chunks' exchanges), overlapped sharded buckets (each rank's
+    own bucket order), the host's ledger of cluster.shared_memory (every rank's offloaded state), experts routed
+    by a drawn model (each rank draws its own)."""
+    parallel, moe = scenario.parallel, scenario.model.moe
+    if (parallel.representatives or parallel.all_reduce != "ring" or parallel.cp > 1
+            or parallel.sharding.overlap_grad_reduce or parallel.sharding.overlap_param_gather
+            or scenario.cluster.shared_memory is not None or moe is not None and moe.routing.model != "balanced"):
+        return scenario
+    raw = scenario.model_dump(mode="json")
+    raw["numerics"], raw["parallel"]["representatives"] = False, True
+    try:
+        return validate_scenario(raw, base_dir=scenario.base_dir)
+    except ScenarioError:  # a scenario whose ranks cannot be mirrored replays every rank
+        return scenario
+
+
 class _Probe:
     """Replays of one scenario at several batch sizes, each replayed once."""
 
     def __init__(self, scenario: Scenario):
-        self.scenario = scenario
+        self.scenario = _mirrored(scenario)
         self.resolved = resolve_cluster(scenario.cluster, scenario.base_dir)  # for every replay
         self._peaks: dict[int, list[int]] = {}
+        self._given = scenario
 
     def replay(self, batch_size: int) -> Job:
-        job = replay_step(self.scenario, self.resolved, batch_size)
+        try:
+            job = replay_step(self.scenario, self.resolved, batch_size)
+        except ScenarioError:  # representatives refused once the layout is known (HSDP): every rank replayed
+            if self.scenario is self._given:
+                raise
+            self.scenario = self._given
+            job = replay_step(self.scenario, self.resolved, batch_size)
         self._peaks[batch_size] = [ledger.peak_total for ledger in _ledgers(job)]
         return job
 
@@ -155,13 +184,6 @@ def plan_host_memory(scenario: Scenario, batch_size: int | None = None) -> HostM
     return HostMemory(location=store.location,
                       capacity_bytes=None if store.capacity_bytes is None else int(store.capacity_bytes),
                       peak_bytes=store.memory.peak_total, by_category=dict(store.memory.peak_breakdown))
-
-
-def largest_batch(scenario: Scenario, rank: int) -> int:
-    """The largest per-device batch size whose step fits device `rank` of the scenario (0 if none does)."""
-    probe = _Probe(scenario)
-    job = probe.replay(scenario.data.batch_size)
-    return _largest(probe, rank, job.devices[rank].spec.memory_bytes, _batch_sizes(job))
 
 
 def _batch_sizes(job: Job) -> tuple[int, int]:

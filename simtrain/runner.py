@@ -38,7 +38,7 @@ from .hw.fault_schedule import scheduled_faults
 from .hw.faults import FaultInjector
 from .job import Job
 from .layout_search import layouts_that_fit
-from .memory_plan import largest_batch
+from .memory_plan import plan_memory
 from .preflight import preflight
 from .recovery import Recovery
 from .report import Report, RunResult, build_report
@@ -47,6 +47,7 @@ from .scenario import Scenario
 from .schemes import scheme_name
 from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
+from .units import format_bytes
 from .user_code import user_code_errors
 
 
@@ -71,7 +72,10 @@ def run(scenario: Scenario, on_step=None) -> Report:
     faulty = scenario.has_faults
     with user_code_errors(scenario), single_thread():
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        cluster = Cluster.from_resolved(resolved, record=scenario.report.trace or faulty, seed=scenario.seed)
+        record = scenario.report.trace or scenario.report.kineto or scenario.report.chakra or faulty
+        cluster = Cluster.from_resolved(resolved, record=record, seed=scenario.seed)
+        if scenario.report.chakra:
+            cluster.log.keep_messages()  # a pipeline's sends and receives (report/chakra.py)
         scheduled_faults(scenario, cluster.topology)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
         # Faults change links under the collectives: no group timing of a ring's transfers
@@ -153,28 +157,32 @@ def _fault_free_time_s(scenario: Scenario) -> float:
 
 
 def _out_of_memory_section(scenario: Scenario, job: Job, error: OutOfMemory, steps_done: int) -> dict:
-    """report.json's `out_of_memory`: where the run stopped, what the device held, what batch and which layouts
-    would fit."""
-    rank = next(rank for rank, device in enumerate(job.devices) if device.memory.total > device.memory.capacity_bytes)
-    largest = largest_batch(scenario, rank)
+    """report.json's `out_of_memory`: the device whose allocation went past its capacity, the peak its step would
+    reach (the step replayed to its end on ledgers that do not stop, as `simtrain memory` replays it:
+    memory_plan.py), what batch and which layouts would fit."""
+    index = next(index for index, device in enumerate(job.devices) if device.memory.device == error.device)
+    plan = plan_memory(scenario)[index]
     layouts = layouts_that_fit(scenario)
-    advice = f"the largest per-device batch size that fits is {largest}"
+    advice = f"the largest per-device batch size that fits is {plan.largest_batch}"
     if layouts:
         advice += "; with the same global batch, these layouts fit: " + "; ".join(fit.summary() for fit in layouts)
+    held = ", ".join(f"{category} {format_bytes(nbytes)}" for category, nbytes in plan.by_category.items() if nbytes)
     return {
-        "rank": job.devices[rank].rank,
-        "device": job.devices[rank].spec.name,
+        "rank": job.devices[index].rank,
+        "device": plan.device,
         "step": steps_done,
-        "capacity_bytes": error.capacity_bytes,
-        "needed_bytes": sum(error.by_category.values()),
-        "bytes_by_category": error.by_category,
-        "largest_batch_size_that_fits": largest,
+        "capacity_bytes": plan.capacity_bytes,
+        "needed_bytes": plan.peak_bytes,
+        "bytes_by_category": plan.by_category,
+        "stopped_at_bytes": sum(error.by_category.values()),
+        "largest_batch_size_that_fits": plan.largest_batch,
         "layouts_that_fit": [{"dp": fit.dp, "pp": fit.pp, "tp": fit.tp, "cp": fit.cp,
                               "sequence_parallel": fit.sequence_parallel, "batch_size": fit.batch_size,
                               "microbatches": fit.microbatches, "sharding_stage": fit.stage,
                               "checkpointing": fit.checkpointing, "peak_bytes": fit.peak_bytes,
                               "step_time_s": fit.step_time_s} for fit in layouts],
-        "message": f"{error}; {advice}",
+        "message": f"out of memory on {error.device}: its step needs {format_bytes(plan.peak_bytes)} of "
+                   f"{format_bytes(plan.capacity_bytes)} at its peak ({held}); {advice}",
     }
 
 
@@ -197,8 +205,10 @@ class OutOfMemorySection(ReportSection):
     device: str = Field(description="its catalog name")
     step: int = Field(description="steps done before it ran out")
     capacity_bytes: int = Field(description="its memory")
-    needed_bytes: int = Field(description="bytes it would have held")
-    bytes_by_category: dict[str, int] = Field(description="those bytes by category")
+    needed_bytes: int = Field(description="the peak its step would reach, as `simtrain memory` replays it "
+                                          "(memory_plan.py)")
+    bytes_by_category: dict[str, int] = Field(description="that peak by category")
+    stopped_at_bytes: int = Field(description="what it held when the allocation past its capacity stopped the run")
     largest_batch_size_that_fits: int = Field(description="the largest per-device batch size that fits "
                                                           "(memory_plan.py)")
     layouts_that_fit: list[LayoutThatFits] = Field(

@@ -126,7 +126,7 @@ def read_text_file(path: Path, label: str, error: type[SimtrainError]) -> str:
     except OSError as exc:
         raise error(f"{label}: cannot read it ({exc.strerror})") from None
     if len(data) > MAX_FILE_BYTES:
-        raise error(f"{label}: larger than {format_bytes(MAX_FILE_BYTES)}, the most a YAML file may hold")
+        raise error(f"{label}: larger than {format_bytes(MAX_FILE_BYTES)}, the most a file read may hold")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

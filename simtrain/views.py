@@ -170,6 +170,27 @@ def batch_line(scenario, world: int) -> str:
             f"micro-batch {per_replica // count} x {count} {what}")
 
 
+def preset_line(scenario) -> str | None:
+    """What model.preset filled in (scenario/model_presets.py), as the scenario resolved it (a field the user
+    gave shows the user's value); None without a preset."""
+    from .scenario.model_presets import MODEL_PRESETS
+
+    name = scenario.model.preset
+    if name is None:
+        return None
+    preset, model = MODEL_PRESETS[name], scenario.model.model_dump(mode="json")
+    model["hidden"] = scenario.model.width
+
+    def shown(value, given) -> str:  # a section's fields the preset gives
+        if isinstance(value, dict) and isinstance(given, dict):
+            return "{" + ", ".join(f"{key}: {shown(value[key], None)}" for key in given) + "}"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    fields = [f"{key} {shown(model[key], given)}" for key, given in preset["model"].items()]
+    fields += [f"data.{key} {getattr(scenario.data, key)}" for key in preset["data"]]
+    return f"model.preset {name}: " + ", ".join(fields)
+
+
 def _precision_line(amp: dict | None) -> str:
     """The precision and, under fp16, the loss scale it ended at and the steps an overflow skipped."""
     if amp is None:
@@ -397,16 +418,17 @@ def rank_list(ranks: list[int]) -> str:
     return ",".join(runs)
 
 
-def print_memory_plans(scenario, plans: list) -> None:
+def print_memory_plans(scenario, plans: list, search: bool = True) -> None:
     """`simtrain memory`'s table: each group of ranks with the same figures a column (memory_plan.py's plans):
-    device, capacity, bytes by category, peak and the largest batch that fits."""
+    device, capacity, bytes by category, peak and, with `search`, the largest batch that fits."""
     train = scenario.train
     checkpointing = train.checkpointing if isinstance(train.checkpointing, str) else \
         f"{train.checkpointing.segments} segments"
     table = Table(title=f"{scenario.name}: peak memory of one step, batch {scenario.data.batch_size} per device, "
                         f"{train.precision}, checkpointing {checkpointing}")
     groups = same_figures((plan.rank, (plan.device, plan.capacity_bytes, plan.peak_bytes,
-                                        tuple(plan.by_category.items()), plan.largest_batch)) for plan in plans)
+                                        tuple(plan.by_category.items()), plan.largest_batch if search else None))
+                          for plan in plans)
     table.add_column("")
     for ranks in groups.values():
         table.add_column(ranks_header(ranks), justify="right")
@@ -417,5 +439,6 @@ def print_memory_plans(scenario, plans: list) -> None:
         table.add_row(f"  {category}", *(format_bytes(plan.by_category.get(category, 0)) for plan in columns))
     table.add_row("peak", *(format_bytes(plan.peak_bytes) + ("" if plan.fits else "  DOES NOT FIT")
                             for plan in columns))
-    table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
+    if search:
+        table.add_row("largest batch that fits", *(str(plan.largest_batch) for plan in columns))
     console.print(table)

@@ -368,7 +368,8 @@ def test_a_long_numerics_run_is_warned_once_with_the_no_numerics_hint(monkeypatc
     assert warnings(numerics=True, seconds_per_step=1.0) == []  # 96 s left: not long
 
 
-@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["collective", "--help"], ["--version"]])
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["collective", "--help"], ["report", "--help"],
+                                  ["--version"]])
 def test_help_starts_without_torch(args):
     """`simtrain --help` is read before anything runs: it imports neither torch nor the simulator (the start-up
     time bench/startup.py measures)."""

@@ -18,6 +18,7 @@ from simtrain.scenario import CheckpointSegments, ModelSpec, validate_scenario
 from simtrain.train.checkpointing import apply_checkpointing
 from simtrain.train.data import load_dataset
 from simtrain.train.models import build_model
+from simtrain.units import format_bytes
 
 DIGITS = load_dataset("digits", {}, seed=0)
 
@@ -130,3 +131,45 @@ def test_a_batch_that_does_not_fit_stops_with_out_of_memory_on_that_device(tmp_p
     assert oom["bytes_by_category"]["activations"] == 300 * per_sample + 4  # the category that overflowed
     assert oom["largest_batch_size_that_fits"] == (2 ** 19 - held - 4) // per_sample == 198
     assert f"largest per-device batch size that fits is {oom['largest_batch_size_that_fits']}" in message
+
+
+def test_the_out_of_memory_line_gives_the_steps_peak_that_simtrain_memory_gives(tmp_path, capsys):
+    """Ranks 1 to 3 have 200 KiB: the weights, gradients and momentum (306 KiB) overflow them before any
+    activation is held. The line and report.json give the peak the whole step would reach, `simtrain memory`'s
+    figure for that rank, and name the same rank; what the device held when it stopped is kept beside it."""
+    small = {"memory": "200 KiB"}
+    spec = {"cluster": {"overrides": {1: small, 2: small, 3: small}}}
+    path = tmp_path / "oom.yaml"
+    path.write_text(json.dumps(scenario([128, 128], devices=4, batch=300, **spec).model_dump(mode="json")))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip()
+    with pytest.raises(SystemExit):
+        main(["memory", str(path), "--json"])
+    planned = {plan["rank"]: plan for plan in map(json.loads, capsys.readouterr().out.splitlines())}
+    oom = json.loads((tmp_path / "out" / "report.json").read_text())["out_of_memory"]
+    rank = oom["rank"]
+    assert message.startswith(f"error: out of memory on rank {rank} ")
+    assert oom["needed_bytes"] == planned[rank]["peak_bytes"] > oom["stopped_at_bytes"] > oom["capacity_bytes"]
+    assert oom["bytes_by_category"] == planned[rank]["bytes_by_category"]
+    assert oom["bytes_by_category"]["activations"] > 0
+    assert f"needs {format_bytes(planned[rank]['peak_bytes'])} of 200.0 KiB at its peak" in message
+
+
+def test_memory_no_search_gives_the_same_peaks_without_the_largest_batch(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps(scenario([128, 128], devices=2, batch=30).model_dump(mode="json")))
+
+    def planned(*flags) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["memory", str(path), *flags])
+        assert exit_info.value.code == 0
+        return capsys.readouterr().out
+
+    searched = [json.loads(line) for line in planned("--json").splitlines()]
+    alone = [json.loads(line) for line in planned("--json", "--no-search").splitlines()]
+    assert [plan["largest_batch_size"] for plan in alone] == [None, None]
+    assert all(plan["largest_batch_size"] > 30 for plan in searched)
+    assert alone == [{**plan, "largest_batch_size": None} for plan in searched]
+    assert "largest batch" in planned() and "largest batch" not in planned("--no-search")

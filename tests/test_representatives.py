@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import simtrain
+from simtrain import memory_plan
 from simtrain.scenario import validate_scenario
 from simulated_steps import one_step
 
@@ -173,6 +174,8 @@ def test_a_tp_all_reduce_of_an_activation_loads_every_ring_link_alike():
      "parallel.representatives: with sharding under data parallelism alone is not built"),
     ({"cluster": {"compute_jitter": 0.1}}, "parallel.representatives: needs identical devices"),
     ({"cluster": {"compute_jitter_fixed": "1 ms"}}, "parallel.representatives: needs identical devices"),
+    ({"parallel": {"representatives": True, "tp": 1, "pp": 1, "pipeline": {}},
+      "train": {"optimizer": {"name": "kfac", "lr": 0.1}}}, "parallel.representatives: not built with K-FAC"),
 ])
 def test_where_representatives_do_not_apply(change, message):
     raw = scenario(8, 4, tp=4, pp=2, representatives=True).model_dump(mode="json", by_alias=True)
@@ -184,3 +187,18 @@ def test_where_representatives_do_not_apply(change, message):
     with pytest.raises(Exception) as info:
         validate_scenario(raw)
     assert message in str(info.value) and "\n" not in str(info.value).strip()
+
+
+@pytest.mark.parametrize("layout", [dict(tp=2, pp=2, dp=4), dict(tp=2, pp=2, dp=4, sharding={"stage": 1}),
+                                    dict(dp=16, pipeline={})],
+                         ids=["tp-pp-dp", "zero1-tp-pp-dp", "ddp"])
+def test_the_memory_plan_replays_representatives_and_gives_the_full_runs_peaks(layout):
+    """plan_memory replays one rank per stage where the scenario allows representatives (memory_plan._mirrored):
+    every rank's peak and its split are the full simulation's (a one-step run without representatives)."""
+    two_steps = scenario(16, 4, **layout)
+    full_scenario = two_steps.model_copy(update={"train": two_steps.train.model_copy(update={"steps": 1})})
+    assert memory_plan._mirrored(full_scenario).parallel.representatives
+    full = simtrain.run(full_scenario).data["devices"]
+    plans = simtrain.plan_memory(full_scenario)
+    assert [plan.peak_bytes for plan in plans] == [device["peak_memory_bytes"] for device in full]
+    assert [plan.by_category for plan in plans] == [device["peak_memory_bytes_by_category"] for device in full]

@@ -60,7 +60,8 @@ class _Simulated:
         return comm.post(index, op.program, label=op.label)
 
     def await_(self, op: Await):
-        return (yield op.handle.comm.wait(op.handle, op.idle))
+        pending = op.handle.comm.wait(op.handle, op.idle)
+        return None if pending is None else (yield pending)  # None: a mirrored collective that has ended
 
     def post_collective(self, op: PostCollective):
         if not self.posted:

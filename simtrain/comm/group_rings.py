@@ -81,7 +81,7 @@ class GroupRings:
             state = states[position]
             comm.bytes_by_label[state.label] = comm.bytes_by_label.get(state.label, 0) + nbytes
             if comm.log is not None:
-                comm.log.count(comm.global_ranks[state.rank], "communication", start, end)
+                comm.log.count(comm.global_ranks[state.rank], "communication", start, end, state.label)
             comm._shown_grows(state, start, end, nbytes)
         for state in states:
             comm._show(state)

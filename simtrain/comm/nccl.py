@@ -121,10 +121,11 @@ class NcclCall(WrappedProgram):
     per call by the communicator. It runs as the program it wraps (ops.WrappedProgram; over gloo, the program
     alone)."""
 
-    __slots__ = ("name", "launch_s", "wire", "helpers")
+    __slots__ = ("name", "launch_s", "wire", "helpers", "collective")
 
-    def __init__(self, program, name: str, launch_s: float, wire: Wire, helpers=None):
+    def __init__(self, program, name: str, launch_s: float, wire: Wire, helpers=None, collective: str = ""):
         self.program, self.name, self.launch_s, self.wire, self.helpers = program, name, launch_s, wire, helpers
+        self.collective = collective  # "all_reduce", "all_gather", ...: what the call runs
 
 
 class NcclGroup:
@@ -188,7 +189,7 @@ class NcclGroup:
                    if algorithm in ("nvls", "nvls_tree") else None)
         return NcclCall(program, f"nccl {algorithm}/{protocol} {buf.nbytes} B",
                         launch_latency_s(self.fabric, collective, algorithm, protocol),
-                        self.wire(collective, algorithm, protocol), helpers)
+                        self.wire(collective, algorithm, protocol), helpers, collective)
 
     def program(self, collective: str, algorithm: str, protocol: str, rank: int, buf):
         """Rank `rank`'s program of `algorithm` running `collective` on `buf`."""

@@ -67,7 +67,7 @@ import simpy
 
 from ..errors import CollectiveMismatch
 from ..hw.device import MemoryLedger
-from ..hw.eventlog import EventLog
+from ..hw.eventlog import EventLog, Message
 from ..hw.network import Network
 from .nccl import NcclCall
 from .ops import Concurrently, Send
@@ -85,7 +85,7 @@ class _RankProgram:
 
     __slots__ = ("rank", "program", "done", "label", "parent", "index", "owner", "results", "single",
                  "outstanding", "in_flight", "span_start", "span_end", "span_bytes", "shown", "comm", "posted",
-                 "charged", "charged_s", "idle", "idle_from", "wire")
+                 "charged", "charged_s", "idle", "idle_from", "wire", "op", "posted_bytes", "first_s")
 
     def __init__(self, rank, program, done, label, parent=None, index=0):
         self.rank = rank
@@ -110,6 +110,19 @@ class _RankProgram:
         self.idle = None  # an awaited program's span kind for waiting on a peer (None: not logged)
         self.idle_from = None  # since when an awaited program waits with nothing in flight
         self.wire = None  # an NcclCall's protocol (nccl.Wire), on the top-level program; None: the links as they are
+        self.op = program_name(program) if parent is None else ""  # what the rank's span names (program_name)
+        self.posted_bytes = 0  # a posted program's bytes, counted as sent: its span shows them (not again counted)
+        self.first_s = None  # a posted program's first transfer began then (its span shows the awaited part)
+
+
+def program_name(program) -> str:
+    """The collective a rank's program runs, as its span names it: an NCCL call's collective, a ring phase's
+    kind, a wrapped program's class, a generator's function ("ring_all_reduce", "pairwise_all_to_all")."""
+    if type(program) is NcclCall:
+        return program.collective
+    if type(program) is RingPhase:
+        return program.kind
+    return getattr(program, "__name__", type(program).__name__)
 
 
 class _Mailbox:
@@ -192,6 +205,7 @@ class SimCommunicator:
         self.log = log
         self.ledgers = ledgers
         self.global_ranks = list(global_ranks) if global_ranks is not None else list(range(self.world))
+        self.group = tuple(self.global_ranks)  # what its spans name as their group (one tuple, shared)
         self._mailboxes: dict[int, _Mailbox] = {}  # key (tag * world + src) * world + dst
         self._running: dict[int, _RankProgram] = {}
         self._posted: dict[int, list[_RankProgram]] = {}  # rank -> its posted programs not ended yet
@@ -249,9 +263,10 @@ class SimCommunicator:
         end = now + call.launch_s
         if self.log is not None:
             if state.charged:
-                self.log.count(self.global_ranks[state.rank], "communication", now, end)
+                self.log.count(self.global_ranks[state.rank], "communication", now, end, call.name)
                 state.charged_s += end - now
-            self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end)
+            self.log.show(self.global_ranks[state.rank], "communication", call.name, now, end, group=self.group,
+                          op=f"{call.collective} launch")
         if call.helpers is not None:
             self._helpers.posted(state.rank, call, end)
         self.network.at(end, lambda: self._advance(state, None))
@@ -351,6 +366,7 @@ class SimCommunicator:
         self._transfer_begins(receiver.owner, now)
         if owner.posted:  # a posted send (a pipeline's) is counted when sent: its sender never awaits it
             self.bytes_by_label[owner.label] = self.bytes_by_label.get(owner.label, 0) + nbytes
+            owner.posted_bytes += nbytes
             if self.log is not None:
                 self.log.count_bytes(self.global_ranks[sender.rank], "communication", owner.label,
                                      nbytes * self.copies)
@@ -361,7 +377,14 @@ class SimCommunicator:
         if staging is not None:
             staging.alloc("comm_buffers", nbytes)
 
+        # a posted message's ends, for a Chakra trace's sends and receives (hw/eventlog.py keep_messages)
+        keep = owner.posted and self.log is not None and self.log.messages is not None
+        if keep:
+            message = (self.global_ranks[sender.rank], self.global_ranks[receiver.rank], send.tag, nbytes, now)
+
         def delivered(flow):
+            if keep:
+                self.log.message(Message(*message, flow.end, owner.label, owner.op))
             if not out.is_meta:
                 if recv.reduce:
                     out.add_(payload)
@@ -391,6 +414,8 @@ class SimCommunicator:
             start()
 
     def _transfer_begins(self, state: _RankProgram, now: float) -> None:
+        if state.posted and state.first_s is None:
+            state.first_s = now
         if state.idle_from is not None:  # an awaited program's wait for its peer ends
             if state.idle is not None and now > state.idle_from and self.log is not None:
                 self.log.span(self.global_ranks[state.rank], state.idle, state.idle, state.idle_from, now)
@@ -419,7 +444,8 @@ class SimCommunicator:
                 self.bytes_by_label[state.label] = self.bytes_by_label.get(state.label, 0) + state.span_bytes
             state.charged_s += state.span_end - state.span_start
             if self.log is not None:
-                self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end)
+                self.log.count(self.global_ranks[state.rank], "communication", state.span_start, state.span_end,
+                               state.label)
             self._shown_grows(state, state.span_start, state.span_end, state.span_bytes)
         state.span_start = state.span_end = None
         state.span_bytes = 0
@@ -436,5 +462,7 @@ class SimCommunicator:
         if state.shown is not None and self.log is not None:
             start, end, nbytes = state.shown
             self.log.show(self.global_ranks[state.rank], "communication", state.label, start, end,
-                          nbytes=nbytes * self.copies)
+                          nbytes=nbytes * self.copies, group=self.group, op=state.op,
+                          counted_bytes=state.posted_bytes * self.copies, posted_s=state.first_s)
+            state.posted_bytes, state.first_s = 0, None
         state.shown = None

@@ -40,6 +40,7 @@ still lognormal with mean t, so its log's standard deviation is
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import simpy
@@ -60,14 +61,19 @@ class MemoryLedger:
 
     `peak_breakdown` is the per-category split at the moment the total peaked,
     so it adds up to `peak_total`. The standard categories are always present;
-    techniques add their own (in first-use order).
+    techniques add their own (in first-use order). Given a `clock` (a device of
+    a run that records its spans), every change is kept in `changes` as (time,
+    category, bytes the category then holds): memory over the step, the trace's
+    counters (report/trace.py).
     """
 
     CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "comm_buffers")
 
-    def __init__(self, device: str, capacity_bytes: float):
+    def __init__(self, device: str, capacity_bytes: float, clock: Callable[[], float] | None = None):
         self.device = device
         self.capacity_bytes = capacity_bytes
+        self._clock = clock
+        self.changes: list[tuple[float, str, int]] | None = [] if clock is not None else None
         self.current: dict[str, int] = dict.fromkeys(self.CATEGORIES, 0)
         self.peak: dict[str, int] = dict.fromkeys(self.CATEGORIES, 0)
         self.total = 0
@@ -80,6 +86,8 @@ class MemoryLedger:
         now = self.current.get(category, 0) + nbytes
         self.current[category] = now
         self.total += nbytes
+        if self.changes is not None:
+            self.changes.append((self._clock(), category, now))
         if now > self.peak.get(category, 0):
             self.peak[category] = now
         if self.total > self.peak_total:
@@ -96,6 +104,8 @@ class MemoryLedger:
 
     def release_all(self) -> None:
         """Every byte is freed (the program holding them was stopped); peaks stay."""
+        if self.changes is not None:
+            self.changes.extend((self._clock(), category, 0) for category, held in self.current.items() if held)
         self.current = dict.fromkeys(self.current, 0)
         self.total = 0
 
@@ -107,6 +117,8 @@ class MemoryLedger:
             raise ValueError(f"{self.device}: freeing {nbytes} B of {category} but only {held} B held")
         self.current[category] = held - nbytes
         self.total -= nbytes
+        if self.changes is not None:
+            self.changes.append((self._clock(), category, held - nbytes))
 
 
 class Device:
@@ -127,8 +139,10 @@ class Device:
         if (jitter or jitter_fixed) and rng is None:
             raise ValueError(f"rank {rank}: compute jitter needs a seeded Generator")
         self._rng = rng
-        self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
+        self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes,
+                                   clock=(lambda: env.now) if log.record else None)
         self._stream_free_at = 0.0
+        self._roofline_s: dict[tuple, float] = {}  # (OpCosts, dtype) -> roofline seconds on this spec
 
     def abort(self) -> None:
         """The device stops now (lost, or its job torn down): the work on its stream ends here (its spans
@@ -144,8 +158,11 @@ class Device:
         `ops` (when given) of a rate dtype of their own at its rate; under the roofline compute model, for the
         operators `ops` when they are given; on the SMs that `sm_margin` leaves."""
         if ops is not None and self.compute_model == "roofline":
-            bytes_rate = self.spec.memory_bandwidth * self.spec.efficiency
-            seconds = roofline_seconds(ops, self._rates(ops, dtype), bytes_rate) * self.slowdown
+            roofline_s = self._roofline_s.get((ops, dtype))
+            if roofline_s is None:  # a step charges the same few dozen operator groups again and again
+                bytes_rate = self.spec.memory_bandwidth * self.spec.efficiency
+                roofline_s = self._roofline_s[ops, dtype] = roofline_seconds(ops, self._rates(ops, dtype), bytes_rate)
+            seconds = roofline_s * self.slowdown
         else:
             seconds = self._flops_seconds(flops, dtype, ops) * self.slowdown
         return seconds / self.sm_share(sm_margin) if sm_margin else seconds

@@ -7,6 +7,18 @@ by simtrain: "compute", "communication", "optimizer" (and more as techniques
 add them). Transfers on links are kept by the network (`Network.records`);
 reports, traces and plots are views of these two logs.
 
+A recording log also keeps the parts of each rank's communication that
+counted (`communication_parts`, spans of the seconds counted in parts by
+`count`: a collective's transfers, without the waits for peers inside it),
+from which the Kineto traces draw their NCCL kernels (report/kineto.py).
+A rank's part of a collective also names its group (the global ranks of its
+communicator) and the program that ran (`op`: "all_reduce",
+"ring_all_reduce", ...), which a Chakra execution trace needs
+(report/chakra.py); an NCCL call's launch latency, a span of its own before
+the call's transfers, is the op "<collective> launch". Asked to
+(`keep_messages`), the log also keeps each posted point-to-point message (a
+pipeline's activations): a Chakra trace's sends and receives.
+
 Totals are kept as spans arrive, whether or not the spans themselves are
 kept: seconds per (rank, kind), and bytes and FLOPs per (rank, kind, label).
 Bytes that move without a span of their own (a send posted without waiting
@@ -33,6 +45,23 @@ class Span(NamedTuple):
     end: float
     nbytes: float
     flops: float
+    group: tuple = ()  # a collective's: the global ranks of its communicator, in its rank order
+    op: str = ""  # a collective's: the name of the program its rank ran
+    posted_s: float | None = None  # a posted collective's: when its first transfer began (start: when awaited)
+
+
+class Message(NamedTuple):
+    """A posted point-to-point message (a pipeline's activation): global ranks, its tag on its communicator, and
+    when its transfer ran; kept only when asked for (`keep_messages`: a Chakra trace's sends and receives)."""
+
+    src: int
+    dst: int
+    tag: int
+    nbytes: float
+    start: float
+    end: float
+    label: str
+    op: str  # the name of the program that sent it (comm/simulated.py program_name)
 
 
 class EventLog:
@@ -46,6 +75,7 @@ class EventLog:
     def __init__(self, record: bool = True):
         self.record = record
         self.spans: list[Span] = []
+        self.communication_parts: list[Span] = []  # the counted seconds of communication (record only)
         self.totals: dict[tuple[int, str], float] = {}
         self._bytes: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> bytes
         self._flops: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> FLOPs
@@ -54,6 +84,15 @@ class EventLog:
         # a network timeout that a rate change made stale (it fires and does nothing).
         self.last_end_s = 0.0
         self._overlapping: dict[int, tuple[list, list]] = {}  # rank -> (communication, other) intervals
+        self.messages: list[Message] | None = None  # posted point-to-point messages, once keep_messages is called
+
+    def keep_messages(self) -> None:
+        """Keep every posted point-to-point message from now on (`message`)."""
+        self.messages = []
+
+    def message(self, message: Message) -> None:
+        if self.messages is not None:
+            self.messages.append(message)
 
     def track_overlap(self, rank: int) -> None:
         """Rank `rank`'s communication may overlap its other spans: keep its intervals."""
@@ -67,11 +106,12 @@ class EventLog:
     def span(self, rank: int, kind: str, name: str, start: float, end: float,
              nbytes: float = 0, flops: float = 0) -> None:
         """Rank `rank` spent start..end on `kind`: the seconds are counted and the span kept."""
-        self.count(rank, kind, start, end)
+        self.count(rank, kind, start, end, name)
         self.show(rank, kind, name, start, end, nbytes, flops)
 
-    def count(self, rank: int, kind: str, start: float, end: float) -> None:
-        """The seconds start..end of `rank` count as `kind`, shown as part of a longer span (`show`)."""
+    def count(self, rank: int, kind: str, start: float, end: float, label: str) -> None:
+        """The seconds start..end of `rank` count as `kind`, shown as part of a longer span named `label`
+        (`show`)."""
         key = (rank, kind)
         self.totals[key] = self.totals.get(key, 0.0) + (end - start)
         if end > self.last_end_s:
@@ -79,19 +119,25 @@ class EventLog:
         tracked = self._overlapping.get(rank)
         if tracked is not None:
             tracked[kind != "communication"].append((start, end))
+        if self.record and kind == "communication":
+            self.communication_parts.append(Span(self.job_of.get(rank, 0), rank, kind, label, start, end, 0, 0))
 
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
-             nbytes: float = 0, flops: float = 0) -> None:
+             nbytes: float = 0, flops: float = 0, group: tuple = (), op: str = "",
+             counted_bytes: float = 0, posted_s: float | None = None) -> None:
         """Keep a span whose seconds were counted in parts (`count`): a rank's collective is one span from its
         first transfer to its last, while a wait for a peer within it counts as idle. Its bytes and FLOPs are
-        counted here, once."""
+        counted here, once; `counted_bytes`, bytes it moved that were counted already (`count_bytes`: a
+        posted collective's, as it sent them), join the span's own; `posted_s`, a posted collective's first
+        transfer (the span itself shows the part the rank awaited)."""
         key = (rank, kind)
         if nbytes:
             _add(self._bytes, key, name, nbytes)
         if flops:
             _add(self._flops, key, name, flops)
         if self.record:
-            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes, flops))
+            self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes + counted_bytes,
+                                   flops, group, op, posted_s))
 
     def count_bytes(self, rank: int, kind: str, label: str, nbytes: float) -> None:
         """Rank `rank` moved `nbytes` for `label`: bytes that no span of its own carries (a span's are counted
@@ -114,6 +160,8 @@ class EventLog:
                 span = span._replace(end=now)
             kept.append(span)
         self.spans = kept
+        self.communication_parts = [part if part.rank != rank or part.end <= now else part._replace(end=now)
+                                    for part in self.communication_parts if part.rank != rank or part.start < now]
         self.last_end_s = max((span.end for span in kept), default=0.0)
         for intervals in self._overlapping.get(rank, ()):
             intervals[:] = [(start, min(end, now)) for start, end in intervals if start < now]
@@ -156,10 +204,10 @@ def _add(totals: dict, key: tuple[int, str], label: str, amount: float) -> None:
 
 def exposed(communication: list[tuple[float, float]], other: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The parts of the (disjoint) communication intervals during which none of the other intervals runs."""
-    return _outside(sorted(communication), _union(sorted(other)))
+    return _outside(sorted(communication), union(sorted(other)))
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted intervals merged where they touch or overlap."""
     merged = []
     for start, end in intervals:

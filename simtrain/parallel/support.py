@@ -266,6 +266,10 @@ REFUSED = (
     # -- model parallelism
     Refusal((MODEL_PARALLEL, "async"), "parallel.mode: async does not combine with {model_parallel_key} > 1",
             NO_ASYNC),
+    # before the row below, which representatives under pp or tp would reach first
+    Refusal(("representatives", "K-FAC"),
+            "parallel.representatives: not built with K-FAC (its factors' inverses are spread over every rank)",
+            OWN_REPRESENTATIVES),
     Refusal((MODEL_PARALLEL, "K-FAC"), "train.optimizer.name: kfac does not combine with {model_parallel_key} > 1",
             NO_KFAC),
     Refusal((MODEL_PARALLEL, "SyncBN"),

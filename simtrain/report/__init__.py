@@ -10,8 +10,12 @@ nothing is measured twice.
 - build.py: `RunResult` (what a run produced beyond the event log), `build_report`, `Report`.
 - flops.py: the `flops` section (model TFLOP/s per device, MFU).
 - trace.py: the Chrome trace.
+- kineto.py: PyTorch profiler (Kineto) traces per rank, for Holistic Trace Analysis.
+- chakra.py: Chakra execution traces (report.chakra; ASTRA-sim replays them, and `simtrain replay`).
 """
-from .build import Report, RunResult, build_report, finite_or_none
+from .build import Report, RunResult, build_report, finite_or_none, write_atomic
+from .kineto import build_kineto, kineto_files
 from .trace import build_trace
 
-__all__ = ["Report", "RunResult", "build_report", "build_trace", "finite_or_none"]
+__all__ = ["Report", "RunResult", "build_kineto", "build_report", "build_trace", "finite_or_none", "kineto_files",
+           "write_atomic"]

@@ -22,8 +22,10 @@ import torch
 from ..hw.cluster import Cluster
 from ..scenario import Scenario
 from ..version import __version__
+from .chakra import chakra_files
 from .core import ReportCore
 from .flops import flops_section
+from .kineto import build_kineto, kineto_files
 from .parallel import parallel_section
 from .sections import check_section
 from .trace import build_trace
@@ -82,12 +84,15 @@ class Report:
     final_models: list[torch.nn.Module]
     trace: dict | None
     scenario_yaml: str
+    kineto: dict[int, dict] | None = None  # rank -> its PyTorch profiler trace (report/kineto.py)
+    chakra: dict[str, bytes] | None = None  # chakra/'s files by name (report/chakra.py); None: not asked for
 
     def to_json(self) -> str:
         return json_text(finite_or_none(self.data)) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:
-        """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics) and trace.json.
+        """Write report.json, scenario.resolved.yaml, final_model.pt (with numerics), trace.json,
+        kineto/rank<N>.json and chakra/; the paths written (each folder as one).
 
         Each file is written to a temporary name and renamed into place, so an
         interrupted write never leaves a half file over an earlier good one.
@@ -98,9 +103,18 @@ class Report:
             outputs["trace.json"] = json.dumps(self.trace, separators=(",", ":")).encode()
         written = []
         for name, payload in outputs.items():
-            written.append(_write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
+            written.append(write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
+        folders = {"kineto": kineto_files(self.kineto) if self.kineto is not None else None,
+                   "chakra": {f"chakra/{name}": payload for name, payload in self.chakra.items()}
+                   if self.chakra is not None else None}
+        for folder, files in folders.items():  # a file per rank: the folder named once among what was written
+            if files is not None:
+                (out_dir / folder).mkdir(exist_ok=True)
+                for name, payload in files.items():
+                    write_atomic(out_dir / name, lambda f, p=payload: f.write(p))
+                written.append(out_dir / folder)
         if not self.final_model_is_meta:
-            written.append(_write_atomic(out_dir / "final_model.pt",
+            written.append(write_atomic(out_dir / "final_model.pt",
                                          lambda f: torch.save(self.final_model.state_dict(), f)))
         return written
 
@@ -126,7 +140,8 @@ def finite_or_none(value):
     return value
 
 
-def _write_atomic(path: Path, write) -> Path:
+def write_atomic(path: Path, write) -> Path:
+    """`write(file)` into a temporary name beside `path`, then renamed to it: never a half file at `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -227,7 +242,11 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
                                "devices": [entry for entry in devices if entry["rank"] not in result.mirror_of],
                                "links": links[:1]})
     trace = build_trace(cluster) if scenario.report.trace else None
-    return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml())
+    kineto = build_kineto(cluster, ranks, result.mirror_of) if scenario.report.kineto else None
+    # parallel.representatives refuses report.chakra (scenario/root.py): every rank here has its own spans
+    chakra = chakra_files(cluster, ranks, steps) if scenario.report.chakra else None
+    return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml(),
+                  kineto=kineto, chakra=chakra)
 
 
 def _shared_memory_entry(cluster: Cluster) -> dict:

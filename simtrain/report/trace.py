@@ -2,7 +2,8 @@
 
 A process per job with a track per device (idle gaps shown; a rank whose
 communication overlaps its work gets a second track for its communication
-stream), and a process of links with a track per busy link.
+stream) and a counter per device of its memory by category over the run, and
+a process of links with a track per busy link.
 
     trace = build_trace(cluster)
     Path("trace.json").write_text(json.dumps(trace))
@@ -47,11 +48,25 @@ def build_trace(cluster: Cluster) -> dict:
                 cursor = max(cursor, span.end)
             if cluster.log.last_end_s > cursor:
                 events.append(_span(index, rank, "idle", "idle", cursor, cluster.log.last_end_s, {}))
+            events.extend(_memory_counters(index, rank, device.memory.changes or ()))
     for tid, (link, intervals) in enumerate(_link_busy_intervals(cluster).items()):
         events.append(_meta(links_pid, tid, "thread_name", f"{link[0]} -> {link[1]}"))
         for start, end, nbytes, flows in intervals:
             events.append(_span(links_pid, tid, "busy", "link", start, end, {"bytes": nbytes, "transfers": flows}))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _memory_counters(pid: int, rank: int, changes: list[tuple[float, str, int]]) -> list[dict]:
+    """Counter events "memory rank N": the rank's bytes by category after each moment its memory changed (of
+    several changes at one moment, the state after the last)."""
+    held: dict[str, int] = {}
+    events = []
+    for index, (time, category, nbytes) in enumerate(changes):
+        held[category] = nbytes
+        if index + 1 == len(changes) or changes[index + 1][0] != time:
+            events.append({"ph": "C", "pid": pid, "name": f"memory rank {rank}", "ts": time * 1e6,
+                           "args": dict(held)})
+    return events
 
 
 def _link_busy_intervals(cluster: Cluster) -> dict[tuple[str, str], list]:

@@ -7,8 +7,10 @@ SI numbers or strings with units ("100 GB/s", "5 us", "40 GiB").
     scenario = load_scenario("scenarios/quickstart.yaml", ["cluster.devices=16"])
 
 Each section is a module: cluster.py, model.py, data.py, train.py, parallel.py,
-pbt.py, report.py; root.py is the Scenario and the checks across sections,
-loading.py reads files and overrides, fields.py the field types they share.
+pbt.py, report.py (model_presets.py and fleet_presets.py: the published models
+and failure mixes their `preset` names); root.py is the Scenario and the
+checks across sections, loading.py reads files and overrides, fields.py the
+field types they share.
 Every field's `description` says what it means and its unit, and is the one
 home of its default: `Scenario.model_json_schema()` is the reference the docs
 are generated from, and the CLI's options and `simtrain.dist.spawn`'s keywords

@@ -13,7 +13,7 @@ from typing import Annotated, Union, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 
-from ..errors import SimtrainError
+from ..errors import SimtrainError, shown_value
 from ..limits import MAX_STEPS, MAX_WIDTH
 from ..units import parse_quantity
 
@@ -87,17 +87,8 @@ def error_message(first: dict, model: type[BaseModel] | None = None) -> str:
         return "unknown field" + (did_you_mean(model, first["loc"]) if model is not None else "")
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] in _GIVEN_VALUE_SHOWN:
-        message += f", got {_shown(first['input'])}"
+        message += f", got {shown_value(first['input'])}"
     return message
-
-
-def _shown(value, limit: int = 40) -> str:
-    """How an error line shows a value given in a scenario: its repr, cut to `limit` characters."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit for str()
-        return "a number of thousands of digits"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def did_you_mean(model: type[BaseModel], loc: tuple, prefix: str = "") -> str:

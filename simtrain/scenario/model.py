@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from ..limits import MAX_CAPACITY_FACTOR, MAX_HEADS, MAX_LAYERS, MAX_WIDTH
 from .fields import Count, Flag, Real, Section, Width
+from .model_presets import ModelPresetName, with_model_preset
 
 LLAMA_FFN_MULTIPLE = 256  # Llama's `multiple_of`: the SwiGLU width's default is rounded up to a multiple of it
 _LLAMA_ONLY = ("kv_heads", "ffn_hidden", "rope_theta")
@@ -166,6 +167,12 @@ class LatentAttentionSpec(Section):
 class ModelSpec(Section):
     """The model: a built-in (mlp, cnn, gpt, llama) or a user's function."""
 
+    preset: ModelPresetName | None = Field(
+        None, description="A published model whose shape fills this section and data.vocab, data.seq_len "
+                          "(scenario/model_presets.py names each source): llama3-8b, llama3-70b, llama3-405b, "
+                          "gpt3-175b, mixtral-8x7b, mixtral-8x22b, deepseek-v3. A field the scenario gives wins "
+                          "over the preset's (in moe and latent_attention, each of their fields); `simtrain "
+                          "validate` and scenario.resolved.yaml show the filled-in values. null: none.")
     name: str = Field("mlp", description="mlp | cnn | gpt | llama | package.module:function (a user's model).")
     hidden: Annotated[list[Width], Field(max_length=MAX_LAYERS)] = Field(
         [128, 128], description="mlp: the hidden layers' widths; gpt, llama: the model width, one number "
@@ -210,7 +217,9 @@ class ModelSpec(Section):
     @model_validator(mode="before")
     @classmethod
     def _transformer_width(cls, raw):
-        """A gpt's or llama's width is one number (kept as a one-entry list); its default is 64."""
+        """The preset's fields under the given ones; a gpt's or llama's width is one number (kept as a one-entry
+        list); its default is 64."""
+        raw = with_model_preset(raw)
         if isinstance(raw, dict) and raw.get("name") in _TRANSFORMERS:
             hidden = raw.get("hidden", 64)
             raw = {**raw, "hidden": [hidden] if isinstance(hidden, int) and not isinstance(hidden, bool) else hidden}

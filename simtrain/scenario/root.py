@@ -22,6 +22,7 @@ from .data import DataSpec
 from .fields import Count, Flag, Section, error_message
 from .fleet import FleetSpec
 from .model import ModelSpec
+from .model_presets import with_data_preset
 from .parallel import ParallelSpec
 from .pbt import PbtSpec
 from .report import ReportSpec
@@ -57,6 +58,15 @@ class Scenario(Section):
         """Whether the scenario has faults or checkpoints: its report then has a `faults` section, and its collectives
         are moved flow by flow (links may change under them), never timed as a group."""
         return bool(self.cluster.faults or self.cluster.random_faults or self.train.checkpoint)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_preset_fills_the_data(cls, raw):
+        """model.preset: its vocabulary and sequence length where the data section does not give them."""
+        if isinstance(raw, dict) and isinstance(raw.get("model"), dict) and "preset" in raw["model"]:
+            data = with_data_preset(raw["model"], raw.get("data", {}))
+            raw = raw if data is raw.get("data") else {**raw, "data": data}
+        return raw
 
     @model_validator(mode="before")
     @classmethod
@@ -244,7 +254,9 @@ def _representatives_fit(scenario: Scenario) -> None:
                         (cluster.compute_jitter > 0 or cluster.compute_jitter_fixed > 0,
                          "needs identical devices (no cluster.compute_jitter or compute_jitter_fixed)"),
                         (cluster.host_cores is not None, "needs devices that compute on their own (no "
-                                                         "cluster.host_cores: the mirrored ranks take no core)")):
+                                                         "cluster.host_cores: the mirrored ranks take no core)"),
+                        (scenario.report.chakra, "writes no Chakra traces (report.chakra): a trace is each rank's "
+                                                 "own spans, and the mirrored ranks have none")):
         if refuse:
             raise ValueError(f"parallel.representatives: {why}")
 

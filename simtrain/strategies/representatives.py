@@ -225,15 +225,16 @@ class MirroredCommunicator:
         self._posted_until[rank] = end
         return MirroredPost(self, device, end, label, nbytes * self._copies)
 
-    def wait(self, handle: "MirroredPost", idle: str | None = None):
+    def wait(self, handle: "MirroredPost", idle: str | None = None) -> simpy.Event | None:
         """From now the rank waits for a posted collective: what is left of it is its communication (the bytes
-        counted on that span, of no length if it has ended)."""
+        counted on that span, of no length if it has ended). The event fires when it ends; None if it has
+        ended already (nothing to wait for: most ring steps end within the GEMM slice beside them)."""
         now = self.env.now
         start = min(now, handle.end)
         handle.charged_s = handle.end - start
         handle.device.log.span(handle.device.rank, "communication", handle.label, start, handle.end,
                                nbytes=handle.nbytes)
-        return self.env.timeout(max(0.0, handle.end - now))
+        return self.env.timeout(handle.end - now) if handle.end > now else None
 
     def stuck(self) -> list[int]:
         """Members waiting for the others to post (a deadlock once the clock has stopped)."""

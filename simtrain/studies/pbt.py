@@ -127,8 +127,8 @@ class Population:
         self.scenario = scenario
         resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        self.cluster = Cluster.from_resolved(resolved, record=scenario.report.trace or bool(scenario.cluster.faults),
-                                             seed=scenario.seed)
+        record = scenario.report.trace or scenario.report.kineto or bool(scenario.cluster.faults)
+        self.cluster = Cluster.from_resolved(resolved, record=record, seed=scenario.seed)
         self.env = self.cluster.env
         size = self.cluster.size
         self.rng = random.Random(int(np.random.SeedSequence([scenario.seed, _STREAM]).generate_state(1)[0]))

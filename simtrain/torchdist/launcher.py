@@ -7,6 +7,8 @@
     results[3]                  # rank 3's return value
     results.report.data         # simulated time per rank, bytes per link, memory and time per device
     results.report.trace        # Chrome trace (Perfetto)
+    results.report.write_kineto("runs/mine")   # runs/mine/kineto/rank<N>.json: PyTorch profiler traces (HTA)
+    results.report.write_chakra("runs/mine")   # runs/mine/chakra/et.<rank>.et: Chakra execution traces
 
 The cluster is a scenario's `cluster` section (with `cluster.devices` set to
 `world`), or, without a scenario, the fields given here, validated the same
@@ -42,10 +44,12 @@ collects like any other: nothing to register. The third argument is the run
 import inspect
 import numbers
 from functools import cached_property
+from pathlib import Path
 
 from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
-from ..report import build_trace
+from ..report import build_kineto, build_trace, kineto_files, write_atomic
+from ..report.chakra import chakra_files
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
 from .op_meter import sharding_propagation_unmetered
@@ -58,15 +62,43 @@ from .world import ranks_as_threads
 
 class DistReport:
     """What a spawn measured: `data` (JSON-ready figures) and `trace` (Chrome trace event format, built from the
-    cluster's event log when first read: for hundreds of ranks it takes seconds)."""
+    cluster's event log when first read: for hundreds of ranks it takes seconds); `write_kineto` and
+    `write_chakra` write the PyTorch profiler and the Chakra execution traces."""
 
-    def __init__(self, data: dict, cluster):
+    def __init__(self, data: dict, cluster, mirror_of: dict[int, int]):
         self.data = data
         self._cluster = cluster
+        self._mirror_of = mirror_of  # a represented rank -> its representative
 
     @cached_property
     def trace(self) -> dict:
         return build_trace(self._cluster)
+
+    def write_kineto(self, out_dir) -> list[Path]:
+        """Write out_dir/kineto/rank<N>.json, a PyTorch profiler (Kineto) trace per rank that ran (with
+        representatives, each lists the ranks it stands for), which Holistic Trace Analysis reads
+        (report/kineto.py); the paths written."""
+        out_dir = Path(out_dir)
+        (out_dir / "kineto").mkdir(parents=True, exist_ok=True)
+        traces = build_kineto(self._cluster, range(self._cluster.size), self._mirror_of)
+        return [write_atomic(out_dir / name, lambda f, p=payload: f.write(p))
+                for name, payload in kineto_files(traces).items()]
+
+    def chakra(self, steps: int = 1) -> dict[str, bytes]:
+        """Each rank's Chakra execution trace, `et.<rank>.et`, and `comm_group.json` (report/chakra.py), by file
+        name; `steps`, the training steps the ranks ran, for a replay's step time."""
+        if self._mirror_of:
+            raise ScenarioError("simtrain.dist.spawn: representatives: Chakra traces need every rank's own spans "
+                                "(run without representatives)")
+        return chakra_files(self._cluster, list(range(self._cluster.size)), steps)
+
+    def write_chakra(self, out_dir, steps: int = 1) -> Path:
+        """Write `chakra()`'s files into out_dir/chakra/ (made if need be); that folder."""
+        folder = Path(out_dir) / "chakra"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, payload in self.chakra(steps).items():
+            write_atomic(folder / name, lambda f, p=payload: f.write(p))
+        return folder
 
 
 class SpawnResult(list):
@@ -101,6 +133,7 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
     cluster = build_cluster(spec.cluster, base_dir=spec.base_dir, seed=spec.seed)
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
+    cluster.log.keep_messages()  # isend and irecv, for the report's Chakra traces (report/chakra.py)
     run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s,
                  representatives)
     with ranks_as_threads(world), categorized(run), sharding_propagation_unmetered():
@@ -182,4 +215,5 @@ def _report(run: SimRun) -> DistReport:
             "peak_memory_bytes_per_category": dict(source.memory.peak),
         })
     data = {"sim_time_s": log.last_end_s, "devices": devices, "links": cluster.network.link_stats()}
-    return DistReport(data, cluster)
+    mirror_of = {rank: run.reported_as(rank) for rank in range(run.world) if run.reported_as(rank) != rank}
+    return DistReport(data, cluster, mirror_of)
