@@ -11,7 +11,10 @@ with the memory planner (`plan_memory`, one replay per probe: doubling from
 time and tokens per second. Every figure is the shipped code's.
 
     .venv/bin/python bench/long_context.py                       # the table, and the plot with --plot
-    .venv/bin/python bench/long_context.py --plot docs/long_context_70b.png
+    .venv/bin/python bench/long_context.py --plot docs/long_context_70b.png --measured 2026-12-07
+
+A sequence is searched up to data.seq_len's limit (`simtrain.limits.MAX_SEQ_LEN`, 65,536): a combination that
+fits there is reported at the limit ("at least").
 """
 import argparse
 import time
@@ -51,13 +54,18 @@ def fits(spec) -> bool:
 
 
 def longest(cp: int, sequence_parallel: bool, checkpointing: str) -> int:
-    """The longest multiple of GRAIN that fits (0: not even GRAIN): doubling from 2 x GRAIN, then bisection."""
+    """The longest multiple of GRAIN that fits (0: not even GRAIN), at most MAX_SEQ_LEN (data.seq_len's limit):
+    doubling from 2 x GRAIN, then bisection."""
+    from simtrain.limits import MAX_SEQ_LEN
+
     probe = lambda length: fits(scenario(cp, sequence_parallel, checkpointing, length))  # noqa: E731
     if not probe(GRAIN):
         return 0
     good, bad = GRAIN, 2 * GRAIN
-    while probe(bad):
+    while bad <= MAX_SEQ_LEN and probe(bad):
         good, bad = bad, 2 * bad
+    if good == MAX_SEQ_LEN:
+        return good  # the limit fits: the table says "at least"
     while bad - good > GRAIN:
         middle = (good + bad) // 2 // GRAIN * GRAIN
         good, bad = (middle, bad) if probe(middle) else (good, middle)
@@ -69,6 +77,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plot", type=Path, help="write the plot (PNG) here")
+    parser.add_argument("--measured", default="", metavar="DATE", help="the date the plot's title says it was measured")
     parser.add_argument("--only", nargs="*", help="combinations to run (default: all)")
     args = parser.parse_args()
     rows = []
@@ -89,10 +98,13 @@ def main() -> None:
         print(f"{name:<22}{length:>18,}{peak:>10.1f}{step_s:>10.2f}{tokens_per_s:>12,.0f}"
               f"{time.perf_counter() - started:>8.0f}", flush=True)
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, args.plot, args.measured)
 
 
-def plot(rows, path: Path) -> None:
+def plot(rows, path: Path, measured: str = "") -> None:
+    """Longest sequence and step time per combination; a sequence at data.seq_len's limit is marked "at least"."""
+    from simtrain.limits import MAX_SEQ_LEN
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -100,11 +112,15 @@ def plot(rows, path: Path) -> None:
     names, lengths, steps = zip(*rows)
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     left.barh(names, [length / 1024 for length in lengths], color="tab:blue")
+    for index, length in enumerate(lengths):
+        if length == MAX_SEQ_LEN:
+            left.text(length / 1024, index, " at least (the limit)", va="center", ha="right", color="white")
     left.set_xlabel("longest sequence that fits (K tokens)")
     right.barh(names, steps, color="tab:orange")
     right.set_xlabel("step time at that length (s, 8 sequences)")
     left.invert_yaxis()
-    figure.suptitle("Llama 3 70B on 64 H100-80GB: tp 8, pp = 8 / cp (simtrain, numerics off)")
+    figure.suptitle("Llama 3 70B on 64 H100-80GB, fused attention: tp 8, pp = 8 / cp (simtrain, numerics off"
+                    + (f", measured {measured})" if measured else ")"))
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 

@@ -27,6 +27,7 @@ import functools
 import json
 import sys
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 
@@ -41,12 +42,12 @@ from .cli_collective import collective, topo
 from .cli_import import import_group
 from .cli_report import report
 from .cli_replay import replay as replay_traces
-from .progress import RunProgress
+from .progress import RunProgress, SweepProgress
 from .scenario import load_scenario, validate_scenario
 from .units import format_bytes, format_seconds, parse_size
 from .user_files import load_yaml_file, output_folder, read_text_file, user_path
-from .views import (batch_line, console, preset_line, print_calibration, print_comparison, print_memory_plans,
-                    print_summary, print_sweep)
+from .views import (attention_note, batch_line, console, preset_line, print_calibration, print_comparison,
+                    print_memory_plans, print_summary, print_sweep)
 
 err_console = Console(stderr=True)
 JOB_FAILED_EXIT_CODE = 3  # a fault stopped the job; its report is written
@@ -90,7 +91,6 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
 
     scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / scenario.name, "name")
-    population = scenario.pbt.population if scenario.pbt is not None else 1
     if scenario.pbt is not None:
         from .studies.pbt import run_population
         from .studies.pbt_replay import plot_population
@@ -98,7 +98,7 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if quiet:
         report = run(scenario)
     else:
-        with RunProgress(scenario, population * scenario.train.steps, err_console) as progress:
+        with RunProgress(scenario, err_console) as progress:
             report = run(scenario, on_step=progress.on_step)
     written = report.write(out)
     if scenario.pbt is not None:
@@ -118,6 +118,8 @@ def run(scenario_file, overrides, out_dir, quiet, no_numerics):
     if report.data["status"] == "out_of_memory":
         raise SimtrainError(f"{report.data['out_of_memory']['message']} (wrote {out}/report.json)")
     if not quiet:
+        if attention_note(scenario):  # after the run: a run that fails says its one line alone
+            err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
         print_summary(report.data)
     console.print(f"wrote {out}/" + ", ".join(path.name + "/" * path.is_dir() for path in written), soft_wrap=True)
     if report.data["status"] == "failed":
@@ -251,7 +253,8 @@ def replay(report_file, member, out_file):
               help="One run per variant of every file (repeatable).")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a field in every run.")
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/compare-<first name>/).")
-def compare(scenario_files, variants, overrides, out_dir):
+@click.option("--quiet", "-q", is_flag=True, help="No progress: no line a run, no bar over its steps.")
+def compare(scenario_files, variants, overrides, out_dir, quiet):
     """Run several scenarios (or variants of one) and compare them: a table and a loss-vs-time PNG; or put
     two run folders (a simulated and a measured run) side by side."""
     from .compare import LOSS_PLOT, compare_runs, parse_variant, plan_runs
@@ -262,8 +265,15 @@ def compare(scenario_files, variants, overrides, out_dir):
 
     runs = plan_runs(list(scenario_files), [parse_variant(v) for v in variants], list(overrides))
     out = output_folder(out_dir or Path("runs") / f"compare-{Path(scenario_files[0]).stem}", "--out")
-    rows = compare_runs(runs, out, on_run=lambda index, spec: err_console.print(
-        f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}", markup=False, highlight=False))
+
+    def watch(index, spec, scenario):
+        if quiet:
+            return nullcontext()
+        label = f"[{index + 1}/{len(runs)}] {spec.label or spec.scenario_file}"
+        err_console.print(label, markup=False, highlight=False)
+        return RunProgress(scenario, err_console, label=label)
+
+    rows = compare_runs(runs, out, watch=watch)
     print_comparison(rows)
     plot = f", {LOSS_PLOT}" if (out / LOSS_PLOT).exists() else " (no loss plot: no run has a loss, numerics off)"
     console.print(f"wrote {out}/compare.json{plot} and one folder per run")
@@ -309,25 +319,22 @@ def _compare_folders(folders, variants, overrides, out_dir) -> None:
 @click.option("--out", "out_dir", default=None, help="Output folder (default runs/sweep-<name>/).")
 @click.option("--restart", is_flag=True,
               help="Run every point again, discarding the rows --out holds (without it, the sweep resumes).")
-def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir, restart):
+@click.option("--quiet", "-q", is_flag=True, help="No progress over the points.")
+def sweep(scenario_file, grids, overrides, workers, ray_address, metric, out_dir, restart, quiet):
     """Run a scenario at every point of a grid: sweep.csv, sweep.json, sweep.png and a table. Each point's row is
     in OUT/rows.jsonl as soon as it finishes: the same command again resumes a sweep that was stopped."""
-    from .studies.sweep import parse_grid, point_texts, run_sweep
+    from .studies.sweep import parse_grid, plan_points, point_texts, run_sweep
 
     parsed = [parse_grid(grid) for grid in grids]
     out = output_folder(out_dir or Path("runs") / f"sweep-{Path(scenario_file).stem}", "--out")
-    finished = 0
-
-    def progress(done, points):
-        nonlocal finished
-        finished = done
-        err_console.print(f"[{done}/{points}] points done", markup=False, highlight=False)
-
+    progress = SweepProgress(len(plan_points(parsed)), err_console, shown=not quiet)
     try:
-        rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
-                         metric=metric, on_done=progress, restart=restart)
+        with progress:
+            rows = run_sweep(scenario_file, parsed, list(overrides), out, workers=workers, ray_address=ray_address,
+                             metric=metric, on_done=progress.on_done, restart=restart)
     except KeyboardInterrupt:
-        err_console.print(f"stopped: {finished} points are in {out}/rows.jsonl; the same command resumes the sweep",
+        err_console.print(f"stopped: {progress.done} points are in {out}/rows.jsonl; the same command resumes the "
+                          "sweep",
                           markup=False, highlight=False, soft_wrap=True)
         raise
     print_sweep(rows, [grid.path for grid in parsed], [list(texts) for texts in point_texts(parsed)])
@@ -374,14 +381,16 @@ def memory(scenario_file, overrides, as_json, no_search):
 @cli.command()
 @click.argument("scenario_file")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE")
+@click.option("--no-numerics", is_flag=True, help="Check the run of `simtrain run --no-numerics` (as --set "
+              "numerics=false).")
 @_errors_name_the_file
-def validate(scenario_file, overrides):
+def validate(scenario_file, overrides, no_numerics):
     """Check a scenario as `simtrain run` does before simulating (the cluster, its faults, the host's memory,
     the layout and each rank's share of the model, on meta tensors) without running it."""
     from .preflight import preflight
     from .schemes import scheme_name
 
-    scenario = load_scenario(scenario_file, overrides)
+    scenario = load_scenario(scenario_file, [*overrides, *(["numerics=false"] if no_numerics else [])])
     resolved = preflight(scenario)
     counts = Counter(spec.name for spec in resolved.device_specs)  # one per device, in rank order
     devices = ", ".join(f"{count} x {name}" for name, count in counts.items())
@@ -390,6 +399,8 @@ def validate(scenario_file, overrides):
                   f"{batch_line(scenario, sum(counts.values()))})", soft_wrap=True)
     if scenario.model.preset is not None:
         console.print(preset_line(scenario), soft_wrap=True, markup=False, highlight=False)
+    if attention_note(scenario):
+        err_console.print(attention_note(scenario), markup=False, highlight=False, soft_wrap=True)
     if scenario.fleet is not None:
         from .fleet.expected import spare_pool_warning
         from .fleet.inventory import job_inventory

@@ -36,6 +36,7 @@ second folder. `OUT/compare.json` gets the rows.
 """
 import json
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,14 +130,14 @@ def bytes_by_kind(data: dict) -> dict | None:
     return moved
 
 
-def compare_runs(runs: list[RunSpec], out_dir: Path, on_run=None) -> list[dict]:
-    """Run each RunSpec (on_run(index, spec) first), write its outputs, compare.json and the plot."""
+def compare_runs(runs: list[RunSpec], out_dir: Path, watch=None) -> list[dict]:
+    """Run each RunSpec, write its outputs, compare.json and the plot. watch(index, spec, scenario), if given, is
+    a context manager around each run; what it enters as, if not None, has its on_step (progress.RunProgress)."""
     scenarios = [load_scenario(spec.scenario_file, spec.overrides) for spec in runs]  # every mistake first
     rows, curves = [], []
     for index, (spec, scenario) in enumerate(zip(runs, scenarios)):
-        if on_run is not None:
-            on_run(index, spec)
-        report: Report = run_scenario(scenario)
+        with nullcontext() if watch is None else watch(index, spec, scenario) as watcher:
+            report: Report = run_scenario(scenario, on_step=None if watcher is None else watcher.on_step)
         report.write(out_dir / f"{index}-{_slug(spec.label or scenario.name)}")
         row = summary_row(spec.label or scenario.name, report.data)
         rows.append({**row, "scenario_file": spec.scenario_file, "overrides": spec.overrides})

@@ -3,19 +3,23 @@
     from simtrain.views import print_summary
     print_summary(json.loads(Path("runs/quickstart/report.json").read_text()))
 
-Piped or captured output gets room for a table's whole labels (150 columns); a terminal folds them.
+On a terminal a table fits its width (folding long cells); piped or redirected, the standard output is
+`PIPED_WIDTH` columns wide, so no table is cut to a terminal's width ("w… 2… G…").
 
 Each view reads report.json's dict (or a command's summary dict) and prints
 rich tables on the standard output. A table that shows one figure per rank
 shows one column per group of ranks whose figures are all the same
 (`same_figures`), as `simtrain memory` and the run summary do.
 """
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
 from .units import format_bytes, format_seconds, noise_free
 
-console = Console()
+PIPED_WIDTH = 1_000  # columns: wider than any table simtrain draws
+console = Console() if sys.stdout is not None and sys.stdout.isatty() else Console(width=PIPED_WIDTH)
 
 
 def print_summary(data: dict) -> None:
@@ -47,9 +51,7 @@ def print_summary(data: dict) -> None:
     if flops["tflops_per_device"] is not None:
         table.add_row("model TFLOP/s per device", f"{flops['tflops_per_device']:.3g} "
                                                   f"(of {flops['peak_tflops_per_device']:.3g} peak)")
-        table.add_row("MFU", f"{flops['mfu']:.1%}" + (
-            f" (devices ran {flops['device_flops_utilization']:.1%} of peak, recomputation included)"
-            if flops["device_flops_utilization"] != flops["mfu"] else ""))
+        table.add_row("MFU", f"{flops['mfu']:.1%}" + _hardware_flops(flops))
     if data["final_loss"] is None:
         table.add_row("final loss, accuracy", "none: numerics off")
     else:
@@ -72,6 +74,16 @@ def print_summary(data: dict) -> None:
     if "fleet" in data:
         print_fleet(data["fleet"])
     console.print(_peak_memory_table(data["devices"]))
+
+
+def _hardware_flops(flops: dict) -> str:
+    """Beside MFU, the share of peak the devices ran where it differs: their kernels' own FLOPs (a fused causal
+    attention's half, say), with the recomputed forwards where the run recomputed (report/flops.py)."""
+    if flops["device_flops_utilization"] == flops["mfu"]:
+        return ""
+    recomputation = flops["recomputation"]
+    included = "their kernels' FLOPs" if recomputation == "none" else f"{recomputation} recomputation included"
+    return f" (devices ran {flops['device_flops_utilization']:.1%} of peak, {included})"
 
 
 # report.json's `scheme` in words; a sharded optimizer is named by its ZeRO stage (scheme_title)
@@ -135,6 +147,15 @@ def _experts_line(moe: dict) -> str:
     if moe["all_to_all_time_s"] is not None:
         line += f", {format_seconds(sum(moe['all_to_all_time_s']) / steps)} of it exposed"
     return line
+
+
+def attention_note(scenario) -> str | None:
+    """The note `run` and `validate` print for a gpt or llama whose attention is eager by default, not by choice."""
+    if not scenario.model.eager_by_default:
+        return None
+    return (f"note: model.attention: eager by default (the s x s scores written out and kept, as the Megatron-LM "
+            f"papers ran); frameworks today run fused attention: --set model.attention=fused, or set it in "
+            f"the scenario to keep eager and silence this")
 
 
 def batch_line(scenario, world: int) -> str:
@@ -333,8 +354,7 @@ def print_comparison(rows: list[dict]) -> None:
                       format_bytes(row["peak_memory_bytes"]),
                       "-" if kinds is None else _bytes_moved(kinds),
                       staleness)
-    # Piped or captured output gets room for whole labels; a terminal folds them.
-    (console if console.is_terminal else Console(width=200)).print(table)
+    console.print(table)
     console.print("time/sample: simulated time over the samples trained (a sync step trains every device's batch, "
                   "an async update one worker's)")
 
@@ -372,7 +392,7 @@ def print_sweep(rows: list[dict], grid_paths: list[str], grid_texts: list[list[s
                       format_seconds(row["communication_s"]) if ok else "-",
                       "-" if row["peak_memory_bytes"] is None else format_bytes(row["peak_memory_bytes"]),
                       "-" if row["final_loss"] is None else f"{row['final_loss']:.4f}")
-    (console if console.is_terminal else Console(width=150)).print(table)
+    console.print(table)
 
 
 def same_figures(ranks_and_figures) -> dict[tuple, list[int]]:

@@ -1,5 +1,6 @@
 """The command line: outputs, determinism, and one-line errors with exit code 2."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -225,6 +226,44 @@ def test_validate_refuses_what_run_refuses_with_the_same_line(tmp_path, capsys, 
     assert not (tmp_path / "report.json").exists()  # refused before the clock started
 
 
+def test_validate_no_numerics_checks_the_run_of_run_no_numerics(tmp_path, capsys):
+    """--no-numerics is --set numerics=false, given last (as run's): a population needs numerics, mirrored ranks
+    need them off."""
+    assert cli("run", str(ROOT / "scenarios" / "pbt.yaml"), "--no-numerics", "--out", str(tmp_path), "-q") == 2
+    run_err = capsys.readouterr().err.strip()
+    assert cli("validate", str(ROOT / "scenarios" / "pbt.yaml"), "--no-numerics") == 2
+    assert capsys.readouterr().err.strip() == run_err and "pbt: needs numerics" in run_err
+    long_context = str(ROOT / "scenarios" / "llama3-70b-long-context.yaml")
+    assert cli("validate", long_context, "--set", "numerics=true") == 2
+    assert "needs numerics false" in capsys.readouterr().err
+    assert cli("validate", long_context, "--set", "numerics=true", "--no-numerics") == 0
+    assert capsys.readouterr().out.startswith(f"{long_context}: ok")
+
+
+def test_a_transformer_left_on_eager_attention_is_told_fused_is_what_frameworks_run(tmp_path, capsys):
+    """model.attention's default is eager (the papers' runs the shipped validations reproduce): run and validate
+    say so in one note for a gpt or llama that leaves it unset; a scenario that sets it, an mlp, and --quiet
+    hear nothing."""
+    gpt = yaml.safe_load(GPT_SMALL.read_text())
+    del gpt["model"]["attention"]
+    unset = tmp_path / "gpt.yaml"
+    unset.write_text(yaml.safe_dump(gpt))
+    assert cli("validate", str(unset)) == 0
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.startswith("note: model.attention: eager by default") and "--set model.attention=fused" in note
+    assert cli("run", str(unset), "--set", "train.steps=1", "--no-numerics", "--out", str(tmp_path / "a")) == 0
+    assert capsys.readouterr().err.splitlines() == [note]
+    assert cli("run", str(unset), "--set", "train.steps=1", "--no-numerics", "--out", str(tmp_path / "b"), "-q") == 0
+    assert capsys.readouterr().err == ""
+    assert cli("run", str(unset), "--set", "train.steps=1", "--no-numerics", "--out", str(tmp_path / "c"), "--set",
+               "cluster.device={base: a100-40gb, memory: 1 MiB}") == 2  # out of memory: its one line alone
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: out of memory")
+    for quiet in (["--set", "model.attention=eager"], ["--set", "model.attention=fused"], []):
+        assert cli("validate", str(unset if quiet else QUICKSTART), *quiet) == 0
+        assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("text,expected", [
     ("train: {stepz: 3}", "train.stepz: unknown field; did you mean `train.steps`?"),
     ("trian: {steps: 3}", "trian: unknown field; did you mean `train`?"),
@@ -317,8 +356,8 @@ def test_a_long_numerics_run_is_warned_once_with_the_no_numerics_hint(monkeypatc
         console = Console(record=True, width=400)
         clock = iter(range(0, 10_000, 1))
         monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock) * seconds_per_step)
-        scenario = simtrain.load_scenario(QUICKSTART, [f"numerics={str(numerics).lower()}"])
-        with progress.RunProgress(scenario, 100, console) as bar:
+        scenario = simtrain.load_scenario(QUICKSTART, [f"numerics={str(numerics).lower()}", "train.steps=100"])
+        with progress.RunProgress(scenario, console) as bar:
             for step in range(100):
                 bar.on_step(step, step * 1e-3, None)
         return [line for line in console.export_text().splitlines() if line.startswith("warning:")]
@@ -366,3 +405,55 @@ def summary_rows(text: str) -> dict[str, str]:
     """The summary table's rows, label -> value."""
     cells = [line.strip("│ ").split("│") for line in text.splitlines() if line.count("│") == 3]
     return {label.strip(): value.strip() for label, value in cells}
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_nothing_piped(monkeypatch):
+    """A run's bar (compare's too) and a sweep's are drawn only where the standard error is a terminal; piped, a
+    sweep writes one line a point (a log's record), and --quiet (shown=False) nothing."""
+    from rich.console import Console
+
+    from simtrain import progress
+
+    scenario = simtrain.load_scenario(QUICKSTART, ["train.steps=4"])
+
+    def drawn(terminal: bool, shown: bool = True) -> tuple[str, str]:
+        run_console = Console(record=True, width=200, force_terminal=terminal)
+        with progress.RunProgress(scenario, run_console, label="[1/2] quickstart") as bar:
+            for step in range(4):
+                bar.on_step(step, (step + 1) * 1e-3, 2.5)
+            bar.progress.refresh()
+            during = run_console.export_text()
+        sweep_console = Console(record=True, width=200, force_terminal=terminal)
+        with progress.SweepProgress(3, sweep_console, shown=shown) as points:
+            for done in range(1, 4):
+                points.on_done(done, 3)
+        return during, sweep_console.export_text()
+
+    run_bar, sweep_bar = drawn(terminal=True)
+    assert "[1/2] quickstart" in run_bar and "4/4" in run_bar and "loss 2.5000" in run_bar
+    assert "sweep" in sweep_bar and "3/3 points" in sweep_bar
+    assert drawn(terminal=False) == ("", "[1/3] points done\n[2/3] points done\n[3/3] points done\n")
+    assert drawn(terminal=False, shown=False) == ("", "")
+
+
+def test_piped_tables_are_never_cut_to_a_narrow_terminal(tmp_path):
+    """Piped, the standard output holds every label and figure whole, however narrow the terminal (COLUMNS=30):
+    the summary's figures as report.json has them, compare's columns."""
+    environment = {**os.environ, "COLUMNS": "30", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "simtrain", "compare", str(QUICKSTART), "--variant",
+                           "parallel.all_reduce=ring", "--variant", "parallel.all_reduce=tree", "--set",
+                           "train.steps=3", "--set", "numerics=false", "--out", str(tmp_path / "compare")],
+                          capture_output=True, text=True, cwd=tmp_path, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout
+    for text in ("parallel.all_reduce=ring", "parallel.all_reduce=tree", "staleness mean/max", "peak memory",
+                 "time/sample"):
+        assert text in done.stdout
+    assert done.stderr.splitlines() == ["[1/2] parallel.all_reduce=ring", "[2/2] parallel.all_reduce=tree"]
+    done = subprocess.run([sys.executable, "-m", "simtrain", "run", str(QUICKSTART), "--set", "train.steps=3",
+                           "--set", "numerics=false", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, cwd=tmp_path, env=environment)
+    data = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert done.returncode == 0 and done.stderr == "" and "…" not in done.stdout
+    assert f"{data['flops']['tflops_per_device']:.3g} (of {data['flops']['peak_tflops_per_device']:.3g} peak)" \
+        in done.stdout and "model TFLOP/s per device" in done.stdout

@@ -74,6 +74,13 @@ def test_site_builds_without_warnings(tmp_path):
         assert (tmp_path / "site" / page / "index.html").exists()
 
 
+def test_the_readme_links_every_page():
+    """README.md's list of the documentation names every page of docs/ (the generated reference aside)."""
+    readme = (ROOT / "README.md").read_text()
+    pages = [path.relative_to(ROOT).as_posix() for path in PAGES[1:]]
+    assert [page for page in pages if f"]({page})" not in readme] == []
+
+
 def test_reference_pages_are_generated_not_committed():
     assert not (DOCS / "reference").exists() or not list((DOCS / "reference").glob("*.md"))
 
@@ -292,6 +299,20 @@ def test_scenario_reference_lists_every_key_with_its_default_and_unit():
     assert rows["train.steps"][1] == "`200`"
     for key in ("parallel.pp", "parallel.tp", "train.precision", "data.vocab", "cluster.spares", "pbt.population"):
         assert key in rows
+
+
+def test_reference_pages_keep_angle_brackets_as_text():
+    """Outside code spans a cell writes `<name>` as &lt;name&gt; (markdown would drop it as an HTML tag): the
+    command line's `--out` default runs/<name>/ survives; inside code spans it stays as written."""
+    hook = _reference_hook()
+    for builder in hook.PAGES.values():
+        for line in getattr(hook, builder)().splitlines():
+            if line.startswith("|"):
+                outside = line.split("`")[::2]
+                assert not any(re.search(r"<[a-zA-Z/]", part) for part in outside), line
+    cli_page = hook.cli_page()
+    assert "Output folder (default runs/&lt;name&gt;/)." in cli_page
+    assert "`<name>`" in hook._cell("`<name>`") and hook._cell("a < b & c") == "a &lt; b &amp; c"
 
 
 def test_report_reference_walks_the_shipped_schema():

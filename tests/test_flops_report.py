@@ -52,6 +52,29 @@ def test_recomputation_is_not_model_flops():
     assert checkpointed["device_flops_utilization"] > checkpointed["mfu"]
 
 
+LLAMA = Path(__file__).resolve().parent.parent / "scenarios" / "llama_small.yaml"
+
+
+@pytest.mark.parametrize("overrides,said", [
+    (["model.attention=fused"], "their kernels' FLOPs"),  # fewer than the formula's: the masked half skipped
+    (["train.checkpointing=full"], "full recomputation included"),
+    (["train.checkpointing=selective"], "selective recomputation included"),
+])
+def test_the_summary_says_recomputation_only_where_the_run_recomputed(overrides, said, capsys):
+    """The MFU line's hardware share names what the devices recomputed (report.json's flops.recomputation,
+    train.checkpointing), never recomputation on a run without it."""
+    from simtrain.views import print_summary
+
+    scenario = load_scenario(LLAMA, ["numerics=false", "train.steps=1", *overrides])
+    data = simtrain.run(scenario).data
+    assert data["flops"]["recomputation"] == scenario.train.checkpointing
+    assert data["flops"]["device_flops_utilization"] != data["flops"]["mfu"]
+    print_summary(data)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "│ MFU" in line]
+    assert f"(devices ran {data['flops']['device_flops_utilization']:.1%} of peak, {said})" in line
+    assert ("recomputation" in line) == (scenario.train.checkpointing != "none")
+
+
 def test_palm_closed_form_is_what_torch_counts_for_the_gpt():
     """6N + 12LHQT per token equals the FLOP counter's forward + backward of the model (no checkpointing)."""
     layers, width, heads, vocab, seq_len, batch = 3, 48, 4, 96, 16, 2

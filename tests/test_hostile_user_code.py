@@ -7,8 +7,11 @@ runs dry with the others blocked: a deadlock), out of memory inside the ranks' c
 on and off, and the host's), reads of values with numerics off, a world size or a backend that is not the
 spawn's, and what a rank hands the backend's calls that no group of its size can take (a root or peer outside
 it, lists that do not hold one tensor per rank). The reference is the contract of simtrain/errors.py, message by
-message; `simtrain.dist` has no command of its own, so the API's exception is the whole surface.
+message; `simtrain.dist` has no command of its own, so the API's exception is the whole surface. A read of values
+and a deadlock name the line of the rank's code that read or waits (`at`, from this file's own source).
 """
+import inspect
+import os
 import re
 import threading
 
@@ -91,6 +94,23 @@ def if_positive(tensor):
     return 1 if tensor.sum() > 0 else 0
 
 
+def at(fn, text: str) -> str:
+    """' (at THIS:N in name)': where an error names fn's first line holding `text` (THIS: this file)."""
+    lines, first = inspect.getsourcelines(fn)
+    number = first + next(index for index, line in enumerate(lines) if text in line)
+    return f" (at THIS:{number} in {fn.__name__})"
+
+
+def this_file_named_this(message: str) -> str:
+    """The message with this file's path (relative to the working folder, or absolute) written THIS."""
+    return re.sub(r"\(at (\S+):", lambda found: "(at THIS:" if os.path.abspath(found.group(1)) == __file__
+                  else found.group(0), message)
+
+
+READS = [(lambda t: t.sum().item(), ""), (lambda t: t.tolist(), ""), (if_positive, "tensor.sum()"),
+         (lambda t: float(t[0]), "")]  # each read and the text of its line
+
+
 def world_size(rank, world):
     dist.init_process_group("simtrain", world_size=world + 1, rank=rank)
 
@@ -153,11 +173,12 @@ CASES = [
     # a rank never joining: the clock runs dry with the others blocked
     (returns_early, 3, True, None, None,
      "deadlock at T us of simulated time: rank 0 waits on all_reduce(sum) of 4 float32 (collective #0 of "
-     "group [0, 1, 2]), which ranks [1] have not called; rank 2 waits on all_reduce(sum) of 4 float32 (collective "
-     "#0 of group [0, 1, 2]), which ranks [1] have not called"),
+     "group [0, 1, 2]), which ranks [1] have not called" + at(returns_early, "all_reduce") + "; rank 2 waits on "
+     "all_reduce(sum) of 4 float32 (collective #0 of group [0, 1, 2]), which ranks [1] have not called"
+     + at(returns_early, "all_reduce")),
     (skips_the_last, 2, True, None, None,
      "deadlock at T us of simulated time: rank 0 waits on all_reduce(sum) of 4 float32 (collective #1 of "
-     "group [0, 1]), which ranks [1] have not called"),
+     "group [0, 1]), which ranks [1] have not called" + at(skips_the_last, "all_reduce")),
     # out of memory inside the ranks' code
     (allocates(1 << 19), 2, True, SMALL, OutOfMemory,  # 2 MiB on a 1 MiB device, numerics on
      "rank 0 raised OutOfMemory: out of memory on rank 0 (gpu0, a100-40gb): needs 2.0 MiB of 1.0 MiB "
@@ -174,11 +195,10 @@ CASES = [
     # reads of values with numerics off
     *[(reads(read), 2, False, None, NumericsOffUnsupported,
        "rank 0 raised NumericsOffUnsupported: numerics off (spawn numerics=False): aten._local_scalar_dense.default "
-       "needs tensor values, which fake tensors do not have")
-      for read in (lambda t: t.sum().item(), lambda t: t.tolist(), if_positive, lambda t: float(t[0]))],
-    (reads(lambda t: t.nonzero()), 2, False, None, NumericsOffUnsupported,
+       "needs tensor values, which fake tensors do not have" + at(read, text)) for read, text in READS],
+    (reads(nonzero := lambda t: t.nonzero()), 2, False, None, NumericsOffUnsupported,
      "rank 0 raised NumericsOffUnsupported: numerics off (spawn numerics=False): aten.nonzero.default needs tensor "
-     "values, which fake tensors do not have"),
+     "values, which fake tensors do not have" + at(nonzero, "")),
     # a world, a rank, a mesh or a backend that is not the spawn's
     (world_size, 2, True, None, SimtrainError, "rank 0 raised SimtrainError: init_process_group: rank 0 of world_size 3 "
                                       "given, but simtrain.dist.spawn runs this thread as rank 0 of 2"),
@@ -216,7 +236,7 @@ def test_users_code_that_goes_wrong_is_one_line_naming_the_rank(fn, world, numer
     with pytest.raises((RankFailed, Deadlock)) as error:
         simtrain.dist.spawn(fn, world=world, numerics=numerics, **options)
     # a deadlock's instant is the simulated time its last collective ended (test_dist_backend.py times those)
-    assert re.sub(r"^deadlock at [0-9.e+-]+ us", "deadlock at T us", str(error.value)) == expected
+    assert this_file_named_this(re.sub(r"^deadlock at [0-9.e+-]+ us", "deadlock at T us", str(error.value))) == expected
     assert threading.active_count() == threads  # every rank's thread ended, the waiting ones too: never a hang
     if cause is None:  # a deadlock: no rank raised
         assert type(error.value) is Deadlock and error.value.__cause__ is None

@@ -16,6 +16,7 @@ A field's unit is the schema's own `unit` where it gives one; else, for a
 quantity field (one that takes "50 GB/s", "5 us", "40 GiB"), the SI unit its
 validator converts to. A field without a description is shown with an empty one.
 """
+import html
 import inspect
 import json
 
@@ -303,7 +304,7 @@ def _features(groups) -> str:
 
 def _line(template: str) -> str:
     """A row's line in code, each {name} the table fills in shown as <name>."""
-    return "`" + _cell(template.replace("{", "<").replace("}", ">")) + "`"
+    return _cell("`" + template.replace("{", "<").replace("}", ">") + "`")
 
 
 # -- cells ----------------------------------------------------------------------------------------------------------
@@ -313,4 +314,7 @@ def _literal(value) -> str:
 
 
 def _cell(text) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """A table cell: on one line, `|` escaped, and `<`, `>` and `&` outside code spans written as entities
+    (markdown would take `runs/<name>/` for an HTML tag and drop `<name>`)."""
+    parts = " ".join(str(text).split()).replace("|", "\\|").split("`")
+    return "`".join(part if index % 2 else html.escape(part, quote=False) for index, part in enumerate(parts))

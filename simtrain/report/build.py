@@ -194,11 +194,13 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
         extra["parallel"] = parallel_section(extra["parallel"], log, ran, sim_time)
     for key, section in extra.items():
         check_section(key, section)
+    checkpointing = scenario.train.checkpointing
+    recomputation = checkpointing if isinstance(checkpointing, str) else f"{checkpointing.segments} segments"
     flops = flops_section(
         result.model_flops_per_step, steps, sim_time,
         peaks=[cluster.devices[rank].spec.peak_flops[scenario.train.precision] for rank in ranks],
         device_flops=[log.flops(result.mirror_of.get(rank, rank), "compute") for rank in ranks],
-        formula=result.model_flops_formula)
+        formula=result.model_flops_formula, recomputation=recomputation)
     per_step = {kind: seconds / len(counted) / steps if steps else None
                 for kind, seconds in breakdown_total.items()}
     links = [

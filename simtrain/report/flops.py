@@ -11,9 +11,12 @@
   (the event log), recomputed forwards included, over the same time and
   devices; over the peak, `device_flops_utilization` (PaLM's "hardware FLOPs
   utilization").
+- `recomputation`: what the devices recomputed (train.checkpointing), so a
+  reader knows whether the device FLOPs hold recomputed forwards.
 
     section = flops_section(model_flops_per_step=4.2e15, steps=1, sim_time_s=3.0, peaks=[312e12] * 8,
-                            device_flops=[5.6e14] * 8, formula="PaLM: 6N + 12LHQT per token")
+                            device_flops=[5.6e14] * 8, formula="PaLM: 6N + 12LHQT per token",
+                            recomputation="selective")
 """
 from pydantic import Field
 
@@ -37,11 +40,15 @@ class FlopsSection(ReportSection):
                     "TFLOP/s")
     device_flops_utilization: float | None = Field(
         description="FLOPs the devices ran over their peak (PaLM's hardware FLOPs utilization)")
+    recomputation: str = Field(
+        description="what the devices recomputed in backward, which their FLOPs include (train.checkpointing): none, "
+                    "sqrt, full, selective or 'k segments'")
 
 
 def flops_section(model_flops_per_step: float | None, steps: int, sim_time_s: float, peaks: list[float],
-                  device_flops: list[float], formula: str | None) -> dict:
-    """The section for a job of len(peaks) devices of those peak FLOP/s that ran `device_flops` each."""
+                  device_flops: list[float], formula: str | None, recomputation: str) -> dict:
+    """The section for a job of len(peaks) devices of those peak FLOP/s that ran `device_flops` each, recomputing
+    `recomputation` (train.checkpointing in words)."""
     devices = len(peaks)
     timed = sim_time_s > 0 and devices > 0
     model = model_flops_per_step * steps if model_flops_per_step is not None else None
@@ -54,4 +61,5 @@ def flops_section(model_flops_per_step: float | None, steps: int, sim_time_s: fl
         "peak_tflops_per_device": sum(peaks) / devices / 1e12 if devices else None,
         "device_tflops_per_device": executed / sim_time_s / devices / 1e12 if timed else None,
         "device_flops_utilization": executed / (sim_time_s * sum(peaks)) if timed else None,
+        "recomputation": recomputation,
     }

@@ -23,14 +23,15 @@ bytes (their payloads are fake: timed and counted alike, nothing copied). One
 large model run in one process.
 
 An op that needs a fake tensor's values (`.item()`, `.tolist()`, `nonzero`, a
-Python `if` on a tensor) cannot run: `NumericsOffUnsupported`, one line naming
-the op.
+Python `if` on a tensor, `float(t)`) cannot run: `NumericsOffUnsupported`, one
+line naming the op and the line of the user's code that asked for it.
 
     fake_floats = FakeFloats()
     with fake_floats, meter:
         model = nn.Linear(4, 4)              # fake weight and bias
         model(torch.randn(2, 4)).sum()       # a fake result; the meter counts its FLOPs
 """
+import sys
 import threading
 import weakref
 
@@ -42,6 +43,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..errors import NumericsOffUnsupported
 from .fake_collectives import FUNCTIONAL, UNSUPPORTED
+from .scheduler import user_line
 
 # What torch raises when an op needs values a fake tensor does not have.
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
@@ -99,9 +101,16 @@ class _CollectivesOnTheGroup(FakeTensorMode):
         if collective is not None:
             return collective(self.works, *args, **kwargs)
         if func._overloadpacket in UNSUPPORTED:
-            raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} is not supported")
+            raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} is not supported"
+                                         f"{_called_at()}")
         try:
             return super().dispatch(func, types, args, kwargs)
         except _NEEDS_VALUES:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} needs tensor values, which "
-                                         f"fake tensors do not have") from None
+                                         f"fake tensors do not have{_called_at()}") from None
+
+
+def _called_at() -> str:
+    """' (at file:line in function)': where the user's code asked for the op, if it did."""
+    where = user_line(sys._getframe(1))
+    return f" (at {where})" if where else ""

@@ -18,8 +18,9 @@ a function of the simulation alone, never of the host's thread scheduler.
 
 If a rank raises, the run stops there (`RankFailed`). If the clock runs dry while
 ranks still wait, nothing can ever wake them (`Deadlock`, naming what each waits
-on). Either way every waiting thread is then resumed with `Aborted` raised at its
-wait, so no thread is left behind.
+on and the line of the user's code where it waits: `user_line`). Either way
+every waiting thread is then resumed with `Aborted` raised at its wait, so no
+thread is left behind.
 
 A watchdog guards the host, not the simulation (the one use of wall time): a
 rank that holds its turn for `timeout_s` seconds of wall time while its thread
@@ -29,10 +30,12 @@ a blocking queue): the run stops with `RankBlocked`, naming the rank and the
 line it blocks on, instead of hanging. That thread is left behind (a daemon: it
 cannot be interrupted). A rank that computes for long is not stopped.
 """
+import os
 import sys
 import sysconfig
 import threading
 import time
+from pathlib import Path
 
 import simpy
 
@@ -114,8 +117,14 @@ class Turns:
             self._clock_error = error
 
     def waiting(self) -> dict[int, str]:
-        """What each rank that has not ended waits on, by rank."""
-        return {rank: s.waiting_on for rank, s in sorted(self._ranks.items()) if not s.ended}
+        """What each rank that has not ended waits on, and where in the user's code, by rank."""
+        frames = sys._current_frames()  # a waiting rank's thread stands at its wait: its stack says where
+        waiting = {}
+        for rank, state in sorted(self._ranks.items()):
+            if not state.ended:
+                where = user_line(frames.get(state.thread.ident))
+                waiting[rank] = f"{state.waiting_on}" + (f" (at {where})" if where else "")
+        return waiting
 
     def close(self) -> list:
         """After the clock stopped: the ranks' return values in rank order, or RankFailed / Deadlock."""
@@ -176,9 +185,10 @@ class Turns:
             now_s = _cpu_seconds(state.thread)
             if now_s - cpu_s < BLOCKED_CPU_FRACTION * self.timeout_s:
                 state.blocked = True
+                where = user_line(sys._current_frames().get(state.thread.ident))
                 raise RankBlocked(f"rank {state.rank} blocked outside simtrain for {self.timeout_s:g} s of wall time "
-                                  f"(spawn timeout_s){_blocked_at(state.thread)}: a lock, time.sleep or a queue "
-                                  f"that no simulated event releases")
+                                  f"(spawn timeout_s){f' at {where}' if where else ''}: a lock, time.sleep or a "
+                                  f"queue that no simulated event releases")
             cpu_s = now_s
 
 
@@ -187,12 +197,21 @@ def _cpu_seconds(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
-def _blocked_at(thread: threading.Thread) -> str:
-    """' at file:line in function': the innermost frame of `thread` outside Python's standard library."""
-    frame, stdlib = sys._current_frames().get(thread.ident), sysconfig.get_paths()["stdlib"]
-    while frame is not None and frame.f_code.co_filename.startswith(stdlib):
+def user_line(frame) -> str | None:
+    """'file:line in function': the innermost frame of the user's code in the stack that `frame` (None: no
+    stack) ends, outside Python's standard library, simtrain and torch; the file relative to the working folder
+    when it lies inside it. Read only to word an error."""
+    libraries = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], str(Path(__file__).parents[1])}
+    if "torch" in sys.modules:
+        libraries.add(os.path.dirname(sys.modules["torch"].__file__))
+    prefixes = tuple(os.path.join(folder, "") for folder in libraries)
+    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
         frame = frame.f_back
-    return "" if frame is None else f" at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    if frame is None:
+        return None
+    path = frame.f_code.co_filename
+    inside = os.path.relpath(path) if path.startswith(os.path.join(os.getcwd(), "")) else path
+    return f"{inside}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 class _Stop(Exception):
