@@ -39,7 +39,7 @@ HAND_WRITTEN = {
     "llama3-405b-gb200-100k": (LLAMA3_405B, {"name": "tokens", "batch_size": 16, "seq_len": 8192, "vocab": 128256}),
     "llama3-70b-long-context": (
         {"name": "llama", "hidden": 8192, "layers": 80, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672,
-         "rope_theta": 500000},
+         "rope_theta": 500000, "attention": "fused"},  # fused since 2026-12-07 (the long-context guide)
         {"name": "tokens", "batch_size": 8, "seq_len": 8192, "vocab": 128256}),
     "deepseek-v3": (
         {"name": "llama", "hidden": 7168, "layers": 61, "heads": 128, "ffn_hidden": 18432, "latent_attention": {},
