@@ -256,7 +256,7 @@ def test_a_transformer_left_on_eager_attention_is_told_fused_is_what_frameworks_
     assert cli("run", str(unset), "--set", "train.steps=1", "--no-numerics", "--out", str(tmp_path / "b"), "-q") == 0
     assert capsys.readouterr().err == ""
     assert cli("run", str(unset), "--set", "train.steps=1", "--no-numerics", "--out", str(tmp_path / "c"), "--set",
-               "cluster.device={base: a100-40gb, memory: 1 MiB}") == 2  # out of memory: its one line alone
+               "cluster.device={base: a100-40gb, memory: 1 KiB}") == 2  # out of memory: its one line alone
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: out of memory")
     for quiet in (["--set", "model.attention=eager"], ["--set", "model.attention=fused"], []):
