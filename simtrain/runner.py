@@ -77,8 +77,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         if scenario.report.chakra:
             cluster.log.keep_messages()  # a pipeline's sends and receives (report/chakra.py)
         if scenario.report.trace:
-            for device in cluster.devices:  # memory over the step, the trace's counters (report/trace.py)
-                device.memory.record_changes(cluster.env)
+            cluster.record_memory_changes()
         scheduled_faults(scenario, cluster.topology)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
         # Faults change links under the collectives: no group timing of a ring's transfers

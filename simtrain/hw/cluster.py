@@ -104,6 +104,12 @@ class Cluster:
         self.jobs[job][1].append(rank)
         self.log.assign([rank], job)
 
+    def record_memory_changes(self) -> None:
+        """Every device keeps each change of its memory from now on, with its time (MemoryLedger.changes): a
+        scenario's trace draws them as counters (report/trace.py)."""
+        for device in self.devices:
+            device.memory.record_changes(self.env)
+
     @property
     def size(self) -> int:
         return len(self.devices)

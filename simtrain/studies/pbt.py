@@ -129,6 +129,8 @@ class Population:
         # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
         record = scenario.report.trace or scenario.report.kineto or bool(scenario.cluster.faults)
         self.cluster = Cluster.from_resolved(resolved, record=record, seed=scenario.seed)
+        if scenario.report.trace:
+            self.cluster.record_memory_changes()
         self.env = self.cluster.env
         size = self.cluster.size
         self.rng = random.Random(int(np.random.SeedSequence([scenario.seed, _STREAM]).generate_state(1)[0]))

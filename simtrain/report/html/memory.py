@@ -49,9 +49,12 @@ def memory_section(report: dict, rows: list[RankRow], trace: dict | None, end_s:
     if over_step:
         timeline = (f"<p>Each rank's bytes by category from 0 to {escape(format_seconds(end_s))}, the end of the "
                     "first step, as trace.json's memory counters hold them.</p>" + over_step)
-    else:
+    elif trace is None:
         timeline = ('<p class="note">This run wrote no trace.json: run it again with '
                     "<code>--set report.trace=true</code> for memory over the step.</p>")
+    else:
+        timeline = ('<p class="note">This run\'s trace.json holds no memory counters in its first step (a trace '
+                    "written before simtrain recorded them, or no time passed): only the peaks are drawn.</p>")
     return ('<section id="memory"><h2>Memory by category</h2><h3>Over the first step</h3>'
             f"{timeline}<h3>At the peak</h3>"
             "<p>Each device's bytes by category at the moment its total peaked over the run "
