@@ -62,6 +62,20 @@ def single_thread():
         torch.set_num_threads(threads)
 
 
+def simulated_cluster(scenario: Scenario, resolved) -> Cluster:
+    """The scenario's cluster, keeping what its report asks for: spans for a trace (Chrome, Kineto or Chakra)
+    or for faults (a lost device's are cut: hw/eventlog.py), a pipeline's messages for Chakra, each device's
+    memory over the run for the Chrome trace's counters."""
+    report = scenario.report
+    cluster = Cluster.from_resolved(resolved, record=report.trace or report.kineto or report.chakra
+                                    or scenario.has_faults, seed=scenario.seed)
+    if report.chakra:
+        cluster.log.keep_messages()  # a pipeline's sends and receives (report/chakra.py)
+    if report.trace:
+        cluster.record_memory_changes()
+    return cluster
+
+
 def run(scenario: Scenario, on_step=None) -> Report:
     """Simulate the scenario; on_step(step, sim_time_s, loss) is called after every step (update, for async)."""
     if scenario.pbt is not None:
@@ -71,13 +85,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
     steps = scenario.train.steps
     faulty = scenario.has_faults
     with user_code_errors(scenario), single_thread():
-        # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        record = scenario.report.trace or scenario.report.kineto or scenario.report.chakra or faulty
-        cluster = Cluster.from_resolved(resolved, record=record, seed=scenario.seed)
-        if scenario.report.chakra:
-            cluster.log.keep_messages()  # a pipeline's sends and receives (report/chakra.py)
-        if scenario.report.trace:
-            cluster.record_memory_changes()
+        cluster = simulated_cluster(scenario, resolved)
         scheduled_faults(scenario, cluster.topology)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares
         # Faults change links under the collectives: no group timing of a ring's transfers

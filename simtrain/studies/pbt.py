@@ -66,12 +66,12 @@ from pydantic import Field
 
 from ..errors import JobFailed, ScenarioError
 from ..evaluation import TrainLossMonitor, evaluate
-from ..hw.cluster import Cluster, run_to_end
+from ..hw.cluster import run_to_end
 from ..job import Job
 from ..preflight import preflight
 from ..report import Report, RunResult, build_report
 from ..report.sections import ReportSection, register_section
-from ..runner import single_thread
+from ..runner import simulated_cluster, single_thread
 from ..scenario import Scenario
 from ..schemes import scheme_name
 from ..step_ops import Busy, Wait
@@ -126,11 +126,7 @@ class Population:
         self.spec = spec = scenario.pbt
         self.scenario = scenario
         resolved = preflight(scenario)  # everything `simtrain validate` checks, before the clock starts
-        # A run with faults records its spans: a lost device's are cut (hw/eventlog.py).
-        record = scenario.report.trace or scenario.report.kineto or bool(scenario.cluster.faults)
-        self.cluster = Cluster.from_resolved(resolved, record=record, seed=scenario.seed)
-        if scenario.report.trace:
-            self.cluster.record_memory_changes()
+        self.cluster = simulated_cluster(scenario, resolved)
         self.env = self.cluster.env
         size = self.cluster.size
         self.rng = random.Random(int(np.random.SeedSequence([scenario.seed, _STREAM]).generate_state(1)[0]))
