@@ -146,6 +146,10 @@ def launch(scenario_file, nproc, backend, collective, warmup, overrides, out_dir
     from .real.launch import launch as launch_real
 
     scenario = load_scenario(scenario_file, overrides)
+    for field in ("kineto", "chakra"):
+        if getattr(scenario.report, field):
+            raise ScenarioError(f"report.{field}: simtrain launch writes trace.json only (the real run's own "
+                                f"traces come from torch.profiler); set report.{field}: false")
     out = output_folder(out_dir, "--out") if out_dir else output_folder(Path("runs") / f"{scenario.name}-real", "name")
     data = launch_real(scenario_file, overrides, nproc, out, backend=backend, collective=collective, warmup=warmup)
     if data is not None and data["measurement"]["warning"]:

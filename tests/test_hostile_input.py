@@ -550,3 +550,13 @@ def test_a_missing_yml_suggests_the_yaml_beside_it(capsys, tmp_path):
         f"error: {tmp_path / 'a.yml'}: not found; did you mean `{tmp_path / 'a.yaml'}`?"
     assert one_line_error(capsys, "validate", tmp_path / "b.yaml").endswith(f"did you mean `{tmp_path / 'b.yml'}`?")
     assert one_line_error(capsys, "validate", tmp_path / "c.yml").endswith("c.yml: not found")
+
+
+@pytest.mark.parametrize("field", ["kineto", "chakra"])
+def test_launch_refuses_the_simulated_traces_it_cannot_write(capsys, tmp_path, field):
+    """A real run writes trace.json only: report.kineto or report.chakra is refused in one line before any
+    process starts, and nothing is written."""
+    err = one_line_error(capsys, "launch", str(QUICKSTART), "--nproc", "2", "--set", f"report.{field}=true",
+                         "--out", str(tmp_path / "real"))
+    assert f"report.{field}: simtrain launch writes trace.json only" in err
+    assert not (tmp_path / "real").exists()
