@@ -64,13 +64,15 @@ def single_thread():
 
 def simulated_cluster(scenario: Scenario, resolved) -> Cluster:
     """The scenario's cluster, keeping what its report asks for: spans for a trace (Chrome, Kineto or Chakra)
-    or for faults (a lost device's are cut: hw/eventlog.py), a pipeline's messages for Chakra, each device's
-    memory over the run for the Chrome trace's counters."""
+    or for faults (a lost device's are cut: hw/eventlog.py), a pipeline's messages for Chakra, the counted parts
+    of communication for Kineto, each device's memory over the run for the Chrome trace's counters."""
     report = scenario.report
     cluster = Cluster.from_resolved(resolved, record=report.trace or report.kineto or report.chakra
                                     or scenario.has_faults, seed=scenario.seed)
     if report.chakra:
         cluster.log.keep_messages()  # a pipeline's sends and receives (report/chakra.py)
+    if report.kineto:
+        cluster.log.keep_communication_parts()  # the NCCL kernels, waits for peers left out (report/kineto.py)
     if report.trace:
         cluster.record_memory_changes()
     return cluster

@@ -7,10 +7,11 @@ by simtrain: "compute", "communication", "optimizer" (and more as techniques
 add them). Transfers on links are kept by the network (`Network.records`);
 reports, traces and plots are views of these two logs.
 
-A recording log also keeps the parts of each rank's communication that
-counted (`communication_parts`, spans of the seconds counted in parts by
-`count`: a collective's transfers, without the waits for peers inside it),
-from which the Kineto traces draw their NCCL kernels (report/kineto.py).
+Asked to (`keep_communication_parts`), the log also keeps the parts of each
+rank's communication that counted (`communication_parts`, spans of the
+seconds counted in parts by `count`: a collective's transfers, without the
+waits for peers inside it), from which the Kineto traces draw their NCCL
+kernels (report/kineto.py).
 A rank's part of a collective also names its group (the global ranks of its
 communicator) and the program that ran (`op`: "all_reduce",
 "ring_all_reduce", ...), which a Chakra execution trace needs
@@ -75,7 +76,7 @@ class EventLog:
     def __init__(self, record: bool = True):
         self.record = record
         self.spans: list[Span] = []
-        self.communication_parts: list[Span] = []  # the counted seconds of communication (record only)
+        self.communication_parts: list[Span] | None = None  # counted communication, once keep_communication_parts
         self.totals: dict[tuple[int, str], float] = {}
         self._bytes: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> bytes
         self._flops: dict[tuple[int, str], dict[str, float]] = {}  # (rank, kind) -> label -> FLOPs
@@ -89,6 +90,10 @@ class EventLog:
     def keep_messages(self) -> None:
         """Keep every posted point-to-point message from now on (`message`)."""
         self.messages = []
+
+    def keep_communication_parts(self) -> None:
+        """Keep the counted parts of every rank's communication from now on (`communication_parts`)."""
+        self.communication_parts = []
 
     def message(self, message: Message) -> None:
         if self.messages is not None:
@@ -119,7 +124,7 @@ class EventLog:
         tracked = self._overlapping.get(rank)
         if tracked is not None:
             tracked[kind != "communication"].append((start, end))
-        if self.record and kind == "communication":
+        if self.communication_parts is not None and kind == "communication":
             self.communication_parts.append(Span(self.job_of.get(rank, 0), rank, kind, label, start, end, 0, 0))
 
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
@@ -160,8 +165,9 @@ class EventLog:
                 span = span._replace(end=now)
             kept.append(span)
         self.spans = kept
-        self.communication_parts = [part if part.rank != rank or part.end <= now else part._replace(end=now)
-                                    for part in self.communication_parts if part.rank != rank or part.start < now]
+        if self.communication_parts is not None:
+            self.communication_parts = [part if part.rank != rank or part.end <= now else part._replace(end=now)
+                                        for part in self.communication_parts if part.rank != rank or part.start < now]
         self.last_end_s = max((span.end for span in kept), default=0.0)
         for intervals in self._overlapping.get(rank, ()):
             intervals[:] = [(start, min(end, now)) for start, end in intervals if start < now]

@@ -134,6 +134,7 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
     world = cluster.size
     cluster.add_job("spawn", list(range(world)))
     cluster.log.keep_messages()  # isend and irecv, for the report's Chakra traces (report/chakra.py)
+    cluster.log.keep_communication_parts()  # for its Kineto traces (report/kineto.py), written after the run
     run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s,
                  representatives)
     with ranks_as_threads(world), categorized(run), sharding_propagation_unmetered():
