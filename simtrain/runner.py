@@ -45,6 +45,7 @@ from .report import Report, RunResult, build_report
 from .report.sections import ReportSection, register_section
 from .scenario import Scenario
 from .schemes import scheme_name
+from .strategies.mirrored_ranks import Counterparts
 from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
 from .units import format_bytes
@@ -151,6 +152,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
         wall_time_s=time.perf_counter() - wall_start,
         extra=sections,
         mirror_of=scheme.mirror_of,
+        counterparts=Counterparts(job) if scheme.mirror_of and scenario.report.chakra else None,
         model_flops_per_step=model_flops.per_step,
         model_flops_formula=model_flops.formula,
         tokens_per_sample=model_flops.tokens_per_sample,

@@ -14,10 +14,13 @@ import torch
 import torch.distributed as dist
 
 import simtrain.dist
+from simtrain.dist import Representatives
 from simtrain import load_scenario, run
 from simtrain.replay import read_traces, replay
 from simtrain.scenario import validate_scenario
 from test_hostile_input import cli
+from test_dist_representatives import fsdp_tp_adam, stages
+from test_representatives import GPT, scenario
 
 pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
 from chakra.schema.protobuf import et_def_pb2 as pb  # noqa: E402
@@ -222,3 +225,60 @@ def test_chakras_generator_microbenchmarks_replay_in_their_closed_form_times(tmp
     # all-to-all's two-hop routes share the ring's links, NCCL chooses the broadcast's algorithm: no closed form
     # here; they run, past one hop's latency
     assert step_s("ALL_TO_ALL") > 5e-6 and step_s("BROADCAST") > 5e-6
+
+
+def node_summaries(files: dict[str, bytes], folder: Path, rank: int) -> list[tuple]:
+    """A rank's nodes as what names them (type, name, collective, buffer, the group's ranks, peer), sorted: nodes
+    that start at one instant may come in either order. (A representative's collective's bytes sent are its
+    group's mean: a tree's or a hierarchical ring's ranks send unlike shares.)"""
+    groups = json.loads(files["comm_group.json"])
+    (folder / f"et.{rank}.et").write_bytes(files[f"et.{rank}.et"])
+    summaries = []
+    for node in decoded(folder / f"et.{rank}.et")[1]:
+        a = attrs(node)
+        summaries.append((node.type, node.name, a.get("comm_type", -1), a.get("comm_size", -1),
+                          tuple(groups[a["pg_name"]]) if "pg_name" in a else (), a.get("comm_src", -1),
+                          a.get("comm_dst", -1)))
+    return sorted(summaries)
+
+
+@pytest.mark.parametrize("precision, layout", [
+    # pipeline messages, ring attention's steps, dp's all-reduces, tp's all-gathers and reduce-scatters, whole and
+    # in steps beside the GEMMs
+    ("bf16", dict(tp=2, pp=2, cp=2, dp=2, sequence_parallel=True, tp_comm_overlap=True)),
+    ("fp16", dict(model={**GPT, "moe": {"experts": 4, "top_k": 2}}, tp=2, pp=2, ep=2, sharding={"stage": 1},
+                  pipeline={"microbatches": 4})),  # all-to-alls, ZeRO-1's collectives, the overflow vote
+], ids=["tp-sp-overlap-pp-cp-dp", "moe-ep-zero1-fp16"])
+def test_with_representatives_every_rank_writes_the_full_simulations_nodes(tmp_path, precision, layout):
+    """Under parallel.representatives a mirrored rank writes its representative's nodes with its own groups and
+    peers: on 16 devices every rank's nodes are the full simulation's (the same collectives of the same buffers
+    over the same ranks, the same messages to and from the same peers), and the traces replay to the run's step
+    time."""
+    files, steps = {}, {}
+    for flag in (False, True):
+        raw = scenario(16, 4, representatives=flag, **dict(layout)).model_dump(mode="json", by_alias=True)
+        raw["train"]["precision"], raw["report"]["chakra"] = precision, True
+        report = run(validate_scenario(raw))
+        files[flag], steps[flag] = report.chakra, report.data["step_time_s"]
+        if flag:
+            report.write(tmp_path / "represented")
+    assert json.loads(files[True]["comm_group.json"]).keys() == json.loads(files[False]["comm_group.json"]).keys()
+    for rank in range(16):
+        assert node_summaries(files[True], tmp_path, rank) == node_summaries(files[False], tmp_path, rank), rank
+    # the replay runs every rank's collectives on the network, where the run timed a representative's mirrored
+    replayed = replay(read_traces([str(tmp_path / "represented" / "chakra")]), validate_scenario(raw)).data
+    assert replayed["step_time_s"] == pytest.approx(steps[True], rel=1e-3)
+    assert steps[True] == pytest.approx(steps[False], rel=0.01)
+
+
+@pytest.mark.parametrize("rank_code, mesh, alike_dims", [(fsdp_tp_adam, (2, 4), (0,)), (stages, (2, 2), (1,))],
+                         ids=["fsdp2-x-tp", "pipeline-send"])
+def test_users_code_with_representatives_writes_the_traces_every_rank_run_writes(rank_code, mesh, alike_dims):
+    """Under spawn's representatives a represented rank posts its own part of every collective and send
+    (torchdist/representatives.py): its trace is its representative's compute and its own communication, byte for
+    byte the file of the run where every rank ran."""
+    world = mesh[0] * mesh[1]
+    every = simtrain.dist.spawn(rank_code, world=world, numerics=False)
+    alike = simtrain.dist.spawn(rank_code, world=world, numerics=False,
+                                representatives=Representatives(mesh, alike_dims))
+    assert alike.report.chakra() == every.report.chakra()

@@ -5,9 +5,10 @@ repository's scenarios/ and topologies/ (so `runs/` lands there), as SimPy runs 
 depends on its fence's language:
 
 - `python`: run in one namespace per page. A `text` block right after it is its expected standard output.
-- `console`: every `$ simtrain ...` line runs (as `python -m simtrain`); the lines up to the next `$` are its
-  expected output (standard output, then standard error). A command whose expected output has a line starting
-  with `error:` must exit with 2, any other with 0. Keep them short: `train.steps`, `--no-numerics`.
+- `console`: every `$ simtrain ...` line runs (as `python -m simtrain` does, in the test's process, its output
+  piped); the lines up to the next `$` are its expected output (standard output, then standard error). A command
+  whose expected output has a line starting with `error:` must exit with 2, any other with 0. Keep them short:
+  `train.steps`, `--no-numerics`.
 - `bash`: commands shown, not run (a benchmark of minutes, a study, a real launch). Each is checked instead:
   a `simtrain` command (also after `torchrun ... -m`) must parse against the click commands, and every
   scenario it would run (each `--variant`, each `--grid` point) must pass `simtrain validate`; a
@@ -30,6 +31,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from simtrain.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -137,15 +140,27 @@ def run_console(block: Block, where: str) -> list[tuple[str, list[str]]]:
     for command, expected in console_commands(block, where):
         arguments = shlex.split(command)
         assert arguments[0] == "simtrain", f"{where}: a console block runs simtrain commands only: {command}"
-        done = subprocess.run([sys.executable, "-m", "simtrain", *arguments[1:]], capture_output=True, text=True,
-                              env=ENV, timeout=300)
-        printed = (done.stdout + done.stderr).rstrip("\n").split("\n") if done.stdout + done.stderr else []
+        code, stdout, stderr = run_simtrain(arguments[1:])
+        printed = (stdout + stderr).rstrip("\n").split("\n") if stdout + stderr else []
         expected_code = 2 if any(line.startswith("error:") for line in expected) else 0
-        assert done.returncode == expected_code, f"{where}: `{command}` exited {done.returncode}:\n{done.stderr}"
+        assert code == expected_code, f"{where}: `{command}` exited {code}:\n{stderr}"
         if expected and not UPDATE:
             assert_output_matches(printed, expected, where)
         results.append((command, printed if expected else []))  # a command shown without output stays so
     return results
+
+
+def run_simtrain(arguments: list[str]) -> tuple[int, str, str]:
+    """`python -m simtrain ARGUMENTS` in this process, its standard output and error captured (piped, as in a
+    subprocess: simtrain's tables take their piped width); torch and simtrain are imported once a worker, not once
+    a command. (exit code, standard output, standard error)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(arguments)
+        except SystemExit as done:
+            return done.code or 0, stdout.getvalue(), stderr.getvalue()
+    raise AssertionError(f"simtrain {shlex.join(arguments)} returned instead of exiting")
 
 
 def console_commands(block: Block, where: str) -> list[tuple[str, list[str]]]:

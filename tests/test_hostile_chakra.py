@@ -173,14 +173,6 @@ def test_a_cluster_too_small_for_the_traces(tmp_path, capsys):
     assert "absent.yaml" in one_line_error(capsys, "replay", folder, "--cluster", tmp_path / "absent.yaml")
 
 
-def test_representatives_refuse_chakra_traces_before_the_run(tmp_path, capsys):
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text("cluster: {devices: 4}\nmodel: {hidden: [8]}\ntrain: {steps: 1}\nnumerics: false\n"
-                        "parallel: {representatives: true}\nreport: {chakra: true}\n")
-    assert "parallel.representatives: writes no Chakra traces (report.chakra)" in \
-        one_line_error(capsys, "validate", scenario)
-
-
 def p2p(node_id: int, kind: str, peer: int, *deps: int, size: int = 4096, tag: int = 0) -> pb.Node:
     node = pb.Node(id=node_id, name=f"{kind} {node_id}", data_deps=list(deps),
                    type=pb.COMM_SEND_NODE if kind == "send" else pb.COMM_RECV_NODE)

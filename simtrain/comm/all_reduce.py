@@ -73,7 +73,7 @@ def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], chann
             return dbtree_all_reduce(rank, world, part, average, order=order, tags=(2 * channel, 2 * channel + 1))
         return hierarchical_all_reduce(rank, world, part, average, hosts=hosts_per_channel[channel], tag=channel)
 
-    def over_channels(rank: int, buf, average: bool):
+    def all_reduce_over_channels(rank: int, buf, average: bool):  # its name names its collective (a span's op)
         parts = buf.tensor_split(channels)
         yield Concurrently([channel_program(c, rank, part, False) for c, part in enumerate(parts)])
         if average:
@@ -85,7 +85,7 @@ def build_all_reduce(algorithm: str, topology: Topology, nodes: list[str], chann
             raise ValueError(f"all-reduce built for {world} ranks, called with world {world_}")
         if channels == 1:  # the algorithm's own program, with no wrapper on the per-step path
             return channel_program(0, rank, buf, average)
-        return over_channels(rank, buf, average)
+        return all_reduce_over_channels(rank, buf, average)
 
     return all_reduce
 

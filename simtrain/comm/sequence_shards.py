@@ -26,14 +26,14 @@ def gather_program(rank: int, world: int, shard: torch.Tensor):
     buffer = shard.new_empty((shard.shape[1] * world, shard.shape[0], *shard.shape[2:]))
     parts = buffer.tensor_split(world)
     parts[rank].copy_(shard.transpose(0, 1))
-    return _gather(rank, world, parts), buffer.transpose(0, 1)
+    return _all_gather(rank, world, parts), buffer.transpose(0, 1)
 
 
 def scatter_program(rank: int, world: int, whole: torch.Tensor):
     """(program, shard): `whole` summed over the ranks, and rank `rank`'s part of the sum's sequence."""
     buffer = whole.transpose(0, 1).contiguous()
     parts = buffer.tensor_split(world)
-    return _scatter(rank, world, parts), parts[rank].transpose(0, 1)
+    return _reduce_scatter(rank, world, parts), parts[rank].transpose(0, 1)
 
 
 SEQUENCE_COLLECTIVES = {"all_gather": gather_program, "reduce_scatter": scatter_program}
@@ -44,11 +44,11 @@ def _rotated(rank: int, world: int, parts) -> tuple[int, int, list]:
     return (rank + 1) % world, (rank - 1) % world, [parts[(i - 1) % world] for i in range(world)]
 
 
-def _gather(rank: int, world: int, parts):
+def _all_gather(rank: int, world: int, parts):  # its name names its collective (a span's op)
     yield from ring_all_gather(rank, *_rotated(rank, world, parts))
 
 
-def _scatter(rank: int, world: int, parts):
+def _reduce_scatter(rank: int, world: int, parts):
     yield from ring_reduce_scatter(rank, *_rotated(rank, world, parts))
 
 
@@ -69,7 +69,7 @@ def scatter_splits(rank: int, world: int, whole: torch.Tensor, splits: int):
     buffer = whole.transpose(0, 1).contiguous()
     parts = buffer.tensor_split(world)
     cuts = [part.tensor_split(min(splits, len(part))) for part in parts]
-    programs = [_scatter(rank, world, [cut[k] for cut in cuts]) for k in range(len(cuts[0]))]
+    programs = [_reduce_scatter(rank, world, [cut[k] for cut in cuts]) for k in range(len(cuts[0]))]
     return programs, [len(piece) / len(parts[0]) for piece in cuts[0]], parts[rank].transpose(0, 1)
 
 

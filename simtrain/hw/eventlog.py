@@ -15,7 +15,8 @@ kernels (report/kineto.py).
 A rank's part of a collective also names its group (the global ranks of its
 communicator) and the program that ran (`op`: "all_reduce",
 "ring_all_reduce", ...), which a Chakra execution trace needs
-(report/chakra.py); an NCCL call's launch latency, a span of its own before
+(report/chakra.py), and where its bytes do not tell its buffer (a
+representative's, which count every group it stands for) the buffer too; an NCCL call's launch latency, a span of its own before
 the call's transfers, is the op "<collective> launch". Asked to
 (`keep_messages`), the log also keeps each posted point-to-point message (a
 pipeline's activations): a Chakra trace's sends and receives.
@@ -49,6 +50,7 @@ class Span(NamedTuple):
     group: tuple = ()  # a collective's: the global ranks of its communicator, in its rank order
     op: str = ""  # a collective's: the name of the program its rank ran
     posted_s: float | None = None  # a posted collective's: when its first transfer began (start: when awaited)
+    buffer: int = 0  # a representative's collective's: its buffer in bytes (its bytes count the groups it stands for)
 
 
 class Message(NamedTuple):
@@ -129,12 +131,13 @@ class EventLog:
 
     def show(self, rank: int, kind: str, name: str, start: float, end: float,
              nbytes: float = 0, flops: float = 0, group: tuple = (), op: str = "",
-             counted_bytes: float = 0, posted_s: float | None = None) -> None:
+             counted_bytes: float = 0, posted_s: float | None = None, buffer: int = 0) -> None:
         """Keep a span whose seconds were counted in parts (`count`): a rank's collective is one span from its
         first transfer to its last, while a wait for a peer within it counts as idle. Its bytes and FLOPs are
         counted here, once; `counted_bytes`, bytes it moved that were counted already (`count_bytes`: a
         posted collective's, as it sent them), join the span's own; `posted_s`, a posted collective's first
-        transfer (the span itself shows the part the rank awaited)."""
+        transfer (the span itself shows the part the rank awaited); `buffer`, a representative's collective's
+        buffer in bytes."""
         key = (rank, kind)
         if nbytes:
             _add(self._bytes, key, name, nbytes)
@@ -142,7 +145,7 @@ class EventLog:
             _add(self._flops, key, name, flops)
         if self.record:
             self.spans.append(Span(self.job_of.get(rank, 0), rank, kind, name, start, end, nbytes + counted_bytes,
-                                   flops, group, op, posted_s))
+                                   flops, group, op, posted_s, buffer))
 
     def count_bytes(self, rank: int, kind: str, label: str, nbytes: float) -> None:
         """Rank `rank` moved `nbytes` for `label`: bytes that no span of its own carries (a span's are counted

@@ -143,6 +143,10 @@ class Layout:
         """Rank `rank`'s index along each mesh dimension."""
         return {dimension: rank // self._strides[dimension] % getattr(self, dimension) for dimension in self.placement}
 
+    def rank_at(self, coordinates: dict[str, int]) -> int:
+        """The rank at mesh `coordinates` (`coordinates`' inverse)."""
+        return sum(coordinates[dimension] * stride for dimension, stride in self._strides.items())
+
     def rank_groups(self, rank: int) -> RankGroups:
         """Every group rank `rank` belongs to."""
         return RankGroups(**{kind: self._every(kind)[0][rank] for kind in GROUP_KINDS})

@@ -80,7 +80,7 @@ def read_traces(paths: list[str]) -> Traces:
     """The traces of `paths` (files `<prefix>.<rank>.et`, or folders of them, with their comm_group.json), decoded
     and checked (the module docstring)."""
     files, group_file = _files(paths)
-    pb, _ = chakra_module()
+    pb = chakra_module()
     budget = [MAX_CHAKRA_NODES]
     ranks, steps = {}, set()
     for rank, path in files.items():

@@ -11,7 +11,8 @@ nothing is measured twice.
 - flops.py: the `flops` section (model TFLOP/s per device, MFU).
 - trace.py: the Chrome trace.
 - kineto.py: PyTorch profiler (Kineto) traces per rank, for Holistic Trace Analysis.
-- chakra.py: Chakra execution traces (report.chakra; ASTRA-sim replays them, and `simtrain replay`).
+- chakra.py, chakra_files.py: Chakra execution traces (report.chakra; ASTRA-sim replays them, and `simtrain replay`):
+  a rank's nodes, and the files.
 """
 from .build import Report, RunResult, build_report, finite_or_none, write_atomic
 from .kineto import build_kineto, kineto_files

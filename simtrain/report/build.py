@@ -14,6 +14,7 @@ diverged) is written as null, as is a rate over no simulated time.
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 from ..hw.cluster import Cluster
 from ..scenario import Scenario
 from ..version import __version__
-from .chakra import chakra_files
+from .chakra_files import chakra_files
 from .core import ReportCore
 from .flops import flops_section
 from .kineto import build_kineto, kineto_files
@@ -54,6 +55,8 @@ class RunResult:
     extra: dict = field(default_factory=dict)
     # device rank -> the device rank whose figures it reports (a representative's: strategies/representatives.py)
     mirror_of: dict[int, int] = field(default_factory=dict)
+    # a mirrored rank's own groups and peers, for its Chakra trace (strategies/mirrored_ranks.py's Counterparts)
+    counterparts: object = None
     status: str = "ok"  # or "out_of_memory", "failed" (a fault stopped the job): the run stopped after `steps` steps
     model_flops_per_step: float | None = None  # train/model_flops.py; None: not known
     # the global ranks of the job that the sections describe (a population's best member); None: every job's
@@ -85,7 +88,7 @@ class Report:
     trace: dict | None
     scenario_yaml: str
     kineto: dict[int, dict] | None = None  # rank -> its PyTorch profiler trace (report/kineto.py)
-    chakra: dict[str, bytes] | None = None  # chakra/'s files by name (report/chakra.py); None: not asked for
+    chakra: Mapping[str, bytes] | None = None  # chakra/'s files by name (report/chakra_files.py); None: not asked for
 
     def to_json(self) -> str:
         return json_text(finite_or_none(self.data)) + "\n"
@@ -104,13 +107,14 @@ class Report:
         written = []
         for name, payload in outputs.items():
             written.append(write_atomic(out_dir / name, lambda f, p=payload: f.write(p)))
-        folders = {"kineto": kineto_files(self.kineto) if self.kineto is not None else None,
-                   "chakra": {f"chakra/{name}": payload for name, payload in self.chakra.items()}
+        # (name, its bytes) of each folder's files, one made at a time (report/chakra_files.py)
+        folders = {"kineto": kineto_files(self.kineto).items() if self.kineto is not None else None,
+                   "chakra": ((f"chakra/{name}", payload) for name, payload in self.chakra.items())
                    if self.chakra is not None else None}
         for folder, files in folders.items():  # a file per rank: the folder named once among what was written
             if files is not None:
                 (out_dir / folder).mkdir(exist_ok=True)
-                for name, payload in files.items():
+                for name, payload in files:
                     write_atomic(out_dir / name, lambda f, p=payload: f.write(p))
                 written.append(out_dir / folder)
         if not self.final_model_is_meta:
@@ -243,8 +247,8 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
                                "links": links[:1]})
     trace = build_trace(cluster) if scenario.report.trace else None
     kineto = build_kineto(cluster, ranks, result.mirror_of) if scenario.report.kineto else None
-    # parallel.representatives refuses report.chakra (scenario/root.py): every rank here has its own spans
-    chakra = chakra_files(cluster, ranks, steps) if scenario.report.chakra else None
+    chakra = (chakra_files(cluster, ranks, steps, result.mirror_of, result.counterparts) if scenario.report.chakra
+              else None)
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml(),
                   kineto=kineto, chakra=chakra)
 

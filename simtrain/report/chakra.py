@@ -36,7 +36,7 @@ A rank's spans become its nodes, in the order they started:
 The collective's type comes from its names as Chakra's own PyTorch converter
 finds it (pytorch_converter.py `get_collective_comm_type`: "allreduce",
 "alltoall", "allgather", "reducescatter", "broadcast" in the name, `_` and
-`-` left out), applied to the program's name and the span's label.
+`-` left out), applied to the program's name, else to the span's label.
 
 Dependencies are the order within each stream of the rank (its compute
 stream; each communicator's stream; its other transfers) and, across
@@ -47,10 +47,19 @@ message before it. `duration_micros` is whole microseconds,
 as the schema says; the exact simulated seconds ride along as `start_s` and
 `duration_s`, which `simtrain replay` prefers (ASTRA-sim reads neither).
 
-    files = chakra_files(cluster, ranks=[0, 1, 2, 3], steps=2)   # {"et.0.et": b"...", "comm_group.json": b"..."}
+Under representatives every rank still gets its trace, as ASTRA-sim needs
+one a rank. A mirrored rank of a scenario (strategies/representatives.py)
+ran nothing of its own: its trace is its representative's nodes, each
+collective over the rank's own group of that kind and each message to or
+from its own peer (strategies/mirrored_ranks.py); a representative's
+collective carries its buffer (its bytes count every group it stands for).
+A stood-in rank of users' code (torchdist/representatives.py) posted its
+own communication: its trace is its representative's compute and its own
+collectives and messages. Either way the files are the ones a run of every
+rank writes (tests/test_chakra.py).
+
+    for node, varying in nodes(pb, spans, sizes): ...   # a rank's nodes (report/chakra_files.py writes the files)
 """
-import io
-import json
 from typing import NamedTuple
 
 from ..errors import ScenarioError
@@ -62,13 +71,18 @@ WAIT_KINDS = ("bubble", "idle", "lost")  # spans that are waits, not work: no no
 # Chakra's PyTorch converter's table (pytorch_converter.py get_collective_comm_type), in its order.
 COMM_TYPES = (("allreduce", "ALL_REDUCE"), ("alltoall", "ALL_TO_ALL"), ("allgather", "ALL_GATHER"),
               ("reducescatter", "REDUCE_SCATTER"), ("broadcast", "BROADCAST"))
-COMPUTE_STREAM, TRANSFER_STREAM = 0, 1  # a node's `stream` attribute; a communicator's stream is 2 + its index
+COMPUTE_STREAM, TRANSFER_STREAM = 0, 1  # a node's `stream` attribute; a communicator's: 2 + its order on the rank
 
 
 def comm_type_of(*names: str) -> str | None:
-    """The Chakra collective type that `names` (a program's name, a span's label) name, or None."""
-    normalized = "".join(names).replace("_", "").replace("-", "").lower()
-    return next((kind for key, kind in COMM_TYPES if key in normalized), None)
+    """The Chakra collective type that the first of `names` (a program's name, a span's label) to name one names,
+    or None: a reduce-scatter labelled "tp_allgather" (an all-gather's backward) is a reduce-scatter."""
+    for name in names:
+        normalized = name.replace("_", "").replace("-", "").lower()
+        found = next((kind for key, kind in COMM_TYPES if key in normalized), None)
+        if found is not None:
+            return found
+    return None
 
 
 def bytes_per_buffer_byte(comm_type: str, group_size: int) -> int:
@@ -78,51 +92,13 @@ def bytes_per_buffer_byte(comm_type: str, group_size: int) -> int:
 
 
 def chakra_module():
-    """chakra's protobuf messages (et_def_pb2) and its length-prefixed encoder (protolib); a refusal in one line
-    where mlc-chakra is not installed."""
+    """chakra's protobuf messages (et_def_pb2); a refusal in one line where mlc-chakra is not installed."""
     try:
         from chakra.schema.protobuf import et_def_pb2
-        from chakra.src.third_party.utils import protolib
     except ImportError as error:
         raise ScenarioError(f"Chakra traces need mlc-chakra==1.0.0 (pip install 'simtrain[chakra]'): {error}") \
             from None
-    return et_def_pb2, protolib
-
-
-def chakra_files(cluster, ranks: list[int], steps: int) -> dict[str, bytes]:
-    """Each rank's trace, `et.<rank>.et`, and `comm_group.json` (a group's name -> its ranks), from the cluster's
-    event log (which must have kept its spans); `steps` is written in the metadata, for a step time."""
-    pb, protolib = chakra_module()
-    spans_by_rank: dict[int, list[Span]] = {rank: [] for rank in ranks}
-    for span in cluster.log.spans:
-        if span.rank in spans_by_rank and span.kind not in WAIT_KINDS:
-            spans_by_rank[span.rank].append(span)
-    _messages_as_nodes(cluster.log.messages or [], spans_by_rank)
-    spans_by_rank = {rank: _launches_folded(spans) for rank, spans in spans_by_rank.items()}
-    # A process group of the trace is a communicator's collectives of one label: a stream of their own (ZeRO-3's
-    # all-gathers and reduce-scatters run side by side on one communicator), named in the order first seen.
-    group_names: dict[tuple, str] = {}
-    group_ranks: dict[str, tuple] = {}
-    for spans in spans_by_rank.values():
-        for span in spans:
-            if _collective(span) and _stream(span) not in group_names:
-                group_names[_stream(span)] = name = str(len(group_names))
-                group_ranks[name] = span.group
-    sizes = _buffer_bytes(spans_by_rank)
-    files = {}
-    for rank in ranks:
-        out = io.BytesIO()
-        protolib.encodeMessage(out, pb.GlobalMetadata(version=SCHEMA, attr=[
-            pb.AttributeProto(name="schema", string_val=SCHEMA),
-            pb.AttributeProto(name="generator", string_val=f"simtrain {__version__}"),
-            pb.AttributeProto(name="rank", int64_val=rank),
-            pb.AttributeProto(name="steps", int64_val=steps)]))
-        for node in _nodes(pb, spans_by_rank[rank], group_names, sizes):
-            protolib.encodeMessage(out, node)
-        files[f"et.{rank}.et"] = out.getvalue()
-    files["comm_group.json"] = (json.dumps({name: list(group) for name, group in group_ranks.items()}, indent=1)
-                                + "\n").encode()
-    return files
+    return et_def_pb2
 
 
 class PointToPoint(NamedTuple):
@@ -141,12 +117,13 @@ class PointToPoint(NamedTuple):
     posted_s: float | None = None
 
 
-def _messages_as_nodes(messages: list, spans_by_rank: dict[int, list]) -> None:
-    """Each message becomes a send on its source and a receive on its destination; the spans a rank logged for
-    awaiting messages of that label (a pipeline's receive: not a collective) give way to them."""
+def messages_as_nodes(messages: list, spans_by_rank: dict[int, list]) -> None:
+    """Each message of a program that names no collective (a pipeline's, a ring step's: the messages of a posted
+    collective are its own) becomes a send on its source and a receive on its destination; the spans of such
+    programs that a rank logged with that label give way to them."""
     labels: dict[int, set] = {}
     for message in messages:
-        if comm_type_of(message.op, message.label) is not None:  # a posted collective's (ZeRO-3's prefetch)
+        if comm_type_of(message.op) is not None:  # a posted collective's (ZeRO-3's prefetch)
             continue
         for rank, kind, peer in ((message.src, "send", message.dst), (message.dst, "recv", message.src)):
             if rank in spans_by_rank:
@@ -155,10 +132,10 @@ def _messages_as_nodes(messages: list, spans_by_rank: dict[int, list]) -> None:
                 labels.setdefault(rank, set()).add(message.label)
     for rank, spans in spans_by_rank.items():
         spans[:] = [span for span in spans if not (span.kind == "communication" and span.group and
-                                                   span.name in labels.get(rank, ()) and not _collective(span))]
+                                                   span.name in labels.get(rank, ()) and comm_type_of(span.op) is None)]
 
 
-def _launches_folded(spans: list[Span]) -> list[Span]:
+def launches_folded(spans: list[Span]) -> list[Span]:
     """A rank's spans in start order, each NCCL launch (op "<collective> launch") folded into the collective that
     follows it on its group: that collective starts where its launch did."""
     folded, launched = [], {}
@@ -168,7 +145,7 @@ def _launches_folded(spans: list[Span]) -> list[Span]:
     for span in sorted(spans, key=lambda s: (s.start, s.end)):
         if span.op.endswith(" launch"):
             launched[span.group] = span.start
-        elif span.group in launched and _collective(span):
+        elif span.group in launched and collective(span):
             folded.append(span._replace(start=launched.pop(span.group)))
         else:
             folded.append(span)
@@ -180,18 +157,20 @@ def _stream(span: Span) -> tuple:
     return id(span.group), span.name
 
 
-def _collective(span: Span) -> bool:
+def collective(span: Span) -> bool:
+    """Whether a span is a collective of a group that the trace names (its program's name or label names its
+    type)."""
     return span.kind == "communication" and len(span.group) > 1 and comm_type_of(span.op, span.name) is not None
 
 
-def _buffer_bytes(spans_by_rank: dict[int, list[Span]]) -> dict[tuple, int]:
+def buffer_bytes(spans_by_rank: dict[int, list[Span]]) -> dict[tuple, int]:
     """(communicator, label, program, k) -> the buffer of the communicator's k-th such collective, from what its
     ranks sent (those of them that ran it: the others count as their mean)."""
     sent: dict[tuple, list[float]] = {}
     for spans in spans_by_rank.values():
         seen: dict[tuple, int] = {}
         for span in spans:
-            if _collective(span):
+            if collective(span) and not span.buffer:
                 key = (id(span.group), span.name, span.op)
                 k = seen[key] = seen.get(key, -1) + 1
                 sent.setdefault((*key, k), []).append((len(span.group), comm_type_of(span.op, span.name),
@@ -204,10 +183,13 @@ def _buffer_bytes(spans_by_rank: dict[int, list[Span]]) -> dict[tuple, int]:
     return sizes
 
 
-def _nodes(pb, spans: list[Span], group_names: dict[tuple, str], sizes: dict[tuple, int]):
+def nodes(pb, spans: list[Span], sizes: dict[tuple, int]):
     """A rank's nodes, its spans in start order: ids from 1, each depending on the previous node of its stream
-    and on the last node of every other stream that had ended when it started (an earlier node only)."""
+    and on the last node of every other stream that had ended when it started (an earlier node only). Each comes
+    with what names the rank's group or peer, left out of the node: ("pg_name", (group, label)), ("comm_dst" or
+    "comm_src", peer) (report/chakra_files.py writes them)."""
     streams: dict[object, list] = {}  # stream -> [(end_s, id)] of its nodes so far, in order
+    numbers = {"compute": COMPUTE_STREAM, "transfers": TRANSFER_STREAM, "messages": TRANSFER_STREAM}
     seen: dict[tuple, int] = {}
     for node_id, span in enumerate(spans, start=1):
         node = pb.Node(id=node_id, name=span.name, start_time_micros=round(span.start * 1e6),
@@ -219,29 +201,35 @@ def _nodes(pb, spans: list[Span], group_names: dict[tuple, str], sizes: dict[tup
             stream = "messages"
             send = span.kind == "send"
             node.type = pb.COMM_SEND_NODE if send else pb.COMM_RECV_NODE
-            attrs += [pb.AttributeProto(name="comm_dst" if send else "comm_src", int64_val=span.peer),
-                      pb.AttributeProto(name="comm_size", int64_val=round(span.nbytes)),
+            varying = (("comm_dst" if send else "comm_src", span.peer),)
+            attrs += [pb.AttributeProto(name="comm_size", int64_val=round(span.nbytes)),
                       pb.AttributeProto(name="comm_tag", int64_val=span.tag)]
             if send:
                 attrs.append(pb.AttributeProto(name="bytes_sent", int64_val=round(span.nbytes)))
-        elif _collective(span):
+        elif collective(span):
             key = (id(span.group), span.name, span.op)
             k = seen[key] = seen.get(key, -1) + 1
             stream = _stream(span)
             node.type = pb.COMM_COLL_NODE
-            attrs += [pb.AttributeProto(name="comm_type", int64_val=pb.CollectiveCommType.Value(
-                          comm_type_of(span.op, span.name))),
-                      pb.AttributeProto(name="comm_size", int64_val=sizes[(*key, k)]),
-                      pb.AttributeProto(name="pg_name", string_val=group_names[stream]),
-                      pb.AttributeProto(name="bytes_sent", int64_val=round(span.nbytes))]
+            comm_type = comm_type_of(span.op, span.name)
+            if span.buffer:  # a representative's: its bytes count every group it stands for
+                size = span.buffer
+                sent = size * bytes_per_buffer_byte(comm_type, len(span.group)) / len(span.group)
+            else:
+                size, sent = sizes[(*key, k)], span.nbytes
+            varying = (("pg_name", (span.group, span.name)),)
+            attrs += [pb.AttributeProto(name="comm_type", int64_val=pb.CollectiveCommType.Value(comm_type)),
+                      pb.AttributeProto(name="comm_size", int64_val=size),
+                      pb.AttributeProto(name="bytes_sent", int64_val=round(sent))]
         else:
-            stream = "transfers" if span.kind == "communication" else "compute"
+            stream, varying = "transfers" if span.kind == "communication" else "compute", ()
             node.type = pb.COMP_NODE
             attrs += [pb.AttributeProto(name="num_ops", int64_val=round(span.flops)),
                       pb.AttributeProto(name="kind", string_val=span.kind)]
             if span.nbytes and span.kind == "communication":
                 attrs.append(pb.AttributeProto(name="bytes_sent", int64_val=round(span.nbytes)))
-        attrs.append(pb.AttributeProto(name="stream", int64_val=_stream_number(stream, group_names)))
+        # a stream's number: compute's, transfers', else 2 + the communicators' streams seen before on the rank
+        attrs.append(pb.AttributeProto(name="stream", int64_val=numbers.setdefault(stream, len(numbers) - 1)))
         node.attr.extend(attrs)
         deps = []
         for other, ended in streams.items():
@@ -254,15 +242,7 @@ def _nodes(pb, spans: list[Span], group_names: dict[tuple, str], sizes: dict[tup
         node.data_deps.extend(sorted(set(deps)))
         streams.setdefault(stream, []).append((span.end, node_id))
         _trim(streams, stream)
-        yield node
-
-
-def _stream_number(stream, group_names: dict[tuple, str]) -> int:
-    if stream == "compute":
-        return COMPUTE_STREAM
-    if stream in ("transfers", "messages"):
-        return TRANSFER_STREAM
-    return 2 + int(group_names[stream])
+        yield node, varying
 
 
 def _trim(streams: dict, stream) -> None:

@@ -254,9 +254,7 @@ def _representatives_fit(scenario: Scenario) -> None:
                         (cluster.compute_jitter > 0 or cluster.compute_jitter_fixed > 0,
                          "needs identical devices (no cluster.compute_jitter or compute_jitter_fixed)"),
                         (cluster.host_cores is not None, "needs devices that compute on their own (no "
-                                                         "cluster.host_cores: the mirrored ranks take no core)"),
-                        (scenario.report.chakra, "writes no Chakra traces (report.chakra): a trace is each rank's "
-                                                 "own spans, and the mirrored ranks have none")):
+                                                         "cluster.host_cores: the mirrored ranks take no core)")):
         if refuse:
             raise ValueError(f"parallel.representatives: {why}")
 

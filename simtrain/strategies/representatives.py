@@ -57,6 +57,7 @@ from ..comm.ring_schedule import RingPhase
 from ..comm.simulated import SimCommunicator
 from ..hw.cluster import run_to_end
 from ..hw.device import MemoryLedger
+from ..hw.eventlog import Message
 from ..hw.network import Network
 from ..parallel import GroupCommunicators, Membership
 from ..step_ops import Collective
@@ -141,7 +142,7 @@ def mirrored_communicators(job) -> GroupCommunicators:
 
     def mirrored(rank: int, mirrors: list[tuple[int, ...]]) -> Membership:
         """The representative's membership of a group timed with `mirrors` (node groups, its own first)."""
-        return Membership(MirroredCommunicator(job, timing, [rank], [nodes(group) for group in mirrors],
+        return Membership(MirroredCommunicator(job, timing, [rank], mirrors[0], [nodes(group) for group in mirrors],
                                                len(mirrors)), 0, mirrored_all_reduce)
 
     comms = GroupCommunicators(
@@ -163,20 +164,22 @@ def mirrored_communicators(job) -> GroupCommunicators:
     if job.scenario.train.precision == "fp16":  # the first voting group, standing for every one
         voting = vote_groups(job.scenario.parallel, layout)
         voters, copies = voting[0], len(voting)
-        vote = MirroredCommunicator(job, timing, representatives, [nodes(voters)], copies)
+        vote = MirroredCommunicator(job, timing, representatives, voters, [nodes(voters)], copies)
         comms.model = {rank: Membership(vote, index, mirrored_all_reduce) for index, rank in enumerate(representatives)}
     return comms
 
 
 class MirroredCommunicator:
-    """Representatives `members` (job ranks) standing for a group and its mirrors `groups` (network nodes,
-    the first the members' own): `run` takes the time `timing` gives their all-reduce together."""
+    """Representatives `members` (job ranks) of `group` (job ranks) standing for it and its mirrors `groups`
+    (network nodes, the first the group's own): `run` takes the time `timing` gives their all-reduce together.
+    Each collective's span names the group (device ranks), its kind and its buffer, as a Chakra trace needs."""
 
-    def __init__(self, job, timing: "MirroredCollectives", members: list[int], groups: list[tuple[str, ...]],
-                 copies: int):
+    def __init__(self, job, timing: "MirroredCollectives", members: list[int], group: tuple[int, ...],
+                 groups: list[tuple[str, ...]], copies: int):
         self.world = len(members)
         self.devices = [job.devices[rank] for rank in members]
         self.env = job.cluster.env
+        self.group = tuple(job.devices[rank].rank for rank in group)
         self._timing, self._copies = timing, copies  # copies: groups its bytes count
         self._groups = timing.groups(groups)
         self._arrived: list[int] = []  # members at the current collective
@@ -190,25 +193,30 @@ class MirroredCommunicator:
         seconds, nbytes, staging = self._timing.collective(self._groups, program)
         counted = nbytes * self._copies
         if self.world == 1:
-            return self._charge(rank, seconds, staging, label, counted)
+            return self._charge(rank, program, seconds, staging, label, counted)
         done, all_in = self.env.event(), self._all_in
         self._arrived.append(rank)
         last = len(self._arrived) == self.world
-        all_in.callbacks.append(lambda _: self._charge(rank, seconds, staging, label, counted if last else 0)
+        all_in.callbacks.append(lambda _: self._charge(rank, program, seconds, staging, label, counted if last else 0)
                                 .callbacks.append(lambda _: done.succeed()))
         if last:
             self._arrived, self._all_in = [], self.env.event()
             all_in.succeed()
         return done
 
-    def _charge(self, rank: int, seconds: float, staging: int, label: str, nbytes: int):
+    def _charge(self, rank: int, program: MirroredCollective, seconds: float, staging: int, label: str,
+                nbytes: int):
         """The member's collective from now, `seconds` of communication beside its device's compute stream (a
         collective posted on the rank's stream runs beside the work that follows it, as NCCL's kernels do)."""
         device, now = self.devices[rank], self.env.now
         if staging:  # the receive's staging buffer, for an instant
             device.memory.alloc("comm_buffers", staging)
             device.memory.free("comm_buffers", staging)
-        device.log.span(device.rank, "communication", label, now, now + seconds, nbytes=nbytes)
+        device.log.count(device.rank, "communication", now, now + seconds, label)
+        device.log.show(device.rank, "communication", label, now, now + seconds, nbytes, group=self.group,
+                        op=program.kind, buffer=_buffer_bytes(program))
+        if program.kind in RING_STEPS and device.log.messages is not None:
+            self._log_ring_step(device, program, label, now, now + seconds)
         return self.env.timeout(seconds)
 
     def post(self, rank: int, program: MirroredCollective, label: str) -> "MirroredPost":
@@ -221,9 +229,21 @@ class MirroredCommunicator:
         if staging:
             device.memory.alloc("comm_buffers", staging)
             device.memory.free("comm_buffers", staging)
-        end = max(self.env.now, self._posted_until[rank]) + seconds
-        self._posted_until[rank] = end
-        return MirroredPost(self, device, end, label, nbytes * self._copies)
+        start = max(self.env.now, self._posted_until[rank])
+        self._posted_until[rank] = start + seconds
+        if program.kind in RING_STEPS and device.log.messages is not None:
+            self._log_ring_step(device, program, label, start, start + seconds)
+        return MirroredPost(self, device, start, start + seconds, label, nbytes * self._copies, program)
+
+    def _log_ring_step(self, device, program: MirroredCollective, label: str, start: float, end: float) -> None:
+        """A ring step's send and receive of the representative (ring attention's, or a tp all-gather's beside the
+        GEMMs), as the messages the full simulation logs (a Chakra trace's: report/chakra.py), each of the step's
+        buffer and time."""
+        group, nbytes = self.group, _buffer_bytes(program)
+        send, receive = next(RING_STEPS[program.kind](group.index(device.rank), len(group), program.buf)[0])
+        for src, dst, tag in ((device.rank, group[send.dst], send.tag), (group[receive.src], device.rank,
+                                                                          receive.tag)):
+            device.log.message(Message(src, dst, tag, nbytes, start, end, label, program.kind))
 
     def wait(self, handle: "MirroredPost", idle: str | None = None) -> simpy.Event | None:
         """From now the rank waits for a posted collective: what is left of it is its communication (the bytes
@@ -232,8 +252,10 @@ class MirroredCommunicator:
         now = self.env.now
         start = min(now, handle.end)
         handle.charged_s = handle.end - start
-        handle.device.log.span(handle.device.rank, "communication", handle.label, start, handle.end,
-                               nbytes=handle.nbytes)
+        log, rank = handle.device.log, handle.device.rank
+        log.count(rank, "communication", start, handle.end, handle.label)
+        log.show(rank, "communication", handle.label, start, handle.end, handle.nbytes, group=self.group,
+                 op=handle.program.kind, posted_s=handle.start, buffer=_buffer_bytes(handle.program))
         return self.env.timeout(handle.end - now) if handle.end > now else None
 
     def stuck(self) -> list[int]:
@@ -243,15 +265,23 @@ class MirroredCommunicator:
 
 @dataclass
 class MirroredPost:
-    """A mirrored collective posted: its communicator, device, end time, label and bytes; once awaited, the
-    communication seconds credited for it."""
+    """A mirrored collective posted: its communicator, device, start and end times, label, bytes and program; once
+    awaited, the communication seconds credited for it."""
 
     comm: MirroredCommunicator
     device: object
+    start: float
     end: float
     label: str
     nbytes: int
+    program: MirroredCollective
     charged_s: float = 0.0
+
+
+def _buffer_bytes(program: MirroredCollective) -> int:
+    """A mirrored collective's buffer, as nccl-tests size it: the all-reduce's, the whole gathered or scattered
+    tensor, the rows a rank sends to all."""
+    return program.buf.numel() * program.buf.element_size()
 
 
 class Groups(NamedTuple):

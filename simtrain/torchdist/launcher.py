@@ -49,7 +49,7 @@ from pathlib import Path
 from ..errors import ScenarioError
 from ..hw.cluster import build_cluster
 from ..report import build_kineto, build_trace, kineto_files, write_atomic
-from ..report.chakra import chakra_files
+from ..report.chakra_files import chakra_files
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
 from .op_meter import sharding_propagation_unmetered
@@ -87,10 +87,7 @@ class DistReport:
     def chakra(self, steps: int = 1) -> dict[str, bytes]:
         """Each rank's Chakra execution trace, `et.<rank>.et`, and `comm_group.json` (report/chakra.py), by file
         name; `steps`, the training steps the ranks ran, for a replay's step time."""
-        if self._mirror_of:
-            raise ScenarioError("simtrain.dist.spawn: representatives: Chakra traces need every rank's own spans "
-                                "(run without representatives)")
-        return chakra_files(self._cluster, list(range(self._cluster.size)), steps)
+        return chakra_files(self._cluster, list(range(self._cluster.size)), steps, self._mirror_of)
 
     def write_chakra(self, out_dir, steps: int = 1) -> Path:
         """Write `chakra()`'s files into out_dir/chakra/ (made if need be); that folder."""
