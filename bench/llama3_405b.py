@@ -83,7 +83,7 @@ def _cells(gpus: int, row: dict) -> list[str]:
     figures = ([f"{row['step_time_s']:.2f}", f"{row['tflops']:.0f}", f"{100 * row['mfu']:.0f}%"]
                if row["status"] == "ok" else [row["status"], "", ""])
     return [f"{gpus:,}", str(gpus // 128), *figures, str(paper_tflops), f"{100 * paper_mfu:.0f}%",
-            f"{row['wall_s']:.0f} s", f"{row['cpu_s']:.0f} s", f"{row['peak_rss_bytes'] / 2**30:.1f} GiB"]
+            f"{row['wall_s']:.1f} s", f"{row['cpu_s']:.1f} s", f"{row['peak_rss_bytes'] / 2**30:.1f} GiB"]
 
 if __name__ == "__main__":
     main()

@@ -40,6 +40,11 @@ class ScenarioError(SimtrainError):
     """A scenario file or override that does not validate."""
 
 
+class PastLimit(ScenarioError):
+    """A valid scenario that would take simtrain past one of its limits (limits.py) to simulate: refused where the
+    bound is known, whatever way the scenario is run."""
+
+
 class ConfigImportError(SimtrainError):
     """A torchtitan or Megatron config that `simtrain import` cannot read or map (simtrain/importers/)."""
 

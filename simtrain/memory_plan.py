@@ -43,7 +43,7 @@ from typing import Callable
 
 from torch import nn
 
-from .errors import ScenarioError
+from .errors import PastLimit, ScenarioError
 from .hw.cluster import Cluster, run_to_end
 from .hw.resolved_cluster import ResolvedCluster, resolve_cluster
 from .job import Job
@@ -140,8 +140,8 @@ class _Probe:
     def replay(self, batch_size: int) -> Job:
         try:
             job = replay_step(self.scenario, self.resolved, batch_size)
-        except ScenarioError:  # representatives refused once the layout is known (HSDP): every rank replayed
-            if self.scenario is self._given:
+        except ScenarioError as error:  # representatives refused once the layout is known (HSDP): every rank replayed
+            if self.scenario is self._given or isinstance(error, PastLimit):  # (a limit holds for every rank's too)
                 raise
             self.scenario = self._given
             job = replay_step(self.scenario, self.resolved, batch_size)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from test_hostile_input import one_line_error
+from simtrain import memory_plan
+from simtrain.hw import ring_timing
+from test_hostile_input import cli, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGY = ("gpus: [a, b]\nlink_classes: {fast: {bandwidth: 100 GB/s, latency: 1 us}}\n"
@@ -68,3 +70,24 @@ def test_the_memory_plan_of_a_large_ring_holds_no_view_per_pair_of_ranks():
     # every device holds the mlp's weights and gradients (610 parameters, fp32), its activations and nothing else:
     # the same on each, as a run's report says (test_memory_techniques.py checks the categories)
     assert devices == RING_DEVICES and first_peak == last_peak > 2 * 610 * 4
+
+
+def test_a_ring_past_its_position_steps_is_one_line_and_replayed_once(tmp_path, capsys, monkeypatch):
+    """A ring whose positions differ (a buffer that does not split evenly) is timed position by position, N x 2(N - 1)
+    steps (hw/ring_timing.py): past limits.MAX_RING_POSITION_STEPS (here lowered to one less than a 20-rank ring's
+    760) `simtrain memory` refuses it in one line, after one replay: the memory plan does not go on to replay every
+    rank, which would meet the same bound after minutes (100,000 ring devices: 13 s to the line, 3.5 min before).
+    At the bound it plans."""
+    replays = []
+    replay_step = memory_plan.replay_step
+    monkeypatch.setattr(memory_plan, "replay_step", lambda *args: replays.append(args) or replay_step(*args))
+    monkeypatch.setattr(ring_timing, "MAX_RING_POSITION_STEPS", 20 * 2 * 19 - 1)
+    scenario = tmp_path / "ring.yaml"
+    scenario.write_text("cluster: {devices: 20, topology: ring}\nmodel: {hidden: [8]}\nnumerics: false\n")
+    assert one_line_error(capsys, "memory", scenario, "--no-search") == (
+        f"error: {scenario}: a ring of 20 ranks whose positions differ (its buffer splits into chunks of 120 and 124 "
+        "bytes) is timed position by position: 760 position-steps, past the 759 simtrain times (limits.py): run "
+        "fewer ranks in one ring")
+    assert len(replays) == 1
+    monkeypatch.setattr(ring_timing, "MAX_RING_POSITION_STEPS", 20 * 2 * 19)
+    assert cli("memory", scenario, "--no-search") == 0

@@ -50,6 +50,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import PastLimit
+from ..limits import MAX_RING_POSITION_STEPS
+
 # Rings up to this many positions are timed in Python floats (`ring_times_in_scalars`), where numpy's cost per
 # call is most of a step's work. Measured on the 2-core machine (2026-12-02, a ring of uneven chunks): 8 positions
 # 0.14 ms against 0.40 ms with numpy, 16: 0.47 against 0.91 ms, 32: about equal.
@@ -84,7 +87,20 @@ def ring_times(posts: list[float], latency: list[float], rate: list[float], chun
                                    reducing)
     if world <= SCALAR_MAX_WORLD:
         return ring_times_in_scalars(posts, latency, rate, chunk_bytes, busy_before, keep_transfers, steps, reducing)
+    position_steps = world * (2 * (world - 1) if steps is None else steps)
+    if position_steps > MAX_RING_POSITION_STEPS:
+        raise PastLimit(f"a ring of {world:,} ranks whose positions differ ({_differing(chunk_bytes)}) is timed "
+                            f"position by position: {position_steps:,} position-steps, past the "
+                            f"{MAX_RING_POSITION_STEPS:,} simtrain times (limits.py): run fewer ranks in one ring")
     return ring_times_by_position(posts, latency, rate, chunk_bytes, busy_before, keep_transfers, steps, reducing)
+
+
+def _differing(chunk_bytes: list[int]) -> str:
+    """What makes a ring's positions differ, for a refusal: its chunks' sizes, or else their routes and times."""
+    sizes = sorted(set(chunk_bytes))
+    if len(sizes) > 1:
+        return f"its buffer splits into chunks of {' and '.join(f'{size:,}' for size in sizes[:2])} bytes"
+    return "their routes or start times"
 
 
 def lockstep_ring_times(world: int, post: float, latency: float, rate: float, chunk: int, busy_before: float,
