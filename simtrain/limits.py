@@ -64,5 +64,5 @@ MAX_CHAKRA_NODES = 1_000_000  # nodes of all the ranks' traces together
 # A ring all-reduce whose positions differ (chunks of two sizes: a buffer that does not split evenly over the ring)
 # is timed position by position (hw/ring_timing.py): N positions x 2(N - 1) steps, about 22 ns each on the 2-core
 # machine (a 10,000-position ring in 4.5 s, 2026-12-07). Past this many, the ring is refused in one line at its
-# first collective (about 45 s of timing): a 100,000-rank flat ring would take hours.
+# first collective (about 45 s of timing): a 100,000-rank flat ring would take some 7 minutes a ring.
 MAX_RING_POSITION_STEPS = 2_000_000_000
