@@ -21,7 +21,9 @@ a few devices all-reduces every step) is evaluated in Python floats instead
 numpy's cost per call. When every position is alike (the same post time, route,
 chunk size and busy time: a homogeneous ring whose buffer splits evenly), all
 compute the same numbers, and one position's recurrence, in scalars, is all
-of theirs (`lockstep_ring_times`): O(N) work in all.
+of theirs (`lockstep_ring_times`): O(N) work in all. A ring whose positions
+differ is O(N^2) in all; past limits.MAX_RING_POSITION_STEPS it is refused in
+one line (`PastLimit`).
 
 A ring reduce-scatter or all-gather alone is the same schedule cut short:
 its N-1 steps (`steps`), the chunk sizes rotated to what each position sends
@@ -90,8 +92,8 @@ def ring_times(posts: list[float], latency: list[float], rate: list[float], chun
     position_steps = world * (2 * (world - 1) if steps is None else steps)
     if position_steps > MAX_RING_POSITION_STEPS:
         raise PastLimit(f"a ring of {world:,} ranks whose positions differ ({_differing(chunk_bytes)}) is timed "
-                            f"position by position: {position_steps:,} position-steps, past the "
-                            f"{MAX_RING_POSITION_STEPS:,} simtrain times (limits.py): run fewer ranks in one ring")
+                        f"position by position: {position_steps:,} position-steps, past the "
+                        f"{MAX_RING_POSITION_STEPS:,} simtrain times (limits.py): run fewer ranks in one ring")
     return ring_times_by_position(posts, latency, rate, chunk_bytes, busy_before, keep_transfers, steps, reducing)
 
 

@@ -64,7 +64,6 @@ from typing import NamedTuple
 
 from ..errors import ScenarioError
 from ..hw.eventlog import Span
-from ..version import __version__
 
 SCHEMA = "1.0.2-chakra.1.0.0"  # what chakra 1.0.0's text converter writes as the traces' schema
 WAIT_KINDS = ("bubble", "idle", "lost")  # spans that are waits, not work: no node
