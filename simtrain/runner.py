@@ -24,6 +24,7 @@ the final model's mean cross entropy over the whole training set and the final
 accuracy its accuracy on the test set; like the training-set loss curve
 (evaluation.py), evaluating costs no simulated time.
 """
+import gc
 import time
 from contextlib import contextmanager
 
@@ -50,6 +51,25 @@ from .train.model_flops import model_flops_per_step
 from .train.sampling import sampling_section
 from .units import format_bytes
 from .user_code import user_code_errors
+
+
+# A run allocates millions of objects that live to its end (spans, events, step programs, ledgers). At Python's
+# default thresholds (700, 10, 10) the cyclic garbage collector traverses them again and again: 1.9 s of a 9.6 s
+# 16,384-GPU step, measured with gc.callbacks (2026-12-07). A run collects its youngest generation 70 times less
+# often; it still collects, so a run of millions of steps frees its cycles as it goes.
+RUN_COLLECTOR_THRESHOLDS = (50_000, 20, 20)
+
+
+@contextmanager
+def paced_collector():
+    """Python's cyclic garbage collector at RUN_COLLECTOR_THRESHOLDS for the block, its thresholds restored
+    after."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*RUN_COLLECTOR_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 @contextmanager
@@ -87,7 +107,7 @@ def run(scenario: Scenario, on_step=None) -> Report:
     wall_start = time.perf_counter()
     steps = scenario.train.steps
     faulty = scenario.has_faults
-    with user_code_errors(scenario), single_thread():
+    with user_code_errors(scenario), single_thread(), paced_collector():
         cluster = simulated_cluster(scenario, resolved)
         scheduled_faults(scenario, cluster.topology)  # checks the faults' names and the spares against the cluster
         world = cluster.size - scenario.cluster.spares

@@ -71,7 +71,7 @@ from ..job import Job
 from ..preflight import preflight
 from ..report import Report, RunResult, build_report
 from ..report.sections import ReportSection, register_section
-from ..runner import simulated_cluster, single_thread
+from ..runner import paced_collector, simulated_cluster, single_thread
 from ..scenario import Scenario
 from ..schemes import scheme_name
 from ..step_ops import Busy, Wait
@@ -317,7 +317,7 @@ def run_population(scenario: Scenario, on_step=None) -> Report:
     """Train the scenario's population; on_step(step, sim_time_s, loss) after every member's every step
     (`step` counts the steps of all members)."""
     wall_start = time.perf_counter()
-    with user_code_errors(scenario), single_thread():
+    with user_code_errors(scenario), single_thread(), paced_collector():
         population = Population(scenario, on_step)
         population.run()
         best = population.best()
