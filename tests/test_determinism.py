@@ -64,3 +64,29 @@ def test_a_numerics_off_layout_reports_the_same_bytes_in_two_fresh_processes(cas
     scenario, overrides = CASES[case]
     first, second = (_report(scenario, overrides, tmp_path / str(run)) for run in range(2))
     assert first == second
+
+
+def test_a_run_paces_the_garbage_collector_and_its_figures_do_not_depend_on_when_it_collects(monkeypatch):
+    """A run sets the collector's thresholds to runner.RUN_COLLECTOR_THRESHOLDS and restores the caller's after.
+    What the run measures (saved activations, whose finalizers release their storages) does not depend on when
+    the collector runs: the quickstart's report is the same with the run's thresholds and with a collection at
+    nearly every allocation, numerics on and off."""
+    import gc
+
+    import simtrain
+    from simtrain import runner
+    from simtrain.scenario import load_scenario
+
+    seen = []
+    caller = gc.get_threshold()
+    for numerics in (True, False):
+        reports = []
+        for thresholds in (runner.RUN_COLLECTOR_THRESHOLDS, (1, 1, 1)):
+            monkeypatch.setattr(runner, "RUN_COLLECTOR_THRESHOLDS", thresholds)
+            scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                                     ["train.steps=3", "report.trace=false", f"numerics={str(numerics).lower()}"])
+            data = simtrain.run(scenario, on_step=lambda *_: seen.append(gc.get_threshold())).data
+            reports.append({key: value for key, value in data.items() if key != "wall_time_s"})
+            assert gc.get_threshold() == caller
+        assert reports[0] == reports[1]
+    assert set(seen) == {(50_000, 20, 20), (1, 1, 1)}
