@@ -45,14 +45,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", default=list(PAPER_TFLOPS))
     parser.add_argument("--calibrate", metavar="ROW")
+    parser.add_argument("--compute-model", choices=["flops", "roofline", "kernels"],
+                        help="every row under this compute model (default: each scenario's own)")
+    parser.add_argument("--efficiency", type=float, help="every row at this device efficiency (default: its own)")
     args = parser.parse_args()
     if args.calibrate:
-        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate):.4f}")
+        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate, args.compute_model):.4f}")
         return
     print("| model | GPUs | paper TFLOP/s per GPU | simtrain | error | simulated in |")
     print("|---|---|---|---|---|---|")
     for name in args.rows:
-        tflops, wall = TABLE.simulate(name)
+        tflops, wall = TABLE.simulate(name, args.efficiency, args.compute_model)
         paper = PAPER_TFLOPS[name]
         devices = load_scenario(SCENARIOS / f"{name}.yaml").cluster.devices
         print(f"| {name} | {devices:,} | {paper} | {tflops:.1f} | {100 * (tflops - paper) / paper:+.1f}% | "

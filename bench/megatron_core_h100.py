@@ -40,14 +40,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", default=list(README_TFLOPS))
     parser.add_argument("--calibrate", metavar="ROW")
+    parser.add_argument("--compute-model", choices=["flops", "roofline", "kernels"],
+                        help="every row under this compute model (default: each scenario's own)")
+    parser.add_argument("--efficiency", type=float, help="every row at this device efficiency (default: its own)")
     args = parser.parse_args()
     if args.calibrate:
-        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate):.4f}")
+        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate, args.compute_model):.4f}")
         return
     print("| model | tp x pp x dp | GPUs | README TFLOP/s per GPU | simtrain | error | simulated in |")
     print("|---|---|---|---|---|---|---|")
     for name in args.rows:
-        tflops, wall = TABLE.simulate(name)
+        tflops, wall = TABLE.simulate(name, args.efficiency, args.compute_model)
         published = README_TFLOPS[name]
         scenario = load_scenario(SCENARIOS / f"{name}.yaml")
         layout, devices = scenario.parallel, scenario.cluster.devices

@@ -9,6 +9,7 @@ the simulated TFLOP/s, which rises with the efficiency).
 
     table = Table(ROOT / "scenarios" / "megatron", {"gpt-1.7b": 137, ...}, model_flops)
     tflops, wall_s = table.simulate("gpt-1.7b")
+    tflops, wall_s = table.simulate("gpt-1.7b", efficiency=0.7, compute_model="kernels")
     efficiency = table.calibrate("gpt-1008b")
 """
 import sys
@@ -25,17 +26,20 @@ class Table(NamedTuple):
     published: dict[str, float]  # TFLOP/s per GPU, by scenario name
     model_flops: Callable  # scenario -> the paper's FLOPs of one step
 
-    def scenario(self, name: str, efficiency: float | None = None):
-        """Row `name`'s scenario, at its own device efficiency or the one given."""
+    def scenario(self, name: str, efficiency: float | None = None, compute_model: str | None = None):
+        """Row `name`'s scenario, at its own device efficiency and compute model or the ones given."""
         scenario = load_scenario(self.folder / f"{name}.yaml")
-        if efficiency is None:
-            return scenario
-        device = scenario.cluster.device.model_copy(update={"efficiency": efficiency})
-        return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"device": device})})
+        cluster = {}
+        if efficiency is not None:
+            cluster["device"] = scenario.cluster.device.model_copy(update={"efficiency": efficiency})
+        if compute_model is not None:
+            cluster["compute_model"] = compute_model
+        return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update=cluster)})
 
-    def simulate(self, name: str, efficiency: float | None = None) -> tuple[float, float]:
+    def simulate(self, name: str, efficiency: float | None = None,
+                 compute_model: str | None = None) -> tuple[float, float]:
         """(TFLOP/s per GPU, wall seconds of the simulation) of row `name`."""
-        scenario = self.scenario(name, efficiency)
+        scenario = self.scenario(name, efficiency, compute_model)
         started = time.perf_counter()
         report = simtrain.run(scenario)
         wall = time.perf_counter() - started
@@ -43,13 +47,14 @@ class Table(NamedTuple):
         step_s = ends[-1] - ends[-2] if len(ends) > 1 else ends[-1]
         return self.model_flops(scenario) / step_s / scenario.cluster.devices / 1e12, wall
 
-    def calibrate(self, name: str, low: float = 0.5, high: float = 0.7) -> float:
+    def calibrate(self, name: str, compute_model: str | None = None, low: float = 0.5, high: float = 0.7) -> float:
         """The efficiency at which row `name` reaches its published TFLOP/s, to 0.01%."""
         target = self.published[name]
-        f_low, f_high = self.simulate(name, low)[0] - target, self.simulate(name, high)[0] - target
+        f_low = self.simulate(name, low, compute_model)[0] - target
+        f_high = self.simulate(name, high, compute_model)[0] - target
         for _ in range(10):
             guess = high - f_high * (high - low) / (f_high - f_low)
-            f_guess = self.simulate(name, guess)[0] - target
+            f_guess = self.simulate(name, guess, compute_model)[0] - target
             print(f"efficiency {guess:.6f}: {f_guess + target:.2f} TFLOP/s", file=sys.stderr)
             if abs(f_guess) < 1e-4 * target:
                 return guess

@@ -19,8 +19,8 @@ copy. Every figure but the activation bytes is the operator recorder's
   included) the forward and the backward dispatch: what a per-kernel
   overhead (a device's `kernel_overhead`) is charged on.
 - `forward_ops`, `backward_ops`: each pass's operators as (FLOPs, bytes,
-  count, rate dtype) groups: what a device under `compute_model: roofline`
-  charges.
+  count, rate dtype, kernel) groups: what a device under `compute_model: roofline`
+  or `kernels` charges.
 - `activation_bytes`: the peak, over forward and backward, of the bytes of
   tensors autograd holds for backward. Every tensor autograd saves goes
   through `torch.autograd.graph.saved_tensors_hooks`; its storage is counted

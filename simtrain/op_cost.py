@@ -22,7 +22,10 @@ dispatched inside it and records, per operator:
   rate: bf16 operands the bf16 rate, the float8 operands of a scaled GEMM (simtrain::scaled_mm,
   train/fp8.py; torch's _scaled_mm) the fp8 rate though it writes bf16. An operator without FLOPs, or
   of a dtype the catalog has no rate for, has none (""): it runs at the rate of the work it is part of;
-- its **dtype**: the FLOPs are also summed by the dtype of the operator's result (`flops_by_dtype`).
+- its **dtype**: the FLOPs are also summed by the dtype of the operator's result (`flops_by_dtype`);
+- its **kernel**, what the kernel compute model (hw/kernel_model.py) times it as: a matrix multiply
+  (`GEMMS`) as ("gemm", rows, columns, batch) of its result, the grid its tiles cover; a fused attention
+  kernel (`ATTENTION`) as ("attention",); every other operator as ().
 
 An operator on a wrapper tensor subclass (a DTensor) is handed back to the
 subclass, and the operators it runs on its local tensors are the ones
@@ -41,10 +44,11 @@ kernel is bound either by its arithmetic or by its memory traffic, so it takes
     max(FLOPs / FLOP rate of its rate dtype, bytes / memory bandwidth)
 
 and a sequence of kernels takes the sum of theirs. Operators with equal
-(FLOPs, bytes, rate dtype) are grouped: a cost is `OpCosts`, a sorted tuple
-of (FLOPs, bytes, count, rate dtype), a few dozen entries for a transformer
-region however many layers it has. A device evaluates it for its own rates
-(hw/device.py's `roofline_seconds`, in Device.compute_time); the `flops`
+(FLOPs, bytes, rate dtype, kernel) are grouped: a cost is `OpCosts`, a sorted
+tuple of (FLOPs, bytes, count, rate dtype, kernel), a few dozen entries for a
+transformer region however many layers it has. A device evaluates it for its
+own rates (hw/device.py's `roofline_seconds`, in Device.compute_time, on
+its `by_cost(ops)`: the kernels left out, equal costs' counts added); the `flops`
 compute model charges the FLOPs of operators of another rate dtype than the
 work's at their own rate too (fp8 GEMMs beside bf16 attention).
 
@@ -52,8 +56,8 @@ work's at their own rate too (fp8 GEMMs beside bf16 attention).
     with OperatorRecorder() as recorder:
         layer(x)
     recorder.flops, recorder.kernels          # 524288, 2 (a t view and one addmm)
-    ops = recorder.take()                     # ((524288.0, 49408.0, 1, "fp32"),)
-    hw.device.roofline_seconds(ops, {"fp32": 156e12}, bytes_rate=0.8e12)     # 6.2e-08 s: memory-bound
+    ops = recorder.take()                     # ((524288.0, 49408.0, 1, "fp32", ("gemm", 64, 64, 1)),)
+    hw.device.roofline_seconds(hw.device.by_cost(ops), {"fp32": 156e12}, bytes_rate=0.8e12)  # 6.2e-08 s: memory-bound
 """
 from __future__ import annotations
 
@@ -64,8 +68,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-# (FLOPs, bytes, count, rate dtype) per distinct operator cost, sorted; rate dtype "": the work's own
-OpCosts = tuple[tuple[float, float, int, str], ...]
+# (FLOPs, bytes, count, rate dtype, kernel) per distinct operator, sorted; rate dtype "": the work's own
+OpCosts = tuple[tuple[float, float, int, str, tuple], ...]
 
 _aten = torch.ops.aten
 # Operators that move no bytes though their schema does not mark them as views.
@@ -75,6 +79,19 @@ _NO_TRAFFIC = {_aten._unsafe_view, _aten.empty, _aten.empty_like, _aten.empty_st
 # torch dtype; float8 operands, e4m3 or e5m2, run at the fp8 tensor-core rate.
 RATE_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8",
                torch.float8_e5m2: "fp8"}
+# Operators that run as one matrix-multiply kernel (torch's, and the fp8 scaled GEMM of train/fp8_kernels.py), and
+# those that run as one fused attention kernel (train/fused_attention.py's, and torch's own), by qualified name.
+GEMMS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm",
+                   "simtrain::scaled_mm"})
+ATTENTION = frozenset({"simtrain::flash_attention", "simtrain::flash_attention_backward",
+                       "aten::_scaled_dot_product_flash_attention",
+                       "aten::_scaled_dot_product_flash_attention_backward",
+                       "aten::_scaled_dot_product_flash_attention_for_cpu",
+                       "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                       "aten::_scaled_dot_product_efficient_attention",
+                       "aten::_scaled_dot_product_efficient_attention_backward",
+                       "aten::_scaled_dot_product_cudnn_attention",
+                       "aten::_scaled_dot_product_cudnn_attention_backward"})
 
 
 class OperatorRecorder(TorchDispatchMode):
@@ -86,7 +103,7 @@ class OperatorRecorder(TorchDispatchMode):
         self.flops = 0  # FLOPs since the recorder was entered (an int: exact however many operators)
         self.kernels = 0  # operators dispatched
         self.flops_by_dtype: dict[torch.dtype, float] = {}  # FLOPs by result dtype, in the order dtypes came
-        self._counts: dict[tuple[float, float, str], int] = {}
+        self._counts: dict[tuple[float, float, str, tuple], int] = {}
         self._decomposing = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -123,36 +140,47 @@ class OperatorRecorder(TorchDispatchMode):
         nbytes = float(sum(_distinct_bytes(t) for t in tree_leaves((args, kwargs, out))
                            if isinstance(t, torch.Tensor)))
         if flops or nbytes:
-            key = (float(flops), nbytes, rate)
+            key = (float(flops), nbytes, rate, _kernel(func, out))
             self._counts[key] = self._counts.get(key, 0) + 1
 
     def take(self) -> OpCosts:
-        """The operators recorded since the last take, grouped by equal (FLOPs, bytes, rate dtype)."""
+        """The operators recorded since the last take, grouped by equal (FLOPs, bytes, rate dtype, kernel)."""
         counts, self._counts = self._counts, {}
         return _grouped(counts)
+
+
+def _kernel(func, out) -> tuple:
+    """The kernel operator `func` runs as (op_cost's docstring): a GEMM's result grid, attention, or ()."""
+    name = func._overloadpacket._qualified_op_name
+    if name in GEMMS:
+        rows, columns = out.shape[-2:]
+        return ("gemm", rows, columns, math.prod(out.shape[:-2]))
+    return ("attention",) if name in ATTENTION else ()
 
 
 def merged(first: OpCosts, second: OpCosts) -> OpCosts:
     """Two OpCosts as one (equal operators' counts added)."""
     counts = {}
-    for flops, nbytes, count, rate in (*first, *second):
-        counts[flops, nbytes, rate] = counts.get((flops, nbytes, rate), 0) + count
+    for flops, nbytes, count, rate, kernel in (*first, *second):
+        counts[flops, nbytes, rate, kernel] = counts.get((flops, nbytes, rate, kernel), 0) + count
     return _grouped(counts)
 
 
 def without(ops: OpCosts, part: OpCosts) -> OpCosts:
     """`ops` less the operators of `part` (a part of them)."""
-    counts = {(flops, nbytes, rate): count for flops, nbytes, count, rate in ops}
-    for flops, nbytes, count, rate in part:
-        counts[flops, nbytes, rate] -= count
-        if counts[flops, nbytes, rate] < 0:
+    counts = {(flops, nbytes, rate, kernel): count for flops, nbytes, count, rate, kernel in ops}
+    for flops, nbytes, count, rate, kernel in part:
+        key = (flops, nbytes, rate, kernel)
+        counts[key] = counts.get(key, 0) - count
+        if counts[key] < 0:
             raise ValueError("a part of a pass's operators is not among them")
     return _grouped({key: count for key, count in counts.items() if count})
 
 
-def _grouped(counts: dict[tuple[float, float, str], int]) -> OpCosts:
-    """OpCosts from counts of operators by (FLOPs, bytes, rate dtype), in sorted order."""
-    return tuple(sorted((flops, nbytes, count, rate) for (flops, nbytes, rate), count in counts.items()))
+def _grouped(counts: dict[tuple[float, float, str, tuple], int]) -> OpCosts:
+    """OpCosts from counts of operators by (FLOPs, bytes, rate dtype, kernel), in sorted order."""
+    return tuple(sorted((flops, nbytes, count, rate, kernel) for (flops, nbytes, rate, kernel), count
+                        in counts.items()))
 
 
 def _distinct_bytes(tensor: torch.Tensor) -> int:
@@ -163,5 +191,6 @@ def _distinct_bytes(tensor: torch.Tensor) -> int:
 def scaled(ops: OpCosts, fraction: float) -> OpCosts:
     """`fraction` of the work of `ops` (every operator's FLOPs and bytes scaled): a share of a pass charged
     apart, whose roofline time is that fraction of the whole's."""
-    return tuple((flops * fraction, nbytes * fraction, count, rate) for flops, nbytes, count, rate in ops)
+    return tuple((flops * fraction, nbytes * fraction, count, rate, kernel)
+                 for flops, nbytes, count, rate, kernel in ops)
 

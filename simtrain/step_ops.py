@@ -7,8 +7,8 @@ against a device and a process group. The operations are the only way a
 step touches time, memory or another rank:
 
 - `Compute(flops, dtype, name, kind, kernels, ops, sm_margin)`: work of `kernels` kernels on the
-  device's compute stream; `ops`, its operators' (FLOPs, bytes, count, rate dtype) groups
-  (op_cost.py), is what a device under `compute_model: roofline` charges (under either model, an
+  device's compute stream; `ops`, its operators' (FLOPs, bytes, count, rate dtype, kernel) groups
+  (op_cost.py), is what a device under `compute_model: roofline` or `kernels` charges (under every model, an
   operator of another rate dtype than `dtype` is charged at its own rate);
   `sm_margin`, the streaming multiprocessors a communication kernel beside it
   holds (the work runs on the device's others: hw/device.py);

@@ -40,12 +40,12 @@ SCALE_BYTES = 4  # a float32 scale per cast tensor
 
 def cast(elements: int) -> tuple:
     """A cast kernel of `elements` bf16 elements to float8: reads 2 bytes each, writes 1 and the scale."""
-    return (0.0, float(2 * elements + elements + SCALE_BYTES), 1, "")
+    return (0.0, float(2 * elements + elements + SCALE_BYTES), 1, "", ())
 
 
 def gemm(a: int, b: int, c: int) -> tuple:
     """A scaled GEMM of float8 (a, b) by (b, c) into bf16 (a, c): its FLOPs at the fp8 rate."""
-    return (2.0 * a * b * c, float(a * b + b * c + 2 * SCALE_BYTES + 2 * a * c), 1, "fp8")
+    return (2.0 * a * b * c, float(a * b + b * c + 2 * SCALE_BYTES + 2 * a * c), 1, "fp8", ("gemm", a, c, 1))
 
 
 def linear_ops(m: int, k: int, n: int, device: str) -> tuple:
@@ -80,7 +80,7 @@ def test_an_fp8_linear_takes_its_kernels_roofline_on_an_h100(m, k, n):
     forward, backward, flops = linear_ops(m, k, n, "meta")
     kernels = [cast(m * k), cast(n * k), gemm(m, k, n), cast(m * n), cast(m * k), cast(n * k), gemm(m, n, k),
                gemm(n, m, k)]
-    roofline = sum(max(f / FP8_RATE, nbytes / BYTES_RATE) for f, nbytes, _, _ in kernels)
+    roofline = sum(max(f / FP8_RATE, nbytes / BYTES_RATE) for f, nbytes, *_ in kernels)
     ops = merged(forward, backward)
     assert device("roofline").compute_time(flops, "fp8", ops) == pytest.approx(roofline, rel=1e-12)
     assert device("flops").compute_time(flops, "fp8", ops) == pytest.approx(3 * 2 * m * k * n / FP8_RATE, rel=1e-12)
@@ -95,10 +95,10 @@ def test_attentions_batched_matmul_runs_at_the_bf16_rate_beside_fp8_gemms():
     scores = recorder.take()
     scores_flops = 2.0 * heads * length * width * length
     scores_bytes = 2.0 * (2 * heads * length * width + heads * length * length)
-    assert scores == ((scores_flops, scores_bytes, 1, "bf16"),)
+    assert scores == ((scores_flops, scores_bytes, 1, "bf16", ("gemm", length, length, heads)),)
     ops, flops = merged(forward, scores), 2.0 * m * k * n + scores_flops
     expected = {"flops": 2 * m * k * n / FP8_RATE + scores_flops / BF16_RATE,
-                "roofline": (sum(max(f / FP8_RATE, nbytes / BYTES_RATE) for f, nbytes, _, _ in forward)
+                "roofline": (sum(max(f / FP8_RATE, nbytes / BYTES_RATE) for f, nbytes, *_ in forward)
                              + max(scores_flops / BF16_RATE, scores_bytes / BYTES_RATE))}
     for model, seconds in expected.items():
         assert device(model).compute_time(flops, "fp8", ops) == pytest.approx(seconds, rel=1e-12), model
@@ -113,7 +113,7 @@ def test_every_linear_of_a_gpt_runs_its_flops_at_the_fp8_rate():
     tokens = torch.zeros(batch, length, dtype=torch.long, device="meta")
     cost = measure_step_cost(model, tokens, tokens)
     flops_by_rate = {}
-    for flops, _, count, rate in cost.forward_ops + cost.backward_ops:
+    for flops, _, count, rate, _ in cost.forward_ops + cost.backward_ops:
         if flops:
             flops_by_rate[rate] = flops_by_rate.get(rate, 0.0) + flops * count
     linear_weights = 12 * layers * hidden**2 + hidden * vocab

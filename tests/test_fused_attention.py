@@ -66,14 +66,15 @@ def test_flops_and_bytes_are_flashattention_2s_closed_forms():
     q_bytes, kv_bytes, lse_bytes = 2 * B * HEADS * S * D, 2 * B * KV_HEADS * S * D, 4 * B * HEADS * S
     with OperatorRecorder() as forward:
         out = flash_attention(q, k, v)
-    assert forward.take() == ((forward_flops, q_bytes + 2 * kv_bytes + q_bytes + lse_bytes, 1, "bf16"),)
+    assert forward.take() == ((forward_flops, q_bytes + 2 * kv_bytes + q_bytes + lse_bytes, 1, "bf16",
+                               ("attention",)),)
     grad = torch.empty_like(out)
     with OperatorRecorder() as backward:
         torch.autograd.grad(out, (q, k, v), grad)
     charged = [entry for entry in backward.take() if entry[0]]
     # reads dO, the log-sum-exp's gradient, Q, K, V, O, the log-sum-exp; writes dQ, dK, dV
     assert charged == [(2.5 * forward_flops, 3 * q_bytes + 2 * kv_bytes + 2 * lse_bytes + q_bytes + 2 * kv_bytes, 1,
-                        "bf16")]
+                        "bf16", ("attention",))]
 
 
 SEQ, BATCH, HIDDEN, A = 64, 2, 64, 4  # as tests/test_sequence_parallel.py's Table 2 check

@@ -46,7 +46,8 @@ def test_a_linear_layer_is_one_kernel_of_its_flops_and_bytes():
         layer(x)
     # addmm (the transposed weight is a view, a kernel of no cost): reads x, W, b and writes y, fp32
     assert recorder.kernels == 2 and recorder.flops == 2 * 16 * 64 * 32
-    assert recorder.take() == ((2.0 * 16 * 64 * 32, 4.0 * (16 * 64 + 64 * 32 + 32 + 16 * 32), 1, "fp32"),)
+    assert recorder.take() == ((2.0 * 16 * 64 * 32, 4.0 * (16 * 64 + 64 * 32 + 32 + 16 * 32), 1, "fp32",
+                                ("gemm", 16, 32, 1)),)
 
 
 def test_one_model_one_batch_costs_the_same_compute_under_run_and_spawn(tmp_path):

@@ -48,7 +48,8 @@ def test_a_linear_layer_takes_the_slower_of_its_flops_and_its_bytes(m, k, n, bou
     # one addmm (the transposed weight is a view): reads x, W and the bias, writes y; 2 bytes an element
     arithmetic = 2 * m * k * n / FLOPS_FP16
     memory = (m * k + k * n + n + m * n) * 2 / BYTES_RATE
-    assert ops == ((2.0 * m * k * n, (m * k + k * n + n + m * n) * 2.0, 1, "fp16"),)  # at fp16's FLOP rate
+    # at fp16's FLOP rate, as a GEMM of an m x n result
+    assert ops == ((2.0 * m * k * n, (m * k + k * n + n + m * n) * 2.0, 1, "fp16", ("gemm", m, n, 1)),)
     assert device().compute_time(flops, "fp16", ops) == pytest.approx(max(arithmetic, memory), rel=1e-12)
     assert (memory > arithmetic) == (bound == "memory")
     assert device("flops").compute_time(flops, "fp16", ops) == pytest.approx(arithmetic, rel=1e-12)
@@ -65,11 +66,11 @@ def test_layer_norm_and_gelu_take_their_bytes_over_the_bandwidth():
     # native_layer_norm reads x, the weight and the bias, writes y and each row's mean and 1/std (fp32)
     flops, ops = measured(norm, x)
     nbytes = (rows * width + 2 * width + rows * width + 2 * rows) * 4
-    assert flops == 0 and ops == ((0.0, float(nbytes), 1, ""),)  # no FLOPs: no rate of its own
+    assert flops == 0 and ops == ((0.0, float(nbytes), 1, "", ()),)  # no FLOPs: no rate of its own, no GEMM
     assert device().compute_time(flops, "fp32", ops) == pytest.approx(nbytes / BYTES_RATE, rel=1e-12)
     # gelu reads x and writes y
     flops, ops = measured(F.gelu, x)
-    assert ops == ((0.0, 2.0 * rows * width * 4, 1, ""),)
+    assert ops == ((0.0, 2.0 * rows * width * 4, 1, "", ()),)
     assert device().compute_time(flops, "fp32", ops) == pytest.approx(2 * rows * width * 4 / BYTES_RATE, rel=1e-12)
 
 
@@ -79,7 +80,7 @@ def test_views_move_no_bytes_and_a_broadcast_input_is_read_once():
     _, ops = measured(lambda t: t.reshape(16, 8).t().unsqueeze(0).expand(4, 8, 16).detach()[1:, 2], x)
     assert ops == ()
     _, ops = measured(lambda t, b: t + b.expand(8, 16), x, bias)
-    assert ops == ((0.0, (8 * 16 + 16 + 8 * 16) * 4.0, 1, ""),)
+    assert ops == ((0.0, (8 * 16 + 16 + 8 * 16) * 4.0, 1, "", ()),)
 
 
 def run(raw: dict, compute_model: str | None = None, numerics: bool = True) -> dict:
@@ -130,8 +131,9 @@ def test_a_roofline_step_is_slower_by_its_memory_bound_operators_excess(devices)
     tokens = torch.zeros(8 // microbatches, 32, dtype=torch.long)
     cost = measure_step_cost(model, tokens, tokens)
     ops = cost.forward_ops + cost.backward_ops
-    assert sum(f * count for f, _, count, _ in ops) == cost.forward_flops + cost.backward_flops
-    excess = microbatches * sum(count * max(0.0, nbytes / BYTES_RATE - f / FLOPS_FP32) for f, nbytes, count, _ in ops)
+    assert sum(f * count for f, _, count, *_ in ops) == cost.forward_flops + cost.backward_flops
+    excess = microbatches * sum(count * max(0.0, nbytes / BYTES_RATE - f / FLOPS_FP32)
+                                for f, nbytes, count, *_ in ops)
     assert excess > 0
     compute = roofline["breakdown_s"]["compute"] - flops["breakdown_s"]["compute"]
     assert compute == pytest.approx(excess, rel=1e-9)
@@ -140,5 +142,5 @@ def test_a_roofline_step_is_slower_by_its_memory_bound_operators_excess(devices)
 
 
 def test_an_unknown_compute_model_is_a_one_line_error():
-    with pytest.raises(ScenarioError, match="cluster.compute_model: Input should be 'flops' or 'roofline'"):
+    with pytest.raises(ScenarioError, match="cluster.compute_model: Input should be 'flops', 'roofline' or 'kernels'"):
         validate_scenario({"name": "t", "cluster": {"devices": 2, "compute_model": "rofline"}})

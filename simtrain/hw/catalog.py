@@ -83,6 +83,9 @@ class DeviceSpec:
     nvlink_bandwidth: float | None = None
     # Streaming multiprocessors the part has enabled; None: not given (then no kernel takes any from another)
     streaming_multiprocessors: int | None = None
+    # The fraction of its dense peak the generation's fused attention kernel is published to reach: what the
+    # kernel compute model (kernel_model.py) charges attention at; None: none published (then the efficiency).
+    attention_efficiency: float | None = None
 
     def __post_init__(self):
         keys = [dtype for dtype in (*DTYPES, *OPTIONAL_DTYPES) if dtype in self.peak_flops]
@@ -104,6 +107,14 @@ class DeviceSpec:
             raise ScenarioError(f"device {self.name}: unknown dtype {dtype!r}; known: {', '.join(self.peak_flops)}")
         return self.peak_flops[dtype] * self.efficiency
 
+
+# FlashAttention-2 on A100 (Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+# Partitioning", arXiv 2307.08691, 2023, abstract): "reaching 50-73% of the theoretical maximum FLOPs/s on A100".
+FLASH_ATTENTION_2_AMPERE = 0.73
+# FlashAttention-3 on H100 (Shah et al., "FlashAttention-3: Fast and Accurate Attention with Asynchrony and
+# Low-precision", arXiv 2407.08608, 2024, abstract): "with FP16 reaching up to 740 TFLOPs/s (75% utilization)".
+# Hopper's parts share the kernel; Blackwell's have no published figure of theirs.
+FLASH_ATTENTION_3_HOPPER = 0.75
 
 CATALOG: dict[str, DeviceSpec] = {
     # NVIDIA Tesla V100 GPU Architecture whitepaper (2017), Tesla V100 SXM2:
@@ -130,6 +141,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), Figure 6: "GA100 Full GPU with 128 SMs
         # (A100 Tensor Core GPU has 108 SMs)"
         streaming_multiprocessors=108,
+        attention_efficiency=FLASH_ATTENTION_2_AMPERE,
     ),
     # Same datasheet, A100 80GB SXM: same FLOP/s as the 40GB part; 80 GB HBM2e at 2,039 GB/s.
     "a100-80gb": DeviceSpec(
@@ -139,6 +151,7 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bandwidth=2039e9,
         nvlink_bandwidth=600e9,
         streaming_multiprocessors=108,  # the same GA100 part (the whitepaper's 108 SMs)
+        attention_efficiency=FLASH_ATTENTION_2_AMPERE,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: FP32 67 TFLOP/s; TF32 989, BF16 1,979,
     # FP16 1,979 and FP8 3,958 TFLOP/s are listed "with sparsity", dense is half of each: 494.5, 989.5,
@@ -153,6 +166,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): the H100 SXM5 has 132 SMs (of the full
         # GH100's 144)
         streaming_multiprocessors=132,
+        attention_efficiency=FLASH_ATTENTION_3_HOPPER,
     ),
     # Same datasheet, H100 PCIe: FP32 51 TFLOP/s; with sparsity TF32 756, BF16/FP16 1,513 and FP8 3,026, dense
     # half of each: 378, 756.5, 1,513. 80 GB HBM2e at 2 TB/s; an NVLink bridge joins two cards at 600 GB/s.
@@ -164,6 +178,7 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bandwidth=2.0e12,
         nvlink_bandwidth=600e9,
         streaming_multiprocessors=114,  # the H100 architecture whitepaper (2022): H100 PCIe has 114 SMs
+        attention_efficiency=FLASH_ATTENTION_3_HOPPER,
     ),
     # Meta's H100 in its Grand Teton servers, a custom part NVIDIA publishes no datasheet for: "Meta's H100s also
     # have the SXM form factor despite having 96GB HBM2e" (pytorch/torchtitan PR #554, 2024); "2.4 TB per second,
@@ -181,6 +196,7 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bandwidth=2.4e12,
         nvlink_bandwidth=900e9,
         streaming_multiprocessors=132,
+        attention_efficiency=FLASH_ATTENTION_3_HOPPER,
     ),
     # NVIDIA H800 Tensor Core GPU datasheet (2023), H800 SXM: the H100 SXM's FP32 67 and, with sparsity, TF32 989,
     # BF16/FP16 1,979 and FP8 3,958 TFLOP/s (dense half of each), FP64 cut to 1 TFLOP/s; 80 GB HBM3 at 3.35 TB/s;
@@ -195,6 +211,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # DeepSeek-V3 Technical Report (arXiv 2412.19437, 2024): its all-to-all kernels take 20 of the H800's 132
         # SMs
         streaming_multiprocessors=132,
+        attention_efficiency=FLASH_ATTENTION_3_HOPPER,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM: the H100's compute (the same GH100 die: FP32
     # 67, and with sparsity TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOP/s; dense half of each); 141 GB HBM3e
@@ -209,6 +226,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # the H100 SXM5's GH100 configuration (its whitepaper's 132 SMs); the H200 datasheet lists no SM count
         # and gives the H100 SXM's compute figures, which 132 SMs at the same clocks make
         streaming_multiprocessors=132,
+        attention_efficiency=FLASH_ATTENTION_3_HOPPER,
     ),
     # NVIDIA HGX B200 specifications (nvidia.com's HGX platform page, "Individual Blackwell GPU
     # Specifications", HGX B200 column; the DGX B200 datasheet gives the same per-GPU figures times 8):

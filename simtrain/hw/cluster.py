@@ -17,7 +17,7 @@ changed device fields, or a `slowdown`; `cluster.compute_jitter` (and
 `compute_jitter_fixed`) gives every compute span a lognormal time factor drawn
 from the rank's own Generator, seeded with (scenario seed, rank).
 `cluster.shared_memory` adds the store of shared_memory.py to the network.
-`cluster.compute_model` (flops or roofline) is every device's compute model
+`cluster.compute_model` (flops, roofline or kernels) is every device's compute model
 (device.py). `cluster.host_cores` makes the
 devices processes of one host whose CPU cores they share (hw/host_cores.py),
 and `cluster.host_message_work` each message's software work on those cores

@@ -14,7 +14,10 @@ The compute model (`cluster.compute_model`) says what compute work costs:
 `flops` charges its FLOPs alone, as above; `roofline` charges work whose
 operators were measured (op_cost.py) as the sum over them of
 max(F / (peak[d] * efficiency), B / (HBM bandwidth * efficiency)), and
-unmeasured work by its FLOPs. A measured operator's d is its own rate dtype
+unmeasured work by its FLOPs; `kernels` charges measured work as the
+roofline does with each GEMM's FLOPs at the share of its tiles' waves it
+fills and each fused attention kernel's at its generation's published
+fraction of peak (kernel_model.py). A measured operator's d is its own rate dtype
 (op_cost.py: its operands'; an fp8 precision's scaled GEMMs fp8, its
 attention bf16), the work's dtype where it has none; under `flops` too, the
 FLOPs of operators of another rate dtype than the work's are charged at
@@ -48,6 +51,7 @@ from ..errors import OutOfMemory
 from ..units import format_bytes
 from .catalog import DeviceSpec
 from .eventlog import EventLog
+from .kernel_model import kernel_seconds
 
 if TYPE_CHECKING:  # the operator recorder's (torch), and the jitter's generator: no import at run time
     import numpy as np
@@ -146,7 +150,8 @@ class Device:
         self._rng = rng
         self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
         self._stream_free_at = 0.0
-        self._roofline_s: dict[tuple, float] = {}  # (OpCosts, dtype) -> roofline seconds on this spec
+        self._measured_s: dict[tuple, float] = {}  # (OpCosts, dtype) -> roofline or kernel seconds on this spec
+        self._other_rates: dict[OpCosts, dict[str, float]] = {}  # OpCosts -> FLOPs by rate dtype
 
     def abort(self) -> None:
         """The device stops now (lost, or its job torn down): the work on its stream ends here (its spans
@@ -161,30 +166,39 @@ class Device:
         """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter), those of the operators
         `ops` (when given) of a rate dtype of their own at its rate; under the roofline compute model, for the
         operators `ops` when they are given; on the SMs that `sm_margin` leaves."""
-        if ops is not None and self.compute_model == "roofline":
-            roofline_s = self._roofline_s.get((ops, dtype))
-            if roofline_s is None:  # a step charges the same few dozen operator groups again and again
-                bytes_rate = self.spec.memory_bandwidth * self.spec.efficiency
-                roofline_s = self._roofline_s[ops, dtype] = roofline_seconds(ops, self._rates(ops, dtype), bytes_rate)
-            seconds = roofline_s * self.slowdown
+        if ops is not None and self.compute_model != "flops":
+            measured_s = self._measured_s.get((ops, dtype))
+            if measured_s is None:  # a step charges the same few dozen operator groups again and again
+                measured_s = self._measured_s[ops, dtype] = self._measured_seconds(ops, dtype)
+            seconds = measured_s * self.slowdown
         else:
             seconds = self._flops_seconds(flops, dtype, ops) * self.slowdown
         return seconds / self.sm_share(sm_margin) if sm_margin else seconds
 
-    def _rates(self, ops: OpCosts, dtype: str) -> dict[str, float]:
-        """FLOP/s by the rate dtypes of `ops`, their "" (none of their own) at `dtype`'s."""
-        rates = {"": self.spec.flops_rate(dtype)}
-        for *_, rate in ops:
+    def _measured_seconds(self, ops: OpCosts, dtype: str) -> float:
+        """Seconds operators `ops` take under the roofline or the kernel compute model, their rate dtype "" at
+        `dtype`'s."""
+        spec = self.spec
+        rates = {"": spec.flops_rate(dtype)}
+        for *_, rate, _ in ops:
             if rate not in rates:
-                rates[rate] = self.spec.flops_rate(rate)
-        return rates
+                rates[rate] = spec.flops_rate(rate)
+        bytes_rate = spec.memory_bandwidth * spec.efficiency
+        if self.compute_model == "roofline":
+            return roofline_seconds(by_cost(ops), rates, bytes_rate)
+        attention_scale = (1.0 if spec.attention_efficiency is None
+                           else spec.attention_efficiency / spec.efficiency)
+        return kernel_seconds(ops, rates, bytes_rate, spec.streaming_multiprocessors, attention_scale)
 
     def _flops_seconds(self, flops: float, dtype: str, ops: OpCosts | None) -> float:
         """Seconds `flops` take at `dtype`'s rate, less the FLOPs of `ops` of another rate dtype, at theirs."""
-        others: dict[str, float] = {}
-        for operator_flops, _, count, rate in ops or ():
-            if operator_flops and rate and rate != dtype:
-                others[rate] = others.get(rate, 0.0) + operator_flops * count
+        others = {} if ops is None else self._other_rates.get(ops)
+        if others is None:
+            others = self._other_rates[ops] = {}
+            for operator_flops, _, count, rate in by_cost(ops):
+                if operator_flops and rate:
+                    others[rate] = others.get(rate, 0.0) + operator_flops * count
+        others = {rate: rate_flops for rate, rate_flops in others.items() if rate != dtype}
         if not others:
             return flops / self.spec.flops_rate(dtype)
         return ((flops - sum(others.values())) / self.spec.flops_rate(dtype)
@@ -250,7 +264,16 @@ def span_sigma(seconds: float, sigma: float, fixed_s: float) -> float:
     return math.sqrt(math.log(math.exp(sigma * sigma) + (fixed_s / seconds) ** 2))
 
 
-def roofline_seconds(ops: OpCosts, flops_rates: dict[str, float], bytes_rate: float) -> float:
-    """Seconds operators `ops` (op_cost.py's OpCosts) take, each bound by its arithmetic at its rate dtype's
+def roofline_seconds(ops, flops_rates: dict[str, float], bytes_rate: float) -> float:
+    """Seconds operators `ops` (by_cost's groups of op_cost.py's OpCosts) take, each bound by its arithmetic at its rate dtype's
     `flops_rates` FLOP/s or its bytes at `bytes_rate` B/s, whichever is slower."""
     return sum(count * max(flops / flops_rates[rate], nbytes / bytes_rate) for flops, nbytes, count, rate in ops)
+
+
+def by_cost(ops: OpCosts) -> tuple[tuple[float, float, int, str], ...]:
+    """`ops` as (FLOPs, bytes, count, rate dtype) groups, sorted: their kernels left out and the counts of equal
+    costs added (what the roofline and FLOPs compute models charge, which do not look at a kernel's shape)."""
+    counts = {}
+    for flops, nbytes, count, rate, _ in ops:
+        counts[flops, nbytes, rate] = counts.get((flops, nbytes, rate), 0) + count
+    return tuple(sorted((flops, nbytes, count, rate) for (flops, nbytes, rate), count in counts.items()))

@@ -256,10 +256,12 @@ class ClusterSpec(Section):
         0.0, description="Noise of every compute span that does not grow with it (a host's scheduler waking a "
                          "rank late), s: a span of mean t then has variance t² (e^σ² - 1) + s², lognormal, σ "
                          "the compute_jitter (hw/device.py; `simtrain calibrate` fits both) (s).")
-    compute_model: Literal["flops", "roofline"] = Field(
+    compute_model: Literal["flops", "roofline", "kernels"] = Field(
         "flops", description="What a forward or backward costs (hw/device.py): its FLOPs at peak x efficiency "
-                             "(flops), or per operator the slower of its FLOPs and its HBM bytes at bandwidth x "
-                             "efficiency (roofline: op_cost.py).")
+                             "(flops); per operator the slower of its FLOPs and its HBM bytes at bandwidth x "
+                             "efficiency (roofline: op_cost.py); or the roofline with each GEMM at the share of "
+                             "its tiles' waves it fills and fused attention at its kernel's published rate "
+                             "(kernels: hw/kernel_model.py).")
     shared_memory: SharedMemorySpec | None = Field(None, description="The store async training keeps its "
                                                                      "parameters in; null: none (async gets "
                                                                      "the default host store).")
