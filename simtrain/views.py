@@ -22,6 +22,16 @@ PIPED_WIDTH = 1_000  # columns: wider than any table simtrain draws
 console = Console() if sys.stdout is not None and sys.stdout.isatty() else Console(width=PIPED_WIDTH)
 
 
+def _error_bar(data: dict) -> str:
+    """The step time's error bar as the summary shows it after the time (" ± 29.2 ms (3.5%: ...)"), where
+    report.json gives one; else nothing."""
+    error = data.get("step_time_error")
+    if error is None:
+        return ""
+    return (f" ± {format_seconds(error['seconds'])} ({error['relative']:.1%}: the {error['generation']} "
+            f"calibration's error over {error['rows']} published rows)")
+
+
 def print_summary(data: dict) -> None:
     """The terminal view of report.json."""
     table = Table(title=f"{data['name']}: {scheme_title(data)}, {data['all_reduce']} on {data['devices_count']} "
@@ -37,7 +47,7 @@ def print_summary(data: dict) -> None:
                                        f"(after {data['measurement']['warmup_steps']} warm-up steps)")
     else:
         table.add_row("simulated time", f"{format_seconds(data['sim_time_s'])} over {data['steps']} {steps}")
-    table.add_row(f"{steps[:-1]} time", no_time if step is None else format_seconds(step))
+    table.add_row(f"{steps[:-1]} time", no_time if step is None else format_seconds(step) + _error_bar(data))
     for kind, seconds in data["breakdown_s"].items():
         seconds = noise_free(seconds, step)
         table.add_row(f"  {kind}", "n/a" if seconds is None else

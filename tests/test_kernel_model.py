@@ -1,27 +1,34 @@
 """The kernel compute model (`cluster.compute_model: kernels`): a GEMM at the share of its tiles' waves its
 result fills, fused attention at its generation's published fraction of peak, every other kernel as the roofline.
 
+The calibration rule (issue 52): one fitted figure per GPU generation, which its row reproduces and every shipped
+scenario of that generation takes.
+
 References: tile and wave quantization counted by hand (NVIDIA's Matrix Multiplication Background User's Guide,
 sections 3.1 and 3.2: a tile the result does not fill and a wave the tiles do not fill cost a whole one), the
 roofline's closed forms for the same operators, FlashAttention's FLOPs over its published rate, and a GPT step
 charged per operator by hand from the operators torch dispatched.
 """
 import math
+from pathlib import Path
 
 import pytest
 import simpy
 import torch
+import yaml
 from torch import nn
 
 import simtrain
 from simtrain.cost import measure_step_cost
-from simtrain.hw.catalog import CATALOG
+from simtrain.hw.catalog import CALIBRATED, CATALOG, resolve_device
 from simtrain.hw.device import Device
 from simtrain.hw.eventlog import EventLog
 from simtrain.hw.kernel_model import TILE, filled
 from simtrain.op_cost import OperatorRecorder
-from simtrain.scenario import validate_scenario
+from simtrain.scenario import load_scenario, validate_scenario
 from simtrain.train.fused_attention import flash_attention, forward_flops
+
+from refusals import refusal
 
 H100 = CATALOG["h100-80gb"]
 SMS = H100.streaming_multiprocessors  # 132
@@ -128,3 +135,83 @@ def test_a_gpt_steps_compute_is_its_operators_charged_one_by_one():
     assert ("gemm", 32, 32, 8 * 4) in shapes  # the scores: a (32 x 32) result per sequence and head
     compute = kernels.data["breakdown_s"]["compute"] - roofline.data["breakdown_s"]["compute"]  # a step's
     assert excess > 0 and compute == pytest.approx(excess, rel=1e-9)
+
+
+# --- one calibration per GPU generation ---
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def shipped_devices():
+    """(file, its cluster.device) of every shipped scenario."""
+    for path in sorted((ROOT / "scenarios").rglob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        if isinstance(raw, dict) and isinstance(raw.get("cluster"), dict):
+            yield path.relative_to(ROOT), raw["cluster"].get("device")
+
+
+def test_no_shipped_scenario_fits_a_figure_of_its_own_for_a_calibrated_generation():
+    """The calibration rule: a generation with a fitted figure takes it (`calibrated`) in every shipped scenario;
+    none gives an efficiency of its own for a part of that generation."""
+    seen = 0
+    for path, device in shipped_devices():
+        if isinstance(device, dict) and CATALOG[device["base"]].generation in CALIBRATED:
+            assert device.get("efficiency", "calibrated") == "calibrated", path
+            seen += device.get("efficiency") == "calibrated"
+    assert seen >= 22  # the Megatron-LM A100 and Megatron-Core H100 tables, the Llama 3 405B steps
+
+
+def test_the_hopper_figure_is_the_fit_of_its_row():
+    """The one fitted Hopper figure gives its row, Megatron-Core's 1.7B on 48 H100s, its published 408.8 TFLOP/s
+    per GPU (Megatron-LM's README): 72 B s l h² (1 + s/(6h) + V/(12 l h)) FLOPs a step, over the step's time."""
+    scenario = load_scenario(ROOT / "scenarios" / "megatron-core-h100" / "gpt-1.7b.yaml")
+    assert resolve_device(scenario.cluster.device).efficiency == CALIBRATED["hopper"].efficiency
+    assert scenario.cluster.compute_model == CALIBRATED["hopper"].compute_model == "kernels"
+    step_s = simtrain.run(scenario).data["loss_curve"][-1][0]
+    batch, s, layers, h, vocab = 4 * 48, 4096, 24, 2048, 131072
+    flops = 72 * batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (12 * layers * h))
+    assert flops / step_s / 48 / 1e12 == pytest.approx(408.8, rel=5e-4)
+
+
+@pytest.mark.parametrize("cluster,expected", [
+    ({"device": {"base": "b200-180gb", "efficiency": "calibrated"}, "compute_model": "kernels"},
+     "cluster.device.efficiency: calibrated: no published row of b200-180gb's generation (blackwell) has been "
+     "fitted; give a number (fitted: ampere, hopper)"),
+    ({"device": {"base": "h100-80gb", "efficiency": "calibrated"}, "compute_model": "roofline"},
+     "cluster.device.efficiency: calibrated: the hopper figure was fitted under compute_model: kernels, not "
+     "roofline; set that or give a number"),
+    ({"device": {"base": "a100-80gb", "efficiency": "calibrated"}, "compute_model": "kernels"},
+     "cluster.device.efficiency: calibrated: the ampere figure was fitted under compute_model: roofline, not "
+     "kernels"),
+    ({"device": {"name": "mine", "memory": "8 GiB", "memory_bandwidth": "1 TB/s", "efficiency": "calibrated",
+                 "peak_flops": {"fp32": 1e12, "tf32": 1e12, "fp16": 1e12, "bf16": 1e12}}},
+     "cluster.device.efficiency: calibrated needs a base part (whose GPU generation was fitted)"),
+])
+def test_a_calibrated_efficiency_without_a_fit_is_one_line(tmp_path, capsys, cluster, expected):
+    raw = {"name": "t", "numerics": False, "cluster": {"devices": 2, **cluster},
+           "model": {"name": "gpt", "hidden": 64, "layers": 2, "heads": 4},
+           "data": {"name": "tokens", "batch_size": 4, "seq_len": 32, "vocab": 64}}
+    assert expected in refusal(tmp_path, capsys, raw)
+
+
+def test_calibrated_resolves_to_the_generations_figure_for_every_part_of_it():
+    for name, spec in CATALOG.items():
+        if spec.generation in CALIBRATED:
+            tweaked = resolve_device({"base": name, "efficiency": "calibrated"})
+            assert tweaked.efficiency == CALIBRATED[spec.generation].efficiency
+            assert tweaked.peak_flops == spec.peak_flops
+
+
+def test_a_step_on_a_calibrated_device_carries_its_calibrations_error_bar():
+    """step_time_error: the step time times the root mean square of the Hopper calibration's errors on the
+    published rows it was not fitted on; a device of its own efficiency has none."""
+    raw = gpt("kernels")
+    raw["cluster"]["device"] = {"base": "h100-80gb", "efficiency": "calibrated"}
+    data = simtrain.run(validate_scenario(raw)).data
+    residuals = CALIBRATED["hopper"].residuals
+    relative = math.sqrt(sum(error**2 for error in residuals) / len(residuals))
+    assert data["step_time_error"] == {"seconds": pytest.approx(data["step_time_s"] * relative, rel=1e-12),
+                                       "relative": pytest.approx(relative, rel=1e-12), "generation": "hopper",
+                                       "rows": 8}
+    assert 0.03 < relative < 0.04
+    assert "step_time_error" not in simtrain.run(validate_scenario(gpt("kernels"))).data

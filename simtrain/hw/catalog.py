@@ -36,9 +36,11 @@ H200's "141 GB", the B200's "180 GB", the GB200's "186 GB" and the GB300's
 "288 GB" are read the same way.
 """
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
@@ -86,6 +88,8 @@ class DeviceSpec:
     # The fraction of its dense peak the generation's fused attention kernel is published to reach: what the
     # kernel compute model (kernel_model.py) charges attention at; None: none published (then the efficiency).
     attention_efficiency: float | None = None
+    # The GPU generation (ampere, hopper, blackwell...): whose calibration `efficiency: calibrated` takes
+    generation: str | None = None
 
     def __post_init__(self):
         keys = [dtype for dtype in (*DTYPES, *OPTIONAL_DTYPES) if dtype in self.peak_flops]
@@ -128,6 +132,7 @@ CATALOG: dict[str, DeviceSpec] = {
         memory_bandwidth=900e9,
         nvlink_bandwidth=300e9,  # the whitepaper's six NVLink 2.0 links, 300 GB/s
         streaming_multiprocessors=80,  # the whitepaper: Tesla V100 has 80 of the full GV100's 84 SMs
+        generation="volta",
     ),
     # NVIDIA A100 Tensor Core GPU datasheet (1758950-r4, 2021), A100 40GB SXM, dense figures
     # (the starred ones are with sparsity, twice these): FP32 19.5 TFLOP/s, TF32 tensor 156,
@@ -142,6 +147,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # (A100 Tensor Core GPU has 108 SMs)"
         streaming_multiprocessors=108,
         attention_efficiency=FLASH_ATTENTION_2_AMPERE,
+        generation="ampere",
     ),
     # Same datasheet, A100 80GB SXM: same FLOP/s as the 40GB part; 80 GB HBM2e at 2,039 GB/s.
     "a100-80gb": DeviceSpec(
@@ -152,6 +158,7 @@ CATALOG: dict[str, DeviceSpec] = {
         nvlink_bandwidth=600e9,
         streaming_multiprocessors=108,  # the same GA100 part (the whitepaper's 108 SMs)
         attention_efficiency=FLASH_ATTENTION_2_AMPERE,
+        generation="ampere",
     ),
     # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: FP32 67 TFLOP/s; TF32 989, BF16 1,979,
     # FP16 1,979 and FP8 3,958 TFLOP/s are listed "with sparsity", dense is half of each: 494.5, 989.5,
@@ -167,6 +174,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # GH100's 144)
         streaming_multiprocessors=132,
         attention_efficiency=FLASH_ATTENTION_3_HOPPER,
+        generation="hopper",
     ),
     # Same datasheet, H100 PCIe: FP32 51 TFLOP/s; with sparsity TF32 756, BF16/FP16 1,513 and FP8 3,026, dense
     # half of each: 378, 756.5, 1,513. 80 GB HBM2e at 2 TB/s; an NVLink bridge joins two cards at 600 GB/s.
@@ -179,6 +187,7 @@ CATALOG: dict[str, DeviceSpec] = {
         nvlink_bandwidth=600e9,
         streaming_multiprocessors=114,  # the H100 architecture whitepaper (2022): H100 PCIe has 114 SMs
         attention_efficiency=FLASH_ATTENTION_3_HOPPER,
+        generation="hopper",
     ),
     # Meta's H100 in its Grand Teton servers, a custom part NVIDIA publishes no datasheet for: "Meta's H100s also
     # have the SXM form factor despite having 96GB HBM2e" (pytorch/torchtitan PR #554, 2024); "2.4 TB per second,
@@ -197,6 +206,7 @@ CATALOG: dict[str, DeviceSpec] = {
         nvlink_bandwidth=900e9,
         streaming_multiprocessors=132,
         attention_efficiency=FLASH_ATTENTION_3_HOPPER,
+        generation="hopper",
     ),
     # NVIDIA H800 Tensor Core GPU datasheet (2023), H800 SXM: the H100 SXM's FP32 67 and, with sparsity, TF32 989,
     # BF16/FP16 1,979 and FP8 3,958 TFLOP/s (dense half of each), FP64 cut to 1 TFLOP/s; 80 GB HBM3 at 3.35 TB/s;
@@ -212,6 +222,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # SMs
         streaming_multiprocessors=132,
         attention_efficiency=FLASH_ATTENTION_3_HOPPER,
+        generation="hopper",
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM: the H100's compute (the same GH100 die: FP32
     # 67, and with sparsity TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOP/s; dense half of each); 141 GB HBM3e
@@ -227,6 +238,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # and gives the H100 SXM's compute figures, which 132 SMs at the same clocks make
         streaming_multiprocessors=132,
         attention_efficiency=FLASH_ATTENTION_3_HOPPER,
+        generation="hopper",
     ),
     # NVIDIA HGX B200 specifications (nvidia.com's HGX platform page, "Individual Blackwell GPU
     # Specifications", HGX B200 column; the DGX B200 datasheet gives the same per-GPU figures times 8):
@@ -245,6 +257,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # two dies of 80 SMs, 74 of each enabled: 148 (NVIDIA's Blackwell datasheets give none; the count the
         # CUDA runtime reports, as Chips and Cheese's "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025)
         streaming_multiprocessors=148,
+        generation="blackwell",
     ),
     # NVIDIA GB200 NVL72 specifications (nvidia.com's GB200 NVL72 page, 2025), the rack's figures over its 72 GPUs:
     # FP32 5,760 TFLOP/s -> 80; with sparsity TF32 180, FP16/BF16 360, FP8/FP6 720 and FP4 1,440 PFLOP/s -> dense
@@ -263,6 +276,7 @@ CATALOG: dict[str, DeviceSpec] = {
         # GB200's MIG slices hold more SMs than B200's (NVIDIA/gpu-operator PR #1303, 2025: 32 against 30 in a
         # 1g.47gb slice)
         streaming_multiprocessors=152,
+        generation="blackwell",
     ),
     # NVIDIA GB300 NVL72 specifications (nvidia.com's GB300 NVL72 page, 2025), over its 72 GPUs: FP32 6 PFLOP/s ->
     # 83.3 TFLOP/s (Verda's per-GPU table, "NVIDIA GB300 NVL72: GPU Architecture & Performance", 2025, gives 80;
@@ -280,8 +294,52 @@ CATALOG: dict[str, DeviceSpec] = {
         # the blog's 160 SMs are "the full GPU implementation"; the CUDA runtime reports 152 on a GB300 (the
         # FlashInfer notes above: "GB300 (152 SMs)"), which is taken
         streaming_multiprocessors=152,
+        generation="blackwell",
     ),
 }
+
+
+class Calibration(NamedTuple):
+    """A GPU generation's fitted device efficiency, the compute model it was fitted under, and the relative errors
+    ((simulated - published) / published) of the generation's other published rows at that figure: what a
+    prediction's error bar is made of (`spread`)."""
+
+    efficiency: float
+    compute_model: str
+    residuals: tuple[float, ...]
+
+    @property
+    def spread(self) -> float:
+        """The root mean square of the residuals: the relative error bar of a prediction at this calibration."""
+        return math.sqrt(sum(error * error for error in self.residuals) / len(self.residuals))
+
+
+# One calibration per GPU generation: the device efficiency at which one published row's simulated TFLOP/s per GPU
+# matches its figure, used unchanged for every other row of the generation (`efficiency: calibrated`), under the
+# compute model it was fitted under, with those rows' errors. A generation without a row fitted has none.
+CALIBRATED = {
+    # Narayanan et al. 2021 (Megatron-LM), Table 1, the 1T row: 163 TFLOP/s per GPU on 3,072 A100s
+    # (python bench/megatron.py --calibrate gpt-1008b); the nine other rows' errors, python bench/megatron.py,
+    # 2026-12-07 (docs/validation/megatron.md). Under the roofline: the kernel model's one tile leaves the table's
+    # small-model rows 14-22% slow.
+    "ampere": Calibration(0.7076, "roofline",
+                          (-0.089, -0.098, -0.110, -0.100, -0.023, 0.019, 0.001, 0.003, -0.009)),
+    # Megatron-LM's README, H100 weak-scaling table, the 1.7B row: 408.8 TFLOP/s per GPU on 48 H100s, the one row
+    # without model parallelism (python bench/megatron_core_h100.py --calibrate gpt-1.7b --compute-model kernels);
+    # the eight other rows' errors, python bench/megatron_core_h100.py, 2026-12-07
+    # (docs/validation/megatron-core-h100.md)
+    "hopper": Calibration(0.6329, "kernels", (0.030, -0.012, 0.018, -0.022, 0.000, -0.006, -0.044, -0.076)),
+}
+
+
+def calibration_of(device) -> tuple[str, Calibration] | None:
+    """The generation and calibration a scenario's `cluster.device` takes (`efficiency: calibrated` on a base
+    part), or None where it gives its own efficiency."""
+    if not isinstance(device, DeviceFields) or device.efficiency != "calibrated" or device.base is None:
+        return None
+    generation = _lookup(device.base, "cluster.device.base").generation
+    return generation, CALIBRATED[generation]
+
 
 # A part's bare name (gb200) for the catalog's one part of that name (gb200-186gb); none for a name several
 # parts share (a100, h100).
@@ -289,12 +347,15 @@ _PARTS = [name.split("-")[0] for name in CATALOG]
 ALIASES = {part: name for part, name in zip(_PARTS, CATALOG) if _PARTS.count(part) == 1}
 
 
-def resolve_device(value, field: str = "cluster.device", base_dir=None) -> DeviceSpec:
+def resolve_device(value, field: str = "cluster.device", base_dir=None,
+                   compute_model: str | None = None) -> DeviceSpec:
     """A DeviceSpec from a catalog name, a device file, or device fields (scenario.DeviceFields, or a mapping of
     its keys: a catalog `base` with some fields changed, or a whole device).
 
     A string ending in .yaml or .yml is a device file (what `simtrain calibrate` writes): a mapping
     with the device fields' keys but base, read relative to `base_dir` (then the working folder).
+    `efficiency: calibrated` takes the base part's generation's fitted figure (CALIBRATED), which must have been
+    fitted under `compute_model` where that is given.
     Raises ScenarioError naming `field` (or the sub-field at fault, and the file) on any mistake.
     """
     if isinstance(value, DeviceSpec):
@@ -305,12 +366,32 @@ def resolve_device(value, field: str = "cluster.device", base_dir=None) -> Devic
         return _lookup(value, field)
     fields = value if isinstance(value, DeviceFields) else _device_fields(value, field)
     if fields.base is not None:
-        return override_device(_lookup(fields.base, f"{field}.base"), fields.changes())
+        base = _lookup(fields.base, f"{field}.base")
+        changes = fields.changes()
+        if changes.get("efficiency") == "calibrated":
+            changes["efficiency"] = calibrated_efficiency(base, f"{field}.efficiency", compute_model)
+        return override_device(base, changes)
+    if fields.efficiency == "calibrated":
+        raise ScenarioError(f"{field}.efficiency: calibrated needs a base part (whose GPU generation was fitted)")
     return DeviceSpec(name=fields.name, peak_flops=fields.peak_flops.given(), memory_bytes=fields.memory,
                       memory_bandwidth=fields.memory_bandwidth,
                       efficiency=DEFAULT_EFFICIENCY if fields.efficiency is None else fields.efficiency,
                       kernel_overhead_s=fields.kernel_overhead or 0.0, pass_overhead_s=fields.pass_overhead or 0.0,
                       update_overhead_s=fields.update_overhead or 0.0)
+
+
+def calibrated_efficiency(spec: DeviceSpec, field: str, compute_model: str | None = None) -> float:
+    """The efficiency fitted for `spec`'s GPU generation (CALIBRATED); a ScenarioError naming `field` where no row
+    of that generation was fitted, or where it was fitted under another compute model than `compute_model`."""
+    calibration = CALIBRATED.get(spec.generation)
+    if calibration is None:
+        raise ScenarioError(f"{field}: calibrated: no published row of {spec.name}'s generation "
+                            f"({spec.generation or 'unknown'}) has been fitted; give a number (fitted: "
+                            f"{', '.join(CALIBRATED)})")
+    if compute_model is not None and compute_model != calibration.compute_model:
+        raise ScenarioError(f"{field}: calibrated: the {spec.generation} figure was fitted under compute_model: "
+                            f"{calibration.compute_model}, not {compute_model}; set that or give a number")
+    return calibration.efficiency
 
 
 def _device_fields(value, field: str) -> DeviceFields:

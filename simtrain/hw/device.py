@@ -265,8 +265,8 @@ def span_sigma(seconds: float, sigma: float, fixed_s: float) -> float:
 
 
 def roofline_seconds(ops, flops_rates: dict[str, float], bytes_rate: float) -> float:
-    """Seconds operators `ops` (by_cost's groups of op_cost.py's OpCosts) take, each bound by its arithmetic at its rate dtype's
-    `flops_rates` FLOP/s or its bytes at `bytes_rate` B/s, whichever is slower."""
+    """Seconds operators `ops` (by_cost's groups of op_cost.py's OpCosts) take, each bound by its arithmetic at its
+    rate dtype's `flops_rates` FLOP/s or its bytes at `bytes_rate` B/s, whichever is slower."""
     return sum(count * max(flops / flops_rates[rate], nbytes / bytes_rate) for flops, nbytes, count, rate in ops)
 
 

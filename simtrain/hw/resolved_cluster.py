@@ -79,7 +79,7 @@ def device_specs(spec: ClusterSpec, count: int, base_dir: Path = Path(".")) -> t
     for rank in spec.overrides:
         if rank >= count:
             raise ScenarioError(f"cluster.overrides.{rank}: no such rank (the cluster has {count} devices)")
-    base = resolve_device(spec.device, base_dir=base_dir)
+    base = resolve_device(spec.device, base_dir=base_dir, compute_model=spec.compute_model)
     specs, slowdowns = [], []
     for rank in range(count):
         override = spec.overrides.get(rank)

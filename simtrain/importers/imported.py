@@ -20,15 +20,15 @@ from ..scenario import Scenario, validate_scenario
 from ..user_files import load_yaml_file, user_path
 
 # The cluster an imported job runs on unless --cluster names another: DGX H100 hosts of 8 GPUs on NVLink (450 GB/s
-# a direction at 0.8 efficiency), one 400 Gb/s NIC per GPU (at 0.96) on a non-blocking fat tree, and the H100
-# efficiency fitted on Megatron-Core's H100 table: the cluster of scenarios/megatron-core-h100/ (its header says
-# where each figure comes from).
+# a direction at 0.8 efficiency), one 400 Gb/s NIC per GPU (at 0.96) on a non-blocking fat tree, and the Hopper
+# efficiency fitted on Megatron-Core's H100 table under the kernel compute model: the cluster of
+# scenarios/megatron-core-h100/ (its header says where each figure comes from).
 DEFAULT_CLUSTER = {
     "topology": "fat_tree",
     "gpus_per_node": 8,
     "nodes_per_leaf": 32,
-    "device": {"base": "h100-80gb", "efficiency": 0.6314},
-    "compute_model": "roofline",
+    "device": {"base": "h100-80gb", "efficiency": "calibrated"},
+    "compute_model": "kernels",
     "link": {"bandwidth": "360 GB/s", "latency": "0.25 us"},
     "inter_node_link": {"bandwidth": "48 GB/s", "latency": "1.35 us"},
 }

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..hw.catalog import calibration_of
 from ..hw.cluster import Cluster
 from ..scenario import Scenario
 from ..version import __version__
@@ -225,6 +226,7 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
                                                / len(ranks)
                                                if result.tokens_per_sample and steps and sim_time > 0 else None),
         "breakdown_s": per_step,
+        **_step_time_error(scenario, step_time),
         "scaling_efficiency": (result.single_device_step_s / step_time
                                if step_time and result.single_device_step_s is not None else None),
         "flops": flops,
@@ -251,6 +253,17 @@ def build_report(scenario: Scenario, cluster: Cluster, result: RunResult) -> Rep
               else None)
     return Report(data=data, final_models=result.final_models, trace=trace, scenario_yaml=scenario.to_yaml(),
                   kineto=kineto, chakra=chakra)
+
+
+def _step_time_error(scenario: Scenario, step_time: float | None) -> dict:
+    """report.json's `step_time_error` where the device takes its generation's calibrated efficiency and a step
+    ended: the step time times the calibration's relative spread over its other published rows."""
+    calibrated = calibration_of(scenario.cluster.device)
+    if calibrated is None or not step_time:
+        return {}
+    generation, calibration = calibrated
+    return {"step_time_error": {"seconds": step_time * calibration.spread, "relative": calibration.spread,
+                                "generation": generation, "rows": len(calibration.residuals)}}
 
 
 def _shared_memory_entry(cluster: Cluster) -> dict:

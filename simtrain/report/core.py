@@ -60,6 +60,14 @@ class SharedMemoryEntry(ReportSection):
     capacity_bytes: int | None = Field(description="the store's capacity; null: unbounded")
 
 
+class StepTimeError(ReportSection):
+    seconds: float = Field(description="the error bar of step_time_s: step_time_s x relative")
+    relative: float = Field(description="the root mean square of the relative errors of the generation's "
+                                        "published rows at its calibrated efficiency (hw/catalog.py, CALIBRATED)")
+    generation: str = Field(description="the GPU generation whose calibration the device takes")
+    rows: int = Field(description="the published rows the errors come from (the fitted row not counted)")
+
+
 class ReportCore(ReportSection):
     """The top-level keys of every report.json (sections registered by their owners come beside them)."""
 
@@ -81,6 +89,10 @@ class ReportCore(ReportSection):
                           "sample is data.seq_len tokens); null: the samples are not token sequences, or no step ran")
     breakdown_s: Breakdown = Field(description="seconds per step of each kind of work, averaged over the "
                                                "job's devices")
+    step_time_error: StepTimeError | None = Field(
+        None, description="step_time_s's error bar, where the device takes its generation's calibrated efficiency "
+                          "(cluster.device.efficiency: calibrated): that calibration's errors on the published rows "
+                          "it was not fitted on; absent otherwise")
     scaling_efficiency: float | None = Field(description="a device's own work alone (its batch's forward and "
                                                          "backward, its update: under ZeRO its shard's) over the "
                                                          "step time (weak scaling, at most 1); null: no baseline")

@@ -11,7 +11,8 @@ hw/cluster.py builds the cluster these fields describe (hw/catalog.py turns
 """
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import (AfterValidator, BeforeValidator, Field, PlainSerializer, ValidationError, WrapValidator,
+                      model_validator)
 
 from ..limits import (MAX_COMPUTE_JITTER, MAX_COMPUTE_JITTER_FIXED, MAX_DEVICES, MAX_FAULTS, MAX_SEED, MAX_SLOWDOWN,
                       MIN_EFFICIENCY)
@@ -50,6 +51,16 @@ class PeakFlops(Section):
         return {dtype: rate for dtype in (*DTYPES, *OPTIONAL_DTYPES) if (rate := getattr(self, dtype)) is not None}
 
 
+def _number_or_calibrated(value, number):
+    """`calibrated` as given, anything else validated as the number it must be."""
+    return value if value == "calibrated" else number(value)
+
+
+# A fraction of peak, or `calibrated`: the figure fitted for the part's generation (hw/catalog.py, CALIBRATED)
+Efficiency = Annotated[Real(ge=MIN_EFFICIENCY, le=1), WrapValidator(_number_or_calibrated),
+                       PlainSerializer(lambda value: value)]
+
+
 class DeviceFields(Section):
     """A device described in the scenario: a catalog device with some fields changed (`base`), or a whole
     device (every field but efficiency and the fixed costs: kernel_overhead, pass_overhead, update_overhead).
@@ -65,8 +76,10 @@ class DeviceFields(Section):
                                                            "dtypes that change.")
     memory: Bytes | None = Field(None, description="HBM capacity (bytes; '80 GiB').")
     memory_bandwidth: Bandwidth | None = Field(None, description="HBM bandwidth (bytes/s; '2 TB/s').")
-    efficiency: Real(ge=MIN_EFFICIENCY, le=1) | None = Field(
-        None, description="Fraction of peak FLOP/s a training kernel reaches (default 0.5 for a whole device).")
+    efficiency: Efficiency | None = Field(
+        None, description="Fraction of peak FLOP/s a training kernel reaches (default 0.5 for a whole device); "
+                          "calibrated: the figure fitted for the base part's GPU generation on one published row, "
+                          "under the compute model it was fitted under (hw/catalog.py, CALIBRATED).")
     kernel_overhead: Duration | None = Field(None, description="Seconds each kernel costs beyond its FLOPs "
                                                                "(launch and dispatch; default 0) (s).")
     pass_overhead: Duration | None = Field(None, description="Seconds each pass (a forward, a backward) costs "
