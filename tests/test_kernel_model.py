@@ -19,6 +19,7 @@ import yaml
 from torch import nn
 
 import simtrain
+import simtrain.dist
 from simtrain.cost import measure_step_cost
 from simtrain.hw.catalog import CALIBRATED, CATALOG, resolve_device
 from simtrain.hw.device import Device
@@ -215,3 +216,26 @@ def test_a_step_on_a_calibrated_device_carries_its_calibrations_error_bar():
                                        "rows": 8}
     assert 0.03 < relative < 0.04
     assert "step_time_error" not in simtrain.run(validate_scenario(gpt("kernels"))).data
+
+
+@pytest.mark.parametrize("compute_model", ["flops", "roofline", "kernels"])
+def test_users_code_is_charged_under_the_clusters_compute_model(tmp_path, compute_model):
+    """simtrain.dist charges a rank's operators as a scenario's are: one GEMM of a 4,097 x 4,224 result (17 x 33 =
+    561 tiles of 256 x 128, five waves on 132 SMs) costs its FLOPs at the rate, the roofline's max with its
+    bytes, or the kernel model's share of its waves."""
+    m, k, n = 4097, 4096, 4224
+    path = tmp_path / "gemm.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "gemm", "cluster": {"topology": "ring", "devices": 1, "compute_model": compute_model,
+                                    "device": {"base": "h100-80gb", "efficiency": 0.5}}}))
+
+    def one_gemm(rank, world):
+        torch.empty(m, k, dtype=torch.bfloat16) @ torch.empty(k, n, dtype=torch.bfloat16)
+
+    compute_s = simtrain.dist.spawn(one_gemm, scenario=path, numerics=False).report.data["devices"][0]["compute_s"]
+    rate, bytes_rate = 989.5e12 * 0.5, 3.35e12 * 0.5
+    arithmetic, memory = 2 * m * k * n / rate, 2 * (m * k + k * n + m * n) / bytes_rate
+    expected = {"flops": arithmetic, "roofline": max(arithmetic, memory),
+                "kernels": max(arithmetic / (m * n / (5 * SMS * 256 * 128)), memory)}
+    assert compute_s == pytest.approx(expected[compute_model], rel=1e-12)
+    assert (expected["kernels"] > expected["roofline"]) and arithmetic > memory

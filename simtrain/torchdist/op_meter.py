@@ -4,13 +4,14 @@ An `OpMeter` is the operator recorder (op_cost.py) entered in the rank's thread:
 it sees every aten op the rank runs, autograd's backward included (on CPU
 backward runs in the calling thread).
 
-- **FLOPs.** The recorder's, by the dtype of each op's result: the same
-  operators and formulas as simtrain's step costs (cost.py), so a model costs
-  the same under `simtrain run` and under `simtrain.dist`; and torch's CPU
-  fused attention (`F.scaled_dot_product_attention` here), which torch gives
-  no formula, charged as `model.attention: fused` is (FlashAttention-2's count). The counts wait
-  until the rank posts a communication or ends (`take_flops`), and are then
-  charged as one compute span per dtype (run.py).
+- **FLOPs and operators.** The recorder's: the same operators and formulas
+  as simtrain's step costs (cost.py), so a model costs the same under
+  `simtrain run` and under `simtrain.dist`; and torch's CPU fused attention
+  (`F.scaled_dot_product_attention` here), which torch gives no formula,
+  charged as `model.attention: fused` is (FlashAttention-2's count). They
+  wait until the rank posts a communication or ends (`take_flops` and
+  `take`), and are then charged as one compute span of those operators,
+  each at its operands' rate, under the cluster's compute model (run.py).
 - **Memory.** A storage that an op returns and none of its inputs had is held on
   the device's memory ledger from that op until the last tensor the rank was
   given on it is freed (each storage counted once, however many views), under
@@ -57,8 +58,6 @@ from ..units import format_bytes
 
 # What torch's CPU allocator raises when the host has not the bytes (c10/core/impl/alloc_cpu.cpp).
 _ALLOCATION_FAILED = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
-# The catalog's dtype name for a result's torch dtype; any other dtype is charged at the fp32 rate.
-DEVICE_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @register_flop_formula(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu)

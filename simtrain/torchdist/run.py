@@ -26,7 +26,7 @@ import simpy
 from ..errors import CollectiveMismatch, Deadlock, SimtrainError
 from ..hw.cluster import Cluster, run_to_end
 from .numerics_off import FakeFloats
-from .op_meter import DEVICE_DTYPE, OpMeter
+from .op_meter import OpMeter
 from .process_group import BELOW_AUTOGRAD, Group, SimWork
 from .representatives import Classes, Representatives, Witness
 from .scheduler import Turns, current_rank
@@ -156,15 +156,15 @@ class SimRun:
         """Charge the calling rank's counted FLOPs on its device, and wait until they have run (the witness's are
         recorded instead)."""
         rank = current_rank()
-        pending = self.meters[rank].take_flops()
+        meter = self.meters[rank]
+        pending, ops = meter.take_flops(), meter.take()
         if pending and self.witness is not None and self.witness.watches(rank):
             self.witness.computed(rank, pending)
             if rank != 0:
                 return
         if pending:
-            device = self.cluster.devices[rank]
-            for dtype, flops in pending.items():
-                done = device.compute(flops, DEVICE_DTYPE.get(dtype, "fp32"), "torch ops")
+            # the operators at their own rate dtypes (op_cost.py), under the cluster's compute model
+            done = self.cluster.devices[rank].compute(sum(pending.values()), "fp32", "torch ops", ops=ops)
             self.turns.wait(done, "its compute")
 
     def backend(self):
