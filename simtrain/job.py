@@ -123,7 +123,8 @@ class Job:
         spec = scenario.train.checkpoint
         self.checkpoints = Checkpoints(spec, self.replicas) if spec is not None else None
         self.processes = []  # each rank's simpy process of the latest start
-        self.finished = cluster.env.event()  # the latest start's programs have all ended
+        self.finished = cluster.env.event()  # the latest start's programs have all ended, none of them lost
+        self.lost: set[int] = set()  # job ranks of the latest start whose device was lost
 
     def _communicator(self):
         """The job's own communicator: all its ranks, over the devices as they are now."""
@@ -180,9 +181,13 @@ class Job:
     def _launch(self, programs: list) -> None:
         env = self.cluster.env
         self.processes = [self.backend.start(self, rank, program) for rank, program in enumerate(programs)]
+        self.lost = set()
         launched = self.processes
+        # a job whose every rank was lost (their programs ended where they stood) holds its training state nowhere:
+        # it has not finished, and restarts once the loss is noticed; a survivor's ending is the job's
         env.all_of(launched).callbacks.append(
-            lambda _event: self.finished.succeed() if self.processes is launched else None)
+            lambda _event: self.finished.succeed() if self.processes is launched and len(self.lost) < self.world
+            else None)
 
     def replace(self, rank: int, spare: int) -> None:
         """The cluster's device `spare` takes job rank `rank`'s place (its device was lost)."""

@@ -91,6 +91,7 @@ class Recovery:
                                 "worker is lost")
             event["effect"] = "the job goes on without the worker"
             return
+        job.lost.add(rank)  # its program stopped unfinished (with every rank lost, the job has not finished)
         self._lost.append((rank, event))
         if len(self._lost) == 1:
             self.env.timeout(self.detection_s).callbacks.append(self._detected)

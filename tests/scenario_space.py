@@ -2,7 +2,8 @@
 
 `scenario(choose)` builds one scenario dict that passes the schema's field types, across layouts (dp, pp, tp,
 cp, ep, ZeRO stages and HSDP, offload), precisions, recomputation, pipeline schedules, the overlap flags,
-experts, models (mlp, gpt, llama, MoE), numerics on and off, representatives and a lost device with a spare;
+experts, models (mlp, gpt, llama, MoE; eager or fused attention), compute models, numerics on and off,
+representatives and a lost device with a spare;
 `choose(name, options)` picks each of its choices. Two ways to pick:
 
 - `scenarios()`, a hypothesis strategy (bench/valid_scenarios.py draws thousands);
@@ -102,6 +103,9 @@ def scenario(choose: Callable[[str, list], object]) -> dict:
                      "representatives": not numerics and pp * tp > 1 and choose("representatives", [False, True])},
         "report": {"trace": False},
     }
+    raw["cluster"]["compute_model"] = choose("compute_model", ["flops", "roofline", "kernels"])
+    if sequence:
+        raw["model"]["attention"] = choose("model.attention", ["eager", "fused"])
     if lost:
         raw["cluster"]["spares"] = 1
         raw["cluster"]["faults"] = [{"at": "1 us", "device": choose("faults.device", list(range(devices))),

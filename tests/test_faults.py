@@ -409,6 +409,25 @@ def test_a_loss_after_the_last_all_reduce_changes_nothing():
         assert torch.equal(tensor, free.final_model.state_dict()[name])
 
 
+@pytest.mark.parametrize("precision, stage", [("fp32", 0), ("fp16", 1)], ids=["ddp", "fp16 sharded"])
+def test_a_job_whose_every_rank_is_lost_restarts_on_its_spare(precision, stage):
+    """A job of one rank lost in its first step holds its training state nowhere: it has not finished when its
+    one program stops, so it restarts from its checkpoint on the spare and trains as if nothing was lost (until
+    2026-12-07 it counted as finished, and a sharded fp16 run ended in a traceback publishing no master weights)."""
+    raw = sync_scenario(checkpoint={"every": 10}, steps=20)
+    raw["cluster"]["devices"] = 2
+    raw["train"]["precision"] = precision
+    raw["parallel"]["sharding"] = {"stage": stage}
+    free = simtrain.run(validate_scenario(raw))
+    raw["cluster"]["faults"] = [{"at": "1 us", "device": 0, "fail": True}]
+    faulty = simtrain.run(validate_scenario(raw))
+    (event,) = faulty.data["faults"]["events"]
+    assert event["effect"] == "restarted on a spare" and event["checkpoint_step"] == 0
+    assert faulty.data["status"] == "ok" and faulty.data["steps"] == 20
+    for name, tensor in faulty.final_model.state_dict().items():
+        assert torch.equal(tensor, free.final_model.state_dict()[name])
+
+
 def test_restart_goes_back_to_the_hyperparameters_of_its_checkpoint():
     # train.schedule lowers lr before step 15; lost after step 18, the job goes back to step 10, where lr
     # was still the scenario's: the restarted run must use it again until step 15 (bit-identical model).

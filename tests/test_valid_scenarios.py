@@ -38,6 +38,8 @@ def test_the_scenarios_take_every_option_of_every_choice():
     assert {raw["model"].get("moe") is not None for raw in SCENARIOS} == {False, True}
     assert seen("parallel.pp") == seen("parallel.tp") == seen("parallel.cp") == {"1", "2"}
     assert seen("parallel.sharding.stage") == {"0", "1", "2", "3"}
+    assert seen("cluster.compute_model") == {'"flops"', '"roofline"', '"kernels"'}
+    assert seen("model.attention") == {'"eager"', '"fused"', "null"}
     assert seen("parallel.sharding.offload") == {'"none"', '"optimizer"', "null"}
     assert seen("train.precision") == {'"fp32"', '"bf16"', '"fp16"', '"fp8"'}
     assert seen("train.checkpointing") == {'"none"', '"selective"', '"full"', '"sqrt"'}

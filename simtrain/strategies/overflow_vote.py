@@ -34,7 +34,9 @@ def vote_groups(parallel, layout) -> list[tuple[int, ...]]:
 
 def overflow_vote(comm, index: int, all_reduce, found_inf: bool):
     """Step program: whether any rank of the group of `comm` (this rank its rank `index`, `all_reduce` its
-    program) found an overflow."""
+    program) found an overflow; a group of one rank (no program) has only its own finding."""
+    if all_reduce is None:
+        return found_inf
     flag = torch.tensor([float(found_inf)])
     yield Collective(all_reduce(index, comm.world, flag), "overflow_vote", comm, index)
     return bool(flag.item() > 0)
