@@ -428,6 +428,30 @@ def test_a_job_whose_every_rank_is_lost_restarts_on_its_spare(precision, stage):
         assert torch.equal(tensor, free.final_model.state_dict()[name])
 
 
+@pytest.mark.parametrize("step", [0, 2], ids=["before the first checkpoint", "after two"])
+def test_a_restart_under_megatron_cores_overlapped_distributed_optimizer_trains_the_fault_free_model(step):
+    """pp 2 x dp 2, ZeRO-2 with the reduce-scatters beside the backward and the all-gathers deferred to the next
+    forward (overlap_grad_reduce, overlap_param_gather), a device lost in the middle of step `step` + 1: the
+    collectives the cut step had posted go with it, the load gathers every bucket, and the restarted job trains
+    the fault-free model bit for bit (until 2026-12-07 it freed buffers the lost step's device had already
+    dropped, or deadlocked on the deferred gathers each rank had got to)."""
+    raw = {"name": "t", "seed": 0,
+           "cluster": {"topology": "ring", "devices": 5, "spares": 1, "link": {"bandwidth": B, "latency": ALPHA}},
+           "model": {"name": "gpt", "hidden": 32, "layers": 4, "heads": 4},
+           "data": {"name": "tokens", "batch_size": 8, "seq_len": 16, "vocab": 32, "samples": 256},
+           "train": {"steps": 4, "optimizer": {"name": "adam", "lr": 0.01}, "checkpoint": {"every": 1}},
+           "parallel": {"pp": 2, "pipeline": {"microbatches": 2},
+                        "sharding": {"stage": 2, "overlap_grad_reduce": True, "overlap_param_gather": True}}}
+    free = simtrain.run(validate_scenario(raw))
+    ends = [0.0] + [end for end, _ in free.data["loss_curve"]]
+    raw["cluster"]["faults"] = [{"at": (ends[step] + ends[step + 1]) / 2, "device": 1, "fail": True}]
+    faulty = simtrain.run(validate_scenario(raw))
+    (event,) = faulty.data["faults"]["events"]
+    assert event["effect"] == "restarted on a spare" and event["checkpoint_step"] == step
+    for name, tensor in faulty.final_model.state_dict().items():
+        assert torch.equal(tensor, free.final_model.state_dict()[name])
+
+
 def test_restart_goes_back_to_the_hyperparameters_of_its_checkpoint():
     # train.schedule lowers lr before step 15; lost after step 18, the job goes back to step 10, where lr
     # was still the scenario's: the restarted run must use it again until step 15 (bit-identical model).

@@ -144,6 +144,12 @@ class BucketOverlap:
         if self._pending:
             yield from self._post_gather(self._pending[0])
 
+    def loaded(self) -> None:
+        """A load (a restart from a checkpoint, a PBT exploit), after which every bucket is gathered whole: no
+        gather is left deferred, and what a step cut short had posted went with it (its buffers freed with the
+        device's memory); the next step starts afresh."""
+        self._backwards, self.reducing, self._left, self._gathers, self._pending = {}, [], {}, {}, []
+
     def defer_gathers(self) -> None:
         """After the optimizer step: every bucket's parameters gathered in the next forward."""
         self._pending = list(range(self.units))
@@ -154,8 +160,7 @@ class BucketOverlap:
         return bool(self._pending)
 
     def gather_pending(self):
-        """Step program: every deferred all-gather run now, one after another (a load that needs them whole, the
-        end of the run)."""
+        """Step program: every deferred all-gather run now, one after another (the end of the run)."""
         while self._pending:
             yield from self._await_gather(self._pending[0])
 

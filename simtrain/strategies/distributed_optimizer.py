@@ -207,7 +207,7 @@ class DistributedOptimizer:
         shard = self.scheme.replicas[rank]
         if shard.stale:
             if rank in self.buckets:
-                yield from self.buckets[rank].gather_pending()
+                self.buckets[rank].loaded()
             yield from self._gather_all(rank)
             shard.stale = False
 
