@@ -123,7 +123,7 @@ class Job:
         spec = scenario.train.checkpoint
         self.checkpoints = Checkpoints(spec, self.replicas) if spec is not None else None
         self.processes = []  # each rank's simpy process of the latest start
-        self.finished = cluster.env.event()  # the latest start's programs have all ended, none of them lost
+        self.finished = cluster.env.event()  # the latest start's programs have all ended, not every one lost
         self.lost: set[int] = set()  # job ranks of the latest start whose device was lost
 
     def _communicator(self):

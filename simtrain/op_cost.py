@@ -57,7 +57,7 @@ work's at their own rate too (fp8 GEMMs beside bf16 attention).
         layer(x)
     recorder.flops, recorder.kernels          # 524288, 2 (a t view and one addmm)
     ops = recorder.take()                     # ((524288.0, 49408.0, 1, "fp32", ("gemm", 64, 64, 1)),)
-    hw.device.roofline_seconds(hw.device.by_cost(ops), {"fp32": 156e12}, bytes_rate=0.8e12)  # 6.2e-08 s: memory-bound
+    hw.device.roofline_seconds(hw.device.by_cost(ops), {"fp32": 156e12}, bytes_rate=0.8e12)  # 6.2e-08 s
 """
 from __future__ import annotations
 

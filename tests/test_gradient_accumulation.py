@@ -61,7 +61,8 @@ def torch_accumulation(world: int, microbatches: int, steps: int) -> torch.Tenso
 
 LAYOUTS = {"ddp": ({}, 2), "ddp-no-overlap": ({"overlap": False}, 2), "zero1": ({"sharding": {"stage": 1}}, 2),
            "zero2": ({"sharding": {"stage": 2}}, 2), "zero3": ({"sharding": {"stage": 3}}, 2),
-           "hsdp": ({"sharding": {"stage": 3, "degree": 2}}, 4), "hsdp-zero1": ({"sharding": {"stage": 1, "degree": 2}}, 4),
+           "hsdp": ({"sharding": {"stage": 3, "degree": 2}}, 4),
+           "hsdp-zero1": ({"sharding": {"stage": 1, "degree": 2}}, 4),
            # GPipe: every micro-batch's forward before the first backward (FSDP's units gathered for each pass;
            # until 2026-12-07 zero3 ended in a traceback, or in NaNs where it ran)
            "zero2-gpipe": ({"sharding": {"stage": 2}, "pipeline": {"microbatches": 4, "schedule": "gpipe"}}, 2),

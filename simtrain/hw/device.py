@@ -164,8 +164,8 @@ class Device:
 
     def compute_time(self, flops: float, dtype: str, ops: OpCosts | None = None, sm_margin: int = 0) -> float:
         """Seconds the stream needs for `flops` of arithmetic in `dtype` (before jitter), those of the operators
-        `ops` (when given) of a rate dtype of their own at its rate; under the roofline compute model, for the
-        operators `ops` when they are given; on the SMs that `sm_margin` leaves."""
+        `ops` (when given) of a rate dtype of their own at its rate; under the roofline or the kernel compute model,
+        for the operators `ops` when they are given; on the SMs that `sm_margin` leaves."""
         if ops is not None and self.compute_model != "flops":
             measured_s = self._measured_s.get((ops, dtype))
             if measured_s is None:  # a step charges the same few dozen operator groups again and again

@@ -39,7 +39,7 @@ tiles cuBLAS picks for small GEMMs, the quantization of K, and attention's
 own shape (sequence, head size, the mask): its published fraction is the
 forward's best, charged to the backward too.
 
-    filled(4096, 4096, 1, 132)             # 128 tiles on 132 SMs: 0.97
+    filled(4096, 4096, 1, 132)             # 16 x 32 = 512 tiles, four waves of 132: 0.97
     filled(4096, 4224, 1, 132)             # 16 x 33 = 528 = 4 x 132 tiles of 256 x 128: 1.0
     kernel_seconds(ops, rates, bytes_rate, sms=132, attention_scale=1.2)
 """
