@@ -151,7 +151,7 @@ class Device:
         self.memory = MemoryLedger(f"rank {rank} ({node}, {spec.name})", spec.memory_bytes)
         self._stream_free_at = 0.0
         self._measured_s: dict[tuple, float] = {}  # (OpCosts, dtype) -> roofline or kernel seconds on this spec
-        self._other_rates: dict[OpCosts, dict[str, float]] = {}  # OpCosts -> FLOPs by rate dtype
+        self._other_rates: dict[tuple, dict[str, float]] = {}  # (OpCosts, dtype) -> FLOPs of the other rate dtypes
 
     def abort(self) -> None:
         """The device stops now (lost, or its job torn down): the work on its stream ends here (its spans
@@ -192,13 +192,12 @@ class Device:
 
     def _flops_seconds(self, flops: float, dtype: str, ops: OpCosts | None) -> float:
         """Seconds `flops` take at `dtype`'s rate, less the FLOPs of `ops` of another rate dtype, at theirs."""
-        others = {} if ops is None else self._other_rates.get(ops)
-        if others is None:
-            others = self._other_rates[ops] = {}
+        others = {} if ops is None else self._other_rates.get((ops, dtype))
+        if others is None:  # worked out once per operator groups, as the roofline's seconds are
+            others = self._other_rates[ops, dtype] = {}
             for operator_flops, _, count, rate in by_cost(ops):
-                if operator_flops and rate:
+                if operator_flops and rate and rate != dtype:
                     others[rate] = others.get(rate, 0.0) + operator_flops * count
-        others = {rate: rate_flops for rate, rate_flops in others.items() if rate != dtype}
         if not others:
             return flops / self.spec.flops_rate(dtype)
         return ((flops - sum(others.values())) / self.spec.flops_rate(dtype)
