@@ -184,6 +184,8 @@ def test_the_hopper_figure_is_the_fit_of_its_row():
     ({"device": {"base": "a100-80gb", "efficiency": "calibrated"}, "compute_model": "kernels"},
      "cluster.device.efficiency: calibrated: the ampere figure was fitted under compute_model: roofline, not "
      "kernels"),
+    ({"device": {"base": "h100-80gb", "efficiency": "Calibrated"}, "compute_model": "kernels"},
+     "cluster.device.efficiency: expected a number or calibrated, got 'Calibrated'"),
     ({"device": {"name": "mine", "memory": "8 GiB", "memory_bandwidth": "1 TB/s", "efficiency": "calibrated",
                  "peak_flops": {"fp32": 1e12, "tf32": 1e12, "fp16": 1e12, "bf16": 1e12}}},
      "cluster.device.efficiency: calibrated needs a base part (whose GPU generation was fitted)"),

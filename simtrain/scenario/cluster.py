@@ -52,8 +52,15 @@ class PeakFlops(Section):
 
 
 def _number_or_calibrated(value, number):
-    """`calibrated` as given, anything else validated as the number it must be."""
-    return value if value == "calibrated" else number(value)
+    """`calibrated` as given, anything else validated as the number it must be (a word that is neither: named)."""
+    if value == "calibrated":
+        return value
+    try:
+        return number(value)
+    except ValidationError as error:
+        if isinstance(value, str) and error.errors()[0]["type"] == "float_parsing":
+            raise ValueError(f"expected a number or calibrated, got {value!r}") from None
+        raise
 
 
 # A fraction of peak, or `calibrated`: the figure fitted for the part's generation (hw/catalog.py, CALIBRATED)
