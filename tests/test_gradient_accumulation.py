@@ -63,10 +63,12 @@ LAYOUTS = {"ddp": ({}, 2), "ddp-no-overlap": ({"overlap": False}, 2), "zero1": (
            "zero2": ({"sharding": {"stage": 2}}, 2), "zero3": ({"sharding": {"stage": 3}}, 2),
            "hsdp": ({"sharding": {"stage": 3, "degree": 2}}, 4),
            "hsdp-zero1": ({"sharding": {"stage": 1, "degree": 2}}, 4),
-           # GPipe: every micro-batch's forward before the first backward (FSDP's units gathered for each pass;
-           # until 2026-12-07 zero3 ended in a traceback, or in NaNs where it ran)
+           # GPipe: every micro-batch's forward before the first backward; zero bubble: each backward in I and W
+           # (until 2026-12-07 zero3 ended in a traceback under either, or in NaNs where GPipe ran)
            "zero2-gpipe": ({"sharding": {"stage": 2}, "pipeline": {"microbatches": 4, "schedule": "gpipe"}}, 2),
-           "zero3-gpipe": ({"sharding": {"stage": 3}, "pipeline": {"microbatches": 4, "schedule": "gpipe"}}, 2)}
+           "zero3-gpipe": ({"sharding": {"stage": 3}, "pipeline": {"microbatches": 4, "schedule": "gpipe"}}, 2),
+           "zero3-zero-bubble": ({"sharding": {"stage": 3}, "pipeline": {"microbatches": 4, "schedule": "zero_bubble"}},
+                                 2)}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -434,3 +434,13 @@ def test_under_sequence_parallelism_i_gathers_the_shards_again_and_keeps_them_fo
     splits = [split for split in input_gradient_part(stage0).backward_regather if split is not None]
     assert [(split.after_flops, split.behind) for split in splits] == [(2 * tokens * 32 * 64, 0.0),
                                                                         (3 * 2 * tokens * 32 * 16, 0.0)]
+
+
+@pytest.mark.parametrize("name, stages, microbatches, follows", [
+    ("1f1b", 1, 4, True), ("interleaved", 1, 4, True), ("gpipe", 1, 1, True), ("gpipe", 1, 4, False),
+    ("zero_bubble", 1, 4, False), ("1f1b", 2, 4, False)])
+def test_whether_each_forwards_whole_backward_follows_it(name, stages, microbatches, follows):
+    """F0 B0 F1 B1 ... on every rank: what FSDP's unit-by-unit overlap needs (strategies/unit_overlap.py); GPipe's
+    forwards run first, zero bubble splits its backwards, and 1F1B on two stages warms up with two forwards."""
+    schedule = build_schedule(name, stages, microbatches, chunks=1)
+    assert schedule.backwards_follow_forwards() is follows, [str(action) for action in schedule.actions[0]]

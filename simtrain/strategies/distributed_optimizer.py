@@ -109,10 +109,10 @@ class DistributedOptimizer:
         self.buckets: dict[int, BucketOverlap] = {}  # rank -> its buckets, under overlap_grad_reduce
         # data parallelism alone (no ep): FSDP's units, the model's blocks, beside the compute (unit_overlap.py)
         self.blocks: dict[int, UnitOverlap] = {}
-        # (unit by unit only where each microbatch's backward follows its forward: GPipe runs every forward first,
-        # and a unit resharded after one microbatch's backward is not whole for the next's)
-        gpipe = job.scenario.parallel.pipeline.schedule == "gpipe" and self.microbatches > 1
-        unit_costs = UnitCosts(job.model) if layout.world == layout.dp and layout.ep == 1 and not gpipe else None
+        # (unit by unit only where each forward's whole backward follows it: a unit resharded after one microbatch's
+        # backward is not whole for another's, and a backward split in I and W is not one pass)
+        unit_costs = (UnitCosts(job.model) if layout.world == layout.dp and layout.ep == 1
+                      and scheme.schedule.backwards_follow_forwards() else None)
         self._tp_summed: dict[int, set] = {}  # rank -> ids of its parameters summed over tp (tp_summed_parameters)
         self.held, self._step_bytes = {}, {}
         self.ranks = [rank for rank in scheme.running if scheme.replicas[rank] is not None]  # launched: its own

@@ -84,6 +84,18 @@ class Schedule:
         """Which of rank `rank`'s chunks model part `part` is."""
         return self.placement[rank].index(part)
 
+    def backwards_follow_forwards(self) -> bool:
+        """Whether every rank runs each forward's whole backward (B) right after it: F0 B0 F1 B1 ... (1F1B on one
+        stage), not every forward first (GPipe) nor the backward split in I and W (zero bubble)."""
+        for steps in self.actions:
+            if len(steps) % 2 or any(type(step) is Overlapped for step in steps):
+                return False
+            for forward, backward in zip(steps[::2], steps[1::2]):
+                if ((forward.kind, backward.kind) != ("F", "B")
+                        or (forward.part, forward.microbatch) != (backward.part, backward.microbatch)):
+                    return False
+        return True
+
     def splits_backward(self) -> bool:
         """Whether some backward runs as I and W apart (the engine then measures the weight gradients)."""
         return any(a.kind == "I" for steps in self.actions for step in steps for a in computations(step))
