@@ -77,7 +77,7 @@ def scenario(choose: Callable[[str, list], object]) -> dict:
             sharding["overlap_param_gather"] = choose("sharding.overlap_param_gather", [False, True])
     precision = choose("precision", ["fp32", "bf16", "fp16", "fp8"])
     sequence_parallel = tp > 1 and choose("sequence_parallel", [False, True])
-    pipeline: dict = {"schedule": choose("pipeline.schedule", ["gpipe", "1f1b", "interleaved"]),
+    pipeline: dict = {"schedule": choose("pipeline.schedule", ["gpipe", "1f1b", "interleaved", "zero_bubble"]),
                       "microbatches": choose("pipeline.microbatches", [None, 1, 2, 4])}
     if pipeline["schedule"] == "interleaved" and pp > 1 and choose("pipeline.virtual_stages", [False, True]):
         pipeline["virtual_stages"] = 2

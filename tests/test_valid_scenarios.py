@@ -43,7 +43,7 @@ def test_the_scenarios_take_every_option_of_every_choice():
     assert seen("parallel.sharding.offload") == {'"none"', '"optimizer"', "null"}
     assert seen("train.precision") == {'"fp32"', '"bf16"', '"fp16"', '"fp8"'}
     assert seen("train.checkpointing") == {'"none"', '"selective"', '"full"', '"sqrt"'}
-    assert seen("parallel.pipeline.schedule") == {'"gpipe"', '"1f1b"', '"interleaved"'}
+    assert seen("parallel.pipeline.schedule") == {'"gpipe"', '"1f1b"', '"interleaved"', '"zero_bubble"'}
     assert seen("parallel.all_reduce") == {'"ring"', '"tree"', '"nccl"'}
     assert seen("numerics") == {"false", "true"}
     assert seen("parallel.representatives") == {"false", "true"}
