@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch pinned: 2.13.0 resolves to the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[test,docs,ray,chakra]"
+	$(BIN)/pip install --quiet -e ".[test,docs,ray,chakra,titan]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -15,7 +15,7 @@ import click
 from rich.table import Table
 
 from .errors import ScenarioError
-from .scenario import apply_override, validate_scenario
+from .scenario import load_cluster
 from .units import format_bytes, format_seconds
 from .user_files import load_yaml_file, user_path
 from .views import console
@@ -35,7 +35,7 @@ def replay(traces, cluster_file, overrides, as_json):
     from .report import finite_or_none
 
     loaded = read_traces(list(traces))
-    result = replay_traces(loaded, _scenario(cluster_file, overrides, loaded.world))
+    result = replay_traces(loaded, load_cluster(cluster_file, overrides, loaded.world))
     data = result.data
     if as_json:
         click.echo(json.dumps(finite_or_none(data), allow_nan=False))
@@ -52,22 +52,3 @@ def replay(traces, cluster_file, overrides, as_json):
                       format_seconds(device["trace_compute_s"]),
                       format_bytes(sum(device["bytes_sent_by_label"].values())))
     console.print(table)
-
-
-def _scenario(cluster_file: str, overrides, world: int):
-    """The scenario of `cluster_file` (a scenario, or a cluster section alone) with `overrides`, on `world`
-    devices unless its topology is a file."""
-    path = user_path(cluster_file, "--cluster", ScenarioError)
-    raw = load_yaml_file(path, str(path), ScenarioError)
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{path}: expected a scenario or a cluster section (a mapping of fields)")
-    if "cluster" not in raw:
-        raw = {"cluster": raw}
-    if not isinstance(raw["cluster"], dict):
-        raise ScenarioError(f"{path}: cluster: expected a mapping of fields")
-    topology = raw["cluster"].get("topology", "")
-    if not (isinstance(topology, str) and topology.endswith((".yaml", ".yml"))):
-        raw["cluster"]["devices"] = world
-    for override in overrides:
-        apply_override(raw, override, str(path))
-    return validate_scenario(raw, source=str(path), base_dir=Path(path).parent)

@@ -8,9 +8,13 @@ dispatched inside it and records, per operator:
 - its **FLOPs**: torch's own formulas (`torch.utils.flop_counter.flop_registry`:
   matrix multiplies, convolutions, attention; 2 FLOPs per multiply-add); every
   other operator (element-wise, reductions, softmax, normalization) counts 0.
-  An operator without a formula that torch can decompose (a composite
-  operator) is decomposed first and its parts are recorded instead, as
-  torch's FlopCounterMode does, so the totals are FlopCounterMode's;
+  An operator without a formula that torch can decompose (one with a
+  composite kernel beside its own) is decomposed and its parts are recorded
+  instead, as torch's FlopCounterMode does, so the totals are
+  FlopCounterMode's, where its parts hold FLOPs (found once per operator, its
+  decomposition run on meta tensors). One whose parts hold none (silu_backward,
+  element-wise) runs as itself, as a GPU runs it: torch's own values (its
+  decomposition rounds otherwise) and one kernel's bytes;
 - its **bytes**: every tensor input read once and every tensor output written
   once from HBM, each counted by the distinct elements it spans (a broadcast
   input, stride 0, is read once). An in-place operator reads and writes its
@@ -64,8 +68,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
-from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
+                                         is_traceable_wrapper_subclass_type)
+from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.flop_counter import flop_registry
 
 # (FLOPs, bytes, count, rate dtype, kernel) per distinct operator, sorted; rate dtype "": the work's own
@@ -75,6 +80,9 @@ _aten = torch.ops.aten
 # Operators that move no bytes though their schema does not mark them as views.
 _NO_TRAFFIC = {_aten._unsafe_view, _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.new_empty,
                _aten.new_empty_strided}
+# Arguments the GPU kernel does not read, by operator and position: the dense mask simtrain's masked attention
+# (train/fused_attention.py) computes values with on a CPU, where FlexAttention evaluates its mask block by block.
+_NOT_READ = {"simtrain::masked_attention": 3, "simtrain::masked_attention_backward": 7}
 # The device catalog's name (hw/catalog.py, DeviceSpec.peak_flops) of the rate of arithmetic on operands of each
 # torch dtype; float8 operands, e4m3 or e5m2, run at the fp8 tensor-core rate.
 RATE_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8",
@@ -84,6 +92,7 @@ RATE_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf
 GEMMS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm",
                    "simtrain::scaled_mm"})
 ATTENTION = frozenset({"simtrain::flash_attention", "simtrain::flash_attention_backward",
+                       "simtrain::masked_attention", "simtrain::masked_attention_backward",
                        "aten::_scaled_dot_product_flash_attention",
                        "aten::_scaled_dot_product_flash_attention_backward",
                        "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -112,7 +121,7 @@ class OperatorRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if not self._decomposing:
             self.kernels += 1
-        if func is not torch.ops.prim.device.default:
+        if func is not torch.ops.prim.device.default and _parts_hold_flops(func, args, kwargs):
             self._decomposing += 1
             try:
                 with self:
@@ -137,6 +146,9 @@ class OperatorRecorder(TorchDispatchMode):
             self.flops_by_dtype[dtype] = self.flops_by_dtype.get(dtype, 0.0) + flops
             operand = next(t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
             rate = RATE_DTYPES.get(operand.dtype, "")
+        unread = _NOT_READ.get(func._overloadpacket._qualified_op_name)
+        if unread is not None:
+            args = args[:unread] + args[unread + 1:]
         nbytes = float(sum(_distinct_bytes(t) for t in tree_leaves((args, kwargs, out))
                            if isinstance(t, torch.Tensor)))
         if flops or nbytes:
@@ -147,6 +159,29 @@ class OperatorRecorder(TorchDispatchMode):
         """The operators recorded since the last take, grouped by equal (FLOPs, bytes, rate dtype, kernel)."""
         counts, self._counts = self._counts, {}
         return _grouped(counts)
+
+
+# By operator: whether its decomposition (its composite kernel) holds FLOPs (above), found on first sight.
+_PARTS_HOLD_FLOPS: dict = {}
+
+
+def _parts_hold_flops(func, args, kwargs) -> bool:
+    """Whether operator `func` decomposes into parts that hold FLOPs: its decomposition run once, outside every
+    mode, on meta tensors of its arguments' shapes under a recorder of its own."""
+    known = _PARTS_HOLD_FLOPS.get(func)
+    if known is None:
+        with _disable_current_modes():
+            meta_args, meta_kwargs = tree_map_only(
+                torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"),
+                (args, kwargs))
+            try:
+                with OperatorRecorder() as parts:
+                    decomposed = func.decompose(*meta_args, **meta_kwargs)
+                known = decomposed is not NotImplemented and parts.flops > 0
+            except (RuntimeError, NotImplementedError):  # a decomposition that needs values: decomposed, as torch does
+                known = True
+        _PARTS_HOLD_FLOPS[func] = known
+    return known
 
 
 def _kernel(func, out) -> tuple:

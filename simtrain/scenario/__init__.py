@@ -19,7 +19,7 @@ take their defaults from these specs.
 from .cluster import (DTYPES, OPTIONAL_DTYPES, ClusterSpec, DeviceFields, DeviceOverride, FaultSpec, LinkSpec,
                       PeakFlops, RandomFaultsSpec, SharedMemorySpec, TOPOLOGY_BUILDERS)
 from .data import DataSpec, MHSpec
-from .loading import apply_override, load_scenario
+from .loading import apply_override, load_cluster, load_scenario
 from .model import ModelSpec
 from .parallel import AsyncSpec, ParallelSpec, PipelineSpec
 from .pbt import CheckpointStorageSpec, MetricSpec, PbtSpec, PbtStopSpec, RangeSpec
@@ -34,5 +34,5 @@ __all__ = [
     "ModelSpec", "OptimizerSpec", "ParallelSpec", "PbtSpec", "PbtStopSpec", "PeakFlops", "PipelineSpec",
     "RandomFaultsSpec", "RangeSpec", "ReportSpec", "Scenario", "SharedMemorySpec", "TOPOLOGY_BUILDERS",
     "TrainCheckpointSpec",
-    "TrainSpec", "apply_override", "load_scenario", "validate_scenario",
+    "TrainSpec", "apply_override", "load_cluster", "load_scenario", "validate_scenario",
 ]

@@ -24,6 +24,26 @@ def load_scenario(path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario
     return validate_scenario(raw, source=str(path), base_dir=path.parent)
 
 
+def load_cluster(path, overrides: list[str] | tuple[str, ...], devices: int | None) -> Scenario:
+    """A scenario file, or a file of its cluster section alone, read, overridden and validated: the cluster some
+    workload of the user's own runs on. `devices`, when given, sets the device count unless the topology is a file
+    of its own."""
+    path = user_path(path, "--cluster", ScenarioError)
+    raw = load_yaml_file(path, str(path), ScenarioError)
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: expected a scenario or a cluster section (a mapping of fields)")
+    if "cluster" not in raw:
+        raw = {"cluster": raw}
+    if not isinstance(raw["cluster"], dict):
+        raise ScenarioError(f"{path}: cluster: expected a mapping of fields")
+    topology = raw["cluster"].get("topology", "")
+    if devices is not None and not (isinstance(topology, str) and topology.endswith((".yaml", ".yml"))):
+        raw["cluster"]["devices"] = devices
+    for override in overrides:
+        apply_override(raw, override, str(path))
+    return validate_scenario(raw, source=str(path), base_dir=path.parent)
+
+
 def apply_override(raw: dict, override: str, source: str = "--set") -> None:
     """Set `dotted.path=value` (value parsed as YAML) in the raw scenario mapping."""
     key, sep, text = override.partition("=")

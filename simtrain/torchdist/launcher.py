@@ -43,6 +43,7 @@ collects like any other: nothing to register. The third argument is the run
 """
 import inspect
 import numbers
+from contextlib import nullcontext
 from functools import cached_property
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from ..report import build_kineto, build_trace, kineto_files, write_atomic
 from ..report.chakra_files import chakra_files
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
+from .numerics_off import initialisers_of_fakes
 from .op_meter import sharding_propagation_unmetered
 from .representatives import Representatives
 from .run import SimRun
@@ -134,7 +136,8 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
     cluster.log.keep_communication_parts()  # for its Kineto traces (report/kineto.py), written after the run
     run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s,
                  representatives)
-    with ranks_as_threads(world), categorized(run), sharding_propagation_unmetered():
+    with ranks_as_threads(world), categorized(run), sharding_propagation_unmetered(), \
+            (nullcontext() if numerics else initialisers_of_fakes()):
         for rank in filter(run.runs, range(world)):
             run.start(rank, lambda rank=rank: fn(rank, world))
         values = run.finish()
@@ -169,8 +172,8 @@ def now_s() -> float:
 
 
 def spawn_scenario(world, scenario, topology, bandwidth, latency, device, collective, channels) -> Scenario:
-    """The scenario a spawn runs: the file's with `world`, `collective` and `channels` set, or the keywords given
-    as a scenario's fields (every one left None keeps its spec's default)."""
+    """The scenario a spawn runs: the file's with `world`, `collective` and `channels` set, a Scenario given as it
+    is, or the keywords given as a scenario's fields (every one left None keeps its spec's default)."""
     if world is not None and (isinstance(world, bool) or not isinstance(world, numbers.Integral)):
         raise ScenarioError(f"simtrain.dist.spawn: world: expected an integer, got {world!r}")
     overrides = [f"cluster.devices={world}"] if world is not None else []
@@ -178,6 +181,11 @@ def spawn_scenario(world, scenario, topology, bandwidth, latency, device, collec
         overrides.append(f"parallel.all_reduce={collective}")
     if channels is not None:
         overrides.append(f"parallel.channels={channels}")
+    if isinstance(scenario, Scenario):
+        if overrides:
+            raise ScenarioError("simtrain.dist.spawn: world, collective and channels: set them in the scenario given "
+                                "(a Scenario is run as it is)")
+        return scenario
     if scenario is not None:
         return load_scenario(scenario, overrides)
     if world is None:

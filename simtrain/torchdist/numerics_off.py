@@ -24,7 +24,11 @@ large model run in one process.
 
 An op that needs a fake tensor's values (`.item()`, `.tolist()`, `nonzero`, a
 Python `if` on a tensor, `float(t)`) cannot run: `NumericsOffUnsupported`, one
-line naming the op and the line of the user's code that asked for it.
+line naming the op and the line of the user's code that asked for it. One
+initialiser asks for values only to draw them again: `torch.nn.init.trunc_normal_`
+redraws until no value lies outside its bounds. Under `initialisers_of_fakes()`
+it leaves a fake tensor (or a DTensor whose shard is fake) as it is, as torch
+leaves a meta tensor: there are no values to draw.
 
     fake_floats = FakeFloats()
     with fake_floats, meter:
@@ -34,6 +38,7 @@ line naming the op and the line of the user's code that asked for it.
 import sys
 import threading
 import weakref
+from contextlib import contextmanager
 
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
@@ -114,3 +119,20 @@ def _called_at() -> str:
     """' (at file:line in function)': where the user's code asked for the op, if it did."""
     where = user_line(sys._getframe(1))
     return f" (at {where})" if where else ""
+
+
+@contextmanager
+def initialisers_of_fakes():
+    """While it is entered, `torch.nn.init.trunc_normal_` leaves a fake tensor as it is (see above)."""
+    from torch.distributed.tensor import DTensor
+    draw = torch.nn.init._no_grad_trunc_normal_
+
+    def trunc_normal(tensor, *args, **kwargs):
+        local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+        return tensor if isinstance(local, FakeTensor) else draw(tensor, *args, **kwargs)
+
+    torch.nn.init._no_grad_trunc_normal_ = trunc_normal
+    try:
+        yield
+    finally:
+        torch.nn.init._no_grad_trunc_normal_ = draw

@@ -22,6 +22,13 @@ on and the line of the user's code where it waits: `user_line`). Either way
 every waiting thread is then resumed with `Aborted` raised at its wait, so no
 thread is left behind.
 
+Each rank draws from torch's CPU generator of its own, as a process of its own
+would: the generator's state is the rank's while it runs (saved when it hands
+control back, put back when it resumes) and starts as a fresh process's (torch's
+default seed), and the state the spawn began with is put back at its end. So
+`torch.rand` in a rank, and a seed drawn from the generator (torchtitan's), do
+not depend on what other ranks drew before.
+
 A watchdog guards the host, not the simulation (the one use of wall time): a
 rank that holds its turn for `timeout_s` seconds of wall time while its thread
 uses almost no CPU (under 1% of that time) blocks on something outside the
@@ -38,10 +45,12 @@ import time
 from pathlib import Path
 
 import simpy
+import torch
 
 from ..errors import Deadlock, RankBlocked, RankFailed, first_line
 
 BLOCKED_CPU_FRACTION = 0.01  # a thread that used less CPU than this share of the watchdog's time is blocked
+FRESH_GENERATOR = torch.Generator().get_state()  # a fresh process's CPU generator: torch's default seed
 
 
 class Aborted(BaseException):
@@ -59,7 +68,7 @@ def current_rank() -> int | None:
 
 class _Rank:
     __slots__ = ("rank", "thread", "resume", "event", "value", "waiting_on", "ended", "result", "error", "abort",
-                 "blocked")
+                 "blocked", "generator")
 
     def __init__(self, rank: int):
         self.rank = rank
@@ -73,6 +82,7 @@ class _Rank:
         self.error = None
         self.abort = False
         self.blocked = False  # the watchdog found it blocked outside the scheduler: left behind
+        self.generator = FRESH_GENERATOR  # torch's CPU generator's state while the rank runs (above)
 
 
 class Turns:
@@ -84,6 +94,7 @@ class Turns:
         self._ranks: dict[int, _Rank] = {}
         self._clock = threading.Semaphore(0)  # released when the running rank hands control back
         self._clock_error = None
+        self._generator = torch.get_rng_state()  # the spawn's own, put back at its end
 
     def start(self, rank: int, body) -> None:
         """Run `body()` as rank `rank`; it first runs at the current simulated instant."""
@@ -101,10 +112,12 @@ class Turns:
         if state.abort:
             raise Aborted()
         state.event, state.waiting_on = event, what
+        state.generator = torch.get_rng_state()
         self._clock.release()
         state.resume.acquire()
         if state.abort:
             raise Aborted()
+        torch.set_rng_state(state.generator)
         return state.value
 
     def run(self, runner) -> None:
@@ -138,6 +151,7 @@ class Turns:
         for state in self._ranks.values():  # each has handed control back for the last time; let it exit
             if not state.blocked:
                 state.thread.join()
+        torch.set_rng_state(self._generator)
         if self._clock_error is not None:
             raise self._clock_error
         if failed:
@@ -155,6 +169,7 @@ class Turns:
         state.resume.acquire()
         try:
             if not state.abort:
+                torch.set_rng_state(state.generator)
                 state.result = body()
         except Aborted:
             pass

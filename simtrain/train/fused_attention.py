@@ -53,6 +53,15 @@ def flash_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.ops.simtrain.flash_attention(q, k, v, causal)
 
 
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None,
+                     divisor: float, kept: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(QKᵀ/divisor)·V and its log-sum-exp, the scores where `hidden` (broadcast to (b, h, s_q, s_k)) is
+    True left out, as one fused operator forward and one backward, charged `kept` of the FLOPs of every score
+    (the share of score blocks a block-sparse kernel computes, FlexAttention's). `hidden` None: every score
+    counts (numerics off, where no value is computed: the charge is still `kept`'s)."""
+    return torch.ops.simtrain.masked_attention(q, k, v, hidden, divisor, kept)
+
+
 def use_fused_attention_(model: torch.nn.Module) -> None:
     """Make every attention layer of `model` (a module with `fused_attention`: gpt's Block, llama's
     LlamaBlock) call flash_attention."""
@@ -78,16 +87,12 @@ def backward_flops(q_shape, k_shape, v_shape, causal: bool) -> int:
 @torch.library.custom_op("simtrain::flash_attention", mutates_args=())
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = _scores(q, k, causal).to(_accumulated(q))
-    lse = scores.logsumexp(dim=-1)  # (b, h, s): the softmax's normalizer, kept for backward
-    probs = (scores - lse.unsqueeze(-1)).exp().to(q.dtype)
-    return _sequence_major(_grouped(probs, v, lambda p, vg: p @ vg)), lse
+    return _attention(q, k, v, _causal_mask(q) if causal else None, math.sqrt(q.shape[-1]))
 
 
 @_forward.register_fake
 def _(q, k, v, causal):
-    return _sequence_major(q.new_empty((*q.shape[:-1], v.shape[-1]))), q.new_empty(q.shape[:-1],
-                                                                                   dtype=_accumulated(q))
+    return _forward_shapes(q, v)
 
 
 @torch.library.custom_op("simtrain::flash_attention_backward", mutates_args=())
@@ -97,16 +102,8 @@ def _backward(grad: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: to
     # dV = Pᵀ dO, dP = dO Vᵀ, dS = P (dP - D), dQ = dS K / √d, dK = dSᵀ Q / √d, with D = rowsum(dO O) - dlse
     # (FlashAttention-2 computes D first; the log-sum-exp's own gradient, what a ring attention's merge of
     # blocks gives it, joins there, since d lse / dS = P).
-    dtype = _accumulated(q)
-    grad, q_, k_, v_, out = (t.to(dtype) for t in (grad, q, k, v, out))
-    probs = (_scores(q_, k_, causal) - lse.to(dtype).unsqueeze(-1)).exp()
-    grad_probs = _grouped(grad, v_, lambda g, vg: g @ vg.transpose(-2, -1))
-    rows = (grad * out).sum(-1, keepdim=True) - grad_lse.to(dtype).unsqueeze(-1)
-    grad_scores = probs * (grad_probs - rows) / math.sqrt(q.shape[-1])
-    grad_q = _grouped(grad_scores, k_, lambda s, kg: s @ kg)
-    grad_k = _summed_over_group(grad_scores.transpose(-2, -1) @ q_, k.shape[1])
-    grad_v = _summed_over_group(probs.transpose(-2, -1) @ grad, v.shape[1])
-    return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)
+    return _attention_backward(grad, grad_lse, q, k, v, out, lse, _causal_mask(q) if causal else None,
+                               math.sqrt(q.shape[-1]))
 
 
 @_backward.register_fake
@@ -137,6 +134,60 @@ def _backward_flops(grad_shape, grad_lse_shape, q_shape, k_shape, v_shape, kept_
     return backward_flops(q_shape, k_shape, v_shape, causal)
 
 
+@torch.library.custom_op("simtrain::masked_attention", mutates_args=())
+def _masked_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None, divisor: float,
+                    kept: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention(q, k, v, hidden, divisor)
+
+
+@_masked_forward.register_fake
+def _(q, k, v, hidden, divisor, kept):
+    return _forward_shapes(q, v)
+
+
+@torch.library.custom_op("simtrain::masked_attention_backward", mutates_args=())
+def _masked_backward(grad: torch.Tensor, grad_lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor, hidden: torch.Tensor | None, divisor: float,
+                     kept: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _attention_backward(grad, grad_lse, q, k, v, out, lse, hidden, divisor)
+
+
+@_masked_backward.register_fake
+def _(grad, grad_lse, q, k, v, out, lse, hidden, divisor, kept):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _masked_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3], *output, inputs[3])
+    ctx.divisor, ctx.kept = inputs[4:]
+
+
+def _masked_autograd_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, hidden = ctx.saved_tensors
+    return (*torch.ops.simtrain.masked_attention_backward(grad_out, grad_lse, q, k, v, out, lse, hidden,
+                                                          ctx.divisor, ctx.kept), None, None, None)
+
+
+_masked_forward.register_autograd(_masked_autograd_backward, setup_context=_masked_setup_context)
+
+
+@register_flop_formula(torch.ops.simtrain.masked_attention)
+def _masked_forward_flops(q_shape, k_shape, v_shape, hidden_shape, divisor, kept, *args, **kwargs) -> int:
+    return round(forward_flops(q_shape, k_shape, v_shape, False) * kept)
+
+
+@register_flop_formula(torch.ops.simtrain.masked_attention_backward)
+def _masked_backward_flops(grad_shape, grad_lse_shape, q_shape, k_shape, v_shape, kept_out_shape, lse_shape,
+                           hidden_shape, divisor, kept, *args, **kwargs) -> int:
+    return round(backward_flops(q_shape, k_shape, v_shape, False) * kept)
+
+
+def _forward_shapes(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty tensors of the forward's two results: the output (sequence-major) and the log-sum-exp."""
+    return _sequence_major(q.new_empty((*q.shape[:-1], v.shape[-1]))), q.new_empty(q.shape[:-1],
+                                                                                   dtype=_accumulated(q))
+
+
 def _sequence_major(out: torch.Tensor) -> torch.Tensor:
     """`out` (b, h, s, d) laid out as (b, s, h, d) in memory, as FlashAttention writes it: merging its heads
     for the output projection is then a view, not a copy."""
@@ -148,14 +199,40 @@ def _accumulated(q: torch.Tensor) -> torch.dtype:
     return torch.promote_types(q.dtype, torch.float32)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
-    """QKᵀ/√d of every query head against its key head, if causal the future at -inf: (b, h, s_q, s_k)."""
-    scores = _grouped(q, k, lambda qg, kg: qg @ kg.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    if not causal:
-        return scores
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None,
+               divisor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(QKᵀ/divisor)·V, the scores `hidden` hides at -inf, and the log-sum-exp: both ops' forward."""
+    scores = _scores(q, k, hidden, divisor).to(_accumulated(q))
+    lse = scores.logsumexp(dim=-1)  # (b, h, s): the softmax's normalizer, kept for backward
+    probs = (scores - lse.unsqueeze(-1)).exp().to(q.dtype)
+    return _sequence_major(_grouped(probs, v, lambda p, vg: p @ vg)), lse
+
+
+def _attention_backward(grad, grad_lse, q, k, v, out, lse, hidden: torch.Tensor | None,
+                        divisor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of `_attention` in closed form: both ops' backward."""
+    dtype = _accumulated(q)
+    grad, q_, k_, v_, out = (t.to(dtype) for t in (grad, q, k, v, out))
+    probs = (_scores(q_, k_, hidden, divisor) - lse.to(dtype).unsqueeze(-1)).exp()
+    grad_probs = _grouped(grad, v_, lambda g, vg: g @ vg.transpose(-2, -1))
+    rows = (grad * out).sum(-1, keepdim=True) - grad_lse.to(dtype).unsqueeze(-1)
+    grad_scores = probs * (grad_probs - rows) / divisor
+    grad_q = _grouped(grad_scores, k_, lambda s, kg: s @ kg)
+    grad_k = _summed_over_group(grad_scores.transpose(-2, -1) @ q_, k.shape[1])
+    grad_v = _summed_over_group(probs.transpose(-2, -1) @ grad, v.shape[1])
+    return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)
+
+
+def _causal_mask(q: torch.Tensor) -> torch.Tensor:
+    """The scores a causal mask hides: each query's future keys, (s, s)."""
     length = q.shape[-2]
-    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(causal, float("-inf"))
+    return torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor | None, divisor: float) -> torch.Tensor:
+    """QKᵀ/divisor of every query head against its key head, those `hidden` hides at -inf: (b, h, s_q, s_k)."""
+    scores = _grouped(q, k, lambda qg, kg: qg @ kg.transpose(-2, -1)) / divisor
+    return scores if hidden is None else scores.masked_fill(hidden, float("-inf"))
 
 
 def _grouped(per_query_head: torch.Tensor, per_kv_head: torch.Tensor, product) -> torch.Tensor:

@@ -1,0 +1,77 @@
+"""`simtrain torchtitan`: torchtitan's own Trainer on simulated ranks (simtrain/frameworks/torchtitan.py), against
+the same Trainer on real gloo processes, and its numerics off against its numerics on."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("torchtitan", reason="torchtitan is an optional extra: pip install -e '.[titan]'")
+
+import simtrain.dist  # noqa: E402
+from gloo_processes import run_on_gloo  # noqa: E402
+from simtrain.cli import main  # noqa: E402
+from simtrain.frameworks.torchtitan import run_torchtitan, simulated_machine, train  # noqa: E402
+from simtrain.scenario import load_cluster  # noqa: E402
+from titan_ranks import full_parameters, gloo_rank, job, titan_assets  # noqa: E402
+
+CLUSTER = "scenarios/quickstart.yaml"
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return titan_assets(tmp_path_factory.mktemp("titan"))
+
+
+@pytest.mark.slow
+@pytest.mark.gloo
+def test_fsdp_and_tp_training_equals_the_same_trainer_on_gloo(assets):
+    """FSDP 2 x TP 2 on 4 ranks, 3 steps: each step's loss and every trained parameter as 4 gloo processes give."""
+    arguments = job(assets, "--parallelism.tensor_parallel_degree", "2")
+    gloo_losses, gloo_parameters = run_on_gloo(gloo_rank, 4, (arguments,))[0]
+
+    def rank(rank, world):
+        run = train(arguments, numerics=True)
+        return run.losses, full_parameters(run.trainer)
+
+    with simulated_machine():
+        losses, parameters = simtrain.dist.spawn(rank, scenario=load_cluster(CLUSTER, [], 4), timeout_s=None)[0]
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
+    assert losses == pytest.approx(gloo_losses, rel=1e-5)
+    assert parameters.keys() == gloo_parameters.keys()
+    for name, value in parameters.items():
+        torch.testing.assert_close(value, gloo_parameters[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_numerics_off_charges_what_numerics_on_charges(assets):
+    """Fake tensors cost what real ones do: the same step times, bytes sent and peak memory per category (FSDP 2 x
+    TP 2; numerics off runs one data-parallel rank for both, representatives). Without values there is no loss to
+    log: torchtitan's metric logging, and the all-reduces of the loss it makes on the steps it logs, are off on
+    both sides."""
+    arguments = job(assets, "--parallelism.tensor_parallel_degree", "2")
+    on = run_torchtitan(arguments, load_cluster(CLUSTER, [], 4), numerics=True, log_metrics=False)
+    off = run_torchtitan(arguments, load_cluster(CLUSTER, [], 4), numerics=False)
+    # 1.5e-7 apart on the second step: one tiny operator (some 100 bytes) runs on one side only (not traced)
+    assert off.step_s == pytest.approx(on.step_s, rel=1e-6)
+    assert len(on.step_s) == 3 and off.losses == on.losses == []
+    for with_values, without in zip(on.result.report.data["devices"], off.result.report.data["devices"]):
+        assert without["bytes_sent"] == with_values["bytes_sent"]
+        assert without["peak_memory_bytes_per_category"] == with_values["peak_memory_bytes_per_category"]
+
+
+def test_the_command_writes_its_report_and_a_bad_argument_is_one_line(assets, tmp_path, capsys):
+    out = tmp_path / "out"
+    arguments = job(assets, "--training.steps", "2")
+    with pytest.raises(SystemExit) as ended:
+        main(["torchtitan", "--cluster", CLUSTER, "--ranks", "2", "--out", str(out), "--", *arguments])
+    assert ended.value.code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["ranks"] == 2 and len(report["steps_s"]) == 2 and report["step_time_s"] > 0
+    assert report["tokens_per_s_per_gpu"] == pytest.approx(2 * 128 / report["step_time_s"])
+    assert json.loads((out / "trace.json").read_text())["traceEvents"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        main(["torchtitan", "--cluster", CLUSTER, "--out", str(out), "--", *arguments, "--training.no_such_key", "1"])
+    assert ended.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "torchtitan's arguments" in error[0] and "no_such_key" in error[0]
