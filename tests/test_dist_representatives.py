@@ -131,3 +131,21 @@ def test_a_representative_stands_for_its_class_in_the_group_or_its_mirror():
     both = Classes(Representatives((2, 3, 2), alike_dims=(1, 2)), world=12)  # dp and tp alike: one rank per pp
     assert [rank for rank in range(12) if both.runs(rank)] == [0, 3, 6]  # rank 3 (dp 1, tp 1): the witness
     assert both.stand_ins([0, 1], 0)[:2] == [(1, [0, 1], 1), (2, [2, 3], 0)]  # tp group: itself, then dp 1's
+
+
+def _all_reduce_then_barrier(rank, world):
+    dist.init_process_group("simtrain")
+    dist.all_reduce(torch.ones(1 << 10))
+    dist.barrier()  # torchtitan's, before it sets its groups' timeouts
+    return simtrain.dist.now_s()
+
+
+def test_a_barrier_under_representatives_ends_when_every_rank_s_does():
+    """A barrier's stand-ins carried a real tensor beside the representative's meta one (numerics off), and the
+    transfer that landed one on the other ended the run in a traceback; each rank ends where it does in the full
+    run."""
+    full = simtrain.dist.spawn(_all_reduce_then_barrier, world=4, numerics=False)
+    represented = simtrain.dist.spawn(_all_reduce_then_barrier, world=4, numerics=False,
+                                      representatives=Representatives((4,), alike_dims=(0,)))
+    assert represented[0] == full[0] > 0
+    assert represented.report.data["devices"][3]["end_s"] == full.report.data["devices"][3]["end_s"]

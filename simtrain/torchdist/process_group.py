@@ -399,8 +399,9 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._post(f"{name} of {_dtype(inputs[0])}", program, result, exchange)
 
     def barrier(self, opts=None):
-        return self._post("barrier", lambda me, payload: self.group.all_reduce(me, len(self.group.ranks),
-                                                                               payload(torch.zeros(1))), [])
+        # an all-reduce of one element without values (a meta tensor, on every rank and rank stood in for alike)
+        return self._post("barrier", lambda me, payload: self.group.all_reduce(
+            me, len(self.group.ranks), payload(torch.empty(1, device="meta"))), [])
 
     def send(self, tensors, dst, tag):
         return self._point_to_point("send", dst, tag, one_tensor(tensors, "send"))
