@@ -122,3 +122,47 @@ def test_fused_attention_on_a_model_without_attention_prints_one_line_and_exits_
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "model.attention" in err and "\n" not in err
+
+
+def _document_causal(documents):
+    """FlexAttention's mask_mod of causal attention within each document (torchtitan's block_causal)."""
+    def mask_mod(batch, head, q_index, kv_index):
+        return (documents[batch, q_index] == documents[batch, kv_index]) & (q_index >= kv_index)
+    return mask_mod
+
+
+def test_flexattention_stand_in_computes_torchs_flex_attention_and_charges_the_blocks_it_keeps():
+    """simtrain's stand-in for FlexAttention (frameworks/torchtitan.py, simtrain::masked_attention) against torch's
+    own flex_attention forward (eager on a CPU) under a document-causal block mask, its gradients against the
+    written-out masked softmax, and its FLOPs: the share of 128 x 128 score blocks the block mask computes, in
+    closed form."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention as torch_flex
+
+    from simtrain.frameworks.torchtitan import flex_attention
+    torch.manual_seed(0)
+    batch, heads, kv_heads, length, width = 2, 4, 2, 512, 16
+    documents = torch.tensor([[0] * 300 + [1] * 212, [0] * 512])  # the first sequence packs two documents
+    mask = create_block_mask(_document_causal(documents), batch, None, length, length, device="cpu")
+    q = torch.randn(batch, heads, length, width, requires_grad=True)
+    k, v = (torch.randn(batch, kv_heads, length, width, requires_grad=True) for _ in range(2))
+    with OperatorRecorder() as recorder:
+        out, _ = flex_attention(q, k, v, score_mod=None, block_mask=mask, scale=None, enable_gqa=True,
+                                return_aux=None, kernel_options={})
+        forward_flops = recorder.flops
+        out.square().sum().backward()
+    torch.testing.assert_close(out.detach(), torch_flex(q.detach(), k.detach(), v.detach(), block_mask=mask,
+                                                        enable_gqa=True), rtol=1e-5, atol=1e-5)
+    hidden = ~((documents[:, None, :, None] == documents[:, None, None, :])
+               & torch.ones(length, length, dtype=torch.bool).tril())
+    grouped_k, grouped_v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
+    reference = torch.softmax((q @ grouped_k.transpose(-2, -1) / width ** 0.5).masked_fill(hidden, float("-inf")),
+                              -1) @ grouped_v
+    expected = torch.autograd.grad(reference.square().sum(), (q, k, v))
+    recomputed = [t.grad for t in (q, k, v)]
+    for got, want in zip(recomputed, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # 4 x 4 blocks of 128: the one-document sequence keeps the 10 on or below the diagonal; in the two-document one
+    # rows 384-511 are all document 1's (it starts at 300), so their blocks against keys 0-255 go: 8 kept
+    kept = (10 + 8) / (2 * 16)
+    assert forward_flops == round(kept * 4 * batch * heads * length * length * width)
+    assert recorder.flops - forward_flops == round(kept * 10 * batch * heads * length * length * width)

@@ -307,6 +307,9 @@ def run_torchtitan(arguments: list[str], scenario: Scenario, numerics: bool = Fa
     """torchtitan's training, as its command-line `arguments` configure it, on every device of `scenario`'s cluster:
     its Trainer built and trained on each rank (`train`'s `log_metrics`); the step times and the run's report."""
     config = parse_config(arguments)
+    if config.compile.enable:
+        raise ScenarioError("torchtitan's arguments: compile.enable: torch.compile does not run on simulated ranks "
+                            "(its kernels are built for a GPU); pass --compile.no-enable")
     cluster = resolve_cluster(scenario.cluster, scenario.base_dir)
     world, device = cluster.devices, cluster.device_specs[0]
     runs: dict[int, RankRun] = {}
