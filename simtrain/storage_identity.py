@@ -43,3 +43,7 @@ class StorageIds:
             number = self._numbers[storage] = self._next
             self._next += 1
         return number
+
+    def known(self, storage) -> int | None:
+        """The number of `storage` (an UntypedStorage), or None if no tensor on it has been asked about."""
+        return self._numbers.get(storage)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -187,3 +188,30 @@ def test_an_unsupported_collective_is_one_line_naming_it():
         warnings.simplefilter("ignore", FutureWarning)  # torch's: all_gather_coalesced is deprecated
         simtrain.dist.spawn(rank_code, world=2)
     assert time.monotonic() - started < 1.0
+
+
+def _sharded_linears(layers: int):
+    def train(rank, world):
+        dist.init_process_group("simtrain")
+        mesh = init_device_mesh("cpu", (world,))
+        with torch.device("meta"):
+            model = nn.Sequential(*[nn.Linear(2048, 2048, bias=False) for _ in range(layers)])
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")
+        model(torch.randn(8, 2048)).sum().backward()
+    return train
+
+
+@pytest.mark.parametrize("numerics", [True, False])
+def test_fsdp2_frees_each_layer_s_unsharded_parameters_on_the_ledger(numerics):
+    """FSDP2 frees a layer's unsharded parameters after its forward by resizing their storage to 0, which no
+    dispatched operator does. The ledger saw them allocated and never freed: every layer's stayed, 256 MiB for
+    these 16 layers. Now 12 more layers add, in closed form, only their saved inputs (8 x 2048 fp32, 64 KiB each)
+    to the activations' peak, and their sharded weight and gradient (a quarter of 2048 x 2048 fp32 each, 8 MiB
+    together) to the other tensors'."""
+    peaks = [simtrain.dist.spawn(_sharded_linears(layers), world=4, numerics=numerics)
+             .report.data["devices"][0]["peak_memory_bytes_per_category"] for layers in (4, 16)]
+    assert peaks[1]["activations"] - peaks[0]["activations"] == 12 * 8 * 2048 * 4
+    assert peaks[1]["tensors"] - peaks[0]["tensors"] == 12 * 2 * 2048 * 2048 * 4 // 4

@@ -54,7 +54,7 @@ from ..report.chakra_files import chakra_files
 from ..scenario import ClusterSpec, Scenario, apply_override, load_scenario, validate_scenario
 from .memory_categories import categorized
 from .numerics_off import initialisers_of_fakes
-from .op_meter import sharding_propagation_unmetered
+from .op_meter import sharding_propagation_unmetered, storage_resizes_metered
 from .representatives import Representatives
 from .run import SimRun
 
@@ -137,6 +137,7 @@ def spawn(fn, world: int | None = None, scenario=None, *, topology: str | None =
     run = SimRun(cluster, world, spec.parallel.all_reduce, spec.parallel.channels, numerics, timeout_s,
                  representatives)
     with ranks_as_threads(world), categorized(run), sharding_propagation_unmetered(), \
+            storage_resizes_metered(lambda rank: run.meters[rank]), \
             (nullcontext() if numerics else initialisers_of_fakes()):
         for rank in filter(run.runs, range(world)):
             run.start(rank, lambda rank=rank: fn(rank, world))

@@ -55,6 +55,7 @@ from ..op_cost import OperatorRecorder
 from ..storage_identity import StorageIds
 from ..train.fused_attention import backward_flops, forward_flops
 from ..units import format_bytes
+from .scheduler import current_rank
 
 # What torch's CPU allocator raises when the host has not the bytes (c10/core/impl/alloc_cpu.cpp).
 _ALLOCATION_FAILED = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
@@ -166,6 +167,16 @@ class OpMeter(OperatorRecorder):
         self._held.add(id(tensor))
         weakref.finalize(tensor, self._release, id(tensor), storage)
 
+    def resized(self, storage, nbytes: int) -> None:
+        """`storage` (an UntypedStorage) now holds `nbytes`: its ledger entry follows, if the rank holds it (FSDP2
+        frees an unsharded parameter's storage by resizing it to 0 and brings it back by resizing it again)."""
+        held = self._live.get(self._storage_ids.known(storage))
+        if held is None or held[1] == nbytes:
+            return
+        self.ledger.free(held[2], held[1])
+        held[1] = nbytes
+        self.ledger.alloc(held[2], nbytes)
+
     def _release(self, tensor: int, storage: int) -> None:
         self._held.discard(tensor)
         held = self._live[storage]
@@ -173,6 +184,27 @@ class OpMeter(OperatorRecorder):
         if held[0] == 0:
             del self._live[storage]
             self.ledger.free(held[2], held[1])
+
+
+@contextmanager
+def storage_resizes_metered(meter_of_rank):
+    """While it is entered, a storage resized in a rank (`UntypedStorage.resize_`, which no dispatched operator
+    does: FSDP2's `free_storage` and `alloc_storage`) is resized on that rank's meter, `meter_of_rank(rank)`, as a
+    GPU's allocator sees the memory go and come back."""
+    resize = torch.UntypedStorage.resize_
+
+    def resized(storage, nbytes):
+        result = resize(storage, nbytes)
+        rank = current_rank()
+        if rank is not None:
+            meter_of_rank(rank).resized(storage, storage.nbytes())
+        return result
+
+    torch.UntypedStorage.resize_ = resized
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = resize
 
 
 @contextmanager

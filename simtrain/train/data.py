@@ -51,6 +51,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.data import Dataset, DistributedSampler, Subset, TensorDataset, default_collate
 
 from ..errors import ScenarioError, first_line
@@ -158,11 +159,14 @@ def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's digits as (pixels / 16 in float32, labels in int64), read once a process: parsing its
     compressed CSV costs tens of milliseconds, which a small run, or a sweep of them, would pay every time.
     Runs share the tensors; should one change them in place (their version counter moves), the next reads
-    them again, so nothing one run does reaches another."""
+    them again, so nothing one run does reaches another. They are read outside any dispatch mode: a meter of
+    users' ranks (simtrain.dist) would otherwise charge them to the rank that read them first in the process,
+    and the same run would hold more memory when it came first."""
     if not _digits_read or any(tensor._version for tensor in _digits_read[0]):
         table = _digits_table()
-        _digits_read[:] = [(torch.from_numpy(table[:, :-1] / 16.0).to(torch.float32),
-                            torch.from_numpy(table[:, -1]).to(torch.int64))]
+        with _disable_current_modes():  # the host's copy: on no device's ledger, whichever rank read it first
+            _digits_read[:] = [(torch.from_numpy(table[:, :-1] / 16.0).to(torch.float32),
+                                torch.from_numpy(table[:, -1]).to(torch.int64))]
     return _digits_read[0]
 
 
