@@ -67,9 +67,9 @@ _CLOCK_USERS = ("torchtitan.trainer", "torchtitan.components.metrics")
 class TitanRun:
     """What a torchtitan run on simulated ranks gave: its arguments, rank 0's step times (simulated seconds from
     the start of a training step to the end of its optimizer step, its operators all run) and losses (numerics on,
-    the steps torchtitan logs), the figures torchtitan
-    counts its throughput by (each rank's tokens per step, its FLOPs per token, the ranks that share a batch: cp x
-    tp x pp), rank 0's device, and the spawn's result (its report)."""
+    the steps torchtitan logs), the figures torchtitan counts its throughput by (each rank's tokens per step, its
+    FLOPs per token, the ranks that share a batch: cp x tp x pp), rank 0's device, and the spawn's result (its
+    report)."""
 
     arguments: list[str]
     step_s: list[float]
@@ -145,7 +145,7 @@ def flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_
     if score_mod is not None:
         raise ScenarioError("torchtitan: FlexAttention with a score_mod: simtrain runs FlexAttention as masked "
                             "attention, which has none")
-    batch, _, q_length, width = q.shape
+    q_length, width = q.shape[-2:]
     blocks = block_mask.kv_num_blocks.sum()
     if block_mask.full_kv_num_blocks is not None:
         blocks = blocks + block_mask.full_kv_num_blocks.sum()
@@ -167,7 +167,7 @@ def parse_config(arguments: list[str]):
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             return ConfigManager().parse_args(list(arguments))
-    except SystemExit:  # tyro prints its complaint in a box and exits
+    except SystemExit:  # tyro prints its complaint and exits
         raise ScenarioError(f"torchtitan's arguments: {_tyro_complaint(printed.getvalue())}") from None
     except (ValueError, ImportError, AssertionError) as error:
         raise ScenarioError(f"torchtitan's arguments: {error}") from None
