@@ -25,8 +25,8 @@ in only where a real run reaches the machine:
 
 With numerics off (the default, `--numerics` for values) the floating-point tensors are fake
 (torchdist/numerics_off.py), so no loss has a value: torchtitan's metric logging, which reads the loss and gradient
-norm (`.item()`), is off, and simtrain's report gives the step times, memory and bytes instead. Data-parallel
-and tensor-parallel ranks run alike, so one runs for all of them (`representatives`, below).
+norm (`.item()`), is off, and simtrain's report gives the step times, memory and bytes instead. Tensor-parallel
+ranks run alike, so one runs for all of them (`representatives`, below).
 """
 import contextlib
 import gc
@@ -184,9 +184,11 @@ def _tyro_complaint(printed: str) -> str:
 
 def representatives(config, world: int) -> Representatives:
     """The ranks of torchtitan's mesh (pp x batch x cp x tp, row-major as it lays it out) that run alike: along the
-    batch dimension (data-parallel replicas and shards) and the tensor-parallel one (each rank multiplies a slice
-    of the same shape). Pipeline stages hold different layers, and context-parallel ranks pass their keys and
-    values to each other (a send between alike ranks cannot be stood in for), so those run each."""
+    tensor-parallel dimension (each rank multiplies a slice of the same shape, on the same tokens). Data-parallel
+    ranks do not: each reads other documents, and FlexAttention's document mask, hence its FLOPs, follows where
+    they end (the witness finds them apart at the first attention). Pipeline stages hold different layers, and
+    context-parallel ranks pass their keys and values to each other (a send between alike ranks cannot be stood
+    in for), so those run each too."""
     parallelism = config.parallelism
     pp, cp, tp = (parallelism.pipeline_parallel_degree, parallelism.context_parallel_degree,
                   parallelism.tensor_parallel_degree)
@@ -194,7 +196,7 @@ def representatives(config, world: int) -> Representatives:
     if batch < 1:
         raise ScenarioError(f"torchtitan's arguments: parallelism: pp {pp} x cp {cp} x tp {tp} does not divide "
                             f"the {world} ranks")
-    return Representatives((pp, batch, cp, tp), alike_dims=(1, 3))
+    return Representatives((pp, batch, cp, tp), alike_dims=(3,))
 
 
 @contextlib.contextmanager
