@@ -117,3 +117,18 @@ def test_bad_input_is_one_line_naming_the_field():
         simtrain.dist.spawn(lambda rank, world: None, world=2, numerics="off")
     with pytest.raises(ScenarioError, match="timeout_s"):
         simtrain.dist.spawn(lambda rank, world: None, world=2, timeout_s=0)
+
+
+def _copied_model(rank, world):
+    import copy
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    twin = copy.deepcopy(model)  # torchtitan's pipeline split copies the whole model before pruning each stage
+    return [(type(p).__name__, tuple(p.shape)) for p in twin.parameters()]
+
+
+def test_a_model_of_fake_tensors_deep_copies():
+    """copy.deepcopy of a model whose parameters are fake copied the spawn's fake mode and its per-thread state,
+    and ended in a traceback (cannot pickle '_thread._local'); the copy's tensors stay in the one mode."""
+    copied = simtrain.dist.spawn(_copied_model, world=2, numerics=False)[0]
+    assert copied == [("FakeTensor", (64, 64)), ("FakeTensor", (64,)), ("FakeTensor", (8, 64)), ("FakeTensor", (8,))]

@@ -89,6 +89,11 @@ class _CollectivesOnTheGroup(FakeTensorMode):
         # a posted functional collective's work by its output's storage (held weakly), until waited on
         self.works = weakref.WeakKeyDictionary()
 
+    def __deepcopy__(self, memo):
+        """The mode itself: a fake tensor deep-copied (`copy.deepcopy` of a model, as torchtitan's pipeline split
+        does) stays in the spawn's one mode, whose per-thread entries cannot be copied."""
+        return self
+
     @property
     def enter_stack(self) -> list:
         """The calling thread's entries (a rank may wait, and others run, while it is entered)."""
