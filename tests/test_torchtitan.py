@@ -60,12 +60,19 @@ def test_numerics_off_charges_what_numerics_on_charges(assets):
         assert without["peak_memory_bytes_per_category"] == with_values["peak_memory_bytes_per_category"]
 
 
-def test_the_command_writes_its_report_and_a_bad_argument_is_one_line(assets, tmp_path, capsys):
-    out = tmp_path / "out"
+def test_the_command_writes_its_report_the_same_every_time_and_a_bad_argument_is_one_line(assets, tmp_path,
+                                                                                         capsys):
+    """Two runs of one job write the same report.json, byte for byte; an argument torchtitan rejects, and degrees
+    that do not divide the ranks, end in one line and exit code 2."""
+    reports = []
     arguments = job(assets, "--training.steps", "2")
-    with pytest.raises(SystemExit) as ended:
-        main(["torchtitan", "--cluster", CLUSTER, "--ranks", "2", "--out", str(out), "--", *arguments])
-    assert ended.value.code == 0
+    for out in (tmp_path / "first", tmp_path / "second"):
+        with pytest.raises(SystemExit) as ended:
+            main(["torchtitan", "--cluster", CLUSTER, "--ranks", "2", "--out", str(out), "--", *arguments])
+        assert ended.value.code == 0
+        reports.append((out / "report.json").read_bytes())
+    assert reports[0] == reports[1]
+    out = tmp_path / "first"
     report = json.loads((out / "report.json").read_text())
     assert report["ranks"] == 2 and len(report["steps_s"]) == 2 and report["step_time_s"] > 0
     assert report["tokens_per_s_per_gpu"] == pytest.approx(2 * 128 / report["step_time_s"])
@@ -76,3 +83,9 @@ def test_the_command_writes_its_report_and_a_bad_argument_is_one_line(assets, tm
     assert ended.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "torchtitan's arguments" in error[0] and "no_such_key" in error[0]
+    with pytest.raises(SystemExit) as ended:
+        main(["torchtitan", "--cluster", CLUSTER, "--ranks", "3", "--out", str(out), "--", *arguments,
+              "--parallelism.tensor_parallel_degree", "2"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip() == ("error: torchtitan's arguments: parallelism: pp 1 x cp 1 x tp 2 does "
+                                               "not divide the 3 ranks")
