@@ -89,3 +89,9 @@ def test_the_command_writes_its_report_the_same_every_time_and_a_bad_argument_is
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip() == ("error: torchtitan's arguments: parallelism: pp 1 x cp 1 x tp 2 does "
                                                "not divide the 3 ranks")
+    with pytest.raises(SystemExit) as ended:  # torchtitan 0.3.0's default backend, on torch 2.13
+        main(["torchtitan", "--cluster", CLUSTER, "--ranks", "2", "--out", str(out), "--", *arguments,
+              "--parallelism.spmd_backend", "spmd_types"])
+    assert ended.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "spmd_types" in error[0] and "partial_dtensor" in error[0]

@@ -39,6 +39,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
@@ -315,6 +316,13 @@ def run_torchtitan(arguments: list[str], scenario: Scenario, numerics: bool = Fa
                             "(its kernels are built for a GPU); pass --compile.no-enable")
     cluster = resolve_cluster(scenario.cluster, scenario.base_dir)
     world, device = cluster.devices, cluster.device_specs[0]
+    # torchtitan 0.3.0 is written for a torch nightly (set_timeout is one of its APIs): on an older torch its
+    # default backend stops in fully_shard on every mesh of several ranks (measured on torch 2.13)
+    if config.parallelism.spmd_backend == "spmd_types" and world > 1 and not hasattr(dist, "set_timeout"):
+        raise ScenarioError(f"torchtitan's arguments: parallelism.spmd_backend: spmd_types (0.3.0's default) stops in "
+                            f"FSDP2's fully_shard with torch {torch.__version__} (\"all parameters must be DTensors on "
+                            f"the full SPMD mesh\") on a mesh of several ranks; pass --parallelism.spmd_backend "
+                            f"partial_dtensor")
     runs: dict[int, RankRun] = {}
 
     def rank(rank: int, world: int) -> dict:
