@@ -66,10 +66,9 @@ def main():
         load, start, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
         result = run_torchtitan(arguments, scenario)
         wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    throughput = result.tokens_per_step / result.step_s[-1] / result.non_data_parallel
     device = result.result.report.data["devices"][0]
     print(f"{args.run}: {run['world']} ranks, steps {', '.join(f'{s * 1e3:.1f}' for s in result.step_s)} ms; "
-          f"{throughput:,.0f} tokens/s/GPU, MFU {100 * result.flops_per_token * throughput / result.peak_flops:.1f}% "
+          f"{result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {100 * result.mfu:.1f}% "
           f"(torchtitan's count); rank 0 peak {device['peak_memory_bytes'] / 2 ** 30:.1f} GiB ("
           + ", ".join(f"{k} {v / 2 ** 30:.1f}" for k, v in device["peak_memory_bytes_by_category"].items() if v)
           + ")")

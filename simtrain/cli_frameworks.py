@@ -53,21 +53,16 @@ def torchtitan(cluster_file, ranks, overrides, numerics, out_dir, arguments):
 
 
 def summary(run, numerics: bool) -> dict:
-    """report.json's figures: the run's steps (rank 0's), their throughput as torchtitan counts it, and each rank's
-    compute, communication, bytes and memory."""
+    """report.json's figures: the run's steps (rank 0's), their throughput as torchtitan counts it, the losses it
+    logged (numerics on), and each rank's compute, communication, bytes and memory."""
     report = run.result.report.data
-    steps = run.step_s
-    last = steps[-1]
-    peak = run.result.report.data["devices"][0]
-    throughput = run.tokens_per_step / last / run.non_data_parallel
     return {
         "framework": "torchtitan", "arguments": run.arguments, "numerics": numerics,
         "ranks": len(report["devices"]), "device": run.device_name,
-        "step_time_s": last, "steps_s": steps,
-        "tokens_per_s_per_gpu": throughput,
-        "tflops_per_gpu": run.flops_per_token * throughput / 1e12,
-        "mfu": run.flops_per_token * throughput / run.peak_flops,
-        "peak_memory_bytes": peak["peak_memory_bytes"],
+        "step_time_s": run.step_s[-1], "steps_s": run.step_s, "losses": run.losses,
+        "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu,
+        "tflops_per_gpu": run.flops_per_token * run.tokens_per_s_per_gpu / 1e12, "mfu": run.mfu,
+        "peak_memory_bytes": report["devices"][0]["peak_memory_bytes"],
         "sim_time_s": report["sim_time_s"], "devices": report["devices"], "links": report["links"],
     }
 

@@ -146,13 +146,14 @@ class OperatorRecorder(TorchDispatchMode):
             self.flops_by_dtype[dtype] = self.flops_by_dtype.get(dtype, 0.0) + flops
             operand = next(t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
             rate = RATE_DTYPES.get(operand.dtype, "")
-        unread = _NOT_READ.get(func._overloadpacket._qualified_op_name)
+        name = func._overloadpacket._qualified_op_name
+        unread = _NOT_READ.get(name)
         if unread is not None:
             args = args[:unread] + args[unread + 1:]
         nbytes = float(sum(_distinct_bytes(t) for t in tree_leaves((args, kwargs, out))
                            if isinstance(t, torch.Tensor)))
         if flops or nbytes:
-            key = (float(flops), nbytes, rate, _kernel(func, out))
+            key = (float(flops), nbytes, rate, _kernel(name, out))
             self._counts[key] = self._counts.get(key, 0) + 1
 
     def take(self) -> OpCosts:
@@ -184,9 +185,9 @@ def _parts_hold_flops(func, args, kwargs) -> bool:
     return known
 
 
-def _kernel(func, out) -> tuple:
-    """The kernel operator `func` runs as (op_cost's docstring): a GEMM's result grid, attention, or ()."""
-    name = func._overloadpacket._qualified_op_name
+def _kernel(name: str, out) -> tuple:
+    """The kernel operator `name` (qualified) runs as (op_cost's docstring): a GEMM's result grid, attention, or
+    ()."""
     if name in GEMMS:
         rows, columns = out.shape[-2:]
         return ("gemm", rows, columns, math.prod(out.shape[:-2]))

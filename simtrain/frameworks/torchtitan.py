@@ -82,24 +82,36 @@ class TitanRun:
     peak_flops: float
     result: SpawnResult
 
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """The last step's throughput as torchtitan counts it: a rank's tokens over the step and the ranks that
+        share its batch."""
+        return self.tokens_per_step / self.step_s[-1] / self.non_data_parallel
+
+    @property
+    def mfu(self) -> float:
+        """The last step's model FLOPs (torchtitan's count per token) over the device's bf16 peak."""
+        return self.flops_per_token * self.tokens_per_s_per_gpu / self.peak_flops
+
+
+def _rank_device():
+    """The calling rank's simulated GPU."""
+    return SimRun.active("torchtitan's device module").cluster.devices[current_rank()]
+
 
 class SimulatedGpu:
     """torchtitan's device module (`torch.cuda` on a GPU), answering for the calling rank's simulated GPU."""
 
-    @staticmethod
-    def _device():
-        return SimRun.active("torchtitan's device module").cluster.devices[current_rank()]
-
     def get_device_name(self, device=None) -> str:
-        return self._device().spec.name
+        return _rank_device().spec.name
 
     def get_device_properties(self, device=None):
-        spec = self._device().spec
+        spec = _rank_device().spec
         return SimpleNamespace(name=spec.name, total_memory=int(spec.memory_bytes))
 
     def memory_stats(self, device=None) -> dict:
         """The two peaks torchtitan reads: the ledger's, over the run so far (simtrain keeps one peak per run)."""
-        peak = self._device().memory.peak_total
+        peak = _rank_device().memory.peak_total
         return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak, "num_alloc_retries": 0,
                 "num_ooms": 0}
 
@@ -222,7 +234,7 @@ def simulated_machine():
     import importlib
     changes = [(importlib.import_module(module), "time", SimulatedClock()) for module in _CLOCK_USERS]
     changes += [(importlib.import_module("torchtitan.tools.utils"), "get_peak_flops",
-                 lambda device_name: SimulatedGpu._device().spec.peak_flops["bf16"]),
+                 lambda device_name: _rank_device().spec.peak_flops["bf16"]),
                 (dist.Backend.default_device_backend_map, "cpu", "simtrain"),
                 (os.environ, "LOCAL_RANK", "0")]  # each rank is its own simulated host's device 0
     collecting = gc.isenabled()  # torchtitan's GarbageCollection turns the collector off, for the process
