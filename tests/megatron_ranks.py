@@ -41,10 +41,12 @@ class Layout:
     overlap_grad_reduce: bool = False
 
 
-def initialize(layout: Layout) -> None:
+def initialize(rank: int, world: int, layout: Layout) -> None:
     """Megatron-Core's parallel state and seeds for `layout` (the default process group already joined)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    if not torch.distributed.is_initialized():  # the launcher's group (gloo's) is already there
+        torch.distributed.init_process_group(rank=rank, world_size=world)  # the device's default backend
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
@@ -123,7 +125,7 @@ def train(rank: int, world: int, layout: Layout) -> tuple[list[float], torch.Ten
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    initialize(layout)
+    initialize(rank, world, layout)
     config = transformer_config(layout)
     chunks = build_model(layout, config)
     optimizer = get_megatron_optimizer(

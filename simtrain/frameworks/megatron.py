@@ -27,13 +27,23 @@ job go through the same stand-ins, so they compute the same thing:
 the run, so the groups Megatron creates without naming a backend are simulated ones.
 """
 import contextlib
+import importlib
 import threading
 
 import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
+from ..torchdist.module_state import ranks_own_module_state
 from .torchtitan import _attributes_set
+
+# Megatron-Core's modules that a training job reaches, some with process state in their globals (parallel_state's
+# groups, the RNG tracker, the micro-batch calculator): imported before a spawn (module_state.py).
+_STATEFUL = ("megatron.core.parallel_state", "megatron.core.tensor_parallel", "megatron.core.models.gpt",
+             "megatron.core.models.gpt.gpt_layer_specs", "megatron.core.distributed", "megatron.core.optimizer",
+             "megatron.core.pipeline_parallel", "megatron.core.pipeline_parallel.schedules",
+             "megatron.core.num_microbatches_calculator", "megatron.core.transformer.moe.moe_layer",
+             "megatron.core.transformer.moe.token_dispatcher", "megatron.core.rerun_state_machine")
 
 
 class _DeviceGenerator:
@@ -204,5 +214,8 @@ def cpu_machine():
 def simulated_machine():
     """`cpu_machine`, and the groups Megatron-Core creates (with no backend named: the CPU's default, gloo) made
     simtrain's, until the block ends."""
-    with _attributes_set([(dist.Backend.default_device_backend_map, "cpu", "simtrain")]):
+    for module in _STATEFUL:  # imported before the spawn, so each rank gets its globals as imported
+        importlib.import_module(module)
+    with _attributes_set([(dist.Backend.default_device_backend_map, "cpu", "simtrain")]), \
+            ranks_own_module_state("megatron.core"):
         yield

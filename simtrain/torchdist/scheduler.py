@@ -27,7 +27,8 @@ would: the generator's state is the rank's while it runs (saved when it hands
 control back, put back when it resumes) and starts as a fresh process's (torch's
 default seed), and the state the spawn began with is put back at its end. So
 `torch.rand` in a rank, and a seed drawn from the generator (torchtitan's), do
-not depend on what other ranks drew before.
+not depend on what other ranks drew before. The module globals of packages made
+per rank (module_state.py: Megatron-Core's process groups) are swapped the same way.
 
 A watchdog guards the host, not the simulation (the one use of wall time): a
 rank that holds its turn for `timeout_s` seconds of wall time while its thread
@@ -48,6 +49,7 @@ import simpy
 import torch
 
 from ..errors import Deadlock, RankBlocked, RankFailed, first_line
+from .module_state import registered
 
 BLOCKED_CPU_FRACTION = 0.01  # a thread that used less CPU than this share of the watchdog's time is blocked
 FRESH_GENERATOR = torch.Generator().get_state()  # a fresh process's CPU generator: torch's default seed
@@ -68,9 +70,9 @@ def current_rank() -> int | None:
 
 class _Rank:
     __slots__ = ("rank", "thread", "resume", "event", "value", "waiting_on", "ended", "result", "error", "abort",
-                 "blocked", "generator")
+                 "blocked", "generator", "modules")
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, modules: list):
         self.rank = rank
         self.thread = None
         self.resume = threading.Semaphore(0)
@@ -83,6 +85,7 @@ class _Rank:
         self.abort = False
         self.blocked = False  # the watchdog found it blocked outside the scheduler: left behind
         self.generator = FRESH_GENERATOR  # torch's CPU generator's state while the rank runs (above)
+        self.modules = [state.fresh() for state in modules]  # its own module globals (module_state.py)
 
 
 class Turns:
@@ -95,10 +98,12 @@ class Turns:
         self._clock = threading.Semaphore(0)  # released when the running rank hands control back
         self._clock_error = None
         self._generator = torch.get_rng_state()  # the spawn's own, put back at its end
+        self._modules = registered()  # packages whose globals each rank keeps its own of (module_state.py)
+        self._modules_before = [state.save() for state in self._modules]  # the spawn's own, put back at its end
 
     def start(self, rank: int, body) -> None:
         """Run `body()` as rank `rank`; it first runs at the current simulated instant."""
-        state = _Rank(rank)
+        state = _Rank(rank, self._modules)
         state.thread = threading.Thread(target=self._thread, args=(state, body), name=f"simtrain rank {rank}",
                                         daemon=True)
         self._ranks[rank] = state
@@ -113,12 +118,19 @@ class Turns:
             raise Aborted()
         state.event, state.waiting_on = event, what
         state.generator = torch.get_rng_state()
+        state.modules = [modules.save() for modules in self._modules]
         self._clock.release()
         state.resume.acquire()
         if state.abort:
             raise Aborted()
-        torch.set_rng_state(state.generator)
+        self._resumed(state)
         return state.value
+
+    def _resumed(self, state: _Rank) -> None:
+        """The rank's own generator state and module globals, as it left them."""
+        torch.set_rng_state(state.generator)
+        for modules, values in zip(self._modules, state.modules):
+            modules.load(values)
 
     def run(self, runner) -> None:
         """`runner(env)` runs the clock (hw.cluster.run_to_end); it stops early when a rank raises."""
@@ -152,6 +164,8 @@ class Turns:
             if not state.blocked:
                 state.thread.join()
         torch.set_rng_state(self._generator)
+        for modules, values in zip(self._modules, self._modules_before):
+            modules.load(values)
         if self._clock_error is not None:
             raise self._clock_error
         if failed:
@@ -169,7 +183,7 @@ class Turns:
         state.resume.acquire()
         try:
             if not state.abort:
-                torch.set_rng_state(state.generator)
+                self._resumed(state)
                 state.result = body()
         except Aborted:
             pass

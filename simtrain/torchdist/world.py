@@ -17,9 +17,10 @@ TCP store. Neither suits ranks that are threads of one process. While
 - torch's registry of group names is per thread (its thread isolation mode),
   as every rank registers the same names;
 - a group of another backend made from a rank thread (gloo, which torch picks
-  when none is given, as `init_device_mesh` does without a default group) is
-  one line: its ranks would wait for processes that are not there (torch's
-  `fake` backend waits for no one and is let through);
+  when none is given, as `init_device_mesh` does without a default group,
+  unless the CPU's default backend is set to simtrain's) is one line: its
+  ranks would wait for processes that are not there (torch's `fake` backend
+  waits for no one and is let through);
 - `sys.excepthook`, which `init_process_group` wraps, is put back on exit;
 - when DTensor is loaded (DeviceMesh, FSDP2), torch._dynamo is imported first,
   outside the ranks (below).
@@ -136,7 +137,10 @@ def ranks_as_threads(world: int):
 def _only_simtrain(backend) -> bool:
     """Whether a group's backend ('simtrain', or per device as 'cpu:simtrain') is simtrain's on every device, or
     torch's `fake` (a group whose collectives do nothing and wait for no one: torchtitan's for mesh dimensions of
-    size one)."""
+    size one). No backend given is the machine's device's default, as torch resolves it (`BackendConfig`): the
+    CPU's, simtrain's where a framework made it so (frameworks/megatron.py), else gloo."""
+    if str(backend) == dist.Backend.UNDEFINED:
+        backend = repr(c10d.BackendConfig(dist.Backend(dist.Backend.UNDEFINED)))
     return all(part.rpartition(":")[2] in ("simtrain", "fake") for part in str(backend).lower().split(","))
 
 
