@@ -4,7 +4,7 @@
 `parallel_state.initialize_model_parallel`, the seeds from `model_parallel_cuda_manual_seed`, a tiny GPT
 (`GPTModel` on the local, Transformer-Engine-free layer spec; fp32), wrapped in Megatron's
 `DistributedDataParallel` with the distributed optimizer, Megatron's Adam (`get_megatron_optimizer`), and the
-pipeline schedule `get_forward_backward_func()` picks, over `STEPS` steps of seeded synthetic tokens. It gives the
+pipeline schedule `get_forward_backward_func()` picks, over the layout's steps of seeded synthetic tokens. It gives the
 rank's per-step losses (on a last pipeline stage: the mean over its micro-batches; elsewhere none) and a flat copy
 of its parameters (every model chunk's, in order).
 
@@ -18,7 +18,6 @@ from functools import partial
 
 import torch
 
-STEPS = 3
 SEED = 1234
 VOCAB = 128
 SEQ = 32
@@ -39,6 +38,8 @@ class Layout:
     hidden: int = 64
     micro_batches: int = 4
     overlap_grad_reduce: bool = False
+    steps: int = 3
+    clip_grad: float = 1.0  # Megatron's gradient clipping by the global norm (0: none; it reads the norm's value)
 
 
 def initialize(rank: int, world: int, layout: Layout) -> None:
@@ -120,8 +121,9 @@ def forward_step(data_iterator, model):
     return output, partial(loss_func)
 
 
-def train(rank: int, world: int, layout: Layout) -> tuple[list[float], torch.Tensor]:
-    """One rank's training (see above): its losses and flat parameters."""
+def train(rank: int, world: int, layout: Layout, after_step=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One rank's training (see above): its losses (one per step, none off the last stage) and flat
+    parameters; `after_step()`, if given, called after each step's optimizer step (a timer's reading)."""
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -130,7 +132,7 @@ def train(rank: int, world: int, layout: Layout) -> tuple[list[float], torch.Ten
     chunks = build_model(layout, config)
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.95,
-                        clip_grad=1.0, bf16=False, fp16=False, use_distributed_optimizer=True),
+                        clip_grad=layout.clip_grad, bf16=False, fp16=False, use_distributed_optimizer=True),
         chunks, use_gloo_process_groups=False)
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = [chunk.no_sync for chunk in chunks] if len(chunks) > 1 else chunks[0].no_sync
@@ -140,7 +142,7 @@ def train(rank: int, world: int, layout: Layout) -> tuple[list[float], torch.Ten
             config.grad_sync_func = config.grad_sync_func[0]
     forward_backward = get_forward_backward_func()
     losses = []
-    for step in range(STEPS):
+    for step in range(layout.steps):
         for chunk in chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
@@ -151,13 +153,15 @@ def train(rank: int, world: int, layout: Layout) -> tuple[list[float], torch.Ten
                                    micro_batch_size=MICRO_BATCH, decoder_seq_length=SEQ, forward_only=False)
         updated, _, _ = optimizer.step()
         assert updated
+        if after_step is not None:
+            after_step()
         if reduced:
-            losses.append(float(sum(entry["lm loss"] for entry in reduced) / len(reduced)))
+            losses.append(torch.stack([entry["lm loss"] for entry in reduced]).mean())
     parameters = torch.cat([p.detach().reshape(-1) for chunk in chunks for p in chunk.parameters()])
-    return losses, parameters.clone()
+    return (torch.stack(losses) if losses else torch.zeros(0)), parameters.clone()
 
 
-def gloo_rank(rank: int, world: int, layout: Layout) -> tuple[list[float], torch.Tensor]:
+def gloo_rank(rank: int, world: int, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
     """In a process of a gloo group: the job on the CPU, through `cpu_machine`'s stand-ins."""
     from simtrain.frameworks.megatron import cpu_machine
     with cpu_machine():

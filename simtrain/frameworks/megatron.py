@@ -28,12 +28,14 @@ the run, so the groups Megatron creates without naming a backend are simulated o
 """
 import contextlib
 import importlib
+import math
 import threading
 
 import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
+from ..errors import ScenarioError
 from ..torchdist.module_state import ranks_own_module_state
 from .torchtitan import _attributes_set
 
@@ -210,12 +212,31 @@ def cpu_machine():
                 _entered["stack"] = None
 
 
+def grad_norm_without_values(grads_for_norm, norm_type=2, grad_stats_parallel_group=None) -> float:
+    """Megatron's `get_grad_norm_fp32` for fake gradients (numerics off): the same work (each gradient's 2-norm,
+    their norm, its square summed over `grad_stats_parallel_group` by an all-reduce), and no value to read
+    (Megatron reads it with `float()` and `.item()`): NaN, which leaves the gradients unclipped."""
+    if isinstance(grads_for_norm, torch.Tensor):
+        grads_for_norm = [grads_for_norm]
+    if norm_type != 2:
+        raise ScenarioError(f"Megatron-Core with numerics off: a gradient norm of type {norm_type} (simtrain stands "
+                            f"in for the 2-norm only)")
+    norms = [torch.linalg.vector_norm(grad) for grad in grads_for_norm]
+    total = (torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())).reshape(1) ** 2
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=grad_stats_parallel_group)
+    return math.nan
+
+
 @contextlib.contextmanager
-def simulated_machine():
-    """`cpu_machine`, and the groups Megatron-Core creates (with no backend named: the CPU's default, gloo) made
-    simtrain's, until the block ends."""
-    for module in _STATEFUL:  # imported before the spawn, so each rank gets its globals as imported
-        importlib.import_module(module)
-    with _attributes_set([(dist.Backend.default_device_backend_map, "cpu", "simtrain")]), \
-            ranks_own_module_state("megatron.core"):
+def simulated_machine(numerics: bool = True):
+    """`cpu_machine`'s `torch.cuda` stand-ins, the groups Megatron-Core creates (with no backend named: the CPU's
+    default, gloo) made simtrain's, and each rank's own Megatron-Core globals (its parallel state), until the block
+    ends; with numerics off, its gradient norm without values (`grad_norm_without_values`)."""
+    modules = [importlib.import_module(module) for module in _STATEFUL]  # before the spawn (module_state.py)
+    changes = [(dist.Backend.default_device_backend_map, "cpu", "simtrain")]
+    if not numerics:
+        changes += [(importlib.import_module(module), "get_grad_norm_fp32", grad_norm_without_values)
+                    for module in ("megatron.core.optimizer.clip_grads", "megatron.core.optimizer.optimizer")]
+    with _attributes_set(changes), ranks_own_module_state("megatron.core"):
         yield
+    del modules
