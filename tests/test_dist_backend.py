@@ -448,3 +448,32 @@ def test_point_to_point_messages_match_by_tag_in_the_group_s_mailbox():
     first, second, summed = values[1]
     assert torch.equal(first, torch.full((3,), 1.0)) and torch.equal(second, torch.full((3,), 2.0))
     assert torch.equal(summed, torch.full((4,), 2.0)) and torch.equal(values[0], summed)
+
+
+def test_a_package_s_module_globals_are_each_rank_s_own_as_a_process_s_would_be(tmp_path, monkeypatch):
+    """Under `ranks_own_module_state`, a global that every rank sets (Megatron-Core's parallel state) reads back as
+    the rank's own after other ranks ran, each rank starts from the value at the spawn's start (a container its
+    own copy), and the spawn's values are put back at its end. No backend named is the CPU's default backend, as
+    torch resolves it: simtrain's where it is set so."""
+    import sys
+
+    from simtrain.torchdist.module_state import ranks_own_module_state
+    (tmp_path / "stateful_package").mkdir()
+    (tmp_path / "stateful_package" / "__init__.py").write_text("_GROUP = None\n_SEEN = {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import stateful_package
+
+    def rank(rank, world):
+        dist.init_process_group()  # no backend named: the CPU's default, simtrain's here
+        started = (stateful_package._GROUP, dict(stateful_package._SEEN))
+        stateful_package._GROUP = rank
+        stateful_package._SEEN[rank] = True
+        dist.all_reduce(torch.ones(1))  # the other ranks run here
+        return started, stateful_package._GROUP, dict(stateful_package._SEEN)
+
+    monkeypatch.setitem(dist.Backend.default_device_backend_map, "cpu", "simtrain")
+    with ranks_own_module_state("stateful_package"):
+        results = simtrain.dist.spawn(rank, world=3, topology="ring", bandwidth="50 GB/s", latency="5 us")
+    assert results == [((None, {}), r, {r: True}) for r in range(3)]
+    assert stateful_package._GROUP is None and stateful_package._SEEN == {}
+    del sys.modules["stateful_package"]
