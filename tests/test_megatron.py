@@ -35,8 +35,8 @@ def simulated(layout: Layout, numerics: bool = True):
 
 @pytest.mark.slow
 @pytest.mark.gloo
-@pytest.mark.parametrize("layout", [Layout(tp=2), Layout(pp=2), Layout(tp=2, pp=2)],
-                         ids=["tp2-dp2", "pp2-dp2-1f1b", "tp2-pp2"])
+@pytest.mark.parametrize("layout", [Layout(tp=2), Layout(pp=2), Layout(tp=2, pp=2), Layout(pp=2, vpp=2)],
+                         ids=["tp2-dp2", "pp2-dp2-1f1b", "tp2-pp2", "pp2-vpp2-dp2-interleaved"])
 def test_training_equals_the_same_job_on_gloo(layout):
     """3 steps on 4 ranks, the distributed optimizer: each rank's losses (its last stage's) and every parameter it
     holds as 4 gloo processes give, within 1e-5 (the collectives add in another order: 5e-7 to 4e-6 apart)."""
