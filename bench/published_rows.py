@@ -1,6 +1,6 @@
 """A published table of TFLOP/s per GPU beside simtrain's: each row a scenario, simulated with numerics off.
 
-bench/megatron.py (Narayanan et al. 2021, Table 1, A100s) and bench/megatron_core_h100.py (Megatron-Core's H100
+bench/megatron_lm_table1.py (Narayanan et al. 2021, Table 1, A100s) and bench/megatron_core_h100.py (Megatron-Core's H100
 weak-scaling table) each give their table: the scenarios' folder, the published TFLOP/s per GPU by scenario name,
 and the paper's count of a step's model FLOPs. A row's TFLOP/s is those FLOPs over the simulated step time and the
 GPU count (a scenario of several steps: its last step's time, the steady state, where the collectives a step

@@ -1,7 +1,7 @@
 """report.json's `flops`: model TFLOP/s per device and MFU.
 
 References: closed forms (an MLP's matrix multiplies; PaLM's 6N + 12LHQT; Narayanan et al. 2021's step
-FLOPs), and bench/megatron.py's TFLOP/s per GPU on the paper's own scenarios.
+FLOPs), and bench/megatron_lm_table1.py's TFLOP/s per GPU on the paper's own scenarios.
 """
 import sys
 from pathlib import Path
@@ -16,7 +16,7 @@ from simtrain.train.gpt import build_gpt
 from simtrain.train.model_flops import gpt_flops_per_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import megatron as bench  # noqa: E402
+import megatron_lm_table1 as bench  # noqa: E402
 
 DEVICES, BATCH, HIDDEN = 4, 16, 32
 
@@ -86,8 +86,8 @@ def test_palm_closed_form_is_what_torch_counts_for_the_gpt():
 
 
 @pytest.mark.parametrize("row", ["gpt-3.6b", "gpt-7.5b"])
-def test_tflops_per_gpu_agrees_with_bench_megatron(row):
-    """bench/megatron.py divides Narayanan et al.'s step FLOPs, 96·B·s·l·h²·(1 + s/6h + V/16lh), which
+def test_tflops_per_gpu_agrees_with_bench_megatron_lm_table1(row):
+    """bench/megatron_lm_table1.py divides Narayanan et al.'s step FLOPs, 96·B·s·l·h²·(1 + s/6h + V/16lh), which
     count every layer's forward a second time (full recomputation), by the step time. The report's model
     FLOPs leave that recomputed forward out: 72·B·s·l·h²·(1 + s/6h + V/12lh). The FLOPs its devices ran
     are the paper's plus the language head's recomputed forward, 2·B·s·h·V (simtrain recomputes whole

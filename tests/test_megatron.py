@@ -17,8 +17,8 @@ from simtrain.scenario import load_cluster  # noqa: E402
 CLUSTER = "scenarios/quickstart.yaml"
 # Megatron-Core 0.16.1 calls torch.distributed's all_gather_into_tensor and reduce_scatter_tensor, which torch 2.13
 # deprecates with a FutureWarning (the suite makes the project's own FutureWarnings errors)
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning",
-                                        "ignore::DeprecationWarning")
+pytestmark = [pytest.mark.frameworks,  # make test-frameworks
+              pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")]
 
 
 def simulated(layout: Layout, numerics: bool = True):

@@ -15,6 +15,7 @@ from simtrain.scenario import load_cluster  # noqa: E402
 from titan_ranks import full_parameters, gloo_rank, job, titan_assets  # noqa: E402
 
 CLUSTER = "scenarios/quickstart.yaml"
+pytestmark = pytest.mark.frameworks  # make test-frameworks
 
 
 @pytest.fixture(scope="module")

@@ -319,7 +319,7 @@ class Calibration(NamedTuple):
 # compute model it was fitted under, with those rows' errors. A generation without a row fitted has none.
 CALIBRATED = {
     # Narayanan et al. 2021 (Megatron-LM), Table 1, the 1T row: 163 TFLOP/s per GPU on 3,072 A100s
-    # (python bench/megatron.py --calibrate gpt-1008b); the nine other rows' errors, python bench/megatron.py,
+    # (python bench/megatron_lm_table1.py --calibrate gpt-1008b); the nine other rows' errors, python bench/megatron_lm_table1.py,
     # 2026-12-07 (docs/validation/megatron.md). Under the roofline: the kernel model's one tile leaves the table's
     # small-model rows 14-22% slow.
     "ampere": Calibration(0.7076, "roofline",

@@ -8,9 +8,9 @@ runs scenarios/megatron/*.yaml (numerics off), divides those FLOPs by the
 simulated step time and the GPU count, and prints each row beside the
 paper's, with the simulation's own wall time.
 
-    python bench/megatron.py                      # every row
-    python bench/megatron.py --rows gpt-1.7b gpt-1008b
-    python bench/megatron.py --calibrate gpt-145.6b   # the device efficiency that matches that row
+    python bench/megatron_lm_table1.py                      # every row
+    python bench/megatron_lm_table1.py --rows gpt-1.7b gpt-1008b
+    python bench/megatron_lm_table1.py --calibrate gpt-145.6b   # the device efficiency that matches that row
 
 `--calibrate` solves for `cluster.device.efficiency` on one row (secant on
 the simulated TFLOP/s, which rises with the efficiency); the scenarios carry
