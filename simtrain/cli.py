@@ -1,5 +1,5 @@
 """The `simtrain` command line: run, launch, calibrate, sweep, compare, memory, validate, collective, topo, import,
-pbt replay, report, replay, torchtitan.
+pbt replay, report, replay, torchtitan, megatron.
 
     simtrain run scenarios/quickstart.yaml --set cluster.devices=16 --set parallel.all_reduce=tree
     simtrain run scenarios/pbt.yaml                 # a scenario with a pbt section runs a population
@@ -16,6 +16,7 @@ pbt replay, report, replay, torchtitan.
     simtrain import torchtitan scenarios/torchtitan/llama3_8b.toml --devices 64 --out llama3_8b.yaml
     simtrain report runs/quickstart --html            # report.html: the run's figures drawn, one page
     simtrain torchtitan --cluster scenarios/quickstart.yaml --ranks 8 -- --module llama3 --config llama3_debugmodel
+    simtrain megatron --cluster scenarios/quickstart.yaml --ranks 4 -- train_gpt.py --tp 2   # torchrun's way
 
 A user's mistake prints one line naming the field or file and exits with 2.
 
@@ -40,7 +41,7 @@ from rich.table import Table
 from .errors import ScenarioError, SimtrainError, TopologyError, one_line
 from .limits import MAX_COLLECTIVE_BYTES, MAX_PROCESSES, MAX_STEPS
 from .cli_collective import collective, topo
-from .cli_frameworks import torchtitan
+from .cli_frameworks import megatron, torchtitan
 from .cli_import import import_group
 from .cli_report import report
 from .cli_replay import replay as replay_traces
@@ -421,6 +422,7 @@ cli.add_command(import_group)
 cli.add_command(report)
 cli.add_command(replay_traces)
 cli.add_command(torchtitan)
+cli.add_command(megatron)
 
 
 def main(argv=None) -> None:

@@ -1,7 +1,7 @@
 """Megatron-Core's own training (tests/megatron_ranks.py: parallel_state, GPTModel, its DistributedDataParallel,
 distributed optimizer and pipeline schedules, unmodified) on simulated ranks (simtrain/frameworks/megatron.py),
 against the same job on real gloo processes, and with numerics off."""
-import dataclasses
+import json
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("megatron.core", reason="Megatron-Core is an optional extra: pip install -e '.[megatron]'")
 
 import simtrain.dist  # noqa: E402
+from simtrain.cli import main  # noqa: E402
 from gloo_processes import run_on_gloo  # noqa: E402
 from megatron_ranks import Layout, gloo_rank, train  # noqa: E402
 from simtrain.frameworks.megatron import cpu_machine, simulated_machine  # noqa: E402
@@ -62,3 +63,41 @@ def test_numerics_off_runs_to_the_end_and_charges_what_numerics_on_charges():
     steps_off, steps_on = off[0][2], on[0][2]
     assert len(steps_off) == 2 and 0 < steps_off[0] < steps_off[1]
     assert steps_off == pytest.approx(steps_on, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_the_command_runs_a_torchrun_script_unchanged_as_the_job_runs(tmp_path, capsys):
+    """`simtrain megatron -- megatron_script.py --tp 2` (rank and world from torchrun's environment, the nccl
+    backend named, the device set from LOCAL_RANK): the losses the script prints are the job's own on simulated
+    ranks, its second step takes the job's time between optimizer steps, and a second run writes the same
+    report.json byte for byte."""
+    layout = Layout(tp=2, steps=2)
+    job = simulated(layout)
+    reports = []
+    for out in (tmp_path / "first", tmp_path / "second"):
+        with pytest.raises(SystemExit) as ended:
+            main(["megatron", "--cluster", CLUSTER, "--ranks", "4", "--numerics", "--out", str(out), "--",
+                  "tests/megatron_script.py", "--tp", "2", "--steps", "2", "--print-losses"])
+        assert ended.value.code == 0
+        reports.append((out / "report.json").read_bytes())
+    assert reports[0] == reports[1]
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rank 0 step")]
+    assert printed[:2] == [f"rank 0 step {step + 1} loss {loss:.6f}" for step, loss in enumerate(job[0][0].tolist())]
+    report = json.loads(reports[0])
+    assert report["ranks"] == 4 and len(report["steps_s"]) == 2
+    ends = job[0][2]  # the job's clock after each optimizer step
+    assert report["step_time_s"] == pytest.approx(ends[1] - ends[0], rel=1e-9)
+    assert [device["bytes_sent"] for device in report["devices"]] == \
+        [device["bytes_sent"] for device in job.report.data["devices"]]
+
+
+def test_a_missing_script_and_a_failing_one_are_one_line(tmp_path, capsys):
+    failing = tmp_path / "failing.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    for script, expected in ((tmp_path / "absent.py", f"error: script: {tmp_path / 'absent.py'}: no such file"),
+                             (failing, f"{failing}: exited with status 3")):
+        with pytest.raises(SystemExit) as ended:
+            main(["megatron", "--cluster", CLUSTER, "--ranks", "2", "--out", str(tmp_path / "out"), "--", str(script)])
+        assert ended.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and expected in error[0]

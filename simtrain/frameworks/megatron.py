@@ -29,6 +29,7 @@ the run, so the groups Megatron creates without naming a backend are simulated o
 import contextlib
 import importlib
 import math
+import os
 import threading
 
 import torch
@@ -139,13 +140,19 @@ def _stream_context(stream):
     yield
 
 
+def _node_devices() -> int:
+    """The node's devices, as torchrun counts the ranks on it (`LOCAL_WORLD_SIZE`), one where it is not set."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def cpu_machine_changes() -> list:
     """The (object, attribute, stand-in) triples of `cpu_machine`, each with its reason."""
     generator = _DeviceGenerator()
     cuda, random = torch.cuda, torch.cuda.random
     return [
         (cuda, "current_device", lambda: "cpu"),  # Megatron's buffers are made on device=current_device()
-        (cuda, "device_count", lambda: 1),  # one device per rank
+        (cuda, "device_count", _node_devices),
+        (cuda, "set_device", lambda device: None),  # a rank's one device is current already
         (cuda, "is_initialized", lambda: True),  # so state set on the device's generator is set now, not queued
         (cuda, "default_generators", generator),  # the device's generator (see above)
         (cuda, "get_rng_state", lambda device="cuda": generator.get_state()),
@@ -233,10 +240,18 @@ def simulated_machine(numerics: bool = True):
     default, gloo) made simtrain's, and each rank's own Megatron-Core globals (its parallel state), until the block
     ends; with numerics off, its gradient norm without values (`grad_norm_without_values`)."""
     modules = [importlib.import_module(module) for module in _STATEFUL]  # before the spawn (module_state.py)
-    changes = [(dist.Backend.default_device_backend_map, "cpu", "simtrain")]
+    changes = [(dist.Backend.default_device_backend_map, device, "simtrain") for device in ("cpu", "cuda")]
     if not numerics:
         changes += [(importlib.import_module(module), "get_grad_norm_fp32", grad_norm_without_values)
                     for module in ("megatron.core.optimizer.clip_grads", "megatron.core.optimizer.optimizer")]
     with _attributes_set(changes), ranks_own_module_state("megatron.core"):
         yield
     del modules
+
+
+def run_megatron(script: str, arguments: list[str], scenario, numerics: bool = False):
+    """A Megatron-Core training script with its `arguments`, as torchrun would launch it on every device of
+    `scenario`'s cluster (frameworks/script.py), on `cpu_machine`'s and `simulated_machine`'s stand-ins."""
+    from .script import run_script
+    return run_script(script, arguments, scenario, numerics, machine=lambda: simulated_machine(numerics),
+                      rank_machine=cpu_machine)

@@ -16,6 +16,9 @@ TCP store. Neither suits ranks that are threads of one process. While
   it is torch's;
 - torch's registry of group names is per thread (its thread isolation mode),
   as every rank registers the same names;
+- a group of the GPU's backend (nccl), where a framework's stand-ins made the
+  GPU's default backend simtrain's (frameworks/megatron.py), is simtrain's, so
+  a script written for GPUs runs unchanged;
 - a group of another backend made from a rank thread (gloo, which torch picks
   when none is given, as `init_device_mesh` does without a default group,
   unless the CPU's default backend is set to simtrain's) is one line: its
@@ -117,6 +120,9 @@ def ranks_as_threads(world: int):
     torch_new_group = c10d._new_process_group_helper
 
     def new_group(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+        if current_rank() is not None and str(backend).lower() == "nccl" and \
+                dist.Backend.default_device_backend_map.get("cuda") == "simtrain":
+            backend = "simtrain"  # the GPU's backend, named, where a framework made the GPU's default simtrain's
         if current_rank() is not None and not _only_simtrain(backend):
             given = "no backend given (torch's default: gloo)" if backend == "undefined" else f"backend {backend!r}"
             raise SimtrainError(f"init_process_group: {given}; the ranks of simtrain.dist.spawn are threads of one "
