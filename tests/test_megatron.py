@@ -91,11 +91,27 @@ def test_the_command_runs_a_torchrun_script_unchanged_as_the_job_runs(tmp_path, 
         [device["bytes_sent"] for device in job.report.data["devices"]]
 
 
-def test_a_missing_script_and_a_failing_one_are_one_line(tmp_path, capsys):
-    failing = tmp_path / "failing.py"
-    failing.write_text("import sys\nsys.exit(3)\n")
-    for script, expected in ((tmp_path / "absent.py", f"error: script: {tmp_path / 'absent.py'}: no such file"),
-                             (failing, f"{failing}: exited with status 3")):
+MISTAKES = {  # a script's mistake, and what its one line says
+    "exits": ("import sys\nsys.exit(3)\n", "exited with status 3"),
+    "mismatched": ("import os, torch, torch.distributed as dist\ndist.init_process_group(backend='nccl')\n"
+                   "x = torch.ones(4)\ndist.broadcast(x, src=0) if os.environ['RANK'] == '1' else dist.all_reduce(x)\n",
+                   "rank 0 called all_reduce(sum) of 4 float32, rank 1 called broadcast(root 0) of 4 float32"),
+    "never_joins": ("import os, torch, torch.distributed as dist\nif os.environ['RANK'] == '0':\n"
+                    "    dist.init_process_group(backend='nccl')\n    dist.all_reduce(torch.ones(4))\n",
+                    "rank 0 waits on all_reduce(sum) of 4 float32 (collective #0 of group [0, 1]), which ranks [1] "
+                    "have not called"),
+    "out_of_memory": ("import torch\nx = torch.empty(10 ** 11)\n", "needs 372.5 GiB of 40.0 GiB"),
+}
+
+
+def test_a_missing_script_and_a_script_s_mistakes_are_one_line(tmp_path, capsys):
+    """No script file, a script that exits with an error, collectives that differ across ranks, a rank that never
+    joins its group, and a tensor larger than the device: each one line, exit code 2."""
+    cases = [(tmp_path / "absent.py", f"error: script: {tmp_path / 'absent.py'}: no such file")]
+    for name, (text, expected) in MISTAKES.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        cases.append((tmp_path / f"{name}.py", expected))
+    for script, expected in cases:
         with pytest.raises(SystemExit) as ended:
             main(["megatron", "--cluster", CLUSTER, "--ranks", "2", "--out", str(tmp_path / "out"), "--", str(script)])
         assert ended.value.code == 2
