@@ -132,3 +132,15 @@ def test_a_model_of_fake_tensors_deep_copies():
     and ended in a traceback (cannot pickle '_thread._local'); the copy's tensors stay in the one mode."""
     copied = simtrain.dist.spawn(_copied_model, world=2, numerics=False)[0]
     assert copied == [("FakeTensor", (64, 64)), ("FakeTensor", (64,)), ("FakeTensor", (8, 64)), ("FakeTensor", (8,))]
+
+
+def test_a_tensor_made_on_cpu_0_meets_one_made_on_cpu():
+    """A CPU tensor made on device "cpu:0" (torchtitan's device, `cpu:<LOCAL_RANK>`, where its pipeline stages make
+    their receive buffers) is on "cpu", as torch makes a real one; fake, it kept the index, and meeting a tensor made
+    on "cpu" ended in FakeTensorDeviceMismatchError."""
+    def rank_code(rank, world):
+        total = torch.zeros(4, device=torch.device("cpu", 0)) + torch.ones(4)
+        return str(total.device), tuple(total.shape)
+
+    for numerics in (True, False):
+        assert simtrain.dist.spawn(rank_code, world=1, numerics=numerics) == [("cpu", (4,))]

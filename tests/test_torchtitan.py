@@ -10,7 +10,8 @@ pytest.importorskip("torchtitan", reason="torchtitan is an optional extra: pip i
 import simtrain.dist  # noqa: E402
 from gloo_processes import run_on_gloo  # noqa: E402
 from simtrain.cli import main  # noqa: E402
-from simtrain.frameworks.torchtitan import run_torchtitan, simulated_machine, train  # noqa: E402
+from simtrain.errors import ScenarioError  # noqa: E402
+from simtrain.frameworks.torchtitan import parse_config, run_torchtitan, simulated_machine, train  # noqa: E402
 from simtrain.scenario import load_cluster  # noqa: E402
 from titan_ranks import full_parameters, gloo_rank, job, titan_assets  # noqa: E402
 
@@ -25,31 +26,41 @@ def assets(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.gloo
-def test_fsdp_and_tp_training_equals_the_same_trainer_on_gloo(assets):
-    """FSDP 2 x TP 2 on 4 ranks, 3 steps: each step's loss and every trained parameter as 4 gloo processes give."""
-    arguments = job(assets, "--parallelism.tensor_parallel_degree", "2")
-    gloo_losses, gloo_parameters = run_on_gloo(gloo_rank, 4, (arguments,))[0]
+@pytest.mark.parametrize("layout", [("--parallelism.tensor_parallel_degree", "2"),
+                                    ("--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs",
+                                     "--parallelism.pipeline_parallel_schedule", "1F1B")],
+                         ids=["fsdp2-tp2", "pp2-fsdp2-1f1b"])
+def test_training_equals_the_same_trainer_on_gloo(assets, layout):
+    """FSDP 2 x TP 2, and 2 pipeline stages (1F1B) x FSDP 2, on 4 ranks, 3 steps: each rank's logged losses and
+    every trained parameter it holds as 4 gloo processes give (the losses a last stage logs positive)."""
+    arguments = job(assets, *layout)
+    reference = run_on_gloo(gloo_rank, 4, (arguments,))
 
     def rank(rank, world):
         run = train(arguments, numerics=True)
         return run.losses, full_parameters(run.trainer)
 
     with simulated_machine():
-        losses, parameters = simtrain.dist.spawn(rank, scenario=load_cluster(CLUSTER, [], 4), timeout_s=None)[0]
-    assert len(losses) == 3 and all(loss > 0 for loss in losses)
-    assert losses == pytest.approx(gloo_losses, rel=1e-5)
-    assert parameters.keys() == gloo_parameters.keys()
-    for name, value in parameters.items():
-        torch.testing.assert_close(value, gloo_parameters[name], rtol=1e-5, atol=1e-6)
+        result = simtrain.dist.spawn(rank, scenario=load_cluster(CLUSTER, [], 4), timeout_s=None)
+    assert len(result[3][0]) == 3 and all(loss > 0 for loss in result[3][0])
+    for (losses, parameters), (gloo_losses, gloo_parameters) in zip(result, reference):
+        assert losses == pytest.approx(gloo_losses, rel=1e-5)
+        assert parameters.keys() == gloo_parameters.keys()
+        for name, value in parameters.items():
+            torch.testing.assert_close(value, gloo_parameters[name], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
-def test_numerics_off_charges_what_numerics_on_charges(assets):
+@pytest.mark.parametrize("layout", [("--parallelism.tensor_parallel_degree", "2"),
+                                    ("--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs")],
+                         ids=["fsdp2-tp2", "pp2-fsdp2-interleaved"])
+def test_numerics_off_charges_what_numerics_on_charges(assets, layout):
     """Fake tensors cost what real ones do: the same step times, bytes sent and peak memory per category (FSDP 2 x
-    TP 2; numerics off runs one tensor-parallel rank for both, representatives). Without values there is no loss to
-    log: torchtitan's metric logging, and the all-reduces of the loss it makes on the steps it logs, are off on
-    both sides."""
-    arguments = job(assets, "--parallelism.tensor_parallel_degree", "2", "--training.steps", "2")
+    TP 2, numerics off running one tensor-parallel rank for both, representatives; and 2 pipeline stages of
+    interleaved 1F1B, torchtitan's default schedule, x FSDP 2). Without values there is no loss to log:
+    torchtitan's metric logging, and the all-reduces of the loss it makes on the steps it logs, are off on both
+    sides."""
+    arguments = job(assets, *layout, "--training.steps", "2")
     on = run_torchtitan(arguments, load_cluster(CLUSTER, [], 4), numerics=True, log_metrics=False)
     off = run_torchtitan(arguments, load_cluster(CLUSTER, [], 4), numerics=False)
     # 0.08 ns (5e-8) apart: the tensor-parallel peer stood in for is that much later in the full run (a small
@@ -97,3 +108,12 @@ def test_the_command_writes_its_report_the_same_every_time_and_a_bad_argument_is
     assert ended.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "spmd_types" in error[0] and "partial_dtensor" in error[0]
+
+
+def test_a_refusal_tyro_wraps_over_lines_is_one_whole_line(assets):
+    """torchtitan's check that pipeline stages run without CUDA graphs, which tyro prints over two lines: one line,
+    whole, saying what to pass."""
+    with pytest.raises(ScenarioError) as refused:
+        parse_config(job(assets, "--parallelism.pipeline_parallel_degree", "2"))
+    assert str(refused.value) == ("torchtitan's arguments: Error parsing Config: CUDA graphs do not support pipeline "
+                                  "parallelism yet. Set --training.disable_cuda_graphs.")

@@ -30,6 +30,7 @@ ranks run alike, so one runs for all of them (`representatives`, below).
 """
 import contextlib
 import gc
+import inspect
 import io
 import logging
 import math
@@ -67,8 +68,8 @@ _CLOCK_USERS = ("torchtitan.trainer", "torchtitan.components.metrics")
 @dataclass
 class TitanRun:
     """What a torchtitan run on simulated ranks gave: its arguments, rank 0's step times (simulated seconds from
-    the start of a training step to the end of its optimizer step, its operators all run) and losses (numerics on,
-    the steps torchtitan logs), the figures torchtitan counts its throughput by (each rank's tokens per step, its
+    the start of a training step to the end of its optimizer step, its operators all run), the last rank's losses
+    (numerics on, the steps torchtitan logs; the last rank holds a last pipeline stage, where the loss is), the figures torchtitan counts its throughput by (each rank's tokens per step, its
     FLOPs per token, the ranks that share a batch: cp x tp x pp), rank 0's device, and the spawn's result (its
     report)."""
 
@@ -187,12 +188,12 @@ def parse_config(arguments: list[str]):
 
 
 def _tyro_complaint(printed: str) -> str:
-    """What tyro says is wrong: the first line of its message's body, under its title and a rule of dashes (as it
-    prints it where the output is not a terminal)."""
+    """What tyro says is wrong: its message's first paragraph, between the rule of dashes under its title and the
+    next, on one line (tyro wraps it where the output is not a terminal)."""
     lines = [line.strip() for line in printed.splitlines()]
     rules = [i for i, line in enumerate(lines) if line and not line.strip("-")]
-    body = [line for line in lines[rules[0] + 1:] if line.strip("-")] if rules else []
-    return body[0] if body else "refused"
+    body = lines[rules[0] + 1:rules[1] if len(rules) > 1 else None] if rules else []
+    return " ".join(line for line in body if line) or "refused"
 
 
 def representatives(config, world: int) -> Representatives:
@@ -224,8 +225,34 @@ def cpu_machine(device_module):
                     "_compiled_flex_attn", flex_attention))
     if not hasattr(dist, "set_timeout"):
         changes.append((dist, "set_timeout", lambda timeout, group=None: None))
+    from torch.distributed.pipelining import schedules
+    if "arg_mbs" not in inspect.signature(schedules.PipelineScheduleSingle.step).parameters:
+        changes += [(schedule, "step", _step_of_microbatches(schedule.step))
+                    for schedule in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti)]
     with _attributes_set(changes):
         yield
+
+
+def _step_of_microbatches(step):
+    """A pipeline schedule's `step` that also takes the batch already cut into micro-batches, as torch nightly's does
+    and torchtitan 0.3.0 calls it (`arg_mbs`, `kwarg_mbs`, `target_mbs`: one entry per micro-batch): what torch
+    2.13's `step` does before and after running its micro-batches, on those given; the whole batch, as before."""
+    def stepped(self, *args, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None, return_outputs=True,
+                loss_kwargs=None, **kwargs):
+        if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
+            return step(self, *args, losses=losses, return_outputs=return_outputs, loss_kwargs=loss_kwargs,
+                        **kwargs)
+        stages = self._stages if hasattr(self, "_stages") else [self._stage]
+        for stage in stages:
+            stage.has_backward = self._has_backward
+            stage.clear_runtime_states()
+        count = self._n_microbatches
+        self._step_microbatches(arg_mbs or [()] * count, kwarg_mbs or [{}] * count, target_mbs, losses,
+                                return_outputs, loss_kwargs=loss_kwargs)
+        last = [stage for stage in stages if stage.is_last]
+        return self._merge_outputs(last[0].output_chunks) if last and return_outputs else None
+
+    return stepped
 
 
 @contextlib.contextmanager
@@ -344,7 +371,7 @@ def run_torchtitan(arguments: list[str], scenario: Scenario, numerics: bool = Fa
     with simulated_machine(), rank_zero_logs():
         result = spawn(rank, scenario=scenario, numerics=numerics, timeout_s=None,
                        representatives=None if numerics else representatives(config, world))
-    return TitanRun(arguments=list(arguments), step_s=runs[0].step_s, losses=runs[0].losses, **result[0],
+    return TitanRun(arguments=list(arguments), step_s=runs[0].step_s, losses=runs[max(runs)].losses, **result[0],
                     device_name=device.name, peak_flops=device.peak_flops["bf16"], result=result)
 
 

@@ -113,6 +113,9 @@ class _CollectivesOnTheGroup(FakeTensorMode):
         if func._overloadpacket in UNSUPPORTED:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} is not supported"
                                          f"{_called_at()}")
+        device = kwargs.get("device")
+        if isinstance(device, torch.device) and device.type == "cpu" and device.index is not None:
+            kwargs = {**kwargs, "device": torch.device("cpu")}  # as torch makes a real one: a CPU has one device
         try:
             return super().dispatch(func, types, args, kwargs)
         except _NEEDS_VALUES:
