@@ -19,6 +19,9 @@ in only where a real run reaches the machine:
 - **`torch.distributed.set_timeout`**, which torchtitan 0.3.0 calls after the first step, is torch nightly's
   (torchtitan's README asks for a nightly) and not in the torch simtrain runs on: while none is there, a no-op
   stands in for it (a simulated group has no timeout to set);
+- **a pipeline schedule's `step`**: torchtitan 0.3.0 hands it the batch already cut into micro-batches, as torch
+  nightly's takes it (`arg_mbs=`, `kwarg_mbs=`, `target_mbs=`); where torch's takes the whole batch only, a
+  `step` that also takes the micro-batches stands in (`_step_of_microbatches`);
 - **the clock**: torchtitan's timings (its `time.perf_counter`, hence its tokens per second, TFLOP/s and MFU) read
   the rank's simulated clock, after its counted operators have run (as a CUDA synchronize would); its
   `time.sleep` (rank 0 sleeps two seconds after the last step) takes none.
