@@ -144,3 +144,30 @@ def test_a_tensor_made_on_cpu_0_meets_one_made_on_cpu():
 
     for numerics in (True, False):
         assert simtrain.dist.spawn(rank_code, world=1, numerics=numerics) == [("cpu", (4,))]
+
+
+@torch.library.custom_op("simtrain_tests::gathered", mutates_args=())
+def _gathered(shard: torch.Tensor, group_name: str) -> torch.Tensor:
+    """A library's operator whose implementation is a collective (as torch's context parallelism wraps its
+    all-gather of keys and values)."""
+    from torch.distributed import _functional_collectives as funcol
+    return funcol.all_gather_single(shard.contiguous(), 0, group_name).wait()
+
+
+@_gathered.register_fake
+def _(shard, group_name):
+    return shard.new_empty((2 * shard.shape[0], *shard.shape[1:]))
+
+
+def test_a_library_operator_s_collective_runs_with_numerics_off():
+    """With numerics off a custom operator ran its fake kernel, which makes an output of the right shape and
+    leaves its collective out (torch's context parallelism lost its gathers of keys and values): it runs its own
+    implementation, so each rank sends what it sends with numerics on."""
+    def rank_code(rank, world):
+        dist.init_process_group("simtrain")
+        return tuple(_gathered(torch.ones(8, 4), dist.group.WORLD.group_name).shape)
+
+    on, off = (simtrain.dist.spawn(rank_code, world=2, numerics=numerics) for numerics in (True, False))
+    assert list(on) == list(off) == [(16, 4)] * 2
+    assert [device["bytes_sent"] for device in off.report.data["devices"]] == \
+        [device["bytes_sent"] for device in on.report.data["devices"]] == [128, 128]

@@ -28,8 +28,9 @@ def assets(tmp_path_factory):
 @pytest.mark.gloo
 @pytest.mark.parametrize("layout", [("--parallelism.tensor_parallel_degree", "2"),
                                     ("--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs",
-                                     "--parallelism.pipeline_parallel_schedule", "1F1B")],
-                         ids=["fsdp2-tp2", "pp2-fsdp2-1f1b"])
+                                     "--parallelism.pipeline_parallel_schedule", "1F1B"),
+                                    ("--parallelism.context_parallel_degree", "2", "--training.seq_len", "256")],
+                         ids=["fsdp2-tp2", "pp2-fsdp2-1f1b", "cp2-fsdp2"])
 def test_training_equals_the_same_trainer_on_gloo(assets, layout):
     """FSDP 2 x TP 2, and 2 pipeline stages (1F1B) x FSDP 2, on 4 ranks, 3 steps: each rank's logged losses and
     every trained parameter it holds as 4 gloo processes give (the losses a last stage logs positive)."""
@@ -52,12 +53,13 @@ def test_training_equals_the_same_trainer_on_gloo(assets, layout):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [("--parallelism.tensor_parallel_degree", "2"),
-                                    ("--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs")],
-                         ids=["fsdp2-tp2", "pp2-fsdp2-interleaved"])
+                                    ("--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs"),
+                                    ("--parallelism.context_parallel_degree", "2", "--training.seq_len", "256")],
+                         ids=["fsdp2-tp2", "pp2-fsdp2-interleaved", "cp2-fsdp2"])
 def test_numerics_off_charges_what_numerics_on_charges(assets, layout):
     """Fake tensors cost what real ones do: the same step times, bytes sent and peak memory per category (FSDP 2 x
-    TP 2, numerics off running one tensor-parallel rank for both, representatives; and 2 pipeline stages of
-    interleaved 1F1B, torchtitan's default schedule, x FSDP 2). Without values there is no loss to log:
+    TP 2, numerics off running one tensor-parallel rank for both, representatives; 2 pipeline stages of
+    interleaved 1F1B, torchtitan's default schedule, x FSDP 2; context parallel 2 x FSDP 2). Without values there is no loss to log:
     torchtitan's metric logging, and the all-reduces of the loss it makes on the steps it logs, are off on both
     sides."""
     arguments = job(assets, *layout, "--training.steps", "2")

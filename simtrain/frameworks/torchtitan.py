@@ -19,6 +19,9 @@ in only where a real run reaches the machine:
 - **`torch.distributed.set_timeout`**, which torchtitan 0.3.0 calls after the first step, is torch nightly's
   (torchtitan's README asks for a nightly) and not in the torch simtrain runs on: while none is there, a no-op
   stands in for it (a simulated group has no timeout to set);
+- **torch's context parallelism** builds each rank's block mask with `torch.compile(create_block_mask)`, which does
+  not run on simulated ranks (it compiles for the host, inside a rank thread): the same function runs eagerly, with
+  the same mask;
 - **a pipeline schedule's `step`**: torchtitan 0.3.0 hands it the batch already cut into micro-batches, as torch
   nightly's takes it (`arg_mbs=`, `kwarg_mbs=`, `target_mbs=`); where torch's takes the whole batch only, a
   `step` that also takes the micro-batches stands in (`_step_of_microbatches`);
@@ -219,8 +222,9 @@ def representatives(config, world: int) -> Representatives:
 @contextlib.contextmanager
 def cpu_machine(device_module):
     """torchtitan set to run on the CPU, until the block ends: its device type "cpu" and its device module
-    `device_module`, FlexAttention as simtrain's masked attention, `torch.distributed.set_timeout` where torch has
-    none (see above). What a simulated run and a gloo run of the same job share."""
+    `device_module`, FlexAttention as simtrain's masked attention, context parallelism's block mask built eagerly,
+    `torch.distributed.set_timeout` and the pipeline schedules' `step` of micro-batches where torch has none (see
+    above). What a simulated run and a gloo run of the same job share."""
     import importlib
     changes = [(importlib.import_module(module), name, "cpu" if name == "device_type" else device_module)
                for module, names in _DEVICE_NAMES.items() for name in names]
@@ -228,6 +232,9 @@ def cpu_machine(device_module):
                     "_compiled_flex_attn", flex_attention))
     if not hasattr(dist, "set_timeout"):
         changes.append((dist, "set_timeout", lambda timeout, group=None: None))
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+    from torch.nn.attention.flex_attention import create_block_mask
+    changes.append((_attention, "_compiled_create_block_mask", create_block_mask))
     from torch.distributed.pipelining import schedules
     if "arg_mbs" not in inspect.signature(schedules.PipelineScheduleSingle.step).parameters:
         changes += [(schedule, "step", _step_of_microbatches(schedule.step))

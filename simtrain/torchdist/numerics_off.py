@@ -22,6 +22,11 @@ bytes (their payloads are fake: timed and counted alike, nothing copied). One
 `torch.Tensor` of the model costs no host memory, so hundreds of ranks of a
 large model run in one process.
 
+A library's custom operator (`torch.library.custom_op`) runs its own
+implementation on fake tensors, not its fake kernel, so the collectives inside
+it run (torch's context parallelism gathers keys and values in one); simtrain's
+own fused kernels keep their fake kernels, which cost what the GPU's do.
+
 An op that needs a fake tensor's values (`.item()`, `.tolist()`, `nonzero`, a
 Python `if` on a tensor, `float(t)`) cannot run: `NumericsOffUnsupported`, one
 line naming the op and the line of the user's code that asked for it. One
@@ -41,6 +46,7 @@ import weakref
 from contextlib import contextmanager
 
 import torch
+from torch._library import custom_ops
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode, UnsupportedOperatorException)
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -110,6 +116,9 @@ class _CollectivesOnTheGroup(FakeTensorMode):
         collective = FUNCTIONAL.get(func._overloadpacket)
         if collective is not None:
             return collective(self.works, *args, **kwargs)
+        body = _library_op_body(func)
+        if body is not None:
+            return body(*args, **kwargs)
         if func._overloadpacket in UNSUPPORTED:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} is not supported"
                                          f"{_called_at()}")
@@ -121,6 +130,18 @@ class _CollectivesOnTheGroup(FakeTensorMode):
         except _NEEDS_VALUES:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} needs tensor values, which "
                                          f"fake tensors do not have{_called_at()}") from None
+
+
+def _library_op_body(func):
+    """A library's custom operator's own implementation (`torch.library.custom_op`), run on fake tensors as it runs
+    on real ones, in place of its fake kernel, which makes outputs of the right shape and nothing else: torch's
+    context parallelism gathers FlexAttention's keys and values with collectives inside such an operator, which its
+    fake kernel would leave out. None for any other operator, and for simtrain's own fused kernels, whose fake
+    kernels are what a GPU's kernel costs (train/fused_attention.py)."""
+    if func.namespace == "simtrain":
+        return None
+    definition = custom_ops.OPDEFS.get(func._schema.name)
+    return None if definition is None else definition._init_fn
 
 
 def _called_at() -> str:
