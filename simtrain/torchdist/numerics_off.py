@@ -112,15 +112,15 @@ class _CollectivesOnTheGroup(FakeTensorMode):
             return collective(self.works, *args, **kwargs)
         if func._overloadpacket in UNSUPPORTED:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} is not supported"
-                                         f"{_called_at()}")
+                                         f"{called_at()}")
         try:
             return super().dispatch(func, types, args, kwargs)
         except _NEEDS_VALUES:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} needs tensor values, which "
-                                         f"fake tensors do not have{_called_at()}") from None
+                                         f"fake tensors do not have{called_at()}") from None
 
 
-def _called_at() -> str:
+def called_at() -> str:
     """' (at file:line in function)': where the user's code asked for the op, if it did."""
     where = user_line(sys._getframe(1))
     return f" (at {where})" if where else ""
