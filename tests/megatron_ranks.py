@@ -39,7 +39,8 @@ class Layout:
     layers: int = 4
     hidden: int = 64
     micro_batches: int = 4
-    overlap_grad_reduce: bool = False
+    overlap_grad_reduce: bool = False  # gradients reduce-scattered as their buckets fill, during the backward pass
+    overlap_param_gather: bool = False  # updated parameters all-gathered during the next forward pass (its hooks)
     steps: int = 3
     clip_grad: float = 1.0  # Megatron's gradient clipping by the global norm (0: none; it reads the norm's value)
 
@@ -114,7 +115,7 @@ def build_model(layout: Layout, config) -> list:
     from megatron.core.models.gpt import GPTModel
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False, use_distributed_optimizer=True,
                                                overlap_grad_reduce=layout.overlap_grad_reduce,
-                                               overlap_param_gather=False, bucket_size=None)
+                                               overlap_param_gather=layout.overlap_param_gather, bucket_size=None)
     chunks = []
     for stage in range(layout.vpp or 1):
         vp_stage = stage if layout.vpp else None
@@ -190,6 +191,9 @@ def train(rank: int, world: int, layout: Layout, after_step=None) -> tuple[torch
             after_step()
         if reduced:
             losses.append(torch.stack([entry["lm loss"] for entry in reduced]).mean())
+    if layout.overlap_param_gather:  # the last step's parameters, gathered as Megatron does before it saves them
+        for chunk in chunks:
+            chunk.disable_forward_pre_hook()
     parameters = torch.cat([p.detach().reshape(-1) for chunk in chunks for p in chunk.parameters()])
     return (torch.stack(losses) if losses else torch.zeros(0)), parameters.clone()
 
