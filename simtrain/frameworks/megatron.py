@@ -30,7 +30,8 @@ job go through the same stand-ins, so they compute the same thing:
 `simulated_machine` adds the simulated ranks' process groups: the CPU's default backend (gloo) is simtrain's for
 the run, so the groups Megatron creates without naming a backend are simulated ones. With numerics off, MoE is
 refused: its dropless routing sizes its all-to-alls by token counts per expert that come from the router's values
-(the rank stops in one line where those counts are first gathered, process_group.py).
+(the rank stops, in one line, where they are first needed: gathered over the expert-parallel group, process_group.py,
+or, with one expert-parallel rank, a `masked_select` of the routed tokens, numerics_off.py).
 """
 import contextlib
 import importlib
