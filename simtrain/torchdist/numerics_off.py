@@ -50,6 +50,7 @@ from ..errors import NumericsOffUnsupported
 from .fake_collectives import FUNCTIONAL, UNSUPPORTED
 from .scheduler import user_line
 
+_DEVICE = torch.ops.prim.device.default
 # What torch raises when an op needs values a fake tensor does not have.
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 
@@ -64,10 +65,12 @@ class FakeFloats(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # as OpMeter's: no torch._dynamo import inside a rank
+        return False  # as OperatorRecorder's (op_cost.py): no torch._dynamo import inside a rank
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is _DEVICE:  # a fake tensor's device, asked in C++: the tensor answers
+            return func(*args, **kwargs)
         tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
         if tensors:  # with a fake input, FakeTensor's own dispatch runs it in the fake mode
             return func(*args, **kwargs)
