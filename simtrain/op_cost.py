@@ -103,6 +103,9 @@ ATTENTION = frozenset({"simtrain::flash_attention", "simtrain::flash_attention_b
                        "aten::_scaled_dot_product_cudnn_attention_backward"})
 
 
+_DEVICE = torch.ops.prim.device.default
+
+
 class OperatorRecorder(TorchDispatchMode):
     """Records the kernels, FLOPs (in all, by result dtype and by rate dtype) and bytes of the operators dispatched
     inside it."""
@@ -115,13 +118,23 @@ class OperatorRecorder(TorchDispatchMode):
         self._counts: dict[tuple[float, float, str, tuple], int] = {}
         self._decomposing = 0
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in dynamo.disable unless told not to (each subclass that defines
+        # one: this class's too, which OpMeter's calls); the wrapper's first call imports torch._dynamo (1.4 s),
+        # inside a spawn's first rank, where the import leaves the rank's frames in reference cycles, so its
+        # tensors would count until the next collection; every call after it pays the wrapper.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:  # a fake tensor's device, asked in C++ (a real tensor answers there): no operator
+            return func(*args, **(kwargs or {}))
         if any(is_traceable_wrapper_subclass_type(t) for t in types):
             return NotImplemented  # the subclass runs it on its local tensors, which come back here
         kwargs = kwargs or {}
         if not self._decomposing:
             self.kernels += 1
-        if func is not torch.ops.prim.device.default and _parts_hold_flops(func, args, kwargs):
+        if _parts_hold_flops(func, args, kwargs):
             self._decomposing += 1
             try:
                 with self:

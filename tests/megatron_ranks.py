@@ -13,6 +13,7 @@ GPU (simtrain.frameworks.megatron's `cpu_machine`) that the simulated ranks use.
 
     losses, parameters = run_on_gloo(gloo_rank, 4, (Layout(tp=2),))[rank]
 """
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,15 +30,17 @@ class Layout:
     """The parallel degrees of a job (the data-parallel degree is what the world leaves), its micro-batches per
     step per data-parallel rank, and its model's shape."""
 
-    tp: int = 1  # tensor-parallel ranks (sequence parallel on when more than one)
+    tp: int = 1  # tensor-parallel ranks (with experts and more than one: sequence parallel, as Megatron's MoE asks)
     pp: int = 1  # pipeline stages
     vpp: int | None = None  # model chunks per pipeline stage (interleaved 1F1B), None for one
     ep: int = 1  # expert-parallel ranks (MoE only)
+    etp: int = 1  # expert tensor-parallel ranks (MoE only; more than one gathers uneven blocks, which gloo cannot)
     experts: int | None = None  # MoE: experts per layer (alltoall token dispatcher), None for a dense MLP
     layers: int = 4
     hidden: int = 64
     micro_batches: int = 4
-    overlap_grad_reduce: bool = False
+    overlap_grad_reduce: bool = False  # gradients reduce-scattered as their buckets fill, during the backward pass
+    overlap_param_gather: bool = False  # updated parameters all-gathered during the next forward pass (its hooks)
     steps: int = 3
     clip_grad: float = 1.0  # Megatron's gradient clipping by the global norm (0: none; it reads the norm's value)
 
@@ -52,21 +55,53 @@ def initialize(rank: int, world: int, layout: Layout) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp, expert_model_parallel_size=layout.ep,
-        create_gloo_process_groups=False)
+        expert_tensor_parallel_size=layout.etp, create_gloo_process_groups=False)
     torch.manual_seed(SEED)
     model_parallel_cuda_manual_seed(SEED)
+
+
+def sequence_parallel(layout: Layout) -> bool:
+    """Megatron's MoE layer refuses to train with tensor parallelism but without sequence parallelism."""
+    return layout.experts is not None and layout.tp > 1
+
+
+class SequenceParallelLayerNorm(torch.nn.LayerNorm):
+    """torch's LayerNorm as a layer spec's norm that allows sequence parallelism (Megatron's own torch norm refuses
+    it; apex's and Transformer Engine's, not installed here, allow it): its parameters marked `sequence_parallel`,
+    so Megatron all-reduces their gradients over the tensor-parallel group, as it does those norms'."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+        for parameter in self.parameters():
+            parameter.sequence_parallel = config.sequence_parallel
+
+
+def layer_spec(layout: Layout, config, vp_stage):
+    """Megatron's local (Transformer-Engine-free) layer spec, as a block of the stage's layers whose norms are
+    `SequenceParallelLayerNorm` where the job is sequence parallel."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    spec = get_gpt_layer_local_spec(num_experts=layout.experts)
+    if not sequence_parallel(layout):
+        return spec
+    layer = dataclasses.replace(spec, submodules=dataclasses.replace(
+        spec.submodules, input_layernorm=SequenceParallelLayerNorm, pre_mlp_layernorm=SequenceParallelLayerNorm))
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+                                      layer_norm=SequenceParallelLayerNorm)
 
 
 def transformer_config(layout: Layout):
     from megatron.core.transformer.transformer_config import TransformerConfig
     moe = {} if layout.experts is None else {
         "num_moe_experts": layout.experts, "moe_router_topk": 2, "moe_token_dispatcher_type": "alltoall",
-        "moe_aux_loss_coeff": 0.0, "moe_ffn_hidden_size": 2 * layout.hidden, "moe_grouped_gemm": False}
+        "moe_aux_loss_coeff": 0.0, "moe_ffn_hidden_size": 2 * layout.hidden, "moe_grouped_gemm": False,
+        "expert_tensor_parallel_size": layout.etp,
+        "add_bias_linear": layout.etp == 1}  # Megatron's experts take a bias only without expert tensor parallelism
     return TransformerConfig(
         num_layers=layout.layers, hidden_size=layout.hidden, num_attention_heads=4, ffn_hidden_size=2 * layout.hidden,
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp, expert_model_parallel_size=layout.ep,
-        sequence_parallel=False, pipeline_dtype=torch.float32, params_dtype=torch.float32,
+        sequence_parallel=sequence_parallel(layout), pipeline_dtype=torch.float32, params_dtype=torch.float32,
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True, perform_initialization=True,
         gradient_accumulation_fusion=False, masked_softmax_fusion=False, bias_activation_fusion=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False, deterministic_mode=True,
@@ -78,14 +113,13 @@ def build_model(layout: Layout, config) -> list:
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False, use_distributed_optimizer=True,
                                                overlap_grad_reduce=layout.overlap_grad_reduce,
-                                               overlap_param_gather=False, bucket_size=None)
+                                               overlap_param_gather=layout.overlap_param_gather, bucket_size=None)
     chunks = []
     for stage in range(layout.vpp or 1):
         vp_stage = stage if layout.vpp else None
-        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=layout.experts),
+        model = GPTModel(config=config, transformer_layer_spec=layer_spec(layout, config, vp_stage),
                          vocab_size=VOCAB, max_sequence_length=SEQ,
                          pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                          post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -157,6 +191,9 @@ def train(rank: int, world: int, layout: Layout, after_step=None) -> tuple[torch
             after_step()
         if reduced:
             losses.append(torch.stack([entry["lm loss"] for entry in reduced]).mean())
+    if layout.overlap_param_gather:  # the last step's parameters, gathered as Megatron does before it saves them
+        for chunk in chunks:
+            chunk.disable_forward_pre_hook()
     parameters = torch.cat([p.detach().reshape(-1) for chunk in chunks for p in chunk.parameters()])
     return (torch.stack(losses) if losses else torch.zeros(0)), parameters.clone()
 

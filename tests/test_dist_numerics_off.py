@@ -17,6 +17,8 @@ from torch import nn
 import simtrain.dist
 from dist_llama import pipeline_training, tp_fsdp_training
 from simtrain.errors import NumericsOffUnsupported, RankBlocked, RankFailed, ScenarioError
+from simtrain.op_cost import OperatorRecorder
+from simtrain.torchdist.numerics_off import FakeFloats
 
 BATCH, IN, HIDDEN, OUT = 16, 32, 64, 8
 
@@ -84,6 +86,21 @@ def test_memory_by_category_meets_the_closed_forms_of_adam_on_an_mlp():
             assert peaks["gradients"] == 4 * weights
             assert peaks["optimizer_state"] == 2 * 4 * weights + 4 * tensors  # exp_avg, exp_avg_sq; a step count
             assert peaks["activations"] == 2 * 4 * BATCH * HIDDEN  # the first layer's output and the ReLU's
+
+
+def test_the_operators_recorded_of_fake_tensors_are_those_of_real_ones():
+    """A forward and backward of the MLP: the same operators (grouped by FLOPs, bytes, rate and kernel) recorded
+    with fake tensors as with real ones. The autograd engine asks each fake tensor's device in C++, which a fake
+    tensor answers through a dispatch (`prim.device`) down every mode: no operator, nothing to record."""
+    def forward_backward():
+        mlp()(torch.randn(BATCH, IN)).square().mean().backward()
+
+    real, fake = OperatorRecorder(), OperatorRecorder()
+    with real:
+        forward_backward()
+    with FakeFloats(), fake:
+        forward_backward()
+    assert fake.take() == real.take()
 
 
 def test_an_op_that_needs_values_is_one_line_naming_it():

@@ -36,11 +36,18 @@ def simulated(layout: Layout, numerics: bool = True):
 
 @pytest.mark.slow
 @pytest.mark.gloo
-@pytest.mark.parametrize("layout", [Layout(tp=2), Layout(pp=2), Layout(tp=2, pp=2), Layout(pp=2, vpp=2)],
-                         ids=["tp2-dp2", "pp2-dp2-1f1b", "tp2-pp2", "pp2-vpp2-dp2-interleaved"])
+@pytest.mark.parametrize("layout", [Layout(tp=2), Layout(pp=2), Layout(tp=2, pp=2), Layout(pp=2, vpp=2),
+                                    Layout(experts=4, ep=2), Layout(experts=4, ep=2, tp=2),
+                                    Layout(tp=2, overlap_grad_reduce=True),
+                                    Layout(pp=2, overlap_grad_reduce=True, overlap_param_gather=True)],
+                         ids=["tp2-dp2", "pp2-dp2-1f1b", "tp2-pp2", "pp2-vpp2-dp2-interleaved", "moe-ep2-dp2",
+                              "moe-tp2-sp-ep2", "tp2-dp2-overlap-grad-reduce", "pp2-dp2-overlap-grad-and-param"])
 def test_training_equals_the_same_job_on_gloo(layout):
     """3 steps on 4 ranks, the distributed optimizer: each rank's losses (its last stage's) and every parameter it
-    holds as 4 gloo processes give, within 1e-5 (the collectives add in another order: 5e-7 to 4e-6 apart)."""
+    holds as 4 gloo processes give, within 1e-5 (the collectives add in another order: 5e-7 to 4e-6 apart). MoE: 4
+    experts, top-2, the alltoall token dispatcher, experts 2 per expert-parallel rank (all-to-alls of token counts
+    that differ by rank). Overlapped: the gradients' reduce-scatter started from the backward pass's hooks, the
+    parameters' all-gather waited on in the next forward's (the stream and event stand-ins)."""
     reference = run_on_gloo(gloo_rank, 4, (layout,))
     result = simulated(layout)
     for rank, ((losses, parameters, _), (gloo_losses, gloo_parameters)) in enumerate(zip(result, reference)):
@@ -117,3 +124,16 @@ def test_a_missing_script_and_a_script_s_mistakes_are_one_line(tmp_path, capsys)
         assert ended.value.code == 2
         error = capsys.readouterr().err.strip().splitlines()
         assert len(error) == 1 and expected in error[0]
+
+
+@pytest.mark.slow
+def test_moe_with_numerics_off_is_refused_in_one_line():
+    """Megatron's dropless MoE routes by value: the token counts per expert, which size its all-to-alls, come from
+    the router's top-k of fake scores. Numerics off cannot give them: the rank stops where the counts are gathered,
+    with one line naming why, instead of a traceback from inside the backend."""
+    layout = Layout(experts=4, ep=2, steps=1, micro_batches=1, clip_grad=0.0)
+    with pytest.raises(simtrain.dist.RankFailed,
+                       match=r"NumericsOffUnsupported: numerics off .*all_gather_into_tensor of \[4, 4\] int64 would "
+                             r"write the values of a fake torch.int64 tensor into a real torch.int64 one: values that "
+                             r"depend on the data"):
+        simulated(layout, numerics=False)

@@ -21,10 +21,17 @@ job go through the same stand-ins, so they compute the same thing:
 - **CUDA's lazy initialisation**: reported done, so the state Megatron sets on the generator is set at once
   (torch queues it until a first CUDA call, which a CPU never makes);
 - **streams and events**: one stream, which runs each operation as it is called (the CPU's order), and events
-  that are done when recorded; `synchronize` waits for nothing.
+  that are done when recorded; `synchronize` waits for nothing;
+- **tensors on the device**: `Tensor.is_cuda` is true, so Megatron's MoE token dispatcher copies its split sizes
+  "to the host" as numpy arrays, as on a GPU (left as tensors, torch's `all_to_all_single` refuses them);
+- **Transformer Engine absent**: Megatron-Core 0.16.1's MoE router tests `te_general_gemm is not None`, a name it
+  binds only when TE imports; bound to None, as without TE, its router takes its `torch.mm` path.
 
 `simulated_machine` adds the simulated ranks' process groups: the CPU's default backend (gloo) is simtrain's for
-the run, so the groups Megatron creates without naming a backend are simulated ones.
+the run, so the groups Megatron creates without naming a backend are simulated ones. With numerics off, MoE is
+refused: its dropless routing sizes its all-to-alls by token counts per expert that come from the router's values
+(the rank stops, in one line, where they are first needed: gathered over the expert-parallel group, process_group.py,
+or, with one expert-parallel rank, a `masked_select` of the routed tokens, numerics_off.py).
 """
 import contextlib
 import importlib
@@ -149,6 +156,7 @@ def cpu_machine_changes() -> list:
     """The (object, attribute, stand-in) triples of `cpu_machine`, each with its reason."""
     generator = _DeviceGenerator()
     cuda, random = torch.cuda, torch.cuda.random
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
     return [
         (cuda, "current_device", lambda: "cpu"),  # Megatron's buffers are made on device=current_device()
         (cuda, "device_count", _node_devices),
@@ -165,18 +173,24 @@ def cpu_machine_changes() -> list:
         (cuda, "default_stream", lambda device=None: _STREAM),
         (cuda, "stream", _stream_context),
         (cuda, "synchronize", lambda device=None: None),  # every operation has run when the call returns
+        # Megatron-Core 0.16.1's router tests `te_general_gemm is not None` but binds the name only with Transformer
+        # Engine installed: None, as without TE, takes its torch.mm path
+        (moe_utils, "te_general_gemm", getattr(moe_utils, "te_general_gemm", None)),
     ]
 
 
 class _CudaIsTheCpu(TorchFunctionMode):
     """The device Megatron names, "cuda" (a factory's `device="cuda"`, `Tensor.cuda()`, `.to("cuda")`), is the
     CPU; a tensor's type name (`Tensor.type()`, which Megatron's optimizers check) is the device's
-    ("torch.cuda.FloatTensor")."""
+    ("torch.cuda.FloatTensor"), and a tensor is on the device (`Tensor.is_cuda`: Megatron's MoE token dispatcher
+    copies its split sizes to the host, as numpy arrays, only from the device)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]  # already on the device
+        if getattr(func, "__self__", None) is _IS_CUDA:  # the property's getter
+            return True
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:  # its type name, as on the device
             return func(*args).replace("torch.", "torch.cuda.", 1)
         if _is_cuda(kwargs.get("device")):
@@ -184,6 +198,9 @@ class _CudaIsTheCpu(TorchFunctionMode):
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             args = (args[0], "cpu", *args[2:])
         return func(*args, **kwargs)
+
+
+_IS_CUDA = torch.Tensor.is_cuda
 
 
 def _is_cuda(device) -> bool:

@@ -46,7 +46,9 @@ def laid_end_to_end(whole, part, world: int, name: str, whole_is: str, parts_are
 
 
 def split_rows(tensor, sizes, world: int, field: str) -> list:
-    """`tensor` cut into one block of rows per rank: by `sizes`, or evenly where none are given."""
+    """`tensor` cut into one block of rows per rank: by `sizes` (any sequence of integers, as a real backend's
+    binding takes: a list, a numpy array), or evenly where none are given."""
+    sizes = [int(size) for size in sizes] if sizes is not None else []
     if not sizes:
         if tensor.shape[0] % world:
             raise SimtrainError(f"{field}: {tensor.shape[0]} rows do not split evenly over {world} ranks")

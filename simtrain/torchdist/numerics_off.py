@@ -56,6 +56,7 @@ from ..errors import NumericsOffUnsupported
 from .fake_collectives import FUNCTIONAL, UNSUPPORTED
 from .scheduler import user_line
 
+_DEVICE = torch.ops.prim.device.default
 # What torch raises when an op needs values a fake tensor does not have.
 _NEEDS_VALUES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 
@@ -70,10 +71,12 @@ class FakeFloats(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # as OpMeter's: no torch._dynamo import inside a rank
+        return False  # as OperatorRecorder's (op_cost.py): no torch._dynamo import inside a rank
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is _DEVICE:  # a fake tensor's device, asked in C++: the tensor answers
+            return func(*args, **kwargs)
         tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
         if tensors:  # with a fake input, FakeTensor's own dispatch runs it in the fake mode
             return func(*args, **kwargs)
@@ -121,7 +124,7 @@ class _CollectivesOnTheGroup(FakeTensorMode):
             return body(*args, **kwargs)
         if func._overloadpacket in UNSUPPORTED:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} is not supported"
-                                         f"{_called_at()}")
+                                         f"{called_at()}")
         device = kwargs.get("device")
         if isinstance(device, torch.device) and device.type == "cpu" and device.index is not None:
             kwargs = {**kwargs, "device": torch.device("cpu")}  # as torch makes a real one: a CPU has one device
@@ -129,7 +132,7 @@ class _CollectivesOnTheGroup(FakeTensorMode):
             return super().dispatch(func, types, args, kwargs)
         except _NEEDS_VALUES:
             raise NumericsOffUnsupported(f"numerics off (spawn numerics=False): {func} needs tensor values, which "
-                                         f"fake tensors do not have{_called_at()}") from None
+                                         f"fake tensors do not have{called_at()}") from None
 
 
 def _library_op_body(func):
@@ -144,7 +147,7 @@ def _library_op_body(func):
     return None if definition is None else definition._init_fn
 
 
-def _called_at() -> str:
+def called_at() -> str:
     """' (at file:line in function)': where the user's code asked for the op, if it did."""
     where = user_line(sys._getframe(1))
     return f" (at {where})" if where else ""

@@ -87,13 +87,6 @@ class OpMeter(OperatorRecorder):
         self._live: dict[int, list] = {}  # storage number -> [tensors the rank holds on it, bytes, category]
         self._held: set[int] = set()  # id() of those tensors (an in-place op returns one again)
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps a mode's __torch_dispatch__ in dynamo.disable unless told not to; the wrapper's
-        # first call imports torch._dynamo (1.4 s) inside the first rank, and the import leaves that
-        # rank's frames in reference cycles, so its tensors would count until the next collection.
-        return False
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.is_paused:
             return func(*args, **(kwargs or {}))
@@ -235,7 +228,8 @@ def _host_allocation_failed(error: RuntimeError) -> int | None:
 
 def _is_dense(value) -> bool:
     """A plain tensor (or parameter, or a fake one: numerics off) with a storage of its own: not meta, sparse or a
-    wrapper subclass."""
+    wrapper subclass. Its device read, not `is_meta`: a fake tensor answers `is_meta` through a dispatch of
+    `prim.device` down every mode (3 us), its device in Python (0.1 us)."""
     return (type(value) in (torch.Tensor, torch.nn.Parameter, FakeTensor) and value.layout == torch.strided
-            and not value.is_meta)
+            and value.device.type != "meta")
 

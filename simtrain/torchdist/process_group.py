@@ -48,9 +48,10 @@ from ..comm import build_all_reduce
 from ..comm.broadcast import broadcast
 from ..comm.ops import Recv, Send
 from ..comm.simulated import SimCommunicator
-from ..errors import CollectiveMismatch, SimtrainError
+from ..errors import CollectiveMismatch, NumericsOffUnsupported, SimtrainError
 from .arriving import ArrivingTensor
 from .call_arguments import group_rank, laid_end_to_end, one_per_rank, one_tensor, split_rows
+from .numerics_off import called_at
 from .programs import COMBINE, all_gather, all_to_all, gather, reduce, reduce_scatter, ring_all_reduce_with, scatter
 
 REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
@@ -296,7 +297,7 @@ class SimProcessGroup(dist.ProcessGroup):
             outputs[root].copy_(payload(tensor))
             return gather(me, world, root, outputs)
 
-        return self._post(f"gather(root {root}) of {_sizes(tensor)}", program, output_tensors)
+        return self._post(f"gather(root {root}) of {_sizes(tensor)}", program, output_tensors, inputs=[tensor])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         tensor, world = one_tensor(output_tensors, "scatter"), len(self.group.ranks)
@@ -311,14 +312,15 @@ class SimProcessGroup(dist.ProcessGroup):
             payload(tensor).copy_(inputs[root])
             return scatter(me, world, root, inputs)
 
-        return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors)
+        return self._post(f"scatter(root {root}) of {_sizes(tensor)}", program, output_tensors,
+                          inputs=input_tensors[0] if self._me == root else [])
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs, tensor = one_tensor(output_tensors, "all_gather"), one_tensor(input_tensors, "all_gather")
         one_per_rank(outputs, len(self.group.ranks), "all_gather", "output")
         return self._post(f"all_gather of {_sizes(*outputs)}",
                           lambda me, payload: _gather(me, [payload(output) for output in outputs], payload(tensor)),
-                          output_tensors)
+                          output_tensors, inputs=[tensor])
 
     def all_gather_single(self, output, input, opts=None):
         return self._gather_into("all_gather_into_tensor", [output], [input])
@@ -337,7 +339,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 yield from _gather(me, list(payload(output).view(world, -1).unbind(0)), payload(tensor).reshape(-1))
 
         sizes = '; '.join(_sizes(*output.view(world, -1).unbind(0)) for output in outputs)
-        return self._post(f"{name} of {sizes}", program, outputs)
+        return self._post(f"{name} of {sizes}", program, outputs, inputs=inputs)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         output, inputs = one_tensor(output_tensors, "reduce_scatter"), one_tensor(input_tensors, "reduce_scatter")
@@ -377,7 +379,8 @@ class SimProcessGroup(dist.ProcessGroup):
                 if op == "avg":
                     output.div_(world)
 
-        return self._post(f"{name}({op}) of {'; '.join(_sizes(*parts) for parts in inputs)}", program, outputs)
+        return self._post(f"{name}({op}) of {'; '.join(_sizes(*parts) for parts in inputs)}", program, outputs,
+                          inputs=[part for parts in inputs for part in parts])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         world = len(self.group.ranks)
@@ -396,7 +399,7 @@ class SimProcessGroup(dist.ProcessGroup):
         def program(me, payload):
             return all_to_all(me, len(outputs), [payload(t) for t in outputs], [payload(t) for t in inputs])
 
-        return self._post(f"{name} of {_dtype(inputs[0])}", program, result, exchange)
+        return self._post(f"{name} of {_dtype(inputs[0])}", program, result, exchange, inputs)
 
     def barrier(self, opts=None):
         # an all-reduce of one element without values (a meta tensor, on every rank and rank stood in for alike)
@@ -415,7 +418,9 @@ class SimProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag):
         raise SimtrainError("recv: the simtrain backend needs a source rank (recv from any source is not supported)")
 
-    def _post(self, call: str, program, result, exchange=None) -> SimWork:
+    def _post(self, call: str, program, result, exchange=None, inputs=()) -> SimWork:
+        """Post `program` for `call`, whose outputs are `result` and whose inputs, where apart from them, `inputs`."""
+        _no_values_from_fakes(call, result, inputs)
         run = self.group.run
         run.flush()
         if run.detached(self.group.ranks, call):  # the witness (representatives.py): recorded, not run
@@ -432,6 +437,25 @@ class SimProcessGroup(dist.ProcessGroup):
             return run.witness_work(call, [tensor])
         with run.backend(), BELOW_AUTOGRAD():
             return run.posted(self.group.point_to_point(kind, self._me, peer, tag, tensor))
+
+
+def _no_values_from_fakes(call: str, outputs, inputs) -> None:
+    """Numerics off: a collective that would write a fake input's values into a real output (an integer tensor
+    the rank made, gathering counts computed from fake ones: values that depend on the data) is one line."""
+    fakes = [tensor for tensor in _leaves(inputs) if isinstance(tensor, FakeTensor)]
+    real = [tensor for tensor in _leaves(outputs) if not isinstance(tensor, (FakeTensor, ArrivingTensor))]
+    if fakes and real:
+        raise NumericsOffUnsupported(
+            f"numerics off (spawn numerics=False): {call} would write the values of a fake {fakes[0].dtype} tensor "
+            f"into a real {real[0].dtype} one: values that depend on the data, which fake tensors do not have"
+            f"{called_at()}")
+
+
+def _leaves(tensors) -> list:
+    """The tensors of a tensor, or of a list of them (nested)."""
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    return [leaf for item in tensors for leaf in _leaves(item)]
 
 
 def _gather(me: int, chunks: list, tensor):
