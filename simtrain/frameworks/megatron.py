@@ -45,7 +45,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ScenarioError
 from ..torchdist.module_state import ranks_own_module_state
-from .torchtitan import _attributes_set
+from .stand_ins import attributes_set
 
 # Megatron-Core's modules that a training job reaches, some with process state in their globals (parallel_state's
 # groups, the RNG tracker, the micro-batch calculator): imported before a spawn (module_state.py).
@@ -222,7 +222,7 @@ def cpu_machine():
     with _entering:
         if _entered["count"] == 0:
             stack = contextlib.ExitStack()
-            stack.enter_context(_attributes_set(cpu_machine_changes()))
+            stack.enter_context(attributes_set(cpu_machine_changes()))
             _entered["stack"] = stack
         _entered["count"] += 1
     try:
@@ -261,7 +261,7 @@ def simulated_machine(numerics: bool = True):
     if not numerics:
         changes += [(importlib.import_module(module), "get_grad_norm_fp32", grad_norm_without_values)
                     for module in ("megatron.core.optimizer.clip_grads", "megatron.core.optimizer.optimizer")]
-    with _attributes_set(changes), ranks_own_module_state("megatron.core"):
+    with attributes_set(changes), ranks_own_module_state("megatron.core"):
         yield
     del modules
 

@@ -42,7 +42,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -58,6 +57,7 @@ from ..torchdist import Representatives, SpawnResult, now_s, spawn
 from ..torchdist.run import SimRun
 from ..torchdist.scheduler import current_rank
 from ..train.fused_attention import masked_attention
+from .stand_ins import attributes_set
 
 # Where torchtitan 0.3.0 keeps the device type and module it picked on import (`from torchtitan.tools.utils import
 # device_module, device_type`): each module's own name.
@@ -239,7 +239,7 @@ def cpu_machine(device_module):
     if "arg_mbs" not in inspect.signature(schedules.PipelineScheduleSingle.step).parameters:
         changes += [(schedule, "step", _step_of_microbatches(schedule.step))
                     for schedule in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti)]
-    with _attributes_set(changes):
+    with attributes_set(changes):
         yield
 
 
@@ -276,39 +276,11 @@ def simulated_machine():
                 (os.environ, "LOCAL_RANK", "0")]  # each rank is its own simulated host's device 0
     collecting = gc.isenabled()  # torchtitan's GarbageCollection turns the collector off, for the process
     try:
-        with cpu_machine(SimulatedGpu()), _attributes_set(changes):
+        with cpu_machine(SimulatedGpu()), attributes_set(changes):
             yield
     finally:
         if collecting:
             gc.enable()
-
-
-@contextlib.contextmanager
-def _attributes_set(changes: list):
-    """Each (object, name, value) of `changes` set (an item where the object is a mapping) until the block ends,
-    then put back, or taken away where it was not there."""
-    absent = object()
-    before = []
-    for target, name, value in changes:
-        mapping = isinstance(target, MutableMapping)
-        before.append((target, name, target.get(name, absent) if mapping else getattr(target, name, absent)))
-        if mapping:
-            target[name] = value
-        else:
-            setattr(target, name, value)
-    try:
-        yield
-    finally:
-        for target, name, value in reversed(before):
-            if isinstance(target, MutableMapping):
-                if value is absent:
-                    target.pop(name, None)
-                else:
-                    target[name] = value
-            elif value is absent:
-                delattr(target, name)
-            else:
-                setattr(target, name, value)
 
 
 @dataclass
