@@ -43,6 +43,7 @@ has ended (scheduler.py).
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_leaves
 
 from ..comm import build_all_reduce
 from ..comm.broadcast import broadcast
@@ -442,20 +443,13 @@ class SimProcessGroup(dist.ProcessGroup):
 def _no_values_from_fakes(call: str, outputs, inputs) -> None:
     """Numerics off: a collective that would write a fake input's values into a real output (an integer tensor
     the rank made, gathering counts computed from fake ones: values that depend on the data) is one line."""
-    fakes = [tensor for tensor in _leaves(inputs) if isinstance(tensor, FakeTensor)]
-    real = [tensor for tensor in _leaves(outputs) if not isinstance(tensor, (FakeTensor, ArrivingTensor))]
+    fakes = [tensor for tensor in tree_leaves(inputs) if isinstance(tensor, FakeTensor)]
+    real = [tensor for tensor in tree_leaves(outputs) if not isinstance(tensor, (FakeTensor, ArrivingTensor))]
     if fakes and real:
         raise NumericsOffUnsupported(
             f"numerics off (spawn numerics=False): {call} would write the values of a fake {fakes[0].dtype} tensor "
             f"into a real {real[0].dtype} one: values that depend on the data, which fake tensors do not have"
             f"{called_at()}")
-
-
-def _leaves(tensors) -> list:
-    """The tensors of a tensor, or of a list of them (nested)."""
-    if isinstance(tensors, torch.Tensor):
-        return [tensors]
-    return [leaf for item in tensors for leaf in _leaves(item)]
 
 
 def _gather(me: int, chunks: list, tensor):
