@@ -143,6 +143,64 @@ def test_an_fp32_reduce_dtype_sums_bf16_gradients_in_fp32(stage):
     assert section["bytes_by_kind"]["reduce_scatter"] * gathers == 2 * section["bytes_by_kind"]["all_gather"]
 
 
+def fp32_main_gradients_reference(world: int, microbatches: int, steps: int) -> torch.Tensor:
+    """Plain torch as Megatron-Core's distributed optimizer with --grad-reduce-in-fp32 runs it: each rank's bf16
+    replica backpropagates its microbatches one by one, each one's bf16 gradient added into the rank's fp32 main
+    gradient and dropped (the backward post-hook); the ranks' main gradients summed in fp32 and divided by the
+    ranks; Adam steps the fp32 master weights, rounded into the bf16 model."""
+    seed, hidden, batch = MLP["seed"], MLP["model"]["hidden"], MLP["data"]["batch_size"]
+    data = load_dataset("digits", {}, seed)
+    model = build_model(ModelSpec(name="mlp", hidden=hidden), data.info, seed)
+    masters = [p.detach().clone().float().requires_grad_() for p in model.parameters()]
+    model.to(torch.bfloat16)
+    loaders = [ShardLoader(data.train, world, rank, batch, seed) for rank in range(world)]
+    optimizer = torch.optim.Adam(masters, lr=MLP["train"]["optimizer"]["lr"], foreach=False)
+    for _ in range(steps):
+        mains = []
+        for loader in loaders:
+            main = [torch.zeros_like(master) for master in masters]
+            x, y = loader.next_batch()
+            for xs, ys in zip(x.to(torch.bfloat16).chunk(microbatches), y.chunk(microbatches)):
+                model.zero_grad()
+                (cross_entropy(model(xs), ys) * (1 / microbatches)).backward()
+                for total, param in zip(main, model.parameters()):
+                    total.add_(param.grad)
+            mains.append(main)
+        for master, *totals in zip(masters, *mains):
+            master.grad = sum(totals[1:], totals[0]) / world
+        optimizer.step()
+        with torch.no_grad():
+            for param, master in zip(model.parameters(), masters):
+                param.copy_(master)
+    return torch.cat([master.detach().flatten() for master in masters])
+
+
+def test_the_distributed_optimizer_accumulates_microbatches_in_fp32_main_gradients():
+    """Stage 1 with an fp32 reduce dtype keeps Megatron-Core's fp32 main gradients: microbatches accumulate in
+    fp32, not in the bf16 gradient; two ranks' sum is exact either way round, so bit for bit."""
+    report = run(validate_scenario({**MLP, "cluster": {**MLP["cluster"], "devices": 2},
+                                    "train": {**MLP["train"], "precision": "bf16", "steps": 4},
+                                    "parallel": {"sharding": {"stage": 1, "reduce_dtype": "fp32"},
+                                                 "pipeline": {"microbatches": 4}}}))
+    assert torch.equal(flat_parameters(report.final_model), fp32_main_gradients_reference(2, 4, 4))
+    bf16_sums = fp32_main_gradients_reference(2, 1, 4)  # the same batches, one microbatch: a different model
+    assert not torch.equal(flat_parameters(report.final_model), bf16_sums)
+
+
+@pytest.mark.parametrize("reduce_dtype, per_parameter", [("fp32", lambda n: 6 + 12 / n), ("bf16", lambda n: 4 + 16 / n)])
+def test_the_distributed_optimizer_holds_megatron_cores_bytes_per_parameter(reduce_dtype, per_parameter):
+    """Megatron-LM's README ("Distributed Optimizer"): bf16 parameters with fp32 gradients keep 6 + 12/d bytes a
+    parameter, 16-bit gradients 4 + 16/d (its fp16 row: a 16-bit gradient and an fp32 master gradient shard)."""
+    n = 4
+    job = one_step(scenario(BLOCKS_MODEL, n, precision="bf16", stage=1, reduce_dtype=reduce_dtype))
+    for device in job.devices:
+        peak = device.memory.peak
+        held = sum(peak[category] for category in ("weights", "master_weights", "gradients", "optimizer_state"))
+        assert held == per_parameter(n) * PSI
+        if reduce_dtype == "fp32":  # no reduce-dtype copy of the gradient beside it
+            assert peak["gradients"] == 4 * PSI
+
+
 def test_a_missing_gather_would_show_a_stage_3_rank_holds_only_its_chunks_between_steps():
     scenario_ = scenario(BLOCKS_MODEL, 4, steps=2, stage=3)
     cluster = build_cluster(scenario_.cluster, record=True, seed=scenario_.seed)

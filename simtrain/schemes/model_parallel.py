@@ -294,7 +294,7 @@ class ModelParallel(RankReplicas, Scheme):
             losses = yield from (walk if self.experts is None else self.experts.timed(rank, step, walk))
             summed = [] if self.data_parallel.sums_tp_grads else replica.model.tp_summed_parameters()
             if summed:  # each tp rank's share of their gradients (sequence parallelism's, an MoE layer's)
-                yield from self.sum_tp_grads(rank, [p.grad for p in summed])
+                yield from self.sum_tp_grads(rank, replica.gradients(summed))
             yield from self.data_parallel.update(rank)
             self._step_done(rank, step, losses)
         yield from self.data_parallel.finish(rank)

@@ -152,15 +152,15 @@ class DistributedOptimizer:
             elif overlapping:
                 self.buckets[rank] = BucketOverlap(self, rank, shard_layout, chunks, experts)
                 self._tp_summed[rank] = {id(p) for p in shard.model.tp_summed_parameters()}
-            self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer)
-            self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer)
+            self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer, shard.main_grads)
+            self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer, shard.main_grads)
         # ZeRO-Offload: the host keeps part of what each rank holds (offload.py)
         self.offload_what, self.offload, self.host_held = sharding.offload, None, {}
         if sharding.offload != "none":
             shard = replicas[self.ranks[0]]
             self.offload = HostOffload(job, {rank: replicas[rank].layout for rank in self.ranks}, self.stage,
                                        sharding.offload, shard.param_flat.element_size(),
-                                       shard.reduced.element_size())
+                                       shard.reduced.element_size(), shard.main_grads)
             for rank in self.ranks:
                 self.held[rank], self.host_held[rank] = self.offload.split(rank, self.held[rank])
         self.sums_tp_grads = overlapping  # the buckets sum them over tp, each before its reduce-scatter
@@ -342,7 +342,8 @@ class DistributedOptimizer:
         rank's share (train/partition.py tp_summed_parameters) summed across the tp group (model_parallel.py sums
         them all at once without overlap), before the unit's reduce-scatter."""
         shard, whole = self.scheme.replicas[rank], self._tp_summed[rank]
-        grads = [shard.params[index].grad for index in shard.layout.units[unit] if id(shard.params[index]) in whole]
+        grads = shard.gradients([shard.params[index] for index in shard.layout.units[unit]
+                                 if id(shard.params[index]) in whole])
         if grads:
             yield from self.scheme.sum_tp_grads(rank, grads)
 

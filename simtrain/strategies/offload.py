@@ -46,7 +46,7 @@ copies c_u = S_u e / host link, host steps h_u and exposed waits:
 The numerics are the unoffloaded run's: the host steps the same fp32 shard
 with the same optimizer, so the trained parameters are the same bit for bit.
 
-    offload = HostOffload(job, {rank: shard.layout}, stage, "optimizer", element=2, reduce_element=2)
+    offload = HostOffload(job, {rank: shard.layout}, stage, "optimizer", element=2, reduce_element=2, main=False)
     offload.post_gradient(rank, unit)            # in the backward, as a unit's reduction ends
     yield from offload.gradients_on_host(rank)   # then the update, charged by offload.host_step(rank)
 """
@@ -66,15 +66,18 @@ _FP32_BYTES = 4
 class HostOffload:
     """A job's offload to the host: what each rank keeps there, its copies over the host link, the host step."""
 
-    def __init__(self, job, layouts: dict, stage: int, what: str, element: int, reduce_element: int):
+    def __init__(self, job, layouts: dict, stage: int, what: str, element: int, reduce_element: int, main: bool):
+        """`element`, `reduce_element`: bytes of an element of the compute and the reduce dtype; `main`: the ranks'
+        gradient buffers are fp32 main gradients (sharded_replica.main_grads)."""
         store = job.cluster.shared_memory
         self.job, self.store, self.layouts, self.stage = job, store, layouts, stage
         self.parameters = what == "optimizer_and_parameters"
         self.element, self.reduce_element = element, reduce_element
+        self.grad_element = reduce_element if main else element  # the gradient buffer's
         train = job.scenario.train
         self.ranks = job.world  # the ranks that step together on the one host
         self.host_bandwidth = offload_host_bandwidth(store, job.scenario.cluster.shared_memory, what)
-        self._step_bytes = {rank: [chunk_update_bytes(layout.chunk_numel(unit), train.precision, train.optimizer)
+        self._step_bytes = {rank: [chunk_update_bytes(layout.chunk_numel(unit), train.precision, train.optimizer, main)
                                    for unit in range(len(layout.units))] for rank, layout in layouts.items()}
         self._to_host: dict[int, list] = {}  # rank -> the gradient copies posted this step
 
@@ -86,7 +89,7 @@ class HostOffload:
         train, layout = self.job.scenario.train, self.layouts[rank]
         shard = layout.shard_numel
         device = {"weights": 0 if self.parameters else held["weights"],
-                  "gradients": layout.padded_numel * self.element if self.stage == 1 else 0}
+                  "gradients": layout.padded_numel * self.grad_element if self.stage == 1 else 0}
         host = {"master_weights": shard * _FP32_BYTES, "gradients": shard * _FP32_BYTES,
                 "optimizer_state": optimizer_state_bytes(train.optimizer, shard * _FP32_BYTES)}
         if self.parameters:

@@ -114,8 +114,8 @@ class ReplicatedUpdate:
         replica, whole = self.scheme.replicas[rank], self._tp_summed[rank]
         if not whole:  # one tp rank, or none such: nothing to sum
             return
-        grads = [replica.params[index].grad for index in self.buckets[rank].layout.units[unit]
-                 if id(replica.params[index]) in whole]
+        grads = replica.gradients([replica.params[index] for index in self.buckets[rank].layout.units[unit]
+                                   if id(replica.params[index]) in whole])
         if grads:
             yield from self.scheme.sum_tp_grads(rank, grads)
 

@@ -32,6 +32,7 @@ the ZeRO paper's terms (Rajbhandari et al. 2020), in simtrain's categories.
     program = shard.gather(unit, group, tag)          # a collective program
 """
 import copy
+from functools import partial
 
 import torch
 
@@ -64,10 +65,13 @@ class ShardedReplica(Replica):
         self._gathered_master = None  # the whole fp32 parameters `gather_master` gathers (a launched rank's)
         device = self.params[0].device
         self.param_flat = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
-        self.grad_buffer = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
-        # what the gradient is reduced in: the gradient itself, or its copy in the reduce dtype
+        self.main_grads = main_grads(stage, self.precision.mixed, reduce_dtype)
+        # the gradient buffer: the compute dtype's, or Megatron-Core's fp32 main gradients (`main_grads`)
+        self.grad_buffer = torch.zeros(layout.padded_numel, dtype=torch.float32 if self.main_grads
+                                       else self.precision.dtype, device=device)
+        # what the gradient is reduced in: the gradient buffer itself, or its copy in the reduce dtype
         reduce = DTYPES[reduce_dtype] if reduce_dtype is not None else self.precision.dtype
-        self.reduced = (self.grad_buffer if reduce == self.precision.dtype
+        self.reduced = (self.grad_buffer if reduce == self.grad_buffer.dtype
                         else torch.zeros(layout.padded_numel, dtype=reduce, device=device))
         full = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
         masters = self.precision.master_params  # fp32: the parameters themselves
@@ -78,7 +82,11 @@ class ShardedReplica(Replica):
                 view = self.param_flat[where].view_as(param)
                 view.copy_(param)
                 param.data = view
-                param.grad = self.grad_buffer[where].view_as(param)
+                if self.main_grads:  # autograd's gradient is the compute dtype's, added into the buffer as it lands
+                    param.grad = None
+                    param.register_post_accumulate_grad_hook(partial(self._into_main_grads, where))
+                else:
+                    param.grad = self.grad_buffer[where].view_as(param)
         self.master = torch.cat([layout.chunk(full, unit, self.owned[unit]) for unit in units])
         self.master.requires_grad_()
         self.master.grad = torch.zeros_like(self.master)
@@ -87,6 +95,21 @@ class ShardedReplica(Replica):
         self.optimizer = build_optimizer([self.master], optimizer)
         if stage == 3:
             self.reshard_all()
+
+    @torch.no_grad()
+    def _into_main_grads(self, where: slice, param: torch.Tensor) -> None:
+        """A parameter's gradient, once autograd has accumulated it for a backward pass, added into its fp32 main
+        gradient and dropped: Megatron-Core's backward post-hook (`param.main_grad.add_(param.grad)`)."""
+        self.grad_buffer[where].view_as(param).add_(param.grad)
+        param.grad = None
+
+    def gradients(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The accumulated gradients of `params` (some of the rank's), where the collectives reduce them: views
+        into the gradient buffer (the main gradients' under `main_grads`, where no .grad outlives a backward)."""
+        if not self.main_grads:
+            return super().gradients(params)
+        index = {id(param): position for position, param in enumerate(self.params)}
+        return [self.grad_buffer[self.layout.param_slice(index[id(param)])].view_as(param) for param in params]
 
     # ---- the collective programs of a unit ----
 
@@ -290,14 +313,27 @@ def groups_of(layout: ShardLayout, group: list[ShardedReplica]) -> list[list[Sha
     return [group] * len(layout.units)
 
 
-def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: OptimizerSpec) -> dict[str, int]:
+def main_grads(stage: int, mixed: bool, reduce_dtype: str | None) -> bool:
+    """Whether a rank's gradient buffer is Megatron-Core's fp32 main gradients: its distributed optimizer (stage 1)
+    under mixed precision reducing in fp32 (`--grad-reduce-in-fp32`, Megatron-LM's default under bf16). Each
+    backward's gradient is added into the buffer as it lands (`ShardedReplica._into_main_grads`), so the
+    microbatches accumulate in fp32; the buffer is reduce-scattered in place, and its chunk is the optimizer's
+    fp32 gradient: no compute-dtype gradient outlives a backward and no separate master gradient is kept.
+    Megatron-LM's README counts 6 + 12/d bytes a parameter so ("Distributed Optimizer", bf16 param, fp32 grads),
+    where a compute-dtype gradient beside an fp32 master shard (its fp16 row) keeps 4 + 16/d."""
+    return stage == 1 and mixed and reduce_dtype == "fp32"
+
+
+def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: OptimizerSpec,
+               main: bool = False) -> dict[str, int]:
     """Bytes a rank holds for the whole run, by category; P = the padded parameter count, S = P / N its shard's,
     e = the compute dtype's bytes:
 
     - weights: P e (stages 1, 2), S e (stage 3);
     - master_weights: 4 S under mixed precision (the fp32 master shard); none in fp32 (the weights are it);
-    - gradients: stage 1 the whole gradient P e, plus under mixed precision the shard's fp32 master gradient 4 S;
-      stages 2, 3 the shard's fp32 gradient 4 S alone;
+    - gradients: stage 1 the whole gradient P e, plus under mixed precision the shard's fp32 master gradient 4 S
+      (with `main` gradients, `main_grads`: the whole fp32 gradient 4 P alone); stages 2, 3 the shard's fp32
+      gradient 4 S alone;
     - optimizer_state: the optimizer's state of the fp32 shard (Adam: 8 S)."""
     element = torch.empty((), dtype=DTYPES[precision]).element_size()
     padded, shard = layout.padded_numel, layout.shard_numel
@@ -306,23 +342,25 @@ def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: Optim
     if mixed:
         held["master_weights"] = shard * _FP32_BYTES
     if stage == 1:
-        held["gradients"] = padded * element + (shard * _FP32_BYTES if mixed else 0)
+        held["gradients"] = padded * _FP32_BYTES if main else padded * element + (shard * _FP32_BYTES if mixed else 0)
     else:
         held["gradients"] = shard * _FP32_BYTES
     held["optimizer_state"] = optimizer_state_bytes(optimizer, shard * _FP32_BYTES)
     return held
 
 
-def shard_update_bytes(layout: ShardLayout, precision: str, optimizer: OptimizerSpec) -> int:
+def shard_update_bytes(layout: ShardLayout, precision: str, optimizer: OptimizerSpec, main: bool = False) -> int:
     """HBM bytes read and written by one update of a shard: the optimizer's on the fp32 shard, and under mixed
-    precision unscaling the reduced chunks into it and rounding it back into the owned chunks."""
-    return chunk_update_bytes(layout.shard_numel, precision, optimizer)
+    precision unscaling the reduced chunks into it (with `main` gradients, in place: `main_grads`) and rounding
+    it back into the owned chunks."""
+    return chunk_update_bytes(layout.shard_numel, precision, optimizer, main)
 
 
-def chunk_update_bytes(numel: int, precision: str, optimizer: OptimizerSpec) -> int:
+def chunk_update_bytes(numel: int, precision: str, optimizer: OptimizerSpec, main: bool = False) -> int:
     """Bytes read and written by the update of `numel` elements of a shard (shard_update_bytes' terms)."""
     element = torch.empty((), dtype=DTYPES[precision]).element_size()
     touched = optimizer_step_bytes(optimizer, numel * _FP32_BYTES)
     if precision != "fp32":
-        touched += 2 * (numel * element + numel * _FP32_BYTES)
+        reduced = _FP32_BYTES if main else element  # the reduced chunk's dtype
+        touched += (numel * reduced + numel * _FP32_BYTES) + (numel * _FP32_BYTES + numel * element)
     return touched

@@ -119,6 +119,11 @@ class Replica:
         self.precision.backward(loss if share == 1.0 else loss * share)
         return loss.detach()
 
+    def gradients(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The accumulated gradients of `params` (some of the replica's), where the collectives reduce them: their
+        .grad, views into grad_buffer."""
+        return [param.grad for param in params]
+
     def run_every_step(self) -> None:
         """Run the forward, backward and update every step even with numerics off: hooks on the model read
         each one (K-FAC's, strategies/kfac_sync.py)."""
