@@ -68,7 +68,7 @@ from .train.data import MetaLoader, hold_out_validation, load_dataset
 from .train.hyperparameters import values_from
 from .train.job_checkpoint import Checkpoints
 from .train.models import build_model
-from .train.replica import Replica, share_gradient_rows
+from .train.replica import Replica, main_grads_of, share_gradient_rows
 from .train.sampling import build_loader
 
 load_schemes()  # every scheme registers its report sections (report/sections.py) when imported
@@ -109,8 +109,11 @@ class Job:
         self.local_ranks = held
         self._groups = []  # (communicator, its job ranks): every sub-group's, as the scheme asked for them
         meta_losses = {}  # numerics off: one forward and backward per batch shape for all the replicas (Replica)
-        self.replicas = [Replica(share, self._loader(rank), scenario.train, meta_losses) if rank in held else None
-                         for rank, share in enumerate(shares)]
+        sharding = scenario.parallel.sharding  # DDP's gradients reduced in fp32: Megatron-Core's main gradients
+        main_grads = main_grads_of(sharding.stage, scenario.train.precision != "fp32", sharding.reduce_dtype) and \
+            sharding.stage == 0
+        self.replicas = [Replica(share, self._loader(rank), scenario.train, meta_losses, main_grads)
+                         if rank in held else None for rank, share in enumerate(shares)]
         share_gradient_rows([replica for replica in self.replicas if replica is not None])
         self.alone = alone  # nothing else will run on the cluster's network (a scheme may time its rings as a group)
         self.scheme = build_scheme(self, on_step)

@@ -150,7 +150,7 @@ def test_an_overlap_flag_no_scheme_reads_is_one_line_naming_it():
                               ({"sharding": {"stage": 2}, "bucket_cap_mb": 4}, "parallel.bucket_cap_mb: sizes"),
                               ({"sharding": {"stage": 1, "reshard_after_forward": False}},
                                "parallel.sharding.reshard_after_forward: false keeps"),
-                              ({"sharding": {"reduce_dtype": "fp32"}}, "parallel.sharding.reduce_dtype: sets"),
+                              ({"sharding": {"reduce_dtype": "bf16"}}, "parallel.sharding.reduce_dtype: sets"),
                               ({"sharding": {"degree": 2}}, "parallel.sharding.degree: sets"),
                               ({"async": {"consistency": "locked"}}, "parallel.async: options")):
         with pytest.raises(ScenarioError, match=message) as error:

@@ -132,6 +132,16 @@ def test_each_flavor_gives_the_published_dims(flavor, tmp_path):
                                                                                                **LLAMA32}[flavor]
 
 
+@pytest.mark.parametrize("reduce_flag, reduce_dtype", [([], "fp32"), (["--grad-reduce-in-bf16"], None)])
+def test_megatron_ddp_under_bf16_keeps_fp32_main_gradients_unless_told_bf16(reduce_flag, reduce_dtype):
+    """Without the distributed optimizer Megatron-LM all-reduces fp32 main gradients under --bf16 (18 bytes a
+    parameter); --grad-reduce-in-bf16 keeps them in bf16."""
+    arguments = [argument for argument in MEGATRON_LLAMA3_8B.split() if argument not in
+                 ("--use-distributed-optimizer", "--grad-reduce-in-bf16")] + reduce_flag
+    sharding = import_megatron_args(arguments, devices=8, steps=2).scenario().parallel.sharding
+    assert (sharding.stage, sharding.reduce_dtype) == (0, reduce_dtype)
+
+
 def test_megatron_lms_llama3_arguments_carry_their_values_and_run(tmp_path):
     imported = import_megatron_args(MEGATRON_LLAMA3_8B.split(), devices=8, steps=2)
     scenario = imported.scenario()

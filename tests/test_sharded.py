@@ -175,30 +175,50 @@ def fp32_main_gradients_reference(world: int, microbatches: int, steps: int) -> 
     return torch.cat([master.detach().flatten() for master in masters])
 
 
-def test_the_distributed_optimizer_accumulates_microbatches_in_fp32_main_gradients():
-    """Stage 1 with an fp32 reduce dtype keeps Megatron-Core's fp32 main gradients: microbatches accumulate in
-    fp32, not in the bf16 gradient; two ranks' sum is exact either way round, so bit for bit."""
+@pytest.mark.parametrize("stage", [0, 1], ids=["ddp", "distributed-optimizer"])
+def test_fp32_main_gradients_accumulate_microbatches_in_fp32(stage):
+    """DDP and the distributed optimizer with an fp32 reduce dtype keep Megatron-Core's fp32 main gradients:
+    microbatches accumulate in fp32, not in the bf16 gradient; two ranks' sum is exact either way round, so bit
+    for bit."""
     report = run(validate_scenario({**MLP, "cluster": {**MLP["cluster"], "devices": 2},
                                     "train": {**MLP["train"], "precision": "bf16", "steps": 4},
-                                    "parallel": {"sharding": {"stage": 1, "reduce_dtype": "fp32"},
+                                    "parallel": {"sharding": {"stage": stage, "reduce_dtype": "fp32"},
                                                  "pipeline": {"microbatches": 4}}}))
     assert torch.equal(flat_parameters(report.final_model), fp32_main_gradients_reference(2, 4, 4))
     bf16_sums = fp32_main_gradients_reference(2, 1, 4)  # the same batches, one microbatch: a different model
     assert not torch.equal(flat_parameters(report.final_model), bf16_sums)
 
 
-@pytest.mark.parametrize("reduce_dtype, per_parameter", [("fp32", lambda n: 6 + 12 / n), ("bf16", lambda n: 4 + 16 / n)])
-def test_the_distributed_optimizer_holds_megatron_cores_bytes_per_parameter(reduce_dtype, per_parameter):
-    """Megatron-LM's README ("Distributed Optimizer"): bf16 parameters with fp32 gradients keep 6 + 12/d bytes a
-    parameter, 16-bit gradients 4 + 16/d (its fp16 row: a 16-bit gradient and an fp32 master gradient shard)."""
+MEGATRON_BYTES_PER_PARAMETER = {  # Megatron-LM's README, "Distributed Optimizer": d data-parallel ranks
+    (0, "fp32"): lambda d: 18, (1, "fp32"): lambda d: 6 + 12 / d,  # bf16 parameters, fp32 gradients
+    (0, None): lambda d: 20, (1, None): lambda d: 4 + 16 / d}  # 16-bit gradients (its fp16 row)
+
+
+@pytest.mark.parametrize("stage, reduce_dtype", list(MEGATRON_BYTES_PER_PARAMETER))
+def test_ddp_and_the_distributed_optimizer_hold_megatron_cores_bytes_per_parameter(stage, reduce_dtype):
+    """bf16 parameters with fp32 main gradients keep 18 bytes a parameter under DDP, 6 + 12/d under the
+    distributed optimizer; 16-bit gradients beside fp32 master gradients 20 and 4 + 16/d."""
     n = 4
-    job = one_step(scenario(BLOCKS_MODEL, n, precision="bf16", stage=1, reduce_dtype=reduce_dtype))
+    sharding = {"stage": stage, **({"reduce_dtype": reduce_dtype} if reduce_dtype else {})}
+    job = one_step(scenario(BLOCKS_MODEL, n, precision="bf16", **sharding))
+    per_parameter = MEGATRON_BYTES_PER_PARAMETER[stage, reduce_dtype]
     for device in job.devices:
         peak = device.memory.peak
         held = sum(peak[category] for category in ("weights", "master_weights", "gradients", "optimizer_state"))
         assert held == per_parameter(n) * PSI
-        if reduce_dtype == "fp32":  # no reduce-dtype copy of the gradient beside it
+        if reduce_dtype == "fp32":  # no 16-bit gradient, reduce-dtype copy or master gradient beside it
             assert peak["gradients"] == 4 * PSI
+
+
+@pytest.mark.parametrize("settings, named", [({"parallel": {"mode": "async"}}, "parallel.mode async"),
+                                             ({"parallel": {"sync_batchnorm": True}}, "parallel.sync_batchnorm")])
+def test_ddp_main_gradients_where_not_built_are_one_line(settings, named):
+    raw = {**MLP, "cluster": {**MLP["cluster"], "devices": 2}, "model": {**MLP["model"], "batchnorm": True},
+           "train": {**MLP["train"], "precision": "bf16"}}
+    raw["parallel"] = {**settings["parallel"], "sharding": {"reduce_dtype": "fp32"}}
+    with pytest.raises(ScenarioError, match=f"parallel.sharding.reduce_dtype: .* not built with {named}") as error:
+        validate_scenario(raw)
+    assert "\n" not in str(error.value)
 
 
 def test_a_missing_gather_would_show_a_stage_3_rank_holds_only_its_chunks_between_steps():

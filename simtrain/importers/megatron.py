@@ -134,8 +134,6 @@ _WHY_BY_NAME = {
     "normalization": "a llama normalizes with RMSNorm", "position_embedding_type": "a llama has rotary embeddings",
     "swiglu": "a llama's MLP is SwiGLU",
     "train_iters": "simtrain import --steps given", "train_samples": "simtrain import --steps given",
-    "grad_reduce_in_bf16": "plain DDP all-reduces in the compute dtype here",
-    "grad_reduce_in_fp32": "plain DDP all-reduces in the compute dtype here",
 }
 
 
@@ -384,11 +382,10 @@ def _data_parallel(reader: _Values, model_parallel: bool, precision: str) -> dic
     if stage == 0:
         if param_gather:
             reader.taken.discard("overlap_param_gather")  # no distributed optimizer: nothing to gather
-        if precision != "fp32":
-            reader.taken.difference_update({"grad_reduce_in_bf16", "grad_reduce_in_fp32"})
-            reader.notes.append("DDP all-reduces the gradients in the compute dtype here (Megatron-LM in fp32 "
-                                "under --bf16 unless --grad-reduce-in-bf16).")
-        return {"overlap": True} if grad_reduce else {}
+        ddp = {"overlap": True} if grad_reduce else {}
+        if precision != "fp32" and not bf16_reduce:  # Megatron-Core's fp32 main gradients (train/replica.py)
+            ddp["sharding"] = {"reduce_dtype": "fp32"}
+        return ddp
     sharding = {"stage": stage}
     if precision != "fp32":
         sharding["reduce_dtype"] = "bf16" if bf16_reduce else "fp32"

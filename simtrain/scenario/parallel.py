@@ -83,8 +83,10 @@ class ShardingSpec(Section):
                           "for its backward; false: keep them from the forward to the backward.")
     reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
         None, description="The dtype gradients are reduce-scattered (and HSDP all-reduced) in, as FSDP2's "
-                          "MixedPrecisionPolicy.reduce_dtype; null: the compute dtype (train.precision, which is "
-                          "FSDP2's param_dtype).")
+                          "MixedPrecisionPolicy.reduce_dtype (stages 2 and 3: a copy cast as a unit's reduction "
+                          "starts); stages 0 (DDP) and 1 with fp32 under mixed precision: Megatron-Core's fp32 main "
+                          "gradients, the gradient buffer itself in fp32, each backward's gradient added into it; "
+                          "null: the compute dtype (train.precision, which is FSDP2's param_dtype).")
     offload: Literal["none", "optimizer", "optimizer_and_parameters"] = Field(
         "none", description="ZeRO-Offload (strategies/offload.py): optimizer: each rank's fp32 master shard, its "
                             "gradient and its optimizer state live in cluster.shared_memory (the host's DRAM) and "
@@ -287,8 +289,9 @@ def _no_flag_ignored(parallel: ParallelSpec) -> None:
                                  "unit (under pp/tp: sharding.bucket_size)"),
         ("parallel.sharding.reshard_after_forward", not sharding.reshard_after_forward and sharding.stage < 3,
          "false keeps stage 3's gathered parameters to the backward; needs sharding.stage 3"),
-        ("parallel.sharding.reduce_dtype", sharding.reduce_dtype is not None and sharding.stage == 0,
-         "sets the reduce-scatter's dtype; needs sharding.stage 1, 2 or 3 (DDP all-reduces in the compute dtype)"),
+        ("parallel.sharding.reduce_dtype", sharding.reduce_dtype not in (None, "fp32") and sharding.stage == 0,
+         "sets the reduce-scatter's dtype; needs sharding.stage 1, 2 or 3 (DDP all-reduces in the compute dtype, "
+         "or with fp32 in Megatron-Core's fp32 main gradients)"),
         ("parallel.sharding.degree", sharding.degree is not None and sharding.stage == 0,
          "sets the shard group (HSDP); needs sharding.stage 1, 2 or 3"),
         ("parallel.sharding.bucket_size", sharding.bucket_size is not None and not sharding.overlap_grad_reduce,

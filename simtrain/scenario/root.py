@@ -116,6 +116,7 @@ class Scenario(Section):
                              "has no attention (use full, sqrt or segments)")
         _microbatches_fit(self)
         _sequence_cuts_fit(self)
+        _main_gradients_fit(self)
         if self.parallel.representatives:
             _representatives_fit(self)
         return self
@@ -257,6 +258,20 @@ def _representatives_fit(scenario: Scenario) -> None:
                                                          "cluster.host_cores: the mirrored ranks take no core)")):
         if refuse:
             raise ValueError(f"parallel.representatives: {why}")
+
+
+def _main_gradients_fit(scenario) -> None:
+    """DDP's fp32 main gradients (train/replica.py main_grads_of) are added into by autograd's hook after each
+    backward: what adds into .grad by hand, or reads it, is another rule."""
+    parallel, train = scenario.parallel, scenario.train
+    if parallel.sharding.stage != 0 or parallel.sharding.reduce_dtype != "fp32" or train.precision == "fp32":
+        return
+    for refused, what in ((parallel.mode == "async", "parallel.mode async (workers push their own gradients)"),
+                          (train.optimizer.name == "kfac", "K-FAC (it preconditions each parameter's .grad)"),
+                          (parallel.sync_batchnorm, "parallel.sync_batchnorm (it adds into .grad by hand)")):
+        if refused:
+            raise ValueError(f"parallel.sharding.reduce_dtype: fp32 main gradients under DDP are not built with "
+                             f"{what}; leave reduce_dtype null")
 
 
 def _microbatches_fit(scenario: Scenario) -> None:

@@ -152,8 +152,9 @@ class DistributedOptimizer:
             elif overlapping:
                 self.buckets[rank] = BucketOverlap(self, rank, shard_layout, chunks, experts)
                 self._tp_summed[rank] = {id(p) for p in shard.model.tp_summed_parameters()}
-            self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer, shard.main_grads)
-            self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer, shard.main_grads)
+            main = shard.main_grads
+            self.held[rank] = held_bytes(shard_layout, self.stage, train.precision, train.optimizer, main)
+            self._step_bytes[rank] = shard_update_bytes(shard_layout, train.precision, train.optimizer, main)
         # ZeRO-Offload: the host keeps part of what each rank holds (offload.py)
         self.offload_what, self.offload, self.host_held = sharding.offload, None, {}
         if sharding.offload != "none":

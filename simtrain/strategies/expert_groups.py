@@ -166,12 +166,12 @@ def experts_last(replica) -> int:
     dense = sum(p.numel() for p, is_expert in zip(replica.params, flags) if not is_expert)
     order = sorted(range(len(replica.params)), key=lambda i: flags[i])  # stable
     replica.params = [replica.params[i] for i in order]
-    replica.grad_buffer = flat_grad_buffer(replica.params)
     precision = replica.precision
     precision.model_params = [precision.model_params[i] for i in order]
     if precision.mixed:
         precision.master_params = [precision.master_params[i] for i in order]
-        precision.master_grads = flat_grad_buffer(precision.master_params)
+        precision.master_grads = flat_grad_buffer(precision.master_params)  # main gradients: the bucket's views
     else:  # fp32: the parameters are their own masters
         precision.master_params = precision.model_params
+    replica.lay_out_gradients()
     return dense

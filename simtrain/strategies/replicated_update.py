@@ -32,10 +32,10 @@ class ReplicatedUpdate:
         self.scheme = scheme
         parallel, train = scheme.job.scenario.parallel, scheme.job.scenario.train
         replicas = scheme.replicas
-        self.held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer)
-                     for r in replicas]
-        self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer)
-                            for r in replicas]
+        self.held = [None if r is None else persistent_bytes(r.params, train.precision, train.optimizer,
+                                                             r.main_grads) for r in replicas]
+        self._step_bytes = [None if r is None else update_bytes(r.params, train.precision, train.optimizer,
+                                                                r.main_grads) for r in replicas]
         self._step_kernels = scheme.update_kernels(scheme.running)  # a calibrated host's, charged kernel_overhead
         self.kfac = None  # K-FAC's preconditioning between the all-reduce and the step
         if train.optimizer.name == "kfac":  # its collectives on the dp group as the scheme holds it now (regroup)

@@ -32,7 +32,6 @@ the ZeRO paper's terms (Rajbhandari et al. 2020), in simtrain's categories.
     program = shard.gather(unit, group, tag)          # a collective program
 """
 import copy
-from functools import partial
 
 import torch
 
@@ -41,7 +40,7 @@ from ..op_cost import OperatorRecorder
 from ..scenario import OptimizerSpec
 from ..train.optim import build_optimizer, optimizer_state_bytes, optimizer_step_bytes
 from ..train.precision import DTYPES
-from ..train.replica import Replica
+from ..train.replica import Replica, main_grads_of
 from ..train.training_state import TrainingState, packed, unpacked
 from .shard_layout import ShardLayout
 
@@ -65,8 +64,9 @@ class ShardedReplica(Replica):
         self._gathered_master = None  # the whole fp32 parameters `gather_master` gathers (a launched rank's)
         device = self.params[0].device
         self.param_flat = torch.zeros(layout.padded_numel, dtype=self.precision.dtype, device=device)
-        self.main_grads = main_grads(stage, self.precision.mixed, reduce_dtype)
-        # the gradient buffer: the compute dtype's, or Megatron-Core's fp32 main gradients (`main_grads`)
+        self.main_grads = main_grads_of(stage, self.precision.mixed, reduce_dtype)
+        self._main_slices = {}
+        # the gradient buffer: the compute dtype's, or Megatron-Core's fp32 main gradients (Replica.main_grads)
         self.grad_buffer = torch.zeros(layout.padded_numel, dtype=torch.float32 if self.main_grads
                                        else self.precision.dtype, device=device)
         # what the gradient is reduced in: the gradient buffer itself, or its copy in the reduce dtype
@@ -83,8 +83,8 @@ class ShardedReplica(Replica):
                 view.copy_(param)
                 param.data = view
                 if self.main_grads:  # autograd's gradient is the compute dtype's, added into the buffer as it lands
-                    param.grad = None
-                    param.register_post_accumulate_grad_hook(partial(self._into_main_grads, where))
+                    param.grad, self._main_slices[id(param)] = None, where
+                    param.register_post_accumulate_grad_hook(self._into_main_grads)
                 else:
                     param.grad = self.grad_buffer[where].view_as(param)
         self.master = torch.cat([layout.chunk(full, unit, self.owned[unit]) for unit in units])
@@ -95,21 +95,6 @@ class ShardedReplica(Replica):
         self.optimizer = build_optimizer([self.master], optimizer)
         if stage == 3:
             self.reshard_all()
-
-    @torch.no_grad()
-    def _into_main_grads(self, where: slice, param: torch.Tensor) -> None:
-        """A parameter's gradient, once autograd has accumulated it for a backward pass, added into its fp32 main
-        gradient and dropped: Megatron-Core's backward post-hook (`param.main_grad.add_(param.grad)`)."""
-        self.grad_buffer[where].view_as(param).add_(param.grad)
-        param.grad = None
-
-    def gradients(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The accumulated gradients of `params` (some of the rank's), where the collectives reduce them: views
-        into the gradient buffer (the main gradients' under `main_grads`, where no .grad outlives a backward)."""
-        if not self.main_grads:
-            return super().gradients(params)
-        index = {id(param): position for position, param in enumerate(self.params)}
-        return [self.grad_buffer[self.layout.param_slice(index[id(param)])].view_as(param) for param in params]
 
     # ---- the collective programs of a unit ----
 
@@ -313,17 +298,6 @@ def groups_of(layout: ShardLayout, group: list[ShardedReplica]) -> list[list[Sha
     return [group] * len(layout.units)
 
 
-def main_grads(stage: int, mixed: bool, reduce_dtype: str | None) -> bool:
-    """Whether a rank's gradient buffer is Megatron-Core's fp32 main gradients: its distributed optimizer (stage 1)
-    under mixed precision reducing in fp32 (`--grad-reduce-in-fp32`, Megatron-LM's default under bf16). Each
-    backward's gradient is added into the buffer as it lands (`ShardedReplica._into_main_grads`), so the
-    microbatches accumulate in fp32; the buffer is reduce-scattered in place, and its chunk is the optimizer's
-    fp32 gradient: no compute-dtype gradient outlives a backward and no separate master gradient is kept.
-    Megatron-LM's README counts 6 + 12/d bytes a parameter so ("Distributed Optimizer", bf16 param, fp32 grads),
-    where a compute-dtype gradient beside an fp32 master shard (its fp16 row) keeps 4 + 16/d."""
-    return stage == 1 and mixed and reduce_dtype == "fp32"
-
-
 def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: OptimizerSpec,
                main: bool = False) -> dict[str, int]:
     """Bytes a rank holds for the whole run, by category; P = the padded parameter count, S = P / N its shard's,
@@ -332,8 +306,8 @@ def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: Optim
     - weights: P e (stages 1, 2), S e (stage 3);
     - master_weights: 4 S under mixed precision (the fp32 master shard); none in fp32 (the weights are it);
     - gradients: stage 1 the whole gradient P e, plus under mixed precision the shard's fp32 master gradient 4 S
-      (with `main` gradients, `main_grads`: the whole fp32 gradient 4 P alone); stages 2, 3 the shard's fp32
-      gradient 4 S alone;
+      (with `main` gradients, train/replica.py's `main_grads_of`: the whole fp32 gradient 4 P alone); stages 2
+      and 3 the shard's fp32 gradient 4 S alone;
     - optimizer_state: the optimizer's state of the fp32 shard (Adam: 8 S)."""
     element = torch.empty((), dtype=DTYPES[precision]).element_size()
     padded, shard = layout.padded_numel, layout.shard_numel
@@ -351,7 +325,7 @@ def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: Optim
 
 def shard_update_bytes(layout: ShardLayout, precision: str, optimizer: OptimizerSpec, main: bool = False) -> int:
     """HBM bytes read and written by one update of a shard: the optimizer's on the fp32 shard, and under mixed
-    precision unscaling the reduced chunks into it (with `main` gradients, in place: `main_grads`) and rounding
+    precision unscaling the reduced chunks into it (with `main` gradients, in place) and rounding
     it back into the owned chunks."""
     return chunk_update_bytes(layout.shard_numel, precision, optimizer, main)
 

@@ -161,7 +161,8 @@ class MixedPrecision:
         """Bring the averaged gradient to the fp32 master, unscaled; True iff it holds an inf or NaN."""
         if not self.mixed:
             return _non_finite(grad_bucket)
-        self.master_grads.copy_(grad_bucket)
+        if self.master_grads is not grad_bucket:  # fp32 main gradients are the masters' own (train/replica.py)
+            self.master_grads.copy_(grad_bucket)
         return self.scaler.unscale_(self.master_grads) if self.scaler else _non_finite(self.master_grads)
 
     def settle(self, found_inf: bool) -> bool:
@@ -213,23 +214,27 @@ def _non_finite(tensor: torch.Tensor) -> bool:
     return not bool(torch.isfinite(tensor).all())
 
 
-def persistent_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: OptimizerSpec) -> dict[str, int]:
-    """Bytes held for the whole run by category; parameters in fp32 or already in the compute dtype."""
+def persistent_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: OptimizerSpec,
+                     main_grads: bool = False) -> dict[str, int]:
+    """Bytes held for the whole run by category; parameters in fp32 or already in the compute dtype. With
+    `main_grads` (train/replica.py) the gradient is the fp32 bucket alone, the masters' own."""
     weights, master = _sizes(params, precision)
     held = {"weights": weights}
     if precision != "fp32":
         held["master_weights"] = master
-    held["gradients"] = weights + (master if precision != "fp32" else 0)
+    held["gradients"] = master if main_grads else weights + (master if precision != "fp32" else 0)
     held["optimizer_state"] = optimizer_state_bytes(optimizer, master)
     return held
 
 
-def update_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: OptimizerSpec) -> int:
+def update_bytes(params: Iterable[torch.Tensor], precision: str, optimizer: OptimizerSpec,
+                 main_grads: bool = False) -> int:
     """HBM bytes read plus written by one update (optimizer step and mixed-precision copies)."""
     weights, master = _sizes(params, precision)
     touched = optimizer_step_bytes(optimizer, master)
     if precision != "fp32":
-        touched += (weights + master) + (master + weights)  # unscale into master grads; round back
+        bucket = master if main_grads else weights  # the averaged bucket's bytes
+        touched += (bucket + master) + (master + weights)  # unscale into master grads (in place); round back
     return touched
 
 

@@ -19,6 +19,11 @@ population-based training copies a member into another.
 Mixed precision (`precision="fp16" | "bf16"`, simtrain/train/precision.py):
 the model and the gradient bucket are in the compute dtype, the optimizer
 steps fp32 master weights, and the loss is computed in fp32 from upcast logits.
+With `main_grads` (Megatron-Core's fp32 main gradients: `main_grads_of`) the
+bucket is fp32 instead, and is the master weights' gradient itself: no
+parameter keeps a .grad between backward passes; each one's, once autograd
+has accumulated it, is added into its slice of the bucket and dropped
+(Megatron-Core's backward post-hook), so microbatches accumulate in fp32.
 
 With numerics off the replica is on meta tensors: a forward and backward
 computes no values, only shapes, and the same ones every step on a batch of
@@ -49,12 +54,17 @@ class Replica:
     """A model replica that trains on its own shard with a flat gradient buffer."""
 
     def __init__(self, model: torch.nn.Module, loader: ShardLoader, train: TrainSpec,
-                 meta_losses: dict[tuple, torch.Tensor] | None = None):
+                 meta_losses: dict[tuple, torch.Tensor] | None = None, main_grads: bool = False):
         self.model = model
         self.loader = loader
         self.precision = MixedPrecision(model, train.precision, train.amp)  # casts the model to the compute dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.grad_buffer = flat_grad_buffer(self.params)
+        self.main_grads = main_grads and self.precision.mixed
+        self._main_slices: dict[int, slice] = {}  # id(parameter) -> its main gradient's slice of grad_buffer
+        self.lay_out_gradients()
+        if self.main_grads:
+            for param in self.params:
+                param.register_post_accumulate_grad_hook(self._into_main_grads)
         self.optimizer = build_optimizer(self.precision.master_params, train.optimizer)
         self.last_batch = None
         self._costs: dict[tuple, StepCost] = {}  # by input shape
@@ -119,10 +129,37 @@ class Replica:
         self.precision.backward(loss if share == 1.0 else loss * share)
         return loss.detach()
 
+    def lay_out_gradients(self, buffer: torch.Tensor | None = None) -> None:
+        """The gradient bucket over `params` in their order, zeroed: `buffer` (a row of a tensor the job's replicas
+        share: `share_gradient_rows`) or a new one; each .grad a view into it, or with `main_grads` each parameter's
+        fp32 slice of it, which the fp32 masters' .grad are views of (without them the masters' gradients are a
+        bucket of their own: train/precision.py)."""
+        if not self.main_grads:
+            self.grad_buffer = flat_grad_buffer(self.params, buffer)
+            return
+        if buffer is None:
+            buffer = torch.zeros(sum(p.numel() for p in self.params), device=self.params[0].device)
+        self.grad_buffer = self.precision.master_grads = flat_grad_buffer(self.precision.master_params, buffer)
+        offset = 0
+        for param in self.params:
+            param.grad = None
+            self._main_slices[id(param)] = slice(offset, offset + param.numel())
+            offset += param.numel()
+
+    @torch.no_grad()
+    def _into_main_grads(self, param: torch.Tensor) -> None:
+        """A parameter's gradient, once autograd has accumulated it for a backward pass, added into its fp32 main
+        gradient and dropped: Megatron-Core's backward post-hook (`param.main_grad.add_(param.grad)`)."""
+        self.grad_buffer[self._main_slices[id(param)]].view_as(param).add_(param.grad)
+        param.grad = None
+
     def gradients(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """The accumulated gradients of `params` (some of the replica's), where the collectives reduce them: their
-        .grad, views into grad_buffer."""
-        return [param.grad for param in params]
+        .grad, views into grad_buffer; with `main_grads` (where no .grad outlives a backward) their main
+        gradients' views."""
+        if not self.main_grads:
+            return [param.grad for param in params]
+        return [self.grad_buffer[self._main_slices[id(param)]].view_as(param) for param in params]
 
     def run_every_step(self) -> None:
         """Run the forward, backward and update every step even with numerics off: hooks on the model read
@@ -178,7 +215,7 @@ class Replica:
 
     def use_grad_buffer(self, buffer: torch.Tensor) -> None:
         """Keep the gradient in `buffer` (flat, of grad_buffer's size and dtype), zeroed, from now on."""
-        self.grad_buffer = flat_grad_buffer(self.params, buffer)
+        self.lay_out_gradients(buffer)
 
     def apply_update(self, update: bool) -> None:
         """The optimizer's update from the unscaled master gradients if `update`; else the step is skipped.
@@ -188,6 +225,17 @@ class Replica:
             self.optimizer.step()
             self.precision.copy_master_to_model()
             self._meta_stepped = self._meta_losses is not None
+
+
+def main_grads_of(stage: int, mixed: bool, reduce_dtype: str | None) -> bool:
+    """Whether a rank keeps Megatron-Core's fp32 main gradients (`Replica.main_grads`): DDP or the distributed
+    optimizer (sharding stage 0 or 1) under mixed precision, reducing in fp32 (`--grad-reduce-in-fp32`,
+    Megatron-LM's default under bf16). The buffer is reduced in place and is the optimizer's fp32 gradient (its
+    chunk, under stage 1): no compute-dtype gradient outlives a backward and no separate master gradient is kept.
+    Megatron-LM's README counts 18 bytes a parameter so, 6 + 12/d distributed ("Distributed Optimizer": bf16
+    parameters, fp32 gradients), where a 16-bit gradient beside an fp32 master gradient keeps 20, 4 + 16/d (its
+    fp16 row). Stages 2 and 3 (FSDP2's reduce_dtype) cast a copy for each reduction instead."""
+    return stage <= 1 and mixed and reduce_dtype == "fp32"
 
 
 def share_gradient_rows(replicas: list[Replica]) -> None:
