@@ -104,45 +104,6 @@ def test_mixed_precision_trains_what_plain_ddp_trains(stage, precision):
     assert losses[0] == losses[1] and len(losses[0]) >= 1  # stage 3: evaluated on the model assembled from shards
 
 
-def bf16_with_fp32_reduce_reference(world: int, steps: int) -> torch.Tensor:
-    """Plain torch: each rank's bf16 replica computes its gradient on its own batches; the gradients are summed in
-    fp32 and divided by the ranks; Adam steps the fp32 master weights, rounded into the bf16 model."""
-    seed, hidden, batch = MLP["seed"], MLP["model"]["hidden"], MLP["data"]["batch_size"]
-    data = load_dataset("digits", {}, seed)
-    model = build_model(ModelSpec(name="mlp", hidden=hidden), data.info, seed)
-    masters = [p.detach().clone().float().requires_grad_() for p in model.parameters()]
-    model.to(torch.bfloat16)
-    loaders = [ShardLoader(data.train, world, rank, batch, seed) for rank in range(world)]
-    optimizer = torch.optim.Adam(masters, lr=MLP["train"]["optimizer"]["lr"], foreach=False)
-    for _ in range(steps):
-        sums = [torch.zeros_like(master) for master in masters]
-        for loader in loaders:
-            x, y = loader.next_batch()
-            model.zero_grad()
-            cross_entropy(model(x.to(torch.bfloat16)), y).backward()
-            for total, param in zip(sums, model.parameters()):
-                total.add_(param.grad.float())
-        for master, total in zip(masters, sums):
-            master.grad = total / world
-        optimizer.step()
-        with torch.no_grad():
-            for param, master in zip(model.parameters(), masters):
-                param.copy_(master)
-    return torch.cat([master.detach().flatten() for master in masters])
-
-
-@pytest.mark.parametrize("stage", [1, 3])
-def test_an_fp32_reduce_dtype_sums_bf16_gradients_in_fp32(stage):
-    report = run(scenario(MLP, 2, precision="bf16", stage=stage, reduce_dtype="fp32"))
-    section = report.data["sharding"]
-    assert section["reduce_dtype"] == "fp32"
-    # the sum of two is exact either way round: bit for bit (a bf16 reduce is 6e-3 away)
-    assert torch.equal(flat_parameters(report.final_model), bf16_with_fp32_reduce_reference(2, MLP["train"]["steps"]))
-    # the reduce-scatter moves 4-byte elements, the gathers 2-byte ones
-    gathers = 1 if stage == 1 else 2
-    assert section["bytes_by_kind"]["reduce_scatter"] * gathers == 2 * section["bytes_by_kind"]["all_gather"]
-
-
 def fp32_main_gradients_reference(world: int, microbatches: int, steps: int) -> torch.Tensor:
     """Plain torch as Megatron-Core's distributed optimizer with --grad-reduce-in-fp32 runs it: each rank's bf16
     replica backpropagates its microbatches one by one, each one's bf16 gradient added into the rank's fp32 main
@@ -173,6 +134,18 @@ def fp32_main_gradients_reference(world: int, microbatches: int, steps: int) -> 
             for param, master in zip(model.parameters(), masters):
                 param.copy_(master)
     return torch.cat([master.detach().flatten() for master in masters])
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_an_fp32_reduce_dtype_sums_bf16_gradients_in_fp32(stage):
+    report = run(scenario(MLP, 2, precision="bf16", stage=stage, reduce_dtype="fp32"))
+    section = report.data["sharding"]
+    assert section["reduce_dtype"] == "fp32"
+    # the sum of two is exact either way round: bit for bit (a bf16 reduce is 6e-3 away)
+    assert torch.equal(flat_parameters(report.final_model), fp32_main_gradients_reference(2, 1, MLP["train"]["steps"]))
+    # the reduce-scatter moves 4-byte elements, the gathers 2-byte ones
+    gathers = 1 if stage == 1 else 2
+    assert section["bytes_by_kind"]["reduce_scatter"] * gathers == 2 * section["bytes_by_kind"]["all_gather"]
 
 
 @pytest.mark.parametrize("stage", [0, 1], ids=["ddp", "distributed-optimizer"])
