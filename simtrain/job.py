@@ -109,9 +109,8 @@ class Job:
         self.local_ranks = held
         self._groups = []  # (communicator, its job ranks): every sub-group's, as the scheme asked for them
         meta_losses = {}  # numerics off: one forward and backward per batch shape for all the replicas (Replica)
-        sharding = scenario.parallel.sharding  # DDP's gradients reduced in fp32: Megatron-Core's main gradients
-        main_grads = main_grads_of(sharding.stage, scenario.train.precision != "fp32", sharding.reduce_dtype) and \
-            sharding.stage == 0
+        sharding = scenario.parallel.sharding  # DDP's main gradients (stage 1's are its ShardedReplica's)
+        main_grads = sharding.stage == 0 and main_grads_of(0, scenario.train.precision != "fp32", sharding.reduce_dtype)
         self.replicas = [Replica(share, self._loader(rank), scenario.train, meta_losses, main_grads)
                          if rank in held else None for rank, share in enumerate(shares)]
         share_gradient_rows([replica for replica in self.replicas if replica is not None])

@@ -170,7 +170,7 @@ def experts_last(replica) -> int:
     precision.model_params = [precision.model_params[i] for i in order]
     if precision.mixed:
         precision.master_params = [precision.master_params[i] for i in order]
-        precision.master_grads = flat_grad_buffer(precision.master_params)  # main gradients: the bucket's views
+        precision.master_grads = flat_grad_buffer(precision.master_params)  # with main gradients: the bucket's own
     else:  # fp32: the parameters are their own masters
         precision.master_params = precision.model_params
     replica.lay_out_gradients()

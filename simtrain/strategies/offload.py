@@ -68,7 +68,7 @@ class HostOffload:
 
     def __init__(self, job, layouts: dict, stage: int, what: str, element: int, reduce_element: int, main: bool):
         """`element`, `reduce_element`: bytes of an element of the compute and the reduce dtype; `main`: the ranks'
-        gradient buffers are fp32 main gradients (sharded_replica.main_grads)."""
+        gradient buffers are fp32 main gradients (train/replica.py main_grads_of)."""
         store = job.cluster.shared_memory
         self.job, self.store, self.layouts, self.stage = job, store, layouts, stage
         self.parameters = what == "optimizer_and_parameters"
