@@ -162,6 +162,17 @@ def test_fp32_main_gradients_accumulate_microbatches_in_fp32(stage):
     assert not torch.equal(flat_parameters(report.final_model), bf16_sums)
 
 
+def test_ddp_main_gradients_are_all_reduced_in_fp32():
+    """DDP's fp32 main gradients move twice the bytes of its bf16 bucket, every step."""
+    moved = {}
+    for sharding in ({"reduce_dtype": "fp32"}, {}):
+        report = run(validate_scenario({**MLP, "cluster": {**MLP["cluster"], "devices": 2},
+                                        "train": {**MLP["train"], "precision": "bf16", "steps": 2},
+                                        "parallel": {"sharding": sharding}}))
+        moved[bool(sharding)] = report.data["parallel"]["bytes_by_kind"]["dp_allreduce"]
+    assert moved[True] == 2 * moved[False] > 0
+
+
 MEGATRON_BYTES_PER_PARAMETER = {  # Megatron-LM's README, "Distributed Optimizer": d data-parallel ranks
     (0, "fp32"): lambda d: 18, (1, "fp32"): lambda d: 6 + 12 / d,  # bf16 parameters, fp32 gradients
     (0, None): lambda d: 20, (1, None): lambda d: 4 + 16 / d}  # 16-bit gradients (its fp16 row)
