@@ -102,13 +102,14 @@ def test_memory_per_category_is_the_papers_closed_form_of_the_ranks_share(stage,
     for rank, device in enumerate(sharded.devices):
         psi = share(ddp, rank)
         assert psi % n == 0 and psi > 0  # no padding: the closed forms exactly
-        held = {"weights": e * psi // (n if stage == 3 else 1),
+        # stage 3: FSDP2's fp32 shard is the parameter, no 16-bit shard and no master beside it
+        held = {"weights": 4 * psi // n if stage == 3 else e * psi,
                 "gradients": (e * psi if stage == 1 else 0) + (4 * psi // n if stage >= 2 or e == 2 else 0),
-                "optimizer_state": 8 * psi // n, **({"master_weights": 4 * psi // n} if e == 2 else {})}
+                "optimizer_state": 8 * psi // n, **({"master_weights": 4 * psi // n} if e == 2 and stage < 3 else {})}
         if precision == "bf16":  # (2 + 2 + K) Psi / N terms, K = 12, and simtrain's fp32 master gradient 4 Psi / N
             assert sum(held.values()) == {1: 4 * psi + 12 * psi // n + 4 * psi // n,
                                           2: 2 * psi + 14 * psi // n + 2 * psi // n,
-                                          3: 16 * psi // n + 2 * psi // n}[stage]
+                                          3: 16 * psi // n}[stage]  # FSDP2: 4 + 4 + 8, the paper's total
         peak = device.memory.peak
         assert {category: peak[category] for category in held} == held
         if stage >= 2:  # the whole gradient the microbatches accumulate into, held until its reduce-scatter

@@ -238,25 +238,26 @@ def test_a_shard_layout_pads_each_unit_to_the_degree_and_cuts_it_into_chunks():
 
 def expected_bytes(stage: int, precision: str, n: int) -> dict[str, int]:
     """Each category per rank: the ZeRO paper's terms (2 Psi fp16 parameters, 2 Psi fp16 gradients, K Psi = 4 Psi
-    fp32 master + 8 Psi Adam moments), plus simtrain's fp32 master gradient: 4 Psi (DDP), 4 Psi / N (sharded),
-    where the paper keeps the 2 Psi / N fp16 gradient shard (stages 2, 3). fp32: 4 Psi parameters and gradients,
-    8 Psi moments, no master copy."""
+    fp32 master + 8 Psi Adam moments), plus simtrain's fp32 master gradient: 4 Psi (DDP), 4 Psi / N (stages 1,
+    2), where the paper keeps the 2 Psi / N fp16 gradient shard (stage 2). Stage 3 is FSDP2's: the fp32 shard is
+    the parameter (no fp16 shard, no master), 4 + 4 + 8 Psi / N. fp32: 4 Psi parameters and gradients, 8 Psi
+    moments, no master copy."""
     e = 2 if precision == "bf16" else 4
     whole, shard = PSI, PSI // n
     if stage == 0:
         held = {"weights": e * whole, "gradients": e * whole + (4 * whole if e == 2 else 0),
                 "optimizer_state": 8 * whole}
         return {**held, **({"master_weights": 4 * whole} if e == 2 else {})}
-    held = {"weights": e * (shard if stage == 3 else whole),
+    held = {"weights": 4 * shard if stage == 3 else e * whole,  # stage 3: FSDP2's fp32 shard is the parameter
             "gradients": (e * whole if stage == 1 else 0) + (4 * shard if stage > 1 or e == 2 else 0),
             "optimizer_state": 8 * shard}
-    return {**held, **({"master_weights": 4 * shard} if e == 2 else {})}
+    return {**held, **({"master_weights": 4 * shard} if e == 2 and stage < 3 else {})}
 
 
 PAPER = {0: lambda psi, n: 16 * psi, 1: lambda psi, n: 4 * psi + 12 * psi // n,
          2: lambda psi, n: 2 * psi + 14 * psi // n, 3: lambda psi, n: 16 * psi // n}
 MASTER_GRADIENT = {0: lambda psi, n: 4 * psi, 1: lambda psi, n: 4 * psi // n, 2: lambda psi, n: 2 * psi // n,
-                   3: lambda psi, n: 2 * psi // n}
+                   3: lambda psi, n: 0}  # stage 3: FSDP2's 4 + 4 + 8 (fp32 shard, gradient, moments) is 16 too
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
@@ -286,7 +287,7 @@ def test_padding_shards_each_unit_up_to_a_multiple_of_the_degree():
     units = [64 * 33 + 33, 33 * 32 + 32, 32 * 10 + 10]
     shard = sum(-(-size // 4) for size in units)  # ceil(Psi_u / N), each unit
     assert job.scheme.replicas[0].layout.shard_numel == shard
-    assert job.devices[0].memory.peak["weights"] == 2 * shard
+    assert job.devices[0].memory.peak["weights"] == 4 * shard  # FSDP2's fp32 shard
     assert job.devices[0].memory.peak["optimizer_state"] == 8 * shard
 
 

@@ -88,12 +88,13 @@ class HostOffload:
         what the host keep, by category."""
         train, layout = self.job.scenario.train, self.layouts[rank]
         shard = layout.shard_numel
-        device = {"weights": 0 if self.parameters else held["weights"],
+        weights = shard * self.element if self.stage == 3 else held["weights"]  # ZeRO-Offload's 16-bit shard
+        device = {"weights": 0 if self.parameters else weights,
                   "gradients": layout.padded_numel * self.grad_element if self.stage == 1 else 0}
         host = {"master_weights": shard * _FP32_BYTES, "gradients": shard * _FP32_BYTES,
                 "optimizer_state": optimizer_state_bytes(train.optimizer, shard * _FP32_BYTES)}
         if self.parameters:
-            host["weights"] = held["weights"]
+            host["weights"] = weights
         return device, host
 
     def holding(self, rank: int, host: dict[str, int], program):

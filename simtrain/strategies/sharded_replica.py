@@ -303,8 +303,11 @@ def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: Optim
     """Bytes a rank holds for the whole run, by category; P = the padded parameter count, S = P / N its shard's,
     e = the compute dtype's bytes:
 
-    - weights: P e (stages 1, 2), S e (stage 3);
-    - master_weights: 4 S under mixed precision (the fp32 master shard); none in fp32 (the weights are it);
+    - weights: P e (stages 1, 2); stage 3 the fp32 shard 4 S alone, as FSDP2 keeps its sharded parameters in
+      their own dtype and casts them to the compute dtype only into a gather's input (torch's
+      distributed/fsdp/_fully_shard/_fsdp_param.py, `all_gather_inputs`): no 16-bit shard is kept;
+    - master_weights: 4 S under mixed precision below stage 3 (the fp32 master shard); none in fp32 and under
+      stage 3 (the weights are it);
     - gradients: stage 1 the whole gradient P e, plus under mixed precision the shard's fp32 master gradient 4 S
       (with `main` gradients, train/replica.py's `main_grads_of`: the whole fp32 gradient 4 P alone); stages 2
       and 3 the shard's fp32 gradient 4 S alone;
@@ -312,8 +315,8 @@ def held_bytes(layout: ShardLayout, stage: int, precision: str, optimizer: Optim
     element = torch.empty((), dtype=DTYPES[precision]).element_size()
     padded, shard = layout.padded_numel, layout.shard_numel
     mixed = precision != "fp32"
-    held = {"weights": (shard if stage == 3 else padded) * element}
-    if mixed:
+    held = {"weights": shard * _FP32_BYTES if stage == 3 else padded * element}
+    if mixed and stage < 3:
         held["master_weights"] = shard * _FP32_BYTES
     if stage == 1:
         held["gradients"] = padded * _FP32_BYTES if main else padded * element + (shard * _FP32_BYTES if mixed else 0)
