@@ -26,7 +26,11 @@ the optimizer's state of it, the loss scale and the model's buffers. Loaded,
 the chunks it does not own are NaN until they are gathered again.
 
 `held_bytes` is what the rank's ledger holds for the whole run, by category:
-the ZeRO paper's terms (Rajbhandari et al. 2020), in simtrain's categories.
+the ZeRO paper's terms (Rajbhandari et al. 2020), in simtrain's categories, as
+the implementations keep them: Megatron-Core's fp32 main gradients under stage
+1 (train/replica.py `main_grads_of`), FSDP2's fp32 shard alone under stage 3
+(its chunk of `param_flat` is the compute dtype's copy that a gather sends,
+which FSDP2 casts as it gathers).
 
     shard = ShardedReplica(replica, layout, position, stage, optimizer_spec)
     program = shard.gather(unit, group, tag)          # a collective program
