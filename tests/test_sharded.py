@@ -195,11 +195,13 @@ def test_ddp_and_the_distributed_optimizer_hold_megatron_cores_bytes_per_paramet
 
 
 @pytest.mark.parametrize("settings, named", [({"parallel": {"mode": "async"}}, "parallel.mode async"),
-                                             ({"parallel": {"sync_batchnorm": True}}, "parallel.sync_batchnorm")])
+                                             ({"parallel": {"sync_batchnorm": True}}, "parallel.sync_batchnorm"),
+                                             ({"optimizer": {"name": "kfac", "lr": 0.01}}, "K-FAC")])
 def test_ddp_main_gradients_where_not_built_are_one_line(settings, named):
     raw = {**MLP, "cluster": {**MLP["cluster"], "devices": 2}, "model": {**MLP["model"], "batchnorm": True},
-           "train": {**MLP["train"], "precision": "bf16"}}
-    raw["parallel"] = {**settings["parallel"], "sharding": {"reduce_dtype": "fp32"}}
+           "train": {**MLP["train"], "precision": "bf16", **({"optimizer": settings["optimizer"]}
+                                                               if "optimizer" in settings else {})}}
+    raw["parallel"] = {**settings.get("parallel", {}), "sharding": {"reduce_dtype": "fp32"}}
     with pytest.raises(ScenarioError, match=f"parallel.sharding.reduce_dtype: .* not built with {named}") as error:
         validate_scenario(raw)
     assert "\n" not in str(error.value)
