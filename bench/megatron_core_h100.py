@@ -11,11 +11,9 @@ GPU count, and prints each row beside the README's, with the simulation's own wa
     python bench/megatron_core_h100.py --rows gpt-1.7b gpt-177b
     python bench/megatron_core_h100.py --calibrate gpt-1.7b    # the H100 efficiency that matches that row
 """
-import argparse
 from pathlib import Path
 
 from published_rows import Table
-from simtrain.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios" / "megatron-core-h100"
@@ -37,26 +35,10 @@ TABLE = Table(SCENARIOS, README_TFLOPS, model_flops)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", nargs="*", default=list(README_TFLOPS))
-    parser.add_argument("--calibrate", metavar="ROW")
-    parser.add_argument("--compute-model", choices=["flops", "roofline", "kernels"],
-                        help="every row under this compute model (default: each scenario's own)")
-    parser.add_argument("--efficiency", type=float, help="every row at this device efficiency (default: its own)")
-    args = parser.parse_args()
-    if args.calibrate:
-        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate, args.compute_model):.4f}")
-        return
-    print("| model | tp x pp x dp | GPUs | README TFLOP/s per GPU | simtrain | error | simulated in |")
-    print("|---|---|---|---|---|---|---|")
-    for name in args.rows:
-        tflops, wall = TABLE.simulate(name, args.efficiency, args.compute_model)
-        published = README_TFLOPS[name]
-        scenario = load_scenario(SCENARIOS / f"{name}.yaml")
-        layout, devices = scenario.parallel, scenario.cluster.devices
-        print(f"| {name} | {layout.tp} x {layout.pp} x {devices // (layout.tp * layout.pp)} | {devices:,} | "
-              f"{published} | {tflops:.1f} | {100 * (tflops - published) / published:+.1f}% | {wall:.1f} s |",
-              flush=True)
+    TABLE.main(__doc__, "README", ("model", "tp x pp x dp", "GPUs"), lambda name, scenario: (
+        name, f"{scenario.parallel.tp} x {scenario.parallel.pp} x "
+              f"{scenario.cluster.devices // (scenario.parallel.tp * scenario.parallel.pp)}",
+        f"{scenario.cluster.devices:,}"))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ paper's, with the simulation's own wall time.
 the simulated TFLOP/s, which rises with the efficiency); the scenarios carry
 the value it gave.
 """
-import argparse
 from pathlib import Path
 
 from published_rows import Table
-from simtrain.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios" / "megatron"
@@ -42,24 +40,7 @@ TABLE = Table(SCENARIOS, PAPER_TFLOPS, model_flops)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", nargs="*", default=list(PAPER_TFLOPS))
-    parser.add_argument("--calibrate", metavar="ROW")
-    parser.add_argument("--compute-model", choices=["flops", "roofline", "kernels"],
-                        help="every row under this compute model (default: each scenario's own)")
-    parser.add_argument("--efficiency", type=float, help="every row at this device efficiency (default: its own)")
-    args = parser.parse_args()
-    if args.calibrate:
-        print(f"{args.calibrate}: efficiency {TABLE.calibrate(args.calibrate, args.compute_model):.4f}")
-        return
-    print("| model | GPUs | paper TFLOP/s per GPU | simtrain | error | simulated in |")
-    print("|---|---|---|---|---|---|")
-    for name in args.rows:
-        tflops, wall = TABLE.simulate(name, args.efficiency, args.compute_model)
-        paper = PAPER_TFLOPS[name]
-        devices = load_scenario(SCENARIOS / f"{name}.yaml").cluster.devices
-        print(f"| {name} | {devices:,} | {paper} | {tflops:.1f} | {100 * (tflops - paper) / paper:+.1f}% | "
-              f"{wall:.1f} s |", flush=True)
+    TABLE.main(__doc__, "paper", ("model", "GPUs"), lambda name, scenario: (name, f"{scenario.cluster.devices:,}"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ the simulated TFLOP/s, which rises with the efficiency).
     tflops, wall_s = table.simulate("gpt-1.7b")
     tflops, wall_s = table.simulate("gpt-1.7b", efficiency=0.7, compute_model="kernels")
     efficiency = table.calibrate("gpt-1008b")
+    table.main(__doc__, "paper", ("model", "GPUs"), lambda name, scenario: (name, f"{scenario.cluster.devices:,}"))
 """
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -60,3 +62,27 @@ class Table(NamedTuple):
                 return guess
             low, f_low, high, f_high = high, f_high, guess, f_guess
         return guess
+
+    def main(self, doc: str, source: str, columns: tuple[str, ...], cells: Callable) -> None:
+        """A bench's command line: every row (or `--rows`) as a markdown line, `cells(name, scenario)` giving its
+        first `columns`, then the TFLOP/s per GPU that `source` (the paper, the README) published, simtrain's, the
+        error and the simulation's wall time; or `--calibrate ROW`'s efficiency."""
+        parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+        parser.add_argument("--rows", nargs="*", default=list(self.published))
+        parser.add_argument("--calibrate", metavar="ROW")
+        parser.add_argument("--compute-model", choices=["flops", "roofline", "kernels"],
+                            help="every row under this compute model (default: each scenario's own)")
+        parser.add_argument("--efficiency", type=float, help="every row at this device efficiency (default: its own)")
+        args = parser.parse_args()
+        if args.calibrate:
+            print(f"{args.calibrate}: efficiency {self.calibrate(args.calibrate, args.compute_model):.4f}")
+            return
+        header = (*columns, f"{source} TFLOP/s per GPU", "simtrain", "error", "simulated in")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for name in args.rows:
+            tflops, wall = self.simulate(name, args.efficiency, args.compute_model)
+            published = self.published[name]
+            row = (*cells(name, self.scenario(name)), f"{published}", f"{tflops:.1f}",
+                   f"{100 * (tflops - published) / published:+.1f}%", f"{wall:.1f} s")
+            print("| " + " | ".join(row) + " |", flush=True)

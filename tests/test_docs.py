@@ -181,6 +181,14 @@ def shell_commands(block: Block) -> list[list[str]]:
     return [words for line in joined.split("\n") if (words := shlex.split(line, comments=True))]
 
 
+def bench_text(script: Path) -> str:
+    """A bench script's text and that of the bench modules it imports (bench/published_rows.py's command line)."""
+    text = script.read_text()
+    imported = re.findall(r"^(?:from (\w+) import|import (\w+))", text, flags=re.M)
+    modules = [script.parent / f"{name}.py" for pair in imported for name in pair if name]
+    return "\n".join([text] + [module.read_text() for module in modules if module.is_file()])
+
+
 def check_shown_command(words: list[str], where: str) -> None:
     if words[0] == "torchrun":
         assert "-m" in words, f"{where}: torchrun without -m simtrain"
@@ -190,8 +198,9 @@ def check_shown_command(words: list[str], where: str) -> None:
     elif words[0] == "python" and words[1].startswith("bench/"):
         script = ROOT / words[1]
         assert script.is_file(), f"{where}: no {words[1]}"
+        text = bench_text(script)
         for option in (word.split("=")[0] for word in words[2:] if word.startswith("--")):
-            assert f'"{option}"' in script.read_text(), f"{where}: {words[1]} has no option {option}"
+            assert f'"{option}"' in text, f"{where}: {words[1]} has no option {option}"
     elif words[0] == "make":
         targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
         assert words[1] in targets, f"{where}: no make target {words[1]}"
