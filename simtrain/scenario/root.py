@@ -260,7 +260,7 @@ def _representatives_fit(scenario: Scenario) -> None:
             raise ValueError(f"parallel.representatives: {why}")
 
 
-def _main_gradients_fit(scenario) -> None:
+def _main_gradients_fit(scenario: Scenario) -> None:
     """DDP's fp32 main gradients (train/replica.py main_grads_of) are added into by autograd's hook after each
     backward: what adds into .grad by hand, or reads it, is another rule."""
     parallel, train = scenario.parallel, scenario.train

@@ -342,6 +342,6 @@ def chunk_update_bytes(numel: int, precision: str, optimizer: OptimizerSpec, mai
     element = torch.empty((), dtype=DTYPES[precision]).element_size()
     touched = optimizer_step_bytes(optimizer, numel * _FP32_BYTES)
     if precision != "fp32":
-        reduced = _FP32_BYTES if main else element  # the reduced chunk's dtype
+        reduced = _FP32_BYTES if main else element  # the gradient read: the main gradients' fp32, else 16-bit
         touched += (numel * reduced + numel * _FP32_BYTES) + (numel * _FP32_BYTES + numel * element)
     return touched

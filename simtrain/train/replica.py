@@ -59,7 +59,7 @@ class Replica:
         self.loader = loader
         self.precision = MixedPrecision(model, train.precision, train.amp)  # casts the model to the compute dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.main_grads = main_grads and self.precision.mixed
+        self.main_grads = main_grads  # job.py decides: main_grads_of
         self._main_slices: dict[int, slice] = {}  # id(parameter) -> its main gradient's slice of grad_buffer
         self.lay_out_gradients()
         if self.main_grads:
